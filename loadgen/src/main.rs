@@ -1,0 +1,2 @@
+//! loadgen (being written)
+fn main() {}

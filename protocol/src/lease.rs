@@ -1,0 +1,62 @@
+//! The lease id: the unguessable name of one grant.
+use std::fmt;
+
+/// A lease id: 128 random bits chosen by the server for one grant, unique per grant.
+///
+/// Renew and release must present it; the server compares it atomically with the change it
+/// makes, so a holder whose lease expired and was granted to someone else can change nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LeaseId(pub [u8; 16]);
+
+impl LeaseId {
+    /// Width of a lease id on the wire, in bytes.
+    pub const LEN: usize = 16;
+
+    /// Builds a lease id from a 128-bit number (big-endian byte order).
+    pub fn from_u128(value: u128) -> Self {
+        LeaseId(value.to_be_bytes())
+    }
+
+    /// The lease id as a 128-bit number (big-endian byte order).
+    pub fn as_u128(&self) -> u128 {
+        u128::from_be_bytes(self.0)
+    }
+
+    /// Parses the 32-digit lowercase or uppercase hex form used by the console.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        // `from_str_radix` would also take a leading '+', so check every digit first.
+        if text.len() != 2 * Self::LEN || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u128::from_str_radix(text, 16).ok().map(Self::from_u128)
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.as_u128())
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseId({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip() {
+        let id = LeaseId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        let text = id.to_string();
+        assert_eq!(text, "0123456789abcdef0011223344556677");
+        assert_eq!(LeaseId::from_hex(&text), Some(id));
+        assert_eq!(LeaseId::from_hex(&text.to_uppercase()), Some(id));
+        assert_eq!(LeaseId::from_hex("abc"), None);
+        assert_eq!(LeaseId::from_hex(&"g".repeat(32)), None);
+        assert_eq!(LeaseId::from_hex(&format!("+{}", "1".repeat(31))), None);
+    }
+}
