@@ -1,4 +1,31 @@
-//! Wire protocol of the tenure lock server (work in progress: being filled in).
-pub mod limits;
+//! The wire protocol of tenure, a lock server: what a client and `tenured` say to each other.
+//!
+//! A binary connection opens with an 8-byte hello and a 16-byte answer (see [`handshake`]),
+//! then carries length-prefixed frames in both directions. Every request has a request id
+//! chosen by the client and its reply carries the same id, so a client may keep many requests
+//! in flight on one connection and the server may answer a blocking acquire out of order.
+//! Every integer is fixed width and big-endian. `PROTOCOL.md` beside this crate draws every
+//! frame byte by byte; the code here is the reference implementation of that file.
+//!
+//! The crate does no I/O of its own: it turns bytes into [`Request`]s and [`Response`]s and back,
+//! and checks every field against the named limits in [`limits`] before anything is allocated.
+//!
+//! # Layout
+//! - [`limits`]: every wire limit, with `const` asserts on how they relate.
+//! - [`handshake`]: the hello that opens a binary connection and the server's answer.
+//! - [`frame`]: requests, responses, opcodes, and their encoders and decoders.
+//! - [`codec`]: `tokio_util` codec adapters for the server and client sides.
+//! - [`error`]: wire error codes, per-frame errors and stream errors.
+//! - [`LeaseId`]: the 128-bit name of one grant.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod handshake;
 mod lease;
+pub mod limits;
+
+pub use codec::{ClientCodec, ServerCodec};
+pub use error::{ErrorCode, FrameError, ProtocolError};
+pub use frame::{EventKind, Request, Response};
 pub use lease::LeaseId;

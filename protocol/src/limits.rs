@@ -1,9 +1,10 @@
 //! Wire limits: every size and range a peer may send, in one place.
 //!
 //! The server's runtime limits (connections, held locks, waiters) live in its config; these are
-//! the ones both ends of a connection must agree on.
+//! the ones both ends of a connection must agree on. The `const` asserts at the bottom keep the
+//! relations between them true when someone edits one number.
 
-/// Longest key, in bytes.
+/// Longest key, in bytes. Keys are opaque bytes, at least one byte long.
 pub const KEY_LEN_MAX: usize = 1024;
 /// Longest holder metadata value attached to an acquire, in bytes.
 pub const META_LEN_MAX: usize = 1024;
@@ -13,3 +14,28 @@ pub const TTL_MS_MIN: u32 = 10;
 pub const TTL_MS_MAX: u32 = 86_400_000;
 /// Longest time a blocking acquire may wait, in milliseconds (one hour).
 pub const WAIT_MS_MAX: u32 = 3_600_000;
+/// Largest frame either side may send, counted after the 4-byte length prefix.
+pub const FRAME_LEN_MAX: usize = 8 * 1024;
+/// Smallest frame: opcode (1 byte) and request id (8 bytes).
+pub const FRAME_LEN_MIN: usize = 1 + 8;
+/// Default cap on requests a client may have in flight on one connection; the server announces
+/// its actual cap in the handshake.
+pub const IN_FLIGHT_MAX_DEFAULT: u32 = 4096;
+/// Longest human-readable error message in an ERROR frame, in bytes.
+pub const ERROR_MESSAGE_LEN_MAX: usize = 512;
+/// Most name/value pairs in a STATS reply.
+pub const STATS_COUNT_MAX: usize = 64;
+/// Longest stat name, in bytes.
+pub const STAT_NAME_LEN_MAX: usize = 48;
+
+/// The largest request body: ACQUIRE with a maximal key and maximal metadata.
+pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX;
+/// The largest reply: a full STATS frame.
+pub const STATS_LEN_MAX: usize = FRAME_LEN_MIN + 2 + STATS_COUNT_MAX * (1 + STAT_NAME_LEN_MAX + 8);
+
+const _: () = assert!(ACQUIRE_LEN_MAX <= FRAME_LEN_MAX);
+const _: () = assert!(STATS_LEN_MAX <= FRAME_LEN_MAX);
+const _: () = assert!(FRAME_LEN_MIN + 2 + 2 + ERROR_MESSAGE_LEN_MAX <= FRAME_LEN_MAX);
+// Lengths of keys and metadata travel as u16.
+const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
+const _: () = assert!(TTL_MS_MIN > 0 && TTL_MS_MIN <= TTL_MS_MAX);

@@ -1,0 +1,174 @@
+//! Error codes on the wire and the decoder's two kinds of failure.
+
+use thiserror::Error;
+
+/// Machine-readable reason in an ERROR frame (u16 on the wire) and in console `ERR <CODE>` lines.
+///
+/// Outcomes such as LOCKED, LOST and NOT_OWNER are not errors and have their own replies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// A code this version does not know (sent by a newer peer).
+    Unknown = 0,
+    /// The body does not have the shape its opcode requires.
+    BadFrame = 1,
+    /// The length prefix is over the limit or under the minimum; the connection closes.
+    FrameTooLarge = 2,
+    /// The opcode (or console command) is not one we know.
+    UnknownOpcode = 3,
+    /// The key is empty or too long.
+    BadKey = 4,
+    /// The TTL is out of range.
+    BadTtl = 5,
+    /// The wait is out of range.
+    BadWait = 6,
+    /// The holder metadata is too long.
+    MetaTooLong = 7,
+    /// The connection has too many requests in flight.
+    TooManyInFlight = 8,
+    /// The server holds as many locks as it is allowed to.
+    HeldLimit = 9,
+    /// The server (or this key) has as many waiters as it is allowed to.
+    WaitersLimit = 10,
+    /// The server has as many connections as it is allowed to; the connection closes.
+    ConnectionsLimit = 11,
+    /// The change could not be made durable (disk full, I/O error); nothing changed for you.
+    Unavailable = 12,
+    /// The server is shutting down.
+    ShuttingDown = 13,
+    /// The handshake was malformed or named a version the server does not speak.
+    BadHandshake = 14,
+    /// This connection watches as many keys as it is allowed to.
+    WatchLimit = 15,
+    /// Console only: the arguments do not fit the command.
+    BadArgs = 16,
+    /// Console only: the line is longer than the limit; the connection closes.
+    LineTooLong = 17,
+    /// The server refuses new grants for a while after a restart (token-only durability mode).
+    Recovering = 18,
+}
+
+impl ErrorCode {
+    /// Every code, for tables and tests.
+    pub const ALL: [ErrorCode; 19] = [
+        ErrorCode::Unknown,
+        ErrorCode::BadFrame,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::UnknownOpcode,
+        ErrorCode::BadKey,
+        ErrorCode::BadTtl,
+        ErrorCode::BadWait,
+        ErrorCode::MetaTooLong,
+        ErrorCode::TooManyInFlight,
+        ErrorCode::HeldLimit,
+        ErrorCode::WaitersLimit,
+        ErrorCode::ConnectionsLimit,
+        ErrorCode::Unavailable,
+        ErrorCode::ShuttingDown,
+        ErrorCode::BadHandshake,
+        ErrorCode::WatchLimit,
+        ErrorCode::BadArgs,
+        ErrorCode::LineTooLong,
+        ErrorCode::Recovering,
+    ];
+
+    /// The code for a wire value; values this version does not know map to `Unknown`.
+    pub fn from_u16(value: u16) -> ErrorCode {
+        ErrorCode::ALL
+            .iter()
+            .copied()
+            .find(|c| *c as u16 == value)
+            .unwrap_or(ErrorCode::Unknown)
+    }
+
+    /// The upper-case name used by the console (`ERR BAD_KEY ...`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::Unknown => "UNKNOWN",
+            ErrorCode::BadFrame => "BAD_FRAME",
+            ErrorCode::FrameTooLarge => "FRAME_TOO_LARGE",
+            ErrorCode::UnknownOpcode => "UNKNOWN_COMMAND",
+            ErrorCode::BadKey => "BAD_KEY",
+            ErrorCode::BadTtl => "BAD_TTL",
+            ErrorCode::BadWait => "BAD_WAIT",
+            ErrorCode::MetaTooLong => "META_TOO_LONG",
+            ErrorCode::TooManyInFlight => "TOO_MANY_IN_FLIGHT",
+            ErrorCode::HeldLimit => "HELD_LIMIT",
+            ErrorCode::WaitersLimit => "WAITERS_LIMIT",
+            ErrorCode::ConnectionsLimit => "CONNECTIONS_LIMIT",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::ShuttingDown => "SHUTTING_DOWN",
+            ErrorCode::BadHandshake => "BAD_HANDSHAKE",
+            ErrorCode::WatchLimit => "WATCH_LIMIT",
+            ErrorCode::BadArgs => "BAD_ARGS",
+            ErrorCode::LineTooLong => "LINE_TOO_LONG",
+            ErrorCode::Recovering => "RECOVERING",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A frame that arrived whole but cannot be served. The stream is still in step, so the
+/// connection answers with an ERROR frame carrying the request id and goes on.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{code}: {message}")]
+pub struct FrameError {
+    /// Machine-readable reason.
+    pub code: ErrorCode,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+impl FrameError {
+    /// A frame error with a code and a reason.
+    pub fn new(code: ErrorCode, message: String) -> Self {
+        FrameError { code, message }
+    }
+}
+
+/// A stream that can no longer be trusted: the connection must be closed.
+#[derive(Debug, Error)]
+pub enum ProtocolError {
+    /// The length prefix announced more than `FRAME_LEN_MAX` bytes.
+    #[error(
+        "frame of {len} bytes is over the limit of {} bytes",
+        crate::limits::FRAME_LEN_MAX
+    )]
+    FrameTooLarge {
+        /// The announced length.
+        len: usize,
+    },
+    /// The length prefix announced fewer bytes than an opcode and request id take.
+    #[error(
+        "frame of {len} bytes is under the minimum of {} bytes",
+        crate::limits::FRAME_LEN_MIN
+    )]
+    FrameTooShort {
+        /// The announced length.
+        len: usize,
+    },
+    /// The handshake was not a tenure handshake or named another version.
+    #[error("bad handshake: {0}")]
+    BadHandshake(String),
+    /// The transport failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl ProtocolError {
+    /// The wire code to send before closing, when one applies.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ProtocolError::FrameTooLarge { .. } | ProtocolError::FrameTooShort { .. } => {
+                Some(ErrorCode::FrameTooLarge)
+            }
+            ProtocolError::BadHandshake(_) => Some(ErrorCode::BadHandshake),
+            ProtocolError::Io(_) => None,
+        }
+    }
+}

@@ -1,0 +1,707 @@
+//! Requests, responses and their byte layout.
+//!
+//! Every frame after the handshake has the same header; the body depends on the opcode:
+//!
+//! ```text
+//!  0       4        5                13
+//! +-------+--------+----------------+------------------+
+//! | len   | opcode | request_id     | body ...         |
+//! | u32BE | u8     | u64BE          | len - 9 bytes    |
+//! +-------+--------+----------------+------------------+
+//!   len counts everything after itself: 9 <= len <= FRAME_LEN_MAX
+//! ```
+//!
+//! Variable-length fields (keys, metadata, messages, stat names) carry their own big-endian
+//! length: `u16` for keys, metadata and messages, `u8` for stat names. PROTOCOL.md draws every
+//! body; the tables there and the `encode_*`/`decode_*` pairs here describe the same bytes.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::error::{ErrorCode, FrameError, ProtocolError};
+use crate::lease::LeaseId;
+use crate::limits::*;
+
+/// Request opcodes (client to server).
+pub mod op {
+    /// Liveness probe.
+    pub const PING: u8 = 0x01;
+    /// Take a lock, optionally waiting in line.
+    pub const ACQUIRE: u8 = 0x02;
+    /// Extend a lease the caller holds.
+    pub const RENEW: u8 = 0x03;
+    /// Give a lock back.
+    pub const RELEASE: u8 = 0x04;
+    /// Read a key's state.
+    pub const INSPECT: u8 = 0x05;
+    /// Ask whether a fencing token belongs to the live holder.
+    pub const CHECK: u8 = 0x06;
+    /// Server counters.
+    pub const STATS: u8 = 0x07;
+    /// Subscribe to a key's changes.
+    pub const WATCH: u8 = 0x08;
+    /// End a subscription.
+    pub const UNWATCH: u8 = 0x09;
+}
+
+/// Response opcodes (server to client). Bit 7 is set on every one of them.
+pub mod rop {
+    /// Reply to PING.
+    pub const PONG: u8 = 0x81;
+    /// The lock is yours.
+    pub const GRANTED: u8 = 0x82;
+    /// Someone else holds the lock (and the wait, if any, ran out).
+    pub const LOCKED: u8 = 0x83;
+    /// The lease was extended.
+    pub const RENEWED: u8 = 0x84;
+    /// The lease is gone: expired, released or never yours.
+    pub const LOST: u8 = 0x85;
+    /// The lock was released.
+    pub const RELEASED: u8 = 0x86;
+    /// Release refused: the lease id does not hold the lock.
+    pub const NOT_OWNER: u8 = 0x87;
+    /// INSPECT: nobody holds the key.
+    pub const FREE: u8 = 0x88;
+    /// INSPECT: the key is held.
+    pub const HELD: u8 = 0x89;
+    /// CHECK: the token belongs to the live holder.
+    pub const CURRENT: u8 = 0x8A;
+    /// CHECK: the token does not belong to the live holder.
+    pub const STALE: u8 = 0x8B;
+    /// Server counters.
+    pub const STATS: u8 = 0x8C;
+    /// WATCH accepted; events follow with the same request id.
+    pub const WATCHING: u8 = 0x8D;
+    /// UNWATCH done; no more events for that watch.
+    pub const UNWATCHED: u8 = 0x8E;
+    /// A pushed watch event, carrying the WATCH request's id.
+    pub const EVENT: u8 = 0xA0;
+    /// The request failed; see the error code.
+    pub const ERROR: u8 = 0xFF;
+}
+
+/// ACQUIRE flag: free the lock the moment the acquiring connection closes.
+pub const FLAG_RELEASE_ON_DISCONNECT: u8 = 0x01;
+/// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
+pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT;
+
+/// One request, as the client sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Liveness probe.
+    Ping,
+    /// Take `key` for `ttl_ms`; wait up to `wait_ms` in line if it is held (0: do not wait).
+    Acquire {
+        /// The lock's name.
+        key: Bytes,
+        /// Lease length asked for, in milliseconds.
+        ttl_ms: u32,
+        /// How long to wait in line, in milliseconds; 0 answers LOCKED at once.
+        wait_ms: u32,
+        /// Free the lock when this connection closes.
+        release_on_disconnect: bool,
+        /// Holder metadata readable by INSPECT and watchers (for example a leader's address).
+        meta: Bytes,
+    },
+    /// Extend the lease `lease_id` on `key` to `ttl_ms` from now.
+    Renew {
+        /// The lock's name.
+        key: Bytes,
+        /// The lease being extended.
+        lease_id: LeaseId,
+        /// New lease length from now, in milliseconds.
+        ttl_ms: u32,
+    },
+    /// Release `key` if `lease_id` holds it.
+    Release {
+        /// The lock's name.
+        key: Bytes,
+        /// The lease being released.
+        lease_id: LeaseId,
+    },
+    /// Read the state of `key`.
+    Inspect {
+        /// The lock's name.
+        key: Bytes,
+    },
+    /// Ask whether `token` belongs to the live holder of `key`.
+    Check {
+        /// The lock's name.
+        key: Bytes,
+        /// The fencing token to test.
+        token: u64,
+    },
+    /// Server counters.
+    Stats,
+    /// Push an EVENT for every change of `key` until UNWATCH or disconnect.
+    Watch {
+        /// The lock's name.
+        key: Bytes,
+    },
+    /// End the watch on `key`.
+    Unwatch {
+        /// The lock's name.
+        key: Bytes,
+    },
+}
+
+/// What happened to a watched key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A new holder was granted the lock.
+    Granted = 1,
+    /// The holder released the lock.
+    Released = 2,
+    /// The holder's lease ran out.
+    Expired = 3,
+}
+
+/// One reply or pushed event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// Reply to PING.
+    Pong,
+    /// The lock is yours until `ttl_ms` after you sent the request (count it from then).
+    Granted {
+        /// Fencing token: larger than every token granted for this key before.
+        token: u64,
+        /// Present it to renew or release.
+        lease_id: LeaseId,
+        /// Lease length granted, in milliseconds.
+        ttl_ms: u32,
+    },
+    /// Someone else holds the lock.
+    Locked {
+        /// The holder's fencing token.
+        token: u64,
+        /// Time left on the holder's lease, in milliseconds.
+        ttl_left_ms: u32,
+    },
+    /// The lease now runs `ttl_ms` from the server's receipt of the request.
+    Renewed {
+        /// Lease length from now, in milliseconds.
+        ttl_ms: u32,
+    },
+    /// The lease is gone.
+    Lost,
+    /// The lock was released.
+    Released,
+    /// The lease id does not hold the lock; nothing changed.
+    NotOwner,
+    /// Nobody holds the key.
+    Free,
+    /// The key is held.
+    Held {
+        /// The holder's fencing token.
+        token: u64,
+        /// Time left on the holder's lease, in milliseconds.
+        ttl_left_ms: u32,
+        /// Acquires waiting in line.
+        waiters: u32,
+        /// The holder's metadata.
+        meta: Bytes,
+    },
+    /// The token belongs to the live holder.
+    Current,
+    /// The token does not belong to the live holder.
+    Stale,
+    /// Server counters, name and value.
+    Stats(Vec<(String, u64)>),
+    /// The watch is on.
+    Watching,
+    /// The watch is off.
+    Unwatched,
+    /// A change to a watched key.
+    Event {
+        /// What happened.
+        kind: EventKind,
+        /// The key that changed.
+        key: Bytes,
+        /// The fencing token of the lease granted, released or expired.
+        token: u64,
+        /// The new holder's metadata (empty unless `kind` is `Granted`).
+        meta: Bytes,
+    },
+    /// The request failed.
+    Error {
+        /// Machine-readable reason.
+        code: ErrorCode,
+        /// Human-readable reason.
+        message: String,
+    },
+}
+
+/// Writes the 4-byte length and 9-byte header, then lets `body` append the rest.
+fn put_frame(dst: &mut BytesMut, opcode: u8, id: u64, body: impl FnOnce(&mut BytesMut)) {
+    let start = dst.len();
+    dst.put_u32(0); // patched below, once the body's length is known
+    dst.put_u8(opcode);
+    dst.put_u64(id);
+    body(dst);
+    let len = dst.len() - start - 4;
+    assert!(len <= FRAME_LEN_MAX, "encoder produced a {len}-byte frame");
+    dst[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+}
+
+fn put_bytes16(dst: &mut BytesMut, bytes: &[u8]) {
+    let len = u16::try_from(bytes.len()).expect("field longer than u16 passed to encoder");
+    dst.put_u16(len);
+    dst.put_slice(bytes);
+}
+
+/// Appends one request frame to `dst`.
+///
+/// # Panics
+/// If a field is over its wire limit: callers validate first (see [`Request::validate`]).
+pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
+    match request {
+        Request::Ping => put_frame(dst, op::PING, id, |_| {}),
+        Request::Acquire {
+            key,
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta,
+        } => put_frame(dst, op::ACQUIRE, id, |b| {
+            put_bytes16(b, key);
+            b.put_u32(*ttl_ms);
+            b.put_u32(*wait_ms);
+            b.put_u8(if *release_on_disconnect {
+                FLAG_RELEASE_ON_DISCONNECT
+            } else {
+                0
+            });
+            put_bytes16(b, meta);
+        }),
+        Request::Renew {
+            key,
+            lease_id,
+            ttl_ms,
+        } => put_frame(dst, op::RENEW, id, |b| {
+            put_bytes16(b, key);
+            b.put_slice(&lease_id.0);
+            b.put_u32(*ttl_ms);
+        }),
+        Request::Release { key, lease_id } => put_frame(dst, op::RELEASE, id, |b| {
+            put_bytes16(b, key);
+            b.put_slice(&lease_id.0);
+        }),
+        Request::Inspect { key } => put_frame(dst, op::INSPECT, id, |b| put_bytes16(b, key)),
+        Request::Check { key, token } => put_frame(dst, op::CHECK, id, |b| {
+            put_bytes16(b, key);
+            b.put_u64(*token);
+        }),
+        Request::Stats => put_frame(dst, op::STATS, id, |_| {}),
+        Request::Watch { key } => put_frame(dst, op::WATCH, id, |b| put_bytes16(b, key)),
+        Request::Unwatch { key } => put_frame(dst, op::UNWATCH, id, |b| put_bytes16(b, key)),
+    }
+}
+
+/// Appends one response frame to `dst`. Over-long error messages are cut to the limit.
+pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
+    match response {
+        Response::Pong => put_frame(dst, rop::PONG, id, |_| {}),
+        Response::Granted {
+            token,
+            lease_id,
+            ttl_ms,
+        } => put_frame(dst, rop::GRANTED, id, |b| {
+            b.put_u64(*token);
+            b.put_slice(&lease_id.0);
+            b.put_u32(*ttl_ms);
+        }),
+        Response::Locked { token, ttl_left_ms } => put_frame(dst, rop::LOCKED, id, |b| {
+            b.put_u64(*token);
+            b.put_u32(*ttl_left_ms);
+        }),
+        Response::Renewed { ttl_ms } => put_frame(dst, rop::RENEWED, id, |b| b.put_u32(*ttl_ms)),
+        Response::Lost => put_frame(dst, rop::LOST, id, |_| {}),
+        Response::Released => put_frame(dst, rop::RELEASED, id, |_| {}),
+        Response::NotOwner => put_frame(dst, rop::NOT_OWNER, id, |_| {}),
+        Response::Free => put_frame(dst, rop::FREE, id, |_| {}),
+        Response::Held {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+        } => put_frame(dst, rop::HELD, id, |b| {
+            b.put_u64(*token);
+            b.put_u32(*ttl_left_ms);
+            b.put_u32(*waiters);
+            put_bytes16(b, meta);
+        }),
+        Response::Current => put_frame(dst, rop::CURRENT, id, |_| {}),
+        Response::Stale => put_frame(dst, rop::STALE, id, |_| {}),
+        Response::Stats(pairs) => put_frame(dst, rop::STATS, id, |b| {
+            assert!(pairs.len() <= STATS_COUNT_MAX, "too many stats");
+            b.put_u16(pairs.len() as u16);
+            for (name, value) in pairs {
+                assert!(
+                    name.len() <= STAT_NAME_LEN_MAX,
+                    "stat name too long: {name}"
+                );
+                b.put_u8(name.len() as u8);
+                b.put_slice(name.as_bytes());
+                b.put_u64(*value);
+            }
+        }),
+        Response::Watching => put_frame(dst, rop::WATCHING, id, |_| {}),
+        Response::Unwatched => put_frame(dst, rop::UNWATCHED, id, |_| {}),
+        Response::Event {
+            kind,
+            key,
+            token,
+            meta,
+        } => put_frame(dst, rop::EVENT, id, |b| {
+            b.put_u8(*kind as u8);
+            put_bytes16(b, key);
+            b.put_u64(*token);
+            put_bytes16(b, meta);
+        }),
+        Response::Error { code, message } => put_frame(dst, rop::ERROR, id, |b| {
+            b.put_u16(*code as u16);
+            put_bytes16(b, truncate_utf8(message, ERROR_MESSAGE_LEN_MAX).as_bytes());
+        }),
+    }
+}
+
+/// The longest prefix of `text` that is at most `len_max` bytes and ends on a char boundary.
+fn truncate_utf8(text: &str, len_max: usize) -> &str {
+    if text.len() <= len_max {
+        return text;
+    }
+    let mut end = len_max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Reads a frame header from the front of `src` if a whole frame is there.
+///
+/// Returns the opcode, request id and body, consuming them from `src`. The announced length is
+/// checked against [`FRAME_LEN_MAX`] *before* anything is reserved or waited for, so a peer
+/// cannot make us buffer more than one maximal frame.
+///
+/// # Errors
+/// [`ProtocolError`] when the length prefix is out of range: the stream can no longer be
+/// trusted and the connection should be closed.
+pub fn split_frame(src: &mut BytesMut) -> Result<Option<(u8, u64, Bytes)>, ProtocolError> {
+    if src.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+    if len > FRAME_LEN_MAX {
+        return Err(ProtocolError::FrameTooLarge { len });
+    }
+    if len < FRAME_LEN_MIN {
+        return Err(ProtocolError::FrameTooShort { len });
+    }
+    if src.len() < 4 + len {
+        src.reserve(4 + len - src.len());
+        return Ok(None);
+    }
+    src.advance(4);
+    let opcode = src.get_u8();
+    let id = src.get_u64();
+    let body = src.split_to(len - FRAME_LEN_MIN).freeze();
+    Ok(Some((opcode, id, body)))
+}
+
+/// A cursor over a frame body that turns every short read into a [`FrameError`].
+struct Body {
+    bytes: Bytes,
+}
+
+impl Body {
+    fn need(&self, n: usize, what: &'static str) -> Result<(), FrameError> {
+        if self.bytes.remaining() < n {
+            return Err(FrameError::new(
+                ErrorCode::BadFrame,
+                format!("body ends inside {what}"),
+            ));
+        }
+        Ok(())
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
+        self.need(1, what)?;
+        Ok(self.bytes.get_u8())
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
+        self.need(2, what)?;
+        Ok(self.bytes.get_u16())
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
+        self.need(4, what)?;
+        Ok(self.bytes.get_u32())
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
+        self.need(8, what)?;
+        Ok(self.bytes.get_u64())
+    }
+    fn bytes16(&mut self, what: &'static str) -> Result<Bytes, FrameError> {
+        let len = self.u16(what)? as usize;
+        self.need(len, what)?;
+        Ok(self.bytes.split_to(len))
+    }
+    fn lease_id(&mut self) -> Result<LeaseId, FrameError> {
+        self.need(LeaseId::LEN, "lease id")?;
+        let mut id = [0u8; LeaseId::LEN];
+        self.bytes.copy_to_slice(&mut id);
+        Ok(LeaseId(id))
+    }
+    fn finish(self) -> Result<(), FrameError> {
+        if self.bytes.has_remaining() {
+            return Err(FrameError::new(
+                ErrorCode::BadFrame,
+                format!("{} unexpected bytes after the body", self.bytes.remaining()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Decodes a request body (the part after the request id) and checks it against the limits.
+///
+/// # Errors
+/// [`FrameError`] for an unknown opcode, a body of the wrong shape or a value out of range. The
+/// frame boundary is intact, so the connection can answer with an ERROR frame and go on.
+pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
+    let mut b = Body { bytes: body };
+    let request = match opcode {
+        op::PING => Request::Ping,
+        op::ACQUIRE => {
+            let key = b.bytes16("key")?;
+            let ttl_ms = b.u32("ttl_ms")?;
+            let wait_ms = b.u32("wait_ms")?;
+            let flags = b.u8("flags")?;
+            let meta = b.bytes16("meta")?;
+            if flags & !FLAGS_KNOWN != 0 {
+                return Err(FrameError::new(
+                    ErrorCode::BadFrame,
+                    format!("unknown acquire flags {flags:#04x}"),
+                ));
+            }
+            let release_on_disconnect = flags & FLAG_RELEASE_ON_DISCONNECT != 0;
+            Request::Acquire {
+                key,
+                ttl_ms,
+                wait_ms,
+                release_on_disconnect,
+                meta,
+            }
+        }
+        op::RENEW => Request::Renew {
+            key: b.bytes16("key")?,
+            lease_id: b.lease_id()?,
+            ttl_ms: b.u32("ttl_ms")?,
+        },
+        op::RELEASE => Request::Release {
+            key: b.bytes16("key")?,
+            lease_id: b.lease_id()?,
+        },
+        op::INSPECT => Request::Inspect {
+            key: b.bytes16("key")?,
+        },
+        op::CHECK => Request::Check {
+            key: b.bytes16("key")?,
+            token: b.u64("token")?,
+        },
+        op::STATS => Request::Stats,
+        op::WATCH => Request::Watch {
+            key: b.bytes16("key")?,
+        },
+        op::UNWATCH => Request::Unwatch {
+            key: b.bytes16("key")?,
+        },
+        other => {
+            return Err(FrameError::new(
+                ErrorCode::UnknownOpcode,
+                format!("unknown request opcode {other:#04x}"),
+            ))
+        }
+    };
+    b.finish()?;
+    request.validate()?;
+    Ok(request)
+}
+
+/// Decodes a response body (the part after the request id).
+///
+/// # Errors
+/// [`FrameError`] for an unknown opcode or a body of the wrong shape.
+pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> {
+    let mut b = Body { bytes: body };
+    let response = match opcode {
+        rop::PONG => Response::Pong,
+        rop::GRANTED => Response::Granted {
+            token: b.u64("token")?,
+            lease_id: b.lease_id()?,
+            ttl_ms: b.u32("ttl_ms")?,
+        },
+        rop::LOCKED => Response::Locked {
+            token: b.u64("token")?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+        },
+        rop::RENEWED => Response::Renewed {
+            ttl_ms: b.u32("ttl_ms")?,
+        },
+        rop::LOST => Response::Lost,
+        rop::RELEASED => Response::Released,
+        rop::NOT_OWNER => Response::NotOwner,
+        rop::FREE => Response::Free,
+        rop::HELD => Response::Held {
+            token: b.u64("token")?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+            waiters: b.u32("waiters")?,
+            meta: b.bytes16("meta")?,
+        },
+        rop::CURRENT => Response::Current,
+        rop::STALE => Response::Stale,
+        rop::STATS => Response::Stats(decode_stats(&mut b)?),
+        rop::WATCHING => Response::Watching,
+        rop::UNWATCHED => Response::Unwatched,
+        rop::EVENT => {
+            let kind = match b.u8("event kind")? {
+                1 => EventKind::Granted,
+                2 => EventKind::Released,
+                3 => EventKind::Expired,
+                other => {
+                    return Err(FrameError::new(
+                        ErrorCode::BadFrame,
+                        format!("unknown event kind {other}"),
+                    ))
+                }
+            };
+            Response::Event {
+                kind,
+                key: b.bytes16("key")?,
+                token: b.u64("token")?,
+                meta: b.bytes16("meta")?,
+            }
+        }
+        rop::ERROR => {
+            let code = ErrorCode::from_u16(b.u16("error code")?);
+            let message = b.bytes16("error message")?;
+            Response::Error {
+                code,
+                message: String::from_utf8_lossy(&message).into_owned(),
+            }
+        }
+        other => {
+            return Err(FrameError::new(
+                ErrorCode::UnknownOpcode,
+                format!("unknown response opcode {other:#04x}"),
+            ))
+        }
+    };
+    b.finish()?;
+    Ok(response)
+}
+
+fn decode_stats(b: &mut Body) -> Result<Vec<(String, u64)>, FrameError> {
+    let count = b.u16("stats count")? as usize;
+    if count > STATS_COUNT_MAX {
+        return Err(FrameError::new(
+            ErrorCode::BadFrame,
+            format!("{count} stats, limit {STATS_COUNT_MAX}"),
+        ));
+    }
+    let mut pairs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = b.u8("stat name length")? as usize;
+        b.need(len, "stat name")?;
+        let name = String::from_utf8_lossy(&b.bytes.split_to(len)).into_owned();
+        pairs.push((name, b.u64("stat value")?));
+    }
+    Ok(pairs)
+}
+
+/// Checks a key against the wire limits.
+///
+/// # Errors
+/// [`ErrorCode::BadKey`] for an empty key or one longer than [`KEY_LEN_MAX`].
+pub fn validate_key(key: &[u8]) -> Result<(), FrameError> {
+    if key.is_empty() {
+        return Err(FrameError::new(ErrorCode::BadKey, "key is empty".into()));
+    }
+    if key.len() > KEY_LEN_MAX {
+        return Err(FrameError::new(
+            ErrorCode::BadKey,
+            format!("key is {} bytes, limit {KEY_LEN_MAX}", key.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a lease length against the wire limits.
+///
+/// # Errors
+/// [`ErrorCode::BadTtl`] outside `TTL_MS_MIN..=TTL_MS_MAX`.
+pub fn validate_ttl(ttl_ms: u32) -> Result<(), FrameError> {
+    if !(TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms) {
+        return Err(FrameError::new(
+            ErrorCode::BadTtl,
+            format!("ttl_ms {ttl_ms} outside {TTL_MS_MIN}..={TTL_MS_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Request {
+    /// Checks every field against the wire limits; both ends call it.
+    ///
+    /// # Errors
+    /// A [`FrameError`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), FrameError> {
+        match self {
+            Request::Ping | Request::Stats => Ok(()),
+            Request::Acquire {
+                key,
+                ttl_ms,
+                wait_ms,
+                meta,
+                ..
+            } => {
+                validate_key(key)?;
+                validate_ttl(*ttl_ms)?;
+                if *wait_ms > WAIT_MS_MAX {
+                    return Err(FrameError::new(
+                        ErrorCode::BadWait,
+                        format!("wait_ms {wait_ms} over {WAIT_MS_MAX}"),
+                    ));
+                }
+                if meta.len() > META_LEN_MAX {
+                    return Err(FrameError::new(
+                        ErrorCode::MetaTooLong,
+                        format!("meta is {} bytes, limit {META_LEN_MAX}", meta.len()),
+                    ));
+                }
+                Ok(())
+            }
+            Request::Renew { key, ttl_ms, .. } => {
+                validate_key(key)?;
+                validate_ttl(*ttl_ms)
+            }
+            Request::Release { key, .. }
+            | Request::Inspect { key }
+            | Request::Check { key, .. }
+            | Request::Watch { key }
+            | Request::Unwatch { key } => validate_key(key),
+        }
+    }
+
+    /// A short upper-case name for logs and per-kind counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Ping => "PING",
+            Request::Acquire { .. } => "ACQUIRE",
+            Request::Renew { .. } => "RENEW",
+            Request::Release { .. } => "RELEASE",
+            Request::Inspect { .. } => "INSPECT",
+            Request::Check { .. } => "CHECK",
+            Request::Stats => "STATS",
+            Request::Watch { .. } => "WATCH",
+            Request::Unwatch { .. } => "UNWATCH",
+        }
+    }
+}

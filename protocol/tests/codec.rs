@@ -1,0 +1,342 @@
+//! Codec tests: round trips, every truncated prefix, every over-limit length.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tenure_protocol::frame::{
+    decode_request, decode_response, encode_request, encode_response, split_frame,
+};
+use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::limits::*;
+use tenure_protocol::{ErrorCode, EventKind, LeaseId, ProtocolError, Request, Response};
+
+fn key(n: usize) -> Bytes {
+    Bytes::from(vec![b'k'; n])
+}
+
+fn sample_requests() -> Vec<Request> {
+    let lease_id = LeaseId::from_u128(0xdead_beef_0000_0000_0000_0000_0000_0001);
+    vec![
+        Request::Ping,
+        Request::Acquire {
+            key: key(1),
+            ttl_ms: TTL_MS_MIN,
+            wait_ms: 0,
+            release_on_disconnect: false,
+            meta: Bytes::new(),
+        },
+        Request::Acquire {
+            key: key(KEY_LEN_MAX),
+            ttl_ms: TTL_MS_MAX,
+            wait_ms: WAIT_MS_MAX,
+            release_on_disconnect: true,
+            meta: Bytes::from(vec![7u8; META_LEN_MAX]),
+        },
+        Request::Renew {
+            key: key(5),
+            lease_id,
+            ttl_ms: 30_000,
+        },
+        Request::Release {
+            key: key(5),
+            lease_id,
+        },
+        Request::Inspect { key: key(3) },
+        Request::Check {
+            key: key(3),
+            token: u64::MAX,
+        },
+        Request::Stats,
+        Request::Watch { key: key(2) },
+        Request::Unwatch { key: key(2) },
+    ]
+}
+
+fn sample_responses() -> Vec<Response> {
+    let lease_id = LeaseId::from_u128(u128::MAX);
+    vec![
+        Response::Pong,
+        Response::Granted {
+            token: 42,
+            lease_id,
+            ttl_ms: 30_000,
+        },
+        Response::Locked {
+            token: 41,
+            ttl_left_ms: 12,
+        },
+        Response::Renewed { ttl_ms: 5 },
+        Response::Lost,
+        Response::Released,
+        Response::NotOwner,
+        Response::Free,
+        Response::Held {
+            token: 9,
+            ttl_left_ms: 100,
+            waiters: 3,
+            meta: Bytes::from_static(b"10.0.0.1:80"),
+        },
+        Response::Current,
+        Response::Stale,
+        Response::Stats(vec![("held".into(), 5), ("connections".into(), 1)]),
+        Response::Watching,
+        Response::Unwatched,
+        Response::Event {
+            kind: EventKind::Expired,
+            key: key(4),
+            token: 8,
+            meta: Bytes::new(),
+        },
+        Response::Error {
+            code: ErrorCode::BadTtl,
+            message: "ttl out of range".into(),
+        },
+    ]
+}
+
+#[test]
+fn every_request_round_trips() {
+    for (i, request) in sample_requests().into_iter().enumerate() {
+        let mut buf = BytesMut::new();
+        encode_request(i as u64 + 100, &request, &mut buf);
+        let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+        assert_eq!(id, i as u64 + 100);
+        assert_eq!(decode_request(opcode, body).unwrap(), request);
+        assert!(buf.is_empty());
+    }
+}
+
+#[test]
+fn every_response_round_trips() {
+    for (i, response) in sample_responses().into_iter().enumerate() {
+        let mut buf = BytesMut::new();
+        encode_response(i as u64, &response, &mut buf);
+        let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+        assert_eq!(id, i as u64);
+        assert_eq!(decode_response(opcode, body).unwrap(), response);
+    }
+}
+
+/// Every strict prefix of a valid frame is "not yet" and consumes nothing.
+#[test]
+fn every_truncated_prefix_waits_for_more() {
+    for request in sample_requests() {
+        let mut whole = BytesMut::new();
+        encode_request(1, &request, &mut whole);
+        for cut in 0..whole.len() {
+            let mut part = BytesMut::from(&whole[..cut]);
+            assert!(
+                split_frame(&mut part).unwrap().is_none(),
+                "{request:?} cut at {cut}"
+            );
+            assert_eq!(part.len(), cut, "a partial frame must not be consumed");
+        }
+    }
+}
+
+/// A frame whose length prefix is intact but whose body is cut short at every point is a
+/// per-frame error, never a panic or a misread.
+#[test]
+fn every_truncated_body_is_a_frame_error() {
+    for request in sample_requests() {
+        let mut whole = BytesMut::new();
+        encode_request(1, &request, &mut whole);
+        let (opcode, _, body) = split_frame(&mut whole).unwrap().unwrap();
+        for cut in 0..body.len() {
+            let err = decode_request(opcode, body.slice(..cut)).unwrap_err();
+            assert_eq!(
+                err.code,
+                ErrorCode::BadFrame,
+                "{request:?} body cut at {cut}: {err}"
+            );
+        }
+    }
+    for response in sample_responses() {
+        let mut whole = BytesMut::new();
+        encode_response(1, &response, &mut whole);
+        let (opcode, _, body) = split_frame(&mut whole).unwrap().unwrap();
+        for cut in 0..body.len() {
+            assert!(
+                decode_response(opcode, body.slice(..cut)).is_err(),
+                "{response:?} cut at {cut}"
+            );
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_rejected() {
+    let mut buf = BytesMut::new();
+    encode_request(1, &Request::Ping, &mut buf);
+    let (opcode, _, _) = split_frame(&mut buf).unwrap().unwrap();
+    assert_eq!(
+        decode_request(opcode, Bytes::from_static(b"x"))
+            .unwrap_err()
+            .code,
+        ErrorCode::BadFrame
+    );
+}
+
+#[test]
+fn over_limit_length_prefix_is_fatal_before_buffering() {
+    for len in [FRAME_LEN_MAX + 1, FRAME_LEN_MAX * 2, u32::MAX as usize] {
+        let mut buf = BytesMut::new();
+        buf.put_u32(len as u32);
+        let err = split_frame(&mut buf).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::FrameTooLarge { .. }),
+            "{len}: {err}"
+        );
+        assert!(
+            buf.capacity() < 64 * 1024,
+            "must not reserve for an over-long frame"
+        );
+    }
+    for len in 0..FRAME_LEN_MIN {
+        let mut buf = BytesMut::new();
+        buf.put_u32(len as u32);
+        assert!(matches!(
+            split_frame(&mut buf).unwrap_err(),
+            ProtocolError::FrameTooShort { .. }
+        ));
+    }
+    // Exactly at the limit is accepted (as a frame; its body is then judged on its own).
+    let mut buf = BytesMut::new();
+    buf.put_u32(FRAME_LEN_MAX as u32);
+    buf.put_u8(0x01);
+    buf.put_u64(7);
+    buf.put_bytes(0, FRAME_LEN_MAX - FRAME_LEN_MIN);
+    let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+    assert_eq!((opcode, id), (0x01, 7));
+    assert_eq!(
+        decode_request(opcode, body).unwrap_err().code,
+        ErrorCode::BadFrame
+    );
+}
+
+#[test]
+fn field_limits_are_enforced() {
+    let lease_id = LeaseId::default();
+    let cases: Vec<(Request, ErrorCode)> = vec![
+        (Request::Inspect { key: key(0) }, ErrorCode::BadKey),
+        (
+            Request::Inspect {
+                key: key(KEY_LEN_MAX + 1),
+            },
+            ErrorCode::BadKey,
+        ),
+        (
+            Request::Renew {
+                key: key(1),
+                lease_id,
+                ttl_ms: TTL_MS_MIN - 1,
+            },
+            ErrorCode::BadTtl,
+        ),
+        (
+            Request::Renew {
+                key: key(1),
+                lease_id,
+                ttl_ms: TTL_MS_MAX + 1,
+            },
+            ErrorCode::BadTtl,
+        ),
+        (
+            Request::Acquire {
+                key: key(1),
+                ttl_ms: 1000,
+                wait_ms: WAIT_MS_MAX + 1,
+                release_on_disconnect: false,
+                meta: Bytes::new(),
+            },
+            ErrorCode::BadWait,
+        ),
+        (
+            Request::Acquire {
+                key: key(1),
+                ttl_ms: 1000,
+                wait_ms: 0,
+                release_on_disconnect: false,
+                meta: Bytes::from(vec![0; META_LEN_MAX + 1]),
+            },
+            ErrorCode::MetaTooLong,
+        ),
+    ];
+    for (request, code) in cases {
+        assert_eq!(request.validate().unwrap_err().code, code, "{request:?}");
+        // The decoder applies the same checks to what arrives on the wire.
+        let mut buf = BytesMut::new();
+        encode_request(1, &request, &mut buf);
+        let (opcode, _, body) = split_frame(&mut buf).unwrap().unwrap();
+        assert_eq!(decode_request(opcode, body).unwrap_err().code, code);
+    }
+}
+
+#[test]
+fn unknown_opcode_and_flags() {
+    assert_eq!(
+        decode_request(0x7f, Bytes::new()).unwrap_err().code,
+        ErrorCode::UnknownOpcode
+    );
+    let mut body = BytesMut::new();
+    body.put_u16(1);
+    body.put_u8(b'k');
+    body.put_u32(1000);
+    body.put_u32(0);
+    body.put_u8(0x80); // an unknown flag
+    body.put_u16(0);
+    let err = decode_request(0x02, body.freeze()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadFrame);
+}
+
+#[test]
+fn error_codes_round_trip_and_unknown_maps_to_unknown() {
+    for code in ErrorCode::ALL {
+        assert_eq!(ErrorCode::from_u16(code as u16), code);
+    }
+    assert_eq!(ErrorCode::from_u16(60_000), ErrorCode::Unknown);
+}
+
+#[test]
+fn long_error_message_is_cut_on_a_char_boundary() {
+    let message = "é".repeat(ERROR_MESSAGE_LEN_MAX);
+    let mut buf = BytesMut::new();
+    encode_response(
+        1,
+        &Response::Error {
+            code: ErrorCode::BadArgs,
+            message,
+        },
+        &mut buf,
+    );
+    let (opcode, _, body) = split_frame(&mut buf).unwrap().unwrap();
+    match decode_response(opcode, body).unwrap() {
+        Response::Error { message, .. } => {
+            assert!(message.len() <= ERROR_MESSAGE_LEN_MAX && !message.contains('\u{FFFD}'))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn handshake_round_trip_and_bad_magic() {
+    let mut buf = BytesMut::new();
+    Hello { version: VERSION }.encode(&mut buf);
+    for cut in 0..buf.len() {
+        assert!(Hello::decode(&mut BytesMut::from(&buf[..cut]))
+            .unwrap()
+            .is_none());
+    }
+    assert_eq!(
+        Hello::decode(&mut buf).unwrap(),
+        Some(Hello { version: VERSION })
+    );
+    let ack = HelloAck {
+        version: VERSION,
+        frame_len_max: FRAME_LEN_MAX as u32,
+        in_flight_max: 128,
+    };
+    let mut buf = BytesMut::new();
+    ack.encode(&mut buf);
+    assert_eq!(HelloAck::decode(&mut buf).unwrap(), Some(ack));
+    let mut bad = BytesMut::from(&b"PING\r\nxx"[..]);
+    assert!(Hello::decode(&mut bad).is_err());
+}
