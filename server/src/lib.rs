@@ -1,6 +1,38 @@
-//! tenured: a single-node, in-memory lock server (work in progress).
+//! tenured: a single-node, in-memory lock server whose fencing tokens survive crashes.
+//!
+//! Clients take a lock on a key for a lease (a TTL) and get back a lease id, which renew and
+//! release must present, and a fencing token, which strictly increases per key across
+//! restarts and `kill -9`: the protected resource rejects writes carrying an older token.
+//! Expiry is judged by the server's monotonic clock alone.
+//!
+//! # Layout
+//! - [`server`]: [`run`] — recovery, the accept loop, the expiry ticker, ordered shutdown.
+//! - [`conn`]: one connection, binary or console, and its reply queue.
+//! - [`console`]: the text console's grammar, line in and line out.
+//! - [`state`]: the shared state and the one executor both surfaces call.
+//! - [`table`]: the lock table (one shard): holders, FIFO waiters, hand-off. No I/O, no clock.
+//! - [`wheel`]: the hierarchical timer wheel behind expiry. No I/O, no clock.
+//! - [`tokens`]: the fencing token allocator, bounded by a durable reservation.
+//! - [`wal`]: the write-ahead log: record format, group commit, recovery, snapshots.
+//! - [`watch`]: subscriptions to a key's changes.
+//! - [`clock`]: the one place that reads time.
+//! - [`config`]: every runtime limit. [`stats`]: counters for STATS.
+
 pub mod clock;
+pub mod config;
+pub mod conn;
+pub mod console;
+pub mod server;
+pub mod state;
+pub mod stats;
 pub mod table;
 pub mod tokens;
 pub mod wal;
+pub mod watch;
 pub mod wheel;
+
+#[cfg(test)]
+mod sim;
+
+pub use config::{Config, Durability};
+pub use server::run;

@@ -1,1 +1,107 @@
-fn main() {}
+//! `tenured`: parse flags, bind, run until SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tenure_server::config::{Config, Durability};
+
+// mimalloc: the server allocates many small, short-lived buffers across two threads; mimalloc
+// keeps them thread-local and fragments less than the system allocator at 500K+ held locks.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// tenured: a single-node lock server with fencing tokens that survive crashes.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Address to listen on, for both the binary protocol and the text console.
+    #[arg(long, default_value = "127.0.0.1:7878", env = "TENURE_LISTEN")]
+    listen: SocketAddr,
+    /// Directory for the write-ahead log (created if missing).
+    #[arg(long, default_value = "./tenure-data", env = "TENURE_DATA_DIR")]
+    data_dir: PathBuf,
+    /// What survives a crash: `full` keeps every held lock; `tokens` keeps only the fencing
+    /// token high-water mark and refuses grants for --ttl-max-ms after a restart.
+    #[arg(long, value_enum, default_value = "full")]
+    durability: Durability,
+    /// Skip fsync. Unsafe: a machine crash may then reuse fencing tokens. For benchmarks only.
+    #[arg(long)]
+    no_fsync: bool,
+    /// Most client connections at once.
+    #[arg(long, default_value_t = Config::default().connections_max)]
+    connections_max: usize,
+    /// Most locks held at once.
+    #[arg(long, default_value_t = Config::default().held_max)]
+    held_max: usize,
+    /// Most blocking acquires waiting at once.
+    #[arg(long, default_value_t = Config::default().waiters_max)]
+    waiters_max: usize,
+    /// Most blocking acquires waiting on one key.
+    #[arg(long, default_value_t = Config::default().waiters_per_key_max)]
+    waiters_per_key_max: usize,
+    /// Most unanswered requests per connection (announced in the handshake).
+    #[arg(long, default_value_t = Config::default().in_flight_max)]
+    in_flight_max: u32,
+    /// Longest lease granted, in milliseconds.
+    #[arg(long, default_value_t = Config::default().ttl_ms_max)]
+    ttl_max_ms: u32,
+    /// Lock-table shards.
+    #[arg(long, default_value_t = Config::default().shards)]
+    shards: usize,
+    /// Worker threads for connections (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let config = Config {
+        listen: args.listen,
+        data_dir: args.data_dir,
+        durability: args.durability,
+        fsync: !args.no_fsync,
+        connections_max: args.connections_max,
+        held_max: args.held_max,
+        waiters_max: args.waiters_max,
+        waiters_per_key_max: args.waiters_per_key_max,
+        in_flight_max: args.in_flight_max,
+        ttl_ms_max: args.ttl_max_ms,
+        shards: args.shards,
+        ..Config::default()
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        tenure_server::run(config, listener, shutdown_signal()).await
+    })?;
+    // Connections that outlived the grace period are dropped with the runtime.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,1 +1,224 @@
-//! (being written)
+//! Write-ahead log: makes every grant, release and token reservation durable, with group
+//! commit, and rebuilds the held leases on restart.
+//!
+//! # Layout
+//! - [`record`]: the byte format of records and segment headers. Pure, no I/O.
+//! - [`recovery`]: reads the segments in order, truncates a torn tail, refuses corruption,
+//!   replays records into the set of held leases.
+//! - [`writer`]: [`Wal`], the append path (group commit, rotation, snapshots, waiting).
+//! - `syncer`: the thread that writes and fsyncs batches and records a failure for good.
+//! - [`storage`]: the file operations behind a trait, with a fault-injecting implementation.
+//!
+//! # Guarantees
+//! - A record is *durable* once [`Wal::durable_lsn`] reaches its [`Lsn`]; the server replies
+//!   to a client (and so shows a fencing token) only after that.
+//! - After restart, every lease granted and not freed by a durable record comes back, and
+//!   [`Recovered::token_floor`] exceeds every token any durable record mentions.
+//! - After the first failed write or fsync nothing is written again ("fsyncgate": a failed
+//!   fsync is not retried, since the kernel may have dropped the dirty pages). The durable
+//!   LSN stops, every later append and wait fails, and the process can keep serving reads.
+//!
+//! # On-disk format
+//! A directory of segment files named `wal-{seq:016x}.log`; `seq` (u64) increases by one
+//! per segment with no gaps. Every integer is big-endian. Each segment starts with a header:
+//!
+//! ```text
+//!  0        8         12                 20         24
+//!  +--------+---------+------------------+----------+
+//!  | magic  | version |   segment seq    |  crc32   |   magic = "TENUREWL", version = 1
+//!  |  8 B   | u32     |       u64        |   u32    |   crc32 of bytes 0..20
+//!  +--------+---------+------------------+----------+
+//! ```
+//!
+//! then records back to back, each:
+//!
+//! ```text
+//!  0          4          8      9
+//!  +----------+----------+------+---------------------------+
+//!  | len  u32 | crc  u32 | type |   payload (len bytes)     |
+//!  +----------+----------+------+---------------------------+
+//! ```
+//!
+//! `len` counts the payload only and never exceeds [`record::PAYLOAD_LEN_MAX`] (a whole record
+//! is at most [`record::RECORD_LEN_MAX`] = 4096 bytes); `crc` is CRC-32 (IEEE, as computed by
+//! `crc32fast`) of the type byte and the payload. `bytes16` below is a u16 length and then
+//! that many bytes. Payloads by type:
+//!
+//! ```text
+//!  1 Reserve        token_limit u64
+//!  2 Grant          key bytes16 (<= 1024) | lease_id 16 B | token u64 | ttl_ms u32
+//!                   | flags u8 (bit 0: release on disconnect) | meta bytes16 (<= 1024)
+//!  3 Free           key bytes16 | token u64 | reason u8 (0 released, 1 expired,
+//!                   2 disconnected)
+//!  4 SnapshotBegin  segment_seq u64   (always the first record of that segment)
+//!  5 SnapshotEnd    segment_seq u64   (names the segment of its SnapshotBegin)
+//! ```
+//!
+//! # Replay
+//! Records apply in log order: Reserve raises the token floor to its limit; Grant sets the
+//! key's lease (overwriting) and Grant and Free raise the floor above their token; Free
+//! removes the key's lease only if it holds exactly that token. Replaying a Grant of the
+//! lease a key already holds changes nothing, which is what lets a snapshot interleave with
+//! live traffic.
+//!
+//! # Torn tail or corruption
+//! Only the newest segment can end in a torn write: a segment is fsynced whole before the
+//! next is created, and a new segment's header is fsynced before any record goes in. In the
+//! newest segment, the first bad record (too short, impossible length, checksum mismatch) is
+//! a torn tail, and the file is cut there, if everything after it is zero or if no valid
+//! record starts at any later byte offset. It is corruption, and [`open`] refuses with
+//! [`WalError::Corrupt`] naming file and byte offset, if a valid record follows (it may be
+//! an acknowledged one), if a record's checksum matches but its content is invalid, or if the
+//! damage is in an older segment. A newest segment whose header is damaged and followed only
+//! by zeros (a crash while creating it) holds nothing and is deleted.
+//!
+//! One crash pattern is refused too: an unsynced write whose first pages never reached the
+//! disk (zeros) but whose later pages did. Nothing acknowledged lies past such a hole, so an
+//! operator who sees zeros at the reported offset may truncate the file there by hand.
+//!
+//! # Snapshots
+//! Segments rotate at [`WalOptions::segment_size_max`]. To delete old ones the server copies
+//! the live table into the log (see [`Wal::begin_snapshot`]): `SnapshotBegin` opens a fresh
+//! segment, followed by a Reserve of the current token floor, then a Grant per live lease
+//! (appended shard by shard, interleaved with normal traffic), then `SnapshotEnd`. Once
+//! `SnapshotEnd` is durable every segment before the snapshot's is deleted. A crash before
+//! that leaves the old segments in place, so replay from the oldest is always complete; a
+//! crash after it but before the deletion is finished by the next [`open`]. Dropping the
+//! [`SnapshotToken`] instead of ending it abandons the snapshot and deletes nothing.
+pub mod record;
+pub mod recovery;
+pub mod storage;
+mod syncer;
+pub mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use record::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+pub use recovery::{Recovered, RecoveredLease};
+pub use storage::{FaultPlan, Faults, FaultyStorage, FsStorage, SegmentFile, Storage};
+pub use writer::{
+    open, open_with_storage, wait_durable_on, DurableState, Lsn, SnapshotToken, Wal, WalStats,
+};
+
+/// Default for [`WalOptions::segment_size_max`]: 64 MiB.
+pub const SEGMENT_SIZE_MAX_DEFAULT: u64 = 64 << 20;
+/// Largest `segment_size_max` allowed, and so the largest segment file recovery will read
+/// into memory; a bigger file is refused as corrupt rather than allocated.
+pub const SEGMENT_SIZE_LIMIT: u64 = 1 << 30;
+const _: () = assert!(SEGMENT_SIZE_MAX_DEFAULT <= SEGMENT_SIZE_LIMIT);
+/// Default for [`WalOptions::pending_bytes_max`]: 64 MiB.
+pub const PENDING_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Default for [`WalOptions::batch_bytes_max`]: 4 MiB.
+pub const BATCH_BYTES_MAX_DEFAULT: usize = 4 << 20;
+
+/// Whether the syncer makes writes durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// `fdatasync` after every batch. The only safe mode for production.
+    Data,
+    /// Never sync: records count as durable once written to the page cache. For tests and
+    /// benchmarks only; a power loss or kernel crash loses acknowledged records.
+    Off,
+}
+
+/// Tunables of the WAL.
+#[derive(Debug, Clone)]
+pub struct WalOptions {
+    /// Whether to fsync; see [`SyncMode`].
+    pub sync_mode: SyncMode,
+    /// Bytes after which the active segment is closed and a new one started; at most
+    /// [`SEGMENT_SIZE_LIMIT`].
+    pub segment_size_max: u64,
+    /// Encoded bytes that may wait for the syncer; beyond that appends fail with
+    /// [`WalError::Backlog`] instead of growing memory without bound.
+    pub pending_bytes_max: usize,
+    /// Bytes the syncer writes per fsync at most (group commit batch size).
+    pub batch_bytes_max: usize,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions {
+            sync_mode: SyncMode::Data,
+            segment_size_max: SEGMENT_SIZE_MAX_DEFAULT,
+            pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
+            batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// Errors of the WAL.
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    /// A file operation failed while opening the log.
+    #[error("WAL I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The log is damaged somewhere other than a torn tail; the server must not start.
+    #[error("WAL corrupt: {path} at byte offset {offset}: {reason}")]
+    Corrupt {
+        /// The damaged segment file.
+        path: PathBuf,
+        /// Byte offset of the first bad byte range within that file.
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+    /// A write or fsync failed earlier; nothing appended since can become durable.
+    #[error("WAL failed, no further writes are durable: {0}")]
+    Failed(Arc<str>),
+    /// Too many bytes are waiting for the disk; the operation was not logged.
+    #[error("WAL backlog full: {pending_bytes} bytes waiting for the disk")]
+    Backlog {
+        /// Bytes pending when the append was refused.
+        pending_bytes: usize,
+    },
+    /// [`Wal::begin_snapshot`] was called while a snapshot was in progress.
+    #[error("a WAL snapshot is already in progress")]
+    SnapshotInProgress,
+    /// [`Wal::sync_and_stop`] was called; the log takes no more writes.
+    #[error("WAL stopped, no further writes")]
+    Stopped,
+}
+
+/// File name of segment `seq`.
+pub(crate) fn segment_name(seq: u64) -> String {
+    format!("wal-{seq:016x}.log")
+}
+
+/// The sequence number in a segment file name, if `name` is one.
+pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_round_trip() {
+        for seq in [0, 1, 0xabc, u64::MAX] {
+            assert_eq!(parse_segment_name(&segment_name(seq)), Some(seq));
+        }
+        for name in [
+            "wal-1.log",
+            "wal-000000000000000g.log",
+            "x-0000000000000001.log",
+            "wal-",
+        ] {
+            assert_eq!(parse_segment_name(name), None, "{name}");
+        }
+    }
+}

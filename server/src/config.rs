@@ -1,0 +1,150 @@
+//! Runtime configuration: every limit the server enforces, with defaults sized for one node.
+//!
+//! Wire limits (key length, frame size, TTL range) are in `tenure_protocol::limits`; the ones
+//! here are about this server's resources and may differ between deployments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How much of the lock state survives a crash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// Every grant and release is in the WAL and synced before its reply: held locks come back
+    /// after a restart with the same lease ids and tokens.
+    Full,
+    /// Only the fencing-token high-water mark is synced. After a restart the server refuses new
+    /// grants for `ttl_max` so that locks granted before the crash have run out.
+    Tokens,
+}
+
+/// Everything `run` needs to know. Built by the binary from flags, or by tests.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Address the binary binds (tests bind their own listener and ignore it).
+    pub listen: SocketAddr,
+    /// Directory of the write-ahead log; created if missing.
+    pub data_dir: PathBuf,
+    /// What survives a crash.
+    pub durability: Durability,
+    /// Whether the WAL calls fsync. Off only in tests and benchmarks: without it a crash of the
+    /// machine (not just the process) can reuse fencing tokens.
+    pub fsync: bool,
+    /// Most client connections at once; one more is told `CONNECTIONS_LIMIT` and closed.
+    pub connections_max: usize,
+    /// Most locks held at once across the server.
+    pub held_max: usize,
+    /// Most blocking acquires waiting at once across the server.
+    pub waiters_max: usize,
+    /// Most blocking acquires waiting on one key.
+    pub waiters_per_key_max: usize,
+    /// Most requests one connection may have unanswered.
+    pub in_flight_max: u32,
+    /// Most keys one connection may watch.
+    pub watches_per_connection_max: usize,
+    /// Most events queued for one watching connection before its watches are dropped.
+    pub watch_queue_max: usize,
+    /// Longest lease the server grants, in milliseconds (at most the wire limit).
+    pub ttl_ms_max: u32,
+    /// Number of lock-table shards (each a mutex over part of the keys).
+    pub shards: usize,
+    /// How often the expiry ticker runs. Expired locks are freed within this of their deadline.
+    pub tick_interval: Duration,
+    /// Most expirations (and waiter time-outs) handled per shard per tick, so an expiry storm
+    /// cannot starve requests; the rest wait for the next tick.
+    pub expirations_per_tick_max: usize,
+    /// Fencing tokens reserved in the WAL per sync; a block is reserved ahead of need.
+    pub token_block: u64,
+    /// How long shutdown waits for connections to finish before closing them.
+    pub shutdown_grace: Duration,
+}
+
+/// Lines a console connection may buffer before it is told `LINE_TOO_LONG` and closed.
+pub const LINE_LEN_MAX: usize = 4096;
+/// Bytes a connection may read ahead before it stops reading until replies are written.
+pub const READ_BUFFER_MAX: usize = 256 * 1024;
+/// Bytes of replies a connection buffers before it must write them out.
+pub const WRITE_BUFFER_MAX: usize = 256 * 1024;
+
+const _: () = assert!(
+    LINE_LEN_MAX
+        > tenure_protocol::limits::KEY_LEN_MAX + tenure_protocol::limits::META_LEN_MAX + 64
+);
+const _: () = assert!(READ_BUFFER_MAX > tenure_protocol::limits::FRAME_LEN_MAX + 4);
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            data_dir: PathBuf::from("./tenure-data"),
+            durability: Durability::Full,
+            fsync: true,
+            connections_max: 10_000,
+            held_max: 2_000_000,
+            waiters_max: 1_000_000,
+            waiters_per_key_max: 10_000,
+            in_flight_max: tenure_protocol::limits::IN_FLIGHT_MAX_DEFAULT,
+            watches_per_connection_max: 1024,
+            watch_queue_max: 4096,
+            ttl_ms_max: 3_600_000,
+            shards: 64,
+            tick_interval: Duration::from_millis(2),
+            expirations_per_tick_max: 4096,
+            token_block: 1 << 20,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults for tests: data in `data_dir`, fsync off, small limits so tests can hit them.
+    pub fn for_tests(data_dir: &std::path::Path) -> Config {
+        Config {
+            data_dir: data_dir.to_path_buf(),
+            fsync: false,
+            connections_max: 256,
+            held_max: 100_000,
+            waiters_max: 10_000,
+            waiters_per_key_max: 1_000,
+            token_block: 1_000,
+            shutdown_grace: Duration::from_millis(500),
+            ..Config::default()
+        }
+    }
+
+    /// Checks that the limits make sense together.
+    ///
+    /// # Errors
+    /// A message naming the first setting out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        use tenure_protocol::limits::{TTL_MS_MAX, TTL_MS_MIN};
+        if !(TTL_MS_MIN..=TTL_MS_MAX).contains(&self.ttl_ms_max) {
+            return Err(format!(
+                "ttl max {} ms outside {TTL_MS_MIN}..={TTL_MS_MAX}",
+                self.ttl_ms_max
+            ));
+        }
+        if self.shards == 0 || self.shards > 4096 {
+            return Err(format!("shards {} outside 1..=4096", self.shards));
+        }
+        for (name, value) in [
+            ("connections max", self.connections_max),
+            ("held max", self.held_max),
+            ("in-flight max", self.in_flight_max as usize),
+            ("expirations per tick", self.expirations_per_tick_max),
+            ("token block", self.token_block as usize),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.held_max > u32::MAX as usize / 2 {
+            return Err(format!(
+                "held max {} is over {}",
+                self.held_max,
+                u32::MAX / 2
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! `run`: recover, accept, tick, shut down.
+//!
+//! Start-up replays the WAL into the lock table and syncs a first block of fencing tokens
+//! before the first connection is accepted. Shutdown goes in the order that loses nothing:
+//! stop accepting, let connections finish what they were answering (bounded by a grace
+//! period), stop the expiry ticker, then sync and close the WAL.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tenure_protocol::ErrorCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::config::{Config, Durability};
+use crate::conn;
+use crate::state::Shared;
+use crate::stats::Stats;
+use crate::wal::{self, Record, SyncMode, WalOptions};
+
+/// Runs the server on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// When the configuration is invalid, the WAL cannot be opened (including corruption, which
+/// names the file and offset), or the first token reservation cannot be synced.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("invalid configuration")?;
+    let shared = Arc::new(recover(config).await?);
+    shared
+        .reserve_tokens()
+        .await
+        .context("could not sync the first block of fencing tokens")?;
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
+
+    let stop = CancellationToken::new();
+    let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone()));
+    let tracker = TaskTracker::new();
+    let accepting = accept_loop(&shared, &listener, &tracker, &stop);
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = accepting => {}
+        _ = &mut shutdown => tracing::info!("shutting down"),
+    }
+    drop(listener);
+    stop.cancel();
+    tracker.close();
+    if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the grace period; closing them");
+    }
+    ticker.abort();
+    let _ = ticker.await;
+    shared
+        .wal
+        .sync_and_stop()
+        .context("final WAL sync failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Opens the WAL and rebuilds the lock table from it.
+async fn recover(config: Config) -> anyhow::Result<Shared> {
+    let options = WalOptions {
+        sync_mode: if config.fsync {
+            SyncMode::Data
+        } else {
+            SyncMode::Off
+        },
+        ..WalOptions::default()
+    };
+    let dir = config.data_dir.clone();
+    let started = std::time::Instant::now();
+    let (wal, recovered) = tokio::task::spawn_blocking(move || wal::open(&dir, options))
+        .await
+        .context("WAL recovery panicked")?
+        .with_context(|| {
+            format!(
+                "cannot open the write-ahead log in {}",
+                config.data_dir.display()
+            )
+        })?;
+    if let Some((path, offset)) = &recovered.torn_tail_truncated {
+        tracing::warn!(path = %path.display(), offset, "truncated a torn record at the end of the WAL");
+    }
+    let clock = Clock::start();
+    let now_ms = clock.now_ms();
+    // In token-only mode held locks were not logged, so any of them may still be in use: wait
+    // out the longest lease this server grants before granting again.
+    let refused_until_ms = match config.durability {
+        Durability::Tokens if recovered.records > 0 => now_ms + u64::from(config.ttl_ms_max),
+        _ => 0,
+    };
+    let leases = recovered.leases.len();
+    let shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
+    for lease in recovered.leases {
+        let mut shard = shared.shard(&lease.key);
+        shard.restore(
+            now_ms,
+            &lease.key,
+            lease.lease_id,
+            lease.token,
+            lease.ttl_ms,
+            &lease.meta,
+        );
+    }
+    tracing::info!(
+        leases,
+        token_floor = recovered.token_floor,
+        records = recovered.records,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "recovered from the WAL"
+    );
+    Ok(shared)
+}
+
+async fn accept_loop(
+    shared: &Arc<Shared>,
+    listener: &TcpListener,
+    tracker: &TaskTracker,
+    stop: &CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(shared.config.connections_max));
+    let mut conn_id = 0u64;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        conn_id += 1;
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            Stats::bump(&shared.stats.connections_refused);
+            tracker.spawn(refuse(stream, shared.config.connections_max));
+            continue;
+        };
+        Stats::bump(&shared.stats.connections_total);
+        let shared = Arc::clone(shared);
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            Stats::bump(&shared.stats.connections);
+            conn::serve(Arc::clone(&shared), stream, conn_id, stop).await;
+            shared
+                .stats
+                .connections
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+}
+
+/// Tells a connection over the limit why it is being closed, in the console's words (a binary
+/// client reads a failed handshake; it reports the connection closed).
+async fn refuse(mut stream: TcpStream, connections_max: usize) {
+    let line = format!(
+        "ERR {} server has {connections_max} connections already\n",
+        ErrorCode::ConnectionsLimit.name()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes())).await;
+}
+
+/// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
+async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut interval = tokio::time::interval(shared.config.tick_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let budget = shared.config.expirations_per_tick_max;
+    let mut events = Vec::new();
+    while !stop.is_cancelled() {
+        interval.tick().await;
+        let now_ms = shared.clock.now_ms();
+        for shard in shared.shards() {
+            let mut shard = shard.lock().expect("shard poisoned");
+            // Whatever the budget leaves is picked up on the next tick.
+            shard.advance(now_ms, budget, &shared.tokens, &mut events);
+            shared.apply_events(&mut shard, now_ms, &mut events);
+        }
+        if shared.wal.should_snapshot() {
+            snapshot(&shared);
+        }
+    }
+}
+
+/// Copies every live lease into the WAL so old segments can be deleted (see `wal`).
+fn snapshot(shared: &Arc<Shared>) {
+    let token = match shared.wal.begin_snapshot(shared.tokens.limit()) {
+        Ok(token) => token,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not start a WAL snapshot");
+            return;
+        }
+    };
+    for shard in shared.shards() {
+        let shard = shard.lock().expect("shard poisoned");
+        let mut result = Ok(0);
+        let now_ms = shared.clock.now_ms();
+        shard.for_each_held(now_ms, |held| {
+            if result.is_ok() {
+                result = shared.wal.append(&Record::Grant {
+                    key: held.key,
+                    lease_id: held.lease_id.0,
+                    token: held.token,
+                    ttl_ms: held.ttl_ms,
+                    flags: 0,
+                    meta: held.meta,
+                });
+            }
+        });
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "WAL snapshot abandoned");
+            return;
+        }
+    }
+    if let Err(e) = shared.wal.end_snapshot(token) {
+        tracing::warn!(error = %e, "could not finish a WAL snapshot");
+    }
+}

@@ -1,0 +1,660 @@
+//! The server's shared state and the one executor both surfaces (binary, console) call.
+//!
+//! A request runs on its connection's task: it locks one shard for the few hundred
+//! nanoseconds the table needs, appends a WAL record while still holding the lock (so the log
+//! orders changes to a key exactly as the table made them), and leaves. The reply then waits,
+//! on the connection, until the WAL's durable position passes that record: that is how a grant
+//! or a release is synced before anyone hears of it, with many of them sharing one fsync.
+//!
+//! Fencing tokens come from a [`TokenAllocator`] that only hands out tokens below a limit
+//! already synced in the WAL, so a token is durable before it is visible anywhere (a GRANTED
+//! reply, a LOCKED reply, INSPECT), in every durability mode.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, EventKind, LeaseId, Request, Response};
+use tokio::sync::{oneshot, watch, Notify};
+
+use crate::clock::Clock;
+use crate::config::{Config, Durability};
+use crate::stats::Stats;
+use crate::table::{self, Acquire, AcquireArgs, Event, Handoff, LockTable, TableLimits};
+use crate::tokens::TokenAllocator;
+use crate::wal::{self, DurableState, FreeReason, Lsn, Record, Wal};
+use crate::watch::{WatchSink, Watches};
+
+/// What a waiting acquire is eventually told.
+#[derive(Debug)]
+pub enum WaitResult {
+    /// The lock was handed over; reply once `lsn` is durable.
+    Granted {
+        /// The grant.
+        grant: table::Grant,
+        /// WAL position of the grant record.
+        lsn: Lsn,
+    },
+    /// The wait ran out while someone else held the lock.
+    TimedOut {
+        /// The holder's token.
+        token: u64,
+        /// Time left on the holder's lease.
+        ttl_left_ms: u64,
+    },
+    /// The hand-over could not be made durable.
+    Failed(ErrorCode, String),
+}
+
+/// A queued acquire's way back to its connection.
+pub struct WaitSlot {
+    tx: oneshot::Sender<WaitResult>,
+    release_on_disconnect: bool,
+}
+
+impl table::Waiter for WaitSlot {
+    fn is_live(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+/// What the connection does with a request after the executor ran it.
+pub enum Outcome {
+    /// Reply with this once the WAL is durable up to `lsn` (0: at once).
+    Reply(Response, Lsn),
+    /// The acquire is queued; the answer arrives on `rx`.
+    Wait {
+        /// Where the grant or time-out arrives.
+        rx: oneshot::Receiver<WaitResult>,
+        /// The key waited on, to leave the queue if the connection closes.
+        key: Bytes,
+        /// The table's id for this waiter.
+        waiter_id: u64,
+        /// Whether a grant should be released when this connection closes.
+        release_on_disconnect: bool,
+    },
+    /// No durable fencing tokens are left: reserve more, then run the request again.
+    NeedTokens(Request),
+}
+
+/// Per-connection facts the executor needs.
+pub struct ConnCtx {
+    /// Server-unique connection number.
+    pub conn_id: u64,
+    /// Leases to release when the connection closes (acquired with release-on-disconnect).
+    pub owned: Vec<(Bytes, LeaseId)>,
+    /// This connection's event queue, created on its first WATCH.
+    pub sink: Option<Arc<WatchSink>>,
+    /// Receiver of `sink`, taken by the connection loop.
+    pub events: Option<tokio::sync::mpsc::Receiver<crate::watch::WatchEvent>>,
+    /// Keys this connection watches.
+    pub watched: usize,
+}
+
+/// Everything the tasks share.
+pub struct Shared {
+    /// The limits in force.
+    pub config: Config,
+    /// The monotonic clock; the only one the server reads.
+    pub clock: Clock,
+    shards: Box<[Mutex<LockTable<WaitSlot>>]>,
+    /// Fencing tokens, below a durable limit.
+    pub tokens: TokenAllocator,
+    /// The write-ahead log.
+    pub wal: Wal,
+    /// Counters.
+    pub stats: Stats,
+    /// Who watches which key.
+    pub watches: Watches,
+    reserving: AtomicBool,
+    reserved: Notify,
+    /// In token-only durability, grants are refused until this `now_ms` after a restart.
+    grants_refused_until_ms: u64,
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+fn clamp_ms(ms: u64) -> u32 {
+    u32::try_from(ms).unwrap_or(u32::MAX)
+}
+
+impl Shared {
+    /// Builds the state around a recovered WAL.
+    pub fn new(
+        config: Config,
+        clock: Clock,
+        wal: Wal,
+        token_floor: u64,
+        grants_refused_until_ms: u64,
+    ) -> Shared {
+        let shard_count = config.shards;
+        let limits = TableLimits {
+            held_max: config.held_max.div_ceil(shard_count),
+            waiters_max: config.waiters_max.div_ceil(shard_count),
+            waiters_per_key_max: config.waiters_per_key_max,
+        };
+        // A random seed per process, so clients cannot pick keys that collide in the index.
+        let hash_seed: u64 = rand::random();
+        let shards = (0..shard_count)
+            .map(|_| Mutex::new(LockTable::with_hash_seed(limits, hash_seed)))
+            .collect();
+        Shared {
+            config,
+            clock,
+            shards,
+            // Token 0 means "no token"; a fresh log has floor 0. Nothing is reserved yet: `run`
+            // syncs the first block before accepting connections.
+            tokens: TokenAllocator::new(token_floor.max(1), token_floor.max(1)),
+            wal,
+            stats: Stats::default(),
+            watches: Watches::default(),
+            reserving: AtomicBool::new(false),
+            reserved: Notify::new(),
+            grants_refused_until_ms,
+        }
+    }
+
+    /// The shard that owns `key`.
+    pub fn shard(&self, key: &[u8]) -> MutexGuard<'_, LockTable<WaitSlot>> {
+        let i = table::shard_of(key, self.shards.len());
+        self.shards[i]
+            .lock()
+            .expect("a lock-table shard was poisoned by a panic")
+    }
+
+    /// Every shard in turn, for the ticker, snapshots and STATS.
+    pub fn shards(&self) -> impl Iterator<Item = &Mutex<LockTable<WaitSlot>>> {
+        self.shards.iter()
+    }
+
+    fn full(&self) -> bool {
+        self.config.durability == Durability::Full
+    }
+
+    /// Logs a grant (full durability) and returns the position its reply must wait for.
+    fn log_grant(
+        &self,
+        key: &[u8],
+        grant: &table::Grant,
+        meta: &[u8],
+        release_on_disconnect: bool,
+    ) -> Result<Lsn, wal::WalError> {
+        if !self.full() {
+            return Ok(0);
+        }
+        let flags = if release_on_disconnect {
+            wal::GRANT_FLAG_RELEASE_ON_DISCONNECT
+        } else {
+            0
+        };
+        self.wal.append(&Record::Grant {
+            key,
+            lease_id: grant.lease_id.0,
+            token: grant.token,
+            ttl_ms: grant.ttl_ms,
+            flags,
+            meta,
+        })
+    }
+
+    /// Logs that `key`'s lease `token` ended.
+    fn log_free(&self, key: &[u8], token: u64, reason: FreeReason) -> Result<Lsn, wal::WalError> {
+        if !self.full() {
+            return Ok(0);
+        }
+        self.wal.append(&Record::Free { key, token, reason })
+    }
+
+    /// Runs one request. Never blocks on I/O: anything slow is handed back as an [`Outcome`].
+    pub fn execute(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+    ) -> Outcome {
+        self.stats.count_op(request.kind());
+        let now_ms = self.clock.now_ms();
+        let response = match request {
+            Request::Ping => Response::Pong,
+            Request::Acquire { .. } => return self.acquire(ctx, now_ms, request),
+            Request::Renew {
+                key,
+                lease_id,
+                ttl_ms,
+            } => {
+                if ttl_ms > self.config.ttl_ms_max {
+                    return Outcome::Reply(self.ttl_too_long(ttl_ms), 0);
+                }
+                match self.shard(&key).renew(now_ms, &key, lease_id, ttl_ms) {
+                    table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
+                    table::Renew::Lost => Response::Lost,
+                }
+            }
+            Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
+            Request::Inspect { key } => match self.shard(&key).inspect(now_ms, &key) {
+                table::Inspect::Free => Response::Free,
+                table::Inspect::Held {
+                    token,
+                    ttl_left_ms,
+                    waiters,
+                    meta,
+                } => Response::Held {
+                    token,
+                    ttl_left_ms: clamp_ms(ttl_left_ms),
+                    waiters,
+                    meta: Bytes::copy_from_slice(meta),
+                },
+            },
+            Request::Check { key, token } => match self.shard(&key).check(now_ms, &key, token) {
+                table::Check::Current => Response::Current,
+                table::Check::Stale => Response::Stale,
+            },
+            Request::Stats => Response::Stats(self.stats_pairs()),
+            Request::Watch { key } => self.watch(ctx, request_id, key),
+            Request::Unwatch { key } => {
+                if self.watches.remove(&key, ctx.conn_id) {
+                    ctx.watched -= 1;
+                }
+                Response::Unwatched
+            }
+        };
+        Outcome::Reply(response, 0)
+    }
+
+    fn ttl_too_long(&self, ttl_ms: u32) -> Response {
+        Stats::bump(&self.stats.errors);
+        error(
+            ErrorCode::BadTtl,
+            format!(
+                "ttl_ms {ttl_ms} over this server's limit of {}",
+                self.config.ttl_ms_max
+            ),
+        )
+    }
+
+    fn acquire(self: &Arc<Self>, ctx: &mut ConnCtx, now_ms: u64, request: Request) -> Outcome {
+        let Request::Acquire {
+            key,
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta,
+        } = &request
+        else {
+            unreachable!("acquire called with {request:?}")
+        };
+        if *ttl_ms > self.config.ttl_ms_max {
+            return Outcome::Reply(self.ttl_too_long(*ttl_ms), 0);
+        }
+        if now_ms < self.grants_refused_until_ms {
+            Stats::bump(&self.stats.errors);
+            let left_ms = self.grants_refused_until_ms - now_ms;
+            let message =
+                format!("restarted in token-only durability: no grants for {left_ms} ms more");
+            return Outcome::Reply(error(ErrorCode::Recovering, message), 0);
+        }
+        let (tx, rx) = oneshot::channel();
+        let waiter = (*wait_ms > 0).then_some(WaitSlot {
+            tx,
+            release_on_disconnect: *release_on_disconnect,
+        });
+        let lease_id = LeaseId::from_u128(rand::random());
+        let mut shard = self.shard(key);
+        let args = AcquireArgs {
+            key,
+            lease_id,
+            ttl_ms: *ttl_ms,
+            wait_ms: *wait_ms,
+            waiter,
+            meta,
+        };
+        let mut events = Vec::new();
+        let outcome = shard.acquire(now_ms, args, &self.tokens, &mut events);
+        // Settling the key may have ended a lease or handed it on before this request's turn.
+        self.apply_events(&mut shard, now_ms, &mut events);
+        let response = match outcome {
+            Acquire::Granted(grant) => {
+                match self.log_grant(key, &grant, meta, *release_on_disconnect) {
+                    Ok(lsn) => {
+                        Stats::bump(&self.stats.grants);
+                        self.watches
+                            .notify(key, EventKind::Granted, grant.token, meta);
+                        if *release_on_disconnect {
+                            ctx.owned.push((key.clone(), grant.lease_id));
+                        }
+                        self.reserve_ahead();
+                        let table::Grant {
+                            token,
+                            lease_id,
+                            ttl_ms,
+                        } = grant;
+                        return Outcome::Reply(
+                            Response::Granted {
+                                token,
+                                lease_id,
+                                ttl_ms,
+                            },
+                            lsn,
+                        );
+                    }
+                    Err(e) => {
+                        // Not durable, so it must not stand: take it back before anyone hears of it.
+                        self.free(
+                            &mut shard,
+                            now_ms,
+                            key,
+                            grant.lease_id,
+                            FreeReason::Released,
+                        );
+                        self.unavailable(&e)
+                    }
+                }
+            }
+            Acquire::Locked { token, ttl_left_ms } => {
+                Stats::bump(&self.stats.locked);
+                Response::Locked {
+                    token,
+                    ttl_left_ms: clamp_ms(ttl_left_ms),
+                }
+            }
+            Acquire::Queued { waiter_id } => {
+                return Outcome::Wait {
+                    rx,
+                    key: key.clone(),
+                    waiter_id,
+                    release_on_disconnect: *release_on_disconnect,
+                }
+            }
+            Acquire::Full(limit) => {
+                Stats::bump(&self.stats.errors);
+                let (code, what) = match limit {
+                    table::Limit::HeldLocks => (
+                        ErrorCode::HeldLimit,
+                        "the server holds as many locks as it may",
+                    ),
+                    table::Limit::Waiters => (
+                        ErrorCode::WaitersLimit,
+                        "the server has as many waiters as it may",
+                    ),
+                    table::Limit::WaitersPerKey => (
+                        ErrorCode::WaitersLimit,
+                        "this key has as many waiters as it may",
+                    ),
+                };
+                error(code, what)
+            }
+            Acquire::TokensExhausted { .. } => {
+                drop(shard);
+                self.reserve_ahead();
+                return Outcome::NeedTokens(request);
+            }
+        };
+        Outcome::Reply(response, 0)
+    }
+
+    fn unavailable(&self, e: &wal::WalError) -> Response {
+        Stats::bump(&self.stats.errors);
+        tracing::error!(error = %e, "a change could not be logged; refusing it");
+        error(
+            ErrorCode::Unavailable,
+            format!("not durable, nothing changed: {e}"),
+        )
+    }
+
+    fn release(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        key: Bytes,
+        lease_id: LeaseId,
+    ) -> Outcome {
+        let mut shard = self.shard(&key);
+        let Some(lsn) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) else {
+            return Outcome::Reply(Response::NotOwner, 0);
+        };
+        drop(shard);
+        ctx.owned.retain(|(k, l)| !(*l == lease_id && *k == key));
+        match lsn {
+            Ok(lsn) => Outcome::Reply(Response::Released, lsn),
+            Err(e) => Outcome::Reply(self.unavailable(&e), 0),
+        }
+    }
+
+    /// Releases `lease_id`'s hold on `key` if it has one: logs and announces it, then hands
+    /// the lock to the next live waiter. `None` if the lease did not hold the key; otherwise
+    /// the WAL position of the free record, or the error that kept it from being logged.
+    fn free(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        reason: FreeReason,
+    ) -> Option<Result<Lsn, wal::WalError>> {
+        let mut events = Vec::new();
+        let result = shard.release(now_ms, key, lease_id, &self.tokens, &mut events);
+        let outcome = match result {
+            table::Release::NotOwner => None,
+            table::Release::Released { token, handoff } => {
+                let lsn = self.log_free(key, token, reason);
+                let kind = if reason == FreeReason::Expired {
+                    EventKind::Expired
+                } else {
+                    EventKind::Released
+                };
+                self.watches.notify(key, kind, token, b"");
+                if let Some(handoff) = handoff {
+                    events.push(Event::HandedOff(handoff));
+                }
+                Some(lsn)
+            }
+        };
+        self.apply_events(shard, now_ms, &mut events);
+        outcome
+    }
+
+    /// Gives a lock to a waiter: log the grant, then send it. A waiter that vanished in
+    /// between, or a grant that cannot be logged, frees the lock again for the next in line.
+    fn hand_off(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        handoff: Handoff<WaitSlot>,
+    ) {
+        let Handoff {
+            waiter,
+            grant,
+            key,
+            meta,
+            ..
+        } = handoff;
+        let WaitSlot {
+            tx,
+            release_on_disconnect,
+        } = waiter;
+        let logged = self.log_grant(&key, &grant, &meta, release_on_disconnect);
+        let message = match &logged {
+            Ok(lsn) => WaitResult::Granted { grant, lsn: *lsn },
+            Err(e) => WaitResult::Failed(ErrorCode::Unavailable, format!("not durable: {e}")),
+        };
+        if tx.send(message).is_ok() && logged.is_ok() {
+            Stats::bump(&self.stats.grants);
+            Stats::bump(&self.stats.handoffs);
+            self.watches
+                .notify(&key, EventKind::Granted, grant.token, &meta);
+            self.reserve_ahead();
+            return;
+        }
+        // Nobody will ever hear of this grant: free it so the next waiter is not held up.
+        self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+    }
+
+    /// Acts on everything the table did on its own: expiries, hand-offs, waits that ran out.
+    /// Every grant the table makes reaches the server through here or an `Acquire::Granted`.
+    pub fn apply_events(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        events: &mut Vec<Event<WaitSlot>>,
+    ) {
+        for event in std::mem::take(events) {
+            match event {
+                Event::Expired {
+                    key,
+                    token,
+                    handoff,
+                } => {
+                    Stats::bump(&self.stats.expirations);
+                    // Not waited for: an expiry lost in a crash comes back as a held lease
+                    // whose TTL runs again, which is the safe direction.
+                    let _ = self.log_free(&key, token, FreeReason::Expired);
+                    self.watches.notify(&key, EventKind::Expired, token, b"");
+                    if let Some(handoff) = handoff {
+                        self.hand_off(shard, now_ms, handoff);
+                    }
+                }
+                Event::HandedOff(handoff) => self.hand_off(shard, now_ms, handoff),
+                Event::WaitTimedOut {
+                    waiter,
+                    holder_token,
+                    ttl_left_ms,
+                    ..
+                } => {
+                    Stats::bump(&self.stats.locked);
+                    let _ = waiter.tx.send(WaitResult::TimedOut {
+                        token: holder_token,
+                        ttl_left_ms,
+                    });
+                }
+            }
+        }
+    }
+
+    fn watch(&self, ctx: &mut ConnCtx, request_id: u64, key: Bytes) -> Response {
+        if ctx.watched >= self.config.watches_per_connection_max {
+            Stats::bump(&self.stats.errors);
+            let max = self.config.watches_per_connection_max;
+            return error(
+                ErrorCode::WatchLimit,
+                format!("this connection already watches {max} keys"),
+            );
+        }
+        let sink = ctx.sink.get_or_insert_with(|| {
+            let (sink, rx) = WatchSink::new(self.config.watch_queue_max);
+            ctx.events = Some(rx);
+            sink
+        });
+        self.watches.add(key.clone(), ctx.conn_id, request_id, sink);
+        ctx.watched += 1;
+        Response::Watching
+    }
+
+    /// Drops everything a closing connection leaves behind: its watches, its queued
+    /// acquires, and the leases it asked to have released on disconnect.
+    pub fn disconnect(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        waits: impl IntoIterator<Item = (Bytes, u64)>,
+        watched_keys: &[Bytes],
+    ) {
+        for key in watched_keys {
+            self.watches.remove(key, ctx.conn_id);
+        }
+        for (key, waiter_id) in waits {
+            self.shard(&key).cancel_waiter(&key, waiter_id);
+        }
+        let now_ms = self.clock.now_ms();
+        for (key, lease_id) in ctx.owned.drain(..) {
+            let mut shard = self.shard(&key);
+            self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Disconnected);
+        }
+    }
+
+    /// Starts reserving the next block of tokens if fewer than half a block are left.
+    pub fn reserve_ahead(self: &Arc<Self>) {
+        if self.tokens.remaining() < self.config.token_block / 2
+            && !self.reserving.load(Ordering::Relaxed)
+        {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let me = Arc::clone(self);
+                handle.spawn(async move { me.reserve_tokens().await });
+            }
+        }
+    }
+
+    /// Reserves the next block of fencing tokens: log the new limit, wait until it is synced,
+    /// then let the allocator use it. Concurrent callers share one reservation.
+    ///
+    /// # Errors
+    /// The WAL failure, if the reservation could not be made durable.
+    pub async fn reserve_tokens(&self) -> Result<(), wal::WalError> {
+        let notified = self.reserved.notified();
+        if self.reserving.swap(true, Ordering::AcqRel) {
+            notified.await;
+            return Ok(());
+        }
+        let new_limit = self.tokens.limit() + self.config.token_block;
+        let result = async {
+            let lsn = self.wal.append(&Record::Reserve {
+                token_limit: new_limit,
+            })?;
+            self.wal.wait_durable(lsn).await
+        }
+        .await;
+        if result.is_ok() {
+            self.tokens.extend_limit(new_limit);
+        }
+        self.reserving.store(false, Ordering::Release);
+        self.reserved.notify_waiters();
+        result
+    }
+
+    /// Held locks, waiters, connections, requests by kind and WAL counters.
+    pub fn stats_pairs(&self) -> Vec<(String, u64)> {
+        let (mut held, mut waiters) = (0u64, 0u64);
+        for shard in self.shards() {
+            let shard = shard.lock().expect("shard poisoned");
+            held += shard.held_count() as u64;
+            waiters += shard.waiters_count() as u64;
+        }
+        let s = &self.stats;
+        let wal = self.wal.stats();
+        let mut pairs = vec![
+            ("held".to_string(), held),
+            ("waiters".to_string(), waiters),
+            ("connections".to_string(), Stats::get(&s.connections)),
+            ("watches".to_string(), self.watches.len() as u64),
+            ("grants".to_string(), Stats::get(&s.grants)),
+            ("handoffs".to_string(), Stats::get(&s.handoffs)),
+            ("locked".to_string(), Stats::get(&s.locked)),
+            ("expirations".to_string(), Stats::get(&s.expirations)),
+            ("errors".to_string(), Stats::get(&s.errors)),
+            (
+                "connections_total".to_string(),
+                Stats::get(&s.connections_total),
+            ),
+            (
+                "connections_refused".to_string(),
+                Stats::get(&s.connections_refused),
+            ),
+            ("token_next".to_string(), self.tokens.next_token()),
+            ("token_limit".to_string(), self.tokens.limit()),
+            ("wal_records".to_string(), wal.records),
+            ("wal_fsyncs".to_string(), wal.fsyncs),
+            ("wal_bytes".to_string(), wal.bytes),
+            ("uptime_ms".to_string(), self.clock.now_ms()),
+        ];
+        pairs.extend(s.op_pairs());
+        pairs
+    }
+
+    /// The WAL's durable position and failure, for connections to wait on.
+    pub fn durable(&self) -> watch::Receiver<DurableState> {
+        self.wal.subscribe()
+    }
+}

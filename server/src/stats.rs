@@ -1,0 +1,61 @@
+//! Counters for STATS: relaxed atomics bumped on the request path, summed on demand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Server-wide counters. Held locks and waiters are not kept here: they are read from the
+/// shards, which own the truth.
+#[derive(Default)]
+pub struct Stats {
+    /// Open client connections.
+    pub connections: AtomicU64,
+    /// Connections accepted since start.
+    pub connections_total: AtomicU64,
+    /// Connections refused at the connection limit.
+    pub connections_refused: AtomicU64,
+    /// Requests by kind, indexed by [`Stats::slot`].
+    ops: [AtomicU64; OP_KINDS.len()],
+    /// Grants, including hand-offs to waiters.
+    pub grants: AtomicU64,
+    /// Grants handed straight to a waiter on release or expiry.
+    pub handoffs: AtomicU64,
+    /// Acquires answered LOCKED (at once or after their wait ran out).
+    pub locked: AtomicU64,
+    /// Leases that ran out.
+    pub expirations: AtomicU64,
+    /// Requests answered with an ERROR.
+    pub errors: AtomicU64,
+}
+
+/// The request kinds counted, in the order STATS reports them.
+pub const OP_KINDS: [&str; 9] = [
+    "PING", "ACQUIRE", "RENEW", "RELEASE", "INSPECT", "CHECK", "STATS", "WATCH", "UNWATCH",
+];
+
+impl Stats {
+    /// Counts one request of `kind` (one of [`OP_KINDS`]).
+    pub fn count_op(&self, kind: &str) {
+        if let Some(i) = OP_KINDS.iter().position(|k| *k == kind) {
+            self.ops[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Name/value pairs for every request kind, as `ops_<kind>`.
+    pub fn op_pairs(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        OP_KINDS.iter().zip(&self.ops).map(|(kind, n)| {
+            (
+                format!("ops_{}", kind.to_ascii_lowercase()),
+                n.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Adds one to `counter`.
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads `counter`.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,186 @@
+//! `LockTable::check_invariants`: every piece of the table's bookkeeping, checked against the
+//! others. Tests and the simulation call it after every step; it is O(n log n) in the table
+//! size and uses sorted vectors rather than hash sets, which are slow in debug builds.
+
+use super::{LockTable, Slot, Timer, Waiter, WAIT_TIMER_BIT};
+use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
+
+impl<W: Waiter> LockTable<W> {
+    /// Panics with a description of the first broken invariant: slab, free list, index and
+    /// wheel agree; counts match; every lease has exactly one live timer at or before its
+    /// deadline; every waiter has its timer; waiter ids are unique; queues only on keys with
+    /// a slot; reserved keys have waiters and are on the deferred list.
+    pub fn check_invariants(&self) {
+        let timers = self.timers_sorted();
+        let mut free = vec![false; self.slots.len()];
+        for &slot in &self.free_slots {
+            assert!(
+                !std::mem::replace(&mut free[slot as usize], true),
+                "slot {slot} free twice"
+            );
+        }
+        let mut waiter_ids = Vec::with_capacity(self.waiters_count);
+        let mut used = 0;
+        for (number, lock) in self.slots.iter().enumerate() {
+            if lock.token == 0 {
+                assert!(free[number], "free slot {number} not on the free list");
+                assert!(
+                    lock.extra.is_none() && lock.key.as_slice().is_empty(),
+                    "free slot {number} has data"
+                );
+                continue;
+            }
+            assert!(!free[number], "slot {number} in use and on the free list");
+            used += 1;
+            self.check_lock(number, lock, &timers);
+            self.check_queue(number, lock, &timers, &mut waiter_ids);
+        }
+        assert_eq!(used, self.index.len(), "slots in use vs index entries");
+        let mut indexed: Vec<u32> = self.index.slots().collect();
+        indexed.sort_unstable();
+        indexed.dedup();
+        assert_eq!(indexed.len(), used, "index has duplicate slot numbers");
+        assert!(
+            indexed.iter().all(|&slot| !free[slot as usize]),
+            "index points at a free slot"
+        );
+        assert_eq!(waiter_ids.len(), self.waiters_count, "waiters_count is off");
+        waiter_ids.sort_unstable();
+        assert!(
+            waiter_ids.windows(2).all(|pair| pair[0] != pair[1]),
+            "a waiter id is queued twice"
+        );
+        assert!(
+            self.waiters_count <= self.limits.waiters_max,
+            "more than waiters_max waiters"
+        );
+        let slab_len = self.slots.len();
+        assert!(
+            self.deferred.iter().all(|&slot| (slot as usize) < slab_len),
+            "deferred slot out of range"
+        );
+    }
+
+    /// All pending timers with their deadlines, sorted by timer then deadline.
+    fn timers_sorted(&self) -> Vec<(Timer, u64)> {
+        let mut timers: Vec<(Timer, u64)> = self
+            .wheel
+            .iter()
+            .map(|(deadline_ms, timer)| (*timer, deadline_ms))
+            .collect();
+        for (timer, _) in &timers {
+            let slot = (timer.slot & !WAIT_TIMER_BIT) as usize;
+            assert!(
+                slot < self.slots.len(),
+                "timer for slot {slot} beyond the slab"
+            );
+        }
+        timers.sort_unstable_by_key(|&(timer, deadline_ms)| (timer.slot, timer.stamp, deadline_ms));
+        timers
+    }
+
+    /// Checks one slot in use, apart from its queue.
+    fn check_lock(&self, number: usize, lock: &Slot<W>, timers: &[(Timer, u64)]) {
+        let key = lock.key.as_slice();
+        assert!(key.len() <= KEY_LEN_MAX, "slot {number}: key too long");
+        assert_eq!(
+            self.find(key),
+            Some(number),
+            "slot {number}: key {key:?} not indexed to it"
+        );
+        assert!(
+            lock.meta().len() <= META_LEN_MAX,
+            "slot {number}: meta too long"
+        );
+        assert!(
+            (TTL_MS_MIN..=TTL_MS_MAX).contains(&lock.ttl_ms),
+            "slot {number}: ttl_ms"
+        );
+        if let Some(extra) = &lock.extra {
+            assert!(
+                !extra.meta.is_empty() || !extra.queue.is_empty(),
+                "slot {number}: empty extra"
+            );
+        }
+        if lock.deadline_ms == 0 {
+            assert!(
+                lock.queue_len() > 0,
+                "slot {number}: reserved for a handoff but no waiters"
+            );
+            assert!(
+                self.deferred.contains(&(number as u32)),
+                "slot {number}: reserved, not deferred"
+            );
+            return;
+        }
+        let timer = Timer {
+            slot: number as u32,
+            stamp: lock.generation,
+        };
+        let deadlines = deadlines_of(timers, timer);
+        assert_eq!(
+            deadlines.len(),
+            1,
+            "slot {number}: lease has {} live timers",
+            deadlines.len()
+        );
+        assert!(
+            deadlines[0].1 <= lock.deadline_ms,
+            "slot {number}: lease timer after its deadline"
+        );
+    }
+
+    /// Checks one slot's queue, collecting its waiter ids.
+    fn check_queue(
+        &self,
+        number: usize,
+        lock: &Slot<W>,
+        timers: &[(Timer, u64)],
+        waiter_ids: &mut Vec<u64>,
+    ) {
+        let Some(extra) = &lock.extra else { return };
+        assert!(
+            extra.queue.len() <= self.limits.waiters_per_key_max,
+            "slot {number}: queue too long"
+        );
+        for queued in &extra.queue {
+            let id = queued.waiter_id;
+            waiter_ids.push(id);
+            assert!(
+                id < self.next_waiter_id,
+                "waiter id {id} not handed out yet"
+            );
+            assert!(
+                queued.deadline_ms >= extra.wait_deadline_min_ms,
+                "slot {number}: wait minimum"
+            );
+            assert!(
+                queued.deadline_ms <= self.now_ms + u64::from(WAIT_MS_MAX),
+                "waiter {id}: deadline"
+            );
+            assert!(
+                (TTL_MS_MIN..=TTL_MS_MAX).contains(&queued.ttl_ms),
+                "waiter {id}: ttl_ms"
+            );
+            let timer = Timer {
+                slot: number as u32 | WAIT_TIMER_BIT,
+                stamp: id as u32,
+            };
+            let armed = deadlines_of(timers, timer)
+                .iter()
+                .any(|&(_, d)| d == queued.deadline_ms);
+            assert!(
+                armed,
+                "waiter {id} on slot {number} has no timer at its deadline"
+            );
+        }
+    }
+}
+
+/// The entries of `timer` in a sorted timer list.
+fn deadlines_of(timers: &[(Timer, u64)], timer: Timer) -> &[(Timer, u64)] {
+    let key = (timer.slot, timer.stamp);
+    let start = timers.partition_point(|(t, _)| (t.slot, t.stamp) < key);
+    let end = timers.partition_point(|(t, _)| (t.slot, t.stamp) <= key);
+    &timers[start..end]
+}

@@ -1,0 +1,577 @@
+//! Record and segment-header encoding: pure functions over byte slices, no I/O.
+//!
+//! The layout is drawn in the [module docs](super). Decoding checks the announced length
+//! against [`PAYLOAD_LEN_MAX`] before looking at (or allocating for) the payload, so a
+//! corrupt length costs nothing.
+use std::fmt;
+
+/// Bytes before the payload: length (u32), checksum (u32), type (u8).
+pub const RECORD_HEADER_LEN: usize = 9;
+/// Longest record, header included, in bytes. Anything longer on disk is corruption.
+pub const RECORD_LEN_MAX: usize = 4096;
+/// Longest payload a record header may announce, in bytes.
+pub const PAYLOAD_LEN_MAX: usize = RECORD_LEN_MAX - RECORD_HEADER_LEN;
+/// Longest key a record may carry, in bytes (the wire limit).
+pub const KEY_LEN_MAX: usize = tenure_protocol::limits::KEY_LEN_MAX;
+/// Longest holder metadata a record may carry, in bytes (the wire limit).
+pub const META_LEN_MAX: usize = tenure_protocol::limits::META_LEN_MAX;
+
+/// Payload of the largest possible grant: key and meta at their limits.
+const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX;
+const _: () = assert!(GRANT_PAYLOAD_LEN_MAX <= PAYLOAD_LEN_MAX);
+// Key and meta lengths are stored as u16.
+const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
+
+/// First bytes of every segment file.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"TENUREWL";
+/// Segment format version written by this build; the only one it reads.
+pub const SEGMENT_VERSION: u32 = 1;
+/// Bytes of the segment header: magic, version (u32), sequence (u64), checksum (u32).
+pub const SEGMENT_HEADER_LEN: usize = 24;
+
+/// Grant flag bit: release the lease when the holder's connection closes.
+pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
+
+const TYPE_RESERVE: u8 = 1;
+const TYPE_GRANT: u8 = 2;
+const TYPE_FREE: u8 = 3;
+const TYPE_SNAPSHOT_BEGIN: u8 = 4;
+const TYPE_SNAPSHOT_END: u8 = 5;
+
+/// Why a lease was freed; recorded for audit, replay treats all alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeReason {
+    /// The holder released it.
+    Released = 0,
+    /// Its TTL ran out.
+    Expired = 1,
+    /// The holder's connection closed and the lease asked to be released then.
+    Disconnected = 2,
+}
+
+impl FreeReason {
+    fn from_u8(value: u8) -> Option<FreeReason> {
+        match value {
+            0 => Some(FreeReason::Released),
+            1 => Some(FreeReason::Expired),
+            2 => Some(FreeReason::Disconnected),
+            _ => None,
+        }
+    }
+}
+
+/// One WAL record. Borrows key and meta so appending allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// Fencing tokens below `token_limit` may be handed out; recovery starts above it.
+    Reserve {
+        /// Exclusive upper bound of the tokens the server may hand out.
+        token_limit: u64,
+    },
+    /// `key` is held under `lease_id` with fencing token `token` (overwrites any holder).
+    Grant {
+        /// The locked key, at most [`KEY_LEN_MAX`] bytes.
+        key: &'a [u8],
+        /// The lease id the holder presents (a `LeaseId`'s bytes).
+        lease_id: [u8; 16],
+        /// The fencing token of this grant.
+        token: u64,
+        /// Lease length; recovery counts it again from restart.
+        ttl_ms: u32,
+        /// Bit set of `GRANT_FLAG_*`.
+        flags: u8,
+        /// Holder metadata, at most [`META_LEN_MAX`] bytes.
+        meta: &'a [u8],
+    },
+    /// `key` is no longer held, if it is still held with exactly `token`.
+    Free {
+        /// The key that was freed.
+        key: &'a [u8],
+        /// The fencing token of the grant that ended.
+        token: u64,
+        /// Why it ended.
+        reason: FreeReason,
+    },
+    /// First record of segment `segment_seq`: a snapshot of the live table follows.
+    SnapshotBegin {
+        /// The segment this record opens.
+        segment_seq: u64,
+    },
+    /// The snapshot begun in segment `segment_seq` is complete.
+    SnapshotEnd {
+        /// The segment holding the matching [`Record::SnapshotBegin`].
+        segment_seq: u64,
+    },
+}
+
+/// Whether `type_byte` names a record type this build knows.
+pub fn is_known_type(type_byte: u8) -> bool {
+    (TYPE_RESERVE..=TYPE_SNAPSHOT_END).contains(&type_byte)
+}
+
+impl Record<'_> {
+    fn type_byte(&self) -> u8 {
+        match self {
+            Record::Reserve { .. } => TYPE_RESERVE,
+            Record::Grant { .. } => TYPE_GRANT,
+            Record::Free { .. } => TYPE_FREE,
+            Record::SnapshotBegin { .. } => TYPE_SNAPSHOT_BEGIN,
+            Record::SnapshotEnd { .. } => TYPE_SNAPSHOT_END,
+        }
+    }
+
+    fn payload_len(&self) -> usize {
+        match self {
+            Record::Reserve { .. } | Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 8,
+            Record::Grant { key, meta, .. } => 2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len(),
+            Record::Free { key, .. } => 2 + key.len() + 8 + 1,
+        }
+    }
+
+    /// Bytes this record takes on disk, header included.
+    pub fn encoded_len(&self) -> usize {
+        RECORD_HEADER_LEN + self.payload_len()
+    }
+}
+
+/// Appends the encoded record to `out`.
+///
+/// # Panics
+/// If key or meta exceed [`KEY_LEN_MAX`] / [`META_LEN_MAX`]: callers check wire limits first.
+pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
+    let start = out.len();
+    let payload_len = record.payload_len();
+    assert!(payload_len <= PAYLOAD_LEN_MAX);
+    out.reserve(RECORD_HEADER_LEN + payload_len);
+    out.extend_from_slice(&(payload_len as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 4]); // checksum, filled in below
+    out.push(record.type_byte());
+    match *record {
+        Record::Reserve { token_limit } => out.extend_from_slice(&token_limit.to_be_bytes()),
+        Record::Grant {
+            key,
+            lease_id,
+            token,
+            ttl_ms,
+            flags,
+            meta,
+        } => {
+            assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
+            assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
+            put_bytes16(out, key);
+            out.extend_from_slice(&lease_id);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.extend_from_slice(&ttl_ms.to_be_bytes());
+            out.push(flags);
+            put_bytes16(out, meta);
+        }
+        Record::Free { key, token, reason } => {
+            assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
+            put_bytes16(out, key);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.push(reason as u8);
+        }
+        Record::SnapshotBegin { segment_seq } | Record::SnapshotEnd { segment_seq } => {
+            out.extend_from_slice(&segment_seq.to_be_bytes());
+        }
+    }
+    assert_eq!(out.len() - start, RECORD_HEADER_LEN + payload_len);
+    let crc = crc32fast::hash(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
+fn put_bytes16(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Why the bytes at some offset are not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The buffer ends before the record does (a torn write, if at the end of the log).
+    Incomplete {
+        /// Bytes the record needs, as far as the header tells.
+        needed: usize,
+        /// Bytes available.
+        available: usize,
+    },
+    /// The header announces a payload longer than [`PAYLOAD_LEN_MAX`].
+    LengthImpossible {
+        /// The announced payload length.
+        len: u32,
+    },
+    /// The stored checksum does not match the type byte and payload.
+    Checksum {
+        /// Checksum stored in the header.
+        stored: u32,
+        /// Checksum of the bytes actually read.
+        computed: u32,
+    },
+    /// The checksum matched but the type byte is unknown.
+    UnknownType(u8),
+    /// The checksum matched but the payload does not parse.
+    Malformed(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Incomplete { needed, available } => {
+                write!(
+                    f,
+                    "incomplete record: needs {needed} bytes, {available} left"
+                )
+            }
+            DecodeError::LengthImpossible { len } => {
+                write!(f, "impossible payload length {len} (max {PAYLOAD_LEN_MAX})")
+            }
+            DecodeError::Checksum { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch: stored {stored:08x}, computed {computed:08x}"
+                )
+            }
+            DecodeError::UnknownType(t) => write!(f, "unknown record type {t}"),
+            DecodeError::Malformed(why) => write!(f, "malformed payload: {why}"),
+        }
+    }
+}
+
+/// Decodes the record at the start of `buf`, returning it and its encoded length.
+///
+/// # Errors
+/// [`DecodeError`] if the bytes are not one whole, intact record.
+pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+    if buf.len() < RECORD_HEADER_LEN {
+        return Err(DecodeError::Incomplete {
+            needed: RECORD_HEADER_LEN,
+            available: buf.len(),
+        });
+    }
+    let len = u32::from_be_bytes(buf[0..4].try_into().expect("4 bytes"));
+    // Check the length before trusting it for anything, allocation included.
+    if len as usize > PAYLOAD_LEN_MAX {
+        return Err(DecodeError::LengthImpossible { len });
+    }
+    let total = RECORD_HEADER_LEN + len as usize;
+    if buf.len() < total {
+        return Err(DecodeError::Incomplete {
+            needed: total,
+            available: buf.len(),
+        });
+    }
+    let stored = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
+    let computed = crc32fast::hash(&buf[8..total]);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let record = decode_payload(buf[8], &buf[RECORD_HEADER_LEN..total])?;
+    Ok((record, total))
+}
+
+fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
+    let mut r = Reader { buf: payload };
+    let record = match type_byte {
+        TYPE_RESERVE => Record::Reserve {
+            token_limit: r.u64()?,
+        },
+        TYPE_GRANT => Record::Grant {
+            key: r.bytes16(KEY_LEN_MAX, "key too long")?,
+            lease_id: r.array()?,
+            token: r.u64()?,
+            ttl_ms: r.u32()?,
+            flags: r.u8()?,
+            meta: r.bytes16(META_LEN_MAX, "meta too long")?,
+        },
+        TYPE_FREE => Record::Free {
+            key: r.bytes16(KEY_LEN_MAX, "key too long")?,
+            token: r.u64()?,
+            reason: FreeReason::from_u8(r.u8()?)
+                .ok_or(DecodeError::Malformed("unknown free reason"))?,
+        },
+        TYPE_SNAPSHOT_BEGIN => Record::SnapshotBegin {
+            segment_seq: r.u64()?,
+        },
+        TYPE_SNAPSHOT_END => Record::SnapshotEnd {
+            segment_seq: r.u64()?,
+        },
+        other => return Err(DecodeError::UnknownType(other)),
+    };
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes after payload"));
+    }
+    Ok(record)
+}
+
+/// Cursor over a payload; every read fails cleanly on a short buffer.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Malformed("payload shorter than its fields"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(N)?.try_into().expect("take returned N bytes"))
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    fn bytes16(&mut self, len_max: usize, why: &'static str) -> Result<&'a [u8], DecodeError> {
+        let len = usize::from(u16::from_be_bytes(self.array()?));
+        if len > len_max {
+            return Err(DecodeError::Malformed(why));
+        }
+        self.take(len)
+    }
+}
+
+/// Encodes the header that opens segment `seq`.
+pub fn encode_segment_header(seq: u64) -> [u8; SEGMENT_HEADER_LEN] {
+    let mut out = [0u8; SEGMENT_HEADER_LEN];
+    out[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    out[8..12].copy_from_slice(&SEGMENT_VERSION.to_be_bytes());
+    out[12..20].copy_from_slice(&seq.to_be_bytes());
+    let crc = crc32fast::hash(&out[0..20]);
+    out[20..24].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// Why a segment header is unusable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Fewer than [`SEGMENT_HEADER_LEN`] bytes.
+    Incomplete,
+    /// The magic bytes are wrong: not a tenure WAL segment.
+    Magic,
+    /// The header checksum does not match.
+    Checksum,
+    /// A format version this build does not read.
+    Version(u32),
+}
+
+impl fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderError::Incomplete => write!(f, "segment header incomplete"),
+            HeaderError::Magic => write!(f, "bad magic: not a tenure WAL segment"),
+            HeaderError::Checksum => write!(f, "segment header checksum mismatch"),
+            HeaderError::Version(v) => {
+                write!(
+                    f,
+                    "segment format version {v}, this build reads {SEGMENT_VERSION}"
+                )
+            }
+        }
+    }
+}
+
+/// Decodes a segment header, returning the segment's sequence number.
+///
+/// # Errors
+/// [`HeaderError`] if the header is short, foreign, damaged or of another version.
+pub fn decode_segment_header(buf: &[u8]) -> Result<u64, HeaderError> {
+    let Some(header) = buf.get(..SEGMENT_HEADER_LEN) else {
+        return Err(HeaderError::Incomplete);
+    };
+    if header[0..8] != SEGMENT_MAGIC {
+        return Err(HeaderError::Magic);
+    }
+    let stored = u32::from_be_bytes(header[20..24].try_into().expect("4 bytes"));
+    if stored != crc32fast::hash(&header[0..20]) {
+        return Err(HeaderError::Checksum);
+    }
+    let version = u32::from_be_bytes(header[8..12].try_into().expect("4 bytes"));
+    if version != SEGMENT_VERSION {
+        return Err(HeaderError::Version(version));
+    }
+    Ok(u64::from_be_bytes(
+        header[12..20].try_into().expect("8 bytes"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use tenure_protocol::LeaseId;
+
+    use super::*;
+
+    fn samples() -> Vec<Record<'static>> {
+        let key_max: &'static [u8] = Box::leak(vec![b'k'; KEY_LEN_MAX].into_boxed_slice());
+        let meta_max: &'static [u8] = Box::leak(vec![7u8; META_LEN_MAX].into_boxed_slice());
+        vec![
+            Record::Reserve { token_limit: 0 },
+            Record::Reserve {
+                token_limit: u64::MAX,
+            },
+            Record::Grant {
+                key: b"jobs/42",
+                lease_id: LeaseId::from_u128(0xdead_beef).0,
+                token: 17,
+                ttl_ms: 30_000,
+                flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
+                meta: b"host-a pid 12",
+            },
+            Record::Grant {
+                key: b"",
+                lease_id: [0; 16],
+                token: 0,
+                ttl_ms: 0,
+                flags: 0,
+                meta: b"",
+            },
+            Record::Grant {
+                key: key_max,
+                lease_id: [0xff; 16],
+                token: u64::MAX,
+                ttl_ms: u32::MAX,
+                flags: 0xff,
+                meta: meta_max,
+            },
+            Record::Free {
+                key: b"jobs/42",
+                token: 17,
+                reason: FreeReason::Released,
+            },
+            Record::Free {
+                key: b"x",
+                token: 1,
+                reason: FreeReason::Expired,
+            },
+            Record::Free {
+                key: key_max,
+                token: 2,
+                reason: FreeReason::Disconnected,
+            },
+            Record::SnapshotBegin { segment_seq: 9 },
+            Record::SnapshotEnd { segment_seq: 9 },
+        ]
+    }
+
+    #[test]
+    fn every_record_type_round_trips() {
+        for record in samples() {
+            let mut buf = vec![0xAA]; // encode appends; prove it leaves earlier bytes alone
+            encode(&record, &mut buf);
+            assert_eq!(buf[0], 0xAA);
+            assert_eq!(buf.len() - 1, record.encoded_len());
+            assert!(record.encoded_len() <= RECORD_LEN_MAX);
+            let (decoded, used) = decode(&buf[1..]).expect("decodes");
+            assert_eq!(decoded, record);
+            assert_eq!(used, record.encoded_len());
+        }
+    }
+
+    #[test]
+    fn every_strict_prefix_is_incomplete() {
+        for record in samples() {
+            let mut buf = Vec::new();
+            encode(&record, &mut buf);
+            for cut in 0..buf.len() {
+                assert!(
+                    matches!(decode(&buf[..cut]), Err(DecodeError::Incomplete { .. })),
+                    "cut {cut} of {record:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn any_flipped_byte_is_detected() {
+        let record = samples()[2];
+        let mut buf = Vec::new();
+        encode(&record, &mut buf);
+        for at in 0..buf.len() {
+            let mut bad = buf.clone();
+            bad[at] ^= 0x01;
+            assert!(decode(&bad).is_err(), "flip at {at} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn impossible_length_is_rejected_before_reading_payload() {
+        let mut buf = vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, TYPE_GRANT];
+        assert_eq!(
+            decode(&buf),
+            Err(DecodeError::LengthImpossible { len: u32::MAX })
+        );
+        let just_over = (PAYLOAD_LEN_MAX + 1) as u32;
+        buf[0..4].copy_from_slice(&just_over.to_be_bytes());
+        assert_eq!(
+            decode(&buf),
+            Err(DecodeError::LengthImpossible { len: just_over })
+        );
+    }
+
+    #[test]
+    fn valid_checksum_with_bad_payload_is_malformed_or_unknown() {
+        let forge = |type_byte: u8, payload: &[u8]| {
+            let mut buf = (payload.len() as u32).to_be_bytes().to_vec();
+            let mut body = vec![type_byte];
+            body.extend_from_slice(payload);
+            buf.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
+            buf.extend_from_slice(&body);
+            buf
+        };
+        assert_eq!(decode(&forge(0, &[])), Err(DecodeError::UnknownType(0)));
+        assert_eq!(decode(&forge(99, &[1])), Err(DecodeError::UnknownType(99)));
+        assert!(matches!(
+            decode(&forge(TYPE_RESERVE, &[1, 2])),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode(&forge(TYPE_RESERVE, &[0; 9])),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut free = vec![0, 1, b'k'];
+        free.extend_from_slice(&5u64.to_be_bytes());
+        free.push(9); // no such reason
+        assert!(matches!(
+            decode(&forge(TYPE_FREE, &free)),
+            Err(DecodeError::Malformed(_))
+        ));
+        let long_key = ((KEY_LEN_MAX + 1) as u16).to_be_bytes();
+        assert!(matches!(
+            decode(&forge(TYPE_FREE, &long_key)),
+            Err(DecodeError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn segment_header_round_trips_and_rejects_damage() {
+        let header = encode_segment_header(0x0123_4567_89ab_cdef);
+        assert_eq!(decode_segment_header(&header), Ok(0x0123_4567_89ab_cdef));
+        assert_eq!(
+            decode_segment_header(&header[..23]),
+            Err(HeaderError::Incomplete)
+        );
+        let mut bad = header;
+        bad[0] = b'X';
+        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Magic));
+        let mut bad = header;
+        bad[15] ^= 1;
+        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Checksum));
+        let mut bad = header;
+        bad[8..12].copy_from_slice(&2u32.to_be_bytes());
+        let crc = crc32fast::hash(&bad[0..20]);
+        bad[20..24].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Version(2)));
+    }
+}

@@ -1,0 +1,590 @@
+//! The append path: group commit, rotation, snapshots, waiting for durability.
+//!
+//! ```text
+//!  append() ──encode──▶ pending chunks ──syncer: write + fdatasync──▶ segment file
+//!   (short mutex,        (VecDeque, bounded    (one batch per fsync, ≤ batch_bytes_max)
+//!    no I/O)              by pending_bytes_max)          │
+//!                                                        ▼
+//!                         durable LSN ◀── watch::Sender<DurableState> + Condvar
+//! ```
+//!
+//! Callers append under their own locks (a lock-table shard), so `append` only encodes
+//! into memory. Everything appended while the syncer is busy with one fsync goes out in the
+//! next: that is group commit. The segment a record lands in is decided at append time, so
+//! a snapshot's first record can name its own segment; the syncer (`syncer.rs`) only
+//! follows the chunks' marks.
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use tokio::sync::watch;
+
+use super::record::{self, Record, SEGMENT_HEADER_LEN};
+use super::recovery::{self, Recovered};
+use super::storage::{FsStorage, Storage};
+use super::syncer::{self, create_segment, delete_segments_before};
+use super::{WalError, WalOptions};
+
+/// A chunk of pending records is sealed at this size so the syncer can bound a batch.
+const CHUNK_BYTES_MAX: usize = 256 << 10;
+/// Emptied chunk buffers kept for reuse, so steady-state appends allocate nothing.
+pub(super) const SPARE_CHUNKS_MAX: usize = 64;
+
+/// Log sequence number: the position of a record among those appended since `open`
+/// (1 for the first; 0 means "nothing", always durable). Only meaningful within one process.
+pub type Lsn = u64;
+
+/// What the syncer publishes after every batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DurableState {
+    /// Every record up to and including this LSN is durable.
+    pub lsn: Lsn,
+    /// Set once a write or fsync failed; `lsn` then never moves again.
+    pub failed: Option<Arc<str>>,
+}
+
+/// Counters for STATS and benchmarks; `records / fsyncs` is the group-commit factor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStats {
+    /// Records accepted by `append`.
+    pub records_appended: u64,
+    /// Records written and (unless sync is off) fsynced.
+    pub records: u64,
+    /// Record bytes written to segment files (headers excluded).
+    pub bytes: u64,
+    /// Batches written, one fsync each when syncing.
+    pub batches: u64,
+    /// `fdatasync` calls, segment creation included.
+    pub fsyncs: u64,
+    /// Segment files created.
+    pub segments_created: u64,
+    /// Segment files deleted after a snapshot.
+    pub segments_deleted: u64,
+    /// Snapshots whose end record was appended.
+    pub snapshots_completed: u64,
+}
+
+/// Proof that a snapshot is in progress; hand it back to [`Wal::end_snapshot`]. Dropping it
+/// instead abandons the snapshot: nothing is deleted and a new one may begin.
+#[must_use = "dropping the token abandons the snapshot"]
+pub struct SnapshotToken {
+    segment_seq: u64,
+    shared: Arc<Shared>,
+    ended: bool,
+}
+
+impl SnapshotToken {
+    /// The segment the snapshot opened.
+    pub fn segment_seq(&self) -> u64 {
+        self.segment_seq
+    }
+}
+
+impl Drop for SnapshotToken {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Ok(mut state) = self.shared.state.lock() else {
+            return;
+        };
+        if state
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.segment_seq == self.segment_seq)
+        {
+            state.snapshot = None;
+            state.snapshot_retry_log_bytes = state.log_bytes + self.shared.options.segment_size_max;
+            tracing::warn!(segment_seq = self.segment_seq, "WAL snapshot abandoned");
+        }
+    }
+}
+
+impl fmt::Debug for SnapshotToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotToken")
+            .field("segment_seq", &self.segment_seq)
+            .finish()
+    }
+}
+
+/// The write-ahead log. `Send + Sync`; share it through an `Arc`.
+pub struct Wal {
+    shared: Arc<Shared>,
+    syncer: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    /// The syncer waits here for chunks (or shutdown).
+    pub(super) work: Condvar,
+    /// Blocking waiters wait here for the durable LSN.
+    pub(super) durable: Condvar,
+    pub(super) durable_tx: watch::Sender<DurableState>,
+    pub(super) storage: Arc<dyn Storage>,
+    pub(super) options: WalOptions,
+}
+
+pub(super) struct State {
+    /// Encoded records not yet taken by the syncer, oldest first; appends go to the back.
+    pub(super) chunks: VecDeque<Chunk>,
+    pub(super) pending_bytes: usize,
+    pub(super) spare: Vec<Vec<u8>>,
+    pub(super) next_lsn: u64,
+    pub(super) durable_lsn: u64,
+    /// Above every token in any record appended so far (or recovered).
+    pub(super) token_floor: u64,
+    /// Segment the next record goes to, and its size so far, header included.
+    pub(super) segment_seq: u64,
+    pub(super) segment_bytes: u64,
+    /// `(seq, bytes)` of every segment not yet deleted, as appended; `log_bytes` is the sum.
+    pub(super) segments: VecDeque<(u64, u64)>,
+    pub(super) log_bytes: u64,
+    pub(super) snapshot: Option<SnapshotState>,
+    /// Size of the last snapshot (or of the recovered leases): what live state costs on disk.
+    pub(super) live_bytes_estimate: u64,
+    /// After an abandoned snapshot, `should_snapshot` waits for the log to pass this size.
+    pub(super) snapshot_retry_log_bytes: u64,
+    pub(super) failed: Option<Arc<str>>,
+    pub(super) syncer_waiting: bool,
+    pub(super) shutdown: bool,
+    pub(super) stats: WalStats,
+}
+
+pub(super) struct SnapshotState {
+    pub(super) segment_seq: u64,
+    pub(super) log_bytes_at_begin: u64,
+}
+
+/// Records destined for one segment, written in one piece.
+pub(super) struct Chunk {
+    pub(super) buf: Vec<u8>,
+    pub(super) records: u64,
+    pub(super) last_lsn: u64,
+    /// Start segment `seq` before writing this chunk.
+    pub(super) rotate_to: Option<u64>,
+    /// This chunk holds the end record of the snapshot opened in segment `seq`.
+    pub(super) snapshot_end: Option<u64>,
+}
+
+/// Opens the log in `dir` (created if missing), recovers it and starts the syncer.
+///
+/// # Errors
+/// [`WalError::Corrupt`] if the log is damaged beyond a torn tail; [`WalError::Io`] if a
+/// file operation fails.
+pub fn open(
+    dir: impl AsRef<std::path::Path>,
+    options: WalOptions,
+) -> Result<(Wal, Recovered), WalError> {
+    let dir = dir.as_ref();
+    let storage = FsStorage::new(dir).map_err(|source| WalError::Io {
+        path: dir.into(),
+        source,
+    })?;
+    open_with_storage(Arc::new(storage), options)
+}
+
+/// [`open`] over any [`Storage`], such as a fault-injecting one.
+///
+/// # Errors
+/// As [`open`].
+///
+/// # Panics
+/// If `options` are inconsistent (a segment or batch smaller than one record).
+pub fn open_with_storage(
+    storage: Arc<dyn Storage>,
+    options: WalOptions,
+) -> Result<(Wal, Recovered), WalError> {
+    assert!(options.segment_size_max >= (SEGMENT_HEADER_LEN + record::RECORD_LEN_MAX) as u64);
+    assert!(options.segment_size_max <= super::SEGMENT_SIZE_LIMIT);
+    assert!(options.batch_bytes_max >= record::RECORD_LEN_MAX);
+    assert!(options.pending_bytes_max >= options.batch_bytes_max);
+    let replayed = recovery::recover(&*storage)?;
+    let mut segments: VecDeque<(u64, u64)> = replayed.segments.iter().copied().collect();
+    if let Some(snapshot_seq) = replayed.snapshot_complete_seq {
+        // A crash between a snapshot's end and the deletion of what it replaces.
+        delete_segments_before(&*storage, snapshot_seq, &mut segments);
+    }
+    let seq = segments.back().map_or(1, |&(last, _)| last + 1);
+    let file = create_segment(&*storage, seq, options.sync_mode)
+        .map_err(|(path, source)| WalError::Io { path, source })?;
+    segments.push_back((seq, SEGMENT_HEADER_LEN as u64));
+    let on_disk = segments.clone();
+    let state = State {
+        chunks: VecDeque::new(),
+        pending_bytes: 0,
+        spare: Vec::new(),
+        next_lsn: 1,
+        durable_lsn: 0,
+        token_floor: replayed.recovered.token_floor,
+        segment_seq: seq,
+        segment_bytes: SEGMENT_HEADER_LEN as u64,
+        log_bytes: segments.iter().map(|&(_, bytes)| bytes).sum(),
+        segments,
+        snapshot: None,
+        live_bytes_estimate: replayed.live_bytes,
+        snapshot_retry_log_bytes: 0,
+        failed: None,
+        syncer_waiting: false,
+        shutdown: false,
+        stats: WalStats {
+            segments_created: 1,
+            ..WalStats::default()
+        },
+    };
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        work: Condvar::new(),
+        durable: Condvar::new(),
+        durable_tx: watch::Sender::new(DurableState::default()),
+        storage,
+        options,
+    });
+    let handle =
+        syncer::spawn(Arc::clone(&shared), file, seq, on_disk).map_err(|source| WalError::Io {
+            path: shared.storage.path(""),
+            source,
+        })?;
+    Ok((
+        Wal {
+            shared,
+            syncer: Mutex::new(Some(handle)),
+        },
+        replayed.recovered,
+    ))
+}
+
+impl Wal {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().expect("WAL state lock poisoned")
+    }
+
+    /// Queues `record` for the disk and returns its LSN; it is durable once
+    /// [`Wal::durable_lsn`] reaches that. Never blocks on I/O.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] after a write failure, [`WalError::Stopped`] after
+    /// [`Wal::sync_and_stop`], [`WalError::Backlog`] if more than `pending_bytes_max` bytes
+    /// are already waiting. In every case nothing was queued.
+    ///
+    /// # Panics
+    /// If key or meta exceed their limits.
+    pub fn append(&self, record: &Record<'_>) -> Result<Lsn, WalError> {
+        let mut state = self.lock();
+        state.check_writable()?;
+        if state.pending_bytes >= self.shared.options.pending_bytes_max {
+            return Err(WalError::Backlog {
+                pending_bytes: state.pending_bytes,
+            });
+        }
+        let lsn = state.push(record, &self.shared.options, false);
+        self.wake_syncer(state);
+        Ok(lsn)
+    }
+
+    fn wake_syncer(&self, state: MutexGuard<'_, State>) {
+        // Skip the futex syscall while the syncer is busy: it looks again before sleeping.
+        let waiting = state.syncer_waiting;
+        drop(state);
+        if waiting {
+            self.shared.work.notify_one();
+        }
+    }
+
+    /// LSN of the last record appended (0 if none).
+    pub fn appended_lsn(&self) -> Lsn {
+        self.lock().next_lsn - 1
+    }
+
+    /// LSN up to which every record is durable (0 if none).
+    pub fn durable_lsn(&self) -> Lsn {
+        self.lock().durable_lsn
+    }
+
+    /// A receiver of the durable LSN and failure state, for async waiters.
+    pub fn subscribe(&self) -> watch::Receiver<DurableState> {
+        self.shared.durable_tx.subscribe()
+    }
+
+    /// Above every fencing token in any record appended so far or recovered.
+    pub fn token_floor(&self) -> u64 {
+        self.lock().token_floor
+    }
+
+    /// Counters since `open`.
+    pub fn stats(&self) -> WalStats {
+        self.lock().stats
+    }
+
+    /// Waits until `lsn` is durable.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] if the WAL failed before `lsn` became durable.
+    ///
+    /// # Panics
+    /// If `lsn` was never appended (the wait could never end).
+    pub async fn wait_durable(&self, lsn: Lsn) -> Result<(), WalError> {
+        assert!(
+            lsn <= self.appended_lsn(),
+            "waiting for LSN {lsn} that was never appended"
+        );
+        wait_durable_on(&mut self.subscribe(), lsn).await
+    }
+
+    /// [`Wal::wait_durable`] for threads outside an async runtime.
+    ///
+    /// # Errors
+    /// As [`Wal::wait_durable`].
+    ///
+    /// # Panics
+    /// As [`Wal::wait_durable`].
+    pub fn wait_durable_blocking(&self, lsn: Lsn) -> Result<(), WalError> {
+        let mut state = self.lock();
+        assert!(
+            lsn < state.next_lsn,
+            "waiting for LSN {lsn} that was never appended"
+        );
+        while state.durable_lsn < lsn {
+            if let Some(why) = &state.failed {
+                return Err(WalError::Failed(Arc::clone(why)));
+            }
+            state = self
+                .shared
+                .durable
+                .wait(state)
+                .expect("WAL state lock poisoned");
+        }
+        Ok(())
+    }
+
+    /// Waits until everything appended so far is durable; returns the last LSN.
+    ///
+    /// # Errors
+    /// As [`Wal::wait_durable`].
+    pub fn flush(&self) -> Result<Lsn, WalError> {
+        let lsn = self.appended_lsn();
+        self.wait_durable_blocking(lsn)?;
+        Ok(lsn)
+    }
+
+    /// Whether the log has grown enough past the live state that a snapshot would pay:
+    /// more than `max(segment_size_max, 2 × live state)` bytes on disk, no snapshot running,
+    /// and, after an abandoned snapshot, another `segment_size_max` bytes appended since.
+    pub fn should_snapshot(&self) -> bool {
+        let state = self.lock();
+        let threshold = self
+            .shared
+            .options
+            .segment_size_max
+            .max(state.live_bytes_estimate.saturating_mul(2))
+            .max(state.snapshot_retry_log_bytes);
+        state.failed.is_none() && state.snapshot.is_none() && state.log_bytes > threshold
+    }
+
+    /// Starts a snapshot: opens a new segment with `SnapshotBegin` and a Reserve of
+    /// `token_limit` (the allocator's durable limit) or the highest token the log has seen,
+    /// whichever is more. The caller then appends a Grant for every live lease (under each
+    /// shard's lock; interleaving with normal traffic is fine) and calls
+    /// [`Wal::end_snapshot`]. Once that end record is durable, older segments are deleted.
+    ///
+    /// # Errors
+    /// [`WalError::SnapshotInProgress`] if one is running; [`WalError::Failed`] or
+    /// [`WalError::Stopped`] if the log takes no more writes.
+    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotToken, WalError> {
+        let mut state = self.lock();
+        state.check_writable()?;
+        if state.snapshot.is_some() {
+            return Err(WalError::SnapshotInProgress);
+        }
+        let segment_seq = state.segment_seq + 1;
+        let log_bytes_at_begin = state.log_bytes;
+        let options = &self.shared.options;
+        state.push(&Record::SnapshotBegin { segment_seq }, options, true);
+        assert_eq!(state.segment_seq, segment_seq);
+        let token_limit = token_limit.max(state.token_floor);
+        state.push(&Record::Reserve { token_limit }, options, false);
+        state.snapshot = Some(SnapshotState {
+            segment_seq,
+            log_bytes_at_begin,
+        });
+        self.wake_syncer(state);
+        Ok(SnapshotToken {
+            segment_seq,
+            shared: Arc::clone(&self.shared),
+            ended: false,
+        })
+    }
+
+    /// Ends the snapshot `token` started; returns the LSN of the end record. Segments before
+    /// the snapshot's are deleted by the syncer once that LSN is durable.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] after a write failure (no segment is deleted then).
+    pub fn end_snapshot(&self, mut token: SnapshotToken) -> Result<Lsn, WalError> {
+        let mut state = self.lock();
+        state.check_writable()?;
+        token.ended = true;
+        let snapshot = state
+            .snapshot
+            .take()
+            .expect("end_snapshot without begin_snapshot");
+        assert_eq!(
+            snapshot.segment_seq, token.segment_seq,
+            "end_snapshot with a stale token"
+        );
+        let segment_seq = token.segment_seq;
+        let lsn = state.push(
+            &Record::SnapshotEnd { segment_seq },
+            &self.shared.options,
+            false,
+        );
+        state.snapshot_retry_log_bytes = 0;
+        let chunk = state.chunks.back_mut().expect("push left a chunk");
+        chunk.snapshot_end = Some(segment_seq);
+        state.live_bytes_estimate = state.log_bytes - snapshot.log_bytes_at_begin;
+        while state
+            .segments
+            .front()
+            .is_some_and(|&(seq, _)| seq < segment_seq)
+        {
+            let (_, bytes) = state.segments.pop_front().expect("front checked");
+            state.log_bytes -= bytes;
+        }
+        state.stats.snapshots_completed += 1;
+        self.wake_syncer(state);
+        Ok(lsn)
+    }
+
+    /// Writes and syncs everything appended so far, stops the syncer, and reports whether
+    /// the WAL had failed. Later appends fail with [`WalError::Stopped`]. Idempotent;
+    /// dropping the `Wal` does the same.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] if any write failed, so some appended records are not durable.
+    pub fn sync_and_stop(&self) -> Result<(), WalError> {
+        let handle = self
+            .syncer
+            .lock()
+            .expect("WAL syncer handle lock poisoned")
+            .take();
+        if let Some(handle) = handle {
+            self.lock().shutdown = true;
+            self.shared.work.notify_one();
+            if handle.join().is_err() {
+                tracing::error!("WAL syncer thread panicked");
+            }
+        }
+        match &self.lock().failed {
+            Some(why) => Err(WalError::Failed(Arc::clone(why))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        if let Err(e) = self.sync_and_stop() {
+            tracing::error!(error = %e, "WAL dropped after a failure");
+        }
+    }
+}
+
+impl fmt::Debug for Wal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Wal")
+            .field("appended_lsn", &(state.next_lsn - 1))
+            .field("durable_lsn", &state.durable_lsn)
+            .field("segment_seq", &state.segment_seq)
+            .field("failed", &state.failed)
+            .finish()
+    }
+}
+
+/// Waits on `receiver` until `lsn` is durable; for tasks that keep their own receiver.
+///
+/// # Errors
+/// [`WalError::Failed`] if the WAL failed (or was dropped) before `lsn` became durable.
+pub async fn wait_durable_on(
+    receiver: &mut watch::Receiver<DurableState>,
+    lsn: Lsn,
+) -> Result<(), WalError> {
+    let reached = receiver
+        .wait_for(|s| s.lsn >= lsn || s.failed.is_some())
+        .await;
+    let state = reached.map_err(|_| WalError::Failed("WAL was shut down".into()))?;
+    if state.lsn >= lsn {
+        return Ok(());
+    }
+    Err(WalError::Failed(Arc::clone(
+        state.failed.as_ref().expect("wait_for condition"),
+    )))
+}
+
+impl State {
+    fn check_writable(&self) -> Result<(), WalError> {
+        match &self.failed {
+            Some(why) => Err(WalError::Failed(Arc::clone(why))),
+            None if self.shutdown => Err(WalError::Stopped),
+            None => Ok(()),
+        }
+    }
+
+    /// Encodes `record` into the pending chunks; starts a new segment first if `rotate` or
+    /// if the record would overflow a non-empty segment.
+    fn push(&mut self, record: &Record<'_>, options: &WalOptions, rotate: bool) -> Lsn {
+        let len = record.encoded_len();
+        let header = SEGMENT_HEADER_LEN as u64;
+        let full = self.segment_bytes > header
+            && self.segment_bytes + len as u64 > options.segment_size_max;
+        // Chunks never exceed a batch, so a batch of whole chunks respects batch_bytes_max.
+        let chunk_bytes_max = CHUNK_BYTES_MAX.min(options.batch_bytes_max);
+        if rotate || full {
+            self.segment_seq += 1;
+            self.segment_bytes = header;
+            self.segments.push_back((self.segment_seq, header));
+            self.log_bytes += header;
+            let chunk = self.new_chunk(Some(self.segment_seq));
+            self.chunks.push_back(chunk);
+        } else if self
+            .chunks
+            .back()
+            .is_none_or(|c| c.buf.len() + len > chunk_bytes_max)
+        {
+            let chunk = self.new_chunk(None);
+            self.chunks.push_back(chunk);
+        }
+        let lsn = self.next_lsn;
+        let chunk = self.chunks.back_mut().expect("a chunk was just ensured");
+        record::encode(record, &mut chunk.buf);
+        chunk.records += 1;
+        chunk.last_lsn = lsn;
+        self.next_lsn += 1;
+        self.pending_bytes += len;
+        self.segment_bytes += len as u64;
+        self.segments.back_mut().expect("the active segment").1 += len as u64;
+        self.log_bytes += len as u64;
+        self.stats.records_appended += 1;
+        self.token_floor = self.token_floor.max(match *record {
+            Record::Reserve { token_limit } => token_limit,
+            Record::Grant { token, .. } | Record::Free { token, .. } => token.saturating_add(1),
+            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 0,
+        });
+        lsn
+    }
+
+    fn new_chunk(&mut self, rotate_to: Option<u64>) -> Chunk {
+        let buf = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES_MAX + record::RECORD_LEN_MAX));
+        Chunk {
+            buf,
+            records: 0,
+            last_lsn: 0,
+            rotate_to,
+            snapshot_end: None,
+        }
+    }
+}

@@ -1,0 +1,763 @@
+//! End-to-end tests over real TCP on port 0: the console, the binary protocol, and restarts of
+//! the real `tenured` binary after `kill -9`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tenure_protocol::frame::{decode_response, encode_request, split_frame};
+use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tenure_server::Config;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+/// A server running in this test process.
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    async fn start(dir: &Path) -> Server {
+        Server::start_with(Config::for_tests(dir)).await
+    }
+
+    async fn start_with(config: Config) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tenure_server::run(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        Server {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// A console session: one line out, one line back.
+struct Console {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl Console {
+    async fn connect(addr: SocketAddr) -> Console {
+        let (r, w) = TcpStream::connect(addr).await.unwrap().into_split();
+        Console {
+            reader: BufReader::new(r),
+            writer: w,
+        }
+    }
+
+    async fn send(&mut self, text: &str) {
+        self.writer.write_all(text.as_bytes()).await.unwrap();
+    }
+
+    async fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), self.reader.read_line(&mut line))
+            .await
+            .expect("no reply within 10 s")
+            .unwrap();
+        assert!(n > 0, "connection closed");
+        line.trim_end().to_string()
+    }
+
+    async fn cmd(&mut self, text: &str) -> String {
+        self.send(&format!("{text}\n")).await;
+        self.line().await
+    }
+}
+
+/// Reads `name=value` out of a reply line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+}
+
+fn token(line: &str) -> u64 {
+    field(line, "token").parse().unwrap()
+}
+
+#[tokio::test]
+async fn console_speaks_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    assert_eq!(c.cmd("PING").await, "PONG");
+    assert_eq!(c.cmd("ping").await, "PONG");
+    let granted = c.cmd("ACQUIRE order:1842 30000").await;
+    assert!(granted.starts_with("OK token="), "{granted}");
+    assert_eq!(field(&granted, "ttl_ms"), "30000");
+    let lease = field(&granted, "lease").to_string();
+    assert_eq!(lease.len(), 32);
+    let t = token(&granted);
+
+    let locked = c.cmd("ACQUIRE order:1842 30000").await;
+    assert!(locked.starts_with("LOCKED token="), "{locked}");
+    assert_eq!(token(&locked), t);
+    let held = c.cmd("INSPECT order:1842").await;
+    assert!(
+        held.starts_with(&format!("HELD token={t} ttl_ms=")),
+        "{held}"
+    );
+    assert_eq!(field(&held, "waiters"), "0");
+    assert_eq!(c.cmd(&format!("CHECK order:1842 {t}")).await, "CURRENT");
+    assert_eq!(c.cmd(&format!("CHECK order:1842 {}", t - 1)).await, "STALE");
+    assert_eq!(
+        c.cmd(&format!("RENEW order:1842 {lease} 5000")).await,
+        "OK ttl_ms=5000"
+    );
+    let wrong = "0".repeat(32);
+    assert_eq!(
+        c.cmd(&format!("RENEW order:1842 {wrong} 5000")).await,
+        "LOST"
+    );
+    assert_eq!(
+        c.cmd(&format!("RELEASE order:1842 {wrong}")).await,
+        "NOT_OWNER"
+    );
+    assert_eq!(c.cmd(&format!("RELEASE order:1842 {lease}")).await, "OK");
+    assert_eq!(
+        c.cmd(&format!("RELEASE order:1842 {lease}")).await,
+        "NOT_OWNER"
+    );
+    assert_eq!(
+        c.cmd(&format!("RENEW order:1842 {lease} 5000")).await,
+        "LOST"
+    );
+    assert_eq!(c.cmd("INSPECT order:1842").await, "FREE");
+    assert_eq!(c.cmd(&format!("CHECK order:1842 {t}")).await, "STALE");
+
+    let again = c.cmd("ACQUIRE order:1842 30000").await;
+    assert!(token(&again) > t, "tokens strictly increase per key");
+
+    let stats = c.cmd("STATS").await;
+    assert!(
+        stats.starts_with("OK held=1 waiters=0 connections=1"),
+        "{stats}"
+    );
+    assert!(c.cmd("HELP").await.contains("ACQUIRE <key> <ttl_ms>"));
+    assert!(c.cmd("FROB").await.starts_with("ERR UNKNOWN_COMMAND "));
+    assert!(c.cmd("ACQUIRE k").await.starts_with("ERR BAD_ARGS "));
+    assert!(c.cmd("ACQUIRE k 1").await.starts_with("ERR BAD_TTL "));
+    assert!(
+        c.cmd("ACQUIRE k 99999999")
+            .await
+            .starts_with("ERR BAD_TTL "),
+        "over the server's ttl max"
+    );
+    assert_eq!(c.cmd("QUIT").await, "BYE");
+    let mut rest = String::new();
+    assert_eq!(
+        c.reader.read_line(&mut rest).await.unwrap(),
+        0,
+        "closed after BYE"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn console_answers_pipelined_lines_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let mut batch = String::new();
+    for i in 0..500 {
+        batch.push_str(&format!(
+            "ACQUIRE key:{i} 30000\r\nINSPECT key:{i}\nPING\n\n"
+        ));
+    }
+    c.send(&batch).await;
+    for i in 0..500 {
+        let granted = c.line().await;
+        assert!(granted.starts_with("OK token="), "line {i}: {granted}");
+        let held = c.line().await;
+        assert_eq!(
+            held,
+            format!(
+                "HELD token={} ttl_ms={} waiters=0",
+                token(&granted),
+                field(&held, "ttl_ms")
+            )
+        );
+        assert_eq!(c.line().await, "PONG");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn over_long_console_line_is_refused_and_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut bystander = Console::connect(server.addr).await;
+    let mine = bystander.cmd("ACQUIRE mine 30000").await;
+    let mut c = Console::connect(server.addr).await;
+    // Far more than the line limit, with no newline: the server must not buffer it all.
+    let junk = vec![b'x'; 1 << 20];
+    let _ = c.writer.write_all(&junk).await;
+    let reply = c.line().await;
+    assert!(reply.starts_with("ERR LINE_TOO_LONG "), "{reply}");
+    let mut rest = String::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), c.reader.read_line(&mut rest))
+        .await
+        .unwrap();
+    assert!(matches!(closed, Ok(0) | Err(_)));
+    // The bystander's lock and connection are untouched.
+    assert_eq!(
+        bystander.cmd("INSPECT mine").await,
+        format!(
+            "HELD token={} ttl_ms={} waiters=0",
+            token(&mine),
+            field(&bystander.cmd("INSPECT mine").await, "ttl_ms")
+        )
+    );
+    assert_eq!(bystander.cmd("PING").await, "PONG");
+    server.stop().await;
+}
+
+/// A bare binary-protocol client for tests that need frames the client crate would not send.
+struct Raw {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> (Raw, HelloAck) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut out = BytesMut::new();
+        Hello { version: VERSION }.encode(&mut out);
+        stream.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            if let Some(ack) = HelloAck::decode(&mut buf).unwrap() {
+                return (Raw { stream, buf }, ack);
+            }
+            assert!(
+                stream.read_buf(&mut buf).await.unwrap() > 0,
+                "closed during handshake"
+            );
+        }
+    }
+
+    async fn send(&mut self, id: u64, request: &Request) {
+        let mut out = BytesMut::new();
+        encode_request(id, request, &mut out);
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    async fn recv(&mut self) -> Option<(u64, Response)> {
+        loop {
+            if let Some((opcode, id, body)) = split_frame(&mut self.buf).unwrap() {
+                return Some((id, decode_response(opcode, body).unwrap()));
+            }
+            let read =
+                tokio::time::timeout(Duration::from_secs(10), self.stream.read_buf(&mut self.buf))
+                    .await;
+            if read.expect("no frame within 10 s").unwrap_or(0) == 0 {
+                return None;
+            }
+        }
+    }
+
+    async fn call(&mut self, id: u64, request: Request) -> Response {
+        self.send(id, &request).await;
+        let (got, response) = self.recv().await.expect("closed");
+        assert_eq!(got, id);
+        response
+    }
+}
+
+fn acquire(key: &str, ttl_ms: u32, wait_ms: u32) -> Request {
+    Request::Acquire {
+        key: key.as_bytes().to_vec().into(),
+        ttl_ms,
+        wait_ms,
+        release_on_disconnect: false,
+        meta: Default::default(),
+    }
+}
+
+fn release(key: &str, lease_id: LeaseId) -> Request {
+    Request::Release {
+        key: key.as_bytes().to_vec().into(),
+        lease_id,
+    }
+}
+
+fn granted(response: Response) -> (u64, LeaseId) {
+    match response {
+        Response::Granted {
+            token, lease_id, ..
+        } => (token, lease_id),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn binary_pipelines_and_answers_blocking_acquires_out_of_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut a, ack) = Raw::connect(server.addr).await;
+    assert_eq!(ack.version, VERSION);
+    let (t1, lease) = granted(a.call(1, acquire("hot", 30_000, 0)).await);
+
+    // Three waiters on three connections, queued in a known order.
+    let mut waiters = Vec::new();
+    for i in 0..3u64 {
+        let (mut w, _) = Raw::connect(server.addr).await;
+        w.send(100 + i, &acquire("hot", 30_000, 10_000)).await;
+        // A PING behind the blocking acquire is answered first: replies are out of order.
+        assert_eq!(w.call(200 + i, Request::Ping).await, Response::Pong);
+        waiters.push(w);
+    }
+    match a.call(2, Request::Inspect { key: "hot".into() }).await {
+        Response::Held { waiters, token, .. } => assert_eq!((waiters, token), (3, t1)),
+        other => panic!("{other:?}"),
+    }
+    // Each release hands the lock straight to the next waiter, first in first out.
+    let mut last = t1;
+    let mut lease = lease;
+    assert_eq!(a.call(3, release("hot", lease)).await, Response::Released);
+    for (i, w) in waiters.iter_mut().enumerate() {
+        let (id, response) = w.recv().await.unwrap();
+        assert_eq!(id, 100 + i as u64);
+        let (t, l) = granted(response);
+        assert!(t > last);
+        last = t;
+        lease = l;
+        assert_eq!(w.call(300, release("hot", lease)).await, Response::Released);
+    }
+    // Many requests in flight on one connection, answered by id.
+    let mut batch = BytesMut::new();
+    for id in 0..1000u64 {
+        encode_request(
+            id,
+            &Request::Check {
+                key: "hot".into(),
+                token: last,
+            },
+            &mut batch,
+        );
+    }
+    a.stream.write_all(&batch).await.unwrap();
+    for id in 0..1000u64 {
+        assert_eq!(a.recv().await.unwrap(), (id, Response::Stale));
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut a, _) = Raw::connect(server.addr).await;
+    let (t1, lease) = granted(a.call(1, acquire("q", 30_000, 0)).await);
+    let (mut gone, _) = Raw::connect(server.addr).await;
+    gone.send(1, &acquire("q", 30_000, 60_000)).await;
+    let (mut timed, _) = Raw::connect(server.addr).await;
+    let started = Instant::now();
+    timed.send(1, &acquire("q", 30_000, 150)).await;
+    let (mut patient, _) = Raw::connect(server.addr).await;
+    patient.send(1, &acquire("q", 30_000, 60_000)).await;
+    // The short wait runs out: LOCKED with the holder's token.
+    match timed.recv().await.unwrap().1 {
+        Response::Locked { token, .. } => assert_eq!(token, t1),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    drop(gone);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Response::Held { waiters: 1, .. } =
+            a.call(2, Request::Inspect { key: "q".into() }).await
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "disconnected waiter never left the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.call(3, release("q", lease)).await, Response::Released);
+    let (t2, _) = granted(patient.recv().await.unwrap().1);
+    assert!(t2 > t1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn expiry_frees_the_lock_and_hands_it_to_the_next_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut a, _) = Raw::connect(server.addr).await;
+    let (t1, lease) = granted(a.call(1, acquire("e", 100, 0)).await);
+    let (mut b, _) = Raw::connect(server.addr).await;
+    let started = Instant::now();
+    let (t2, _) = granted(b.call(1, acquire("e", 30_000, 5_000)).await);
+    assert!(t2 > t1);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(80),
+        "granted before the lease ran out: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(3), "hand-off took {waited:?}");
+    assert_eq!(
+        a.call(
+            2,
+            Request::Renew {
+                key: "e".into(),
+                lease_id: lease,
+                ttl_ms: 1000
+            }
+        )
+        .await,
+        Response::Lost
+    );
+    assert_eq!(
+        a.call(
+            3,
+            Request::Check {
+                key: "e".into(),
+                token: t1
+            }
+        )
+        .await,
+        Response::Stale
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_and_oversized_frames_close_only_that_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut good, _) = Raw::connect(server.addr).await;
+    let (t, _) = granted(good.call(1, acquire("safe", 30_000, 0)).await);
+
+    // A well-framed but malformed body: an error reply, and the connection goes on.
+    let (mut bad, _) = Raw::connect(server.addr).await;
+    let mut frame = BytesMut::new();
+    frame.extend_from_slice(&10u32.to_be_bytes());
+    frame.extend_from_slice(&[0x02]);
+    frame.extend_from_slice(&7u64.to_be_bytes());
+    frame.extend_from_slice(&[0xff]);
+    bad.stream.write_all(&frame).await.unwrap();
+    match bad.recv().await.unwrap() {
+        (7, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::BadFrame),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(bad.call(8, Request::Ping).await, Response::Pong);
+    // An over-long length prefix: an error, then the connection closes.
+    bad.stream.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    match bad.recv().await.unwrap() {
+        (_, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::FrameTooLarge),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        bad.recv().await.is_none(),
+        "connection should close after a broken frame"
+    );
+
+    // Unknown opcode: error, connection stays.
+    let (mut odd, _) = Raw::connect(server.addr).await;
+    let mut frame = BytesMut::new();
+    frame.extend_from_slice(&9u32.to_be_bytes());
+    frame.extend_from_slice(&[0x55]);
+    frame.extend_from_slice(&3u64.to_be_bytes());
+    odd.stream.write_all(&frame).await.unwrap();
+    assert!(matches!(
+        odd.recv().await.unwrap(),
+        (
+            3,
+            Response::Error {
+                code: ErrorCode::UnknownOpcode,
+                ..
+            }
+        )
+    ));
+
+    // The well-behaved client's lock is untouched.
+    assert_eq!(
+        good.call(
+            2,
+            Request::Check {
+                key: "safe".into(),
+                token: t
+            }
+        )
+        .await,
+        Response::Current
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn watch_reports_grants_releases_and_expiries() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut watcher = Console::connect(server.addr).await;
+    assert_eq!(watcher.cmd("WATCH w").await, "OK watching");
+    let mut c = Console::connect(server.addr).await;
+    let g = c.cmd("ACQUIRE w 30000 META=leader-1").await;
+    assert_eq!(
+        watcher.line().await,
+        format!("EVENT GRANTED key=w token={} meta=leader-1", token(&g))
+    );
+    assert!(c.cmd("INSPECT w").await.ends_with("meta=leader-1"));
+    assert_eq!(
+        c.cmd(&format!("RELEASE w {}", field(&g, "lease"))).await,
+        "OK"
+    );
+    assert_eq!(
+        watcher.line().await,
+        format!("EVENT RELEASED key=w token={}", token(&g))
+    );
+    let g2 = c.cmd("ACQUIRE w 50").await;
+    assert_eq!(
+        watcher.line().await,
+        format!("EVENT GRANTED key=w token={}", token(&g2))
+    );
+    assert_eq!(
+        watcher.line().await,
+        format!("EVENT EXPIRED key=w token={}", token(&g2))
+    );
+    assert_eq!(watcher.cmd("UNWATCH w").await, "OK");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn release_on_disconnect_frees_the_lock_for_the_next_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut leader = Console::connect(server.addr).await;
+    let g = leader.cmd("ACQUIRE lead 30000 RELEASE_ON_DISCONNECT").await;
+    let mut next = Console::connect(server.addr).await;
+    next.send("ACQUIRE lead 30000 20000\n").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let dropped = Instant::now();
+    drop(leader);
+    let g2 = next.line().await;
+    assert!(token(&g2) > token(&g), "{g2}");
+    assert!(
+        dropped.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        dropped.elapsed()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn held_locks_and_tokens_survive_an_in_process_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let kept = c.cmd("ACQUIRE kept 30000").await;
+    let gone = c.cmd("ACQUIRE gone 30000").await;
+    assert_eq!(
+        c.cmd(&format!("RELEASE gone {}", field(&gone, "lease")))
+            .await,
+        "OK"
+    );
+    drop(c);
+    server.stop().await;
+
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    assert!(c
+        .cmd("INSPECT kept")
+        .await
+        .starts_with(&format!("HELD token={} ", token(&kept))));
+    assert_eq!(c.cmd("INSPECT gone").await, "FREE");
+    assert_eq!(
+        c.cmd(&format!("RENEW kept {} 30000", field(&kept, "lease")))
+            .await,
+        "OK ttl_ms=30000"
+    );
+    assert!(c.cmd("ACQUIRE kept 30000").await.starts_with("LOCKED "));
+    let fresh = c.cmd("ACQUIRE gone 30000").await;
+    assert!(token(&fresh) > token(&gone).max(token(&kept)));
+    server.stop().await;
+}
+
+// ----- the real binary, killed with SIGKILL -----
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Daemon {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts `tenured` (fsync on: this is the durability test) and waits until it answers.
+    fn start(dir: &Path) -> Daemon {
+        for _ in 0..5 {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
+                .args(["--listen", &addr.to_string(), "--data-dir"])
+                .arg(dir)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut daemon = Daemon { child, addr };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if std::net::TcpStream::connect(addr).is_ok() {
+                    return daemon;
+                }
+                if daemon.child.try_wait().unwrap().is_some() {
+                    break; // port taken between free_port and bind: try another
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            daemon.kill9();
+        }
+        panic!("tenured did not start");
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[tokio::test]
+async fn tokens_never_reused_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut highest_seen = 0u64;
+    let mut kept: Option<(String, u64)> = None;
+    for round in 0..4 {
+        let mut daemon = Daemon::start(dir.path());
+        let mut c = Console::connect(daemon.addr).await;
+        if let Some((lease, t)) = &kept {
+            // The lock granted before the crash is still held, by the same lease.
+            assert!(
+                c.cmd("INSPECT kept")
+                    .await
+                    .starts_with(&format!("HELD token={t} ")),
+                "round {round}"
+            );
+            assert_eq!(
+                c.cmd(&format!("RENEW kept {lease} 60000")).await,
+                "OK ttl_ms=60000"
+            );
+        } else {
+            let g = c.cmd("ACQUIRE kept 60000").await;
+            kept = Some((field(&g, "lease").to_string(), token(&g)));
+            highest_seen = highest_seen.max(token(&g));
+        }
+        // Pipeline a burst of grants and releases, then crash mid-stream.
+        let mut batch = String::new();
+        for i in 0..200 {
+            batch.push_str(&format!("ACQUIRE r{round}k{i} 60000\n"));
+        }
+        c.send(&batch).await;
+        for _ in 0..200 {
+            let g = c.line().await;
+            let t = token(&g);
+            assert!(
+                t > highest_seen,
+                "round {round}: token {t} not above {highest_seen}"
+            );
+            highest_seen = t;
+        }
+        c.send(&batch).await; // in flight when the server dies
+        daemon.kill9();
+    }
+    let daemon = Daemon::start(dir.path());
+    let mut c = Console::connect(daemon.addr).await;
+    assert!(token(&c.cmd("ACQUIRE after 1000").await) > highest_seen);
+}
+
+#[tokio::test]
+async fn torn_tail_recovers_and_corruption_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let daemon = Daemon::start(dir.path());
+        let mut c = Console::connect(daemon.addr).await;
+        for i in 0..50 {
+            assert!(c
+                .cmd(&format!("ACQUIRE k{i} 60000"))
+                .await
+                .starts_with("OK "));
+        }
+    }
+    let segment = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .expect("a WAL segment");
+    // A torn tail: half a record appended, as a crash mid-write leaves it.
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let good_len = bytes.len();
+    bytes.extend_from_slice(&[0, 0, 0, 40, 1, 2, 3]);
+    std::fs::write(&segment, &bytes).unwrap();
+    {
+        let daemon = Daemon::start(dir.path());
+        let mut c = Console::connect(daemon.addr).await;
+        assert!(
+            c.cmd("INSPECT k49").await.starts_with("HELD "),
+            "recovered past the torn tail"
+        );
+    }
+    // Corruption in the middle: flip a byte well inside the first segment.
+    let first = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .min()
+        .unwrap();
+    let mut bytes = std::fs::read(&first).unwrap();
+    let middle = good_len.min(bytes.len()) / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&first, &bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenured"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "must refuse to start on a corrupt WAL"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let name = first.file_name().unwrap().to_string_lossy();
+    assert!(
+        stderr.contains("corrupt") && stderr.contains(&*name) && stderr.contains("offset"),
+        "{stderr}"
+    );
+}
