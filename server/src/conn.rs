@@ -37,6 +37,11 @@ use crate::console::{self, Command};
 use crate::state::{ConnCtx, Outcome, Shared, WaitResult};
 use crate::wal::Lsn;
 
+/// Most bytes discarded from a peer after a fatal error, while its error reply drains.
+const LINGER_BYTES_MAX: usize = 4 << 20;
+/// Longest wait for that peer to close after a fatal error.
+const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// One decoded unit of input, whichever surface it came from.
 enum Input {
     Request(u64, Request),
@@ -172,6 +177,7 @@ pub async fn serve(
             watched: 0,
         },
         closing: false,
+        fatal: false,
     };
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
@@ -228,6 +234,8 @@ struct Conn {
     watched_keys: Vec<Bytes>,
     ctx: ConnCtx,
     closing: bool,
+    /// Closing because the peer broke the framing; its unread input is still arriving.
+    fatal: bool,
 }
 
 impl Conn {
@@ -239,6 +247,7 @@ impl Conn {
                     self.push(0, Response::Error { code, message }, 0);
                 }
                 self.closing = true;
+                self.fatal = true;
             }
             self.flush_ready(&durable.borrow());
             if !self.wbuf.is_empty() {
@@ -246,6 +255,9 @@ impl Conn {
                 self.wbuf.clear();
             }
             if self.closing && self.queue.is_empty() {
+                if self.fatal {
+                    self.linger().await;
+                }
                 return Ok(());
             }
             let blocked = !self.queue.is_empty();
@@ -266,6 +278,24 @@ impl Conn {
                 _ = shutdown.cancelled(), if !self.closing => self.closing = true,
             }
         }
+    }
+
+    /// Closing a socket with unread input makes the kernel send a reset, which can destroy
+    /// the error reply just written. So: send FIN, then read and discard for a short, bounded
+    /// while, giving the peer time to read the reason before the connection goes.
+    async fn linger(&mut self) {
+        let _ = self.stream.shutdown().await;
+        let drain = async {
+            let mut scratch = vec![0u8; 16 * 1024];
+            let mut drained = 0usize;
+            while drained < LINGER_BYTES_MAX {
+                match self.stream.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => drained += n,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
     }
 
     /// Decodes and runs everything whole in the read buffer.

@@ -76,6 +76,7 @@ pub async fn run(
 
 /// Opens the WAL and rebuilds the lock table from it.
 async fn recover(config: Config) -> anyhow::Result<Shared> {
+    let dir_lock = lock_data_dir(&config.data_dir)?;
     let options = WalOptions {
         sync_mode: if config.fsync {
             SyncMode::Data
@@ -107,7 +108,8 @@ async fn recover(config: Config) -> anyhow::Result<Shared> {
         _ => 0,
     };
     let leases = recovered.leases.len();
-    let shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
+    let mut shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
+    shared.dir_lock = Some(dir_lock);
     for lease in recovered.leases {
         let mut shard = shared.shard(&lease.key);
         shard.restore(
@@ -127,6 +129,28 @@ async fn recover(config: Config) -> anyhow::Result<Shared> {
         "recovered from the WAL"
     );
     Ok(shared)
+}
+
+/// Takes an exclusive lock on `data_dir/LOCK` for the life of the server: two servers
+/// appending to one log would each hand out the same fencing tokens.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            anyhow::bail!("{} is in use by another tenured process", dir.display())
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 async fn accept_loop(

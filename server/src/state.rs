@@ -110,6 +110,8 @@ pub struct Shared {
     reserved: Notify,
     /// In token-only durability, grants are refused until this `now_ms` after a restart.
     grants_refused_until_ms: u64,
+    /// The data directory's lock, held while the server runs.
+    pub dir_lock: Option<std::fs::File>,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -156,6 +158,7 @@ impl Shared {
             reserving: AtomicBool::new(false),
             reserved: Notify::new(),
             grants_refused_until_ms,
+            dir_lock: None,
         }
     }
 

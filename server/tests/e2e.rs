@@ -761,3 +761,23 @@ async fn torn_tail_recovers_and_corruption_refuses_to_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Server::start(dir.path()).await;
+    assert_eq!(
+        Console::connect(first.addr).await.cmd("PING").await,
+        "PONG",
+        "first server is up"
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = tenure_server::run(Config::for_tests(dir.path()), listener, async {})
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("in use by another tenured"),
+        "{err:#}"
+    );
+    first.stop().await;
+}
