@@ -300,7 +300,10 @@ impl Conn {
 
     /// Decodes and runs everything whole in the read buffer.
     fn handle_input(&mut self) -> Result<(), Fatal> {
-        while !self.closing {
+        // The console promises replies in order, so while a blocking acquire waits there, later
+        // lines stay unread in the buffer; the binary protocol answers by id and goes on.
+        let console = matches!(self.surface, Surface::Console { .. });
+        while !self.closing && !(console && !self.later.is_empty()) {
             let Some(input) = self.surface.decode(&mut self.rbuf)? else {
                 break;
             };

@@ -547,12 +547,14 @@ async fn release_on_disconnect_frees_the_lock_for_the_next_waiter() {
     let mut leader = Console::connect(server.addr).await;
     let g = leader.cmd("ACQUIRE lead 30000 RELEASE_ON_DISCONNECT").await;
     let mut next = Console::connect(server.addr).await;
-    next.send("ACQUIRE lead 30000 20000\n").await;
+    // The PING behind the blocking acquire is answered after it: console replies keep order.
+    next.send("ACQUIRE lead 30000 20000\nPING\n").await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let dropped = Instant::now();
     drop(leader);
     let g2 = next.line().await;
     assert!(token(&g2) > token(&g), "{g2}");
+    assert_eq!(next.line().await, "PONG");
     assert!(
         dropped.elapsed() < Duration::from_secs(2),
         "took {:?}",
