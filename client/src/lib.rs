@@ -1,1 +1,94 @@
-//! tenure client (being written)
+//! The Rust client of tenure, a single-node lock server: leases that tell you when they are
+//! lost, fencing tokens that make a lost lease harmless, leader election, and the `tenure`
+//! command line.
+//!
+//! A lock in tenure is a *lease*: it is yours until its TTL runs out unless you renew it. A
+//! holder can always lose it (a pause, a partition) without noticing in time, so this crate
+//! makes loss loud — a [`LeaseGuard`] renews in the background and fires a loss signal the
+//! moment it can no longer be sure — and makes it harmless: every grant carries a *fencing
+//! token*, larger than every token before it, that the protected resource checks
+//! ([`fence`]).
+//!
+//! # Example
+//! ```no_run
+//! use std::time::Duration;
+//! use tenure::{AcquireOptions, AcquireOutcome, Client, Fence};
+//!
+//! # async fn write_row(token: u64) -> std::io::Result<()> { Ok(()) }
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::connect("127.0.0.1:7878").await?;
+//! let options = AcquireOptions::wait(Duration::from_secs(10));
+//! let guard = match client.lock("reports/daily", Duration::from_secs(30), options).await? {
+//!     AcquireOutcome::Granted(guard) => guard,
+//!     AcquireOutcome::Locked(by) => return Err(format!("held by token {}", by.token).into()),
+//! };
+//! let token = guard.fencing_token();
+//! tokio::select! {
+//!     // The work: every write carries the token; the resource rejects stale ones
+//!     // (`WHERE fence <= :token`, or `Fence::try_accept` in memory).
+//!     result = write_row(token) => result?,
+//!     // Loss fires on a LOST renewal or when the local deadline nears unconfirmed.
+//!     reason = guard.lost() => return Err(format!("lock lost: {reason}").into()),
+//! }
+//! guard.release().await?;
+//!
+//! // At the resource:
+//! let fence = Fence::new();
+//! fence.try_accept("reports/daily", token)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`client`]: [`Client`], one pipelined connection shared by many tasks; typed outcomes;
+//!   [`Watch`] streams; reconnection with backoff.
+//! - `conn` (private): the connection's handshake, writer task and reader task.
+//! - [`lease`]: [`Lease`] with a local deadline that never over-estimates, and [`LeaseGuard`]
+//!   renewing in the background and reporting loss.
+//! - [`fence`]: [`Fence`] and [`SequencedFence`], the resource-side check, with the SQL pattern.
+//! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group.
+//! - [`error`]: [`Error`], every way a request can fail.
+//! - [`duration`]: `30s`/`500ms`/`2m` parsing for the command line.
+//! - `fake` (tests only): a scripted stand-in server for behaviour a real one will not show
+//!   on demand (renewals that hang, slow answers, odd handshakes).
+//! - `src/bin/tenure.rs`: the `tenure` command line.
+//!
+//! # The `tenure` command line
+//! `tenure [--addr HOST:PORT] [--json] COMMAND`, with `--addr` defaulting to `$TENURE_ADDR` or
+//! `127.0.0.1:7878`. Commands: `acquire`, `renew`, `release`, `inspect`, `check`, `stats`,
+//! `ping`, `run` (hold a lock while a command runs), `elect` (run a command while leading),
+//! `observe` (print each new leader) and `console` (request commands read from stdin). Output
+//! is one line of `key=value` pairs per answer, or JSON with `--json`.
+//!
+//! | exit code | meaning                                                        |
+//! |-----------|----------------------------------------------------------------|
+//! | 0         | success (for `run`/`elect`: the command's own status)          |
+//! | 1         | error: I/O, server error, bad arguments                        |
+//! | 3         | LOCKED: someone else holds the lock                            |
+//! | 4         | LOST: the lease is gone (for `run`/`elect`: lost while running)|
+//! | 5         | NOT_OWNER: release by a lease id that does not hold the lock   |
+//! | 6         | STALE: the token does not belong to the live holder            |
+//!
+//! `run` and `elect` exit with the command's status, or 128 + the signal number when a signal
+//! killed it.
+
+pub mod client;
+mod conn;
+pub mod duration;
+pub mod election;
+pub mod error;
+pub mod fence;
+pub mod lease;
+
+pub use bytes::Bytes;
+pub use client::{
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, KeyState, LockedBy,
+    ReleaseOutcome, RenewOutcome, Watch, WatchEvent,
+};
+pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
+pub use error::{Error, Result};
+pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
+pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+
+#[cfg(test)]
+mod fake;

@@ -303,7 +303,7 @@ impl Conn {
         // The console promises replies in order, so while a blocking acquire waits there, later
         // lines stay unread in the buffer; the binary protocol answers by id and goes on.
         let console = matches!(self.surface, Surface::Console { .. });
-        while !self.closing && !(console && !self.later.is_empty()) {
+        while !self.closing && (!console || self.later.is_empty()) {
             let Some(input) = self.surface.decode(&mut self.rbuf)? else {
                 break;
             };

@@ -1,0 +1,737 @@
+//! [`Client`]: one multiplexed connection shared by many tasks, with typed outcomes.
+//!
+//! Every method validates its arguments against the wire limits before sending, waits at most
+//! [`ClientConfig::request_timeout`] for the answer (a blocking acquire adds its wait), and
+//! returns the server's answer as an enum: LOCKED, LOST, NOT_OWNER and STALE are outcomes, not
+//! errors.
+//!
+//! # Reconnection
+//! When the connection dies, every request in flight fails with [`Error::ConnectionLost`]
+//! and every lease guard hears about it at once. The client does not reconnect by itself: the
+//! next request does. A failed attempt makes the following one wait an exponentially growing,
+//! jittered delay (from [`ClientConfig::reconnect_delay_min`] up to
+//! [`ClientConfig::reconnect_delay_max`]); the first success resets it.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use rand::Rng;
+use tenure_protocol::limits::{IN_FLIGHT_MAX_DEFAULT, WAIT_MS_MAX};
+use tenure_protocol::{EventKind, LeaseId, Request, Response};
+use tokio::time::Instant;
+
+use crate::conn::{Conn, WatchRegistration};
+use crate::error::{Error, Result};
+use crate::lease::{KeepAliveOptions, Lease, LeaseGuard};
+
+/// Most events a watch queues for a consumer that is not reading; past it the watch is
+/// dropped with [`Error::WatchOverflow`] rather than stall the connection.
+pub const WATCH_EVENTS_MAX: usize = 1024;
+
+/// How a [`Client`] talks to the server.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Longest wait for the answer to one request; a blocking acquire adds its `wait`.
+    pub request_timeout: Duration,
+    /// Longest wait to open a connection and finish the handshake.
+    pub connect_timeout: Duration,
+    /// Delay before the attempt that follows a first failed reconnect.
+    pub reconnect_delay_min: Duration,
+    /// Cap on the delay between reconnect attempts.
+    pub reconnect_delay_max: Duration,
+    /// Most requests kept in flight on the connection; the server's cap (announced in the
+    /// handshake) wins when it is lower.
+    pub in_flight_max: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            reconnect_delay_min: Duration::from_millis(50),
+            reconnect_delay_max: Duration::from_secs(5),
+            in_flight_max: IN_FLIGHT_MAX_DEFAULT,
+        }
+    }
+}
+
+/// Options of one acquire.
+#[derive(Clone, Debug, Default)]
+pub struct AcquireOptions {
+    /// How long to wait in line if the lock is held; zero answers LOCKED at once. Waiters are
+    /// served first come, first served.
+    pub wait: Duration,
+    /// Holder metadata, readable by INSPECT and watchers (for example a leader's address).
+    pub meta: Bytes,
+    /// Free the lock the moment this client's connection closes, instead of at the lease's
+    /// end. The lease is then tied to this connection: after a reconnect it is gone.
+    pub release_on_disconnect: bool,
+}
+
+impl AcquireOptions {
+    /// Options that wait in line up to `wait`.
+    pub fn wait(wait: Duration) -> AcquireOptions {
+        AcquireOptions {
+            wait,
+            ..AcquireOptions::default()
+        }
+    }
+}
+
+/// The current holder of a lock, as reported to an acquire that did not get it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockedBy {
+    /// The holder's fencing token.
+    pub token: u64,
+    /// Time left on the holder's lease, by the server's clock.
+    pub ttl_left: Duration,
+}
+
+/// The answer to an acquire: the lock (as a [`Lease`] or [`LeaseGuard`]), or who holds it.
+#[derive(Debug)]
+pub enum AcquireOutcome<T = Lease> {
+    /// The lock is yours.
+    Granted(T),
+    /// Someone else holds the lock (and the wait, if any, ran out).
+    Locked(LockedBy),
+}
+
+impl<T> AcquireOutcome<T> {
+    /// The lease, if granted.
+    pub fn granted(self) -> Option<T> {
+        match self {
+            AcquireOutcome::Granted(lease) => Some(lease),
+            AcquireOutcome::Locked(_) => None,
+        }
+    }
+}
+
+/// The answer to a renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease now runs `ttl` from the server's receipt of the renewal.
+    Renewed {
+        /// The lease length granted.
+        ttl: Duration,
+    },
+    /// The lease is gone (expired, released, or never this lease id's): stop working.
+    Lost,
+}
+
+/// The answer to a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lock was released.
+    Released,
+    /// The lease id does not hold the lock (it expired or was released); nothing changed.
+    NotOwner,
+}
+
+/// The answer to an inspect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// Nobody holds the key.
+    Free,
+    /// The key is held.
+    Held {
+        /// The holder's fencing token.
+        token: u64,
+        /// Time left on the holder's lease, by the server's clock.
+        ttl_left: Duration,
+        /// Acquires waiting in line.
+        waiters: u32,
+        /// The holder's metadata.
+        meta: Bytes,
+    },
+}
+
+/// The answer to a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The token belongs to the live holder.
+    Current,
+    /// The token does not belong to the live holder.
+    Stale,
+}
+
+/// One change to a watched key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// The key that changed.
+    pub key: Bytes,
+    /// The fencing token of the lease granted, released or expired.
+    pub token: u64,
+    /// The new holder's metadata (empty unless `kind` is `Granted`).
+    pub meta: Bytes,
+}
+
+/// A handle to one connection to a tenure server, cheap to clone and share between tasks.
+///
+/// Requests from all clones are multiplexed on one TCP connection by request id, so many can
+/// be in flight at once (up to the server's in-flight cap) and a blocking acquire does not
+/// hold up the others. Dropping the last clone (and every [`Lease`], guard and [`Watch`],
+/// which hold clones) closes the connection.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: String,
+    config: ClientConfig,
+    current: Mutex<Option<Arc<Conn>>>,
+    reconnect: tokio::sync::Mutex<Backoff>,
+}
+
+/// Reconnect state: failed attempts in a row and when the next one may start.
+struct Backoff {
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("addr", &self.inner.addr)
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+fn duration_ms(duration: Duration) -> u32 {
+    // Out-of-range values become u32::MAX, which the limit checks then reject by name.
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
+fn unexpected(request: &str, response: Response) -> Error {
+    match response {
+        Response::Error { code, message } => Error::Server { code, message },
+        other => Error::Protocol(format!("unexpected reply {other:?} to {request}")),
+    }
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) with the default [`ClientConfig`].
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Timeout`] when the server cannot be reached, or a handshake
+    /// error ([`Error::Protocol`], [`Error::VersionMismatch`]).
+    pub async fn connect(addr: impl Into<String>) -> Result<Client> {
+        Client::connect_with(addr, ClientConfig::default()).await
+    }
+
+    /// Connects to `addr` with `config`.
+    ///
+    /// # Errors
+    /// As [`Client::connect`].
+    pub async fn connect_with(addr: impl Into<String>, config: ClientConfig) -> Result<Client> {
+        let client = Client {
+            inner: Arc::new(Inner {
+                addr: addr.into(),
+                config,
+                current: Mutex::new(None),
+                reconnect: tokio::sync::Mutex::new(Backoff {
+                    failures: 0,
+                    retry_at: None,
+                }),
+            }),
+        };
+        client.connection().await?;
+        Ok(client)
+    }
+
+    /// The server address this client connects to.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// True while the client has a live connection.
+    pub fn is_connected(&self) -> bool {
+        self.live().is_some()
+    }
+
+    /// Closes the connection at once, as a crash would: requests in flight fail with
+    /// [`Error::ConnectionLost`], locks taken with `release_on_disconnect` are freed by the
+    /// server, and lease guards hear about it. The next request reconnects.
+    pub fn disconnect(&self) {
+        let conn = self
+            .inner
+            .current
+            .lock()
+            .expect("client mutex poisoned")
+            .take();
+        if let Some(conn) = conn {
+            conn.shared.fail("disconnected by the client");
+        }
+    }
+
+    fn live(&self) -> Option<Arc<Conn>> {
+        let current = self.inner.current.lock().expect("client mutex poisoned");
+        current.as_ref().filter(|conn| !conn.is_closed()).cloned()
+    }
+
+    /// The live connection, opening a new one if needed (after the backoff delay, if the last
+    /// attempt failed).
+    pub(crate) async fn connection(&self) -> Result<Arc<Conn>> {
+        if let Some(conn) = self.live() {
+            return Ok(conn);
+        }
+        let mut backoff = self.inner.reconnect.lock().await;
+        if let Some(conn) = self.live() {
+            return Ok(conn);
+        }
+        if let Some(retry_at) = backoff.retry_at {
+            tokio::time::sleep_until(retry_at).await;
+        }
+        let config = &self.inner.config;
+        let opened = tokio::time::timeout(
+            config.connect_timeout,
+            Conn::open(&self.inner.addr, config.in_flight_max),
+        )
+        .await
+        .unwrap_or(Err(Error::Timeout(config.connect_timeout)));
+        match opened {
+            Ok(conn) => {
+                backoff.failures = 0;
+                backoff.retry_at = None;
+                *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
+                backoff.failures = backoff.failures.saturating_add(1);
+                backoff.retry_at = Some(Instant::now() + self.reconnect_delay(backoff.failures));
+                Err(e)
+            }
+        }
+    }
+
+    /// Exponential backoff with "equal jitter": a random delay in `[d/2, d]`, where `d`
+    /// doubles per failure from the minimum up to the maximum.
+    fn reconnect_delay(&self, failures: u32) -> Duration {
+        let config = &self.inner.config;
+        let doublings = failures.saturating_sub(1).min(20);
+        let delay = config
+            .reconnect_delay_min
+            .saturating_mul(1 << doublings)
+            .min(config.reconnect_delay_max);
+        let half = delay / 2;
+        half + half.mul_f64(rand::rng().random::<f64>())
+    }
+
+    /// Sends `request` and waits up to `timeout` for the answer; returns the connection it
+    /// went over with it. An ERROR reply is returned as a response, not an error.
+    pub(crate) async fn call(
+        &self,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<(Response, Arc<Conn>)> {
+        request.validate().map_err(Error::invalid)?;
+        let call = async {
+            let conn = self.connection().await?;
+            let response = conn.call(request).await?;
+            Ok((response, conn))
+        };
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(timeout)))
+    }
+
+    async fn call_plain(&self, request: Request) -> Result<Response> {
+        let timeout = self.inner.config.request_timeout;
+        Ok(self.call(request, timeout).await?.0)
+    }
+
+    /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
+    ///
+    /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
+    /// request was sent, so it is never later than the server's.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an empty or over-long key, a TTL outside
+    /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata; otherwise
+    /// any [`Error`] a request can meet.
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome> {
+        let key = Bytes::copy_from_slice(key.as_ref());
+        let wait_ms = duration_ms(options.wait);
+        let request = Request::Acquire {
+            key: key.clone(),
+            ttl_ms: duration_ms(ttl),
+            wait_ms,
+            release_on_disconnect: options.release_on_disconnect,
+            meta: options.meta,
+        };
+        let timeout = self.inner.config.request_timeout
+            + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
+        let sent_at = Instant::now();
+        let (response, conn) = self.call(request, timeout).await?;
+        match response {
+            Response::Granted {
+                token,
+                lease_id,
+                ttl_ms,
+            } => Ok(AcquireOutcome::Granted(Lease::new(
+                self.clone(),
+                key,
+                token,
+                lease_id,
+                Duration::from_millis(u64::from(ttl_ms)),
+                sent_at,
+                options.release_on_disconnect.then(|| conn.shared.clone()),
+            ))),
+            Response::Locked { token, ttl_left_ms } => Ok(AcquireOutcome::Locked(LockedBy {
+                token,
+                ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
+            })),
+            other => Err(unexpected("ACQUIRE", other)),
+        }
+    }
+
+    /// Acquires like [`Client::acquire`] and starts renewing the lease in the background
+    /// with default [`KeepAliveOptions`]; see [`LeaseGuard`] for how loss is reported.
+    ///
+    /// # Errors
+    /// As [`Client::acquire`].
+    pub async fn lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome<LeaseGuard>> {
+        Ok(match self.acquire(key, ttl, options).await? {
+            AcquireOutcome::Granted(lease) => {
+                AcquireOutcome::Granted(lease.keep_alive_with(KeepAliveOptions::default()))
+            }
+            AcquireOutcome::Locked(by) => AcquireOutcome::Locked(by),
+        })
+    }
+
+    /// Extends lease `lease_id` on `key` to `ttl` from the server's receipt of the request.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key or TTL; otherwise any [`Error`] a request can meet.
+    pub async fn renew(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease_id: LeaseId,
+        ttl: Duration,
+    ) -> Result<RenewOutcome> {
+        let request = Request::Renew {
+            key: Bytes::copy_from_slice(key.as_ref()),
+            lease_id,
+            ttl_ms: duration_ms(ttl),
+        };
+        renew_outcome(self.call_plain(request).await?)
+    }
+
+    /// Releases `key` if lease `lease_id` holds it.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key; otherwise any [`Error`] a request can meet.
+    pub async fn release(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease_id: LeaseId,
+    ) -> Result<ReleaseOutcome> {
+        let request = Request::Release {
+            key: Bytes::copy_from_slice(key.as_ref()),
+            lease_id,
+        };
+        match self.call_plain(request).await? {
+            Response::Released => Ok(ReleaseOutcome::Released),
+            Response::NotOwner => Ok(ReleaseOutcome::NotOwner),
+            other => Err(unexpected("RELEASE", other)),
+        }
+    }
+
+    /// Reads the state of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key; otherwise any [`Error`] a request can meet.
+    pub async fn inspect(&self, key: impl AsRef<[u8]>) -> Result<KeyState> {
+        let request = Request::Inspect {
+            key: Bytes::copy_from_slice(key.as_ref()),
+        };
+        match self.call_plain(request).await? {
+            Response::Free => Ok(KeyState::Free),
+            Response::Held {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            } => Ok(KeyState::Held {
+                token,
+                ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
+                waiters,
+                meta,
+            }),
+            other => Err(unexpected("INSPECT", other)),
+        }
+    }
+
+    /// Asks whether `token` belongs to the live holder of `key`. Useful for a resource that
+    /// cannot store a fence, at the price of a round trip (and a race: the answer can be out
+    /// of date when it arrives; prefer [`crate::fence`]).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key; otherwise any [`Error`] a request can meet.
+    pub async fn check(&self, key: impl AsRef<[u8]>, token: u64) -> Result<CheckOutcome> {
+        let request = Request::Check {
+            key: Bytes::copy_from_slice(key.as_ref()),
+            token,
+        };
+        match self.call_plain(request).await? {
+            Response::Current => Ok(CheckOutcome::Current),
+            Response::Stale => Ok(CheckOutcome::Stale),
+            other => Err(unexpected("CHECK", other)),
+        }
+    }
+
+    /// The server's counters, name and value.
+    ///
+    /// # Errors
+    /// Any [`Error`] a request can meet.
+    pub async fn stats(&self) -> Result<Vec<(String, u64)>> {
+        match self.call_plain(Request::Stats).await? {
+            Response::Stats(pairs) => Ok(pairs),
+            other => Err(unexpected("STATS", other)),
+        }
+    }
+
+    /// Round trip to the server.
+    ///
+    /// # Errors
+    /// Any [`Error`] a request can meet.
+    pub async fn ping(&self) -> Result<Duration> {
+        let started = Instant::now();
+        match self.call_plain(Request::Ping).await? {
+            Response::Pong => Ok(started.elapsed()),
+            other => Err(unexpected("PING", other)),
+        }
+    }
+
+    /// Subscribes to changes of `key`: every grant, release and expiry, in the server's order.
+    ///
+    /// The watch lives on the current connection: when it closes the stream yields
+    /// [`Error::ConnectionLost`] and ends (watch again; [`crate::Election::observe`] does).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key, [`Error::Server`] when the server refuses (for
+    /// example [`tenure_protocol::ErrorCode::WatchLimit`]); otherwise any [`Error`] a request can meet.
+    pub async fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch> {
+        let key = Bytes::copy_from_slice(key.as_ref());
+        Request::Watch { key: key.clone() }
+            .validate()
+            .map_err(Error::invalid)?;
+        let timeout = self.inner.config.request_timeout;
+        let started = async {
+            let conn = self.connection().await?;
+            let (reply, registration) = conn.watch(key.clone(), WATCH_EVENTS_MAX).await?;
+            Ok::<_, Error>((reply, registration, conn))
+        };
+        let (reply, registration, conn) = tokio::time::timeout(timeout, started)
+            .await
+            .unwrap_or(Err(Error::Timeout(timeout)))?;
+        let watch = Watch {
+            conn,
+            key,
+            registration,
+            ended: false,
+        };
+        match reply {
+            Response::Watching => Ok(watch),
+            other => Err(unexpected("WATCH", other)),
+        }
+    }
+}
+
+pub(crate) fn renew_outcome(response: Response) -> Result<RenewOutcome> {
+    match response {
+        Response::Renewed { ttl_ms } => Ok(RenewOutcome::Renewed {
+            ttl: Duration::from_millis(u64::from(ttl_ms)),
+        }),
+        Response::Lost => Ok(RenewOutcome::Lost),
+        other => Err(unexpected("RENEW", other)),
+    }
+}
+
+/// A stream of [`WatchEvent`]s for one key, from [`Client::watch`].
+///
+/// Ends after yielding one error: [`Error::ConnectionLost`] when the connection closes,
+/// [`Error::WatchOverflow`] when the consumer fell [`WATCH_EVENTS_MAX`] events behind, or
+/// [`Error::Server`] when the server ended the watch (its own queue for this connection
+/// overflowed).
+/// Dropping it unsubscribes.
+pub struct Watch {
+    conn: Arc<Conn>,
+    key: Bytes,
+    registration: WatchRegistration,
+    ended: bool,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch").field("key", &self.key).finish()
+    }
+}
+
+impl Watch {
+    /// The key being watched.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The next event, or the error that ended the watch; `None` after that error.
+    pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<WatchEvent>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.registration.events.poll_recv(cx) {
+            Poll::Ready(Some(Ok(event))) => Poll::Ready(Some(Ok(event))),
+            Poll::Ready(Some(Err(e))) => {
+                self.ended = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.ended = true;
+                let error = if self.registration.overflow.load(Ordering::Acquire) {
+                    Error::WatchOverflow
+                } else if self.conn.is_closed() {
+                    self.conn.shared.lost_error()
+                } else {
+                    Error::Protocol("the server ended the watch".into())
+                };
+                Poll::Ready(Some(Err(error)))
+            }
+        }
+    }
+}
+
+impl Stream for Watch {
+    type Item = Result<WatchEvent>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_event(cx)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let others = self
+            .conn
+            .shared
+            .remove_watch(self.registration.id, &self.key);
+        if others || self.conn.is_closed() {
+            return;
+        }
+        // Unsubscribing is a courtesy (the server drops watches with the connection), so it
+        // is skipped when no runtime is around to send it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let conn = Arc::clone(&self.conn);
+            let key = self.key.clone();
+            let _unwatch = runtime.spawn(async move {
+                let _ = conn.call(Request::Unwatch { key }).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake;
+    use std::sync::atomic::AtomicU32;
+    use tenure_protocol::handshake::VERSION;
+    use tenure_protocol::ErrorCode;
+
+    #[tokio::test]
+    async fn a_server_of_another_version_is_refused() {
+        let server = fake::start(VERSION + 1, 16, Arc::new(|_| Some(Response::Pong))).await;
+        match Client::connect(server.addr.clone()).await {
+            Err(Error::VersionMismatch { server, client }) => {
+                assert_eq!((server, client), (VERSION + 1, VERSION));
+            }
+            other => panic!("expected a version mismatch, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn error_frames_become_server_errors_and_silence_a_timeout() {
+        let script: fake::Script = Arc::new(|request| match request {
+            Request::Ping => None,
+            _ => Some(Response::Error {
+                code: ErrorCode::Unavailable,
+                message: "fsync failed".into(),
+            }),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_millis(100),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .expect("connect");
+        match client.inspect("k").await {
+            Err(Error::Server { code, message }) => {
+                assert_eq!(
+                    (code, message.as_str()),
+                    (ErrorCode::Unavailable, "fsync failed")
+                );
+            }
+            other => panic!("expected a server error, got {other:?}"),
+        }
+        assert!(matches!(client.ping().await, Err(Error::Timeout(_))));
+        assert!(
+            client.is_connected(),
+            "a timeout does not close the connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_in_flight_never_exceed_the_servers_cap() {
+        // The fake never answers, so a client that respects the announced cap of 2 sends two
+        // requests and keeps the rest waiting for a permit until they time out.
+        let seen = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&seen);
+        let script: fake::Script = Arc::new(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            None
+        });
+        let server = fake::start(VERSION, 2, script).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_millis(200),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .expect("connect");
+        let pings = (0..5).map(|_| client.ping());
+        let results = futures_util::future::join_all(pings).await;
+        assert!(results.iter().all(|r| matches!(r, Err(Error::Timeout(_)))));
+        assert_eq!(seen.load(Ordering::SeqCst), 2, "only the cap was sent");
+    }
+}

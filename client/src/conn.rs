@@ -1,0 +1,454 @@
+//! One TCP connection: the handshake, a writer task that batches frames into few writes, and a
+//! reader task that hands every reply to the request waiting for it.
+//!
+//! ```text
+//!  request ──(id, Request)──> mpsc ──> writer task ──write_all(batch)──> socket
+//!     ^                                                                   │
+//!     └── oneshot <── pending[id] <── reader task <──FramedRead(ClientCodec)┘
+//! ```
+//!
+//! A request takes an in-flight permit, registers a oneshot under a fresh request id, then
+//! queues the frame. The permit lives in the pending entry until the reply arrives, even if the
+//! caller gave up (timed out), because the server counts the request until it answers. When the
+//! connection dies every pending entry is answered with [`Error::ConnectionLost`] and the
+//! `closed` token fires, which is how lease guards hear about it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use tenure_protocol::frame::encode_request;
+use tenure_protocol::handshake::{Hello, HelloAck, HELLO_ACK_LEN, VERSION};
+use tenure_protocol::{ClientCodec, FrameError, Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::WatchEvent;
+use crate::error::{Error, Result};
+
+/// Most frames the writer encodes into one buffer before writing it.
+const WRITE_BATCH_MAX: usize = 256;
+
+type ReplySender = oneshot::Sender<Result<Response>>;
+
+/// What the reader does with a frame carrying a given request id.
+enum Entry {
+    /// An ordinary request: one reply, then the entry is gone.
+    Reply {
+        tx: ReplySender,
+        _permit: OwnedSemaphorePermit,
+    },
+    /// A watch: the WATCHING reply (while `started` is `Some`), then any number of events.
+    Watch {
+        key: Bytes,
+        started: Option<(ReplySender, OwnedSemaphorePermit)>,
+        events: mpsc::Sender<Result<WatchEvent>>,
+        overflow: Arc<AtomicBool>,
+    },
+}
+
+struct Pending {
+    /// Set once, when the connection dies; no entry is added after that.
+    closed_reason: Option<Arc<str>>,
+    entries: HashMap<u64, Entry>,
+    /// The ids of the watch entries of each key.
+    watchers: HashMap<Bytes, Vec<u64>>,
+}
+
+/// The part of a connection its tasks share with requests, watches and lease guards.
+pub(crate) struct Shared {
+    pending: Mutex<Pending>,
+    /// Fires when the connection is closed, for whatever reason.
+    pub(crate) closed: CancellationToken,
+}
+
+/// A live connection. Dropping the last handle closes it.
+pub(crate) struct Conn {
+    /// Unbounded because the in-flight permits bound it: every queued frame belongs to a
+    /// pending entry holding a permit. Sending is then synchronous, so a caller that gives up
+    /// cannot leave an entry registered whose frame was never queued.
+    tx: mpsc::UnboundedSender<(u64, Request)>,
+    pub(crate) shared: Arc<Shared>,
+    in_flight: Arc<Semaphore>,
+    next_id: AtomicU64,
+}
+
+/// The receiving side of a watch registered on a connection.
+pub(crate) struct WatchRegistration {
+    pub(crate) id: u64,
+    pub(crate) events: mpsc::Receiver<Result<WatchEvent>>,
+    pub(crate) overflow: Arc<AtomicBool>,
+}
+
+impl Shared {
+    /// Closes the connection: answers every pending request with `ConnectionLost(reason)`, ends
+    /// every watch and fires `closed`. Only the first call's reason is kept.
+    pub(crate) fn fail(&self, reason: &str) {
+        let entries = {
+            let mut pending = self.pending.lock().expect("pending mutex poisoned");
+            if pending.closed_reason.is_some() {
+                return;
+            }
+            pending.closed_reason = Some(Arc::from(reason));
+            pending.watchers.clear();
+            std::mem::take(&mut pending.entries)
+        };
+        let reason: Arc<str> = Arc::from(reason);
+        for (_, entry) in entries {
+            let tx = match entry {
+                Entry::Reply { tx, .. } => Some(tx),
+                Entry::Watch { started, .. } => started.map(|(tx, _)| tx),
+            };
+            if let Some(tx) = tx {
+                let _ = tx.send(Err(Error::ConnectionLost(reason.clone())));
+            }
+        }
+        self.closed.cancel();
+    }
+
+    /// The error to report for a connection that is closed.
+    pub(crate) fn lost_error(&self) -> Error {
+        let pending = self.pending.lock().expect("pending mutex poisoned");
+        let reason = pending
+            .closed_reason
+            .clone()
+            .unwrap_or_else(|| Arc::from("connection closed"));
+        Error::ConnectionLost(reason)
+    }
+
+    fn register(&self, id: u64, entry: Entry) -> Result<()> {
+        let mut pending = self.pending.lock().expect("pending mutex poisoned");
+        if let Some(reason) = &pending.closed_reason {
+            return Err(Error::ConnectionLost(reason.clone()));
+        }
+        if let Entry::Watch { key, .. } = &entry {
+            pending.watchers.entry(key.clone()).or_default().push(id);
+        }
+        let previous = pending.entries.insert(id, entry);
+        assert!(previous.is_none(), "request id {id} reused");
+        Ok(())
+    }
+
+    /// Forgets a watch; returns whether another watch on the same key remains.
+    pub(crate) fn remove_watch(&self, id: u64, key: &[u8]) -> bool {
+        let mut pending = self.pending.lock().expect("pending mutex poisoned");
+        pending.entries.remove(&id);
+        pending.unindex_watch(id, key);
+        pending.watchers.contains_key(key)
+    }
+
+    /// Hands one decoded frame to whoever waits for it. Returns the message of an ERROR frame
+    /// nobody waits for (the server's reason for closing the connection).
+    fn dispatch(&self, id: u64, frame: Result<Response, FrameError>) -> Option<String> {
+        let mut pending = self.pending.lock().expect("pending mutex poisoned");
+        let response = match frame {
+            Ok(Response::Event {
+                kind,
+                key,
+                token,
+                meta,
+            }) => {
+                pending.deliver_event(WatchEvent {
+                    kind,
+                    key,
+                    token,
+                    meta,
+                });
+                return None;
+            }
+            Ok(response) => Ok(response),
+            Err(e) => Err(Error::Protocol(format!("undecodable reply: {e}"))),
+        };
+        match pending.entries.remove(&id) {
+            Some(Entry::Reply { tx, .. }) => {
+                let _ = tx.send(response);
+                None
+            }
+            Some(Entry::Watch {
+                key,
+                started: Some((tx, _permit)),
+                events,
+                overflow,
+            }) => {
+                if matches!(response, Ok(Response::Watching)) {
+                    let entry = Entry::Watch {
+                        key,
+                        started: None,
+                        events,
+                        overflow,
+                    };
+                    pending.entries.insert(id, entry);
+                } else {
+                    pending.unindex_watch(id, &key);
+                }
+                let _ = tx.send(response);
+                None
+            }
+            Some(Entry::Watch { .. }) => {
+                // An answer to a running watch can only be the server ending it; this server
+                // ends every watch of the connection at once (its event queue overflowed).
+                let error = match response {
+                    Ok(Response::Error { code, message }) => Error::Server { code, message },
+                    Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
+                    Err(e) => e,
+                };
+                pending.end_watches(&error);
+                None
+            }
+            None => match response {
+                Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
+                // A late reply to a request that gave up.
+                _ => None,
+            },
+        }
+    }
+}
+
+impl Pending {
+    fn unindex_watch(&mut self, id: u64, key: &[u8]) {
+        if let Some(ids) = self.watchers.get_mut(key) {
+            ids.retain(|&other| other != id);
+            if ids.is_empty() {
+                self.watchers.remove(key);
+            }
+        }
+    }
+
+    /// Gives an event to every watch of its key. The server keeps one watch per key per
+    /// connection (a repeated WATCH replaces the id it reports), so events are routed by key.
+    fn deliver_event(&mut self, event: WatchEvent) {
+        let Some(ids) = self.watchers.get(&event.key) else {
+            return; // an event for a watch dropped a moment ago
+        };
+        let mut overflowed = Vec::new();
+        for id in ids {
+            if let Some(Entry::Watch {
+                started: None,
+                events,
+                overflow,
+                ..
+            }) = self.entries.get(id)
+            {
+                if events.try_send(Ok(event.clone())).is_err() {
+                    // The consumer is not keeping up (or is gone); dropping its watch keeps
+                    // the reader, and so every other request, moving.
+                    overflow.store(true, Ordering::Release);
+                    overflowed.push(*id);
+                }
+            }
+        }
+        for id in overflowed {
+            self.entries.remove(&id);
+            self.unindex_watch(id, &event.key);
+        }
+    }
+
+    /// Ends every running watch with `error`.
+    fn end_watches(&mut self, error: &Error) {
+        let ids: Vec<u64> = self.watchers.drain().flat_map(|(_, ids)| ids).collect();
+        for id in ids {
+            if let Some(Entry::Watch {
+                events, overflow, ..
+            }) = self.entries.remove(&id)
+            {
+                let copy = match error {
+                    Error::Server { code, message } => Error::Server {
+                        code: *code,
+                        message: message.clone(),
+                    },
+                    other => Error::Protocol(other.to_string()),
+                };
+                if events.try_send(Err(copy)).is_err() {
+                    overflow.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Connects, does the handshake and starts the reader and writer tasks.
+    ///
+    /// `in_flight_max` is the client's own cap; the server's cap from the handshake wins if
+    /// it is lower.
+    pub(crate) async fn open(addr: &str, in_flight_max: u32) -> Result<Arc<Conn>> {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut hello = BytesMut::new();
+        Hello { version: VERSION }.encode(&mut hello);
+        stream.write_all(&hello).await?;
+        let mut ack = [0u8; HELLO_ACK_LEN];
+        stream.read_exact(&mut ack).await?;
+        let ack = HelloAck::decode(&mut BytesMut::from(&ack[..]))
+            .map_err(|e| Error::Protocol(e.to_string()))?
+            .expect("a whole handshake answer was read");
+        if ack.version != VERSION {
+            return Err(Error::VersionMismatch {
+                server: ack.version,
+                client: VERSION,
+            });
+        }
+        let in_flight = ack.in_flight_max.min(in_flight_max);
+        if in_flight == 0 {
+            return Err(Error::Protocol(
+                "server allows no requests in flight".into(),
+            ));
+        }
+        let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                closed_reason: None,
+                entries: HashMap::new(),
+                watchers: HashMap::new(),
+            }),
+            closed: CancellationToken::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (read, write) = stream.into_split();
+        tokio::spawn(read_loop(read, Arc::clone(&shared)));
+        tokio::spawn(write_loop(write, rx, Arc::clone(&shared)));
+        Ok(Arc::new(Conn {
+            tx,
+            shared,
+            in_flight: Arc::new(Semaphore::new(in_flight)),
+            next_id: AtomicU64::new(1), // 0 is left for frames that answer no request
+        }))
+    }
+
+    /// True once the connection has died or was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.closed.is_cancelled()
+    }
+
+    async fn permit(&self) -> Result<OwnedSemaphorePermit> {
+        tokio::select! {
+            permit = Arc::clone(&self.in_flight).acquire_owned() => {
+                Ok(permit.expect("the in-flight semaphore is never closed"))
+            }
+            _ = self.shared.closed.cancelled() => Err(self.shared.lost_error()),
+        }
+    }
+
+    fn send(&self, id: u64, request: Request) -> Result<()> {
+        self.tx
+            .send((id, request))
+            .map_err(|_| self.shared.lost_error())
+    }
+
+    /// Sends one request and waits for its reply (an ERROR reply included).
+    pub(crate) async fn call(&self, request: Request) -> Result<Response> {
+        let permit = self.permit().await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.shared.register(
+            id,
+            Entry::Reply {
+                tx,
+                _permit: permit,
+            },
+        )?;
+        self.send(id, request)?;
+        rx.await.unwrap_or_else(|_| Err(self.shared.lost_error()))
+    }
+
+    /// Sends WATCH for `key`; returns its reply and the event queue (meaningful if the reply
+    /// is WATCHING).
+    pub(crate) async fn watch(
+        &self,
+        key: Bytes,
+        events_max: usize,
+    ) -> Result<(Response, WatchRegistration)> {
+        let permit = self.permit().await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let (events_tx, events) = mpsc::channel(events_max);
+        let overflow = Arc::new(AtomicBool::new(false));
+        let entry = Entry::Watch {
+            key: key.clone(),
+            started: Some((tx, permit)),
+            events: events_tx,
+            overflow: Arc::clone(&overflow),
+        };
+        self.shared.register(id, entry)?;
+        self.send(id, Request::Watch { key })?;
+        let reply = rx.await.unwrap_or_else(|_| Err(self.shared.lost_error()))?;
+        Ok((
+            reply,
+            WatchRegistration {
+                id,
+                events,
+                overflow,
+            },
+        ))
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shared.fail("client dropped the connection");
+    }
+}
+
+async fn read_loop(read: OwnedReadHalf, shared: Arc<Shared>) {
+    let mut frames = FramedRead::new(read, ClientCodec);
+    let mut notice = None;
+    let reason = loop {
+        let item = tokio::select! {
+            _ = shared.closed.cancelled() => return,
+            item = frames.next() => item,
+        };
+        match item {
+            Some(Ok((id, frame))) => {
+                if let Some(message) = shared.dispatch(id, frame) {
+                    notice = Some(message);
+                }
+            }
+            Some(Err(e)) => break format!("stream error: {e}"),
+            None => {
+                break match notice {
+                    Some(message) => format!("server closed the connection ({message})"),
+                    None => "server closed the connection".to_owned(),
+                }
+            }
+        }
+    };
+    tracing::debug!(%reason, "connection closed");
+    shared.fail(&reason);
+}
+
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<(u64, Request)>,
+    shared: Arc<Shared>,
+) {
+    let mut buf = BytesMut::with_capacity(tenure_protocol::limits::FRAME_LEN_MAX);
+    loop {
+        let first = tokio::select! {
+            _ = shared.closed.cancelled() => return,
+            first = rx.recv() => first,
+        };
+        let Some((id, request)) = first else { return };
+        encode_request(id, &request, &mut buf);
+        for _ in 1..WRITE_BATCH_MAX {
+            match rx.try_recv() {
+                Ok((id, request)) => encode_request(id, &request, &mut buf),
+                Err(_) => break,
+            }
+        }
+        let written = tokio::select! {
+            _ = shared.closed.cancelled() => return,
+            written = write.write_all(&buf) => written,
+        };
+        buf.clear();
+        if let Err(e) = written {
+            shared.fail(&format!("write failed: {e}"));
+            return;
+        }
+    }
+}

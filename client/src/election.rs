@@ -1,0 +1,320 @@
+//! Leader election on top of one lock per group.
+//!
+//! A candidate acquires the lock `election/{group}` with `release_on_disconnect` and its value
+//! (an address, a name) as holder metadata, waiting in line until it wins. The server grants
+//! the lock to one holder at a time and every grant has a larger fencing token than the last,
+//! so the token is the leader's *term*: at most one leader per term, and a new leader always
+//! has a larger term. Pass the term to whatever the leader writes, and fence on it
+//! (see [`crate::fence`]).
+//!
+//! A leader that crashes or loses its connection is replaced as soon as the server sees the
+//! connection close; one that hangs is replaced when its lease runs out. [`Leadership`]
+//! reports loss exactly like a [`LeaseGuard`].
+//!
+//! Observers ([`Election::observe`]) WATCH the lock and read it once, and see each new leader
+//! in increasing term order.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{self, Stream, StreamExt};
+use tenure_protocol::limits::WAIT_MS_MAX;
+use tenure_protocol::EventKind;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{AcquireOptions, AcquireOutcome, Client, KeyState, Watch};
+use crate::error::Result;
+use crate::lease::{KeepAliveOptions, LeaseGuard, LossReason};
+
+/// Pause before an observer subscribes again after its watch failed.
+const RESUBSCRIBE_DELAY: Duration = Duration::from_millis(100);
+
+/// How candidates of an [`Election`] hold the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElectionOptions {
+    /// Lease length of a leader: how long a hung leader (connection open, no renewals) keeps
+    /// leading.
+    pub ttl: Duration,
+    /// Longest single wait in line; a campaign waits again after each one.
+    pub wait_max: Duration,
+    /// How the leader renews.
+    pub keep_alive: KeepAliveOptions,
+}
+
+impl Default for ElectionOptions {
+    fn default() -> Self {
+        ElectionOptions {
+            ttl: Duration::from_secs(10),
+            wait_max: Duration::from_millis(u64::from(WAIT_MS_MAX)),
+            keep_alive: KeepAliveOptions::default(),
+        }
+    }
+}
+
+/// A leader as seen by an observer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// The leader's term: the fencing token of its grant.
+    pub term: u64,
+    /// The value the leader campaigned with.
+    pub value: Bytes,
+}
+
+/// One election group on one client.
+#[derive(Clone, Debug)]
+pub struct Election {
+    client: Client,
+    group: String,
+    key: Bytes,
+    options: ElectionOptions,
+}
+
+impl Election {
+    /// The election `group` with default [`ElectionOptions`].
+    pub fn new(client: Client, group: &str) -> Election {
+        Election::with_options(client, group, ElectionOptions::default())
+    }
+
+    /// The election `group` with `options`.
+    pub fn with_options(client: Client, group: &str, options: ElectionOptions) -> Election {
+        Election {
+            client,
+            group: group.to_owned(),
+            key: Bytes::from(format!("election/{group}")),
+            options,
+        }
+    }
+
+    /// The client campaigns and observations go through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The group's name.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The lock key the group uses: `election/{group}`.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Waits until this candidate leads, then returns its [`Leadership`].
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] for an over-long value or group name; otherwise any error a
+    /// request can meet (a lost connection ends the campaign; call it again).
+    ///
+    /// # Panics
+    /// When the options' `keep_alive` does not fit in `ttl` (see [`crate::Lease::keep_alive_with`]).
+    pub async fn campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
+        let value = Bytes::copy_from_slice(value.as_ref());
+        let options = AcquireOptions {
+            wait: self.options.wait_max,
+            meta: value.clone(),
+            release_on_disconnect: true,
+        };
+        loop {
+            let outcome = self
+                .client
+                .acquire(&self.key, self.options.ttl, options.clone())
+                .await?;
+            match outcome {
+                AcquireOutcome::Granted(lease) => {
+                    return Ok(Leadership {
+                        guard: lease.keep_alive_with(self.options.keep_alive),
+                        group: self.group.clone(),
+                        value,
+                    });
+                }
+                AcquireOutcome::Locked(by) => {
+                    tracing::debug!(term = by.token, "still not leading; waiting again");
+                }
+            }
+        }
+    }
+
+    /// The current leader, if any.
+    ///
+    /// # Errors
+    /// Any error a request can meet.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        Ok(match self.client.inspect(&self.key).await? {
+            KeyState::Free => None,
+            KeyState::Held { token, meta, .. } => Some(Leader {
+                term: token,
+                value: meta,
+            }),
+        })
+    }
+
+    /// Every new leader from now on, in increasing term order, starting with the current one.
+    ///
+    /// The stream WATCHes the group's lock, then reads it once (so no grant falls between the
+    /// two), and never yields a term not larger than the last one yielded. When the watch fails
+    /// (the connection closed) it yields the error, then subscribes again and goes on; a leader
+    /// that came and went while it was not subscribed is skipped.
+    pub fn observe(&self) -> Observer {
+        let state = ObserveState {
+            election: self.clone(),
+            watch: None,
+            last_term: 0,
+            failed: false,
+        };
+        let stream = stream::unfold(state, |mut state| async move {
+            let item = state.next_leader().await;
+            Some((item, state))
+        });
+        Observer {
+            inner: Box::pin(stream),
+        }
+    }
+}
+
+struct ObserveState {
+    election: Election,
+    watch: Option<Watch>,
+    last_term: u64,
+    failed: bool,
+}
+
+impl ObserveState {
+    async fn next_leader(&mut self) -> Result<Leader> {
+        loop {
+            let Some(watch) = self.watch.as_mut() else {
+                if self.failed {
+                    tokio::time::sleep(RESUBSCRIBE_DELAY).await;
+                }
+                self.failed = true;
+                self.watch = Some(self.election.client.watch(&self.election.key).await?);
+                self.failed = false;
+                if let Some(leader) = self.election.leader().await? {
+                    if let Some(leader) = self.newer(leader) {
+                        return Ok(leader);
+                    }
+                }
+                continue;
+            };
+            match watch.next().await {
+                Some(Ok(event)) if event.kind == EventKind::Granted => {
+                    let leader = Leader {
+                        term: event.token,
+                        value: event.meta,
+                    };
+                    if let Some(leader) = self.newer(leader) {
+                        return Ok(leader);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    self.watch = None;
+                    self.failed = true;
+                    return Err(e);
+                }
+                None => {
+                    self.watch = None;
+                    self.failed = true;
+                }
+            }
+        }
+    }
+
+    fn newer(&mut self, leader: Leader) -> Option<Leader> {
+        if leader.term <= self.last_term {
+            return None;
+        }
+        self.last_term = leader.term;
+        Some(leader)
+    }
+}
+
+/// The stream of leaders from [`Election::observe`]; never ends by itself.
+pub struct Observer {
+    inner: Pin<Box<dyn Stream<Item = Result<Leader>> + Send>>,
+}
+
+impl fmt::Debug for Observer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
+impl Observer {
+    /// The next leader (or the error of a failed watch, after which observing goes on).
+    pub async fn next(&mut self) -> Option<Result<Leader>> {
+        self.inner.next().await
+    }
+}
+
+impl Stream for Observer {
+    type Item = Result<Leader>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+/// This candidate leads the group until it resigns or its lease is lost.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LeaseGuard,
+    group: String,
+    value: Bytes,
+}
+
+impl Leadership {
+    /// The term: the fencing token of the leader's grant. Fence the leader's writes on it.
+    pub fn term(&self) -> u64 {
+        self.guard.fencing_token()
+    }
+
+    /// The group led.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The value this candidate campaigned with.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The guard renewing the leader's lease.
+    pub fn guard(&self) -> &LeaseGuard {
+        &self.guard
+    }
+
+    /// True while this candidate still leads as far as it can tell (see
+    /// [`LeaseGuard::is_valid`]).
+    pub fn is_valid(&self) -> bool {
+        self.guard.is_valid()
+    }
+
+    /// Resolves when leadership is lost (see [`LeaseGuard::lost`]).
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        self.guard.lost()
+    }
+
+    /// A token cancelled when leadership is lost.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.guard.cancellation_token()
+    }
+
+    /// The guard itself, for code that handles leases and leaderships alike.
+    pub fn into_guard(self) -> LeaseGuard {
+        self.guard
+    }
+
+    /// Steps down: releases the lock so the next candidate in line leads.
+    ///
+    /// # Errors
+    /// As [`Client::release`]; the lock is then freed when the lease runs out or the
+    /// connection closes.
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await.map(|_| ())
+    }
+}

@@ -1,0 +1,89 @@
+//! The client's error type: everything that can stop a request from getting an answer.
+//!
+//! Outcomes such as LOCKED, LOST, NOT_OWNER and STALE are not errors: they are answers, and
+//! each method returns them as an enum (see [`crate::client`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure_protocol::{ErrorCode, FrameError};
+use thiserror::Error;
+
+/// Why a request got no answer, or got an answer that is a failure.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Opening the TCP connection or the handshake's I/O failed (refused, reset, unreachable).
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The connection closed while the request was in flight, or was already closed; the
+    /// request may or may not have been applied. The next request reconnects.
+    #[error("connection lost: {0}")]
+    ConnectionLost(Arc<str>),
+    /// No answer came within the request timeout (or connect timeout); the request may still
+    /// be applied by the server later.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The server answered with an ERROR frame: bad input, a limit, or a durability failure
+    /// ([`ErrorCode::Unavailable`]). Nothing changed on the server.
+    #[error("server error {code}: {message}")]
+    Server {
+        /// Machine-readable reason.
+        code: ErrorCode,
+        /// Human-readable reason from the server.
+        message: String,
+    },
+    /// An argument is outside the wire limits, so the request was never sent.
+    #[error("invalid argument {code}: {message}")]
+    Invalid {
+        /// The code the server would have answered with.
+        code: ErrorCode,
+        /// Which field is out of range, and the limit.
+        message: String,
+    },
+    /// The server said something this client cannot understand: a bad handshake, an
+    /// undecodable frame, or a reply that does not fit the request.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The server speaks another protocol version.
+    #[error("server speaks protocol version {server}, this client speaks {client}")]
+    VersionMismatch {
+        /// The version the server announced.
+        server: u16,
+        /// The version this client speaks.
+        client: u16,
+    },
+    /// A watch fell more than [`crate::client::WATCH_EVENTS_MAX`] events behind and was
+    /// dropped so that it could not stall the connection; watch again to resume.
+    #[error("watch fell too far behind and was dropped")]
+    WatchOverflow,
+}
+
+impl Error {
+    /// The client-side counterpart of a server's rejection of a malformed field.
+    pub(crate) fn invalid(frame: FrameError) -> Error {
+        Error::Invalid {
+            code: frame.code,
+            message: frame.message,
+        }
+    }
+
+    /// True when the error says nothing about the lock itself, only about reaching the server:
+    /// retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io(_) | Error::ConnectionLost(_) | Error::Timeout(_) => true,
+            Error::Server { code, .. } => matches!(
+                code,
+                ErrorCode::Unavailable
+                    | ErrorCode::ShuttingDown
+                    | ErrorCode::Recovering
+                    | ErrorCode::TooManyInFlight
+                    | ErrorCode::ConnectionsLimit
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// Result with the client's [`enum@Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,93 @@
+//! A scripted stand-in for the server, for unit tests of behaviour the real server cannot be
+//! made to show on demand (renewals that hang, odd handshakes, durability errors).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use tenure_protocol::frame::encode_response;
+use tenure_protocol::handshake::{HelloAck, HELLO_LEN};
+use tenure_protocol::{Request, Response, ServerCodec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::codec::FramedRead;
+
+/// Answers each request with what the script returns; `None` never answers.
+pub(crate) type Script = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
+
+/// A fake server listening on 127.0.0.1:0.
+pub(crate) struct FakeServer {
+    pub(crate) addr: String,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a fake server that announces `version` and `in_flight_max` and answers by `script`.
+pub(crate) async fn start(version: u16, in_flight_max: u32, script: Script) -> FakeServer {
+    start_delayed(version, in_flight_max, script, Duration::ZERO).await
+}
+
+/// Like [`start`], but every answer is written `delay` after its request was read (answers
+/// stay in order, like a slow network).
+pub(crate) async fn start_delayed(
+    version: u16,
+    in_flight_max: u32,
+    script: Script,
+    delay: Duration,
+) -> FakeServer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let script = Arc::clone(&script);
+            tokio::spawn(serve(stream, version, in_flight_max, script, delay));
+        }
+    });
+    FakeServer { addr, task }
+}
+
+async fn serve(
+    mut stream: tokio::net::TcpStream,
+    version: u16,
+    in_flight_max: u32,
+    script: Script,
+    delay: Duration,
+) {
+    let mut hello = [0u8; HELLO_LEN];
+    if stream.read_exact(&mut hello).await.is_err() {
+        return;
+    }
+    let mut out = BytesMut::new();
+    let ack = HelloAck {
+        version,
+        frame_len_max: u32::try_from(tenure_protocol::limits::FRAME_LEN_MAX).expect("fits"),
+        in_flight_max,
+    };
+    ack.encode(&mut out);
+    let (read, mut write) = stream.into_split();
+    if write.write_all(&out).await.is_err() {
+        return;
+    }
+    let mut frames = FramedRead::new(read, ServerCodec);
+    while let Some(Ok((id, request))) = frames.next().await {
+        let Ok(request) = request else { return };
+        if let Some(response) = script(&request) {
+            tokio::time::sleep(delay).await;
+            out.clear();
+            encode_response(id, &response, &mut out);
+            if write.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,683 @@
+//! [`Lease`]: one grant of a lock, with a local deadline that never over-estimates; and
+//! [`LeaseGuard`]: a lease renewed in the background that reports its loss at once.
+//!
+//! # The local deadline
+//! The server starts a lease's clock when it grants (or renews) it, which is after the client
+//! sent the request. The client takes an [`Instant`] *before* sending and adds the granted TTL,
+//! so its deadline is never later than the server's (up to clock rate differences, which the
+//! guard's margin absorbs).
+//!
+//! # How a guard reports loss
+//! ```text
+//!  sent ──renew──renew──renew──X (no confirmation)        deadline
+//!   |<─renew_every─>|                        give_up_at ──┘ (deadline - margin)
+//! ```
+//! A guard fires its loss signal ([`LeaseGuard::lost`], [`LeaseGuard::cancellation_token`],
+//! [`LeaseGuard::is_valid`]) at the first of: a renewal answered LOST; the connection a
+//! `release_on_disconnect` lease is tied to closing; `give_up_at` passing without a confirmed
+//! renewal (server down, connection lost and not regained, renewals stuck). A timer is set for
+//! `give_up_at`, so the signal fires on time even while a renewal is still in flight.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tenure_protocol::{LeaseId, Request};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{renew_outcome, Client, ReleaseOutcome, RenewOutcome};
+use crate::conn::Shared;
+use crate::error::{Error, Result};
+
+/// One grant of a lock: the key, its fencing token, its lease id and a local deadline.
+///
+/// A `Lease` does nothing by itself: it expires at its TTL unless renewed. Dropping it does not
+/// release the lock. For background renewal turn it into a [`LeaseGuard`] with
+/// [`Lease::keep_alive`].
+pub struct Lease {
+    client: Client,
+    key: Bytes,
+    token: u64,
+    lease_id: LeaseId,
+    ttl: Duration,
+    deadline: Instant,
+    /// The connection the lease dies with, when taken with `release_on_disconnect`.
+    tied_to: Option<Arc<Shared>>,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("lease_id", &self.lease_id)
+            .field("ttl", &self.ttl)
+            .field("time_left", &self.time_left())
+            .finish()
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(
+        client: Client,
+        key: Bytes,
+        token: u64,
+        lease_id: LeaseId,
+        ttl: Duration,
+        sent_at: Instant,
+        tied_to: Option<Arc<Shared>>,
+    ) -> Lease {
+        Lease {
+            client,
+            key,
+            token,
+            lease_id,
+            ttl,
+            deadline: sent_at + ttl,
+            tied_to,
+        }
+    }
+
+    /// The lock's name.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The fencing token: larger than every token granted for this key before. Pass it with
+    /// every write to the protected resource (see [`crate::fence`]).
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// The lease id, needed to renew or release.
+    pub fn lease_id(&self) -> LeaseId {
+        self.lease_id
+    }
+
+    /// The lease length granted by the last grant or renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The local deadline: an instant taken before the last successful grant or renewal was
+    /// sent, plus the TTL granted. Never later than the server's.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Time left until the local deadline; zero once it has passed.
+    pub fn time_left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// True once the local deadline has passed.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// True when the lease was taken with `release_on_disconnect`.
+    pub fn release_on_disconnect(&self) -> bool {
+        self.tied_to.is_some()
+    }
+
+    /// Renews for the same TTL; see [`Lease::renew_for`].
+    ///
+    /// # Errors
+    /// As [`Client::renew`].
+    pub async fn renew(&mut self) -> Result<RenewOutcome> {
+        self.renew_for(self.ttl).await
+    }
+
+    /// Extends the lease to `ttl` from now. On RENEWED the local deadline moves to an instant
+    /// taken before sending plus the TTL granted; on LOST it moves to the past.
+    ///
+    /// # Errors
+    /// As [`Client::renew`]; the deadline is left alone.
+    pub async fn renew_for(&mut self, ttl: Duration) -> Result<RenewOutcome> {
+        let sent_at = Instant::now();
+        let outcome = self.client.renew(&self.key, self.lease_id, ttl).await?;
+        match outcome {
+            RenewOutcome::Renewed { ttl } => {
+                self.ttl = ttl;
+                self.deadline = sent_at + ttl;
+            }
+            RenewOutcome::Lost => self.deadline = self.deadline.min(sent_at),
+        }
+        Ok(outcome)
+    }
+
+    /// Releases the lock.
+    ///
+    /// # Errors
+    /// As [`Client::release`].
+    pub async fn release(self) -> Result<ReleaseOutcome> {
+        self.client.release(&self.key, self.lease_id).await
+    }
+
+    /// Starts renewing in the background with default [`KeepAliveOptions`].
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn keep_alive(self) -> LeaseGuard {
+        self.keep_alive_with(KeepAliveOptions::default())
+    }
+
+    /// Starts renewing in the background every `options.renew_every`.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or when `renew_every + margin` is not shorter than the TTL
+    /// (the guard could then never renew in time).
+    pub fn keep_alive_with(self, options: KeepAliveOptions) -> LeaseGuard {
+        LeaseGuard::start(self, options)
+    }
+}
+
+/// How a [`LeaseGuard`] renews.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeepAliveOptions {
+    /// Time between renewals; `None` means a third of the TTL.
+    pub renew_every: Option<Duration>,
+    /// How long before the local deadline the guard declares the lease lost if no renewal was
+    /// confirmed, to absorb clock rate differences and timer lateness; `None` means a tenth of
+    /// the TTL.
+    pub margin: Option<Duration>,
+}
+
+/// Why a [`LeaseGuard`] (or a [`crate::Leadership`]) stopped holding its lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// A renewal was answered LOST: the server expired the lease, or someone released it with
+    /// its lease id.
+    Revoked,
+    /// The lease was taken with `release_on_disconnect` and its connection closed, so the server
+    /// freed the lock.
+    Disconnected(Arc<str>),
+    /// No renewal was confirmed before the local deadline less the margin; `last_error` is why
+    /// the last renewal failed, if one did.
+    Expired {
+        /// The last renewal's error, if any.
+        last_error: Option<String>,
+    },
+    /// The guard was released or dropped by its owner.
+    Released,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Revoked => f.write_str("renewal answered LOST"),
+            LossReason::Disconnected(why) => write!(f, "connection closed: {why}"),
+            LossReason::Expired { last_error: None } => f.write_str("lease ran out unconfirmed"),
+            LossReason::Expired {
+                last_error: Some(e),
+            } => write!(f, "lease ran out unconfirmed (last renewal: {e})"),
+            LossReason::Released => f.write_str("released by its owner"),
+        }
+    }
+}
+
+/// What the guard and its renewal task share.
+struct GuardState {
+    key: Bytes,
+    token: u64,
+    lease_id: LeaseId,
+    ttl: Duration,
+    renew_every: Duration,
+    margin: Duration,
+    /// Origin of `deadline_us`.
+    base: Instant,
+    /// The local deadline in microseconds after `base`, rounded down.
+    deadline_us: AtomicU64,
+    lost: AtomicBool,
+    reason: OnceLock<LossReason>,
+    loss: CancellationToken,
+    /// Cleared by [`LeaseGuard::release`], which releases by itself.
+    release_on_stop: AtomicBool,
+}
+
+impl GuardState {
+    fn deadline(&self) -> Instant {
+        self.base + Duration::from_micros(self.deadline_us.load(Ordering::Acquire))
+    }
+
+    fn extend(&self, deadline: Instant) {
+        let us = u64::try_from(deadline.saturating_duration_since(self.base).as_micros())
+            .expect("deadline within 500,000 years");
+        self.deadline_us.fetch_max(us, Ordering::AcqRel);
+    }
+
+    fn give_up_at(&self) -> Instant {
+        let deadline = self.deadline();
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    fn fire(&self, reason: LossReason) {
+        if self.reason.set(reason).is_ok() {
+            self.lost.store(true, Ordering::Release);
+            self.loss.cancel();
+        }
+    }
+
+    fn is_valid(&self) -> bool {
+        !self.lost.load(Ordering::Acquire) && Instant::now() < self.give_up_at()
+    }
+}
+
+/// A lease renewed in the background that makes its loss impossible to miss.
+///
+/// Watch for loss in any of three ways: `select!` on [`LeaseGuard::lost`], hand
+/// [`LeaseGuard::cancellation_token`] to the work, or poll [`LeaseGuard::is_valid`] before each
+/// step. See the [module docs](self) for when loss fires.
+///
+/// Dropping the guard stops renewal, fires the loss signal with [`LossReason::Released`] and
+/// releases the lock in the background (best effort).
+pub struct LeaseGuard {
+    state: Arc<GuardState>,
+    client: Client,
+    stop: CancellationToken,
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("key", &self.state.key)
+            .field("token", &self.state.token)
+            .field("lease_id", &self.state.lease_id)
+            .field("valid", &self.is_valid())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    fn start(lease: Lease, options: KeepAliveOptions) -> LeaseGuard {
+        let renew_every = options.renew_every.unwrap_or(lease.ttl / 3);
+        let margin = options.margin.unwrap_or(lease.ttl / 10);
+        assert!(
+            renew_every + margin < lease.ttl,
+            "renew_every {renew_every:?} + margin {margin:?} must be shorter than the ttl {:?}",
+            lease.ttl
+        );
+        let base = lease.deadline - lease.ttl;
+        let state = Arc::new(GuardState {
+            key: lease.key,
+            token: lease.token,
+            lease_id: lease.lease_id,
+            ttl: lease.ttl,
+            renew_every,
+            margin,
+            base,
+            deadline_us: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
+            loss: CancellationToken::new(),
+            release_on_stop: AtomicBool::new(true),
+        });
+        state.extend(lease.deadline);
+        let stop = CancellationToken::new();
+        tokio::spawn(keep_alive(
+            lease.client.clone(),
+            Arc::clone(&state),
+            lease.tied_to,
+            stop.clone(),
+        ));
+        LeaseGuard {
+            state,
+            client: lease.client,
+            stop,
+        }
+    }
+
+    /// The lock's name.
+    pub fn key(&self) -> &[u8] {
+        &self.state.key
+    }
+
+    /// The fencing token of the lease: pass it with every write to the protected resource.
+    pub fn fencing_token(&self) -> u64 {
+        self.state.token
+    }
+
+    /// The lease id.
+    pub fn lease_id(&self) -> LeaseId {
+        self.state.lease_id
+    }
+
+    /// The local deadline: an instant taken before the last confirmed renewal (or the grant)
+    /// was sent, plus the TTL.
+    pub fn deadline(&self) -> Instant {
+        self.state.deadline()
+    }
+
+    /// Time left until the guard gives up (the local deadline less the margin); zero once lost.
+    pub fn time_left(&self) -> Duration {
+        if self.state.lost.load(Ordering::Acquire) {
+            return Duration::ZERO;
+        }
+        self.state
+            .give_up_at()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// True while the lease is held as far as this client can tell: no loss has fired and the
+    /// local deadline less the margin has not passed. Cheap: an atomic load and a clock read.
+    pub fn is_valid(&self) -> bool {
+        self.state.is_valid()
+    }
+
+    /// Why the lease was lost, once it was.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.state.reason.get().cloned()
+    }
+
+    /// A future that resolves when the lease is lost, with the reason. It does not borrow the
+    /// guard, so it can be moved into another task or `select!`ed on next to the work.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let state = Arc::clone(&self.state);
+        async move {
+            state.loss.cancelled().await;
+            state
+                .reason
+                .get()
+                .cloned()
+                .expect("reason is set before the signal fires")
+        }
+    }
+
+    /// A token cancelled when the lease is lost. Cancelling it yourself does not affect the
+    /// guard.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.state.loss.child_token()
+    }
+
+    /// Stops renewing and releases the lock; the loss signal fires with
+    /// [`LossReason::Released`] (so work still watching it stops).
+    ///
+    /// # Errors
+    /// As [`Client::release`].
+    pub async fn release(self) -> Result<ReleaseOutcome> {
+        self.state.release_on_stop.store(false, Ordering::Release);
+        self.state.fire(LossReason::Released);
+        self.stop.cancel();
+        self.client
+            .release(&self.state.key, self.state.lease_id)
+            .await
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The renewal task: renews until the lease is lost or the guard stops, then (when the guard
+/// was dropped) fires [`LossReason::Released`] and releases the lock.
+async fn keep_alive(
+    client: Client,
+    state: Arc<GuardState>,
+    tied_to: Option<Arc<Shared>>,
+    stop: CancellationToken,
+) {
+    renew_until_lost(&client, &state, tied_to, &stop).await;
+    if stop.is_cancelled() && state.release_on_stop.load(Ordering::Acquire) {
+        let was_lost = state.lost.load(Ordering::Acquire);
+        state.fire(LossReason::Released);
+        if !was_lost {
+            let _ = client.release(&state.key, state.lease_id).await;
+        }
+    }
+}
+
+/// What woke the renewal loop.
+enum Wake {
+    Stop,
+    GiveUp,
+    ConnectionClosed,
+    Renew,
+}
+
+/// What one renewal attempt came to.
+enum Renewal {
+    /// RENEWED: the lease runs `ttl` from `sent_at`, over the connection `conn`.
+    Confirmed {
+        sent_at: Instant,
+        ttl: Duration,
+        conn: Arc<Shared>,
+    },
+    /// LOST.
+    Revoked,
+    /// No answer, or an error; worth retrying until `give_up_at`.
+    Failed(String),
+    /// The guard stopped while the renewal was in flight.
+    Stopped,
+    /// `give_up_at` passed while the renewal was in flight.
+    GaveUp,
+}
+
+async fn renew_until_lost(
+    client: &Client,
+    state: &GuardState,
+    tied_to: Option<Arc<Shared>>,
+    stop: &CancellationToken,
+) {
+    let tied = tied_to.is_some();
+    // The connection whose closing is acted on: the tied one (loss), or the one the last
+    // renewal went over (then the next renewal is sent at once, over a new connection).
+    let mut watched = tied_to;
+    let mut next_renew = state.deadline() - state.ttl + state.renew_every;
+    let mut last_error: Option<String> = None;
+    let retry_delay = (state.renew_every / 4).max(Duration::from_millis(5));
+    loop {
+        let give_up_at = state.give_up_at();
+        let closed = watched.clone();
+        let wake = tokio::select! {
+            biased;
+            _ = stop.cancelled() => Wake::Stop,
+            _ = tokio::time::sleep_until(give_up_at) => Wake::GiveUp,
+            _ = async { closed.as_ref().expect("guarded").closed.cancelled().await }, if closed.is_some() => {
+                Wake::ConnectionClosed
+            }
+            _ = tokio::time::sleep_until(next_renew) => Wake::Renew,
+        };
+        match wake {
+            Wake::Stop => return,
+            Wake::GiveUp => return state.fire(LossReason::Expired { last_error }),
+            Wake::ConnectionClosed if tied => {
+                let why = match watched.as_ref().map(|shared| shared.lost_error()) {
+                    Some(Error::ConnectionLost(why)) => why,
+                    _ => Arc::from("connection closed"),
+                };
+                return state.fire(LossReason::Disconnected(why));
+            }
+            Wake::ConnectionClosed => {
+                watched = None;
+                next_renew = Instant::now();
+                continue;
+            }
+            Wake::Renew => {}
+        }
+        match renew_once(client, state, stop, give_up_at).await {
+            Renewal::Confirmed { sent_at, ttl, conn } => {
+                state.extend(sent_at + ttl);
+                next_renew = sent_at + state.renew_every;
+                last_error = None;
+                if !tied {
+                    watched = Some(conn);
+                }
+            }
+            Renewal::Revoked => return state.fire(LossReason::Revoked),
+            Renewal::Failed(error) => {
+                tracing::debug!(%error, "renewal failed; retrying");
+                last_error = Some(error);
+                next_renew = Instant::now() + retry_delay;
+            }
+            Renewal::Stopped => return,
+            Renewal::GaveUp => return state.fire(LossReason::Expired { last_error }),
+        }
+    }
+}
+
+/// Sends one renewal and waits for it, racing the give-up timer so that a stuck renewal cannot
+/// delay the loss signal.
+async fn renew_once(
+    client: &Client,
+    state: &GuardState,
+    stop: &CancellationToken,
+    give_up_at: Instant,
+) -> Renewal {
+    let request = Request::Renew {
+        key: state.key.clone(),
+        lease_id: state.lease_id,
+        ttl_ms: u32::try_from(state.ttl.as_millis()).expect("granted ttl fits in u32"),
+    };
+    // Taken before sending, so the new deadline never over-estimates the server's.
+    let sent_at = Instant::now();
+    let renewal = tokio::select! {
+        biased;
+        _ = stop.cancelled() => return Renewal::Stopped,
+        _ = tokio::time::sleep_until(give_up_at) => return Renewal::GaveUp,
+        renewal = client.call(request, client.config().request_timeout) => renewal,
+    };
+    let renewal = renewal.and_then(|(response, conn)| Ok((renew_outcome(response)?, conn)));
+    match renewal {
+        Ok((RenewOutcome::Renewed { ttl }, conn)) => Renewal::Confirmed {
+            sent_at,
+            ttl,
+            conn: Arc::clone(&conn.shared),
+        },
+        Ok((RenewOutcome::Lost, _)) => Renewal::Revoked,
+        Err(e) => Renewal::Failed(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{AcquireOptions, AcquireOutcome};
+    use crate::fake::{self, Script};
+    use tenure_protocol::handshake::VERSION;
+    use tenure_protocol::Response;
+
+    const TTL_MS: u32 = 300;
+
+    /// A server that grants every acquire and answers renewals with `renew`.
+    fn script(renew: Option<Response>) -> Script {
+        Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 42,
+                lease_id: LeaseId::from_u128(9),
+                ttl_ms: TTL_MS,
+            }),
+            Request::Renew { .. } => renew.clone(),
+            _ => Some(Response::Released),
+        })
+    }
+
+    async fn guard(server: &fake::FakeServer) -> LeaseGuard {
+        let client = Client::connect(server.addr.clone()).await.expect("connect");
+        let ttl = Duration::from_millis(u64::from(TTL_MS));
+        match client.lock("k", ttl, AcquireOptions::default()).await {
+            Ok(AcquireOutcome::Granted(guard)) => guard,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hung_renewals_fire_loss_at_the_deadline_less_the_margin() {
+        let server = fake::start(VERSION, 16, script(None)).await;
+        let before = Instant::now();
+        let guard = guard(&server).await;
+        assert_eq!(guard.fencing_token(), 42);
+        let reason = guard.lost().await;
+        let fired_at = Instant::now();
+        assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
+        assert!(
+            fired_at <= guard.deadline(),
+            "fired after the local deadline"
+        );
+        // Not early either: the deadline is at least ttl after `before`, the margin is ttl/10.
+        let earliest = before + Duration::from_millis(u64::from(TTL_MS) * 9 / 10);
+        assert!(
+            fired_at >= earliest,
+            "fired {:?} early",
+            earliest - fired_at
+        );
+        assert!(!guard.is_valid());
+        assert_eq!(guard.time_left(), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn renewals_keep_moving_the_deadline() {
+        let renewed = Response::Renewed { ttl_ms: TTL_MS };
+        let server = fake::start(VERSION, 16, script(Some(renewed))).await;
+        let guard = guard(&server).await;
+        let first_deadline = guard.deadline();
+        tokio::time::sleep(Duration::from_millis(u64::from(TTL_MS) * 2)).await;
+        assert!(guard.is_valid());
+        assert!(guard.deadline() > first_deadline + Duration::from_millis(u64::from(TTL_MS)));
+        assert!(guard.deadline() <= Instant::now() + Duration::from_millis(u64::from(TTL_MS)));
+    }
+
+    #[tokio::test]
+    async fn deadlines_count_from_before_the_request_was_sent() {
+        // Every answer takes 100 ms, so a deadline counted from the reply would be 100 ms
+        // later than one counted from the send.
+        let delay = Duration::from_millis(100);
+        let renewed = Response::Renewed { ttl_ms: TTL_MS };
+        let server = fake::start_delayed(VERSION, 16, script(Some(renewed)), delay).await;
+        let ttl = Duration::from_millis(u64::from(TTL_MS));
+        let guard = guard(&server).await;
+        let first_deadline = guard.deadline();
+        assert!(guard.deadline() + delay <= Instant::now() + ttl);
+        // Let renewals (every 100 ms, each answered 100 ms later) go through.
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(guard.is_valid());
+            assert!(guard.deadline() + delay <= Instant::now() + ttl);
+        }
+        assert!(guard.deadline() > first_deadline, "renewals were confirmed");
+    }
+
+    #[tokio::test]
+    async fn a_lost_renewal_fires_revoked_and_the_token_is_cancelled() {
+        let server = fake::start(VERSION, 16, script(Some(Response::Lost))).await;
+        let guard = guard(&server).await;
+        let token = guard.cancellation_token();
+        assert_eq!(guard.lost().await, LossReason::Revoked);
+        assert!(token.is_cancelled());
+        assert_eq!(guard.loss_reason(), Some(LossReason::Revoked));
+    }
+
+    #[tokio::test]
+    async fn durability_errors_are_retried_until_the_deadline() {
+        let unavailable = Response::Error {
+            code: tenure_protocol::ErrorCode::Unavailable,
+            message: "disk full".into(),
+        };
+        let server = fake::start(VERSION, 16, script(Some(unavailable))).await;
+        let guard = guard(&server).await;
+        match guard.lost().await {
+            LossReason::Expired {
+                last_error: Some(e),
+            } => assert!(e.contains("disk full"), "{e}"),
+            other => panic!("expected Expired with the last error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn releasing_a_guard_fires_released() {
+        let renewed = Response::Renewed { ttl_ms: TTL_MS };
+        let server = fake::start(VERSION, 16, script(Some(renewed))).await;
+        let guard = guard(&server).await;
+        let lost = guard.lost();
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        assert_eq!(lost.await, LossReason::Released);
+    }
+}

@@ -1,0 +1,976 @@
+//! End-to-end tests: the client, the lease guard, elections and the `tenure` binary against a
+//! real `tenure-server` on port 0.
+//!
+//! Each test starts its own server in its own runtime on its own thread, so a test can kill the
+//! server abruptly (dropping that runtime closes every socket at once, as a crash would).
+//! TTLs are short (hundreds of milliseconds) so the whole file runs in seconds; time bounds
+//! are generous except where the issue asks for a bound.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tenure::{
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, Election, ElectionOptions,
+    Error, ErrorCode, EventKind, Fence, KeyState, Leader, LeaseId, LossReason, ReleaseOutcome,
+    RenewOutcome,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{timeout, Instant};
+
+/// Generous bound on anything that should take a few round trips.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// A tenure server on 127.0.0.1:0, in a runtime of its own.
+struct TestServer {
+    addr: String,
+    kill: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _data: tempfile::TempDir,
+}
+
+impl TestServer {
+    fn start() -> TestServer {
+        TestServer::start_with(|_| {})
+    }
+
+    fn start_with(tweak: impl FnOnce(&mut tenure_server::Config)) -> TestServer {
+        let data = tempfile::tempdir().expect("temp dir");
+        let mut config = tenure_server::Config::for_tests(data.path());
+        tweak(&mut config);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        let addr = listener.local_addr().expect("local addr").to_string();
+        let (kill, killed) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let (_stop, stopped) = oneshot::channel::<()>();
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                let server = tenure_server::run(config, listener, shutdown);
+                tokio::select! {
+                    result = server => eprintln!("test server stopped by itself: {result:?}"),
+                    _ = killed => {}
+                }
+            });
+            // Dropping every task at once closes every socket: the server "crashes".
+            runtime.shutdown_background();
+        });
+        TestServer {
+            addr,
+            kill: Some(kill),
+            thread: Some(thread),
+            _data: data,
+        }
+    }
+
+    /// Kills the server without waiting for it (safe to call from async code).
+    fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect(self.addr.clone())
+            .await
+            .expect("connect to the test server")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn granted(client: &Client, key: &str, ttl: Duration) -> tenure::Lease {
+    match client
+        .acquire(key, ttl, AcquireOptions::default())
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Granted(lease) => lease,
+        AcquireOutcome::Locked(by) => panic!("{key} is held by token {}", by.token),
+    }
+}
+
+#[tokio::test]
+async fn acquire_renew_release_inspect_check() {
+    let server = TestServer::start();
+    let a = server.client().await;
+    let b = server.client().await;
+    let ttl = Duration::from_secs(2);
+    let options = AcquireOptions {
+        meta: "alice".into(),
+        ..AcquireOptions::default()
+    };
+    let before = Instant::now();
+    let outcome = a.acquire("k", ttl, options).await.expect("acquire");
+    let after = Instant::now();
+    let mut lease = outcome.granted().expect("k is free");
+    assert!(lease.deadline() >= before + ttl && lease.deadline() <= after + ttl);
+    assert!(lease.time_left() <= ttl);
+    let token = lease.fencing_token();
+
+    match b
+        .acquire("k", ttl, AcquireOptions::default())
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Locked(by) => {
+            assert_eq!(by.token, token);
+            assert!(by.ttl_left <= ttl);
+        }
+        AcquireOutcome::Granted(_) => panic!("two holders of k"),
+    }
+    match b.inspect("k").await.expect("inspect") {
+        KeyState::Held {
+            token: held, meta, ..
+        } => assert_eq!((held, &meta[..]), (token, &b"alice"[..])),
+        KeyState::Free => panic!("k should be held"),
+    }
+    assert_eq!(
+        b.check("k", token).await.expect("check"),
+        CheckOutcome::Current
+    );
+    assert_eq!(
+        b.check("k", token + 1).await.expect("check"),
+        CheckOutcome::Stale
+    );
+
+    let old_deadline = lease.deadline();
+    tokio::time::sleep(ms(20)).await;
+    let renewed = lease
+        .renew_for(Duration::from_secs(3))
+        .await
+        .expect("renew");
+    assert_eq!(
+        renewed,
+        RenewOutcome::Renewed {
+            ttl: Duration::from_secs(3)
+        }
+    );
+    assert!(lease.deadline() > old_deadline);
+
+    release_and_check_it_is_gone(&a, &b, lease, ttl).await;
+}
+
+/// Releases `lease` (held by `a`) after `b` failed to with a wrong lease id, then checks that
+/// the lease is gone everywhere and the next grant has a larger token.
+async fn release_and_check_it_is_gone(a: &Client, b: &Client, lease: tenure::Lease, ttl: Duration) {
+    let token = lease.fencing_token();
+    let wrong = LeaseId::from_u128(1);
+    assert_eq!(
+        b.release("k", wrong).await.expect("release"),
+        ReleaseOutcome::NotOwner
+    );
+    let lease_id = lease.lease_id();
+    assert_eq!(
+        lease.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        a.release("k", lease_id).await.expect("release"),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(
+        a.renew("k", lease_id, ttl).await.expect("renew"),
+        RenewOutcome::Lost
+    );
+    assert_eq!(a.inspect("k").await.expect("inspect"), KeyState::Free);
+    assert_eq!(
+        a.check("k", token).await.expect("check"),
+        CheckOutcome::Stale
+    );
+
+    let next = granted(b, "k", ttl).await;
+    assert!(next.fencing_token() > token, "tokens must increase per key");
+    assert!(!a.stats().await.expect("stats").is_empty());
+    assert!(a.ping().await.expect("ping") < PATIENCE);
+}
+
+#[tokio::test]
+async fn arguments_outside_the_wire_limits_are_rejected_before_sending() {
+    let server = TestServer::start();
+    let client = server.client().await;
+    let ttl = Duration::from_secs(1);
+    let cases: [(Vec<u8>, Duration, AcquireOptions, ErrorCode); 4] = [
+        (vec![], ttl, AcquireOptions::default(), ErrorCode::BadKey),
+        (
+            vec![b'k'; 1025],
+            ttl,
+            AcquireOptions::default(),
+            ErrorCode::BadKey,
+        ),
+        (
+            b"k".to_vec(),
+            ms(5),
+            AcquireOptions::default(),
+            ErrorCode::BadTtl,
+        ),
+        (
+            b"k".to_vec(),
+            ttl,
+            AcquireOptions {
+                meta: vec![b'm'; 1025].into(),
+                ..AcquireOptions::default()
+            },
+            ErrorCode::MetaTooLong,
+        ),
+    ];
+    for (key, ttl, options, expected) in cases {
+        match client.acquire(&key, ttl, options).await {
+            Err(Error::Invalid { code, .. }) => assert_eq!(code, expected),
+            other => panic!("expected Invalid({expected}), got {other:?}"),
+        }
+    }
+    let long_wait = AcquireOptions::wait(Duration::from_secs(3601));
+    assert!(matches!(
+        client.acquire("k", ttl, long_wait).await,
+        Err(Error::Invalid {
+            code: ErrorCode::BadWait,
+            ..
+        })
+    ));
+    // The connection is unharmed.
+    client.ping().await.expect("ping after rejected arguments");
+}
+
+#[tokio::test]
+async fn a_thousand_pipelined_requests_from_many_tasks_share_one_connection() {
+    // A small server cap makes the client's in-flight semaphore do its job: without it the
+    // server would answer TOO_MANY_IN_FLIGHT.
+    let server = TestServer::start_with(|config| config.in_flight_max = 32);
+    let client = server.client().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..1000u32 {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let key = format!("pipe/{i}");
+            match i % 4 {
+                0 => {
+                    let lease = granted(&client, &key, Duration::from_secs(10)).await;
+                    match client.inspect(&key).await.expect("inspect") {
+                        KeyState::Held { token, .. } => assert_eq!(token, lease.fencing_token()),
+                        KeyState::Free => panic!("{key} should be held"),
+                    }
+                }
+                1 => assert_eq!(client.inspect(&key).await.expect("inspect"), KeyState::Free),
+                2 => {
+                    client.ping().await.expect("ping");
+                }
+                _ => {
+                    let outcome = client.check(&key, 1).await.expect("check");
+                    assert_eq!(outcome, CheckOutcome::Stale);
+                }
+            }
+        });
+    }
+    let started = Instant::now();
+    while let Some(result) = timeout(PATIENCE, tasks.join_next())
+        .await
+        .expect("tasks hang")
+    {
+        result.expect("request task failed");
+    }
+    assert!(started.elapsed() < PATIENCE);
+    assert!(client.is_connected(), "one connection throughout");
+}
+
+#[tokio::test]
+async fn blocking_acquires_are_handed_off_in_arrival_order() {
+    let server = TestServer::start();
+    let client = server.client().await;
+    let holder = granted(&client, "fifo", Duration::from_secs(5)).await;
+    let first_token = holder.fencing_token();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for waiter in 1..=3u32 {
+        let waiter_client = client.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let client = waiter_client;
+            let options = AcquireOptions::wait(Duration::from_secs(5));
+            let outcome = client
+                .acquire("fifo", Duration::from_secs(5), options)
+                .await;
+            let lease = outcome
+                .expect("acquire")
+                .granted()
+                .expect("granted after waiting");
+            tx.send((waiter, lease.fencing_token()))
+                .expect("test alive");
+            lease.release().await.expect("release");
+        });
+        // Wait until this waiter is in line before starting the next one.
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let KeyState::Held { waiters, .. } = client.inspect("fifo").await.expect("inspect") {
+                if waiters == waiter {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "waiter {waiter} never queued");
+            tokio::time::sleep(ms(5)).await;
+        }
+    }
+    holder.release().await.expect("release");
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        order.push(
+            timeout(PATIENCE, rx.recv())
+                .await
+                .expect("hand-off")
+                .expect("sender"),
+        );
+    }
+    let waiters: Vec<u32> = order.iter().map(|(w, _)| *w).collect();
+    assert_eq!(waiters, [1, 2, 3], "first come, first served");
+    let tokens: Vec<u64> = order.iter().map(|(_, t)| *t).collect();
+    assert!(first_token < tokens[0] && tokens[0] < tokens[1] && tokens[1] < tokens[2]);
+}
+
+#[tokio::test]
+async fn a_guard_keeps_the_lock_for_five_ttls() {
+    let server = TestServer::start();
+    let holder = server.client().await;
+    let other = server.client().await;
+    let ttl = ms(500);
+    let guard = holder
+        .lock("guarded", ttl, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let token = guard.fencing_token();
+    let lost = guard.lost();
+    let started = Instant::now();
+    while started.elapsed() < 5 * ttl {
+        assert!(
+            guard.is_valid(),
+            "guard lost validity at {:?}",
+            started.elapsed()
+        );
+        match other
+            .acquire("guarded", ttl, AcquireOptions::default())
+            .await
+            .expect("acquire")
+        {
+            AcquireOutcome::Locked(by) => assert_eq!(by.token, token, "token changed"),
+            AcquireOutcome::Granted(_) => panic!("lock lost after {:?}", started.elapsed()),
+        }
+        tokio::time::sleep(ms(50)).await;
+    }
+    assert!(guard.loss_reason().is_none());
+    assert!(guard.time_left() > Duration::ZERO);
+    // A renewal answered LOST fires the signal: release the lease behind the guard's back.
+    let released = other
+        .release("guarded", guard.lease_id())
+        .await
+        .expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let reason = timeout(PATIENCE, lost).await.expect("loss signal");
+    assert_eq!(reason, LossReason::Revoked);
+    assert!(!guard.is_valid());
+    assert!(guard.cancellation_token().is_cancelled());
+}
+
+#[tokio::test]
+async fn killing_the_server_fires_the_loss_signal_before_the_local_deadline() {
+    let mut server = TestServer::start();
+    let client = server.client().await;
+    let ttl = ms(600);
+    let guard = client
+        .lock("crash", ttl, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let tied_options = AcquireOptions {
+        release_on_disconnect: true,
+        ..AcquireOptions::default()
+    };
+    let tied = client
+        .lock("crash/tied", ttl, tied_options)
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    tokio::time::sleep(ms(250)).await; // let a renewal or two go through
+    assert!(guard.is_valid() && tied.is_valid());
+    let killed_at = Instant::now();
+    server.kill();
+
+    // The lease tied to the connection is gone the moment the connection is.
+    let reason = timeout(PATIENCE, tied.lost())
+        .await
+        .expect("tied loss signal");
+    assert!(matches!(reason, LossReason::Disconnected(_)), "{reason:?}");
+    assert!(
+        killed_at.elapsed() < ms(300),
+        "took {:?}",
+        killed_at.elapsed()
+    );
+
+    // The other one cannot be confirmed any more: loss fires before its local deadline.
+    let reason = timeout(PATIENCE, guard.lost()).await.expect("loss signal");
+    let fired_at = Instant::now();
+    assert!(
+        fired_at <= guard.deadline(),
+        "fired {:?} after the deadline",
+        fired_at - guard.deadline()
+    );
+    assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
+    assert!(!guard.is_valid());
+    assert!(fired_at.duration_since(killed_at) <= ttl);
+}
+
+#[tokio::test]
+async fn a_paused_holders_late_write_is_rejected_by_the_fence() {
+    let server = TestServer::start();
+    let a = server.client().await;
+    let b = server.client().await;
+    let fence = Fence::new();
+    let ttl = ms(300);
+    let lease_a = granted(&a, "res", ttl).await;
+    let token_a = lease_a.fencing_token();
+    fence.try_accept("res", token_a).expect("A's first write");
+
+    // A "pauses" past its TTL without renewing; B waits in line and gets the lock.
+    let options = AcquireOptions::wait(PATIENCE);
+    let lease_b = b
+        .acquire("res", ttl, options)
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("B");
+    let token_b = lease_b.fencing_token();
+    assert!(token_b > token_a);
+    fence.try_accept("res", token_b).expect("B's write");
+
+    // A wakes up and writes with its old token.
+    assert!(lease_a.is_expired(), "A's local deadline has passed too");
+    let rejected = fence
+        .try_accept("res", token_a)
+        .expect_err("A's late write");
+    assert_eq!(rejected.highest, token_b);
+    assert_eq!(
+        a.check("res", token_a).await.expect("check"),
+        CheckOutcome::Stale
+    );
+}
+
+#[tokio::test]
+async fn watch_reports_grants_releases_and_expiries() {
+    let server = TestServer::start();
+    let client = server.client().await;
+    let mut watch = client.watch("watched").await.expect("watch");
+    let lease = granted(&client, "watched", Duration::from_secs(5)).await;
+    let token = lease.fencing_token();
+    lease.release().await.expect("release");
+    let short = granted(&client, "watched", ms(50)).await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let event = timeout(PATIENCE, watch.next())
+            .await
+            .expect("event")
+            .expect("open");
+        let event = event.expect("event");
+        assert_eq!(&event.key[..], b"watched");
+        seen.push((event.kind, event.token));
+    }
+    let expected = [
+        (EventKind::Granted, token),
+        (EventKind::Released, token),
+        (EventKind::Granted, short.fencing_token()),
+        (EventKind::Expired, short.fencing_token()),
+    ];
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test]
+async fn a_lost_connection_fails_requests_in_flight_and_the_next_request_reconnects() {
+    let server = TestServer::start();
+    let client = server.client().await;
+    let _held = granted(&client, "busy", Duration::from_secs(5)).await;
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let options = AcquireOptions::wait(Duration::from_secs(5));
+            client
+                .acquire("busy", Duration::from_secs(1), options)
+                .await
+        })
+    };
+    tokio::time::sleep(ms(100)).await;
+    client.disconnect();
+    let result = timeout(PATIENCE, waiting)
+        .await
+        .expect("fails promptly")
+        .expect("task");
+    assert!(
+        matches!(result, Err(Error::ConnectionLost(_))),
+        "{result:?}"
+    );
+    assert!(!client.is_connected());
+    client.ping().await.expect("the next request reconnects");
+    assert!(client.is_connected());
+}
+
+#[tokio::test]
+async fn a_failed_reconnect_backs_off() {
+    let mut server = TestServer::start();
+    let config = ClientConfig {
+        reconnect_delay_min: ms(200),
+        reconnect_delay_max: ms(400),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(server.addr.clone(), config)
+        .await
+        .expect("connect");
+    server.kill();
+    let deadline = Instant::now() + PATIENCE;
+    // The first failure is immediate ...
+    loop {
+        match client.ping().await {
+            Ok(_) => assert!(Instant::now() < deadline, "server never went away"),
+            Err(Error::Io(_)) => break,
+            Err(_) => {}
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    // ... the next attempt waits at least half the minimum delay (jitter is in [d/2, d]).
+    let started = Instant::now();
+    assert!(client.ping().await.is_err());
+    assert!(
+        started.elapsed() >= ms(100),
+        "retried after {:?}",
+        started.elapsed()
+    );
+}
+
+/// Waits until `observer` yields a leader; errors of a failed watch are skipped.
+async fn next_leader(observer: &mut tenure::Observer) -> Leader {
+    loop {
+        match timeout(PATIENCE, observer.next()).await.expect("a leader") {
+            Some(Ok(leader)) => return leader,
+            Some(Err(e)) => eprintln!("observer: {e}"),
+            None => panic!("observer ended"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn election_fails_over_on_disconnect_and_observers_see_every_term_in_order() {
+    let server = TestServer::start();
+    let options = ElectionOptions {
+        ttl: Duration::from_secs(3), // far longer than the bound: failover is by disconnect
+        ..ElectionOptions::default()
+    };
+    let one = Election::with_options(server.client().await, "g", options);
+    let two = Election::with_options(server.client().await, "g", options);
+    let three = Election::with_options(server.client().await, "g", options);
+    let observer_client = server.client().await;
+    let mut observers = vec![
+        Election::new(observer_client.clone(), "g").observe(),
+        Election::new(server.client().await, "g").observe(),
+    ];
+
+    let first = one.campaign("one").await.expect("campaign");
+    for observer in &mut observers {
+        let leader = next_leader(observer).await;
+        assert_eq!(
+            (leader.term, &leader.value[..]),
+            (first.term(), &b"one"[..])
+        );
+    }
+    let second = tokio::spawn(async move { two.campaign("two").await });
+    let deadline = Instant::now() + PATIENCE;
+    while !matches!(
+        observer_client.inspect("election/g").await,
+        Ok(KeyState::Held { waiters: 1, .. })
+    ) {
+        assert!(Instant::now() < deadline, "second candidate never queued");
+        tokio::time::sleep(ms(5)).await;
+    }
+
+    let lost = first.lost();
+    let dropped_at = Instant::now();
+    one.client().disconnect();
+    let second = timeout(PATIENCE, second)
+        .await
+        .expect("failover")
+        .expect("task");
+    let failover = dropped_at.elapsed();
+    let second = second.expect("campaign");
+    eprintln!("election failover after disconnect: {failover:?}");
+    assert!(failover < ms(100), "failover took {failover:?}");
+    let reason = timeout(PATIENCE, lost)
+        .await
+        .expect("old leader hears of it");
+    assert!(matches!(reason, LossReason::Disconnected(_)), "{reason:?}");
+    assert!(second.term() > first.term());
+
+    let third = tokio::spawn(async move { three.campaign("three").await });
+    second.resign().await.expect("resign");
+    let third = timeout(PATIENCE, third)
+        .await
+        .expect("hand-off")
+        .expect("task")
+        .expect("campaign");
+    assert!(third.term() > second_term_of(&mut observers).await);
+    for observer in &mut observers {
+        let leader = next_leader(observer).await;
+        assert_eq!(&leader.value[..], b"three");
+        assert_eq!(leader.term, third.term());
+    }
+}
+
+/// Reads the second leader from every observer and checks they agree; returns its term.
+async fn second_term_of(observers: &mut [tenure::Observer]) -> u64 {
+    let mut terms = Vec::new();
+    for observer in observers.iter_mut() {
+        let leader = next_leader(observer).await;
+        assert_eq!(&leader.value[..], b"two");
+        terms.push(leader.term);
+    }
+    assert!(
+        terms.windows(2).all(|w| w[0] == w[1]),
+        "observers disagree: {terms:?}"
+    );
+    terms[0]
+}
+
+fn tenure_cli(addr: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command.arg("--addr").arg(addr).kill_on_drop(true);
+    command
+}
+
+/// Runs the CLI with `args`; returns exit code, stdout and stderr.
+async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let output = timeout(PATIENCE, tenure_cli(addr).args(args).output())
+        .await
+        .expect("tenure finishes")
+        .expect("tenure runs");
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The value of `name=` in a key=value line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|pair| {
+            pair.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('='))
+        })
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+#[tokio::test]
+async fn cli_commands_print_key_values_and_exit_with_the_documented_codes() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "c", "--ttl", "5s", "--meta", "me"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(field(&out, "result"), "GRANTED");
+    let token = field(&out, "token").to_owned();
+    let lease = field(&out, "lease_id").to_owned();
+    let (code, out, _) = cli(addr, &["acquire", "c", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "result")), (3, "LOCKED"));
+    assert_eq!(field(&out, "token"), token);
+    assert_eq!(cli(addr, &["check", "c", &token]).await.0, 0);
+    assert_eq!(cli(addr, &["check", "c", "999999"]).await.0, 6);
+    assert_eq!(cli(addr, &["renew", "c", &lease, "--ttl", "5s"]).await.0, 0);
+    let other = LeaseId::from_u128(7).to_string();
+    assert_eq!(cli(addr, &["release", "c", &other]).await.0, 5);
+    let (code, out, _) = cli(addr, &["inspect", "c"]).await;
+    assert_eq!((code, field(&out, "meta")), (0, "me"));
+    assert_eq!(cli(addr, &["release", "c", &lease]).await.0, 0);
+    assert_eq!(cli(addr, &["renew", "c", &lease, "--ttl", "1s"]).await.0, 4);
+    let (code, out, _) = cli(addr, &["--json", "inspect", "c"]).await;
+    assert_eq!((code, out.trim()), (0, r#"{"result":"FREE","key":"c"}"#));
+    assert_eq!(cli(addr, &["ping"]).await.0, 0);
+    assert_eq!(cli(addr, &["stats"]).await.0, 0);
+    assert_eq!(cli(addr, &["acquire", "c"]).await.0, 1, "missing --ttl");
+    assert_eq!(
+        cli(addr, &["acquire", "c", "--ttl", "1x"]).await.0,
+        1,
+        "bad duration"
+    );
+    assert_eq!(cli("127.0.0.1:1", &["ping"]).await.0, 1, "nothing listens");
+    assert_eq!(cli(addr, &["--help"]).await.0, 0);
+}
+
+#[tokio::test]
+async fn cli_run_passes_the_token_and_returns_the_commands_status() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("token");
+    let script = format!(
+        "echo $TENURE_FENCING_TOKEN $TENURE_KEY $TENURE_LEASE_ID > {}",
+        file.display()
+    );
+    let args = [
+        "run", "--key", "cli/run", "--ttl", "1s", "--", "sh", "-c", &script,
+    ];
+    let (code, _, err) = cli(addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+    let words: Vec<&str> = written.split_whitespace().collect();
+    assert_eq!(words.len(), 3, "{written:?}");
+    assert_eq!(words[0], field(&err, "token"));
+    assert_eq!(words[1], "cli/run");
+    assert_eq!(words[2], field(&err, "lease_id"));
+    let client = server.client().await;
+    assert_eq!(
+        client.inspect("cli/run").await.expect("inspect"),
+        KeyState::Free,
+        "released"
+    );
+
+    let exit_7 = [
+        "run", "--key", "cli/run", "--ttl", "1s", "--", "sh", "-c", "exit 7",
+    ];
+    assert_eq!(cli(addr, &exit_7).await.0, 7);
+    let killed = [
+        "run",
+        "--key",
+        "cli/run",
+        "--ttl",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ];
+    assert_eq!(cli(addr, &killed).await.0, 128 + 15);
+
+    let _held = granted(&client, "cli/busy", Duration::from_secs(5)).await;
+    let busy = ["run", "--key", "cli/busy", "--ttl", "1s", "--", "true"];
+    assert_eq!(cli(addr, &busy).await.0, 3, "LOCKED");
+}
+
+/// Starts `tenure run` with `script`, which must write $TENURE_LEASE_ID to the file named by
+/// its first argument; releases the lease behind its back and returns its exit code.
+async fn run_and_revoke(
+    server: &TestServer,
+    key: &str,
+    grace: &str,
+    script: &str,
+) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("lease");
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run", "--key", key, "--ttl", "300ms", "--grace", grace, "--",
+        ])
+        .args(["sh", "-c", script, "sh"])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let lease_id = wait_for_lease_id(&file).await;
+    let client = server.client().await;
+    let released = client.release(key, lease_id).await.expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after the loss")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code().expect("exited normally"), stderr)
+}
+
+async fn wait_for_lease_id(file: &Path) -> LeaseId {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            if let Some(id) = LeaseId::from_hex(text.trim()) {
+                return id;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the command never wrote its lease id"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn cli_run_kills_its_command_when_the_lease_is_lost() {
+    let server = TestServer::start();
+    // SIGTERM is enough for a command that does not catch it.
+    let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 30";
+    let started = Instant::now();
+    let (code, stderr) = run_and_revoke(&server, "cli/loss", "5s", script).await;
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("result=LOST"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10), // far less than the command's 30 s
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A command that ignores SIGTERM is killed after the grace period.
+    let stubborn = "trap '' TERM; echo $TENURE_LEASE_ID > \"$1\"; while :; do sleep 0.05; done";
+    let (code, stderr) = run_and_revoke(&server, "cli/stubborn", "200ms", stubborn).await;
+    assert_eq!(code, 4, "{stderr}");
+}
+
+#[tokio::test]
+async fn cli_observe_prints_each_new_leader() {
+    let server = TestServer::start();
+    let election = Election::new(server.client().await, "cli");
+    let leader = election.campaign("alpha").await.expect("campaign");
+    let mut observe = tenure_cli(&server.addr)
+        .args(["observe", "cli"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let stdout = observe.stdout.take().expect("piped");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a line")
+        .expect("read");
+    assert_eq!(
+        line.as_deref(),
+        Some(&*format!("term={} value=alpha", leader.term()))
+    );
+    leader.resign().await.expect("resign");
+    let next = election.campaign("beta").await.expect("campaign");
+    let line = timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a line")
+        .expect("read");
+    assert_eq!(
+        line.as_deref(),
+        Some(&*format!("term={} value=beta", next.term()))
+    );
+    observe.kill().await.expect("kill observe");
+}
+
+#[tokio::test]
+async fn an_observer_resubscribes_after_its_connection_drops() {
+    let server = TestServer::start();
+    let observer_client = server.client().await;
+    let mut observer = Election::new(observer_client.clone(), "re").observe();
+    let candidates = Election::new(server.client().await, "re");
+    let first = candidates.campaign("first").await.expect("campaign");
+    assert_eq!(next_leader(&mut observer).await.term, first.term());
+
+    observer_client.disconnect();
+    let failed = timeout(PATIENCE, observer.next()).await.expect("an item");
+    assert!(
+        matches!(failed, Some(Err(Error::ConnectionLost(_)))),
+        "{failed:?}"
+    );
+    first.resign().await.expect("resign");
+    let second = candidates.campaign("second").await.expect("campaign");
+    // Subscribing again reads the current leader: the observer catches up, in term order.
+    let leader = next_leader(&mut observer).await;
+    assert_eq!(
+        (leader.term, &leader.value[..]),
+        (second.term(), &b"second"[..])
+    );
+}
+
+#[tokio::test]
+async fn cli_elect_runs_the_command_while_leading_and_resigns() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("term");
+    let script = "echo $TENURE_FENCING_TOKEN > \"$1\"; exit 9";
+    let file_arg = file.to_str().expect("utf-8 path");
+    let args = [
+        "elect", "cli-g", "--value", "me", "--ttl", "1s", "--", "sh", "-c", script, "sh", file_arg,
+    ];
+    let (code, _, err) = cli(&server.addr, &args).await;
+    assert_eq!(code, 9, "the command's status: {err}");
+    assert_eq!(field(&err, "result"), "LEADING");
+    let term = std::fs::read_to_string(&file).expect("the command ran");
+    assert_eq!(term.trim(), field(&err, "term"));
+    let client = server.client().await;
+    let state = client.inspect("election/cli-g").await.expect("inspect");
+    assert_eq!(state, KeyState::Free, "resigned after the command");
+}
+
+#[tokio::test]
+async fn cli_run_passes_sigterm_on_and_still_releases() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("lease");
+    let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 30";
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run", "--key", "cli/term", "--ttl", "5s", "--", "sh", "-c", script, "sh",
+        ])
+        .arg(&file)
+        .spawn()
+        .expect("tenure runs");
+    wait_for_lease_id(&file).await;
+    let pid = child.id().expect("running").to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(kill.expect("kill runs").success());
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(128 + 15), "the command's status");
+    let client = server.client().await;
+    let state = client.inspect("cli/term").await.expect("inspect");
+    assert_eq!(state, KeyState::Free, "released, not left to expire");
+}
+
+#[tokio::test]
+async fn cli_console_answers_one_line_per_command() {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::start();
+    let mut console = tenure_cli(&server.addr)
+        .arg("console")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let mut stdin = console.stdin.take().expect("piped");
+    let input =
+        "acquire con --ttl 5s --meta x\ninspect con\nbogus\n\nrun --key k --ttl 1s -- true\nping\n";
+    stdin.write_all(input.as_bytes()).await.expect("write");
+    drop(stdin);
+    let output = timeout(PATIENCE, console.wait_with_output())
+        .await
+        .expect("console exits at end of input")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let results: Vec<&str> = stdout.lines().map(|line| field(line, "result")).collect();
+    assert_eq!(
+        results,
+        ["GRANTED", "HELD", "ERROR", "ERROR", "PONG"],
+        "{stdout}"
+    );
+}
