@@ -318,3 +318,20 @@ impl Leadership {
         self.guard.release().await.map(|_| ())
     }
 }
+
+impl Client {
+    /// Campaigns in `group` with default [`ElectionOptions`]: waits until this candidate
+    /// leads. Shorthand for `Election::new(client, group).campaign(value)`.
+    ///
+    /// # Errors
+    /// As [`Election::campaign`].
+    pub async fn campaign(&self, group: &str, value: impl AsRef<[u8]>) -> Result<Leadership> {
+        Election::new(self.clone(), group).campaign(value).await
+    }
+
+    /// Every new leader of `group`, in increasing term order. Shorthand for
+    /// `Election::new(client, group).observe()`.
+    pub fn observe(&self, group: &str) -> Observer {
+        Election::new(self.clone(), group).observe()
+    }
+}

@@ -588,7 +588,7 @@ async fn election_fails_over_on_disconnect_and_observers_see_every_term_in_order
     let three = Election::with_options(server.client().await, "g", options);
     let observer_client = server.client().await;
     let mut observers = vec![
-        Election::new(observer_client.clone(), "g").observe(),
+        observer_client.observe("g"),
         Election::new(server.client().await, "g").observe(),
     ];
 
