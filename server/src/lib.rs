@@ -35,4 +35,4 @@ pub mod wheel;
 mod sim;
 
 pub use config::{Config, Durability};
-pub use server::run;
+pub use server::{run, run_with_storage};

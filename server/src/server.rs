@@ -34,11 +34,54 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    validate(&config)?;
+    let dir_lock = lock_data_dir(&config.data_dir)?;
+    let storage = wal::FsStorage::new(&config.data_dir)
+        .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
+    serve(
+        config,
+        Arc::new(storage),
+        Some(dir_lock),
+        listener,
+        shutdown,
+    )
+    .await
+}
+
+/// [`run`] with the WAL kept in `storage` instead of files in `config.data_dir`, such as a
+/// [`wal::FaultyStorage`] that fails writes or fsyncs on cue. The data directory's `LOCK`
+/// file is not taken: whoever built `storage` answers for it having one user.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_storage(
+    config: Config,
+    storage: Arc<dyn wal::Storage>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    validate(&config)?;
+    serve(config, storage, None, listener, shutdown).await
+}
+
+fn validate(config: &Config) -> anyhow::Result<()> {
     config
         .validate()
         .map_err(anyhow::Error::msg)
-        .context("invalid configuration")?;
-    let shared = Arc::new(recover(config).await?);
+        .context("invalid configuration")
+}
+
+/// Recovers from `storage`, then serves until `shutdown`; `dir_lock` is held meanwhile.
+async fn serve(
+    config: Config,
+    storage: Arc<dyn wal::Storage>,
+    dir_lock: Option<std::fs::File>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut shared = recover(config, storage).await?;
+    shared.dir_lock = dir_lock;
+    let shared = Arc::new(shared);
     shared
         .reserve_tokens()
         .await
@@ -74,9 +117,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Opens the WAL and rebuilds the lock table from it.
-async fn recover(config: Config) -> anyhow::Result<Shared> {
-    let dir_lock = lock_data_dir(&config.data_dir)?;
+/// Opens the WAL in `storage` and rebuilds the lock table from it.
+async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Result<Shared> {
     let options = WalOptions {
         sync_mode: if config.fsync {
             SyncMode::Data
@@ -85,17 +127,13 @@ async fn recover(config: Config) -> anyhow::Result<Shared> {
         },
         ..WalOptions::default()
     };
-    let dir = config.data_dir.clone();
+    let dir = storage.path("");
     let started = std::time::Instant::now();
-    let (wal, recovered) = tokio::task::spawn_blocking(move || wal::open(&dir, options))
-        .await
-        .context("WAL recovery panicked")?
-        .with_context(|| {
-            format!(
-                "cannot open the write-ahead log in {}",
-                config.data_dir.display()
-            )
-        })?;
+    let (wal, recovered) =
+        tokio::task::spawn_blocking(move || wal::open_with_storage(storage, options))
+            .await
+            .context("WAL recovery panicked")?
+            .with_context(|| format!("cannot open the write-ahead log in {}", dir.display()))?;
     if let Some((path, offset)) = &recovered.torn_tail_truncated {
         tracing::warn!(path = %path.display(), offset, "truncated a torn record at the end of the WAL");
     }
@@ -108,8 +146,7 @@ async fn recover(config: Config) -> anyhow::Result<Shared> {
         _ => 0,
     };
     let leases = recovered.leases.len();
-    let mut shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
-    shared.dir_lock = Some(dir_lock);
+    let shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
     for lease in recovered.leases {
         let mut shard = shared.shard(&lease.key);
         shard.restore(

@@ -220,7 +220,7 @@ impl Shared {
         request_id: u64,
         request: Request,
     ) -> Outcome {
-        self.stats.count_op(request.kind());
+        self.stats.count_op(&request);
         let now_ms = self.clock.now_ms();
         let response = match request {
             Request::Ping => Response::Pong,
@@ -619,11 +619,12 @@ impl Shared {
 
     /// Held locks, waiters, connections, requests by kind and WAL counters.
     pub fn stats_pairs(&self) -> Vec<(String, u64)> {
-        let (mut held, mut waiters) = (0u64, 0u64);
+        let (mut held, mut waiters, mut table_bytes) = (0u64, 0u64, 0u64);
         for shard in self.shards() {
             let shard = shard.lock().expect("shard poisoned");
             held += shard.held_count() as u64;
             waiters += shard.waiters_count() as u64;
+            table_bytes += shard.memory_bytes() as u64;
         }
         let s = &self.stats;
         let wal = self.wal.stats();
@@ -650,6 +651,7 @@ impl Shared {
             ("wal_records".to_string(), wal.records),
             ("wal_fsyncs".to_string(), wal.fsyncs),
             ("wal_bytes".to_string(), wal.bytes),
+            ("table_bytes".to_string(), table_bytes),
             ("uptime_ms".to_string(), self.clock.now_ms()),
         ];
         pairs.extend(s.op_pairs());

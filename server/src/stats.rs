@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tenure_protocol::Request;
+
 /// Server-wide counters. Held locks and waiters are not kept here: they are read from the
 /// shards, which own the truth.
 #[derive(Default)]
@@ -32,11 +34,21 @@ pub const OP_KINDS: [&str; 9] = [
 ];
 
 impl Stats {
-    /// Counts one request of `kind` (one of [`OP_KINDS`]).
-    pub fn count_op(&self, kind: &str) {
-        if let Some(i) = OP_KINDS.iter().position(|k| *k == kind) {
-            self.ops[i].fetch_add(1, Ordering::Relaxed);
-        }
+    /// Counts one request, by kind.
+    pub fn count_op(&self, request: &Request) {
+        let i = match request {
+            Request::Ping => 0,
+            Request::Acquire { .. } => 1,
+            Request::Renew { .. } => 2,
+            Request::Release { .. } => 3,
+            Request::Inspect { .. } => 4,
+            Request::Check { .. } => 5,
+            Request::Stats => 6,
+            Request::Watch { .. } => 7,
+            Request::Unwatch { .. } => 8,
+        };
+        debug_assert_eq!(OP_KINDS[i], request.kind());
+        self.ops[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Name/value pairs for every request kind, as `ops_<kind>`.

@@ -1,0 +1,1334 @@
+//! Fault injection: what a crash, a damaged log or a failing disk may and may not do.
+//!
+//! - `kill_9_under_mixed_load_keeps_every_acknowledged_grant`: the real `tenured`, fsync on,
+//!   killed with SIGKILL at random moments under a mixed load, many cycles.
+//! - `torn_tail_at_every_offset_recovers_through_run` and
+//!   `flipped_byte_in_a_middle_record_refuses_through_run`: a damaged WAL through the real
+//!   start path (`tenure_server::run`), every byte offset of one record.
+//! - `short_write_…`, `disk_full_…`, `failed_fsync_…`: disk faults injected through the WAL's
+//!   storage interface under load (`run_with_storage` + `FaultyStorage`), then a restart.
+//! - `paused_workers_and_crashes_never_apply_a_stale_write`: worker processes increment a
+//!   counter in a fenced resource while they are paused past their TTL and the server is
+//!   killed and restarted.
+//!
+//! Every random choice comes from a seeded RNG; each test prints its seed, and
+//! `TENURE_FAULTS_SEED=<n>` replays it (thread timing still varies). The CI sizes are small;
+//! `TENURE_SOAK_CYCLES` (kill -9 cycles, default 8) and `TENURE_SOAK_SECS` (fencing run,
+//! default 8) make them soaks.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage, Storage};
+use tenure_server::Config;
+
+/// TTL of the leases the mixed load takes: far longer than a test, so nothing expires.
+const LEASE_TTL_MS: u32 = 60_000;
+/// Longest a test waits for one reply line before it calls the server stuck.
+const REPLY_WAIT_MAX: Duration = Duration::from_secs(15);
+/// Kill -9 cycles in CI; `TENURE_SOAK_CYCLES` overrides.
+const KILL_CYCLES_DEFAULT: u64 = 8;
+/// Kill -9 cycles allowed at most, so a typo cannot run for days.
+const KILL_CYCLES_MAX: u64 = 100_000;
+/// Seconds of the fencing run in CI; `TENURE_SOAK_SECS` overrides.
+const FENCE_SECS_DEFAULT: u64 = 8;
+/// Longest fencing run allowed.
+const FENCE_SECS_MAX: u64 = 24 * 3600;
+
+// ----- shared helpers -----
+
+/// The seed for `test`: `TENURE_FAULTS_SEED` if set, else a fresh one; printed either way so
+/// a failure's captured output names it.
+fn seed(test: &str) -> u64 {
+    let seed = std::env::var("TENURE_FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("{test}: seed {seed} (replay with TENURE_FAULTS_SEED={seed})");
+    seed
+}
+
+/// `name` from the environment, else `default`; panics above `max`.
+fn env_count(name: &str, default: u64, max: u64) -> u64 {
+    let value = std::env::var(name)
+        .ok()
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("{name}={s} is not a count"))
+        })
+        .unwrap_or(default);
+    assert!(value <= max, "{name}={value} is over the limit of {max}");
+    value
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().expect("a test thread panicked")
+}
+
+/// A console session over blocking TCP: one line out, one line back.
+struct LineConn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl LineConn {
+    fn connect(addr: SocketAddr) -> io::Result<LineConn> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(REPLY_WAIT_MAX))?;
+        stream.set_nodelay(true)?;
+        Ok(LineConn {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        })
+    }
+
+    fn send(&mut self, text: &str) -> io::Result<()> {
+        self.writer.write_all(text.as_bytes())
+    }
+
+    fn line(&mut self) -> io::Result<String> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    fn cmd(&mut self, text: &str) -> io::Result<String> {
+        self.send(&format!("{text}\n"))?;
+        self.line()
+    }
+}
+
+/// Reads `name=value` out of a reply line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+}
+
+fn token(line: &str) -> u64 {
+    field(line, "token").parse().unwrap()
+}
+
+/// The holder's token in an INSPECT reply, `None` for FREE.
+fn inspected(reply: &str) -> Option<u64> {
+    if reply == "FREE" {
+        return None;
+    }
+    assert!(
+        reply.starts_with("HELD token="),
+        "INSPECT answered {reply:?}"
+    );
+    Some(token(reply))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real `tenured` binary, fsync on, its log in a file so a failed start can say why.
+struct Daemon {
+    child: Child,
+    addr: SocketAddr,
+}
+
+/// Distinguishes the log files of the daemons one test process starts.
+static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+impl Daemon {
+    /// Starts on a free port and waits until it accepts connections.
+    fn start(dir: &Path, logs: &Path) -> Daemon {
+        for _ in 0..5 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            if let Ok(daemon) = Daemon::try_start(dir, logs, addr) {
+                return daemon;
+            }
+        }
+        panic!("tenured did not start on any of 5 ports");
+    }
+
+    /// Starts on `addr`, retrying for a while if the port is not free again yet.
+    fn start_on(dir: &Path, logs: &Path, addr: SocketAddr) -> Daemon {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Daemon::try_start(dir, logs, addr) {
+                Ok(daemon) => return daemon,
+                Err(log) if Instant::now() < deadline && log.contains("cannot listen") => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(log) => panic!("tenured did not start on {addr}:\n{log}"),
+            }
+        }
+    }
+
+    /// `Err` carries the log of a daemon that exited instead of listening.
+    fn try_start(dir: &Path, logs: &Path, addr: SocketAddr) -> Result<Daemon, String> {
+        let n = DAEMONS_STARTED.fetch_add(1, Ordering::Relaxed);
+        let log_path = logs.join(format!("tenured-{n}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
+            .args(["--listen", &addr.to_string(), "--data-dir"])
+            .arg(dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let mut daemon = Daemon { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect(addr).is_ok() {
+                return Ok(daemon);
+            }
+            if daemon.child.try_wait().unwrap().is_some() {
+                return Err(std::fs::read_to_string(&log_path).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        daemon.kill9();
+        Err(format!(
+            "not listening after 10 s; log {}",
+            log_path.display()
+        ))
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL, to the PID this test started
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A server in this process on its own runtime, for tests that hand it a storage.
+struct InProcess {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl InProcess {
+    /// Runs `tenure_server::run_with_storage` when `storage` is given, else `run`.
+    fn start(config: Config, storage: Option<Arc<dyn Storage>>) -> InProcess {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let task = match storage {
+            Some(storage) => runtime.spawn(tenure_server::run_with_storage(
+                config, storage, listener, shutdown,
+            )),
+            None => runtime.spawn(tenure_server::run(config, listener, shutdown)),
+        };
+        InProcess {
+            addr,
+            stop: Some(stop),
+            task,
+            runtime,
+        }
+    }
+
+    /// Stops the server (or waits for a failed start) and returns what `run` returned.
+    fn stop(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().expect("stopped once").send(());
+        let task = self.task;
+        self.runtime.block_on(task).expect("run panicked")
+    }
+}
+
+// ----- what clients were told, and what a restart must bring back -----
+
+/// One acknowledged grant.
+#[derive(Clone, Debug)]
+struct Lease {
+    key: String,
+    lease: String,
+    token: u64,
+}
+
+/// The clients' view: every reply they got, reduced to what must hold after a restart.
+#[derive(Default)]
+struct Model {
+    /// Acknowledged grants with no release acknowledged, each free for one client to use.
+    held: BTreeMap<String, Lease>,
+    /// Acknowledged grants whose release was refused as "nothing changed": a restart must
+    /// bring them back, whatever the live server shows meanwhile.
+    must_return: Vec<Lease>,
+    /// Releases sent but not answered, or answered "the change may be lost".
+    maybe_released: Vec<Lease>,
+    /// Keys of acquires sent but not answered, or answered "the change may be lost".
+    maybe_granted: BTreeSet<String>,
+    /// Grants no client was told of, found after a restart (key to token).
+    ghosts: BTreeMap<String, u64>,
+    /// Highest granted token per key, acknowledged or ghost.
+    granted_max: HashMap<String, u64>,
+    /// Every token a grant was acknowledged with: a token is never issued twice.
+    granted_tokens: HashSet<u64>,
+    /// Highest token in any reply.
+    seen_max: u64,
+    /// Every key any acquire named.
+    keys: BTreeSet<String>,
+    grants_acked: u64,
+    releases_acked: u64,
+    unavailable: u64,
+}
+
+impl Model {
+    fn seen(&mut self, token: u64) {
+        self.seen_max = self.seen_max.max(token);
+    }
+
+    fn granted(&mut self, lease: Lease) {
+        let key = &lease.key;
+        let before = self.granted_max.get(key).copied().unwrap_or(0);
+        assert!(
+            lease.token > before,
+            "{key} granted token {} after {before}",
+            lease.token
+        );
+        assert!(
+            self.granted_tokens.insert(lease.token),
+            "token {} granted twice",
+            lease.token
+        );
+        assert!(
+            !self.held.contains_key(key),
+            "{key} granted while {:?} holds it",
+            self.held[key]
+        );
+        self.granted_max.insert(key.clone(), lease.token);
+        self.seen(lease.token);
+        self.ghosts.remove(key);
+        self.grants_acked += 1;
+        self.held.insert(key.clone(), lease);
+    }
+
+    /// Takes a random held lease out for a release or renew, so no other client uses it.
+    fn take(&mut self, rng: &mut StdRng) -> Option<Lease> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let key = self
+            .held
+            .keys()
+            .nth(rng.random_range(0..self.held.len()))
+            .cloned()?;
+        self.held.remove(&key)
+    }
+}
+
+/// Whether an `ERR UNAVAILABLE` reply says the change is certainly not made ("nothing
+/// changed") or may have reached the disk ("may be lost"); anything else is a failure.
+fn unavailable_may_persist(reply: &str) -> bool {
+    let message = reply
+        .strip_prefix("ERR UNAVAILABLE ")
+        .unwrap_or_else(|| panic!("unexpected reply {reply:?}"));
+    if message.contains("may be lost") {
+        return true;
+    }
+    assert!(
+        message.contains("nothing changed") || message.contains("could not reserve"),
+        "an UNAVAILABLE reply should say whether the change may persist: {reply:?}"
+    );
+    false
+}
+
+/// One client of the mixed load: what it tolerates and where it stops.
+struct Client<'a> {
+    conn: LineConn,
+    model: &'a Mutex<Model>,
+    rng: StdRng,
+    /// Whether `ERR UNAVAILABLE` is an expected answer (disk faults armed).
+    unavailable_ok: bool,
+}
+
+impl Client<'_> {
+    /// Acquire, release or renew once. `Err` means the connection failed; the request's
+    /// fate is then recorded as unknown.
+    fn step(&mut self, keys: &[String]) -> io::Result<()> {
+        let roll = self.rng.random_range(0..100);
+        if roll < 40 {
+            let taken = lock(self.model).take(&mut self.rng);
+            if let Some(lease) = taken {
+                return if roll < 28 {
+                    self.release(lease)
+                } else {
+                    self.renew(lease)
+                };
+            }
+        }
+        let key = keys[self.rng.random_range(0..keys.len())].clone();
+        self.acquire(key)
+    }
+
+    fn acquire(&mut self, key: String) -> io::Result<()> {
+        lock(self.model).keys.insert(key.clone());
+        let reply = self.conn.cmd(&format!("ACQUIRE {key} {LEASE_TTL_MS}"));
+        let mut model = lock(self.model);
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                model.maybe_granted.insert(key);
+                return Err(e);
+            }
+        };
+        if reply.starts_with("OK token=") {
+            let lease = field(&reply, "lease").to_string();
+            model.granted(Lease {
+                key,
+                lease,
+                token: token(&reply),
+            });
+        } else if reply.starts_with("LOCKED token=") {
+            model.seen(token(&reply));
+        } else if self.unavailable_ok && reply.starts_with("ERR UNAVAILABLE ") {
+            model.unavailable += 1;
+            if unavailable_may_persist(&reply) {
+                model.maybe_granted.insert(key);
+            }
+        } else {
+            panic!("ACQUIRE {key}: unexpected reply {reply:?}");
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, lease: Lease) -> io::Result<()> {
+        let reply = self
+            .conn
+            .cmd(&format!("RELEASE {} {}", lease.key, lease.lease));
+        let mut model = lock(self.model);
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                model.maybe_released.push(lease);
+                return Err(e);
+            }
+        };
+        if reply == "OK" {
+            model.releases_acked += 1;
+        } else if self.unavailable_ok && reply.starts_with("ERR UNAVAILABLE ") {
+            model.unavailable += 1;
+            if unavailable_may_persist(&reply) {
+                model.maybe_released.push(lease);
+            } else {
+                model.must_return.push(lease);
+            }
+        } else {
+            panic!("RELEASE of acknowledged {lease:?}: unexpected reply {reply:?}");
+        }
+        Ok(())
+    }
+
+    fn renew(&mut self, lease: Lease) -> io::Result<()> {
+        let reply = self.conn.cmd(&format!(
+            "RENEW {} {} {LEASE_TTL_MS}",
+            lease.key, lease.lease
+        ));
+        let mut model = lock(self.model);
+        // A renewal is not logged: whatever happened to the connection, the lease stands.
+        let reply = reply.inspect_err(|_| {
+            model.held.insert(lease.key.clone(), lease.clone());
+        })?;
+        assert_eq!(
+            reply,
+            format!("OK ttl_ms={LEASE_TTL_MS}"),
+            "RENEW of acknowledged {lease:?}"
+        );
+        model.held.insert(lease.key.clone(), lease);
+        Ok(())
+    }
+}
+
+/// Runs a client until `stop` is set or its connection fails; a failure before `dying` is
+/// set (the server was not meant to go away) fails the test.
+fn run_client(
+    addr: SocketAddr,
+    model: &Mutex<Model>,
+    seed: u64,
+    keys: &[String],
+    unavailable_ok: bool,
+    (stop, dying): (&AtomicBool, &AtomicBool),
+) {
+    let conn = LineConn::connect(addr).expect("connect to a running server");
+    let mut client = Client {
+        conn,
+        model,
+        rng: StdRng::seed_from_u64(seed),
+        unavailable_ok,
+    };
+    for _ in 0..1_000_000 {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = client.step(keys) {
+            assert!(
+                dying.load(Ordering::Relaxed),
+                "connection failed while the server was meant to be up: {e}"
+            );
+            return;
+        }
+    }
+}
+
+/// Sends `count` acquires of fresh keys in one write and reads the replies in order; the ones
+/// not answered when the server dies are recorded as maybe granted.
+fn run_burst(addr: SocketAddr, model: &Mutex<Model>, prefix: &str, count: usize) {
+    let Ok(mut conn) = LineConn::connect(addr) else {
+        return; // the server was already killed
+    };
+    let keys: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    lock(model).keys.extend(keys.iter().cloned());
+    let batch: String = keys
+        .iter()
+        .map(|k| format!("ACQUIRE {k} {LEASE_TTL_MS}\n"))
+        .collect();
+    let sent = conn.send(&batch).is_ok();
+    for (i, key) in keys.iter().enumerate() {
+        let reply = if sent {
+            conn.line()
+        } else {
+            Err(io::ErrorKind::BrokenPipe.into())
+        };
+        let mut model = lock(model);
+        match reply {
+            Ok(reply) => {
+                assert!(reply.starts_with("OK token="), "{key}: {reply}");
+                let lease = field(&reply, "lease").to_string();
+                let token = token(&reply);
+                model.granted(Lease {
+                    key: key.clone(),
+                    lease,
+                    token,
+                });
+            }
+            Err(_) => {
+                model.maybe_granted.extend(keys[i..].iter().cloned());
+                return;
+            }
+        }
+    }
+}
+
+/// After a restart: every acknowledged grant without an acknowledged release is held with its
+/// token and renews; nothing else is held unless a request for it may have reached the disk;
+/// a new grant's token is above every token seen. Resolves the unknowns for the next round.
+fn verify_after_restart(addr: SocketAddr, model: &Mutex<Model>, probe_key: &str) {
+    let mut conn = LineConn::connect(addr).expect("connect after restart");
+    let mut model = lock(model);
+    let model = &mut *model;
+    for lease in std::mem::take(&mut model.must_return) {
+        model.held.insert(lease.key.clone(), lease);
+    }
+    let maybe_released = std::mem::take(&mut model.maybe_released);
+    let maybe_granted = std::mem::take(&mut model.maybe_granted);
+    for key in model.keys.clone() {
+        let reply = conn.cmd(&format!("INSPECT {key}")).unwrap();
+        let holder = inspected(&reply);
+        if let Some(t) = holder {
+            model.seen(t);
+        }
+        let returned = maybe_released
+            .iter()
+            .find(|l| l.key == key && Some(l.token) == holder);
+        if let Some(lease) = returned {
+            model.held.insert(key.clone(), lease.clone());
+        }
+        if let Some(lease) = model.held.get(&key) {
+            assert_eq!(
+                holder,
+                Some(lease.token),
+                "acknowledged grant {lease:?} not held after restart: INSPECT says {reply}"
+            );
+            let renewed = conn
+                .cmd(&format!("RENEW {key} {} {LEASE_TTL_MS}", lease.lease))
+                .unwrap();
+            assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+            continue;
+        }
+        let Some(t) = holder else {
+            // Free with nothing pending: only a new grant can change that, and a grant names
+            // the key again. Forgetting it keeps a long soak from re-reading every key ever.
+            model.ghosts.remove(&key); // a ghost's TTL may run out; nobody relies on it
+            model.keys.remove(&key);
+            continue;
+        };
+        if model.ghosts.get(&key) == Some(&t) {
+            continue;
+        }
+        let before = model.granted_max.get(&key).copied().unwrap_or(0);
+        assert!(
+            t > before,
+            "{key} held with token {t} after restart, not above its last acknowledged grant \
+             {before}: an acknowledged release was lost, or a token reused: {reply}"
+        );
+        assert!(
+            maybe_granted.contains(&key),
+            "{key} held with token {t} after restart, but no client was granted it or may \
+             have been: {reply}"
+        );
+        model.ghosts.insert(key.clone(), t);
+        model.granted_max.insert(key.clone(), t);
+    }
+    probe(&mut conn, model, probe_key);
+}
+
+/// A new grant's token is above every token seen before.
+fn probe(conn: &mut LineConn, model: &mut Model, probe_key: &str) {
+    let reply = conn
+        .cmd(&format!("ACQUIRE {probe_key} {LEASE_TTL_MS}"))
+        .unwrap();
+    assert!(reply.starts_with("OK token="), "{probe_key}: {reply}");
+    assert!(
+        token(&reply) > model.seen_max,
+        "token {} after restart is not above {} seen before",
+        token(&reply),
+        model.seen_max
+    );
+    model.keys.insert(probe_key.to_string());
+    model.granted(Lease {
+        key: probe_key.to_string(),
+        lease: field(&reply, "lease").to_string(),
+        token: token(&reply),
+    });
+}
+
+// ----- 1. kill -9 under a mixed load -----
+
+/// Clients of the mixed load per cycle (plus one pipelined burst).
+const KILL_CLIENTS: usize = 4;
+/// Keys the mixed load picks from, renewed every few cycles so grants lost in a crash (ghosts,
+/// held for their 60 s TTL) cannot lock up the whole key space in a long soak.
+const KILL_KEYS: usize = 24;
+/// Acquires in the pipelined burst of each cycle.
+const KILL_BURST: usize = 100;
+
+#[test]
+fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
+    let seed = seed("kill_9_under_mixed_load_keeps_every_acknowledged_grant");
+    let cycles = env_count("TENURE_SOAK_CYCLES", KILL_CYCLES_DEFAULT, KILL_CYCLES_MAX);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let model = Mutex::new(Model::default());
+    let started = Instant::now();
+    for cycle in 0..cycles {
+        let mut daemon = Daemon::start(dir.path(), logs.path());
+        if cycle > 0 {
+            verify_after_restart(daemon.addr, &model, &format!("probe-{cycle}"));
+        }
+        let epoch = cycle / 4;
+        let keys: Vec<String> = (0..KILL_KEYS).map(|i| format!("e{epoch}k{i}")).collect();
+        let kill_after = Duration::from_millis(rng.random_range(80..500));
+        let burst_after = Duration::from_millis(rng.random_range(0..500));
+        let (stop, dying) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            for _ in 0..KILL_CLIENTS {
+                let client_seed = rng.random();
+                let (addr, model, keys) = (daemon.addr, &model, &keys);
+                let flags = (&stop, &dying);
+                s.spawn(move || run_client(addr, model, client_seed, keys, false, flags));
+            }
+            let (addr, model) = (daemon.addr, &model);
+            s.spawn(move || {
+                std::thread::sleep(burst_after);
+                run_burst(addr, model, &format!("b{cycle}"), KILL_BURST);
+            });
+            std::thread::sleep(kill_after);
+            dying.store(true, Ordering::Relaxed);
+            daemon.kill9();
+        });
+        let model = lock(&model);
+        eprintln!(
+            "cycle {cycle}: killed after {kill_after:?}; {} grants and {} releases acknowledged \
+             so far, {} held, {} ghosts",
+            model.grants_acked,
+            model.releases_acked,
+            model.held.len(),
+            model.ghosts.len()
+        );
+    }
+    let daemon = Daemon::start(dir.path(), logs.path());
+    verify_after_restart(daemon.addr, &model, "probe-final");
+    let model = lock(&model);
+    assert!(
+        model.grants_acked >= cycles * 10 && model.releases_acked >= cycles,
+        "too little load to prove anything: {} grants, {} releases",
+        model.grants_acked,
+        model.releases_acked
+    );
+    eprintln!(
+        "{cycles} kill -9 cycles in {:?}: {} grants, {} releases acknowledged; {} held at the end",
+        started.elapsed(),
+        model.grants_acked,
+        model.releases_acked,
+        model.held.len()
+    );
+}
+
+// ----- 2. a damaged WAL through the real start path -----
+
+/// The only WAL segment in `dir`.
+fn only_segment(dir: &Path) -> PathBuf {
+    let segments: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    segments.into_iter().next().unwrap()
+}
+
+/// A WAL of one segment holding a token reservation and the grants of `first` and `last`.
+struct SmallLog {
+    name: String,
+    bytes: Vec<u8>,
+    /// Where the grant of `first` starts and ends; the grant of `last` runs to the end.
+    first_start: usize,
+    first_end: usize,
+    tokens: (u64, u64),
+}
+
+fn small_log() -> SmallLog {
+    let dir = tempfile::tempdir().unwrap();
+    let server = InProcess::start(Config::for_tests(dir.path()), None);
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert_eq!(conn.cmd("PING").unwrap(), "PONG");
+    let segment = only_segment(dir.path());
+    let len = || std::fs::metadata(&segment).unwrap().len() as usize;
+    // With fsync off a record counts as durable once written, so a reply means it is in the file.
+    let first_start = len();
+    let first = conn.cmd(&format!("ACQUIRE first {LEASE_TTL_MS}")).unwrap();
+    let first_end = len();
+    let last = conn.cmd(&format!("ACQUIRE last {LEASE_TTL_MS}")).unwrap();
+    drop(conn);
+    server.stop().unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    assert!(first_start < first_end && first_end < bytes.len());
+    SmallLog {
+        name: segment.file_name().unwrap().to_string_lossy().into_owned(),
+        bytes,
+        first_start,
+        first_end,
+        tokens: (token(&first), token(&last)),
+    }
+}
+
+#[test]
+fn torn_tail_at_every_offset_recovers_through_run() {
+    let log = small_log();
+    let (t_first, t_last) = log.tokens;
+    // Every cut inside the last record is a torn tail; the whole file is the control case.
+    for cut in log.first_end..=log.bytes.len() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(&log.name), &log.bytes[..cut]).unwrap();
+        let server = InProcess::start(Config::for_tests(dir.path()), None);
+        let mut conn = LineConn::connect(server.addr).unwrap();
+        let first = conn.cmd("INSPECT first").unwrap();
+        assert_eq!(inspected(&first), Some(t_first), "cut at {cut}: {first}");
+        let last = inspected(&conn.cmd("INSPECT last").unwrap());
+        let whole = cut == log.bytes.len();
+        assert_eq!(last, whole.then_some(t_last), "cut at {cut}");
+        let fresh = conn.cmd(&format!("ACQUIRE fresh {LEASE_TTL_MS}")).unwrap();
+        assert!(token(&fresh) > t_last, "cut at {cut}: {fresh}");
+        drop(conn);
+        server.stop().unwrap();
+        if !whole {
+            let kept = std::fs::metadata(dir.path().join(&log.name)).unwrap().len();
+            assert_eq!(kept, log.first_end as u64, "the torn record was cut off");
+        }
+    }
+}
+
+#[test]
+fn flipped_byte_in_a_middle_record_refuses_through_run() {
+    let log = small_log();
+    for at in log.first_start..log.first_end {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = log.bytes.clone();
+        bytes[at] ^= 0x5a;
+        std::fs::write(dir.path().join(&log.name), &bytes).unwrap();
+        let server = InProcess::start(Config::for_tests(dir.path()), None);
+        let refused = server.stop().expect_err("must refuse a corrupt WAL");
+        let message = format!("{refused:#}");
+        assert!(
+            message.contains(&log.name) && message.contains(&format!("offset {}", log.first_start)),
+            "byte {at} flipped: {message}"
+        );
+        // Refusing must not touch the evidence.
+        let after = std::fs::read(dir.path().join(&log.name)).unwrap();
+        assert_eq!(after, bytes, "byte {at} flipped: the log was changed");
+    }
+}
+
+// ----- 3. disk faults through the WAL's storage -----
+
+/// Clients of the faulty-disk load.
+const DISK_CLIENTS: usize = 4;
+/// Keys the faulty-disk load picks from.
+const DISK_KEYS: usize = 16;
+/// `ERR UNAVAILABLE` replies the load waits for before it stops (if within the deadline).
+const DISK_UNAVAILABLE_MIN: u64 = 20;
+
+/// Runs a mixed load over a `FaultyStorage`, arms `plan` mid-run, checks the live server,
+/// then restarts on the same files without faults and checks what came back.
+fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultPlan) {
+    let seed = seed(test);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir.path())
+    };
+    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let model = Mutex::new(Model::default());
+    let keys: Vec<String> = (0..DISK_KEYS).map(|i| format!("d{i}")).collect();
+    let (stop, dying) = (AtomicBool::new(false), AtomicBool::new(false));
+    let armed_after = Duration::from_millis(rng.random_range(50..300));
+    std::thread::scope(|s| {
+        for _ in 0..DISK_CLIENTS {
+            let client_seed = rng.random();
+            let (addr, model, keys, flags) = (server.addr, &model, &keys, (&stop, &dying));
+            s.spawn(move || run_client(addr, model, client_seed, keys, true, flags));
+        }
+        std::thread::sleep(armed_after);
+        let plan = plan(&faults, &mut rng);
+        eprintln!("{test}: armed {plan:?} after {armed_after:?}");
+        faults.set(plan);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&model).unavailable < DISK_UNAVAILABLE_MIN && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    {
+        let model = lock(&model);
+        assert!(model.unavailable > 0, "{test}: the fault never showed");
+        assert!(
+            model.grants_acked > 0,
+            "{test}: nothing acknowledged before the fault"
+        );
+        eprintln!(
+            "{test}: {} grants, {} releases acknowledged, {} UNAVAILABLE",
+            model.grants_acked, model.releases_acked, model.unavailable
+        );
+    }
+    check_live_after_failure(server.addr, &model, &mut rng);
+    let stopped = server.stop();
+    assert!(
+        format!(
+            "{:#}",
+            stopped.expect_err("the final sync must report the failure")
+        )
+        .contains("WAL"),
+        "{test}"
+    );
+    let server = InProcess::start(config, None);
+    verify_after_restart(server.addr, &model, "probe-after-fault");
+    server.stop().unwrap();
+}
+
+/// With the WAL failed: reads still work, acknowledged leases still stand and renew, and
+/// changes are refused as not durable.
+fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut StdRng) {
+    let mut conn = LineConn::connect(addr).unwrap();
+    assert_eq!(conn.cmd("PING").unwrap(), "PONG");
+    let stats = conn.cmd("STATS").unwrap();
+    assert!(stats.starts_with("OK held="), "{stats}");
+    let mut model = lock(model);
+    for lease in model.held.values() {
+        let reply = conn.cmd(&format!("INSPECT {}", lease.key)).unwrap();
+        assert_eq!(inspected(&reply), Some(lease.token), "{lease:?}: {reply}");
+        let renewed = conn
+            .cmd(&format!(
+                "RENEW {} {} {LEASE_TTL_MS}",
+                lease.key, lease.lease
+            ))
+            .unwrap();
+        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+    }
+    let reply = conn
+        .cmd(&format!("ACQUIRE after-failure {LEASE_TTL_MS}"))
+        .unwrap();
+    assert!(
+        !unavailable_may_persist(&reply),
+        "after the failure nothing is written, so nothing may persist: {reply}"
+    );
+    assert_eq!(conn.cmd("INSPECT after-failure").unwrap(), "FREE");
+    model.keys.insert("after-failure".into());
+    // A release refused now must leave the lease to come back after the restart.
+    if let Some(lease) = model.take(rng) {
+        let reply = conn
+            .cmd(&format!("RELEASE {} {}", lease.key, lease.lease))
+            .unwrap();
+        assert!(!unavailable_may_persist(&reply), "{reply}");
+        model.must_return.push(lease);
+    }
+}
+
+#[test]
+fn short_write_never_acknowledges_what_is_not_durable() {
+    disk_fault_case("short_write", |_, rng| FaultPlan {
+        short_write_next: Some(rng.random_range(0..64)),
+        ..FaultPlan::default()
+    });
+}
+
+#[test]
+fn disk_full_never_acknowledges_what_is_not_durable() {
+    disk_fault_case("disk_full", |faults, rng| FaultPlan {
+        disk_full_after_bytes: Some(faults.bytes_written() + rng.random_range(0..400)),
+        ..FaultPlan::default()
+    });
+}
+
+#[test]
+fn failed_fsync_never_acknowledges_what_is_not_durable() {
+    disk_fault_case("failed_fsync", |faults, rng| FaultPlan {
+        sync_fails_from: Some(faults.syncs() + rng.random_range(1..4)),
+        ..FaultPlan::default()
+    });
+}
+
+// ----- 4. fencing end to end: paused workers, crashed server -----
+
+/// Set in worker processes: `server_addr,resource_addr,worker_id,seed,lifetime_secs`.
+const WORKER_ENV: &str = "TENURE_FENCE_WORKER";
+/// Worker processes of the fencing test.
+const FENCE_WORKERS: u32 = 4;
+/// The workers' lease: short, so a pause outlives it.
+const FENCE_TTL_MS: u32 = 300;
+/// How long a worker's ACQUIRE waits in the queue.
+const FENCE_WAIT_MS: u32 = 5000;
+/// Longest a pause meant to produce a stale write lasts if the fence never moves.
+const STALE_PAUSE_MAX: Duration = Duration::from_secs(3);
+/// Connections the fenced resource serves over its life; workers connect once each.
+const RESOURCE_CONNECTIONS_MAX: usize = 64;
+
+/// One access to the fenced resource, in the order the resource decided them.
+#[derive(Clone, Debug)]
+struct Access {
+    worker: u32,
+    token: u64,
+    /// The value a WRITE stores; `None` for a READ.
+    write: Option<u64>,
+    accepted: bool,
+}
+
+/// A worker the test has stopped with SIGSTOP.
+struct Paused {
+    pid: u32,
+    since: Instant,
+    /// Stopped right after its READ with this token was accepted: resumed once the fence
+    /// has moved past it, so its WRITE is stale.
+    stale_token: Option<u64>,
+    /// For a pause at a random moment: how long.
+    length: Duration,
+}
+
+/// The fenced resource: a counter that accepts an access only with a token at least the
+/// highest it has accepted (equal: the same holder's next access).
+#[derive(Default)]
+struct Fenced {
+    fence: u64,
+    counter: u64,
+    audit: Vec<Access>,
+    /// Stop the next worker whose READ is accepted before it hears the value.
+    pause_next_read: bool,
+    paused: Option<Paused>,
+    /// Pauses begun (or armed) so far.
+    pauses_started: u64,
+    /// Worker id to process id.
+    pids: HashMap<u32, u32>,
+}
+
+impl Fenced {
+    fn access(&mut self, worker: u32, token: u64, write: Option<u64>) -> bool {
+        let accepted = token >= self.fence;
+        if accepted {
+            self.fence = token;
+            if let Some(value) = write {
+                self.counter = value;
+            }
+        }
+        self.audit.push(Access {
+            worker,
+            token,
+            write,
+            accepted,
+        });
+        accepted
+    }
+
+    /// Answers one line: `READ <token> <worker>` or `WRITE <token> <worker> <value>`.
+    fn answer(&mut self, line: &str) -> String {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let number = |i: usize| -> u64 {
+            words
+                .get(i)
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("bad resource request {line:?}"))
+        };
+        let (token, worker) = (number(1), u32::try_from(number(2)).unwrap());
+        match words[0] {
+            "READ" if self.access(worker, token, None) => {
+                if self.pause_next_read && self.paused.is_none() {
+                    self.pause_next_read = false;
+                    let pid = self.pids[&worker];
+                    signal(pid, "-STOP");
+                    self.paused = Some(Paused {
+                        pid,
+                        since: Instant::now(),
+                        stale_token: Some(token),
+                        length: Duration::ZERO,
+                    });
+                }
+                format!("VALUE {}", self.counter)
+            }
+            "WRITE" if self.access(worker, token, Some(number(3))) => "OK".into(),
+            "READ" | "WRITE" => "REJECTED".into(),
+            _ => panic!("bad resource request {line:?}"),
+        }
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a process this test started.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// The fenced resource's listener: a thread per connection, all stopping with `stop`.
+fn serve_resource(
+    listener: TcpListener,
+    state: Arc<Mutex<Fenced>>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let mut threads = Vec::new();
+        while !stop.load(Ordering::Relaxed) && threads.len() < RESOURCE_CONNECTIONS_MAX {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
+                    threads.push(std::thread::spawn(move || {
+                        serve_resource_conn(stream, &state, &stop)
+                    }));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("resource accept: {e}"),
+            }
+        }
+        for thread in threads {
+            thread.join().expect("resource connection panicked");
+        }
+    })
+}
+
+fn serve_resource_conn(stream: TcpStream, state: &Mutex<Fenced>, stop: &AtomicBool) {
+    stream.set_nonblocking(false).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        // A timed-out read keeps what it got in `line`; the rest comes with the next.
+        match reader.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                let reply = lock(state).answer(line.trim_end());
+                line.clear();
+                if writer.write_all(format!("{reply}\n").as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The worker processes; stopped ones are resumed and all are killed on drop.
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill(); // SIGKILL, by the PID this test started
+            let _ = child.wait();
+        }
+    }
+}
+
+fn start_workers(server: SocketAddr, resource: SocketAddr, seed: u64, secs: u64) -> Workers {
+    let exe = std::env::current_exe().unwrap();
+    let children = (0..FENCE_WORKERS)
+        .map(|id| {
+            let spec = format!(
+                "{server},{resource},{id},{},{}",
+                seed ^ u64::from(id),
+                secs + 60
+            );
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "fence_worker",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(WORKER_ENV, spec)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    Workers(children)
+}
+
+/// Not a test of its own: the entry point of the worker processes that
+/// `paused_workers_and_crashes_never_apply_a_stale_write` starts; without its environment
+/// variable it does nothing.
+#[test]
+fn fence_worker() {
+    let Ok(spec) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split(',').collect();
+    assert_eq!(parts.len(), 5, "{WORKER_ENV}={spec}");
+    let server: SocketAddr = parts[0].parse().unwrap();
+    let resource: SocketAddr = parts[1].parse().unwrap();
+    let id: u32 = parts[2].parse().unwrap();
+    let mut rng = StdRng::seed_from_u64(parts[3].parse().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(parts[4].parse().unwrap());
+    let mut res = LineConn::connect(resource).expect("connect to the resource");
+    let mut conn: Option<LineConn> = None;
+    while Instant::now() < deadline {
+        if conn.is_none() {
+            match LineConn::connect(server) {
+                Ok(c) => conn = Some(c),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20)); // restarting
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected above");
+        let acquire = format!("ACQUIRE fence-key {FENCE_TTL_MS} {FENCE_WAIT_MS}");
+        let Ok(reply) = c.cmd(&acquire) else {
+            conn = None;
+            continue;
+        };
+        if !reply.starts_with("OK token=") {
+            assert!(reply.starts_with("LOCKED "), "worker {id}: {reply}");
+            continue;
+        }
+        let (t, lease) = (token(&reply), field(&reply, "lease").to_string());
+        // The resource gone means the test is over.
+        let Ok(value) = res.cmd(&format!("READ {t} {id}")) else {
+            return;
+        };
+        if let Some(value) = value.strip_prefix("VALUE ") {
+            if rng.random_bool(0.2) {
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
+            }
+            let next = value.parse::<u64>().unwrap() + 1;
+            if res.cmd(&format!("WRITE {t} {id} {next}")).is_err() {
+                return;
+            }
+        }
+        // OK, or NOT_OWNER once the lease ran out during a pause.
+        if c.cmd(&format!("RELEASE fence-key {lease}")).is_err() {
+            conn = None;
+        }
+    }
+}
+
+/// One step of the pause schedule: resume a paused worker when its pause is over, or start
+/// the next pause: every other one right after a READ (to make a stale WRITE certain), the
+/// rest at a random moment. `true` when a worker was resumed.
+fn pause_step(fenced: &Mutex<Fenced>, rng: &mut StdRng, next_pause: &mut Instant) -> bool {
+    let mut st = lock(fenced);
+    let now = Instant::now();
+    if let Some(p) = &st.paused {
+        let elapsed = now - p.since;
+        let over = match p.stale_token {
+            Some(t) => {
+                let ttl = Duration::from_millis(u64::from(FENCE_TTL_MS));
+                elapsed >= ttl * 2 && (st.fence > t || elapsed >= STALE_PAUSE_MAX)
+            }
+            None => elapsed >= p.length,
+        };
+        if over {
+            signal(p.pid, "-CONT");
+            st.paused = None;
+            *next_pause = now + Duration::from_millis(rng.random_range(100..400));
+            return true;
+        }
+    } else if now >= *next_pause && !st.pause_next_read {
+        st.pauses_started += 1;
+        if st.pauses_started % 2 == 1 {
+            st.pause_next_read = true;
+        } else {
+            let worker = rng.random_range(0..FENCE_WORKERS);
+            let pid = st.pids[&worker];
+            signal(pid, "-STOP");
+            st.paused = Some(Paused {
+                pid,
+                since: now,
+                stale_token: None,
+                length: Duration::from_millis(rng.random_range(400..900)),
+            });
+        }
+    }
+    false
+}
+
+#[test]
+fn paused_workers_and_crashes_never_apply_a_stale_write() {
+    let seed = seed("paused_workers_and_crashes_never_apply_a_stale_write");
+    let secs = env_count("TENURE_SOAK_SECS", FENCE_SECS_DEFAULT, FENCE_SECS_MAX);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut daemon = Daemon::start(dir.path(), logs.path());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let resource_addr = listener.local_addr().unwrap();
+    let fenced = Arc::new(Mutex::new(Fenced::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let resource = serve_resource(listener, Arc::clone(&fenced), Arc::clone(&stop));
+    let workers = start_workers(daemon.addr, resource_addr, rng.random(), secs);
+    for (id, child) in (0..).zip(&workers.0) {
+        lock(&fenced).pids.insert(id, child.id());
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    // A kill -9 every two seconds or so, at least three.
+    let restarts_planned = (secs / 2).max(3);
+    let restart_every = Duration::from_secs(secs) / u32::try_from(restarts_planned + 1).unwrap();
+    let mut next_restart = started + restart_every;
+    let mut next_pause = started + Duration::from_millis(300);
+    let (mut pauses, mut restart_marks) = (0u64, Vec::new());
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        pauses += u64::from(pause_step(&fenced, &mut rng, &mut next_pause));
+        if Instant::now() >= next_restart && (restart_marks.len() as u64) < restarts_planned {
+            daemon.kill9();
+            restart_marks.push(lock(&fenced).audit.len());
+            daemon = Daemon::start_on(dir.path(), logs.path(), daemon.addr);
+            next_restart += restart_every;
+        }
+    }
+    let mut workers = workers;
+    for (id, child) in workers.0.iter_mut().enumerate() {
+        let exited = child.try_wait().unwrap();
+        assert!(exited.is_none(), "worker {id} exited early: {exited:?}");
+    }
+    drop(workers);
+    stop.store(true, Ordering::Relaxed);
+    resource.join().expect("resource panicked");
+    drop(daemon);
+    let st = lock(&fenced);
+    check_fenced_audit(&st, &restart_marks);
+    eprintln!(
+        "fencing: {secs} s, {pauses} pauses, {} restarts, {} accesses",
+        restart_marks.len(),
+        st.audit.len()
+    );
+    assert!(pauses >= 2, "only {pauses} pauses in {secs} s");
+}
+
+/// Replays the resource's audit log: no access below the fence was accepted, every accepted
+/// write continued from the value before it (no lost update), the counter counts the accepted
+/// writes, no token served two workers, some stale write was rejected, and work went on after
+/// the last restart.
+fn check_fenced_audit(st: &Fenced, restart_marks: &[usize]) {
+    let (mut fence, mut counter) = (0u64, 0u64);
+    let (mut accepted_writes, mut stale_writes) = (0u64, 0u64);
+    let mut token_worker: HashMap<u64, u32> = HashMap::new();
+    for (i, a) in st.audit.iter().enumerate() {
+        assert_eq!(
+            a.accepted,
+            a.token >= fence,
+            "access {i} {a:?} with fence {fence}"
+        );
+        let first = *token_worker.entry(a.token).or_insert(a.worker);
+        assert_eq!(
+            first, a.worker,
+            "token {} used by workers {first} and {}: a token was issued twice",
+            a.token, a.worker
+        );
+        if !a.accepted {
+            stale_writes += u64::from(a.write.is_some());
+            continue;
+        }
+        fence = a.token;
+        if let Some(value) = a.write {
+            assert_eq!(value, counter + 1, "access {i} {a:?}: a lost update");
+            counter = value;
+            accepted_writes += 1;
+        }
+    }
+    assert_eq!(st.counter, counter);
+    assert_eq!(
+        counter, accepted_writes,
+        "the counter equals the accepted writes"
+    );
+    assert!(
+        stale_writes >= 1,
+        "no stale write was tried: the pauses proved nothing"
+    );
+    let last_restart = *restart_marks.last().expect("the server was restarted");
+    let after = st.audit[last_restart..]
+        .iter()
+        .filter(|a| a.accepted && a.write.is_some())
+        .count();
+    assert!(after > 0, "no accepted write after the last restart");
+    eprintln!(
+        "fencing audit: {accepted_writes} writes accepted, {stale_writes} stale writes rejected, \
+         {} tokens, {after} writes after the last restart",
+        token_worker.len()
+    );
+}
