@@ -112,6 +112,8 @@ pub struct Shared {
     grants_refused_until_ms: u64,
     /// The data directory's lock, held while the server runs.
     pub dir_lock: Option<std::fs::File>,
+    /// The WAL's durable position and failure, read before changes that need the WAL.
+    durable_rx: watch::Receiver<DurableState>,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -135,6 +137,7 @@ impl Shared {
         grants_refused_until_ms: u64,
     ) -> Shared {
         let shard_count = config.shards;
+        let durable_rx = wal.subscribe();
         let limits = TableLimits {
             held_max: config.held_max.div_ceil(shard_count),
             waiters_max: config.waiters_max.div_ceil(shard_count),
@@ -159,6 +162,7 @@ impl Shared {
             reserved: Notify::new(),
             grants_refused_until_ms,
             dir_lock: None,
+            durable_rx,
         }
     }
 
@@ -301,6 +305,9 @@ impl Shared {
                 format!("restarted in token-only durability: no grants for {left_ms} ms more");
             return Outcome::Reply(error(ErrorCode::Recovering, message), 0);
         }
+        if let Some(refusal) = self.refuse_if_wal_failed() {
+            return Outcome::Reply(refusal, 0);
+        }
         let (tx, rx) = oneshot::channel();
         let waiter = (*wait_ms > 0).then_some(WaitSlot {
             tx,
@@ -416,6 +423,9 @@ impl Shared {
         key: Bytes,
         lease_id: LeaseId,
     ) -> Outcome {
+        if let Some(refusal) = self.refuse_if_wal_failed() {
+            return Outcome::Reply(refusal, 0);
+        }
         let mut shard = self.shard(&key);
         let Some(lsn) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) else {
             return Outcome::Reply(Response::NotOwner, 0);
@@ -424,8 +434,29 @@ impl Shared {
         ctx.owned.retain(|(k, l)| !(*l == lease_id && *k == key));
         match lsn {
             Ok(lsn) => Outcome::Reply(Response::Released, lsn),
-            Err(e) => Outcome::Reply(self.unavailable(&e), 0),
+            Err(e) => {
+                // The WAL failed (or filled its backlog) between the check above and the
+                // append: the lock is free here, but a restart would bring the lease back.
+                Stats::bump(&self.stats.errors);
+                tracing::error!(error = %e, "a release could not be logged");
+                let message = format!(
+                    "released, but not durable: the lease may come back after a restart: {e}"
+                );
+                Outcome::Reply(error(ErrorCode::Unavailable, message), 0)
+            }
         }
+    }
+
+    /// A refusal for a change the WAL can no longer make durable, checked before the table is
+    /// touched, so "nothing changed" is true when it is said.
+    fn refuse_if_wal_failed(&self) -> Option<Response> {
+        if self.config.durability != Durability::Full {
+            return None;
+        }
+        let failed = self.durable_rx.borrow().failed.clone()?;
+        Stats::bump(&self.stats.errors);
+        let message = format!("not durable, nothing changed: the WAL failed: {failed}");
+        Some(error(ErrorCode::Unavailable, message))
     }
 
     /// Releases `lease_id`'s hold on `key` if it has one: logs and announces it, then hands

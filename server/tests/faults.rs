@@ -890,6 +890,20 @@ fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut St
             .cmd(&format!("RELEASE {} {}", lease.key, lease.lease))
             .unwrap();
         assert!(!unavailable_may_persist(&reply), "{reply}");
+        // "Nothing changed" must be true on the live server too, not only after a restart.
+        let inspect = conn.cmd(&format!("INSPECT {}", lease.key)).unwrap();
+        assert_eq!(
+            inspected(&inspect),
+            Some(lease.token),
+            "{lease:?}: {inspect}"
+        );
+        let renewed = conn
+            .cmd(&format!(
+                "RENEW {} {} {LEASE_TTL_MS}",
+                lease.key, lease.lease
+            ))
+            .unwrap();
+        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
         model.must_return.push(lease);
     }
 }
@@ -1331,4 +1345,58 @@ fn check_fenced_audit(st: &Fenced, restart_marks: &[usize]) {
          {} tokens, {after} writes after the last restart",
         token_worker.len()
     );
+}
+
+/// After the WAL failed, a refused RELEASE leaves the lease exactly where it was: held on the
+/// live server, renewable, and held again after a restart.
+#[test]
+fn release_refused_after_a_wal_failure_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir.path())
+    };
+    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    let granted = conn.cmd("ACQUIRE k 60000").unwrap();
+    assert!(granted.starts_with("OK token="), "{granted}");
+    let lease = granted
+        .split("lease=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    faults.set(FaultPlan {
+        sync_fails_from: Some(faults.syncs() + 1),
+        ..FaultPlan::default()
+    });
+    let failed = conn.cmd("ACQUIRE x 60000").unwrap();
+    assert!(failed.starts_with("ERR UNAVAILABLE "), "{failed}");
+    let refused = conn.cmd(&format!("RELEASE k {lease}")).unwrap();
+    assert!(
+        refused.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
+        "{refused}"
+    );
+    let inspect = conn.cmd("INSPECT k").unwrap();
+    assert_eq!(inspected(&inspect), Some(1), "{inspect}");
+    let renewed = conn.cmd(&format!("RENEW k {lease} 60000")).unwrap();
+    assert_eq!(renewed, "OK ttl_ms=60000");
+    drop(conn);
+    assert!(
+        server.stop().is_err(),
+        "the final sync must report the failure"
+    );
+    let server = InProcess::start(config, None);
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert_eq!(inspected(&conn.cmd("INSPECT k").unwrap()), Some(1));
+    assert_eq!(
+        conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
+        "OK ttl_ms=60000"
+    );
+    drop(conn);
+    server.stop().unwrap();
 }
