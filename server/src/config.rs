@@ -57,6 +57,9 @@ pub struct Config {
     pub token_block: u64,
     /// How long shutdown waits for connections to finish before closing them.
     pub shutdown_grace: Duration,
+    /// WAL segment size in bytes: segments rotate at this size, and a snapshot of the live
+    /// locks lets older segments be deleted, so disk use follows the live state.
+    pub wal_segment_size_max: u64,
 }
 
 /// Lines a console connection may buffer before it is told `LINE_TOO_LONG` and closed.
@@ -92,6 +95,7 @@ impl Default for Config {
             expirations_per_tick_max: 4096,
             token_block: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
+            wal_segment_size_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
         }
     }
 }
@@ -137,6 +141,12 @@ impl Config {
             if value == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.wal_segment_size_max < 64 * 1024 {
+            return Err(format!(
+                "WAL segment size {} is under 64 KiB",
+                self.wal_segment_size_max
+            ));
         }
         if self.held_max > u32::MAX as usize / 2 {
             return Err(format!(

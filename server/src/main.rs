@@ -54,6 +54,10 @@ struct Args {
     /// Worker threads for connections (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
+    /// locks, so disk use follows the live state rather than history.
+    #[arg(long, default_value_t = Config::default().wal_segment_size_max)]
+    wal_segment_bytes: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -75,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         in_flight_max: args.in_flight_max,
         ttl_ms_max: args.ttl_max_ms,
         shards: args.shards,
+        wal_segment_size_max: args.wal_segment_bytes,
         ..Config::default()
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

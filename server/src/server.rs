@@ -6,6 +6,7 @@
 //! period), stop the expiry ticker, then sync and close the WAL.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,6 +126,7 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
         } else {
             SyncMode::Off
         },
+        segment_size_max: config.wal_segment_size_max,
         ..WalOptions::default()
     };
     let dir = storage.path("");
@@ -245,6 +247,7 @@ async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let budget = shared.config.expirations_per_tick_max;
     let mut events = Vec::new();
+    let snapshotting = Arc::new(AtomicBool::new(false));
     while !stop.is_cancelled() {
         interval.tick().await;
         let now_ms = shared.clock.now_ms();
@@ -254,13 +257,24 @@ async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
             shard.advance(now_ms, budget, &shared.tokens, &mut events);
             shared.apply_events(&mut shard, now_ms, &mut events);
         }
-        if shared.wal.should_snapshot() {
-            snapshot(&shared);
+        // The copy takes a while at a million locks: run it on a blocking thread, one at a
+        // time, so neither the ticker nor a runtime worker waits for it.
+        if shared.wal.should_snapshot() && !snapshotting.swap(true, Ordering::AcqRel) {
+            let (shared, snapshotting) = (Arc::clone(&shared), Arc::clone(&snapshotting));
+            tokio::task::spawn_blocking(move || {
+                snapshot(&shared);
+                snapshotting.store(false, Ordering::Release);
+            });
         }
     }
 }
 
 /// Copies every live lease into the WAL so old segments can be deleted (see `wal`).
+///
+/// Each shard is copied under its own lock, so the log orders the copy correctly against
+/// that shard's traffic. After each shard the copy waits until it is durable: the WAL's
+/// backlog then never holds more than one shard's worth, and clients' records are not
+/// refused for lack of room while a large table is copied.
 fn snapshot(shared: &Arc<Shared>) {
     let token = match shared.wal.begin_snapshot(shared.tokens.limit()) {
         Ok(token) => token,
@@ -285,7 +299,8 @@ fn snapshot(shared: &Arc<Shared>) {
                 });
             }
         });
-        if let Err(e) = result {
+        drop(shard);
+        if let Err(e) = result.and_then(|lsn| shared.wal.wait_durable_blocking(lsn)) {
             tracing::warn!(error = %e, "WAL snapshot abandoned");
             return;
         }
