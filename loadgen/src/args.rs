@@ -1,0 +1,268 @@
+//! Command-line flags and the run configuration they resolve to.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use clap::{Parser, ValueEnum};
+
+/// Longest measured window a run accepts: every run stops by itself.
+pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+/// Most connections one run opens.
+pub const CONNECTIONS_MAX: usize = 4096;
+/// Most requests in flight on one connection.
+pub const PIPELINE_MAX: usize = 4096;
+/// Most clients in the contention scenario.
+pub const CLIENTS_MAX: usize = 100_000;
+
+/// Which workload to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Open loop at a constant acquire rate; each lock is held, renewed, then released.
+    Estimate,
+    /// Closed loop as fast as `--connections` x `--pipeline` allows, for one `--op`.
+    Max,
+    /// Many clients, few hot keys, blocking acquires: hand-off latency and fairness.
+    Contention,
+}
+
+/// The operation the `max` scenario drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MaxOp {
+    /// Acquires on random keys of the key space; grants and refusals counted apart.
+    Acquire,
+    /// Acquire, renew, release cycles on fresh keys; only completed cycles count.
+    Mixed,
+    /// Renews of one held lock per in-flight slot.
+    Renew,
+    /// Releases of `--keys` locks taken beforehand (untimed).
+    Release,
+    /// Round trips that touch no lock.
+    Ping,
+}
+
+/// Load generator for tenure and, for comparison, Redis.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = crate::ABOUT)]
+pub struct Args {
+    /// Server to load: tenure://HOST:PORT or redis://HOST:PORT.
+    #[arg(long, default_value = "tenure://127.0.0.1:7878")]
+    pub target: String,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = Scenario::Estimate)]
+    pub scenario: Scenario,
+    /// Operation for `--scenario max`.
+    #[arg(long, value_enum, default_value_t = MaxOp::Acquire)]
+    pub op: MaxOp,
+    /// estimate: acquires per second.
+    #[arg(long, default_value_t = 50_000.0)]
+    pub rate: f64,
+    /// How long a lock is held before release [estimate: 10s, contention: 1ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub hold: Option<Duration>,
+    /// Lease length asked for on acquire and renew.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub ttl: Duration,
+    /// estimate: renew period; a lock is renewed at every multiple of it up to `--hold`.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub renew_every: Duration,
+    /// Size of the key space [estimate: 2^40, max: 1000000, contention: 4].
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// TCP connections to the target.
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+    /// Most requests in flight per connection (1 = unpipelined).
+    #[arg(long, default_value_t = 64)]
+    pub pipeline: usize,
+    /// contention: clients competing for the hot keys (spread over the connections).
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// contention: how long a blocking acquire waits in line (tenure).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub wait: Duration,
+    /// contention against Redis, which cannot wait in line: delay before retrying a refusal.
+    #[arg(long, value_parser = parse_duration, default_value = "1ms")]
+    pub retry: Duration,
+    /// Measured window [estimate: 30s, otherwise 10s].
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Unmeasured time before the window (after the estimate's ramp of `--hold`).
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub warmup: Duration,
+    /// Scheduling tick: timed sends (open loop, holds, retries) happen on it.
+    #[arg(long, value_parser = parse_duration, default_value = "100us")]
+    pub tick: Duration,
+    /// Longest wait for outstanding replies after the window closes.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub drain: Duration,
+    /// Redis: acquire with the fenced script (SET NX PX + INCR of a per-key counter).
+    #[arg(long)]
+    pub redis_fenced: bool,
+    /// Process id of the server when it runs on this machine: RSS and CPU are reported.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Print the final report as JSON on stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Allow a target that is not on loopback.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Seed for key choice and Redis lease values [random].
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Parses `250us`, `5ms`, `10s`, `2m` (a bare number is seconds).
+///
+/// # Errors
+/// For anything else.
+pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .with_context(|| format!("bad duration {text:?}"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" => value / 1e6,
+        "m" => value * 60.0,
+        _ => bail!("bad duration unit in {text:?} (use us, ms, s or m)"),
+    };
+    ensure!(
+        seconds.is_finite() && seconds >= 0.0,
+        "bad duration {text:?}"
+    );
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Whole milliseconds of `d`, for wire fields.
+///
+/// # Errors
+/// When it does not fit 32 bits.
+pub fn millis_u32(d: Duration, flag: &str) -> anyhow::Result<u32> {
+    u32::try_from(d.as_millis()).with_context(|| format!("{flag} is too long"))
+}
+
+impl Args {
+    /// Checks ranges and fills per-scenario defaults.
+    ///
+    /// # Errors
+    /// For a flag out of range.
+    pub fn resolve(mut self) -> anyhow::Result<Args> {
+        let (hold, keys, duration) = match self.scenario {
+            Scenario::Estimate => (10_000, 1 << 40, 30),
+            Scenario::Max => (0, 1_000_000, 10),
+            Scenario::Contention => (1, 4, 10),
+        };
+        self.hold.get_or_insert(Duration::from_millis(hold));
+        self.keys.get_or_insert(keys);
+        self.duration.get_or_insert(Duration::from_secs(duration));
+        ensure!(
+            (1..=CONNECTIONS_MAX).contains(&self.connections),
+            "--connections must be 1..={CONNECTIONS_MAX}"
+        );
+        ensure!(
+            (1..=PIPELINE_MAX).contains(&self.pipeline),
+            "--pipeline must be 1..={PIPELINE_MAX}"
+        );
+        ensure!(
+            (1..=CLIENTS_MAX).contains(&self.clients),
+            "--clients must be 1..={CLIENTS_MAX}"
+        );
+        ensure!(
+            self.keys() >= 1 && self.keys() <= 1 << 62,
+            "--keys must be 1..=2^62"
+        );
+        ensure!(
+            self.duration() <= DURATION_MAX,
+            "--duration is over {DURATION_MAX:?}"
+        );
+        ensure!(
+            self.warmup <= DURATION_MAX,
+            "--warmup is over {DURATION_MAX:?}"
+        );
+        ensure!(
+            self.drain <= DURATION_MAX,
+            "--drain is over {DURATION_MAX:?}"
+        );
+        ensure!(
+            self.hold() <= DURATION_MAX,
+            "--hold is over {DURATION_MAX:?}"
+        );
+        ensure!(!self.duration().is_zero(), "--duration must be positive");
+        ensure!(
+            self.tick >= Duration::from_micros(10) && self.tick <= Duration::from_millis(100),
+            "--tick must be 10us..=100ms"
+        );
+        if self.scenario == Scenario::Estimate {
+            ensure!(
+                self.rate > 0.0 && self.rate <= 10_000_000.0,
+                "--rate must be in (0, 1e7]"
+            );
+            ensure!(
+                !self.renew_every.is_zero(),
+                "--renew-every must be positive"
+            );
+            ensure!(
+                self.hold().as_nanos() / self.renew_every.as_nanos() <= 64,
+                "--hold / --renew-every is over 64 renews per lock"
+            );
+        }
+        crate::wire::validate_limits(
+            millis_u32(self.ttl, "--ttl")?,
+            millis_u32(self.wait, "--wait")?,
+        )?;
+        Ok(self)
+    }
+
+    /// `--hold` after [`Args::resolve`].
+    pub fn hold(&self) -> Duration {
+        self.hold.expect("resolved")
+    }
+
+    /// `--keys` after [`Args::resolve`].
+    pub fn keys(&self) -> u64 {
+        self.keys.expect("resolved")
+    }
+
+    /// `--duration` after [`Args::resolve`].
+    pub fn duration(&self) -> Duration {
+        self.duration.expect("resolved")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(
+            parse_duration("1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("ms").is_err());
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let args = Args::parse_from(["tenure-loadgen"]).resolve().unwrap();
+        assert_eq!(args.hold(), Duration::from_secs(10));
+        assert_eq!(args.keys(), 1 << 40);
+        let args = Args::parse_from(["tenure-loadgen", "--scenario", "contention"])
+            .resolve()
+            .unwrap();
+        assert_eq!(args.keys(), 4);
+    }
+}

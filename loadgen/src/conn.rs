@@ -1,0 +1,224 @@
+//! One pipelined connection: a shared state, a reader task and a writer task.
+//!
+//! Everything runs on one thread, so the state of all connections and the scenario sit in one
+//! `Rc<RefCell<World>>`. A scenario *submits* an op: it is encoded at once into the connection's
+//! output buffer if fewer than `pipeline_max` requests are in flight, or queued in the backlog
+//! (keeping its intended send time, so the wait counts as latency). The writer task swaps the
+//! output buffer for its spare and writes it whole, which batches every op submitted since its
+//! last write into one `write` call. The reader task reads whatever has arrived and hands it to
+//! [`crate::run::World::on_bytes`], which decodes every complete reply, matches it to its op and
+//! lets the scenario react.
+//!
+//! In-flight ops live in a slab whose index is the tenure request id (replies may come back out
+//! of order there: blocking acquires); for Redis, which answers in order, a queue of slab
+//! indices in send order finds the op instead.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use anyhow::{bail, Context};
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::Notify;
+
+use crate::run::World;
+use crate::wire::{Op, Proto};
+
+/// Most ops one connection may hold back for lack of pipeline room before the run is declared
+/// overloaded: past this the target is not keeping up and the backlog would only eat memory.
+pub const BACKLOG_MAX: usize = 2_000_000;
+/// Read buffer growth step, in bytes.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The state of one connection shared by its tasks and the scenario.
+pub struct Conn {
+    /// Encoder and decoder.
+    pub proto: Proto,
+    /// Encoded requests not yet handed to the socket.
+    pub out: BytesMut,
+    /// Wakes the writer when `out` has bytes.
+    pub notify: Rc<Notify>,
+    /// Why the connection stopped working, if it did.
+    pub failed: Option<String>,
+    /// Set when the backlog passed [`BACKLOG_MAX`].
+    pub overloaded: bool,
+    slots: Vec<Option<Op>>,
+    free: Vec<u32>,
+    order: VecDeque<u32>,
+    in_flight: usize,
+    pipeline_max: usize,
+    backlog: VecDeque<Op>,
+}
+
+impl Conn {
+    /// A connection allowing `pipeline_max` requests in flight.
+    pub fn new(proto: Proto, pipeline_max: usize) -> Conn {
+        assert!(pipeline_max >= 1 && pipeline_max <= u32::MAX as usize);
+        Conn {
+            proto,
+            out: BytesMut::with_capacity(READ_CHUNK),
+            notify: Rc::new(Notify::new()),
+            failed: None,
+            overloaded: false,
+            slots: Vec::with_capacity(pipeline_max),
+            free: Vec::new(),
+            order: VecDeque::with_capacity(pipeline_max),
+            in_flight: 0,
+            pipeline_max,
+            backlog: VecDeque::new(),
+        }
+    }
+
+    /// Sends `op` now if the pipeline has room, else queues it.
+    pub fn submit(&mut self, op: Op, now_ns: u64) {
+        if self.in_flight < self.pipeline_max && self.backlog.is_empty() {
+            self.send(op, now_ns);
+        } else if self.backlog.len() < BACKLOG_MAX {
+            self.backlog.push_back(op);
+        } else {
+            self.overloaded = true;
+        }
+    }
+
+    fn send(&mut self, mut op: Op, now_ns: u64) {
+        op.sent_ns = now_ns;
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let entry = &mut self.slots[slot as usize];
+        assert!(entry.is_none(), "slab slot {slot} reused while in flight");
+        *entry = Some(op);
+        self.proto.encode(u64::from(slot), &op, &mut self.out);
+        if self.proto.in_order() {
+            self.order.push_back(slot);
+        }
+        self.in_flight += 1;
+    }
+
+    /// Removes and returns the op a reply answers: by id, or the oldest for in-order protocols.
+    ///
+    /// # Errors
+    /// When the reply matches nothing in flight: the peer is confused and the stream is lost.
+    pub fn take(&mut self, id: Option<u64>) -> anyhow::Result<Op> {
+        let slot = match id {
+            Some(id) => u32::try_from(id).context("reply id out of range")?,
+            None => self
+                .order
+                .pop_front()
+                .context("reply with nothing in flight")?,
+        };
+        let Some(op) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+            bail!("reply for request id {slot}, which is not in flight");
+        };
+        self.free.push(slot);
+        self.in_flight -= 1;
+        Ok(op)
+    }
+
+    /// Moves queued ops into the pipeline while it has room.
+    pub fn refill(&mut self, now_ns: u64) {
+        while self.in_flight < self.pipeline_max {
+            let Some(op) = self.backlog.pop_front() else {
+                break;
+            };
+            self.send(op, now_ns);
+        }
+    }
+
+    /// Requests sent and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Ops waiting for pipeline room.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// Wakes the writer if there is something to write.
+    pub fn flush(&self) {
+        if !self.out.is_empty() {
+            self.notify.notify_one();
+        }
+    }
+}
+
+/// Reads replies for connection `index` until the stream ends or breaks.
+pub async fn reader(world: Rc<RefCell<World>>, index: usize, mut half: OwnedReadHalf) {
+    let mut input = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        if input.capacity() - input.len() < READ_CHUNK / 4 {
+            input.reserve(READ_CHUNK);
+        }
+        let why = match half.read_buf(&mut input).await {
+            Ok(0) => "the server closed the connection".to_owned(),
+            Err(e) => format!("read failed: {e}"),
+            Ok(_) => match world.borrow_mut().on_bytes(index, &mut input) {
+                Ok(()) => continue,
+                Err(e) => format!("bad reply stream: {e:#}"),
+            },
+        };
+        world.borrow_mut().conns[index].failed = Some(why);
+        return;
+    }
+}
+
+/// Writes whatever the scenario encoded for connection `index`, one batch per wake-up.
+pub async fn writer(world: Rc<RefCell<World>>, index: usize, mut half: OwnedWriteHalf) {
+    let notify = world.borrow().conns[index].notify.clone();
+    let mut spare = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        notify.notified().await;
+        std::mem::swap(&mut spare, &mut world.borrow_mut().conns[index].out);
+        if spare.is_empty() {
+            continue;
+        }
+        if let Err(e) = half.write_all(&spare).await {
+            world.borrow_mut().conns[index].failed = Some(format!("write failed: {e}"));
+            return;
+        }
+        spare.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::OpKind;
+
+    fn ping(tag: u64) -> Op {
+        Op {
+            kind: OpKind::Ping,
+            key: 0,
+            lease: 0,
+            ttl_ms: 0,
+            wait_ms: 0,
+            tag,
+            intended_ns: 0,
+            sent_ns: 0,
+        }
+    }
+
+    #[test]
+    fn pipeline_limit_backlog_and_out_of_order_replies() {
+        let mut conn = Conn::new(Proto::Tenure, 2);
+        for tag in 0..5 {
+            conn.submit(ping(tag), 0);
+        }
+        assert_eq!((conn.in_flight(), conn.backlog()), (2, 3));
+        assert_eq!(conn.take(Some(1)).unwrap().tag, 1);
+        conn.refill(0);
+        assert_eq!((conn.in_flight(), conn.backlog()), (2, 2));
+        // Slot 1 was reused by the op tagged 2.
+        assert_eq!(conn.take(Some(1)).unwrap().tag, 2);
+        assert_eq!(conn.take(Some(0)).unwrap().tag, 0);
+        assert!(conn.take(Some(0)).is_err());
+        assert!(conn.take(Some(9)).is_err());
+    }
+}
