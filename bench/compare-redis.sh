@@ -3,7 +3,8 @@
 #
 # Usage: bench/compare-redis.sh [--durable]
 #   --durable   Redis with --appendonly yes --appendfsync always, tenured with fsync on.
-#               Without it: Redis with no persistence, tenured with --no-fsync (like for like).
+#               Without it: Redis with no persistence, tenured --durability tokens (locks in
+#               memory only, like Redis; fencing tokens still never reused, unlike Redis).
 # Environment:
 #   DURATION=5s        measured window of each closed-loop run (estimate: ESTIMATE_DURATION)
 #   ESTIMATE_DURATION=10s, ESTIMATE_RATE=50000, ESTIMATE_HOLD=10s
@@ -78,8 +79,8 @@ if (( DURABLE )); then
     MODE="durable: Redis AOF appendfsync always; tenured fsync on"
 else
     redis_persist=(--appendonly no)
-    tenure_persist=(--no-fsync)
-    MODE="in memory: Redis without persistence; tenured --no-fsync"
+    tenure_persist=(--durability tokens)
+    MODE="in memory: Redis without persistence; tenured --durability tokens"
 fi
 redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --dir "$WORK/redis" \
     "${redis_persist[@]}" >"$WORK/redis.log" 2>&1 &
@@ -145,6 +146,7 @@ for pipe in 1 16; do
     # tenure's grants always carry a fencing token; Redis needs the fenced script for one.
     run "fenced-p$pipe" tenure "${max[@]}" --op acquire
     run "fenced-p$pipe" redis "${max[@]}" --op acquire --redis-fenced
+    run "mixed-fenced-p$pipe" redis "${max[@]}" --op mixed --redis-fenced
 done
 
 cont=(--scenario contention --clients 64 --keys 4 --hold 1ms --connections 16
@@ -169,10 +171,12 @@ for pipe in 1 16; do
         declare "mix_$s=$(field "$(f "mixed-p$pipe" $s)" summary cycles_per_s)"
         declare "fen_$s=$(per_s "$(f "fenced-p$pipe" $s)" acquire granted)"
     done
+    mixfen_redis=$(field "$(f "mixed-fenced-p$pipe" redis)" summary cycles_per_s)
     row "max acquire c$CONNECTIONS p$pipe" "grants/s" "$acq_tenure" "$acq_redis"
     row "max acquire c$CONNECTIONS p$pipe" "acquire p99 us" "$acqp99_tenure" "$acqp99_redis"
     row "max mixed c$CONNECTIONS p$pipe" "cycles/s (3 ops)" "$mix_tenure" "$mix_redis"
     row "fenced acquire c$CONNECTIONS p$pipe" "grants/s" "$fen_tenure" "$fen_redis"
+    row "mixed vs fenced c$CONNECTIONS p$pipe" "cycles/s (Redis fenced)" "$mix_tenure" "$mixfen_redis"
 done
 
 # num X: X rounded for the table (more decimals for small values), or "-" when missing.
