@@ -858,3 +858,103 @@ async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
     assert_eq!(field(&stats, "held"), "50", "{stats}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn limits_answer_that_client_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        connections_max: 2,
+        held_max: 1, // one shard below makes this exact
+        shards: 1,
+        waiters_max: 1,
+        waiters_per_key_max: 1,
+        ..Config::for_tests(dir.path())
+    };
+    let server = Server::start_with(config).await;
+    let mut a = Console::connect(server.addr).await;
+    assert!(a.cmd("ACQUIRE one 30000").await.starts_with("OK "));
+    let full = a.cmd("ACQUIRE two 30000").await;
+    assert!(full.starts_with("ERR HELD_LIMIT "), "{full}");
+    // One waiter fits; a second is refused, on its own connection only.
+    let mut w1 = Console::connect(server.addr).await;
+    w1.send("ACQUIRE one 30000 10000\n").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let refused = a.cmd("ACQUIRE one 30000 10000").await;
+    assert!(refused.starts_with("ERR WAITERS_LIMIT "), "{refused}");
+    // A third connection is told why and closed; the others go on.
+    let mut extra = Console::connect(server.addr).await;
+    let line = extra.line().await;
+    assert!(line.starts_with("ERR CONNECTIONS_LIMIT "), "{line}");
+    assert_eq!(a.cmd("PING").await, "PONG");
+    let stats = a.cmd("STATS").await;
+    assert_eq!(field(&stats, "connections_refused"), "1", "{stats}");
+    drop(w1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        durability: tenure_server::Durability::Tokens,
+        ttl_ms_max: 400,
+        ..Config::for_tests(dir.path())
+    };
+    let server = Server::start_with(config.clone()).await;
+    let mut c = Console::connect(server.addr).await;
+    let before = token(&c.cmd("ACQUIRE k 400").await);
+    drop(c);
+    server.stop().await;
+
+    let restarted = Instant::now();
+    let server = Server::start_with(config).await;
+    let mut c = Console::connect(server.addr).await;
+    let refused = c.cmd("ACQUIRE other 400").await;
+    assert!(refused.starts_with("ERR RECOVERING "), "{refused}");
+    assert!(c.cmd("INSPECT other").await == "FREE");
+    let granted = loop {
+        let reply = c.cmd("ACQUIRE other 400").await;
+        if reply.starts_with("OK ") {
+            break reply;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(10),
+            "never granted again: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(
+        restarted.elapsed() >= Duration::from_millis(400),
+        "granted within the longest TTL"
+    );
+    assert!(token(&granted) > before, "tokens still never go back");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_shuts_down_cleanly_and_keeps_held_locks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(dir.path());
+    let mut c = Console::connect(daemon.addr).await;
+    let g = c.cmd("ACQUIRE kept 60000").await;
+    let status = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = daemon.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "tenured did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "clean shutdown exits 0: {exit:?}");
+    let daemon = Daemon::start(dir.path());
+    let mut c = Console::connect(daemon.addr).await;
+    assert!(c
+        .cmd("INSPECT kept")
+        .await
+        .starts_with(&format!("HELD token={} ", token(&g))));
+}
