@@ -27,7 +27,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tenure_protocol::frame::{decode_request, encode_response, split_frame};
 use tenure_protocol::handshake::{Hello, HelloAck, HELLO_LEN, VERSION};
 use tenure_protocol::limits::FRAME_LEN_MAX;
-use tenure_protocol::{ErrorCode, FrameError, Request, Response};
+use tenure_protocol::{ErrorCode, FrameError, LeaseId, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -131,6 +131,8 @@ struct Queued {
     lsn: Lsn,
     id: u64,
     reply: Reply,
+    /// For a grant: its key and lease id, to take it back if its record never becomes durable.
+    grant: Option<(Bytes, LeaseId)>,
 }
 
 /// A protocol response, or a console-only line (HELP, BYE) that has no binary form.
@@ -348,17 +350,19 @@ impl Conn {
             );
             return;
         }
-        let watch_key = match &request {
-            Request::Watch { key } => Some(key.clone()),
+        let key = match &request {
+            Request::Watch { key } | Request::Acquire { key, .. } => Some(key.clone()),
             _ => None,
         };
         match self.shared.execute(&mut self.ctx, id, request) {
-            Outcome::Reply(response, lsn) => {
-                if let (Some(key), Response::Watching) = (watch_key, &response) {
+            Outcome::Reply(response, lsn) => match (key, &response) {
+                (Some(key), Response::Watching) => {
                     self.watched_keys.push(key);
+                    self.push(id, response, lsn);
                 }
-                self.push(id, response, lsn)
-            }
+                (Some(key), Response::Granted { .. }) => self.push_grant(id, key, response, lsn),
+                _ => self.push(id, response, lsn),
+            },
             Outcome::Wait {
                 rx,
                 key,
@@ -402,14 +406,15 @@ impl Conn {
                 let (response, lsn) = match result {
                     Ok(WaitResult::Granted { grant, lsn }) => {
                         if release_on_disconnect {
-                            self.ctx.owned.push((key, grant.lease_id));
+                            self.ctx.owned.push((key.clone(), grant.lease_id));
                         }
                         let response = Response::Granted {
                             token: grant.token,
                             lease_id: grant.lease_id,
                             ttl_ms: grant.ttl_ms,
                         };
-                        (response, lsn)
+                        self.push_grant(id, key, response, lsn);
+                        return;
                     }
                     Ok(WaitResult::TimedOut { token, ttl_left_ms }) => (
                         Response::Locked {
@@ -502,6 +507,21 @@ impl Conn {
             lsn,
             id,
             reply: Reply::Response(response),
+            grant: None,
+        });
+    }
+
+    /// Queues a GRANTED reply, remembering which lock it is for.
+    fn push_grant(&mut self, id: u64, key: Bytes, response: Response, lsn: Lsn) {
+        let grant = match &response {
+            Response::Granted { lease_id, .. } => Some((key, *lease_id)),
+            _ => None,
+        };
+        self.queue.push_back(Queued {
+            lsn,
+            id,
+            reply: Reply::Response(response),
+            grant,
         });
     }
 
@@ -512,6 +532,7 @@ impl Conn {
             lsn: 0,
             id: 0,
             reply: Reply::Line(line),
+            grant: None,
         });
     }
 
@@ -521,7 +542,12 @@ impl Conn {
             if front.lsn > durable.lsn && durable.failed.is_none() {
                 break;
             }
-            let Queued { lsn, id, reply } = self.queue.pop_front().expect("front exists");
+            let Queued {
+                lsn,
+                id,
+                reply,
+                grant,
+            } = self.queue.pop_front().expect("front exists");
             let response = match reply {
                 Reply::Response(response) => response,
                 Reply::Line(line) => {
@@ -530,10 +556,22 @@ impl Conn {
                     continue;
                 }
             };
-            let response = match &durable.failed {
-                Some(why) if lsn > durable.lsn => Response::Error {
+            let response = match (&durable.failed, grant) {
+                (Some(why), Some((key, lease_id))) if lsn > durable.lsn => {
+                    // The WAL cut the record off; take the grant back here too, so that
+                    // "nothing changed" holds now as well as after a restart.
+                    self.shared.revoke(&key, lease_id);
+                    self.ctx.owned.retain(|(_, l)| *l != lease_id);
+                    Response::Error {
+                        code: ErrorCode::Unavailable,
+                        message: format!("not durable, nothing changed: {why}"),
+                    }
+                }
+                (Some(why), None) if lsn > durable.lsn => Response::Error {
                     code: ErrorCode::Unavailable,
-                    message: format!("not durable, the change may be lost: {why}"),
+                    message: format!(
+                        "not durable, the change may be lost: it holds until the server restarts: {why}"
+                    ),
                 },
                 _ => response,
             };

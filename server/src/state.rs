@@ -528,6 +528,14 @@ impl Shared {
         self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
     }
 
+    /// Takes back a grant whose WAL record never became durable (its requester is told so),
+    /// handing the lock to the next waiter as a release would.
+    pub fn revoke(self: &Arc<Self>, key: &[u8], lease_id: LeaseId) {
+        let now_ms = self.clock.now_ms();
+        let mut shard = self.shard(key);
+        self.free(&mut shard, now_ms, key, lease_id, FreeReason::Released);
+    }
+
     /// Acts on everything the table did on its own: expiries, hand-offs, waits that ran out.
     /// Every grant the table makes reaches the server through here or an `Acquire::Granted`.
     pub fn apply_events(

@@ -1400,3 +1400,43 @@ fn release_refused_after_a_wal_failure_changes_nothing() {
     drop(conn);
     server.stop().unwrap();
 }
+
+/// A grant whose fsync failed is invisible: refused as "nothing changed", free on the live
+/// server, and still free after a restart (the WAL cut the unsynced record off the file).
+#[test]
+fn grant_whose_fsync_failed_is_visible_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir.path())
+    };
+    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert!(conn
+        .cmd("ACQUIRE before 60000")
+        .unwrap()
+        .starts_with("OK token="));
+    faults.set(FaultPlan {
+        sync_fails_from: Some(faults.syncs() + 1),
+        ..FaultPlan::default()
+    });
+    let failed = conn.cmd("ACQUIRE x 60000").unwrap();
+    assert!(
+        failed.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
+        "{failed}"
+    );
+    assert_eq!(conn.cmd("INSPECT x").unwrap(), "FREE", "live server");
+    drop(conn);
+    assert!(
+        server.stop().is_err(),
+        "the final sync must report the failure"
+    );
+    let server = InProcess::start(config, None);
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert_eq!(conn.cmd("INSPECT x").unwrap(), "FREE", "after a restart");
+    assert_eq!(inspected(&conn.cmd("INSPECT before").unwrap()), Some(1));
+    drop(conn);
+    server.stop().unwrap();
+}

@@ -17,6 +17,9 @@
 //! - After the first failed write or fsync nothing is written again ("fsyncgate": a failed
 //!   fsync is not retried, since the kernel may have dropped the dirty pages). The durable
 //!   LSN stops, every later append and wait fails, and the process can keep serving reads.
+//!   The active segment is cut back to its last synced length, so records of the failed batch
+//!   (never acknowledged) do not come back after a restart even if some of their bytes reached
+//!   the disk.
 //!
 //! # On-disk format
 //! A directory of segment files named `wal-{seq:016x}.log`; `seq` (u64) increases by one

@@ -73,6 +73,7 @@ pub(super) fn spawn(
         shared,
         file,
         seq,
+        synced_len: record::SEGMENT_HEADER_LEN as u64,
         on_disk,
         batch: Vec::new(),
     };
@@ -86,6 +87,9 @@ struct Syncer {
     shared: Arc<Shared>,
     file: Box<dyn SegmentFile>,
     seq: u64,
+    /// Bytes of the active segment known durable: its header and every batch synced so far.
+    /// A failed batch is cut back to this, so nothing unacknowledged survives a restart.
+    synced_len: u64,
     /// `(seq, _)` of the segments on disk, oldest first (for deletion after a snapshot).
     on_disk: VecDeque<(u64, u64)>,
     /// The batch being written; kept to reuse its allocation.
@@ -154,6 +158,7 @@ impl Syncer {
             self.file = create_segment(storage, seq, sync_mode)
                 .map_err(|(path, e)| format!("creating {}: {e}", path.display()))?;
             self.seq = seq;
+            self.synced_len = record::SEGMENT_HEADER_LEN as u64;
             self.on_disk.push_back((seq, 0));
             outcome.segments_created += 1;
             outcome.fsyncs += u64::from(sync_mode == SyncMode::Data);
@@ -170,6 +175,7 @@ impl Syncer {
                 .map_err(|e| format!("fdatasync {}: {e}", path()))?;
             outcome.fsyncs += 1;
         }
+        self.synced_len += self.batch.iter().map(|c| c.buf.len() as u64).sum::<u64>();
         Ok(outcome)
     }
 
@@ -209,6 +215,22 @@ impl Syncer {
     /// Enters the failed state for good: drops pending records, wakes every waiter.
     fn fail(self, why: String) {
         tracing::error!(error = %why, "WAL write failed; no further records will be durable");
+        // Part of the failed batch may have reached the file (a short write's prefix, or pages
+        // whose fsync failed but were written back anyway). None of it was acknowledged, so cut
+        // the segment back to what was synced: a restart must not bring those records back.
+        let name = segment_name(self.seq);
+        match self.shared.storage.truncate(&name, self.synced_len) {
+            Ok(()) => tracing::warn!(
+                path = %self.shared.storage.path(&name).display(),
+                len = self.synced_len,
+                "WAL: cut the failed batch off the active segment"
+            ),
+            Err(e) => tracing::error!(
+                path = %self.shared.storage.path(&name).display(),
+                error = %e,
+                "WAL: cannot cut the failed batch off; a restart may bring unacknowledged records back"
+            ),
+        }
         let why: Arc<str> = why.into();
         // Watch first: whoever sees the failure through the state lock sees it here too.
         self.shared
