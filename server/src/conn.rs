@@ -27,14 +27,14 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tenure_protocol::frame::{decode_request, encode_response, split_frame};
 use tenure_protocol::handshake::{Hello, HelloAck, HELLO_LEN, VERSION};
 use tenure_protocol::limits::FRAME_LEN_MAX;
-use tenure_protocol::{ErrorCode, FrameError, LeaseId, Request, Response};
+use tenure_protocol::{ErrorCode, FrameError, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LINE_LEN_MAX, READ_BUFFER_MAX};
 use crate::console::{self, Command};
-use crate::state::{ConnCtx, Outcome, Shared, WaitResult};
+use crate::state::{ConnCtx, Outcome, Shared, Undo, WaitResult};
 use crate::wal::Lsn;
 
 /// Most bytes discarded from a peer after a fatal error, while its error reply drains.
@@ -131,8 +131,8 @@ struct Queued {
     lsn: Lsn,
     id: u64,
     reply: Reply,
-    /// For a grant: its key and lease id, to take it back if its record never becomes durable.
-    grant: Option<(Bytes, LeaseId)>,
+    /// For a grant or release: how to take it back if its record never becomes durable.
+    undo: Option<Undo>,
 }
 
 /// A protocol response, or a console-only line (HELP, BYE) that has no binary form.
@@ -350,19 +350,22 @@ impl Conn {
             );
             return;
         }
-        let key = match &request {
-            Request::Watch { key } | Request::Acquire { key, .. } => Some(key.clone()),
+        let watch_key = match &request {
+            Request::Watch { key } => Some(key.clone()),
             _ => None,
         };
         match self.shared.execute(&mut self.ctx, id, request) {
-            Outcome::Reply(response, lsn) => match (key, &response) {
-                (Some(key), Response::Watching) => {
+            Outcome::Reply(response, lsn) => {
+                if let (Some(key), Response::Watching) = (watch_key, &response) {
                     self.watched_keys.push(key);
-                    self.push(id, response, lsn);
                 }
-                (Some(key), Response::Granted { .. }) => self.push_grant(id, key, response, lsn),
-                _ => self.push(id, response, lsn),
-            },
+                self.push(id, response, lsn)
+            }
+            Outcome::Changed {
+                response,
+                lsn,
+                undo,
+            } => self.push_change(id, response, lsn, undo),
             Outcome::Wait {
                 rx,
                 key,
@@ -413,7 +416,11 @@ impl Conn {
                             lease_id: grant.lease_id,
                             ttl_ms: grant.ttl_ms,
                         };
-                        self.push_grant(id, key, response, lsn);
+                        let undo = Undo::Grant {
+                            key,
+                            lease_id: grant.lease_id,
+                        };
+                        self.push_change(id, response, lsn, undo);
                         return;
                     }
                     Ok(WaitResult::TimedOut { token, ttl_left_ms }) => (
@@ -507,21 +514,17 @@ impl Conn {
             lsn,
             id,
             reply: Reply::Response(response),
-            grant: None,
+            undo: None,
         });
     }
 
-    /// Queues a GRANTED reply, remembering which lock it is for.
-    fn push_grant(&mut self, id: u64, key: Bytes, response: Response, lsn: Lsn) {
-        let grant = match &response {
-            Response::Granted { lease_id, .. } => Some((key, *lease_id)),
-            _ => None,
-        };
+    /// Queues the reply to a grant or release, with the way to undo it.
+    fn push_change(&mut self, id: u64, response: Response, lsn: Lsn, undo: Undo) {
         self.queue.push_back(Queued {
             lsn,
             id,
             reply: Reply::Response(response),
-            grant,
+            undo: Some(undo),
         });
     }
 
@@ -532,7 +535,7 @@ impl Conn {
             lsn: 0,
             id: 0,
             reply: Reply::Line(line),
-            grant: None,
+            undo: None,
         });
     }
 
@@ -546,7 +549,7 @@ impl Conn {
                 lsn,
                 id,
                 reply,
-                grant,
+                undo,
             } = self.queue.pop_front().expect("front exists");
             let response = match reply {
                 Reply::Response(response) => response,
@@ -556,15 +559,21 @@ impl Conn {
                     continue;
                 }
             };
-            let response = match (&durable.failed, grant) {
-                (Some(why), Some((key, lease_id))) if lsn > durable.lsn => {
-                    // The WAL cut the record off; take the grant back here too, so that
+            let response = match (&durable.failed, undo) {
+                (Some(why), Some(undo)) if lsn > durable.lsn => {
+                    // The WAL cut the record off; take the change back here too, so that
                     // "nothing changed" holds now as well as after a restart.
-                    self.shared.revoke(&key, lease_id);
-                    self.ctx.owned.retain(|(_, l)| *l != lease_id);
+                    if let Undo::Grant { lease_id, .. } = &undo {
+                        self.ctx.owned.retain(|(_, l)| l != lease_id);
+                    }
+                    let message = if self.shared.undo(undo) {
+                        format!("not durable, nothing changed: {why}")
+                    } else {
+                        format!("not durable, the change may be lost: it holds until the server restarts: {why}")
+                    };
                     Response::Error {
                         code: ErrorCode::Unavailable,
-                        message: format!("not durable, nothing changed: {why}"),
+                        message,
                     }
                 }
                 (Some(why), None) if lsn > durable.lsn => Response::Error {

@@ -75,6 +75,41 @@ pub enum Outcome {
     },
     /// No durable fencing tokens are left: reserve more, then run the request again.
     NeedTokens(Request),
+    /// A grant or release: reply once `lsn` is durable, or `undo` it if the WAL fails first.
+    Changed {
+        /// The reply to send once durable.
+        response: Response,
+        /// WAL position of the change's record.
+        lsn: Lsn,
+        /// How to take the change back.
+        undo: Undo,
+    },
+}
+
+/// How to take back a change whose WAL record never became durable, so that the client's
+/// "not durable, nothing changed" holds on the live server as it does after a restart.
+#[derive(Debug)]
+pub enum Undo {
+    /// Revoke a grant (handing the lock to the next waiter, as a release would).
+    Grant {
+        /// The lock.
+        key: Bytes,
+        /// The grant's lease.
+        lease_id: LeaseId,
+    },
+    /// Put a released lease back, unless someone else holds the key by now.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The released lease.
+        lease_id: LeaseId,
+        /// Its fencing token.
+        token: u64,
+        /// Time it had left, in milliseconds; it gets at least that again.
+        ttl_ms: u32,
+        /// Its holder metadata.
+        meta: Bytes,
+    },
 }
 
 /// Per-connection facts the executor needs.
@@ -343,14 +378,20 @@ impl Shared {
                             lease_id,
                             ttl_ms,
                         } = grant;
-                        return Outcome::Reply(
-                            Response::Granted {
-                                token,
-                                lease_id,
-                                ttl_ms,
-                            },
+                        let undo = Undo::Grant {
+                            key: key.clone(),
+                            lease_id,
+                        };
+                        let response = Response::Granted {
+                            token,
+                            lease_id,
+                            ttl_ms,
+                        };
+                        return Outcome::Changed {
+                            response,
                             lsn,
-                        );
+                            undo,
+                        };
                     }
                     Err(e) => {
                         // Not durable, so it must not stand: take it back before anyone hears of it.
@@ -427,13 +468,34 @@ impl Shared {
             return Outcome::Reply(refusal, 0);
         }
         let mut shard = self.shard(&key);
+        // What the lease looked like, to put it back if the release never becomes durable.
+        let before = match shard.inspect(now_ms, &key) {
+            table::Inspect::Held {
+                token,
+                ttl_left_ms,
+                meta,
+                ..
+            } => Some((token, ttl_left_ms, Bytes::copy_from_slice(meta))),
+            table::Inspect::Free => None,
+        };
         let Some(lsn) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) else {
             return Outcome::Reply(Response::NotOwner, 0);
         };
         drop(shard);
         ctx.owned.retain(|(k, l)| !(*l == lease_id && *k == key));
+        let (token, ttl_left_ms, meta) = before.expect("a lease that could be released was held");
         match lsn {
-            Ok(lsn) => Outcome::Reply(Response::Released, lsn),
+            Ok(lsn) => Outcome::Changed {
+                response: Response::Released,
+                lsn,
+                undo: Undo::Release {
+                    key,
+                    lease_id,
+                    token,
+                    ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
+                    meta,
+                },
+            },
             Err(e) => {
                 // The WAL failed (or filled its backlog) between the check above and the
                 // append: the lock is free here, but a restart would bring the lease back.
@@ -528,12 +590,36 @@ impl Shared {
         self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
     }
 
-    /// Takes back a grant whose WAL record never became durable (its requester is told so),
-    /// handing the lock to the next waiter as a release would.
-    pub fn revoke(self: &Arc<Self>, key: &[u8], lease_id: LeaseId) {
+    /// Takes back a change whose WAL record never became durable; its requester is told so.
+    /// Returns whether the live state is now as if the change had never been made.
+    pub fn undo(self: &Arc<Self>, undo: Undo) -> bool {
         let now_ms = self.clock.now_ms();
-        let mut shard = self.shard(key);
-        self.free(&mut shard, now_ms, key, lease_id, FreeReason::Released);
+        match undo {
+            Undo::Grant { key, lease_id } => {
+                let mut shard = self.shard(&key);
+                self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
+                true
+            }
+            Undo::Release {
+                key,
+                lease_id,
+                token,
+                ttl_ms,
+                meta,
+            } => {
+                let mut shard = self.shard(&key);
+                // No grant can be made once the WAL failed, so the key is free unless a
+                // waiter's hand-off from this very release is not yet taken back; then the
+                // release stands here, and a restart brings the lease back.
+                if let table::Inspect::Free = shard.inspect(now_ms, &key) {
+                    shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    true
+                } else {
+                    tracing::warn!("a release that failed to log could not be undone: key is held");
+                    false
+                }
+            }
+        }
     }
 
     /// Acts on everything the table did on its own: expiries, hand-offs, waits that ran out.

@@ -1440,3 +1440,57 @@ fn grant_whose_fsync_failed_is_visible_nowhere() {
     drop(conn);
     server.stop().unwrap();
 }
+
+/// A release whose fsync failed changed nothing: the lease is held on the live server,
+/// renewable with its lease id, and held after a restart.
+#[test]
+fn release_whose_fsync_failed_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir.path())
+    };
+    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    let granted = conn.cmd("ACQUIRE k 60000 META=m1").unwrap();
+    let lease = granted
+        .split("lease=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    faults.set(FaultPlan {
+        sync_fails_from: Some(faults.syncs() + 1),
+        ..FaultPlan::default()
+    });
+    let failed = conn.cmd(&format!("RELEASE k {lease}")).unwrap();
+    assert!(
+        failed.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
+        "{failed}"
+    );
+    let held = conn.cmd("INSPECT k").unwrap();
+    assert_eq!(inspected(&held), Some(1), "live server: {held}");
+    assert!(held.ends_with("meta=m1"), "{held}");
+    assert_eq!(
+        conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
+        "OK ttl_ms=60000"
+    );
+    drop(conn);
+    assert!(
+        server.stop().is_err(),
+        "the final sync must report the failure"
+    );
+    let server = InProcess::start(config, None);
+    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert_eq!(
+        inspected(&conn.cmd("INSPECT k").unwrap()),
+        Some(1),
+        "after a restart"
+    );
+    drop(conn);
+    server.stop().unwrap();
+}
