@@ -1347,51 +1347,82 @@ fn check_fenced_audit(st: &Fenced, restart_marks: &[usize]) {
     );
 }
 
+/// A server on a `FaultyStorage` whose next fsync fails once armed: the pieces the
+/// single-fault tests below share.
+struct OneFault {
+    config: Config,
+    faults: Arc<Faults>,
+    server: InProcess,
+    conn: LineConn,
+}
+
+impl OneFault {
+    fn start() -> (OneFault, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+        let config = Config {
+            fsync: true,
+            ..Config::for_tests(dir.path())
+        };
+        let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+        let conn = LineConn::connect(server.addr).unwrap();
+        let one = OneFault {
+            config,
+            faults,
+            server,
+            conn,
+        };
+        (one, dir)
+    }
+
+    /// Grants `key` and returns its lease id.
+    fn acquire(&mut self, line: &str) -> String {
+        let granted = self.conn.cmd(line).unwrap();
+        assert!(granted.starts_with("OK token="), "{granted}");
+        field(&granted, "lease").to_string()
+    }
+
+    /// Makes every fsync from the next one on fail.
+    fn fail_next_sync(&self) {
+        self.faults.set(FaultPlan {
+            sync_fails_from: Some(self.faults.syncs() + 1),
+            ..FaultPlan::default()
+        });
+    }
+
+    /// Stops the failed server and starts a healthy one on the same files.
+    fn restart(self) -> (InProcess, LineConn) {
+        drop(self.conn);
+        let stopped = self.server.stop();
+        assert!(stopped.is_err(), "the final sync must report the failure");
+        let server = InProcess::start(self.config, None);
+        let conn = LineConn::connect(server.addr).unwrap();
+        (server, conn)
+    }
+}
+
 /// After the WAL failed, a refused RELEASE leaves the lease exactly where it was: held on the
 /// live server, renewable, and held again after a restart.
 #[test]
 fn release_refused_after_a_wal_failure_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
-    let mut conn = LineConn::connect(server.addr).unwrap();
-    let granted = conn.cmd("ACQUIRE k 60000").unwrap();
-    assert!(granted.starts_with("OK token="), "{granted}");
-    let lease = granted
-        .split("lease=")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
-    faults.set(FaultPlan {
-        sync_fails_from: Some(faults.syncs() + 1),
-        ..FaultPlan::default()
-    });
-    let failed = conn.cmd("ACQUIRE x 60000").unwrap();
+    let (mut one, _dir) = OneFault::start();
+    let lease = one.acquire("ACQUIRE k 60000");
+    one.fail_next_sync();
+    let failed = one.conn.cmd("ACQUIRE x 60000").unwrap();
     assert!(failed.starts_with("ERR UNAVAILABLE "), "{failed}");
-    let refused = conn.cmd(&format!("RELEASE k {lease}")).unwrap();
+    let refused = one.conn.cmd(&format!("RELEASE k {lease}")).unwrap();
     assert!(
         refused.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
         "{refused}"
     );
-    let inspect = conn.cmd("INSPECT k").unwrap();
+    let inspect = one.conn.cmd("INSPECT k").unwrap();
     assert_eq!(inspected(&inspect), Some(1), "{inspect}");
-    let renewed = conn.cmd(&format!("RENEW k {lease} 60000")).unwrap();
-    assert_eq!(renewed, "OK ttl_ms=60000");
-    drop(conn);
-    assert!(
-        server.stop().is_err(),
-        "the final sync must report the failure"
+    assert_eq!(
+        one.conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
+        "OK ttl_ms=60000"
     );
-    let server = InProcess::start(config, None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    let (server, mut conn) = one.restart();
     assert_eq!(inspected(&conn.cmd("INSPECT k").unwrap()), Some(1));
     assert_eq!(
         conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
@@ -1405,36 +1436,16 @@ fn release_refused_after_a_wal_failure_changes_nothing() {
 /// server, and still free after a restart (the WAL cut the unsynced record off the file).
 #[test]
 fn grant_whose_fsync_failed_is_visible_nowhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
-    let mut conn = LineConn::connect(server.addr).unwrap();
-    assert!(conn
-        .cmd("ACQUIRE before 60000")
-        .unwrap()
-        .starts_with("OK token="));
-    faults.set(FaultPlan {
-        sync_fails_from: Some(faults.syncs() + 1),
-        ..FaultPlan::default()
-    });
-    let failed = conn.cmd("ACQUIRE x 60000").unwrap();
+    let (mut one, _dir) = OneFault::start();
+    one.acquire("ACQUIRE before 60000");
+    one.fail_next_sync();
+    let failed = one.conn.cmd("ACQUIRE x 60000").unwrap();
     assert!(
         failed.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
         "{failed}"
     );
-    assert_eq!(conn.cmd("INSPECT x").unwrap(), "FREE", "live server");
-    drop(conn);
-    assert!(
-        server.stop().is_err(),
-        "the final sync must report the failure"
-    );
-    let server = InProcess::start(config, None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    assert_eq!(one.conn.cmd("INSPECT x").unwrap(), "FREE", "live server");
+    let (server, mut conn) = one.restart();
     assert_eq!(conn.cmd("INSPECT x").unwrap(), "FREE", "after a restart");
     assert_eq!(inspected(&conn.cmd("INSPECT before").unwrap()), Some(1));
     drop(conn);
@@ -1445,47 +1456,22 @@ fn grant_whose_fsync_failed_is_visible_nowhere() {
 /// renewable with its lease id, and held after a restart.
 #[test]
 fn release_whose_fsync_failed_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
-    let mut conn = LineConn::connect(server.addr).unwrap();
-    let granted = conn.cmd("ACQUIRE k 60000 META=m1").unwrap();
-    let lease = granted
-        .split("lease=")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
-    faults.set(FaultPlan {
-        sync_fails_from: Some(faults.syncs() + 1),
-        ..FaultPlan::default()
-    });
-    let failed = conn.cmd(&format!("RELEASE k {lease}")).unwrap();
+    let (mut one, _dir) = OneFault::start();
+    let lease = one.acquire("ACQUIRE k 60000 META=m1");
+    one.fail_next_sync();
+    let failed = one.conn.cmd(&format!("RELEASE k {lease}")).unwrap();
     assert!(
         failed.starts_with("ERR UNAVAILABLE not durable, nothing changed"),
         "{failed}"
     );
-    let held = conn.cmd("INSPECT k").unwrap();
+    let held = one.conn.cmd("INSPECT k").unwrap();
     assert_eq!(inspected(&held), Some(1), "live server: {held}");
     assert!(held.ends_with("meta=m1"), "{held}");
     assert_eq!(
-        conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
+        one.conn.cmd(&format!("RENEW k {lease} 60000")).unwrap(),
         "OK ttl_ms=60000"
     );
-    drop(conn);
-    assert!(
-        server.stop().is_err(),
-        "the final sync must report the failure"
-    );
-    let server = InProcess::start(config, None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    let (server, mut conn) = one.restart();
     assert_eq!(
         inspected(&conn.cmd("INSPECT k").unwrap()),
         Some(1),
