@@ -348,79 +348,32 @@ impl Shared {
             tx,
             release_on_disconnect: *release_on_disconnect,
         });
-        let lease_id = LeaseId::from_u128(rand::random());
-        let mut shard = self.shard(key);
         let args = AcquireArgs {
             key,
-            lease_id,
+            lease_id: LeaseId::from_u128(rand::random()),
             ttl_ms: *ttl_ms,
             wait_ms: *wait_ms,
             waiter,
             meta,
         };
+        let mut shard = self.shard(key);
         let mut events = Vec::new();
         let outcome = shard.acquire(now_ms, args, &self.tokens, &mut events);
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
-        let response = match outcome {
-            Acquire::Granted(grant) => {
-                match self.log_grant(key, &grant, meta, *release_on_disconnect) {
-                    Ok(lsn) => {
-                        Stats::bump(&self.stats.grants);
-                        self.watches
-                            .notify(key, EventKind::Granted, grant.token, meta);
-                        if *release_on_disconnect {
-                            ctx.owned.push((key.clone(), grant.lease_id));
-                        }
-                        self.reserve_ahead();
-                        let table::Grant {
-                            token,
-                            lease_id,
-                            ttl_ms,
-                        } = grant;
-                        let undo = Undo::Grant {
-                            key: key.clone(),
-                            lease_id,
-                        };
-                        let response = Response::Granted {
-                            token,
-                            lease_id,
-                            ttl_ms,
-                        };
-                        return Outcome::Changed {
-                            response,
-                            lsn,
-                            undo,
-                        };
-                    }
-                    Err(e) => {
-                        // Not durable, so it must not stand: take it back before anyone hears of it.
-                        self.free(
-                            &mut shard,
-                            now_ms,
-                            key,
-                            grant.lease_id,
-                            FreeReason::Released,
-                        );
-                        self.unavailable(&e)
-                    }
-                }
-            }
+        match outcome {
+            Acquire::Granted(grant) => self.granted(ctx, &mut shard, now_ms, &request, grant),
             Acquire::Locked { token, ttl_left_ms } => {
                 Stats::bump(&self.stats.locked);
-                Response::Locked {
-                    token,
-                    ttl_left_ms: clamp_ms(ttl_left_ms),
-                }
+                let ttl_left_ms = clamp_ms(ttl_left_ms);
+                Outcome::Reply(Response::Locked { token, ttl_left_ms }, 0)
             }
-            Acquire::Queued { waiter_id } => {
-                return Outcome::Wait {
-                    rx,
-                    key: key.clone(),
-                    waiter_id,
-                    release_on_disconnect: *release_on_disconnect,
-                }
-            }
+            Acquire::Queued { waiter_id } => Outcome::Wait {
+                rx,
+                key: key.clone(),
+                waiter_id,
+                release_on_disconnect: *release_on_disconnect,
+            },
             Acquire::Full(limit) => {
                 Stats::bump(&self.stats.errors);
                 let (code, what) = match limit {
@@ -437,15 +390,67 @@ impl Shared {
                         "this key has as many waiters as it may",
                     ),
                 };
-                error(code, what)
+                Outcome::Reply(error(code, what), 0)
             }
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
                 self.reserve_ahead();
-                return Outcome::NeedTokens(request);
+                Outcome::NeedTokens(request)
+            }
+        }
+    }
+
+    /// Logs a grant the table just made (still under its shard's lock) and builds its reply,
+    /// or takes it back if it cannot be logged.
+    fn granted(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        request: &Request,
+        grant: table::Grant,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            release_on_disconnect,
+            meta,
+            ..
+        } = request
+        else {
+            unreachable!("granted called with {request:?}")
+        };
+        let lsn = match self.log_grant(key, &grant, meta, *release_on_disconnect) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                // Not durable, so it must not stand: take it back before anyone hears of it.
+                self.free(shard, now_ms, key, grant.lease_id, FreeReason::Released);
+                return Outcome::Reply(self.unavailable(&e), 0);
             }
         };
-        Outcome::Reply(response, 0)
+        Stats::bump(&self.stats.grants);
+        self.watches
+            .notify(key, EventKind::Granted, grant.token, meta);
+        if *release_on_disconnect {
+            ctx.owned.push((key.clone(), grant.lease_id));
+        }
+        self.reserve_ahead();
+        let table::Grant {
+            token,
+            lease_id,
+            ttl_ms,
+        } = grant;
+        Outcome::Changed {
+            response: Response::Granted {
+                token,
+                lease_id,
+                ttl_ms,
+            },
+            lsn,
+            undo: Undo::Grant {
+                key: key.clone(),
+                lease_id,
+            },
+        }
     }
 
     fn unavailable(&self, e: &wal::WalError) -> Response {
