@@ -439,12 +439,16 @@ impl Shared {
             lease_id,
             ttl_ms,
         } = grant;
+        let response = Response::Granted {
+            token,
+            lease_id,
+            ttl_ms,
+        };
+        if !self.full() {
+            return Outcome::Reply(response, 0); // nothing was logged, so nothing to undo
+        }
         Outcome::Changed {
-            response: Response::Granted {
-                token,
-                lease_id,
-                ttl_ms,
-            },
+            response,
             lsn,
             undo: Undo::Grant {
                 key: key.clone(),
@@ -473,33 +477,36 @@ impl Shared {
             return Outcome::Reply(refusal, 0);
         }
         let mut shard = self.shard(&key);
-        // What the lease looked like, to put it back if the release never becomes durable.
+        // What the lease looked like, to put it back if the release never becomes durable
+        // (only logged changes can fail to become durable).
         let before = match shard.inspect(now_ms, &key) {
             table::Inspect::Held {
                 token,
                 ttl_left_ms,
                 meta,
                 ..
-            } => Some((token, ttl_left_ms, Bytes::copy_from_slice(meta))),
-            table::Inspect::Free => None,
+            } if self.full() => Some((token, ttl_left_ms, Bytes::copy_from_slice(meta))),
+            _ => None,
         };
         let Some(lsn) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) else {
             return Outcome::Reply(Response::NotOwner, 0);
         };
         drop(shard);
         ctx.owned.retain(|(k, l)| !(*l == lease_id && *k == key));
-        let (token, ttl_left_ms, meta) = before.expect("a lease that could be released was held");
         match lsn {
-            Ok(lsn) => Outcome::Changed {
-                response: Response::Released,
-                lsn,
-                undo: Undo::Release {
-                    key,
-                    lease_id,
-                    token,
-                    ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
-                    meta,
+            Ok(lsn) => match before {
+                Some((token, ttl_left_ms, meta)) => Outcome::Changed {
+                    response: Response::Released,
+                    lsn,
+                    undo: Undo::Release {
+                        key,
+                        lease_id,
+                        token,
+                        ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
+                        meta,
+                    },
                 },
+                None => Outcome::Reply(Response::Released, lsn),
             },
             Err(e) => {
                 // The WAL failed (or filled its backlog) between the check above and the
