@@ -566,7 +566,7 @@ async fn held_locks_and_tokens_survive_an_in_process_restart() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path()).await;
     let mut c = Console::connect(server.addr).await;
-    let kept = c.cmd("ACQUIRE kept 30000").await;
+    let kept = c.cmd("ACQUIRE kept 30000 META=10.0.0.7:8080").await;
     let gone = c.cmd("ACQUIRE gone 30000").await;
     assert_eq!(
         c.cmd(&format!("RELEASE gone {}", field(&gone, "lease")))
@@ -578,10 +578,15 @@ async fn held_locks_and_tokens_survive_an_in_process_restart() {
 
     let server = Server::start(dir.path()).await;
     let mut c = Console::connect(server.addr).await;
-    assert!(c
-        .cmd("INSPECT kept")
-        .await
-        .starts_with(&format!("HELD token={} ", token(&kept))));
+    let held = c.cmd("INSPECT kept").await;
+    assert!(
+        held.starts_with(&format!("HELD token={} ", token(&kept))),
+        "{held}"
+    );
+    assert!(
+        held.ends_with(" meta=10.0.0.7:8080"),
+        "metadata survives a restart: {held}"
+    );
     assert_eq!(c.cmd("INSPECT gone").await, "FREE");
     assert_eq!(
         c.cmd(&format!("RENEW kept {} 30000", field(&kept, "lease")))
