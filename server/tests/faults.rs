@@ -796,11 +796,9 @@ const DISK_KEYS: usize = 16;
 /// `ERR UNAVAILABLE` replies the load waits for before it stops (if within the deadline).
 const DISK_UNAVAILABLE_MIN: u64 = 20;
 
-/// Runs a mixed load over a `FaultyStorage`, arms `plan` mid-run, checks the live server,
-/// then restarts on the same files without faults and checks what came back.
-fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultPlan) {
-    let seed = seed(test);
-    let mut rng = StdRng::seed_from_u64(seed);
+/// A server (fsync on) whose WAL goes through a `FaultyStorage` in a new directory, with the
+/// handle that arms its faults.
+fn faulty_server() -> (Config, Arc<Faults>, InProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(Faults::default());
     let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
@@ -809,6 +807,15 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
         ..Config::for_tests(dir.path())
     };
     let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    (config, faults, server, dir)
+}
+
+/// Runs a mixed load over a `FaultyStorage`, arms `plan` mid-run, checks the live server,
+/// then restarts on the same files without faults and checks what came back.
+fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultPlan) {
+    let seed = seed(test);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (config, faults, server, _dir) = faulty_server();
     let model = Mutex::new(Model::default());
     let keys: Vec<String> = (0..DISK_KEYS).map(|i| format!("d{i}")).collect();
     let (stop, dying) = (AtomicBool::new(false), AtomicBool::new(false));
@@ -1358,14 +1365,7 @@ struct OneFault {
 
 impl OneFault {
     fn start() -> (OneFault, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let faults = Arc::new(Faults::default());
-        let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-        let config = Config {
-            fsync: true,
-            ..Config::for_tests(dir.path())
-        };
-        let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+        let (config, faults, server, dir) = faulty_server();
         let conn = LineConn::connect(server.addr).unwrap();
         let one = OneFault {
             config,
