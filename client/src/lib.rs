@@ -45,7 +45,8 @@
 //! - [`lease`]: [`Lease`] with a local deadline that never over-estimates, and [`LeaseGuard`]
 //!   renewing in the background and reporting loss.
 //! - [`fence`]: [`Fence`] and [`SequencedFence`], the resource-side check, with the SQL pattern.
-//! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group.
+//! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group;
+//!   [`Client::campaign`] and [`Client::observe`] are the short forms.
 //! - [`error`]: [`Error`], every way a request can fail.
 //! - [`duration`]: `30s`/`500ms`/`2m` parsing for the command line.
 //! - `fake` (tests only): a scripted stand-in server for behaviour a real one will not show
