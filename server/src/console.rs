@@ -333,6 +333,41 @@ mod tests {
         assert_eq!(parse(&[0xff, 0xfe]).unwrap_err().code, ErrorCode::BadArgs);
     }
 
+    /// Random and mutated lines never panic the parser, and whatever parses is in range.
+    #[test]
+    fn mutated_lines_never_panic() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(0xc0_501e);
+        let lines = [
+            "ACQUIRE order:1842 30000 500 META=x RELEASE_ON_DISCONNECT",
+            "RENEW k 000102030405060708090a0b0c0d0e0f 100",
+            "RELEASE k 000102030405060708090a0b0c0d0e0f",
+            "CHECK k 18446744073709551615",
+            "INSPECT k",
+            "WATCH k",
+        ];
+        let mut parsed = 0;
+        for _ in 0..20_000 {
+            let mut line = lines[rng.random_range(0..lines.len())].as_bytes().to_vec();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..line.len().max(1));
+                match rng.random_range(0..3) {
+                    0 if !line.is_empty() => line[at] = rng.random(),
+                    1 if !line.is_empty() => {
+                        line.remove(at);
+                    }
+                    _ => line.insert(at.min(line.len()), rng.random()),
+                }
+            }
+            if let Ok(Command::Request(request)) = parse(&line) {
+                request.validate().unwrap();
+                parsed += 1;
+            }
+        }
+        assert!(parsed > 500, "only {parsed} mutated lines parsed");
+    }
+
     #[test]
     fn formats_replies_as_in_the_contract() {
         let line = |r: Response| {
