@@ -243,6 +243,9 @@ struct Conn {
 impl Conn {
     async fn run(&mut self, shutdown: &CancellationToken) -> std::io::Result<()> {
         let mut durable = self.shared.durable();
+        // Made once, not per pass: each `cancelled()` registers with the token's notifier.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
             if let Err(Fatal(last)) = self.handle_input() {
                 if let Some((code, message)) = last {
@@ -277,7 +280,7 @@ impl Conn {
                     }
                 }
                 Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
-                _ = shutdown.cancelled(), if !self.closing => self.closing = true,
+                _ = &mut cancelled, if !self.closing => self.closing = true,
             }
         }
     }
