@@ -72,16 +72,9 @@ fn decode(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .measurement_time(Duration::from_secs(2))
-        .warm_up_time(Duration::from_millis(500))
-        .sample_size(20)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = tenure_bench::criterion_config(Duration::from_millis(500));
     targets = encode, decode
 }
 criterion_main!(benches);

@@ -62,16 +62,9 @@ fn wal(c: &mut Criterion) {
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .measurement_time(Duration::from_secs(2))
-        .warm_up_time(Duration::from_millis(300))
-        .sample_size(20)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = tenure_bench::criterion_config(Duration::from_millis(300));
     targets = wal
 }
 criterion_main!(benches);

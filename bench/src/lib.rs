@@ -14,3 +14,14 @@
 //! - [`fixtures`]: frames and keys shared by the benches.
 
 pub mod fixtures;
+
+use std::time::Duration;
+
+/// The criterion settings every bench shares: a 2 s measurement of 20 samples, after
+/// `warm_up` (the WAL bench warms up for less, since each of its iterations is slow).
+pub fn criterion_config(warm_up: Duration) -> criterion::Criterion {
+    criterion::Criterion::default()
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(warm_up)
+        .sample_size(20)
+}
