@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use serde_json::json;
+
 use crate::stats::Stats;
 use crate::wire::{OpKind, Outcome};
 
@@ -26,31 +28,25 @@ impl Value {
         }
     }
 
-    fn json(&self) -> String {
+    /// The value in JSON. A rate that is not finite (an empty window) becomes `null`, and
+    /// floats keep three decimals, as the text report does, so scripts do not see noise digits.
+    fn json(&self) -> serde_json::Value {
         match self {
-            Value::U64(n) => n.to_string(),
-            Value::F64(x) if x.is_finite() => format!("{x:.3}"),
-            Value::F64(_) => "null".to_owned(),
-            Value::Str(s) => json_string(s),
+            Value::U64(n) => json!(n),
+            Value::F64(x) if x.is_finite() => json!((x * 1e3).round() / 1e3),
+            Value::F64(_) => serde_json::Value::Null,
+            Value::Str(s) => json!(s),
         }
     }
 }
 
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// One JSON object from named values, in the order given.
+fn object<'a>(items: impl IntoIterator<Item = (&'a str, &'a Value)>) -> serde_json::Value {
+    let map: serde_json::Map<String, serde_json::Value> = items
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.json()))
+        .collect();
+    serde_json::Value::Object(map)
 }
 
 /// Figures for one op kind.
@@ -183,58 +179,55 @@ impl Report {
 
     /// One JSON object for scripts.
     pub fn json(&self) -> String {
-        let object = |items: &[(&'static str, Value)]| {
-            let fields: Vec<String> = items
-                .iter()
-                .map(|(k, v)| format!("{}:{}", json_string(k), v.json()))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        };
-        let kinds: Vec<String> = self
+        let pairs = |items: &'_ [(&'static str, Value)]| object(items.iter().map(|(k, v)| (*k, v)));
+        let ops: serde_json::Map<String, serde_json::Value> = self
             .kinds
             .iter()
-            .map(|k| {
-                let mut items = vec![
-                    ("count", Value::U64(k.count)),
-                    ("rate_per_s", Value::F64(k.rate_per_s)),
-                ];
-                if let Some(t) = k.target_per_s {
-                    items.push(("target_per_s", Value::F64(t)));
-                }
-                let names = ["p50_us", "p90_us", "p99_us", "p999_us", "max_us"];
-                for (name, us) in names.iter().zip(k.latency_us) {
-                    items.push((name, Value::F64(us)));
-                }
-                let names = [
-                    "service_p50_us",
-                    "service_p90_us",
-                    "service_p99_us",
-                    "service_p999_us",
-                    "service_max_us",
-                ];
-                for (name, us) in names.iter().zip(k.service_us) {
-                    items.push((name, Value::F64(us)));
-                }
-                for (name, n) in &k.outcomes {
-                    items.push((name, Value::U64(*n)));
-                }
-                format!("{}:{}", json_string(k.name), object(&items))
-            })
+            .map(|k| (k.name.to_owned(), k.json()))
             .collect();
-        let errors: Vec<String> = self
+        let errors: serde_json::Map<String, serde_json::Value> = self
             .errors
             .iter()
-            .map(|(k, n)| format!("{}:{n}", json_string(k)))
+            .map(|(name, n)| (name.clone(), json!(n)))
             .collect();
-        format!(
-            "{{\"settings\":{},\"window_s\":{:.3},\"ops\":{{{}}},\"summary\":{},\"resources\":{},\"errors\":{{{}}}}}",
-            object(&self.settings),
-            self.window_s,
-            kinds.join(","),
-            object(&self.summary),
-            object(&self.resources),
-            errors.join(",")
-        )
+        json!({
+            "settings": pairs(&self.settings),
+            "window_s": Value::F64(self.window_s).json(),
+            "ops": ops,
+            "summary": pairs(&self.summary),
+            "resources": pairs(&self.resources),
+            "errors": errors,
+        })
+        .to_string()
+    }
+}
+
+impl KindReport {
+    /// This op kind's figures as one JSON object.
+    fn json(&self) -> serde_json::Value {
+        let mut items = vec![
+            ("count", Value::U64(self.count)),
+            ("rate_per_s", Value::F64(self.rate_per_s)),
+        ];
+        if let Some(t) = self.target_per_s {
+            items.push(("target_per_s", Value::F64(t)));
+        }
+        let names = ["p50_us", "p90_us", "p99_us", "p999_us", "max_us"];
+        items.extend(names.into_iter().zip(self.latency_us.map(Value::F64)));
+        let names = [
+            "service_p50_us",
+            "service_p90_us",
+            "service_p99_us",
+            "service_p999_us",
+            "service_max_us",
+        ];
+        items.extend(names.into_iter().zip(self.service_us.map(Value::F64)));
+        items.extend(
+            self.outcomes
+                .iter()
+                .map(|(name, n)| (*name, Value::U64(*n))),
+        );
+        object(items.iter().map(|(k, v)| (*k, v)))
     }
 }
 
@@ -243,7 +236,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_escapes() {
-        assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    fn json_is_valid_and_escaped() {
+        let report = Report {
+            settings: vec![("target", Value::Str("a\"b\\c\n".into()))],
+            window_s: 1.0,
+            kinds: Vec::new(),
+            summary: vec![("rate", Value::F64(f64::NAN))],
+            resources: Vec::new(),
+            errors: vec![("BAD \"KEY\"".into(), 2)],
+        };
+        let parsed: serde_json::Value = serde_json::from_str(&report.json()).unwrap();
+        assert_eq!(parsed["settings"]["target"], "a\"b\\c\n");
+        assert!(parsed["summary"]["rate"].is_null());
+        assert_eq!(parsed["errors"]["BAD \"KEY\""], 2);
     }
 }
