@@ -26,6 +26,7 @@ pub fn granted(n: u64) -> Response {
         token: n,
         lease_id: LeaseId::from_u128(0x5eed_0000_0000_0000_0000_0000_0000_0000 | u128::from(n)),
         ttl_ms: 30_000,
+        waited_ms: 0,
     }
 }
 

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::conn::{Conn, WatchRegistration};
 use crate::error::{Error, Result};
-use crate::lease::{KeepAliveOptions, Lease, LeaseGuard};
+use crate::lease::{Granted, KeepAliveOptions, Lease, LeaseGuard};
 
 /// Most events a watch queues for a consumer that is not reading; past it the watch is
 /// dropped with [`Error::WatchOverflow`] rather than stall the connection.
@@ -358,7 +358,8 @@ impl Client {
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
     ///
     /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// request was sent, so it is never later than the server's.
+    /// request was sent, plus the time the server says the request waited in line before the
+    /// grant, plus the TTL, so it is never later than the server's.
     ///
     /// # Errors
     /// [`Error::Invalid`] for an empty or over-long key, a TTL outside
@@ -388,15 +389,18 @@ impl Client {
                 token,
                 lease_id,
                 ttl_ms,
-            } => Ok(AcquireOutcome::Granted(Lease::new(
-                self.clone(),
-                key,
-                token,
-                lease_id,
-                Duration::from_millis(u64::from(ttl_ms)),
-                sent_at,
-                options.release_on_disconnect.then(|| conn.shared.clone()),
-            ))),
+                waited_ms,
+            } => {
+                let granted = Granted {
+                    token,
+                    lease_id,
+                    ttl: Duration::from_millis(u64::from(ttl_ms)),
+                    waited: Duration::from_millis(u64::from(waited_ms)),
+                };
+                let tied_to = options.release_on_disconnect.then(|| conn.shared.clone());
+                let lease = Lease::new(self.clone(), key, granted, sent_at, tied_to);
+                Ok(AcquireOutcome::Granted(lease))
+            }
             Response::Locked { token, ttl_left_ms } => Ok(AcquireOutcome::Locked(LockedBy {
                 token,
                 ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),

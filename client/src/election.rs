@@ -9,7 +9,8 @@
 //!
 //! A leader that crashes or loses its connection is replaced as soon as the server sees the
 //! connection close; one that hangs is replaced when its lease runs out. [`Leadership`]
-//! reports loss exactly like a [`LeaseGuard`].
+//! reports loss exactly like a [`LeaseGuard`]. A standby may wait in line far longer than the
+//! TTL; its lease is counted from the grant (see [`crate::lease`]), not from its campaign.
 //!
 //! Observers ([`Election::observe`]) WATCH the lock and read it once, and see each new leader
 //! in increasing term order.

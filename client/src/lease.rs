@@ -7,6 +7,12 @@
 //! so its deadline is never later than the server's (up to clock rate differences, which the
 //! guard's margin absorbs).
 //!
+//! A blocking acquire may be granted long after it was sent: the grant says how long it
+//! waited in line on the server (`waited_ms`), and the deadline is
+//! `sent_at + waited + ttl`. The server counts the wait from its receipt of the request, which
+//! is after `sent_at`, so this is still never later than the server's deadline; without the
+//! wait a lease won after waiting longer than its TTL would look expired on arrival.
+//!
 //! # How a guard reports loss
 //! ```text
 //!  sent ──renew──renew──renew──X (no confirmation)        deadline
@@ -44,6 +50,8 @@ pub struct Lease {
     token: u64,
     lease_id: LeaseId,
     ttl: Duration,
+    /// How long the acquire waited in line on the server before the grant.
+    waited: Duration,
     deadline: Instant,
     /// The connection the lease dies with, when taken with `release_on_disconnect`.
     tied_to: Option<Arc<Shared>>,
@@ -56,28 +64,46 @@ impl fmt::Debug for Lease {
             .field("token", &self.token)
             .field("lease_id", &self.lease_id)
             .field("ttl", &self.ttl)
+            .field("waited", &self.waited)
             .field("time_left", &self.time_left())
             .finish()
     }
 }
 
+/// What a GRANTED reply said, for [`Lease::new`].
+pub(crate) struct Granted {
+    pub(crate) token: u64,
+    pub(crate) lease_id: LeaseId,
+    pub(crate) ttl: Duration,
+    /// Time the acquire waited on the server before the grant.
+    pub(crate) waited: Duration,
+}
+
 impl Lease {
+    /// A lease granted in answer to a request sent no earlier than `sent_at`: the server's
+    /// lease started `granted.waited` after its receipt of the request, so it ends no earlier
+    /// than `sent_at + waited + ttl`.
     pub(crate) fn new(
         client: Client,
         key: Bytes,
-        token: u64,
-        lease_id: LeaseId,
-        ttl: Duration,
+        granted: Granted,
         sent_at: Instant,
         tied_to: Option<Arc<Shared>>,
     ) -> Lease {
+        let Granted {
+            token,
+            lease_id,
+            ttl,
+            waited,
+        } = granted;
         Lease {
             client,
             key,
             token,
             lease_id,
             ttl,
-            deadline: sent_at + ttl,
+            waited,
+            deadline: sent_at + waited + ttl,
             tied_to,
         }
     }
@@ -103,8 +129,15 @@ impl Lease {
         self.ttl
     }
 
+    /// How long the acquire waited in line on the server before it was granted (zero for an
+    /// immediate grant), by the server's clock.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
     /// The local deadline: an instant taken before the last successful grant or renewal was
-    /// sent, plus the TTL granted. Never later than the server's.
+    /// sent, plus the time the grant waited on the server (for the grant only), plus the TTL
+    /// granted. Never later than the server's.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -347,7 +380,7 @@ impl LeaseGuard {
     }
 
     /// The local deadline: an instant taken before the last confirmed renewal (or the grant)
-    /// was sent, plus the TTL.
+    /// was sent, plus the TTL (and, for the grant, the time it waited on the server).
     pub fn deadline(&self) -> Instant {
         self.state.deadline()
     }
@@ -571,6 +604,7 @@ mod tests {
                 token: 42,
                 lease_id: LeaseId::from_u128(9),
                 ttl_ms: TTL_MS,
+                waited_ms: 0,
             }),
             Request::Renew { .. } => renew.clone(),
             _ => Some(Response::Released),
@@ -640,6 +674,39 @@ mod tests {
             assert!(guard.deadline() + delay <= Instant::now() + ttl);
         }
         assert!(guard.deadline() > first_deadline, "renewals were confirmed");
+    }
+
+    #[tokio::test]
+    async fn a_grant_that_waited_counts_the_lease_from_the_grant() {
+        // The server says the acquire waited 2 TTLs in line: the lease started then, so the
+        // deadline is sent_at + waited + ttl, not sent_at + ttl (which has passed already
+        // for a wait longer than the TTL).
+        let waited_ms = 2 * TTL_MS;
+        let script: Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 42,
+                lease_id: LeaseId::from_u128(9),
+                ttl_ms: TTL_MS,
+                waited_ms,
+            }),
+            _ => None,
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let client = Client::connect(server.addr.clone()).await.expect("connect");
+        let ttl = Duration::from_millis(u64::from(TTL_MS));
+        let waited = Duration::from_millis(u64::from(waited_ms));
+        let before = Instant::now();
+        let lease = client
+            .acquire("k", ttl, AcquireOptions::default())
+            .await
+            .expect("acquire")
+            .granted()
+            .expect("granted");
+        let after = Instant::now();
+        assert_eq!(lease.waited(), waited);
+        assert!(lease.deadline() >= before + waited + ttl);
+        assert!(lease.deadline() <= after + waited + ttl);
+        assert!(!lease.is_expired());
     }
 
     #[tokio::test]

@@ -974,3 +974,249 @@ async fn cli_console_answers_one_line_per_command() {
         "{stdout}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A lease won after a long wait: its lease starts at the grant, not when the request was sent.
+
+/// Lease length of the long-wait tests: waiters wait five of these, then hold for three.
+const PATIENT_TTL: Duration = Duration::from_millis(400);
+
+/// Waits until `key` has `count` waiters queued.
+async fn wait_for_waiters(client: &Client, key: &str, count: u32) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let KeyState::Held { waiters, .. } = client.inspect(key).await.expect("inspect") {
+            if waiters == count {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{key} never had {count} waiters");
+        tokio::time::sleep(ms(5)).await;
+    }
+}
+
+/// Checks for `span` that `is_valid` stays true and the server holds `key` under `token`.
+async fn stays_held(
+    client: &Client,
+    key: &str,
+    token: u64,
+    span: Duration,
+    is_valid: impl Fn() -> bool,
+) {
+    let started = Instant::now();
+    while started.elapsed() < span {
+        assert!(
+            is_valid(),
+            "lost validity {:?} after the grant",
+            started.elapsed()
+        );
+        match client.inspect(key).await.expect("inspect") {
+            KeyState::Held { token: held, .. } => {
+                assert_eq!(held, token, "someone else holds {key}")
+            }
+            KeyState::Free => panic!("{key} is free {:?} after the grant", started.elapsed()),
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_lease_won_after_waiting_five_ttls_is_kept_for_three_more() {
+    let server = TestServer::start();
+    let holder = server.client().await;
+    let waiter = server.client().await;
+    let ttl = PATIENT_TTL;
+    let held = holder
+        .lock("patient", ttl, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let waiting = tokio::spawn(async move {
+        let options = AcquireOptions::wait(PATIENCE);
+        waiter.acquire("patient", ttl, options).await
+    });
+    wait_for_waiters(&holder, "patient", 1).await;
+    tokio::time::sleep(5 * ttl).await;
+    assert!(held.is_valid(), "the holder kept renewing");
+    let released_at = Instant::now();
+    held.release().await.expect("release");
+    let lease = timeout(PATIENCE, waiting)
+        .await
+        .expect("hand-off")
+        .expect("task")
+        .expect("acquire")
+        .granted()
+        .expect("granted after waiting");
+    let granted_at = Instant::now();
+    // Counted from the grant (after the release), not from the send five TTLs earlier; and
+    // never later than the server's, which started no later than the reply arrived.
+    assert!(
+        lease.deadline() > released_at + ttl / 2,
+        "deadline {:?} before the release",
+        released_at.saturating_duration_since(lease.deadline())
+    );
+    assert!(lease.deadline() <= granted_at + ttl);
+    assert!(!lease.is_expired());
+
+    let token = lease.fencing_token();
+    let guard = lease.keep_alive();
+    stays_held(&holder, "patient", token, 3 * ttl, || guard.is_valid()).await;
+    assert_eq!(guard.loss_reason(), None, "no loss signalled");
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test]
+async fn an_election_standby_that_waited_five_ttls_leads_for_three_more() {
+    let server = TestServer::start();
+    let observer = server.client().await;
+    let ttl = PATIENT_TTL;
+    let options = ElectionOptions {
+        ttl,
+        ..ElectionOptions::default()
+    };
+    let first = Election::with_options(server.client().await, "patient", options);
+    let standby = Election::with_options(server.client().await, "patient", options);
+    let leader = first.campaign("first").await.expect("campaign");
+    let campaign = tokio::spawn(async move { standby.campaign("second").await });
+    wait_for_waiters(&observer, "election/patient", 1).await;
+    tokio::time::sleep(5 * ttl).await;
+    assert!(leader.is_valid(), "the leader kept renewing");
+    leader.resign().await.expect("resign");
+    let second = timeout(PATIENCE, campaign)
+        .await
+        .expect("hand-off")
+        .expect("task")
+        .expect("campaign");
+    let term = second.term();
+    stays_held(&observer, "election/patient", term, 3 * ttl, || {
+        second.is_valid()
+    })
+    .await;
+    assert_eq!(second.guard().loss_reason(), None, "no loss signalled");
+    second.resign().await.expect("resign");
+}
+
+/// Holds `key` through a renewing guard until `tenure` queues behind it, five TTLs more, then
+/// releases it; `child` must then get the lock and run its three-TTL command to the end.
+async fn cli_waits_then_holds(
+    server: &TestServer,
+    key: &str,
+    guard: tenure::LeaseGuard,
+    child: tokio::process::Child,
+) -> String {
+    let client = server.client().await;
+    wait_for_waiters(&client, key, 1).await;
+    tokio::time::sleep(5 * PATIENT_TTL).await;
+    assert!(guard.is_valid(), "the holder kept renewing");
+    guard.release().await.expect("release");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after its command")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "the command's status: {stderr}"
+    );
+    assert!(!stderr.contains("LOST"), "{stderr}");
+    stderr
+}
+
+#[tokio::test]
+async fn cli_run_keeps_a_lock_won_after_a_long_wait() {
+    let server = TestServer::start();
+    let holder = server.client().await;
+    let guard = holder
+        .lock("cli/patient", PATIENT_TTL, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run",
+            "--key",
+            "cli/patient",
+            "--ttl",
+            "400ms",
+            "--wait",
+            "5s",
+        ])
+        .args(["--", "sh", "-c", &hold_for])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let stderr = cli_waits_then_holds(&server, "cli/patient", guard, child).await;
+    assert_eq!(field(&stderr, "result"), "GRANTED");
+}
+
+#[tokio::test]
+async fn cli_elect_keeps_leading_after_a_long_wait() {
+    let server = TestServer::start();
+    let options = ElectionOptions {
+        ttl: PATIENT_TTL,
+        ..ElectionOptions::default()
+    };
+    let election = Election::with_options(server.client().await, "cli-patient", options);
+    let leader = election.campaign("first").await.expect("campaign");
+    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
+    let child = tenure_cli(&server.addr)
+        .args([
+            "elect",
+            "cli-patient",
+            "--value",
+            "second",
+            "--ttl",
+            "400ms",
+        ])
+        .args(["--", "sh", "-c", &hold_for])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let key = "election/cli-patient";
+    let stderr = cli_waits_then_holds(&server, key, leader.into_guard(), child).await;
+    assert_eq!(field(&stderr, "result"), "LEADING");
+}
+
+#[tokio::test]
+async fn cli_acquire_prints_how_long_it_waited() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "cli/w", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "waited_ms")), (0, "0"), "{out}");
+    let client = server.client().await;
+    let guard = client
+        .lock("cli/held", PATIENT_TTL, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let args = ["acquire", "cli/held", "--ttl", "5s", "--wait", "5s"];
+    let spawned_at = Instant::now();
+    let child = tenure_cli(addr)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    wait_for_waiters(&client, "cli/held", 1).await;
+    tokio::time::sleep(PATIENT_TTL).await;
+    guard.release().await.expect("release");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    let elapsed_ms = spawned_at.elapsed().as_millis();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let waited_ms: u128 = field(&out, "waited_ms").parse().expect("a number");
+    // In line from before it was seen queued until the release one TTL later (less 1 ms of
+    // clock rounding), and not longer than the process ran.
+    assert!(waited_ms + 1 >= PATIENT_TTL.as_millis(), "{out}");
+    assert!(waited_ms <= elapsed_ms, "{out}: ran {elapsed_ms} ms");
+}

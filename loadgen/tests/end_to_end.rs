@@ -35,6 +35,7 @@ fn answer(locks: &Locks, request: Request) -> Response {
                 token: *token,
                 lease_id,
                 ttl_ms,
+                waited_ms: 0,
             }
         }
         Request::Renew {

@@ -160,14 +160,19 @@ pub enum EventKind {
 pub enum Response {
     /// Reply to PING.
     Pong,
-    /// The lock is yours until `ttl_ms` after you sent the request (count it from then).
+    /// The lock is yours until `waited_ms + ttl_ms` after you sent the request (count it
+    /// from an instant taken before sending).
     Granted {
         /// Fencing token: larger than every token granted for this key before.
         token: u64,
         /// Present it to renew or release.
         lease_id: LeaseId,
-        /// Lease length granted, in milliseconds.
+        /// Lease length granted, in milliseconds, counted from the grant.
         ttl_ms: u32,
+        /// How long the request waited on the server before it was granted, in milliseconds
+        /// of the server's monotonic clock, from taking the request up to the grant: 0 for
+        /// an immediate grant, the time in line for a blocking acquire.
+        waited_ms: u32,
     },
     /// Someone else holds the lock.
     Locked {
@@ -304,10 +309,12 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             token,
             lease_id,
             ttl_ms,
+            waited_ms,
         } => put_frame(dst, rop::GRANTED, id, |b| {
             b.put_u64(*token);
             b.put_slice(&lease_id.0);
             b.put_u32(*ttl_ms);
+            b.put_u32(*waited_ms);
         }),
         Response::Locked { token, ttl_left_ms } => put_frame(dst, rop::LOCKED, id, |b| {
             b.put_u64(*token);
@@ -537,6 +544,7 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             token: b.u64("token")?,
             lease_id: b.lease_id()?,
             ttl_ms: b.u32("ttl_ms")?,
+            waited_ms: b.u32("waited_ms")?,
         },
         rop::LOCKED => Response::Locked {
             token: b.u64("token")?,

@@ -58,6 +58,13 @@ fn sample_responses() -> Vec<Response> {
             token: 42,
             lease_id,
             ttl_ms: 30_000,
+            waited_ms: 0,
+        },
+        Response::Granted {
+            token: 43,
+            lease_id,
+            ttl_ms: TTL_MS_MAX,
+            waited_ms: u32::MAX,
         },
         Response::Locked {
             token: 41,
@@ -113,6 +120,28 @@ fn every_response_round_trips() {
         assert_eq!(id, i as u64);
         assert_eq!(decode_response(opcode, body).unwrap(), response);
     }
+}
+
+/// GRANTED, byte by byte as PROTOCOL.md 3.2 draws it: `waited_ms` is the last four bytes.
+#[test]
+fn granted_layout_ends_with_waited_ms() {
+    let granted = Response::Granted {
+        token: 0x0102_0304_0506_0708,
+        lease_id: LeaseId::from_u128(0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20),
+        ttl_ms: 30_000,
+        waited_ms: 4_250,
+    };
+    let mut buf = BytesMut::new();
+    encode_response(7, &granted, &mut buf);
+    let mut expected = vec![0, 0, 0, 41, 0x82, 0, 0, 0, 0, 0, 0, 0, 7];
+    expected.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    expected.extend(0x11u8..=0x20);
+    expected.extend_from_slice(&30_000u32.to_be_bytes());
+    expected.extend_from_slice(&[0x00, 0x00, 0x10, 0x9a]); // waited_ms = 4250
+    assert_eq!(&buf[..], &expected[..]);
+    let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+    assert_eq!((opcode, id), (0x82, 7));
+    assert_eq!(decode_response(opcode, body).unwrap(), granted);
 }
 
 /// Every strict prefix of a valid frame is "not yet" and consumes nothing.

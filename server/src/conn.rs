@@ -122,6 +122,8 @@ enum Later {
     Retry {
         id: u64,
         request: Request,
+        /// When the request was first taken up.
+        received_ms: u64,
         reserved: Result<(), String>,
     },
 }
@@ -313,7 +315,7 @@ impl Conn {
                 break;
             };
             match input {
-                Input::Request(id, request) => self.on_request(id, request),
+                Input::Request(id, request) => self.on_request(id, request, None),
                 Input::Bad(id, e) => {
                     crate::stats::Stats::bump(&self.shared.stats.errors);
                     self.push(
@@ -339,7 +341,8 @@ impl Conn {
         self.queue.len() + self.later.len()
     }
 
-    fn on_request(&mut self, id: u64, request: Request) {
+    /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
+    fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>) {
         if self.in_flight() >= self.shared.config.in_flight_max as usize {
             let max = self.shared.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
@@ -357,7 +360,13 @@ impl Conn {
             Request::Watch { key } => Some(key.clone()),
             _ => None,
         };
-        match self.shared.execute(&mut self.ctx, id, request) {
+        let outcome = match received_ms {
+            None => self.shared.execute(&mut self.ctx, id, request),
+            Some(received_ms) => self
+                .shared
+                .execute_again(&mut self.ctx, id, request, received_ms),
+        };
+        match outcome {
             Outcome::Reply(response, lsn) => {
                 if let (Some(key), Response::Watching) = (watch_key, &response) {
                     self.watched_keys.push(key);
@@ -386,13 +395,17 @@ impl Conn {
                     }
                 }));
             }
-            Outcome::NeedTokens(request) => {
+            Outcome::NeedTokens {
+                request,
+                received_ms,
+            } => {
                 let shared = Arc::clone(&self.shared);
                 self.later.push(Box::pin(async move {
                     let reserved = shared.reserve_tokens().await.map_err(|e| e.to_string());
                     Later::Retry {
                         id,
                         request,
+                        received_ms,
                         reserved,
                     }
                 }));
@@ -410,7 +423,11 @@ impl Conn {
             } => {
                 self.waits.remove(&id);
                 let (response, lsn) = match result {
-                    Ok(WaitResult::Granted { grant, lsn }) => {
+                    Ok(WaitResult::Granted {
+                        grant,
+                        lsn,
+                        waited_ms,
+                    }) => {
                         if release_on_disconnect {
                             self.ctx.owned.push((key.clone(), grant.lease_id));
                         }
@@ -418,6 +435,7 @@ impl Conn {
                             token: grant.token,
                             lease_id: grant.lease_id,
                             ttl_ms: grant.ttl_ms,
+                            waited_ms,
                         };
                         let undo = Undo::Grant {
                             key,
@@ -451,10 +469,11 @@ impl Conn {
             Later::Retry {
                 id,
                 request,
+                received_ms,
                 reserved,
             } => match reserved {
                 // Runs (and counts) the acquire again; reservations are rare enough not to matter.
-                Ok(()) => self.on_request(id, request),
+                Ok(()) => self.on_request(id, request, Some(received_ms)),
                 Err(message) => {
                     let message = format!("could not reserve fencing tokens: {message}");
                     self.push(

@@ -174,8 +174,13 @@ pub fn format(response: &Response, out: &mut String) {
             token,
             lease_id,
             ttl_ms,
+            waited_ms,
         } => {
-            write!(out, "OK token={token} lease={lease_id} ttl_ms={ttl_ms}")
+            // `waited_ms` last, so that scripts reading the first fields by position still work.
+            write!(
+                out,
+                "OK token={token} lease={lease_id} ttl_ms={ttl_ms} waited_ms={waited_ms}"
+            )
         }
         Response::Locked { token, ttl_left_ms } => {
             write!(out, "LOCKED token={token} ttl_ms={ttl_left_ms}")
@@ -380,9 +385,19 @@ mod tests {
             line(Response::Granted {
                 token: 7,
                 lease_id,
-                ttl_ms: 30000
+                ttl_ms: 30000,
+                waited_ms: 0,
             }),
-            "OK token=7 lease=000000000000000000000000000000ab ttl_ms=30000\n"
+            "OK token=7 lease=000000000000000000000000000000ab ttl_ms=30000 waited_ms=0\n"
+        );
+        assert_eq!(
+            line(Response::Granted {
+                token: 8,
+                lease_id,
+                ttl_ms: 300,
+                waited_ms: 1250,
+            }),
+            "OK token=8 lease=000000000000000000000000000000ab ttl_ms=300 waited_ms=1250\n"
         );
         assert_eq!(
             line(Response::Locked {

@@ -34,6 +34,8 @@ pub enum WaitResult {
         grant: table::Grant,
         /// WAL position of the grant record.
         lsn: Lsn,
+        /// Time from taking the request up to the grant, for the reply's `waited_ms`.
+        waited_ms: u32,
     },
     /// The wait ran out while someone else held the lock.
     TimedOut {
@@ -50,6 +52,8 @@ pub enum WaitResult {
 pub struct WaitSlot {
     tx: oneshot::Sender<WaitResult>,
     release_on_disconnect: bool,
+    /// When the request was taken up (`now_ms`), so a hand-off can tell how long it waited.
+    received_ms: u64,
 }
 
 impl table::Waiter for WaitSlot {
@@ -73,8 +77,14 @@ pub enum Outcome {
         /// Whether a grant should be released when this connection closes.
         release_on_disconnect: bool,
     },
-    /// No durable fencing tokens are left: reserve more, then run the request again.
-    NeedTokens(Request),
+    /// No durable fencing tokens are left: reserve more, then run the request again with
+    /// [`Shared::execute_again`].
+    NeedTokens {
+        /// The request to run again.
+        request: Request,
+        /// When it was first taken up; its grant's `waited_ms` counts from here.
+        received_ms: u64,
+    },
     /// A grant or release: reply once `lsn` is durable, or `undo` it if the WAL fails first.
     Changed {
         /// The reply to send once durable.
@@ -259,11 +269,37 @@ impl Shared {
         request_id: u64,
         request: Request,
     ) -> Outcome {
-        self.stats.count_op(&request);
+        // One clock read for both, so an immediate grant reports `waited_ms` 0 exactly.
         let now_ms = self.clock.now_ms();
+        self.run(ctx, request_id, request, now_ms, now_ms)
+    }
+
+    /// Runs a request again that was first taken up at `received_ms` and answered
+    /// [`Outcome::NeedTokens`]: a grant now reports the time since then as `waited_ms`, since
+    /// the client counts its lease from before it sent the request, not from this retry.
+    pub fn execute_again(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+        received_ms: u64,
+    ) -> Outcome {
+        let now_ms = self.clock.now_ms();
+        self.run(ctx, request_id, request, received_ms.min(now_ms), now_ms)
+    }
+
+    fn run(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+        received_ms: u64,
+        now_ms: u64,
+    ) -> Outcome {
+        self.stats.count_op(&request);
         let response = match request {
             Request::Ping => Response::Pong,
-            Request::Acquire { .. } => return self.acquire(ctx, now_ms, request),
+            Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
             Request::Renew {
                 key,
                 lease_id,
@@ -319,7 +355,13 @@ impl Shared {
         )
     }
 
-    fn acquire(self: &Arc<Self>, ctx: &mut ConnCtx, now_ms: u64, request: Request) -> Outcome {
+    fn acquire(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        received_ms: u64,
+        request: Request,
+    ) -> Outcome {
         let Request::Acquire {
             key,
             ttl_ms,
@@ -347,6 +389,7 @@ impl Shared {
         let waiter = (*wait_ms > 0).then_some(WaitSlot {
             tx,
             release_on_disconnect: *release_on_disconnect,
+            received_ms,
         });
         let args = AcquireArgs {
             key,
@@ -362,7 +405,10 @@ impl Shared {
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
         match outcome {
-            Acquire::Granted(grant) => self.granted(ctx, &mut shard, now_ms, &request, grant),
+            Acquire::Granted(grant) => {
+                let waited_ms = clamp_ms(now_ms - received_ms);
+                self.granted(ctx, &mut shard, now_ms, &request, grant, waited_ms)
+            }
             Acquire::Locked { token, ttl_left_ms } => {
                 Stats::bump(&self.stats.locked);
                 let ttl_left_ms = clamp_ms(ttl_left_ms);
@@ -395,7 +441,10 @@ impl Shared {
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
                 self.reserve_ahead();
-                Outcome::NeedTokens(request)
+                Outcome::NeedTokens {
+                    request,
+                    received_ms,
+                }
             }
         }
     }
@@ -409,6 +458,7 @@ impl Shared {
         now_ms: u64,
         request: &Request,
         grant: table::Grant,
+        waited_ms: u32,
     ) -> Outcome {
         let Request::Acquire {
             key,
@@ -443,6 +493,7 @@ impl Shared {
             token,
             lease_id,
             ttl_ms,
+            waited_ms,
         };
         if !self.full() {
             return Outcome::Reply(response, 0); // nothing was logged, so nothing to undo
@@ -584,10 +635,17 @@ impl Shared {
         let WaitSlot {
             tx,
             release_on_disconnect,
+            received_ms,
         } = waiter;
         let logged = self.log_grant(&key, &grant, &meta, release_on_disconnect);
         let message = match &logged {
-            Ok(lsn) => WaitResult::Granted { grant, lsn: *lsn },
+            Ok(lsn) => WaitResult::Granted {
+                grant,
+                lsn: *lsn,
+                // The lease runs from `now_ms` (the table counts a hand-off's TTL from the
+                // call that settled the key), so this is exactly the time in line.
+                waited_ms: clamp_ms(now_ms.saturating_sub(received_ms)),
+            },
             Err(e) => WaitResult::Failed(ErrorCode::Unavailable, format!("not durable: {e}")),
         };
         if tx.send(message).is_ok() && logged.is_ok() {

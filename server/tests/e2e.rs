@@ -961,3 +961,124 @@ async fn sigterm_shuts_down_cleanly_and_keeps_held_locks() {
         .await
         .starts_with(&format!("HELD token={} ", token(&g))));
 }
+
+// ---------------------------------------------------------------------------------------------
+// GRANTED tells how long the acquire waited on the server, so a client can count the lease
+// from the grant rather than from its send.
+
+fn waited_ms(response: &Response) -> u32 {
+    match response {
+        Response::Granted { waited_ms, .. } => *waited_ms,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Polls INSPECT until `key` has `count` waiters: the server has received their acquires.
+async fn until_waiters(raw: &mut Raw, key: &str, count: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in 1000.. {
+        let inspect = Request::Inspect {
+            key: key.as_bytes().to_vec().into(),
+        };
+        if let Response::Held { waiters, .. } = raw.call(id, inspect).await {
+            if waiters == count {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{key} never had {count} waiters");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn granted_carries_the_time_waited_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut a, _) = Raw::connect(server.addr).await;
+    let first = a.call(1, acquire("w", 30_000, 0)).await;
+    assert_eq!(
+        waited_ms(&first),
+        0,
+        "an immediate grant waited for nothing"
+    );
+    let (_, lease) = granted(first);
+
+    // Hand-off on release: the waiter is in line from its receipt until the release.
+    let (mut b, _) = Raw::connect(server.addr).await;
+    let sent_at = Instant::now();
+    b.send(1, &acquire("w", 30_000, 10_000)).await;
+    until_waiters(&mut a, "w", 1).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(a.call(2, release("w", lease)).await, Response::Released);
+    let (id, handed) = b.recv().await.expect("hand-off");
+    let elapsed_ms = sent_at.elapsed().as_millis();
+    assert_eq!(id, 1);
+    let waited = u128::from(waited_ms(&handed));
+    // At least the 400 ms since it was seen queued (less 1 ms of clock rounding); at most the
+    // whole round trip (plus the same rounding).
+    assert!(waited + 1 >= 400, "waited_ms {waited} < 400");
+    assert!(
+        waited <= elapsed_ms + 1,
+        "waited_ms {waited} > {elapsed_ms} ms round trip"
+    );
+
+    // Hand-off on expiry: the holder's 300 ms lease runs out while the waiter is in line.
+    let (mut c, _) = Raw::connect(server.addr).await;
+    let (t1, _) = granted(c.call(1, acquire("x", 300, 0)).await);
+    let (mut d, _) = Raw::connect(server.addr).await;
+    let sent_at = Instant::now();
+    let handed = d.call(1, acquire("x", 30_000, 10_000)).await;
+    let elapsed_ms = sent_at.elapsed().as_millis();
+    let waited = u128::from(waited_ms(&handed));
+    assert!(granted(handed).0 > t1);
+    assert!(
+        waited >= 100,
+        "waited_ms {waited}: counted from the hand-off?"
+    );
+    assert!(
+        waited <= elapsed_ms + 1,
+        "waited_ms {waited} > {elapsed_ms} ms round trip"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn console_grants_end_with_waited_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut a = Console::connect(server.addr).await;
+    let first = a.cmd("ACQUIRE cw 30000").await;
+    let words: Vec<&str> = first.split_whitespace().collect();
+    assert_eq!(words.len(), 5, "{first}");
+    assert_eq!(
+        (words[0], words[3], words[4]),
+        ("OK", "ttl_ms=30000", "waited_ms=0"),
+        "{first}"
+    );
+    let mut b = Console::connect(server.addr).await;
+    let sent_at = Instant::now();
+    b.send("ACQUIRE cw 30000 10000\n").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.cmd("INSPECT cw").await.ends_with(" waiters=1") {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lease = field(&first, "lease");
+    assert_eq!(a.cmd(&format!("RELEASE cw {lease}")).await, "OK");
+    let handed = b.line().await;
+    let elapsed_ms = sent_at.elapsed().as_millis();
+    assert!(handed.starts_with("OK token="), "{handed}");
+    let last = handed.split_whitespace().last().unwrap();
+    assert!(
+        last.starts_with("waited_ms="),
+        "waited_ms is the last field: {handed}"
+    );
+    let waited: u128 = field(&handed, "waited_ms").parse().unwrap();
+    assert!(waited + 1 >= 300, "{handed}");
+    assert!(
+        waited <= elapsed_ms + 1,
+        "{handed}: round trip {elapsed_ms} ms"
+    );
+    server.stop().await;
+}

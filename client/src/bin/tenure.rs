@@ -455,7 +455,9 @@ async fn acquire(
                     .text("key", key)
                     .number("token", lease.fencing_token())
                     .text("lease_id", lease.lease_id().to_string())
-                    .number("ttl_ms", ms(lease.ttl())),
+                    .number("ttl_ms", ms(lease.ttl()))
+                    // A script counting the lease must add this to the TTL (PROTOCOL.md 3.3).
+                    .number("waited_ms", ms(lease.waited())),
             );
             Ok(EXIT_OK)
         }
