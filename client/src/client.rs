@@ -22,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::Stream;
 use rand::Rng;
+use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::{IN_FLIGHT_MAX_DEFAULT, WAIT_MS_MAX};
 use tenure_protocol::{EventKind, LeaseId, Request, Response};
 use tokio::time::Instant;
@@ -257,6 +258,14 @@ impl Client {
     /// The configuration this client was made with.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// The limits the server announced in the handshake of the current connection (longest
+    /// TTL and wait, key and metadata lengths, frame size, requests in flight); `None` while
+    /// there is no connection.
+    pub fn server_limits(&self) -> Option<ServerLimits> {
+        let current = self.inner.current.lock().expect("client mutex poisoned");
+        current.as_ref().map(|conn| conn.limits)
     }
 
     /// True while the client has a live connection.
