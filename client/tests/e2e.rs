@@ -974,3 +974,20 @@ async fn cli_console_answers_one_line_per_command() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn server_limits_come_from_the_handshake() {
+    let server = TestServer::start_with(|config| {
+        config.ttl_ms_max = 90_000;
+        config.in_flight_max = 33;
+    });
+    let client = Client::connect(server.addr.clone()).await.expect("connect");
+    let limits = client.server_limits().expect("connected");
+    assert_eq!((limits.ttl_ms_max, limits.in_flight_max), (90_000, 33));
+    assert_eq!(limits.wait_ms_max, tenure_protocol::limits::WAIT_MS_MAX);
+    assert_eq!(limits.key_len_max, 1024);
+    assert_eq!(limits.meta_len_max, 1024);
+    assert_eq!(limits.frame_len_max, 8192);
+    client.disconnect();
+    assert!(client.server_limits().is_none(), "no connection, no limits");
+}
