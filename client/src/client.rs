@@ -738,7 +738,10 @@ mod tests {
         let (_, connected) = tokio::join!(refuse(&listener, VERSION), Client::connect(&*addr));
         match connected {
             Err(Error::Server { code, message }) => {
-                assert_eq!((code, message.as_str()), (ErrorCode::BadHandshake, "go away"));
+                assert_eq!(
+                    (code, message.as_str()),
+                    (ErrorCode::BadHandshake, "go away")
+                );
             }
             other => panic!("expected the refusal, got {other:?}"),
         }

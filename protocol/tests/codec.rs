@@ -366,13 +366,19 @@ fn handshake_flags_are_reserved_and_limits_extend() {
     // A refusal, byte by byte.
     let mut buf = BytesMut::new();
     HelloAck::encode_refusal(VERSION, ErrorCode::BadHandshake, "no", &mut buf);
-    assert_eq!(&buf[..], &[0, b'T', b'N', b'R', 0, 1, 0, 14, 0, 2, b'n', b'o']);
+    assert_eq!(
+        &buf[..],
+        &[0, b'T', b'N', b'R', 0, 1, 0, 14, 0, 2, b'n', b'o']
+    );
     match HelloAck::decode(&mut buf) {
         Err(ProtocolError::HandshakeRefused {
             version,
             code,
             message,
-        }) => assert_eq!((version, code, &*message), (VERSION, ErrorCode::BadHandshake, "no")),
+        }) => assert_eq!(
+            (version, code, &*message),
+            (VERSION, ErrorCode::BadHandshake, "no")
+        ),
         other => panic!("{other:?}"),
     }
     // A frame limit that cannot hold every request is not accepted.
@@ -381,7 +387,11 @@ fn handshake_flags_are_reserved_and_limits_extend() {
         frame_len_max: 100,
         ..ServerLimits::with(9, 1000)
     };
-    HelloAck { version: VERSION, limits: small }.encode(&mut buf);
+    HelloAck {
+        version: VERSION,
+        limits: small,
+    }
+    .encode(&mut buf);
     assert!(HelloAck::decode(&mut buf).is_err());
 }
 

@@ -245,7 +245,9 @@ pub fn set_keepalive(stream: &TcpStream, config: &Config) -> std::io::Result<()>
     use crate::config::keepalive_secs;
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(keepalive_secs(config.keepalive_idle)))
-        .with_interval(Duration::from_secs(keepalive_secs(config.keepalive_interval)))
+        .with_interval(Duration::from_secs(keepalive_secs(
+            config.keepalive_interval,
+        )))
         .with_retries(config.keepalive_count);
     socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
 }
@@ -350,7 +352,10 @@ mod tests {
         set_keepalive(&accepted, &config).unwrap();
         assert!(socket.keepalive().unwrap());
         assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
-        assert_eq!(socket.tcp_keepalive_interval().unwrap(), Duration::from_secs(3));
+        assert_eq!(
+            socket.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(3)
+        );
         assert_eq!(socket.tcp_keepalive_retries().unwrap(), 4);
     }
 }

@@ -226,9 +226,15 @@ async fn requests_before_a_broken_length_prefix_are_answered_first() {
     let server = Server::start_with(Config::for_tests(dir.path())).await;
     let (mut holder, _) = Raw::connect(server.addr).await;
     holder.send(1, &acquire("busy", 60_000, 0)).await;
-    assert!(matches!(holder.recv().await, Some((1, Response::Granted { .. }))));
+    assert!(matches!(
+        holder.recv().await,
+        Some((1, Response::Granted { .. }))
+    ));
 
-    for (len, code) in [(3u32, ErrorCode::FrameTooShort), (1 << 20, ErrorCode::FrameTooLarge)] {
+    for (len, code) in [
+        (3u32, ErrorCode::FrameTooShort),
+        (1 << 20, ErrorCode::FrameTooLarge),
+    ] {
         let (mut raw, _) = Raw::connect(server.addr).await;
         let mut out = BytesMut::new();
         encode_request(10, &Request::Ping, &mut out);
@@ -259,7 +265,10 @@ async fn shutdown_answers_waiters_and_every_request_received() {
     let mut server = Server::start_with(Config::for_tests(dir.path())).await;
     let (mut holder, _) = Raw::connect(server.addr).await;
     holder.send(1, &acquire("busy", 60_000, 0)).await;
-    assert!(matches!(holder.recv().await, Some((1, Response::Granted { .. }))));
+    assert!(matches!(
+        holder.recv().await,
+        Some((1, Response::Granted { .. }))
+    ));
     let (mut waiter, _) = Raw::connect(server.addr).await;
     waiter.send(7, &acquire("busy", 1000, 60_000)).await;
     let (r, mut w) = TcpStream::connect(server.addr).await.unwrap().into_split();
@@ -293,10 +302,7 @@ async fn shutdown_answers_waiters_and_every_request_received() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text:?}");
     assert!(lines[0].starts_with("ERR SHUTTING_DOWN "), "{text:?}");
-    assert!(
-        lines[1] == "PONG",
-        "{text:?}"
-    );
+    assert!(lines[1] == "PONG", "{text:?}");
     server.stop().await;
 }
 
@@ -313,7 +319,11 @@ fn server_side_timer(server: SocketAddr, client: SocketAddr) -> Option<(u8, u64)
         let std::net::IpAddr::V4(ip) = addr.ip() else {
             panic!("loopback v4 only")
         };
-        format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), addr.port())
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(ip.octets()),
+            addr.port()
+        )
     };
     let (local, remote) = (hex(server), hex(client));
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
@@ -345,7 +355,10 @@ async fn accepted_sockets_have_tcp_keepalive_armed() {
         panic!("no /proc/net/tcp row for the server side of {client}");
     };
     assert_eq!(kind, 2, "keepalive timer not armed on the accepted socket");
-    assert!(when <= 30 * 100, "keepalive due in {when} ticks, over the 30 s idle");
+    assert!(
+        when <= 30 * 100,
+        "keepalive due in {when} ticks, over the 30 s idle"
+    );
     server.stop().await;
 }
 
@@ -359,7 +372,10 @@ async fn sigterm_answers_a_waiter_with_shutting_down() {
     };
     let (mut holder, _) = Raw::connect(addr).await;
     holder.send(1, &acquire("busy", 60_000, 0)).await;
-    assert!(matches!(holder.recv().await, Some((1, Response::Granted { .. }))));
+    assert!(matches!(
+        holder.recv().await,
+        Some((1, Response::Granted { .. }))
+    ));
     let (mut waiter, _) = Raw::connect(addr).await;
     waiter.send(5, &acquire("busy", 1000, 60_000)).await;
     // A PING answered on the same connection proves the acquire was read and queued.
