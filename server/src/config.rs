@@ -213,3 +213,31 @@ impl Config {
 pub fn keepalive_secs(time: Duration) -> u64 {
     time.as_secs() + u64::from(time.subsec_nanos() > 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_timing_is_validated_and_rounded_up_to_seconds() {
+        assert!(Config::default().validate().is_ok());
+        let zero_count = Config {
+            keepalive_count: 0,
+            ..Config::default()
+        };
+        assert!(zero_count.validate().is_err());
+        let too_long = Config {
+            keepalive_idle: Duration::from_secs(KEEPALIVE_SECS_MAX + 1),
+            ..Config::default()
+        };
+        assert!(too_long.validate().is_err());
+        let no_handshake = Config {
+            handshake_timeout: Duration::ZERO,
+            ..Config::default()
+        };
+        assert!(no_handshake.validate().is_err());
+        assert_eq!(keepalive_secs(Duration::from_millis(1)), 1);
+        assert_eq!(keepalive_secs(Duration::from_millis(2000)), 2);
+        assert_eq!(keepalive_secs(Duration::from_millis(2001)), 3);
+    }
+}
