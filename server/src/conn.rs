@@ -15,7 +15,11 @@
 //! (one write per batch of pipelined requests, not per reply). The loop owns the socket, so a
 //! slow reader only ever stalls itself: the table, the ticker and other connections never
 //! wait on it. Anything malformed is answered with an error; anything that breaks the framing
-//! closes this connection and nothing else.
+//! closes this connection and nothing else, after answering what came before it.
+//!
+//! A connection that does not finish its handshake (or first console line) within the
+//! configured limit is closed. On shutdown it stops reading, answers what it has read, cancels
+//! its waiters with `SHUTTING_DOWN`, and closes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
