@@ -22,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::Stream;
 use rand::Rng;
+use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::{IN_FLIGHT_MAX_DEFAULT, WAIT_MS_MAX};
 use tenure_protocol::{EventKind, LeaseId, Request, Response};
 use tokio::time::Instant;
@@ -257,6 +258,14 @@ impl Client {
     /// The configuration this client was made with.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// The limits the server announced in the handshake of the current connection (longest
+    /// TTL and wait, key and metadata lengths, frame size, requests in flight); `None` while
+    /// there is no connection.
+    pub fn server_limits(&self) -> Option<ServerLimits> {
+        let current = self.inner.current.lock().expect("client mutex poisoned");
+        current.as_ref().map(|conn| conn.limits)
     }
 
     /// True while the client has a live connection.
@@ -668,8 +677,9 @@ mod tests {
     use super::*;
     use crate::fake;
     use std::sync::atomic::AtomicU32;
-    use tenure_protocol::handshake::VERSION;
+    use tenure_protocol::handshake::{HelloAck, VERSION};
     use tenure_protocol::ErrorCode;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn a_server_of_another_version_is_refused() {
@@ -712,6 +722,38 @@ mod tests {
         assert!(
             client.is_connected(),
             "a timeout does not close the connection"
+        );
+    }
+
+    /// Accepts one connection and refuses its hello as a server of `version` would.
+    async fn refuse(listener: &tokio::net::TcpListener, version: u16) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
+        stream.read_exact(&mut hello).await.unwrap();
+        let mut out = bytes::BytesMut::new();
+        HelloAck::encode_refusal(version, ErrorCode::BadHandshake, "go away", &mut out);
+        stream.write_all(&out).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_refused_handshake_is_the_servers_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (_, connected) = tokio::join!(refuse(&listener, VERSION), Client::connect(&*addr));
+        match connected {
+            Err(Error::Server { code, message }) => {
+                assert_eq!(
+                    (code, message.as_str()),
+                    (ErrorCode::BadHandshake, "go away")
+                );
+            }
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+        let newer = refuse(&listener, VERSION + 1);
+        let (_, connected) = tokio::join!(newer, Client::connect(&*addr));
+        assert!(
+            matches!(connected, Err(Error::VersionMismatch { server, .. }) if server == VERSION + 1),
+            "{connected:?}"
         );
     }
 

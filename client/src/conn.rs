@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tenure_protocol::frame::encode_request;
-use tenure_protocol::handshake::{Hello, HelloAck, HELLO_ACK_LEN, VERSION};
+use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, VERSION};
+use tenure_protocol::ProtocolError;
 use tenure_protocol::{ClientCodec, FrameError, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -77,6 +78,8 @@ pub(crate) struct Conn {
     pub(crate) shared: Arc<Shared>,
     in_flight: Arc<Semaphore>,
     next_id: AtomicU64,
+    /// What the server announced in the handshake.
+    pub(crate) limits: ServerLimits,
 }
 
 /// The receiving side of a watch registered on a connection.
@@ -272,6 +275,33 @@ impl Pending {
     }
 }
 
+/// Reads the server's answer to the hello; its length is in its header. A refusal becomes
+/// [`Error::VersionMismatch`] when the server speaks another version, else [`Error::Server`].
+async fn read_ack(stream: &mut TcpStream) -> Result<HelloAck> {
+    let mut input = BytesMut::with_capacity(64);
+    loop {
+        match HelloAck::decode(&mut input) {
+            Ok(Some(ack)) => return Ok(ack),
+            Ok(None) => {}
+            Err(ProtocolError::HandshakeRefused { version, .. }) if version != VERSION => {
+                return Err(Error::VersionMismatch {
+                    server: version,
+                    client: VERSION,
+                })
+            }
+            Err(ProtocolError::HandshakeRefused { code, message, .. }) => {
+                return Err(Error::Server { code, message })
+            }
+            Err(e) => return Err(Error::Protocol(e.to_string())),
+        }
+        if stream.read_buf(&mut input).await? == 0 {
+            return Err(Error::Protocol(
+                "the server closed the connection during the handshake".into(),
+            ));
+        }
+    }
+}
+
 impl Conn {
     /// Connects, does the handshake and starts the reader and writer tasks.
     ///
@@ -283,18 +313,14 @@ impl Conn {
         let mut hello = BytesMut::new();
         Hello { version: VERSION }.encode(&mut hello);
         stream.write_all(&hello).await?;
-        let mut ack = [0u8; HELLO_ACK_LEN];
-        stream.read_exact(&mut ack).await?;
-        let ack = HelloAck::decode(&mut BytesMut::from(&ack[..]))
-            .map_err(|e| Error::Protocol(e.to_string()))?
-            .expect("a whole handshake answer was read");
+        let ack = read_ack(&mut stream).await?;
         if ack.version != VERSION {
             return Err(Error::VersionMismatch {
                 server: ack.version,
                 client: VERSION,
             });
         }
-        let in_flight = ack.in_flight_max.min(in_flight_max);
+        let in_flight = ack.limits.in_flight_max.min(in_flight_max);
         if in_flight == 0 {
             return Err(Error::Protocol(
                 "server allows no requests in flight".into(),
@@ -318,6 +344,7 @@ impl Conn {
             shared,
             in_flight: Arc::new(Semaphore::new(in_flight)),
             next_id: AtomicU64::new(1), // 0 is left for frames that answer no request
+            limits: ack.limits,
         }))
     }
 

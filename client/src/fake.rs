@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use tenure_protocol::frame::encode_response;
-use tenure_protocol::handshake::{HelloAck, HELLO_LEN};
+use tenure_protocol::handshake::{HelloAck, ServerLimits, HELLO_LEN};
 use tenure_protocol::{Request, Response, ServerCodec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -70,8 +70,7 @@ async fn serve(
     let mut out = BytesMut::new();
     let ack = HelloAck {
         version,
-        frame_len_max: u32::try_from(tenure_protocol::limits::FRAME_LEN_MAX).expect("fits"),
-        in_flight_max,
+        limits: ServerLimits::with(in_flight_max, tenure_protocol::limits::TTL_MS_MAX),
     };
     ack.encode(&mut out);
     let (read, mut write) = stream.into_split();

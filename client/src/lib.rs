@@ -89,6 +89,7 @@ pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::{ErrorCode, EventKind, LeaseId};
 
 #[cfg(test)]

@@ -1220,3 +1220,20 @@ async fn cli_acquire_prints_how_long_it_waited() {
     assert!(waited_ms + 1 >= PATIENT_TTL.as_millis(), "{out}");
     assert!(waited_ms <= elapsed_ms, "{out}: ran {elapsed_ms} ms");
 }
+
+#[tokio::test]
+async fn server_limits_come_from_the_handshake() {
+    let server = TestServer::start_with(|config| {
+        config.ttl_ms_max = 90_000;
+        config.in_flight_max = 33;
+    });
+    let client = Client::connect(server.addr.clone()).await.expect("connect");
+    let limits = client.server_limits().expect("connected");
+    assert_eq!((limits.ttl_ms_max, limits.in_flight_max), (90_000, 33));
+    assert_eq!(limits.wait_ms_max, tenure_protocol::limits::WAIT_MS_MAX);
+    assert_eq!(limits.key_len_max, 1024);
+    assert_eq!(limits.meta_len_max, 1024);
+    assert_eq!(limits.frame_len_max, 8192);
+    client.disconnect();
+    assert!(client.server_limits().is_none(), "no connection, no limits");
+}

@@ -79,7 +79,7 @@ impl Target {
                 Ok(Connected {
                     stream,
                     proto: Proto::Tenure,
-                    in_flight_max: usize::try_from(ack.in_flight_max)?,
+                    in_flight_max: usize::try_from(ack.limits.in_flight_max)?,
                 })
             }
             Kind::Redis => {
@@ -106,7 +106,10 @@ async fn tenure_hello(stream: &mut TcpStream) -> anyhow::Result<HelloAck> {
                 "server speaks protocol version {}, we speak {VERSION}",
                 ack.version
             );
-            ensure!(ack.in_flight_max > 0, "server allows no request in flight");
+            ensure!(
+                ack.limits.in_flight_max > 0,
+                "server allows no request in flight"
+            );
             return Ok(ack);
         }
         if stream.read_buf(&mut input).await? == 0 {

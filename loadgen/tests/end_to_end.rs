@@ -8,7 +8,7 @@ use std::process::Command;
 
 use bytes::{Bytes, BytesMut};
 use tenure_protocol::frame::{decode_request, encode_response, split_frame};
-use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, VERSION};
 use tenure_protocol::{LeaseId, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -67,8 +67,7 @@ async fn serve(mut stream: TcpStream, locks: Locks) {
     let mut out = BytesMut::new();
     HelloAck {
         version: VERSION,
-        frame_len_max: 8192,
-        in_flight_max: 128,
+        limits: ServerLimits::with(128, 60_000),
     }
     .encode(&mut out);
     loop {

@@ -12,7 +12,7 @@ pub enum ErrorCode {
     Unknown = 0,
     /// The body does not have the shape its opcode requires.
     BadFrame = 1,
-    /// The length prefix is over the limit or under the minimum; the connection closes.
+    /// The length prefix is over the limit; the connection closes.
     FrameTooLarge = 2,
     /// The opcode (or console command) is not one we know.
     UnknownOpcode = 3,
@@ -46,11 +46,13 @@ pub enum ErrorCode {
     LineTooLong = 17,
     /// The server refuses new grants for a while after a restart (token-only durability mode).
     Recovering = 18,
+    /// The length prefix is under the minimum (opcode and request id); the connection closes.
+    FrameTooShort = 19,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -70,6 +72,7 @@ impl ErrorCode {
         ErrorCode::BadArgs,
         ErrorCode::LineTooLong,
         ErrorCode::Recovering,
+        ErrorCode::FrameTooShort,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -103,6 +106,7 @@ impl ErrorCode {
             ErrorCode::BadArgs => "BAD_ARGS",
             ErrorCode::LineTooLong => "LINE_TOO_LONG",
             ErrorCode::Recovering => "RECOVERING",
+            ErrorCode::FrameTooShort => "FRAME_TOO_SHORT",
         }
     }
 }
@@ -155,6 +159,16 @@ pub enum ProtocolError {
     /// The handshake was not a tenure handshake or named another version.
     #[error("bad handshake: {0}")]
     BadHandshake(String),
+    /// The server answered the hello with a refusal (see [`crate::handshake`]) and closes.
+    #[error("handshake refused by a server of version {version}: {code}: {message}")]
+    HandshakeRefused {
+        /// The version the server speaks.
+        version: u16,
+        /// Why: [`ErrorCode::BadHandshake`] in this version.
+        code: ErrorCode,
+        /// The server's reason.
+        message: String,
+    },
     /// The transport failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -164,10 +178,10 @@ impl ProtocolError {
     /// The wire code to send before closing, when one applies.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ProtocolError::FrameTooLarge { .. } | ProtocolError::FrameTooShort { .. } => {
-                Some(ErrorCode::FrameTooLarge)
-            }
+            ProtocolError::FrameTooLarge { .. } => Some(ErrorCode::FrameTooLarge),
+            ProtocolError::FrameTooShort { .. } => Some(ErrorCode::FrameTooShort),
             ProtocolError::BadHandshake(_) => Some(ErrorCode::BadHandshake),
+            ProtocolError::HandshakeRefused { code, .. } => Some(*code),
             ProtocolError::Io(_) => None,
         }
     }

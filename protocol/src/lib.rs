@@ -1,7 +1,7 @@
 //! The wire protocol of tenure, a lock server: what a client and `tenured` say to each other.
 //!
-//! A binary connection opens with an 8-byte hello and a 16-byte answer (see [`handshake`]),
-//! then carries length-prefixed frames in both directions. Every request has a request id
+//! A binary connection opens with an 8-byte hello and an answer carrying the server's limits
+//! (see [`handshake`]), then carries length-prefixed frames in both directions. Every request has a request id
 //! chosen by the client and its reply carries the same id, so a client may keep many requests
 //! in flight on one connection and the server may answer a blocking acquire out of order.
 //! Every integer is fixed width and big-endian. `PROTOCOL.md` beside this crate draws every

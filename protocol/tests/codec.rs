@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use tenure_protocol::frame::{
     decode_request, decode_response, encode_request, encode_response, split_frame,
 };
-use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, VERSION};
 use tenure_protocol::limits::*;
 use tenure_protocol::{ErrorCode, EventKind, LeaseId, ProtocolError, Request, Response};
 
@@ -222,10 +222,9 @@ fn over_limit_length_prefix_is_fatal_before_buffering() {
     for len in 0..FRAME_LEN_MIN {
         let mut buf = BytesMut::new();
         buf.put_u32(len as u32);
-        assert!(matches!(
-            split_frame(&mut buf).unwrap_err(),
-            ProtocolError::FrameTooShort { .. }
-        ));
+        let err = split_frame(&mut buf).unwrap_err();
+        assert!(matches!(err, ProtocolError::FrameTooShort { .. }));
+        assert_eq!(err.code(), Some(ErrorCode::FrameTooShort));
     }
     // Exactly at the limit is accepted (as a frame; its body is then judged on its own).
     let mut buf = BytesMut::new();
@@ -360,14 +359,69 @@ fn handshake_round_trip_and_bad_magic() {
     );
     let ack = HelloAck {
         version: VERSION,
-        frame_len_max: FRAME_LEN_MAX as u32,
-        in_flight_max: 128,
+        limits: ServerLimits::with(128, 60_000),
     };
     let mut buf = BytesMut::new();
     ack.encode(&mut buf);
+    assert_eq!(buf.len(), 34);
+    for cut in 0..buf.len() {
+        assert!(HelloAck::decode(&mut BytesMut::from(&buf[..cut]))
+            .unwrap()
+            .is_none());
+    }
     assert_eq!(HelloAck::decode(&mut buf).unwrap(), Some(ack));
     let mut bad = BytesMut::from(&b"PING\r\nxx"[..]);
     assert!(Hello::decode(&mut bad).is_err());
+}
+
+#[test]
+fn handshake_flags_are_reserved_and_limits_extend() {
+    let flagged = [0x00, b'T', b'N', b'R', 0, 1, 0x80, 0];
+    assert!(matches!(
+        Hello::decode(&mut BytesMut::from(&flagged[..])),
+        Err(ProtocolError::BadHandshake(_))
+    ));
+    // A later server may append limits: they are skipped, and what follows stays in the buffer.
+    let mut buf = BytesMut::new();
+    let ack = HelloAck {
+        version: VERSION,
+        limits: ServerLimits::with(9, 1000),
+    };
+    ack.encode(&mut buf);
+    buf[9] += 4;
+    buf.extend_from_slice(&[1, 2, 3, 4, 0xEE]);
+    assert_eq!(HelloAck::decode(&mut buf).unwrap(), Some(ack));
+    assert_eq!(&buf[..], &[0xEE]);
+    // A refusal, byte by byte.
+    let mut buf = BytesMut::new();
+    HelloAck::encode_refusal(VERSION, ErrorCode::BadHandshake, "no", &mut buf);
+    assert_eq!(
+        &buf[..],
+        &[0, b'T', b'N', b'R', 0, 1, 0, 14, 0, 2, b'n', b'o']
+    );
+    match HelloAck::decode(&mut buf) {
+        Err(ProtocolError::HandshakeRefused {
+            version,
+            code,
+            message,
+        }) => assert_eq!(
+            (version, code, &*message),
+            (VERSION, ErrorCode::BadHandshake, "no")
+        ),
+        other => panic!("{other:?}"),
+    }
+    // A frame limit that cannot hold every request is not accepted.
+    let mut buf = BytesMut::new();
+    let small = ServerLimits {
+        frame_len_max: 100,
+        ..ServerLimits::with(9, 1000)
+    };
+    HelloAck {
+        version: VERSION,
+        limits: small,
+    }
+    .encode(&mut buf);
+    assert!(HelloAck::decode(&mut buf).is_err());
 }
 
 /// A seeded stand-in for a fuzzer (the stable toolchain has no libFuzzer): mutate valid frames

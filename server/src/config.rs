@@ -60,7 +60,24 @@ pub struct Config {
     /// WAL segment size in bytes: segments rotate at this size, and a snapshot of the live
     /// locks lets older segments be deleted, so disk use follows the live state.
     pub wal_segment_size_max: u64,
+    /// Longest a new connection may take to finish the binary handshake or send its first
+    /// whole console line; a silent one is closed, so it cannot hold a connection slot.
+    pub handshake_timeout: Duration,
+    /// Idle time before the first TCP keepalive probe on an accepted socket (`TCP_KEEPIDLE`).
+    pub keepalive_idle: Duration,
+    /// Time between unanswered keepalive probes (`TCP_KEEPINTVL`).
+    pub keepalive_interval: Duration,
+    /// Unanswered probes after which the kernel drops the connection (`TCP_KEEPCNT`). A peer
+    /// that vanished is noticed within `keepalive_idle + keepalive_interval * keepalive_count`,
+    /// and then its waiters and release-on-disconnect locks go as on any close.
+    pub keepalive_count: u32,
 }
+
+/// Most keepalive probes the kernel accepts in `TCP_KEEPCNT` (Linux caps it at 127).
+pub const KEEPALIVE_COUNT_MAX: u32 = 127;
+/// Longest keepalive idle or interval the kernel accepts: `TCP_KEEPIDLE` and `TCP_KEEPINTVL`
+/// are whole seconds, at most 32767.
+pub const KEEPALIVE_SECS_MAX: u64 = 32_767;
 
 /// Lines a console connection may buffer before it is told `LINE_TOO_LONG` and closed.
 pub const LINE_LEN_MAX: usize = 4096;
@@ -96,6 +113,11 @@ impl Default for Config {
             token_block: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
             wal_segment_size_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
+            handshake_timeout: Duration::from_secs(10),
+            // 60 s + 10 s * 6: a vanished peer is dropped within two minutes.
+            keepalive_idle: Duration::from_secs(60),
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_count: 6,
         }
     }
 }
@@ -142,6 +164,7 @@ impl Config {
                 return Err(format!("{name} must be at least 1"));
             }
         }
+        self.validate_connection_timing()?;
         if self.wal_segment_size_max < 64 * 1024 {
             return Err(format!(
                 "WAL segment size {} is under 64 KiB",
@@ -156,5 +179,65 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The handshake limit and the keepalive settings, which the kernel takes in whole
+    /// seconds (see [`keepalive_secs`]).
+    fn validate_connection_timing(&self) -> Result<(), String> {
+        if self.handshake_timeout.is_zero() {
+            return Err("handshake timeout must be over 0 ms".into());
+        }
+        for (name, value) in [
+            ("keepalive idle", self.keepalive_idle),
+            ("keepalive interval", self.keepalive_interval),
+        ] {
+            if value.is_zero() || keepalive_secs(value) > KEEPALIVE_SECS_MAX {
+                return Err(format!(
+                    "{name} {} ms outside 1 ms..={KEEPALIVE_SECS_MAX} s",
+                    value.as_millis()
+                ));
+            }
+        }
+        if !(1..=KEEPALIVE_COUNT_MAX).contains(&self.keepalive_count) {
+            return Err(format!(
+                "keepalive count {} outside 1..={KEEPALIVE_COUNT_MAX}",
+                self.keepalive_count
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A keepalive time in the kernel's unit, whole seconds, rounded up so that a setting never
+/// probes sooner than asked (and 1-999 ms does not become 0, which the kernel refuses).
+pub fn keepalive_secs(time: Duration) -> u64 {
+    time.as_secs() + u64::from(time.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_timing_is_validated_and_rounded_up_to_seconds() {
+        assert!(Config::default().validate().is_ok());
+        let zero_count = Config {
+            keepalive_count: 0,
+            ..Config::default()
+        };
+        assert!(zero_count.validate().is_err());
+        let too_long = Config {
+            keepalive_idle: Duration::from_secs(KEEPALIVE_SECS_MAX + 1),
+            ..Config::default()
+        };
+        assert!(too_long.validate().is_err());
+        let no_handshake = Config {
+            handshake_timeout: Duration::ZERO,
+            ..Config::default()
+        };
+        assert!(no_handshake.validate().is_err());
+        assert_eq!(keepalive_secs(Duration::from_millis(1)), 1);
+        assert_eq!(keepalive_secs(Duration::from_millis(2000)), 2);
+        assert_eq!(keepalive_secs(Duration::from_millis(2001)), 3);
     }
 }

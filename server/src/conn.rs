@@ -15,7 +15,11 @@
 //! (one write per batch of pipelined requests, not per reply). The loop owns the socket, so a
 //! slow reader only ever stalls itself: the table, the ticker and other connections never
 //! wait on it. Anything malformed is answered with an error; anything that breaks the framing
-//! closes this connection and nothing else.
+//! closes this connection and nothing else, after answering what came before it.
+//!
+//! A connection that does not finish its handshake (or first console line) within the
+//! configured limit is closed. On shutdown it stops reading, answers what it has read, cancels
+//! its waiters with `SHUTTING_DOWN`, and closes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -25,8 +29,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tenure_protocol::frame::{decode_request, encode_response, split_frame};
-use tenure_protocol::handshake::{Hello, HelloAck, HELLO_LEN, VERSION};
-use tenure_protocol::limits::FRAME_LEN_MAX;
+use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
 use tenure_protocol::{ErrorCode, FrameError, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -152,15 +155,18 @@ pub async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
+    let limit = shared.config.handshake_timeout;
     let surface = tokio::select! {
-        first = read_first(&mut stream, &mut rbuf) => match first {
-            Some(true) => match handshake(&shared, &mut stream, &mut rbuf).await {
-                Some(()) => Surface::Binary,
-                None => return,
-            },
-            Some(false) => Surface::Console { line_no: 0, text: String::new() },
-            None => return,
-        },
+        opened = tokio::time::timeout(limit, open(&shared, &mut stream, &mut rbuf)) => {
+            match opened {
+                Ok(Some(surface)) => surface,
+                Ok(None) => return,
+                Err(_) => {
+                    tracing::debug!(conn_id, ?limit, "no handshake or first line in time; closed");
+                    return;
+                }
+            }
+        }
         _ = shutdown.cancelled() => return,
     };
     let mut conn = Conn {
@@ -182,6 +188,8 @@ pub async fn serve(
         },
         closing: false,
         fatal: false,
+        stopping: false,
+        fatal_error: None,
     };
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
@@ -189,40 +197,84 @@ pub async fn serve(
     conn.finish();
 }
 
-/// Reads until at least one byte is in; `Some(true)` for a binary client.
-async fn read_first(stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<bool> {
+/// Reads a connection's opening, which must arrive within the handshake limit: the binary
+/// handshake (answered here), or a first whole console line (left in `rbuf` for the loop; so
+/// is an over-long first line, which the loop then refuses). `None` if it must close.
+async fn open(shared: &Shared, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<Surface> {
     while rbuf.is_empty() {
         if stream.read_buf(rbuf).await.ok()? == 0 {
             return None;
         }
     }
-    Some(rbuf[0] == 0x00)
+    if rbuf[0] == 0x00 {
+        handshake(shared, stream, rbuf).await?;
+        return Some(Surface::Binary);
+    }
+    while !rbuf.contains(&b'\n') && rbuf.len() <= LINE_LEN_MAX {
+        if stream.read_buf(rbuf).await.ok()? == 0 {
+            return None; // a line without its end is never run
+        }
+    }
+    Some(Surface::Console {
+        line_no: 0,
+        text: String::new(),
+    })
 }
 
-/// Completes the binary handshake; `None` if the connection must close.
+/// Completes the binary handshake; `None` if the connection must close. A hello the server
+/// cannot accept (wrong magic, a reserved flag set, another version) is answered with a
+/// refusal carrying `BAD_HANDSHAKE` and the reason before the close.
 async fn handshake(shared: &Shared, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<()> {
     while rbuf.len() < HELLO_LEN {
         if stream.read_buf(rbuf).await.ok()? == 0 {
             return None;
         }
     }
-    let hello = Hello::decode(rbuf).ok()??;
-    let ack = HelloAck {
-        version: VERSION,
-        frame_len_max: FRAME_LEN_MAX as u32,
-        in_flight_max: shared.config.in_flight_max,
+    let refusal = match Hello::decode(rbuf) {
+        Ok(Some(hello)) if hello.version == VERSION => None,
+        Ok(Some(hello)) => Some(format!(
+            "protocol version {} is not supported; this server speaks version {VERSION}",
+            hello.version
+        )),
+        Ok(None) => Some("short hello".to_string()),
+        Err(e) => Some(e.to_string()),
     };
     let mut out = BytesMut::new();
-    ack.encode(&mut out);
-    stream.write_all(&out).await.ok()?;
-    if hello.version != VERSION {
-        tracing::debug!(
-            version = hello.version,
-            "client speaks another protocol version"
-        );
-        return None;
+    let Some(message) = refusal else {
+        let config = &shared.config;
+        let limits = ServerLimits::with(config.in_flight_max, config.ttl_ms_max);
+        HelloAck {
+            version: VERSION,
+            limits,
+        }
+        .encode(&mut out);
+        stream.write_all(&out).await.ok()?;
+        return Some(());
+    };
+    tracing::debug!(%message, "refused a handshake");
+    HelloAck::encode_refusal(VERSION, ErrorCode::BadHandshake, &message, &mut out);
+    if stream.write_all(&out).await.is_ok() {
+        linger(stream).await;
     }
-    Some(())
+    None
+}
+
+/// Closing a socket with unread input makes the kernel send a reset, which can destroy
+/// the error reply just written. So: send FIN, then read and discard for a short, bounded
+/// while, giving the peer time to read the reason before the connection goes.
+async fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut scratch = vec![0u8; 16 * 1024];
+        let mut drained = 0usize;
+        while drained < LINGER_BYTES_MAX {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
 }
 
 struct Conn {
@@ -240,6 +292,11 @@ struct Conn {
     closing: bool,
     /// Closing because the peer broke the framing; its unread input is still arriving.
     fatal: bool,
+    /// The server is shutting down: answer everything already read, then close.
+    stopping: bool,
+    /// The error that broke the stream, sent (request id 0) once every earlier request is
+    /// answered, as the last frame before the close.
+    fatal_error: Option<(ErrorCode, String)>,
 }
 
 impl Conn {
@@ -250,25 +307,32 @@ impl Conn {
         tokio::pin!(cancelled);
         loop {
             if let Err(Fatal(last)) = self.handle_input() {
-                if let Some((code, message)) = last {
-                    self.push(0, Response::Error { code, message }, 0);
-                }
+                self.fatal_error = last;
                 self.closing = true;
                 self.fatal = true;
+            }
+            if self.fatal || self.stopping {
+                // Their answers (an error each) arrive through `later` like any other.
+                self.cancel_waits();
+            }
+            if self.later.is_empty() {
+                if let Some((code, message)) = self.fatal_error.take() {
+                    self.push(0, Response::Error { code, message }, 0);
+                }
             }
             self.flush_ready(&durable.borrow());
             if !self.wbuf.is_empty() {
                 self.stream.write_all(&self.wbuf).await?;
                 self.wbuf.clear();
             }
-            if self.closing && self.queue.is_empty() {
+            if self.done() {
                 if self.fatal {
-                    self.linger().await;
+                    linger(&mut self.stream).await;
                 }
                 return Ok(());
             }
             let blocked = !self.queue.is_empty();
-            let can_read = !self.closing && self.rbuf.len() < READ_BUFFER_MAX;
+            let can_read = !self.closing && !self.stopping && self.rbuf.len() < READ_BUFFER_MAX;
             tokio::select! {
                 read = self.stream.read_buf(&mut self.rbuf), if can_read => {
                     if read? == 0 {
@@ -282,27 +346,42 @@ impl Conn {
                     }
                 }
                 Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
-                _ = &mut cancelled, if !self.closing => self.closing = true,
+                _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
             }
         }
     }
 
-    /// Closing a socket with unread input makes the kernel send a reset, which can destroy
-    /// the error reply just written. So: send FIN, then read and discard for a short, bounded
-    /// while, giving the peer time to read the reason before the connection goes.
-    async fn linger(&mut self) {
-        let _ = self.stream.shutdown().await;
-        let drain = async {
-            let mut scratch = vec![0u8; 16 * 1024];
-            let mut drained = 0usize;
-            while drained < LINGER_BYTES_MAX {
-                match self.stream.read(&mut scratch).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => drained += n,
-                }
+    /// Whether the connection may close now. A peer that left (or said QUIT) gets what is
+    /// queued; on shutdown or a broken stream every request read so far is answered first,
+    /// waiters included (they were cancelled, and hear why).
+    fn done(&self) -> bool {
+        if !self.queue.is_empty() {
+            return false;
+        }
+        if self.stopping || self.fatal {
+            return self.later.is_empty() && self.fatal_error.is_none();
+        }
+        self.closing
+    }
+
+    /// Shutdown: take in what the peer has already sent (without waiting for more), so that
+    /// it too is answered, then stop reading.
+    fn stop(&mut self) {
+        self.stopping = true;
+        while self.rbuf.len() < READ_BUFFER_MAX {
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(n) if n > 0 => {}
+                _ => break,
             }
-        };
-        let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
+        }
+    }
+
+    /// Takes this connection's waiters out of their queues. Each one's channel then closes,
+    /// and `on_later` answers it with the reason the connection is ending.
+    fn cancel_waits(&mut self) {
+        for (_, (key, waiter_id)) in self.waits.drain() {
+            self.shared.shard(&key).cancel_waiter(&key, waiter_id);
+        }
     }
 
     /// Decodes and runs everything whole in the read buffer.
@@ -452,17 +531,7 @@ impl Conn {
                         0,
                     ),
                     Ok(WaitResult::Failed(code, message)) => (Response::Error { code, message }, 0),
-                    Err(()) => {
-                        let message =
-                            "the wait was cancelled: the server is shutting down".to_string();
-                        (
-                            Response::Error {
-                                code: ErrorCode::ShuttingDown,
-                                message,
-                            },
-                            0,
-                        )
-                    }
+                    Err(()) => (self.wait_cancelled(), 0),
                 };
                 self.push(id, response, lsn);
             }
@@ -485,6 +554,20 @@ impl Conn {
                         0,
                     );
                 }
+            },
+        }
+    }
+
+    /// The answer to a wait cancelled because this connection is ending.
+    fn wait_cancelled(&self) -> Response {
+        match &self.fatal_error {
+            Some((code, _)) => Response::Error {
+                code: *code,
+                message: "the wait was cancelled: a later frame broke the stream".to_string(),
+            },
+            None => Response::Error {
+                code: ErrorCode::ShuttingDown,
+                message: "the wait was cancelled: the server is shutting down".to_string(),
             },
         }
     }

@@ -61,6 +61,25 @@ struct Args {
     /// locks, so disk use follows the live state rather than history.
     #[arg(long, default_value_t = Config::default().wal_segment_size_max)]
     wal_segment_bytes: u64,
+    /// Milliseconds a new connection has to finish the binary handshake or send its first
+    /// whole console line; a connection silent for longer is closed.
+    #[arg(long, default_value_t = millis(Config::default().handshake_timeout))]
+    handshake_timeout_ms: u64,
+    /// Milliseconds a connection may be idle before TCP keepalive probes start (rounded up to
+    /// whole seconds, the kernel's unit).
+    #[arg(long, default_value_t = millis(Config::default().keepalive_idle))]
+    keepalive_idle_ms: u64,
+    /// Milliseconds between unanswered keepalive probes (rounded up to whole seconds).
+    #[arg(long, default_value_t = millis(Config::default().keepalive_interval))]
+    keepalive_interval_ms: u64,
+    /// Unanswered keepalive probes before the connection is dropped: a peer that vanished is
+    /// noticed within idle + interval * count.
+    #[arg(long, default_value_t = Config::default().keepalive_count)]
+    keepalive_count: u32,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -83,6 +102,10 @@ fn main() -> anyhow::Result<()> {
         ttl_ms_max: args.ttl_max_ms,
         shards: args.shards,
         wal_segment_size_max: args.wal_segment_bytes,
+        handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
+        keepalive_idle: Duration::from_millis(args.keepalive_idle_ms),
+        keepalive_interval: Duration::from_millis(args.keepalive_interval_ms),
+        keepalive_count: args.keepalive_count,
         ..Config::default()
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

@@ -217,6 +217,9 @@ async fn accept_loop(
             continue;
         };
         Stats::bump(&shared.stats.connections_total);
+        if let Err(e) = set_keepalive(&stream, &shared.config) {
+            tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
+        }
         let shared = Arc::clone(shared);
         let stop = stop.clone();
         tracker.spawn(async move {
@@ -229,6 +232,24 @@ async fn accept_loop(
             drop(permit);
         });
     }
+}
+
+/// Turns on TCP keepalive with the configured timing, so that a peer that vanished without
+/// closing (power loss, a cable pulled, a NAT that forgot the flow) is dropped within
+/// `keepalive_idle + keepalive_interval * keepalive_count` instead of never; its waiters and
+/// release-on-disconnect locks then go as on any close.
+///
+/// # Errors
+/// When the kernel refuses one of the options.
+pub fn set_keepalive(stream: &TcpStream, config: &Config) -> std::io::Result<()> {
+    use crate::config::keepalive_secs;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(keepalive_secs(config.keepalive_idle)))
+        .with_interval(Duration::from_secs(keepalive_secs(
+            config.keepalive_interval,
+        )))
+        .with_retries(config.keepalive_count);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
 }
 
 /// Tells a connection over the limit why it is being closed, in the console's words (a binary
@@ -307,5 +328,34 @@ fn snapshot(shared: &Arc<Shared>) {
     }
     if let Err(e) = shared.wal.end_snapshot(token) {
         tracing::warn!(error = %e, "could not finish a WAL snapshot");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keepalive_options_are_set_as_configured() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let (_client, (accepted, _)) = (client.unwrap(), accepted.unwrap());
+        let socket = socket2::SockRef::from(&accepted);
+        assert!(!socket.keepalive().unwrap(), "off before");
+        let config = Config {
+            keepalive_idle: Duration::from_millis(1500), // rounded up to whole seconds
+            keepalive_interval: Duration::from_secs(3),
+            keepalive_count: 4,
+            ..Config::default()
+        };
+        set_keepalive(&accepted, &config).unwrap();
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+        assert_eq!(
+            socket.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), 4);
     }
 }
