@@ -13,6 +13,12 @@
 //! is after `sent_at`, so this is still never later than the server's deadline; without the
 //! wait a lease won after waiting longer than its TTL would look expired on arrival.
 //!
+//! The server counts whole milliseconds: the instant a lease starts and the wait it reports
+//! are each rounded down, so its lease can end up to 1 ms before the exact `start + ttl`, and
+//! `waited_ms` can exceed the true wait by up to 1 ms. Every local deadline is therefore
+//! [`SERVER_ROUNDING`] (2 ms) earlier than the sum, which keeps it at or before the server's
+//! even when the request reached the server within a millisecond of being sent.
+//!
 //! # How a guard reports loss
 //! ```text
 //!  sent ──renew──renew──renew──X (no confirmation)        deadline
@@ -79,10 +85,21 @@ pub(crate) struct Granted {
     pub(crate) waited: Duration,
 }
 
+/// What the local deadline gives up for the server's whole-millisecond clock: one
+/// millisecond for the rounding of the lease's start, one for the rounding of `waited_ms`.
+pub const SERVER_ROUNDING: Duration = Duration::from_millis(2);
+
+/// The latest instant at which the server's lease can be trusted to still run: `ttl` after a
+/// grant or renewal sent at `sent_at` that waited `waited` in line on the server, less the
+/// server's rounding.
+pub(crate) fn local_deadline(sent_at: Instant, waited: Duration, ttl: Duration) -> Instant {
+    sent_at + (waited + ttl).saturating_sub(SERVER_ROUNDING)
+}
+
 impl Lease {
     /// A lease granted in answer to a request sent no earlier than `sent_at`: the server's
     /// lease started `granted.waited` after its receipt of the request, so it ends no earlier
-    /// than `sent_at + waited + ttl`.
+    /// than `sent_at + waited + ttl` less the server's rounding ([`local_deadline`]).
     pub(crate) fn new(
         client: Client,
         key: Bytes,
@@ -103,7 +120,7 @@ impl Lease {
             lease_id,
             ttl,
             waited,
-            deadline: sent_at + waited + ttl,
+            deadline: local_deadline(sent_at, waited, ttl),
             tied_to,
         }
     }
@@ -176,7 +193,7 @@ impl Lease {
         match outcome {
             RenewOutcome::Renewed { ttl } => {
                 self.ttl = ttl;
-                self.deadline = sent_at + ttl;
+                self.deadline = local_deadline(sent_at, Duration::ZERO, ttl);
             }
             RenewOutcome::Lost => self.deadline = self.deadline.min(sent_at),
         }
@@ -535,7 +552,7 @@ async fn renew_until_lost(
         }
         match renew_once(client, state, stop, give_up_at).await {
             Renewal::Confirmed { sent_at, ttl, conn } => {
-                state.extend(sent_at + ttl);
+                state.extend(local_deadline(sent_at, Duration::ZERO, ttl));
                 next_renew = sent_at + state.renew_every;
                 last_error = None;
                 if !tied {
@@ -704,8 +721,9 @@ mod tests {
             .expect("granted");
         let after = Instant::now();
         assert_eq!(lease.waited(), waited);
-        assert!(lease.deadline() >= before + waited + ttl);
-        assert!(lease.deadline() <= after + waited + ttl);
+        // Less the server's whole-millisecond rounding, and never a moment more.
+        assert!(lease.deadline() >= before + waited + ttl - SERVER_ROUNDING);
+        assert!(lease.deadline() <= after + waited + ttl - SERVER_ROUNDING);
         assert!(!lease.is_expired());
     }
 

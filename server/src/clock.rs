@@ -21,9 +21,10 @@ impl Clock {
         }
     }
 
-    /// Milliseconds since the origin, rounded down: a lease granted for `ttl_ms` at `now_ms`
-    /// expires at `now_ms + ttl_ms`, so rounding down can only make it last a little longer on
-    /// the server, never shorter than the client (which counts from before it sent) believes.
+    /// Milliseconds since the origin, rounded down. A lease granted for `ttl_ms` at `now_ms`
+    /// expires at `now_ms + ttl_ms`, which can be up to 1 ms before the exact instant of the
+    /// grant plus `ttl_ms`; a `waited_ms` taken as a difference of two readings can be up to
+    /// 1 ms long. Clients take both into account (PROTOCOL.md §3.3: they count 2 ms short).
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_millis()).expect("server up for 584 million years")
     }
