@@ -557,7 +557,7 @@ impl Client {
             ended: false,
         };
         match reply {
-            Response::Watching => Ok(watch),
+            Response::Watching { .. } => Ok(watch),
             other => Err(unexpected("WATCH", other)),
         }
     }

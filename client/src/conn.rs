@@ -176,7 +176,7 @@ impl Shared {
                 events,
                 overflow,
             }) => {
-                if matches!(response, Ok(Response::Watching)) {
+                if matches!(response, Ok(Response::Watching { .. })) {
                     let entry = Entry::Watch {
                         key,
                         started: None,

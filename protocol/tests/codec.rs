@@ -6,7 +6,7 @@ use tenure_protocol::frame::{
 };
 use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
 use tenure_protocol::limits::*;
-use tenure_protocol::{ErrorCode, EventKind, LeaseId, ProtocolError, Request, Response};
+use tenure_protocol::{ErrorCode, EventKind, Holder, LeaseId, ProtocolError, Request, Response};
 
 fn key(n: usize) -> Bytes {
     Bytes::from(vec![b'k'; n])
@@ -77,7 +77,15 @@ fn sample_responses() -> Vec<Response> {
         Response::Current,
         Response::Stale,
         Response::Stats(vec![("held".into(), 5), ("connections".into(), 1)]),
-        Response::Watching,
+        Response::Watching { holder: None },
+        Response::Watching {
+            holder: Some(Holder {
+                token: 12,
+                ttl_left_ms: 250,
+                waiters: 2,
+                meta: Bytes::from_static(b"leader-1"),
+            }),
+        },
         Response::Unwatched,
         Response::Event {
             kind: EventKind::Expired,

@@ -359,7 +359,7 @@ impl Conn {
         };
         match self.shared.execute(&mut self.ctx, id, request) {
             Outcome::Reply(response, lsn) => {
-                if let (Some(key), Response::Watching) = (watch_key, &response) {
+                if let (Some(key), Response::Watching { .. }) = (watch_key, &response) {
                     self.watched_keys.push(key);
                 }
                 self.push(id, response, lsn)

@@ -210,7 +210,7 @@ pub fn format(response: &Response, out: &mut String) {
             }
             Ok(())
         }
-        Response::Watching => out.write_str("OK watching"),
+        Response::Watching { .. } => out.write_str("OK watching"),
         Response::Unwatched => out.write_str("OK"),
         Response::Event {
             kind,

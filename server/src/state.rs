@@ -691,7 +691,7 @@ impl Shared {
         });
         self.watches.add(key.clone(), ctx.conn_id, request_id, sink);
         ctx.watched += 1;
-        Response::Watching
+        Response::Watching { holder: None }
     }
 
     /// Drops everything a closing connection leaves behind: its watches, its queued
