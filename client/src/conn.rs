@@ -190,15 +190,17 @@ impl Shared {
                 let _ = tx.send(response);
                 None
             }
-            Some(Entry::Watch { .. }) => {
-                // An answer to a running watch can only be the server ending it; this server
-                // ends every watch of the connection at once (its event queue overflowed).
+            Some(Entry::Watch { key, .. }) => {
+                // An answer to a running watch can only be the server ending it (WATCH_LIMIT:
+                // its event queue for this connection overflowed). It comes after every event
+                // of that watch, and ends the server's one watch of the key, which every local
+                // watch of the key shares.
                 let error = match response {
                     Ok(Response::Error { code, message }) => Error::Server { code, message },
                     Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
                     Err(e) => e,
                 };
-                pending.end_watches(&error);
+                pending.end_watches(&key, &error);
                 None
             }
             None => match response {
@@ -221,7 +223,8 @@ impl Pending {
     }
 
     /// Gives an event to every watch of its key. The server keeps one watch per key per
-    /// connection (a repeated WATCH replaces the id it reports), so events are routed by key.
+    /// connection (a repeated WATCH replaces it, sending every event of the old one before
+    /// the new one's reply), so events are routed by key.
     fn deliver_event(&mut self, event: WatchEvent) {
         let Some(ids) = self.watchers.get(&event.key) else {
             return; // an event for a watch dropped a moment ago
@@ -249,25 +252,39 @@ impl Pending {
         }
     }
 
-    /// Ends every running watch with `error`.
-    fn end_watches(&mut self, error: &Error) {
-        let ids: Vec<u64> = self.watchers.drain().flat_map(|(_, ids)| ids).collect();
+    /// Ends every running watch of `key` with `error`. A WATCH of the key still waiting for
+    /// its reply stays: the server answers it after this end, so it starts a new watch.
+    fn end_watches(&mut self, key: &[u8], error: &Error) {
+        let ids = self.watchers.remove(key).unwrap_or_default();
+        let mut starting = Vec::new();
         for id in ids {
-            if let Some(Entry::Watch {
-                events, overflow, ..
-            }) = self.entries.remove(&id)
-            {
-                let copy = match error {
-                    Error::Server { code, message } => Error::Server {
-                        code: *code,
-                        message: message.clone(),
-                    },
-                    other => Error::Protocol(other.to_string()),
-                };
-                if events.try_send(Err(copy)).is_err() {
-                    overflow.store(true, Ordering::Release);
+            match self.entries.remove(&id) {
+                Some(Entry::Watch {
+                    events,
+                    overflow,
+                    started: None,
+                    ..
+                }) => {
+                    let copy = match error {
+                        Error::Server { code, message } => Error::Server {
+                            code: *code,
+                            message: message.clone(),
+                        },
+                        other => Error::Protocol(other.to_string()),
+                    };
+                    if events.try_send(Err(copy)).is_err() {
+                        overflow.store(true, Ordering::Release);
+                    }
                 }
+                Some(entry) => {
+                    self.entries.insert(id, entry);
+                    starting.push(id);
+                }
+                None => {}
             }
+        }
+        if !starting.is_empty() {
+            self.watchers.insert(Bytes::copy_from_slice(key), starting);
         }
     }
 }
