@@ -423,3 +423,27 @@ fn mutated_and_random_frames_never_panic_and_round_trip() {
         "only {decoded} of {rounds} mutated frames decoded"
     );
 }
+
+#[test]
+fn watching_matches_the_example_in_protocol_md() {
+    let mut out = BytesMut::new();
+    let holder = Holder {
+        token: 12,
+        ttl_left_ms: 250,
+        waiters: 0,
+        meta: Bytes::from_static(b"ab"),
+    };
+    let watching = Response::Watching {
+        holder: Some(holder),
+    };
+    tenure_protocol::frame::encode_response(7, &watching, &mut out);
+    let expected: &[u8] = &[
+        0, 0, 0, 0x1e, 0x8d, 0, 0, 0, 0, 0, 0, 0, 7, 1, 0, 0, 0, 0, 0, 0, 0, 0x0c, 0, 0, 0, 0xfa,
+        0, 0, 0, 0, 0, 2, b'a', b'b',
+    ];
+    assert_eq!(&out[..], expected);
+    let mut free = BytesMut::new();
+    let watching = Response::Watching { holder: None };
+    tenure_protocol::frame::encode_response(7, &watching, &mut free);
+    assert_eq!(&free[4..], &[0x8d, 0, 0, 0, 0, 0, 0, 0, 7, 0]);
+}
