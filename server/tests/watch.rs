@@ -263,18 +263,20 @@ async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() 
         ..Config::for_tests(dir.path())
     };
     let server = Server::start_with(config).await;
+    // Long keys and metadata fill the sockets fast.
+    let hot = "h".repeat(1000);
     let mut watcher = Raw::connect_small_window(server.addr).await;
     assert!(matches!(
-        watcher.call(1, watch("hot")).await,
+        watcher.call(1, watch(&hot)).await,
         Response::Watching { .. }
     ));
-    // Big metadata fills the sockets fast; the watcher reads nothing meanwhile.
+    // The watcher reads nothing meanwhile.
     let meta = "m".repeat(1000);
     let mut changer = Raw::connect(server.addr).await;
     for i in 0..3_000u64 {
-        let (_, lease_id) = granted(changer.call(10 + i, acquire("hot", 30_000, 0, &meta)).await);
+        let (_, lease_id) = granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
         let release = Request::Release {
-            key: bytes("hot"),
+            key: bytes(&hot),
             lease_id,
         };
         assert_eq!(changer.call(10 + i, release).await, Response::Released);
@@ -298,10 +300,10 @@ async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() 
     assert_eq!(watcher.call(2, Request::Ping).await, Response::Pong);
     // A new watch on the same connection works again.
     assert_eq!(
-        watcher.call(3, watch("hot")).await,
+        watcher.call(3, watch(&hot)).await,
         Response::Watching { holder: None }
     );
-    let (token, _) = granted(changer.call(9, acquire("hot", 30_000, 0, "")).await);
+    let (token, _) = granted(changer.call(9, acquire(&hot, 30_000, 0, "")).await);
     let (id, response) = watcher.recv().await;
     assert_eq!((id, event(response)), (3, (EventKind::Granted, token)));
     server.stop().await;
@@ -468,5 +470,47 @@ async fn renew_and_release_work_from_any_connection_given_the_lease_id() {
         key: bytes("shared"),
     };
     assert_eq!(owner.call(2, inspect).await, Response::Free);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn no_event_of_a_watch_follows_its_unwatched_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        watch_queue_max: 100_000,
+        ..Config::for_tests(dir.path())
+    };
+    let server = Server::start_with(config).await;
+    // Long keys and metadata fill the sockets fast.
+    let hot = "h".repeat(1000);
+    let mut watcher = Raw::connect_small_window(server.addr).await;
+    assert!(matches!(
+        watcher.call(1, watch(&hot)).await,
+        Response::Watching { .. }
+    ));
+    // Enough events that many still wait in the server when UNWATCH arrives.
+    let meta = "m".repeat(1000);
+    let mut changer = Raw::connect(server.addr).await;
+    for i in 0..3_000u64 {
+        let (_, lease_id) = granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
+        let release = Request::Release {
+            key: bytes(&hot),
+            lease_id,
+        };
+        assert_eq!(changer.call(10 + i, release).await, Response::Released);
+    }
+    watcher
+        .send(2, &Request::Unwatch { key: bytes(&hot) })
+        .await;
+    let mut events = Vec::new();
+    loop {
+        match watcher.recv().await {
+            (2, Response::Unwatched) => break,
+            (1, other) => events.push(event(other)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    check_run(&events);
+    assert_eq!(watcher.call(3, Request::Ping).await, Response::Pong);
     server.stop().await;
 }
