@@ -651,6 +651,8 @@ impl Shared {
                 // release stands here, and a restart brings the lease back.
                 if let table::Inspect::Free = shard.inspect(now_ms, &key) {
                     shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    // Watchers were told of the release; they learn the lease is back.
+                    self.watches.notify(&key, EventKind::Granted, token, &meta);
                     true
                 } else {
                     tracing::warn!("a release that failed to log could not be undone: key is held");

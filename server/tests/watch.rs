@@ -514,3 +514,65 @@ async fn no_event_of_a_watch_follows_its_unwatched_reply() {
     assert_eq!(watcher.call(3, Request::Ping).await, Response::Pong);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
+    use std::sync::Arc;
+    use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir.path())
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(tenure_server::run_with_storage(
+        config,
+        Arc::new(storage),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut watcher = Raw::connect(addr).await;
+    assert!(matches!(
+        watcher.call(1, watch("k")).await,
+        Response::Watching { holder: None }
+    ));
+    let mut holder = Raw::connect(addr).await;
+    let (token, lease_id) = granted(holder.call(1, acquire("k", 30_000, 0, "m")).await);
+    assert_eq!(event(watcher.recv().await.1), (EventKind::Granted, token));
+    faults.set(FaultPlan {
+        sync_fails_from: Some(faults.syncs() + 1),
+        ..FaultPlan::default()
+    });
+    let release = Request::Release {
+        key: bytes("k"),
+        lease_id,
+    };
+    match holder.call(2, release).await {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::Unavailable),
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
+    // The watcher saw the release; it sees the lease come back, as INSPECT does.
+    assert_eq!(event(watcher.recv().await.1), (EventKind::Released, token));
+    match watcher.recv().await.1 {
+        Response::Event {
+            kind: EventKind::Granted,
+            token: t,
+            meta,
+            ..
+        } => assert_eq!((t, &meta[..]), (token, &b"m"[..])),
+        other => panic!("expected the lease back, got {other:?}"),
+    }
+    match holder.call(3, Request::Inspect { key: bytes("k") }).await {
+        Response::Held { token: t, .. } => assert_eq!(t, token),
+        other => panic!("{other:?}"),
+    }
+    let _ = stop.send(());
+    let stopped = task.await.unwrap();
+    assert!(stopped.is_err(), "the final sync must report the failure");
+}
