@@ -366,8 +366,9 @@ impl Conn {
             self.end_watches_if_overflowed();
         }
         let outcome = self.shared.execute(&mut self.ctx, id, request);
+        // Events a WATCH drained were checked against the watches it replaced, not the new one.
         for event in std::mem::take(&mut self.ctx.drained) {
-            self.push_event(event);
+            self.queue_event(event);
         }
         match outcome {
             Outcome::Reply(response, lsn) => self.push(id, response, lsn),
@@ -484,9 +485,12 @@ impl Conn {
 
     /// Queues an event, unless its watch has ended since it was queued.
     fn push_event(&mut self, event: WatchEvent) {
-        if !self.ctx.is_live(&event) {
-            return;
+        if self.ctx.is_live(&event) {
+            self.queue_event(event);
         }
+    }
+
+    fn queue_event(&mut self, event: WatchEvent) {
         let WatchEvent {
             watch_id,
             kind,

@@ -576,3 +576,47 @@ async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
     let stopped = task.await.unwrap();
     assert!(stopped.is_err(), "the final sync must report the failure");
 }
+
+#[tokio::test]
+async fn a_repeated_watch_sends_every_earlier_event_before_its_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        watch_queue_max: 100_000,
+        ..Config::for_tests(dir.path())
+    };
+    let server = Server::start_with(config).await;
+    let hot = "h".repeat(1000);
+    let mut watcher = Raw::connect_small_window(server.addr).await;
+    assert!(matches!(
+        watcher.call(1, watch(&hot)).await,
+        Response::Watching { .. }
+    ));
+    // Many events still wait in the server when the second WATCH arrives.
+    let meta = "m".repeat(1000);
+    let mut changer = Raw::connect(server.addr).await;
+    let mut last = 0;
+    for i in 0..3_000u64 {
+        let (token, lease_id) =
+            granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
+        let release = Request::Release {
+            key: bytes(&hot),
+            lease_id,
+        };
+        assert_eq!(changer.call(10 + i, release).await, Response::Released);
+        last = token;
+    }
+    watcher.send(2, &watch(&hot)).await;
+    let mut events = Vec::new();
+    loop {
+        match watcher.recv().await {
+            (2, Response::Watching { holder: None }) => break,
+            (1, other) => events.push(event(other)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    check_run(&events);
+    assert_eq!(events.first(), Some(&(EventKind::Granted, 1)));
+    assert_eq!(events.last(), Some(&(EventKind::Released, last)));
+    assert_eq!(watcher.call(3, Request::Ping).await, Response::Pong);
+    server.stop().await;
+}
