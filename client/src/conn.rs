@@ -59,6 +59,10 @@ struct Pending {
     entries: HashMap<u64, Entry>,
     /// The ids of the watch entries of each key.
     watchers: HashMap<Bytes, Vec<u64>>,
+    /// Ids of dropped watches whose key other local watches still share. The server may still
+    /// name its one watch of the key by such an id (the latest WATCH sent for it), so an error
+    /// ending it must reach the others.
+    retired: HashMap<u64, Bytes>,
 }
 
 /// The part of a connection its tasks share with requests, watches and lease guards.
@@ -97,6 +101,7 @@ impl Shared {
             }
             pending.closed_reason = Some(Arc::from(reason));
             pending.watchers.clear();
+            pending.retired.clear();
             std::mem::take(&mut pending.entries)
         };
         let reason: Arc<str> = Arc::from(reason);
@@ -140,7 +145,11 @@ impl Shared {
         let mut pending = self.pending.lock().expect("pending mutex poisoned");
         pending.entries.remove(&id);
         pending.unindex_watch(id, key);
-        pending.watchers.contains_key(key)
+        let others = pending.watchers.contains_key(key);
+        if others {
+            pending.retired.insert(id, Bytes::copy_from_slice(key));
+        }
+        others
     }
 
     /// Hands one decoded frame to whoever waits for it. Returns the message of an ERROR frame
@@ -190,11 +199,16 @@ impl Shared {
                 let _ = tx.send(response);
                 None
             }
-            Some(Entry::Watch { key, .. }) => {
+            Some(entry @ Entry::Watch { .. }) => {
                 // An answer to a running watch can only be the server ending it (WATCH_LIMIT:
                 // its event queue for this connection overflowed). It comes after every event
                 // of that watch, and ends the server's one watch of the key, which every local
-                // watch of the key shares.
+                // watch of the key shares, this one included.
+                let Entry::Watch { key, .. } = &entry else {
+                    unreachable!("matched a watch")
+                };
+                let key = key.clone();
+                pending.entries.insert(id, entry);
                 let error = match response {
                     Ok(Response::Error { code, message }) => Error::Server { code, message },
                     Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
@@ -204,6 +218,11 @@ impl Shared {
                 None
             }
             None => match response {
+                Ok(Response::Error { code, message }) if pending.retired.contains_key(&id) => {
+                    let key = pending.retired.remove(&id).expect("checked");
+                    pending.end_watches(&key, &Error::Server { code, message });
+                    None
+                }
                 Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
                 // A late reply to a request that gave up.
                 _ => None,
@@ -218,6 +237,7 @@ impl Pending {
             ids.retain(|&other| other != id);
             if ids.is_empty() {
                 self.watchers.remove(key);
+                self.retired.retain(|_, retired_key| retired_key != key);
             }
         }
     }
@@ -283,7 +303,9 @@ impl Pending {
                 None => {}
             }
         }
-        if !starting.is_empty() {
+        if starting.is_empty() {
+            self.retired.retain(|_, retired_key| retired_key != key);
+        } else {
             self.watchers.insert(Bytes::copy_from_slice(key), starting);
         }
     }
@@ -323,6 +345,7 @@ impl Conn {
                 closed_reason: None,
                 entries: HashMap::new(),
                 watchers: HashMap::new(),
+                retired: HashMap::new(),
             }),
             closed: CancellationToken::new(),
         });
@@ -467,5 +490,87 @@ async fn write_loop(
             shared.fail(&format!("write failed: {e}"));
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure_protocol::ErrorCode;
+
+    fn shared() -> Shared {
+        Shared {
+            pending: Mutex::new(Pending {
+                closed_reason: None,
+                entries: HashMap::new(),
+                watchers: HashMap::new(),
+                retired: HashMap::new(),
+            }),
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// Registers a running watch of `key` under `id`, as if WATCHING had arrived.
+    fn running_watch(shared: &Shared, id: u64, key: &'static [u8]) -> WatchRegistration {
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let (tx, _reply) = oneshot::channel();
+        let (events_tx, events) = mpsc::channel(4);
+        let overflow = Arc::new(AtomicBool::new(false));
+        let entry = Entry::Watch {
+            key: Bytes::from_static(key),
+            started: Some((tx, permit)),
+            events: events_tx,
+            overflow: Arc::clone(&overflow),
+        };
+        shared.register(id, entry).unwrap();
+        assert!(shared
+            .dispatch(id, Ok(Response::Watching { holder: None }))
+            .is_none());
+        WatchRegistration {
+            id,
+            events,
+            overflow,
+        }
+    }
+
+    #[test]
+    fn the_end_of_a_watch_named_by_a_dropped_watchs_id_reaches_the_others() {
+        let shared = shared();
+        let mut first = running_watch(&shared, 5, b"k");
+        let second = running_watch(&shared, 9, b"k");
+        // The server's one watch of "k" now carries id 9; dropping that local watch leaves it.
+        assert!(shared.remove_watch(second.id, b"k"));
+        let end = Response::Error {
+            code: ErrorCode::WatchLimit,
+            message: "events were not read fast enough".into(),
+        };
+        assert_eq!(shared.dispatch(9, Ok(end)), None, "not a connection notice");
+        match first.events.try_recv() {
+            Ok(Err(Error::Server { code, .. })) => assert_eq!(code, ErrorCode::WatchLimit),
+            other => panic!("the remaining watch was not ended: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_end_of_one_keys_watch_leaves_the_other_keys_watches_running() {
+        let shared = shared();
+        let mut ended = running_watch(&shared, 5, b"k");
+        let mut other = running_watch(&shared, 7, b"j");
+        let end = Response::Error {
+            code: ErrorCode::WatchLimit,
+            message: "events were not read fast enough".into(),
+        };
+        assert_eq!(shared.dispatch(5, Ok(end)), None);
+        assert!(matches!(
+            ended.events.try_recv(),
+            Ok(Err(Error::Server { .. }))
+        ));
+        assert!(
+            matches!(
+                other.events.try_recv(),
+                Err(mpsc::error::TryRecvError::Empty)
+            ),
+            "the server ends each watch with its own frame"
+        );
     }
 }
