@@ -543,6 +543,10 @@ impl Client {
 
     /// Subscribes to changes of `key`: every grant, release and expiry, in the server's order.
     ///
+    /// [`Watch::initial_state`] is the key's state when the server registered the watch; the
+    /// stream yields every change after it and none before it, so no INSPECT (and no race
+    /// with it) is needed. A hand-off shows as two events: released (or expired), then granted.
+    ///
     /// The watch lives on the current connection: when it closes the stream yields
     /// [`Error::ConnectionLost`] and ends (watch again; [`crate::Election::observe`] does).
     ///
@@ -563,16 +567,26 @@ impl Client {
         let (reply, registration, conn) = tokio::time::timeout(timeout, started)
             .await
             .unwrap_or(Err(Error::Timeout(timeout)))?;
-        let watch = Watch {
+        let initial_state = match reply {
+            Response::Watching { holder: None } => KeyState::Free,
+            Response::Watching { holder: Some(h) } => KeyState::Held {
+                token: h.token,
+                ttl_left: Duration::from_millis(u64::from(h.ttl_left_ms)),
+                waiters: h.waiters,
+                meta: h.meta,
+            },
+            other => {
+                conn.shared.remove_watch(registration.id, &key);
+                return Err(unexpected("WATCH", other));
+            }
+        };
+        Ok(Watch {
             conn,
             key,
             registration,
+            initial_state,
             ended: false,
-        };
-        match reply {
-            Response::Watching => Ok(watch),
-            other => Err(unexpected("WATCH", other)),
-        }
+        })
     }
 }
 
@@ -597,6 +611,7 @@ pub struct Watch {
     conn: Arc<Conn>,
     key: Bytes,
     registration: WatchRegistration,
+    initial_state: KeyState,
     ended: bool,
 }
 
@@ -610,6 +625,12 @@ impl Watch {
     /// The key being watched.
     pub fn key(&self) -> &[u8] {
         &self.key
+    }
+
+    /// The key's state when the watch started (`ttl_left` as of then): the stream's events
+    /// are exactly the changes after it.
+    pub fn initial_state(&self) -> &KeyState {
+        &self.initial_state
     }
 
     /// The next event, or the error that ended the watch; `None` after that error.

@@ -60,6 +60,10 @@ struct Pending {
     entries: HashMap<u64, Entry>,
     /// The ids of the watch entries of each key.
     watchers: HashMap<Bytes, Vec<u64>>,
+    /// Ids of dropped watches whose key other local watches still share. The server may still
+    /// name its one watch of the key by such an id (the latest WATCH sent for it), so an error
+    /// ending it must reach the others.
+    retired: HashMap<u64, Bytes>,
 }
 
 /// The part of a connection its tasks share with requests, watches and lease guards.
@@ -100,6 +104,7 @@ impl Shared {
             }
             pending.closed_reason = Some(Arc::from(reason));
             pending.watchers.clear();
+            pending.retired.clear();
             std::mem::take(&mut pending.entries)
         };
         let reason: Arc<str> = Arc::from(reason);
@@ -143,7 +148,11 @@ impl Shared {
         let mut pending = self.pending.lock().expect("pending mutex poisoned");
         pending.entries.remove(&id);
         pending.unindex_watch(id, key);
-        pending.watchers.contains_key(key)
+        let others = pending.watchers.contains_key(key);
+        if others {
+            pending.retired.insert(id, Bytes::copy_from_slice(key));
+        }
+        others
     }
 
     /// Hands one decoded frame to whoever waits for it. Returns the message of an ERROR frame
@@ -179,7 +188,7 @@ impl Shared {
                 events,
                 overflow,
             }) => {
-                if matches!(response, Ok(Response::Watching)) {
+                if matches!(response, Ok(Response::Watching { .. })) {
                     let entry = Entry::Watch {
                         key,
                         started: None,
@@ -193,18 +202,30 @@ impl Shared {
                 let _ = tx.send(response);
                 None
             }
-            Some(Entry::Watch { .. }) => {
-                // An answer to a running watch can only be the server ending it; this server
-                // ends every watch of the connection at once (its event queue overflowed).
+            Some(entry @ Entry::Watch { .. }) => {
+                // An answer to a running watch can only be the server ending it (WATCH_LIMIT:
+                // its event queue for this connection overflowed). It comes after every event
+                // of that watch, and ends the server's one watch of the key, which every local
+                // watch of the key shares, this one included.
+                let Entry::Watch { key, .. } = &entry else {
+                    unreachable!("matched a watch")
+                };
+                let key = key.clone();
+                pending.entries.insert(id, entry);
                 let error = match response {
                     Ok(Response::Error { code, message }) => Error::Server { code, message },
                     Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
                     Err(e) => e,
                 };
-                pending.end_watches(&error);
+                pending.end_watches(&key, &error);
                 None
             }
             None => match response {
+                Ok(Response::Error { code, message }) if pending.retired.contains_key(&id) => {
+                    let key = pending.retired.remove(&id).expect("checked");
+                    pending.end_watches(&key, &Error::Server { code, message });
+                    None
+                }
                 Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
                 // A late reply to a request that gave up.
                 _ => None,
@@ -219,12 +240,14 @@ impl Pending {
             ids.retain(|&other| other != id);
             if ids.is_empty() {
                 self.watchers.remove(key);
+                self.retired.retain(|_, retired_key| retired_key != key);
             }
         }
     }
 
     /// Gives an event to every watch of its key. The server keeps one watch per key per
-    /// connection (a repeated WATCH replaces the id it reports), so events are routed by key.
+    /// connection (a repeated WATCH replaces it, sending every event of the old one before
+    /// the new one's reply), so events are routed by key.
     fn deliver_event(&mut self, event: WatchEvent) {
         let Some(ids) = self.watchers.get(&event.key) else {
             return; // an event for a watch dropped a moment ago
@@ -252,25 +275,41 @@ impl Pending {
         }
     }
 
-    /// Ends every running watch with `error`.
-    fn end_watches(&mut self, error: &Error) {
-        let ids: Vec<u64> = self.watchers.drain().flat_map(|(_, ids)| ids).collect();
+    /// Ends every running watch of `key` with `error`. A WATCH of the key still waiting for
+    /// its reply stays: the server answers it after this end, so it starts a new watch.
+    fn end_watches(&mut self, key: &[u8], error: &Error) {
+        let ids = self.watchers.remove(key).unwrap_or_default();
+        let mut starting = Vec::new();
         for id in ids {
-            if let Some(Entry::Watch {
-                events, overflow, ..
-            }) = self.entries.remove(&id)
-            {
-                let copy = match error {
-                    Error::Server { code, message } => Error::Server {
-                        code: *code,
-                        message: message.clone(),
-                    },
-                    other => Error::Protocol(other.to_string()),
-                };
-                if events.try_send(Err(copy)).is_err() {
-                    overflow.store(true, Ordering::Release);
+            match self.entries.remove(&id) {
+                Some(Entry::Watch {
+                    events,
+                    overflow,
+                    started: None,
+                    ..
+                }) => {
+                    let copy = match error {
+                        Error::Server { code, message } => Error::Server {
+                            code: *code,
+                            message: message.clone(),
+                        },
+                        other => Error::Protocol(other.to_string()),
+                    };
+                    if events.try_send(Err(copy)).is_err() {
+                        overflow.store(true, Ordering::Release);
+                    }
                 }
+                Some(entry) => {
+                    self.entries.insert(id, entry);
+                    starting.push(id);
+                }
+                None => {}
             }
+        }
+        if starting.is_empty() {
+            self.retired.retain(|_, retired_key| retired_key != key);
+        } else {
+            self.watchers.insert(Bytes::copy_from_slice(key), starting);
         }
     }
 }
@@ -332,6 +371,7 @@ impl Conn {
                 closed_reason: None,
                 entries: HashMap::new(),
                 watchers: HashMap::new(),
+                retired: HashMap::new(),
             }),
             closed: CancellationToken::new(),
         });
@@ -477,5 +517,87 @@ async fn write_loop(
             shared.fail(&format!("write failed: {e}"));
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure_protocol::ErrorCode;
+
+    fn shared() -> Shared {
+        Shared {
+            pending: Mutex::new(Pending {
+                closed_reason: None,
+                entries: HashMap::new(),
+                watchers: HashMap::new(),
+                retired: HashMap::new(),
+            }),
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// Registers a running watch of `key` under `id`, as if WATCHING had arrived.
+    fn running_watch(shared: &Shared, id: u64, key: &'static [u8]) -> WatchRegistration {
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let (tx, _reply) = oneshot::channel();
+        let (events_tx, events) = mpsc::channel(4);
+        let overflow = Arc::new(AtomicBool::new(false));
+        let entry = Entry::Watch {
+            key: Bytes::from_static(key),
+            started: Some((tx, permit)),
+            events: events_tx,
+            overflow: Arc::clone(&overflow),
+        };
+        shared.register(id, entry).unwrap();
+        assert!(shared
+            .dispatch(id, Ok(Response::Watching { holder: None }))
+            .is_none());
+        WatchRegistration {
+            id,
+            events,
+            overflow,
+        }
+    }
+
+    #[test]
+    fn the_end_of_a_watch_named_by_a_dropped_watchs_id_reaches_the_others() {
+        let shared = shared();
+        let mut first = running_watch(&shared, 5, b"k");
+        let second = running_watch(&shared, 9, b"k");
+        // The server's one watch of "k" now carries id 9; dropping that local watch leaves it.
+        assert!(shared.remove_watch(second.id, b"k"));
+        let end = Response::Error {
+            code: ErrorCode::WatchLimit,
+            message: "events were not read fast enough".into(),
+        };
+        assert_eq!(shared.dispatch(9, Ok(end)), None, "not a connection notice");
+        match first.events.try_recv() {
+            Ok(Err(Error::Server { code, .. })) => assert_eq!(code, ErrorCode::WatchLimit),
+            other => panic!("the remaining watch was not ended: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_end_of_one_keys_watch_leaves_the_other_keys_watches_running() {
+        let shared = shared();
+        let mut ended = running_watch(&shared, 5, b"k");
+        let mut other = running_watch(&shared, 7, b"j");
+        let end = Response::Error {
+            code: ErrorCode::WatchLimit,
+            message: "events were not read fast enough".into(),
+        };
+        assert_eq!(shared.dispatch(5, Ok(end)), None);
+        assert!(matches!(
+            ended.events.try_recv(),
+            Ok(Err(Error::Server { .. }))
+        ));
+        assert!(
+            matches!(
+                other.events.try_recv(),
+                Err(mpsc::error::TryRecvError::Empty)
+            ),
+            "the server ends each watch with its own frame"
+        );
     }
 }

@@ -12,8 +12,8 @@
 //! reports loss exactly like a [`LeaseGuard`]. A standby may wait in line far longer than the
 //! TTL; its lease is counted from the grant (see [`crate::lease`]), not from its campaign.
 //!
-//! Observers ([`Election::observe`]) WATCH the lock and read it once, and see each new leader
-//! in increasing term order.
+//! Observers ([`Election::observe`]) WATCH the lock, whose reply names the current leader, and
+//! see each new leader in increasing term order.
 
 use std::fmt;
 use std::future::Future;
@@ -156,8 +156,9 @@ impl Election {
 
     /// Every new leader from now on, in increasing term order, starting with the current one.
     ///
-    /// The stream WATCHes the group's lock, then reads it once (so no grant falls between the
-    /// two), and never yields a term not larger than the last one yielded. When the watch fails
+    /// The stream WATCHes the group's lock; the server's reply carries the leader at that moment
+    /// and events every grant after it, so no leader falls between the two. It never yields a
+    /// term not larger than the last one yielded. When the watch fails
     /// (the connection closed) it yields the error, then subscribes again and goes on; a leader
     /// that came and went while it was not subscribed is skipped.
     pub fn observe(&self) -> Observer {
@@ -192,12 +193,18 @@ impl ObserveState {
                     tokio::time::sleep(RESUBSCRIBE_DELAY).await;
                 }
                 self.failed = true;
-                self.watch = Some(self.election.client.watch(&self.election.key).await?);
+                let watch = self.election.client.watch(&self.election.key).await?;
                 self.failed = false;
-                if let Some(leader) = self.election.leader().await? {
-                    if let Some(leader) = self.newer(leader) {
-                        return Ok(leader);
-                    }
+                let current = match watch.initial_state() {
+                    KeyState::Free => None,
+                    KeyState::Held { token, meta, .. } => Some(Leader {
+                        term: *token,
+                        value: meta.clone(),
+                    }),
+                };
+                self.watch = Some(watch);
+                if let Some(leader) = current.and_then(|leader| self.newer(leader)) {
+                    return Ok(leader);
                 }
                 continue;
             };

@@ -1239,3 +1239,58 @@ async fn server_limits_come_from_the_handshake() {
     client.disconnect();
     assert!(client.server_limits().is_none(), "no connection, no limits");
 }
+
+/// The next event of `watch`, as (kind, token).
+async fn next_event(watch: &mut tenure::Watch) -> (EventKind, u64) {
+    let event = timeout(PATIENCE, watch.next())
+        .await
+        .expect("an event in time")
+        .expect("watch open")
+        .expect("event");
+    (event.kind, event.token)
+}
+
+#[tokio::test]
+async fn a_watch_starts_from_the_holder_and_a_second_watch_of_the_key_shares_its_events() {
+    let server = TestServer::start();
+    let client = server.client().await;
+    let options = AcquireOptions {
+        meta: "leader-1".into(),
+        ..AcquireOptions::default()
+    };
+    let lease = client
+        .acquire("k", Duration::from_secs(30), options)
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("granted");
+    let token = lease.fencing_token();
+    let mut first = client.watch("k").await.expect("watch");
+    match first.initial_state() {
+        KeyState::Held {
+            token: held,
+            ttl_left,
+            meta,
+            ..
+        } => {
+            assert_eq!((*held, &meta[..]), (token, &b"leader-1"[..]));
+            assert!(*ttl_left > Duration::from_secs(20), "{ttl_left:?}");
+        }
+        other => panic!("expected the holder, got {other:?}"),
+    }
+    lease.release().await.expect("release");
+    assert_eq!(next_event(&mut first).await, (EventKind::Released, token));
+    // A second watch of the key on the same connection starts from the state now, and both
+    // see what follows.
+    let mut second = client.watch("k").await.expect("second watch");
+    assert_eq!(second.initial_state(), &KeyState::Free);
+    let lease = granted(&client, "k", Duration::from_secs(30)).await;
+    let granted_event = (EventKind::Granted, lease.fencing_token());
+    assert_eq!(next_event(&mut first).await, granted_event);
+    assert_eq!(next_event(&mut second).await, granted_event);
+    // Dropping one leaves the other running.
+    drop(second);
+    let token = lease.fencing_token();
+    lease.release().await.expect("release");
+    assert_eq!(next_event(&mut first).await, (EventKind::Released, token));
+}

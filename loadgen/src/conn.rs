@@ -94,7 +94,8 @@ impl Conn {
         let entry = &mut self.slots[slot as usize];
         assert!(entry.is_none(), "slab slot {slot} reused while in flight");
         *entry = Some(op);
-        self.proto.encode(u64::from(slot), &op, &mut self.out);
+        // Request id 0 is reserved by the protocol, so ids are slots shifted by one.
+        self.proto.encode(u64::from(slot) + 1, &op, &mut self.out);
         if self.proto.in_order() {
             self.order.push_back(slot);
         }
@@ -107,7 +108,10 @@ impl Conn {
     /// When the reply matches nothing in flight: the peer is confused and the stream is lost.
     pub fn take(&mut self, id: Option<u64>) -> anyhow::Result<Op> {
         let slot = match id {
-            Some(id) => u32::try_from(id).context("reply id out of range")?,
+            Some(id) => id
+                .checked_sub(1)
+                .and_then(|slot| u32::try_from(slot).ok())
+                .context("reply id out of range")?,
             None => self
                 .order
                 .pop_front()
@@ -212,13 +216,15 @@ mod tests {
             conn.submit(ping(tag), 0);
         }
         assert_eq!((conn.in_flight(), conn.backlog()), (2, 3));
-        assert_eq!(conn.take(Some(1)).unwrap().tag, 1);
+        // Request ids are slots plus one: id 0 is reserved by the protocol.
+        assert_eq!(conn.take(Some(2)).unwrap().tag, 1);
         conn.refill(0);
         assert_eq!((conn.in_flight(), conn.backlog()), (2, 2));
         // Slot 1 was reused by the op tagged 2.
-        assert_eq!(conn.take(Some(1)).unwrap().tag, 2);
-        assert_eq!(conn.take(Some(0)).unwrap().tag, 0);
-        assert!(conn.take(Some(0)).is_err());
+        assert_eq!(conn.take(Some(2)).unwrap().tag, 2);
+        assert_eq!(conn.take(Some(1)).unwrap().tag, 0);
+        assert!(conn.take(Some(1)).is_err());
+        assert!(conn.take(Some(0)).is_err(), "id 0 answers no request");
         assert!(conn.take(Some(9)).is_err());
     }
 }

@@ -69,7 +69,8 @@ pub mod rop {
     pub const STALE: u8 = 0x8B;
     /// Server counters.
     pub const STATS: u8 = 0x8C;
-    /// WATCH accepted; events follow with the same request id.
+    /// WATCH accepted, with the key's state at that moment; events follow with the same
+    /// request id.
     pub const WATCHING: u8 = 0x8D;
     /// UNWATCH done; no more events for that watch.
     pub const UNWATCHED: u8 = 0x8E;
@@ -83,6 +84,15 @@ pub mod rop {
 pub const FLAG_RELEASE_ON_DISCONNECT: u8 = 0x01;
 /// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
 pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT;
+
+/// The request id no request may carry: frames with it answer no request (an error about the
+/// connection as a whole), so a client can always tell them apart.
+pub const REQUEST_ID_NONE: u64 = 0;
+
+/// WATCHING `state` byte: nobody holds the key; nothing follows.
+pub const WATCH_STATE_FREE: u8 = 0;
+/// WATCHING `state` byte: the key is held; the holder's fields follow, laid out as HELD's body.
+pub const WATCH_STATE_HELD: u8 = 1;
 
 /// One request, as the client sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +165,19 @@ pub enum EventKind {
     Expired = 3,
 }
 
+/// A key's holder, as a WATCHING reply reports it (the same fields as [`Response::Held`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's fencing token.
+    pub token: u64,
+    /// Time left on the holder's lease, in milliseconds.
+    pub ttl_left_ms: u32,
+    /// Acquires waiting in line.
+    pub waiters: u32,
+    /// The holder's metadata.
+    pub meta: Bytes,
+}
+
 /// One reply or pushed event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
@@ -211,8 +234,12 @@ pub enum Response {
     Stale,
     /// Server counters, name and value.
     Stats(Vec<(String, u64)>),
-    /// The watch is on.
-    Watching,
+    /// The watch is on. `holder` is the key's state when the watch started: every change
+    /// after it arrives as an [`Response::Event`], none before it does.
+    Watching {
+        /// The holder at that moment; `None` if the key was free.
+        holder: Option<Holder>,
+    },
     /// The watch is off.
     Unwatched,
     /// A change to a watched key.
@@ -351,7 +378,16 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
                 b.put_u64(*value);
             }
         }),
-        Response::Watching => put_frame(dst, rop::WATCHING, id, |_| {}),
+        Response::Watching { holder } => put_frame(dst, rop::WATCHING, id, |b| match holder {
+            None => b.put_u8(WATCH_STATE_FREE),
+            Some(holder) => {
+                b.put_u8(WATCH_STATE_HELD);
+                b.put_u64(holder.token);
+                b.put_u32(holder.ttl_left_ms);
+                b.put_u32(holder.waiters);
+                put_bytes16(b, &holder.meta);
+            }
+        }),
         Response::Unwatched => put_frame(dst, rop::UNWATCHED, id, |_| {}),
         Response::Event {
             kind,
@@ -566,7 +602,9 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
         rop::CURRENT => Response::Current,
         rop::STALE => Response::Stale,
         rop::STATS => Response::Stats(decode_stats(&mut b)?),
-        rop::WATCHING => Response::Watching,
+        rop::WATCHING => Response::Watching {
+            holder: decode_watch_state(&mut b)?,
+        },
         rop::UNWATCHED => Response::Unwatched,
         rop::EVENT => {
             let kind = match b.u8("event kind")? {
@@ -604,6 +642,22 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
     };
     b.finish()?;
     Ok(response)
+}
+
+fn decode_watch_state(b: &mut Body) -> Result<Option<Holder>, FrameError> {
+    match b.u8("watch state")? {
+        WATCH_STATE_FREE => Ok(None),
+        WATCH_STATE_HELD => Ok(Some(Holder {
+            token: b.u64("token")?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+            waiters: b.u32("waiters")?,
+            meta: b.bytes16("meta")?,
+        })),
+        other => Err(FrameError::new(
+            ErrorCode::BadFrame,
+            format!("unknown watch state {other}"),
+        )),
+    }
 }
 
 fn decode_stats(b: &mut Body) -> Result<Vec<(String, u64)>, FrameError> {

@@ -27,5 +27,5 @@ pub mod limits;
 
 pub use codec::{ClientCodec, ServerCodec};
 pub use error::{ErrorCode, FrameError, ProtocolError};
-pub use frame::{EventKind, Request, Response};
+pub use frame::{EventKind, Holder, Request, Response};
 pub use lease::LeaseId;

@@ -6,7 +6,7 @@ use tenure_protocol::frame::{
 };
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, VERSION};
 use tenure_protocol::limits::*;
-use tenure_protocol::{ErrorCode, EventKind, LeaseId, ProtocolError, Request, Response};
+use tenure_protocol::{ErrorCode, EventKind, Holder, LeaseId, ProtocolError, Request, Response};
 
 fn key(n: usize) -> Bytes {
     Bytes::from(vec![b'k'; n])
@@ -84,7 +84,15 @@ fn sample_responses() -> Vec<Response> {
         Response::Current,
         Response::Stale,
         Response::Stats(vec![("held".into(), 5), ("connections".into(), 1)]),
-        Response::Watching,
+        Response::Watching { holder: None },
+        Response::Watching {
+            holder: Some(Holder {
+                token: 12,
+                ttl_left_ms: 250,
+                waiters: 2,
+                meta: Bytes::from_static(b"leader-1"),
+            }),
+        },
         Response::Unwatched,
         Response::Event {
             kind: EventKind::Expired,
@@ -497,4 +505,28 @@ fn mutated_and_random_frames_never_panic_and_round_trip() {
         decoded > rounds / 20,
         "only {decoded} of {rounds} mutated frames decoded"
     );
+}
+
+#[test]
+fn watching_matches_the_example_in_protocol_md() {
+    let mut out = BytesMut::new();
+    let holder = Holder {
+        token: 12,
+        ttl_left_ms: 250,
+        waiters: 0,
+        meta: Bytes::from_static(b"ab"),
+    };
+    let watching = Response::Watching {
+        holder: Some(holder),
+    };
+    tenure_protocol::frame::encode_response(7, &watching, &mut out);
+    let expected: &[u8] = &[
+        0, 0, 0, 0x1e, 0x8d, 0, 0, 0, 0, 0, 0, 0, 7, 1, 0, 0, 0, 0, 0, 0, 0, 0x0c, 0, 0, 0, 0xfa,
+        0, 0, 0, 0, 0, 2, b'a', b'b',
+    ];
+    assert_eq!(&out[..], expected);
+    let mut free = BytesMut::new();
+    let watching = Response::Watching { holder: None };
+    tenure_protocol::frame::encode_response(7, &watching, &mut free);
+    assert_eq!(&free[4..], &[0x8d, 0, 0, 0, 0, 0, 0, 0, 7, 0]);
 }

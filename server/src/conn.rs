@@ -28,7 +28,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tenure_protocol::frame::{decode_request, encode_response, split_frame};
+use tenure_protocol::frame::{decode_request, encode_response, split_frame, REQUEST_ID_NONE};
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
 use tenure_protocol::{ErrorCode, FrameError, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,6 +39,7 @@ use crate::config::{LINE_LEN_MAX, READ_BUFFER_MAX};
 use crate::console::{self, Command};
 use crate::state::{ConnCtx, Outcome, Shared, Undo, WaitResult};
 use crate::wal::Lsn;
+use crate::watch::WatchEvent;
 
 /// Most bytes discarded from a peer after a fatal error, while its error reply drains.
 const LINGER_BYTES_MAX: usize = 4 << 20;
@@ -67,6 +68,13 @@ impl Surface {
         match self {
             Surface::Binary => match split_frame(buf) {
                 Ok(None) => Ok(None),
+                Ok(Some((_, REQUEST_ID_NONE, _))) => Ok(Some(Input::Bad(
+                    REQUEST_ID_NONE,
+                    FrameError::new(
+                        ErrorCode::BadFrame,
+                        "request id 0 is reserved for replies that answer no request".into(),
+                    ),
+                ))),
                 Ok(Some((opcode, id, body))) => Ok(Some(match decode_request(opcode, body) {
                     Ok(request) => Input::Request(id, request),
                     Err(e) => Input::Bad(id, e),
@@ -138,6 +146,8 @@ struct Queued {
     reply: Reply,
     /// For a grant or release: how to take it back if its record never becomes durable.
     undo: Option<Undo>,
+    /// Pushed by the server (an event, or the end of a watch), not the answer to a request.
+    pushed: bool,
 }
 
 /// A protocol response, or a console-only line (HELP, BYE) that has no binary form.
@@ -178,14 +188,8 @@ pub async fn serve(
         queue: VecDeque::new(),
         later: FuturesUnordered::new(),
         waits: HashMap::new(),
-        watched_keys: Vec::new(),
-        ctx: ConnCtx {
-            conn_id,
-            owned: Vec::new(),
-            sink: None,
-            events: None,
-            watched: 0,
-        },
+        events_queued: 0,
+        ctx: ConnCtx::new(conn_id),
         closing: false,
         fatal: false,
         stopping: false,
@@ -287,7 +291,9 @@ struct Conn {
     later: FuturesUnordered<BoxFuture<'static, Later>>,
     /// Queued acquires by request id: the key and the table's waiter id.
     waits: HashMap<u64, (Bytes, u64)>,
-    watched_keys: Vec<Bytes>,
+    /// Entries of `queue` that answer no request (events, and the errors ending watches):
+    /// they do not count against the in-flight maximum.
+    events_queued: usize,
     ctx: ConnCtx,
     closing: bool,
     /// Closing because the peer broke the framing; its unread input is still arriving.
@@ -317,7 +323,7 @@ impl Conn {
             }
             if self.later.is_empty() {
                 if let Some((code, message)) = self.fatal_error.take() {
-                    self.push(0, Response::Error { code, message }, 0);
+                    self.push(REQUEST_ID_NONE, Response::Error { code, message }, 0);
                 }
             }
             self.flush_ready(&durable.borrow());
@@ -416,8 +422,10 @@ impl Conn {
         Ok(())
     }
 
+    /// Requests read and not yet answered: replies waiting for the WAL, and acquires waiting
+    /// in line or for fencing tokens. Events are not requests; a WATCH counts until its reply.
     fn in_flight(&self) -> usize {
-        self.queue.len() + self.later.len()
+        self.queue.len() - self.events_queued + self.later.len()
     }
 
     /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
@@ -435,23 +443,22 @@ impl Conn {
             );
             return;
         }
-        let watch_key = match &request {
-            Request::Watch { key } => Some(key.clone()),
-            _ => None,
-        };
+        if let Request::Watch { .. } = request {
+            // A new watch starts on a queue that takes events, not on one that overflowed.
+            self.end_watches_if_overflowed();
+        }
         let outcome = match received_ms {
             None => self.shared.execute(&mut self.ctx, id, request),
             Some(received_ms) => self
                 .shared
                 .execute_again(&mut self.ctx, id, request, received_ms),
         };
+        // Events a WATCH drained were checked against the watches it replaced, not the new one.
+        for event in std::mem::take(&mut self.ctx.drained) {
+            self.queue_event(event);
+        }
         match outcome {
-            Outcome::Reply(response, lsn) => {
-                if let (Some(key), Response::Watching) = (watch_key, &response) {
-                    self.watched_keys.push(key);
-                }
-                self.push(id, response, lsn)
-            }
+            Outcome::Reply(response, lsn) => self.push(id, response, lsn),
             Outcome::Changed {
                 response,
                 lsn,
@@ -572,46 +579,75 @@ impl Conn {
         }
     }
 
-    fn on_event(&mut self, event: crate::watch::WatchEvent) {
-        let sink_overflowed = self
-            .ctx
-            .sink
-            .as_ref()
-            .is_some_and(|s| s.overflowed.swap(false, Ordering::Relaxed));
-        if sink_overflowed {
-            for key in std::mem::take(&mut self.watched_keys) {
-                self.shared.watches.remove(&key, self.ctx.conn_id);
-            }
-            self.ctx.watched = 0;
-            let message = "events were not read fast enough; all watches on this connection ended"
-                .to_string();
-            self.push(
-                event.watch_id,
-                Response::Error {
-                    code: ErrorCode::WatchLimit,
-                    message,
-                },
-                0,
-            );
-            return;
+    fn on_event(&mut self, event: WatchEvent) {
+        self.push_event(event);
+        self.end_watches_if_overflowed();
+    }
+
+    /// Queues an event, unless its watch has ended since it was queued.
+    fn push_event(&mut self, event: WatchEvent) {
+        if self.ctx.is_live(&event) {
+            self.queue_event(event);
         }
-        let crate::watch::WatchEvent {
+    }
+
+    fn queue_event(&mut self, event: WatchEvent) {
+        let WatchEvent {
             watch_id,
             kind,
             key,
             token,
             meta,
         } = event;
-        self.push(
-            watch_id,
-            Response::Event {
-                kind,
-                key,
-                token,
-                meta,
-            },
-            0,
-        );
+        let response = Response::Event {
+            kind,
+            key,
+            token,
+            meta,
+        };
+        self.push_pushed(watch_id, response);
+    }
+
+    /// If the event queue overflowed: sends every event it still holds (all from before the
+    /// overflow), then ends each watch with its own WATCH_LIMIT error, so no event of a watch
+    /// follows its end. The queue is dropped; a later WATCH starts a new one.
+    fn end_watches_if_overflowed(&mut self) {
+        let overflowed = self
+            .ctx
+            .sink
+            .as_ref()
+            .is_some_and(|sink| sink.overflowed.load(Ordering::Relaxed));
+        if !overflowed {
+            return;
+        }
+        // The full queue takes nothing more, so this drains it (bounded by its size).
+        while let Some(event) = self.ctx.events.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            self.push_event(event);
+        }
+        let mut ended: Vec<(Bytes, u64)> = self.ctx.watches.drain().collect();
+        ended.sort_unstable_by_key(|&(_, id)| id);
+        for (key, watch_id) in ended {
+            self.shared.watches.remove(&key, self.ctx.conn_id);
+            let message = "events were not read fast enough; every watch on this connection ended"
+                .to_string();
+            let code = ErrorCode::WatchLimit;
+            self.push_pushed(watch_id, Response::Error { code, message });
+        }
+        // Dropping the receiver makes a notification racing with this one fail harmlessly.
+        self.ctx.sink = None;
+        self.ctx.events = None;
+    }
+
+    /// Queues a frame that answers no request: an event or the end of a watch.
+    fn push_pushed(&mut self, id: u64, response: Response) {
+        self.events_queued += 1;
+        self.queue.push_back(Queued {
+            lsn: 0,
+            id,
+            reply: Reply::Response(response),
+            undo: None,
+            pushed: true,
+        });
     }
 
     fn push(&mut self, id: u64, response: Response, lsn: Lsn) {
@@ -620,6 +656,7 @@ impl Conn {
             id,
             reply: Reply::Response(response),
             undo: None,
+            pushed: false,
         });
     }
 
@@ -630,6 +667,7 @@ impl Conn {
             id,
             reply: Reply::Response(response),
             undo: Some(undo),
+            pushed: false,
         });
     }
 
@@ -641,6 +679,7 @@ impl Conn {
             id: 0,
             reply: Reply::Line(line),
             undo: None,
+            pushed: false,
         });
     }
 
@@ -655,7 +694,11 @@ impl Conn {
                 id,
                 reply,
                 undo,
+                pushed,
             } = self.queue.pop_front().expect("front exists");
+            if pushed {
+                self.events_queued -= 1;
+            }
             let response = match reply {
                 Reply::Response(response) => response,
                 Reply::Line(line) => {
@@ -696,14 +739,13 @@ impl Conn {
     /// Leaves no trace in the shared state.
     fn finish(&mut self) {
         let waits = self.waits.drain().map(|(_, wait)| wait);
-        let keys = std::mem::take(&mut self.watched_keys);
-        self.shared.disconnect(&mut self.ctx, waits, &keys);
+        self.shared.disconnect(&mut self.ctx, waits);
     }
 }
 
 async fn recv_event(
-    events: &mut Option<tokio::sync::mpsc::Receiver<crate::watch::WatchEvent>>,
-) -> Option<crate::watch::WatchEvent> {
+    events: &mut Option<tokio::sync::mpsc::Receiver<WatchEvent>>,
+) -> Option<WatchEvent> {
     match events {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -2,8 +2,9 @@
 //!
 //! A connection whose first byte is not the binary handshake's zero byte is served here, so
 //! `nc 127.0.0.1 7878` works. One command per line (`\n` or `\r\n`), commands case-insensitive,
-//! arguments separated by spaces; exactly one reply line per command, in order. WATCH adds
-//! `EVENT ...` lines that arrive whenever the watched key changes.
+//! arguments separated by spaces; exactly one reply line per command, in order. WATCH answers
+//! with the key's state (`OK watching FREE` or `OK watching HELD ...`) and adds `EVENT ...`
+//! lines that arrive whenever the watched key changes after that.
 //!
 //! This module only translates: a line becomes a [`Command`] holding the same
 //! [`Request`] the binary protocol carries, and a [`Response`] becomes a line. The connection
@@ -165,6 +166,20 @@ pub fn escape(bytes: &[u8], out: &mut String) {
     }
 }
 
+/// Appends `HELD token=.. ttl_ms=.. waiters=.. [meta=..]`: INSPECT's answer, and the state
+/// a WATCH starts from.
+fn format_held(token: u64, ttl_left_ms: u32, waiters: u32, meta: &[u8], out: &mut String) {
+    use std::fmt::Write;
+    let _ = write!(
+        out,
+        "HELD token={token} ttl_ms={ttl_left_ms} waiters={waiters}"
+    );
+    if !meta.is_empty() {
+        out.push_str(" meta=");
+        escape(meta, out);
+    }
+}
+
 /// Appends the reply line for `response` to `out`, with its `\n`.
 pub fn format(response: &Response, out: &mut String) {
     use std::fmt::Write;
@@ -196,14 +211,7 @@ pub fn format(response: &Response, out: &mut String) {
             waiters,
             meta,
         } => {
-            let _ = write!(
-                out,
-                "HELD token={token} ttl_ms={ttl_left_ms} waiters={waiters}"
-            );
-            if !meta.is_empty() {
-                out.push_str(" meta=");
-                escape(meta, out);
-            }
+            format_held(*token, *ttl_left_ms, *waiters, meta, out);
             Ok(())
         }
         Response::Current => out.write_str("CURRENT"),
@@ -215,7 +223,14 @@ pub fn format(response: &Response, out: &mut String) {
             }
             Ok(())
         }
-        Response::Watching => out.write_str("OK watching"),
+        Response::Watching { holder } => {
+            out.push_str("OK watching ");
+            match holder {
+                None => out.push_str("FREE"),
+                Some(h) => format_held(h.token, h.ttl_left_ms, h.waiters, &h.meta, out),
+            }
+            Ok(())
+        }
         Response::Unwatched => out.write_str("OK"),
         Response::Event {
             kind,

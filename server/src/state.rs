@@ -10,11 +10,12 @@
 //! already synced in the WAL, so a token is durable before it is visible anywhere (a GRANTED
 //! reply, a LOCKED reply, INSPECT), in every durability mode.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, EventKind, LeaseId, Request, Response};
+use tenure_protocol::{ErrorCode, EventKind, Holder, LeaseId, Request, Response};
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::clock::Clock;
@@ -23,7 +24,7 @@ use crate::stats::Stats;
 use crate::table::{self, Acquire, AcquireArgs, Event, Handoff, LockTable, TableLimits};
 use crate::tokens::TokenAllocator;
 use crate::wal::{self, DurableState, FreeReason, Lsn, Record, Wal};
-use crate::watch::{WatchSink, Watches};
+use crate::watch::{WatchEvent, WatchSink, Watches};
 
 /// What a waiting acquire is eventually told.
 #[derive(Debug)]
@@ -131,9 +132,34 @@ pub struct ConnCtx {
     /// This connection's event queue, created on its first WATCH.
     pub sink: Option<Arc<WatchSink>>,
     /// Receiver of `sink`, taken by the connection loop.
-    pub events: Option<tokio::sync::mpsc::Receiver<crate::watch::WatchEvent>>,
-    /// Keys this connection watches.
-    pub watched: usize,
+    pub events: Option<tokio::sync::mpsc::Receiver<WatchEvent>>,
+    /// The keys this connection watches, each with the request id of its WATCH: one watch per
+    /// key, a repeated WATCH replaces it.
+    pub watches: HashMap<Bytes, u64>,
+    /// Events a WATCH took out of `events` so they are sent before its reply (see
+    /// [`Shared::execute`] on WATCH); the connection sends them, then the reply.
+    pub drained: Vec<WatchEvent>,
+}
+
+impl ConnCtx {
+    /// A context for a new connection.
+    pub fn new(conn_id: u64) -> ConnCtx {
+        ConnCtx {
+            conn_id,
+            owned: Vec::new(),
+            sink: None,
+            events: None,
+            watches: HashMap::new(),
+            drained: Vec::new(),
+        }
+    }
+
+    /// Whether `event` belongs to a watch this connection still has. An event of a watch
+    /// that was ended (UNWATCH, or replaced by a later UNWATCH and WATCH) may still sit in the
+    /// queue; it must not be sent after the watch was reported ended.
+    pub fn is_live(&self, event: &WatchEvent) -> bool {
+        self.watches.get(&event.key) == Some(&event.watch_id)
+    }
 }
 
 /// Everything the tasks share.
@@ -333,10 +359,10 @@ impl Shared {
                 table::Check::Stale => Response::Stale,
             },
             Request::Stats => Response::Stats(self.stats_pairs()),
-            Request::Watch { key } => self.watch(ctx, request_id, key),
+            Request::Watch { key } => self.watch(ctx, now_ms, request_id, key),
             Request::Unwatch { key } => {
-                if self.watches.remove(&key, ctx.conn_id) {
-                    ctx.watched -= 1;
+                if ctx.watches.remove(&key).is_some() {
+                    self.watches.remove(&key, ctx.conn_id);
                 }
                 Response::Unwatched
             }
@@ -683,6 +709,8 @@ impl Shared {
                 // release stands here, and a restart brings the lease back.
                 if let table::Inspect::Free = shard.inspect(now_ms, &key) {
                     shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    // Watchers were told of the release; they learn the lease is back.
+                    self.watches.notify(&key, EventKind::Granted, token, &meta);
                     true
                 } else {
                     tracing::warn!("a release that failed to log could not be undone: key is held");
@@ -733,23 +761,62 @@ impl Shared {
         }
     }
 
-    fn watch(&self, ctx: &mut ConnCtx, request_id: u64, key: Bytes) -> Response {
-        if ctx.watched >= self.config.watches_per_connection_max {
+    /// Starts (or replaces) this connection's watch of `key` and answers with the key's state.
+    ///
+    /// Under the key's shard lock, so no change can fall between: the key is settled (a lease
+    /// over by the clock ends now, with its event), events already queued for this connection
+    /// are taken out to go before the reply, the state is read, and the watch registered.
+    /// Every change after that is notified under the same lock, so it comes as an event after
+    /// the reply; every change before it is in the state or in an event before the reply.
+    fn watch(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        request_id: u64,
+        key: Bytes,
+    ) -> Response {
+        let max = self.config.watches_per_connection_max;
+        if !ctx.watches.contains_key(&key) && ctx.watches.len() >= max {
             Stats::bump(&self.stats.errors);
-            let max = self.config.watches_per_connection_max;
             return error(
                 ErrorCode::WatchLimit,
                 format!("this connection already watches {max} keys"),
             );
         }
+        let mut shard = self.shard(&key);
+        let mut events = Vec::new();
+        shard.settle_key(now_ms, &key, &self.tokens, &mut events);
+        self.apply_events(&mut shard, now_ms, &mut events);
+        if let Some(rx) = ctx.events.as_mut() {
+            while let Ok(event) = rx.try_recv() {
+                if ctx.watches.get(&event.key) == Some(&event.watch_id) {
+                    ctx.drained.push(event);
+                }
+            }
+        }
+        let holder = match shard.inspect(now_ms, &key) {
+            table::Inspect::Free => None,
+            table::Inspect::Held {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            } => Some(Holder {
+                token,
+                ttl_left_ms: clamp_ms(ttl_left_ms),
+                waiters,
+                meta: Bytes::copy_from_slice(meta),
+            }),
+        };
         let sink = ctx.sink.get_or_insert_with(|| {
             let (sink, rx) = WatchSink::new(self.config.watch_queue_max);
             ctx.events = Some(rx);
             sink
         });
         self.watches.add(key.clone(), ctx.conn_id, request_id, sink);
-        ctx.watched += 1;
-        Response::Watching
+        drop(shard);
+        ctx.watches.insert(key, request_id);
+        Response::Watching { holder }
     }
 
     /// Drops everything a closing connection leaves behind: its watches, its queued
@@ -758,10 +825,9 @@ impl Shared {
         self: &Arc<Self>,
         ctx: &mut ConnCtx,
         waits: impl IntoIterator<Item = (Bytes, u64)>,
-        watched_keys: &[Bytes],
     ) {
-        for key in watched_keys {
-            self.watches.remove(key, ctx.conn_id);
+        for (key, _) in ctx.watches.drain() {
+            self.watches.remove(&key, ctx.conn_id);
         }
         for (key, waiter_id) in waits {
             self.shard(&key).cancel_waiter(&key, waiter_id);

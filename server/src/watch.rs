@@ -7,7 +7,9 @@
 //!
 //! Delivery never waits: each watching connection has a bounded queue. A connection that does
 //! not read its events fast enough loses its watches (and is told so) rather than slowing the
-//! task that changed the key or growing memory.
+//! task that changed the key or growing memory. Once an event did not fit, the queue takes no
+//! more: what it holds is a gap-free prefix of every watched key's changes, which the
+//! connection sends before it reports the watches ended.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -35,7 +37,8 @@ pub struct WatchEvent {
 /// The receiving end of one connection's events, and its overflow flag.
 pub struct WatchSink {
     tx: mpsc::Sender<WatchEvent>,
-    /// Set when an event did not fit: the connection's watches were dropped.
+    /// Set when an event did not fit; from then on the sink takes no events, and the
+    /// connection ends its watches once it has sent the ones queued before.
     pub overflowed: AtomicBool,
 }
 
@@ -73,6 +76,7 @@ impl Watches {
         let mut subs = self.by_key.entry(key).or_default();
         if let Some(sub) = subs.iter_mut().find(|s| s.conn_id == conn_id) {
             sub.watch_id = watch_id;
+            sub.sink = Arc::clone(sink);
             return;
         }
         subs.push(Subscriber {
@@ -110,7 +114,8 @@ impl Watches {
     }
 
     /// Pushes a change of `key` to its watchers without waiting. A watcher whose queue is
-    /// full is marked overflowed; its connection drops its watches and reports it.
+    /// full is marked overflowed and gets no later event: it would leave a gap. Callers hold
+    /// `key`'s shard lock, so one key's events enter every queue in the order of its changes.
     pub fn notify(&self, key: &[u8], kind: EventKind, token: u64, meta: &[u8]) {
         if self.is_empty() {
             return;
@@ -121,6 +126,9 @@ impl Watches {
         let key = subs.key().clone();
         let meta = Bytes::copy_from_slice(meta);
         for sub in subs.iter() {
+            if sub.sink.overflowed.load(Ordering::Relaxed) {
+                continue;
+            }
             let event = WatchEvent {
                 watch_id: sub.watch_id,
                 kind,
@@ -162,6 +170,10 @@ mod tests {
             watches.notify(b"k", EventKind::Released, token, b"");
         }
         assert!(sink.overflowed.load(Ordering::Relaxed));
+        // Once overflowed, nothing more enters, even with room again: no gaps.
+        while rx.try_recv().is_ok() {}
+        watches.notify(b"k", EventKind::Released, 9, b"");
+        assert!(rx.try_recv().is_err(), "an event after the gap was queued");
         assert!(watches.remove(b"k", 1));
         assert!(!watches.remove(b"k", 1));
         assert!(watches.is_empty());

@@ -340,9 +340,9 @@ async fn binary_pipelines_and_answers_blocking_acquires_out_of_order() {
         lease = l;
         assert_eq!(w.call(300, release("hot", lease)).await, Response::Released);
     }
-    // Many requests in flight on one connection, answered by id.
+    // Many requests in flight on one connection, answered by id (0 is reserved).
     let mut batch = BytesMut::new();
-    for id in 0..1000u64 {
+    for id in 1..=1000u64 {
         encode_request(
             id,
             &Request::Check {
@@ -353,7 +353,7 @@ async fn binary_pipelines_and_answers_blocking_acquires_out_of_order() {
         );
     }
     a.stream.write_all(&batch).await.unwrap();
-    for id in 0..1000u64 {
+    for id in 1..=1000u64 {
         assert_eq!(a.recv().await.unwrap(), (id, Response::Stale));
     }
     server.stop().await;
@@ -509,7 +509,7 @@ async fn watch_reports_grants_releases_and_expiries() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path()).await;
     let mut watcher = Console::connect(server.addr).await;
-    assert_eq!(watcher.cmd("WATCH w").await, "OK watching");
+    assert_eq!(watcher.cmd("WATCH w").await, "OK watching FREE");
     let mut c = Console::connect(server.addr).await;
     let g = c.cmd("ACQUIRE w 30000 META=leader-1").await;
     assert_eq!(

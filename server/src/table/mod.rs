@@ -381,6 +381,21 @@ impl<W: Waiter> LockTable<W> {
         Release::Released { token, handoff }
     }
 
+    /// Settles `key` at `now_ms` (see the module docs): a lease that ran out ends now, and its
+    /// expiry and any hand-off go to `events`, instead of waiting for the wheel.
+    pub fn settle_key(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) {
+        let now_ms = self.observe(now_ms);
+        if let Some(slot) = self.find(key) {
+            self.settle(slot, now_ms, tokens, events);
+        }
+    }
+
     /// The key's state as of `now_ms`, without settling it.
     pub fn inspect(&self, now_ms: u64, key: &[u8]) -> Inspect<'_> {
         let now_ms = now_ms.max(self.now_ms);
