@@ -48,10 +48,12 @@
 //! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group;
 //!   [`Client::campaign`] and [`Client::observe`] are the short forms.
 //! - [`error`]: [`Error`], every way a request can fail.
-//! - [`duration`]: `30s`/`500ms`/`2m` parsing for the command line.
+//! - [`duration`]: `30s`/`500ms`/`2m` parsing, re-exported from `tenure_protocol`: one parser
+//!   for every command line of the project.
 //! - `fake` (tests only): a scripted stand-in server for behaviour a real one will not show
 //!   on demand (renewals that hang, slow answers, odd handshakes).
-//! - `src/bin/tenure.rs`: the `tenure` command line.
+//! - `src/bin/tenure/`: the `tenure` command line, built with the `cli` feature (on by
+//!   default; `default-features = false` leaves out clap, anyhow and serde_json).
 //!
 //! # The `tenure` command line
 //! `tenure [--addr HOST:PORT] [--json] COMMAND`, with `--addr` defaulting to `$TENURE_ADDR` or
@@ -74,7 +76,6 @@
 
 pub mod client;
 mod conn;
-pub mod duration;
 pub mod election;
 pub mod error;
 pub mod fence;
@@ -89,7 +90,7 @@ pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
-pub use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
 
 #[cfg(test)]
 mod fake;
