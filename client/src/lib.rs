@@ -59,8 +59,11 @@
 //! `tenure [--addr HOST:PORT] [--json] COMMAND`, with `--addr` defaulting to `$TENURE_ADDR` or
 //! `127.0.0.1:7878`. Commands: `acquire`, `renew`, `release`, `inspect`, `check`, `stats`,
 //! `ping`, `run` (hold a lock while a command runs), `elect` (run a command while leading),
-//! `observe` (print each new leader) and `console` (request commands read from stdin). Output
-//! is one line of `key=value` pairs per answer, or JSON with `--json`.
+//! `observe` (print each new leader) and `console` (the server's text-console grammar, read
+//! from stdin). Output is one line of `key=value` pairs per answer, with the text console's
+//! field names (`token`, `lease`, `ttl_ms`, `waited_ms`), or JSON with `--json`. Durations
+//! need a unit (`30s`, `500ms`; see [`duration`]). The command line is the `cli` feature, on
+//! by default; depend on the library with `default-features = false` to leave it out.
 //!
 //! | exit code | meaning                                                        |
 //! |-----------|----------------------------------------------------------------|

@@ -1327,7 +1327,10 @@ async fn cli_console_reads_the_server_consoles_grammar() {
     assert_eq!(field(&granted, "ttl_ms"), "30000", "{granted}");
     let (token, lease) = (field(&granted, "token"), field(&granted, "lease"));
     let held = console.ask("inspect con/g").await;
-    assert_eq!((field(&held, "result"), field(&held, "meta")), ("HELD", "me"));
+    assert_eq!(
+        (field(&held, "result"), field(&held, "meta")),
+        ("HELD", "me")
+    );
     let locked = console.ask("ACQUIRE con/g 1000").await;
     assert_eq!(field(&locked, "result"), "LOCKED", "{locked}");
     let renewed = console.ask(&format!("RENEW con/g {lease} 20000")).await;
@@ -1343,7 +1346,10 @@ async fn cli_console_reads_the_server_consoles_grammar() {
         "{refused}"
     );
     let help = console.ask("HELP").await;
-    assert!(help.contains("ACQUIRE <key> <ttl_ms> [<wait_ms>]"), "{help}");
+    assert!(
+        help.contains("ACQUIRE <key> <ttl_ms> [<wait_ms>]"),
+        "{help}"
+    );
     let watching = console.ask("WATCH con/w").await;
     assert_eq!(field(&watching, "result"), "WATCHING", "{watching}");
     let _lease = granted_meta(&server.client().await, "con/w").await;
@@ -1357,7 +1363,11 @@ async fn cli_console_reads_the_server_consoles_grammar() {
     assert_eq!(field(&unwatched, "result"), "UNWATCHED", "{unwatched}");
     assert_console_names(&[granted, held, locked].join("\n"));
     let old = console.ask("acquire con/old --ttl 5s").await;
-    assert_eq!(field(&old, "result"), "GRANTED", "the old spelling still works: {old}");
+    assert_eq!(
+        field(&old, "result"),
+        "GRANTED",
+        "the old spelling still works: {old}"
+    );
     let output = quit(console).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "one note: {stderr:?}");

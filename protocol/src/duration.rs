@@ -127,7 +127,8 @@ pub fn parse_duration_or_bare(text: &str, bare_unit: Duration) -> Result<Parsed,
 }
 
 fn is_bare_number(text: &str) -> bool {
-    text.bytes().any(|b| b.is_ascii_digit()) && text.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+    text.bytes().any(|b| b.is_ascii_digit())
+        && text.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
 /// Splits the leading `digits[.digits]` off `rest`.
@@ -253,8 +254,20 @@ mod tests {
     #[test]
     fn rejects_malformed_and_overlong() {
         for bad in [
-            "", "  ", "s", "10x", "10 s", "-5s", "1.s", ".5s", "1..5s", "1.2.3s", "5sms", "s5",
-            "1m30", "1.0000000001s",
+            "",
+            "  ",
+            "s",
+            "10x",
+            "10 s",
+            "-5s",
+            "1.s",
+            ".5s",
+            "1..5s",
+            "1.2.3s",
+            "5sms",
+            "s5",
+            "1m30",
+            "1.0000000001s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }

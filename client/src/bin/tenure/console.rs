@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use tenure::{AcquireOptions, Bytes, Client, EventKind};
 use tenure_protocol::Request;
 use tokio::io::AsyncBufReadExt;
@@ -124,8 +124,6 @@ async fn execute(
         }
         Request::Watch { key } => watches.start(client, *out, key).await?,
         Request::Unwatch { key } => watches.stop(out, &key),
-        #[allow(unreachable_patterns)] // the protocol may grow requests the console has not
-        other => bail!("{other:?} is not a console command"),
     }
     Ok(())
 }
@@ -144,7 +142,9 @@ impl Watches {
         let task = tokio::spawn(async move {
             while let Some(event) = watch.next().await {
                 match event {
-                    Ok(event) => out.print(event_line(event.kind, &event.key, event.token, &event.meta)),
+                    Ok(event) => {
+                        out.print(event_line(event.kind, &event.key, event.token, &event.meta))
+                    }
                     Err(e) => {
                         out.error(format!("watch ended: {e}"));
                         return;

@@ -129,7 +129,10 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         } else if i == 0 {
             wait_ms = parse_u32("wait_ms", word)?;
         } else {
-            return Err(bad_args(format!("unexpected argument {:?}", truncate(word))));
+            return Err(bad_args(format!(
+                "unexpected argument {:?}",
+                truncate(word)
+            )));
         }
     }
     Ok(Request::Acquire {
@@ -373,10 +376,17 @@ mod tests {
             "the same request as the new spelling"
         );
         let renew = parse_legacy(&format!("renew k {LEASE} --ttl 250")).unwrap();
-        assert_eq!(renew, parse(format!("RENEW k {LEASE} 250").as_bytes()).unwrap());
+        assert_eq!(
+            renew,
+            parse(format!("RENEW k {LEASE} 250").as_bytes()).unwrap()
+        );
         assert_eq!(parse_legacy("exit"), Some(ConsoleCommand::Quit));
         assert_eq!(parse_legacy("acquire k"), None, "no --ttl");
-        assert_eq!(parse_legacy("acquire k --ttl 1ms"), None, "under the TTL minimum");
+        assert_eq!(
+            parse_legacy("acquire k --ttl 1ms"),
+            None,
+            "under the TTL minimum"
+        );
         assert_eq!(parse_legacy("run --key k --ttl 1s -- true"), None);
         assert_eq!(parse_legacy("bogus"), None);
     }

@@ -71,7 +71,12 @@ pub async fn renew(
 }
 
 /// Gives `key` back; prints RELEASED or NOT_OWNER.
-pub async fn release(client: &Client, out: &Out, key: String, lease: LeaseId) -> anyhow::Result<u8> {
+pub async fn release(
+    client: &Client,
+    out: &Out,
+    key: String,
+    lease: LeaseId,
+) -> anyhow::Result<u8> {
     let (result, code) = match client.release(&key, lease).await? {
         ReleaseOutcome::Released => ("RELEASED", EXIT_OK),
         ReleaseOutcome::NotOwner => ("NOT_OWNER", EXIT_NOT_OWNER),
