@@ -48,17 +48,22 @@
 //! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group;
 //!   [`Client::campaign`] and [`Client::observe`] are the short forms.
 //! - [`error`]: [`Error`], every way a request can fail.
-//! - [`duration`]: `30s`/`500ms`/`2m` parsing for the command line.
+//! - [`duration`]: `30s`/`500ms`/`2m` parsing, re-exported from `tenure_protocol`: one parser
+//!   for every command line of the project.
 //! - `fake` (tests only): a scripted stand-in server for behaviour a real one will not show
 //!   on demand (renewals that hang, slow answers, odd handshakes).
-//! - `src/bin/tenure.rs`: the `tenure` command line.
+//! - `src/bin/tenure/`: the `tenure` command line, built with the `cli` feature (on by
+//!   default; `default-features = false` leaves out clap, anyhow and serde_json).
 //!
 //! # The `tenure` command line
 //! `tenure [--addr HOST:PORT] [--json] COMMAND`, with `--addr` defaulting to `$TENURE_ADDR` or
 //! `127.0.0.1:7878`. Commands: `acquire`, `renew`, `release`, `inspect`, `check`, `stats`,
 //! `ping`, `run` (hold a lock while a command runs), `elect` (run a command while leading),
-//! `observe` (print each new leader) and `console` (request commands read from stdin). Output
-//! is one line of `key=value` pairs per answer, or JSON with `--json`.
+//! `observe` (print each new leader) and `console` (the server's text-console grammar, read
+//! from stdin). Output is one line of `key=value` pairs per answer, with the text console's
+//! field names (`token`, `lease`, `ttl_ms`, `waited_ms`), or JSON with `--json`. Durations
+//! need a unit (`30s`, `500ms`; see [`duration`]). The command line is the `cli` feature, on
+//! by default; depend on the library with `default-features = false` to leave it out.
 //!
 //! | exit code | meaning                                                        |
 //! |-----------|----------------------------------------------------------------|
@@ -74,7 +79,6 @@
 
 pub mod client;
 mod conn;
-pub mod duration;
 pub mod election;
 pub mod error;
 pub mod fence;
@@ -90,7 +94,7 @@ pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
 pub use tenure_protocol::handshake::ServerLimits;
-pub use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
 
 #[cfg(test)]
 mod fake;

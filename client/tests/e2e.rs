@@ -696,7 +696,7 @@ async fn cli_commands_print_key_values_and_exit_with_the_documented_codes() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(field(&out, "result"), "GRANTED");
     let token = field(&out, "token").to_owned();
-    let lease = field(&out, "lease_id").to_owned();
+    let lease = field(&out, "lease").to_owned();
     let (code, out, _) = cli(addr, &["acquire", "c", "--ttl", "5s"]).await;
     assert_eq!((code, field(&out, "result")), (3, "LOCKED"));
     assert_eq!(field(&out, "token"), token);
@@ -743,7 +743,7 @@ async fn cli_run_passes_the_token_and_returns_the_commands_status() {
     assert_eq!(words.len(), 3, "{written:?}");
     assert_eq!(words[0], field(&err, "token"));
     assert_eq!(words[1], "cli/run");
-    assert_eq!(words[2], field(&err, "lease_id"));
+    assert_eq!(words[2], field(&err, "lease"));
     let client = server.client().await;
     assert_eq!(
         client.inspect("cli/run").await.expect("inspect"),
@@ -1293,4 +1293,188 @@ async fn a_watch_starts_from_the_holder_and_a_second_watch_of_the_key_shares_its
     let token = lease.fencing_token();
     lease.release().await.expect("release");
     assert_eq!(next_event(&mut first).await, (EventKind::Released, token));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One grammar and one name per thing: `tenure console` reads the server console's lines, and
+// the command line prints the console's field names.
+
+/// Every output line of the command line names things as the console does.
+fn assert_console_names(text: &str) {
+    for old in ["lease_id=", "ttl_left_ms", "\"lease_id\""] {
+        assert!(!text.contains(old), "{old} in {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn cli_prints_the_consoles_field_names() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "names", "--ttl", "5s"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(LeaseId::from_hex(field(&out, "lease")).is_some(), "{out}");
+    assert_eq!(field(&out, "ttl_ms"), "5000", "{out}");
+    assert!(out.trim_end().ends_with("waited_ms=0"), "{out}");
+    let mut printed = out;
+    let (code, out, _) = cli(addr, &["acquire", "names", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "result")), (3, "LOCKED"), "{out}");
+    let left_ms: u64 = field(&out, "ttl_ms").parse().expect("a number");
+    assert!((1..=5000).contains(&left_ms), "{out}");
+    printed += &out;
+    let (code, out, _) = cli(addr, &["inspect", "names"]).await;
+    assert_eq!((code, field(&out, "result")), (0, "HELD"), "{out}");
+    let left_ms: u64 = field(&out, "ttl_ms").parse().expect("a number");
+    assert!((1..=5000).contains(&left_ms), "{out}");
+    printed += &out;
+    let (_, json, _) = cli(addr, &["--json", "inspect", "names"]).await;
+    assert!(json.contains(r#""ttl_ms":"#), "{json}");
+    printed += &json;
+    let (_, json, _) = cli(addr, &["--json", "acquire", "names/2", "--ttl", "5s"]).await;
+    assert!(json.contains(r#""lease":""#), "{json}");
+    printed += &json;
+    assert_console_names(&printed);
+}
+
+#[tokio::test]
+async fn cli_reads_a_bare_duration_as_milliseconds_with_a_deprecation_note() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, err) = cli(addr, &["acquire", "bare", "--ttl", "1500"]).await;
+    assert_eq!((code, field(&out, "ttl_ms")), (0, "1500"), "{out}");
+    assert!(err.contains("deprecated"), "{err:?}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    let (code, out, err) = cli(addr, &["acquire", "unit", "--ttl", "1500ms"]).await;
+    assert_eq!((code, field(&out, "ttl_ms")), (0, "1500"), "{out}");
+    assert_eq!(err, "", "no note when the unit is written");
+}
+
+/// A `tenure console` child with its stdin and stdout at hand, answering line by line.
+struct Console {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Console {
+    fn start(addr: &str) -> Console {
+        let mut child = tenure_cli(addr)
+            .arg("console")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tenure runs");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let stdout = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        Console {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// The next line the console prints.
+    async fn next(&mut self) -> String {
+        timeout(PATIENCE, self.stdout.next_line())
+            .await
+            .expect("an answer in time")
+            .expect("read")
+            .expect("a line before the end")
+    }
+
+    /// Sends `line` and returns the answer.
+    async fn ask(&mut self, line: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        let sent = format!("{line}\n");
+        self.stdin.write_all(sent.as_bytes()).await.expect("write");
+        self.next().await
+    }
+}
+
+#[tokio::test]
+async fn cli_console_reads_the_server_consoles_grammar() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let granted = console.ask("ACQUIRE con/g 30000 5000 META=me").await;
+    assert_eq!(field(&granted, "result"), "GRANTED", "{granted}");
+    assert_eq!(field(&granted, "ttl_ms"), "30000", "{granted}");
+    let (token, lease) = (field(&granted, "token"), field(&granted, "lease"));
+    let held = console.ask("inspect con/g").await;
+    assert_eq!(
+        (field(&held, "result"), field(&held, "meta")),
+        ("HELD", "me")
+    );
+    let locked = console.ask("ACQUIRE con/g 1000").await;
+    assert_eq!(field(&locked, "result"), "LOCKED", "{locked}");
+    let renewed = console.ask(&format!("RENEW con/g {lease} 20000")).await;
+    assert_eq!(field(&renewed, "ttl_ms"), "20000", "{renewed}");
+    let current = console.ask(&format!("CHECK con/g {token}")).await;
+    assert_eq!(field(&current, "result"), "CURRENT", "{current}");
+    let released = console.ask(&format!("RELEASE con/g {lease}")).await;
+    assert_eq!(field(&released, "result"), "RELEASED", "{released}");
+    let refused = console.ask("ACQUIRE con/g 30s").await;
+    assert_eq!(
+        (field(&refused, "result"), field(&refused, "code")),
+        ("ERROR", "BAD_ARGS"),
+        "{refused}"
+    );
+    let help = console.ask("HELP").await;
+    assert!(
+        help.contains("ACQUIRE <key> <ttl_ms> [<wait_ms>]"),
+        "{help}"
+    );
+    let watching = console.ask("WATCH con/w").await;
+    assert_eq!(field(&watching, "result"), "WATCHING", "{watching}");
+    let _lease = granted_meta(&server.client().await, "con/w").await;
+    let event = console.next().await;
+    assert_eq!(
+        (field(&event, "result"), field(&event, "kind")),
+        ("EVENT", "GRANTED"),
+        "{event}"
+    );
+    let unwatched = console.ask("UNWATCH con/w").await;
+    assert_eq!(field(&unwatched, "result"), "UNWATCHED", "{unwatched}");
+    assert_console_names(&[granted, held, locked].join("\n"));
+    let old = console.ask("acquire con/old --ttl 5s").await;
+    assert_eq!(
+        field(&old, "result"),
+        "GRANTED",
+        "the old spelling still works: {old}"
+    );
+    let output = quit(console).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one note: {stderr:?}");
+    assert!(stderr.contains("deprecated"), "{stderr:?}");
+}
+
+/// Takes `key` with metadata, as a watcher's GRANTED event shows it.
+async fn granted_meta(client: &Client, key: &str) -> tenure::Lease {
+    let options = AcquireOptions {
+        meta: "w".into(),
+        ..AcquireOptions::default()
+    };
+    client
+        .acquire(key, Duration::from_secs(5), options)
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("free")
+}
+
+/// Sends QUIT; the console must print nothing more and exit 0.
+async fn quit(mut console: Console) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    console.stdin.write_all(b"QUIT\n").await.expect("write");
+    let rest = timeout(PATIENCE, console.stdout.next_line())
+        .await
+        .expect("the console ends")
+        .expect("read");
+    assert_eq!(rest, None, "nothing after QUIT");
+    let output = timeout(PATIENCE, console.child.wait_with_output())
+        .await
+        .expect("the console exits after QUIT")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(0));
+    output
 }

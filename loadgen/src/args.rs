@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use clap::{Parser, ValueEnum};
+use tenure_protocol::duration::parse_duration_or_bare;
 
 /// Longest measured window a run accepts: every run stops by itself.
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
@@ -115,30 +116,22 @@ pub struct Args {
     pub seed: Option<u64>,
 }
 
-/// Parses `250us`, `5ms`, `10s`, `2m` (a bare number is seconds).
+/// Parses a duration flag: `250us`, `1.5ms`, `10s`, `2m` ([`tenure_protocol::duration`]).
+/// A bare number is still read as seconds, its meaning before units were required, with a
+/// deprecation note on stderr.
 ///
 /// # Errors
 /// For anything else.
 pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .with_context(|| format!("bad duration {text:?}"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" => value / 1e6,
-        "m" => value * 60.0,
-        _ => bail!("bad duration unit in {text:?} (use us, ms, s or m)"),
-    };
-    ensure!(
-        seconds.is_finite() && seconds >= 0.0,
-        "bad duration {text:?}"
-    );
-    Ok(Duration::from_secs_f64(seconds))
+    let parsed = parse_duration_or_bare(text, Duration::from_secs(1))?;
+    if parsed.bare {
+        eprintln!(
+            "warning: duration {:?} has no unit; read as seconds ({}s), deprecated: write the unit",
+            text.trim(),
+            text.trim()
+        );
+    }
+    Ok(parsed.duration)
 }
 
 /// Whole milliseconds of `d`, for wire fields.
@@ -244,15 +237,23 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
         assert_eq!(
             parse_duration("1.5ms").unwrap(),
             Duration::from_micros(1500)
         );
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("5h").is_err());
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("5d").is_err());
         assert!(parse_duration("ms").is_err());
+    }
+
+    #[test]
+    fn a_bare_number_is_still_seconds() {
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
+        let args = Args::parse_from(["tenure-loadgen", "--duration", "3"]);
+        assert_eq!(args.duration, Some(Duration::from_secs(3)));
     }
 
     #[test]

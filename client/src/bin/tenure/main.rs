@@ -1,0 +1,108 @@
+//! `tenure`: the command line of the tenure lock server. This file owns the exit codes and
+//! the dispatch from a parsed command line to the module that runs it.
+//!
+//! It parses arguments ([`cli`]), makes one [`tenure::Client`] request ([`requests`]), holds a
+//! lock while a command runs ([`run`], [`elect`]) or reads console lines ([`console`],
+//! [`grammar`]), and maps each answer to one output line ([`output`]) and an exit code. The
+//! exit codes are listed in `--help` and in the crate docs.
+
+mod cli;
+mod console;
+mod elect;
+mod grammar;
+mod output;
+mod requests;
+mod run;
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tenure::{AcquireOptions, Bytes, Client, ClientConfig};
+
+use crate::cli::{Cli, Command};
+use crate::output::Out;
+
+/// Exit code for success.
+const EXIT_OK: u8 = 0;
+/// Exit code for errors: I/O, server errors, bad arguments.
+const EXIT_ERROR: u8 = 1;
+/// Exit code when someone else holds the lock.
+const EXIT_LOCKED: u8 = 3;
+/// Exit code when the lease is gone.
+const EXIT_LOST: u8 = 4;
+/// Exit code when a release names a lease that does not hold the lock.
+const EXIT_NOT_OWNER: u8 = 5;
+/// Exit code when a token does not belong to the live holder.
+const EXIT_STALE: u8 = 6;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors; everything else is exit code 1.
+            return ExitCode::from(if e.use_stderr() { EXIT_ERROR } else { EXIT_OK });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error=\"cannot start the runtime: {e}\"");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let out = Out {
+        json: cli.json,
+        to_stderr: matches!(cli.command, Command::Run(_) | Command::Elect(_)),
+    };
+    match runtime.block_on(dispatch(cli, &out)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            out.error(format!("{e:#}"));
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
+    let config = ClientConfig {
+        request_timeout: cli.timeout,
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(cli.addr.clone(), config)
+        .await
+        .with_context(|| format!("cannot connect to {}", cli.addr))?;
+    execute(client, out, cli.command).await
+}
+
+async fn execute(client: Client, out: &Out, command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Acquire {
+            key,
+            ttl,
+            wait,
+            meta,
+        } => {
+            let options = AcquireOptions {
+                wait,
+                meta: Bytes::from(meta.unwrap_or_default()),
+                release_on_disconnect: false,
+            };
+            requests::acquire(&client, out, key, ttl, options).await
+        }
+        Command::Renew { key, lease, ttl } => requests::renew(&client, out, key, lease, ttl).await,
+        Command::Release { key, lease } => requests::release(&client, out, key, lease).await,
+        Command::Inspect { key } => requests::inspect(&client, out, key).await,
+        Command::Check { key, token } => requests::check(&client, out, key, token).await,
+        Command::Stats => requests::stats(&client, out).await,
+        Command::Ping => requests::ping(&client, out).await,
+        Command::Run(args) => run::run(&client, out, args).await,
+        Command::Elect(args) => elect::elect(client, out, args).await,
+        Command::Observe { group } => elect::observe(client, out, group).await,
+        Command::Console => console::console(client, out).await,
+    }
+}

@@ -1,0 +1,137 @@
+//! The one-request commands (acquire, renew, release, inspect, check, stats, ping), shared by
+//! the command line and `tenure console`: one request, one output line, one exit code.
+
+use std::time::Duration;
+
+use tenure::{
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LockedBy,
+    ReleaseOutcome, RenewOutcome,
+};
+
+use crate::output::{ms, Line, Out};
+use crate::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
+
+/// Takes `key`; prints GRANTED with the token and lease, or LOCKED with the holder's token.
+pub async fn acquire(
+    client: &Client,
+    out: &Out,
+    key: String,
+    ttl: Duration,
+    options: AcquireOptions,
+) -> anyhow::Result<u8> {
+    match client.acquire(&key, ttl, options).await? {
+        AcquireOutcome::Granted(lease) => {
+            out.print(
+                Line::new("GRANTED")
+                    .text("key", key)
+                    .number("token", lease.fencing_token())
+                    .text("lease", lease.lease_id().to_string())
+                    .number("ttl_ms", ms(lease.ttl()))
+                    // A script counting the lease must add this to the TTL (PROTOCOL.md 3.3).
+                    .number("waited_ms", ms(lease.waited())),
+            );
+            Ok(EXIT_OK)
+        }
+        AcquireOutcome::Locked(by) => {
+            print_locked(out, &key, &by);
+            Ok(EXIT_LOCKED)
+        }
+    }
+}
+
+/// Prints LOCKED: the holder's token and how long its lease has left.
+pub fn print_locked(out: &Out, key: &str, by: &LockedBy) {
+    out.print(
+        Line::new("LOCKED")
+            .text("key", key)
+            .number("token", by.token)
+            .number("ttl_ms", ms(by.ttl_left)),
+    );
+}
+
+/// Extends `lease`; prints RENEWED or LOST.
+pub async fn renew(
+    client: &Client,
+    out: &Out,
+    key: String,
+    lease: LeaseId,
+    ttl: Duration,
+) -> anyhow::Result<u8> {
+    let (line, code) = match client.renew(&key, lease, ttl).await? {
+        RenewOutcome::Renewed { ttl } => (
+            Line::new("RENEWED")
+                .text("key", key)
+                .number("ttl_ms", ms(ttl)),
+            EXIT_OK,
+        ),
+        RenewOutcome::Lost => (Line::new("LOST").text("key", key), EXIT_LOST),
+    };
+    out.print(line);
+    Ok(code)
+}
+
+/// Gives `key` back; prints RELEASED or NOT_OWNER.
+pub async fn release(
+    client: &Client,
+    out: &Out,
+    key: String,
+    lease: LeaseId,
+) -> anyhow::Result<u8> {
+    let (result, code) = match client.release(&key, lease).await? {
+        ReleaseOutcome::Released => ("RELEASED", EXIT_OK),
+        ReleaseOutcome::NotOwner => ("NOT_OWNER", EXIT_NOT_OWNER),
+    };
+    out.print(Line::new(result).text("key", key));
+    Ok(code)
+}
+
+/// Prints FREE, or HELD with the holder's token, time left, waiters and metadata.
+pub async fn inspect(client: &Client, out: &Out, key: String) -> anyhow::Result<u8> {
+    let line = match client.inspect(&key).await? {
+        KeyState::Free => Line::new("FREE").text("key", key),
+        KeyState::Held {
+            token,
+            ttl_left,
+            waiters,
+            meta,
+        } => Line::new("HELD")
+            .text("key", key)
+            .number("token", token)
+            .number("ttl_ms", ms(ttl_left))
+            .number("waiters", u64::from(waiters))
+            .text("meta", String::from_utf8_lossy(&meta)),
+    };
+    out.print(line);
+    Ok(EXIT_OK)
+}
+
+/// Prints CURRENT or STALE for `token`.
+pub async fn check(client: &Client, out: &Out, key: String, token: u64) -> anyhow::Result<u8> {
+    let (result, code) = match client.check(&key, token).await? {
+        CheckOutcome::Current => ("CURRENT", EXIT_OK),
+        CheckOutcome::Stale => ("STALE", EXIT_STALE),
+    };
+    out.print(Line::new(result).text("key", key).number("token", token));
+    Ok(code)
+}
+
+/// Prints the server's counters on one line.
+pub async fn stats(client: &Client, out: &Out) -> anyhow::Result<u8> {
+    let line = client
+        .stats()
+        .await?
+        .into_iter()
+        .fold(Line::new("STATS"), |line, (name, value)| {
+            line.number(&name, value)
+        });
+    out.print(line);
+    Ok(EXIT_OK)
+}
+
+/// Prints PONG with the round trip in microseconds.
+pub async fn ping(client: &Client, out: &Out) -> anyhow::Result<u8> {
+    let rtt = client.ping().await?;
+    let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+    out.print(Line::new("PONG").number("rtt_us", rtt_us));
+    Ok(EXIT_OK)
+}

@@ -1,0 +1,135 @@
+//! Process supervision: `tenure run` holds a lock while a command runs, and (for `run` and
+//! `elect`) the command is stopped when the lock is lost, with SIGTERM, then SIGKILL.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseGuard, LossReason};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::RunArgs;
+use crate::output::{warn, Line, Out};
+use crate::requests::print_locked;
+use crate::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
+
+/// `tenure run`: takes the lock (waiting if asked), runs the command under it, releases.
+pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8> {
+    let options = AcquireOptions {
+        wait: args.wait,
+        meta: Bytes::from(args.meta.unwrap_or_default()),
+        release_on_disconnect: false,
+    };
+    let guard = match client.lock(&args.key, args.ttl, options).await? {
+        AcquireOutcome::Granted(guard) => guard,
+        AcquireOutcome::Locked(by) => {
+            print_locked(out, &args.key, &by);
+            return Ok(EXIT_LOCKED);
+        }
+    };
+    out.print(
+        Line::new("GRANTED")
+            .text("key", args.key.as_str())
+            .number("token", guard.fencing_token())
+            .text("lease", guard.lease_id().to_string()),
+    );
+    supervise(guard, out, &args.key, &args.command, args.grace).await
+}
+
+/// Runs `command` while `guard` holds the lock. On loss: SIGTERM, SIGKILL after `grace`,
+/// exit code 4. On SIGINT or SIGTERM to us: the same to the command, then release and exit
+/// with its status. Otherwise: release and exit with the command's status.
+pub async fn supervise(
+    guard: LeaseGuard,
+    out: &Out,
+    key: &str,
+    command: &[String],
+    grace: Duration,
+) -> anyhow::Result<u8> {
+    let Some((program, args)) = command.split_first() else {
+        bail!("no command given after --");
+    };
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut terminated = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let spawned = tokio::process::Command::new(program)
+        .args(args)
+        .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
+        .env("TENURE_LEASE_ID", guard.lease_id().to_string())
+        .env("TENURE_KEY", key)
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(e).with_context(|| format!("cannot start {program:?}"));
+        }
+    };
+    let lost = guard.lost();
+    let status = tokio::select! {
+        status = child.wait() => status.context("waiting for the command")?,
+        reason = lost => {
+            if let Err(e) = terminate(&mut child, grace).await {
+                warn(&format!("{e:#}"));
+            }
+            print_lost(out, key, &reason);
+            return Ok(EXIT_LOST);
+        }
+        _ = interrupt.recv() => terminate(&mut child, grace).await?,
+        _ = terminated.recv() => terminate(&mut child, grace).await?,
+    };
+    if let Err(e) = guard.release().await {
+        warn(&format!("release failed: {e}"));
+    }
+    Ok(exit_code(status))
+}
+
+fn print_lost(out: &Out, key: &str, reason: &LossReason) {
+    out.print(
+        Line::new("LOST")
+            .text("key", key)
+            .text("reason", reason.to_string()),
+    );
+}
+
+/// SIGTERM, then SIGKILL if the child is still running after `grace`; returns its status.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> anyhow::Result<ExitStatus> {
+    if let Some(pid) = child.id() {
+        if let Err(e) = send_sigterm(pid) {
+            warn(&format!("SIGTERM to {pid} failed: {e}"));
+        }
+    }
+    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+        return status.context("waiting for the command");
+    }
+    child.kill().await.context("killing the command")?;
+    child.wait().await.context("waiting for the command")
+}
+
+// `kill(2)` is the only way to send SIGTERM (tokio's `Child::kill` sends SIGKILL, which gives
+// the command no chance to clean up), and it is an FFI call.
+#[allow(unsafe_code)]
+fn send_sigterm(pid: u32) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: kill(2) takes two integers and touches no memory of this process. `pid` is our
+    // own child, not yet reaped (we hold its `Child`), so it names no other process.
+    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The command's exit status as ours: its code, or 128 + the signal that killed it.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).expect("masked to a byte"),
+        (None, Some(signal)) => u8::try_from((128 + signal) & 0xff).expect("masked to a byte"),
+        (None, None) => EXIT_ERROR,
+    }
+}
