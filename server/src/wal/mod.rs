@@ -141,6 +141,11 @@ pub struct WalOptions {
     pub pending_bytes_max: usize,
     /// Bytes the syncer writes per fsync at most (group commit batch size).
     pub batch_bytes_max: usize,
+    /// Added to the token floor recovery finds in a non-empty log: the largest step between
+    /// two consecutive token reservations (the server's token block). A disk that loses synced
+    /// bytes at the end of the log may take the last reservation with it; see "Token floor"
+    /// in the module docs. 0 trusts the log's tail.
+    pub token_floor_margin: u64,
 }
 
 impl Default for WalOptions {
@@ -150,6 +155,7 @@ impl Default for WalOptions {
             segment_size_max: SEGMENT_SIZE_MAX_DEFAULT,
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+            token_floor_margin: 0,
         }
     }
 }
