@@ -62,14 +62,16 @@ talk() {
     exec 3>&-
 }
 
+shopt -s nullglob
 declare -a leases=()
 echo "tenured: $TENURED, $N restarts"
 printf '%8s %9s %9s %11s\n' restart segments records recovery_ms
 for (( run = 1; run <= N; run++ )); do
+    segment_files=("$WORK"/data/wal-*.log)
+    segments=${#segment_files[@]}
     NO_COLOR=1 RUST_LOG=info "$TENURED" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" \
         >"$WORK/run.log" 2>&1 &
     PID=$!
-    segments=$(find "$WORK/data" -name 'wal-*.log' 2>/dev/null | wc -l)
     requests=$(printf 'PING\n'
         for lease in "${leases[@]}"; do printf 'RELEASE %s\n' "$lease"; done
         for j in 1 2 3; do printf 'ACQUIRE run%d-%d 3600000\n' "$run" "$j"; done)
@@ -91,5 +93,6 @@ for (( run = 1; run <= N; run++ )); do
         printf '%8d %9d %9s %11s\n' "$run" "$segments" "$records" "$elapsed"
     fi
 done
-echo "segment files at the end: $(find "$WORK/data" -name 'wal-*.log' | wc -l)," \
+segment_files=("$WORK"/data/wal-*.log)
+echo "segment files at the end: ${#segment_files[@]}," \
     "$(du -sb "$WORK/data" | cut -f1) bytes in the data directory"

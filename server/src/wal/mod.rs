@@ -120,7 +120,10 @@
 //! server starts), then deletes the older segments. After a start the log is at most one
 //! older segment plus the new one, and each start replays the live state plus at most two
 //! runs' worth of traffic, however many restarts came before. A log of one segment is left
-//! alone, so the restart right after a crash costs no more than its replay.
+//! alone, so the restart right after a crash costs no more than its replay. A live state too
+//! large for one segment is not snapshotted by [`open`] (recovery refuses segments over
+//! [`SEGMENT_SIZE_LIMIT`]); [`Wal::should_snapshot`] then asks the server for its snapshot,
+//! which rotates, straight away.
 pub mod record;
 pub mod recovery;
 pub mod storage;

@@ -606,3 +606,29 @@ fn header_keeps_the_token_floor_when_records_are_lost() {
         "header floor 200 plus the margin: above every token the lost reservation covered"
     );
 }
+
+/// Live state larger than a segment is not snapshotted by `open` (its snapshot would not fit
+/// in one segment); the server's snapshot is asked for at once instead.
+#[test]
+fn open_leaves_a_snapshot_larger_than_a_segment_to_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WalOptions {
+        segment_size_max: 8 << 10,
+        ..fast()
+    };
+    let (wal, _) = open(dir.path(), options.clone()).unwrap();
+    let keys: Vec<String> = (0..400).map(|i| format!("key-{i:04}")).collect();
+    for (token, key) in (1..).zip(&keys) {
+        wal.append(&grant(key.as_bytes(), token)).unwrap();
+    }
+    drop(wal);
+    let before = segment_files(dir.path());
+    assert!(before.len() >= 2, "{before:?}");
+    let (wal, recovered) = open(dir.path(), options).unwrap();
+    assert_eq!(recovered.leases.len(), keys.len());
+    assert_eq!(wal.stats().snapshots_completed, 0);
+    assert!(wal.should_snapshot(), "asked for at once");
+    let snapshot = wal.begin_snapshot(0).unwrap();
+    assert!(!wal.should_snapshot(), "asked for once");
+    drop(snapshot);
+}

@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use super::record::{self, Record, SegmentHeader, SEGMENT_HEADER_LEN};
 use super::recovery::{self, Recovered, RecoveredLease};
 use super::storage::{FsStorage, SegmentFile, Storage};
-use super::syncer::{self, create_segment, delete_segments_before};
-use super::{segment_name, SyncMode, WalError, WalOptions};
+use super::syncer::{self, create_segment_with, delete_segments_before};
+use super::{WalError, WalOptions};
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
@@ -152,6 +152,9 @@ pub(super) struct State {
     pub(super) live_bytes_estimate: u64,
     /// After an abandoned snapshot, `should_snapshot` waits for the log to pass this size.
     pub(super) snapshot_retry_log_bytes: u64,
+    /// `open` found several segments but too much live state to snapshot them itself: the
+    /// next `should_snapshot` says yes whatever the sizes.
+    pub(super) snapshot_due: bool,
     pub(super) failed: Option<Arc<str>>,
     pub(super) syncer_waiting: bool,
     pub(super) shutdown: bool,
@@ -226,17 +229,27 @@ pub fn open_with_storage(
         seq,
         token_floor: replayed.recovered.token_floor,
     };
-    let io_error = |(path, source)| WalError::Io { path, source };
-    let mut file = create_segment(&*storage, header, options.sync_mode).map_err(io_error)?;
+    let several = segments.len() >= OPEN_SNAPSHOT_SEGMENTS_MIN;
+    // A snapshot written here goes into one segment; a larger one is left to the server's
+    // snapshot, which rotates, and is asked for at once (`snapshot_due`).
+    let fits = SEGMENT_HEADER_LEN as u64 + replayed.live_bytes + open_snapshot_overhead(seq)
+        <= options.segment_size_max;
+    let compact = several && fits;
+    let recovered = &replayed.recovered;
+    let (file, written) = create_segment_with(&*storage, header, options.sync_mode, |file| {
+        compact
+            .then(|| write_open_snapshot(file, seq, recovered, &options))
+            .transpose()
+    })
+    .map_err(|(path, source)| WalError::Io { path, source })?;
     let mut stats = WalStats {
         segments_created: 1,
         ..WalStats::default()
     };
     let mut segment_bytes = SEGMENT_HEADER_LEN as u64;
     let mut live_bytes = replayed.live_bytes;
-    if segments.len() >= OPEN_SNAPSHOT_SEGMENTS_MIN {
-        let (bytes, records) = write_open_snapshot(&mut *file, seq, &replayed.recovered, &options)
-            .map_err(|source| io_error((storage.path(&segment_name(seq)), source)))?;
+    if let Some((bytes, records)) = written {
+        // The snapshot is durable: nothing older is needed any more.
         stats.segments_deleted = delete_segments_before(&*storage, seq, &mut segments);
         (segment_bytes, live_bytes) = (segment_bytes + bytes, bytes);
         stats.records = records;
@@ -259,6 +272,7 @@ pub fn open_with_storage(
         snapshot: None,
         live_bytes_estimate: live_bytes,
         snapshot_retry_log_bytes: 0,
+        snapshot_due: several && !fits,
         failed: None,
         syncer_waiting: false,
         shutdown: false,
@@ -287,9 +301,19 @@ pub fn open_with_storage(
     ))
 }
 
-/// Writes a snapshot of `recovered` into the new segment `seq`, right after its header, and
-/// syncs it: `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`.
-/// Every older segment may be deleted once this returns. Returns `(bytes, records)` written.
+/// Bytes of the records a snapshot writes besides its grants.
+fn open_snapshot_overhead(seq: u64) -> u64 {
+    let records = [
+        Record::SnapshotBegin { segment_seq: seq },
+        Record::Reserve { token_limit: 0 },
+        Record::SnapshotEnd { segment_seq: seq },
+    ];
+    records.iter().map(|r| r.encoded_len() as u64).sum()
+}
+
+/// Writes a snapshot of `recovered` into the new segment `seq`, right after its header:
+/// `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`. The
+/// caller syncs it. Returns `(bytes, records)` written.
 fn write_open_snapshot(
     file: &mut dyn SegmentFile,
     seq: u64,
@@ -318,9 +342,6 @@ fn write_open_snapshot(
     }
     file.write_all(&buf)?;
     bytes += buf.len() as u64;
-    if options.sync_mode == SyncMode::Data {
-        file.sync_data()?;
-    }
     Ok((bytes, records))
 }
 
@@ -440,6 +461,8 @@ impl Wal {
     /// Whether the log has grown enough past the live state that a snapshot would pay:
     /// more than `max(segment_size_max, 2 × live state)` bytes on disk, no snapshot running,
     /// and, after an abandoned snapshot, another `segment_size_max` bytes appended since.
+    /// Also yes after an `open` that found several segments and more live state than it
+    /// snapshots itself.
     pub fn should_snapshot(&self) -> bool {
         let state = self.lock();
         let threshold = self
@@ -448,7 +471,8 @@ impl Wal {
             .segment_size_max
             .max(state.live_bytes_estimate.saturating_mul(2))
             .max(state.snapshot_retry_log_bytes);
-        state.failed.is_none() && state.snapshot.is_none() && state.log_bytes > threshold
+        let due = state.snapshot_due || state.log_bytes > threshold;
+        state.failed.is_none() && state.snapshot.is_none() && due
     }
 
     /// Starts a snapshot: opens a new segment with `SnapshotBegin` and a Reserve of
@@ -477,6 +501,7 @@ impl Wal {
             segment_seq,
             log_bytes_at_begin,
         });
+        state.snapshot_due = false;
         self.wake_syncer(state);
         Ok(SnapshotToken {
             segment_seq,
