@@ -210,10 +210,80 @@ pub fn open_with_storage(
     assert!(options.batch_bytes_max >= record::RECORD_LEN_MAX);
     assert!(options.pending_bytes_max >= options.batch_bytes_max);
     let mut replayed = recovery::recover(&*storage)?;
+    let started = start_segment(&*storage, &mut replayed, &options)?;
+    let (seq, segment_bytes, segments) = (started.seq, started.bytes, started.segments);
+    let on_disk = segments.clone();
+    let state = State {
+        chunks: VecDeque::new(),
+        pending_bytes: 0,
+        spare: Vec::new(),
+        next_lsn: 1,
+        durable_lsn: 0,
+        token_floor: replayed.recovered.token_floor,
+        segment_seq: seq,
+        segment_bytes,
+        log_bytes: segments.iter().map(|&(_, bytes)| bytes).sum(),
+        segments,
+        snapshot: None,
+        live_bytes_estimate: started.live_bytes,
+        snapshot_retry_log_bytes: 0,
+        snapshot_due: started.snapshot_due,
+        failed: None,
+        syncer_waiting: false,
+        shutdown: false,
+        stats: started.stats,
+    };
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state),
+        work: Condvar::new(),
+        durable: Condvar::new(),
+        durable_tx: watch::Sender::new(DurableState::default()),
+        storage,
+        options,
+    });
+    let file = started.file;
+    let handle = syncer::spawn(Arc::clone(&shared), file, seq, segment_bytes, on_disk).map_err(
+        |source| WalError::Io {
+            path: shared.storage.path(""),
+            source,
+        },
+    )?;
+    Ok((
+        Wal {
+            shared,
+            syncer: Mutex::new(Some(handle)),
+        },
+        replayed.recovered,
+    ))
+}
+
+/// The segment [`open`] appends to, and what starting it did.
+struct Started {
+    file: Box<dyn SegmentFile>,
+    seq: u64,
+    /// Its length, header and any snapshot included, all durable.
+    bytes: u64,
+    /// Every remaining segment as `(seq, bytes)`, the new one last.
+    segments: VecDeque<(u64, u64)>,
+    /// Size of the live state as Grant records.
+    live_bytes: u64,
+    /// See [`State::snapshot_due`].
+    snapshot_due: bool,
+    stats: WalStats,
+}
+
+/// Finishes what recovery found (deletes segments a complete snapshot replaced, adds the
+/// token floor margin) and creates the next segment, with a snapshot of `replayed` in it if
+/// the log had several segments; the segments that snapshot replaces are then deleted.
+fn start_segment(
+    storage: &dyn Storage,
+    replayed: &mut recovery::Replayed,
+    options: &WalOptions,
+) -> Result<Started, WalError> {
     let mut segments: VecDeque<(u64, u64)> = replayed.segments.iter().copied().collect();
     if let Some(snapshot_seq) = replayed.snapshot_complete_seq {
         // A crash between a snapshot's end and the deletion of what it replaces.
-        delete_segments_before(&*storage, snapshot_seq, &mut segments);
+        delete_segments_before(storage, snapshot_seq, &mut segments);
     }
     if replayed.recovered.segments > 0 {
         // A log that ends at a record boundary looks whole, yet a disk that loses synced
@@ -234,71 +304,35 @@ pub fn open_with_storage(
     // snapshot, which rotates, and is asked for at once (`snapshot_due`).
     let fits = SEGMENT_HEADER_LEN as u64 + replayed.live_bytes + open_snapshot_overhead(seq)
         <= options.segment_size_max;
-    let compact = several && fits;
     let recovered = &replayed.recovered;
-    let (file, written) = create_segment_with(&*storage, header, options.sync_mode, |file| {
-        compact
-            .then(|| write_open_snapshot(file, seq, recovered, &options))
+    let (file, written) = create_segment_with(storage, header, options.sync_mode, |file| {
+        (several && fits)
+            .then(|| write_open_snapshot(file, seq, recovered, options))
             .transpose()
     })
     .map_err(|(path, source)| WalError::Io { path, source })?;
-    let mut stats = WalStats {
-        segments_created: 1,
-        ..WalStats::default()
+    let mut started = Started {
+        file,
+        seq,
+        bytes: SEGMENT_HEADER_LEN as u64,
+        segments,
+        live_bytes: replayed.live_bytes,
+        snapshot_due: several && !fits,
+        stats: WalStats {
+            segments_created: 1,
+            ..WalStats::default()
+        },
     };
-    let mut segment_bytes = SEGMENT_HEADER_LEN as u64;
-    let mut live_bytes = replayed.live_bytes;
     if let Some((bytes, records)) = written {
         // The snapshot is durable: nothing older is needed any more.
-        stats.segments_deleted = delete_segments_before(&*storage, seq, &mut segments);
-        (segment_bytes, live_bytes) = (segment_bytes + bytes, bytes);
-        stats.records = records;
-        stats.bytes = bytes;
-        stats.snapshots_completed = 1;
+        let deleted = delete_segments_before(storage, seq, &mut started.segments);
+        (started.bytes, started.live_bytes) = (started.bytes + bytes, bytes);
+        started.stats.segments_deleted = deleted;
+        (started.stats.records, started.stats.bytes) = (records, bytes);
+        started.stats.snapshots_completed = 1;
     }
-    segments.push_back((seq, segment_bytes));
-    let on_disk = segments.clone();
-    let state = State {
-        chunks: VecDeque::new(),
-        pending_bytes: 0,
-        spare: Vec::new(),
-        next_lsn: 1,
-        durable_lsn: 0,
-        token_floor: replayed.recovered.token_floor,
-        segment_seq: seq,
-        segment_bytes,
-        log_bytes: segments.iter().map(|&(_, bytes)| bytes).sum(),
-        segments,
-        snapshot: None,
-        live_bytes_estimate: live_bytes,
-        snapshot_retry_log_bytes: 0,
-        snapshot_due: several && !fits,
-        failed: None,
-        syncer_waiting: false,
-        shutdown: false,
-        stats,
-    };
-    let shared = Arc::new(Shared {
-        state: Mutex::new(state),
-        work: Condvar::new(),
-        durable: Condvar::new(),
-        durable_tx: watch::Sender::new(DurableState::default()),
-        storage,
-        options,
-    });
-    let handle = syncer::spawn(Arc::clone(&shared), file, seq, segment_bytes, on_disk).map_err(
-        |source| WalError::Io {
-            path: shared.storage.path(""),
-            source,
-        },
-    )?;
-    Ok((
-        Wal {
-            shared,
-            syncer: Mutex::new(Some(handle)),
-        },
-        replayed.recovered,
-    ))
+    started.segments.push_back((seq, started.bytes));
+    Ok(started)
 }
 
 /// Bytes of the records a snapshot writes besides its grants.
