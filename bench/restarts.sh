@@ -8,12 +8,14 @@
 #   TENURED=path     the binary to run (default target/release/tenured, built unless NO_BUILD=1)
 #   NO_BUILD=1       do not build
 #   EVERY=100        print a line every EVERY restarts
+#   NO_FSYNC=1       run tenured with --no-fsync (replay cost without the disk's fsync time)
 #
 # Each run starts tenured (fsync on), waits for PONG, releases the previous run's 3 locks,
 # acquires 3 new ones, and stops it with SIGTERM; so 3 locks are held at every restart. The
-# line printed per EVERY runs gives the segment files found at that start and the server's
-# own "recovered from the WAL" figures (records replayed, elapsed_ms). Everything lives in a
-# temporary directory, removed on exit; the server is stopped by PID.
+# line printed per EVERY runs gives the segment files found at that start, the server's own
+# "recovered from the WAL" records replayed, and the median and maximum of its elapsed_ms
+# over those EVERY starts. Everything lives in a temporary directory, removed on exit; the
+# server is stopped by PID.
 set -euo pipefail
 
 N=${1:-1000}
@@ -21,7 +23,7 @@ N_MAX=100000
 PORT=${PORT:-17880}
 EVERY=${EVERY:-100}
 case "$N" in
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     ''|*[!0-9]*) echo "N must be a number of restarts, got: $N" >&2; exit 2 ;;
 esac
 if (( N < 1 || N > N_MAX )); then
@@ -62,15 +64,16 @@ talk() {
     exec 3>&-
 }
 
+FLAGS=(--listen "127.0.0.1:$PORT" --data-dir "$WORK/data")
+[[ "${NO_FSYNC:-0}" == 1 ]] && FLAGS+=(--no-fsync)
 shopt -s nullglob
-declare -a leases=()
-echo "tenured: $TENURED, $N restarts"
-printf '%8s %9s %9s %11s\n' restart segments records recovery_ms
+declare -a leases=() window=()
+echo "tenured: $TENURED ${FLAGS[*]}, $N restarts"
+printf '%8s %9s %9s %18s %15s\n' restart segments records recovery_ms_median recovery_ms_max
 for (( run = 1; run <= N; run++ )); do
     segment_files=("$WORK"/data/wal-*.log)
     segments=${#segment_files[@]}
-    NO_COLOR=1 RUST_LOG=info "$TENURED" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" \
-        >"$WORK/run.log" 2>&1 &
+    NO_COLOR=1 RUST_LOG=info "$TENURED" "${FLAGS[@]}" >"$WORK/run.log" 2>&1 &
     PID=$!
     requests=$(printf 'PING\n'
         for lease in "${leases[@]}"; do printf 'RELEASE %s\n' "$lease"; done
@@ -86,11 +89,14 @@ for (( run = 1; run <= N; run++ )); do
     kill -TERM "$PID"
     wait "$PID" || { echo "run $run: tenured failed" >&2; cat "$WORK/run.log" >&2; exit 1; }
     PID=""
+    line=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/run.log" | grep 'recovered from the WAL')
+    records=$(grep -o 'records=[0-9]*' <<<"$line" | cut -d= -f2)
+    window+=("$(grep -o 'elapsed_ms=[0-9]*' <<<"$line" | cut -d= -f2)")
     if (( run % EVERY == 0 || run == 1 )); then
-        line=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/run.log" | grep 'recovered from the WAL')
-        records=$(grep -o 'records=[0-9]*' <<<"$line" | cut -d= -f2)
-        elapsed=$(grep -o 'elapsed_ms=[0-9]*' <<<"$line" | cut -d= -f2)
-        printf '%8d %9d %9s %11s\n' "$run" "$segments" "$records" "$elapsed"
+        mapfile -t sorted < <(printf '%s\n' "${window[@]}" | sort -n)
+        printf '%8d %9d %9s %18s %15s\n' "$run" "$segments" "$records" \
+            "${sorted[$(( ${#sorted[@]} / 2 ))]}" "${sorted[-1]}"
+        window=()
     fi
 done
 segment_files=("$WORK"/data/wal-*.log)
