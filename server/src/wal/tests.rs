@@ -632,3 +632,27 @@ fn open_leaves_a_snapshot_larger_than_a_segment_to_the_server() {
     assert!(!wal.should_snapshot(), "asked for once");
     drop(snapshot);
 }
+
+/// A snapshot `open` could not finish (the disk filled up) deletes nothing; the next open
+/// recovers everything from the older segments and then compacts them.
+#[test]
+fn open_snapshot_cut_short_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (key, token) in [(&b"a"[..], 1), (&b"b"[..], 2)] {
+        let (wal, _) = open(dir.path(), fast()).unwrap();
+        wal.append(&grant(key, token)).unwrap();
+    }
+    assert_eq!(segment_files(dir.path()), vec![1, 2]);
+    let (storage, faults) = faulty(dir.path());
+    faults.set(FaultPlan {
+        disk_full_after_bytes: Some(record::SEGMENT_HEADER_LEN as u64 + 20),
+        ..FaultPlan::default()
+    });
+    let refused = open_with_storage(storage, fast()).err().expect("disk full");
+    assert!(matches!(refused, WalError::Io { .. }), "{refused}");
+    assert_eq!(segment_files(dir.path()), vec![1, 2, 3], "nothing deleted");
+    let (_wal, recovered) = open(dir.path(), fast()).unwrap();
+    let both = HashMap::from([(b"a".to_vec(), 1), (b"b".to_vec(), 2)]);
+    assert_eq!(leases_by_key(&recovered), both);
+    assert_eq!(segment_files(dir.path()), vec![4]);
+}
