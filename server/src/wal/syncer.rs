@@ -19,28 +19,16 @@ pub(super) fn create_segment(
     header: SegmentHeader,
     sync_mode: SyncMode,
 ) -> Result<Box<dyn SegmentFile>, (PathBuf, io::Error)> {
-    create_segment_with(storage, header, sync_mode, |_| Ok(())).map(|(file, ())| file)
-}
-
-/// [`create_segment`] that lets `fill` write records after the header before the one sync,
-/// so a segment created with contents costs no more fsyncs than an empty one.
-pub(super) fn create_segment_with<T>(
-    storage: &dyn Storage,
-    header: SegmentHeader,
-    sync_mode: SyncMode,
-    fill: impl FnOnce(&mut dyn SegmentFile) -> io::Result<T>,
-) -> Result<(Box<dyn SegmentFile>, T), (PathBuf, io::Error)> {
     let name = segment_name(header.seq);
     let with_path = |e| (storage.path(&name), e);
     let mut file = storage.create(&name).map_err(with_path)?;
     file.write_all(&record::encode_segment_header(header))
         .map_err(with_path)?;
-    let filled = fill(&mut *file).map_err(with_path)?;
     if sync_mode == SyncMode::Data {
         file.sync_data().map_err(with_path)?;
         storage.sync_dir().map_err(|e| (storage.path(""), e))?;
     }
-    Ok((file, filled))
+    Ok(file)
 }
 
 /// Deletes every segment in `segments` older than `seq`; keeps those that fail, to retry.

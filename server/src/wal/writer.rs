@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use super::record::{self, Record, SegmentHeader, SEGMENT_HEADER_LEN};
 use super::recovery::{self, Recovered, RecoveredLease};
 use super::storage::{FsStorage, SegmentFile, Storage};
-use super::syncer::{self, create_segment_with, delete_segments_before};
-use super::{WalError, WalOptions};
+use super::syncer::{self, create_segment, delete_segments_before};
+use super::{segment_name, SyncMode, WalError, WalOptions};
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
@@ -304,13 +304,14 @@ fn start_segment(
     // snapshot, which rotates, and is asked for at once (`snapshot_due`).
     let fits = SEGMENT_HEADER_LEN as u64 + replayed.live_bytes + open_snapshot_overhead(seq)
         <= options.segment_size_max;
-    let recovered = &replayed.recovered;
-    let (file, written) = create_segment_with(storage, header, options.sync_mode, |file| {
-        (several && fits)
-            .then(|| write_open_snapshot(file, seq, recovered, options))
-            .transpose()
-    })
-    .map_err(|(path, source)| WalError::Io { path, source })?;
+    let io_error = |(path, source)| WalError::Io { path, source };
+    let mut file = create_segment(storage, header, options.sync_mode).map_err(io_error)?;
+    // The header is synced before the snapshot is written, as for every segment: a crash
+    // while writing it must leave a torn tail, never a lost header with records after it.
+    let written = (several && fits)
+        .then(|| write_open_snapshot(&mut *file, seq, &replayed.recovered, options))
+        .transpose()
+        .map_err(|source| io_error((storage.path(&segment_name(seq)), source)))?;
     let mut started = Started {
         file,
         seq,
@@ -345,9 +346,9 @@ fn open_snapshot_overhead(seq: u64) -> u64 {
     records.iter().map(|r| r.encoded_len() as u64).sum()
 }
 
-/// Writes a snapshot of `recovered` into the new segment `seq`, right after its header:
-/// `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`. The
-/// caller syncs it. Returns `(bytes, records)` written.
+/// Writes a snapshot of `recovered` into the new segment `seq`, right after its header, and
+/// syncs it: `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`.
+/// Every older segment may be deleted once this returns. Returns `(bytes, records)` written.
 fn write_open_snapshot(
     file: &mut dyn SegmentFile,
     seq: u64,
@@ -364,18 +365,25 @@ fn write_open_snapshot(
     let end = Record::SnapshotEnd { segment_seq: seq };
     let mut buf = Vec::with_capacity(options.batch_bytes_max);
     let (mut bytes, mut records) = (0u64, 0u64);
+    let mut flush = |buf: &mut Vec<u8>| {
+        file.write_all(buf)?;
+        if options.sync_mode == SyncMode::Data {
+            file.sync_data()?;
+        }
+        bytes += buf.len() as u64;
+        buf.clear();
+        Ok::<(), std::io::Error>(())
+    };
     for record in head.into_iter().chain(grants).chain([end]) {
-        // Written in batches, so memory stays bounded at a million leases.
+        // Written and synced a batch at a time, as the syncer does: memory stays bounded at
+        // a million leases, and a crash can tear only the last unsynced batch.
         if buf.len() + record.encoded_len() > options.batch_bytes_max {
-            file.write_all(&buf)?;
-            bytes += buf.len() as u64;
-            buf.clear();
+            flush(&mut buf)?;
         }
         record::encode(&record, &mut buf);
         records += 1;
     }
-    file.write_all(&buf)?;
-    bytes += buf.len() as u64;
+    flush(&mut buf)?;
     Ok((bytes, records))
 }
 
