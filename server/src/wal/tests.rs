@@ -648,7 +648,7 @@ fn open_snapshot_cut_short_deletes_nothing() {
         disk_full_after_bytes: Some(record::SEGMENT_HEADER_LEN as u64 + 20),
         ..FaultPlan::default()
     });
-    let refused = open_with_storage(storage, fast()).err().expect("disk full");
+    let refused = open_with_storage(storage, fast()).expect_err("disk full");
     assert!(matches!(refused, WalError::Io { .. }), "{refused}");
     assert_eq!(segment_files(dir.path()), vec![1, 2, 3], "nothing deleted");
     let (_wal, recovered) = open(dir.path(), fast()).unwrap();
