@@ -1560,32 +1560,37 @@ fn check_cuts(config: &dyn Fn(&Path) -> Config, files: &[PathBuf], cuts: &[usize
 }
 
 /// A disk that loses synced bytes at the end of the newest segment (its first record, where
-/// a start's token reservation goes, or its last one) must not make the server hand out an
-/// acknowledged token again.
+/// a start's token reservation or snapshot goes, or its last one) must not make the server
+/// hand out an acknowledged token again. Checked after two starts (the newest segment holds
+/// the second start's reservation, an older segment is still there) and after three (the
+/// third start snapshotted the log into the newest segment and deleted the older ones).
 #[test]
 fn lost_first_or_last_record_of_the_newest_segment_never_reissues_a_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut acked_max = 0;
-    // Two runs, so the newest segment is the second start's and older segments exist.
-    for keys in [&["one"][..], &["two", "three"][..]] {
-        run_once(Config::for_tests(dir.path()), |conn| {
-            for key in keys {
-                let reply = conn.cmd(&format!("ACQUIRE {key} {LEASE_TTL_MS}")).unwrap();
-                acked_max = acked_max.max(token(&reply));
-            }
-        });
+    let runs: [&[&str]; 3] = [&["one"], &["two", "three"], &["four", "five"]];
+    for starts in [2, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut acked_max = 0;
+        for keys in &runs[..starts] {
+            run_once(Config::for_tests(dir.path()), |conn| {
+                for key in *keys {
+                    let reply = conn.cmd(&format!("ACQUIRE {key} {LEASE_TTL_MS}")).unwrap();
+                    acked_max = acked_max.max(token(&reply));
+                }
+            });
+        }
+        let files = segment_files(dir.path());
+        assert_eq!(files.len(), 2 - usize::from(starts == 3), "{files:?}");
+        let newest = std::fs::read(files.last().unwrap()).unwrap();
+        let records = segment_records(&newest);
+        assert!(records.len() >= 3, "two records at least: {records:?}");
+        let n = records.len();
+        // Every cut inside the first record and inside the last, both ends included: a cut
+        // at a record boundary loses whole records, which no checksum can notice.
+        let cuts: Vec<usize> = (records[0].0..=records[1].0)
+            .chain(records[n - 2].0..=records[n - 1].0)
+            .collect();
+        check_cuts(&Config::for_tests, &files, &cuts, acked_max);
     }
-    let files = segment_files(dir.path());
-    let newest = std::fs::read(files.last().unwrap()).unwrap();
-    let records = segment_records(&newest);
-    assert!(records.len() >= 3, "two records at least: {records:?}");
-    let n = records.len();
-    // Every cut inside the first record and inside the last, both ends included: a cut at
-    // a record boundary loses whole records, which no checksum can notice.
-    let cuts: Vec<usize> = (records[0].0..=records[1].0)
-        .chain(records[n - 2].0..=records[n - 1].0)
-        .collect();
-    check_cuts(&Config::for_tests, &files, &cuts, acked_max);
 }
 
 /// In token-only mode the log holds only reservations, so the newest segment's last record
