@@ -652,8 +652,7 @@ mod tests {
         );
         // Not early either: the deadline is at least ttl after `before` less the server's
         // rounding, and the margin is ttl/10.
-        let earliest =
-            before + Duration::from_millis(u64::from(TTL_MS) * 9 / 10) - SERVER_ROUNDING;
+        let earliest = before + Duration::from_millis(u64::from(TTL_MS) * 9 / 10) - SERVER_ROUNDING;
         assert!(
             fired_at >= earliest,
             "fired {:?} early",
