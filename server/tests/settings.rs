@@ -244,3 +244,33 @@ fn systemd_unit_verifies_and_stays_hardened() {
     assert!(out.status.success(), "{report}");
     assert!(report.contains("Overall exposure level"), "{report}");
 }
+
+// ----- the Dockerfile (no docker daemon here: these are the checks that need none) -----
+
+#[test]
+fn dockerfile_uses_the_workspace_toolchain_and_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let msrv = manifest["workspace"]["package"]["rust-version"]
+        .as_str()
+        .unwrap();
+    assert!(
+        dockerfile.contains(&format!("FROM rust:{msrv}-slim-")),
+        "the builder image is the workspace's rust-version {msrv}"
+    );
+    for line in dockerfile.lines().filter(|l| l.starts_with("COPY ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words[1].starts_with("--from=") || words[1] == "." {
+            continue;
+        }
+        assert!(root.join(words[1]).is_file(), "{line}: no such file");
+    }
+    assert!(dockerfile.contains("\nUSER tenure\n"), "runs as a non-root user");
+    assert!(dockerfile.contains("\nVOLUME [\"/var/lib/tenure\"]\n"));
+    let entry = r#"ENTRYPOINT ["/usr/local/bin/tenured", "--config", "/etc/tenure/tenured.toml"]"#;
+    assert!(dockerfile.contains(entry));
+}
