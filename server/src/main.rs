@@ -19,7 +19,10 @@ fn main() -> anyhow::Result<()> {
     let loaded = settings::load()?;
     let settings = loaded.settings;
     if loaded.print_config {
-        settings.to_config().validate().map_err(anyhow::Error::msg)?;
+        settings
+            .to_config()
+            .validate()
+            .map_err(anyhow::Error::msg)?;
         print!("{}", settings.to_toml()?);
         return Ok(());
     }

@@ -68,7 +68,11 @@ pub struct Settings {
     #[arg(long, env = "TENURE_NO_FSYNC")]
     pub no_fsync: bool,
     /// Most client connections at once.
-    #[arg(long, env = "TENURE_CONNECTIONS_MAX", default_value_t = Settings::default().connections_max)]
+    #[arg(
+        long,
+        env = "TENURE_CONNECTIONS_MAX",
+        default_value_t = Settings::default().connections_max
+    )]
     pub connections_max: usize,
     /// Most locks held at once.
     #[arg(long, env = "TENURE_HELD_MAX", default_value_t = Settings::default().held_max)]
@@ -77,7 +81,11 @@ pub struct Settings {
     #[arg(long, env = "TENURE_WAITERS_MAX", default_value_t = Settings::default().waiters_max)]
     pub waiters_max: usize,
     /// Most blocking acquires waiting on one key.
-    #[arg(long, env = "TENURE_WAITERS_PER_KEY_MAX", default_value_t = Settings::default().waiters_per_key_max)]
+    #[arg(
+        long,
+        env = "TENURE_WAITERS_PER_KEY_MAX",
+        default_value_t = Settings::default().waiters_per_key_max
+    )]
     pub waiters_per_key_max: usize,
     /// Most unanswered requests per connection (announced in the handshake).
     #[arg(long, env = "TENURE_IN_FLIGHT_MAX", default_value_t = Settings::default().in_flight_max)]
@@ -94,22 +102,42 @@ pub struct Settings {
     pub threads: Option<usize>,
     /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
     /// locks, so disk use follows the live state rather than history.
-    #[arg(long, env = "TENURE_WAL_SEGMENT_BYTES", default_value_t = Settings::default().wal_segment_bytes)]
+    #[arg(
+        long,
+        env = "TENURE_WAL_SEGMENT_BYTES",
+        default_value_t = Settings::default().wal_segment_bytes
+    )]
     pub wal_segment_bytes: u64,
     /// Milliseconds a new connection has to finish the binary handshake or send its first
     /// whole console line; a connection silent for longer is closed.
-    #[arg(long, env = "TENURE_HANDSHAKE_TIMEOUT_MS", default_value_t = Settings::default().handshake_timeout_ms)]
+    #[arg(
+        long,
+        env = "TENURE_HANDSHAKE_TIMEOUT_MS",
+        default_value_t = Settings::default().handshake_timeout_ms
+    )]
     pub handshake_timeout_ms: u64,
     /// Milliseconds a connection may be idle before TCP keepalive probes start (rounded up to
     /// whole seconds, the kernel's unit).
-    #[arg(long, env = "TENURE_KEEPALIVE_IDLE_MS", default_value_t = Settings::default().keepalive_idle_ms)]
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_IDLE_MS",
+        default_value_t = Settings::default().keepalive_idle_ms
+    )]
     pub keepalive_idle_ms: u64,
     /// Milliseconds between unanswered keepalive probes (rounded up to whole seconds).
-    #[arg(long, env = "TENURE_KEEPALIVE_INTERVAL_MS", default_value_t = Settings::default().keepalive_interval_ms)]
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_INTERVAL_MS",
+        default_value_t = Settings::default().keepalive_interval_ms
+    )]
     pub keepalive_interval_ms: u64,
     /// Unanswered keepalive probes before the connection is dropped: a peer that vanished is
     /// noticed within idle + interval * count.
-    #[arg(long, env = "TENURE_KEEPALIVE_COUNT", default_value_t = Settings::default().keepalive_count)]
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_COUNT",
+        default_value_t = Settings::default().keepalive_count
+    )]
     pub keepalive_count: u32,
     /// Log lines on stderr as `text` (coloured only on a terminal) or `json` (one object per
     /// line). The level comes from RUST_LOG (default `info`).
@@ -182,9 +210,8 @@ impl Settings {
         } else {
             ""
         };
-        Ok(format!(
-            "# tenured settings in effect (flag > TENURE_* environment > file > default)\n{body}{threads}"
-        ))
+        let header = "# tenured settings in effect (flag > TENURE_* environment > file > default)";
+        Ok(format!("{header}\n{body}{threads}"))
     }
 }
 
@@ -312,7 +339,11 @@ mod tests {
             let env = format!("TENURE_{}", id.to_uppercase());
             assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new(&env)), "{key}");
         }
-        assert_eq!(table.len(), 18, "a new setting needs a key, a flag and a variable");
+        assert_eq!(
+            table.len(),
+            18,
+            "a new setting needs a key, a flag and a variable"
+        );
     }
 
     #[test]

@@ -22,7 +22,11 @@ fn tenured() -> Command {
 
 fn print_config(command: &mut Command) -> toml::Table {
     let out = command.arg("--print-config").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().parse().unwrap()
 }
 
@@ -57,10 +61,18 @@ fn flag_beats_environment_beats_file_beats_default() {
     assert_eq!(int(&table, "shards"), 32, "flag beats environment and file");
     assert_eq!(int(&table, "keepalive-count"), 5, "flag beats file");
     assert_eq!(int(&table, "held-max"), 600, "environment beats file");
-    assert_eq!(table["listen"].as_str(), Some("127.0.0.1:7002"), "env beats file");
+    assert_eq!(
+        table["listen"].as_str(),
+        Some("127.0.0.1:7002"),
+        "env beats file"
+    );
     assert_eq!(int(&table, "ttl-max-ms"), 9000, "environment beats default");
     assert_eq!(int(&table, "waiters-max"), 700, "file beats default");
-    assert_eq!(table["log-format"].as_str(), Some("json"), "file beats default");
+    assert_eq!(
+        table["log-format"].as_str(),
+        Some("json"),
+        "file beats default"
+    );
     assert_eq!(int(&table, "connections-max"), 10_000, "default");
     assert_eq!(table["data-dir"].as_str(), Some("./tenure-data"), "default");
 }
@@ -180,13 +192,19 @@ fn text_logs_go_to_stderr_without_colour_codes_when_it_is_a_pipe() {
     let stderr = stderr_of_a_run(&[]);
     assert!(stderr.contains("tenured ready"), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
-    assert!(!stderr.contains("\x1b["), "colour codes in a pipe: {stderr:?}");
+    assert!(
+        !stderr.contains("\x1b["),
+        "colour codes in a pipe: {stderr:?}"
+    );
 }
 
 #[test]
 fn json_logs_are_one_object_per_line() {
     let stderr = stderr_of_a_run(&["--log-format", "json"]);
-    assert!(!stderr.contains("\x1b["), "colour codes in a pipe: {stderr:?}");
+    assert!(
+        !stderr.contains("\x1b["),
+        "colour codes in a pipe: {stderr:?}"
+    );
     let mut messages = Vec::new();
     for line in stderr.lines() {
         let value: serde_json::Value = serde_json::from_str(line)
@@ -194,7 +212,10 @@ fn json_logs_are_one_object_per_line() {
         assert!(value["level"].is_string(), "{line}");
         messages.push(value["fields"]["message"].as_str().unwrap().to_owned());
     }
-    assert!(messages.iter().any(|m| m == "tenured ready"), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m == "tenured ready"),
+        "{messages:?}"
+    );
     assert!(messages.iter().any(|m| m == "stopped"), "{messages:?}");
 }
 
@@ -219,10 +240,17 @@ fn systemd_unit_verifies_and_stays_hardened() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
     let unit = std::fs::read_to_string(deploy.join("tenured.service")).unwrap();
     let exec = "ExecStart=/usr/local/bin/tenured --config /etc/tenure/tenured.toml\n";
-    assert!(unit.contains(exec), "the unit runs the installed binary on the config");
+    assert!(
+        unit.contains(exec),
+        "the unit runs the installed binary on the config"
+    );
     // The sample config's data-dir is the unit's state directory.
     assert!(unit.contains("\nStateDirectory=tenure\n"));
-    for line in ["DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"] {
+    for line in [
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+    ] {
         assert!(unit.contains(&format!("\n{line}\n")), "{line}");
     }
     // verify checks that ExecStart's binary exists, so point it at the one just built.
@@ -269,7 +297,10 @@ fn dockerfile_uses_the_workspace_toolchain_and_files_that_exist() {
         }
         assert!(root.join(words[1]).is_file(), "{line}: no such file");
     }
-    assert!(dockerfile.contains("\nUSER tenure\n"), "runs as a non-root user");
+    assert!(
+        dockerfile.contains("\nUSER tenure\n"),
+        "runs as a non-root user"
+    );
     assert!(dockerfile.contains("\nVOLUME [\"/var/lib/tenure\"]\n"));
     let entry = r#"ENTRYPOINT ["/usr/local/bin/tenured", "--config", "/etc/tenure/tenured.toml"]"#;
     assert!(dockerfile.contains(entry));
