@@ -17,7 +17,7 @@
 //! wait on it. Anything malformed is answered with an error; anything that breaks the framing
 //! closes this connection and nothing else.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -170,7 +170,7 @@ pub async fn serve(
         queue: VecDeque::new(),
         later: FuturesUnordered::new(),
         waits: HashMap::new(),
-        watched_keys: Vec::new(),
+        watched_keys: HashSet::new(),
         ctx: ConnCtx {
             conn_id,
             owned: Vec::new(),
@@ -233,7 +233,8 @@ struct Conn {
     later: FuturesUnordered<BoxFuture<'static, Later>>,
     /// Queued acquires by request id: the key and the table's waiter id.
     waits: HashMap<u64, (Bytes, u64)>,
-    watched_keys: Vec<Bytes>,
+    /// Keys this connection watches, to end its watches when it closes.
+    watched_keys: HashSet<Bytes>,
     ctx: ConnCtx,
     closing: bool,
     /// Closing because the peer broke the framing; its unread input is still arriving.
@@ -354,13 +355,19 @@ impl Conn {
             return;
         }
         let watch_key = match &request {
-            Request::Watch { key } => Some(key.clone()),
+            Request::Watch { key } | Request::Unwatch { key } => Some(key.clone()),
             _ => None,
         };
         match self.shared.execute(&mut self.ctx, id, request) {
             Outcome::Reply(response, lsn) => {
-                if let (Some(key), Response::Watching) = (watch_key, &response) {
-                    self.watched_keys.push(key);
+                match (watch_key, &response) {
+                    (Some(key), Response::Watching) => {
+                        self.watched_keys.insert(key);
+                    }
+                    (Some(key), Response::Unwatched) => {
+                        self.watched_keys.remove(&key);
+                    }
+                    _ => {}
                 }
                 self.push(id, response, lsn)
             }
@@ -594,7 +601,7 @@ impl Conn {
     /// Leaves no trace in the shared state.
     fn finish(&mut self) {
         let waits = self.waits.drain().map(|(_, wait)| wait);
-        let keys = std::mem::take(&mut self.watched_keys);
+        let keys: Vec<Bytes> = self.watched_keys.drain().collect();
         self.shared.disconnect(&mut self.ctx, waits, &keys);
     }
 }

@@ -83,6 +83,13 @@ impl Watches {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether `conn_id` watches `key`.
+    pub fn is_watching(&self, key: &[u8], conn_id: u64) -> bool {
+        self.by_key
+            .get(key)
+            .is_some_and(|subs| subs.iter().any(|s| s.conn_id == conn_id))
+    }
+
     /// Ends `conn_id`'s watch on `key`; returns whether there was one.
     pub fn remove(&self, key: &[u8], conn_id: u64) -> bool {
         let mut removed = false;
