@@ -477,10 +477,7 @@ impl<W: Waiter> LockTable<W> {
         {
             self.cancel_steps += u64::from(usize::BITS - extra.queue.len().leading_zeros());
         }
-        let Ok(position) = extra
-            .queue
-            .binary_search_by_key(&waiter_id, |queued| queued.waiter_id)
-        else {
+        let Some(position) = find_queued(&extra.queue, waiter_id) else {
             return false;
         };
         if extra.queue[position].waiter.take().is_none() {
@@ -998,9 +995,34 @@ fn timer_is_live<W>(slots: &[Slot<W>], deadline_ms: u64, timer: &Timer) -> bool 
     // full id is the one in that span with those bits. Binary search keeps wheel compaction
     // O(timers log n) even with one long queue.
     let waiter_id = first.waiter_id + u64::from(timer.stamp.wrapping_sub(first.waiter_id as u32));
-    queue
-        .binary_search_by_key(&waiter_id, |w| w.waiter_id)
-        .is_ok_and(|position| is_it(&queue[position]))
+    find_queued(queue, waiter_id).is_some_and(|position| is_it(&queue[position]))
+}
+
+/// The position of `waiter_id` in a queue sorted by waiter id. The first probe is where the
+/// id would be if ids were spread evenly (they are contiguous on a key nobody else waits on,
+/// cancelled entries keeping their places): one probe, where a binary search would take
+/// log n cache misses across a long queue. Otherwise a binary search on the probe's side.
+fn find_queued<W>(queue: &VecDeque<Queued<W>>, waiter_id: u64) -> Option<usize> {
+    let (first, last) = (queue.front()?.waiter_id, queue.back()?.waiter_id);
+    if !(first..=last).contains(&waiter_id) {
+        return None;
+    }
+    let span = u128::from(last - first).max(1);
+    let guess = (u128::from(waiter_id - first) * (queue.len() as u128 - 1) / span) as usize;
+    let (mut low, mut high) = match queue[guess].waiter_id.cmp(&waiter_id) {
+        std::cmp::Ordering::Equal => return Some(guess),
+        std::cmp::Ordering::Less => (guess + 1, queue.len()),
+        std::cmp::Ordering::Greater => (0, guess),
+    };
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match queue[middle].waiter_id.cmp(&waiter_id) {
+            std::cmp::Ordering::Equal => return Some(middle),
+            std::cmp::Ordering::Less => low = middle + 1,
+            std::cmp::Ordering::Greater => high = middle,
+        }
+    }
+    None
 }
 
 /// Asserts the protocol limits the server must have checked before calling `acquire`.
