@@ -79,18 +79,13 @@ pub const KEEPALIVE_COUNT_MAX: u32 = 127;
 /// are whole seconds, at most 32767.
 pub const KEEPALIVE_SECS_MAX: u64 = 32_767;
 
-/// Lines a console connection may buffer before it is told `LINE_TOO_LONG` and closed.
-pub const LINE_LEN_MAX: usize = 4096;
 /// Bytes a connection may read ahead before it stops reading until replies are written.
+/// There is no write-side limit: a connection writes all it encoded before it reads again,
+/// so its unsent replies are bounded by what this much input produces (see `conn`).
 pub const READ_BUFFER_MAX: usize = 256 * 1024;
-/// Bytes of replies a connection buffers before it must write them out.
-pub const WRITE_BUFFER_MAX: usize = 256 * 1024;
 
-const _: () = assert!(
-    LINE_LEN_MAX
-        > tenure_protocol::limits::KEY_LEN_MAX + tenure_protocol::limits::META_LEN_MAX + 64
-);
 const _: () = assert!(READ_BUFFER_MAX > tenure_protocol::limits::FRAME_LEN_MAX + 4);
+const _: () = assert!(READ_BUFFER_MAX > tenure_protocol::limits::LINE_LEN_MAX + 1);
 
 impl Default for Config {
     fn default() -> Self {

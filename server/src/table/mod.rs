@@ -64,7 +64,7 @@ use crate::wheel::TimerWheel;
 use index::{hash_key, KeyBytes, KeyIndex};
 pub use outcome::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, HeldLock, Inspect, Limit, Release, Renew,
-    TableLimits, Waiter,
+    TableLimits, WaiterSink,
 };
 pub use quota::{Quota, Quotas};
 
@@ -147,7 +147,7 @@ struct Queued<W> {
 }
 
 /// What `hand_off` did with a lock whose lease is over.
-enum HandOff<W> {
+enum HandoffStep<W> {
     /// The next live waiter holds it.
     Granted(Handoff<W>),
     /// No live waiter: the key is free.
@@ -262,7 +262,7 @@ pub struct LockTable<W> {
     now_ms: u64,
 }
 
-impl<W: Waiter> LockTable<W> {
+impl<W: WaiterSink> LockTable<W> {
     /// An empty table hashing keys with a fixed seed; see [`LockTable::with_hash_seed`].
     ///
     /// # Panics
@@ -310,7 +310,7 @@ impl<W: Waiter> LockTable<W> {
     }
 
     /// Keys with a slot: held, expired but not yet reaped, or reserved for a handoff.
-    pub fn held_count(&self) -> usize {
+    pub fn slots_in_use(&self) -> usize {
         self.index.len()
     }
 
@@ -422,8 +422,8 @@ impl<W: Waiter> LockTable<W> {
         let token = lock.token;
         self.time_out_waiters(slot, now_ms, events);
         let handoff = match self.hand_off(slot, now_ms, tokens) {
-            HandOff::Granted(handoff) => Some(handoff),
-            HandOff::Freed | HandOff::Deferred => None,
+            HandoffStep::Granted(handoff) => Some(handoff),
+            HandoffStep::Freed | HandoffStep::Deferred => None,
         };
         Release::Released { token, handoff }
     }
@@ -819,18 +819,22 @@ impl<W: Waiter> LockTable<W> {
             lock.key.as_slice().into()
         };
         match self.hand_off(slot, now_ms, tokens) {
-            HandOff::Granted(handoff) if already_ended => events.push(Event::HandedOff(handoff)),
-            HandOff::Granted(handoff) => events.push(Event::Expired {
+            HandoffStep::Granted(handoff) if already_ended => {
+                events.push(Event::HandedOff(handoff))
+            }
+            HandoffStep::Granted(handoff) => events.push(Event::Expired {
                 key,
                 token,
                 handoff: Some(handoff),
             }),
-            HandOff::Freed | HandOff::Deferred if !already_ended => events.push(Event::Expired {
-                key,
-                token,
-                handoff: None,
-            }),
-            HandOff::Freed | HandOff::Deferred => {}
+            HandoffStep::Freed | HandoffStep::Deferred if !already_ended => {
+                events.push(Event::Expired {
+                    key,
+                    token,
+                    handoff: None,
+                })
+            }
+            HandoffStep::Freed | HandoffStep::Deferred => {}
         }
     }
 
@@ -884,19 +888,19 @@ impl<W: Waiter> LockTable<W> {
 
     /// Passes a lock whose lease is over (expired, released, or ended earlier) to the first
     /// live waiter. Timed-out waiters must have been removed already.
-    fn hand_off(&mut self, slot: usize, now_ms: u64, tokens: &TokenAllocator) -> HandOff<W> {
+    fn hand_off(&mut self, slot: usize, now_ms: u64, tokens: &TokenAllocator) -> HandoffStep<W> {
         if self.slots[slot].queue_len() > 0 && tokens.remaining() > 0 {
             self.drop_dead_waiters(slot);
         }
         if self.slots[slot].queue_len() == 0 {
             self.free(slot);
-            return HandOff::Freed;
+            return HandoffStep::Freed;
         }
         let Some(token) = tokens.try_next() else {
             if self.slots[slot].deadline_ms != 0 {
                 self.defer(slot);
             }
-            return HandOff::Deferred;
+            return HandoffStep::Deferred;
         };
         let lock = &mut self.slots[slot];
         let extra = lock.extra.as_mut().expect("queue is not empty");
@@ -920,7 +924,7 @@ impl<W: Waiter> LockTable<W> {
             ttl_ms: queued.ttl_ms,
         };
         self.start_lease(slot, now_ms, grant);
-        HandOff::Granted(Handoff {
+        HandoffStep::Granted(Handoff {
             waiter,
             waiter_id: queued.waiter_id,
             grant,

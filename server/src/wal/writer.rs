@@ -74,20 +74,20 @@ pub struct WalStats {
 /// Proof that a snapshot is in progress; hand it back to [`Wal::end_snapshot`]. Dropping it
 /// instead abandons the snapshot: nothing is deleted and a new one may begin.
 #[must_use = "dropping the token abandons the snapshot"]
-pub struct SnapshotToken {
+pub struct SnapshotTicket {
     segment_seq: u64,
     shared: Arc<Shared>,
     ended: bool,
 }
 
-impl SnapshotToken {
+impl SnapshotTicket {
     /// The segment the snapshot opened.
     pub fn segment_seq(&self) -> u64 {
         self.segment_seq
     }
 }
 
-impl Drop for SnapshotToken {
+impl Drop for SnapshotTicket {
     fn drop(&mut self) {
         if self.ended {
             return;
@@ -107,9 +107,9 @@ impl Drop for SnapshotToken {
     }
 }
 
-impl fmt::Debug for SnapshotToken {
+impl fmt::Debug for SnapshotTicket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SnapshotToken")
+        f.debug_struct("SnapshotTicket")
             .field("segment_seq", &self.segment_seq)
             .finish()
     }
@@ -361,6 +361,7 @@ fn write_open_snapshot(
             token_limit: recovered.token_floor,
         },
     ];
+    // The one Grant builder, as live grants and table snapshots use.
     let grants = recovered.leases.iter().map(RecoveredLease::as_grant);
     let end = Record::SnapshotEnd { segment_seq: seq };
     let mut buf = Vec::with_capacity(options.batch_bytes_max);
@@ -526,7 +527,7 @@ impl Wal {
     /// # Errors
     /// [`WalError::SnapshotInProgress`] if one is running; [`WalError::Failed`] or
     /// [`WalError::Stopped`] if the log takes no more writes.
-    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotToken, WalError> {
+    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotTicket, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
         if state.snapshot.is_some() {
@@ -545,7 +546,7 @@ impl Wal {
         });
         state.snapshot_due = false;
         self.wake_syncer(state);
-        Ok(SnapshotToken {
+        Ok(SnapshotTicket {
             segment_seq,
             shared: Arc::clone(&self.shared),
             ended: false,
@@ -557,7 +558,7 @@ impl Wal {
     ///
     /// # Errors
     /// [`WalError::Failed`] after a write failure (no segment is deleted then).
-    pub fn end_snapshot(&self, mut token: SnapshotToken) -> Result<Lsn, WalError> {
+    pub fn end_snapshot(&self, mut token: SnapshotTicket) -> Result<Lsn, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
         token.ended = true;
