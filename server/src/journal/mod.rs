@@ -30,9 +30,13 @@
 //!   may be used" is durable, so no fencing token is ever visible before it is covered.
 //! - **No blocking in `append`**: it runs under a shard lock; it queues and returns.
 //!
-//! An in-memory journal for the simulation can keep `Vec<Change>` copies, move its ticket on
-//! command, and set `failed` to inject a write failure at a chosen point.
+//! [`mem::MemJournal`] (tests only) is the in-memory example: it keeps the changes, makes
+//! them durable on command, and fails on cue, for the simulation to inject write failures.
 
+#[cfg(test)]
+pub mod mem;
+#[cfg(test)]
+mod tests;
 mod undo;
 mod wal;
 

@@ -7,7 +7,12 @@
 //! The reply then waits, on the connection, until the journal is durable past the change's
 //! ticket: what "durable" means, and what is logged at all, is the journal's business.
 //! Hand-offs to waiters are in [`crate::handoff`], token reservations in [`crate::tokens`],
-//! watch registration in [`crate::watch`], undo in [`crate::journal`].
+//! watch registration in [`crate::watch`], undo in [`crate::journal`]. Here: the dispatch;
+//! `acquire`, `release` and `refuse` (the error replies) hold the longer requests.
+
+mod acquire;
+mod refuse;
+mod release;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,11 +24,10 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::conn::ConnCtx;
 use crate::handoff::{WaitResult, WaitSlot};
-use crate::journal::{Change, Journal, JournalError, Lease, Ticket, Undo, TICKET_NOW};
+use crate::journal::{Journal, Lease, Ticket, Undo, TICKET_NOW};
 use crate::stats::Stats;
-use crate::table::{self, Acquire, AcquireArgs, LockTable, Quotas, TableLimits};
+use crate::table::{self, LockTable, Quotas, TableLimits};
 use crate::tokens::Tokens;
-use crate::wal::FreeReason;
 use crate::watch::Watches;
 
 /// What the connection does with a request after the executor ran it.
@@ -243,269 +247,6 @@ impl Executor {
             table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
             table::Renew::Lost => Response::Lost,
         }
-    }
-
-    fn ttl_too_long(&self, ttl_ms: u32) -> Response {
-        Stats::bump(&self.stats.errors);
-        error(
-            ErrorCode::BadTtl,
-            format!(
-                "ttl_ms {ttl_ms} over this server's limit of {}",
-                self.config.ttl_ms_max
-            ),
-        )
-    }
-
-    /// Why an acquire must be refused before the table is touched, if it must.
-    fn refuse_acquire(&self, now_ms: u64, ttl_ms: u32) -> Option<Response> {
-        if ttl_ms > self.config.ttl_ms_max {
-            return Some(self.ttl_too_long(ttl_ms));
-        }
-        if now_ms < self.grants_refused_until_ms {
-            Stats::bump(&self.stats.errors);
-            let left_ms = self.grants_refused_until_ms - now_ms;
-            let message =
-                format!("restarted in token-only durability: no grants for {left_ms} ms more");
-            return Some(error(ErrorCode::Recovering, message));
-        }
-        self.refuse_if_journal_failed()
-    }
-
-    fn acquire(
-        self: &Arc<Self>,
-        ctx: &mut ConnCtx,
-        now_ms: u64,
-        received_ms: u64,
-        request: Request,
-    ) -> Outcome {
-        let Request::Acquire {
-            key,
-            ttl_ms,
-            wait_ms,
-            release_on_disconnect,
-            meta,
-        } = &request
-        else {
-            unreachable!("acquire called with {request:?}")
-        };
-        if let Some(refusal) = self.refuse_acquire(now_ms, *ttl_ms) {
-            return Outcome::Reply(refusal, TICKET_NOW);
-        }
-        let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0).then(|| WaitSlot::new(tx, *release_on_disconnect, received_ms));
-        let args = AcquireArgs {
-            key,
-            lease_id: LeaseId::from_u128(rand::random()),
-            ttl_ms: *ttl_ms,
-            wait_ms: *wait_ms,
-            waiter,
-            meta,
-        };
-        let mut shard = self.shard(key);
-        let mut events = Vec::new();
-        let outcome = shard.acquire(now_ms, args, &self.tokens.allocator, &mut events);
-        // Settling the key may have ended a lease or handed it on before this request's turn.
-        self.apply_events(&mut shard, now_ms, &mut events);
-        match outcome {
-            Acquire::Granted(grant) => {
-                let waited_ms = clamp_ms(now_ms - received_ms);
-                self.granted(ctx, &mut shard, now_ms, &request, grant, waited_ms)
-            }
-            Acquire::Locked { token, ttl_left_ms } => {
-                Stats::bump(&self.stats.locked);
-                let ttl_left_ms = clamp_ms(ttl_left_ms);
-                Outcome::Reply(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
-            }
-            Acquire::Queued { waiter_id } => Outcome::Wait {
-                rx,
-                key: key.clone(),
-                waiter_id,
-                release_on_disconnect: *release_on_disconnect,
-            },
-            Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
-            Acquire::TokensExhausted { .. } => {
-                drop(shard);
-                self.tokens.reserve_ahead();
-                Outcome::NeedTokens {
-                    request,
-                    received_ms,
-                }
-            }
-        }
-    }
-
-    /// The refusal for a limit the table hit, naming the limit and its setting.
-    fn full_error(&self, limit: table::Limit) -> Response {
-        Stats::bump(&self.stats.errors);
-        let config = &self.config;
-        let (code, message) = match limit {
-            table::Limit::HeldLocks => (
-                ErrorCode::HeldLimit,
-                format!(
-                    "the server holds {} locks, its limit (--held-max)",
-                    config.held_max
-                ),
-            ),
-            table::Limit::Waiters => (
-                ErrorCode::WaitersLimit,
-                format!(
-                    "the server has {} waiters, its limit (--waiters-max)",
-                    config.waiters_max
-                ),
-            ),
-            table::Limit::WaitersPerKey => (
-                ErrorCode::WaitersLimit,
-                format!(
-                    "this key has {} waiters, its limit (--waiters-per-key-max)",
-                    config.waiters_per_key_max
-                ),
-            ),
-        };
-        error(code, message)
-    }
-
-    /// Logs a grant the table just made (still under its shard's lock) and builds its reply,
-    /// or takes it back if it cannot be logged.
-    fn granted(
-        self: &Arc<Self>,
-        ctx: &mut ConnCtx,
-        shard: &mut LockTable<WaitSlot>,
-        now_ms: u64,
-        request: &Request,
-        grant: table::Grant,
-        waited_ms: u32,
-    ) -> Outcome {
-        let Request::Acquire {
-            key,
-            release_on_disconnect,
-            meta,
-            ..
-        } = request
-        else {
-            unreachable!("granted called with {request:?}")
-        };
-        let table::Grant {
-            token,
-            lease_id,
-            ttl_ms,
-        } = grant;
-        let lease = Lease {
-            key,
-            lease_id,
-            token,
-            ttl_ms,
-            release_on_disconnect: *release_on_disconnect,
-            meta,
-        };
-        let ticket = match self.journal.append(&Change::Grant(lease)) {
-            Ok(ticket) => ticket,
-            Err(e) => {
-                // Not durable, so it must not stand: take it back before anyone hears of it.
-                self.free(shard, now_ms, key, lease_id, FreeReason::Released);
-                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
-            }
-        };
-        Stats::bump(&self.stats.grants);
-        self.watches
-            .notify(key, tenure_protocol::EventKind::Granted, token, meta);
-        if *release_on_disconnect {
-            ctx.own(key.clone(), lease_id);
-        }
-        self.tokens.reserve_ahead();
-        let response = Response::Granted {
-            token,
-            lease_id,
-            ttl_ms,
-            waited_ms,
-        };
-        if !self.journal.logs_leases() {
-            return Outcome::Reply(response, TICKET_NOW); // nothing was logged, nothing to undo
-        }
-        let undo = Undo::Grant {
-            key: key.clone(),
-            lease_id,
-        };
-        Outcome::Changed {
-            response,
-            ticket,
-            undo,
-        }
-    }
-
-    fn unavailable(&self, e: &JournalError) -> Response {
-        Stats::bump(&self.stats.errors);
-        tracing::error!(error = %e, "a change could not be logged; refusing it");
-        error(
-            ErrorCode::Unavailable,
-            format!("not durable, nothing changed: {e}"),
-        )
-    }
-
-    fn release(
-        self: &Arc<Self>,
-        ctx: &mut ConnCtx,
-        now_ms: u64,
-        key: Bytes,
-        lease_id: LeaseId,
-    ) -> Outcome {
-        if let Some(refusal) = self.refuse_if_journal_failed() {
-            return Outcome::Reply(refusal, TICKET_NOW);
-        }
-        let mut shard = self.shard(&key);
-        // What the lease looked like, to put it back if the release never becomes durable
-        // (only logged changes can fail to become durable).
-        let before = match shard.inspect(now_ms, &key) {
-            table::Inspect::Held {
-                token,
-                ttl_left_ms,
-                meta,
-                ..
-            } if self.journal.logs_leases() => {
-                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta)))
-            }
-            _ => None,
-        };
-        let Some(ticket) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released)
-        else {
-            return Outcome::Reply(Response::NotOwner, TICKET_NOW);
-        };
-        drop(shard);
-        ctx.disown(&key, lease_id);
-        match ticket {
-            Ok(ticket) => match before {
-                Some((token, ttl_left_ms, meta)) => Outcome::Changed {
-                    response: Response::Released,
-                    ticket,
-                    undo: Undo::Release {
-                        key,
-                        lease_id,
-                        token,
-                        ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
-                        meta,
-                    },
-                },
-                None => Outcome::Reply(Response::Released, ticket),
-            },
-            Err(e) => {
-                // The journal failed (or filled its backlog) between the check above and the
-                // append: the lock is free here, but a restart would bring the lease back.
-                Stats::bump(&self.stats.errors);
-                tracing::error!(error = %e, "a release could not be logged");
-                let message = format!(
-                    "released, but not durable: the lease may come back after a restart: {e}"
-                );
-                Outcome::Reply(error(ErrorCode::Unavailable, message), TICKET_NOW)
-            }
-        }
-    }
-
-    /// A refusal for a change the journal can no longer make durable, checked before the
-    /// table is touched, so "nothing changed" is true when it is said.
-    fn refuse_if_journal_failed(&self) -> Option<Response> {
-        let failed = self.journal.failed()?;
-        Stats::bump(&self.stats.errors);
-        let message = format!("not durable, nothing changed: the WAL failed: {failed}");
-        Some(error(ErrorCode::Unavailable, message))
     }
 
     /// Takes queued acquires (key, waiter id) out of their queues, shard by shard, at most
