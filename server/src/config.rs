@@ -59,7 +59,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// WAL segment size in bytes: segments rotate at this size, and a snapshot of the live
     /// locks lets older segments be deleted, so disk use follows the live state.
-    pub wal_segment_size_max: u64,
+    pub wal_segment_bytes_max: u64,
     /// Longest a new connection may take to finish the binary handshake or send its first
     /// whole console line; a silent one is closed, so it cannot hold a connection slot.
     pub handshake_timeout: Duration,
@@ -107,7 +107,7 @@ impl Default for Config {
             expirations_per_tick_max: 4096,
             token_block: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
-            wal_segment_size_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
+            wal_segment_bytes_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
             handshake_timeout: Duration::from_secs(10),
             // 60 s + 10 s * 6: a vanished peer is dropped within two minutes.
             keepalive_idle: Duration::from_secs(60),
@@ -160,10 +160,10 @@ impl Config {
             }
         }
         self.validate_connection_timing()?;
-        if self.wal_segment_size_max < 64 * 1024 {
+        if self.wal_segment_bytes_max < 64 * 1024 {
             return Err(format!(
                 "WAL segment size {} is under 64 KiB",
-                self.wal_segment_size_max
+                self.wal_segment_bytes_max
             ));
         }
         if self.held_max > u32::MAX as usize / 2 {

@@ -59,7 +59,7 @@ struct Args {
     threads: Option<usize>,
     /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
     /// locks, so disk use follows the live state rather than history.
-    #[arg(long, default_value_t = Config::default().wal_segment_size_max)]
+    #[arg(long, default_value_t = Config::default().wal_segment_bytes_max)]
     wal_segment_bytes: u64,
     /// Milliseconds a new connection has to finish the binary handshake or send its first
     /// whole console line; a connection silent for longer is closed.
@@ -101,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         in_flight_max: args.in_flight_max,
         ttl_ms_max: args.ttl_max_ms,
         shards: args.shards,
-        wal_segment_size_max: args.wal_segment_bytes,
+        wal_segment_bytes_max: args.wal_segment_bytes,
         handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
         keepalive_idle: Duration::from_millis(args.keepalive_idle_ms),
         keepalive_interval: Duration::from_millis(args.keepalive_interval_ms),

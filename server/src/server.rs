@@ -131,7 +131,7 @@ async fn recover(
         } else {
             SyncMode::Off
         },
-        segment_size_max: config.wal_segment_size_max,
+        segment_size_max: config.wal_segment_bytes_max,
         token_floor_margin: config.token_block,
         ..WalOptions::default()
     };
