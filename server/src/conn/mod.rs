@@ -210,7 +210,7 @@ struct Conn {
 
 impl Conn {
     async fn run(&mut self, shutdown: &CancellationToken) -> std::io::Result<()> {
-        let mut durable = self.executor.journal.progress();
+        let mut progress = self.executor.journal.progress();
         // Made once, not per pass: each `cancelled()` registers with the token's notifier.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
@@ -233,7 +233,7 @@ impl Conn {
                     );
                 }
             }
-            self.flush_ready(&durable.borrow());
+            self.flush_ready(&progress.borrow());
             // Everything encoded is written before anything more is read, so the replies a
             // connection has not sent are bounded by what `READ_BUFFER_MAX` of requests (and
             // the watch queue) produce: a peer that does not read stops being read itself.
@@ -257,7 +257,7 @@ impl Conn {
                     }
                 }
                 Some(done) = self.later.next(), if !self.later.is_empty() => self.on_later(done),
-                changed = durable.changed(), if blocked => {
+                changed = progress.changed(), if blocked => {
                     if changed.is_err() {
                         self.closing = true; // the journal is gone: the server is stopping
                     }

@@ -25,6 +25,7 @@ use super::recovery::{self, Recovered, RecoveredLease};
 use super::storage::{FsStorage, SegmentFile, Storage};
 use super::syncer::{self, create_segment, delete_segments_before};
 use super::{segment_name, SyncMode, WalError, WalOptions};
+use crate::journal::Change;
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
@@ -340,7 +341,7 @@ fn start_segment(
 fn open_snapshot_overhead(seq: u64) -> u64 {
     let records = [
         Record::SnapshotBegin { segment_seq: seq },
-        Record::Reserve { token_limit: 0 },
+        Change::Reserve { token_limit: 0 }.record(),
         Record::SnapshotEnd { segment_seq: seq },
     ];
     records.iter().map(|r| r.encoded_len() as u64).sum()
@@ -357,9 +358,10 @@ fn write_open_snapshot(
 ) -> std::io::Result<(u64, u64)> {
     let head = [
         Record::SnapshotBegin { segment_seq: seq },
-        Record::Reserve {
+        Change::Reserve {
             token_limit: recovered.token_floor,
-        },
+        }
+        .record(),
     ];
     // The one Grant builder, as live grants and table snapshots use.
     let grants = recovered.leases.iter().map(RecoveredLease::as_grant);
@@ -539,7 +541,7 @@ impl Wal {
         state.push(&Record::SnapshotBegin { segment_seq }, options, true);
         assert_eq!(state.segment_seq, segment_seq);
         let token_limit = token_limit.max(state.token_floor);
-        state.push(&Record::Reserve { token_limit }, options, false);
+        state.push(&Change::Reserve { token_limit }.record(), options, false);
         state.snapshot = Some(SnapshotState {
             segment_seq,
             log_bytes_at_begin,
