@@ -74,21 +74,21 @@ pub struct WalStats {
 
 /// Proof that a snapshot is in progress; hand it back to [`Wal::end_snapshot`]. Dropping it
 /// instead abandons the snapshot: nothing is deleted and a new one may begin.
-#[must_use = "dropping the token abandons the snapshot"]
-pub struct SnapshotTicket {
+#[must_use = "dropping the guard abandons the snapshot"]
+pub struct SnapshotGuard {
     segment_seq: u64,
     shared: Arc<Shared>,
     ended: bool,
 }
 
-impl SnapshotTicket {
+impl SnapshotGuard {
     /// The segment the snapshot opened.
     pub fn segment_seq(&self) -> u64 {
         self.segment_seq
     }
 }
 
-impl Drop for SnapshotTicket {
+impl Drop for SnapshotGuard {
     fn drop(&mut self) {
         if self.ended {
             return;
@@ -108,9 +108,9 @@ impl Drop for SnapshotTicket {
     }
 }
 
-impl fmt::Debug for SnapshotTicket {
+impl fmt::Debug for SnapshotGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SnapshotTicket")
+        f.debug_struct("SnapshotGuard")
             .field("segment_seq", &self.segment_seq)
             .finish()
     }
@@ -529,7 +529,7 @@ impl Wal {
     /// # Errors
     /// [`WalError::SnapshotInProgress`] if one is running; [`WalError::Failed`] or
     /// [`WalError::Stopped`] if the log takes no more writes.
-    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotTicket, WalError> {
+    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotGuard, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
         if state.snapshot.is_some() {
@@ -548,31 +548,31 @@ impl Wal {
         });
         state.snapshot_due = false;
         self.wake_syncer(state);
-        Ok(SnapshotTicket {
+        Ok(SnapshotGuard {
             segment_seq,
             shared: Arc::clone(&self.shared),
             ended: false,
         })
     }
 
-    /// Ends the snapshot `token` started; returns the LSN of the end record. Segments before
+    /// Ends the snapshot `guard` started; returns the LSN of the end record. Segments before
     /// the snapshot's are deleted by the syncer once that LSN is durable.
     ///
     /// # Errors
     /// [`WalError::Failed`] after a write failure (no segment is deleted then).
-    pub fn end_snapshot(&self, mut token: SnapshotTicket) -> Result<Lsn, WalError> {
+    pub fn end_snapshot(&self, mut guard: SnapshotGuard) -> Result<Lsn, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
-        token.ended = true;
+        guard.ended = true;
         let snapshot = state
             .snapshot
             .take()
             .expect("end_snapshot without begin_snapshot");
         assert_eq!(
-            snapshot.segment_seq, token.segment_seq,
-            "end_snapshot with a stale token"
+            snapshot.segment_seq, guard.segment_seq,
+            "end_snapshot with a stale guard"
         );
-        let segment_seq = token.segment_seq;
+        let segment_seq = guard.segment_seq;
         let lsn = state.push(
             &Record::SnapshotEnd { segment_seq },
             &self.shared.options,
