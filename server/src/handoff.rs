@@ -2,7 +2,7 @@
 //! holder). The table picks the waiter and makes the grant; this module logs it, delivers it
 //! to the waiter's connection, and frees the lock again for the next in line if the waiter
 //! vanished meanwhile or the grant cannot be logged. Frees (release, expiry, disconnect, undo)
-//! all pass through [`Executor::free`], the one place a lease ends and its successor is found.
+//! all pass through `Executor::free`, the one place a lease ends and its successor is found.
 
 use std::sync::Arc;
 

@@ -11,7 +11,7 @@
 //! more: what it holds is a gap-free prefix of every watched key's changes, which the
 //! connection sends before it reports the watches ended.
 //!
-//! WATCH and UNWATCH themselves are here too ([`Executor::watch`]); the connection's side of
+//! WATCH and UNWATCH themselves are here too (`Executor::watch`); the connection's side of
 //! its watches (its queue, its watched keys) is its [`ConnCtx`].
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

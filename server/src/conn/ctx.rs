@@ -29,7 +29,7 @@ pub struct ConnCtx {
     /// key, a repeated WATCH replaces it.
     pub watches: HashMap<Bytes, u64>,
     /// Events a WATCH took out of `events` so they are sent before its reply (see
-    /// [`Executor::watch`]); the connection sends them, then the reply.
+    /// `Executor::watch`); the connection sends them, then the reply.
     pub drained: Vec<WatchEvent>,
 }
 

@@ -5,7 +5,7 @@
 //! still held, so the journal orders changes to a key exactly as the table made them. The
 //! journal answers with a [`Ticket`]; the change's reply waits until the journal's
 //! [`Progress`] passes that ticket. If the journal fails first, the change is taken back
-//! ([`undo`]) and the requester told "not durable, nothing changed"; once it has failed, new
+//! ([`Undo`]) and the requester told "not durable, nothing changed"; once it has failed, new
 //! changes are refused before the table is touched ([`Journal::failed`]).
 //!
 //! The durability mode ([`Durability::Full`] or [`Durability::Tokens`]) is a journal policy:
@@ -30,7 +30,7 @@
 //!   may be used" is durable, so no fencing token is ever visible before it is covered.
 //! - **No blocking in `append`**: it runs under a shard lock; it queues and returns.
 //!
-//! [`mem::MemJournal`] (tests only) is the in-memory example: it keeps the changes, makes
+//! `mem::MemJournal` (tests only) is the in-memory example: it keeps the changes, makes
 //! them durable on command, and fails on cue, for the simulation to inject write failures.
 
 #[cfg(test)]

@@ -47,6 +47,13 @@
 //! A custom index maps key hashes to slab numbers in 8-byte buckets (see `index`), and each
 //! lease timer costs 16 bytes in the wheel: 96 to 106 bytes per held lock by `size_of`, about
 //! 105 to 115 bytes measured with slack (100k to 1M locks with 16-byte keys).
+//!
+//! # Layout
+//! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
+//! `slot`: the slab entry, its extras, queued acquires, timers. `lease`: a lease's life
+//! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).
+//! `upkeep`: ticker, recovery, snapshot and disconnect entry points. `index`: key -> slot.
+//! `quota`: server-wide counts. `outcome`: the public vocabulary. `invariants`: self-checks.
 
 mod index;
 mod invariants;
