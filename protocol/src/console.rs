@@ -18,7 +18,8 @@ macro_rules! command_list {
     () => {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
-         CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | HELP | QUIT"
+         CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
+         HELP | QUIT"
     };
 }
 
@@ -97,6 +98,11 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
             key: parse_key(key)?,
         },
         ("UNWATCH", _) => return Err(usage("UNWATCH <key>")),
+        ("AUTH", [name, secret]) => Request::Auth {
+            name: Bytes::copy_from_slice(name.as_bytes()),
+            secret: crate::Secret(Bytes::copy_from_slice(secret.as_bytes())),
+        },
+        ("AUTH", _) => return Err(usage("AUTH <name> <secret>")),
         ("PING" | "STATS" | "HELP" | "QUIT", _) => {
             return Err(bad_args(format!("{name} takes no arguments")))
         }

@@ -48,11 +48,19 @@ pub enum ErrorCode {
     Recovering = 18,
     /// The length prefix is under the minimum (opcode and request id); the connection closes.
     FrameTooShort = 19,
+    /// Identities are configured and this connection has not authenticated (or its AUTH
+    /// failed); only PING, HELP, AUTH and QUIT are answered until it does.
+    Unauthenticated = 20,
+    /// The connection's identity may not do this: the key is outside its prefixes, or the
+    /// operation (STATS, WATCH) is not granted to it.
+    Forbidden = 21,
+    /// The connection's identity holds (or waits for) as many locks as its quota allows.
+    Quota = 22,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -73,6 +81,9 @@ impl ErrorCode {
         ErrorCode::LineTooLong,
         ErrorCode::Recovering,
         ErrorCode::FrameTooShort,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::Quota,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -107,6 +118,9 @@ impl ErrorCode {
             ErrorCode::LineTooLong => "LINE_TOO_LONG",
             ErrorCode::Recovering => "RECOVERING",
             ErrorCode::FrameTooShort => "FRAME_TOO_SHORT",
+            ErrorCode::Unauthenticated => "UNAUTHENTICATED",
+            ErrorCode::Forbidden => "FORBIDDEN",
+            ErrorCode::Quota => "QUOTA",
         }
     }
 }

@@ -41,6 +41,8 @@ pub mod op {
     pub const WATCH: u8 = 0x08;
     /// End a subscription.
     pub const UNWATCH: u8 = 0x09;
+    /// Prove an identity: name and secret.
+    pub const AUTH: u8 = 0x0A;
 }
 
 /// Response opcodes (server to client). Bit 7 is set on every one of them.
@@ -74,6 +76,8 @@ pub mod rop {
     pub const WATCHING: u8 = 0x8D;
     /// UNWATCH done; no more events for that watch.
     pub const UNWATCHED: u8 = 0x8E;
+    /// AUTH accepted: the connection now acts as that identity.
+    pub const AUTHENTICATED: u8 = 0x8F;
     /// A pushed watch event, carrying the WATCH request's id.
     pub const EVENT: u8 = 0xA0;
     /// The request failed; see the error code.
@@ -152,6 +156,24 @@ pub enum Request {
         /// The lock's name.
         key: Bytes,
     },
+    /// Act as identity `name`, proven by `secret`.
+    Auth {
+        /// The identity's name.
+        name: Bytes,
+        /// Its secret; `Debug` never shows it.
+        secret: Secret,
+    },
+}
+
+/// A secret on its way to the server. Its `Debug` prints `<secret>`, so a request logged with
+/// `{:?}` does not leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub Bytes);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
 }
 
 /// What happened to a watched key.
@@ -242,6 +264,11 @@ pub enum Response {
     },
     /// The watch is off.
     Unwatched,
+    /// AUTH accepted: the connection now acts as identity `name`.
+    Authenticated {
+        /// The identity's name, as AUTH gave it.
+        name: Bytes,
+    },
     /// A change to a watched key.
     Event {
         /// What happened.
@@ -325,6 +352,10 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
         Request::Stats => put_frame(dst, op::STATS, id, |_| {}),
         Request::Watch { key } => put_frame(dst, op::WATCH, id, |b| put_bytes16(b, key)),
         Request::Unwatch { key } => put_frame(dst, op::UNWATCH, id, |b| put_bytes16(b, key)),
+        Request::Auth { name, secret } => put_frame(dst, op::AUTH, id, |b| {
+            put_bytes16(b, name);
+            put_bytes16(b, &secret.0);
+        }),
     }
 }
 
@@ -389,6 +420,9 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             }
         }),
         Response::Unwatched => put_frame(dst, rop::UNWATCHED, id, |_| {}),
+        Response::Authenticated { name } => {
+            put_frame(dst, rop::AUTHENTICATED, id, |b| put_bytes16(b, name))
+        }
         Response::Event {
             kind,
             key,
@@ -556,6 +590,10 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
         op::UNWATCH => Request::Unwatch {
             key: b.bytes16("key")?,
         },
+        op::AUTH => Request::Auth {
+            name: b.bytes16("name")?,
+            secret: Secret(b.bytes16("secret")?),
+        },
         other => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
@@ -606,6 +644,9 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             holder: decode_watch_state(&mut b)?,
         },
         rop::UNWATCHED => Response::Unwatched,
+        rop::AUTHENTICATED => Response::Authenticated {
+            name: b.bytes16("name")?,
+        },
         rop::EVENT => {
             let kind = match b.u8("event kind")? {
                 1 => EventKind::Granted,
@@ -695,6 +736,27 @@ pub fn validate_key(key: &[u8]) -> Result<(), FrameError> {
     Ok(())
 }
 
+/// Checks AUTH's fields: a name of 1 to [`IDENTITY_NAME_LEN_MAX`] bytes and a secret of at
+/// most [`SECRET_LEN_MAX`] bytes.
+///
+/// # Errors
+/// [`ErrorCode::BadArgs`] naming the field out of range.
+pub fn validate_auth(name: &[u8], secret: &[u8]) -> Result<(), FrameError> {
+    if name.is_empty() || name.len() > IDENTITY_NAME_LEN_MAX {
+        return Err(FrameError::new(
+            ErrorCode::BadArgs,
+            format!("identity name must be 1 to {IDENTITY_NAME_LEN_MAX} bytes"),
+        ));
+    }
+    if secret.len() > SECRET_LEN_MAX {
+        return Err(FrameError::new(
+            ErrorCode::BadArgs,
+            format!("secret is over {SECRET_LEN_MAX} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a lease length against the wire limits.
 ///
 /// # Errors
@@ -717,6 +779,7 @@ impl Request {
     pub fn validate(&self) -> Result<(), FrameError> {
         match self {
             Request::Ping | Request::Stats => Ok(()),
+            Request::Auth { name, secret } => validate_auth(name, &secret.0),
             Request::Acquire {
                 key,
                 ttl_ms,
@@ -764,6 +827,7 @@ impl Request {
             Request::Stats => "STATS",
             Request::Watch { .. } => "WATCH",
             Request::Unwatch { .. } => "UNWATCH",
+            Request::Auth { .. } => "AUTH",
         }
     }
 }

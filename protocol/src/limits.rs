@@ -31,6 +31,10 @@ pub const ERROR_MESSAGE_LEN_MAX: usize = 512;
 pub const STATS_COUNT_MAX: usize = 64;
 /// Longest stat name, in bytes.
 pub const STAT_NAME_LEN_MAX: usize = 48;
+/// Longest identity name in AUTH, in bytes.
+pub const IDENTITY_NAME_LEN_MAX: usize = 64;
+/// Longest secret in AUTH, in bytes.
+pub const SECRET_LEN_MAX: usize = 256;
 
 /// The largest request body: ACQUIRE with a maximal key and maximal metadata.
 pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX;

@@ -47,6 +47,10 @@ fn sample_requests() -> Vec<Request> {
         Request::Stats,
         Request::Watch { key: key(2) },
         Request::Unwatch { key: key(2) },
+        Request::Auth {
+            name: key(3),
+            secret: tenure_protocol::Secret(key(4)),
+        },
     ]
 }
 
@@ -94,6 +98,7 @@ fn sample_responses() -> Vec<Response> {
             }),
         },
         Response::Unwatched,
+        Response::Authenticated { name: key(5) },
         Response::Event {
             kind: EventKind::Expired,
             key: key(4),

@@ -75,6 +75,12 @@ pub struct Config {
     /// that vanished is noticed within `keepalive_idle + keepalive_interval * keepalive_count`,
     /// and then its waiters and release-on-disconnect locks go as on any close.
     pub keepalive_count: u32,
+    /// The identities file (see [`crate::identity`]); `None`: no identities, and then only a
+    /// loopback address may be served unless `insecure_no_auth` is set.
+    pub identities: Option<PathBuf>,
+    /// Serve a non-loopback address without identities: anyone who can connect may take,
+    /// release and inspect every lock.
+    pub insecure_no_auth: bool,
 }
 
 /// Most keepalive probes the kernel accepts in `TCP_KEEPCNT` (Linux caps it at 127).
@@ -117,6 +123,8 @@ impl Default for Config {
             keepalive_idle: Duration::from_secs(60),
             keepalive_interval: Duration::from_secs(10),
             keepalive_count: 6,
+            identities: None,
+            insecure_no_auth: false,
         }
     }
 }

@@ -93,6 +93,11 @@ pub fn format(response: &Response, out: &mut String) {
             Ok(())
         }
         Response::Unwatched => out.write_str("OK"),
+        Response::Authenticated { name } => {
+            out.push_str("OK authenticated ");
+            escape(name, out);
+            Ok(())
+        }
         Response::Event {
             kind,
             key,

@@ -12,6 +12,18 @@ pub enum ServerError {
     /// A setting is out of range, or settings contradict each other.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A non-loopback address without identities (and without `insecure_no_auth`).
+    #[error(
+        "refusing to serve {0} without identities: anyone who can reach it could take and \
+         release every lock. Set up identities: hash a secret with `tenured hash-secret` \
+         (it reads the secret on stdin), put it in a TOML file ([[identity]] name = \"...\" \
+         secret-hash = \"...\" prefixes = [\"*\"]) and start with --identities FILE; or listen on \
+         127.0.0.1; or, knowing the risk, pass --insecure-no-auth"
+    )]
+    NoIdentities(std::net::SocketAddr),
+    /// The identities file could not be read or is invalid.
+    #[error("{0}")]
+    Identities(String),
     /// The data directory or its `LOCK` file could not be created, opened or locked.
     #[error("{what} {}: {source}", path.display())]
     DataDir {

@@ -21,6 +21,7 @@
 //! - [`wal`]: the write-ahead log: record format, group commit, recovery, snapshots.
 //! - [`watch`]: subscriptions to a key's changes, and WATCH/UNWATCH.
 //! - [`clock`]: the one place that reads time.
+//! - [`identity`]: identities, their permissions and quotas, from `--identities`.
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
 //! - `sim` (tests only): a deterministic simulation of the table against a model.
 
@@ -31,6 +32,7 @@ pub mod console;
 pub mod error;
 pub mod executor;
 pub mod handoff;
+pub mod identity;
 pub mod journal;
 pub mod server;
 pub mod stats;

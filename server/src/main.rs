@@ -18,6 +18,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let loaded = settings::load()?;
     let settings = loaded.settings;
+    if loaded.command == Some(settings::Subcommand::HashSecret) {
+        return hash_secret();
+    }
     if loaded.print_config {
         settings
             .to_config()
@@ -47,6 +50,22 @@ fn main() -> anyhow::Result<()> {
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// `tenured hash-secret`: one line from stdin (without its line ending) to its argon2 hash on
+/// stdout. The secret never appears on the command line.
+fn hash_secret() -> anyhow::Result<()> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("cannot read the secret from stdin")?;
+    let secret = line.strip_suffix('\n').unwrap_or(&line);
+    let secret = secret.strip_suffix('\r').unwrap_or(secret);
+    anyhow::ensure!(!secret.is_empty(), "no secret on stdin");
+    let hash =
+        tenure_server::identity::hash_secret(secret.as_bytes()).map_err(anyhow::Error::msg)?;
+    println!("{hash}");
     Ok(())
 }
 

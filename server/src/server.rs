@@ -22,6 +22,7 @@ use crate::config::{Config, Durability};
 use crate::conn;
 use crate::error::ServerError;
 use crate::executor::Executor;
+use crate::identity::Identities;
 use crate::journal::{Journal, WalJournal};
 use crate::stats::Stats;
 use crate::wal::{self, SyncMode, WalOptions};
@@ -81,7 +82,10 @@ async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let shared = Arc::new(recover(config, storage, dir_lock).await?);
+    let identities = load_identities(&config, &listener)?;
+    let mut executor = recover(config, storage, dir_lock).await?;
+    executor.identities = identities;
+    let shared = Arc::new(executor);
     shared
         .tokens
         .reserve()
@@ -92,6 +96,9 @@ async fn serve(
 
     let stop = CancellationToken::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone()));
+    if let Some(identities) = &shared.identities {
+        spawn_reloader(Arc::clone(identities), stop.clone())?;
+    }
     let tracker = TaskTracker::new();
     let accepting = accept_loop(&shared, &listener, &tracker, &stop);
     tokio::pin!(shutdown);
@@ -115,6 +122,57 @@ async fn serve(
         .sync_and_stop()
         .map_err(ServerError::FinalSync)?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Reads the identities file if one is configured. Without one, only a loopback address is
+/// served unless `insecure_no_auth` says otherwise: the secure choice is the default.
+fn load_identities(
+    config: &Config,
+    listener: &TcpListener,
+) -> Result<Option<Arc<Identities>>, ServerError> {
+    let Some(path) = &config.identities else {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Config(format!("cannot read the listening address: {e}")))?;
+        if !addr.ip().is_loopback() {
+            if !config.insecure_no_auth {
+                return Err(ServerError::NoIdentities(addr));
+            }
+            tracing::warn!(%addr, "serving a non-loopback address WITHOUT identities (--insecure-no-auth)");
+        }
+        return Ok(None);
+    };
+    let identities = Identities::load(path).map_err(ServerError::Identities)?;
+    tracing::info!(path = %path.display(), "identities loaded");
+    Ok(Some(Arc::new(identities)))
+}
+
+/// Reloads the identities on every SIGHUP until `stop`. A reload that fails keeps the
+/// identities in force and says why in the log; connections stay open either way.
+fn spawn_reloader(identities: Arc<Identities>, stop: CancellationToken) -> Result<(), ServerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = signal(SignalKind::hangup())
+        .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = hangup.recv() => if got.is_none() { return },
+            }
+            let reloaded = {
+                let identities = Arc::clone(&identities);
+                tokio::task::spawn_blocking(move || identities.reload()).await
+            };
+            match reloaded {
+                Ok(Ok(count)) => tracing::info!(count, "identities reloaded"),
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "identities reload failed; the old ones stay in force")
+                }
+                Err(error) => tracing::error!(%error, "identities reload panicked"),
+            }
+        }
+    });
     Ok(())
 }
 

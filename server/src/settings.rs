@@ -31,6 +31,17 @@ struct Cli {
     print_config: bool,
     #[command(flatten)]
     settings: Settings,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+/// What `tenured` does instead of serving.
+#[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subcommand {
+    /// Read a secret from stdin (one line; the newline is not part of it) and print its
+    /// argon2 hash, for the `secret-hash` key of an identities file. Never pass a secret as
+    /// an argument: argv is readable by every user of the machine.
+    HashSecret,
 }
 
 const PRECEDENCE_HELP: &str = "Every flag can also be set by the environment variable \
@@ -143,6 +154,16 @@ pub struct Settings {
     /// line). The level comes from RUST_LOG (default `info`).
     #[arg(long, env = "TENURE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// TOML file of identities (name, secret hash, key prefixes, STATS/WATCH permission,
+    /// quotas); every connection must then AUTH. Reloaded on SIGHUP. Without it only a
+    /// loopback address is served.
+    #[arg(long, env = "TENURE_IDENTITIES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identities: Option<PathBuf>,
+    /// Serve a non-loopback address without identities: anyone who can connect may take and
+    /// release every lock.
+    #[arg(long, env = "TENURE_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
 }
 
 impl Default for Settings {
@@ -167,6 +188,8 @@ impl Default for Settings {
             keepalive_interval_ms: millis(config.keepalive_interval),
             keepalive_count: config.keepalive_count,
             log_format: LogFormat::Text,
+            identities: config.identities,
+            insecure_no_auth: config.insecure_no_auth,
         }
     }
 }
@@ -195,6 +218,8 @@ impl Settings {
             keepalive_idle: Duration::from_millis(self.keepalive_idle_ms),
             keepalive_interval: Duration::from_millis(self.keepalive_interval_ms),
             keepalive_count: self.keepalive_count,
+            identities: self.identities.clone(),
+            insecure_no_auth: self.insecure_no_auth,
             ..Config::default()
         }
     }
@@ -221,6 +246,8 @@ pub struct Loaded {
     pub settings: Settings,
     /// `--print-config`: print the settings and exit.
     pub print_config: bool,
+    /// A subcommand to run instead of serving.
+    pub command: Option<Subcommand>,
 }
 
 /// Reads the flags, the environment and the `--config` file. On `--help`, `--version` or a
@@ -244,6 +271,7 @@ fn load_from(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Loaded>
     Ok(Loaded {
         settings,
         print_config: cli.print_config,
+        command: cli.command,
     })
 }
 
@@ -328,6 +356,7 @@ mod tests {
         let command = Cli::command();
         let table = toml::Table::try_from(Settings {
             threads: Some(2),
+            identities: Some("ids.toml".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -341,7 +370,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            18,
+            20,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -409,6 +438,7 @@ mod tests {
         // Every key appears in the sample, set or commented out, so it documents them all.
         let all = toml::Table::try_from(Settings {
             threads: Some(1),
+            identities: Some("ids.toml".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -426,7 +456,8 @@ mod tests {
             let Ok(entry) = line.parse::<toml::Table>() else {
                 continue; // prose
             };
-            for (key, value) in entry.iter().filter(|(k, _)| *k != "threads") {
+            let example = |k: &str| k == "threads" || k == "identities";
+            for (key, value) in entry.iter().filter(|(k, _)| !example(k)) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");
             }
         }

@@ -32,8 +32,8 @@ pub struct Stats {
 }
 
 /// The request kinds counted, in the order STATS reports them.
-pub const OP_KINDS: [&str; 9] = [
-    "PING", "ACQUIRE", "RENEW", "RELEASE", "INSPECT", "CHECK", "STATS", "WATCH", "UNWATCH",
+pub const OP_KINDS: [&str; 10] = [
+    "PING", "ACQUIRE", "RENEW", "RELEASE", "INSPECT", "CHECK", "STATS", "WATCH", "UNWATCH", "AUTH",
 ];
 
 impl Stats {
@@ -49,6 +49,7 @@ impl Stats {
             Request::Stats => 6,
             Request::Watch { .. } => 7,
             Request::Unwatch { .. } => 8,
+            Request::Auth { .. } => 9,
         };
         debug_assert_eq!(OP_KINDS[i], request.kind());
         self.ops[i].fetch_add(1, Ordering::Relaxed);

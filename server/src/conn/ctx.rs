@@ -10,6 +10,7 @@ use tenure_protocol::LeaseId;
 use tokio::sync::mpsc;
 
 use crate::executor::Executor;
+use crate::identity::Usage;
 use crate::wal::FreeReason;
 use crate::watch::{WatchEvent, WatchSink};
 
@@ -31,6 +32,36 @@ pub struct ConnCtx {
     /// Events a WATCH took out of `events` so they are sent before its reply (see
     /// `Executor::watch`); the connection sends them, then the reply.
     pub drained: Vec<WatchEvent>,
+    /// Who this connection is, when identities are configured.
+    pub auth: Auth,
+}
+
+/// A connection's standing when identities are configured.
+#[derive(Debug)]
+pub enum Auth {
+    /// No identities are configured: everything is allowed, nothing is counted.
+    Open,
+    /// Not authenticated yet, after `failures` failed AUTHs.
+    Pending {
+        /// Failed AUTHs on this connection so far.
+        failures: u32,
+    },
+    /// Authenticated as `name`; its waiters count against `usage`.
+    As {
+        /// The identity's name (looked up again per request, so a reload applies at once).
+        name: String,
+        /// The identity's counters, shared by all its connections.
+        usage: Arc<Usage>,
+    },
+}
+
+impl Auth {
+    fn usage(&self) -> Option<&Usage> {
+        match self {
+            Auth::As { usage, .. } => Some(usage),
+            _ => None,
+        }
+    }
 }
 
 impl ConnCtx {
@@ -44,6 +75,7 @@ impl ConnCtx {
             events: None,
             watches: HashMap::new(),
             drained: Vec::new(),
+            auth: Auth::Open,
         }
     }
 
@@ -70,12 +102,25 @@ impl ConnCtx {
 
     /// Forgets the waiter of request `id`: it was answered.
     pub fn remove_wait(&mut self, id: u64) {
-        self.waits.remove(&id);
+        if self.waits.remove(&id).is_some() {
+            self.give_back_waiters(1);
+        }
+    }
+
+    /// Returns `n` waiter places to this connection's identity (when it has one: an
+    /// authenticated connection counts every waiter it queues, see `conn::auth`).
+    fn give_back_waiters(&self, n: usize) {
+        if let Some(usage) = self.auth.usage() {
+            for _ in 0..n {
+                usage.give_back_waiter();
+            }
+        }
     }
 
     /// Takes this connection's waiters out of their queues. Each one's channel then closes,
     /// and the connection answers it with the reason it is ending.
     pub fn cancel_waits(&mut self, executor: &Executor) {
+        self.give_back_waiters(self.waits.len());
         for (_, (key, waiter_id)) in self.waits.drain() {
             executor.shard(&key).cancel_waiter(&key, waiter_id);
         }
@@ -116,6 +161,7 @@ impl ConnCtx {
         for (key, _) in self.watches.drain() {
             executor.watches.remove(&key, self.conn_id);
         }
+        self.give_back_waiters(self.waits.len());
         executor.cancel_waits(self.waits.drain().map(|(_, wait)| wait));
         let now_ms = executor.clock.now_ms();
         for (key, lease_id) in self.owned.drain(..) {

@@ -27,13 +27,15 @@
 //! - `requests`: running requests, and the answers that come later (waiters, token retries).
 //! - `reply`: the reply queue, held until the journal is durable, and watch events.
 //! - `ctx`: [`ConnCtx`], what the connection must take back when it closes.
+//! - `auth`: AUTH, and each request checked against the connection's identity.
 
+mod auth;
 mod ctx;
 mod reply;
 mod requests;
 mod surface;
 
-pub use ctx::ConnCtx;
+pub use ctx::{Auth, ConnCtx};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -85,6 +87,10 @@ pub async fn serve(
         }
         _ = shutdown.cancelled() => return,
     };
+    let mut ctx = ConnCtx::new(conn_id);
+    if executor.identities.is_some() {
+        ctx.auth = Auth::Pending { failures: 0 };
+    }
     let mut conn = Conn {
         executor,
         stream,
@@ -94,7 +100,7 @@ pub async fn serve(
         queue: VecDeque::new(),
         later: FuturesUnordered::new(),
         events_queued: 0,
-        ctx: ConnCtx::new(conn_id),
+        ctx,
         closing: false,
         fatal: false,
         stopping: false,

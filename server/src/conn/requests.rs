@@ -30,6 +30,12 @@ pub(super) enum Later {
         received_ms: u64,
         reserved: Result<(), String>,
     },
+    /// An AUTH verified (`verified`: the identity's name) or not.
+    Auth {
+        id: u64,
+        name: Bytes,
+        verified: Option<String>,
+    },
 }
 
 impl Conn {
@@ -79,18 +85,36 @@ impl Conn {
             // A new watch starts on a queue that takes events, not on one that overflowed.
             self.end_watches_if_overflowed();
         }
-        let outcome = match received_ms {
-            None => self.executor.execute(&mut self.ctx, id, request),
-            Some(received_ms) => {
-                self.executor
-                    .execute_again(&mut self.ctx, id, request, received_ms)
-            }
+        let request = match request {
+            Request::Auth { name, secret } => return self.on_auth(id, name, secret),
+            request => request,
+        };
+        let outcome = match self.executor.identities.clone() {
+            None => self.execute(id, request, received_ms),
+            Some(identities) => self.execute_as(&identities, id, request, received_ms),
         };
         // Events a WATCH drained were checked against the watches it replaced, not the new one.
         for event in std::mem::take(&mut self.ctx.drained) {
             self.queue_event(event);
         }
         self.on_outcome(id, outcome);
+    }
+
+    /// Runs a request in the executor; `received_ms` is when it was first taken up if this
+    /// is a retry.
+    pub(super) fn execute(
+        &mut self,
+        id: u64,
+        request: Request,
+        received_ms: Option<u64>,
+    ) -> Outcome {
+        match received_ms {
+            None => self.executor.execute(&mut self.ctx, id, request),
+            Some(received_ms) => {
+                self.executor
+                    .execute_again(&mut self.ctx, id, request, received_ms)
+            }
+        }
     }
 
     /// Queues the reply to request `id`, or what it waits for.
@@ -162,6 +186,7 @@ impl Conn {
                     self.push(id, Response::Error { code, message }, TICKET_NOW);
                 }
             },
+            Later::Auth { id, name, verified } => self.on_auth_done(id, name, verified),
         }
     }
 

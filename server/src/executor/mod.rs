@@ -83,6 +83,9 @@ pub struct Executor {
     pub watches: Watches,
     /// In token-only durability, grants are refused until this `now_ms` after a restart.
     grants_refused_until_ms: u64,
+    /// The identities in force; `None`: none configured, every connection may do anything
+    /// (and the request path checks nothing else).
+    pub identities: Option<Arc<crate::identity::Identities>>,
 }
 
 /// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
@@ -134,6 +137,7 @@ impl Executor {
             stats: Stats::default(),
             watches: Watches::default(),
             grants_refused_until_ms,
+            identities: None,
         }
     }
 
@@ -215,6 +219,8 @@ impl Executor {
             Request::Stats => Response::Stats(crate::stats::stats_pairs(self)),
             Request::Watch { key } => self.watch(ctx, now_ms, request_id, key),
             Request::Unwatch { key } => self.unwatch(ctx, &key),
+            // The connection answers AUTH itself (it must verify off the async workers).
+            Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
         };
         Outcome::Reply(response, TICKET_NOW)
     }

@@ -126,6 +126,9 @@ async fn execute(
         }
         Request::Watch { key } => watches.start(client, *out, key).await?,
         Request::Unwatch { key } => watches.stop(out, &key),
+        // The client authenticates on connect (--identity and TENURE_SECRET), so that a
+        // reconnect authenticates again; a typed AUTH would hold for one connection only.
+        Request::Auth { .. } => anyhow::bail!("use --identity NAME and TENURE_SECRET, not AUTH"),
     }
     Ok(())
 }

@@ -1,0 +1,319 @@
+//! Identities: who may connect, which keys each may lock, which operations it may use, and
+//! its quotas; read from a TOML file (`--identities`), reloaded on SIGHUP.
+//!
+//! ```toml
+//! [[identity]]
+//! name = "orders"
+//! secret-hash = "$argon2id$v=19$m=19456,t=2,p=1$..."   # from `tenured hash-secret`
+//! prefixes = ["orders/", "jobs/"]                      # "*" alone: every key
+//! stats = false                                        # may use STATS
+//! watch = true                                         # may use WATCH/UNWATCH
+//! held-max = 1000                                      # optional quota
+//! waiters-max = 100                                    # optional quota
+//! ```
+//!
+//! Secrets are stored only as argon2 PHC strings. A name the file does not hold is verified
+//! against a dummy hash, so "no such identity" and "wrong secret" take the same time and get
+//! the same reply. With no identities configured none of this runs: the connection layer
+//! checks `Executor::identities` once per request and goes on.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use serde::Deserialize;
+
+/// The prefix that stands for every key.
+pub const PREFIX_ALL: &str = "*";
+/// Bytes of random salt per hash.
+const SALT_LEN: usize = 16;
+
+/// One identity as the file spells it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct Entry {
+    name: String,
+    secret_hash: String,
+    #[serde(default)]
+    prefixes: Vec<String>,
+    #[serde(default)]
+    stats: bool,
+    #[serde(default)]
+    watch: bool,
+    held_max: Option<usize>,
+    waiters_max: Option<usize>,
+}
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    identity: Vec<Entry>,
+}
+
+/// One identity, parsed and checked.
+#[derive(Debug)]
+pub struct Identity {
+    /// Its name, as AUTH gives it.
+    pub name: String,
+    /// The argon2 PHC string of its secret.
+    secret_hash: String,
+    /// Key prefixes it may use; `None`: every key.
+    prefixes: Option<Vec<Vec<u8>>>,
+    /// May use STATS.
+    pub stats: bool,
+    /// May use WATCH and UNWATCH.
+    pub watch: bool,
+    /// Most blocking acquires it may have waiting at once, over all its connections.
+    pub waiters_max: Option<usize>,
+    /// Most locks it may hold at once (parsed and documented; not enforced yet).
+    pub held_max: Option<usize>,
+}
+
+impl Identity {
+    /// Whether this identity may use `key`.
+    pub fn allows_key(&self, key: &[u8]) -> bool {
+        match &self.prefixes {
+            None => true,
+            Some(prefixes) => prefixes.iter().any(|p| key.starts_with(p)),
+        }
+    }
+}
+
+/// What one identity uses now, over all its connections; kept across reloads by name.
+#[derive(Debug, Default)]
+pub struct Usage {
+    /// Blocking acquires waiting.
+    pub waiters: AtomicUsize,
+}
+
+impl Usage {
+    /// Takes one waiter place if fewer than `max` are taken.
+    pub fn try_take_waiter(&self, max: Option<usize>) -> bool {
+        let Some(max) = max else {
+            self.waiters.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
+        self.waiters
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives one waiter place back.
+    pub fn give_back_waiter(&self) {
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type Table = HashMap<String, Arc<Identity>>;
+
+/// The identities in force, swapped whole on reload.
+pub struct Identities {
+    path: PathBuf,
+    table: RwLock<Arc<Table>>,
+    usage: Mutex<HashMap<String, Arc<Usage>>>,
+    /// Verified against when the name is unknown, so the miss costs what a hit costs.
+    dummy_hash: String,
+}
+
+impl std::fmt::Debug for Identities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identities")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Identities {
+    /// Reads the identities file at `path`.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not valid TOML, has an unknown key (named), or an entry
+    /// is invalid (a bad hash, an empty prefix, a name given twice).
+    pub fn load(path: &Path) -> Result<Identities, String> {
+        let table = read(path)?;
+        let dummy_hash = hash_secret(b"tenure-dummy-secret-for-unknown-names")?;
+        Ok(Identities {
+            path: path.to_path_buf(),
+            table: RwLock::new(Arc::new(table)),
+            usage: Mutex::new(HashMap::new()),
+            dummy_hash,
+        })
+    }
+
+    /// Reads the file again and puts it in force; on error the identities in force stay.
+    /// Returns how many identities are now in force.
+    ///
+    /// # Errors
+    /// As [`Identities::load`].
+    pub fn reload(&self) -> Result<usize, String> {
+        let table = read(&self.path)?;
+        let count = table.len();
+        *self.table.write().expect("identities lock poisoned") = Arc::new(table);
+        Ok(count)
+    }
+
+    /// The file the identities come from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The identity named `name` in the table in force now.
+    pub fn get(&self, name: &str) -> Option<Arc<Identity>> {
+        let table = self.table.read().expect("identities lock poisoned");
+        table.get(name).cloned()
+    }
+
+    /// The usage counters of `name`, made on first use.
+    pub fn usage(&self, name: &str) -> Arc<Usage> {
+        let mut usage = self.usage.lock().expect("usage lock poisoned");
+        Arc::clone(usage.entry(name.to_string()).or_default())
+    }
+
+    /// Checks `secret` against identity `name`; the name if it matches. Slow on purpose
+    /// (argon2): call it off the async workers. An unknown name is verified against a dummy
+    /// hash so it takes as long as a wrong secret.
+    pub fn verify(&self, name: &[u8], secret: &[u8]) -> Option<String> {
+        let name = std::str::from_utf8(name).ok();
+        let identity = name.and_then(|n| self.get(n));
+        let hash = identity
+            .as_ref()
+            .map_or(self.dummy_hash.as_str(), |i| i.secret_hash.as_str());
+        let matches = verify_hash(hash, secret);
+        identity.filter(|_| matches).map(|i| i.name.clone())
+    }
+}
+
+fn verify_hash(hash: &str, secret: &[u8]) -> bool {
+    // Hashes were parsed when the file was read; one that fails here matches nothing.
+    PasswordHash::new(hash)
+        .map(|parsed| Argon2::default().verify_password(secret, &parsed).is_ok())
+        .unwrap_or(false)
+}
+
+/// Hashes `secret` with argon2id and a random salt, as a PHC string.
+///
+/// # Errors
+/// argon2 refused the input (a secret over its length limit).
+pub fn hash_secret(secret: &[u8]) -> Result<String, String> {
+    let salt: [u8; SALT_LEN] = rand::random();
+    let salt = SaltString::encode_b64(&salt).map_err(|e| e.to_string())?;
+    Argon2::default()
+        .hash_password(secret, &salt)
+        .map(|hash| hash.to_string())
+        .map_err(|e| format!("cannot hash the secret: {e}"))
+}
+
+fn read(path: &Path) -> Result<Table, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the identities file {}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("identities file {}: {e}", path.display()))
+}
+
+/// Parses an identities file's text.
+///
+/// # Errors
+/// Invalid TOML, an unknown key (toml names it), or an invalid entry.
+pub fn parse(text: &str) -> Result<HashMap<String, Arc<Identity>>, String> {
+    let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut table = HashMap::new();
+    for entry in file.identity {
+        let name = entry.name.clone();
+        let identity = check(entry).map_err(|e| format!("identity `{name}`: {e}"))?;
+        if table.insert(name.clone(), Arc::new(identity)).is_some() {
+            return Err(format!("identity `{name}` is given twice"));
+        }
+    }
+    Ok(table)
+}
+
+fn check(entry: Entry) -> Result<Identity, String> {
+    let name_len_max = tenure_protocol::limits::IDENTITY_NAME_LEN_MAX;
+    if entry.name.is_empty() || entry.name.len() > name_len_max || entry.name.contains(' ') {
+        return Err(format!(
+            "a name must be 1 to {name_len_max} bytes without spaces"
+        ));
+    }
+    PasswordHash::new(&entry.secret_hash)
+        .map_err(|e| format!("secret-hash is not a PHC string ({e}); see `tenured hash-secret`"))?;
+    let prefixes = if entry.prefixes.iter().any(|p| p == PREFIX_ALL) {
+        None
+    } else if entry.prefixes.iter().any(String::is_empty) {
+        return Err(format!(
+            "an empty prefix is ambiguous; write \"{PREFIX_ALL}\" for every key"
+        ));
+    } else {
+        Some(entry.prefixes.into_iter().map(String::into_bytes).collect())
+    };
+    Ok(Identity {
+        name: entry.name,
+        secret_hash: entry.secret_hash,
+        prefixes,
+        stats: entry.stats,
+        watch: entry.watch,
+        waiters_max: entry.waiters_max,
+        held_max: entry.held_max,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(hash: &str, extra: &str) -> String {
+        format!("[[identity]]\nname = \"a\"\nsecret-hash = \"{hash}\"\n{extra}\n")
+    }
+
+    #[test]
+    fn hash_verifies_only_its_secret() {
+        let hash = hash_secret(b"s3cret").unwrap();
+        assert!(hash.starts_with("$argon2id$"), "{hash}");
+        assert!(verify_hash(&hash, b"s3cret"));
+        assert!(!verify_hash(&hash, b"s3cres"));
+        assert_ne!(hash, hash_secret(b"s3cret").unwrap(), "salted");
+    }
+
+    #[test]
+    fn prefixes_star_and_none() {
+        let hash = hash_secret(b"x").unwrap();
+        let table = parse(&file(&hash, "prefixes = [\"orders/\", \"jobs/\"]")).unwrap();
+        let a = &table["a"];
+        assert!(a.allows_key(b"orders/1") && a.allows_key(b"jobs/"));
+        assert!(!a.allows_key(b"order") && !a.allows_key(b"x/orders/1"));
+        let table = parse(&file(&hash, "prefixes = [\"*\"]")).unwrap();
+        assert!(table["a"].allows_key(b"anything"));
+        let table = parse(&file(&hash, "")).unwrap();
+        assert!(!table["a"].allows_key(b"anything"), "no prefixes: no keys");
+        let err = parse(&file(&hash, "prefixes = [\"\"]")).unwrap_err();
+        assert!(err.contains("empty prefix"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_hashes_are_errors() {
+        let hash = hash_secret(b"x").unwrap();
+        let err = parse(&file(&hash, "admn = true")).unwrap_err();
+        assert!(err.contains("admn"), "{err}");
+        let err = parse("[[identitty]]\n").unwrap_err();
+        assert!(err.contains("identitty"), "{err}");
+        let err = parse(&file("plain", "")).unwrap_err();
+        assert!(err.contains("secret-hash"), "{err}");
+        let twice = format!("{}{}", file(&hash, ""), file(&hash, ""));
+        assert!(parse(&twice).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn waiter_quota_counts_exactly() {
+        let usage = Usage::default();
+        assert!(usage.try_take_waiter(Some(2)));
+        assert!(usage.try_take_waiter(Some(2)));
+        assert!(!usage.try_take_waiter(Some(2)));
+        usage.give_back_waiter();
+        assert!(usage.try_take_waiter(Some(2)));
+    }
+}

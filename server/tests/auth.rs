@@ -1,0 +1,546 @@
+//! Identities, AUTH, permissions and quotas: the safe default (loopback only without
+//! identities), AUTH on both surfaces, refusals before AUTH, key prefixes, STATS/WATCH
+//! permissions, the waiter quota, `tenured hash-secret` and reload on SIGHUP.
+
+use std::io::{BufRead, BufReader as StdBufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tenure_protocol::frame::{decode_response, encode_request, split_frame};
+use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::{ErrorCode, Request, Response, Secret};
+use tenure_server::identity::hash_secret;
+use tenure_server::{Config, ServerError};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+/// Most time any one reply may take (failed AUTHs are slowed on purpose, by at most 2 s).
+const REPLY_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// An identities file: `orders` may lock `orders/` and `jobs/` keys, wait at most twice, no
+/// STATS or WATCH; `admin` may do everything.
+fn identities_file(dir: &Path) -> PathBuf {
+    let path = dir.join("identities.toml");
+    let text = format!(
+        "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\", \"jobs/\"]\n\
+         waiters-max = 2\n\n\
+         [[identity]]\nname = \"admin\"\nsecret-hash = \"{}\"\nprefixes = [\"*\"]\nstats = true\n\
+         watch = true\n",
+        hash_secret(b"orders-secret").unwrap(),
+        hash_secret(b"admin-secret").unwrap(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl Server {
+    async fn start(config: Config) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tenure_server::run(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        Server {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn with_identities(dir: &Path) -> Server {
+        let config = Config {
+            identities: Some(identities_file(dir)),
+            ..Config::for_tests(dir)
+        };
+        Server::start(config).await
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+struct Console {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl Console {
+    async fn connect(addr: SocketAddr) -> Console {
+        let (r, w) = TcpStream::connect(addr).await.unwrap().into_split();
+        Console {
+            reader: BufReader::new(r),
+            writer: w,
+        }
+    }
+
+    /// The next line, or `None` once the server closed the connection.
+    async fn line(&mut self) -> Option<String> {
+        let mut line = String::new();
+        let n = tokio::time::timeout(REPLY_WAIT_MAX, self.reader.read_line(&mut line))
+            .await
+            .expect("no reply in time")
+            .unwrap_or(0);
+        (n > 0).then(|| line.trim_end().to_string())
+    }
+
+    async fn cmd(&mut self, text: &str) -> String {
+        self.writer
+            .write_all(format!("{text}\n").as_bytes())
+            .await
+            .unwrap();
+        self.line().await.expect("connection closed")
+    }
+
+    async fn authed(addr: SocketAddr, name: &str, secret: &str) -> Console {
+        let mut console = Console::connect(addr).await;
+        let reply = console.cmd(&format!("AUTH {name} {secret}")).await;
+        assert_eq!(reply, format!("OK authenticated {name}"));
+        console
+    }
+}
+
+fn code_of(line: &str) -> &str {
+    let rest = line
+        .strip_prefix("ERR ")
+        .unwrap_or_else(|| panic!("{line:?}"));
+    rest.split_whitespace().next().unwrap()
+}
+
+#[tokio::test]
+async fn non_loopback_without_identities_is_refused_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let result = tenure_server::run(Config::for_tests(dir.path()), listener, async {}).await;
+    let err = result.expect_err("served 0.0.0.0 without identities");
+    assert!(matches!(err, ServerError::NoIdentities(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("--identities") && text.contains("hash-secret"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn auth_on_the_console_and_the_same_reply_for_any_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    assert_eq!(c.cmd("PING").await, "PONG", "PING is answered before AUTH");
+    assert!(c.cmd("HELP").await.starts_with("OK commands:"));
+    for line in [
+        "ACQUIRE orders/1 1000",
+        "INSPECT orders/1",
+        "STATS",
+        "WATCH orders/1",
+    ] {
+        assert_eq!(code_of(&c.cmd(line).await), "UNAUTHENTICATED", "{line}");
+    }
+    let wrong_secret = c.cmd("AUTH orders not-the-secret").await;
+    let no_such_name = c.cmd("AUTH nobody orders-secret").await;
+    assert_eq!(wrong_secret, no_such_name, "one reply for both failures");
+    assert_eq!(code_of(&wrong_secret), "UNAUTHENTICATED");
+    assert_eq!(code_of(&c.cmd("INSPECT orders/1").await), "UNAUTHENTICATED");
+    assert_eq!(
+        c.cmd("AUTH orders orders-secret").await,
+        "OK authenticated orders"
+    );
+    assert!(c
+        .cmd("ACQUIRE orders/1 1000")
+        .await
+        .starts_with("OK token="));
+    assert_eq!(code_of(&c.cmd("AUTH admin admin-secret").await), "BAD_ARGS");
+    assert_eq!(c.cmd("QUIT").await, "BYE");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn repeated_failed_auths_close_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let started = Instant::now();
+    for _ in 0..5 {
+        let reply = c.cmd("AUTH orders wrong").await;
+        assert_eq!(code_of(&reply), "UNAUTHENTICATED");
+    }
+    // 100 + 200 + 400 + 800 + 1600 ms of delay before the five replies.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "not slowed"
+    );
+    assert_eq!(c.line().await, None, "still open after five failures");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn prefixes_and_operations_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
+    let granted = admin.cmd("ACQUIRE billing/1 5000").await;
+    let lease = granted
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .strip_prefix("lease=")
+        .unwrap();
+    let lease = lease.to_string();
+    assert!(
+        admin.cmd("STATS").await.starts_with("OK "),
+        "admin may use STATS"
+    );
+    assert!(admin
+        .cmd("WATCH billing/1")
+        .await
+        .starts_with("OK watching"));
+
+    let mut orders = Console::authed(server.addr, "orders", "orders-secret").await;
+    assert!(orders
+        .cmd("ACQUIRE jobs/7 1000")
+        .await
+        .starts_with("OK token="));
+    let refused = [
+        "ACQUIRE billing/2 1000".to_string(),
+        format!("RENEW billing/1 {lease} 1000"),
+        format!("RELEASE billing/1 {lease}"),
+        "INSPECT billing/1".to_string(),
+        "CHECK billing/1 1".to_string(),
+        "ACQUIRE order/1 1000".to_string(), // not "orders/": a prefix is bytes, not a word
+        "STATS".to_string(),
+        "WATCH orders/1".to_string(),
+    ];
+    for line in &refused {
+        assert_eq!(code_of(&orders.cmd(line).await), "FORBIDDEN", "{line}");
+    }
+    assert!(
+        admin.cmd("INSPECT billing/1").await.starts_with("HELD"),
+        "untouched"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn waiter_quota_is_per_identity_and_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
+    for key in ["orders/a", "orders/b", "orders/c"] {
+        assert!(admin
+            .cmd(&format!("ACQUIRE {key} 60000"))
+            .await
+            .starts_with("OK"));
+    }
+    // Two waiters on two connections of `orders`: its quota, across connections.
+    let mut waiters = Vec::new();
+    for key in ["orders/a", "orders/b"] {
+        let mut c = Console::authed(server.addr, "orders", "orders-secret").await;
+        c.writer
+            .write_all(format!("ACQUIRE {key} 1000 60000\n").as_bytes())
+            .await
+            .unwrap();
+        waiters.push(c);
+    }
+    for key in ["orders/a", "orders/b"] {
+        let deadline = Instant::now() + REPLY_WAIT_MAX;
+        while !admin
+            .cmd(&format!("INSPECT {key}"))
+            .await
+            .contains("waiters=1")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter on {key} was never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut third = Console::authed(server.addr, "orders", "orders-secret").await;
+    let reply = third.cmd("ACQUIRE orders/c 1000 60000").await;
+    assert_eq!(code_of(&reply), "QUOTA", "{reply}");
+    assert!(reply.contains("waiters-max"), "{reply}");
+    assert!(
+        admin
+            .cmd("ACQUIRE orders/d 60000 100")
+            .await
+            .starts_with("OK"),
+        "admin unlimited"
+    );
+    // One waiter leaves (its connection closes): its place comes back.
+    drop(waiters.pop());
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    loop {
+        let reply = third.cmd("ACQUIRE orders/c 1000 50").await;
+        if reply.starts_with("LOCKED") {
+            break;
+        }
+        assert!(reply.starts_with("ERR QUOTA"), "{reply}");
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+/// A bare binary client: AUTH as PROTOCOL.md specifies it.
+#[tokio::test]
+async fn auth_on_the_binary_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let mut out = BytesMut::new();
+    Hello { version: VERSION }.encode(&mut out);
+    stream.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    while HelloAck::decode(&mut buf).unwrap().is_none() {
+        assert!(stream.read_buf(&mut buf).await.unwrap() > 0);
+    }
+    let mut call = async |id: u64, request: Request| {
+        let mut out = BytesMut::new();
+        encode_request(id, &request, &mut out);
+        stream.write_all(&out).await.unwrap();
+        loop {
+            if let Some((opcode, got, body)) = split_frame(&mut buf).unwrap() {
+                assert_eq!(got, id);
+                return decode_response(opcode, body).unwrap();
+            }
+            let read = tokio::time::timeout(REPLY_WAIT_MAX, stream.read_buf(&mut buf));
+            assert!(read.await.unwrap().unwrap() > 0, "closed");
+        }
+    };
+    let auth = |name: &'static str, secret: &'static str| Request::Auth {
+        name: Bytes::from_static(name.as_bytes()),
+        secret: Secret(Bytes::from_static(secret.as_bytes())),
+    };
+    let inspect = Request::Inspect {
+        key: Bytes::from_static(b"orders/1"),
+    };
+    let code = |r: Response| match r {
+        Response::Error { code, .. } => code,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        code(call(1, inspect.clone()).await),
+        ErrorCode::Unauthenticated
+    );
+    assert_eq!(
+        code(call(2, auth("orders", "nope")).await),
+        ErrorCode::Unauthenticated
+    );
+    assert_eq!(
+        call(3, auth("orders", "orders-secret")).await,
+        Response::Authenticated {
+            name: Bytes::from_static(b"orders")
+        }
+    );
+    assert_eq!(call(4, inspect).await, Response::Free);
+    assert_eq!(code(call(5, Request::Stats).await), ErrorCode::Forbidden);
+    server.stop().await;
+}
+
+/// `tenured` with no `TENURE_*` variable from the test's own environment.
+fn tenured() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tenured"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TENURE_") {
+            command.env_remove(name);
+        }
+    }
+    command.env_remove("RUST_LOG").env("RUST_BACKTRACE", "0");
+    command
+}
+
+/// A `tenured` process, killed when dropped.
+struct Daemon {
+    child: Child,
+    /// Lines of its stderr, read on a thread.
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Daemon {
+    fn spawn(command: &mut Command) -> Daemon {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in StdBufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Daemon { child, lines }
+    }
+
+    /// Waits for a stderr line containing `text`; returns it.
+    fn wait_for(&self, text: &str) -> String {
+        let deadline = Instant::now() + REPLY_WAIT_MAX;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no log line with {text:?} in time"),
+            }
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        let line = self.wait_for("tenured ready");
+        let start = line.find("127.0.0.1:").or(line.find("0.0.0.0:")).unwrap();
+        let end = line[start..]
+            .find([')', ' '])
+            .map_or(line.len(), |i| start + i);
+        let addr: SocketAddr = line[start..end].parse().unwrap();
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    }
+
+    /// Sends SIGHUP to this daemon (by its pid, with kill(1)).
+    fn hangup(&self) {
+        let status = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn binary_refuses_non_loopback_without_identities_and_starts_with_the_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = tenured()
+        .args(["--listen", "0.0.0.0:0", "--no-fsync", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "started on 0.0.0.0 without identities"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--identities") && stderr.contains("hash-secret"),
+        "{stderr}"
+    );
+
+    let daemon = Daemon::spawn(
+        tenured()
+            .args([
+                "--listen",
+                "0.0.0.0:0",
+                "--no-fsync",
+                "--insecure-no-auth",
+                "--data-dir",
+            ])
+            .arg(&data),
+    );
+    daemon.wait_for("WITHOUT identities");
+    daemon.wait_for("tenured ready");
+}
+
+#[test]
+fn hash_secret_reads_stdin_and_prints_a_hash_that_verifies() {
+    let mut child = tenured()
+        .arg("hash-secret")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hunter2\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap();
+    let hash = hash.trim();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    let file = format!("[[identity]]\nname = \"a\"\nsecret-hash = \"{hash}\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ids.toml");
+    std::fs::write(&path, file).unwrap();
+    let ids = tenure_server::identity::Identities::load(&path).unwrap();
+    assert_eq!(ids.verify(b"a", b"hunter2").as_deref(), Some("a"));
+    assert_eq!(
+        ids.verify(b"a", b"hunter2\n"),
+        None,
+        "the newline is not the secret's"
+    );
+}
+
+#[tokio::test]
+async fn sighup_reloads_identities_without_dropping_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = identities_file(dir.path());
+    let daemon = Daemon::spawn(
+        tenured()
+            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
+            .arg(&ids)
+            .arg("--data-dir")
+            .arg(dir.path().join("data")),
+    );
+    let addr = daemon.addr();
+    let mut orders = Console::authed(addr, "orders", "orders-secret").await;
+    let mut admin = Console::authed(addr, "admin", "admin-secret").await;
+
+    // A broken file keeps the old identities.
+    let good = std::fs::read_to_string(&ids).unwrap();
+    std::fs::write(&ids, "[[identity]]\nnmae = \"x\"\n").unwrap();
+    daemon.hangup();
+    daemon.wait_for("reload failed");
+    assert_eq!(orders.cmd("INSPECT orders/1").await, "FREE");
+
+    // Remove `orders`, add `ops`.
+    let admin_only = good.split("\n\n").nth(1).unwrap();
+    let ops = format!(
+        "\n\n[[identity]]\nname = \"ops\"\nsecret-hash = \"{}\"\nprefixes = [\"ops/\"]\n",
+        hash_secret(b"ops-secret").unwrap()
+    );
+    std::fs::write(&ids, format!("{admin_only}{ops}")).unwrap();
+    daemon.hangup();
+    daemon.wait_for("identities reloaded");
+    let removed = orders.cmd("INSPECT orders/1").await;
+    assert_eq!(code_of(&removed), "UNAUTHENTICATED", "{removed}");
+    assert_eq!(
+        admin.cmd("INSPECT orders/1").await,
+        "FREE",
+        "connection kept"
+    );
+    let mut ops = Console::authed(addr, "ops", "ops-secret").await;
+    assert_eq!(ops.cmd("INSPECT ops/1").await, "FREE");
+    let mut again = Console::connect(addr).await;
+    assert_eq!(
+        code_of(&again.cmd("AUTH orders orders-secret").await),
+        "UNAUTHENTICATED"
+    );
+}
