@@ -44,6 +44,9 @@ pub struct WaitSlot {
     release_on_disconnect: bool,
     /// When the request was taken up (`now_ms`), so a hand-off can tell how long it waited.
     received_ms: u64,
+    /// The waiting identity's held-locks place (identities only): kept by the lease if the
+    /// lock is handed over, given back when the slot goes otherwise.
+    pub(crate) held_place: Option<crate::identity::PlaceCell>,
 }
 
 impl WaitSlot {
@@ -57,6 +60,7 @@ impl WaitSlot {
             tx,
             release_on_disconnect,
             received_ms,
+            held_place: None,
         }
     }
 }
@@ -84,6 +88,7 @@ impl Executor {
         let outcome = match result {
             table::Release::NotOwner => None,
             table::Release::Released { token, handoff } => {
+                self.lease_ended(token);
                 let ticket = self.journal.append(&Change::Free { key, token, reason });
                 let kind = if reason == FreeReason::Expired {
                     EventKind::Expired
@@ -120,6 +125,7 @@ impl Executor {
             tx,
             release_on_disconnect,
             received_ms,
+            held_place,
         } = waiter;
         let lease = Lease {
             key: &key,
@@ -143,6 +149,7 @@ impl Executor {
         if tx.send(message).is_ok() && logged.is_ok() {
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
+            self.hold(grant.token, held_place.as_ref());
             self.watches
                 .notify(&key, EventKind::Granted, grant.token, &meta);
             self.tokens.reserve_ahead();
@@ -150,6 +157,22 @@ impl Executor {
         }
         // Nobody will ever hear of this grant: free it so the next waiter is not held up.
         self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+    }
+
+    /// Counts the lease with fencing token `token` against its identity's held-locks quota
+    /// until it ends (identities only).
+    pub(crate) fn hold(&self, token: u64, cell: Option<&crate::identity::PlaceCell>) {
+        let place = cell.and_then(crate::identity::take_place);
+        if let (Some(identities), Some(place)) = (&self.identities, place) {
+            identities.hold(token, place);
+        }
+    }
+
+    /// The lease with fencing token `token` ended: its identity's place comes back.
+    fn lease_ended(&self, token: u64) {
+        if let Some(identities) = &self.identities {
+            identities.ended(token);
+        }
     }
 
     /// Acts on everything the table did on its own: expiries, hand-offs, waits that ran out.
@@ -168,6 +191,7 @@ impl Executor {
                     handoff,
                 } => {
                     Stats::bump(&self.stats.expirations);
+                    self.lease_ended(token);
                     // Not waited for: an expiry lost in a crash comes back as a held lease
                     // whose TTL runs again, which is the safe direction.
                     let reason = FreeReason::Expired;

@@ -70,7 +70,8 @@ pub struct Identity {
     pub watch: bool,
     /// Most blocking acquires it may have waiting at once, over all its connections.
     pub waiters_max: Option<usize>,
-    /// Most locks it may hold at once (parsed and documented; not enforced yet).
+    /// Most locks it may hold at once, over all its connections (a queued acquire holds a
+    /// place too, so that a hand-off never takes it over).
     pub held_max: Option<usize>,
 }
 
@@ -89,6 +90,42 @@ impl Identity {
 pub struct Usage {
     /// Blocking acquires waiting.
     pub waiters: AtomicUsize,
+    /// Locks held, and acquires that will hold one if granted (see [`HeldPlace`]).
+    pub held: AtomicUsize,
+}
+
+/// One place of an identity's held-locks quota, given back when dropped: it lives in the
+/// acquire being run, then in its waiter's slot while it waits in line, then in
+/// [`Identities`]' table of owners for as long as the lease it became lives.
+#[derive(Debug)]
+pub struct HeldPlace(Arc<Usage>);
+
+impl Drop for HeldPlace {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where an acquire's [`HeldPlace`] waits to be kept by a grant: shared by the acquire's
+/// connection (for an immediate grant) and its waiter slot (for a hand-off), so that it is
+/// given back only when both are done with it and neither made it a lease's.
+pub type PlaceCell = Arc<Mutex<Option<HeldPlace>>>;
+
+/// Takes the place out of `cell`, for a lease that keeps it.
+pub fn take_place(cell: &PlaceCell) -> Option<HeldPlace> {
+    cell.lock().expect("place cell poisoned").take()
+}
+
+/// Takes one place of `usage`'s held-locks quota if fewer than `max` are taken.
+pub fn try_take_held(usage: &Arc<Usage>, max: Option<usize>) -> Option<HeldPlace> {
+    let max = max.unwrap_or(usize::MAX);
+    usage
+        .held
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| HeldPlace(Arc::clone(usage)))
 }
 
 impl Usage {
@@ -118,6 +155,9 @@ pub struct Identities {
     path: PathBuf,
     table: RwLock<Arc<Table>>,
     usage: Mutex<HashMap<String, Arc<Usage>>>,
+    /// The held-locks place of every live lease granted to an identity, by fencing token
+    /// (unique per grant, and what expiry reports).
+    owners: Mutex<HashMap<u64, HeldPlace>>,
     /// Verified against when the name is unknown, so the miss costs what a hit costs.
     dummy_hash: String,
 }
@@ -143,6 +183,7 @@ impl Identities {
             path: path.to_path_buf(),
             table: RwLock::new(Arc::new(table)),
             usage: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
             dummy_hash,
         })
     }
@@ -174,6 +215,22 @@ impl Identities {
     pub fn usage(&self, name: &str) -> Arc<Usage> {
         let mut usage = self.usage.lock().expect("usage lock poisoned");
         Arc::clone(usage.entry(name.to_string()).or_default())
+    }
+
+    /// Records that the lease with fencing token `token` holds `place` until it ends.
+    pub fn hold(&self, token: u64, place: HeldPlace) {
+        let mut owners = self.owners.lock().expect("owners lock poisoned");
+        owners.insert(token, place);
+    }
+
+    /// The lease with fencing token `token` ended: its place, if it had one, comes back.
+    pub fn ended(&self, token: u64) {
+        let place = self
+            .owners
+            .lock()
+            .expect("owners lock poisoned")
+            .remove(&token);
+        drop(place); // after the lock: giving back needs no lock
     }
 
     /// Checks `secret` against identity `name`; the name if it matches. Slow on purpose
@@ -305,6 +362,16 @@ mod tests {
         assert!(err.contains("secret-hash"), "{err}");
         let twice = format!("{}{}", file(&hash, ""), file(&hash, ""));
         assert!(parse(&twice).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn held_places_come_back_when_dropped() {
+        let usage = Arc::new(Usage::default());
+        let a = try_take_held(&usage, Some(1)).unwrap();
+        assert!(try_take_held(&usage, Some(1)).is_none());
+        drop(a);
+        assert!(try_take_held(&usage, Some(1)).is_some());
+        assert_eq!(usage.held.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -21,13 +21,13 @@ use tokio::sync::oneshot;
 /// Most time any one reply may take (failed AUTHs are slowed on purpose, by at most 2 s).
 const REPLY_WAIT_MAX: Duration = Duration::from_secs(10);
 
-/// An identities file: `orders` may lock `orders/` and `jobs/` keys, wait at most twice, no
-/// STATS or WATCH; `admin` may do everything.
+/// An identities file: `orders` may lock `orders/` and `jobs/` keys, hold at most 3, wait at
+/// most twice, no STATS or WATCH; `admin` may do everything.
 fn identities_file(dir: &Path) -> PathBuf {
     let path = dir.join("identities.toml");
     let text = format!(
         "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\", \"jobs/\"]\n\
-         waiters-max = 2\n\n\
+         held-max = 3\nwaiters-max = 2\n\n\
          [[identity]]\nname = \"admin\"\nsecret-hash = \"{}\"\nprefixes = [\"*\"]\nstats = true\n\
          watch = true\n",
         hash_secret(b"orders-secret").unwrap(),
@@ -293,6 +293,88 @@ async fn waiter_quota_is_per_identity_and_given_back() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    server.stop().await;
+}
+
+fn lease_of(granted: &str) -> String {
+    let lease = granted
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("lease="));
+    lease.unwrap_or_else(|| panic!("{granted:?}")).to_string()
+}
+
+/// Sends `line` until its reply starts with `want` (another connection's change, or an
+/// expiry, is seen a little later), at most for `REPLY_WAIT_MAX`.
+async fn until(c: &mut Console, line: &str, want: &str) -> String {
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    loop {
+        let reply = c.cmd(line).await;
+        if reply.starts_with(want) {
+            return reply;
+        }
+        assert!(Instant::now() < deadline, "{line}: still {reply:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn held_quota_counts_grants_and_gives_back_on_release_expiry_and_disconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::with_identities(dir.path()).await;
+    let mut a = Console::authed(server.addr, "orders", "orders-secret").await;
+    let h1 = a.cmd("ACQUIRE orders/h1 60000").await;
+    assert!(a.cmd("ACQUIRE orders/h2 60000").await.starts_with("OK"));
+    assert!(a.cmd("ACQUIRE orders/h3 200").await.starts_with("OK"));
+    let full = a.cmd("ACQUIRE orders/h4 60000").await;
+    assert_eq!(code_of(&full), "QUOTA", "{full}");
+    assert!(full.contains("held-max"), "{full}");
+    // h3 expires: its place comes back.
+    until(&mut a, "ACQUIRE orders/h4 60000", "OK").await;
+    assert_eq!(code_of(&a.cmd("ACQUIRE orders/h5 60000").await), "QUOTA");
+    // h1 is released: its place comes back.
+    assert_eq!(
+        a.cmd(&format!("RELEASE orders/h1 {}", lease_of(&h1))).await,
+        "OK"
+    );
+    let h5 = a.cmd("ACQUIRE orders/h5 60000").await;
+    assert!(h5.starts_with("OK"), "{h5}");
+
+    // A queued acquire holds a place: at the quota it is refused, not queued.
+    let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
+    let x = admin.cmd("ACQUIRE orders/x 60000").await;
+    assert_eq!(
+        code_of(&a.cmd("ACQUIRE orders/x 1000 60000").await),
+        "QUOTA"
+    );
+    assert_eq!(
+        a.cmd(&format!("RELEASE orders/h5 {}", lease_of(&h5))).await,
+        "OK"
+    );
+    // A hand-off keeps the place: `b` waits, gets orders/x when admin releases it.
+    let mut b = Console::authed(server.addr, "orders", "orders-secret").await;
+    b.writer
+        .write_all(b"ACQUIRE orders/x 60000 60000 RELEASE_ON_DISCONNECT\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    while !admin.cmd("INSPECT orders/x").await.contains("waiters=1") {
+        assert!(Instant::now() < deadline, "b never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        admin
+            .cmd(&format!("RELEASE orders/x {}", lease_of(&x)))
+            .await,
+        "OK"
+    );
+    assert!(
+        b.line().await.unwrap().starts_with("OK token="),
+        "handed off"
+    );
+    assert_eq!(code_of(&a.cmd("ACQUIRE orders/h6 60000").await), "QUOTA");
+    // b leaves; its release-on-disconnect lock goes, and with it the place.
+    drop(b);
+    until(&mut a, "ACQUIRE orders/h6 60000", "OK").await;
     server.stop().await;
 }
 

@@ -2,7 +2,7 @@
 //! connection is, which keys and operations that identity may use, and its waiter quota.
 //! Without identities none of this runs beyond one `Option` test per request.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use super::requests::Later;
 use super::Conn;
 use crate::console;
 use crate::executor::Outcome;
-use crate::identity::{Identities, Identity};
+use crate::identity::{try_take_held, Identities, Identity};
 use crate::journal::TICKET_NOW;
 
 /// Failed AUTHs after which the connection is closed.
@@ -135,27 +135,37 @@ impl Conn {
                 return reply(response);
             }
         }
-        let waits = matches!(request, Request::Acquire { wait_ms, .. } if wait_ms > 0);
-        let usage = match &self.ctx.auth {
-            Auth::As { usage, .. } if waits => Some(Arc::clone(usage)),
-            _ => None,
+        let (Some(identity), Auth::As { usage, .. }) = (identity, &self.ctx.auth) else {
+            return self.execute(id, request, received_ms);
         };
-        if let (Some(usage), Some(identity)) = (&usage, &identity) {
-            if !usage.try_take_waiter(identity.waiters_max) {
-                let max = identity.waiters_max.unwrap_or(0);
-                let message = format!(
-                    "waiters-max: identity `{}` has {max} acquires waiting already",
-                    identity.name
-                );
-                return reply(error(ErrorCode::Quota, message));
-            }
+        let Request::Acquire { wait_ms, .. } = request else {
+            return self.execute(id, request, received_ms);
+        };
+        let usage = Arc::clone(usage);
+        let Some(place) = try_take_held(&usage, identity.held_max) else {
+            let max = identity.held_max.unwrap_or(0);
+            let message = format!(
+                "held-max: identity `{}` holds (or waits for) {max} locks already",
+                identity.name
+            );
+            return reply(error(ErrorCode::Quota, message));
+        };
+        let waits = wait_ms > 0;
+        if waits && !usage.try_take_waiter(identity.waiters_max) {
+            let max = identity.waiters_max.unwrap_or(0);
+            let message = format!(
+                "waiters-max: identity `{}` has {max} acquires waiting already",
+                identity.name
+            );
+            return reply(error(ErrorCode::Quota, message));
         }
+        self.ctx.held_place = Some(Arc::new(Mutex::new(Some(place))));
         let outcome = self.execute(id, request, received_ms);
-        // The place stays taken while the acquire waits in line; `ConnCtx` gives it back.
-        if let Some(usage) = usage {
-            if !matches!(outcome, Outcome::Wait { .. }) {
-                usage.give_back_waiter();
-            }
+        // Unless a grant kept it or a waiter holds it, the held place is given back here.
+        self.ctx.held_place = None;
+        // The waiter place stays taken while the acquire waits; `ConnCtx` gives it back.
+        if waits && !matches!(outcome, Outcome::Wait { .. }) {
+            usage.give_back_waiter();
         }
         outcome
     }

@@ -34,6 +34,8 @@ pub struct ConnCtx {
     pub drained: Vec<WatchEvent>,
     /// Who this connection is, when identities are configured.
     pub auth: Auth,
+    /// The held-locks place of the acquire being run (identities only): a grant keeps it.
+    pub held_place: Option<crate::identity::PlaceCell>,
 }
 
 /// A connection's standing when identities are configured.
@@ -76,6 +78,7 @@ impl ConnCtx {
             watches: HashMap::new(),
             drained: Vec::new(),
             auth: Auth::Open,
+            held_place: None,
         }
     }
 

@@ -36,7 +36,11 @@ impl Executor {
             return Outcome::Reply(refusal, TICKET_NOW);
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0).then(|| WaitSlot::new(tx, *release_on_disconnect, received_ms));
+        let waiter = (*wait_ms > 0).then(|| {
+            let mut slot = WaitSlot::new(tx, *release_on_disconnect, received_ms);
+            slot.held_place = ctx.held_place.clone();
+            slot
+        });
         let args = AcquireArgs {
             key,
             lease_id: LeaseId::from_u128(rand::random()),
@@ -120,6 +124,7 @@ impl Executor {
             }
         };
         Stats::bump(&self.stats.grants);
+        self.hold(token, ctx.held_place.as_ref());
         self.watches.notify(key, EventKind::Granted, token, meta);
         if *release_on_disconnect {
             ctx.own(key.clone(), lease_id);
