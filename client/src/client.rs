@@ -49,6 +49,41 @@ pub struct ClientConfig {
     /// Most requests kept in flight on the connection; the server's cap (announced in the
     /// handshake) wins when it is lower.
     pub in_flight_max: u32,
+    /// The identity to authenticate as, right after the handshake of every connection
+    /// (reconnects included); `None` for a server without identities.
+    pub credentials: Option<Credentials>,
+}
+
+/// [`ClientConfig`] by another name: the options a [`Client`] is made with.
+pub type ClientOptions = ClientConfig;
+
+impl ClientConfig {
+    /// These options, authenticating as `name` with `secret` on every connection.
+    pub fn with_credentials(mut self, name: impl Into<String>, secret: impl Into<Bytes>) -> Self {
+        self.credentials = Some(Credentials {
+            name: name.into(),
+            secret: secret.into(),
+        });
+        self
+    }
+}
+
+/// An identity's name and secret. `Debug` does not show the secret.
+#[derive(Clone)]
+pub struct Credentials {
+    /// The identity's name.
+    pub name: String,
+    /// Its secret.
+    pub secret: Bytes,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("name", &self.name)
+            .field("secret", &"<secret>")
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -59,6 +94,7 @@ impl Default for ClientConfig {
             reconnect_delay_min: Duration::from_millis(50),
             reconnect_delay_max: Duration::from_secs(5),
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
+            credentials: None,
         }
     }
 }
@@ -220,6 +256,22 @@ fn unexpected(request: &str, response: Response) -> Error {
     }
 }
 
+/// Sends AUTH on a new connection, before anything else; closes it if refused.
+async fn authenticate(conn: &Arc<Conn>, credentials: &Credentials) -> Result<()> {
+    let request = Request::Auth {
+        name: Bytes::copy_from_slice(credentials.name.as_bytes()),
+        secret: tenure_protocol::Secret(credentials.secret.clone()),
+    };
+    request.validate().map_err(Error::invalid)?;
+    match conn.call(request).await? {
+        Response::Authenticated { .. } => Ok(()),
+        other => {
+            conn.shared.fail("authentication refused");
+            Err(unexpected("AUTH", other))
+        }
+    }
+}
+
 impl Client {
     /// Connects to `addr` (`host:port`) with the default [`ClientConfig`].
     ///
@@ -307,10 +359,13 @@ impl Client {
             tokio::time::sleep_until(retry_at).await;
         }
         let config = &self.inner.config;
-        let opened = tokio::time::timeout(
-            config.connect_timeout,
-            Conn::open(&self.inner.addr, config.in_flight_max),
-        )
+        let opened = tokio::time::timeout(config.connect_timeout, async {
+            let conn = Conn::open(&self.inner.addr, config.in_flight_max).await?;
+            if let Some(credentials) = &config.credentials {
+                authenticate(&conn, credentials).await?;
+            }
+            Ok(conn)
+        })
         .await
         .unwrap_or(Err(Error::Timeout(config.connect_timeout)));
         match opened {

@@ -86,8 +86,8 @@ pub mod lease;
 
 pub use bytes::Bytes;
 pub use client::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, KeyState, LockedBy,
-    ReleaseOutcome, RenewOutcome, Watch, WatchEvent,
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, ClientOptions, Credentials,
+    KeyState, LockedBy, ReleaseOutcome, RenewOutcome, Watch, WatchEvent,
 };
 pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};

@@ -35,6 +35,10 @@ pub struct Cli {
     /// Longest wait for one answer (a blocking acquire adds its wait).
     #[arg(long, global = true, value_parser = duration_flag, default_value = "5s")]
     pub timeout: Duration,
+    /// Authenticate as this identity; the secret is read from the TENURE_SECRET environment
+    /// variable (never from the command line, which other users can read).
+    #[arg(long, global = true, env = "TENURE_IDENTITY")]
+    pub identity: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -36,6 +36,9 @@ const EXIT_NOT_OWNER: u8 = 5;
 /// Exit code when a token does not belong to the live holder.
 const EXIT_STALE: u8 = 6;
 
+/// The environment variable holding the secret of `--identity`.
+const SECRET_VAR: &str = "TENURE_SECRET";
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -69,10 +72,15 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
-    let config = ClientConfig {
+    let mut config = ClientConfig {
         request_timeout: cli.timeout,
         ..ClientConfig::default()
     };
+    if let Some(name) = &cli.identity {
+        let secret = std::env::var(SECRET_VAR)
+            .with_context(|| format!("--identity {name} needs the secret in {SECRET_VAR}"))?;
+        config = config.with_credentials(name.clone(), secret);
+    }
     let client = Client::connect_with(cli.addr.clone(), config)
         .await
         .with_context(|| format!("cannot connect to {}", cli.addr))?;
