@@ -96,9 +96,7 @@ async fn serve(
 
     let stop = CancellationToken::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone()));
-    if let Some(identities) = &shared.identities {
-        spawn_reloader(Arc::clone(identities), stop.clone())?;
-    }
+    spawn_reloader(shared.identities.clone(), stop.clone())?;
     let tracker = TaskTracker::new();
     let accepting = accept_loop(&shared, &listener, &tracker, &stop);
     tokio::pin!(shutdown);
@@ -149,8 +147,12 @@ fn load_identities(
 }
 
 /// Reloads the identities on every SIGHUP until `stop`. A reload that fails keeps the
-/// identities in force and says why in the log; connections stay open either way.
-fn spawn_reloader(identities: Arc<Identities>, stop: CancellationToken) -> Result<(), ServerError> {
+/// identities in force and says why in the log; connections stay open either way. Without
+/// identities a SIGHUP is only logged: its default action would end the server.
+fn spawn_reloader(
+    identities: Option<Arc<Identities>>,
+    stop: CancellationToken,
+) -> Result<(), ServerError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangup = signal(SignalKind::hangup())
         .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
@@ -160,6 +162,10 @@ fn spawn_reloader(identities: Arc<Identities>, stop: CancellationToken) -> Resul
                 _ = stop.cancelled() => return,
                 got = hangup.recv() => if got.is_none() { return },
             }
+            let Some(identities) = &identities else {
+                tracing::info!("SIGHUP: no identities file to reload (identities need a restart)");
+                continue;
+            };
             let reloaded = {
                 let identities = Arc::clone(&identities);
                 tokio::task::spawn_blocking(move || identities.reload()).await

@@ -626,3 +626,23 @@ async fn sighup_reloads_identities_without_dropping_connections() {
         "UNAUTHENTICATED"
     );
 }
+
+#[tokio::test]
+async fn sighup_without_identities_does_not_stop_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::spawn(
+        tenured()
+            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--data-dir"])
+            .arg(dir.path().join("data")),
+    );
+    let addr = daemon.addr();
+    let mut c = Console::connect(addr).await;
+    assert_eq!(c.cmd("PING").await, "PONG");
+    daemon.hangup();
+    daemon.wait_for("no identities file to reload");
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "SIGHUP ended it"
+    );
+    assert_eq!(c.cmd("PING").await, "PONG", "connection kept");
+}
