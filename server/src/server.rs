@@ -167,7 +167,7 @@ fn spawn_reloader(
                 continue;
             };
             let reloaded = {
-                let identities = Arc::clone(&identities);
+                let identities = Arc::clone(identities);
                 tokio::task::spawn_blocking(move || identities.reload()).await
             };
             match reloaded {
