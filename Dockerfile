@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # tenured in a container. Build from the repository root:
 #   docker build -t tenured .
-# Run (see README.md "Running as a service" for why the listen address is set by hand):
+# Run (see README.md "Identities and permissions": a non-loopback address needs identities):
 #   docker run -d --name tenured -e TENURE_LISTEN=0.0.0.0:7878 \
+#     -e TENURE_IDENTITIES=/etc/tenure/identities.toml \
+#     -v "$PWD/identities.toml:/etc/tenure/identities.toml:ro" \
 #     -p 127.0.0.1:7878:7878 -v tenure-data:/var/lib/tenure tenured
 
 # ---- build: the workspace's MSRV toolchain, on the same Debian release as the runtime so the
@@ -25,9 +27,10 @@ RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/tenure \
 COPY --from=builder /usr/local/bin/tenured /usr/local/bin/tenured
 COPY server/deploy/tenured.toml /etc/tenure/tenured.toml
 # The sample config listens on 127.0.0.1, which is unreachable from outside the container. It
-# is not changed to 0.0.0.0 here on purpose: tenured has no authentication yet, so anything that
-# can reach the port can take or release any lock. Opt in with TENURE_LISTEN=0.0.0.0:7878 and
-# publish the port only on a trusted address (-p 127.0.0.1:7878:7878).
+# is not changed to 0.0.0.0 here on purpose: without identities anything that can reach the
+# port could take or release any lock, and tenured refuses a non-loopback address unless
+# TENURE_IDENTITIES names an identities file (or TENURE_INSECURE_NO_AUTH=true, for a
+# throwaway test). Secrets travel in the clear: publish the port only on a trusted network.
 USER tenure
 EXPOSE 7878
 VOLUME ["/var/lib/tenure"]
