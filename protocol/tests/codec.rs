@@ -157,6 +157,49 @@ fn granted_layout_ends_with_waited_ms() {
     assert_eq!(decode_response(opcode, body).unwrap(), granted);
 }
 
+/// AUTH and AUTHENTICATED, byte by byte as PROTOCOL.md 3.7 draws them.
+#[test]
+fn auth_layout_is_the_documented_one() {
+    let auth = Request::Auth {
+        name: Bytes::from_static(b"orders"),
+        secret: tenure_protocol::Secret(Bytes::from_static(b"s3cret")),
+    };
+    let mut buf = BytesMut::new();
+    encode_request(1, &auth, &mut buf);
+    let mut expected = vec![0, 0, 0, 0x19, 0x0a, 0, 0, 0, 0, 0, 0, 0, 1];
+    expected.extend_from_slice(b"\x00\x06orders\x00\x06s3cret");
+    assert_eq!(&buf[..], &expected[..]);
+    let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+    assert_eq!((opcode, id), (0x0a, 1));
+    assert_eq!(decode_request(opcode, body).unwrap(), auth);
+    assert!(
+        !format!("{auth:?}").contains("s3cret"),
+        "Debug hides the secret"
+    );
+
+    let reply = Response::Authenticated {
+        name: Bytes::from_static(b"orders"),
+    };
+    encode_response(1, &reply, &mut buf);
+    assert_eq!(&buf[4..5], &[0x8f]);
+    assert_eq!(&buf[13..], b"\x00\x06orders");
+    for code in [
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::Quota,
+    ] {
+        assert_eq!(ErrorCode::from_u16(code as u16), code, "{code} is in ALL");
+    }
+    assert_eq!(
+        (
+            ErrorCode::Unauthenticated as u16,
+            ErrorCode::Forbidden as u16,
+            ErrorCode::Quota as u16
+        ),
+        (20, 21, 22)
+    );
+}
+
 /// Every strict prefix of a valid frame is "not yet" and consumes nothing.
 #[test]
 fn every_truncated_prefix_waits_for_more() {
