@@ -38,9 +38,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A server with identities wants credentials, sent as AUTH on every (re)connect:
+//! `Client::connect_with(addr, ClientOptions::default().with_credentials("orders", secret))`.
+//!
 //! # Layout
 //! - [`client`]: [`Client`], one pipelined connection shared by many tasks; typed outcomes;
-//!   [`Watch`] streams; reconnection with backoff.
+//!   [`Watch`] streams; reconnection with backoff; [`ClientOptions`] with [`Credentials`].
 //! - `conn` (private): the connection's handshake, writer task and reader task.
 //! - [`lease`]: [`Lease`] with a local deadline that never over-estimates, and [`LeaseGuard`]
 //!   renewing in the background and reporting loss.
