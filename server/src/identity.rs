@@ -30,6 +30,10 @@ use serde::Deserialize;
 pub const PREFIX_ALL: &str = "*";
 /// Bytes of random salt per hash.
 const SALT_LEN: usize = 16;
+/// Most AUTHs verified at once, server-wide. Each argon2 verification takes ~19 MiB and tens
+/// of milliseconds of a core; unbounded, a flood of AUTHs would fill the blocking pool (512
+/// threads) and gigabytes of memory. Beyond it AUTHs wait their turn.
+pub const VERIFIES_AT_ONCE_MAX: usize = 4;
 
 /// One identity as the file spells it.
 #[derive(Debug, Deserialize)]
@@ -160,6 +164,8 @@ pub struct Identities {
     owners: Mutex<HashMap<u64, HeldPlace>>,
     /// Verified against when the name is unknown, so the miss costs what a hit costs.
     dummy_hash: String,
+    /// Places for verifications running at once (see [`VERIFIES_AT_ONCE_MAX`]).
+    verifying: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Identities {
@@ -185,6 +191,7 @@ impl Identities {
             usage: Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
             dummy_hash,
+            verifying: Arc::new(tokio::sync::Semaphore::new(VERIFIES_AT_ONCE_MAX)),
         })
     }
 
@@ -231,6 +238,21 @@ impl Identities {
             .expect("owners lock poisoned")
             .remove(&token);
         drop(place); // after the lock: giving back needs no lock
+    }
+
+    /// [`Identities::verify`] on a blocking thread, at most [`VERIFIES_AT_ONCE_MAX`] at once.
+    pub async fn verify_bounded(
+        self: Arc<Self>,
+        name: bytes::Bytes,
+        secret: bytes::Bytes,
+    ) -> Option<String> {
+        let permit = Arc::clone(&self.verifying).acquire_owned().await.ok()?;
+        let verified = tokio::task::spawn_blocking(move || {
+            let verified = self.verify(&name, &secret);
+            drop(permit);
+            verified
+        });
+        verified.await.ok().flatten()
     }
 
     /// Checks `secret` against identity `name`; the name if it matches. Slow on purpose
@@ -362,6 +384,27 @@ mod tests {
         assert!(err.contains("secret-hash"), "{err}");
         let twice = format!("{}{}", file(&hash, ""), file(&hash, ""));
         assert!(parse(&twice).unwrap_err().contains("twice"));
+    }
+
+    #[tokio::test]
+    async fn bounded_verifies_all_finish_and_give_their_places_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.toml");
+        std::fs::write(&path, file(&hash_secret(b"pw").unwrap(), "")).unwrap();
+        let ids = Arc::new(Identities::load(&path).unwrap());
+        let attempts = (0..VERIFIES_AT_ONCE_MAX * 2).map(|i| {
+            let secret = if i % 2 == 0 { "pw" } else { "wrong" };
+            let verify = Arc::clone(&ids).verify_bounded("a".into(), secret.into());
+            tokio::spawn(verify)
+        });
+        let results: Vec<_> = futures_util::future::join_all(attempts).await;
+        let names: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            names.iter().filter(|n| n.as_deref() == Some("a")).count(),
+            VERIFIES_AT_ONCE_MAX
+        );
+        assert_eq!(ids.verifying.available_permits(), VERIFIES_AT_ONCE_MAX);
+        assert_eq!(ids.verify(b"nobody", b"pw"), None);
     }
 
     #[test]

@@ -57,11 +57,7 @@ impl Conn {
             }
         };
         self.later.push(Box::pin(async move {
-            let verify = {
-                let name = name.clone();
-                tokio::task::spawn_blocking(move || identities.verify(&name, &secret.0))
-            };
-            let verified = verify.await.ok().flatten();
+            let verified = identities.verify_bounded(name.clone(), secret.0).await;
             if verified.is_none() {
                 tokio::time::sleep(failure_delay(failures + 1)).await;
             }
