@@ -130,6 +130,7 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
         ..WalOptions::default()
     };
     let dir = storage.path("");
+    // Real time on purpose: this only measures how long recovery took, for the log.
     let started = std::time::Instant::now();
     let (wal, recovered) =
         tokio::task::spawn_blocking(move || wal::open_with_storage(storage, options))
