@@ -741,7 +741,11 @@ mod tests {
         }
         let started = Instant::now();
         assert!(matches!(client.ping().await, Err(Error::Timeout(_))));
-        assert_eq!(started.elapsed(), Duration::from_millis(100), "virtual time, exactly");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100),
+            "virtual time, exactly"
+        );
         assert!(
             client.is_connected(),
             "a timeout does not close the connection"

@@ -756,7 +756,11 @@ mod tests {
         let guard = guard(&server).await;
         let give_up_at = guard.deadline() - Duration::from_millis(u64::from(TTL_MS) / 10);
         let reason = guard.lost().await;
-        assert_eq!(Instant::now(), give_up_at, "retried until deadline - margin, exactly");
+        assert_eq!(
+            Instant::now(),
+            give_up_at,
+            "retried until deadline - margin, exactly"
+        );
         match reason {
             LossReason::Expired {
                 last_error: Some(e),
