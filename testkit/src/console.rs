@@ -53,6 +53,16 @@ impl Console {
         self.send(&format!("{text}\n")).await;
         self.line().await
     }
+
+    /// The reading half, for tests that read otherwise than line by line.
+    pub fn reader(&mut self) -> &mut BufReader<tokio::net::tcp::OwnedReadHalf> {
+        &mut self.reader
+    }
+
+    /// The writing half, for tests that write what `send` would not (bytes that are no text).
+    pub fn writer(&mut self) -> &mut tokio::net::tcp::OwnedWriteHalf {
+        &mut self.writer
+    }
 }
 
 /// A console session over blocking sockets, for tests that run clients on threads.

@@ -34,8 +34,9 @@ pub struct Tenured<'a> {
     pub bin: &'a Path,
     /// `--data-dir`.
     pub dir: &'a Path,
-    /// A directory for the daemon's log (one file per start), so a failed start can say why.
-    pub logs: &'a Path,
+    /// A directory for the daemon's log (one file per start), so a failed start can say why;
+    /// `None` discards the log.
+    pub logs: Option<&'a Path>,
     /// More flags, such as `--no-fsync`.
     pub args: &'a [&'a str],
 }
@@ -77,15 +78,20 @@ impl Daemon {
     /// `Err` carries the log of a daemon that exited instead of listening.
     pub fn try_start(what: Tenured<'_>, addr: SocketAddr) -> Result<Daemon, String> {
         let n = DAEMONS_STARTED.fetch_add(1, Ordering::Relaxed);
-        let log_path: PathBuf = what.logs.join(format!("tenured-{n}.log"));
-        let log = std::fs::File::create(&log_path).expect("create the daemon's log");
+        let log_path: Option<PathBuf> = what.logs.map(|logs| logs.join(format!("tenured-{n}.log")));
+        let stderr = match &log_path {
+            Some(path) => {
+                Stdio::from(std::fs::File::create(path).expect("create the daemon's log"))
+            }
+            None => Stdio::null(),
+        };
         let child = Command::new(what.bin)
             .args(["--listen", &addr.to_string(), "--data-dir"])
             .arg(what.dir)
             .args(what.args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
+            .stderr(stderr)
             .spawn()
             .expect("spawn tenured");
         let mut daemon = Daemon { child, addr };
@@ -95,14 +101,15 @@ impl Daemon {
                 return Ok(daemon);
             }
             if daemon.child.try_wait().expect("try_wait").is_some() {
-                return Err(std::fs::read_to_string(&log_path).unwrap_or_default());
+                let log = log_path.map(std::fs::read_to_string);
+                return Err(log.and_then(Result::ok).unwrap_or_default());
             }
             std::thread::sleep(POLL_INTERVAL);
         }
         daemon.kill9();
         Err(format!(
-            "not listening after {START_WAIT_MAX:?}; log {}",
-            log_path.display()
+            "not listening after {START_WAIT_MAX:?}; log {:?}",
+            log_path
         ))
     }
 
@@ -120,12 +127,17 @@ impl Daemon {
     /// Sends SIGTERM and waits (up to 10 s, else panics) for the child to exit.
     pub fn sigterm_and_wait(&mut self) -> ExitStatus {
         signal(self.pid(), "TERM");
+        self.wait_exit()
+    }
+
+    /// Waits (up to 10 s, else panics) for the child to exit, after a signal already sent.
+    pub fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + START_WAIT_MAX;
         loop {
             if let Some(exit) = self.child.try_wait().expect("try_wait") {
                 return exit;
             }
-            assert!(Instant::now() < deadline, "tenured did not exit on SIGTERM");
+            assert!(Instant::now() < deadline, "tenured did not exit");
             std::thread::sleep(POLL_INTERVAL);
         }
     }

@@ -15,10 +15,37 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tenure_server::{Config, Durability};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
+
+/// The period of a [`Heartbeat`]: the most virtual time one idle moment may skip.
+const HEARTBEAT_PERIOD: Duration = Duration::from_millis(1);
+
+/// A task that keeps a timer due every millisecond while it lives, for tests on a paused
+/// clock whose server has no ticker of its own to bound how far tokio skips ahead while a
+/// reply is on its way (see the module comment). Stops when dropped.
+pub struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    /// Starts beating on the current runtime.
+    pub fn start() -> Heartbeat {
+        Heartbeat(tokio::spawn(async {
+            loop {
+                tokio::time::sleep(HEARTBEAT_PERIOD).await;
+            }
+        }))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// A server running in the test's own runtime.
 pub struct Server {
@@ -54,6 +81,30 @@ impl Server {
         }
     }
 
+    /// Starts a server with `config` and its WAL in `storage` (`tenure_server::run_with_storage`).
+    pub async fn start_with_storage(
+        config: Config,
+        storage: Arc<dyn tenure_server::wal::Storage>,
+    ) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind port 0");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(tenure_server::run_with_storage(
+            config, storage, listener, shutdown,
+        ));
+        Server {
+            addr,
+            stop: Some(stop),
+            task,
+            _data: None,
+        }
+    }
+
     /// Starts a server for a test on a paused clock (see the module comment), with data in a
     /// temporary directory of its own, and returns once it answers.
     pub async fn start_virtual() -> Server {
@@ -63,12 +114,18 @@ impl Server {
     /// [`Server::start_virtual`] with `tweak` applied to the configuration.
     pub async fn start_virtual_with(tweak: impl FnOnce(&mut Config)) -> Server {
         let data = tempfile::tempdir().expect("temp dir");
-        let mut config = Config::for_tests(data.path());
+        let mut server = Server::start_virtual_at(data.path(), tweak).await;
+        server._data = Some(data);
+        server
+    }
+
+    /// [`Server::start_virtual_with`], data in `dir` (to restart on it).
+    pub async fn start_virtual_at(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Server {
+        let mut config = Config::for_tests(dir);
         config.durability = Durability::Tokens;
         config.token_block = 1 << 20;
         tweak(&mut config);
-        let mut server = Server::start_with(config).await;
-        server._data = Some(data);
+        let server = Server::start_with(config).await;
         server.wait_ready().await;
         server
     }
@@ -102,13 +159,22 @@ impl Server {
             .expect("connect to the test server")
     }
 
+    /// Starts shutting down without waiting for it.
+    pub fn trigger_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Shuts the server down cleanly and checks it stopped without an error.
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().expect("stopped once").send(());
-        self.task
-            .await
-            .expect("server task")
-            .expect("server stopped cleanly");
+    pub async fn stop(self) {
+        self.stop_result().await.expect("server stopped cleanly");
+    }
+
+    /// Shuts the server down and returns what `run` returned.
+    pub async fn stop_result(mut self) -> anyhow::Result<()> {
+        self.trigger_stop();
+        (&mut self.task).await.expect("server task")
     }
 }
 

@@ -21,7 +21,7 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage, Storage};
 use tenure_server::Config;
+use tenure_testkit::{field, signal, token, Daemon, LineConn, Tenured};
 
 /// TTL of the leases the mixed load takes: far longer than a test, so nothing expires.
 const LEASE_TTL_MS: u32 = 60_000;
@@ -73,52 +74,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().expect("a test thread panicked")
 }
 
-/// A console session over blocking TCP: one line out, one line back.
-struct LineConn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl LineConn {
-    fn connect(addr: SocketAddr) -> io::Result<LineConn> {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(REPLY_WAIT_MAX))?;
-        stream.set_nodelay(true)?;
-        Ok(LineConn {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
-        })
-    }
-
-    fn send(&mut self, text: &str) -> io::Result<()> {
-        self.writer.write_all(text.as_bytes())
-    }
-
-    fn line(&mut self) -> io::Result<String> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(line.trim_end().to_string())
-    }
-
-    fn cmd(&mut self, text: &str) -> io::Result<String> {
-        self.send(&format!("{text}\n"))?;
-        self.line()
-    }
-}
-
-/// Reads `name=value` out of a reply line.
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
-}
-
-fn token(line: &str) -> u64 {
-    field(line, "token").parse().unwrap()
-}
-
 /// The holder's token in an INSPECT reply, `None` for FREE.
 fn inspected(reply: &str) -> Option<u64> {
     if reply == "FREE" {
@@ -131,90 +86,19 @@ fn inspected(reply: &str) -> Option<u64> {
     Some(token(reply))
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The real `tenured` binary, fsync on, its log in a file so a failed start can say why.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-/// Distinguishes the log files of the daemons one test process starts.
-static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
-
-impl Daemon {
-    /// Starts on a free port and waits until it accepts connections.
-    fn start(dir: &Path, logs: &Path) -> Daemon {
-        for _ in 0..5 {
-            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            if let Ok(daemon) = Daemon::try_start(dir, logs, addr) {
-                return daemon;
-            }
-        }
-        panic!("tenured did not start on any of 5 ports");
-    }
-
-    /// Starts on `addr`, retrying for a while if the port is not free again yet.
-    fn start_on(dir: &Path, logs: &Path, addr: SocketAddr) -> Daemon {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Daemon::try_start(dir, logs, addr) {
-                Ok(daemon) => return daemon,
-                Err(log) if Instant::now() < deadline && log.contains("cannot listen") => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(log) => panic!("tenured did not start on {addr}:\n{log}"),
-            }
-        }
-    }
-
-    /// `Err` carries the log of a daemon that exited instead of listening.
-    fn try_start(dir: &Path, logs: &Path, addr: SocketAddr) -> Result<Daemon, String> {
-        let n = DAEMONS_STARTED.fetch_add(1, Ordering::Relaxed);
-        let log_path = logs.join(format!("tenured-{n}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
-            .args(["--listen", &addr.to_string(), "--data-dir"])
-            .arg(dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let mut daemon = Daemon { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect(addr).is_ok() {
-                return Ok(daemon);
-            }
-            if daemon.child.try_wait().unwrap().is_some() {
-                return Err(std::fs::read_to_string(&log_path).unwrap_or_default());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        daemon.kill9();
-        Err(format!(
-            "not listening after 10 s; log {}",
-            log_path.display()
-        ))
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill(); // SIGKILL, to the PID this test started
-        let _ = self.child.wait();
+/// What the real `tenured` of these tests is: fsync on, its log kept in `logs`.
+fn tenured<'a>(dir: &'a Path, logs: &'a Path) -> Tenured<'a> {
+    Tenured {
+        bin: crate::tenured_bin(),
+        dir,
+        logs: Some(logs),
+        args: &[],
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill9();
-    }
+/// Starts the real `tenured` on a free port, data in `dir`, its log in `logs`.
+fn daemon(dir: &Path, logs: &Path) -> Daemon {
+    Daemon::start(tenured(dir, logs))
 }
 
 /// A server in this process on its own runtime, for tests that hand it a storage.
@@ -476,7 +360,7 @@ fn run_client(
     unavailable_ok: bool,
     (stop, dying): (&AtomicBool, &AtomicBool),
 ) {
-    let conn = LineConn::connect(addr).expect("connect to a running server");
+    let conn = LineConn::connect(addr, REPLY_WAIT_MAX).expect("connect to a running server");
     let mut client = Client {
         conn,
         model,
@@ -500,7 +384,7 @@ fn run_client(
 /// Sends `count` acquires of fresh keys in one write and reads the replies in order; the ones
 /// not answered when the server dies are recorded as maybe granted.
 fn run_burst(addr: SocketAddr, model: &Mutex<Model>, prefix: &str, count: usize) {
-    let Ok(mut conn) = LineConn::connect(addr) else {
+    let Ok(mut conn) = LineConn::connect(addr, REPLY_WAIT_MAX) else {
         return; // the server was already killed
     };
     let keys: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
@@ -540,7 +424,7 @@ fn run_burst(addr: SocketAddr, model: &Mutex<Model>, prefix: &str, count: usize)
 /// token and renews; nothing else is held unless a request for it may have reached the disk;
 /// a new grant's token is above every token seen. Resolves the unknowns for the next round.
 fn verify_after_restart(addr: SocketAddr, model: &Mutex<Model>, probe_key: &str) {
-    let mut conn = LineConn::connect(addr).expect("connect after restart");
+    let mut conn = LineConn::connect(addr, REPLY_WAIT_MAX).expect("connect after restart");
     let mut model = lock(model);
     let model = &mut *model;
     for lease in std::mem::take(&mut model.must_return) {
@@ -639,7 +523,7 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
     let model = Mutex::new(Model::default());
     let started = Instant::now();
     for cycle in 0..cycles {
-        let mut daemon = Daemon::start(dir.path(), logs.path());
+        let mut daemon = daemon(dir.path(), logs.path());
         if cycle > 0 {
             verify_after_restart(daemon.addr, &model, &format!("probe-{cycle}"));
         }
@@ -674,7 +558,7 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
             model.ghosts.len()
         );
     }
-    let daemon = Daemon::start(dir.path(), logs.path());
+    let daemon = daemon(dir.path(), logs.path());
     verify_after_restart(daemon.addr, &model, "probe-final");
     let model = lock(&model);
     assert!(
@@ -718,7 +602,7 @@ struct SmallLog {
 fn small_log() -> SmallLog {
     let dir = tempfile::tempdir().unwrap();
     let server = InProcess::start(Config::for_tests(dir.path()), None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
     assert_eq!(conn.cmd("PING").unwrap(), "PONG");
     let segment = only_segment(dir.path());
     let len = || std::fs::metadata(&segment).unwrap().len() as usize;
@@ -749,7 +633,7 @@ fn torn_tail_at_every_offset_recovers_through_run() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(&log.name), &log.bytes[..cut]).unwrap();
         let server = InProcess::start(Config::for_tests(dir.path()), None);
-        let mut conn = LineConn::connect(server.addr).unwrap();
+        let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         let first = conn.cmd("INSPECT first").unwrap();
         assert_eq!(inspected(&first), Some(t_first), "cut at {cut}: {first}");
         let last = inspected(&conn.cmd("INSPECT last").unwrap());
@@ -866,7 +750,7 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
 /// With the WAL failed: reads still work, acknowledged leases still stand and renew, and
 /// changes are refused as not durable.
 fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut StdRng) {
-    let mut conn = LineConn::connect(addr).unwrap();
+    let mut conn = LineConn::connect(addr, REPLY_WAIT_MAX).unwrap();
     assert_eq!(conn.cmd("PING").unwrap(), "PONG");
     let stats = conn.cmd("STATS").unwrap();
     assert!(stats.starts_with("OK held="), "{stats}");
@@ -1024,7 +908,7 @@ impl Fenced {
                 if self.pause_next_read && self.paused.is_none() {
                     self.pause_next_read = false;
                     let pid = self.pids[&worker];
-                    signal(pid, "-STOP");
+                    signal(pid, "STOP");
                     self.paused = Some(Paused {
                         pid,
                         since: Instant::now(),
@@ -1039,15 +923,6 @@ impl Fenced {
             _ => panic!("bad resource request {line:?}"),
         }
     }
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to a process this test started.
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
 }
 
 /// The fenced resource's listener: a thread per connection, all stopping with `stop`.
@@ -1135,7 +1010,7 @@ fn start_workers(server: SocketAddr, resource: SocketAddr, seed: u64, secs: u64)
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "fence_worker",
+                    "faults::fence_worker",
                     "--ignored",
                     "--nocapture",
                     "--test-threads",
@@ -1167,11 +1042,11 @@ fn fence_worker() {
     let id: u32 = parts[2].parse().unwrap();
     let mut rng = StdRng::seed_from_u64(parts[3].parse().unwrap());
     let deadline = Instant::now() + Duration::from_secs(parts[4].parse().unwrap());
-    let mut res = LineConn::connect(resource).expect("connect to the resource");
+    let mut res = LineConn::connect(resource, REPLY_WAIT_MAX).expect("connect to the resource");
     let mut conn: Option<LineConn> = None;
     while Instant::now() < deadline {
         if conn.is_none() {
-            match LineConn::connect(server) {
+            match LineConn::connect(server, REPLY_WAIT_MAX) {
                 Ok(c) => conn = Some(c),
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(20)); // restarting
@@ -1226,7 +1101,7 @@ fn pause_step(fenced: &Mutex<Fenced>, rng: &mut StdRng, next_pause: &mut Instant
             None => elapsed >= p.length,
         };
         if over {
-            signal(p.pid, "-CONT");
+            signal(p.pid, "CONT");
             st.paused = None;
             *next_pause = now + Duration::from_millis(rng.random_range(100..400));
             return true;
@@ -1238,7 +1113,7 @@ fn pause_step(fenced: &Mutex<Fenced>, rng: &mut StdRng, next_pause: &mut Instant
         } else {
             let worker = rng.random_range(0..FENCE_WORKERS);
             let pid = st.pids[&worker];
-            signal(pid, "-STOP");
+            signal(pid, "STOP");
             st.paused = Some(Paused {
                 pid,
                 since: now,
@@ -1256,7 +1131,7 @@ fn paused_workers_and_crashes_never_apply_a_stale_write() {
     let secs = env_count("TENURE_SOAK_SECS", FENCE_SECS_DEFAULT, FENCE_SECS_MAX);
     let mut rng = StdRng::seed_from_u64(seed);
     let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut daemon = Daemon::start(dir.path(), logs.path());
+    let mut daemon = daemon(dir.path(), logs.path());
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let resource_addr = listener.local_addr().unwrap();
     let fenced = Arc::new(Mutex::new(Fenced::default()));
@@ -1280,7 +1155,7 @@ fn paused_workers_and_crashes_never_apply_a_stale_write() {
         if Instant::now() >= next_restart && (restart_marks.len() as u64) < restarts_planned {
             daemon.kill9();
             restart_marks.push(lock(&fenced).audit.len());
-            daemon = Daemon::start_on(dir.path(), logs.path(), daemon.addr);
+            daemon = Daemon::start_on(tenured(dir.path(), logs.path()), daemon.addr);
             next_restart += restart_every;
         }
     }
@@ -1368,7 +1243,7 @@ struct OneFault {
 impl OneFault {
     fn start() -> (OneFault, tempfile::TempDir) {
         let (config, faults, server, dir) = faulty_server();
-        let conn = LineConn::connect(server.addr).unwrap();
+        let conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         let one = OneFault {
             config,
             faults,
@@ -1399,7 +1274,7 @@ impl OneFault {
         let stopped = self.server.stop();
         assert!(stopped.is_err(), "the final sync must report the failure");
         let server = InProcess::start(self.config, None);
-        let conn = LineConn::connect(server.addr).unwrap();
+        let conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         (server, conn)
     }
 }
