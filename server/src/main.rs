@@ -117,22 +117,29 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
+        // Installed before the port is bound: a handler installed lazily, when `run` first
+        // polls the future, lets a SIGTERM that arrives in between go unnoticed.
+        let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
-        tenure_server::run(config, listener, shutdown_signal()).await
+        tenure_server::run(config, listener, shutdown).await
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())
 }
 
-/// Completes on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, and returns a future that completes on the
+/// first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

@@ -127,6 +127,7 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
             SyncMode::Off
         },
         segment_size_max: config.wal_segment_size_max,
+        token_floor_margin: config.token_block,
         ..WalOptions::default()
     };
     let dir = storage.path("");

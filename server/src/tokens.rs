@@ -4,7 +4,8 @@
 //! reserves tokens in blocks: it writes "tokens below L may be used" to the WAL, waits for the
 //! sync, and only then raises this allocator's `limit` to L. The allocator never hands out a
 //! token at or above the limit, so every token a client has seen is covered by a synced
-//! reservation, and recovery restarts at the last reserved limit, above all of them.
+//! reservation, and recovery restarts one block above the last reserved limit it finds, above
+//! all of them even if a disk lost that last reservation (the WAL's "Token floor" docs).
 //!
 //! Allocation is one compare-and-swap on a shared counter, so shards (each behind its own
 //! mutex) do not contend on a lock to get tokens; tokens are strictly increasing in the order

@@ -13,7 +13,8 @@
 //! - A record is *durable* once [`Wal::durable_lsn`] reaches its [`Lsn`]; the server replies
 //!   to a client (and so shows a fencing token) only after that.
 //! - After restart, every lease granted and not freed by a durable record comes back, and
-//!   [`Recovered::token_floor`] exceeds every token any durable record mentions.
+//!   [`Recovered::token_floor`] exceeds every token any durable record mentions, and every
+//!   token handed out, even if the disk lost the last token reservation (see "Token floor").
 //! - After the first failed write or fsync nothing is written again ("fsyncgate": a failed
 //!   fsync is not retried, since the kernel may have dropped the dirty pages). The durable
 //!   LSN stops, every later append and wait fails, and the process can keep serving reads.
@@ -26,12 +27,17 @@
 //! per segment with no gaps. Every integer is big-endian. Each segment starts with a header:
 //!
 //! ```text
-//!  0        8         12                 20         24
-//!  +--------+---------+------------------+----------+
-//!  | magic  | version |   segment seq    |  crc32   |   magic = "TENUREWL", version = 1
-//!  |  8 B   | u32     |       u64        |   u32    |   crc32 of bytes 0..20
-//!  +--------+---------+------------------+----------+
+//!  0        8         12                 20                 28         32
+//!  +--------+---------+------------------+------------------+----------+
+//!  | magic  | version |   segment seq    |   token floor    |  crc32   |
+//!  |  8 B   | u32     |       u64        |       u64        |   u32    |
+//!  +--------+---------+------------------+------------------+----------+
+//!  magic = "TENUREWL", version = 2, crc32 of bytes 0..28
 //! ```
+//!
+//! The token floor is the log's token high-water mark when the segment was created: every
+//! fencing token handed out before then is below it. Version 1 (24 bytes, no token floor)
+//! is refused by name; this build does not read it.
 //!
 //! then records back to back, each:
 //!
@@ -64,6 +70,25 @@
 //! lease a key already holds changes nothing, which is what lets a snapshot interleave with
 //! live traffic.
 //!
+//! # Token floor
+//! Replay takes the highest of: every Reserve's limit, every Grant's and Free's token plus
+//! one, and every segment header's token floor. A non-empty log then gets one more token
+//! block on top ([`WalOptions::token_floor_margin`], set by the server to its block) before
+//! the new segment's header records the result.
+//!
+//! Why both: a process crash cannot lose a synced record, but a disk that drops synced
+//! bytes at the end of the newest segment can, and a cut at a record boundary looks like a
+//! clean end, so recovery never trusts that it saw the last reservation. Reservations step
+//! by at most one block, and the one before a lost reservation survives, either as a record
+//! or, if every record of the newest segment is lost, in that segment's header, which was
+//! synced before any of them. So a start one block above what survives is above every token
+//! handed out. The margin alone would not do: the header is what keeps the previous start's
+//! margin once a start's snapshot has deleted the older segments. This covers the loss of
+//! one reservation's worth of tail (up to a block of tokens, which at the default block is a
+//! million), not a lost or deleted segment file: a newest segment deleted whole takes its
+//! header with it, and an empty directory starts again at token 1. It costs one block of
+//! token space per start (2^44 starts at the default block).
+//!
 //! # Torn tail or corruption
 //! Only the newest segment can end in a torn write: a segment is fsynced whole before the
 //! next is created, and a new segment's header is fsynced before any record goes in. In the
@@ -88,6 +113,17 @@
 //! that leaves the old segments in place, so replay from the oldest is always complete; a
 //! crash after it but before the deletion is finished by the next [`open`]. Dropping the
 //! [`SnapshotToken`] instead of ending it abandons the snapshot and deletes nothing.
+//!
+//! Every [`open`] starts a new segment, so restarts alone would pile up segments that no
+//! size threshold ever snapshots. When [`open`] finds two segments or more, it writes the
+//! recovered state into the new segment as a snapshot (the same records, synced before the
+//! server starts), then deletes the older segments. After a start the log is at most one
+//! older segment plus the new one, and each start replays the live state plus at most two
+//! runs' worth of traffic, however many restarts came before. A log of one segment is left
+//! alone, so the restart right after a crash costs no more than its replay. A live state too
+//! large for one segment is not snapshotted by [`open`] (recovery refuses segments over
+//! [`SEGMENT_SIZE_LIMIT`]); [`Wal::should_snapshot`] then asks the server for its snapshot,
+//! which rotates, straight away.
 pub mod record;
 pub mod recovery;
 pub mod storage;
@@ -141,6 +177,11 @@ pub struct WalOptions {
     pub pending_bytes_max: usize,
     /// Bytes the syncer writes per fsync at most (group commit batch size).
     pub batch_bytes_max: usize,
+    /// Added to the token floor recovery finds in a non-empty log: the largest step between
+    /// two consecutive token reservations (the server's token block). A disk that loses synced
+    /// bytes at the end of the log may take the last reservation with it; see "Token floor"
+    /// in the module docs. 0 trusts the log's tail.
+    pub token_floor_margin: u64,
 }
 
 impl Default for WalOptions {
@@ -150,6 +191,7 @@ impl Default for WalOptions {
             segment_size_max: SEGMENT_SIZE_MAX_DEFAULT,
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+            token_floor_margin: 0,
         }
     }
 }

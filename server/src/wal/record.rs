@@ -24,10 +24,14 @@ const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::M
 
 /// First bytes of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TENUREWL";
-/// Segment format version written by this build; the only one it reads.
-pub const SEGMENT_VERSION: u32 = 1;
-/// Bytes of the segment header: magic, version (u32), sequence (u64), checksum (u32).
-pub const SEGMENT_HEADER_LEN: usize = 24;
+/// Segment format version written by this build; the only one it reads. Version 1 had no
+/// token floor in the header.
+pub const SEGMENT_VERSION: u32 = 2;
+/// Bytes of the segment header: magic, version (u32), sequence (u64), token floor (u64),
+/// checksum (u32).
+pub const SEGMENT_HEADER_LEN: usize = 32;
+/// Header bytes the checksum covers: all but the checksum itself.
+const SEGMENT_HEADER_CHECKED_LEN: usize = SEGMENT_HEADER_LEN - 4;
 
 /// Grant flag bit: release the lease when the holder's connection closes.
 pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
@@ -343,14 +347,24 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Encodes the header that opens segment `seq`.
-pub fn encode_segment_header(seq: u64) -> [u8; SEGMENT_HEADER_LEN] {
+/// What a segment header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// The segment's sequence number.
+    pub seq: u64,
+    /// Every fencing token handed out before the segment was created is below this.
+    pub token_floor: u64,
+}
+
+/// Encodes the header that opens segment `header.seq`.
+pub fn encode_segment_header(header: SegmentHeader) -> [u8; SEGMENT_HEADER_LEN] {
     let mut out = [0u8; SEGMENT_HEADER_LEN];
     out[0..8].copy_from_slice(&SEGMENT_MAGIC);
     out[8..12].copy_from_slice(&SEGMENT_VERSION.to_be_bytes());
-    out[12..20].copy_from_slice(&seq.to_be_bytes());
-    let crc = crc32fast::hash(&out[0..20]);
-    out[20..24].copy_from_slice(&crc.to_be_bytes());
+    out[12..20].copy_from_slice(&header.seq.to_be_bytes());
+    out[20..28].copy_from_slice(&header.token_floor.to_be_bytes());
+    let crc = crc32fast::hash(&out[..SEGMENT_HEADER_CHECKED_LEN]);
+    out[SEGMENT_HEADER_CHECKED_LEN..].copy_from_slice(&crc.to_be_bytes());
     out
 }
 
@@ -383,28 +397,41 @@ impl fmt::Display for HeaderError {
     }
 }
 
-/// Decodes a segment header, returning the segment's sequence number.
+/// Decodes a segment header.
 ///
 /// # Errors
-/// [`HeaderError`] if the header is short, foreign, damaged or of another version.
-pub fn decode_segment_header(buf: &[u8]) -> Result<u64, HeaderError> {
+/// [`HeaderError`] if the header is short, foreign, damaged or of another version. An older
+/// version is recognised before the length and checksum (its header was shorter), so a
+/// version 1 segment is reported as such rather than as damage.
+pub fn decode_segment_header(buf: &[u8]) -> Result<SegmentHeader, HeaderError> {
+    if buf.get(0..8).is_some_and(|magic| magic != SEGMENT_MAGIC) {
+        return Err(HeaderError::Magic);
+    }
+    let version = buf
+        .get(8..12)
+        .map(|v| u32::from_be_bytes(v.try_into().expect("4 bytes")));
+    if let Some(old @ 1..SEGMENT_VERSION) = version {
+        // An older build's segment, whose header is shorter: name it, do not call it damage.
+        return Err(HeaderError::Version(old));
+    }
     let Some(header) = buf.get(..SEGMENT_HEADER_LEN) else {
         return Err(HeaderError::Incomplete);
     };
-    if header[0..8] != SEGMENT_MAGIC {
-        return Err(HeaderError::Magic);
-    }
-    let stored = u32::from_be_bytes(header[20..24].try_into().expect("4 bytes"));
-    if stored != crc32fast::hash(&header[0..20]) {
+    let stored = u32::from_be_bytes(
+        header[SEGMENT_HEADER_CHECKED_LEN..]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    if stored != crc32fast::hash(&header[..SEGMENT_HEADER_CHECKED_LEN]) {
         return Err(HeaderError::Checksum);
     }
-    let version = u32::from_be_bytes(header[8..12].try_into().expect("4 bytes"));
-    if version != SEGMENT_VERSION {
-        return Err(HeaderError::Version(version));
+    if version != Some(SEGMENT_VERSION) {
+        return Err(HeaderError::Version(version.unwrap_or(0)));
     }
-    Ok(u64::from_be_bytes(
-        header[12..20].try_into().expect("8 bytes"),
-    ))
+    Ok(SegmentHeader {
+        seq: u64::from_be_bytes(header[12..20].try_into().expect("8 bytes")),
+        token_floor: u64::from_be_bytes(header[20..28].try_into().expect("8 bytes")),
+    })
 }
 
 #[cfg(test)]
@@ -556,22 +583,32 @@ mod tests {
 
     #[test]
     fn segment_header_round_trips_and_rejects_damage() {
-        let header = encode_segment_header(0x0123_4567_89ab_cdef);
-        assert_eq!(decode_segment_header(&header), Ok(0x0123_4567_89ab_cdef));
+        let sample = SegmentHeader {
+            seq: 0x0123_4567_89ab_cdef,
+            token_floor: 0xfedc_ba98_7654_3210,
+        };
+        let header = encode_segment_header(sample);
+        assert_eq!(decode_segment_header(&header), Ok(sample));
         assert_eq!(
-            decode_segment_header(&header[..23]),
+            decode_segment_header(&header[..SEGMENT_HEADER_LEN - 1]),
             Err(HeaderError::Incomplete)
         );
         let mut bad = header;
         bad[0] = b'X';
         assert_eq!(decode_segment_header(&bad), Err(HeaderError::Magic));
+        for at in [15, 23] {
+            let mut bad = header;
+            bad[at] ^= 1;
+            assert_eq!(decode_segment_header(&bad), Err(HeaderError::Checksum));
+        }
         let mut bad = header;
-        bad[15] ^= 1;
-        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Checksum));
-        let mut bad = header;
-        bad[8..12].copy_from_slice(&2u32.to_be_bytes());
-        let crc = crc32fast::hash(&bad[0..20]);
-        bad[20..24].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Version(2)));
+        bad[8..12].copy_from_slice(&3u32.to_be_bytes());
+        let crc = crc32fast::hash(&bad[..SEGMENT_HEADER_CHECKED_LEN]);
+        bad[SEGMENT_HEADER_CHECKED_LEN..].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(decode_segment_header(&bad), Err(HeaderError::Version(3)));
+        // A version 1 header (24 bytes, no token floor) is named, not called damage.
+        let mut v1 = header[..24].to_vec();
+        v1[8..12].copy_from_slice(&1u32.to_be_bytes());
+        assert_eq!(decode_segment_header(&v1), Err(HeaderError::Version(1)));
     }
 }

@@ -27,10 +27,25 @@ pub struct RecoveredLease {
     pub meta: Vec<u8>,
 }
 
+impl RecoveredLease {
+    /// The Grant record that brings this lease back: what a snapshot of it writes.
+    pub fn as_grant(&self) -> Record<'_> {
+        Record::Grant {
+            key: &self.key,
+            lease_id: self.lease_id.0,
+            token: self.token,
+            ttl_ms: self.ttl_ms,
+            flags: self.flags,
+            meta: &self.meta,
+        }
+    }
+}
+
 /// What recovery found in the log.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
-    /// Every fencing token ever visible is below this; new tokens must start here.
+    /// Every fencing token ever visible is below this; new tokens must start here. `open`
+    /// adds [`WalOptions::token_floor_margin`](super::WalOptions) to what the log shows.
     pub token_floor: u64,
     /// Held leases, in no particular order; at most one per key.
     pub leases: Vec<RecoveredLease>,
@@ -186,15 +201,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
 }
 
 fn grant_len(lease: &RecoveredLease) -> usize {
-    let grant = Record::Grant {
-        key: &lease.key,
-        lease_id: lease.lease_id.0,
-        token: lease.token,
-        ttl_ms: lease.ttl_ms,
-        flags: lease.flags,
-        meta: &lease.meta,
-    };
-    grant.encoded_len()
+    lease.as_grant().encoded_len()
 }
 
 /// Sequence numbers of the segment files, ascending and checked for gaps.
@@ -253,8 +260,13 @@ fn replay_segment(
     }
     let data = storage.read(&name).map_err(io_error)?;
     match record::decode_segment_header(&data) {
-        Ok(found) if found == seq => {}
-        Ok(found) => return Err(corrupt(0, format!("header names segment {found:016x}"))),
+        Ok(header) if header.seq == seq => {
+            replay.token_floor = replay.token_floor.max(header.token_floor);
+        }
+        Ok(header) => {
+            let reason = format!("header names segment {:016x}", header.seq);
+            return Err(corrupt(0, reason));
+        }
         Err(e) if is_last && header_torn(&e, &data) => {
             tracing::warn!(path = %path.display(), error = %e, "WAL: removing newest segment, its header was torn");
             storage.remove(&name).map_err(io_error)?;
@@ -333,7 +345,7 @@ fn valid_record_after(data: &[u8], offset: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wal::record::{encode, encode_segment_header, FreeReason};
+    use crate::wal::record::{encode, encode_segment_header, FreeReason, SegmentHeader};
     use crate::wal::storage::FsStorage;
 
     fn grant<'a>(key: &'a [u8], token: u64) -> Record<'a> {
@@ -349,7 +361,11 @@ mod tests {
 
     /// Writes one segment holding `records`; returns its bytes and each record's end offset.
     fn write_segment(dir: &std::path::Path, seq: u64, records: &[Record<'_>]) -> Vec<usize> {
-        let mut bytes = encode_segment_header(seq).to_vec();
+        let header = SegmentHeader {
+            seq,
+            token_floor: 0,
+        };
+        let mut bytes = encode_segment_header(header).to_vec();
         let mut ends = Vec::new();
         for record in records {
             encode(record, &mut bytes);
@@ -584,7 +600,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_segment(dir.path(), 1, &[grant(b"k1", 1)]);
         let name = dir.path().join(segment_name(2));
-        std::fs::write(&name, &encode_segment_header(2)[..10]).unwrap();
+        let header = SegmentHeader {
+            seq: 2,
+            token_floor: 0,
+        };
+        std::fs::write(&name, &encode_segment_header(header)[..10]).unwrap();
         let r = recover_dir(dir.path()).unwrap();
         assert_eq!(r.recovered.torn_tail_truncated, Some((name.clone(), 0)));
         assert_eq!((r.recovered.records, r.segments.len()), (1, 1));

@@ -7,21 +7,22 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::record;
+use super::record::{self, SegmentHeader};
 use super::storage::{SegmentFile, Storage};
 use super::writer::{Chunk, Shared, SPARE_CHUNKS_MAX};
 use super::{segment_name, SyncMode};
 
-/// Creates segment `seq` with its header, durable (file and directory entry) on return.
+/// Creates segment `header.seq` with its header, durable (file and directory entry) on
+/// return.
 pub(super) fn create_segment(
     storage: &dyn Storage,
-    seq: u64,
+    header: SegmentHeader,
     sync_mode: SyncMode,
 ) -> Result<Box<dyn SegmentFile>, (PathBuf, io::Error)> {
-    let name = segment_name(seq);
+    let name = segment_name(header.seq);
     let with_path = |e| (storage.path(&name), e);
     let mut file = storage.create(&name).map_err(with_path)?;
-    file.write_all(&record::encode_segment_header(seq))
+    file.write_all(&record::encode_segment_header(header))
         .map_err(with_path)?;
     if sync_mode == SyncMode::Data {
         file.sync_data().map_err(with_path)?;
@@ -61,19 +62,20 @@ pub(super) fn delete_segments_before(
     deleted
 }
 
-/// Starts the syncer thread, which appends to `file` (segment `seq`); `on_disk` lists the
-/// segments that exist, oldest first.
+/// Starts the syncer thread, which appends to `file` (segment `seq`, `synced_len` bytes
+/// long and durable); `on_disk` lists the segments that exist, oldest first.
 pub(super) fn spawn(
     shared: Arc<Shared>,
     file: Box<dyn SegmentFile>,
     seq: u64,
+    synced_len: u64,
     on_disk: VecDeque<(u64, u64)>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
     let syncer = Syncer {
         shared,
         file,
         seq,
-        synced_len: record::SEGMENT_HEADER_LEN as u64,
+        synced_len,
         on_disk,
         batch: Vec::new(),
     };
@@ -153,9 +155,10 @@ impl Syncer {
         let sync_mode = self.shared.options.sync_mode;
         let storage = &*self.shared.storage;
         let mut outcome = BatchOutcome::default();
-        if let Some(seq) = self.batch[0].rotate_to {
+        if let Some(header) = self.batch[0].rotate_to {
+            let seq = header.seq;
             assert_eq!(seq, self.seq + 1, "segments are created in order");
-            self.file = create_segment(storage, seq, sync_mode)
+            self.file = create_segment(storage, header, sync_mode)
                 .map_err(|(path, e)| format!("creating {}: {e}", path.display()))?;
             self.seq = seq;
             self.synced_len = record::SEGMENT_HEADER_LEN as u64;

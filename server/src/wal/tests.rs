@@ -228,7 +228,8 @@ fn crash_mid_snapshot_keeps_old_segments_and_open_finishes_deletion() {
         both,
         "b lives only in the old segment"
     );
-    assert_eq!(segment_files(dir.path()), vec![1, 2, 3]);
+    // Having recovered two segments, open wrote its own snapshot and deleted both.
+    assert_eq!(segment_files(dir.path()), vec![3]);
     // A complete snapshot; then put an old segment back as if deletion had not happened.
     let snapshot = wal.begin_snapshot(0).unwrap();
     wal.append(&grant(b"a", 1)).unwrap();
@@ -293,7 +294,11 @@ fn abandoned_snapshot_allows_another_and_limit_is_reserved() {
 }
 
 fn encode_header(seq: u64) -> Vec<u8> {
-    record::encode_segment_header(seq).to_vec()
+    let header = record::SegmentHeader {
+        seq,
+        token_floor: 0,
+    };
+    record::encode_segment_header(header).to_vec()
 }
 
 /// Appends records one by one, remembering each LSN, until an append fails.
@@ -527,4 +532,127 @@ fn backlog_is_refused_not_buffered_without_bound() {
     wal.flush().unwrap();
     wal.append(&grant(b"k", 2)).unwrap();
     wal.sync_and_stop().unwrap();
+}
+
+/// `open` compacts a log of several segments into a snapshot of its own (flags, metadata
+/// and lease ids included) and deletes the rest; a log of one segment is left alone.
+#[test]
+fn open_snapshots_a_log_of_several_segments_and_deletes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = open(dir.path(), fast()).unwrap();
+    let flagged = Record::Grant {
+        key: b"flagged",
+        lease_id: LeaseId::from_u128(77).0,
+        token: 7,
+        ttl_ms: 2_000,
+        flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
+        meta: b"who",
+    };
+    wal.append(&flagged).unwrap();
+    wal.append(&grant(b"gone", 8)).unwrap();
+    wal.append(&free(b"gone", 8)).unwrap();
+    drop(wal);
+    let (wal, recovered) = open(dir.path(), fast()).unwrap();
+    assert_eq!(
+        wal.stats().snapshots_completed,
+        0,
+        "one segment: left alone"
+    );
+    assert_eq!(recovered.leases.len(), 1);
+    drop(wal);
+    assert_eq!(segment_files(dir.path()), vec![1, 2]);
+    let (wal, recovered) = open(dir.path(), fast()).unwrap();
+    let stats = wal.stats();
+    assert_eq!((stats.snapshots_completed, stats.segments_deleted), (1, 2));
+    drop(wal);
+    assert_eq!(segment_files(dir.path()), vec![3]);
+    for round in 0..3 {
+        let (_wal, again) = open(dir.path(), fast()).unwrap();
+        assert_eq!(again.leases, recovered.leases, "round {round}");
+        assert_eq!(again.leases[0].as_grant(), flagged, "round {round}");
+        // Only the snapshot is replayed (begin, reserve, one grant, end), not the history.
+        assert_eq!(again.records, 4, "round {round}");
+        assert!(segment_files(dir.path()).len() <= 2, "round {round}");
+    }
+}
+
+/// The segment header keeps the token floor, so losing every record of the newest segment
+/// still leaves it; `token_floor_margin` then covers a reservation lost with those records.
+#[test]
+fn header_keeps_the_token_floor_when_records_are_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WalOptions {
+        token_floor_margin: 100,
+        ..fast()
+    };
+    let (wal, recovered) = open(dir.path(), options.clone()).unwrap();
+    assert_eq!(recovered.token_floor, 0, "an empty log has nothing to lose");
+    wal.append(&Record::Reserve { token_limit: 100 }).unwrap();
+    drop(wal);
+    let (wal, recovered) = open(dir.path(), options.clone()).unwrap();
+    assert_eq!(recovered.token_floor, 200);
+    // The reservation a server makes at start, then a disk losing it (and all after it).
+    wal.append(&Record::Reserve { token_limit: 300 }).unwrap();
+    drop(wal);
+    let newest = dir.path().join(segment_name(2));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap();
+    file.set_len(record::SEGMENT_HEADER_LEN as u64).unwrap();
+    let (_wal, recovered) = open(dir.path(), options).unwrap();
+    assert_eq!(
+        recovered.token_floor, 300,
+        "header floor 200 plus the margin: above every token the lost reservation covered"
+    );
+}
+
+/// Live state larger than a segment is not snapshotted by `open` (its snapshot would not fit
+/// in one segment); the server's snapshot is asked for at once instead.
+#[test]
+fn open_leaves_a_snapshot_larger_than_a_segment_to_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WalOptions {
+        segment_size_max: 8 << 10,
+        ..fast()
+    };
+    let (wal, _) = open(dir.path(), options.clone()).unwrap();
+    let keys: Vec<String> = (0..400).map(|i| format!("key-{i:04}")).collect();
+    for (token, key) in (1..).zip(&keys) {
+        wal.append(&grant(key.as_bytes(), token)).unwrap();
+    }
+    drop(wal);
+    let before = segment_files(dir.path());
+    assert!(before.len() >= 2, "{before:?}");
+    let (wal, recovered) = open(dir.path(), options).unwrap();
+    assert_eq!(recovered.leases.len(), keys.len());
+    assert_eq!(wal.stats().snapshots_completed, 0);
+    assert!(wal.should_snapshot(), "asked for at once");
+    let snapshot = wal.begin_snapshot(0).unwrap();
+    assert!(!wal.should_snapshot(), "asked for once");
+    drop(snapshot);
+}
+
+/// A snapshot `open` could not finish (the disk filled up) deletes nothing; the next open
+/// recovers everything from the older segments and then compacts them.
+#[test]
+fn open_snapshot_cut_short_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (key, token) in [(&b"a"[..], 1), (&b"b"[..], 2)] {
+        let (wal, _) = open(dir.path(), fast()).unwrap();
+        wal.append(&grant(key, token)).unwrap();
+    }
+    assert_eq!(segment_files(dir.path()), vec![1, 2]);
+    let (storage, faults) = faulty(dir.path());
+    faults.set(FaultPlan {
+        disk_full_after_bytes: Some(record::SEGMENT_HEADER_LEN as u64 + 20),
+        ..FaultPlan::default()
+    });
+    let refused = open_with_storage(storage, fast()).expect_err("disk full");
+    assert!(matches!(refused, WalError::Io { .. }), "{refused}");
+    assert_eq!(segment_files(dir.path()), vec![1, 2, 3], "nothing deleted");
+    let (_wal, recovered) = open(dir.path(), fast()).unwrap();
+    let both = HashMap::from([(b"a".to_vec(), 1), (b"b".to_vec(), 2)]);
+    assert_eq!(leases_by_key(&recovered), both);
+    assert_eq!(segment_files(dir.path()), vec![4]);
 }

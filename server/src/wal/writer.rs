@@ -20,14 +20,20 @@ use std::thread::JoinHandle;
 
 use tokio::sync::watch;
 
-use super::record::{self, Record, SEGMENT_HEADER_LEN};
-use super::recovery::{self, Recovered};
-use super::storage::{FsStorage, Storage};
+use super::record::{self, Record, SegmentHeader, SEGMENT_HEADER_LEN};
+use super::recovery::{self, Recovered, RecoveredLease};
+use super::storage::{FsStorage, SegmentFile, Storage};
 use super::syncer::{self, create_segment, delete_segments_before};
-use super::{WalError, WalOptions};
+use super::{segment_name, SyncMode, WalError, WalOptions};
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
+/// `open` writes a snapshot of what it recovered, and deletes the older segments, when it
+/// finds at least this many segments. Every start adds a segment, so without this a server
+/// restarted often keeps every segment it ever wrote and replays them all; with it the log
+/// after a start is at most one older segment plus the new one. A log of one segment is left
+/// alone, which keeps the restart after a crash as fast as the replay.
+const OPEN_SNAPSHOT_SEGMENTS_MIN: usize = 2;
 /// Emptied chunk buffers kept for reuse, so steady-state appends allocate nothing.
 pub(super) const SPARE_CHUNKS_MAX: usize = 64;
 
@@ -146,6 +152,9 @@ pub(super) struct State {
     pub(super) live_bytes_estimate: u64,
     /// After an abandoned snapshot, `should_snapshot` waits for the log to pass this size.
     pub(super) snapshot_retry_log_bytes: u64,
+    /// `open` found several segments but too much live state to snapshot them itself: the
+    /// next `should_snapshot` says yes whatever the sizes.
+    pub(super) snapshot_due: bool,
     pub(super) failed: Option<Arc<str>>,
     pub(super) syncer_waiting: bool,
     pub(super) shutdown: bool,
@@ -162,8 +171,8 @@ pub(super) struct Chunk {
     pub(super) buf: Vec<u8>,
     pub(super) records: u64,
     pub(super) last_lsn: u64,
-    /// Start segment `seq` before writing this chunk.
-    pub(super) rotate_to: Option<u64>,
+    /// Start the segment this header describes before writing this chunk.
+    pub(super) rotate_to: Option<SegmentHeader>,
     /// This chunk holds the end record of the snapshot opened in segment `seq`.
     pub(super) snapshot_end: Option<u64>,
 }
@@ -200,16 +209,9 @@ pub fn open_with_storage(
     assert!(options.segment_size_max <= super::SEGMENT_SIZE_LIMIT);
     assert!(options.batch_bytes_max >= record::RECORD_LEN_MAX);
     assert!(options.pending_bytes_max >= options.batch_bytes_max);
-    let replayed = recovery::recover(&*storage)?;
-    let mut segments: VecDeque<(u64, u64)> = replayed.segments.iter().copied().collect();
-    if let Some(snapshot_seq) = replayed.snapshot_complete_seq {
-        // A crash between a snapshot's end and the deletion of what it replaces.
-        delete_segments_before(&*storage, snapshot_seq, &mut segments);
-    }
-    let seq = segments.back().map_or(1, |&(last, _)| last + 1);
-    let file = create_segment(&*storage, seq, options.sync_mode)
-        .map_err(|(path, source)| WalError::Io { path, source })?;
-    segments.push_back((seq, SEGMENT_HEADER_LEN as u64));
+    let mut replayed = recovery::recover(&*storage)?;
+    let started = start_segment(&*storage, &mut replayed, &options)?;
+    let (seq, segment_bytes, segments) = (started.seq, started.bytes, started.segments);
     let on_disk = segments.clone();
     let state = State {
         chunks: VecDeque::new(),
@@ -219,19 +221,17 @@ pub fn open_with_storage(
         durable_lsn: 0,
         token_floor: replayed.recovered.token_floor,
         segment_seq: seq,
-        segment_bytes: SEGMENT_HEADER_LEN as u64,
+        segment_bytes,
         log_bytes: segments.iter().map(|&(_, bytes)| bytes).sum(),
         segments,
         snapshot: None,
-        live_bytes_estimate: replayed.live_bytes,
+        live_bytes_estimate: started.live_bytes,
         snapshot_retry_log_bytes: 0,
+        snapshot_due: started.snapshot_due,
         failed: None,
         syncer_waiting: false,
         shutdown: false,
-        stats: WalStats {
-            segments_created: 1,
-            ..WalStats::default()
-        },
+        stats: started.stats,
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
@@ -241,11 +241,13 @@ pub fn open_with_storage(
         storage,
         options,
     });
-    let handle =
-        syncer::spawn(Arc::clone(&shared), file, seq, on_disk).map_err(|source| WalError::Io {
+    let file = started.file;
+    let handle = syncer::spawn(Arc::clone(&shared), file, seq, segment_bytes, on_disk).map_err(
+        |source| WalError::Io {
             path: shared.storage.path(""),
             source,
-        })?;
+        },
+    )?;
     Ok((
         Wal {
             shared,
@@ -253,6 +255,136 @@ pub fn open_with_storage(
         },
         replayed.recovered,
     ))
+}
+
+/// The segment [`open`] appends to, and what starting it did.
+struct Started {
+    file: Box<dyn SegmentFile>,
+    seq: u64,
+    /// Its length, header and any snapshot included, all durable.
+    bytes: u64,
+    /// Every remaining segment as `(seq, bytes)`, the new one last.
+    segments: VecDeque<(u64, u64)>,
+    /// Size of the live state as Grant records.
+    live_bytes: u64,
+    /// See [`State::snapshot_due`].
+    snapshot_due: bool,
+    stats: WalStats,
+}
+
+/// Finishes what recovery found (deletes segments a complete snapshot replaced, adds the
+/// token floor margin) and creates the next segment, with a snapshot of `replayed` in it if
+/// the log had several segments; the segments that snapshot replaces are then deleted.
+fn start_segment(
+    storage: &dyn Storage,
+    replayed: &mut recovery::Replayed,
+    options: &WalOptions,
+) -> Result<Started, WalError> {
+    let mut segments: VecDeque<(u64, u64)> = replayed.segments.iter().copied().collect();
+    if let Some(snapshot_seq) = replayed.snapshot_complete_seq {
+        // A crash between a snapshot's end and the deletion of what it replaces.
+        delete_segments_before(storage, snapshot_seq, &mut segments);
+    }
+    if replayed.recovered.segments > 0 {
+        // A log that ends at a record boundary looks whole, yet a disk that loses synced
+        // bytes may have dropped its last records, the last token reservation among them.
+        // Reservations step by at most `token_floor_margin`, and the one before the lost one
+        // survives (in a record or in the segment header), so starting this far above what
+        // survives stays above every token handed out. It costs one block per start.
+        let floor = &mut replayed.recovered.token_floor;
+        *floor = floor.saturating_add(options.token_floor_margin);
+    }
+    let seq = segments.back().map_or(1, |&(last, _)| last + 1);
+    let header = SegmentHeader {
+        seq,
+        token_floor: replayed.recovered.token_floor,
+    };
+    let several = segments.len() >= OPEN_SNAPSHOT_SEGMENTS_MIN;
+    // A snapshot written here goes into one segment; a larger one is left to the server's
+    // snapshot, which rotates, and is asked for at once (`snapshot_due`).
+    let fits = SEGMENT_HEADER_LEN as u64 + replayed.live_bytes + open_snapshot_overhead(seq)
+        <= options.segment_size_max;
+    let io_error = |(path, source)| WalError::Io { path, source };
+    let mut file = create_segment(storage, header, options.sync_mode).map_err(io_error)?;
+    // The header is synced before the snapshot is written, as for every segment: a crash
+    // while writing it must leave a torn tail, never a lost header with records after it.
+    let written = (several && fits)
+        .then(|| write_open_snapshot(&mut *file, seq, &replayed.recovered, options))
+        .transpose()
+        .map_err(|source| io_error((storage.path(&segment_name(seq)), source)))?;
+    let mut started = Started {
+        file,
+        seq,
+        bytes: SEGMENT_HEADER_LEN as u64,
+        segments,
+        live_bytes: replayed.live_bytes,
+        snapshot_due: several && !fits,
+        stats: WalStats {
+            segments_created: 1,
+            ..WalStats::default()
+        },
+    };
+    if let Some((bytes, records)) = written {
+        // The snapshot is durable: nothing older is needed any more.
+        let deleted = delete_segments_before(storage, seq, &mut started.segments);
+        (started.bytes, started.live_bytes) = (started.bytes + bytes, bytes);
+        started.stats.segments_deleted = deleted;
+        (started.stats.records, started.stats.bytes) = (records, bytes);
+        started.stats.snapshots_completed = 1;
+    }
+    started.segments.push_back((seq, started.bytes));
+    Ok(started)
+}
+
+/// Bytes of the records a snapshot writes besides its grants.
+fn open_snapshot_overhead(seq: u64) -> u64 {
+    let records = [
+        Record::SnapshotBegin { segment_seq: seq },
+        Record::Reserve { token_limit: 0 },
+        Record::SnapshotEnd { segment_seq: seq },
+    ];
+    records.iter().map(|r| r.encoded_len() as u64).sum()
+}
+
+/// Writes a snapshot of `recovered` into the new segment `seq`, right after its header, and
+/// syncs it: `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`.
+/// Every older segment may be deleted once this returns. Returns `(bytes, records)` written.
+fn write_open_snapshot(
+    file: &mut dyn SegmentFile,
+    seq: u64,
+    recovered: &Recovered,
+    options: &WalOptions,
+) -> std::io::Result<(u64, u64)> {
+    let head = [
+        Record::SnapshotBegin { segment_seq: seq },
+        Record::Reserve {
+            token_limit: recovered.token_floor,
+        },
+    ];
+    let grants = recovered.leases.iter().map(RecoveredLease::as_grant);
+    let end = Record::SnapshotEnd { segment_seq: seq };
+    let mut buf = Vec::with_capacity(options.batch_bytes_max);
+    let (mut bytes, mut records) = (0u64, 0u64);
+    let mut flush = |buf: &mut Vec<u8>| {
+        file.write_all(buf)?;
+        if options.sync_mode == SyncMode::Data {
+            file.sync_data()?;
+        }
+        bytes += buf.len() as u64;
+        buf.clear();
+        Ok::<(), std::io::Error>(())
+    };
+    for record in head.into_iter().chain(grants).chain([end]) {
+        // Written and synced a batch at a time, as the syncer does: memory stays bounded at
+        // a million leases, and a crash can tear only the last unsynced batch.
+        if buf.len() + record.encoded_len() > options.batch_bytes_max {
+            flush(&mut buf)?;
+        }
+        record::encode(&record, &mut buf);
+        records += 1;
+    }
+    flush(&mut buf)?;
+    Ok((bytes, records))
 }
 
 impl Wal {
@@ -371,6 +503,8 @@ impl Wal {
     /// Whether the log has grown enough past the live state that a snapshot would pay:
     /// more than `max(segment_size_max, 2 × live state)` bytes on disk, no snapshot running,
     /// and, after an abandoned snapshot, another `segment_size_max` bytes appended since.
+    /// Also yes after an `open` that found several segments and more live state than it
+    /// snapshots itself.
     pub fn should_snapshot(&self) -> bool {
         let state = self.lock();
         let threshold = self
@@ -379,7 +513,8 @@ impl Wal {
             .segment_size_max
             .max(state.live_bytes_estimate.saturating_mul(2))
             .max(state.snapshot_retry_log_bytes);
-        state.failed.is_none() && state.snapshot.is_none() && state.log_bytes > threshold
+        let due = state.snapshot_due || state.log_bytes > threshold;
+        state.failed.is_none() && state.snapshot.is_none() && due
     }
 
     /// Starts a snapshot: opens a new segment with `SnapshotBegin` and a Reserve of
@@ -408,6 +543,7 @@ impl Wal {
             segment_seq,
             log_bytes_at_begin,
         });
+        state.snapshot_due = false;
         self.wake_syncer(state);
         Ok(SnapshotToken {
             segment_seq,
@@ -545,7 +681,13 @@ impl State {
             self.segment_bytes = header;
             self.segments.push_back((self.segment_seq, header));
             self.log_bytes += header;
-            let chunk = self.new_chunk(Some(self.segment_seq));
+            // Every token handed out so far is below the floor of the records appended so
+            // far: the header keeps that floor even if the disk later loses records.
+            let header = SegmentHeader {
+                seq: self.segment_seq,
+                token_floor: self.token_floor,
+            };
+            let chunk = self.new_chunk(Some(header));
             self.chunks.push_back(chunk);
         } else if self
             .chunks
@@ -574,7 +716,7 @@ impl State {
         lsn
     }
 
-    fn new_chunk(&mut self, rotate_to: Option<u64>) -> Chunk {
+    fn new_chunk(&mut self, rotate_to: Option<SegmentHeader>) -> Chunk {
         let buf = self
             .spare
             .pop()

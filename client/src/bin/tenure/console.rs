@@ -11,7 +11,9 @@ use tenure_protocol::Request;
 use tokio::io::AsyncBufReadExt;
 use tokio::task::JoinHandle;
 
-use crate::grammar::{self, ConsoleCommand, COMMANDS};
+use tenure_protocol::console::{self as grammar, Command as ConsoleCommand, COMMANDS};
+
+use crate::legacy::parse_legacy;
 use crate::output::{Line, Out};
 use crate::requests;
 use crate::EXIT_OK;
@@ -59,7 +61,7 @@ fn read_command(out: &Out, line: &[u8]) -> Option<ConsoleCommand> {
     };
     let legacy = std::str::from_utf8(line)
         .ok()
-        .and_then(|text| grammar::parse_legacy(text).map(|command| (text, command)));
+        .and_then(|text| parse_legacy(text).map(|command| (text, command)));
     if let Some((text, command)) = legacy {
         eprintln!(
             "warning: {:?} is the old console grammar, deprecated; write it as the server's \

@@ -3,13 +3,13 @@
 //!
 //! It parses arguments ([`cli`]), makes one [`tenure::Client`] request ([`requests`]), holds a
 //! lock while a command runs ([`run`], [`elect`]) or reads console lines ([`console`],
-//! [`grammar`]), and maps each answer to one output line ([`output`]) and an exit code. The
+//! [`legacy`]), and maps each answer to one output line ([`output`]) and an exit code. The
 //! exit codes are listed in `--help` and in the crate docs.
 
 mod cli;
 mod console;
 mod elect;
-mod grammar;
+mod legacy;
 mod output;
 mod requests;
 mod run;

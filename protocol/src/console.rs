@@ -1,0 +1,293 @@
+//! The text console's grammar: one line in, one [`Command`] out (PROTOCOL.md section 4).
+//!
+//! The server's console and the `tenure console` command line both read lines with
+//! [`parse`], so a person at a terminal meets one grammar wherever they type. A line becomes
+//! the same [`Request`] the binary protocol carries; how replies are written is the server's
+//! business (its `console` module).
+
+use bytes::Bytes;
+
+use crate::frame::validate_key;
+use crate::{ErrorCode, FrameError, LeaseId, Request};
+
+/// Longest piece of an unknown command quoted back in its error.
+const QUOTED_CHARS_MAX: usize = 32;
+
+/// The command list, once, for both [`COMMANDS`] and [`HELP`] (`concat!` takes literals only).
+macro_rules! command_list {
+    () => {
+        "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] | \
+         RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
+         CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | HELP | QUIT"
+    };
+}
+
+/// Every command with its arguments, on one line.
+pub const COMMANDS: &str = command_list!();
+
+/// The console's reply to HELP.
+pub const HELP: &str = concat!("OK commands: ", command_list!());
+
+/// What one console line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    /// An operation shared with the binary protocol.
+    Request(Request),
+    /// List the commands.
+    Help,
+    /// Say BYE and close.
+    Quit,
+    /// A blank line: no reply, so a stray newline does not desynchronise a script.
+    Empty,
+}
+
+fn bad_args(message: String) -> FrameError {
+    FrameError::new(ErrorCode::BadArgs, message)
+}
+
+/// Parses one line (without its line ending).
+///
+/// # Errors
+/// A [`FrameError`] whose code and message become the `ERR <CODE> <reason>` reply.
+pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
+    let text = std::str::from_utf8(line).map_err(|_| bad_args("line is not UTF-8 text".into()))?;
+    let mut words = text.split_ascii_whitespace();
+    let Some(name) = words.next() else {
+        return Ok(Command::Empty);
+    };
+    let args: Vec<&str> = words.collect();
+    let name = name.to_ascii_uppercase();
+    let usage = |form: &str| bad_args(format!("usage: {form}"));
+    let request = match (name.as_str(), args.as_slice()) {
+        ("PING", []) => Request::Ping,
+        ("STATS", []) => Request::Stats,
+        ("HELP", []) => return Ok(Command::Help),
+        ("QUIT", []) => return Ok(Command::Quit),
+        ("ACQUIRE", [key, ttl, rest @ ..]) => parse_acquire(key, ttl, rest)?,
+        ("ACQUIRE", _) => {
+            return Err(usage(
+                "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT]",
+            ))
+        }
+        ("RENEW", [key, lease, ttl]) => Request::Renew {
+            key: parse_key(key)?,
+            lease_id: parse_lease(lease)?,
+            ttl_ms: parse_u32("ttl_ms", ttl)?,
+        },
+        ("RENEW", _) => return Err(usage("RENEW <key> <lease> <ttl_ms>")),
+        ("RELEASE", [key, lease]) => Request::Release {
+            key: parse_key(key)?,
+            lease_id: parse_lease(lease)?,
+        },
+        ("RELEASE", _) => return Err(usage("RELEASE <key> <lease>")),
+        ("INSPECT", [key]) => Request::Inspect {
+            key: parse_key(key)?,
+        },
+        ("INSPECT", _) => return Err(usage("INSPECT <key>")),
+        ("CHECK", [key, token]) => Request::Check {
+            key: parse_key(key)?,
+            token: parse_u64("token", token)?,
+        },
+        ("CHECK", _) => return Err(usage("CHECK <key> <token>")),
+        ("WATCH", [key]) => Request::Watch {
+            key: parse_key(key)?,
+        },
+        ("WATCH", _) => return Err(usage("WATCH <key>")),
+        ("UNWATCH", [key]) => Request::Unwatch {
+            key: parse_key(key)?,
+        },
+        ("UNWATCH", _) => return Err(usage("UNWATCH <key>")),
+        ("PING" | "STATS" | "HELP" | "QUIT", _) => {
+            return Err(bad_args(format!("{name} takes no arguments")))
+        }
+        _ => {
+            return Err(FrameError::new(
+                ErrorCode::UnknownOpcode,
+                format!("unknown command {:?}; try HELP", truncate(&name)),
+            ))
+        }
+    };
+    request.validate()?;
+    Ok(Command::Request(request))
+}
+
+fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameError> {
+    let mut wait_ms = 0;
+    let mut meta = Bytes::new();
+    let mut release_on_disconnect = false;
+    for (i, word) in rest.iter().enumerate() {
+        let upper = word.to_ascii_uppercase();
+        if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
+            meta = Bytes::copy_from_slice(value.as_bytes());
+        } else if upper == "RELEASE_ON_DISCONNECT" {
+            release_on_disconnect = true;
+        } else if i == 0 {
+            wait_ms = parse_u32("wait_ms", word)?;
+        } else {
+            return Err(bad_args(format!(
+                "unexpected argument {:?}",
+                truncate(word)
+            )));
+        }
+    }
+    Ok(Request::Acquire {
+        key: parse_key(key)?,
+        ttl_ms: parse_u32("ttl_ms", ttl)?,
+        wait_ms,
+        release_on_disconnect,
+        meta,
+    })
+}
+
+fn parse_key(word: &str) -> Result<Bytes, FrameError> {
+    validate_key(word.as_bytes())?;
+    Ok(Bytes::copy_from_slice(word.as_bytes()))
+}
+
+fn parse_lease(word: &str) -> Result<LeaseId, FrameError> {
+    LeaseId::from_hex(word).ok_or_else(|| bad_args("lease must be 32 hex digits".into()))
+}
+
+fn parse_u32(name: &str, word: &str) -> Result<u32, FrameError> {
+    word.parse()
+        .map_err(|_| bad_args(format!("{name} must be a whole number up to {}", u32::MAX)))
+}
+
+fn parse_u64(name: &str, word: &str) -> Result<u64, FrameError> {
+    word.parse()
+        .map_err(|_| bad_args(format!("{name} must be a whole number up to {}", u64::MAX)))
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(QUOTED_CHARS_MAX).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(line: &str) -> Request {
+        match parse(line.as_bytes()).unwrap() {
+            Command::Request(r) => r,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    fn err(line: &str) -> ErrorCode {
+        parse(line.as_bytes()).unwrap_err().code
+    }
+
+    #[test]
+    fn parses_every_command_case_insensitively() {
+        assert_eq!(request("ping"), Request::Ping);
+        assert_eq!(request("  PiNg  "), Request::Ping);
+        assert_eq!(
+            request("acquire order:1842 30000"),
+            Request::Acquire {
+                key: Bytes::from_static(b"order:1842"),
+                ttl_ms: 30000,
+                wait_ms: 0,
+                release_on_disconnect: false,
+                meta: Bytes::new()
+            }
+        );
+        assert_eq!(
+            request("ACQUIRE k 1000 500 meta=10.0.0.1:80 release_on_disconnect"),
+            Request::Acquire {
+                key: Bytes::from_static(b"k"),
+                ttl_ms: 1000,
+                wait_ms: 500,
+                release_on_disconnect: true,
+                meta: Bytes::from_static(b"10.0.0.1:80")
+            }
+        );
+        let lease = "000102030405060708090a0b0c0d0e0f";
+        assert!(matches!(
+            request(&format!("RENEW k {lease} 100")),
+            Request::Renew { ttl_ms: 100, .. }
+        ));
+        assert!(matches!(
+            request(&format!("release k {lease}")),
+            Request::Release { .. }
+        ));
+        assert!(matches!(request("INSPECT k"), Request::Inspect { .. }));
+        assert!(matches!(
+            request("CHECK k 18446744073709551615"),
+            Request::Check {
+                token: u64::MAX,
+                ..
+            }
+        ));
+        assert_eq!(request("STATS"), Request::Stats);
+        assert!(matches!(request("watch k"), Request::Watch { .. }));
+        assert!(matches!(request("unwatch k"), Request::Unwatch { .. }));
+        assert_eq!(parse(b"help").unwrap(), Command::Help);
+        assert_eq!(parse(b"QUIT").unwrap(), Command::Quit);
+        assert_eq!(parse(b"   ").unwrap(), Command::Empty);
+    }
+
+    #[test]
+    fn rejects_malformed_lines_with_codes() {
+        assert_eq!(err("FROB"), ErrorCode::UnknownOpcode);
+        assert_eq!(err("ACQUIRE"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k ten"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1000 5 6"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 99999999999"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1"), ErrorCode::BadTtl);
+        assert_eq!(err("ACQUIRE k 1000 4000000000"), ErrorCode::BadWait);
+        assert_eq!(
+            err(&format!("ACQUIRE {} 1000", "k".repeat(1025))),
+            ErrorCode::BadKey
+        );
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 META={}", "m".repeat(1025))),
+            ErrorCode::MetaTooLong
+        );
+        assert_eq!(err("RENEW k nothex 100"), ErrorCode::BadArgs);
+        assert_eq!(err("RELEASE k"), ErrorCode::BadArgs);
+        assert_eq!(err("CHECK k -1"), ErrorCode::BadArgs);
+        assert_eq!(err("PING extra"), ErrorCode::BadArgs);
+        assert_eq!(parse(&[0xff, 0xfe]).unwrap_err().code, ErrorCode::BadArgs);
+    }
+
+    /// Random and mutated lines never panic the parser, and whatever parses is in range.
+    #[test]
+    fn mutated_lines_never_panic() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(0xc0_501e);
+        let lines = [
+            "ACQUIRE order:1842 30000 500 META=x RELEASE_ON_DISCONNECT",
+            "RENEW k 000102030405060708090a0b0c0d0e0f 100",
+            "RELEASE k 000102030405060708090a0b0c0d0e0f",
+            "CHECK k 18446744073709551615",
+            "INSPECT k",
+            "WATCH k",
+        ];
+        let mut parsed = 0;
+        for _ in 0..20_000 {
+            let mut line = lines[rng.random_range(0..lines.len())].as_bytes().to_vec();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..line.len().max(1));
+                match rng.random_range(0..3) {
+                    0 if !line.is_empty() => line[at] = rng.random(),
+                    1 if !line.is_empty() => {
+                        line.remove(at);
+                    }
+                    _ => line.insert(at.min(line.len()), rng.random()),
+                }
+            }
+            if let Ok(Command::Request(request)) = parse(&line) {
+                request.validate().unwrap();
+                parsed += 1;
+            }
+        }
+        assert!(parsed > 500, "only {parsed} mutated lines parsed");
+    }
+
+    #[test]
+    fn help_lists_the_commands() {
+        assert_eq!(HELP, format!("OK commands: {COMMANDS}"));
+    }
+}
