@@ -178,6 +178,27 @@ impl Server {
     }
 }
 
+/// A WAL in `dir` that fails on cue: the configuration to run it with (fsync on), the handle
+/// that arms its faults, and the storage for [`Server::start_with_storage`] or
+/// `tenure_server::run_with_storage`.
+pub fn faulty_storage(
+    dir: &Path,
+) -> (
+    Config,
+    Arc<tenure_server::wal::Faults>,
+    Arc<dyn tenure_server::wal::Storage>,
+) {
+    use tenure_server::wal::{Faults, FaultyStorage, FsStorage};
+    let faults = Arc::new(Faults::default());
+    let files = FsStorage::new(dir).expect("WAL directory");
+    let storage = FaultyStorage::new(files, Arc::clone(&faults));
+    let config = Config {
+        fsync: true,
+        ..Config::for_tests(dir)
+    };
+    (config, faults, Arc::new(storage))
+}
+
 /// A server in a runtime of its own, on a thread of its own: [`ThreadServer::kill`] drops that
 /// runtime, closing every socket at once as a crash would. Real time only.
 pub struct ThreadServer {

@@ -185,6 +185,16 @@ async fn cli_run_kills_its_command_when_the_lease_is_lost() {
     assert_eq!(code, 4, "{stderr}");
 }
 
+/// The next line `tenure` printed, within [`PATIENCE`].
+async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> Option<String> {
+    timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a line")
+        .expect("read")
+}
+
 #[tokio::test]
 async fn cli_observe_prints_each_new_leader() {
     let server = TestServer::start();
@@ -197,20 +207,14 @@ async fn cli_observe_prints_each_new_leader() {
         .expect("tenure runs");
     let stdout = observe.stdout.take().expect("piped");
     let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    let line = timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("a line")
-        .expect("read");
+    let line = next_line(&mut lines).await;
     assert_eq!(
         line.as_deref(),
         Some(&*format!("term={} value=alpha", leader.term()))
     );
     leader.resign().await.expect("resign");
     let next = election.campaign("beta").await.expect("campaign");
-    let line = timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("a line")
-        .expect("read");
+    let line = next_line(&mut lines).await;
     assert_eq!(
         line.as_deref(),
         Some(&*format!("term={} value=beta", next.term()))
@@ -324,6 +328,17 @@ async fn cli_waits_then_holds(
     stderr
 }
 
+/// Starts `tenure` with `args` and a command that holds for three TTLs; stderr is piped.
+fn holding_three_ttls(server: &TestServer, args: &[&str]) -> tokio::process::Child {
+    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
+    tenure_cli(&server.addr)
+        .args(args)
+        .args(["--", "sh", "-c", &hold_for])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs")
+}
+
 #[tokio::test]
 async fn cli_run_keeps_a_lock_won_after_a_long_wait() {
     let server = TestServer::start();
@@ -334,21 +349,16 @@ async fn cli_run_keeps_a_lock_won_after_a_long_wait() {
         .expect("lock")
         .granted()
         .expect("free");
-    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
-    let child = tenure_cli(&server.addr)
-        .args([
-            "run",
-            "--key",
-            "cli/patient",
-            "--ttl",
-            "400ms",
-            "--wait",
-            "5s",
-        ])
-        .args(["--", "sh", "-c", &hold_for])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tenure runs");
+    let args = [
+        "run",
+        "--key",
+        "cli/patient",
+        "--ttl",
+        "400ms",
+        "--wait",
+        "5s",
+    ];
+    let child = holding_three_ttls(&server, &args);
     let stderr = cli_waits_then_holds(&server, "cli/patient", guard, child).await;
     assert_eq!(field(&stderr, "result"), "GRANTED");
 }
@@ -362,20 +372,15 @@ async fn cli_elect_keeps_leading_after_a_long_wait() {
     };
     let election = Election::with_options(server.client().await, "cli-patient", options);
     let leader = election.campaign("first").await.expect("campaign");
-    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
-    let child = tenure_cli(&server.addr)
-        .args([
-            "elect",
-            "cli-patient",
-            "--value",
-            "second",
-            "--ttl",
-            "400ms",
-        ])
-        .args(["--", "sh", "-c", &hold_for])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tenure runs");
+    let args = [
+        "elect",
+        "cli-patient",
+        "--value",
+        "second",
+        "--ttl",
+        "400ms",
+    ];
+    let child = holding_three_ttls(&server, &args);
     let key = "election/cli-patient";
     let stderr = cli_waits_then_holds(&server, key, leader.into_guard(), child).await;
     assert_eq!(field(&stderr, "result"), "LEADING");

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tenure_server::wal::record::{self, Record, SEGMENT_HEADER_LEN};
-use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage, Storage};
+use tenure_server::wal::{FaultPlan, Faults, Storage};
 use tenure_server::Config;
 use tenure_testkit::{field, signal, token, Daemon, LineConn, Tenured};
 
@@ -685,13 +685,8 @@ const DISK_UNAVAILABLE_MIN: u64 = 20;
 /// handle that arms its faults.
 fn faulty_server() -> (Config, Arc<Faults>, InProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let (config, faults, storage) = tenure_testkit::server::faulty_storage(dir.path());
+    let server = InProcess::start(config.clone(), Some(storage));
     (config, faults, server, dir)
 }
 
@@ -748,6 +743,17 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
     server.stop().unwrap();
 }
 
+/// RENEW of `lease` (for the usual TTL) must succeed.
+fn assert_renews(conn: &mut LineConn, lease: &Lease) {
+    let renewed = conn
+        .cmd(&format!(
+            "RENEW {} {} {LEASE_TTL_MS}",
+            lease.key, lease.lease
+        ))
+        .unwrap();
+    assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+}
+
 /// With the WAL failed: reads still work, acknowledged leases still stand and renew, and
 /// changes are refused as not durable.
 fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut StdRng) {
@@ -759,13 +765,7 @@ fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut St
     for lease in model.held.values() {
         let reply = conn.cmd(&format!("INSPECT {}", lease.key)).unwrap();
         assert_eq!(inspected(&reply), Some(lease.token), "{lease:?}: {reply}");
-        let renewed = conn
-            .cmd(&format!(
-                "RENEW {} {} {LEASE_TTL_MS}",
-                lease.key, lease.lease
-            ))
-            .unwrap();
-        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+        assert_renews(&mut conn, lease);
     }
     let reply = conn
         .cmd(&format!("ACQUIRE after-failure {LEASE_TTL_MS}"))
@@ -789,13 +789,7 @@ fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut St
             Some(lease.token),
             "{lease:?}: {inspect}"
         );
-        let renewed = conn
-            .cmd(&format!(
-                "RENEW {} {} {LEASE_TTL_MS}",
-                lease.key, lease.lease
-            ))
-            .unwrap();
-        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+        assert_renews(&mut conn, &lease);
         model.must_return.push(lease);
     }
 }

@@ -96,22 +96,29 @@ fn check_run(events: &[(EventKind, u64)]) {
     }
 }
 
-#[tokio::test]
-async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// A watcher whose socket is full of events it has not read, and the connection that made them.
+struct Flood {
+    server: Server,
+    watcher: Raw,
+    changer: Raw,
+    /// The watched key (long, as is its metadata, so the sockets fill fast).
+    hot: String,
+}
+
+/// Watches a long key (request id 1) from a connection with a small receive window, then
+/// grants and releases it 3 000 times from another connection without reading the watch.
+async fn flood(dir: &std::path::Path, watch_queue_max: usize) -> Flood {
     let config = Config {
-        watch_queue_max: 16,
-        ..Config::for_tests(dir.path())
+        watch_queue_max,
+        ..Config::for_tests(dir)
     };
     let server = Server::start_with(config).await;
-    // Long keys and metadata fill the sockets fast.
     let hot = "h".repeat(1000);
     let mut watcher = Raw::connect_small_window(server.addr).await;
     assert!(matches!(
         watcher.call(1, watch(&hot)).await,
         Response::Watching { .. }
     ));
-    // The watcher reads nothing meanwhile.
     let meta = "m".repeat(1000);
     let mut changer = Raw::connect(server.addr).await.0;
     for i in 0..3_000u64 {
@@ -122,6 +129,24 @@ async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() 
         };
         assert_eq!(changer.call(10 + i, release).await, Response::Released);
     }
+    Flood {
+        server,
+        watcher,
+        changer,
+        hot,
+    }
+}
+
+#[tokio::test]
+async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // The watcher reads nothing meanwhile.
+    let Flood {
+        server,
+        mut watcher,
+        mut changer,
+        hot,
+    } = flood(dir.path(), 16).await;
     // Now read: events, then the end of the watch, then nothing of it.
     let mut events = Vec::new();
     loop {
@@ -317,29 +342,13 @@ async fn renew_and_release_work_from_any_connection_given_the_lease_id() {
 #[tokio::test]
 async fn no_event_of_a_watch_follows_its_unwatched_reply() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        watch_queue_max: 100_000,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
-    // Long keys and metadata fill the sockets fast.
-    let hot = "h".repeat(1000);
-    let mut watcher = Raw::connect_small_window(server.addr).await;
-    assert!(matches!(
-        watcher.call(1, watch(&hot)).await,
-        Response::Watching { .. }
-    ));
     // Enough events that many still wait in the server when UNWATCH arrives.
-    let meta = "m".repeat(1000);
-    let mut changer = Raw::connect(server.addr).await.0;
-    for i in 0..3_000u64 {
-        let (_, lease_id) = granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
-        let release = Request::Release {
-            key: bytes(&hot),
-            lease_id,
-        };
-        assert_eq!(changer.call(10 + i, release).await, Response::Released);
-    }
+    let Flood {
+        server,
+        mut watcher,
+        hot,
+        ..
+    } = flood(dir.path(), 100_000).await;
     watcher
         .send(2, &Request::Unwatch { key: bytes(&hot) })
         .await;
@@ -358,16 +367,10 @@ async fn no_event_of_a_watch_follows_its_unwatched_reply() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
-    use std::sync::Arc;
-    use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage};
+    use tenure_server::wal::FaultPlan;
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with_storage(config, Arc::new(storage)).await;
+    let (config, faults, storage) = tenure_testkit::server::faulty_storage(dir.path());
+    let server = Server::start_with_storage(config, storage).await;
     let addr = server.addr;
     let mut watcher = Raw::connect(addr).await.0;
     assert!(matches!(
