@@ -669,7 +669,7 @@ mod tests {
         let guard = guard(&server).await;
         let first_deadline = guard.deadline();
         let ttl = Duration::from_millis(u64::from(TTL_MS));
-        tokio::time::sleep(ttl * 5).await;
+        tokio::time::sleep(ttl * 5).await; // virtual time: the clock is paused
         assert!(guard.is_valid());
         assert!(guard.loss_reason().is_none());
         assert!(guard.deadline() > first_deadline + ttl * 4);
@@ -691,7 +691,7 @@ mod tests {
         assert!(guard.deadline() + delay <= Instant::now() + ttl);
         // Let renewals (every 100 ms, each answered 100 ms later) go through.
         for _ in 0..8 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // virtual time
             assert!(guard.is_valid());
             assert!(guard.deadline() + delay <= Instant::now() + ttl);
         }

@@ -60,6 +60,7 @@ async fn acquire_renew_release_inspect_check() {
     );
 
     let old_deadline = lease.deadline();
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(ms(20)).await;
     let renewed = lease
         .renew_for(Duration::from_secs(3))
@@ -231,6 +232,7 @@ async fn blocking_acquires_are_handed_off_in_arrival_order() {
                 }
             }
             assert!(Instant::now() < deadline, "waiter {waiter} never queued");
+            // Virtual time (paused clock): costs no real time.
             tokio::time::sleep(ms(5)).await;
         }
     }
@@ -279,6 +281,7 @@ async fn a_guard_keeps_the_lock_for_five_ttls() {
             AcquireOutcome::Locked(by) => assert_eq!(by.token, token, "token changed"),
             AcquireOutcome::Granted(_) => panic!("lock lost after {:?}", started.elapsed()),
         }
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(ms(50)).await;
     }
     assert!(guard.loss_reason().is_none());
@@ -421,6 +424,7 @@ async fn a_lost_connection_fails_requests_in_flight_and_the_next_request_reconne
                 .await
         })
     };
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(ms(100)).await;
     client.disconnect();
     let result = timeout(PATIENCE, waiting)
@@ -453,6 +457,7 @@ async fn a_failed_reconnect_backs_off() {
         assert!(attempt < 100, "server never went away");
         match client.ping().await {
             Err(Error::Io(_)) => break,
+            // Virtual time (paused clock): costs no real time.
             Ok(_) | Err(_) => tokio::time::sleep(ms(10)).await,
         }
     }
@@ -496,6 +501,7 @@ async fn election_fails_over_on_disconnect_and_observers_see_every_term_in_order
         Ok(KeyState::Held { waiters: 1, .. })
     ) {
         assert!(Instant::now() < deadline, "second candidate never queued");
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(ms(5)).await;
     }
 
@@ -592,6 +598,7 @@ async fn a_lease_won_after_waiting_five_ttls_is_kept_for_three_more() {
         waiter.acquire("patient", ttl, options).await
     });
     wait_for_waiters(&holder, "patient", 1).await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(5 * ttl).await;
     assert!(held.is_valid(), "the holder kept renewing");
     let released_at = Instant::now();
@@ -641,6 +648,7 @@ async fn an_election_standby_that_waited_five_ttls_leads_for_three_more() {
     let leader = first.campaign("first").await.expect("campaign");
     let campaign = tokio::spawn(async move { standby.campaign("second").await });
     wait_for_waiters(&observer, "election/patient", 1).await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(5 * ttl).await;
     assert!(leader.is_valid(), "the leader kept renewing");
     leader.resign().await.expect("resign");

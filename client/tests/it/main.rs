@@ -58,6 +58,8 @@ pub(crate) async fn wait_for_waiters(client: &Client, key: &str, count: u32) {
             }
         }
         assert!(Instant::now() < deadline, "{key} never had {count} waiters");
+        // Virtual time in the library's tests; real time in the command line's (a `tenure`
+        // process waits), polling a few round trips.
         tokio::time::sleep(ms(5)).await;
     }
 }
@@ -83,6 +85,8 @@ pub(crate) async fn stays_held(
             }
             KeyState::Free => panic!("{key} is free {:?} after the grant", started.elapsed()),
         }
+        // Virtual time in the library's tests; real time in the command line's, where the holder
+        // is a `tenure` process on the real clock.
         tokio::time::sleep(ms(20)).await;
     }
 }

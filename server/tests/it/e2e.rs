@@ -234,6 +234,7 @@ async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
             Instant::now() < deadline,
             "disconnected waiter never left the queue"
         );
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(a.call(3, release("q", lease)).await, Response::Released);
@@ -391,6 +392,7 @@ async fn release_on_disconnect_frees_the_lock_for_the_next_waiter() {
     let mut next = Console::connect(server.addr).await;
     // The PING behind the blocking acquire is answered after it: console replies keep order.
     next.send("ACQUIRE lead 30000 20000\nPING\n").await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let dropped = Instant::now();
     drop(leader);
@@ -670,6 +672,7 @@ async fn limits_answer_that_client_with_a_clear_error() {
     // One waiter fits; a second is refused, on its own connection only.
     let mut w1 = Console::connect(server.addr).await;
     w1.send("ACQUIRE one 30000 10000\n").await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let refused = a.cmd("ACQUIRE one 30000 10000").await;
     assert!(refused.starts_with("ERR WAITERS_LIMIT "), "{refused}");
@@ -712,6 +715,7 @@ async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
             restarted.elapsed() < Duration::from_secs(10),
             "never granted again: {reply}"
         );
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     assert!(
@@ -762,6 +766,7 @@ async fn until_waiters(raw: &mut Raw, key: &str, count: u32) {
             }
         }
         assert!(Instant::now() < deadline, "{key} never had {count} waiters");
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -783,6 +788,7 @@ async fn granted_carries_the_time_waited_on_the_server() {
     let sent_at = Instant::now();
     b.send(1, &acquire("w", 30_000, 10_000)).await;
     until_waiters(&mut a, "w", 1).await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(a.call(2, release("w", lease)).await, Response::Released);
     let (id, handed) = b.recv().await.expect("hand-off");
@@ -835,8 +841,10 @@ async fn console_grants_end_with_waited_ms() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !a.cmd("INSPECT cw").await.ends_with(" waiters=1") {
         assert!(Instant::now() < deadline, "the waiter never queued");
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lease = field(&first, "lease");
     assert_eq!(a.cmd(&format!("RELEASE cw {lease}")).await, "OK");

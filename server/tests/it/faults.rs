@@ -542,9 +542,11 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
             }
             let (addr, model) = (daemon.addr, &model);
             s.spawn(move || {
+                // Real time: the load runs in threads against a `tenured` process.
                 std::thread::sleep(burst_after);
                 run_burst(addr, model, &format!("b{cycle}"), KILL_BURST);
             });
+            // Real time: kill -9 of a `tenured` process at a random moment.
             std::thread::sleep(kill_after);
             dying.store(true, Ordering::Relaxed);
             daemon.kill9();
@@ -706,12 +708,14 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
             let (addr, model, keys, flags) = (server.addr, &model, &keys, (&stop, &dying));
             s.spawn(move || run_client(addr, model, client_seed, keys, true, flags));
         }
+        // Real time: the load runs in threads; the fault is armed mid-run.
         std::thread::sleep(armed_after);
         let plan = plan(&faults, &mut rng);
         eprintln!("{test}: armed {plan:?} after {armed_after:?}");
         faults.set(plan);
         let deadline = Instant::now() + Duration::from_secs(5);
         while lock(&model).unavailable < DISK_UNAVAILABLE_MIN && Instant::now() < deadline {
+            // Real time: polling the load threads.
             std::thread::sleep(Duration::from_millis(10));
         }
         stop.store(true, Ordering::Relaxed);
@@ -938,6 +942,7 @@ fn serve_resource(
                     }));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Real time: nothing to accept yet; the workers are processes of their own.
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => panic!("resource accept: {e}"),
@@ -1044,7 +1049,7 @@ fn fence_worker() {
             match LineConn::connect(server, REPLY_WAIT_MAX) {
                 Ok(c) => conn = Some(c),
                 Err(_) => {
-                    std::thread::sleep(Duration::from_millis(20)); // restarting
+                    std::thread::sleep(Duration::from_millis(20)); // real time: the server process is restarting
                     continue;
                 }
             }
@@ -1066,6 +1071,7 @@ fn fence_worker() {
         };
         if let Some(value) = value.strip_prefix("VALUE ") {
             if rng.random_bool(0.2) {
+                // Real time: a worker process pausing at random.
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
             }
             let next = value.parse::<u64>().unwrap() + 1;
@@ -1145,6 +1151,7 @@ fn paused_workers_and_crashes_never_apply_a_stale_write() {
     let mut next_pause = started + Duration::from_millis(300);
     let (mut pauses, mut restart_marks) = (0u64, Vec::new());
     while Instant::now() < deadline {
+        // Real time: a `tenured` process restarting.
         std::thread::sleep(Duration::from_millis(20));
         pauses += u64::from(pause_step(&fenced, &mut rng, &mut next_pause));
         if Instant::now() >= next_restart && (restart_marks.len() as u64) < restarts_planned {
@@ -1412,6 +1419,7 @@ fn acquire_after_restart(conn: &mut LineConn, key: &str, ttl_ms: u32) -> String 
         if !reply.starts_with("ERR RECOVERING") || Instant::now() > deadline {
             return reply;
         }
+        // Real time: a `tenured` process restarting.
         std::thread::sleep(Duration::from_millis(20));
     }
 }

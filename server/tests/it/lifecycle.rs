@@ -130,6 +130,7 @@ async fn silent_connections_are_closed_after_the_handshake_limit() {
     let (r, mut w) = TcpStream::connect(server.addr).await.unwrap().into_split();
     w.write_all(b"PING\n").await.unwrap();
     let mut console = BufReader::new(r);
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(3 * limit).await;
     raw.send(1, &Request::Ping).await;
     assert_eq!(raw.recv().await, Some((1, Response::Pong)));
@@ -210,6 +211,7 @@ async fn shutdown_answers_waiters_and_every_request_received() {
             other => panic!("{other:?}"),
         }
         assert!(Instant::now() < deadline, "waiters never queued");
+        // Real time, polling until the server has read both waiters (no lease runs out here).
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     server.trigger_stop();

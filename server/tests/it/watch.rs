@@ -71,6 +71,7 @@ async fn a_lease_over_by_the_clock_is_free_in_the_watch_reply_and_sends_no_late_
         Server::start_virtual_with(|config| config.tick_interval = Duration::from_secs(3600)).await;
     let mut holder = Raw::connect(server.addr).await.0;
     granted(holder.call(1, acquire("short", 10, 0, "")).await);
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut watcher = Raw::connect(server.addr).await.0;
     assert_eq!(
@@ -240,6 +241,7 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
     for _ in 0..100 {
         match first.call(2, Request::Inspect { key: bytes("h") }).await {
             Response::Held { waiters: 1, .. } => break,
+            // Real time, polling until the server has read the waiter (no lease runs out here).
             _ => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
