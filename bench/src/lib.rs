@@ -8,6 +8,8 @@
 //! - `benches/codec.rs`: encoding and decoding ACQUIRE requests and GRANTED replies.
 //! - `benches/table.rs`: the lock table's acquire, renew and release at 1K, 100K and 1M held
 //!   locks, on fresh and on existing keys.
+//! - `benches/waiters.rs`: 10K and 100K waiters on one key leaving at once (their
+//!   connections closed).
 //! - `benches/wheel.rs`: timer wheel insert and poll at 1K, 100K and 1M timers.
 //! - `benches/wal.rs`: WAL group commit at 1 to 4096 records per commit, fsync off and on.
 //! - `compare-redis.sh`: the loadgen scenarios side by side against `tenured` and Redis.

@@ -3,7 +3,8 @@
 //! Each seed drives a random sequence of operations over eight keys: acquires with and
 //! without waiting, renews and releases with right and wrong lease ids, inspects, checks,
 //! cancelled and dying waiters, small time steps and jumps of hours, `advance` with budgets
-//! from 0 to unlimited, and a token limit that runs out and is raised again.
+//! from 0 to unlimited, a token limit that runs out and is raised again, and other shards
+//! taking and giving back places in the server-wide held and waiter quotas.
 //!
 //! The model (a `BTreeMap` of plain structs, everything by brute force) follows the same
 //! rules as the table's documentation: expiry judged by deadline at each request, settling a
@@ -23,13 +24,14 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tenure_protocol::LeaseId;
 
 use crate::table::{
-    Acquire, AcquireArgs, Check, Event, Grant, Handoff, Inspect, Limit, LockTable, Release, Renew,
-    TableLimits, Waiter,
+    Acquire, AcquireArgs, Check, Event, Grant, Handoff, Inspect, Limit, LockTable, Quotas, Release,
+    Renew, TableLimits, Waiter,
 };
 use crate::tokens::TokenAllocator;
 
@@ -171,6 +173,10 @@ struct Model {
     next_token: u64,
     token_limit: u64,
     next_waiter_id: u64,
+    /// Places in the held quota taken by other shards.
+    held_elsewhere: usize,
+    /// Places in the waiter quota taken by other shards.
+    waiters_elsewhere: usize,
 }
 
 impl Model {
@@ -267,7 +273,7 @@ impl Model {
     fn acquire(&mut self, now_ms: u64, request: &Request, events: &mut Vec<Seen>) -> Acquired {
         events.extend(self.settle(&request.key, now_ms));
         let Some(lock) = self.locks.get(&request.key) else {
-            if self.locks.len() >= LIMITS.held_max {
+            if self.locks.len() + self.held_elsewhere >= LIMITS.held_max {
                 return Acquired::Full(Limit::HeldLocks);
             }
             if !self.tokens_available() {
@@ -303,11 +309,11 @@ impl Model {
                 ttl_left_ms: lock.deadline_ms - now_ms,
             };
         }
-        if self.waiters_count() >= LIMITS.waiters_max {
-            return Acquired::Full(Limit::Waiters);
-        }
         if lock.queue.len() >= LIMITS.waiters_per_key_max {
             return Acquired::Full(Limit::WaitersPerKey);
+        }
+        if self.waiters_count() + self.waiters_elsewhere >= LIMITS.waiters_max {
+            return Acquired::Full(Limit::Waiters);
         }
         let waiter_id = self.next_waiter_id;
         self.next_waiter_id += 1;
@@ -483,6 +489,8 @@ struct Sim {
     rng: StdRng,
     now_ms: u64,
     table: LockTable<SimWaiter>,
+    /// The table's quotas, which the simulated other shards share.
+    quotas: Arc<Quotas>,
     tokens: TokenAllocator,
     model: Model,
     clients: Clients,
@@ -504,8 +512,10 @@ impl Sim {
             next_waiter_id: 1,
             ..Model::default()
         };
+        let quotas = Arc::new(Quotas::new(LIMITS));
         Sim {
-            table: LockTable::with_hash_seed(LIMITS, rng.random()),
+            table: LockTable::with_quotas(Arc::clone(&quotas), rng.random()),
+            quotas,
             tokens: TokenAllocator::new(next_token, next_token + 50),
             coverage: Coverage::default(),
             rng,
@@ -545,7 +555,7 @@ impl Sim {
     }
 
     fn step(&mut self) {
-        match self.rng.random_range(0..100) {
+        match self.rng.random_range(0..104) {
             0..=19 => self.acquire(false),
             20..=34 => self.acquire(true),
             35..=45 => self.renew(),
@@ -558,7 +568,8 @@ impl Sim {
             83 => self.now_ms += self.rng.random_range(0..100_000_000),
             84..=93 => self.advance(),
             94..=95 => self.starve_tokens(),
-            _ => self.extend_tokens(),
+            96..=99 => self.extend_tokens(),
+            _ => self.other_shards(),
         }
         self.compare_state();
     }
@@ -821,6 +832,34 @@ impl Sim {
         );
     }
 
+    /// Another shard takes or gives back a place in the held or the waiter quota.
+    fn other_shards(&mut self) {
+        let (quota, elsewhere, count, max) = if self.rng.random_bool(0.5) {
+            let count = self.model.locks.len();
+            (
+                &self.quotas.held,
+                &mut self.model.held_elsewhere,
+                count,
+                LIMITS.held_max,
+            )
+        } else {
+            let count = self.model.waiters_count();
+            (
+                &self.quotas.waiters,
+                &mut self.model.waiters_elsewhere,
+                count,
+                LIMITS.waiters_max,
+            )
+        };
+        if *elsewhere > 0 && self.rng.random_bool(0.5) {
+            quota.give_back(1);
+            *elsewhere -= 1;
+        } else {
+            assert_eq!(quota.try_take(), count + *elsewhere < max, "try_take");
+            *elsewhere += usize::from(count + *elsewhere < max);
+        }
+    }
+
     /// Everything observable must match the model after every step.
     fn compare_state(&mut self) {
         let reserved = self.model.locks.values().any(|lock| lock.deadline_ms == 0);
@@ -841,6 +880,16 @@ impl Sim {
             self.table.waiters_count(),
             self.model.waiters_count(),
             "waiters_count"
+        );
+        assert_eq!(
+            self.quotas.held.count(),
+            self.model.locks.len() + self.model.held_elsewhere,
+            "held quota"
+        );
+        assert_eq!(
+            self.quotas.waiters.count(),
+            self.model.waiters_count() + self.model.waiters_elsewhere,
+            "waiter quota"
         );
         for key in KEYS {
             let expected = match self.model.held(key, self.now_ms) {

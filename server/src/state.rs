@@ -21,7 +21,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::stats::Stats;
-use crate::table::{self, Acquire, AcquireArgs, Event, Handoff, LockTable, TableLimits};
+use crate::table::{self, Acquire, AcquireArgs, Event, Handoff, LockTable, Quotas, TableLimits};
 use crate::tokens::TokenAllocator;
 use crate::wal::{self, DurableState, FreeReason, Lsn, Record, Wal};
 use crate::watch::{WatchEvent, WatchSink, Watches};
@@ -169,6 +169,8 @@ pub struct Shared {
     /// The monotonic clock; the only one the server reads.
     pub clock: Clock,
     shards: Box<[Mutex<LockTable<WaitSlot>>]>,
+    /// Held locks and waiters over all shards, against the server-wide limits.
+    quotas: Arc<Quotas>,
     /// Fencing tokens, below a durable limit.
     pub tokens: TokenAllocator,
     /// The write-ahead log.
@@ -186,6 +188,9 @@ pub struct Shared {
     /// The WAL's durable position and failure, read before changes that need the WAL.
     durable_rx: watch::Receiver<DurableState>,
 }
+
+/// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
+const CANCELS_PER_LOCK_MAX: usize = 256;
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     Response::Error {
@@ -209,20 +214,22 @@ impl Shared {
     ) -> Shared {
         let shard_count = config.shards;
         let durable_rx = wal.subscribe();
-        let limits = TableLimits {
-            held_max: config.held_max.div_ceil(shard_count),
-            waiters_max: config.waiters_max.div_ceil(shard_count),
+        // One count for all shards: a limit split per shard is not the limit that was set.
+        let quotas = Arc::new(Quotas::new(TableLimits {
+            held_max: config.held_max,
+            waiters_max: config.waiters_max,
             waiters_per_key_max: config.waiters_per_key_max,
-        };
+        }));
         // A random seed per process, so clients cannot pick keys that collide in the index.
         let hash_seed: u64 = rand::random();
         let shards = (0..shard_count)
-            .map(|_| Mutex::new(LockTable::with_hash_seed(limits, hash_seed)))
+            .map(|_| Mutex::new(LockTable::with_quotas(Arc::clone(&quotas), hash_seed)))
             .collect();
         Shared {
             config,
             clock,
             shards,
+            quotas,
             // Token 0 means "no token"; a fresh log has floor 0. Nothing is reserved yet: `run`
             // syncs the first block before accepting connections.
             tokens: TokenAllocator::new(token_floor.max(1), token_floor.max(1)),
@@ -446,24 +453,7 @@ impl Shared {
                 waiter_id,
                 release_on_disconnect: *release_on_disconnect,
             },
-            Acquire::Full(limit) => {
-                Stats::bump(&self.stats.errors);
-                let (code, what) = match limit {
-                    table::Limit::HeldLocks => (
-                        ErrorCode::HeldLimit,
-                        "the server holds as many locks as it may",
-                    ),
-                    table::Limit::Waiters => (
-                        ErrorCode::WaitersLimit,
-                        "the server has as many waiters as it may",
-                    ),
-                    table::Limit::WaitersPerKey => (
-                        ErrorCode::WaitersLimit,
-                        "this key has as many waiters as it may",
-                    ),
-                };
-                Outcome::Reply(error(code, what), 0)
-            }
+            Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), 0),
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
                 self.reserve_ahead();
@@ -473,6 +463,36 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// The refusal for a limit the table hit, naming the limit and its setting.
+    fn full_error(&self, limit: table::Limit) -> Response {
+        Stats::bump(&self.stats.errors);
+        let config = &self.config;
+        let (code, message) = match limit {
+            table::Limit::HeldLocks => (
+                ErrorCode::HeldLimit,
+                format!(
+                    "the server holds {} locks, its limit (--held-max)",
+                    config.held_max
+                ),
+            ),
+            table::Limit::Waiters => (
+                ErrorCode::WaitersLimit,
+                format!(
+                    "the server has {} waiters, its limit (--waiters-max)",
+                    config.waiters_max
+                ),
+            ),
+            table::Limit::WaitersPerKey => (
+                ErrorCode::WaitersLimit,
+                format!(
+                    "this key has {} waiters, its limit (--waiters-per-key-max)",
+                    config.waiters_per_key_max
+                ),
+            ),
+        };
+        error(code, message)
     }
 
     /// Logs a grant the table just made (still under its shard's lock) and builds its reply,
@@ -829,13 +849,33 @@ impl Shared {
         for (key, _) in ctx.watches.drain() {
             self.watches.remove(&key, ctx.conn_id);
         }
-        for (key, waiter_id) in waits {
-            self.shard(&key).cancel_waiter(&key, waiter_id);
-        }
+        self.cancel_waits(waits);
         let now_ms = self.clock.now_ms();
         for (key, lease_id) in ctx.owned.drain(..) {
             let mut shard = self.shard(&key);
             self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Disconnected);
+        }
+    }
+
+    /// Takes a closing connection's queued acquires out of their queues, shard by shard, at
+    /// most `CANCELS_PER_LOCK_MAX` per hold of a shard's mutex, so a connection leaving with a
+    /// hundred thousand waiters does not keep other requests out of a shard meanwhile.
+    fn cancel_waits(&self, waits: impl IntoIterator<Item = (Bytes, u64)>) {
+        let shard_count = self.shards.len();
+        let mut waits: Vec<(usize, Bytes, u64)> = waits
+            .into_iter()
+            .map(|(key, waiter_id)| (table::shard_of(&key, shard_count), key, waiter_id))
+            .collect();
+        waits.sort_unstable_by_key(|&(shard, _, waiter_id)| (shard, waiter_id));
+        for same_shard in waits.chunk_by(|a, b| a.0 == b.0) {
+            for batch in same_shard.chunks(CANCELS_PER_LOCK_MAX) {
+                let mut shard = self.shards[batch[0].0]
+                    .lock()
+                    .expect("a lock-table shard was poisoned by a panic");
+                for (_, key, waiter_id) in batch {
+                    shard.cancel_waiter(key, *waiter_id);
+                }
+            }
         }
     }
 
@@ -880,12 +920,11 @@ impl Shared {
 
     /// Held locks, waiters, connections, requests by kind and WAL counters.
     pub fn stats_pairs(&self) -> Vec<(String, u64)> {
-        let (mut held, mut waiters, mut table_bytes) = (0u64, 0u64, 0u64);
+        let held = self.quotas.held.count() as u64;
+        let waiters = self.quotas.waiters.count() as u64;
+        let mut table_bytes = 0u64;
         for shard in self.shards() {
-            let shard = shard.lock().expect("shard poisoned");
-            held += shard.held_count() as u64;
-            waiters += shard.waiters_count() as u64;
-            table_bytes += shard.memory_bytes() as u64;
+            table_bytes += shard.lock().expect("shard poisoned").memory_bytes() as u64;
         }
         let s = &self.stats;
         let wal = self.wal.stats();

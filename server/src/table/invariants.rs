@@ -50,9 +50,14 @@ impl<W: Waiter> LockTable<W> {
             waiter_ids.windows(2).all(|pair| pair[0] != pair[1]),
             "a waiter id is queued twice"
         );
+        // Other shards may share the quotas, so this table's counts are at most theirs.
         assert!(
-            self.waiters_count <= self.limits.waiters_max,
-            "more than waiters_max waiters"
+            self.waiters_count <= self.quotas.waiters.count(),
+            "waiters not counted in the quota"
+        );
+        assert!(
+            self.index.len() <= self.quotas.held.count(),
+            "held locks not counted in the quota"
         );
         let slab_len = self.slots.len();
         assert!(
@@ -140,10 +145,28 @@ impl<W: Waiter> LockTable<W> {
     ) {
         let Some(extra) = &lock.extra else { return };
         assert!(
-            extra.queue.len() <= self.limits.waiters_per_key_max,
+            extra.live <= self.quotas.waiters_per_key_max,
             "slot {number}: queue too long"
         );
-        for queued in &extra.queue {
+        let live = extra.queue.iter().filter(|q| q.waiter.is_some()).count();
+        assert_eq!(live, extra.live, "slot {number}: live waiters miscounted");
+        assert!(
+            extra.queue.len() - live <= live + super::CANCELLED_SLACK,
+            "slot {number}: cancelled waiters not compacted"
+        );
+        assert!(
+            extra.queue.front().is_none_or(|q| q.waiter.is_some()),
+            "slot {number}: a cancelled waiter at the head"
+        );
+        assert!(
+            extra
+                .queue
+                .iter()
+                .zip(extra.queue.iter().skip(1))
+                .all(|(a, b)| a.waiter_id < b.waiter_id),
+            "slot {number}: queue not in waiter id order"
+        );
+        for queued in extra.queue.iter().filter(|q| q.waiter.is_some()) {
             let id = queued.waiter_id;
             waiter_ids.push(id);
             assert!(

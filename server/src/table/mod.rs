@@ -51,8 +51,10 @@
 mod index;
 mod invariants;
 mod outcome;
+mod quota;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 use tenure_protocol::LeaseId;
@@ -64,12 +66,18 @@ pub use outcome::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, HeldLock, Inspect, Limit, Release, Renew,
     TableLimits, Waiter,
 };
+pub use quota::{Quota, Quotas};
 
 /// The wheel is compacted (stale timers dropped) once it holds more than twice the live
 /// timers plus this many; compaction is O(timers), so this keeps it amortized O(1) per insert
 /// and bounds the wheel's memory by the number of held locks and waiters. Small in tests so
 /// the simulation exercises it.
 const TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 4096 };
+
+/// A queue is compacted (cancelled waiters dropped) once they outnumber its live waiters plus
+/// this many, so a cancel is amortized O(1) and a queue's length stays within twice its live
+/// waiters plus this.
+const CANCELLED_SLACK: usize = if cfg!(test) { 2 } else { 16 };
 
 /// Marks a waiter timer (as opposed to a lease timer) in `Timer::slot`.
 const WAIT_TIMER_BIT: u32 = 1 << 31;
@@ -110,8 +118,13 @@ struct Slot<W> {
 struct Extra<W> {
     /// The holder's metadata.
     meta: Box<[u8]>,
-    /// Waiters, first come first served.
+    /// Waiters, first come first served, in increasing `waiter_id` order (so a waiter is found
+    /// by binary search). Cancelled waiters stay as entries without a waiter until the queue
+    /// is compacted; the first entry is never one of them, and the queue is empty when no
+    /// waiter is live.
     queue: VecDeque<Queued<W>>,
+    /// Entries of `queue` with a waiter.
+    live: usize,
     /// At most the smallest waiter deadline in `queue`, so settling skips the scan.
     wait_deadline_min_ms: u64,
 }
@@ -119,8 +132,8 @@ struct Extra<W> {
 /// A queued acquire request.
 #[derive(Debug)]
 struct Queued<W> {
-    /// Where to deliver the outcome.
-    waiter: W,
+    /// Where to deliver the outcome; `None` once cancelled.
+    waiter: Option<W>,
     /// Unique within the table.
     waiter_id: u64,
     /// The lease id it will hold the lock under.
@@ -162,9 +175,9 @@ impl<W> Slot<W> {
         self.extra.as_ref().map_or(&[], |extra| &extra.meta)
     }
 
-    /// Waiters queued on the key.
+    /// Waiters queued on the key (not counting cancelled ones).
     fn queue_len(&self) -> usize {
-        self.extra.as_ref().map_or(0, |extra| extra.queue.len())
+        self.extra.as_ref().map_or(0, |extra| extra.live)
     }
 
     /// Frees `extra` when it holds nothing.
@@ -189,11 +202,29 @@ impl<W> Slot<W> {
 }
 
 impl<W> Extra<W> {
+    /// Drops cancelled entries at the head, and all of them once they outnumber the live
+    /// waiters (by more than `CANCELLED_SLACK`), keeping the queue's invariants. Returns the
+    /// entries moved or dropped.
+    fn drop_cancelled(&mut self) -> usize {
+        let before = self.queue.len();
+        if self.live == 0 {
+            self.queue.clear();
+        } else if before - self.live > self.live + CANCELLED_SLACK {
+            self.queue.retain(|queued| queued.waiter.is_some());
+        } else {
+            while self.queue.front().is_some_and(|q| q.waiter.is_none()) {
+                self.queue.pop_front();
+            }
+        }
+        before - self.queue.len()
+    }
+
     /// Extras with metadata and no waiters.
     fn new(meta: Box<[u8]>) -> Self {
         Extra {
             meta,
             queue: VecDeque::new(),
+            live: 0,
             wait_deadline_min_ms: u64::MAX,
         }
     }
@@ -202,8 +233,8 @@ impl<W> Extra<W> {
 /// One shard of locks; see the module docs.
 #[derive(Debug)]
 pub struct LockTable<W> {
-    /// Size limits.
-    limits: TableLimits,
+    /// Limits and server-wide counts, shared with the other shards.
+    quotas: Arc<Quotas>,
     /// Seed of the key hash, so clients cannot aim keys at one bucket.
     hash_seed: u64,
     /// The slab; a lock's number never changes while its key has a slot.
@@ -222,6 +253,10 @@ pub struct LockTable<W> {
     waiters_count: usize,
     /// The next waiter id to hand out.
     next_waiter_id: u64,
+    /// Queue entries visited or moved by `cancel_waiter`, so tests can check it stays
+    /// O(log n) per cancel rather than O(n).
+    #[cfg(test)]
+    cancel_steps: u64,
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
@@ -237,18 +272,28 @@ impl<W: Waiter> LockTable<W> {
     }
 
     /// An empty table hashing keys with `hash_seed`: with a random seed per process, clients
-    /// cannot choose keys that collide in the index and slow every lookup down.
+    /// cannot choose keys that collide in the index and slow every lookup down. The table's
+    /// limits are its own; see [`LockTable::with_quotas`] for shards of one server.
     ///
     /// # Panics
     /// If `limits.held_max > HELD_MAX_LIMIT`.
     pub fn with_hash_seed(limits: TableLimits, hash_seed: u64) -> Self {
+        Self::with_quotas(Arc::new(Quotas::new(limits)), hash_seed)
+    }
+
+    /// An empty table counting its locks and waiters in `quotas`, which the other shards of
+    /// the server share, so the server-wide limits hold exactly whatever shards keys land in.
+    ///
+    /// # Panics
+    /// If `quotas.held.max() > HELD_MAX_LIMIT`.
+    pub fn with_quotas(quotas: Arc<Quotas>, hash_seed: u64) -> Self {
         assert!(
-            limits.held_max <= HELD_MAX_LIMIT,
+            quotas.held.max() <= HELD_MAX_LIMIT,
             "held_max {} too large",
-            limits.held_max
+            quotas.held.max()
         );
         LockTable {
-            limits,
+            quotas,
             hash_seed,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -258,6 +303,8 @@ impl<W: Waiter> LockTable<W> {
             fired: Vec::new(),
             waiters_count: 0,
             next_waiter_id: 1,
+            #[cfg(test)]
+            cancel_steps: 0,
             now_ms: 0,
         }
     }
@@ -429,26 +476,44 @@ impl<W: Waiter> LockTable<W> {
 
     /// Removes a queued waiter (its connection closed, or the server gave up on it) and
     /// drops it. Returns false if it is not queued on `key` (already served or timed out).
-    /// O(waiters on the key).
+    ///
+    /// O(log(waiters on the key)) amortized: the waiter is found by binary search and only
+    /// marked cancelled; cancelled entries are dropped when they reach the head, or all at
+    /// once when they outnumber the live ones. So a connection leaving with n waiters costs
+    /// O(n log n), wherever in the queues they stood.
     pub fn cancel_waiter(&mut self, key: &[u8], waiter_id: u64) -> bool {
         let Some(slot) = self.find(key) else {
             return false;
         };
-        let lock = &mut self.slots[slot];
-        let Some(extra) = lock.extra.as_mut() else {
+        let Some(extra) = self.slots[slot].extra.as_mut() else {
             return false;
         };
-        let Some(position) = extra
-            .queue
-            .iter()
-            .position(|queued| queued.waiter_id == waiter_id)
-        else {
+        #[cfg(test)]
+        {
+            self.cancel_steps += u64::from(usize::BITS - extra.queue.len().leading_zeros());
+        }
+        let Some(position) = find_queued(&extra.queue, waiter_id) else {
             return false;
         };
-        extra.queue.remove(position);
-        self.waiters_count -= 1;
+        if extra.queue[position].waiter.take().is_none() {
+            return false;
+        }
+        extra.live -= 1;
+        let moved = extra.drop_cancelled();
+        #[cfg(test)]
+        {
+            self.cancel_steps += moved as u64;
+        }
+        let _ = moved;
+        self.waiters_left(1);
         self.after_queue_shrank(slot);
         true
+    }
+
+    /// Counts `n` waiters gone from the table.
+    fn waiters_left(&mut self, n: usize) {
+        self.waiters_count -= n;
+        self.quotas.waiters.give_back(n);
     }
 
     /// Processes up to `budget` due timers and deferred handoffs: expires leases whose
@@ -518,6 +583,7 @@ impl<W: Waiter> LockTable<W> {
         assert!(self.find(key).is_none(), "restore: key restored twice");
         assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
         let now_ms = self.observe(now_ms);
+        self.quotas.held.take_anyway();
         self.install(
             now_ms,
             key,
@@ -578,10 +644,11 @@ impl<W: Waiter> LockTable<W> {
         args: AcquireArgs<'_, W>,
         tokens: &TokenAllocator,
     ) -> Acquire<W> {
-        if self.index.len() >= self.limits.held_max {
+        if !self.quotas.held.try_take() {
             return Acquire::Full(Limit::HeldLocks);
         }
         let Some(token) = tokens.try_next() else {
+            self.quotas.held.give_back(1);
             return Acquire::TokensExhausted {
                 waiter: args.waiter,
             };
@@ -654,9 +721,15 @@ impl<W: Waiter> LockTable<W> {
     /// Returns the key's slot to the free list.
     fn free(&mut self, slot: usize) {
         let lock = &self.slots[slot];
-        assert!(lock.queue_len() == 0, "freeing slot {slot} with waiters");
+        assert!(
+            lock.extra
+                .as_ref()
+                .is_none_or(|extra| extra.queue.is_empty()),
+            "freeing slot {slot} with waiters"
+        );
         self.index
             .remove(hash_key(self.hash_seed, lock.key.as_slice()), slot as u32);
+        self.quotas.held.give_back(1);
         let generation = lock.generation.wrapping_add(1);
         self.slots[slot] = Slot::vacant(generation);
         self.free_slots.push(slot as u32);
@@ -664,17 +737,17 @@ impl<W: Waiter> LockTable<W> {
 
     /// Queues the request on a held (or reserved) key.
     fn enqueue(&mut self, slot: usize, now_ms: u64, args: AcquireArgs<'_, W>) -> Acquire<W> {
-        if self.waiters_count >= self.limits.waiters_max {
-            return Acquire::Full(Limit::Waiters);
-        }
-        if self.slots[slot].queue_len() >= self.limits.waiters_per_key_max {
+        if self.slots[slot].queue_len() >= self.quotas.waiters_per_key_max {
             return Acquire::Full(Limit::WaitersPerKey);
+        }
+        if !self.quotas.waiters.try_take() {
+            return Acquire::Full(Limit::Waiters);
         }
         let waiter_id = self.next_waiter_id;
         self.next_waiter_id += 1;
         let deadline_ms = now_ms + u64::from(args.wait_ms);
         let queued = Queued {
-            waiter: args.waiter.expect("checked: waiting needs a waiter"),
+            waiter: Some(args.waiter.expect("checked: waiting needs a waiter")),
             waiter_id,
             lease_id: args.lease_id,
             ttl_ms: args.ttl_ms,
@@ -686,6 +759,7 @@ impl<W: Waiter> LockTable<W> {
             .extra
             .get_or_insert_with(|| Box::new(Extra::new(Box::default())));
         extra.queue.push_back(queued);
+        extra.live += 1;
         extra.wait_deadline_min_ms = extra.wait_deadline_min_ms.min(deadline_ms);
         self.waiters_count += 1;
         let timer = Timer {
@@ -772,25 +846,29 @@ impl<W: Waiter> LockTable<W> {
         let holder_token = lock.token;
         let ttl_left_ms = lock.deadline_ms.saturating_sub(now_ms);
         let key = lock.key.as_slice();
-        let mut kept = VecDeque::with_capacity(extra.queue.len());
         let mut wait_deadline_min_ms = u64::MAX;
-        for queued in extra.queue.drain(..) {
-            if queued.deadline_ms > now_ms {
-                wait_deadline_min_ms = wait_deadline_min_ms.min(queued.deadline_ms);
-                kept.push_back(queued);
-                continue;
-            }
-            self.waiters_count -= 1;
+        let mut timed_out = 0;
+        // In place, in order: cancelled entries go too, live ones keep their FIFO positions.
+        extra.queue.retain_mut(|queued| {
+            let Some(waiter) = queued.waiter.take_if(|_| queued.deadline_ms <= now_ms) else {
+                if queued.waiter.is_some() {
+                    wait_deadline_min_ms = wait_deadline_min_ms.min(queued.deadline_ms);
+                }
+                return queued.waiter.is_some();
+            };
+            timed_out += 1;
             events.push(Event::WaitTimedOut {
-                waiter: queued.waiter,
+                waiter,
                 waiter_id: queued.waiter_id,
                 key: key.into(),
                 holder_token,
                 ttl_left_ms,
             });
-        }
-        extra.queue = kept;
+            false
+        });
+        extra.live -= timed_out;
         extra.wait_deadline_min_ms = wait_deadline_min_ms;
+        self.waiters_left(timed_out);
         self.after_queue_shrank(slot);
     }
 
@@ -823,14 +901,19 @@ impl<W: Waiter> LockTable<W> {
         let lock = &mut self.slots[slot];
         let extra = lock.extra.as_mut().expect("queue is not empty");
         let queued = extra.queue.pop_front().expect("queue is not empty");
+        let waiter = queued
+            .waiter
+            .expect("the head of a queue is never cancelled");
         assert!(
             queued.deadline_ms > now_ms,
             "handing off to a timed-out waiter"
         );
-        self.waiters_count -= 1;
+        extra.live -= 1;
+        extra.drop_cancelled();
         lock.set_meta(queued.meta.clone());
         lock.tidy_extra();
         let key: Box<[u8]> = lock.key.as_slice().into();
+        self.waiters_left(1);
         let grant = Grant {
             token,
             lease_id: queued.lease_id,
@@ -838,7 +921,7 @@ impl<W: Waiter> LockTable<W> {
         };
         self.start_lease(slot, now_ms, grant);
         HandOff::Granted(Handoff {
-            waiter: queued.waiter,
+            waiter,
             waiter_id: queued.waiter_id,
             grant,
             key,
@@ -870,14 +953,18 @@ impl<W: Waiter> LockTable<W> {
         let Some(extra) = self.slots[slot].extra.as_mut() else {
             return;
         };
+        let mut dropped = 0;
         while extra
             .queue
             .front()
-            .is_some_and(|queued| !queued.waiter.is_live())
+            .is_some_and(|queued| queued.waiter.as_ref().is_some_and(|w| !w.is_live()))
         {
             extra.queue.pop_front();
-            self.waiters_count -= 1;
+            extra.live -= 1;
+            extra.drop_cancelled();
+            dropped += 1;
         }
+        self.waiters_left(dropped);
     }
 }
 
@@ -905,10 +992,52 @@ fn timer_is_live<W>(slots: &[Slot<W>], deadline_ms: u64, timer: &Timer) -> bool 
     if timer.slot & WAIT_TIMER_BIT == 0 {
         return lock.deadline_ms != 0 && lock.generation == timer.stamp;
     }
-    let queue = lock.extra.as_ref().map(|extra| &extra.queue);
-    queue.is_some_and(|queue| {
-        (queue.iter()).any(|w| w.waiter_id as u32 == timer.stamp && w.deadline_ms == deadline_ms)
-    })
+    let Some(queue) = lock.extra.as_ref().map(|extra| &extra.queue) else {
+        return false;
+    };
+    let (Some(first), Some(last)) = (queue.front(), queue.back()) else {
+        return false;
+    };
+    let is_it = |w: &Queued<W>| {
+        w.waiter_id as u32 == timer.stamp && w.deadline_ms == deadline_ms && w.waiter.is_some()
+    };
+    if last.waiter_id - first.waiter_id > u64::from(u32::MAX) {
+        // Ids too far apart for the stamp's 32 bits to name one: look at each (never seen in
+        // practice: it takes four billion waiters while one waits).
+        return queue.iter().any(is_it);
+    }
+    // The stamp holds the id's low 32 bits, and the queue's ids span less than 2^32: the
+    // full id is the one in that span with those bits. Binary search keeps wheel compaction
+    // O(timers log n) even with one long queue.
+    let waiter_id = first.waiter_id + u64::from(timer.stamp.wrapping_sub(first.waiter_id as u32));
+    find_queued(queue, waiter_id).is_some_and(|position| is_it(&queue[position]))
+}
+
+/// The position of `waiter_id` in a queue sorted by waiter id. The first probe is where the
+/// id would be if ids were spread evenly (they are contiguous on a key nobody else waits on,
+/// cancelled entries keeping their places): one probe, where a binary search would take
+/// log n cache misses across a long queue. Otherwise a binary search on the probe's side.
+fn find_queued<W>(queue: &VecDeque<Queued<W>>, waiter_id: u64) -> Option<usize> {
+    let (first, last) = (queue.front()?.waiter_id, queue.back()?.waiter_id);
+    if !(first..=last).contains(&waiter_id) {
+        return None;
+    }
+    let span = u128::from(last - first).max(1);
+    let guess = (u128::from(waiter_id - first) * (queue.len() as u128 - 1) / span) as usize;
+    let (mut low, mut high) = match queue[guess].waiter_id.cmp(&waiter_id) {
+        std::cmp::Ordering::Equal => return Some(guess),
+        std::cmp::Ordering::Less => (guess + 1, queue.len()),
+        std::cmp::Ordering::Greater => (0, guess),
+    };
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match queue[middle].waiter_id.cmp(&waiter_id) {
+            std::cmp::Ordering::Equal => return Some(middle),
+            std::cmp::Ordering::Less => low = middle + 1,
+            std::cmp::Ordering::Greater => high = middle,
+        }
+    }
+    None
 }
 
 /// Asserts the protocol limits the server must have checked before calling `acquire`.

@@ -379,12 +379,12 @@ fn time_never_runs_backwards_inside_the_table() {
 
 #[test]
 fn memory_per_held_lock() {
-    let (mut t, tokens, mut ev) = (table(), TokenAllocator::new(1, u64::MAX - 1), Vec::new());
     let limits = TableLimits {
         held_max: 1 << 20,
         ..LIMITS
     };
-    t.limits = limits;
+    let mut t = LockTable::with_hash_seed(limits, 42);
+    let (tokens, mut ev) = (TokenAllocator::new(1, u64::MAX - 1), Vec::new());
     let count = 100_000;
     for i in 0..count {
         let key = format!("lock/{i:011}"); // 16 bytes
@@ -444,4 +444,88 @@ fn stale_timers_are_compacted_away() {
     }
     t.check_invariants();
     assert_eq!(t.check(10_000, b"kept", 1), Check::Current);
+}
+
+/// A table with room for `waiters` waiters on one key, `b"hot"`, held at time 0, and the ids
+/// of those waiters in queue order.
+fn hot_key(waiters: u64) -> (LockTable<TestWaiter>, TokenAllocator, Vec<u64>) {
+    let limits = TableLimits {
+        held_max: 10,
+        waiters_max: waiters as usize,
+        waiters_per_key_max: waiters as usize,
+    };
+    let mut t = LockTable::with_hash_seed(limits, 42);
+    let (tokens, mut ev) = (TokenAllocator::new(1, u64::MAX - 1), Vec::new());
+    granted(t.acquire(0, args(b"hot", 0, TTL_MS_MAX, 0), &tokens, &mut ev));
+    let ids = (1..=waiters)
+        .map(|i| {
+            queued(t.acquire(
+                0,
+                args(b"hot", u128::from(i), 100, 60_000),
+                &tokens,
+                &mut ev,
+            ))
+        })
+        .collect();
+    (t, tokens, ids)
+}
+
+/// Cancelling n waiters of one queue, from the back or every other one (as a connection that
+/// queued half of them leaves), takes O(n log n) queue steps, not O(n^2).
+#[test]
+fn cancelling_many_waiters_is_not_quadratic() {
+    const WAITERS: u64 = 20_000;
+    // Binary search and amortized compaction: a few dozen steps per cancel at this size.
+    let steps_max = WAITERS * 64;
+    let (mut t, _, ids) = hot_key(WAITERS);
+    for &id in ids.iter().rev() {
+        assert!(t.cancel_waiter(b"hot", id));
+    }
+    assert!(t.cancel_steps <= steps_max, "{} steps", t.cancel_steps);
+    assert_eq!(t.waiters_count(), 0);
+    t.check_invariants();
+
+    let (mut t, _, ids) = hot_key(WAITERS);
+    for &id in ids.iter().skip(1).step_by(2) {
+        assert!(t.cancel_waiter(b"hot", id));
+    }
+    assert!(t.cancel_steps <= steps_max, "{} steps", t.cancel_steps);
+    assert_eq!(t.waiters_count(), WAITERS as usize / 2);
+    t.check_invariants();
+}
+
+/// Cancelled waiters are skipped at hand-off, FIFO order holds for the rest, and a waiter
+/// cancels once.
+#[test]
+fn cancelled_waiters_keep_fifo_for_the_rest() {
+    let (mut t, tokens, ids) = hot_key(100);
+    let mut ev = Vec::new();
+    // Cancel all but every tenth, in a scattered order, including the head.
+    for &id in ids.iter().rev().filter(|&&id| id % 10 != 3) {
+        assert!(t.cancel_waiter(b"hot", id));
+        assert!(!t.cancel_waiter(b"hot", id), "cancelled twice");
+    }
+    t.check_invariants();
+    assert!(matches!(
+        t.inspect(0, b"hot"),
+        Inspect::Held { waiters: 10, .. }
+    ));
+    let mut holder = lease(0);
+    for expected in ids.iter().filter(|&&id| id % 10 == 3) {
+        let released = t.release(1, b"hot", holder, &tokens, &mut ev);
+        let Release::Released {
+            handoff: Some(handoff),
+            ..
+        } = released
+        else {
+            panic!("no hand-off: {released:?}");
+        };
+        assert_eq!(handoff.waiter_id, *expected);
+        holder = handoff.grant.lease_id;
+        t.check_invariants();
+    }
+    assert!(matches!(
+        t.inspect(1, b"hot"),
+        Inspect::Held { waiters: 0, .. }
+    ));
 }
