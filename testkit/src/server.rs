@@ -62,6 +62,13 @@ impl Server {
         Server::start_with(Config::for_tests(dir)).await
     }
 
+    /// Starts a server with the test defaults and `tweak` applied, data in `dir`.
+    pub async fn start_in(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Server {
+        let mut config = Config::for_tests(dir);
+        tweak(&mut config);
+        Server::start_with(config).await
+    }
+
     /// Starts a server with `config`. It may still be recovering when this returns: the
     /// listener is bound, so connections wait in its backlog.
     pub async fn start_with(config: Config) -> Server {

@@ -82,12 +82,11 @@ async fn bad_handshakes_get_a_defined_refusal_before_the_close() {
 #[tokio::test]
 async fn the_handshake_reply_carries_the_servers_limits() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        ttl_ms_max: 120_000,
-        in_flight_max: 77,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| {
+        config.ttl_ms_max = 120_000;
+        config.in_flight_max = 77;
+    })
+    .await;
     let (_raw, ack) = Raw::connect(server.addr).await;
     use tenure_protocol::limits::{FRAME_LEN_MAX, KEY_LEN_MAX, META_LEN_MAX, WAIT_MS_MAX};
     let limits = ack.limits;
@@ -265,13 +264,12 @@ fn server_side_timer(server: SocketAddr, client: SocketAddr) -> Option<(u8, u64)
 #[tokio::test]
 async fn accepted_sockets_have_tcp_keepalive_armed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        keepalive_idle: Duration::from_secs(30),
-        keepalive_interval: Duration::from_secs(3),
-        keepalive_count: 4,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| {
+        config.keepalive_idle = Duration::from_secs(30);
+        config.keepalive_interval = Duration::from_secs(3);
+        config.keepalive_count = 4;
+    })
+    .await;
     let (mut raw, _) = Raw::connect(server.addr).await;
     let client = raw.stream().local_addr().unwrap();
     // An idle socket with SO_KEEPALIVE has the keepalive timer (kind 2) running, due within

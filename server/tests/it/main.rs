@@ -3,6 +3,7 @@
 //!   and `kill -9` and SIGTERM of the real `tenured` binary;
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
 //! - `lifecycle`: the handshake, its time limit, keepalive, broken frames, shutdown;
+//! - `limits`: the server-wide limits, exact at the default shard count;
 //! - `watch`: watches and the protocol rules clients rely on.
 //!
 //! The harness (servers in process and as daemons, console and binary clients, reply
@@ -14,6 +15,7 @@
 mod e2e;
 mod faults;
 mod lifecycle;
+mod limits;
 mod watch;
 
 use std::path::Path;

@@ -179,11 +179,7 @@ async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() 
 #[tokio::test]
 async fn watching_a_key_twice_replaces_the_watch() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        watches_per_connection_max: 2,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| config.watches_per_connection_max = 2).await;
     let mut watcher = Raw::connect(server.addr).await.0;
     let mut changer = Raw::connect(server.addr).await.0;
     assert!(matches!(
@@ -289,11 +285,7 @@ async fn request_id_0_is_refused_as_a_bad_frame() {
 #[tokio::test]
 async fn a_waiting_acquire_counts_in_flight_and_a_running_watch_does_not() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        in_flight_max: 2,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| config.in_flight_max = 2).await;
     let mut holder = Raw::connect(server.addr).await.0;
     granted(holder.call(1, acquire("busy", 30_000, 0, "")).await);
     let mut client = Raw::connect(server.addr).await.0;
@@ -416,11 +408,7 @@ async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
 #[tokio::test]
 async fn a_repeated_watch_sends_every_earlier_event_before_its_reply() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        watch_queue_max: 100_000,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| config.watch_queue_max = 100_000).await;
     let hot = "h".repeat(1000);
     let mut watcher = Raw::connect_small_window(server.addr).await;
     assert!(matches!(
