@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, EventKind, Holder, Request, Response};
-use tenure_server::Config;
 use tenure_testkit::raw::{acquire_meta as acquire, bytes, granted};
 use tenure_testkit::server::Heartbeat;
 use tenure_testkit::{Console, Raw, Server};
@@ -104,16 +103,14 @@ struct Flood {
     changer: Raw,
     /// The watched key (long, as is its metadata, so the sockets fill fast).
     hot: String,
+    /// The token of the last grant.
+    last: u64,
 }
 
 /// Watches a long key (request id 1) from a connection with a small receive window, then
 /// grants and releases it 3 000 times from another connection without reading the watch.
 async fn flood(dir: &std::path::Path, watch_queue_max: usize) -> Flood {
-    let config = Config {
-        watch_queue_max,
-        ..Config::for_tests(dir)
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir, |config| config.watch_queue_max = watch_queue_max).await;
     let hot = "h".repeat(1000);
     let mut watcher = Raw::connect_small_window(server.addr).await;
     assert!(matches!(
@@ -122,19 +119,23 @@ async fn flood(dir: &std::path::Path, watch_queue_max: usize) -> Flood {
     ));
     let meta = "m".repeat(1000);
     let mut changer = Raw::connect(server.addr).await.0;
+    let mut last = 0;
     for i in 0..3_000u64 {
-        let (_, lease_id) = granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
+        let (token, lease_id) =
+            granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
         let release = Request::Release {
             key: bytes(&hot),
             lease_id,
         };
         assert_eq!(changer.call(10 + i, release).await, Response::Released);
+        last = token;
     }
     Flood {
         server,
         watcher,
         changer,
         hot,
+        last,
     }
 }
 
@@ -147,6 +148,7 @@ async fn watch_limit_comes_after_every_event_delivered_and_nothing_follows_it() 
         mut watcher,
         mut changer,
         hot,
+        ..
     } = flood(dir.path(), 16).await;
     // Now read: events, then the end of the watch, then nothing of it.
     let mut events = Vec::new();
@@ -408,27 +410,14 @@ async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
 #[tokio::test]
 async fn a_repeated_watch_sends_every_earlier_event_before_its_reply() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_in(dir.path(), |config| config.watch_queue_max = 100_000).await;
-    let hot = "h".repeat(1000);
-    let mut watcher = Raw::connect_small_window(server.addr).await;
-    assert!(matches!(
-        watcher.call(1, watch(&hot)).await,
-        Response::Watching { .. }
-    ));
     // Many events still wait in the server when the second WATCH arrives.
-    let meta = "m".repeat(1000);
-    let mut changer = Raw::connect(server.addr).await.0;
-    let mut last = 0;
-    for i in 0..3_000u64 {
-        let (token, lease_id) =
-            granted(changer.call(10 + i, acquire(&hot, 30_000, 0, &meta)).await);
-        let release = Request::Release {
-            key: bytes(&hot),
-            lease_id,
-        };
-        assert_eq!(changer.call(10 + i, release).await, Response::Released);
-        last = token;
-    }
+    let Flood {
+        server,
+        mut watcher,
+        hot,
+        last,
+        ..
+    } = flood(dir.path(), 100_000).await;
     watcher.send(2, &watch(&hot)).await;
     let mut events = Vec::new();
     loop {
