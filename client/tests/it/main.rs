@@ -22,6 +22,7 @@ use tenure::{AcquireOptions, AcquireOutcome, Client, KeyState, Leader};
 use tenure_testkit::{ms, PATIENCE};
 use tokio::time::{timeout, Instant};
 
+/// Acquires `key` without waiting; panics unless it is granted.
 pub(crate) async fn granted(client: &Client, key: &str, ttl: Duration) -> tenure::Lease {
     match client
         .acquire(key, ttl, AcquireOptions::default())
