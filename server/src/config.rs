@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// How much of the lock state survives a crash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+// The config file spells it as the flag does: `durability = "tokens"`.
+#[serde(rename_all = "kebab-case")]
 pub enum Durability {
     /// Every grant and release is in the WAL and synced before its reply: held locks come back
     /// after a restart with the same lease ids and tokens.

@@ -4,6 +4,7 @@
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
 //! - `lifecycle`: the handshake, its time limit, keepalive, broken frames, shutdown;
 //! - `limits`: the server-wide limits, exact at the default shard count;
+//! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `watch`: watches and the protocol rules clients rely on.
 //!
 //! The harness (servers in process and as daemons, console and binary clients, reply
@@ -16,6 +17,7 @@ mod e2e;
 mod faults;
 mod lifecycle;
 mod limits;
+mod settings;
 mod watch;
 
 use std::path::Path;

@@ -1,0 +1,434 @@
+//! `tenured`'s settings: command-line flags, `TENURE_*` environment variables and a TOML
+//! config file, merged with the precedence flag > environment > file > default.
+//!
+//! Every setting is one field of [`Settings`], and so has one name in each place: the flag
+//! `--ttl-max-ms`, the environment variable `TENURE_TTL_MAX_MS` and the config-file key
+//! `ttl-max-ms` (kebab-case, as the flag is spelled). clap resolves flag > environment >
+//! default and records which of them a value came from; a value that came from the flag or
+//! the environment then replaces the file's key, and a file key replaces only a default.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use serde::{Deserialize, Serialize};
+use tenure_server::config::{Config, Durability};
+
+/// tenured: a single-node lock server with fencing tokens that survive crashes.
+#[derive(Parser, Debug)]
+#[command(name = "tenured", version, about, long_about = None, after_help = PRECEDENCE_HELP)]
+struct Cli {
+    /// TOML file with any of the settings below, keys named as the flags (`held-max = 1000`).
+    #[arg(long, env = "TENURE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the settings in effect, as a config file, and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+const PRECEDENCE_HELP: &str = "Every flag can also be set by the environment variable \
+    TENURE_<FLAG> (--ttl-max-ms is TENURE_TTL_MAX_MS) or by the key of the same name in the \
+    --config file (ttl-max-ms = 30000). A flag beats the environment, which beats the file, \
+    which beats the default.";
+
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// One human-readable line per event; coloured only when stderr is a terminal.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Every setting of `tenured`, as flags and as config-file keys.
+// `default` lets a file set only some keys; `deny_unknown_fields` turns a misspelt key into an
+// error rather than a setting silently left at its default.
+#[derive(clap::Args, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address to listen on, for both the binary protocol and the text console.
+    #[arg(long, env = "TENURE_LISTEN", default_value_t = Settings::default().listen)]
+    pub listen: SocketAddr,
+    /// Directory for the write-ahead log (created if missing).
+    #[arg(long, env = "TENURE_DATA_DIR", default_value_os_t = Settings::default().data_dir)]
+    pub data_dir: PathBuf,
+    /// What survives a crash: `full` keeps every held lock; `tokens` keeps only the fencing
+    /// token high-water mark and refuses grants for --ttl-max-ms after a restart.
+    #[arg(long, env = "TENURE_DURABILITY", value_enum, default_value_t = Durability::Full)]
+    pub durability: Durability,
+    /// Skip fsync. Unsafe: a machine crash may then reuse fencing tokens. For benchmarks only.
+    #[arg(long, env = "TENURE_NO_FSYNC")]
+    pub no_fsync: bool,
+    /// Most client connections at once.
+    #[arg(
+        long,
+        env = "TENURE_CONNECTIONS_MAX",
+        default_value_t = Settings::default().connections_max
+    )]
+    pub connections_max: usize,
+    /// Most locks held at once.
+    #[arg(long, env = "TENURE_HELD_MAX", default_value_t = Settings::default().held_max)]
+    pub held_max: usize,
+    /// Most blocking acquires waiting at once.
+    #[arg(long, env = "TENURE_WAITERS_MAX", default_value_t = Settings::default().waiters_max)]
+    pub waiters_max: usize,
+    /// Most blocking acquires waiting on one key.
+    #[arg(
+        long,
+        env = "TENURE_WAITERS_PER_KEY_MAX",
+        default_value_t = Settings::default().waiters_per_key_max
+    )]
+    pub waiters_per_key_max: usize,
+    /// Most unanswered requests per connection (announced in the handshake).
+    #[arg(long, env = "TENURE_IN_FLIGHT_MAX", default_value_t = Settings::default().in_flight_max)]
+    pub in_flight_max: u32,
+    /// Longest lease granted, in milliseconds.
+    #[arg(long, env = "TENURE_TTL_MAX_MS", default_value_t = Settings::default().ttl_max_ms)]
+    pub ttl_max_ms: u32,
+    /// Lock-table shards.
+    #[arg(long, env = "TENURE_SHARDS", default_value_t = Settings::default().shards)]
+    pub shards: usize,
+    /// Worker threads for connections (default: one per core).
+    #[arg(long, env = "TENURE_THREADS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
+    /// locks, so disk use follows the live state rather than history.
+    #[arg(
+        long,
+        env = "TENURE_WAL_SEGMENT_BYTES",
+        default_value_t = Settings::default().wal_segment_bytes
+    )]
+    pub wal_segment_bytes: u64,
+    /// Milliseconds a new connection has to finish the binary handshake or send its first
+    /// whole console line; a connection silent for longer is closed.
+    #[arg(
+        long,
+        env = "TENURE_HANDSHAKE_TIMEOUT_MS",
+        default_value_t = Settings::default().handshake_timeout_ms
+    )]
+    pub handshake_timeout_ms: u64,
+    /// Milliseconds a connection may be idle before TCP keepalive probes start (rounded up to
+    /// whole seconds, the kernel's unit).
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_IDLE_MS",
+        default_value_t = Settings::default().keepalive_idle_ms
+    )]
+    pub keepalive_idle_ms: u64,
+    /// Milliseconds between unanswered keepalive probes (rounded up to whole seconds).
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_INTERVAL_MS",
+        default_value_t = Settings::default().keepalive_interval_ms
+    )]
+    pub keepalive_interval_ms: u64,
+    /// Unanswered keepalive probes before the connection is dropped: a peer that vanished is
+    /// noticed within idle + interval * count.
+    #[arg(
+        long,
+        env = "TENURE_KEEPALIVE_COUNT",
+        default_value_t = Settings::default().keepalive_count
+    )]
+    pub keepalive_count: u32,
+    /// Log lines on stderr as `text` (coloured only on a terminal) or `json` (one object per
+    /// line). The level comes from RUST_LOG (default `info`).
+    #[arg(long, env = "TENURE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let config = Config::default();
+        Settings {
+            listen: config.listen,
+            data_dir: config.data_dir,
+            durability: config.durability,
+            no_fsync: !config.fsync,
+            connections_max: config.connections_max,
+            held_max: config.held_max,
+            waiters_max: config.waiters_max,
+            waiters_per_key_max: config.waiters_per_key_max,
+            in_flight_max: config.in_flight_max,
+            ttl_max_ms: config.ttl_ms_max,
+            shards: config.shards,
+            threads: None,
+            wal_segment_bytes: config.wal_segment_size_max,
+            handshake_timeout_ms: millis(config.handshake_timeout),
+            keepalive_idle_ms: millis(config.keepalive_idle),
+            keepalive_interval_ms: millis(config.keepalive_interval),
+            keepalive_count: config.keepalive_count,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Settings {
+    /// The server's configuration: these settings over [`Config::default`] for the rest.
+    pub fn to_config(&self) -> Config {
+        Config {
+            listen: self.listen,
+            data_dir: self.data_dir.clone(),
+            durability: self.durability,
+            fsync: !self.no_fsync,
+            connections_max: self.connections_max,
+            held_max: self.held_max,
+            waiters_max: self.waiters_max,
+            waiters_per_key_max: self.waiters_per_key_max,
+            in_flight_max: self.in_flight_max,
+            ttl_ms_max: self.ttl_max_ms,
+            shards: self.shards,
+            wal_segment_size_max: self.wal_segment_bytes,
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            keepalive_idle: Duration::from_millis(self.keepalive_idle_ms),
+            keepalive_interval: Duration::from_millis(self.keepalive_interval_ms),
+            keepalive_count: self.keepalive_count,
+            ..Config::default()
+        }
+    }
+
+    /// These settings as a config file that `--config` reads back to the same settings.
+    ///
+    /// # Errors
+    /// A value TOML cannot hold (an integer over `i64::MAX`, a path that is not UTF-8).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        let body = toml::to_string(self).context("cannot write the settings as TOML")?;
+        let threads = if self.threads.is_none() {
+            "# threads: unset, one worker per core\n"
+        } else {
+            ""
+        };
+        let header = "# tenured settings in effect (flag > TENURE_* environment > file > default)";
+        Ok(format!("{header}\n{body}{threads}"))
+    }
+}
+
+/// What the command line asked for.
+pub struct Loaded {
+    /// The merged settings.
+    pub settings: Settings,
+    /// `--print-config`: print the settings and exit.
+    pub print_config: bool,
+}
+
+/// Reads the flags, the environment and the `--config` file. On `--help`, `--version` or a
+/// malformed flag, prints clap's message and exits, as clap does.
+///
+/// # Errors
+/// The config file cannot be read, or has an unknown key or a bad value (the message names
+/// the file and the key).
+pub fn load() -> anyhow::Result<Loaded> {
+    load_from(std::env::args_os())
+}
+
+fn load_from(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Loaded> {
+    let matches = Cli::command().get_matches_from(args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let file = match &cli.config {
+        Some(path) => read_file(path)?,
+        None => Settings::default(),
+    };
+    let settings = overlay(file, &cli.settings, &matches)?;
+    Ok(Loaded {
+        settings,
+        print_config: cli.print_config,
+    })
+}
+
+/// Parses a config file.
+///
+/// # Errors
+/// The file cannot be read, or a key is unknown or has a bad value; the message names the
+/// file, the line and the key.
+pub fn read_file(path: &Path) -> anyhow::Result<Settings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    parse_file(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+}
+
+/// Parses a config file's text; the error names the key it is about.
+fn parse_file(text: &str) -> Result<Settings, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        // toml quotes an unknown key itself; for a bad value it only shows the line, so the
+        // key is named here, taken from the start of that line.
+        let key = e
+            .span()
+            .and_then(|span| line_at(text, span.start).split_once('='))
+            .map(|(key, _)| key.trim().trim_matches('"'))
+            .filter(|key| !key.is_empty());
+        match key {
+            Some(key) => format!("key `{key}`: {e}"),
+            None => e.to_string(),
+        }
+    })
+}
+
+/// The whole line of `text` that holds byte `offset`.
+fn line_at(text: &str, offset: usize) -> &str {
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    &text[start..end]
+}
+
+/// `file` with every setting that came from a flag or the environment replaced by `cli`'s.
+fn overlay(file: Settings, cli: &Settings, matches: &ArgMatches) -> anyhow::Result<Settings> {
+    let mut merged = toml::Table::try_from(&file).context("cannot merge the settings")?;
+    let explicit = toml::Table::try_from(cli).context("cannot merge the settings")?;
+    for (key, value) in explicit {
+        // The serde key is the clap id in kebab-case (a unit test checks every key maps).
+        let source = matches.value_source(&key.replace('-', "_"));
+        if matches!(
+            source,
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            merged.insert(key, value);
+        }
+    }
+    merged.try_into().context("cannot merge the settings")
+}
+
+/// Sends log lines to stderr in `format`, at the level RUST_LOG gives (default `info`), with
+/// colour codes only when stderr is a terminal: in a file or a pipe they are noise.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_args(args: &[&str]) -> Settings {
+        let argv = std::iter::once("tenured").chain(args.iter().copied());
+        load_from(argv.map(OsString::from)).unwrap().settings
+    }
+
+    #[test]
+    fn every_key_is_a_flag() {
+        let command = Cli::command();
+        let table = toml::Table::try_from(Settings {
+            threads: Some(2),
+            ..Settings::default()
+        })
+        .unwrap();
+        for key in table.keys() {
+            let id = key.replace('-', "_");
+            let arg = command.get_arguments().find(|a| a.get_id() == id.as_str());
+            let arg = arg.unwrap_or_else(|| panic!("key {key} has no flag"));
+            assert_eq!(arg.get_long(), Some(key.as_str()));
+            let env = format!("TENURE_{}", id.to_uppercase());
+            assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new(&env)), "{key}");
+        }
+        assert_eq!(
+            table.len(),
+            18,
+            "a new setting needs a key, a flag and a variable"
+        );
+    }
+
+    #[test]
+    fn flag_beats_file_beats_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenured.toml");
+        std::fs::write(&path, "shards = 8\nheld-max = 500\nno-fsync = true\n").unwrap();
+        let path = path.to_str().unwrap();
+        let settings = load_args(&["--config", path, "--shards", "16"]);
+        assert_eq!(settings.shards, 16, "flag beats file");
+        assert_eq!(settings.held_max, 500, "file beats default");
+        assert!(settings.no_fsync, "file beats default");
+        assert_eq!(settings.waiters_max, Settings::default().waiters_max);
+        // A flag given with its default value still beats the file.
+        let default_shards = Settings::default().shards.to_string();
+        let settings = load_args(&["--config", path, "--shards", &default_shards]);
+        assert_eq!(settings.shards, Settings::default().shards);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = parse_file("shards = 8\nheld_maxx = 5\n").unwrap_err();
+        assert!(err.starts_with("key `held_maxx`"), "{err}");
+        assert!(err.contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_names_the_key_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "shards = 8\nheld-max = \"lots\"\n").unwrap();
+        let err = format!("{:#}", read_file(&path).unwrap_err());
+        assert!(err.contains("key `held-max`"), "{err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        let err = parse_file("durability = \"some\"\n").unwrap_err();
+        assert!(err.contains("key `durability`"), "{err}");
+    }
+
+    #[test]
+    fn printed_config_reads_back_the_same() {
+        let changed = Settings {
+            listen: "0.0.0.0:9000".parse().unwrap(),
+            data_dir: "/var/lib/tenure".into(),
+            durability: Durability::Tokens,
+            no_fsync: true,
+            threads: Some(3),
+            keepalive_count: 9,
+            log_format: LogFormat::Json,
+            ..Settings::default()
+        };
+        for settings in [Settings::default(), changed] {
+            let text = settings.to_toml().unwrap();
+            assert_eq!(parse_file(&text).unwrap(), settings, "{text}");
+        }
+    }
+
+    #[test]
+    fn shipped_sample_parses_and_lists_every_key() {
+        let sample = include_str!("../deploy/tenured.toml");
+        let settings = parse_file(sample).unwrap();
+        assert!(settings.to_config().validate().is_ok());
+        assert_eq!(settings.data_dir, Path::new("/var/lib/tenure"));
+        // Every key appears in the sample, set or commented out, so it documents them all.
+        let all = toml::Table::try_from(Settings {
+            threads: Some(1),
+            ..Settings::default()
+        })
+        .unwrap();
+        for key in all.keys() {
+            let mentioned = sample.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.starts_with(&format!("{key} ="))
+            });
+            assert!(mentioned, "the sample does not mention {key}");
+        }
+        // A commented-out key shows the default, so uncommenting it changes nothing.
+        let defaults = toml::Table::try_from(Settings::default()).unwrap();
+        for line in sample.lines().filter_map(|l| l.strip_prefix("# ")) {
+            let line = line.split(" #").next().unwrap();
+            let Ok(entry) = line.parse::<toml::Table>() else {
+                continue; // prose
+            };
+            for (key, value) in entry.iter().filter(|(k, _)| *k != "threads") {
+                assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");
+            }
+        }
+    }
+}
