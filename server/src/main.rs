@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
-        tenure_server::run(config, listener, shutdown).await
+        anyhow::Ok(tenure_server::run(config, listener, shutdown).await?)
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));

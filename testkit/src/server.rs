@@ -52,7 +52,7 @@ pub struct Server {
     /// Where it listens (127.0.0.1, a port the kernel chose).
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
     _data: Option<tempfile::TempDir>,
 }
 
@@ -179,7 +179,7 @@ impl Server {
     }
 
     /// Shuts the server down and returns what `run` returned.
-    pub async fn stop_result(mut self) -> anyhow::Result<()> {
+    pub async fn stop_result(mut self) -> Result<(), tenure_server::ServerError> {
         self.trigger_stop();
         (&mut self.task).await.expect("server task")
     }
