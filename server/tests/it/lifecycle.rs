@@ -104,8 +104,9 @@ async fn the_handshake_reply_carries_the_servers_limits() {
 async fn silent_connections_are_closed_after_the_handshake_limit() {
     let limit = Duration::from_millis(200);
     let server = Server::start_virtual_with(|config| config.handshake_timeout = limit).await;
-    // Nothing at all; only the first handshake byte; a console line without its end.
-    let openings: [&[u8]; 3] = [b"", &[0x00], b"PIN"];
+    // Nothing at all; only the first handshake byte; a console line without its end; blank
+    // lines only (they get no reply, so they open nothing).
+    let openings: [&[u8]; 4] = [b"", &[0x00], b"PIN", b"\n\r\n  \n"];
     for opening in openings {
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
         stream.write_all(opening).await.unwrap();
