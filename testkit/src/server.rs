@@ -6,8 +6,11 @@
 //! (`#[tokio::test(start_paused = true)]`). The server's clock, ticker and timeouts are then
 //! virtual, like the client's; tokio moves the clock to the next timer whenever every task is
 //! idle, so a lease runs out without waiting for it. Two things keep that exact:
-//! - the server's ticker (every 2 ms) is always the next timer, so a hop over loopback costs
-//!   at most one tick of virtual time;
+//! - tokio also moves the clock to the next timer when the runtime parks while a loopback
+//!   reply is already readable (it polls I/O without blocking, then advances). The server's
+//!   ticker (every 2 ms) is always due soon, so a hop over loopback costs at most one tick of
+//!   virtual time, not a jump to some far timeout; a test that turns the ticker off keeps a
+//!   [`Heartbeat`] instead;
 //! - nothing may wait on another thread, or virtual time would race ahead while it does: the
 //!   WAL's syncer is a thread, so the virtual server logs only fencing-token reservations
 //!   (token-only durability, one reservation big enough for any test) and replies never
