@@ -660,6 +660,61 @@ async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
     server.stop().await;
 }
 
+/// Restarts of the snapshot test below: each stops the server while a snapshot is likely
+/// still copying.
+const SNAPSHOT_RESTARTS: usize = 12;
+
+/// `run` returns only once a snapshot in progress has finished, so the data directory is
+/// free at once and a server started on it in the same process starts (a snapshot still
+/// copying on its blocking thread used to keep the directory locked: `DataDirInUse`).
+#[tokio::test]
+async fn a_restart_right_after_a_snapshot_began_finds_the_data_directory_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        wal_segment_bytes_max: 64 * 1024,
+        fsync: true, // every shard of a snapshot waits for a sync: the copy takes a while
+        ..Config::for_tests(dir.path())
+    };
+    for round in 0..=SNAPSHOT_RESTARTS {
+        let server = Server::start_with(config.clone()).await;
+        if let Err(e) = tokio::net::TcpStream::connect(server.addr).await {
+            panic!("start {round}: {e}: {:?}", server.stop_result().await);
+        }
+        let mut c = Console::connect(server.addr).await;
+        // Live locks for the snapshot to copy (they come back at every restart).
+        if round == 0 {
+            let mut held = String::new();
+            for i in 0..5_000 {
+                held.push_str(&format!("ACQUIRE live:{i} 600000\n"));
+            }
+            c.send(&held).await;
+            for _ in 0..5_000 {
+                assert!(c.line().await.starts_with("OK "));
+            }
+        }
+        // Grants and releases of other keys until the log outgrows the live state.
+        let mut batch = String::new();
+        for i in 0..2_000 {
+            batch.push_str(&format!("ACQUIRE churn:{round}:{i} 60000\n"));
+        }
+        c.send(&batch).await;
+        let mut releases = String::new();
+        for i in 0..2_000 {
+            let g = c.line().await;
+            releases.push_str(&format!(
+                "RELEASE churn:{round}:{i} {}\n",
+                field(&g, "lease")
+            ));
+        }
+        c.send(&releases).await;
+        for _ in 0..2_000 {
+            assert_eq!(c.line().await, "OK");
+        }
+        drop(c);
+        server.stop().await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn limits_answer_that_client_with_a_clear_error() {
     let server = Server::start_virtual_with(|config| {
