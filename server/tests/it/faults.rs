@@ -708,7 +708,12 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
             let (addr, model, keys, flags) = (server.addr, &model, &keys, (&stop, &dying));
             s.spawn(move || run_client(addr, model, client_seed, keys, true, flags));
         }
-        // Real time: the load runs in threads; the fault is armed mid-run.
+        // Real time: the load runs in threads; the fault is armed mid-run, once something was
+        // acknowledged (a loaded machine can take longer than `armed_after` to get there).
+        let deadline = Instant::now() + REPLY_WAIT_MAX;
+        while lock(&model).grants_acked == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::thread::sleep(armed_after);
         let plan = plan(&faults, &mut rng);
         eprintln!("{test}: armed {plan:?} after {armed_after:?}");
