@@ -3,7 +3,8 @@
 //! - `e2e`: the library — requests, lease guards, loss signals, fencing, watches, elections,
 //!   leases and leaderships won after a long wait;
 //! - `cli`: the `tenure` command line — `run`, `elect`, exit codes, output field names,
-//!   `tenure console`.
+//!   `tenure console`;
+//! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -13,6 +14,7 @@
 //! crash would) or run the `tenure` binary (a process of its own, on the real clock) run in
 //! real time, with bounds in seconds.
 
+mod auth;
 mod cli;
 mod e2e;
 

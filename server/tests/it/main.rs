@@ -1,4 +1,6 @@
 //! The server's integration tests, one test binary (one link, one process start per run):
+//! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
+//!   loopback-only default;
 //! - `e2e`: console and binary protocol over real TCP, hand-off, expiry, limits, restarts,
 //!   and `kill -9` and SIGTERM of the real `tenured` binary;
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
@@ -13,6 +15,7 @@
 //! ([`tenure_testkit::Server::start_virtual`]); the rest run in real time with bounds in
 //! seconds.
 
+mod auth;
 mod e2e;
 mod faults;
 mod lifecycle;
