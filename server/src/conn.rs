@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{LINE_LEN_MAX, READ_BUFFER_MAX};
 use crate::console::{self, Command};
+use crate::metrics::{self, Timing};
 use crate::state::{ConnCtx, Outcome, Shared, Undo, WaitResult};
 use crate::wal::Lsn;
 use crate::watch::WatchEvent;
@@ -126,6 +127,7 @@ impl Surface {
 enum Later {
     Wait {
         id: u64,
+        timing: Option<Timing>,
         result: Result<WaitResult, ()>,
         key: Bytes,
         release_on_disconnect: bool,
@@ -148,6 +150,8 @@ struct Queued {
     undo: Option<Undo>,
     /// Pushed by the server (an event, or the end of a watch), not the answer to a request.
     pushed: bool,
+    /// When the request this answers was read, for its latency metric.
+    timing: Option<Timing>,
 }
 
 /// A protocol response, or a console-only line (HELP, BYE) that has no binary form.
@@ -179,6 +183,11 @@ pub async fn serve(
         }
         _ = shutdown.cancelled() => return,
     };
+    let kind = match surface {
+        Surface::Binary => metrics::Surface::Binary,
+        Surface::Console { .. } => metrics::Surface::Console,
+    };
+    shared.stats.metrics.connection(kind, true);
     let mut conn = Conn {
         shared,
         stream,
@@ -194,11 +203,13 @@ pub async fn serve(
         fatal: false,
         stopping: false,
         fatal_error: None,
+        timing: None,
     };
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
     }
     conn.finish();
+    conn.shared.stats.metrics.connection(kind, false);
 }
 
 /// Reads a connection's opening, which must arrive within the handshake limit: the binary
@@ -303,6 +314,8 @@ struct Conn {
     /// The error that broke the stream, sent (request id 0) once every earlier request is
     /// answered, as the last frame before the close.
     fatal_error: Option<(ErrorCode, String)>,
+    /// The request being run: its reply takes it along, for the latency metric.
+    timing: Option<Timing>,
 }
 
 impl Conn {
@@ -430,6 +443,7 @@ impl Conn {
 
     /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
     fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>) {
+        self.timing = Some(Timing::start(&request));
         if self.in_flight() >= self.shared.config.in_flight_max as usize {
             let max = self.shared.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
@@ -471,10 +485,12 @@ impl Conn {
                 release_on_disconnect,
             } => {
                 self.waits.insert(id, (key.clone(), waiter_id));
+                let timing = self.timing.take();
                 self.later.push(Box::pin(async move {
                     let result = rx.await.map_err(|_| ());
                     Later::Wait {
                         id,
+                        timing,
                         result,
                         key,
                         release_on_disconnect,
@@ -485,6 +501,7 @@ impl Conn {
                 request,
                 received_ms,
             } => {
+                self.timing = None; // the retry times itself
                 let shared = Arc::clone(&self.shared);
                 self.later.push(Box::pin(async move {
                     let reserved = shared.reserve_tokens().await.map_err(|e| e.to_string());
@@ -503,11 +520,13 @@ impl Conn {
         match done {
             Later::Wait {
                 id,
+                timing,
                 result,
                 key,
                 release_on_disconnect,
             } => {
                 self.waits.remove(&id);
+                self.timing = timing;
                 let (response, lsn) = match result {
                     Ok(WaitResult::Granted {
                         grant,
@@ -647,6 +666,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: None,
             pushed: true,
+            timing: None,
         });
     }
 
@@ -657,6 +677,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: None,
             pushed: false,
+            timing: self.timing.take(),
         });
     }
 
@@ -668,6 +689,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: Some(undo),
             pushed: false,
+            timing: self.timing.take(),
         });
     }
 
@@ -680,6 +702,7 @@ impl Conn {
             reply: Reply::Line(line),
             undo: None,
             pushed: false,
+            timing: None,
         });
     }
 
@@ -695,6 +718,7 @@ impl Conn {
                 reply,
                 undo,
                 pushed,
+                timing,
             } = self.queue.pop_front().expect("front exists");
             if pushed {
                 self.events_queued -= 1;
@@ -732,6 +756,9 @@ impl Conn {
                 },
                 _ => response,
             };
+            if let Some(timing) = timing {
+                self.shared.stats.metrics.replied(timing, &response);
+            }
             self.surface.encode(id, &response, &mut self.wbuf);
         }
     }

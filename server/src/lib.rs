@@ -17,11 +17,15 @@
 //! - [`watch`]: subscriptions to a key's changes.
 //! - [`clock`]: the one place that reads time.
 //! - [`config`]: every runtime limit. [`stats`]: counters for STATS.
+//! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
+//!   `/readyz` on `--metrics-listen`.
 
 pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod console;
+pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod state;
 pub mod stats;
@@ -35,4 +39,4 @@ pub mod wheel;
 mod sim;
 
 pub use config::{Config, Durability};
-pub use server::{run, run_with_storage};
+pub use server::{run, run_with_metrics, run_with_storage};

@@ -21,6 +21,8 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::conn;
+use crate::http;
+use crate::metrics::Scrape;
 use crate::state::Shared;
 use crate::stats::Stats;
 use crate::wal::{self, Record, SyncMode, WalOptions};
@@ -35,18 +37,36 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_with_metrics(config, None, listener, None, shutdown).await
+}
+
+/// [`run`], also serving `/metrics`, `/healthz` and `/readyz` on `metrics_listener` (from
+/// before recovery on; see [`crate::http`]), with the WAL in `storage` if given (as
+/// [`run_with_storage`]) or else in files in `config.data_dir`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_metrics(
+    config: Config,
+    storage: Option<Arc<dyn wal::Storage>>,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     validate(&config)?;
-    let dir_lock = lock_data_dir(&config.data_dir)?;
-    let storage = wal::FsStorage::new(&config.data_dir)
-        .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
-    serve(
-        config,
-        Arc::new(storage),
-        Some(dir_lock),
-        listener,
-        shutdown,
-    )
-    .await
+    let (storage, dir_lock) = match storage {
+        Some(storage) => (storage, None),
+        None => {
+            let dir_lock = lock_data_dir(&config.data_dir)?;
+            let storage = wal::FsStorage::new(&config.data_dir)
+                .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
+            (Arc::new(storage) as Arc<dyn wal::Storage>, Some(dir_lock))
+        }
+    };
+    let http = HttpTask::start(metrics_listener);
+    let result = serve(config, storage, dir_lock, listener, &http.scrape, shutdown).await;
+    http.stop().await;
+    result
 }
 
 /// [`run`] with the WAL kept in `storage` instead of files in `config.data_dir`, such as a
@@ -61,8 +81,32 @@ pub async fn run_with_storage(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    validate(&config)?;
-    serve(config, storage, None, listener, shutdown).await
+    run_with_metrics(config, Some(storage), listener, None, shutdown).await
+}
+
+/// The HTTP endpoint's task, if `--metrics-listen` is set.
+struct HttpTask {
+    scrape: Scrape,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl HttpTask {
+    fn start(listener: Option<TcpListener>) -> HttpTask {
+        let scrape = Scrape::default();
+        let stop = CancellationToken::new();
+        let task = listener.map(|l| tokio::spawn(http::serve(l, scrape.clone(), stop.clone())));
+        HttpTask { scrape, stop, task }
+    }
+
+    /// Stops it and waits, so nothing holds the server's state (and its data-directory
+    /// lock) once `run` returns.
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
 }
 
 fn validate(config: &Config) -> anyhow::Result<()> {
@@ -78,6 +122,7 @@ async fn serve(
     storage: Arc<dyn wal::Storage>,
     dir_lock: Option<std::fs::File>,
     listener: TcpListener,
+    scrape: &Scrape,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let mut shared = recover(config, storage).await?;
@@ -87,6 +132,7 @@ async fn serve(
         .reserve_tokens()
         .await
         .context("could not sync the first block of fencing tokens")?;
+    let _ = scrape.shared.set(Arc::clone(&shared));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
 
@@ -150,6 +196,10 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
     };
     let leases = recovered.leases.len();
     let shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
+    shared
+        .stats
+        .metrics
+        .recovered(started.elapsed(), refused_until_ms);
     for lease in recovered.leases {
         let mut shard = shared.shard(&lease.key);
         shard.restore(
@@ -284,25 +334,28 @@ async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
         if shared.wal.should_snapshot() && !snapshotting.swap(true, Ordering::AcqRel) {
             let (shared, snapshotting) = (Arc::clone(&shared), Arc::clone(&snapshotting));
             tokio::task::spawn_blocking(move || {
-                snapshot(&shared);
+                let started = std::time::Instant::now();
+                let done = snapshot(&shared);
+                shared.stats.metrics.snapshot_done(started.elapsed(), done);
                 snapshotting.store(false, Ordering::Release);
             });
         }
     }
 }
 
-/// Copies every live lease into the WAL so old segments can be deleted (see `wal`).
+/// Copies every live lease into the WAL so old segments can be deleted (see `wal`); `false`
+/// if the snapshot was abandoned.
 ///
 /// Each shard is copied under its own lock, so the log orders the copy correctly against
 /// that shard's traffic. After each shard the copy waits until it is durable: the WAL's
 /// backlog then never holds more than one shard's worth, and clients' records are not
 /// refused for lack of room while a large table is copied.
-fn snapshot(shared: &Arc<Shared>) {
+fn snapshot(shared: &Arc<Shared>) -> bool {
     let token = match shared.wal.begin_snapshot(shared.tokens.limit()) {
         Ok(token) => token,
         Err(e) => {
             tracing::warn!(error = %e, "could not start a WAL snapshot");
-            return;
+            return false;
         }
     };
     for shard in shared.shards() {
@@ -324,12 +377,14 @@ fn snapshot(shared: &Arc<Shared>) {
         drop(shard);
         if let Err(e) = result.and_then(|lsn| shared.wal.wait_durable_blocking(lsn)) {
             tracing::warn!(error = %e, "WAL snapshot abandoned");
-            return;
+            return false;
         }
     }
     if let Err(e) = shared.wal.end_snapshot(token) {
         tracing::warn!(error = %e, "could not finish a WAL snapshot");
+        return false;
     }
+    true
 }
 
 #[cfg(test)]

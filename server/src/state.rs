@@ -343,7 +343,10 @@ impl Shared {
                 }
                 match self.shard(&key).renew(now_ms, &key, lease_id, ttl_ms) {
                     table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
-                    table::Renew::Lost => Response::Lost,
+                    table::Renew::Lost => {
+                        self.stats.metrics.renew_lost(lease_id);
+                        Response::Lost
+                    }
                 }
             }
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
@@ -753,9 +756,11 @@ impl Shared {
                 Event::Expired {
                     key,
                     token,
+                    lease_id,
                     handoff,
                 } => {
                     Stats::bump(&self.stats.expirations);
+                    self.stats.metrics.expired(lease_id);
                     // Not waited for: an expiry lost in a crash comes back as a held lease
                     // whose TTL runs again, which is the safe direction.
                     let _ = self.log_free(&key, token, FreeReason::Expired);

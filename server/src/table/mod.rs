@@ -813,6 +813,7 @@ impl<W: Waiter> LockTable<W> {
         }
         let already_ended = lock.deadline_ms == 0;
         let token = lock.token;
+        let lease_id = lock.lease_id;
         let key: Box<[u8]> = if already_ended {
             Box::default()
         } else {
@@ -823,11 +824,13 @@ impl<W: Waiter> LockTable<W> {
             HandOff::Granted(handoff) => events.push(Event::Expired {
                 key,
                 token,
+                lease_id,
                 handoff: Some(handoff),
             }),
             HandOff::Freed | HandOff::Deferred if !already_ended => events.push(Event::Expired {
                 key,
                 token,
+                lease_id,
                 handoff: None,
             }),
             HandOff::Freed | HandOff::Deferred => {}

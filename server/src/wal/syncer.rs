@@ -172,12 +172,16 @@ impl Syncer {
                 .write_all(&chunk.buf)
                 .map_err(|e| format!("writing {}: {e}", path()))?;
         }
+        let started = std::time::Instant::now();
         if sync_mode == SyncMode::Data {
             self.file
                 .sync_data()
                 .map_err(|e| format!("fdatasync {}: {e}", path()))?;
             outcome.fsyncs += 1;
         }
+        let records = self.batch.iter().map(|c| c.records).sum();
+        let synced = (sync_mode == SyncMode::Data).then(|| started.elapsed());
+        self.shared.options.metrics.batch_written(records, synced);
         self.synced_len += self.batch.iter().map(|c| c.buf.len() as u64).sum::<u64>();
         Ok(outcome)
     }

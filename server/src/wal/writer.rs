@@ -449,6 +449,11 @@ impl Wal {
         self.lock().stats
     }
 
+    /// The syncer's fsync latency and batch-size histograms.
+    pub fn metrics(&self) -> &crate::metrics::WalMetrics {
+        &self.shared.options.metrics
+    }
+
     /// Waits until `lsn` is durable.
     ///
     /// # Errors
