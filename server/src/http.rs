@@ -84,7 +84,11 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
     tracker.wait().await;
 }
 
-fn answer(request: &Request<Incoming>, registry: &Registry, scrape: &Scrape) -> Response<Full<Bytes>> {
+fn answer(
+    request: &Request<Incoming>,
+    registry: &Registry,
+    scrape: &Scrape,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n".into());
     }
@@ -110,7 +114,10 @@ fn wants_openmetrics(request: &Request<Incoming>) -> bool {
         .headers()
         .get_all(hyper::header::ACCEPT)
         .iter()
-        .any(|v| v.to_str().is_ok_and(|v| v.contains("application/openmetrics-text")))
+        .any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.contains("application/openmetrics-text"))
+        })
 }
 
 /// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
@@ -122,12 +129,18 @@ pub fn to_classic_text(openmetrics: &str) -> String {
         .collect();
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines().filter(|l| *l != "# EOF") {
-        let meta = ["# HELP ", "# TYPE "].into_iter().find(|p| line.starts_with(*p));
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find(|p| line.starts_with(*p));
         match meta {
             Some(prefix) => {
                 let rest = &line[prefix.len()..];
                 let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let suffix = if counters.contains(name) { "_total" } else { "" };
+                let suffix = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
                 out.push_str(&format!("{prefix}{name}{suffix} {tail}\n"));
             }
             None => {

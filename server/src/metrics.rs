@@ -119,7 +119,10 @@ impl Histogram {
     fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> FmtResult {
         let mut buckets = Vec::with_capacity(self.counts.len());
         for (i, count) in self.counts.iter().enumerate() {
-            let bound = self.bounds.get(i).map_or(f64::MAX, |&b| b as f64 * self.scale);
+            let bound = self
+                .bounds
+                .get(i)
+                .map_or(f64::MAX, |&b| b as f64 * self.scale);
             buckets.push((bound, count.load(Ordering::Relaxed)));
         }
         let count = buckets.iter().map(|(_, n)| n).sum();
@@ -349,7 +352,9 @@ pub struct Scrape {
 impl std::fmt::Debug for Scrape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let recovered = self.shared.get().is_some();
-        f.debug_struct("Scrape").field("recovered", &recovered).finish()
+        f.debug_struct("Scrape")
+            .field("recovered", &recovered)
+            .finish()
     }
 }
 
@@ -374,7 +379,12 @@ impl Collector for Scrape {
         };
         let ready = not_ready(Some(shared)).is_none();
         let help = "1 when /readyz answers 200: recovered, WAL healthy, grants not refused";
-        gauge(&mut encoder, "tenure_ready", help, f64::from(u8::from(ready)))?;
+        gauge(
+            &mut encoder,
+            "tenure_ready",
+            help,
+            f64::from(u8::from(ready)),
+        )?;
         encode_requests(&mut encoder, &shared.stats.metrics)?;
         encode_table(&mut encoder, shared)?;
         encode_connections(&mut encoder, &shared.stats)?;
@@ -385,7 +395,8 @@ impl Collector for Scrape {
 /// Requests by op and outcome, their latency, lost renewals.
 fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
     let help = "Requests answered, by op and outcome";
-    let mut family = encoder.encode_descriptor("tenure_requests", help, None, MetricType::Counter)?;
+    let mut family =
+        encoder.encode_descriptor("tenure_requests", help, None, MetricType::Counter)?;
     for (op, row) in OP_KINDS.iter().zip(&m.requests) {
         let op = op.to_ascii_lowercase();
         for (outcome, n) in OUTCOMES.iter().zip(row) {
@@ -402,8 +413,12 @@ fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
     }
     let help = "RENEWs answered LOST: reason=expired if the lease had expired (it was still \
                 being renewed), unknown otherwise";
-    let mut family = encoder.encode_descriptor("tenure_renewals_lost", help, None, MetricType::Counter)?;
-    for (reason, n) in [("expired", &m.renewals_lost_expired), ("unknown", &m.renewals_lost_other)] {
+    let mut family =
+        encoder.encode_descriptor("tenure_renewals_lost", help, None, MetricType::Counter)?;
+    for (reason, n) in [
+        ("expired", &m.renewals_lost_expired),
+        ("unknown", &m.renewals_lost_other),
+    ] {
         let value = ConstCounter::new(n.load(Ordering::Relaxed));
         value.encode(family.encode_family(&[("reason", reason)])?)?;
     }
@@ -415,22 +430,62 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
     let s = &shared.stats;
     let pairs = shared.stats_pairs();
     let pair = |name: &str| pairs.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
-    gauge(encoder, "tenure_held_locks", "Locks held now", pair("held") as f64)?;
-    gauge(encoder, "tenure_waiters", "Blocking acquires waiting now", pair("waiters") as f64)?;
-    gauge(encoder, "tenure_watches", "Keys watched now", pair("watches") as f64)?;
+    gauge(
+        encoder,
+        "tenure_held_locks",
+        "Locks held now",
+        pair("held") as f64,
+    )?;
+    gauge(
+        encoder,
+        "tenure_waiters",
+        "Blocking acquires waiting now",
+        pair("waiters") as f64,
+    )?;
+    gauge(
+        encoder,
+        "tenure_watches",
+        "Keys watched now",
+        pair("watches") as f64,
+    )?;
     // Identities (issue 10 item 1) will add a `tenure_identity_held_locks{identity}` gauge
     // here, bounded by the configured identities; until then the server-wide gauge above is it.
-    counter(encoder, "tenure_grants", "Grants, hand-offs included", Stats::get(&s.grants))?;
+    counter(
+        encoder,
+        "tenure_grants",
+        "Grants, hand-offs included",
+        Stats::get(&s.grants),
+    )?;
     let help = "Grants handed to a waiter on release or expiry";
     counter(encoder, "tenure_handoffs", help, Stats::get(&s.handoffs))?;
     let help = "Acquires answered LOCKED, at once or when their wait ran out";
     counter(encoder, "tenure_locked", help, Stats::get(&s.locked))?;
-    counter(encoder, "tenure_expirations", "Leases that ran out", Stats::get(&s.expirations))?;
-    counter(encoder, "tenure_errors", "Requests answered ERROR", Stats::get(&s.errors))?;
+    counter(
+        encoder,
+        "tenure_expirations",
+        "Leases that ran out",
+        Stats::get(&s.expirations),
+    )?;
+    counter(
+        encoder,
+        "tenure_errors",
+        "Requests answered ERROR",
+        Stats::get(&s.errors),
+    )?;
     let help = "Next fencing token to be granted (the high-water mark)";
-    gauge(encoder, "tenure_token_high_water", help, shared.tokens.next_token() as f64)?;
+    gauge(
+        encoder,
+        "tenure_token_high_water",
+        help,
+        shared.tokens.next_token() as f64,
+    )?;
     let help = "Fencing tokens durably reserved (never granted at or above)";
-    gauge(encoder, "tenure_token_limit", help, shared.tokens.limit() as f64)?;
+    gauge(
+        encoder,
+        "tenure_token_limit",
+        help,
+        shared.tokens.limit() as f64,
+    )?;
     let m = &s.metrics;
     let recovery = m.recovery_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
     let help = "Seconds the last start spent replaying the WAL";
@@ -439,45 +494,101 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
     let help = "Seconds left in which a token-only restart still refuses grants";
     gauge(encoder, "tenure_recovering_seconds_left", help, left)?;
     let help = "Bytes the lock table holds in memory";
-    gauge(encoder, "tenure_table_bytes", help, pair("table_bytes") as f64)?;
+    gauge(
+        encoder,
+        "tenure_table_bytes",
+        help,
+        pair("table_bytes") as f64,
+    )?;
     let help = "Seconds since the server started";
-    gauge(encoder, "tenure_uptime_seconds", help, shared.clock.now_ms() as f64 / 1000.0)
+    gauge(
+        encoder,
+        "tenure_uptime_seconds",
+        help,
+        shared.clock.now_ms() as f64 / 1000.0,
+    )
 }
 
 /// Open connections by surface, accepted and refused ones.
 fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
     let help = "Client connections open now, by surface (before the first byte: none)";
-    let mut family = encoder.encode_descriptor("tenure_connections", help, None, MetricType::Gauge)?;
+    let mut family =
+        encoder.encode_descriptor("tenure_connections", help, None, MetricType::Gauge)?;
     for (surface, n) in SURFACES.iter().zip(&s.metrics.open_by_surface) {
         let value = ConstGauge::new(n.load(Ordering::Relaxed));
         value.encode(family.encode_family(&[("surface", *surface)])?)?;
     }
     let help = "Client connections accepted";
-    counter(encoder, "tenure_connections_accepted", help, Stats::get(&s.connections_total))?;
+    counter(
+        encoder,
+        "tenure_connections_accepted",
+        help,
+        Stats::get(&s.connections_total),
+    )?;
     let help = "Client connections refused at --connections-max (before any surface is known)";
-    counter(encoder, "tenure_connections_refused", help, Stats::get(&s.connections_refused))
+    counter(
+        encoder,
+        "tenure_connections_refused",
+        help,
+        Stats::get(&s.connections_refused),
+    )
 }
 
 /// WAL health, fsync latency and batch size, bytes, segments, snapshots.
 fn encode_wal(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
     let failed = shared.durable().borrow().failed.is_some();
     let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
-    gauge(encoder, "tenure_wal_failed", help, f64::from(u8::from(failed)))?;
+    gauge(
+        encoder,
+        "tenure_wal_failed",
+        help,
+        f64::from(u8::from(failed)),
+    )?;
     let wal = shared.wal.stats();
     let metrics = shared.wal.metrics();
     let help = "Seconds each WAL fdatasync took";
-    histogram(encoder, "tenure_wal_fsync_duration_seconds", help, &metrics.fsync)?;
+    histogram(
+        encoder,
+        "tenure_wal_fsync_duration_seconds",
+        help,
+        &metrics.fsync,
+    )?;
     let help = "Records each WAL write batch carried (the group-commit factor)";
-    histogram(encoder, "tenure_wal_records_per_batch", help, &metrics.records_per_batch)?;
-    counter(encoder, "tenure_wal_records", "WAL records written", wal.records)?;
-    counter(encoder, "tenure_wal_written_bytes", "WAL record bytes written", wal.bytes)?;
-    counter(encoder, "tenure_wal_fsyncs", "WAL fdatasync calls", wal.fsyncs)?;
+    histogram(
+        encoder,
+        "tenure_wal_records_per_batch",
+        help,
+        &metrics.records_per_batch,
+    )?;
+    counter(
+        encoder,
+        "tenure_wal_records",
+        "WAL records written",
+        wal.records,
+    )?;
+    counter(
+        encoder,
+        "tenure_wal_written_bytes",
+        "WAL record bytes written",
+        wal.bytes,
+    )?;
+    counter(
+        encoder,
+        "tenure_wal_fsyncs",
+        "WAL fdatasync calls",
+        wal.fsyncs,
+    )?;
     let live = wal.segments_created.saturating_sub(wal.segments_deleted) + 1;
     let help = "WAL segment files on disk (the one open at start counts as one)";
     gauge(encoder, "tenure_wal_segments", help, live as f64)?;
     let m = &shared.stats.metrics;
     let help = "Seconds each WAL snapshot of the live locks took";
-    histogram(encoder, "tenure_wal_snapshot_duration_seconds", help, &m.snapshot)?;
+    histogram(
+        encoder,
+        "tenure_wal_snapshot_duration_seconds",
+        help,
+        &m.snapshot,
+    )?;
     let help = "WAL snapshots abandoned";
     let failures = m.snapshot_failures.load(Ordering::Relaxed);
     counter(encoder, "tenure_wal_snapshot_failures", help, failures)

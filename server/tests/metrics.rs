@@ -127,7 +127,10 @@ impl Console {
 
     async fn send(&mut self, line: &str) {
         let stream = self.reader.get_mut();
-        stream.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        stream
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
     }
 
     async fn recv(&mut self) -> String {
@@ -195,10 +198,17 @@ async fn scraped_metrics_pass_promtool_check_metrics() {
     assert_eq!(c.call("PING").await, "PONG");
     let text = server.scrape().await;
     let out = promtool(&["check", "metrics"], &text);
-    let report = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let report =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "promtool: {report}\n{text}");
-    assert!(report.trim().is_empty(), "promtool found problems: {report}\n{text}");
-    assert!(text.contains("tenure_request_duration_seconds_bucket{"), "{text}");
+    assert!(
+        report.trim().is_empty(),
+        "promtool found problems: {report}\n{text}"
+    );
+    assert!(
+        text.contains("tenure_request_duration_seconds_bucket{"),
+        "{text}"
+    );
     server.stop().await;
 }
 
@@ -220,18 +230,42 @@ async fn counters_move_for_grant_locked_expiry_handoff_and_lost_renewal() {
     assert_eq!(first.call(&format!("RENEW k {stranger} 300")).await, "LOST");
     let text = server.scrape().await;
     let acquire = |outcome: &str| {
-        sample(&text, &format!("tenure_requests_total{{op=\"acquire\",outcome=\"{outcome}\"}}"))
+        sample(
+            &text,
+            &format!("tenure_requests_total{{op=\"acquire\",outcome=\"{outcome}\"}}"),
+        )
     };
     assert_eq!(acquire("granted"), 2.0);
     assert_eq!(acquire("locked"), 1.0);
-    assert_eq!(sample(&text, "tenure_requests_total{op=\"renew\",outcome=\"lost\"}"), 2.0);
-    assert_eq!(sample(&text, "tenure_request_duration_seconds_count{op=\"acquire\"}"), 3.0);
+    assert_eq!(
+        sample(
+            &text,
+            "tenure_requests_total{op=\"renew\",outcome=\"lost\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "tenure_request_duration_seconds_count{op=\"acquire\"}"
+        ),
+        3.0
+    );
     assert_eq!(sample(&text, "tenure_expirations_total"), 1.0);
     assert_eq!(sample(&text, "tenure_handoffs_total"), 1.0);
-    assert_eq!(sample(&text, "tenure_renewals_lost_total{reason=\"expired\"}"), 1.0);
-    assert_eq!(sample(&text, "tenure_renewals_lost_total{reason=\"unknown\"}"), 1.0);
+    assert_eq!(
+        sample(&text, "tenure_renewals_lost_total{reason=\"expired\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "tenure_renewals_lost_total{reason=\"unknown\"}"),
+        1.0
+    );
     assert_eq!(sample(&text, "tenure_held_locks"), 1.0);
-    assert_eq!(sample(&text, "tenure_connections{surface=\"console\"}"), 2.0);
+    assert_eq!(
+        sample(&text, "tenure_connections{surface=\"console\"}"),
+        2.0
+    );
     assert_eq!(sample(&text, "tenure_connections{surface=\"binary\"}"), 0.0);
     assert!(sample(&text, "tenure_token_high_water") >= 2.0);
     assert!(sample(&text, "tenure_wal_records_per_batch_count") >= 1.0);
@@ -249,7 +283,11 @@ async fn readyz_is_503_in_the_token_only_recovering_window_then_200() {
     };
     let server = Server::start(config.clone(), None).await;
     let (status, body) = server.get("/readyz").await;
-    assert_eq!((status, body.as_str()), (200, "ready\n"), "a fresh log has no window");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "ready\n"),
+        "a fresh log has no window"
+    );
     server.stop().await;
 
     let server = Server::start(config, None).await;
@@ -291,7 +329,10 @@ async fn readyz_is_503_after_the_wal_failed() {
         ..FaultPlan::default()
     });
     let mut c = Console::connect(server.addr).await;
-    assert!(c.call("ACQUIRE k 60000").await.starts_with("ERR UNAVAILABLE"));
+    assert!(c
+        .call("ACQUIRE k 60000")
+        .await
+        .starts_with("ERR UNAVAILABLE"));
     let (status, body) = server.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("WAL failed"), "{body}");
@@ -307,6 +348,19 @@ async fn http_side_answers_only_its_paths_and_methods() {
     assert_eq!(server.get("/nope").await.0, 404);
     let post = "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n";
     assert_eq!(http_raw(server.metrics, post).await.0, 405);
+    // Prometheus asks for OpenMetrics and gets it; others get the classic text format.
+    let accept = "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+                  Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+    let (status, body) = http_raw(server.metrics, accept).await;
+    assert_eq!(status, 200);
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(body.contains("# TYPE tenure_requests counter"), "{body}");
+    let classic = server.scrape().await;
+    assert!(!classic.contains("# EOF"), "{classic}");
+    assert!(
+        classic.contains("# TYPE tenure_requests_total counter"),
+        "{classic}"
+    );
     // A request head over the limit is refused, not buffered.
     let huge = format!(
         "GET /metrics HTTP/1.1\r\nHost: t\r\nX-Pad: {}\r\n\r\n",
@@ -341,7 +395,8 @@ async fn shipped_dashboard_and_alerts_use_exported_metrics() {
     }
     let path = deploy.join("alerts.yml");
     let out = promtool(&["check", "rules", path.to_str().unwrap()], "");
-    let report = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let report =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "promtool check rules: {report}");
 }
 
@@ -351,11 +406,20 @@ fn metrics_bind_error_is_a_clear_startup_error() {
     let addr = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tenured"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &addr, "--data-dir"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            &addr,
+            "--data-dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("cannot listen for metrics on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen for metrics on {addr}")),
+        "{stderr}"
+    );
 }
