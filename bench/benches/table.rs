@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tenure_protocol::LeaseId;
 use tenure_server::table::{
-    Acquire, AcquireArgs, Event, LockTable, Release, Renew, TableLimits, Waiter,
+    Acquire, AcquireArgs, Event, LockTable, Release, Renew, TableLimits, WaiterSink,
 };
 use tenure_server::tokens::TokenAllocator;
 
@@ -35,7 +35,7 @@ const FRESH_SPAN: u64 = 64 * CHUNK;
 /// The benches never wait, so the waiter type is never instantiated.
 struct NoWaiter;
 
-impl Waiter for NoWaiter {
+impl WaiterSink for NoWaiter {
     fn is_live(&self) -> bool {
         true
     }
@@ -73,7 +73,7 @@ impl Fixture {
             let lease = fixture.acquire(T_FILL_MS, n);
             fixture.leases.push(lease);
         }
-        assert_eq!(fixture.table.held_count() as u64, population);
+        assert_eq!(fixture.table.slots_in_use() as u64, population);
         fixture
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use tenure_protocol::LeaseId;
-use tenure_server::table::{Acquire, AcquireArgs, LockTable, TableLimits, Waiter};
+use tenure_server::table::{Acquire, AcquireArgs, LockTable, TableLimits, WaiterSink};
 use tenure_server::tokens::TokenAllocator;
 
 /// Waiters queued on the one key, per benchmark.
@@ -20,7 +20,7 @@ const TTL_MS: u32 = 3_600_000;
 /// Waiters are only cancelled, never handed the lock, so they carry nothing.
 struct NoWaiter;
 
-impl Waiter for NoWaiter {
+impl WaiterSink for NoWaiter {
     fn is_live(&self) -> bool {
         true
     }

@@ -14,6 +14,10 @@ pub const TTL_MS_MIN: u32 = 10;
 pub const TTL_MS_MAX: u32 = 86_400_000;
 /// Longest time a blocking acquire may wait, in milliseconds (one hour).
 pub const WAIT_MS_MAX: u32 = 3_600_000;
+/// Longest console line, in bytes before its newline: a longer one is answered
+/// `LINE_TOO_LONG` and the connection closed. It fits the longest key and metadata with room
+/// for the command word and its numbers.
+pub const LINE_LEN_MAX: usize = 4096;
 /// Largest frame either side may send, counted after the 4-byte length prefix.
 pub const FRAME_LEN_MAX: usize = 8 * 1024;
 /// Smallest frame: opcode (1 byte) and request id (8 bytes).
@@ -39,3 +43,4 @@ const _: () = assert!(FRAME_LEN_MIN + 2 + 2 + ERROR_MESSAGE_LEN_MAX <= FRAME_LEN
 // Lengths of keys and metadata travel as u16.
 const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
 const _: () = assert!(TTL_MS_MIN > 0 && TTL_MS_MIN <= TTL_MS_MAX);
+const _: () = assert!(LINE_LEN_MAX > KEY_LEN_MAX + META_LEN_MAX + 64);

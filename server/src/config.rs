@@ -66,7 +66,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// WAL segment size in bytes: segments rotate at this size, and a snapshot of the live
     /// locks lets older segments be deleted, so disk use follows the live state.
-    pub wal_segment_size_max: u64,
+    pub wal_segment_bytes_max: u64,
     /// Longest a new connection may take to finish the binary handshake or send its first
     /// whole console line; a silent one is closed, so it cannot hold a connection slot.
     pub handshake_timeout: Duration,
@@ -86,18 +86,13 @@ pub const KEEPALIVE_COUNT_MAX: u32 = 127;
 /// are whole seconds, at most 32767.
 pub const KEEPALIVE_SECS_MAX: u64 = 32_767;
 
-/// Lines a console connection may buffer before it is told `LINE_TOO_LONG` and closed.
-pub const LINE_LEN_MAX: usize = 4096;
 /// Bytes a connection may read ahead before it stops reading until replies are written.
+/// There is no write-side limit: a connection writes all it encoded before it reads again,
+/// so its unsent replies are bounded by what this much input produces (see `conn`).
 pub const READ_BUFFER_MAX: usize = 256 * 1024;
-/// Bytes of replies a connection buffers before it must write them out.
-pub const WRITE_BUFFER_MAX: usize = 256 * 1024;
 
-const _: () = assert!(
-    LINE_LEN_MAX
-        > tenure_protocol::limits::KEY_LEN_MAX + tenure_protocol::limits::META_LEN_MAX + 64
-);
 const _: () = assert!(READ_BUFFER_MAX > tenure_protocol::limits::FRAME_LEN_MAX + 4);
+const _: () = assert!(READ_BUFFER_MAX > tenure_protocol::limits::LINE_LEN_MAX + 1);
 
 impl Default for Config {
     fn default() -> Self {
@@ -120,7 +115,7 @@ impl Default for Config {
             expirations_per_tick_max: 4096,
             token_block: 1 << 20,
             shutdown_grace: Duration::from_secs(5),
-            wal_segment_size_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
+            wal_segment_bytes_max: crate::wal::SEGMENT_SIZE_MAX_DEFAULT,
             handshake_timeout: Duration::from_secs(10),
             // 60 s + 10 s * 6: a vanished peer is dropped within two minutes.
             keepalive_idle: Duration::from_secs(60),
@@ -173,10 +168,10 @@ impl Config {
             }
         }
         self.validate_connection_timing()?;
-        if self.wal_segment_size_max < 64 * 1024 {
+        if self.wal_segment_bytes_max < 64 * 1024 {
             return Err(format!(
                 "WAL segment size {} is under 64 KiB",
-                self.wal_segment_size_max
+                self.wal_segment_bytes_max
             ));
         }
         if self.held_max > u32::MAX as usize / 2 {

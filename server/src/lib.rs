@@ -7,27 +7,36 @@
 //!
 //! # Layout
 //! - [`server`]: [`run`] — recovery, the accept loop, the expiry ticker, ordered shutdown.
-//! - [`conn`]: one connection, binary or console, and its reply queue.
+//! - [`error`]: [`ServerError`], why `run` could not start or stop cleanly.
+//! - [`conn`]: one connection, binary or console, its reply queue and its [`conn::ConnCtx`].
 //! - [`console`]: the text console's grammar, line in and line out.
-//! - [`state`]: the shared state and the one executor both surfaces call.
+//! - [`executor`]: request in, table call, outcome out; the one executor both surfaces call.
+//! - [`journal`]: "durable before visible": what is logged, waiting for it, undo on failure;
+//!   [`journal::WalJournal`] is its local implementation.
+//! - [`handoff`]: giving a freed lock to the next waiter, and every free on the way there.
 //! - [`table`]: the lock table (one shard): holders, FIFO waiters, hand-off. No I/O, no clock.
 //! - [`wheel`]: the hierarchical timer wheel behind expiry. No I/O, no clock.
-//! - [`tokens`]: the fencing token allocator, bounded by a durable reservation.
+//! - [`tokens`]: the fencing token allocator, bounded by a durable reservation, and that
+//!   reservation.
 //! - [`wal`]: the write-ahead log: record format, group commit, recovery, snapshots.
-//! - [`watch`]: subscriptions to a key's changes.
+//! - [`watch`]: subscriptions to a key's changes, and WATCH/UNWATCH.
 //! - [`clock`]: the one place that reads time.
-//! - [`config`]: every runtime limit. [`stats`]: counters for STATS.
+//! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
 //! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
 //!   `/readyz` on `--metrics-listen`.
+//! - `sim` (tests only): a deterministic simulation of the table against a model.
 
 pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod console;
+pub mod error;
+pub mod executor;
+pub mod handoff;
 pub mod http;
+pub mod journal;
 pub mod metrics;
 pub mod server;
-pub mod state;
 pub mod stats;
 pub mod table;
 pub mod tokens;
@@ -39,4 +48,5 @@ pub mod wheel;
 mod sim;
 
 pub use config::{Config, Durability};
+pub use error::ServerError;
 pub use server::{run, run_with_metrics, run_with_storage};

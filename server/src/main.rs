@@ -51,7 +51,9 @@ fn main() -> anyhow::Result<()> {
             ),
             None => None,
         };
-        tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown).await
+        let run =
+            tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
+        anyhow::Ok(run.await?)
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));

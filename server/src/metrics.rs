@@ -29,8 +29,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use tenure_protocol::{LeaseId, Request, Response};
 
-use crate::state::Shared;
-use crate::stats::{Stats, OP_KINDS};
+use crate::executor::Executor;
+use crate::stats::{stats_pairs, Stats, OP_KINDS};
 
 /// Request outcomes, as the `outcome` label spells them.
 pub const OUTCOMES: [&str; 6] = ["ok", "granted", "locked", "lost", "not_owner", "error"];
@@ -138,6 +138,10 @@ pub struct WalMetrics {
     pub fsync: Histogram,
     /// Records each synced batch carried.
     pub records_per_batch: Histogram,
+    /// Time each snapshot of the live locks took, in nanoseconds.
+    pub snapshot: Histogram,
+    /// Snapshots abandoned.
+    pub snapshot_failures: AtomicU64,
 }
 
 impl Default for WalMetrics {
@@ -145,11 +149,21 @@ impl Default for WalMetrics {
         WalMetrics {
             fsync: Histogram::new(&SYNC_BOUNDS_NS, 1.0 / NS_PER_SECOND),
             records_per_batch: Histogram::new(&BATCH_BOUNDS, 1.0),
+            snapshot: Histogram::new(&SYNC_BOUNDS_NS, 1.0 / NS_PER_SECOND),
+            snapshot_failures: AtomicU64::new(0),
         }
     }
 }
 
 impl WalMetrics {
+    /// A snapshot finished (`ok`) or was abandoned after `elapsed`.
+    pub fn snapshot_done(&self, elapsed: Duration, ok: bool) {
+        self.snapshot.observe_duration(elapsed);
+        if !ok {
+            self.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// A batch of `records` was written, and synced in `synced` unless sync is off.
     pub fn batch_written(&self, records: u64, synced: Option<Duration>) {
         self.records_per_batch.observe(records);
@@ -199,8 +213,6 @@ pub struct Metrics {
     /// expiry and on a LOST renewal, never on the common path.
     expired: Mutex<(VecDeque<LeaseId>, HashSet<LeaseId>)>,
     open_by_surface: [AtomicI64; SURFACES.len()],
-    snapshot: Histogram,
-    snapshot_failures: AtomicU64,
     /// Nanoseconds recovery took (set once).
     recovery_ns: AtomicU64,
     /// `Clock::now_ms` until which grants are refused after a token-only restart.
@@ -218,8 +230,6 @@ impl Default for Metrics {
             renewals_lost_other: AtomicU64::new(0),
             expired: Mutex::default(),
             open_by_surface: Default::default(),
-            snapshot: Histogram::new(&SYNC_BOUNDS_NS, 1.0 / NS_PER_SECOND),
-            snapshot_failures: AtomicU64::new(0),
             recovery_ns: AtomicU64::new(0),
             recovering_until_ms: AtomicU64::new(0),
         }
@@ -296,14 +306,6 @@ impl Metrics {
         self.open_by_surface[surface as usize].fetch_add(delta, Ordering::Relaxed);
     }
 
-    /// A snapshot finished (`ok`) or was abandoned after `elapsed`.
-    pub fn snapshot_done(&self, elapsed: Duration, ok: bool) {
-        self.snapshot.observe_duration(elapsed);
-        if !ok {
-            self.snapshot_failures.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     /// Records how long recovery took and until when (`Clock::now_ms`) grants are refused.
     pub fn recovered(&self, elapsed: Duration, recovering_until_ms: u64) {
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
@@ -321,11 +323,11 @@ impl Metrics {
 }
 
 /// Why the server should not get traffic yet, in one line; `None` when it should.
-pub fn not_ready(shared: Option<&Arc<Shared>>) -> Option<String> {
+pub fn not_ready(shared: Option<&Arc<Executor>>) -> Option<String> {
     let Some(shared) = shared else {
         return Some("not ready: recovering from the WAL".into());
     };
-    if let Some(why) = shared.durable().borrow().failed.clone() {
+    if let Some(why) = shared.journal.progress().borrow().failed.clone() {
         return Some(format!("not ready: the WAL failed: {why}"));
     }
     let left_ms = shared
@@ -346,12 +348,12 @@ type FmtResult = Result<(), std::fmt::Error>;
 #[derive(Clone, Default)]
 pub struct Scrape {
     /// The server, set once it has recovered; until then nothing is exported.
-    pub shared: Arc<OnceLock<Arc<Shared>>>,
+    pub executor: Arc<OnceLock<Arc<Executor>>>,
 }
 
 impl std::fmt::Debug for Scrape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let recovered = self.shared.get().is_some();
+        let recovered = self.executor.get().is_some();
         f.debug_struct("Scrape")
             .field("recovered", &recovered)
             .finish()
@@ -374,7 +376,7 @@ fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histog
 
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> FmtResult {
-        let Some(shared) = self.shared.get() else {
+        let Some(shared) = self.executor.get() else {
             return Ok(());
         };
         let ready = not_ready(Some(shared)).is_none();
@@ -426,9 +428,9 @@ fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
 }
 
 /// Held locks, waiters, grants, hand-offs, expirations, tokens, recovery.
-fn encode_table(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
+fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult {
     let s = &shared.stats;
-    let pairs = shared.stats_pairs();
+    let pairs = stats_pairs(shared);
     let pair = |name: &str| pairs.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     gauge(
         encoder,
@@ -477,14 +479,14 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
         encoder,
         "tenure_token_high_water",
         help,
-        shared.tokens.next_token() as f64,
+        pair("token_next") as f64,
     )?;
     let help = "Fencing tokens durably reserved (never granted at or above)";
     gauge(
         encoder,
         "tenure_token_limit",
         help,
-        shared.tokens.limit() as f64,
+        pair("token_limit") as f64,
     )?;
     let m = &s.metrics;
     let recovery = m.recovery_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
@@ -535,8 +537,8 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
 }
 
 /// WAL health, fsync latency and batch size, bytes, segments, snapshots.
-fn encode_wal(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
-    let failed = shared.durable().borrow().failed.is_some();
+fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult {
+    let failed = executor.journal.progress().borrow().failed.is_some();
     let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
     gauge(
         encoder,
@@ -544,44 +546,41 @@ fn encode_wal(encoder: &mut DescriptorEncoder, shared: &Shared) -> FmtResult {
         help,
         f64::from(u8::from(failed)),
     )?;
-    let wal = shared.wal.stats();
-    let metrics = shared.wal.metrics();
-    let help = "Seconds each WAL fdatasync took";
-    histogram(
+    let journal = executor.journal.stats();
+    counter(
         encoder,
-        "tenure_wal_fsync_duration_seconds",
-        help,
-        &metrics.fsync,
+        "tenure_wal_records",
+        "WAL records written",
+        journal.records,
     )?;
+    let help = "WAL record bytes written";
+    counter(encoder, "tenure_wal_written_bytes", help, journal.bytes)?;
+    counter(
+        encoder,
+        "tenure_wal_fsyncs",
+        "WAL fdatasync calls",
+        journal.fsyncs,
+    )?;
+    let Some(wal) = executor.journal.wal() else {
+        return Ok(()); // a journal that is not a local WAL has no fsyncs or segments
+    };
+    let (stats, m) = (wal.stats(), wal.metrics());
+    let help = "Seconds each WAL fdatasync took";
+    histogram(encoder, "tenure_wal_fsync_duration_seconds", help, &m.fsync)?;
     let help = "Records each WAL write batch carried (the group-commit factor)";
     histogram(
         encoder,
         "tenure_wal_records_per_batch",
         help,
-        &metrics.records_per_batch,
+        &m.records_per_batch,
     )?;
-    counter(
+    let help = "WAL segment files on disk, as of the last batch written";
+    gauge(
         encoder,
-        "tenure_wal_records",
-        "WAL records written",
-        wal.records,
+        "tenure_wal_segments",
+        help,
+        stats.segments_on_disk as f64,
     )?;
-    counter(
-        encoder,
-        "tenure_wal_written_bytes",
-        "WAL record bytes written",
-        wal.bytes,
-    )?;
-    counter(
-        encoder,
-        "tenure_wal_fsyncs",
-        "WAL fdatasync calls",
-        wal.fsyncs,
-    )?;
-    let live = wal.segments_created.saturating_sub(wal.segments_deleted) + 1;
-    let help = "WAL segment files on disk (the one open at start counts as one)";
-    gauge(encoder, "tenure_wal_segments", help, live as f64)?;
-    let m = &shared.stats.metrics;
     let help = "Seconds each WAL snapshot of the live locks took";
     histogram(
         encoder,

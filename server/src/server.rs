@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tenure_protocol::ErrorCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -21,11 +20,13 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::conn;
+use crate::error::ServerError;
+use crate::executor::Executor;
 use crate::http;
+use crate::journal::{Journal, WalJournal};
 use crate::metrics::Scrape;
-use crate::state::Shared;
 use crate::stats::Stats;
-use crate::wal::{self, Record, SyncMode, WalOptions};
+use crate::wal::{self, SyncMode, WalOptions};
 
 /// Runs the server on `listener` until `shutdown` completes.
 ///
@@ -36,7 +37,7 @@ pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServerError> {
     run_with_metrics(config, None, listener, None, shutdown).await
 }
 
@@ -52,14 +53,18 @@ pub async fn run_with_metrics(
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServerError> {
     validate(&config)?;
     let (storage, dir_lock) = match storage {
         Some(storage) => (storage, None),
         None => {
             let dir_lock = lock_data_dir(&config.data_dir)?;
-            let storage = wal::FsStorage::new(&config.data_dir)
-                .with_context(|| format!("cannot create {}", config.data_dir.display()))?;
+            let storage =
+                wal::FsStorage::new(&config.data_dir).map_err(|source| ServerError::DataDir {
+                    what: "cannot create",
+                    path: config.data_dir.clone(),
+                    source,
+                })?;
             (Arc::new(storage) as Arc<dyn wal::Storage>, Some(dir_lock))
         }
     };
@@ -80,7 +85,7 @@ pub async fn run_with_storage(
     storage: Arc<dyn wal::Storage>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServerError> {
     run_with_metrics(config, Some(storage), listener, None, shutdown).await
 }
 
@@ -109,11 +114,8 @@ impl HttpTask {
     }
 }
 
-fn validate(config: &Config) -> anyhow::Result<()> {
-    config
-        .validate()
-        .map_err(anyhow::Error::msg)
-        .context("invalid configuration")
+fn validate(config: &Config) -> Result<(), ServerError> {
+    config.validate().map_err(ServerError::Config)
 }
 
 /// Recovers from `storage`, then serves until `shutdown`; `dir_lock` is held meanwhile.
@@ -124,15 +126,14 @@ async fn serve(
     listener: TcpListener,
     scrape: &Scrape,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let mut shared = recover(config, storage).await?;
-    shared.dir_lock = dir_lock;
-    let shared = Arc::new(shared);
+) -> Result<(), ServerError> {
+    let shared = Arc::new(recover(config, storage, dir_lock).await?);
     shared
-        .reserve_tokens()
+        .tokens
+        .reserve()
         .await
-        .context("could not sync the first block of fencing tokens")?;
-    let _ = scrape.shared.set(Arc::clone(&shared));
+        .map_err(ServerError::FirstReservation)?;
+    let _ = scrape.executor.set(Arc::clone(&shared));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
 
@@ -157,22 +158,27 @@ async fn serve(
     ticker.abort();
     let _ = ticker.await;
     shared
-        .wal
+        .journal
         .sync_and_stop()
-        .context("final WAL sync failed")?;
+        .map_err(ServerError::FinalSync)?;
     tracing::info!("stopped");
     Ok(())
 }
 
 /// Opens the WAL in `storage` and rebuilds the lock table from it.
-async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Result<Shared> {
+/// `dir_lock`, the data directory's lock, is held by the journal for as long as it lives.
+async fn recover(
+    config: Config,
+    storage: Arc<dyn wal::Storage>,
+    dir_lock: Option<std::fs::File>,
+) -> Result<Executor, ServerError> {
     let options = WalOptions {
         sync_mode: if config.fsync {
             SyncMode::Data
         } else {
             SyncMode::Off
         },
-        segment_size_max: config.wal_segment_size_max,
+        segment_size_max: config.wal_segment_bytes_max,
         token_floor_margin: config.token_block,
         ..WalOptions::default()
     };
@@ -181,8 +187,8 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
     let (wal, recovered) =
         tokio::task::spawn_blocking(move || wal::open_with_storage(storage, options))
             .await
-            .context("WAL recovery panicked")?
-            .with_context(|| format!("cannot open the write-ahead log in {}", dir.display()))?;
+            .map_err(ServerError::RecoveryPanicked)?
+            .map_err(|source| ServerError::Recovery { dir, source })?;
     if let Some((path, offset)) = &recovered.torn_tail_truncated {
         tracing::warn!(path = %path.display(), offset, "truncated a torn record at the end of the WAL");
     }
@@ -195,7 +201,14 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
         _ => 0,
     };
     let leases = recovered.leases.len();
-    let shared = Shared::new(config, clock, wal, recovered.token_floor, refused_until_ms);
+    let journal: Arc<dyn Journal> = Arc::new(WalJournal::new(wal, config.durability, dir_lock));
+    let shared = Executor::new(
+        config,
+        clock,
+        journal,
+        recovered.token_floor,
+        refused_until_ms,
+    );
     shared
         .stats
         .metrics
@@ -223,28 +236,28 @@ async fn recover(config: Config, storage: Arc<dyn wal::Storage>) -> anyhow::Resu
 
 /// Takes an exclusive lock on `data_dir/LOCK` for the life of the server: two servers
 /// appending to one log would each hand out the same fencing tokens.
-fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
+    let io_error = |what, path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| ServerError::DataDir { what, path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io_error("cannot create", dir))?;
     let path = dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+        .map_err(io_error("cannot open", &path))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => {
-            anyhow::bail!("{} is in use by another tenured process", dir.display())
-        }
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("cannot lock {}", path.display()))
-        }
+        Err(std::fs::TryLockError::WouldBlock) => Err(ServerError::DataDirInUse(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_error("cannot lock", &path)(e)),
     }
 }
 
 async fn accept_loop(
-    shared: &Arc<Shared>,
+    shared: &Arc<Executor>,
     listener: &TcpListener,
     tracker: &TaskTracker,
     stop: &CancellationToken,
@@ -314,7 +327,7 @@ async fn refuse(mut stream: TcpStream, connections_max: usize) {
 }
 
 /// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
-async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
+async fn tick(shared: Arc<Executor>, stop: CancellationToken) {
     let mut interval = tokio::time::interval(shared.config.tick_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let budget = shared.config.expirations_per_tick_max;
@@ -326,65 +339,19 @@ async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
         for shard in shared.shards() {
             let mut shard = shard.lock().expect("shard poisoned");
             // Whatever the budget leaves is picked up on the next tick.
-            shard.advance(now_ms, budget, &shared.tokens, &mut events);
+            shard.advance(now_ms, budget, &shared.tokens.allocator, &mut events);
             shared.apply_events(&mut shard, now_ms, &mut events);
         }
         // The copy takes a while at a million locks: run it on a blocking thread, one at a
         // time, so neither the ticker nor a runtime worker waits for it.
-        if shared.wal.should_snapshot() && !snapshotting.swap(true, Ordering::AcqRel) {
+        if shared.journal.snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {
             let (shared, snapshotting) = (Arc::clone(&shared), Arc::clone(&snapshotting));
             tokio::task::spawn_blocking(move || {
-                let started = std::time::Instant::now();
-                let done = snapshot(&shared);
-                shared.stats.metrics.snapshot_done(started.elapsed(), done);
+                shared.journal.snapshot(&*shared);
                 snapshotting.store(false, Ordering::Release);
             });
         }
     }
-}
-
-/// Copies every live lease into the WAL so old segments can be deleted (see `wal`); `false`
-/// if the snapshot was abandoned.
-///
-/// Each shard is copied under its own lock, so the log orders the copy correctly against
-/// that shard's traffic. After each shard the copy waits until it is durable: the WAL's
-/// backlog then never holds more than one shard's worth, and clients' records are not
-/// refused for lack of room while a large table is copied.
-fn snapshot(shared: &Arc<Shared>) -> bool {
-    let token = match shared.wal.begin_snapshot(shared.tokens.limit()) {
-        Ok(token) => token,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not start a WAL snapshot");
-            return false;
-        }
-    };
-    for shard in shared.shards() {
-        let shard = shard.lock().expect("shard poisoned");
-        let mut result = Ok(0);
-        let now_ms = shared.clock.now_ms();
-        shard.for_each_held(now_ms, |held| {
-            if result.is_ok() {
-                result = shared.wal.append(&Record::Grant {
-                    key: held.key,
-                    lease_id: held.lease_id.0,
-                    token: held.token,
-                    ttl_ms: held.ttl_ms,
-                    flags: 0,
-                    meta: held.meta,
-                });
-            }
-        });
-        drop(shard);
-        if let Err(e) = result.and_then(|lsn| shared.wal.wait_durable_blocking(lsn)) {
-            tracing::warn!(error = %e, "WAL snapshot abandoned");
-            return false;
-        }
-    }
-    if let Err(e) = shared.wal.end_snapshot(token) {
-        tracing::warn!(error = %e, "could not finish a WAL snapshot");
-        return false;
-    }
-    true
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use tenure_protocol::LeaseId;
 
 use crate::table::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, Inspect, Limit, LockTable, Quotas, Release,
-    Renew, TableLimits, Waiter,
+    Renew, TableLimits, WaiterSink,
 };
 use crate::tokens::TokenAllocator;
 
@@ -62,7 +62,7 @@ const KEYS: [&[u8]; 8] = [
 #[derive(Debug)]
 struct SimWaiter(Rc<Cell<bool>>);
 
-impl Waiter for SimWaiter {
+impl WaiterSink for SimWaiter {
     fn is_live(&self) -> bool {
         self.0.get()
     }
@@ -873,9 +873,9 @@ impl Sim {
             "token counter"
         );
         assert_eq!(
-            self.table.held_count(),
+            self.table.slots_in_use(),
             self.model.locks.len(),
-            "held_count"
+            "slots_in_use"
         );
         assert_eq!(
             self.table.waiters_count(),

@@ -10,6 +10,9 @@
 //! task that changed the key or growing memory. Once an event did not fit, the queue takes no
 //! more: what it holds is a gap-free prefix of every watched key's changes, which the
 //! connection sends before it reports the watches ended.
+//!
+//! WATCH and UNWATCH themselves are here too (`Executor::watch`); the connection's side of
+//! its watches (its queue, its watched keys) is its [`ConnCtx`].
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,6 +21,11 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tenure_protocol::EventKind;
 use tokio::sync::mpsc;
+
+use crate::conn::ConnCtx;
+use crate::executor::{error, holder, Executor};
+use crate::stats::Stats;
+use tenure_protocol::{ErrorCode, Response};
 
 /// One change pushed to a watching connection.
 #[derive(Clone, Debug)]
@@ -140,6 +148,52 @@ impl Watches {
                 sub.sink.overflowed.store(true, Ordering::Relaxed);
             }
         }
+    }
+}
+
+impl Executor {
+    /// Starts (or replaces) this connection's watch of `key` and answers with the key's state.
+    ///
+    /// Under the key's shard lock, so no change can fall between: the key is settled (a lease
+    /// over by the clock ends now, with its event), events already queued for this connection
+    /// are taken out to go before the reply, the state is read, and the watch registered.
+    /// Every change after that is notified under the same lock, so it comes as an event after
+    /// the reply; every change before it is in the state or in an event before the reply.
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        request_id: u64,
+        key: Bytes,
+    ) -> Response {
+        let max = self.config.watches_per_connection_max;
+        if !ctx.watches.contains_key(&key) && ctx.watches.len() >= max {
+            Stats::bump(&self.stats.errors);
+            return error(
+                ErrorCode::WatchLimit,
+                format!("this connection already watches {max} keys"),
+            );
+        }
+        let mut shard = self.shard(&key);
+        let mut events = Vec::new();
+        shard.settle_key(now_ms, &key, &self.tokens.allocator, &mut events);
+        self.apply_events(&mut shard, now_ms, &mut events);
+        ctx.drain_live_events();
+        let holder = holder(shard.inspect(now_ms, &key));
+        let sink = ctx.sink_or_new(self.config.watch_queue_max);
+        self.watches
+            .add(key.clone(), ctx.conn_id, request_id, &sink);
+        drop(shard);
+        ctx.watches.insert(key, request_id);
+        Response::Watching { holder }
+    }
+
+    /// Ends this connection's watch of `key`, if it has one.
+    pub(crate) fn unwatch(&self, ctx: &mut ConnCtx, key: &[u8]) -> Response {
+        if ctx.watches.remove(key).is_some() {
+            self.watches.remove(key, ctx.conn_id);
+        }
+        Response::Unwatched
     }
 }
 

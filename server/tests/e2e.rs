@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
 }
 
 impl Server {
@@ -793,7 +793,7 @@ async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
 async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
-        wal_segment_size_max: 64 * 1024,
+        wal_segment_bytes_max: 64 * 1024,
         ..Config::for_tests(dir.path())
     };
     let wal_bytes = || -> u64 {

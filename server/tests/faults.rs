@@ -222,7 +222,7 @@ impl Drop for Daemon {
 struct InProcess {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -257,7 +257,7 @@ impl InProcess {
     }
 
     /// Stops the server (or waits for a failed start) and returns what `run` returned.
-    fn stop(mut self) -> anyhow::Result<()> {
+    fn stop(mut self) -> Result<(), tenure_server::ServerError> {
         let _ = self.stop.take().expect("stopped once").send(());
         let task = self.task;
         self.runtime.block_on(task).expect("run panicked")

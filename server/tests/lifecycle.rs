@@ -23,7 +23,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
 }
 
 impl Server {

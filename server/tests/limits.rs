@@ -24,7 +24,7 @@ const SETTLE_MAX: Duration = Duration::from_secs(5);
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
 }
 
 impl Server {
@@ -43,7 +43,7 @@ impl Server {
         }
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
+    async fn stop(mut self) -> Result<(), tenure_server::ServerError> {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap()
     }

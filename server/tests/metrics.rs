@@ -27,7 +27,7 @@ struct Server {
     addr: SocketAddr,
     metrics: SocketAddr,
     stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
 }
 
 impl Server {
@@ -76,7 +76,7 @@ impl Server {
     }
 
     /// Stops it and returns what `run` returned (an error after the WAL failed).
-    async fn stop_with_result(self) -> anyhow::Result<()> {
+    async fn stop_with_result(self) -> Result<(), tenure_server::ServerError> {
         let _ = self.stop.send(());
         self.task.await.unwrap()
     }

@@ -2,10 +2,10 @@
 //! others. Tests and the simulation call it after every step; it is O(n log n) in the table
 //! size and uses sorted vectors rather than hash sets, which are slow in debug builds.
 
-use super::{LockTable, Slot, Timer, Waiter, WAIT_TIMER_BIT};
+use super::{LockTable, Slot, Timer, WaiterSink, WAIT_TIMER_BIT};
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 
-impl<W: Waiter> LockTable<W> {
+impl<W: WaiterSink> LockTable<W> {
     /// Panics with a description of the first broken invariant: slab, free list, index and
     /// wheel agree; counts match; every lease has exactly one live timer at or before its
     /// deadline; every waiter has its timer; waiter ids are unique; queues only on keys with

@@ -6,7 +6,7 @@
 use tenure_protocol::LeaseId;
 
 /// A parked request that the table can hand the lock to.
-pub trait Waiter {
+pub trait WaiterSink {
     /// False once nobody is waiting for the answer any more (the connection went away);
     /// such waiters are skipped and dropped at handoff.
     fn is_live(&self) -> bool;

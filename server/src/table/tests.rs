@@ -9,7 +9,7 @@ use super::*;
 #[derive(Clone, Debug)]
 struct TestWaiter(Rc<Cell<bool>>);
 
-impl Waiter for TestWaiter {
+impl WaiterSink for TestWaiter {
     fn is_live(&self) -> bool {
         self.0.get()
     }
@@ -105,7 +105,7 @@ fn grant_lock_renew_release() {
             handoff: None
         }
     ));
-    assert_eq!((t.held_count(), ev.len()), (0, 0));
+    assert_eq!((t.slots_in_use(), ev.len()), (0, 0));
     assert_eq!(t.inspect(60, b"k"), Inspect::Free);
     t.check_invariants();
 }
@@ -233,7 +233,7 @@ fn renewal_moves_the_timer_lazily_and_shortening_rearms_it() {
             ..
         }]
     ));
-    assert_eq!(t.held_count(), 0);
+    assert_eq!(t.slots_in_use(), 0);
     t.advance(1090, 10, &tokens, &mut ev); // the stale timer fires and is ignored
     assert_eq!(ev.len(), 1);
     assert!(t.wheel.is_empty());
@@ -249,7 +249,7 @@ fn tokens_exhausted_changes_nothing_then_handoff_is_deferred() {
         refused,
         Acquire::TokensExhausted { waiter: Some(_) }
     ));
-    assert_eq!(t.held_count(), 1);
+    assert_eq!(t.slots_in_use(), 1);
     let waiter_id = queued(t.acquire(0, args(b"k", 3, 100, 500), &tokens, &mut ev));
     t.advance(100, 10, &tokens, &mut ev);
     assert!(matches!(
@@ -297,7 +297,7 @@ fn reserved_key_is_freed_when_its_waiters_leave() {
     t.check_invariants();
     assert!(t.cancel_waiter(b"k", waiter_id));
     assert!(!t.cancel_waiter(b"k", waiter_id));
-    assert_eq!((t.held_count(), t.waiters_count()), (0, 0));
+    assert_eq!((t.slots_in_use(), t.waiters_count()), (0, 0));
     t.check_invariants();
     tokens.extend_limit(3);
     t.advance(10, 10, &tokens, &mut ev);

@@ -112,7 +112,7 @@
 //! `SnapshotEnd` is durable every segment before the snapshot's is deleted. A crash before
 //! that leaves the old segments in place, so replay from the oldest is always complete; a
 //! crash after it but before the deletion is finished by the next [`open`]. Dropping the
-//! [`SnapshotToken`] instead of ending it abandons the snapshot and deletes nothing.
+//! [`SnapshotGuard`] instead of ending it abandons the snapshot and deletes nothing.
 //!
 //! Every [`open`] starts a new segment, so restarts alone would pile up segments that no
 //! size threshold ever snapshots. When [`open`] finds two segments or more, it writes the
@@ -140,7 +140,7 @@ pub use record::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 pub use recovery::{Recovered, RecoveredLease};
 pub use storage::{FaultPlan, Faults, FaultyStorage, FsStorage, SegmentFile, Storage};
 pub use writer::{
-    open, open_with_storage, wait_durable_on, DurableState, Lsn, SnapshotToken, Wal, WalStats,
+    open, open_with_storage, wait_durable_on, DurableState, Lsn, SnapshotGuard, Wal, WalStats,
 };
 
 /// Default for [`WalOptions::segment_size_max`]: 64 MiB.

@@ -6,9 +6,12 @@ use std::path::PathBuf;
 
 use tenure_protocol::LeaseId;
 
-use super::record::{self, DecodeError, HeaderError, Record, SEGMENT_HEADER_LEN};
+use super::record::{
+    self, DecodeError, HeaderError, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT, SEGMENT_HEADER_LEN,
+};
 use super::storage::Storage;
 use super::{parse_segment_name, segment_name, WalError, SEGMENT_SIZE_LIMIT};
+use crate::journal::{Change, Lease};
 
 /// A lease that was granted and not freed when the server stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,16 +31,22 @@ pub struct RecoveredLease {
 }
 
 impl RecoveredLease {
-    /// The Grant record that brings this lease back: what a snapshot of it writes.
-    pub fn as_grant(&self) -> Record<'_> {
-        Record::Grant {
+    /// The lease as the journal records it: a snapshot of it writes
+    /// `Change::Grant(lease.as_lease()).record()`, the one Grant builder.
+    pub fn as_lease(&self) -> Lease<'_> {
+        Lease {
             key: &self.key,
-            lease_id: self.lease_id.0,
+            lease_id: self.lease_id,
             token: self.token,
             ttl_ms: self.ttl_ms,
-            flags: self.flags,
+            release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
             meta: &self.meta,
         }
+    }
+
+    /// The Grant record that brings this lease back: what a snapshot of it writes.
+    pub fn as_grant(&self) -> Record<'_> {
+        Change::Grant(self.as_lease()).record()
     }
 }
 

@@ -197,6 +197,7 @@ impl Syncer {
         state.stats.batches += 1;
         state.stats.fsyncs += outcome.fsyncs;
         state.stats.segments_created += outcome.segments_created;
+        state.stats.segments_on_disk = self.on_disk.len() as u64;
         for mut chunk in self.batch.drain(..) {
             state.stats.records += chunk.records;
             state.stats.bytes += chunk.buf.len() as u64;
@@ -210,12 +211,9 @@ impl Syncer {
         self.shared.durable_tx.send_modify(|s| s.lsn = lsn);
         if let Some(seq) = snapshot_end {
             let deleted = delete_segments_before(&*self.shared.storage, seq, &mut self.on_disk);
-            self.shared
-                .state
-                .lock()
-                .expect("WAL state lock poisoned")
-                .stats
-                .segments_deleted += deleted;
+            let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
+            state.stats.segments_deleted += deleted;
+            state.stats.segments_on_disk = self.on_disk.len() as u64;
         }
     }
 

@@ -25,6 +25,7 @@ use super::recovery::{self, Recovered, RecoveredLease};
 use super::storage::{FsStorage, SegmentFile, Storage};
 use super::syncer::{self, create_segment, delete_segments_before};
 use super::{segment_name, SyncMode, WalError, WalOptions};
+use crate::journal::Change;
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
@@ -69,25 +70,27 @@ pub struct WalStats {
     pub segments_deleted: u64,
     /// Snapshots whose end record was appended.
     pub snapshots_completed: u64,
+    /// Segment files on disk, as of the last batch written.
+    pub segments_on_disk: u64,
 }
 
 /// Proof that a snapshot is in progress; hand it back to [`Wal::end_snapshot`]. Dropping it
 /// instead abandons the snapshot: nothing is deleted and a new one may begin.
-#[must_use = "dropping the token abandons the snapshot"]
-pub struct SnapshotToken {
+#[must_use = "dropping the guard abandons the snapshot"]
+pub struct SnapshotGuard {
     segment_seq: u64,
     shared: Arc<Shared>,
     ended: bool,
 }
 
-impl SnapshotToken {
+impl SnapshotGuard {
     /// The segment the snapshot opened.
     pub fn segment_seq(&self) -> u64 {
         self.segment_seq
     }
 }
 
-impl Drop for SnapshotToken {
+impl Drop for SnapshotGuard {
     fn drop(&mut self) {
         if self.ended {
             return;
@@ -107,9 +110,9 @@ impl Drop for SnapshotToken {
     }
 }
 
-impl fmt::Debug for SnapshotToken {
+impl fmt::Debug for SnapshotGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SnapshotToken")
+        f.debug_struct("SnapshotGuard")
             .field("segment_seq", &self.segment_seq)
             .finish()
     }
@@ -340,7 +343,7 @@ fn start_segment(
 fn open_snapshot_overhead(seq: u64) -> u64 {
     let records = [
         Record::SnapshotBegin { segment_seq: seq },
-        Record::Reserve { token_limit: 0 },
+        Change::Reserve { token_limit: 0 }.record(),
         Record::SnapshotEnd { segment_seq: seq },
     ];
     records.iter().map(|r| r.encoded_len() as u64).sum()
@@ -357,10 +360,12 @@ fn write_open_snapshot(
 ) -> std::io::Result<(u64, u64)> {
     let head = [
         Record::SnapshotBegin { segment_seq: seq },
-        Record::Reserve {
+        Change::Reserve {
             token_limit: recovered.token_floor,
-        },
+        }
+        .record(),
     ];
+    // The one Grant builder, as live grants and table snapshots use.
     let grants = recovered.leases.iter().map(RecoveredLease::as_grant);
     let end = Record::SnapshotEnd { segment_seq: seq };
     let mut buf = Vec::with_capacity(options.batch_bytes_max);
@@ -531,7 +536,7 @@ impl Wal {
     /// # Errors
     /// [`WalError::SnapshotInProgress`] if one is running; [`WalError::Failed`] or
     /// [`WalError::Stopped`] if the log takes no more writes.
-    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotToken, WalError> {
+    pub fn begin_snapshot(&self, token_limit: u64) -> Result<SnapshotGuard, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
         if state.snapshot.is_some() {
@@ -543,38 +548,38 @@ impl Wal {
         state.push(&Record::SnapshotBegin { segment_seq }, options, true);
         assert_eq!(state.segment_seq, segment_seq);
         let token_limit = token_limit.max(state.token_floor);
-        state.push(&Record::Reserve { token_limit }, options, false);
+        state.push(&Change::Reserve { token_limit }.record(), options, false);
         state.snapshot = Some(SnapshotState {
             segment_seq,
             log_bytes_at_begin,
         });
         state.snapshot_due = false;
         self.wake_syncer(state);
-        Ok(SnapshotToken {
+        Ok(SnapshotGuard {
             segment_seq,
             shared: Arc::clone(&self.shared),
             ended: false,
         })
     }
 
-    /// Ends the snapshot `token` started; returns the LSN of the end record. Segments before
+    /// Ends the snapshot `guard` started; returns the LSN of the end record. Segments before
     /// the snapshot's are deleted by the syncer once that LSN is durable.
     ///
     /// # Errors
     /// [`WalError::Failed`] after a write failure (no segment is deleted then).
-    pub fn end_snapshot(&self, mut token: SnapshotToken) -> Result<Lsn, WalError> {
+    pub fn end_snapshot(&self, mut guard: SnapshotGuard) -> Result<Lsn, WalError> {
         let mut state = self.lock();
         state.check_writable()?;
-        token.ended = true;
+        guard.ended = true;
         let snapshot = state
             .snapshot
             .take()
             .expect("end_snapshot without begin_snapshot");
         assert_eq!(
-            snapshot.segment_seq, token.segment_seq,
-            "end_snapshot with a stale token"
+            snapshot.segment_seq, guard.segment_seq,
+            "end_snapshot with a stale guard"
         );
-        let segment_seq = token.segment_seq;
+        let segment_seq = guard.segment_seq;
         let lsn = state.push(
             &Record::SnapshotEnd { segment_seq },
             &self.shared.options,

@@ -1,0 +1,319 @@
+//! One client connection, binary or console, from its first byte to its close.
+//!
+//! The first byte decides the surface: the binary handshake starts with `0x00`, which no text
+//! command does. After that both surfaces share one loop:
+//!
+//! ```text
+//!   read ──► decode every whole frame/line ──► Executor::execute ─► reply queue ──► write
+//!                                                   │                    ▲
+//!                              queued acquire ──────┴──► waits ──────────┘
+//!                                                              (grant, time-out)
+//! ```
+//!
+//! Replies wait in the queue until the journal is durable past the change they report, then are
+//! encoded into one write buffer, which is written when everything read so far is handled
+//! (one write per batch of pipelined requests, not per reply). The loop owns the socket, so a
+//! slow reader only ever stalls itself: the table, the ticker and other connections never
+//! wait on it. Anything malformed is answered with an error; anything that breaks the framing
+//! closes this connection and nothing else, after answering what came before it.
+//!
+//! A connection that does not finish its handshake (or first console line) within the
+//! configured limit is closed. On shutdown it stops reading, answers what it has read, cancels
+//! its waiters with `SHUTTING_DOWN`, and closes.
+//!
+//! # Layout
+//! - this file: accepting the opening (handshake or first line) and the connection's loop.
+//! - `surface`: binary frames and console lines, in and out.
+//! - `requests`: running requests, and the answers that come later (waiters, token retries).
+//! - `reply`: the reply queue, held until the journal is durable, and watch events.
+//! - `ctx`: [`ConnCtx`], what the connection must take back when it closes.
+
+mod ctx;
+mod reply;
+mod requests;
+mod surface;
+
+pub use ctx::ConnCtx;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tenure_protocol::frame::REQUEST_ID_NONE;
+use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
+use tenure_protocol::limits::LINE_LEN_MAX;
+use tenure_protocol::{ErrorCode, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::READ_BUFFER_MAX;
+use crate::executor::Executor;
+use crate::journal::TICKET_NOW;
+use crate::metrics::{self, Timing};
+use crate::watch::WatchEvent;
+use reply::PendingReply;
+use requests::Later;
+use surface::{Fatal, Surface};
+
+/// Most bytes discarded from a peer after a fatal error, while its error reply drains.
+const LINGER_BYTES_MAX: usize = 4 << 20;
+/// Longest wait for that peer to close after a fatal error.
+const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Serves one accepted connection until the peer leaves, a fatal error, or shutdown.
+pub async fn serve(
+    executor: Arc<Executor>,
+    mut stream: TcpStream,
+    conn_id: u64,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut rbuf = BytesMut::with_capacity(16 * 1024);
+    let limit = executor.config.handshake_timeout;
+    let surface = tokio::select! {
+        opened = tokio::time::timeout(limit, open(&executor, &mut stream, &mut rbuf)) => {
+            match opened {
+                Ok(Some(surface)) => surface,
+                Ok(None) => return,
+                Err(_) => {
+                    tracing::debug!(conn_id, ?limit, "no handshake or first line in time; closed");
+                    return;
+                }
+            }
+        }
+        _ = shutdown.cancelled() => return,
+    };
+    let kind = match surface {
+        Surface::Binary => metrics::Surface::Binary,
+        Surface::Console { .. } => metrics::Surface::Console,
+    };
+    executor.stats.metrics.connection(kind, true);
+    let mut conn = Conn {
+        executor,
+        stream,
+        surface,
+        rbuf,
+        wbuf: BytesMut::with_capacity(16 * 1024),
+        queue: VecDeque::new(),
+        later: FuturesUnordered::new(),
+        events_queued: 0,
+        ctx: ConnCtx::new(conn_id),
+        closing: false,
+        fatal: false,
+        stopping: false,
+        fatal_error: None,
+        timing: None,
+    };
+    if let Err(e) = conn.run(&shutdown).await {
+        tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
+    }
+    conn.finish();
+    conn.executor.stats.metrics.connection(kind, false);
+}
+
+/// Reads a connection's opening, which must arrive within the handshake limit: the binary
+/// handshake (answered here), or a first whole console line (left in `rbuf` for the loop; so
+/// is an over-long first line, which the loop then refuses). `None` if it must close.
+async fn open(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<Surface> {
+    while rbuf.is_empty() {
+        if stream.read_buf(rbuf).await.ok()? == 0 {
+            return None;
+        }
+    }
+    if rbuf[0] == 0x00 {
+        handshake(executor, stream, rbuf).await?;
+        return Some(Surface::Binary);
+    }
+    while !rbuf.contains(&b'\n') && rbuf.len() <= LINE_LEN_MAX {
+        if stream.read_buf(rbuf).await.ok()? == 0 {
+            return None; // a line without its end is never run
+        }
+    }
+    Some(Surface::Console {
+        line_no: 0,
+        text: String::new(),
+    })
+}
+
+/// Completes the binary handshake; `None` if the connection must close. A hello the server
+/// cannot accept (wrong magic, a reserved flag set, another version) is answered with a
+/// refusal carrying `BAD_HANDSHAKE` and the reason before the close.
+async fn handshake(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<()> {
+    while rbuf.len() < HELLO_LEN {
+        if stream.read_buf(rbuf).await.ok()? == 0 {
+            return None;
+        }
+    }
+    let refusal = match Hello::decode(rbuf) {
+        Ok(Some(hello)) if hello.version == VERSION => None,
+        Ok(Some(hello)) => Some(format!(
+            "protocol version {} is not supported; this server speaks version {VERSION}",
+            hello.version
+        )),
+        Ok(None) => Some("short hello".to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    let mut out = BytesMut::new();
+    let Some(message) = refusal else {
+        let config = &executor.config;
+        let limits = ServerLimits::with(config.in_flight_max, config.ttl_ms_max);
+        HelloAck {
+            version: VERSION,
+            limits,
+        }
+        .encode(&mut out);
+        stream.write_all(&out).await.ok()?;
+        return Some(());
+    };
+    tracing::debug!(%message, "refused a handshake");
+    HelloAck::encode_refusal(VERSION, ErrorCode::BadHandshake, &message, &mut out);
+    if stream.write_all(&out).await.is_ok() {
+        linger(stream).await;
+    }
+    None
+}
+
+/// Closing a socket with unread input makes the kernel send a reset, which can destroy
+/// the error reply just written. So: send FIN, then read and discard for a short, bounded
+/// while, giving the peer time to read the reason before the connection goes.
+async fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut scratch = vec![0u8; 16 * 1024];
+        let mut drained = 0usize;
+        while drained < LINGER_BYTES_MAX {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
+}
+
+struct Conn {
+    executor: Arc<Executor>,
+    stream: TcpStream,
+    surface: Surface,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    queue: VecDeque<PendingReply>,
+    later: FuturesUnordered<BoxFuture<'static, Later>>,
+    /// Entries of `queue` that answer no request (events, and the errors ending watches):
+    /// they do not count against the in-flight maximum.
+    events_queued: usize,
+    ctx: ConnCtx,
+    closing: bool,
+    /// Closing because the peer broke the framing; its unread input is still arriving.
+    fatal: bool,
+    /// The server is shutting down: answer everything already read, then close.
+    stopping: bool,
+    /// The error that broke the stream, sent (request id 0) once every earlier request is
+    /// answered, as the last frame before the close.
+    fatal_error: Option<(ErrorCode, String)>,
+    /// The request being run: its reply takes it along, for the latency metric.
+    timing: Option<Timing>,
+}
+
+impl Conn {
+    async fn run(&mut self, shutdown: &CancellationToken) -> std::io::Result<()> {
+        let mut progress = self.executor.journal.progress();
+        // Made once, not per pass: each `cancelled()` registers with the token's notifier.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
+        loop {
+            if let Err(Fatal(last)) = self.handle_input() {
+                self.fatal_error = last;
+                self.closing = true;
+                self.fatal = true;
+            }
+            if self.fatal || self.stopping {
+                // Their answers (an error each) arrive through `later` like any other.
+                self.ctx.cancel_waits(&self.executor);
+            }
+            if self.later.is_empty() {
+                if let Some((code, message)) = self.fatal_error.take() {
+                    self.push(
+                        REQUEST_ID_NONE,
+                        Response::Error { code, message },
+                        TICKET_NOW,
+                    );
+                }
+            }
+            self.flush_ready(&progress.borrow());
+            // Everything encoded is written before anything more is read, so the replies a
+            // connection has not sent are bounded by what `READ_BUFFER_MAX` of requests (and
+            // the watch queue) produce: a peer that does not read stops being read itself.
+            // That is the back-pressure; no separate write-buffer limit is needed.
+            if !self.wbuf.is_empty() {
+                self.stream.write_all(&self.wbuf).await?;
+                self.wbuf.clear();
+            }
+            if self.done() {
+                if self.fatal {
+                    linger(&mut self.stream).await;
+                }
+                return Ok(());
+            }
+            let blocked = !self.queue.is_empty();
+            let can_read = !self.closing && !self.stopping && self.rbuf.len() < READ_BUFFER_MAX;
+            tokio::select! {
+                read = self.stream.read_buf(&mut self.rbuf), if can_read => {
+                    if read? == 0 {
+                        self.closing = true;
+                    }
+                }
+                Some(done) = self.later.next(), if !self.later.is_empty() => self.on_later(done),
+                changed = progress.changed(), if blocked => {
+                    if changed.is_err() {
+                        self.closing = true; // the journal is gone: the server is stopping
+                    }
+                }
+                Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
+                _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
+            }
+        }
+    }
+
+    /// Whether the connection may close now. A peer that left (or said QUIT) gets what is
+    /// queued; on shutdown or a broken stream every request read so far is answered first,
+    /// waiters included (they were cancelled, and hear why).
+    fn done(&self) -> bool {
+        if !self.queue.is_empty() {
+            return false;
+        }
+        if self.stopping || self.fatal {
+            return self.later.is_empty() && self.fatal_error.is_none();
+        }
+        self.closing
+    }
+
+    /// Shutdown: take in what the peer has already sent (without waiting for more), so that
+    /// it too is answered, then stop reading.
+    fn stop(&mut self) {
+        self.stopping = true;
+        while self.rbuf.len() < READ_BUFFER_MAX {
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+    }
+
+    /// Leaves no trace in the shared state.
+    fn finish(&mut self) {
+        self.ctx.disconnect(&self.executor);
+    }
+}
+
+async fn recv_event(
+    events: &mut Option<tokio::sync::mpsc::Receiver<WatchEvent>>,
+) -> Option<WatchEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}

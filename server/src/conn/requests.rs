@@ -1,0 +1,230 @@
+//! Running what a connection reads: requests go to the executor, and what cannot be answered
+//! at once (a waiter's grant or time-out, a retry after a token reservation) is awaited as
+//! a [`Later`] beside the socket.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, Request, Response};
+
+use super::surface::{Fatal, Input, Surface};
+use super::Conn;
+use crate::console;
+use crate::executor::Outcome;
+use crate::handoff::WaitResult;
+use crate::journal::{Undo, TICKET_NOW};
+use crate::metrics::Timing;
+
+/// Something a connection waits for besides its socket: a queued acquire's answer, or a
+/// token reservation before an acquire can run again.
+pub(super) enum Later {
+    Wait {
+        id: u64,
+        /// The latency clock of the waiting acquire.
+        timing: Option<Timing>,
+        result: Result<WaitResult, ()>,
+        key: Bytes,
+        release_on_disconnect: bool,
+    },
+    Retry {
+        id: u64,
+        request: Request,
+        /// When the request was first taken up.
+        received_ms: u64,
+        reserved: Result<(), String>,
+    },
+}
+
+impl Conn {
+    /// Decodes and runs everything whole in the read buffer.
+    pub(super) fn handle_input(&mut self) -> Result<(), Fatal> {
+        // The console promises replies in order, so while a blocking acquire waits there, later
+        // lines stay unread in the buffer; the binary protocol answers by id and goes on.
+        let console = matches!(self.surface, Surface::Console { .. });
+        while !self.closing && (!console || self.later.is_empty()) {
+            let Some(input) = self.surface.decode(&mut self.rbuf)? else {
+                break;
+            };
+            match input {
+                Input::Request(id, request) => self.on_request(id, request, None),
+                Input::Bad(id, e) => {
+                    crate::stats::Stats::bump(&self.executor.stats.errors);
+                    let (code, message) = (e.code, e.message);
+                    self.push(id, Response::Error { code, message }, TICKET_NOW);
+                }
+                Input::Help => self.push_line(console::HELP),
+                Input::Quit => {
+                    self.push_line("BYE");
+                    self.closing = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests read and not yet answered: replies waiting for the journal, and acquires
+    /// waiting in line or for fencing tokens. Events are not requests; a WATCH counts until
+    /// its reply.
+    fn in_flight(&self) -> usize {
+        self.queue.len() - self.events_queued + self.later.len()
+    }
+
+    /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
+    fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>) {
+        self.timing = Some(Timing::start(&request));
+        if self.in_flight() >= self.executor.config.in_flight_max as usize {
+            let max = self.executor.config.in_flight_max;
+            let message = format!("{max} requests already in flight on this connection");
+            let code = ErrorCode::TooManyInFlight;
+            self.push(id, Response::Error { code, message }, TICKET_NOW);
+            return;
+        }
+        if let Request::Watch { .. } = request {
+            // A new watch starts on a queue that takes events, not on one that overflowed.
+            self.end_watches_if_overflowed();
+        }
+        let outcome = match received_ms {
+            None => self.executor.execute(&mut self.ctx, id, request),
+            Some(received_ms) => {
+                self.executor
+                    .execute_again(&mut self.ctx, id, request, received_ms)
+            }
+        };
+        // Events a WATCH drained were checked against the watches it replaced, not the new one.
+        for event in std::mem::take(&mut self.ctx.drained) {
+            self.queue_event(event);
+        }
+        self.on_outcome(id, outcome);
+    }
+
+    /// Queues the reply to request `id`, or what it waits for.
+    fn on_outcome(&mut self, id: u64, outcome: Outcome) {
+        match outcome {
+            Outcome::Reply(response, ticket) => self.push(id, response, ticket),
+            Outcome::Changed {
+                response,
+                ticket,
+                undo,
+            } => self.push_change(id, response, ticket, undo),
+            Outcome::Wait {
+                rx,
+                key,
+                waiter_id,
+                release_on_disconnect,
+            } => {
+                self.ctx.add_wait(id, key.clone(), waiter_id);
+                let timing = self.timing.take();
+                self.later.push(Box::pin(async move {
+                    let result = rx.await.map_err(|_| ());
+                    Later::Wait {
+                        id,
+                        timing,
+                        result,
+                        key,
+                        release_on_disconnect,
+                    }
+                }));
+            }
+            Outcome::NeedTokens {
+                request,
+                received_ms,
+            } => {
+                self.timing = None; // the retry times itself
+                let tokens = Arc::clone(&self.executor.tokens);
+                self.later.push(Box::pin(async move {
+                    let reserved = tokens.reserve().await.map_err(|e| e.to_string());
+                    Later::Retry {
+                        id,
+                        request,
+                        received_ms,
+                        reserved,
+                    }
+                }));
+            }
+        }
+    }
+
+    pub(super) fn on_later(&mut self, done: Later) {
+        match done {
+            Later::Wait {
+                id,
+                timing,
+                result,
+                key,
+                release_on_disconnect,
+            } => {
+                self.ctx.remove_wait(id);
+                self.timing = timing;
+                self.on_wait_done(id, result, key, release_on_disconnect);
+            }
+            Later::Retry {
+                id,
+                request,
+                received_ms,
+                reserved,
+            } => match reserved {
+                // Runs (and counts) the acquire again; reservations are rare enough not to matter.
+                Ok(()) => self.on_request(id, request, Some(received_ms)),
+                Err(message) => {
+                    let message = format!("could not reserve fencing tokens: {message}");
+                    let code = ErrorCode::Unavailable;
+                    self.push(id, Response::Error { code, message }, TICKET_NOW);
+                }
+            },
+        }
+    }
+
+    /// Answers a waiter (request `id`) with what it was told, or why it was cancelled.
+    fn on_wait_done(
+        &mut self,
+        id: u64,
+        result: Result<WaitResult, ()>,
+        key: Bytes,
+        release_on_disconnect: bool,
+    ) {
+        let response = match result {
+            Ok(WaitResult::Granted {
+                grant,
+                ticket,
+                waited_ms,
+            }) => {
+                if release_on_disconnect {
+                    self.ctx.own(key.clone(), grant.lease_id);
+                }
+                let response = Response::Granted {
+                    token: grant.token,
+                    lease_id: grant.lease_id,
+                    ttl_ms: grant.ttl_ms,
+                    waited_ms,
+                };
+                let undo = Undo::Grant {
+                    key,
+                    lease_id: grant.lease_id,
+                };
+                self.push_change(id, response, ticket, undo);
+                return;
+            }
+            Ok(WaitResult::TimedOut { token, ttl_left_ms }) => Response::Locked {
+                token,
+                ttl_left_ms: u32::try_from(ttl_left_ms).unwrap_or(u32::MAX),
+            },
+            Ok(WaitResult::Failed(code, message)) => Response::Error { code, message },
+            Err(()) => self.wait_cancelled(),
+        };
+        self.push(id, response, TICKET_NOW);
+    }
+
+    /// The answer to a wait cancelled because this connection is ending.
+    fn wait_cancelled(&self) -> Response {
+        match &self.fatal_error {
+            Some((code, _)) => Response::Error {
+                code: *code,
+                message: "the wait was cancelled: a later frame broke the stream".to_string(),
+            },
+            None => Response::Error {
+                code: ErrorCode::ShuttingDown,
+                message: "the wait was cancelled: the server is shutting down".to_string(),
+            },
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! [`ServerError`]: why [`crate::run`] could not start, or could not stop cleanly.
+
+use std::path::PathBuf;
+
+use crate::journal::JournalError;
+use crate::wal::WalError;
+
+/// What ends [`crate::run`] with an error. Each variant names what failed and where; the
+/// binary prints it (with its sources) and exits non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A setting is out of range, or settings contradict each other.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The data directory or its `LOCK` file could not be created, opened or locked.
+    #[error("{what} {}: {source}", path.display())]
+    DataDir {
+        /// What was being done ("cannot create", "cannot open", "cannot lock").
+        what: &'static str,
+        /// The directory or file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// Another `tenured` holds the data directory's lock: two servers appending to one log
+    /// would hand out the same fencing tokens.
+    #[error("{} is in use by another tenured process", .0.display())]
+    DataDirInUse(PathBuf),
+    /// The write-ahead log could not be opened or replayed (a corrupt log names the file
+    /// and offset).
+    #[error("cannot open the write-ahead log in {}: {source}", dir.display())]
+    Recovery {
+        /// The log's directory.
+        dir: PathBuf,
+        /// Why.
+        source: WalError,
+    },
+    /// Recovery panicked (a bug); nothing was served.
+    #[error("WAL recovery panicked")]
+    RecoveryPanicked(#[source] tokio::task::JoinError),
+    /// The first block of fencing tokens could not be made durable, so no grant can be made.
+    #[error("could not sync the first block of fencing tokens: {0}")]
+    FirstReservation(#[source] JournalError),
+    /// The final sync at shutdown failed: some acknowledged change may not be durable.
+    #[error("final WAL sync failed: {0}")]
+    FinalSync(#[source] JournalError),
+}

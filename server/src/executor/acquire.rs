@@ -1,0 +1,147 @@
+//! ACQUIRE: a grant at once, LOCKED, a place in line as a waiter, or a retry once more
+//! fencing tokens are reserved.
+
+use std::sync::Arc;
+
+use tenure_protocol::{EventKind, LeaseId, Request, Response};
+use tokio::sync::oneshot;
+
+use super::{clamp_ms, Executor, Outcome};
+use crate::conn::ConnCtx;
+use crate::handoff::WaitSlot;
+use crate::journal::{Change, Lease, Undo, TICKET_NOW};
+use crate::stats::Stats;
+use crate::table::{self, Acquire, AcquireArgs, LockTable};
+use crate::wal::FreeReason;
+
+impl Executor {
+    pub(super) fn acquire(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        received_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta,
+        } = &request
+        else {
+            unreachable!("acquire called with {request:?}")
+        };
+        if let Some(refusal) = self.refuse_acquire(now_ms, *ttl_ms) {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
+        let (tx, rx) = oneshot::channel();
+        let waiter = (*wait_ms > 0).then(|| WaitSlot::new(tx, *release_on_disconnect, received_ms));
+        let args = AcquireArgs {
+            key,
+            lease_id: LeaseId::from_u128(rand::random()),
+            ttl_ms: *ttl_ms,
+            wait_ms: *wait_ms,
+            waiter,
+            meta,
+        };
+        let mut shard = self.shard(key);
+        let mut events = Vec::new();
+        let outcome = shard.acquire(now_ms, args, &self.tokens.allocator, &mut events);
+        // Settling the key may have ended a lease or handed it on before this request's turn.
+        self.apply_events(&mut shard, now_ms, &mut events);
+        match outcome {
+            Acquire::Granted(grant) => {
+                let waited_ms = clamp_ms(now_ms - received_ms);
+                self.granted(ctx, &mut shard, now_ms, &request, grant, waited_ms)
+            }
+            Acquire::Locked { token, ttl_left_ms } => {
+                Stats::bump(&self.stats.locked);
+                let ttl_left_ms = clamp_ms(ttl_left_ms);
+                Outcome::Reply(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
+            }
+            Acquire::Queued { waiter_id } => Outcome::Wait {
+                rx,
+                key: key.clone(),
+                waiter_id,
+                release_on_disconnect: *release_on_disconnect,
+            },
+            Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
+            Acquire::TokensExhausted { .. } => {
+                drop(shard);
+                self.tokens.reserve_ahead();
+                Outcome::NeedTokens {
+                    request,
+                    received_ms,
+                }
+            }
+        }
+    }
+
+    /// Logs a grant the table just made (still under its shard's lock) and builds its reply,
+    /// or takes it back if it cannot be logged.
+    fn granted(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        request: &Request,
+        grant: table::Grant,
+        waited_ms: u32,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            release_on_disconnect,
+            meta,
+            ..
+        } = request
+        else {
+            unreachable!("granted called with {request:?}")
+        };
+        let table::Grant {
+            token,
+            lease_id,
+            ttl_ms,
+        } = grant;
+        let lease = Lease {
+            key,
+            lease_id,
+            token,
+            ttl_ms,
+            release_on_disconnect: *release_on_disconnect,
+            meta,
+        };
+        let ticket = match self.journal.append(&Change::Grant(lease)) {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                // Not durable, so it must not stand: take it back before anyone hears of it.
+                self.free(shard, now_ms, key, lease_id, FreeReason::Released);
+                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+            }
+        };
+        Stats::bump(&self.stats.grants);
+        self.watches.notify(key, EventKind::Granted, token, meta);
+        if *release_on_disconnect {
+            ctx.own(key.clone(), lease_id);
+        }
+        self.tokens.reserve_ahead();
+        let response = Response::Granted {
+            token,
+            lease_id,
+            ttl_ms,
+            waited_ms,
+        };
+        if !self.journal.logs_leases() {
+            return Outcome::Reply(response, TICKET_NOW); // nothing was logged, nothing to undo
+        }
+        let undo = Undo::Grant {
+            key: key.clone(),
+            lease_id,
+        };
+        Outcome::Changed {
+            response,
+            ticket,
+            undo,
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The executor: one request in, the table call it needs, one [`Outcome`] out. Both surfaces
+//! (binary, console) call it; it never blocks on I/O.
+//!
+//! A request runs on its connection's task: it locks one shard for the few hundred
+//! nanoseconds the table needs, hands the change to the [`Journal`] while still holding the
+//! lock (so the journal orders changes to a key exactly as the table made them), and leaves.
+//! The reply then waits, on the connection, until the journal is durable past the change's
+//! ticket: what "durable" means, and what is logged at all, is the journal's business.
+//! Hand-offs to waiters are in [`crate::handoff`], token reservations in [`crate::tokens`],
+//! watch registration in [`crate::watch`], undo in [`crate::journal`]. Here: the dispatch;
+//! `acquire`, `release` and `refuse` (the error replies) hold the longer requests.
+
+mod acquire;
+mod refuse;
+mod release;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, Holder, LeaseId, Request, Response};
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::conn::ConnCtx;
+use crate::handoff::{WaitResult, WaitSlot};
+use crate::journal::{Journal, Lease, Ticket, Undo, TICKET_NOW};
+use crate::stats::Stats;
+use crate::table::{self, LockTable, Quotas, TableLimits};
+use crate::tokens::Tokens;
+use crate::watch::Watches;
+
+/// What the connection does with a request after the executor ran it.
+pub enum Outcome {
+    /// Reply with this once the journal is durable up to the ticket ([`TICKET_NOW`]: at once).
+    Reply(Response, Ticket),
+    /// The acquire is queued as a waiter; the answer arrives on `rx`.
+    Wait {
+        /// Where the grant or time-out arrives.
+        rx: oneshot::Receiver<WaitResult>,
+        /// The key waited on, to leave the queue if the connection closes.
+        key: Bytes,
+        /// The table's id for this waiter.
+        waiter_id: u64,
+        /// Whether a grant should be released when this connection closes.
+        release_on_disconnect: bool,
+    },
+    /// No durable fencing tokens are left: reserve more, then run the request again with
+    /// [`Executor::execute_again`].
+    NeedTokens {
+        /// The request to run again.
+        request: Request,
+        /// When it was first taken up; its grant's `waited_ms` counts from here.
+        received_ms: u64,
+    },
+    /// A grant or release: reply once `ticket` is durable, or `undo` it if the journal fails.
+    Changed {
+        /// The reply to send once durable.
+        response: Response,
+        /// The change's ticket.
+        ticket: Ticket,
+        /// How to take the change back.
+        undo: Undo,
+    },
+}
+
+/// Everything the tasks share: the table's shards and the services around it.
+pub struct Executor {
+    /// The limits in force.
+    pub config: Config,
+    /// The monotonic clock; the only one the server reads.
+    pub clock: Clock,
+    shards: Box<[Mutex<LockTable<WaitSlot>>]>,
+    /// Held locks and waiters over all shards, against the server-wide limits.
+    pub(crate) quotas: Arc<Quotas>,
+    /// Fencing tokens, below a durable limit, and their reservation.
+    pub tokens: Arc<Tokens>,
+    /// Where changes are made durable.
+    pub journal: Arc<dyn Journal>,
+    /// Counters.
+    pub stats: Stats,
+    /// Who watches which key.
+    pub watches: Watches,
+    /// In token-only durability, grants are refused until this `now_ms` after a restart.
+    grants_refused_until_ms: u64,
+}
+
+/// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
+const CANCELS_PER_LOCK_MAX: usize = 256;
+
+pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn clamp_ms(ms: u64) -> u32 {
+    u32::try_from(ms).unwrap_or(u32::MAX)
+}
+
+impl Executor {
+    /// Builds the executor around a recovered journal whose tokens start at `token_floor`.
+    pub fn new(
+        config: Config,
+        clock: Clock,
+        journal: Arc<dyn Journal>,
+        token_floor: u64,
+        grants_refused_until_ms: u64,
+    ) -> Executor {
+        // One count for all shards: a limit split per shard is not the limit that was set.
+        let quotas = Arc::new(Quotas::new(TableLimits {
+            held_max: config.held_max,
+            waiters_max: config.waiters_max,
+            waiters_per_key_max: config.waiters_per_key_max,
+        }));
+        // A random seed per process, so clients cannot pick keys that collide in the index.
+        let hash_seed: u64 = rand::random();
+        let shards = (0..config.shards)
+            .map(|_| Mutex::new(LockTable::with_quotas(Arc::clone(&quotas), hash_seed)))
+            .collect();
+        let tokens = Arc::new(Tokens::new(
+            token_floor,
+            config.token_block,
+            Arc::clone(&journal),
+        ));
+        Executor {
+            config,
+            clock,
+            shards,
+            quotas,
+            tokens,
+            journal,
+            stats: Stats::default(),
+            watches: Watches::default(),
+            grants_refused_until_ms,
+        }
+    }
+
+    /// The shard that owns `key`.
+    pub fn shard(&self, key: &[u8]) -> MutexGuard<'_, LockTable<WaitSlot>> {
+        let i = table::shard_of(key, self.shards.len());
+        self.shards[i]
+            .lock()
+            .expect("a lock-table shard was poisoned by a panic")
+    }
+
+    /// Every shard in turn, for the ticker, snapshots and STATS.
+    pub fn shards(&self) -> impl Iterator<Item = &Mutex<LockTable<WaitSlot>>> {
+        self.shards.iter()
+    }
+
+    /// Runs one request. Never blocks on I/O: anything slow is handed back as an [`Outcome`].
+    pub fn execute(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+    ) -> Outcome {
+        // One clock read for both, so an immediate grant reports `waited_ms` 0 exactly.
+        let now_ms = self.clock.now_ms();
+        self.run(ctx, request_id, request, now_ms, now_ms)
+    }
+
+    /// Runs a request again that was first taken up at `received_ms` and answered
+    /// [`Outcome::NeedTokens`]: a grant now reports the time since then as `waited_ms`, since
+    /// the client counts its lease from before it sent the request, not from this retry.
+    pub fn execute_again(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+        received_ms: u64,
+    ) -> Outcome {
+        let now_ms = self.clock.now_ms();
+        self.run(ctx, request_id, request, received_ms.min(now_ms), now_ms)
+    }
+
+    fn run(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        request_id: u64,
+        request: Request,
+        received_ms: u64,
+        now_ms: u64,
+    ) -> Outcome {
+        self.stats.count_op(&request);
+        let response = match request {
+            Request::Ping => Response::Pong,
+            Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
+            Request::Renew {
+                key,
+                lease_id,
+                ttl_ms,
+            } => self.renew(now_ms, &key, lease_id, ttl_ms),
+            Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
+            Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
+                None => Response::Free,
+                Some(Holder {
+                    token,
+                    ttl_left_ms,
+                    waiters,
+                    meta,
+                }) => Response::Held {
+                    token,
+                    ttl_left_ms,
+                    waiters,
+                    meta,
+                },
+            },
+            Request::Check { key, token } => match self.shard(&key).check(now_ms, &key, token) {
+                table::Check::Current => Response::Current,
+                table::Check::Stale => Response::Stale,
+            },
+            Request::Stats => Response::Stats(crate::stats::stats_pairs(self)),
+            Request::Watch { key } => self.watch(ctx, now_ms, request_id, key),
+            Request::Unwatch { key } => self.unwatch(ctx, &key),
+        };
+        Outcome::Reply(response, TICKET_NOW)
+    }
+}
+
+/// A key's holder as the wire reports it, or `None` if the key is free.
+pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
+    match inspect {
+        table::Inspect::Free => None,
+        table::Inspect::Held {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+        } => Some(Holder {
+            token,
+            ttl_left_ms: clamp_ms(ttl_left_ms),
+            waiters,
+            meta: Bytes::copy_from_slice(meta),
+        }),
+    }
+}
+
+impl Executor {
+    fn renew(&self, now_ms: u64, key: &[u8], lease_id: LeaseId, ttl_ms: u32) -> Response {
+        if ttl_ms > self.config.ttl_ms_max {
+            return self.ttl_too_long(ttl_ms);
+        }
+        match self.shard(key).renew(now_ms, key, lease_id, ttl_ms) {
+            table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
+            table::Renew::Lost => {
+                self.stats.metrics.renew_lost(lease_id);
+                Response::Lost
+            }
+        }
+    }
+
+    /// Takes queued acquires (key, waiter id) out of their queues, shard by shard, at most
+    /// `CANCELS_PER_LOCK_MAX` per hold of a shard's mutex, so a connection leaving with a
+    /// hundred thousand waiters does not keep other requests out of a shard meanwhile.
+    pub fn cancel_waits(&self, waits: impl IntoIterator<Item = (Bytes, u64)>) {
+        let shard_count = self.shards.len();
+        let mut waits: Vec<(usize, Bytes, u64)> = waits
+            .into_iter()
+            .map(|(key, waiter_id)| (table::shard_of(&key, shard_count), key, waiter_id))
+            .collect();
+        waits.sort_unstable_by_key(|&(shard, _, waiter_id)| (shard, waiter_id));
+        for same_shard in waits.chunk_by(|a, b| a.0 == b.0) {
+            for batch in same_shard.chunks(CANCELS_PER_LOCK_MAX) {
+                let mut shard = self.shards[batch[0].0]
+                    .lock()
+                    .expect("a lock-table shard was poisoned by a panic");
+                for (_, key, waiter_id) in batch {
+                    shard.cancel_waiter(key, *waiter_id);
+                }
+            }
+        }
+    }
+}
+
+/// The live leases, shard by shard, for the journal's snapshots.
+impl crate::journal::LeaseSource for Executor {
+    fn parts(&self) -> usize {
+        self.shards.len()
+    }
+
+    fn for_each_lease(&self, part: usize, each: &mut dyn FnMut(Lease<'_>)) {
+        let shard = self.shards[part].lock().expect("shard poisoned");
+        let now_ms = self.clock.now_ms();
+        shard.for_each_held(now_ms, |held| {
+            each(Lease {
+                key: held.key,
+                lease_id: held.lease_id,
+                token: held.token,
+                ttl_ms: held.ttl_ms,
+                // The table does not keep the flag; recovery does not use it (the
+                // connection it belonged to is gone after a restart).
+                release_on_disconnect: false,
+                meta: held.meta,
+            })
+        });
+    }
+
+    fn token_limit(&self) -> u64 {
+        self.tokens.allocator.limit()
+    }
+}

@@ -1,0 +1,85 @@
+//! The executor's refusals: the error replies for a request it will not run, each naming
+//! the limit or failure and counting it in STATS `errors`.
+
+use tenure_protocol::{ErrorCode, Response};
+
+use super::{error, Executor};
+use crate::journal::JournalError;
+use crate::stats::Stats;
+use crate::table;
+
+impl Executor {
+    pub(super) fn ttl_too_long(&self, ttl_ms: u32) -> Response {
+        Stats::bump(&self.stats.errors);
+        error(
+            ErrorCode::BadTtl,
+            format!(
+                "ttl_ms {ttl_ms} over this server's limit of {}",
+                self.config.ttl_ms_max
+            ),
+        )
+    }
+
+    /// Why an acquire must be refused before the table is touched, if it must.
+    pub(super) fn refuse_acquire(&self, now_ms: u64, ttl_ms: u32) -> Option<Response> {
+        if ttl_ms > self.config.ttl_ms_max {
+            return Some(self.ttl_too_long(ttl_ms));
+        }
+        if now_ms < self.grants_refused_until_ms {
+            Stats::bump(&self.stats.errors);
+            let left_ms = self.grants_refused_until_ms - now_ms;
+            let message =
+                format!("restarted in token-only durability: no grants for {left_ms} ms more");
+            return Some(error(ErrorCode::Recovering, message));
+        }
+        self.refuse_if_journal_failed()
+    }
+
+    /// The refusal for a limit the table hit, naming the limit and its setting.
+    pub(super) fn full_error(&self, limit: table::Limit) -> Response {
+        Stats::bump(&self.stats.errors);
+        let config = &self.config;
+        let (code, message) = match limit {
+            table::Limit::HeldLocks => (
+                ErrorCode::HeldLimit,
+                format!(
+                    "the server holds {} locks, its limit (--held-max)",
+                    config.held_max
+                ),
+            ),
+            table::Limit::Waiters => (
+                ErrorCode::WaitersLimit,
+                format!(
+                    "the server has {} waiters, its limit (--waiters-max)",
+                    config.waiters_max
+                ),
+            ),
+            table::Limit::WaitersPerKey => (
+                ErrorCode::WaitersLimit,
+                format!(
+                    "this key has {} waiters, its limit (--waiters-per-key-max)",
+                    config.waiters_per_key_max
+                ),
+            ),
+        };
+        error(code, message)
+    }
+
+    pub(super) fn unavailable(&self, e: &JournalError) -> Response {
+        Stats::bump(&self.stats.errors);
+        tracing::error!(error = %e, "a change could not be logged; refusing it");
+        error(
+            ErrorCode::Unavailable,
+            format!("not durable, nothing changed: {e}"),
+        )
+    }
+
+    /// A refusal for a change the journal can no longer make durable, checked before the
+    /// table is touched, so "nothing changed" is true when it is said.
+    pub(super) fn refuse_if_journal_failed(&self) -> Option<Response> {
+        let failed = self.journal.failed()?;
+        Stats::bump(&self.stats.errors);
+        let message = format!("not durable, nothing changed: the WAL failed: {failed}");
+        Some(error(ErrorCode::Unavailable, message))
+    }
+}

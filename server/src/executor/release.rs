@@ -1,0 +1,74 @@
+//! RELEASE: free the lease (handing the lock on), and keep what it takes to put it back if
+//! the free never becomes durable.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, LeaseId, Response};
+
+use super::{clamp_ms, error, Executor, Outcome};
+use crate::conn::ConnCtx;
+use crate::journal::{Undo, TICKET_NOW};
+use crate::stats::Stats;
+use crate::table;
+use crate::wal::FreeReason;
+
+impl Executor {
+    pub(super) fn release(
+        self: &Arc<Self>,
+        ctx: &mut ConnCtx,
+        now_ms: u64,
+        key: Bytes,
+        lease_id: LeaseId,
+    ) -> Outcome {
+        if let Some(refusal) = self.refuse_if_journal_failed() {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
+        let mut shard = self.shard(&key);
+        // What the lease looked like, to put it back if the release never becomes durable
+        // (only logged changes can fail to become durable).
+        let before = match shard.inspect(now_ms, &key) {
+            table::Inspect::Held {
+                token,
+                ttl_left_ms,
+                meta,
+                ..
+            } if self.journal.logs_leases() => {
+                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta)))
+            }
+            _ => None,
+        };
+        let Some(ticket) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released)
+        else {
+            return Outcome::Reply(Response::NotOwner, TICKET_NOW);
+        };
+        drop(shard);
+        ctx.disown(&key, lease_id);
+        match ticket {
+            Ok(ticket) => match before {
+                Some((token, ttl_left_ms, meta)) => Outcome::Changed {
+                    response: Response::Released,
+                    ticket,
+                    undo: Undo::Release {
+                        key,
+                        lease_id,
+                        token,
+                        ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
+                        meta,
+                    },
+                },
+                None => Outcome::Reply(Response::Released, ticket),
+            },
+            Err(e) => {
+                // The journal failed (or filled its backlog) between the check above and the
+                // append: the lock is free here, but a restart would bring the lease back.
+                Stats::bump(&self.stats.errors);
+                tracing::error!(error = %e, "a release could not be logged");
+                let message = format!(
+                    "released, but not durable: the lease may come back after a restart: {e}"
+                );
+                Outcome::Reply(error(ErrorCode::Unavailable, message), TICKET_NOW)
+            }
+        }
+    }
+}

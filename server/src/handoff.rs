@@ -1,0 +1,202 @@
+//! Hand-off: giving a freed lock to the next waiter (a blocking acquire queued behind the
+//! holder). The table picks the waiter and makes the grant; this module logs it, delivers it
+//! to the waiter's connection, and frees the lock again for the next in line if the waiter
+//! vanished meanwhile or the grant cannot be logged. Frees (release, expiry, disconnect, undo)
+//! all pass through `Executor::free`, the one place a lease ends and its successor is found.
+
+use std::sync::Arc;
+
+use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+use tokio::sync::oneshot;
+
+use crate::executor::{clamp_ms, Executor};
+use crate::journal::{Change, JournalError, Lease, Ticket};
+use crate::stats::Stats;
+use crate::table::{self, Event, Handoff, LockTable};
+use crate::wal::FreeReason;
+
+/// What a waiter is eventually told.
+#[derive(Debug)]
+pub enum WaitResult {
+    /// The lock was handed over; reply once `ticket` is durable.
+    Granted {
+        /// The grant.
+        grant: table::Grant,
+        /// The journal ticket of the grant.
+        ticket: Ticket,
+        /// Time from taking the request up to the grant, for the reply's `waited_ms`.
+        waited_ms: u32,
+    },
+    /// The wait ran out while someone else held the lock.
+    TimedOut {
+        /// The holder's token.
+        token: u64,
+        /// Time left on the holder's lease.
+        ttl_left_ms: u64,
+    },
+    /// The hand-over could not be made durable.
+    Failed(ErrorCode, String),
+}
+
+/// A waiter's way back to its connection: the table's [`table::WaiterSink`].
+pub struct WaitSlot {
+    tx: oneshot::Sender<WaitResult>,
+    release_on_disconnect: bool,
+    /// When the request was taken up (`now_ms`), so a hand-off can tell how long it waited.
+    received_ms: u64,
+}
+
+impl WaitSlot {
+    /// A slot answering on `tx`.
+    pub fn new(
+        tx: oneshot::Sender<WaitResult>,
+        release_on_disconnect: bool,
+        received_ms: u64,
+    ) -> WaitSlot {
+        WaitSlot {
+            tx,
+            release_on_disconnect,
+            received_ms,
+        }
+    }
+}
+
+impl table::WaiterSink for WaitSlot {
+    fn is_live(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+impl Executor {
+    /// Releases `lease_id`'s hold on `key` if it has one: logs and announces it, then hands
+    /// the lock to the next live waiter. `None` if the lease did not hold the key; otherwise
+    /// the journal ticket of the free, or the error that kept it from being logged.
+    pub(crate) fn free(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        reason: FreeReason,
+    ) -> Option<Result<Ticket, JournalError>> {
+        let mut events = Vec::new();
+        let result = shard.release(now_ms, key, lease_id, &self.tokens.allocator, &mut events);
+        let outcome = match result {
+            table::Release::NotOwner => None,
+            table::Release::Released { token, handoff } => {
+                let ticket = self.journal.append(&Change::Free { key, token, reason });
+                let kind = if reason == FreeReason::Expired {
+                    EventKind::Expired
+                } else {
+                    EventKind::Released
+                };
+                self.watches.notify(key, kind, token, b"");
+                if let Some(handoff) = handoff {
+                    events.push(Event::HandedOff(handoff));
+                }
+                Some(ticket)
+            }
+        };
+        self.apply_events(shard, now_ms, &mut events);
+        outcome
+    }
+
+    /// Gives a lock to a waiter: log the grant, then send it. A waiter that vanished in
+    /// between, or a grant that cannot be logged, frees the lock again for the next in line.
+    fn hand_off(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        handoff: Handoff<WaitSlot>,
+    ) {
+        let Handoff {
+            waiter,
+            grant,
+            key,
+            meta,
+            ..
+        } = handoff;
+        let WaitSlot {
+            tx,
+            release_on_disconnect,
+            received_ms,
+        } = waiter;
+        let lease = Lease {
+            key: &key,
+            lease_id: grant.lease_id,
+            token: grant.token,
+            ttl_ms: grant.ttl_ms,
+            release_on_disconnect,
+            meta: &meta,
+        };
+        let logged = self.journal.append(&Change::Grant(lease));
+        let message = match &logged {
+            Ok(ticket) => WaitResult::Granted {
+                grant,
+                ticket: *ticket,
+                // The lease runs from `now_ms` (the table counts a hand-off's TTL from the
+                // call that settled the key), so this is exactly the time in line.
+                waited_ms: clamp_ms(now_ms.saturating_sub(received_ms)),
+            },
+            Err(e) => WaitResult::Failed(ErrorCode::Unavailable, format!("not durable: {e}")),
+        };
+        if tx.send(message).is_ok() && logged.is_ok() {
+            Stats::bump(&self.stats.grants);
+            Stats::bump(&self.stats.handoffs);
+            self.watches
+                .notify(&key, EventKind::Granted, grant.token, &meta);
+            self.tokens.reserve_ahead();
+            return;
+        }
+        // Nobody will ever hear of this grant: free it so the next waiter is not held up.
+        self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+    }
+
+    /// Acts on everything the table did on its own: expiries, hand-offs, waits that ran out.
+    /// Every grant the table makes reaches the server through here or an `Acquire::Granted`.
+    pub fn apply_events(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        events: &mut Vec<Event<WaitSlot>>,
+    ) {
+        for event in std::mem::take(events) {
+            match event {
+                Event::Expired {
+                    key,
+                    token,
+                    lease_id,
+                    handoff,
+                } => {
+                    Stats::bump(&self.stats.expirations);
+                    self.stats.metrics.expired(lease_id);
+                    // Not waited for: an expiry lost in a crash comes back as a held lease
+                    // whose TTL runs again, which is the safe direction.
+                    let reason = FreeReason::Expired;
+                    let _ = self.journal.append(&Change::Free {
+                        key: &key,
+                        token,
+                        reason,
+                    });
+                    self.watches.notify(&key, EventKind::Expired, token, b"");
+                    if let Some(handoff) = handoff {
+                        self.hand_off(shard, now_ms, handoff);
+                    }
+                }
+                Event::HandedOff(handoff) => self.hand_off(shard, now_ms, handoff),
+                Event::WaitTimedOut {
+                    waiter,
+                    holder_token,
+                    ttl_left_ms,
+                    ..
+                } => {
+                    Stats::bump(&self.stats.locked);
+                    let _ = waiter.tx.send(WaitResult::TimedOut {
+                        token: holder_token,
+                        ttl_left_ms,
+                    });
+                }
+            }
+        }
+    }
+}

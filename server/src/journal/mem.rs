@@ -1,0 +1,134 @@
+//! [`MemJournal`]: an in-memory [`Journal`] for tests and the simulation. It keeps every
+//! change it was given, makes them durable only when told ([`MemJournal::make_durable`]), and
+//! fails on cue ([`MemJournal::fail`]), so a test decides exactly when a write is lost.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+
+use super::{
+    Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, TICKET_NOW,
+};
+use crate::wal::{Record, WalError};
+
+/// A change as the journal kept it, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// Its ticket.
+    pub ticket: Ticket,
+    /// The record it would be in the WAL, encoded.
+    pub record: Vec<u8>,
+}
+
+/// See the module docs.
+pub struct MemJournal {
+    logs_leases: bool,
+    kept: Mutex<Vec<Kept>>,
+    progress_tx: watch::Sender<Progress>,
+}
+
+impl MemJournal {
+    /// A journal that logs grants and frees if `logs_leases` (durability `full`).
+    pub fn new(logs_leases: bool) -> Arc<MemJournal> {
+        let (progress_tx, _) = watch::channel(Progress::default());
+        Arc::new(MemJournal {
+            logs_leases,
+            kept: Mutex::new(Vec::new()),
+            progress_tx,
+        })
+    }
+
+    /// Everything appended so far, in order.
+    pub fn kept(&self) -> Vec<Kept> {
+        self.kept.lock().expect("poisoned").clone()
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn make_durable(&self) {
+        let last = self.kept.lock().expect("poisoned").last().map(|k| k.ticket);
+        self.progress_tx
+            .send_modify(|p| p.lsn = last.unwrap_or(TICKET_NOW).max(p.lsn));
+    }
+
+    /// Fails the journal: nothing not yet durable ever will be.
+    pub fn fail(&self, why: &str) {
+        self.progress_tx
+            .send_modify(|p| p.failed = Some(why.into()));
+    }
+
+    fn keep(&self, record: &Record<'_>) -> Result<Ticket, JournalError> {
+        if let Some(why) = &self.progress_tx.borrow().failed {
+            return Err(WalError::Failed(Arc::clone(why)).into());
+        }
+        let mut kept = self.kept.lock().expect("poisoned");
+        let ticket = kept.len() as Ticket + 1;
+        let mut bytes = Vec::new();
+        crate::wal::record::encode(record, &mut bytes);
+        kept.push(Kept {
+            ticket,
+            record: bytes,
+        });
+        Ok(ticket)
+    }
+}
+
+impl Journal for MemJournal {
+    fn logs_leases(&self) -> bool {
+        self.logs_leases
+    }
+
+    fn append(&self, change: &Change<'_>) -> Result<Ticket, JournalError> {
+        if !self.logs_leases && !matches!(change, Change::Reserve { .. }) {
+            return Ok(TICKET_NOW);
+        }
+        self.keep(&change.record())
+    }
+
+    fn failed(&self) -> Option<Arc<str>> {
+        if !self.logs_leases {
+            return None;
+        }
+        self.progress_tx.borrow().failed.clone()
+    }
+
+    fn progress(&self) -> watch::Receiver<Progress> {
+        self.progress_tx.subscribe()
+    }
+
+    fn reserve_tokens(&self, token_limit: u64) -> BoxFuture<'_, Result<(), JournalError>> {
+        Box::pin(async move {
+            let ticket = self.keep(&Change::Reserve { token_limit }.record())?;
+            // Reservations are made durable at once: tests steer grants, not tokens.
+            self.make_durable();
+            crate::wal::wait_durable_on(&mut self.progress(), ticket).await?;
+            Ok(())
+        })
+    }
+
+    fn stats(&self) -> JournalStats {
+        JournalStats {
+            records: self.kept.lock().expect("poisoned").len() as u64,
+            ..JournalStats::default()
+        }
+    }
+
+    fn snapshot_due(&self) -> bool {
+        false
+    }
+
+    fn snapshot(&self, source: &dyn LeaseSource) {
+        for part in 0..source.parts() {
+            source.for_each_lease(part, &mut |lease| {
+                let _ = self.keep(&Change::Grant(lease).record());
+            });
+        }
+    }
+
+    fn sync_and_stop(&self) -> Result<(), JournalError> {
+        match &self.progress_tx.borrow().failed {
+            Some(why) => Err(WalError::Failed(Arc::clone(why)).into()),
+            None => Ok(()),
+        }
+    }
+}

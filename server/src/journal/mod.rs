@@ -1,0 +1,203 @@
+//! The journal: the one place that decides "durable before visible".
+//!
+//! Every change the executor makes to the lock table (a grant, a free, a token reservation)
+//! is described as a [`Change`] and handed to the [`Journal`] while the table's shard lock is
+//! still held, so the journal orders changes to a key exactly as the table made them. The
+//! journal answers with a [`Ticket`]; the change's reply waits until the journal's
+//! [`Progress`] passes that ticket. If the journal fails first, the change is taken back
+//! ([`Undo`]) and the requester told "not durable, nothing changed"; once it has failed, new
+//! changes are refused before the table is touched ([`Journal::failed`]).
+//!
+//! The durability mode ([`Durability::Full`] or [`Durability::Tokens`]) is a journal policy:
+//! the executor always describes its changes, and the journal decides which are logged. In
+//! token-only mode only reservations are, so grants and frees come back with [`TICKET_NOW`].
+//!
+//! [`Change::record`] is the one place a WAL record is built from a change, used by live
+//! writes, by snapshots of the table, and by the WAL's own start-up snapshot.
+//!
+//! # A second implementation
+//! [`WalJournal`] (the local write-ahead log) is the first implementation; a replicated log
+//! is meant to be the second, without the executor changing. It must guarantee:
+//! - **Order**: changes become durable in the order `append` was called, and `Progress`'s
+//!   `lsn` only grows: a ticket is durable once `progress().lsn >= ticket`.
+//! - **Durable means survives**: whatever is durable is replayed by recovery after a crash
+//!   (for a replicated log: committed by a quorum), and nothing after a failure point is
+//!   reported durable.
+//! - **Failure is final and visible**: once a change cannot become durable, `Progress`
+//!   carries `failed`, every later `append` fails, and `lsn` never moves again, so every
+//!   reply still waiting is answered "not durable" and its change undone.
+//! - **Tokens**: `reserve_tokens(limit)` returns only after a record "tokens below `limit`
+//!   may be used" is durable, so no fencing token is ever visible before it is covered.
+//! - **No blocking in `append`**: it runs under a shard lock; it queues and returns.
+//!
+//! `mem::MemJournal` (tests only) is the in-memory example: it keeps the changes, makes
+//! them durable on command, and fails on cue, for the simulation to inject write failures.
+
+#[cfg(test)]
+pub mod mem;
+#[cfg(test)]
+mod tests;
+mod undo;
+mod wal;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use tenure_protocol::LeaseId;
+use tokio::sync::watch;
+
+pub use self::undo::{answer_lost, settle, Settled, Undo};
+pub use self::wal::WalJournal;
+pub use crate::config::Durability;
+use crate::wal::{FreeReason, Record, WalError, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+
+/// A position in the journal: a change is durable once [`Progress::lsn`] reaches its
+/// ticket. [`TICKET_NOW`] (0) is durable from the start: a reply that needs no wait.
+pub type Ticket = crate::wal::Lsn;
+
+/// The ticket of a reply that waits for nothing.
+pub const TICKET_NOW: Ticket = 0;
+
+/// How far the journal is durable (`lsn`: every ticket up to it), and `failed` once it
+/// failed, after which `lsn` never moves again. A second implementation publishes the same.
+pub use crate::wal::DurableState as Progress;
+
+/// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct Lease<'a> {
+    /// The lock.
+    pub key: &'a [u8],
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token.
+    pub token: u64,
+    /// Its length, in milliseconds.
+    pub ttl_ms: u32,
+    /// Whether it is released when its connection closes.
+    pub release_on_disconnect: bool,
+    /// Holder metadata.
+    pub meta: &'a [u8],
+}
+
+/// One change to the durable state.
+#[derive(Clone, Copy, Debug)]
+pub enum Change<'a> {
+    /// A lease was granted.
+    Grant(Lease<'a>),
+    /// The lease holding `key` with `token` ended.
+    Free {
+        /// The lock.
+        key: &'a [u8],
+        /// The ended lease's token.
+        token: u64,
+        /// Why it ended.
+        reason: FreeReason,
+    },
+    /// Fencing tokens below `token_limit` may be handed out.
+    Reserve {
+        /// The new limit.
+        token_limit: u64,
+    },
+}
+
+impl<'a> Change<'a> {
+    /// The WAL record of this change: the one builder of Grant, Free and Reserve records.
+    pub fn record(&self) -> Record<'a> {
+        match *self {
+            Change::Grant(lease) => Record::Grant {
+                key: lease.key,
+                lease_id: lease.lease_id.0,
+                token: lease.token,
+                ttl_ms: lease.ttl_ms,
+                flags: if lease.release_on_disconnect {
+                    GRANT_FLAG_RELEASE_ON_DISCONNECT
+                } else {
+                    0
+                },
+                meta: lease.meta,
+            },
+            Change::Free { key, token, reason } => Record::Free { key, token, reason },
+            Change::Reserve { token_limit } => Record::Reserve { token_limit },
+        }
+    }
+}
+
+/// Why a change could not be made durable.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// The local write-ahead log refused or lost the change.
+    #[error(transparent)]
+    Wal(#[from] WalError),
+}
+
+/// Counters for STATS.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JournalStats {
+    /// Records appended.
+    pub records: u64,
+    /// Syncs made (one per group of records).
+    pub fsyncs: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// Where a snapshot reads the live leases from: the lock table, part by part (shard by
+/// shard), each part under its own lock.
+pub trait LeaseSource {
+    /// How many parts there are.
+    fn parts(&self) -> usize;
+    /// Calls `each` for every live lease of part `part`, under that part's lock.
+    fn for_each_lease(&self, part: usize, each: &mut dyn FnMut(Lease<'_>));
+    /// The allocator's durable token limit, which the snapshot records.
+    fn token_limit(&self) -> u64;
+}
+
+/// The log that makes changes durable before anyone hears of them; see the module docs for
+/// what an implementation must guarantee.
+pub trait Journal: Send + Sync + 'static {
+    /// Whether grants and frees are logged (durability `full`): only then can one need undoing.
+    fn logs_leases(&self) -> bool;
+
+    /// Queues `change` if the durability policy logs it and returns the ticket its reply must
+    /// wait for ([`TICKET_NOW`] if it is not logged). Never blocks.
+    ///
+    /// # Errors
+    /// When the journal failed or cannot take the change now; nothing was queued then.
+    fn append(&self, change: &Change<'_>) -> Result<Ticket, JournalError>;
+
+    /// Why the journal can no longer make a logged change durable, if it can't; `None` in a
+    /// mode that logs no leases (nothing of theirs can fail).
+    fn failed(&self) -> Option<Arc<str>>;
+
+    /// The journal's progress, for connections whose replies wait on tickets.
+    fn progress(&self) -> watch::Receiver<Progress>;
+
+    /// Logs "tokens below `token_limit` may be used" and waits until that is durable.
+    ///
+    /// # Errors
+    /// When it could not be made durable.
+    fn reserve_tokens(&self, token_limit: u64) -> BoxFuture<'_, Result<(), JournalError>>;
+
+    /// Counters for STATS.
+    fn stats(&self) -> JournalStats;
+
+    /// Whether the log has grown enough past the live state that a [`Journal::snapshot`]
+    /// would pay.
+    fn snapshot_due(&self) -> bool;
+
+    /// Copies the live leases in `source` into the log, so older history may be dropped;
+    /// failures are logged and abandon the copy. Blocking: run it off the async runtime.
+    fn snapshot(&self, source: &dyn LeaseSource);
+
+    /// The local WAL behind this journal, if it is one, for its `/metrics` figures (fsync
+    /// latency, batch sizes, segments, snapshots).
+    fn wal(&self) -> Option<&crate::wal::Wal> {
+        None
+    }
+
+    /// Makes everything appended durable and stops taking changes.
+    ///
+    /// # Errors
+    /// When some appended change is not durable.
+    fn sync_and_stop(&self) -> Result<(), JournalError>;
+}

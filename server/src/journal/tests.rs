@@ -1,0 +1,124 @@
+//! The journal seam, driven through the executor with an in-memory journal.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, Request, Response};
+
+use super::mem::MemJournal;
+use super::{answer_lost, settle, Journal, Settled};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::conn::ConnCtx;
+use crate::executor::{Executor, Outcome};
+
+async fn executor(journal: &Arc<MemJournal>) -> Arc<Executor> {
+    let config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    let journal: Arc<dyn Journal> = Arc::clone(journal) as Arc<dyn Journal>;
+    let executor = Arc::new(Executor::new(config, Clock::start(), journal, 1, 0));
+    executor.tokens.reserve().await.unwrap();
+    executor
+}
+
+fn acquire(key: &str) -> Request {
+    Request::Acquire {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        ttl_ms: 60_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::from_static(b"meta"),
+    }
+}
+
+fn inspect(executor: &Arc<Executor>, ctx: &mut ConnCtx, key: &str) -> Response {
+    let request = Request::Inspect {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+    };
+    match executor.execute(ctx, 99, request) {
+        Outcome::Reply(response, _) => response,
+        _ => panic!("INSPECT answers at once"),
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_writes_the_same_grant_record_as_the_live_grant() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    let Outcome::Changed { ticket, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
+        panic!("a grant in full durability waits for its ticket");
+    };
+    journal.snapshot(&*executor);
+    let kept = journal.kept();
+    let live = kept.iter().find(|k| k.ticket == ticket).unwrap();
+    assert_eq!(kept.last().unwrap().record, live.record, "one builder");
+}
+
+#[tokio::test]
+async fn a_failed_journal_refuses_a_grant_before_the_table_changes() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    journal.fail("injected");
+    let Outcome::Reply(Response::Error { code, message }, _) =
+        executor.execute(&mut ctx, 1, acquire("k"))
+    else {
+        panic!("refused at once");
+    };
+    assert_eq!(code, ErrorCode::Unavailable);
+    assert!(message.contains("nothing changed"), "{message}");
+    assert!(matches!(inspect(&executor, &mut ctx, "k"), Response::Free));
+}
+
+#[tokio::test]
+async fn a_grant_lost_to_a_journal_failure_is_undone() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
+        panic!("a grant in full durability waits for its ticket");
+    };
+    assert!(matches!(
+        inspect(&executor, &mut ctx, "k"),
+        Response::Held { .. }
+    ));
+    assert!(matches!(
+        settle(ticket, &journal.progress().borrow()),
+        Settled::Waiting
+    ));
+    journal.fail("injected");
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    let answer = answer_lost(&executor, &mut ctx, Some(undo), &why);
+    let Response::Error { message, .. } = answer else {
+        panic!("an error");
+    };
+    assert!(message.contains("nothing changed"), "{message}");
+    assert!(matches!(inspect(&executor, &mut ctx, "k"), Response::Free));
+}
+
+#[tokio::test]
+async fn a_durable_grant_settles_and_token_mode_logs_no_lease() {
+    let full = MemJournal::new(true);
+    let executor_full = executor(&full).await;
+    let mut ctx = ConnCtx::new(1);
+    let Outcome::Changed { ticket, .. } = executor_full.execute(&mut ctx, 1, acquire("k")) else {
+        panic!("waits for its ticket");
+    };
+    full.make_durable();
+    assert!(matches!(
+        settle(ticket, &full.progress().borrow()),
+        Settled::Durable
+    ));
+
+    let tokens_only = MemJournal::new(false);
+    let executor = executor(&tokens_only).await;
+    let logged_before = tokens_only.kept().len();
+    let outcome = executor.execute(&mut ctx, 2, acquire("k"));
+    assert!(matches!(
+        outcome,
+        Outcome::Reply(Response::Granted { .. }, 0)
+    ));
+    assert_eq!(tokens_only.kept().len(), logged_before, "only reservations");
+}

@@ -1,0 +1,124 @@
+//! Taking back a change whose journal record never became durable, so that the client's
+//! "not durable, nothing changed" holds on the live server as it does after a restart.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, EventKind, LeaseId, Response};
+
+use super::{Progress, Ticket};
+use crate::conn::ConnCtx;
+use crate::executor::Executor;
+use crate::table;
+use crate::wal::FreeReason;
+
+/// How to take back a change whose record never became durable.
+#[derive(Debug)]
+pub enum Undo {
+    /// Revoke a grant (handing the lock to the next waiter, as a release would).
+    Grant {
+        /// The lock.
+        key: Bytes,
+        /// The grant's lease.
+        lease_id: LeaseId,
+    },
+    /// Put a released lease back, unless someone else holds the key by now.
+    Release {
+        /// The lock.
+        key: Bytes,
+        /// The released lease.
+        lease_id: LeaseId,
+        /// Its fencing token.
+        token: u64,
+        /// Time it had left, in milliseconds; it gets at least that again.
+        ttl_ms: u32,
+        /// Its holder metadata.
+        meta: Bytes,
+    },
+}
+
+/// What becomes of a reply that waited on a ticket.
+pub enum Settled {
+    /// Not yet decided: keep waiting.
+    Waiting,
+    /// Durable (or it never needed the journal): send the reply.
+    Durable,
+    /// The journal failed before the ticket became durable, for this reason.
+    Lost(Arc<str>),
+}
+
+/// Where a reply waiting on `ticket` stands, given the journal's `progress`.
+pub fn settle(ticket: Ticket, progress: &Progress) -> Settled {
+    if ticket <= progress.lsn {
+        return Settled::Durable;
+    }
+    match &progress.failed {
+        Some(why) => Settled::Lost(Arc::clone(why)),
+        None => Settled::Waiting,
+    }
+}
+
+/// The answer to a change lost to a journal failure (`why`), after taking it back with
+/// `undo` where there is one: a grant is revoked (and no longer released on `ctx`'s close),
+/// a release put back.
+pub fn answer_lost(
+    executor: &Arc<Executor>,
+    ctx: &mut ConnCtx,
+    undo: Option<Undo>,
+    why: &str,
+) -> Response {
+    let undone = match undo {
+        Some(undo) => {
+            if let Undo::Grant { lease_id, .. } = &undo {
+                ctx.forget_owned(*lease_id);
+            }
+            executor.undo(undo)
+        }
+        None => false,
+    };
+    let message = if undone {
+        format!("not durable, nothing changed: {why}")
+    } else {
+        format!("not durable, the change may be lost: it holds until the server restarts: {why}")
+    };
+    Response::Error {
+        code: ErrorCode::Unavailable,
+        message,
+    }
+}
+
+impl Executor {
+    /// Takes back a change whose record never became durable; its requester is told so.
+    /// Returns whether the live state is now as if the change had never been made.
+    pub fn undo(self: &Arc<Self>, undo: Undo) -> bool {
+        let now_ms = self.clock.now_ms();
+        match undo {
+            Undo::Grant { key, lease_id } => {
+                let mut shard = self.shard(&key);
+                self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
+                true
+            }
+            Undo::Release {
+                key,
+                lease_id,
+                token,
+                ttl_ms,
+                meta,
+            } => {
+                let mut shard = self.shard(&key);
+                // No grant can be made once the journal failed, so the key is free unless a
+                // waiter's hand-off from this very release is not yet taken back; then the
+                // release stands here, and a restart brings the lease back.
+                if let table::Inspect::Free = shard.inspect(now_ms, &key) {
+                    shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    // Watchers were told of the release; they learn the lease is back.
+                    self.watches.notify(&key, EventKind::Granted, token, &meta);
+                    true
+                } else {
+                    tracing::warn!("a release that failed to log could not be undone: key is held");
+                    false
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The slab entry of the lock table and what hangs off it: a [`Slot`] (key, lease, timer
+//! generation), its rarely used [`Extra`] (metadata, waiter queue), a queued acquire
+//! ([`Queued`]), and the wheel's [`Timer`] with the check that tells a live timer from a stale
+//! one.
+
+use std::collections::VecDeque;
+
+use tenure_protocol::LeaseId;
+
+use super::index::KeyBytes;
+use super::{CANCELLED_SLACK, WAIT_TIMER_BIT};
+
+/// A timer in the wheel: which slot, and a stamp to tell whether it is still wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Timer {
+    /// Slot number, with `WAIT_TIMER_BIT` set for a waiter timer.
+    pub(super) slot: u32,
+    /// Lease timers: the slot's generation when armed. Waiter timers: low bits of the id.
+    pub(super) stamp: u32,
+}
+
+/// One slab entry: a key with its lease, or free (`token == 0`).
+#[derive(Debug)]
+pub(super) struct Slot<W> {
+    /// The key (empty when free).
+    pub(super) key: KeyBytes,
+    /// The holder's lease id.
+    pub(super) lease_id: LeaseId,
+    /// The holder's fencing token; 0 marks a free slot.
+    pub(super) token: u64,
+    /// The lease expires when `now_ms >= deadline_ms`. 0: the lease ended and the key is
+    /// reserved for its waiters until a token is available.
+    pub(super) deadline_ms: u64,
+    /// Bumped whenever the lease's timer is re-armed or the lease ends, so old timers fail.
+    pub(super) generation: u32,
+    /// The TTL of the current lease.
+    pub(super) ttl_ms: u32,
+    /// Metadata and waiter queue; `None` when both are empty (the common case).
+    pub(super) extra: Option<Box<Extra<W>>>,
+}
+
+/// The rarely used part of a slot.
+#[derive(Debug)]
+pub(super) struct Extra<W> {
+    /// The holder's metadata.
+    pub(super) meta: Box<[u8]>,
+    /// Waiters, first come first served, in increasing `waiter_id` order (so a waiter is found
+    /// by binary search). Cancelled waiters stay as entries without a waiter until the queue
+    /// is compacted; the first entry is never one of them, and the queue is empty when no
+    /// waiter is live.
+    pub(super) queue: VecDeque<Queued<W>>,
+    /// Entries of `queue` with a waiter.
+    pub(super) live: usize,
+    /// At most the smallest waiter deadline in `queue`, so settling skips the scan.
+    pub(super) wait_deadline_min_ms: u64,
+}
+
+/// A queued acquire request.
+#[derive(Debug)]
+pub(super) struct Queued<W> {
+    /// Where to deliver the outcome; `None` once cancelled.
+    pub(super) waiter: Option<W>,
+    /// Unique within the table.
+    pub(super) waiter_id: u64,
+    /// The lease id it will hold the lock under.
+    pub(super) lease_id: LeaseId,
+    /// The TTL it asked for.
+    pub(super) ttl_ms: u32,
+    /// It gives up when `now_ms >= deadline_ms`.
+    pub(super) deadline_ms: u64,
+    /// Its holder metadata.
+    pub(super) meta: Box<[u8]>,
+}
+
+impl<W> Slot<W> {
+    /// A free slot.
+    pub(super) fn vacant(generation: u32) -> Self {
+        Slot {
+            key: KeyBytes::new(&[]),
+            lease_id: LeaseId::default(),
+            token: 0,
+            deadline_ms: 0,
+            generation,
+            ttl_ms: 0,
+            extra: None,
+        }
+    }
+
+    /// The holder's metadata.
+    pub(super) fn meta(&self) -> &[u8] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.meta)
+    }
+
+    /// Waiters queued on the key (not counting cancelled ones).
+    pub(super) fn queue_len(&self) -> usize {
+        self.extra.as_ref().map_or(0, |extra| extra.live)
+    }
+
+    /// Frees `extra` when it holds nothing.
+    pub(super) fn tidy_extra(&mut self) {
+        if self
+            .extra
+            .as_ref()
+            .is_some_and(|extra| extra.meta.is_empty() && extra.queue.is_empty())
+        {
+            self.extra = None;
+        }
+    }
+
+    /// Sets the holder's metadata, allocating `extra` only if needed.
+    pub(super) fn set_meta(&mut self, meta: Box<[u8]>) {
+        match &mut self.extra {
+            Some(extra) => extra.meta = meta,
+            None if meta.is_empty() => {}
+            None => self.extra = Some(Box::new(Extra::new(meta))),
+        }
+    }
+}
+
+impl<W> Extra<W> {
+    /// Drops cancelled entries at the head, and all of them once they outnumber the live
+    /// waiters (by more than `CANCELLED_SLACK`), keeping the queue's invariants. Returns the
+    /// entries moved or dropped.
+    pub(super) fn drop_cancelled(&mut self) -> usize {
+        let before = self.queue.len();
+        if self.live == 0 {
+            self.queue.clear();
+        } else if before - self.live > self.live + CANCELLED_SLACK {
+            self.queue.retain(|queued| queued.waiter.is_some());
+        } else {
+            while self.queue.front().is_some_and(|q| q.waiter.is_none()) {
+                self.queue.pop_front();
+            }
+        }
+        before - self.queue.len()
+    }
+
+    /// Extras with metadata and no waiters.
+    pub(super) fn new(meta: Box<[u8]>) -> Self {
+        Extra {
+            meta,
+            queue: VecDeque::new(),
+            live: 0,
+            wait_deadline_min_ms: u64::MAX,
+        }
+    }
+}
+
+/// Whether a timer still matters: a lease timer of the slot's current, unended lease, or the
+/// timer of a waiter still queued with that deadline.
+pub(super) fn timer_is_live<W>(slots: &[Slot<W>], deadline_ms: u64, timer: &Timer) -> bool {
+    let lock = &slots[(timer.slot & !WAIT_TIMER_BIT) as usize];
+    if lock.token == 0 {
+        return false;
+    }
+    if timer.slot & WAIT_TIMER_BIT == 0 {
+        return lock.deadline_ms != 0 && lock.generation == timer.stamp;
+    }
+    let Some(queue) = lock.extra.as_ref().map(|extra| &extra.queue) else {
+        return false;
+    };
+    let (Some(first), Some(last)) = (queue.front(), queue.back()) else {
+        return false;
+    };
+    let is_it = |w: &Queued<W>| {
+        w.waiter_id as u32 == timer.stamp && w.deadline_ms == deadline_ms && w.waiter.is_some()
+    };
+    if last.waiter_id - first.waiter_id > u64::from(u32::MAX) {
+        // Ids too far apart for the stamp's 32 bits to name one: look at each (never seen in
+        // practice: it takes four billion waiters while one waits).
+        return queue.iter().any(is_it);
+    }
+    // The stamp holds the id's low 32 bits, and the queue's ids span less than 2^32: the
+    // full id is the one in that span with those bits. Binary search keeps wheel compaction
+    // O(timers log n) even with one long queue.
+    let waiter_id = first.waiter_id + u64::from(timer.stamp.wrapping_sub(first.waiter_id as u32));
+    find_queued(queue, waiter_id).is_some_and(|position| is_it(&queue[position]))
+}
+
+/// The position of `waiter_id` in a queue sorted by waiter id. The first probe is where the
+/// id would be if ids were spread evenly (they are contiguous on a key nobody else waits on,
+/// cancelled entries keeping their places): one probe, where a binary search would take
+/// log n cache misses across a long queue. Otherwise a binary search on the probe's side.
+pub(super) fn find_queued<W>(queue: &VecDeque<Queued<W>>, waiter_id: u64) -> Option<usize> {
+    let (first, last) = (queue.front()?.waiter_id, queue.back()?.waiter_id);
+    if !(first..=last).contains(&waiter_id) {
+        return None;
+    }
+    let span = u128::from(last - first).max(1);
+    let guess = (u128::from(waiter_id - first) * (queue.len() as u128 - 1) / span) as usize;
+    let (mut low, mut high) = match queue[guess].waiter_id.cmp(&waiter_id) {
+        std::cmp::Ordering::Equal => return Some(guess),
+        std::cmp::Ordering::Less => (guess + 1, queue.len()),
+        std::cmp::Ordering::Greater => (0, guess),
+    };
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match queue[middle].waiter_id.cmp(&waiter_id) {
+            std::cmp::Ordering::Equal => return Some(middle),
+            std::cmp::Ordering::Less => low = middle + 1,
+            std::cmp::Ordering::Greater => high = middle,
+        }
+    }
+    None
+}

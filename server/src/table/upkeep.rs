@@ -1,0 +1,149 @@
+//! What the server does to the table outside requests: the ticker's [`LockTable::advance`],
+//! recovery's [`LockTable::restore`], a snapshot's [`LockTable::for_each_held`], and a closing
+//! connection's [`LockTable::cancel_waiter`].
+
+use super::slot::find_queued;
+use super::*;
+
+impl<W: WaiterSink> LockTable<W> {
+    /// Removes a queued waiter (its connection closed, or the server gave up on it) and
+    /// drops it. Returns false if it is not queued on `key` (already served or timed out).
+    ///
+    /// O(log(waiters on the key)) amortized: the waiter is found by binary search and only
+    /// marked cancelled; cancelled entries are dropped when they reach the head, or all at
+    /// once when they outnumber the live ones. So a connection leaving with n waiters costs
+    /// O(n log n), wherever in the queues they stood.
+    pub fn cancel_waiter(&mut self, key: &[u8], waiter_id: u64) -> bool {
+        let Some(slot) = self.find(key) else {
+            return false;
+        };
+        let Some(extra) = self.slots[slot].extra.as_mut() else {
+            return false;
+        };
+        #[cfg(test)]
+        {
+            self.cancel_steps += u64::from(usize::BITS - extra.queue.len().leading_zeros());
+        }
+        let Some(position) = find_queued(&extra.queue, waiter_id) else {
+            return false;
+        };
+        if extra.queue[position].waiter.take().is_none() {
+            return false;
+        }
+        extra.live -= 1;
+        let moved = extra.drop_cancelled();
+        #[cfg(test)]
+        {
+            self.cancel_steps += moved as u64;
+        }
+        let _ = moved;
+        self.waiters_left(1);
+        self.after_queue_shrank(slot);
+        true
+    }
+
+    /// Counts `n` waiters gone from the table.
+    pub(super) fn waiters_left(&mut self, n: usize) {
+        self.waiters_count -= n;
+        self.quotas.waiters.give_back(n);
+    }
+
+    /// Processes up to `budget` due timers and deferred handoffs: expires leases whose
+    /// deadline has passed (handing off to waiters), times out waiters, and re-arms timers of
+    /// renewed leases. Each processed item settles one key fully, so `out` may receive more
+    /// than `budget` events (at most `1 + waiters_per_key_max` per item). Returns true if due
+    /// work remains, so the caller should call again soon.
+    pub fn advance(
+        &mut self,
+        now_ms: u64,
+        budget: usize,
+        tokens: &TokenAllocator,
+        out: &mut Vec<Event<W>>,
+    ) -> bool {
+        let now_ms = self.observe(now_ms);
+        let mut spent = 0;
+        if tokens.remaining() > 0 && !self.deferred.is_empty() {
+            let mut deferred = std::mem::take(&mut self.deferred);
+            spent = deferred.len().min(budget);
+            for slot in deferred.drain(..spent) {
+                let slot = slot as usize;
+                if self.slots[slot].token != 0 && self.slots[slot].deadline_ms == 0 {
+                    self.settle(slot, now_ms, tokens, out);
+                    if self.slots[slot].token != 0 && self.slots[slot].deadline_ms == 0 {
+                        self.deferred.push(slot as u32);
+                    }
+                }
+            }
+            self.deferred.append(&mut deferred);
+        }
+        let mut fired = std::mem::take(&mut self.fired);
+        self.wheel.poll(now_ms, budget - spent, &mut fired);
+        for timer in fired.drain(..) {
+            self.fire(timer, now_ms, tokens, out);
+        }
+        self.fired = fired;
+        self.wheel
+            .next_due_ms()
+            .is_some_and(|due_ms| due_ms <= now_ms)
+            || (tokens.remaining() > 0 && !self.deferred.is_empty())
+    }
+
+    /// Inserts a held lock during WAL recovery; its TTL counts from `now_ms`. Recovered locks
+    /// may exceed `held_max` (they were granted under the limits of the previous run and must
+    /// not be forgotten); new grants are refused until the count drops.
+    ///
+    /// # Panics
+    /// If the key already has a slot, `token` is 0, or an argument is outside its limit.
+    pub fn restore(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        token: u64,
+        ttl_ms: u32,
+        meta: &[u8],
+    ) {
+        assert!(
+            key.len() <= KEY_LEN_MAX && meta.len() <= META_LEN_MAX,
+            "restore: too long"
+        );
+        assert!(
+            (TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms),
+            "restore: ttl_ms {ttl_ms}"
+        );
+        assert!(token != 0, "restore: token 0");
+        assert!(self.find(key).is_none(), "restore: key restored twice");
+        assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
+        let now_ms = self.observe(now_ms);
+        self.quotas.held.take_anyway();
+        self.install(
+            now_ms,
+            key,
+            Grant {
+                token,
+                lease_id,
+                ttl_ms,
+            },
+            meta.into(),
+        );
+    }
+
+    /// Calls `visit` for every lease unexpired at `now_ms` (to snapshot the table).
+    pub fn for_each_held(&self, now_ms: u64, mut visit: impl FnMut(HeldLock<'_>)) {
+        let now_ms = now_ms.max(self.now_ms);
+        for lock in self
+            .slots
+            .iter()
+            .filter(|lock| lock.token != 0 && lock.deadline_ms > now_ms)
+        {
+            visit(HeldLock {
+                key: lock.key.as_slice(),
+                lease_id: lock.lease_id,
+                token: lock.token,
+                ttl_ms: lock.ttl_ms,
+                ttl_left_ms: lock.deadline_ms - now_ms,
+                meta: lock.meta(),
+            });
+        }
+    }
+}
