@@ -274,6 +274,26 @@ async fn counters_move_for_grant_locked_expiry_handoff_and_lost_renewal() {
 }
 
 #[tokio::test]
+async fn binary_requests_are_counted_and_timed_by_surface() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(config(dir.path()), None).await;
+    let client = tenure::Client::connect(server.addr.to_string())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        client.ping().await.unwrap();
+    }
+    let text = server.scrape().await;
+    assert_eq!(sample(&text, "tenure_connections{surface=\"binary\"}"), 1.0);
+    let pings = "tenure_requests_total{op=\"ping\",outcome=\"ok\"}";
+    assert_eq!(sample(&text, pings), 3.0);
+    let timed = "tenure_request_duration_seconds_count{op=\"ping\"}";
+    assert_eq!(sample(&text, timed), 3.0);
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn readyz_is_503_in_the_token_only_recovering_window_then_200() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
