@@ -10,7 +10,8 @@
 //! # Definitions
 //! - `tenure_renewals_lost_total{reason="expired"}`: RENEWs answered LOST for a lease id this
 //!   process granted and then expired (the last [`EXPIRED_REMEMBERED_MAX`] expired lease ids
-//!   are remembered). Its holder was still renewing after the server had ended its lease: the
+//!   are remembered; a lease past its deadline that the ticker has not reaped yet is ended by
+//!   the RENEW itself, so it counts too). Its holder was still renewing after the server had ended its lease: the
 //!   holder may have gone on using the resource, so this is the number that should page.
 //!   `reason="unknown"` is every other LOST (released, never granted, or forgotten).
 //! - `tenure_request_duration_seconds{op}`: from the moment the request was decoded to the

@@ -273,6 +273,33 @@ async fn counters_move_for_grant_locked_expiry_handoff_and_lost_renewal() {
     server.stop().await;
 }
 
+/// A RENEW that comes after the deadline but before the ticker reaped the lease is the most
+/// common late renewal; it must count as expired too.
+#[tokio::test]
+async fn a_late_renewal_counts_as_expired_before_the_ticker_reaps_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        tick_interval: Duration::from_secs(60), // the ticker never gets to this lease
+        ..config(dir.path())
+    };
+    let server = Server::start(config, None).await;
+    let mut c = Console::connect(server.addr).await;
+    let lease = lease_of(&c.call("ACQUIRE k 100").await).to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(c.call(&format!("RENEW k {lease} 100")).await, "LOST");
+    let text = server.scrape().await;
+    assert_eq!(
+        sample(&text, "tenure_renewals_lost_total{reason=\"expired\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "tenure_renewals_lost_total{reason=\"unknown\"}"),
+        0.0
+    );
+    assert_eq!(sample(&text, "tenure_expirations_total"), 1.0);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn binary_requests_are_counted_and_timed_by_surface() {
     let dir = tempfile::tempdir().unwrap();
