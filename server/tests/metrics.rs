@@ -112,6 +112,16 @@ async fn http_raw(addr: SocketAddr, request: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
+/// Whether `GET path` is answered 200 (false if the connection is closed unanswered).
+async fn answers_ok(addr: SocketAddr, path: &str) -> bool {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut all = Vec::new();
+    let _ = tokio::time::timeout(READ_TIMEOUT, stream.read_to_end(&mut all)).await;
+    all.starts_with(b"HTTP/1.1 200")
+}
+
 /// A console connection: one line out, one line back.
 struct Console {
     reader: BufReader<TcpStream>,
@@ -415,6 +425,31 @@ async fn http_side_answers_only_its_paths_and_methods() {
     );
     let (status, _) = http_raw(server.metrics, &huge).await;
     assert_eq!(status, 431);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn http_connections_over_the_limit_are_closed_unanswered() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(config(dir.path()), None).await;
+    let mut idle = Vec::new();
+    for _ in 0..tenure_server::http::CONNECTIONS_MAX {
+        idle.push(TcpStream::connect(server.metrics).await.unwrap());
+    }
+    let mut over = TcpStream::connect(server.metrics).await.unwrap();
+    let request = "GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let _ = over.write_all(request.as_bytes()).await; // may already be closed
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(READ_TIMEOUT, over.read_to_end(&mut answer)).await;
+    // Closed well before the idle ones' header timeout, with no answer (or a reset).
+    assert!(read.is_ok(), "the connection over the limit was kept open");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    drop(idle);
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while !answers_ok(server.metrics, "/healthz").await {
+        assert!(Instant::now() < deadline, "slots never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     server.stop().await;
 }
 
