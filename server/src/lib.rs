@@ -23,6 +23,8 @@
 //! - [`clock`]: the one place that reads time.
 //! - [`identity`]: identities, their permissions and quotas, from `--identities`.
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
+//! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
+//!   `/readyz` on `--metrics-listen`.
 //! - `sim` (tests only): a deterministic simulation of the table against a model.
 
 pub mod clock;
@@ -32,8 +34,10 @@ pub mod console;
 pub mod error;
 pub mod executor;
 pub mod handoff;
+pub mod http;
 pub mod identity;
 pub mod journal;
+pub mod metrics;
 pub mod server;
 pub mod stats;
 pub mod table;
@@ -47,4 +51,4 @@ mod sim;
 
 pub use config::{Config, Durability};
 pub use error::ServerError;
-pub use server::{run, run_with_storage};
+pub use server::{run, run_with_metrics, run_with_storage};

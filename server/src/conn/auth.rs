@@ -56,12 +56,18 @@ impl Conn {
                 return;
             }
         };
+        let timing = self.timing.take();
         self.later.push(Box::pin(async move {
             let verified = identities.verify_bounded(name.clone(), secret.0).await;
             if verified.is_none() {
                 tokio::time::sleep(failure_delay(failures + 1)).await;
             }
-            Later::Auth { id, name, verified }
+            Later::Auth {
+                id,
+                name,
+                verified,
+                timing,
+            }
         }));
     }
 
