@@ -44,11 +44,18 @@ impl MemJournal {
         self.kept.lock().expect("poisoned").clone()
     }
 
-    /// Makes everything appended so far durable.
+    /// Makes everything appended so far durable, unless the journal failed: a failed
+    /// journal's `lsn` never moves again (the [`Journal`] contract).
     pub fn make_durable(&self) {
         let last = self.kept.lock().expect("poisoned").last().map(|k| k.ticket);
-        self.progress_tx
-            .send_modify(|p| p.lsn = last.unwrap_or(TICKET_NOW).max(p.lsn));
+        self.progress_tx.send_if_modified(|p| {
+            let lsn = last.unwrap_or(TICKET_NOW).max(p.lsn);
+            let moves = p.failed.is_none() && lsn != p.lsn;
+            if moves {
+                p.lsn = lsn;
+            }
+            moves
+        });
     }
 
     /// Fails the journal: nothing not yet durable ever will be.

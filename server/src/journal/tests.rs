@@ -122,3 +122,16 @@ async fn a_durable_grant_settles_and_token_mode_logs_no_lease() {
     ));
     assert_eq!(tokens_only.kept().len(), logged_before, "only reservations");
 }
+
+#[test]
+fn a_failed_mem_journal_never_becomes_durable() {
+    let journal = MemJournal::new(true);
+    let ticket = journal
+        .append(&super::Change::Reserve { token_limit: 10 })
+        .unwrap();
+    journal.fail("injected");
+    journal.make_durable();
+    let progress = journal.progress().borrow().clone();
+    assert!(progress.lsn < ticket, "lsn moved after the failure");
+    assert!(matches!(settle(ticket, &progress), Settled::Lost(_)));
+}
