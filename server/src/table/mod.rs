@@ -61,6 +61,8 @@ mod lease;
 mod outcome;
 mod queue;
 mod quota;
+#[cfg(test)]
+mod sim;
 mod slot;
 mod upkeep;
 
