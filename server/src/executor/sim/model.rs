@@ -17,6 +17,8 @@ pub(super) struct Belief {
     pub key: Vec<u8>,
     pub lease_id: LeaseId,
     pub token: u64,
+    /// Whether it is released when the acquiring connection closes.
+    pub release_on_disconnect: bool,
     /// The TTL the lease was granted with: what a restart gives it again.
     pub ttl_ms: u32,
     /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`.

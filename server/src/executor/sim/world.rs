@@ -85,6 +85,8 @@ struct Pending {
     key: Bytes,
     /// The lease a RELEASE names; `None` for an ACQUIRE.
     released: Option<LeaseId>,
+    /// An ACQUIRE's release-on-disconnect flag.
+    release_on_disconnect: bool,
     /// Sim time it was sent at, and the step.
     sent_ms: u64,
     sent_step: u64,
@@ -99,7 +101,6 @@ enum Waiting {
         rx: oneshot::Receiver<WaitResult>,
         order: u64,
         wait_end_ms: u64,
-        release_on_disconnect: bool,
     },
     /// A reply held back until `ticket` is durable.
     Durable {
@@ -190,7 +191,8 @@ impl World {
             60..62 => self.disconnect(c),
             62..78 => self.advance(1..60).await,
             78..81 => self.advance(100..700).await,
-            81..97 => self.journal.make_durable(),
+            81..89 => self.journal.make_durable(),
+            89..97 => self.make_some_durable(),
             _ => {}
         }
         if self.failed() || self.rng.random_bool(FAULT_CHANCE) {
@@ -277,7 +279,7 @@ impl World {
                 rx,
                 key: waited_key,
                 waiter_id,
-                release_on_disconnect,
+                ..
             } => {
                 self.conns[c].ctx.add_wait(self.step, waited_key, waiter_id);
                 self.queued += 1;
@@ -285,7 +287,6 @@ impl World {
                     rx,
                     order: self.queued,
                     wait_end_ms: self.exec.clock.now_ms() + u64::from(wait_ms),
-                    release_on_disconnect,
                 }
             }
             outcome => reply_of(outcome),
@@ -304,6 +305,7 @@ impl World {
         let pending = Pending {
             key,
             released: None,
+            release_on_disconnect,
             sent_ms,
             sent_step: self.step,
             state,
@@ -384,6 +386,7 @@ impl World {
         let pending = Pending {
             key,
             released: Some(lease_id),
+            release_on_disconnect: false,
             sent_ms,
             sent_step: self.step,
             state,
@@ -438,12 +441,34 @@ impl World {
         let mut conn = self.new_conn();
         std::mem::swap(&mut conn, &mut self.conns[c]);
         conn.ctx.disconnect(&self.exec);
+        let released: Vec<(Bytes, u64)> = (self.model.beliefs.iter())
+            .filter(|b| b.client == c && b.release_on_disconnect)
+            .map(|b| (Bytes::copy_from_slice(&b.key), b.token))
+            .collect();
+        for (key, token) in released {
+            let holder = self.holder_token(&key);
+            assert_ne!(
+                holder,
+                Some(token),
+                "a release-on-disconnect lease outlived its conn"
+            );
+        }
         self.model.drop_client(c);
     }
 
     async fn advance(&mut self, range_ms: std::ops::Range<u64>) {
         let ms = self.rng.random_range(range_ms);
         tokio::time::advance(Duration::from_millis(ms)).await;
+    }
+
+    /// Makes a prefix of what is not yet durable durable: a restart then loses the rest.
+    fn make_some_durable(&mut self) {
+        let durable = self.journal.progress().borrow().lsn;
+        let last = self.journal.last_ticket();
+        if last > durable {
+            let to = self.rng.random_range(durable..=last);
+            self.journal.make_durable_to(to);
+        }
     }
 
     /// A journal failure or a restart; a failed journal is restarted soon after, as an
@@ -511,17 +536,11 @@ impl World {
         let mut granted = Vec::new();
         for conn in &mut self.conns {
             for pending in &mut conn.pending {
-                let Waiting::InLine {
-                    rx,
-                    order,
-                    release_on_disconnect,
-                    ..
-                } = &mut pending.state
-                else {
+                let Waiting::InLine { rx, order, .. } = &mut pending.state else {
                     continue;
                 };
                 let Ok(result) = rx.try_recv() else { continue };
-                let (order, rod) = (*order, *release_on_disconnect);
+                let (order, rod) = (*order, pending.release_on_disconnect);
                 pending.state = match result {
                     WaitResult::Granted {
                         grant,
@@ -613,6 +632,7 @@ impl World {
                     lease_id,
                     token,
                     ttl_ms,
+                    release_on_disconnect: pending.release_on_disconnect,
                     deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
                         - CLIENT_SLACK_MS,
                 };
@@ -693,6 +713,10 @@ impl World {
         }
         for c in 0..CONNS {
             self.conns[c] = self.new_conn();
+        }
+        // Their connections are gone: such leases came back as ordinary ones.
+        for belief in &mut self.model.beliefs {
+            belief.release_on_disconnect = false;
         }
     }
 
