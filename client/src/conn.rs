@@ -94,6 +94,19 @@ pub(crate) struct WatchRegistration {
 }
 
 impl Shared {
+    /// A connection's shared state before anything was sent: nothing pending, not closed.
+    fn new() -> Shared {
+        Shared {
+            pending: Mutex::new(Pending {
+                closed_reason: None,
+                entries: HashMap::new(),
+                watchers: HashMap::new(),
+                retired: HashMap::new(),
+            }),
+            closed: CancellationToken::new(),
+        }
+    }
+
     /// Closes the connection: answers every pending request with `ConnectionLost(reason)`, ends
     /// every watch and fires `closed`. Only the first call's reason is kept.
     pub(crate) fn fail(&self, reason: &str) {
@@ -366,15 +379,7 @@ impl Conn {
             ));
         }
         let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
-        let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending {
-                closed_reason: None,
-                entries: HashMap::new(),
-                watchers: HashMap::new(),
-                retired: HashMap::new(),
-            }),
-            closed: CancellationToken::new(),
-        });
+        let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::unbounded_channel();
         let (read, write) = stream.into_split();
         tokio::spawn(read_loop(read, Arc::clone(&shared)));
@@ -526,15 +531,7 @@ mod tests {
     use tenure_protocol::ErrorCode;
 
     fn shared() -> Shared {
-        Shared {
-            pending: Mutex::new(Pending {
-                closed_reason: None,
-                entries: HashMap::new(),
-                watchers: HashMap::new(),
-                retired: HashMap::new(),
-            }),
-            closed: CancellationToken::new(),
-        }
+        Shared::new()
     }
 
     /// Registers a running watch of `key` under `id`, as if WATCHING had arrived.

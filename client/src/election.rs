@@ -28,7 +28,7 @@ use tenure_protocol::EventKind;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{AcquireOptions, AcquireOutcome, Client, KeyState, Watch};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lease::{KeepAliveOptions, LeaseGuard, LossReason};
 
 /// Pause before an observer subscribes again after its watch failed.
@@ -72,6 +72,17 @@ pub struct Election {
     group: String,
     key: Bytes,
     options: ElectionOptions,
+}
+
+/// Pause before a candidate queues again after its wait was cut short by a server restart, on
+/// top of the client's own reconnect backoff.
+const CAMPAIGN_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a campaign should queue again after `error`: the server went away or is restarting
+/// (connection lost, connection refused, SHUTTING_DOWN, RECOVERING...). Not after a time-out:
+/// the first request may still be queued on the server, and a second one would queue behind it.
+fn retry_campaign(error: &Error) -> bool {
+    error.is_transient() && !matches!(error, Error::Timeout(_))
 }
 
 impl Election {
@@ -121,10 +132,21 @@ impl Election {
             release_on_disconnect: true,
         };
         loop {
-            let outcome = self
+            let outcome = match self
                 .client
                 .acquire(&self.key, self.options.ttl, options.clone())
-                .await?;
+                .await
+            {
+                Ok(outcome) => outcome,
+                Err(e) if retry_campaign(&e) => {
+                    // The server restarted (or is restarting) under the standby: queue again
+                    // once it is back. The client's reconnect backoff spaces the attempts.
+                    tracing::debug!(error = %e, "campaign interrupted; queueing again");
+                    tokio::time::sleep(CAMPAIGN_RETRY_PAUSE).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match outcome {
                 AcquireOutcome::Granted(lease) => {
                     return Ok(Leadership {

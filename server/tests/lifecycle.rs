@@ -192,8 +192,9 @@ async fn silent_connections_are_closed_after_the_handshake_limit() {
         ..Config::for_tests(dir.path())
     };
     let server = Server::start_with(config).await;
-    // Nothing at all; only the first handshake byte; a console line without its end.
-    let openings: [&[u8]; 3] = [b"", &[0x00], b"PIN"];
+    // Nothing at all; only the first handshake byte; a console line without its end; blank
+    // lines only (they get no reply, so they open nothing).
+    let openings: [&[u8]; 4] = [b"", &[0x00], b"PIN", b"\n\r\n  \n"];
     for opening in openings {
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
         stream.write_all(opening).await.unwrap();

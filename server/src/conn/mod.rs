@@ -107,10 +107,18 @@ pub async fn serve(
 }
 
 /// Reads a connection's opening, which must arrive within the handshake limit: the binary
-/// handshake (answered here), or a first whole console line (left in `rbuf` for the loop; so
+/// handshake (answered here), or a first whole, non-blank console line (left in `rbuf` for the loop; so
 /// is an over-long first line, which the loop then refuses). `None` if it must close.
 async fn open(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<Surface> {
-    while rbuf.is_empty() {
+    loop {
+        // Blank lines get no reply, so they do not count as an opening: a peer sending only
+        // newlines is as silent as one sending nothing. A binary hello never starts with
+        // white space, so dropping it cannot eat one.
+        let blank = rbuf.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        let _ = rbuf.split_to(blank);
+        if !rbuf.is_empty() {
+            break;
+        }
         if stream.read_buf(rbuf).await.ok()? == 0 {
             return None;
         }

@@ -15,7 +15,7 @@ use tenure_protocol::console::{self as grammar, Command as ConsoleCommand, COMMA
 
 use crate::legacy::parse_legacy;
 use crate::output::{Line, Out};
-use crate::requests;
+use crate::requests::{self, watching_line};
 use crate::EXIT_OK;
 
 /// Runs console lines read from stdin until end of input or QUIT.
@@ -140,7 +140,8 @@ impl Watches {
     /// Watches `key` (again, if it was watched) and prints WATCHING, then EVENT lines.
     async fn start(&mut self, client: &Client, out: Out, key: Bytes) -> anyhow::Result<()> {
         let mut watch = client.watch(&key).await?;
-        out.print(Line::new("WATCHING").text("key", String::from_utf8_lossy(&key)));
+        let name = String::from_utf8_lossy(&key);
+        out.print(watching_line(&name, watch.initial_state()));
         let task = tokio::spawn(async move {
             while let Some(event) = watch.next().await {
                 match event {

@@ -87,22 +87,45 @@ pub async fn release(
 
 /// Prints FREE, or HELD with the holder's token, time left, waiters and metadata.
 pub async fn inspect(client: &Client, out: &Out, key: String) -> anyhow::Result<u8> {
-    let line = match client.inspect(&key).await? {
-        KeyState::Free => Line::new("FREE").text("key", key),
+    let state = client.inspect(&key).await?;
+    out.print(holder_fields(
+        Line::new(state_name(&state)).text("key", key),
+        &state,
+    ));
+    Ok(EXIT_OK)
+}
+
+/// WATCH's answer: `result=WATCHING key=k state=FREE`, or `state=HELD` with the holder's
+/// fields, as the console answers `OK watching FREE` / `OK watching HELD ...`.
+pub fn watching_line(key: &str, state: &KeyState) -> Line {
+    let line = Line::new("WATCHING")
+        .text("key", key)
+        .text("state", state_name(state));
+    holder_fields(line, state)
+}
+
+fn state_name(state: &KeyState) -> &'static str {
+    match state {
+        KeyState::Free => "FREE",
+        KeyState::Held { .. } => "HELD",
+    }
+}
+
+/// Appends the holder's token, time left, waiters and metadata, if the key is held.
+fn holder_fields(line: Line, state: &KeyState) -> Line {
+    match state {
+        KeyState::Free => line,
         KeyState::Held {
             token,
             ttl_left,
             waiters,
             meta,
-        } => Line::new("HELD")
-            .text("key", key)
-            .number("token", token)
-            .number("ttl_ms", ms(ttl_left))
-            .number("waiters", u64::from(waiters))
-            .text("meta", String::from_utf8_lossy(&meta)),
-    };
-    out.print(line);
-    Ok(EXIT_OK)
+        } => line
+            .number("token", *token)
+            .number("ttl_ms", ms(*ttl_left))
+            .number("waiters", u64::from(*waiters))
+            .text("meta", String::from_utf8_lossy(meta)),
+    }
 }
 
 /// Prints CURRENT or STALE for `token`.

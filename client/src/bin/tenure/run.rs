@@ -2,14 +2,14 @@
 //! `elect`) the command is stopped when the lock is lost, with SIGTERM, then SIGKILL.
 
 use std::process::ExitStatus;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseGuard, LossReason};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Lease, LeaseGuard, LossReason};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
-use crate::output::{warn, Line, Out};
+use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
 use crate::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
 
@@ -20,8 +20,8 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
         meta: Bytes::from(args.meta.unwrap_or_default()),
         release_on_disconnect: false,
     };
-    let guard = match client.lock(&args.key, args.ttl, options).await? {
-        AcquireOutcome::Granted(guard) => guard,
+    let lease = match acquire_through_restarts(client, &args.key, args.ttl, options).await? {
+        AcquireOutcome::Granted(lease) => lease,
         AcquireOutcome::Locked(by) => {
             print_locked(out, &args.key, &by);
             return Ok(EXIT_LOCKED);
@@ -30,10 +30,47 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
     out.print(
         Line::new("GRANTED")
             .text("key", args.key.as_str())
-            .number("token", guard.fencing_token())
-            .text("lease", guard.lease_id().to_string()),
+            .number("token", lease.fencing_token())
+            .text("lease", lease.lease_id().to_string())
+            .number("ttl_ms", ms(lease.ttl()))
+            // A script counting the lease adds this to the TTL (PROTOCOL.md 3.3).
+            .number("waited_ms", ms(lease.waited())),
     );
+    let guard = lease.keep_alive();
     supervise(guard, out, &args.key, &args.command, args.grace).await
+}
+
+/// Pause before queueing again after a wait was cut short by a server restart, on top of the
+/// client's own reconnect backoff.
+const REQUEUE_PAUSE: Duration = Duration::from_millis(50);
+
+/// Acquires `key`; a wait cut short by a server restart (connection lost or refused,
+/// SHUTTING_DOWN, RECOVERING) queues again, for what is left of `options.wait`. A time-out is
+/// not retried: the first request may still be queued on the server.
+async fn acquire_through_restarts(
+    client: &Client,
+    key: &str,
+    ttl: Duration,
+    mut options: AcquireOptions,
+) -> anyhow::Result<AcquireOutcome<Lease>> {
+    let wait_until = Instant::now() + options.wait;
+    loop {
+        match client.acquire(key, ttl, options.clone()).await {
+            Ok(outcome) => return Ok(outcome),
+            Err(e) if e.is_transient() && !matches!(e, tenure::Error::Timeout(_)) => {
+                let left = wait_until.saturating_duration_since(Instant::now());
+                if left <= REQUEUE_PAUSE {
+                    return Err(e.into());
+                }
+                warn(&format!(
+                    "{e}; queueing again for the {left:?} of --wait left"
+                ));
+                tokio::time::sleep(REQUEUE_PAUSE).await;
+                options.wait = wait_until.saturating_duration_since(Instant::now());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Runs `command` while `guard` holds the lock. On loss: SIGTERM, SIGKILL after `grace`,
@@ -51,13 +88,15 @@ pub async fn supervise(
     };
     let mut interrupt = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut terminated = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
-    let spawned = tokio::process::Command::new(program)
+    let mut command_line = tokio::process::Command::new(program);
+    command_line
         .args(args)
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
         .env("TENURE_KEY", key)
-        .kill_on_drop(true)
-        .spawn();
+        .kill_on_drop(true);
+    die_with_us(&mut command_line);
+    let spawned = command_line.spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -107,6 +146,30 @@ async fn terminate(
     }
     child.kill().await.context("killing the command")?;
     child.wait().await.context("waiting for the command")
+}
+
+/// Has the kernel SIGKILL the command if this process dies without stopping it (`kill -9`,
+/// the OOM killer): nobody would renew the lease any more, and an orphaned command would go on
+/// working after it ran out, beside the next holder. `kill_on_drop` covers only the exits
+/// that run destructors.
+#[allow(unsafe_code)]
+fn die_with_us(command: &mut tokio::process::Command) {
+    let parent = libc::pid_t::try_from(std::process::id()).expect("a pid fits in pid_t");
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls prctl(2) and getppid(2) and allocates
+    // nothing (`from_raw_os_error` builds the error without allocating).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // We may have died between fork and prctl: then the signal will never come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 // `kill(2)` is the only way to send SIGTERM (tokio's `Child::kill` sends SIGKILL, which gives
