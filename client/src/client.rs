@@ -713,7 +713,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn error_frames_become_server_errors_and_silence_a_timeout() {
         let script: fake::Script = Arc::new(|request| match request {
             Request::Ping => None,
@@ -739,7 +739,13 @@ mod tests {
             }
             other => panic!("expected a server error, got {other:?}"),
         }
+        let started = Instant::now();
         assert!(matches!(client.ping().await, Err(Error::Timeout(_))));
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100),
+            "virtual time, exactly"
+        );
         assert!(
             client.is_connected(),
             "a timeout does not close the connection"
@@ -778,7 +784,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn requests_in_flight_never_exceed_the_servers_cap() {
         // The fake never answers, so a client that respects the announced cap of 2 sends two
         // requests and keeps the rest waiting for a permit until they time out.

@@ -1,5 +1,11 @@
 //! A scripted stand-in for the server, for unit tests of behaviour the real server cannot be
 //! made to show on demand (renewals that hang, odd handshakes, durability errors).
+//!
+//! Tests run it under a paused clock (`#[tokio::test(start_paused = true)]`). tokio then
+//! jumps to the next timer whenever every task is idle, also while a loopback reply is
+//! already on its way; so the fake server keeps a timer due every [`NETWORK_DELAY_MAX`], and
+//! a round trip costs at most that much virtual time instead of a jump to the client's
+//! request timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +20,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::codec::FramedRead;
 
+/// The most virtual time one hop over the fake network takes (see the module comment).
+pub(crate) const NETWORK_DELAY_MAX: Duration = Duration::from_millis(1);
+
 /// Answers each request with what the script returns; `None` never answers.
 pub(crate) type Script = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>;
 
@@ -21,11 +30,13 @@ pub(crate) type Script = Arc<dyn Fn(&Request) -> Option<Response> + Send + Sync>
 pub(crate) struct FakeServer {
     pub(crate) addr: String,
     task: JoinHandle<()>,
+    heartbeat: JoinHandle<()>,
 }
 
 impl Drop for FakeServer {
     fn drop(&mut self) {
         self.task.abort();
+        self.heartbeat.abort();
     }
 }
 
@@ -53,7 +64,16 @@ pub(crate) async fn start_delayed(
             tokio::spawn(serve(stream, version, in_flight_max, script, delay));
         }
     });
-    FakeServer { addr, task }
+    let heartbeat = tokio::spawn(async {
+        loop {
+            tokio::time::sleep(NETWORK_DELAY_MAX).await;
+        }
+    });
+    FakeServer {
+        addr,
+        task,
+        heartbeat,
+    }
 }
 
 async fn serve(

@@ -154,7 +154,8 @@ impl Lease {
 
     /// The local deadline: an instant taken before the last successful grant or renewal was
     /// sent, plus the time the grant waited on the server (for the grant only), plus the TTL
-    /// granted. Never later than the server's.
+    /// granted. Never later than the server's. A [`tokio::time::Instant`]: under a paused test
+    /// clock it is virtual time (`into_std()` gives the `std` one).
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -397,7 +398,8 @@ impl LeaseGuard {
     }
 
     /// The local deadline: an instant taken before the last confirmed renewal (or the grant)
-    /// was sent, plus the TTL (and, for the grant, the time it waited on the server).
+    /// was sent, plus the TTL (and, for the grant, the time it waited on the server). A
+    /// [`tokio::time::Instant`], like [`Lease::deadline`].
     pub fn deadline(&self) -> Instant {
         self.state.deadline()
     }
@@ -637,44 +639,46 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    /// Virtual time a grant or renewal may take over the fake network: a few hops.
+    const ROUND_TRIP_MAX: Duration = Duration::from_millis(10);
+
+    #[tokio::test(start_paused = true)]
     async fn hung_renewals_fire_loss_at_the_deadline_less_the_margin() {
         let server = fake::start(VERSION, 16, script(None)).await;
         let before = Instant::now();
         let guard = guard(&server).await;
+        let after = Instant::now();
         assert_eq!(guard.fencing_token(), 42);
+        let ttl = Duration::from_millis(u64::from(TTL_MS));
+        // Counted from the send, less the server's rounding.
+        assert!(guard.deadline() >= before + ttl - SERVER_ROUNDING);
+        assert!(guard.deadline() <= after + ttl - SERVER_ROUNDING);
         let reason = guard.lost().await;
         let fired_at = Instant::now();
         assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
-        assert!(
-            fired_at <= guard.deadline(),
-            "fired after the local deadline"
-        );
-        // Not early either: the deadline is at least ttl after `before` less the server's
-        // rounding, and the margin is ttl/10.
-        let earliest = before + Duration::from_millis(u64::from(TTL_MS) * 9 / 10) - SERVER_ROUNDING;
-        assert!(
-            fired_at >= earliest,
-            "fired {:?} early",
-            earliest - fired_at
-        );
+        // The margin is ttl/10; in virtual time the loss fires at deadline - margin, exactly.
+        assert_eq!(fired_at, guard.deadline() - ttl / 10);
         assert!(!guard.is_valid());
         assert_eq!(guard.time_left(), Duration::ZERO);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn renewals_keep_moving_the_deadline() {
         let renewed = Response::Renewed { ttl_ms: TTL_MS };
         let server = fake::start(VERSION, 16, script(Some(renewed))).await;
         let guard = guard(&server).await;
         let first_deadline = guard.deadline();
-        tokio::time::sleep(Duration::from_millis(u64::from(TTL_MS) * 2)).await;
+        let ttl = Duration::from_millis(u64::from(TTL_MS));
+        tokio::time::sleep(ttl * 5).await; // virtual time: the clock is paused
         assert!(guard.is_valid());
-        assert!(guard.deadline() > first_deadline + Duration::from_millis(u64::from(TTL_MS)));
-        assert!(guard.deadline() <= Instant::now() + Duration::from_millis(u64::from(TTL_MS)));
+        assert!(guard.loss_reason().is_none());
+        assert!(guard.deadline() > first_deadline + ttl * 4);
+        assert!(guard.deadline() <= Instant::now() + ttl);
+        // Renewed within the last renewal period (ttl/3) plus a round trip.
+        assert!(guard.deadline() + ttl / 3 + ROUND_TRIP_MAX >= Instant::now() + ttl);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn deadlines_count_from_before_the_request_was_sent() {
         // Every answer takes 100 ms, so a deadline counted from the reply would be 100 ms
         // later than one counted from the send.
@@ -687,14 +691,14 @@ mod tests {
         assert!(guard.deadline() + delay <= Instant::now() + ttl);
         // Let renewals (every 100 ms, each answered 100 ms later) go through.
         for _ in 0..8 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // virtual time
             assert!(guard.is_valid());
             assert!(guard.deadline() + delay <= Instant::now() + ttl);
         }
         assert!(guard.deadline() > first_deadline, "renewals were confirmed");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_grant_that_waited_counts_the_lease_from_the_grant() {
         // The server says the acquire waited 2 TTLs in line: the lease started then, so the
         // deadline is sent_at + waited + ttl, not sent_at + ttl (which has passed already
@@ -709,10 +713,11 @@ mod tests {
             }),
             _ => None,
         });
-        let server = fake::start(VERSION, 16, script).await;
+        // The answer comes after the wait, as a real server's would.
+        let waited = Duration::from_millis(u64::from(waited_ms));
+        let server = fake::start_delayed(VERSION, 16, script, waited).await;
         let client = Client::connect(server.addr.clone()).await.expect("connect");
         let ttl = Duration::from_millis(u64::from(TTL_MS));
-        let waited = Duration::from_millis(u64::from(waited_ms));
         let before = Instant::now();
         let lease = client
             .acquire("k", ttl, AcquireOptions::default())
@@ -721,14 +726,17 @@ mod tests {
             .granted()
             .expect("granted");
         let after = Instant::now();
+        assert!(after >= before + waited, "the fake answered after the wait");
         assert_eq!(lease.waited(), waited);
         // Less the server's whole-millisecond rounding, and never a moment more.
         assert!(lease.deadline() >= before + waited + ttl - SERVER_ROUNDING);
-        assert!(lease.deadline() <= after + waited + ttl - SERVER_ROUNDING);
+        assert!(lease.deadline() <= before + ROUND_TRIP_MAX + waited + ttl - SERVER_ROUNDING);
         assert!(!lease.is_expired());
+        tokio::time::sleep_until(lease.deadline()).await;
+        assert!(lease.is_expired(), "expired at its deadline, exactly");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_lost_renewal_fires_revoked_and_the_token_is_cancelled() {
         let server = fake::start(VERSION, 16, script(Some(Response::Lost))).await;
         let guard = guard(&server).await;
@@ -738,7 +746,7 @@ mod tests {
         assert_eq!(guard.loss_reason(), Some(LossReason::Revoked));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn durability_errors_are_retried_until_the_deadline() {
         let unavailable = Response::Error {
             code: tenure_protocol::ErrorCode::Unavailable,
@@ -746,7 +754,14 @@ mod tests {
         };
         let server = fake::start(VERSION, 16, script(Some(unavailable))).await;
         let guard = guard(&server).await;
-        match guard.lost().await {
+        let give_up_at = guard.deadline() - Duration::from_millis(u64::from(TTL_MS) / 10);
+        let reason = guard.lost().await;
+        assert_eq!(
+            Instant::now(),
+            give_up_at,
+            "retried until deadline - margin, exactly"
+        );
+        match reason {
             LossReason::Expired {
                 last_error: Some(e),
             } => assert!(e.contains("disk full"), "{e}"),
@@ -754,7 +769,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn releasing_a_guard_fires_released() {
         let renewed = Response::Renewed { ttl_ms: TTL_MS };
         let server = fake::start(VERSION, 16, script(Some(renewed))).await;

@@ -38,6 +38,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Time
+//! Every deadline, timeout, renewal timer and back-off in this crate is tokio's:
+//! [`Lease::deadline`] and [`LeaseGuard::deadline`] return a [`tokio::time::Instant`] (a thin
+//! wrapper over [`std::time::Instant`]; `into_std()` converts), and the waits are
+//! `tokio::time::sleep_until` and `timeout`. In a program this is the monotonic clock; in a
+//! test whose runtime clock is paused (`#[tokio::test(start_paused = true)]`,
+//! `tokio::time::advance`) it is virtual time, so expiry, renewal and loss can be tested
+//! without waiting for them.
+//!
 //! # Layout
 //! - [`client`]: [`Client`], one pipelined connection shared by many tasks; typed outcomes;
 //!   [`Watch`] streams; reconnection with backoff.

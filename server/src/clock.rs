@@ -4,8 +4,14 @@
 //! setting the date) changes nothing. The lock table, timer wheel and WAL never read a clock:
 //! they are handed `now_ms`, milliseconds since this clock's origin, which is also the timer
 //! wheel's tick. Tests and the simulation pass their own numbers instead.
+//!
+//! The clock is tokio's (`tokio::time::Instant`), which in a release build is the monotonic
+//! clock itself; under a test's paused clock (`#[tokio::test(start_paused = true)]`,
+//! `tokio::time::advance`) it is the runtime's virtual time, so expiry, hand-off waits and
+//! `waited_ms` can be tested without waiting for real. The expiry ticker runs on tokio time
+//! too (`tokio::time::interval`), so both move together.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Milliseconds on the server's monotonic clock, counted from server start.
 #[derive(Clone, Copy, Debug)]
@@ -14,7 +20,8 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// A clock whose zero is now.
+    /// A clock whose zero is now. Read inside a runtime whose clock is paused, "now" is that
+    /// runtime's virtual time.
     pub fn start() -> Clock {
         Clock {
             origin: Instant::now(),
@@ -43,5 +50,13 @@ mod tests {
             assert!(now >= last);
             last = now;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_the_runtimes_paused_clock() {
+        let clock = Clock::start();
+        assert_eq!(clock.now_ms(), 0);
+        tokio::time::advance(std::time::Duration::from_millis(5_000)).await;
+        assert_eq!(clock.now_ms(), 5_000, "virtual time, exactly");
     }
 }

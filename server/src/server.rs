@@ -3,7 +3,8 @@
 //! Start-up replays the WAL into the lock table and syncs a first block of fencing tokens
 //! before the first connection is accepted. Shutdown goes in the order that loses nothing:
 //! stop accepting, let connections finish what they were answering (bounded by a grace
-//! period), stop the expiry ticker, then sync and close the WAL.
+//! period), stop the expiry ticker, let a snapshot in progress finish, then sync and close the
+//! WAL.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,7 +92,8 @@ async fn serve(
     tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
 
     let stop = CancellationToken::new();
-    let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone()));
+    let snapshots = TaskTracker::new();
+    let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
     let tracker = TaskTracker::new();
     let accepting = accept_loop(&shared, &listener, &tracker, &stop);
     tokio::pin!(shutdown);
@@ -110,6 +112,10 @@ async fn serve(
     }
     ticker.abort();
     let _ = ticker.await;
+    // A snapshot still copying on its blocking thread would append after the final sync and
+    // keep the data directory locked after `run` returned: let it finish first.
+    snapshots.close();
+    snapshots.wait().await;
     shared
         .journal
         .sync_and_stop()
@@ -136,6 +142,7 @@ async fn recover(
         ..WalOptions::default()
     };
     let dir = storage.path("");
+    // Real time on purpose: this only measures how long recovery took, for the log.
     let started = std::time::Instant::now();
     let (wal, recovered) =
         tokio::task::spawn_blocking(move || wal::open_with_storage(storage, options))
@@ -276,7 +283,8 @@ async fn refuse(mut stream: TcpStream, connections_max: usize) {
 }
 
 /// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
-async fn tick(shared: Arc<Executor>, stop: CancellationToken) {
+/// Snapshots run on blocking threads tracked by `snapshots`.
+async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
     let mut interval = tokio::time::interval(shared.config.tick_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let budget = shared.config.expirations_per_tick_max;
@@ -295,7 +303,7 @@ async fn tick(shared: Arc<Executor>, stop: CancellationToken) {
         // time, so neither the ticker nor a runtime worker waits for it.
         if shared.journal.snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {
             let (shared, snapshotting) = (Arc::clone(&shared), Arc::clone(&snapshotting));
-            tokio::task::spawn_blocking(move || {
+            snapshots.spawn_blocking(move || {
                 shared.journal.snapshot(&*shared);
                 snapshotting.store(false, Ordering::Release);
             });

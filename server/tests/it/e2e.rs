@@ -1,97 +1,20 @@
 //! End-to-end tests over real TCP on port 0: the console, the binary protocol, and restarts of
 //! the real `tenured` binary after `kill -9`.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use bytes::BytesMut;
-use tenure_protocol::frame::{decode_response, encode_request, split_frame};
-use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
-use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tenure_protocol::frame::encode_request;
+use tenure_protocol::handshake::VERSION;
+use tenure_protocol::{ErrorCode, Request, Response};
 use tenure_server::Config;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tenure_testkit::raw::{acquire, granted, release};
+use tenure_testkit::{field, free_port, token, Console, Raw, Server};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
-/// A server running in this test process.
-struct Server {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
-}
-
-impl Server {
-    async fn start(dir: &Path) -> Server {
-        Server::start_with(Config::for_tests(dir)).await
-    }
-
-    async fn start_with(config: Config) -> Server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tenure_server::run(config, listener, async move {
-            let _ = stopped.await;
-        }));
-        Server {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
-    }
-}
-
-/// A console session: one line out, one line back.
-struct Console {
-    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
-    writer: tokio::net::tcp::OwnedWriteHalf,
-}
-
-impl Console {
-    async fn connect(addr: SocketAddr) -> Console {
-        let (r, w) = TcpStream::connect(addr).await.unwrap().into_split();
-        Console {
-            reader: BufReader::new(r),
-            writer: w,
-        }
-    }
-
-    async fn send(&mut self, text: &str) {
-        self.writer.write_all(text.as_bytes()).await.unwrap();
-    }
-
-    async fn line(&mut self) -> String {
-        let mut line = String::new();
-        let n = tokio::time::timeout(Duration::from_secs(10), self.reader.read_line(&mut line))
-            .await
-            .expect("no reply within 10 s")
-            .unwrap();
-        assert!(n > 0, "connection closed");
-        line.trim_end().to_string()
-    }
-
-    async fn cmd(&mut self, text: &str) -> String {
-        self.send(&format!("{text}\n")).await;
-        self.line().await
-    }
-}
-
-/// Reads `name=value` out of a reply line.
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
-}
-
-fn token(line: &str) -> u64 {
-    field(line, "token").parse().unwrap()
-}
+use crate::tenured;
 
 #[tokio::test]
 async fn console_speaks_every_command() {
@@ -164,7 +87,7 @@ async fn console_speaks_every_command() {
     assert_eq!(c.cmd("QUIT").await, "BYE");
     let mut rest = String::new();
     assert_eq!(
-        c.reader.read_line(&mut rest).await.unwrap(),
+        c.reader().read_line(&mut rest).await.unwrap(),
         0,
         "closed after BYE"
     );
@@ -209,11 +132,11 @@ async fn over_long_console_line_is_refused_and_closed() {
     let mut c = Console::connect(server.addr).await;
     // Far more than the line limit, with no newline: the server must not buffer it all.
     let junk = vec![b'x'; 1 << 20];
-    let _ = c.writer.write_all(&junk).await;
+    let _ = c.writer().write_all(&junk).await;
     let reply = c.line().await;
     assert!(reply.starts_with("ERR LINE_TOO_LONG "), "{reply}");
     let mut rest = String::new();
-    let closed = tokio::time::timeout(Duration::from_secs(5), c.reader.read_line(&mut rest))
+    let closed = tokio::time::timeout(Duration::from_secs(5), c.reader().read_line(&mut rest))
         .await
         .unwrap();
     assert!(matches!(closed, Ok(0) | Err(_)));
@@ -226,84 +149,6 @@ async fn over_long_console_line_is_refused_and_closed() {
     assert!(held.ends_with(" waiters=0"), "{held}");
     assert_eq!(bystander.cmd("PING").await, "PONG");
     server.stop().await;
-}
-
-/// A bare binary-protocol client for tests that need frames the client crate would not send.
-struct Raw {
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> (Raw, HelloAck) {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut out = BytesMut::new();
-        Hello { version: VERSION }.encode(&mut out);
-        stream.write_all(&out).await.unwrap();
-        let mut buf = BytesMut::new();
-        loop {
-            if let Some(ack) = HelloAck::decode(&mut buf).unwrap() {
-                return (Raw { stream, buf }, ack);
-            }
-            assert!(
-                stream.read_buf(&mut buf).await.unwrap() > 0,
-                "closed during handshake"
-            );
-        }
-    }
-
-    async fn send(&mut self, id: u64, request: &Request) {
-        let mut out = BytesMut::new();
-        encode_request(id, request, &mut out);
-        self.stream.write_all(&out).await.unwrap();
-    }
-
-    async fn recv(&mut self) -> Option<(u64, Response)> {
-        loop {
-            if let Some((opcode, id, body)) = split_frame(&mut self.buf).unwrap() {
-                return Some((id, decode_response(opcode, body).unwrap()));
-            }
-            let read =
-                tokio::time::timeout(Duration::from_secs(10), self.stream.read_buf(&mut self.buf))
-                    .await;
-            if read.expect("no frame within 10 s").unwrap_or(0) == 0 {
-                return None;
-            }
-        }
-    }
-
-    async fn call(&mut self, id: u64, request: Request) -> Response {
-        self.send(id, &request).await;
-        let (got, response) = self.recv().await.expect("closed");
-        assert_eq!(got, id);
-        response
-    }
-}
-
-fn acquire(key: &str, ttl_ms: u32, wait_ms: u32) -> Request {
-    Request::Acquire {
-        key: key.as_bytes().to_vec().into(),
-        ttl_ms,
-        wait_ms,
-        release_on_disconnect: false,
-        meta: Default::default(),
-    }
-}
-
-fn release(key: &str, lease_id: LeaseId) -> Request {
-    Request::Release {
-        key: key.as_bytes().to_vec().into(),
-        lease_id,
-    }
-}
-
-fn granted(response: Response) -> (u64, LeaseId) {
-    match response {
-        Response::Granted {
-            token, lease_id, ..
-        } => (token, lease_id),
-        other => panic!("expected a grant, got {other:?}"),
-    }
 }
 
 #[tokio::test]
@@ -352,17 +197,16 @@ async fn binary_pipelines_and_answers_blocking_acquires_out_of_order() {
             &mut batch,
         );
     }
-    a.stream.write_all(&batch).await.unwrap();
+    a.stream().write_all(&batch).await.unwrap();
     for id in 1..=1000u64 {
         assert_eq!(a.recv().await.unwrap(), (id, Response::Stale));
     }
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let (mut a, _) = Raw::connect(server.addr).await;
     let (t1, lease) = granted(a.call(1, acquire("q", 30_000, 0)).await);
     let (mut gone, _) = Raw::connect(server.addr).await;
@@ -390,6 +234,7 @@ async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
             Instant::now() < deadline,
             "disconnected waiter never left the queue"
         );
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(a.call(3, release("q", lease)).await, Response::Released);
@@ -398,22 +243,23 @@ async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn expiry_frees_the_lock_and_hands_it_to_the_next_waiter() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let (mut a, _) = Raw::connect(server.addr).await;
+    let sent_at = Instant::now();
     let (t1, lease) = granted(a.call(1, acquire("e", 100, 0)).await);
     let (mut b, _) = Raw::connect(server.addr).await;
-    let started = Instant::now();
     let (t2, _) = granted(b.call(1, acquire("e", 30_000, 5_000)).await);
     assert!(t2 > t1);
-    let waited = started.elapsed();
+    // Virtual time: handed over when the 100 ms ran out, within a tick of the expiry ticker
+    // and a hop or two over loopback (2 ms each), never before.
+    let held = sent_at.elapsed();
     assert!(
-        waited >= Duration::from_millis(80),
-        "granted before the lease ran out: {waited:?}"
+        held >= Duration::from_millis(100),
+        "granted early: {held:?}"
     );
-    assert!(waited < Duration::from_secs(3), "hand-off took {waited:?}");
+    assert!(held <= Duration::from_millis(110), "hand-off took {held:?}");
     assert_eq!(
         a.call(
             2,
@@ -454,14 +300,17 @@ async fn garbage_and_oversized_frames_close_only_that_connection() {
     frame.extend_from_slice(&[0x02]);
     frame.extend_from_slice(&7u64.to_be_bytes());
     frame.extend_from_slice(&[0xff]);
-    bad.stream.write_all(&frame).await.unwrap();
+    bad.stream().write_all(&frame).await.unwrap();
     match bad.recv().await.unwrap() {
         (7, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::BadFrame),
         other => panic!("{other:?}"),
     }
     assert_eq!(bad.call(8, Request::Ping).await, Response::Pong);
     // An over-long length prefix: an error, then the connection closes.
-    bad.stream.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    bad.stream()
+        .write_all(&u32::MAX.to_be_bytes())
+        .await
+        .unwrap();
     match bad.recv().await.unwrap() {
         (_, Response::Error { code, .. }) => assert_eq!(code, ErrorCode::FrameTooLarge),
         other => panic!("{other:?}"),
@@ -477,7 +326,7 @@ async fn garbage_and_oversized_frames_close_only_that_connection() {
     frame.extend_from_slice(&9u32.to_be_bytes());
     frame.extend_from_slice(&[0x55]);
     frame.extend_from_slice(&3u64.to_be_bytes());
-    odd.stream.write_all(&frame).await.unwrap();
+    odd.stream().write_all(&frame).await.unwrap();
     assert!(matches!(
         odd.recv().await.unwrap(),
         (
@@ -504,10 +353,9 @@ async fn garbage_and_oversized_frames_close_only_that_connection() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn watch_reports_grants_releases_and_expiries() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let mut watcher = Console::connect(server.addr).await;
     assert_eq!(watcher.cmd("WATCH w").await, "OK watching FREE");
     let mut c = Console::connect(server.addr).await;
@@ -538,15 +386,15 @@ async fn watch_reports_grants_releases_and_expiries() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn release_on_disconnect_frees_the_lock_for_the_next_waiter() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let mut leader = Console::connect(server.addr).await;
     let g = leader.cmd("ACQUIRE lead 30000 RELEASE_ON_DISCONNECT").await;
     let mut next = Console::connect(server.addr).await;
     // The PING behind the blocking acquire is answered after it: console replies keep order.
     next.send("ACQUIRE lead 30000 20000\nPING\n").await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let dropped = Instant::now();
     drop(leader);
@@ -601,67 +449,13 @@ async fn held_locks_and_tokens_survive_an_in_process_restart() {
 
 // ----- the real binary, killed with SIGKILL -----
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Daemon {
-    /// Starts `tenured` (fsync on: this is the durability test) and waits until it answers.
-    fn start(dir: &Path) -> Daemon {
-        for _ in 0..5 {
-            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
-                .args(["--listen", &addr.to_string(), "--data-dir"])
-                .arg(dir)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let mut daemon = Daemon { child, addr };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if std::net::TcpStream::connect(addr).is_ok() {
-                    return daemon;
-                }
-                if daemon.child.try_wait().unwrap().is_some() {
-                    break; // port taken between free_port and bind: try another
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            daemon.kill9();
-        }
-        panic!("tenured did not start");
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 #[tokio::test]
 async fn tokens_never_reused_across_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let mut highest_seen = 0u64;
     let mut kept: Option<(String, u64)> = None;
     for round in 0..4 {
-        let mut daemon = Daemon::start(dir.path());
+        let mut daemon = tenured(dir.path(), &[]);
         let mut c = Console::connect(daemon.addr).await;
         if let Some((lease, t)) = &kept {
             // The lock granted before the crash is still held, by the same lease.
@@ -698,7 +492,7 @@ async fn tokens_never_reused_across_kill_9() {
         c.send(&batch).await; // in flight when the server dies
         daemon.kill9();
     }
-    let daemon = Daemon::start(dir.path());
+    let daemon = tenured(dir.path(), &[]);
     let mut c = Console::connect(daemon.addr).await;
     assert!(token(&c.cmd("ACQUIRE after 1000").await) > highest_seen);
 }
@@ -707,7 +501,7 @@ async fn tokens_never_reused_across_kill_9() {
 async fn torn_tail_recovers_and_corruption_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let daemon = Daemon::start(dir.path());
+        let daemon = tenured(dir.path(), &[]);
         let mut c = Console::connect(daemon.addr).await;
         for i in 0..50 {
             assert!(c
@@ -728,7 +522,7 @@ async fn torn_tail_recovers_and_corruption_refuses_to_start() {
     bytes.extend_from_slice(&[0, 0, 0, 40, 1, 2, 3]);
     std::fs::write(&segment, &bytes).unwrap();
     {
-        let daemon = Daemon::start(dir.path());
+        let daemon = tenured(dir.path(), &[]);
         let mut c = Console::connect(daemon.addr).await;
         assert!(
             c.cmd("INSPECT k49").await.starts_with("HELD "),
@@ -746,7 +540,7 @@ async fn torn_tail_recovers_and_corruption_refuses_to_start() {
     let middle = good_len.min(bytes.len()) / 2;
     bytes[middle] ^= 0x5a;
     std::fs::write(&first, &bytes).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tenured"))
+    let out = Command::new(crate::tenured_bin())
         .args([
             "--listen",
             &format!("127.0.0.1:{}", free_port()),
@@ -796,12 +590,15 @@ async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
         wal_segment_bytes_max: 64 * 1024,
         ..Config::for_tests(dir.path())
     };
+    // A background snapshot may delete a segment between the listing and its metadata: a
+    // file gone by then counts as nothing.
     let wal_bytes = || -> u64 {
         std::fs::read_dir(dir.path())
             .unwrap()
-            .map(|e| e.unwrap())
+            .filter_map(Result::ok)
             .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-            .map(|e| e.metadata().unwrap().len())
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
             .sum()
     };
     let server = Server::start_with(config.clone()).await;
@@ -833,7 +630,8 @@ async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
         }
         written_bytes += 500 * 160;
     }
-    // Snapshots run in the background; give them a moment to finish and delete.
+    // Snapshots run in the background; give them a moment to finish and delete. Real time:
+    // the snapshot and the WAL's syncer run on threads of their own, on real disk I/O.
     let deadline = Instant::now() + Duration::from_secs(10);
     while wal_bytes() > 1024 * 1024 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -862,18 +660,71 @@ async fn snapshots_bound_the_wal_and_restart_recovers_the_live_locks() {
     server.stop().await;
 }
 
+/// Restarts of the snapshot test below: each stops the server while a snapshot is likely
+/// still copying.
+const SNAPSHOT_RESTARTS: usize = 12;
+
+/// `run` returns only once a snapshot in progress has finished, so the data directory is
+/// free at once and a server started on it in the same process starts (a snapshot still
+/// copying on its blocking thread used to keep the directory locked: `DataDirInUse`).
 #[tokio::test]
-async fn limits_answer_that_client_with_a_clear_error() {
+async fn a_restart_right_after_a_snapshot_began_finds_the_data_directory_free() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
-        connections_max: 2,
-        held_max: 1, // one shard below makes this exact
-        shards: 1,
-        waiters_max: 1,
-        waiters_per_key_max: 1,
+        wal_segment_bytes_max: 64 * 1024,
+        fsync: true, // every shard of a snapshot waits for a sync: the copy takes a while
         ..Config::for_tests(dir.path())
     };
-    let server = Server::start_with(config).await;
+    for round in 0..=SNAPSHOT_RESTARTS {
+        let server = Server::start_with(config.clone()).await;
+        if let Err(e) = tokio::net::TcpStream::connect(server.addr).await {
+            panic!("start {round}: {e}: {:?}", server.stop_result().await);
+        }
+        let mut c = Console::connect(server.addr).await;
+        // Live locks for the snapshot to copy (they come back at every restart).
+        if round == 0 {
+            let mut held = String::new();
+            for i in 0..5_000 {
+                held.push_str(&format!("ACQUIRE live:{i} 600000\n"));
+            }
+            c.send(&held).await;
+            for _ in 0..5_000 {
+                assert!(c.line().await.starts_with("OK "));
+            }
+        }
+        // Grants and releases of other keys until the log outgrows the live state.
+        let mut batch = String::new();
+        for i in 0..2_000 {
+            batch.push_str(&format!("ACQUIRE churn:{round}:{i} 60000\n"));
+        }
+        c.send(&batch).await;
+        let mut releases = String::new();
+        for i in 0..2_000 {
+            let g = c.line().await;
+            releases.push_str(&format!(
+                "RELEASE churn:{round}:{i} {}\n",
+                field(&g, "lease")
+            ));
+        }
+        c.send(&releases).await;
+        for _ in 0..2_000 {
+            assert_eq!(c.line().await, "OK");
+        }
+        drop(c);
+        server.stop().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_answer_that_client_with_a_clear_error() {
+    let server = Server::start_virtual_with(|config| {
+        config.connections_max = 2;
+        config.held_max = 1; // one shard below makes this exact
+        config.shards = 1;
+        config.waiters_max = 1;
+        config.waiters_per_key_max = 1;
+    })
+    .await;
     let mut a = Console::connect(server.addr).await;
     assert!(a.cmd("ACQUIRE one 30000").await.starts_with("OK "));
     let full = a.cmd("ACQUIRE two 30000").await;
@@ -881,6 +732,7 @@ async fn limits_answer_that_client_with_a_clear_error() {
     // One waiter fits; a second is refused, on its own connection only.
     let mut w1 = Console::connect(server.addr).await;
     w1.send("ACQUIRE one 30000 10000\n").await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let refused = a.cmd("ACQUIRE one 30000 10000").await;
     assert!(refused.starts_with("ERR WAITERS_LIMIT "), "{refused}");
@@ -895,22 +747,21 @@ async fn limits_answer_that_client_with_a_clear_error() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        durability: tenure_server::Durability::Tokens,
-        ttl_ms_max: 400,
-        ..Config::for_tests(dir.path())
+    let config = |config: &mut Config| {
+        assert_eq!(config.durability, tenure_server::Durability::Tokens);
+        config.ttl_ms_max = 400;
     };
-    let server = Server::start_with(config.clone()).await;
+    let server = Server::start_virtual_at(dir.path(), config).await;
     let mut c = Console::connect(server.addr).await;
     let before = token(&c.cmd("ACQUIRE k 400").await);
     drop(c);
     server.stop().await;
 
     let restarted = Instant::now();
-    let server = Server::start_with(config).await;
+    let server = Server::start_virtual_at(dir.path(), config).await;
     let mut c = Console::connect(server.addr).await;
     let refused = c.cmd("ACQUIRE other 400").await;
     assert!(refused.starts_with("ERR RECOVERING "), "{refused}");
@@ -924,6 +775,7 @@ async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
             restarted.elapsed() < Duration::from_secs(10),
             "never granted again: {reply}"
         );
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     assert!(
@@ -937,24 +789,12 @@ async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
 #[tokio::test]
 async fn sigterm_shuts_down_cleanly_and_keeps_held_locks() {
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Daemon::start(dir.path());
+    let mut daemon = tenured(dir.path(), &[]);
     let mut c = Console::connect(daemon.addr).await;
     let g = c.cmd("ACQUIRE kept 60000").await;
-    let status = Command::new("kill")
-        .args(["-TERM", &daemon.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = daemon.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "tenured did not exit on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = daemon.sigterm_and_wait();
     assert!(exit.success(), "clean shutdown exits 0: {exit:?}");
-    let daemon = Daemon::start(dir.path());
+    let daemon = tenured(dir.path(), &[]);
     let mut c = Console::connect(daemon.addr).await;
     assert!(c
         .cmd("INSPECT kept")
@@ -986,14 +826,14 @@ async fn until_waiters(raw: &mut Raw, key: &str, count: u32) {
             }
         }
         assert!(Instant::now() < deadline, "{key} never had {count} waiters");
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn granted_carries_the_time_waited_on_the_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let (mut a, _) = Raw::connect(server.addr).await;
     let first = a.call(1, acquire("w", 30_000, 0)).await;
     assert_eq!(
@@ -1008,6 +848,7 @@ async fn granted_carries_the_time_waited_on_the_server() {
     let sent_at = Instant::now();
     b.send(1, &acquire("w", 30_000, 10_000)).await;
     until_waiters(&mut a, "w", 1).await;
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(a.call(2, release("w", lease)).await, Response::Released);
     let (id, handed) = b.recv().await.expect("hand-off");
@@ -1042,10 +883,9 @@ async fn granted_carries_the_time_waited_on_the_server() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn console_grants_end_with_waited_ms() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start_virtual().await;
     let mut a = Console::connect(server.addr).await;
     let first = a.cmd("ACQUIRE cw 30000").await;
     let words: Vec<&str> = first.split_whitespace().collect();
@@ -1061,8 +901,10 @@ async fn console_grants_end_with_waited_ms() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !a.cmd("INSPECT cw").await.ends_with(" waiters=1") {
         assert!(Instant::now() < deadline, "the waiter never queued");
+        // Virtual time (paused clock): costs no real time.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lease = field(&first, "lease");
     assert_eq!(a.cmd(&format!("RELEASE cw {lease}")).await, "OK");

@@ -1,6 +1,7 @@
 //! End to end: the real `tenure-loadgen` binary against a small in-test tenure server that
 //! speaks the binary protocol over TCP on port 0 (grants free keys, refuses held ones, checks
-//! lease ids on renew and release; no expiry, no waiting in line).
+//! lease ids on renew and release; no expiry, no waiting in line). Real time: the load
+//! generator is a process of its own.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -169,12 +170,11 @@ fn estimate_holds_renews_and_releases_on_schedule() {
     assert!(json.contains("\"errors\":{}"), "{json}");
 }
 
-#[test]
-fn max_mixed_counts_whole_cycles_and_max_acquire_counts_refusals() {
-    let target = format!("tenure://{}", fake_server());
-    let common = [
+/// Flags of a short `max` scenario against `target`, JSON out.
+fn max_scenario(target: &str) -> [&str; 14] {
+    [
         "--target",
-        &target,
+        target,
         "--scenario",
         "max",
         "--duration",
@@ -187,7 +187,13 @@ fn max_mixed_counts_whole_cycles_and_max_acquire_counts_refusals() {
         "8",
         "--json",
         "--quiet",
-    ];
+    ]
+}
+
+#[test]
+fn max_mixed_counts_whole_cycles_and_max_acquire_counts_refusals() {
+    let target = format!("tenure://{}", fake_server());
+    let common = max_scenario(&target);
     let (ok, json, err) = loadgen(&[&common[..], &["--op", "mixed"]].concat());
     assert!(ok, "{err}");
     assert!(
@@ -231,11 +237,7 @@ fn redis_recipes_against_a_real_redis_server() {
         version.is_ok(),
         "this test needs redis-server on PATH (Debian: apt-get install -y redis-server)"
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = tenure_testkit::free_port();
     let _redis = RedisChild(
         Command::new("redis-server")
             .args([
@@ -256,27 +258,11 @@ fn redis_recipes_against_a_real_redis_server() {
         if std::net::TcpStream::connect(&addr).is_ok() {
             break;
         }
+        // Real time: redis-server is a process of its own, starting up.
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let target = format!("redis://{addr}");
-    let common = [
-        "--target",
-        &target,
-        "--scenario",
-        "max",
-        "--op",
-        "mixed",
-        "--duration",
-        "500ms",
-        "--warmup",
-        "100ms",
-        "--connections",
-        "2",
-        "--pipeline",
-        "8",
-        "--json",
-        "--quiet",
-    ];
+    let common = [&max_scenario(&target)[..], &["--op", "mixed"]].concat();
     for fenced in [false, true] {
         let flags: &[&str] = if fenced { &["--redis-fenced"] } else { &[] };
         let (ok, json, err) = loadgen(&[&common[..], flags].concat());

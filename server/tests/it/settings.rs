@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// `tenured` with no `TENURE_*` variable from the test's own environment.
 fn tenured() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tenured"));
+    let mut command = Command::new(crate::tenured_bin());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("TENURE_") {
             command.env_remove(name);

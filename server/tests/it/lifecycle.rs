@@ -3,56 +3,25 @@
 //! waiters hear when the server shuts down.
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use tenure_protocol::frame::{decode_response, encode_request, split_frame};
-use tenure_protocol::handshake::{Hello, HelloAck, MAGIC, VERSION};
+use tenure_protocol::frame::encode_request;
+use tenure_protocol::handshake::{HelloAck, MAGIC, VERSION};
 use tenure_protocol::{ErrorCode, Request, Response};
 use tenure_server::Config;
+use tenure_testkit::raw::acquire;
+use tenure_testkit::{Raw, Server};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::tenured;
 
 /// Longest any single read in these tests may take before the test fails.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A server running in this test process, stopped through its shutdown future.
-struct Server {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), tenure_server::ServerError>>,
-}
-
-impl Server {
-    async fn start_with(config: Config) -> Server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tenure_server::run(config, listener, async move {
-            let _ = stopped.await;
-        }));
-        Server {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Triggers shutdown without waiting for it to finish.
-    fn trigger_stop(&mut self) {
-        let _ = self.stop.take().expect("stopped once").send(());
-    }
-
-    async fn stop(mut self) {
-        if self.stop.is_some() {
-            self.trigger_stop();
-        }
-        self.task.await.unwrap().unwrap();
-    }
-}
+/// The server's expiry tick, the most virtual time one hop over loopback takes.
+const TICK: Duration = Duration::from_millis(2);
 
 /// Reads everything until the peer closes (or `READ_TIMEOUT` passes, which fails the test).
 async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
@@ -62,58 +31,6 @@ async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
         .expect("the server did not close the connection")
         .unwrap_or(0);
     all
-}
-
-/// A bare binary-protocol connection, handshake done.
-struct Raw {
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> (Raw, HelloAck) {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut out = BytesMut::new();
-        Hello { version: VERSION }.encode(&mut out);
-        stream.write_all(&out).await.unwrap();
-        let mut buf = BytesMut::new();
-        loop {
-            if let Some(ack) = HelloAck::decode(&mut buf).unwrap() {
-                return (Raw { stream, buf }, ack);
-            }
-            let read = tokio::time::timeout(READ_TIMEOUT, stream.read_buf(&mut buf)).await;
-            assert!(read.unwrap().unwrap() > 0, "closed during handshake");
-        }
-    }
-
-    async fn send(&mut self, id: u64, request: &Request) {
-        let mut out = BytesMut::new();
-        encode_request(id, request, &mut out);
-        self.stream.write_all(&out).await.unwrap();
-    }
-
-    /// The next frame, or `None` once the server closed.
-    async fn recv(&mut self) -> Option<(u64, Response)> {
-        loop {
-            if let Some((opcode, id, body)) = split_frame(&mut self.buf).unwrap() {
-                return Some((id, decode_response(opcode, body).unwrap()));
-            }
-            let read = tokio::time::timeout(READ_TIMEOUT, self.stream.read_buf(&mut self.buf));
-            if read.await.expect("no frame in time").unwrap_or(0) == 0 {
-                return None;
-            }
-        }
-    }
-}
-
-fn acquire(key: &str, ttl_ms: u32, wait_ms: u32) -> Request {
-    Request::Acquire {
-        key: key.as_bytes().to_vec().into(),
-        ttl_ms,
-        wait_ms,
-        release_on_disconnect: false,
-        meta: Default::default(),
-    }
 }
 
 fn error_code(response: &Response) -> ErrorCode {
@@ -165,12 +82,11 @@ async fn bad_handshakes_get_a_defined_refusal_before_the_close() {
 #[tokio::test]
 async fn the_handshake_reply_carries_the_servers_limits() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        ttl_ms_max: 120_000,
-        in_flight_max: 77,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let server = Server::start_in(dir.path(), |config| {
+        config.ttl_ms_max = 120_000;
+        config.in_flight_max = 77;
+    })
+    .await;
     let (_raw, ack) = Raw::connect(server.addr).await;
     use tenure_protocol::limits::{FRAME_LEN_MAX, KEY_LEN_MAX, META_LEN_MAX, WAIT_MS_MAX};
     let limits = ack.limits;
@@ -184,14 +100,10 @@ async fn the_handshake_reply_carries_the_servers_limits() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn silent_connections_are_closed_after_the_handshake_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        handshake_timeout: Duration::from_millis(200),
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
+    let limit = Duration::from_millis(200);
+    let server = Server::start_virtual_with(|config| config.handshake_timeout = limit).await;
     // Nothing at all; only the first handshake byte; a console line without its end; blank
     // lines only (they get no reply, so they open nothing).
     let openings: [&[u8]; 4] = [b"", &[0x00], b"PIN", b"\n\r\n  \n"];
@@ -201,14 +113,25 @@ async fn silent_connections_are_closed_after_the_handshake_limit() {
         let started = Instant::now();
         let answer = read_to_close(&mut stream).await;
         assert!(answer.is_empty(), "{opening:?} got {answer:02x?}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{opening:?}");
+        // Virtual time: closed at the limit, counted from the accept just before `started`.
+        assert!(
+            started.elapsed() <= limit,
+            "{opening:?}: {:?}",
+            started.elapsed()
+        );
+        assert!(
+            started.elapsed() + TICK >= limit,
+            "{opening:?}: {:?}",
+            started.elapsed()
+        );
     }
     // A connection that spoke in time lives on past the limit, on both surfaces.
     let (mut raw, _) = Raw::connect(server.addr).await;
     let (r, mut w) = TcpStream::connect(server.addr).await.unwrap().into_split();
     w.write_all(b"PING\n").await.unwrap();
     let mut console = BufReader::new(r);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Virtual time (paused clock): costs no real time.
+    tokio::time::sleep(3 * limit).await;
     raw.send(1, &Request::Ping).await;
     assert_eq!(raw.recv().await, Some((1, Response::Pong)));
     w.write_all(b"PING\n").await.unwrap();
@@ -243,7 +166,7 @@ async fn requests_before_a_broken_length_prefix_are_answered_first() {
         encode_request(12, &acquire("mine", 1000, 0), &mut out);
         out.extend_from_slice(&len.to_be_bytes());
         out.extend_from_slice(&[0u8; 16]);
-        raw.stream.write_all(&out).await.unwrap();
+        raw.send_bytes(&out).await;
         let mut got = Vec::new();
         while let Some(frame) = raw.recv().await {
             got.push(frame);
@@ -288,6 +211,7 @@ async fn shutdown_answers_waiters_and_every_request_received() {
             other => panic!("{other:?}"),
         }
         assert!(Instant::now() < deadline, "waiters never queued");
+        // Real time, polling until the server has read both waiters (no lease runs out here).
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     server.trigger_stop();
@@ -341,15 +265,14 @@ fn server_side_timer(server: SocketAddr, client: SocketAddr) -> Option<(u8, u64)
 #[tokio::test]
 async fn accepted_sockets_have_tcp_keepalive_armed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        keepalive_idle: Duration::from_secs(30),
-        keepalive_interval: Duration::from_secs(3),
-        keepalive_count: 4,
-        ..Config::for_tests(dir.path())
-    };
-    let server = Server::start_with(config).await;
-    let (raw, _) = Raw::connect(server.addr).await;
-    let client = raw.stream.local_addr().unwrap();
+    let server = Server::start_in(dir.path(), |config| {
+        config.keepalive_idle = Duration::from_secs(30);
+        config.keepalive_interval = Duration::from_secs(3);
+        config.keepalive_count = 4;
+    })
+    .await;
+    let (mut raw, _) = Raw::connect(server.addr).await;
+    let client = raw.stream().local_addr().unwrap();
     // An idle socket with SO_KEEPALIVE has the keepalive timer (kind 2) running, due within
     // the idle time; without it, no timer runs (kind 0). Ticks are USER_HZ (100 per second).
     let Some((kind, when)) = server_side_timer(server.addr, client) else {
@@ -368,9 +291,8 @@ async fn accepted_sockets_have_tcp_keepalive_armed() {
 #[tokio::test]
 async fn sigterm_answers_a_waiter_with_shutting_down() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((mut child, addr)) = start_tenured(dir.path()) else {
-        panic!("tenured did not start");
-    };
+    let mut daemon = tenured(dir.path(), &["--no-fsync"]);
+    let addr = daemon.addr;
     let (mut holder, _) = Raw::connect(addr).await;
     holder.send(1, &acquire("busy", 60_000, 0)).await;
     assert!(matches!(
@@ -382,68 +304,8 @@ async fn sigterm_answers_a_waiter_with_shutting_down() {
     // A PING answered on the same connection proves the acquire was read and queued.
     waiter.send(6, &Request::Ping).await;
     assert_eq!(waiter.recv().await, Some((6, Response::Pong)));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    tenure_testkit::signal(daemon.pid(), "TERM");
     let (id, response) = waiter.recv().await.expect("the waiter got no answer");
     assert_eq!((id, error_code(&response)), (5, ErrorCode::ShuttingDown));
-    let deadline = Instant::now() + READ_TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "tenured did not exit on SIGTERM");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Starts `tenured` on a free loopback port; the child is killed when the test ends.
-fn start_tenured(dir: &Path) -> Option<(KillOnDrop, SocketAddr)> {
-    for _ in 0..5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().ok()?;
-        let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
-            .args(["--listen", &addr.to_string(), "--no-fsync", "--data-dir"])
-            .arg(dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mut child = KillOnDrop(child);
-        let deadline = Instant::now() + READ_TIMEOUT;
-        while Instant::now() < deadline {
-            if std::net::TcpStream::connect(addr).is_ok() {
-                return Some((child, addr));
-            }
-            if child.0.try_wait().ok()?.is_some() {
-                break; // the port was taken between the probe and the bind: try another
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    None
-}
-
-/// A child process killed (SIGKILL) and reaped when dropped, so no test leaves one behind.
-struct KillOnDrop(std::process::Child);
-
-impl KillOnDrop {
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-
-    fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        self.0.try_wait()
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    daemon.wait_exit();
 }

@@ -21,15 +21,16 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tenure_server::wal::record::{self, Record, SEGMENT_HEADER_LEN};
-use tenure_server::wal::{FaultPlan, Faults, FaultyStorage, FsStorage, Storage};
+use tenure_server::wal::{FaultPlan, Faults, Storage};
 use tenure_server::Config;
+use tenure_testkit::{field, signal, token, Daemon, LineConn, Tenured};
 
 /// TTL of the leases the mixed load takes: far longer than a test, so nothing expires.
 const LEASE_TTL_MS: u32 = 60_000;
@@ -74,52 +75,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().expect("a test thread panicked")
 }
 
-/// A console session over blocking TCP: one line out, one line back.
-struct LineConn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl LineConn {
-    fn connect(addr: SocketAddr) -> io::Result<LineConn> {
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(REPLY_WAIT_MAX))?;
-        stream.set_nodelay(true)?;
-        Ok(LineConn {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
-        })
-    }
-
-    fn send(&mut self, text: &str) -> io::Result<()> {
-        self.writer.write_all(text.as_bytes())
-    }
-
-    fn line(&mut self) -> io::Result<String> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(line.trim_end().to_string())
-    }
-
-    fn cmd(&mut self, text: &str) -> io::Result<String> {
-        self.send(&format!("{text}\n"))?;
-        self.line()
-    }
-}
-
-/// Reads `name=value` out of a reply line.
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
-}
-
-fn token(line: &str) -> u64 {
-    field(line, "token").parse().unwrap()
-}
-
 /// The holder's token in an INSPECT reply, `None` for FREE.
 fn inspected(reply: &str) -> Option<u64> {
     if reply == "FREE" {
@@ -132,90 +87,19 @@ fn inspected(reply: &str) -> Option<u64> {
     Some(token(reply))
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The real `tenured` binary, fsync on, its log in a file so a failed start can say why.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-/// Distinguishes the log files of the daemons one test process starts.
-static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
-
-impl Daemon {
-    /// Starts on a free port and waits until it accepts connections.
-    fn start(dir: &Path, logs: &Path) -> Daemon {
-        for _ in 0..5 {
-            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            if let Ok(daemon) = Daemon::try_start(dir, logs, addr) {
-                return daemon;
-            }
-        }
-        panic!("tenured did not start on any of 5 ports");
-    }
-
-    /// Starts on `addr`, retrying for a while if the port is not free again yet.
-    fn start_on(dir: &Path, logs: &Path, addr: SocketAddr) -> Daemon {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Daemon::try_start(dir, logs, addr) {
-                Ok(daemon) => return daemon,
-                Err(log) if Instant::now() < deadline && log.contains("cannot listen") => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(log) => panic!("tenured did not start on {addr}:\n{log}"),
-            }
-        }
-    }
-
-    /// `Err` carries the log of a daemon that exited instead of listening.
-    fn try_start(dir: &Path, logs: &Path, addr: SocketAddr) -> Result<Daemon, String> {
-        let n = DAEMONS_STARTED.fetch_add(1, Ordering::Relaxed);
-        let log_path = logs.join(format!("tenured-{n}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tenured"))
-            .args(["--listen", &addr.to_string(), "--data-dir"])
-            .arg(dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let mut daemon = Daemon { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect(addr).is_ok() {
-                return Ok(daemon);
-            }
-            if daemon.child.try_wait().unwrap().is_some() {
-                return Err(std::fs::read_to_string(&log_path).unwrap_or_default());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        daemon.kill9();
-        Err(format!(
-            "not listening after 10 s; log {}",
-            log_path.display()
-        ))
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill(); // SIGKILL, to the PID this test started
-        let _ = self.child.wait();
+/// What the real `tenured` of these tests is: fsync on, its log kept in `logs`.
+fn tenured<'a>(dir: &'a Path, logs: &'a Path) -> Tenured<'a> {
+    Tenured {
+        bin: crate::tenured_bin(),
+        dir,
+        logs: Some(logs),
+        args: &[],
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill9();
-    }
+/// Starts the real `tenured` on a free port, data in `dir`, its log in `logs`.
+fn daemon(dir: &Path, logs: &Path) -> Daemon {
+    Daemon::start(tenured(dir, logs))
 }
 
 /// A server in this process on its own runtime, for tests that hand it a storage.
@@ -477,7 +361,7 @@ fn run_client(
     unavailable_ok: bool,
     (stop, dying): (&AtomicBool, &AtomicBool),
 ) {
-    let conn = LineConn::connect(addr).expect("connect to a running server");
+    let conn = LineConn::connect(addr, REPLY_WAIT_MAX).expect("connect to a running server");
     let mut client = Client {
         conn,
         model,
@@ -501,7 +385,7 @@ fn run_client(
 /// Sends `count` acquires of fresh keys in one write and reads the replies in order; the ones
 /// not answered when the server dies are recorded as maybe granted.
 fn run_burst(addr: SocketAddr, model: &Mutex<Model>, prefix: &str, count: usize) {
-    let Ok(mut conn) = LineConn::connect(addr) else {
+    let Ok(mut conn) = LineConn::connect(addr, REPLY_WAIT_MAX) else {
         return; // the server was already killed
     };
     let keys: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
@@ -541,7 +425,7 @@ fn run_burst(addr: SocketAddr, model: &Mutex<Model>, prefix: &str, count: usize)
 /// token and renews; nothing else is held unless a request for it may have reached the disk;
 /// a new grant's token is above every token seen. Resolves the unknowns for the next round.
 fn verify_after_restart(addr: SocketAddr, model: &Mutex<Model>, probe_key: &str) {
-    let mut conn = LineConn::connect(addr).expect("connect after restart");
+    let mut conn = LineConn::connect(addr, REPLY_WAIT_MAX).expect("connect after restart");
     let mut model = lock(model);
     let model = &mut *model;
     for lease in std::mem::take(&mut model.must_return) {
@@ -640,7 +524,7 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
     let model = Mutex::new(Model::default());
     let started = Instant::now();
     for cycle in 0..cycles {
-        let mut daemon = Daemon::start(dir.path(), logs.path());
+        let mut daemon = daemon(dir.path(), logs.path());
         if cycle > 0 {
             verify_after_restart(daemon.addr, &model, &format!("probe-{cycle}"));
         }
@@ -658,9 +542,11 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
             }
             let (addr, model) = (daemon.addr, &model);
             s.spawn(move || {
+                // Real time: the load runs in threads against a `tenured` process.
                 std::thread::sleep(burst_after);
                 run_burst(addr, model, &format!("b{cycle}"), KILL_BURST);
             });
+            // Real time: kill -9 of a `tenured` process at a random moment.
             std::thread::sleep(kill_after);
             dying.store(true, Ordering::Relaxed);
             daemon.kill9();
@@ -675,7 +561,7 @@ fn kill_9_under_mixed_load_keeps_every_acknowledged_grant() {
             model.ghosts.len()
         );
     }
-    let daemon = Daemon::start(dir.path(), logs.path());
+    let daemon = daemon(dir.path(), logs.path());
     verify_after_restart(daemon.addr, &model, "probe-final");
     let model = lock(&model);
     assert!(
@@ -719,7 +605,7 @@ struct SmallLog {
 fn small_log() -> SmallLog {
     let dir = tempfile::tempdir().unwrap();
     let server = InProcess::start(Config::for_tests(dir.path()), None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
     assert_eq!(conn.cmd("PING").unwrap(), "PONG");
     let segment = only_segment(dir.path());
     let len = || std::fs::metadata(&segment).unwrap().len() as usize;
@@ -750,7 +636,7 @@ fn torn_tail_at_every_offset_recovers_through_run() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(&log.name), &log.bytes[..cut]).unwrap();
         let server = InProcess::start(Config::for_tests(dir.path()), None);
-        let mut conn = LineConn::connect(server.addr).unwrap();
+        let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         let first = conn.cmd("INSPECT first").unwrap();
         assert_eq!(inspected(&first), Some(t_first), "cut at {cut}: {first}");
         let last = inspected(&conn.cmd("INSPECT last").unwrap());
@@ -801,13 +687,8 @@ const DISK_UNAVAILABLE_MIN: u64 = 20;
 /// handle that arms its faults.
 fn faulty_server() -> (Config, Arc<Faults>, InProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let storage = FaultyStorage::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&faults));
-    let config = Config {
-        fsync: true,
-        ..Config::for_tests(dir.path())
-    };
-    let server = InProcess::start(config.clone(), Some(Arc::new(storage)));
+    let (config, faults, storage) = tenure_testkit::server::faulty_storage(dir.path());
+    let server = InProcess::start(config.clone(), Some(storage));
     (config, faults, server, dir)
 }
 
@@ -827,12 +708,19 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
             let (addr, model, keys, flags) = (server.addr, &model, &keys, (&stop, &dying));
             s.spawn(move || run_client(addr, model, client_seed, keys, true, flags));
         }
+        // Real time: the load runs in threads; the fault is armed mid-run, once something was
+        // acknowledged (a loaded machine can take longer than `armed_after` to get there).
+        let deadline = Instant::now() + REPLY_WAIT_MAX;
+        while lock(&model).grants_acked == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::thread::sleep(armed_after);
         let plan = plan(&faults, &mut rng);
         eprintln!("{test}: armed {plan:?} after {armed_after:?}");
         faults.set(plan);
         let deadline = Instant::now() + Duration::from_secs(5);
         while lock(&model).unavailable < DISK_UNAVAILABLE_MIN && Instant::now() < deadline {
+            // Real time: polling the load threads.
             std::thread::sleep(Duration::from_millis(10));
         }
         stop.store(true, Ordering::Relaxed);
@@ -864,10 +752,21 @@ fn disk_fault_case(test: &str, plan: impl FnOnce(&Faults, &mut StdRng) -> FaultP
     server.stop().unwrap();
 }
 
+/// RENEW of `lease` (for the usual TTL) must succeed.
+fn assert_renews(conn: &mut LineConn, lease: &Lease) {
+    let renewed = conn
+        .cmd(&format!(
+            "RENEW {} {} {LEASE_TTL_MS}",
+            lease.key, lease.lease
+        ))
+        .unwrap();
+    assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+}
+
 /// With the WAL failed: reads still work, acknowledged leases still stand and renew, and
 /// changes are refused as not durable.
 fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut StdRng) {
-    let mut conn = LineConn::connect(addr).unwrap();
+    let mut conn = LineConn::connect(addr, REPLY_WAIT_MAX).unwrap();
     assert_eq!(conn.cmd("PING").unwrap(), "PONG");
     let stats = conn.cmd("STATS").unwrap();
     assert!(stats.starts_with("OK held="), "{stats}");
@@ -875,13 +774,7 @@ fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut St
     for lease in model.held.values() {
         let reply = conn.cmd(&format!("INSPECT {}", lease.key)).unwrap();
         assert_eq!(inspected(&reply), Some(lease.token), "{lease:?}: {reply}");
-        let renewed = conn
-            .cmd(&format!(
-                "RENEW {} {} {LEASE_TTL_MS}",
-                lease.key, lease.lease
-            ))
-            .unwrap();
-        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+        assert_renews(&mut conn, lease);
     }
     let reply = conn
         .cmd(&format!("ACQUIRE after-failure {LEASE_TTL_MS}"))
@@ -905,13 +798,7 @@ fn check_live_after_failure(addr: SocketAddr, model: &Mutex<Model>, rng: &mut St
             Some(lease.token),
             "{lease:?}: {inspect}"
         );
-        let renewed = conn
-            .cmd(&format!(
-                "RENEW {} {} {LEASE_TTL_MS}",
-                lease.key, lease.lease
-            ))
-            .unwrap();
-        assert_eq!(renewed, format!("OK ttl_ms={LEASE_TTL_MS}"), "{lease:?}");
+        assert_renews(&mut conn, &lease);
         model.must_return.push(lease);
     }
 }
@@ -1025,7 +912,7 @@ impl Fenced {
                 if self.pause_next_read && self.paused.is_none() {
                     self.pause_next_read = false;
                     let pid = self.pids[&worker];
-                    signal(pid, "-STOP");
+                    signal(pid, "STOP");
                     self.paused = Some(Paused {
                         pid,
                         since: Instant::now(),
@@ -1040,15 +927,6 @@ impl Fenced {
             _ => panic!("bad resource request {line:?}"),
         }
     }
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to a process this test started.
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
 }
 
 /// The fenced resource's listener: a thread per connection, all stopping with `stop`.
@@ -1069,6 +947,7 @@ fn serve_resource(
                     }));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Real time: nothing to accept yet; the workers are processes of their own.
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => panic!("resource accept: {e}"),
@@ -1136,7 +1015,7 @@ fn start_workers(server: SocketAddr, resource: SocketAddr, seed: u64, secs: u64)
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "fence_worker",
+                    "faults::fence_worker",
                     "--ignored",
                     "--nocapture",
                     "--test-threads",
@@ -1168,14 +1047,14 @@ fn fence_worker() {
     let id: u32 = parts[2].parse().unwrap();
     let mut rng = StdRng::seed_from_u64(parts[3].parse().unwrap());
     let deadline = Instant::now() + Duration::from_secs(parts[4].parse().unwrap());
-    let mut res = LineConn::connect(resource).expect("connect to the resource");
+    let mut res = LineConn::connect(resource, REPLY_WAIT_MAX).expect("connect to the resource");
     let mut conn: Option<LineConn> = None;
     while Instant::now() < deadline {
         if conn.is_none() {
-            match LineConn::connect(server) {
+            match LineConn::connect(server, REPLY_WAIT_MAX) {
                 Ok(c) => conn = Some(c),
                 Err(_) => {
-                    std::thread::sleep(Duration::from_millis(20)); // restarting
+                    std::thread::sleep(Duration::from_millis(20)); // real time: the server process is restarting
                     continue;
                 }
             }
@@ -1197,6 +1076,7 @@ fn fence_worker() {
         };
         if let Some(value) = value.strip_prefix("VALUE ") {
             if rng.random_bool(0.2) {
+                // Real time: a worker process pausing at random.
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
             }
             let next = value.parse::<u64>().unwrap() + 1;
@@ -1227,7 +1107,7 @@ fn pause_step(fenced: &Mutex<Fenced>, rng: &mut StdRng, next_pause: &mut Instant
             None => elapsed >= p.length,
         };
         if over {
-            signal(p.pid, "-CONT");
+            signal(p.pid, "CONT");
             st.paused = None;
             *next_pause = now + Duration::from_millis(rng.random_range(100..400));
             return true;
@@ -1239,7 +1119,7 @@ fn pause_step(fenced: &Mutex<Fenced>, rng: &mut StdRng, next_pause: &mut Instant
         } else {
             let worker = rng.random_range(0..FENCE_WORKERS);
             let pid = st.pids[&worker];
-            signal(pid, "-STOP");
+            signal(pid, "STOP");
             st.paused = Some(Paused {
                 pid,
                 since: now,
@@ -1257,7 +1137,7 @@ fn paused_workers_and_crashes_never_apply_a_stale_write() {
     let secs = env_count("TENURE_SOAK_SECS", FENCE_SECS_DEFAULT, FENCE_SECS_MAX);
     let mut rng = StdRng::seed_from_u64(seed);
     let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut daemon = Daemon::start(dir.path(), logs.path());
+    let mut daemon = daemon(dir.path(), logs.path());
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let resource_addr = listener.local_addr().unwrap();
     let fenced = Arc::new(Mutex::new(Fenced::default()));
@@ -1276,12 +1156,13 @@ fn paused_workers_and_crashes_never_apply_a_stale_write() {
     let mut next_pause = started + Duration::from_millis(300);
     let (mut pauses, mut restart_marks) = (0u64, Vec::new());
     while Instant::now() < deadline {
+        // Real time: a `tenured` process restarting.
         std::thread::sleep(Duration::from_millis(20));
         pauses += u64::from(pause_step(&fenced, &mut rng, &mut next_pause));
         if Instant::now() >= next_restart && (restart_marks.len() as u64) < restarts_planned {
             daemon.kill9();
             restart_marks.push(lock(&fenced).audit.len());
-            daemon = Daemon::start_on(dir.path(), logs.path(), daemon.addr);
+            daemon = Daemon::start_on(tenured(dir.path(), logs.path()), daemon.addr);
             next_restart += restart_every;
         }
     }
@@ -1369,7 +1250,7 @@ struct OneFault {
 impl OneFault {
     fn start() -> (OneFault, tempfile::TempDir) {
         let (config, faults, server, dir) = faulty_server();
-        let conn = LineConn::connect(server.addr).unwrap();
+        let conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         let one = OneFault {
             config,
             faults,
@@ -1400,7 +1281,7 @@ impl OneFault {
         let stopped = self.server.stop();
         assert!(stopped.is_err(), "the final sync must report the failure");
         let server = InProcess::start(self.config, None);
-        let conn = LineConn::connect(server.addr).unwrap();
+        let conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
         (server, conn)
     }
 }
@@ -1528,7 +1409,7 @@ fn copy_with_newest_cut(files: &[PathBuf], cut: usize) -> tempfile::TempDir {
 /// stops the server and returns what `work` returned.
 fn run_once<T>(config: Config, work: impl FnOnce(&mut LineConn) -> T) -> T {
     let server = InProcess::start(config, None);
-    let mut conn = LineConn::connect(server.addr).unwrap();
+    let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
     let result = work(&mut conn);
     drop(conn);
     server.stop().unwrap();
@@ -1543,6 +1424,7 @@ fn acquire_after_restart(conn: &mut LineConn, key: &str, ttl_ms: u32) -> String 
         if !reply.starts_with("ERR RECOVERING") || Instant::now() > deadline {
             return reply;
         }
+        // Real time: a `tenured` process restarting.
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -1,0 +1,608 @@
+//! The `tenure` command line against a real server. Real time throughout: `tenure` is a
+//! process of its own, on the real clock; bounds are in seconds.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tenure::{
+    AcquireOptions, Client, Election, ElectionOptions, KeyState, LeaseId, ReleaseOutcome,
+};
+use tenure_testkit::{field, ms, ThreadServer as TestServer, PATIENCE};
+use tokio::time::{timeout, Instant};
+
+use crate::{granted, wait_for_waiters, PATIENT_TTL};
+
+fn tenure_cli(addr: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command.arg("--addr").arg(addr).kill_on_drop(true);
+    command
+}
+
+/// Runs the CLI with `args`; returns exit code, stdout and stderr.
+async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let output = timeout(PATIENCE, tenure_cli(addr).args(args).output())
+        .await
+        .expect("tenure finishes")
+        .expect("tenure runs");
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn cli_commands_print_key_values_and_exit_with_the_documented_codes() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "c", "--ttl", "5s", "--meta", "me"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(field(&out, "result"), "GRANTED");
+    let token = field(&out, "token").to_owned();
+    let lease = field(&out, "lease").to_owned();
+    let (code, out, _) = cli(addr, &["acquire", "c", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "result")), (3, "LOCKED"));
+    assert_eq!(field(&out, "token"), token);
+    assert_eq!(cli(addr, &["check", "c", &token]).await.0, 0);
+    assert_eq!(cli(addr, &["check", "c", "999999"]).await.0, 6);
+    assert_eq!(cli(addr, &["renew", "c", &lease, "--ttl", "5s"]).await.0, 0);
+    let other = LeaseId::from_u128(7).to_string();
+    assert_eq!(cli(addr, &["release", "c", &other]).await.0, 5);
+    let (code, out, _) = cli(addr, &["inspect", "c"]).await;
+    assert_eq!((code, field(&out, "meta")), (0, "me"));
+    assert_eq!(cli(addr, &["release", "c", &lease]).await.0, 0);
+    assert_eq!(cli(addr, &["renew", "c", &lease, "--ttl", "1s"]).await.0, 4);
+    let (code, out, _) = cli(addr, &["--json", "inspect", "c"]).await;
+    assert_eq!((code, out.trim()), (0, r#"{"result":"FREE","key":"c"}"#));
+    assert_eq!(cli(addr, &["ping"]).await.0, 0);
+    assert_eq!(cli(addr, &["stats"]).await.0, 0);
+    assert_eq!(cli(addr, &["acquire", "c"]).await.0, 1, "missing --ttl");
+    assert_eq!(
+        cli(addr, &["acquire", "c", "--ttl", "1x"]).await.0,
+        1,
+        "bad duration"
+    );
+    assert_eq!(cli("127.0.0.1:1", &["ping"]).await.0, 1, "nothing listens");
+    assert_eq!(cli(addr, &["--help"]).await.0, 0);
+}
+
+#[tokio::test]
+async fn cli_run_passes_the_token_and_returns_the_commands_status() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("token");
+    let script = format!(
+        "echo $TENURE_FENCING_TOKEN $TENURE_KEY $TENURE_LEASE_ID > {}",
+        file.display()
+    );
+    let args = [
+        "run", "--key", "cli/run", "--ttl", "1s", "--", "sh", "-c", &script,
+    ];
+    let (code, _, err) = cli(addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+    let words: Vec<&str> = written.split_whitespace().collect();
+    assert_eq!(words.len(), 3, "{written:?}");
+    assert_eq!(words[0], field(&err, "token"));
+    assert_eq!(words[1], "cli/run");
+    assert_eq!(words[2], field(&err, "lease"));
+    let client = server.client().await;
+    assert_eq!(
+        client.inspect("cli/run").await.expect("inspect"),
+        KeyState::Free,
+        "released"
+    );
+
+    let exit_7 = [
+        "run", "--key", "cli/run", "--ttl", "1s", "--", "sh", "-c", "exit 7",
+    ];
+    assert_eq!(cli(addr, &exit_7).await.0, 7);
+    let killed = [
+        "run",
+        "--key",
+        "cli/run",
+        "--ttl",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ];
+    assert_eq!(cli(addr, &killed).await.0, 128 + 15);
+
+    let _held = granted(&client, "cli/busy", Duration::from_secs(5)).await;
+    let busy = ["run", "--key", "cli/busy", "--ttl", "1s", "--", "true"];
+    assert_eq!(cli(addr, &busy).await.0, 3, "LOCKED");
+}
+
+/// Starts `tenure run` with `script`, which must write $TENURE_LEASE_ID to the file named by
+/// its first argument; releases the lease behind its back and returns its exit code.
+async fn run_and_revoke(
+    server: &TestServer,
+    key: &str,
+    grace: &str,
+    script: &str,
+) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("lease");
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run", "--key", key, "--ttl", "300ms", "--grace", grace, "--",
+        ])
+        .args(["sh", "-c", script, "sh"])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let lease_id = wait_for_lease_id(&file).await;
+    let client = server.client().await;
+    let released = client.release(key, lease_id).await.expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after the loss")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code().expect("exited normally"), stderr)
+}
+
+async fn wait_for_lease_id(file: &Path) -> LeaseId {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            if let Some(id) = LeaseId::from_hex(text.trim()) {
+                return id;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the command never wrote its lease id"
+        );
+        tokio::time::sleep(ms(10)).await; // real time: a child process writes the file
+    }
+}
+
+#[tokio::test]
+async fn cli_run_kills_its_command_when_the_lease_is_lost() {
+    let server = TestServer::start();
+    // SIGTERM is enough for a command that does not catch it.
+    let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 30";
+    let started = Instant::now();
+    let (code, stderr) = run_and_revoke(&server, "cli/loss", "5s", script).await;
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("result=LOST"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10), // far less than the command's 30 s
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A command that ignores SIGTERM is killed after the grace period.
+    let stubborn = "trap '' TERM; echo $TENURE_LEASE_ID > \"$1\"; while :; do sleep 0.05; done";
+    let (code, stderr) = run_and_revoke(&server, "cli/stubborn", "200ms", stubborn).await;
+    assert_eq!(code, 4, "{stderr}");
+}
+
+/// The next line `tenure` printed, within [`PATIENCE`].
+async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> Option<String> {
+    timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a line")
+        .expect("read")
+}
+
+#[tokio::test]
+async fn cli_observe_prints_each_new_leader() {
+    let server = TestServer::start();
+    let election = Election::new(server.client().await, "cli");
+    let leader = election.campaign("alpha").await.expect("campaign");
+    let mut observe = tenure_cli(&server.addr)
+        .args(["observe", "cli"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let stdout = observe.stdout.take().expect("piped");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = next_line(&mut lines).await;
+    assert_eq!(
+        line.as_deref(),
+        Some(&*format!("term={} value=alpha", leader.term()))
+    );
+    leader.resign().await.expect("resign");
+    let next = election.campaign("beta").await.expect("campaign");
+    let line = next_line(&mut lines).await;
+    assert_eq!(
+        line.as_deref(),
+        Some(&*format!("term={} value=beta", next.term()))
+    );
+    observe.kill().await.expect("kill observe");
+}
+
+#[tokio::test]
+async fn cli_elect_runs_the_command_while_leading_and_resigns() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("term");
+    let script = "echo $TENURE_FENCING_TOKEN > \"$1\"; exit 9";
+    let file_arg = file.to_str().expect("utf-8 path");
+    let args = [
+        "elect", "cli-g", "--value", "me", "--ttl", "1s", "--", "sh", "-c", script, "sh", file_arg,
+    ];
+    let (code, _, err) = cli(&server.addr, &args).await;
+    assert_eq!(code, 9, "the command's status: {err}");
+    assert_eq!(field(&err, "result"), "LEADING");
+    let term = std::fs::read_to_string(&file).expect("the command ran");
+    assert_eq!(term.trim(), field(&err, "term"));
+    let client = server.client().await;
+    let state = client.inspect("election/cli-g").await.expect("inspect");
+    assert_eq!(state, KeyState::Free, "resigned after the command");
+}
+
+#[tokio::test]
+async fn cli_run_passes_sigterm_on_and_still_releases() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("lease");
+    let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 30";
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run", "--key", "cli/term", "--ttl", "5s", "--", "sh", "-c", script, "sh",
+        ])
+        .arg(&file)
+        .spawn()
+        .expect("tenure runs");
+    wait_for_lease_id(&file).await;
+    let pid = child.id().expect("running").to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(kill.expect("kill runs").success());
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(128 + 15), "the command's status");
+    let client = server.client().await;
+    let state = client.inspect("cli/term").await.expect("inspect");
+    assert_eq!(state, KeyState::Free, "released, not left to expire");
+}
+
+#[tokio::test]
+async fn cli_console_answers_one_line_per_command() {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::start();
+    let mut console = tenure_cli(&server.addr)
+        .arg("console")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let mut stdin = console.stdin.take().expect("piped");
+    let input =
+        "acquire con --ttl 5s --meta x\ninspect con\nbogus\n\nrun --key k --ttl 1s -- true\nping\n";
+    stdin.write_all(input.as_bytes()).await.expect("write");
+    drop(stdin);
+    let output = timeout(PATIENCE, console.wait_with_output())
+        .await
+        .expect("console exits at end of input")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let results: Vec<&str> = stdout.lines().map(|line| field(line, "result")).collect();
+    assert_eq!(
+        results,
+        ["GRANTED", "HELD", "ERROR", "ERROR", "PONG"],
+        "{stdout}"
+    );
+}
+
+/// Holds `key` through a renewing guard until `tenure` queues behind it, five TTLs more, then
+/// releases it; `child` must then get the lock and run its three-TTL command to the end.
+async fn cli_waits_then_holds(
+    server: &TestServer,
+    key: &str,
+    guard: tenure::LeaseGuard,
+    child: tokio::process::Child,
+) -> String {
+    let client = server.client().await;
+    wait_for_waiters(&client, key, 1).await;
+    // Real time: the waiter is a `tenure` process, on the real clock.
+    tokio::time::sleep(5 * PATIENT_TTL).await;
+    assert!(guard.is_valid(), "the holder kept renewing");
+    guard.release().await.expect("release");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after its command")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "the command's status: {stderr}"
+    );
+    assert!(!stderr.contains("LOST"), "{stderr}");
+    stderr
+}
+
+/// Starts `tenure` with `args` and a command that holds for three TTLs; stderr is piped.
+fn holding_three_ttls(server: &TestServer, args: &[&str]) -> tokio::process::Child {
+    let hold_for = format!("sleep {}", (3 * PATIENT_TTL).as_secs_f64());
+    tenure_cli(&server.addr)
+        .args(args)
+        .args(["--", "sh", "-c", &hold_for])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs")
+}
+
+#[tokio::test]
+async fn cli_run_keeps_a_lock_won_after_a_long_wait() {
+    let server = TestServer::start();
+    let holder = server.client().await;
+    let guard = holder
+        .lock("cli/patient", PATIENT_TTL, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let args = [
+        "run",
+        "--key",
+        "cli/patient",
+        "--ttl",
+        "400ms",
+        "--wait",
+        "5s",
+    ];
+    let child = holding_three_ttls(&server, &args);
+    let stderr = cli_waits_then_holds(&server, "cli/patient", guard, child).await;
+    assert_eq!(field(&stderr, "result"), "GRANTED");
+}
+
+#[tokio::test]
+async fn cli_elect_keeps_leading_after_a_long_wait() {
+    let server = TestServer::start();
+    let options = ElectionOptions {
+        ttl: PATIENT_TTL,
+        ..ElectionOptions::default()
+    };
+    let election = Election::with_options(server.client().await, "cli-patient", options);
+    let leader = election.campaign("first").await.expect("campaign");
+    let args = [
+        "elect",
+        "cli-patient",
+        "--value",
+        "second",
+        "--ttl",
+        "400ms",
+    ];
+    let child = holding_three_ttls(&server, &args);
+    let key = "election/cli-patient";
+    let stderr = cli_waits_then_holds(&server, key, leader.into_guard(), child).await;
+    assert_eq!(field(&stderr, "result"), "LEADING");
+}
+
+#[tokio::test]
+async fn cli_acquire_prints_how_long_it_waited() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "cli/w", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "waited_ms")), (0, "0"), "{out}");
+    let client = server.client().await;
+    let guard = client
+        .lock("cli/held", PATIENT_TTL, AcquireOptions::default())
+        .await
+        .expect("lock")
+        .granted()
+        .expect("free");
+    let args = ["acquire", "cli/held", "--ttl", "5s", "--wait", "5s"];
+    let spawned_at = Instant::now();
+    let child = tenure_cli(addr)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    wait_for_waiters(&client, "cli/held", 1).await;
+    tokio::time::sleep(PATIENT_TTL).await; // real time: the waiter is a `tenure` process
+    guard.release().await.expect("release");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    let elapsed_ms = spawned_at.elapsed().as_millis();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let waited_ms: u128 = field(&out, "waited_ms").parse().expect("a number");
+    // In line from before it was seen queued until the release one TTL later (less 1 ms of
+    // clock rounding), and not longer than the process ran.
+    assert!(waited_ms + 1 >= PATIENT_TTL.as_millis(), "{out}");
+    assert!(waited_ms <= elapsed_ms, "{out}: ran {elapsed_ms} ms");
+}
+
+// ---------------------------------------------------------------------------------------------
+// One grammar and one name per thing: `tenure console` reads the server console's lines, and
+// the command line prints the console's field names.
+
+/// Every output line of the command line names things as the console does.
+fn assert_console_names(text: &str) {
+    for old in ["lease_id=", "ttl_left_ms", "\"lease_id\""] {
+        assert!(!text.contains(old), "{old} in {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn cli_prints_the_consoles_field_names() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, _) = cli(addr, &["acquire", "names", "--ttl", "5s"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(LeaseId::from_hex(field(&out, "lease")).is_some(), "{out}");
+    assert_eq!(field(&out, "ttl_ms"), "5000", "{out}");
+    assert!(out.trim_end().ends_with("waited_ms=0"), "{out}");
+    let mut printed = out;
+    let (code, out, _) = cli(addr, &["acquire", "names", "--ttl", "5s"]).await;
+    assert_eq!((code, field(&out, "result")), (3, "LOCKED"), "{out}");
+    let left_ms: u64 = field(&out, "ttl_ms").parse().expect("a number");
+    assert!((1..=5000).contains(&left_ms), "{out}");
+    printed += &out;
+    let (code, out, _) = cli(addr, &["inspect", "names"]).await;
+    assert_eq!((code, field(&out, "result")), (0, "HELD"), "{out}");
+    let left_ms: u64 = field(&out, "ttl_ms").parse().expect("a number");
+    assert!((1..=5000).contains(&left_ms), "{out}");
+    printed += &out;
+    let (_, json, _) = cli(addr, &["--json", "inspect", "names"]).await;
+    assert!(json.contains(r#""ttl_ms":"#), "{json}");
+    printed += &json;
+    let (_, json, _) = cli(addr, &["--json", "acquire", "names/2", "--ttl", "5s"]).await;
+    assert!(json.contains(r#""lease":""#), "{json}");
+    printed += &json;
+    assert_console_names(&printed);
+}
+
+#[tokio::test]
+async fn cli_reads_a_bare_duration_as_milliseconds_with_a_deprecation_note() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let (code, out, err) = cli(addr, &["acquire", "bare", "--ttl", "1500"]).await;
+    assert_eq!((code, field(&out, "ttl_ms")), (0, "1500"), "{out}");
+    assert!(err.contains("deprecated"), "{err:?}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    let (code, out, err) = cli(addr, &["acquire", "unit", "--ttl", "1500ms"]).await;
+    assert_eq!((code, field(&out, "ttl_ms")), (0, "1500"), "{out}");
+    assert_eq!(err, "", "no note when the unit is written");
+}
+
+/// A `tenure console` child with its stdin and stdout at hand, answering line by line.
+struct Console {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Console {
+    fn start(addr: &str) -> Console {
+        let mut child = tenure_cli(addr)
+            .arg("console")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tenure runs");
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let stdout = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        Console {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// The next line the console prints.
+    async fn next(&mut self) -> String {
+        timeout(PATIENCE, self.stdout.next_line())
+            .await
+            .expect("an answer in time")
+            .expect("read")
+            .expect("a line before the end")
+    }
+
+    /// Sends `line` and returns the answer.
+    async fn ask(&mut self, line: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        let sent = format!("{line}\n");
+        self.stdin.write_all(sent.as_bytes()).await.expect("write");
+        self.next().await
+    }
+}
+
+#[tokio::test]
+async fn cli_console_reads_the_server_consoles_grammar() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let granted = console.ask("ACQUIRE con/g 30000 5000 META=me").await;
+    assert_eq!(field(&granted, "result"), "GRANTED", "{granted}");
+    assert_eq!(field(&granted, "ttl_ms"), "30000", "{granted}");
+    let (token, lease) = (field(&granted, "token"), field(&granted, "lease"));
+    let held = console.ask("inspect con/g").await;
+    assert_eq!(
+        (field(&held, "result"), field(&held, "meta")),
+        ("HELD", "me")
+    );
+    let locked = console.ask("ACQUIRE con/g 1000").await;
+    assert_eq!(field(&locked, "result"), "LOCKED", "{locked}");
+    let renewed = console.ask(&format!("RENEW con/g {lease} 20000")).await;
+    assert_eq!(field(&renewed, "ttl_ms"), "20000", "{renewed}");
+    let current = console.ask(&format!("CHECK con/g {token}")).await;
+    assert_eq!(field(&current, "result"), "CURRENT", "{current}");
+    let released = console.ask(&format!("RELEASE con/g {lease}")).await;
+    assert_eq!(field(&released, "result"), "RELEASED", "{released}");
+    let refused = console.ask("ACQUIRE con/g 30s").await;
+    assert_eq!(
+        (field(&refused, "result"), field(&refused, "code")),
+        ("ERROR", "BAD_ARGS"),
+        "{refused}"
+    );
+    let help = console.ask("HELP").await;
+    assert!(
+        help.contains("ACQUIRE <key> <ttl_ms> [<wait_ms>]"),
+        "{help}"
+    );
+    let watching = console.ask("WATCH con/w").await;
+    assert_eq!(field(&watching, "result"), "WATCHING", "{watching}");
+    let _lease = granted_meta(&server.client().await, "con/w").await;
+    let event = console.next().await;
+    assert_eq!(
+        (field(&event, "result"), field(&event, "kind")),
+        ("EVENT", "GRANTED"),
+        "{event}"
+    );
+    let unwatched = console.ask("UNWATCH con/w").await;
+    assert_eq!(field(&unwatched, "result"), "UNWATCHED", "{unwatched}");
+    assert_console_names(&[granted, held, locked].join("\n"));
+    let old = console.ask("acquire con/old --ttl 5s").await;
+    assert_eq!(
+        field(&old, "result"),
+        "GRANTED",
+        "the old spelling still works: {old}"
+    );
+    let output = quit(console).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one note: {stderr:?}");
+    assert!(stderr.contains("deprecated"), "{stderr:?}");
+}
+
+/// Takes `key` with metadata, as a watcher's GRANTED event shows it.
+async fn granted_meta(client: &Client, key: &str) -> tenure::Lease {
+    let options = AcquireOptions {
+        meta: "w".into(),
+        ..AcquireOptions::default()
+    };
+    client
+        .acquire(key, Duration::from_secs(5), options)
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("free")
+}
+
+/// Sends QUIT; the console must print nothing more and exit 0.
+async fn quit(mut console: Console) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    console.stdin.write_all(b"QUIT\n").await.expect("write");
+    let rest = timeout(PATIENCE, console.stdout.next_line())
+        .await
+        .expect("the console ends")
+        .expect("read");
+    assert_eq!(rest, None, "nothing after QUIT");
+    let output = timeout(PATIENCE, console.child.wait_with_output())
+        .await
+        .expect("the console exits after QUIT")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(0));
+    output
+}

@@ -1,0 +1,4 @@
+//! The load generator's integration tests, one test binary: `end_to_end` runs the real
+//! `tenure-loadgen` against a fake tenure server and a real Redis.
+
+mod end_to_end;

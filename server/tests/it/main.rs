@@ -1,0 +1,41 @@
+//! The server's integration tests, one test binary (one link, one process start per run):
+//! - `e2e`: console and binary protocol over real TCP, hand-off, expiry, limits, restarts,
+//!   and `kill -9` and SIGTERM of the real `tenured` binary;
+//! - `faults`: crashes, a damaged log and a failing disk (see that module);
+//! - `lifecycle`: the handshake, its time limit, keepalive, broken frames, shutdown;
+//! - `limits`: the server-wide limits, exact at the default shard count;
+//! - `settings`: the binary's flags, environment, config file, logs and deployment files;
+//! - `watch`: watches and the protocol rules clients rely on.
+//!
+//! The harness (servers in process and as daemons, console and binary clients, reply
+//! parsing) is the `tenure-testkit` crate's. Tests about time (expiry, waits, `waited_ms`,
+//! time limits) run on a paused clock with the server in the test's runtime
+//! ([`tenure_testkit::Server::start_virtual`]); the rest run in real time with bounds in
+//! seconds.
+
+mod e2e;
+mod faults;
+mod lifecycle;
+mod limits;
+mod settings;
+mod watch;
+
+use std::path::Path;
+
+use tenure_testkit::{Daemon, Tenured};
+
+/// The `tenured` binary cargo built for these tests.
+fn tenured_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_tenured"))
+}
+
+/// Starts the real `tenured` (fsync on unless `args` say otherwise) on a free port, data in
+/// `dir`, its log discarded; it is killed with SIGKILL when dropped.
+fn tenured(dir: &Path, args: &[&str]) -> Daemon {
+    Daemon::start(Tenured {
+        bin: tenured_bin(),
+        dir,
+        logs: None,
+        args,
+    })
+}

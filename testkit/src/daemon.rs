@@ -1,0 +1,162 @@
+//! The real `tenured` binary as a child process, for what an in-process server cannot show:
+//! `kill -9`, SIGTERM, SIGSTOP. Real time only; every wait is bounded in seconds.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to listen, or to exit after a signal.
+const START_WAIT_MAX: Duration = Duration::from_secs(10);
+/// Ports tried before giving up: another process can take a free port before the daemon binds.
+const PORT_TRIES: usize = 5;
+/// How often a start or an exit is looked for (real time: a child process is waited on).
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Distinguishes the log files of the daemons one test process starts.
+static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind port 0")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// What to start: the binary (`env!("CARGO_BIN_EXE_tenured")` in the server's tests), its data
+/// directory, where its log goes, and flags beyond `--listen` and `--data-dir`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tenured<'a> {
+    /// The `tenured` binary.
+    pub bin: &'a Path,
+    /// `--data-dir`.
+    pub dir: &'a Path,
+    /// A directory for the daemon's log (one file per start), so a failed start can say why;
+    /// `None` discards the log.
+    pub logs: Option<&'a Path>,
+    /// More flags, such as `--no-fsync`.
+    pub args: &'a [&'a str],
+}
+
+/// A running `tenured`, killed with SIGKILL and reaped when dropped.
+pub struct Daemon {
+    /// The child process (this test started it; signals go to its PID only).
+    pub child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl Daemon {
+    /// Starts on a free port and waits until it accepts connections.
+    pub fn start(what: Tenured<'_>) -> Daemon {
+        for _ in 0..PORT_TRIES {
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            if let Ok(daemon) = Daemon::try_start(what, addr) {
+                return daemon;
+            }
+        }
+        panic!("tenured did not start on any of {PORT_TRIES} ports");
+    }
+
+    /// Starts on `addr`, retrying for a while if the port is not free again yet.
+    pub fn start_on(what: Tenured<'_>, addr: SocketAddr) -> Daemon {
+        let deadline = Instant::now() + START_WAIT_MAX;
+        loop {
+            match Daemon::try_start(what, addr) {
+                Ok(daemon) => return daemon,
+                Err(log) if Instant::now() < deadline && log.contains("cannot listen") => {
+                    std::thread::sleep(POLL_INTERVAL * 10);
+                }
+                Err(log) => panic!("tenured did not start on {addr}:\n{log}"),
+            }
+        }
+    }
+
+    /// `Err` carries the log of a daemon that exited instead of listening.
+    pub fn try_start(what: Tenured<'_>, addr: SocketAddr) -> Result<Daemon, String> {
+        let n = DAEMONS_STARTED.fetch_add(1, Ordering::Relaxed);
+        let log_path: Option<PathBuf> = what.logs.map(|logs| logs.join(format!("tenured-{n}.log")));
+        let stderr = match &log_path {
+            Some(path) => {
+                Stdio::from(std::fs::File::create(path).expect("create the daemon's log"))
+            }
+            None => Stdio::null(),
+        };
+        let child = Command::new(what.bin)
+            .args(["--listen", &addr.to_string(), "--data-dir"])
+            .arg(what.dir)
+            .args(what.args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn tenured");
+        let mut daemon = Daemon { child, addr };
+        let deadline = Instant::now() + START_WAIT_MAX;
+        while Instant::now() < deadline {
+            if TcpStream::connect(addr).is_ok() {
+                return Ok(daemon);
+            }
+            if daemon.child.try_wait().expect("try_wait").is_some() {
+                let log = log_path.map(std::fs::read_to_string);
+                return Err(log.and_then(Result::ok).unwrap_or_default());
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        daemon.kill9();
+        Err(format!(
+            "not listening after {START_WAIT_MAX:?}; log {:?}",
+            log_path
+        ))
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGKILL and reaps the child.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL, to the PID this test started
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits (up to 10 s, else panics) for the child to exit.
+    pub fn sigterm_and_wait(&mut self) -> ExitStatus {
+        signal(self.pid(), "TERM");
+        self.wait_exit()
+    }
+
+    /// Waits (up to 10 s, else panics) for the child to exit, after a signal already sent.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + START_WAIT_MAX;
+        loop {
+            if let Some(exit) = self.child.try_wait().expect("try_wait") {
+                return exit;
+            }
+            assert!(Instant::now() < deadline, "tenured did not exit");
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sends `kill -<name>` (TERM, STOP, CONT, ...) to `pid`, a process this test started.
+///
+/// # Panics
+/// When `kill` fails.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
