@@ -31,7 +31,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use self::world::{Coverage, World};
 
 /// Seeds run by default: a few seconds in a debug build.
-const SEEDS_DEFAULT: u64 = 16;
+const SEEDS_DEFAULT: u64 = 24;
 /// Steps per seed.
 const STEPS_PER_SEED: u64 = 1_500;
 
