@@ -27,6 +27,9 @@ pub enum Durability {
 pub struct Config {
     /// Address the binary binds (tests bind their own listener and ignore it).
     pub listen: SocketAddr,
+    /// Address the binary binds for `/metrics`, `/healthz` and `/readyz`; `None`: no HTTP.
+    /// Tests pass their own listener to `run_with_metrics` and ignore it.
+    pub metrics_listen: Option<SocketAddr>,
     /// Directory of the write-ahead log; created if missing.
     pub data_dir: PathBuf,
     /// What survives a crash.
@@ -95,6 +98,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            metrics_listen: None,
             data_dir: PathBuf::from("./tenure-data"),
             durability: Durability::Full,
             fsync: true,

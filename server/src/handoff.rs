@@ -165,9 +165,11 @@ impl Executor {
                 Event::Expired {
                     key,
                     token,
+                    lease_id,
                     handoff,
                 } => {
                     Stats::bump(&self.stats.expirations);
+                    self.stats.metrics.expired(lease_id);
                     // Not waited for: an expiry lost in a crash comes back as a held lease
                     // whose TTL runs again, which is the safe direction.
                     let reason = FreeReason::Expired;

@@ -24,6 +24,8 @@
 //! - [`watch`]: subscriptions to a key's changes, and WATCH/UNWATCH.
 //! - [`clock`]: the one place that reads time.
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
+//! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
+//!   `/readyz` on `--metrics-listen`.
 
 pub mod clock;
 pub mod config;
@@ -32,7 +34,9 @@ pub mod console;
 pub mod error;
 pub mod executor;
 pub mod handoff;
+pub mod http;
 pub mod journal;
+pub mod metrics;
 pub mod server;
 pub mod stats;
 pub mod table;
@@ -43,4 +47,4 @@ pub mod wheel;
 
 pub use config::{Config, Durability};
 pub use error::ServerError;
-pub use server::{run, run_with_storage};
+pub use server::{run, run_with_metrics, run_with_storage};

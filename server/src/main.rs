@@ -43,7 +43,17 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
-        anyhow::Ok(tenure_server::run(config, listener, shutdown).await?)
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for metrics on {addr}"))?,
+            ),
+            None => None,
+        };
+        let run =
+            tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
+        anyhow::Ok(run.await?)
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));

@@ -23,7 +23,9 @@ use crate::config::{Config, Durability};
 use crate::conn;
 use crate::error::ServerError;
 use crate::executor::Executor;
+use crate::http;
 use crate::journal::{Journal, WalJournal};
+use crate::metrics::Scrape;
 use crate::stats::Stats;
 use crate::wal::{self, SyncMode, WalOptions};
 
@@ -37,21 +39,40 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    run_with_metrics(config, None, listener, None, shutdown).await
+}
+
+/// [`run`], also serving `/metrics`, `/healthz` and `/readyz` on `metrics_listener` (from
+/// before recovery on; see [`crate::http`]), with the WAL in `storage` if given (as
+/// [`run_with_storage`]) or else in files in `config.data_dir`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_metrics(
+    config: Config,
+    storage: Option<Arc<dyn wal::Storage>>,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     validate(&config)?;
-    let dir_lock = lock_data_dir(&config.data_dir)?;
-    let storage = wal::FsStorage::new(&config.data_dir).map_err(|source| ServerError::DataDir {
-        what: "cannot create",
-        path: config.data_dir.clone(),
-        source,
-    })?;
-    serve(
-        config,
-        Arc::new(storage),
-        Some(dir_lock),
-        listener,
-        shutdown,
-    )
-    .await
+    let (storage, dir_lock) = match storage {
+        Some(storage) => (storage, None),
+        None => {
+            let dir_lock = lock_data_dir(&config.data_dir)?;
+            let storage =
+                wal::FsStorage::new(&config.data_dir).map_err(|source| ServerError::DataDir {
+                    what: "cannot create",
+                    path: config.data_dir.clone(),
+                    source,
+                })?;
+            (Arc::new(storage) as Arc<dyn wal::Storage>, Some(dir_lock))
+        }
+    };
+    let http = HttpTask::start(metrics_listener);
+    let result = serve(config, storage, dir_lock, listener, &http.scrape, shutdown).await;
+    http.stop().await;
+    result
 }
 
 /// [`run`] with the WAL kept in `storage` instead of files in `config.data_dir`, such as a
@@ -66,8 +87,32 @@ pub async fn run_with_storage(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    validate(&config)?;
-    serve(config, storage, None, listener, shutdown).await
+    run_with_metrics(config, Some(storage), listener, None, shutdown).await
+}
+
+/// The HTTP endpoint's task, if `--metrics-listen` is set.
+struct HttpTask {
+    scrape: Scrape,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl HttpTask {
+    fn start(listener: Option<TcpListener>) -> HttpTask {
+        let scrape = Scrape::default();
+        let stop = CancellationToken::new();
+        let task = listener.map(|l| tokio::spawn(http::serve(l, scrape.clone(), stop.clone())));
+        HttpTask { scrape, stop, task }
+    }
+
+    /// Stops it and waits, so nothing holds the server's state (and its data-directory
+    /// lock) once `run` returns.
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
 }
 
 fn validate(config: &Config) -> Result<(), ServerError> {
@@ -80,6 +125,7 @@ async fn serve(
     storage: Arc<dyn wal::Storage>,
     dir_lock: Option<std::fs::File>,
     listener: TcpListener,
+    scrape: &Scrape,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let shared = Arc::new(recover(config, storage, dir_lock).await?);
@@ -88,6 +134,7 @@ async fn serve(
         .reserve()
         .await
         .map_err(ServerError::FirstReservation)?;
+    let _ = scrape.executor.set(Arc::clone(&shared));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
 
@@ -169,6 +216,10 @@ async fn recover(
         recovered.token_floor,
         refused_until_ms,
     );
+    shared
+        .stats
+        .metrics
+        .recovered(started.elapsed(), refused_until_ms);
     for lease in recovered.leases {
         let mut shard = shared.shard(&lease.key);
         shard.restore(

@@ -57,6 +57,10 @@ pub struct Settings {
     /// Address to listen on, for both the binary protocol and the text console.
     #[arg(long, env = "TENURE_LISTEN", default_value_t = Settings::default().listen)]
     pub listen: SocketAddr,
+    /// Address for HTTP `/metrics` (Prometheus), `/healthz` and `/readyz` (default: off).
+    #[arg(long, env = "TENURE_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Directory for the write-ahead log (created if missing).
     #[arg(long, env = "TENURE_DATA_DIR", default_value_os_t = Settings::default().data_dir)]
     pub data_dir: PathBuf,
@@ -150,6 +154,7 @@ impl Default for Settings {
         let config = Config::default();
         Settings {
             listen: config.listen,
+            metrics_listen: config.metrics_listen,
             data_dir: config.data_dir,
             durability: config.durability,
             no_fsync: !config.fsync,
@@ -180,6 +185,7 @@ impl Settings {
     pub fn to_config(&self) -> Config {
         Config {
             listen: self.listen,
+            metrics_listen: self.metrics_listen,
             data_dir: self.data_dir.clone(),
             durability: self.durability,
             fsync: !self.no_fsync,
@@ -210,8 +216,13 @@ impl Settings {
         } else {
             ""
         };
+        let metrics = if self.metrics_listen.is_none() {
+            "# metrics-listen: unset, no HTTP endpoint\n"
+        } else {
+            ""
+        };
         let header = "# tenured settings in effect (flag > TENURE_* environment > file > default)";
-        Ok(format!("{header}\n{body}{threads}"))
+        Ok(format!("{header}\n{body}{threads}{metrics}"))
     }
 }
 
@@ -328,6 +339,7 @@ mod tests {
         let command = Cli::command();
         let table = toml::Table::try_from(Settings {
             threads: Some(2),
+            metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             ..Settings::default()
         })
         .unwrap();
@@ -341,7 +353,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            18,
+            19,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -390,6 +402,7 @@ mod tests {
             durability: Durability::Tokens,
             no_fsync: true,
             threads: Some(3),
+            metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             keepalive_count: 9,
             log_format: LogFormat::Json,
             ..Settings::default()
@@ -409,6 +422,7 @@ mod tests {
         // Every key appears in the sample, set or commented out, so it documents them all.
         let all = toml::Table::try_from(Settings {
             threads: Some(1),
+            metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             ..Settings::default()
         })
         .unwrap();
@@ -426,7 +440,8 @@ mod tests {
             let Ok(entry) = line.parse::<toml::Table>() else {
                 continue; // prose
             };
-            for (key, value) in entry.iter().filter(|(k, _)| *k != "threads") {
+            let unset = ["threads", "metrics-listen"];
+            for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");
             }
         }

@@ -29,6 +29,8 @@ pub struct Stats {
     pub expirations: AtomicU64,
     /// Requests answered with an ERROR.
     pub errors: AtomicU64,
+    /// Latency, outcomes and the rest `/metrics` exports beyond these counters.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The request kinds counted, in the order STATS reports them.

@@ -50,6 +50,11 @@ impl Drop for Heartbeat {
     }
 }
 
+/// How long [`Server::start_at`] tries to bind an address a previous server just left.
+const REBIND_WAIT_MAX: Duration = Duration::from_secs(10);
+/// How often it tries.
+const REBIND_RETRY: Duration = Duration::from_millis(20);
+
 /// A server running in the test's own runtime.
 pub struct Server {
     /// Where it listens (127.0.0.1, a port the kernel chose).
@@ -78,6 +83,25 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind port 0");
+        Server::serve(config, listener)
+    }
+
+    /// Starts a server with `config` on `addr`, as a restart on the same address does; the
+    /// port may take a moment to be free again after the previous server closed it.
+    pub async fn start_at(config: Config, addr: SocketAddr) -> Server {
+        let deadline = tokio::time::Instant::now() + REBIND_WAIT_MAX;
+        loop {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => return Server::serve(config, listener),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(REBIND_RETRY).await;
+                }
+                Err(e) => panic!("cannot bind {addr} again: {e}"),
+            }
+        }
+    }
+
+    fn serve(config: Config, listener: tokio::net::TcpListener) -> Server {
         let addr = listener.local_addr().expect("local addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(tenure_server::run(config, listener, async move {

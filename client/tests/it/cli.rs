@@ -606,3 +606,134 @@ async fn quit(mut console: Console) -> std::process::Output {
     assert_eq!(output.status.code(), Some(0));
     output
 }
+
+// ---------------------------------------------------------------------------------------------
+// Found by outside testing: what `run` prints, what `console` prints for WATCH, a `run` killed
+// with SIGKILL, and a wait cut short by a server restart.
+
+#[tokio::test]
+async fn cli_run_prints_the_ttl_and_the_wait_of_its_grant() {
+    let server = TestServer::start();
+    let (code, _, err) = cli(
+        &server.addr,
+        &["run", "--key", "r/f", "--ttl", "5s", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let granted = err
+        .lines()
+        .find(|l| l.contains("result=GRANTED"))
+        .expect(&err);
+    assert_eq!(field(granted, "ttl_ms"), "5000", "{granted}");
+    assert_eq!(field(granted, "waited_ms"), "0", "{granted}");
+}
+
+#[tokio::test]
+async fn cli_console_watch_prints_the_keys_state() {
+    let server = TestServer::start();
+    let _held = granted_meta(&server.client().await, "con/held").await;
+    let mut console = Console::start(&server.addr);
+    let held = console.ask("WATCH con/held").await;
+    assert_eq!(
+        (
+            field(&held, "result"),
+            field(&held, "state"),
+            field(&held, "meta")
+        ),
+        ("WATCHING", "HELD", "w"),
+        "{held}"
+    );
+    assert!(field(&held, "token").parse::<u64>().is_ok(), "{held}");
+    let free = console.ask("WATCH con/free").await;
+    assert_eq!(field(&free, "state"), "FREE", "{free}");
+    quit(console).await;
+}
+
+/// The state letter of process `pid` in /proc (`Z` for a zombie), or None once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[tokio::test]
+async fn a_command_dies_with_a_killed_tenure_run() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut run = tenure_cli(&server.addr)
+        .args([
+            "run", "--key", "r/k", "--ttl", "5s", "--", "sh", "-c", &script,
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tenure runs");
+    let deadline = Instant::now() + PATIENCE;
+    let command_pid: u32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(ms(10)).await;
+    };
+    run.start_kill().expect("SIGKILL to tenure run"); // our own child, by its handle
+    run.wait().await.expect("reaped");
+    // Real time: the kernel delivers the parent-death signal; poll until it has.
+    let deadline = Instant::now() + PATIENCE;
+    while matches!(process_state(command_pid), Some(state) if state != 'Z') {
+        assert!(
+            Instant::now() < deadline,
+            "the command {command_pid} outlived tenure run"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn cli_run_queues_again_after_a_server_restart() {
+    use tenure_testkit::Server;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let addr = server.addr;
+    let holder = server.client().await;
+    let _held = holder
+        .acquire("r/restart", ms(1500), AcquireOptions::default())
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("free");
+    let child = tenure_cli(&addr.to_string())
+        .args([
+            "run",
+            "--key",
+            "r/restart",
+            "--ttl",
+            "5s",
+            "--wait",
+            "30s",
+            "--",
+            "true",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    wait_for_waiters(&holder, "r/restart", 1).await;
+    holder.disconnect();
+    server.stop().await; // as SIGTERM: the waiter is answered SHUTTING_DOWN
+    let server = Server::start_at(tenure_server::Config::for_tests(dir.path()), addr).await;
+    // The holder's lease came back with the restart and runs out on its own; then `run` gets
+    // the lock, runs `true` and exits 0.
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure run finishes")
+        .expect("tenure runs");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    assert!(err.contains("queueing again"), "{err}");
+    assert!(err.contains("result=GRANTED"), "{err}");
+    server.stop().await;
+}

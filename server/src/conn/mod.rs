@@ -52,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
 use crate::journal::TICKET_NOW;
+use crate::metrics::{self, Timing};
 use crate::watch::WatchEvent;
 use reply::PendingReply;
 use requests::Later;
@@ -85,6 +86,11 @@ pub async fn serve(
         }
         _ = shutdown.cancelled() => return,
     };
+    let kind = match surface {
+        Surface::Binary => metrics::Surface::Binary,
+        Surface::Console { .. } => metrics::Surface::Console,
+    };
+    executor.stats.metrics.connection(kind, true);
     let mut conn = Conn {
         executor,
         stream,
@@ -99,11 +105,13 @@ pub async fn serve(
         fatal: false,
         stopping: false,
         fatal_error: None,
+        timing: None,
     };
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
     }
     conn.finish();
+    conn.executor.stats.metrics.connection(kind, false);
 }
 
 /// Reads a connection's opening, which must arrive within the handshake limit: the binary
@@ -214,6 +222,8 @@ struct Conn {
     /// The error that broke the stream, sent (request id 0) once every earlier request is
     /// answered, as the last frame before the close.
     fatal_error: Option<(ErrorCode, String)>,
+    /// The request being run: its reply takes it along, for the latency metric.
+    timing: Option<Timing>,
 }
 
 impl Conn {

@@ -9,6 +9,7 @@ use tenure_protocol::{ErrorCode, Response};
 
 use super::Conn;
 use crate::journal::{self, Progress, Settled, Ticket, Undo, TICKET_NOW};
+use crate::metrics::Timing;
 use crate::watch::WatchEvent;
 
 /// A reply waiting for the journal to be durable up to `ticket`.
@@ -20,6 +21,8 @@ pub(super) struct PendingReply {
     undo: Option<Undo>,
     /// Pushed by the server (an event, or the end of a watch), not the answer to a request.
     pushed: bool,
+    /// When the request this answers was read, for its latency metric.
+    timing: Option<Timing>,
 }
 
 /// A protocol response, or a console-only line (HELP, BYE) that has no binary form.
@@ -97,6 +100,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: None,
             pushed: true,
+            timing: None,
         });
     }
 
@@ -108,6 +112,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: None,
             pushed: false,
+            timing: self.timing.take(),
         });
     }
 
@@ -119,6 +124,7 @@ impl Conn {
             reply: Reply::Response(response),
             undo: Some(undo),
             pushed: false,
+            timing: self.timing.take(),
         });
     }
 
@@ -131,6 +137,7 @@ impl Conn {
             reply: Reply::Line(line),
             undo: None,
             pushed: false,
+            timing: None,
         });
     }
 
@@ -147,6 +154,7 @@ impl Conn {
                 reply,
                 undo,
                 pushed,
+                timing,
                 ..
             } = self.queue.pop_front().expect("front exists");
             if pushed {
@@ -168,6 +176,9 @@ impl Conn {
                 }
                 Settled::Durable | Settled::Waiting => response,
             };
+            if let Some(timing) = timing {
+                self.executor.stats.metrics.replied(timing, &response);
+            }
             self.surface.encode(id, &response, &mut self.wbuf);
         }
     }

@@ -13,12 +13,15 @@ use crate::console;
 use crate::executor::Outcome;
 use crate::handoff::WaitResult;
 use crate::journal::{Undo, TICKET_NOW};
+use crate::metrics::Timing;
 
 /// Something a connection waits for besides its socket: a queued acquire's answer, or a
 /// token reservation before an acquire can run again.
 pub(super) enum Later {
     Wait {
         id: u64,
+        /// The latency clock of the waiting acquire.
+        timing: Option<Timing>,
         result: Result<WaitResult, ()>,
         key: Bytes,
         release_on_disconnect: bool,
@@ -68,6 +71,7 @@ impl Conn {
 
     /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
     fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>) {
+        self.timing = Some(Timing::start(&request));
         if self.in_flight() >= self.executor.config.in_flight_max as usize {
             let max = self.executor.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
@@ -109,10 +113,12 @@ impl Conn {
                 release_on_disconnect,
             } => {
                 self.ctx.add_wait(id, key.clone(), waiter_id);
+                let timing = self.timing.take();
                 self.later.push(Box::pin(async move {
                     let result = rx.await.map_err(|_| ());
                     Later::Wait {
                         id,
+                        timing,
                         result,
                         key,
                         release_on_disconnect,
@@ -123,6 +129,7 @@ impl Conn {
                 request,
                 received_ms,
             } => {
+                self.timing = None; // the retry times itself
                 let tokens = Arc::clone(&self.executor.tokens);
                 self.later.push(Box::pin(async move {
                     let reserved = tokens.reserve().await.map_err(|e| e.to_string());
@@ -141,11 +148,13 @@ impl Conn {
         match done {
             Later::Wait {
                 id,
+                timing,
                 result,
                 key,
                 release_on_disconnect,
             } => {
                 self.ctx.remove_wait(id);
+                self.timing = timing;
                 self.on_wait_done(id, result, key, release_on_disconnect);
             }
             Later::Retry {

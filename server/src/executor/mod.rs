@@ -241,13 +241,28 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 }
 
 impl Executor {
-    fn renew(&self, now_ms: u64, key: &[u8], lease_id: LeaseId, ttl_ms: u32) -> Response {
+    fn renew(
+        self: &Arc<Self>,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        ttl_ms: u32,
+    ) -> Response {
         if ttl_ms > self.config.ttl_ms_max {
             return self.ttl_too_long(ttl_ms);
         }
-        match self.shard(key).renew(now_ms, key, lease_id, ttl_ms) {
+        let mut shard = self.shard(key);
+        match shard.renew(now_ms, key, lease_id, ttl_ms) {
             table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
-            table::Renew::Lost => Response::Lost,
+            table::Renew::Lost => {
+                // A lease past its deadline that the ticker has not reaped yet ends now, as
+                // the ticker would end it, so this late RENEW counts as one of an expired lease.
+                let mut events = Vec::new();
+                shard.settle_key(now_ms, key, &self.tokens.allocator, &mut events);
+                self.apply_events(&mut shard, now_ms, &mut events);
+                self.stats.metrics.renew_lost(lease_id);
+                Response::Lost
+            }
         }
     }
 

@@ -189,6 +189,12 @@ pub trait Journal: Send + Sync + 'static {
     /// failures are logged and abandon the copy. Blocking: run it off the async runtime.
     fn snapshot(&self, source: &dyn LeaseSource);
 
+    /// The local WAL behind this journal, if it is one, for its `/metrics` figures (fsync
+    /// latency, batch sizes, segments, snapshots).
+    fn wal(&self) -> Option<&crate::wal::Wal> {
+        None
+    }
+
     /// Makes everything appended durable and stops taking changes.
     ///
     /// # Errors

@@ -89,11 +89,28 @@ impl Journal for WalJournal {
     /// backlog then never holds more than one part's worth, and clients' records are not
     /// refused for lack of room while a large table is copied.
     fn snapshot(&self, source: &dyn LeaseSource) {
+        let started = std::time::Instant::now();
+        let done = self.copy_leases(source);
+        self.wal.metrics().snapshot_done(started.elapsed(), done);
+    }
+
+    fn wal(&self) -> Option<&Wal> {
+        Some(&self.wal)
+    }
+
+    fn sync_and_stop(&self) -> Result<(), JournalError> {
+        Ok(self.wal.sync_and_stop()?)
+    }
+}
+
+impl WalJournal {
+    /// The snapshot's copy; `false` if it was abandoned.
+    fn copy_leases(&self, source: &dyn LeaseSource) -> bool {
         let ticket = match self.wal.begin_snapshot(source.token_limit()) {
             Ok(ticket) => ticket,
             Err(e) => {
                 tracing::warn!(error = %e, "could not start a WAL snapshot");
-                return;
+                return false;
             }
         };
         for part in 0..source.parts() {
@@ -106,15 +123,13 @@ impl Journal for WalJournal {
             });
             if let Err(e) = result.and_then(|lsn| self.wal.wait_durable_blocking(lsn)) {
                 tracing::warn!(error = %e, "WAL snapshot abandoned");
-                return;
+                return false;
             }
         }
         if let Err(e) = self.wal.end_snapshot(ticket) {
             tracing::warn!(error = %e, "could not finish a WAL snapshot");
+            return false;
         }
-    }
-
-    fn sync_and_stop(&self) -> Result<(), JournalError> {
-        Ok(self.wal.sync_and_stop()?)
+        true
     }
 }

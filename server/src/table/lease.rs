@@ -162,6 +162,7 @@ impl<W: WaiterSink> LockTable<W> {
         }
         let already_ended = lock.deadline_ms == 0;
         let token = lock.token;
+        let lease_id = lock.lease_id;
         let key: Box<[u8]> = if already_ended {
             Box::default()
         } else {
@@ -174,12 +175,14 @@ impl<W: WaiterSink> LockTable<W> {
             HandoffStep::Granted(handoff) => events.push(Event::Expired {
                 key,
                 token,
+                lease_id,
                 handoff: Some(handoff),
             }),
             HandoffStep::Freed | HandoffStep::Deferred if !already_ended => {
                 events.push(Event::Expired {
                     key,
                     token,
+                    lease_id,
                     handoff: None,
                 })
             }

@@ -169,6 +169,8 @@ pub enum Event<W> {
         key: Box<[u8]>,
         /// The token of the lease that ended.
         token: u64,
+        /// The lease that ended (remembered to tell a late RENEW of it apart).
+        lease_id: LeaseId,
         /// The next holder, if any (see [`Release::Released::handoff`]).
         handoff: Option<Handoff<W>>,
     },

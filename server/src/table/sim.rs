@@ -123,6 +123,7 @@ fn seen(event: Event<SimWaiter>) -> Seen {
             key,
             token,
             handoff,
+            ..
         } => Seen::Expired {
             key: key.to_vec(),
             token,

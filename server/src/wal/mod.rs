@@ -182,6 +182,8 @@ pub struct WalOptions {
     /// bytes at the end of the log may take the last reservation with it; see "Token floor"
     /// in the module docs. 0 trusts the log's tail.
     pub token_floor_margin: u64,
+    /// Where the syncer records fsync latency and batch sizes, for `/metrics`.
+    pub metrics: std::sync::Arc<crate::metrics::WalMetrics>,
 }
 
 impl Default for WalOptions {
@@ -192,6 +194,7 @@ impl Default for WalOptions {
             pending_bytes_max: PENDING_BYTES_MAX_DEFAULT,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
             token_floor_margin: 0,
+            metrics: std::sync::Arc::default(),
         }
     }
 }

@@ -172,12 +172,16 @@ impl Syncer {
                 .write_all(&chunk.buf)
                 .map_err(|e| format!("writing {}: {e}", path()))?;
         }
+        let started = std::time::Instant::now();
         if sync_mode == SyncMode::Data {
             self.file
                 .sync_data()
                 .map_err(|e| format!("fdatasync {}: {e}", path()))?;
             outcome.fsyncs += 1;
         }
+        let records = self.batch.iter().map(|c| c.records).sum();
+        let synced = (sync_mode == SyncMode::Data).then(|| started.elapsed());
+        self.shared.options.metrics.batch_written(records, synced);
         self.synced_len += self.batch.iter().map(|c| c.buf.len() as u64).sum::<u64>();
         Ok(outcome)
     }
@@ -193,6 +197,7 @@ impl Syncer {
         state.stats.batches += 1;
         state.stats.fsyncs += outcome.fsyncs;
         state.stats.segments_created += outcome.segments_created;
+        state.stats.segments_on_disk = self.on_disk.len() as u64;
         for mut chunk in self.batch.drain(..) {
             state.stats.records += chunk.records;
             state.stats.bytes += chunk.buf.len() as u64;
@@ -206,12 +211,9 @@ impl Syncer {
         self.shared.durable_tx.send_modify(|s| s.lsn = lsn);
         if let Some(seq) = snapshot_end {
             let deleted = delete_segments_before(&*self.shared.storage, seq, &mut self.on_disk);
-            self.shared
-                .state
-                .lock()
-                .expect("WAL state lock poisoned")
-                .stats
-                .segments_deleted += deleted;
+            let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
+            state.stats.segments_deleted += deleted;
+            state.stats.segments_on_disk = self.on_disk.len() as u64;
         }
     }
 

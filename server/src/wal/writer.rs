@@ -70,6 +70,8 @@ pub struct WalStats {
     pub segments_deleted: u64,
     /// Snapshots whose end record was appended.
     pub snapshots_completed: u64,
+    /// Segment files on disk, as of the last batch written.
+    pub segments_on_disk: u64,
 }
 
 /// Proof that a snapshot is in progress; hand it back to [`Wal::end_snapshot`]. Dropping it
@@ -450,6 +452,11 @@ impl Wal {
     /// Counters since `open`.
     pub fn stats(&self) -> WalStats {
         self.lock().stats
+    }
+
+    /// The syncer's fsync latency and batch-size histograms.
+    pub fn metrics(&self) -> &crate::metrics::WalMetrics {
+        &self.shared.options.metrics
     }
 
     /// Waits until `lsn` is durable.

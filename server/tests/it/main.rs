@@ -4,6 +4,8 @@
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
 //! - `lifecycle`: the handshake, its time limit, keepalive, broken frames, shutdown;
 //! - `limits`: the server-wide limits, exact at the default shard count;
+//! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
+//!   the shipped dashboard and alert rules;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `watch`: watches and the protocol rules clients rely on.
 //!
@@ -17,6 +19,7 @@ mod e2e;
 mod faults;
 mod lifecycle;
 mod limits;
+mod metrics;
 mod settings;
 mod watch;
 

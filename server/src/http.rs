@@ -1,0 +1,182 @@
+//! The operator's HTTP endpoint on `--metrics-listen`: `/metrics` (Prometheus), `/healthz`
+//! (the process answers) and `/readyz` (it should get traffic).
+//!
+//! It is a side door, so it is small and bounded: at most [`CONNECTIONS_MAX`] connections
+//! (one more is closed at once), no keep-alive, GET or HEAD only, request heads of at most
+//! [`REQUEST_HEAD_BYTES_MAX`] read within [`HEADER_READ_TIMEOUT`], and every connection closed
+//! after [`CONNECTION_TIME_MAX`]. It starts before recovery, so a load balancer sees the
+//! process alive (`/healthz` 200) but not ready (`/readyz` 503) while the WAL replays.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::metrics::Scrape;
+
+/// Most HTTP connections at once; scrapers and probes need a handful.
+pub const CONNECTIONS_MAX: usize = 16;
+/// Most bytes of a request head (hyper's smallest read buffer is 8 KiB).
+pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
+/// Longest a connection may take to send its request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest any one connection stays open, its answer included.
+pub const CONNECTION_TIME_MAX: Duration = Duration::from_secs(30);
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const CLASSIC_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves the endpoint on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToken) {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape.clone()));
+    let registry = Arc::new(registry);
+    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Over the limit the connection is dropped unanswered: a prober retries.
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            continue;
+        };
+        let (registry, scrape, stop) = (Arc::clone(&registry), scrape.clone(), stop.clone());
+        tracker.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let answer = answer(&request, &registry, &scrape);
+                async move { Ok::<_, Infallible>(answer) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(REQUEST_HEAD_BYTES_MAX)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_TIME_MAX, connection) => {}
+                () = stop.cancelled() => {}
+            }
+            drop(permit);
+        });
+    }
+    // Each connection ends at `stop` too; none outlives the server's state.
+    tracker.close();
+    tracker.wait().await;
+}
+
+fn answer(
+    request: &Request<Incoming>,
+    registry: &Registry,
+    scrape: &Scrape,
+) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n".into());
+    }
+    let executor = scrape.executor.get();
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => match crate::metrics::not_ready(executor) {
+            None => text(StatusCode::OK, "ready\n".into()),
+            Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
+        "/metrics" => metrics(registry, executor.is_some(), wants_openmetrics(request)),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+/// Whether the client asked for OpenMetrics (Prometheus does); others get the classic text
+/// format, which `promtool check metrics` and older tools read.
+fn wants_openmetrics(request: &Request<Incoming>) -> bool {
+    request
+        .headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.contains("application/openmetrics-text"))
+        })
+}
+
+/// OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
+/// name its samples' `_total` name, and there is no `# EOF`.
+pub fn to_classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines().filter(|l| *l != "# EOF") {
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find(|p| line.starts_with(*p));
+        match meta {
+            Some(prefix) => {
+                let rest = &line[prefix.len()..];
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                out.push_str(&format!("{prefix}{name}{suffix} {tail}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn metrics(registry: &Registry, recovered: bool, openmetrics: bool) -> Response<Full<Bytes>> {
+    if !recovered {
+        let why = "not ready: recovering from the WAL\n";
+        return text(StatusCode::SERVICE_UNAVAILABLE, why.into());
+    }
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, registry) {
+        let why = format!("cannot encode the metrics: {e}\n");
+        return text(StatusCode::INTERNAL_SERVER_ERROR, why);
+    }
+    let (body, content_type) = if openmetrics {
+        (body, OPENMETRICS)
+    } else {
+        (to_classic_text(&body), CLASSIC_TEXT)
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let content_type = hyper::header::HeaderValue::from_static(content_type);
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, content_type);
+    response
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}

@@ -1,0 +1,628 @@
+//! Prometheus metrics: the instruments the request path bumps, and the scrape that turns
+//! them (and the counters STATS already keeps) into the text `/metrics` serves.
+//!
+//! The hot path only does relaxed atomic adds on fixed arrays: requests are counted in an
+//! `[op][outcome]` table and timed in one fixed-bucket [`Histogram`] per op, so a request
+//! costs two clock reads, a short bucket scan and three atomic adds, and allocates nothing.
+//! Everything that is a level rather than an event (held locks, waiters, tokens, WAL state)
+//! is read from the shared state when scraped, so it costs nothing between scrapes.
+//!
+//! # Definitions
+//! - `tenure_renewals_lost_total{reason="expired"}`: RENEWs answered LOST for a lease id this
+//!   process granted and then expired (the last [`EXPIRED_REMEMBERED_MAX`] expired lease ids
+//!   are remembered; a lease past its deadline that the ticker has not reaped yet is ended by
+//!   the RENEW itself, so it counts too). Its holder was still renewing after the server had ended its lease: the
+//!   holder may have gone on using the resource, so this is the number that should page.
+//!   `reason="unknown"` is every other LOST (released, never granted, or forgotten).
+//! - `tenure_request_duration_seconds{op}`: from the moment the request was decoded to the
+//!   moment its reply was queued for writing, so it includes the wait for the WAL, and for a
+//!   blocking ACQUIRE its time in line. A token reservation retry restarts the clock.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use tenure_protocol::{LeaseId, Request, Response};
+
+use crate::executor::Executor;
+use crate::stats::{stats_pairs, Stats, OP_KINDS};
+
+/// Request outcomes, as the `outcome` label spells them.
+pub const OUTCOMES: [&str; 6] = ["ok", "granted", "locked", "lost", "not_owner", "error"];
+/// Expired lease ids remembered to tell an expired lease's RENEW from any other LOST.
+pub const EXPIRED_REMEMBERED_MAX: usize = 65_536;
+/// Upper bounds of the request latency buckets, in nanoseconds (50 µs to 10 s).
+const REQUEST_BOUNDS_NS: [u64; 17] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+/// Upper bounds of the fsync and snapshot buckets, in nanoseconds (50 µs to 10 s).
+const SYNC_BOUNDS_NS: [u64; 12] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    10_000_000,
+    50_000_000,
+    250_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    10_000_000_000,
+];
+/// Upper bounds of the records-per-fsync buckets (the group-commit factor).
+const BATCH_BOUNDS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+const NS_PER_SECOND: f64 = 1e9;
+
+/// A histogram with fixed integer bucket bounds, filled with relaxed atomics (lock-free;
+/// prometheus-client's own histogram takes a lock per observation).
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    /// One count per bound, then the overflow (+Inf) bucket; not cumulative.
+    counts: Box<[AtomicU64]>,
+    sum: AtomicU64,
+    /// Multiplies a value into the exported unit (1e-9 for nanoseconds to seconds).
+    scale: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [u64], scale: f64) -> Histogram {
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Histogram {
+            bounds,
+            counts,
+            sum: AtomicU64::new(0),
+            scale,
+        }
+    }
+
+    /// Counts one observation of `value` (in the histogram's integer unit).
+    pub fn observe(&self, value: u64) {
+        let i = self.bounds.partition_point(|&bound| bound < value);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Counts one duration, for histograms kept in nanoseconds.
+    pub fn observe_duration(&self, elapsed: Duration) {
+        self.observe(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> FmtResult {
+        let mut buckets = Vec::with_capacity(self.counts.len());
+        for (i, count) in self.counts.iter().enumerate() {
+            let bound = self
+                .bounds
+                .get(i)
+                .map_or(f64::MAX, |&b| b as f64 * self.scale);
+            buckets.push((bound, count.load(Ordering::Relaxed)));
+        }
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum.load(Ordering::Relaxed) as f64 * self.scale;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+}
+
+/// The WAL's instruments, filled by its syncer thread.
+#[derive(Debug)]
+pub struct WalMetrics {
+    /// Time each `fdatasync` of a batch took, in nanoseconds.
+    pub fsync: Histogram,
+    /// Records each synced batch carried.
+    pub records_per_batch: Histogram,
+    /// Time each snapshot of the live locks took, in nanoseconds.
+    pub snapshot: Histogram,
+    /// Snapshots abandoned.
+    pub snapshot_failures: AtomicU64,
+}
+
+impl Default for WalMetrics {
+    fn default() -> Self {
+        WalMetrics {
+            fsync: Histogram::new(&SYNC_BOUNDS_NS, 1.0 / NS_PER_SECOND),
+            records_per_batch: Histogram::new(&BATCH_BOUNDS, 1.0),
+            snapshot: Histogram::new(&SYNC_BOUNDS_NS, 1.0 / NS_PER_SECOND),
+            snapshot_failures: AtomicU64::new(0),
+        }
+    }
+}
+
+impl WalMetrics {
+    /// A snapshot finished (`ok`) or was abandoned after `elapsed`.
+    pub fn snapshot_done(&self, elapsed: Duration, ok: bool) {
+        self.snapshot.observe_duration(elapsed);
+        if !ok {
+            self.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A batch of `records` was written, and synced in `synced` unless sync is off.
+    pub fn batch_written(&self, records: u64, synced: Option<Duration>) {
+        self.records_per_batch.observe(records);
+        if let Some(elapsed) = synced {
+            self.fsync.observe_duration(elapsed);
+        }
+    }
+}
+
+/// When a request was taken up, and which kind it is; carried to its reply.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    op: u8,
+    started: Instant,
+}
+
+impl Timing {
+    /// Starts timing `request`.
+    pub fn start(request: &Request) -> Timing {
+        Timing {
+            op: op_of(request),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// The client surface a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// The binary protocol.
+    Binary = 0,
+    /// The text console.
+    Console = 1,
+}
+
+const SURFACES: [&str; 2] = ["binary", "console"];
+
+/// The instruments bumped while serving; one per server, inside [`Stats`].
+#[derive(Debug)]
+pub struct Metrics {
+    /// Requests by `[op][outcome]`.
+    requests: [[AtomicU64; OUTCOMES.len()]; OP_KINDS.len()],
+    durations: [Histogram; OP_KINDS.len()],
+    renewals_lost_expired: AtomicU64,
+    renewals_lost_other: AtomicU64,
+    /// Expired lease ids, oldest first, at most [`EXPIRED_REMEMBERED_MAX`]; touched only on
+    /// expiry and on a LOST renewal, never on the common path.
+    expired: Mutex<(VecDeque<LeaseId>, HashSet<LeaseId>)>,
+    open_by_surface: [AtomicI64; SURFACES.len()],
+    /// Nanoseconds recovery took (set once).
+    recovery_ns: AtomicU64,
+    /// `Clock::now_ms` until which grants are refused after a token-only restart.
+    recovering_until_ms: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Default::default(),
+            durations: std::array::from_fn(|_| {
+                Histogram::new(&REQUEST_BOUNDS_NS, 1.0 / NS_PER_SECOND)
+            }),
+            renewals_lost_expired: AtomicU64::new(0),
+            renewals_lost_other: AtomicU64::new(0),
+            expired: Mutex::default(),
+            open_by_surface: Default::default(),
+            recovery_ns: AtomicU64::new(0),
+            recovering_until_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+fn op_of(request: &Request) -> u8 {
+    let i = match request {
+        Request::Ping => 0,
+        Request::Acquire { .. } => 1,
+        Request::Renew { .. } => 2,
+        Request::Release { .. } => 3,
+        Request::Inspect { .. } => 4,
+        Request::Check { .. } => 5,
+        Request::Stats => 6,
+        Request::Watch { .. } => 7,
+        Request::Unwatch { .. } => 8,
+    };
+    debug_assert_eq!(OP_KINDS[i as usize], request.kind());
+    i
+}
+
+fn outcome_of(response: &Response) -> usize {
+    match response {
+        Response::Granted { .. } => 1,
+        Response::Locked { .. } => 2,
+        Response::Lost => 3,
+        Response::NotOwner => 4,
+        Response::Error { .. } => 5,
+        _ => 0,
+    }
+}
+
+impl Metrics {
+    /// Counts a reply being queued for the request `timing` started on.
+    pub fn replied(&self, timing: Timing, response: &Response) {
+        let op = usize::from(timing.op);
+        self.requests[op][outcome_of(response)].fetch_add(1, Ordering::Relaxed);
+        self.durations[op].observe_duration(timing.started.elapsed());
+    }
+
+    /// Remembers that `lease_id` expired, forgetting the oldest beyond the limit.
+    pub fn expired(&self, lease_id: LeaseId) {
+        let mut guard = self.expired.lock().expect("metrics lock poisoned");
+        let (order, set) = &mut *guard;
+        if set.insert(lease_id) {
+            order.push_back(lease_id);
+        }
+        if order.len() > EXPIRED_REMEMBERED_MAX {
+            let oldest = order.pop_front().expect("over the limit, so not empty");
+            set.remove(&oldest);
+        }
+    }
+
+    /// Counts a RENEW answered LOST, by whether its lease expired (see the module docs).
+    pub fn renew_lost(&self, lease_id: LeaseId) {
+        let expired = self
+            .expired
+            .lock()
+            .expect("metrics lock poisoned")
+            .1
+            .contains(&lease_id);
+        let counter = if expired {
+            &self.renewals_lost_expired
+        } else {
+            &self.renewals_lost_other
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection chose its surface (`opened`) or closed (`!opened`).
+    pub fn connection(&self, surface: Surface, opened: bool) {
+        let delta = if opened { 1 } else { -1 };
+        self.open_by_surface[surface as usize].fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Records how long recovery took and until when (`Clock::now_ms`) grants are refused.
+    pub fn recovered(&self, elapsed: Duration, recovering_until_ms: u64) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.recovery_ns.store(ns, Ordering::Relaxed);
+        self.recovering_until_ms
+            .store(recovering_until_ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds left of the token-only RECOVERING window at `now_ms` (0 once over).
+    pub fn recovering_ms_left(&self, now_ms: u64) -> u64 {
+        self.recovering_until_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ms)
+    }
+}
+
+/// Why the server should not get traffic yet, in one line; `None` when it should.
+pub fn not_ready(shared: Option<&Arc<Executor>>) -> Option<String> {
+    let Some(shared) = shared else {
+        return Some("not ready: recovering from the WAL".into());
+    };
+    if let Some(why) = shared.journal.progress().borrow().failed.clone() {
+        return Some(format!("not ready: the WAL failed: {why}"));
+    }
+    let left_ms = shared
+        .stats
+        .metrics
+        .recovering_ms_left(shared.clock.now_ms());
+    if left_ms > 0 {
+        return Some(format!(
+            "not ready: restarted in token-only durability, no grants for {left_ms} ms more"
+        ));
+    }
+    None
+}
+
+type FmtResult = Result<(), std::fmt::Error>;
+
+/// The scrape: every metric, read from the server it was given once recovery finished.
+#[derive(Clone, Default)]
+pub struct Scrape {
+    /// The server, set once it has recovered; until then nothing is exported.
+    pub executor: Arc<OnceLock<Arc<Executor>>>,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let recovered = self.executor.get().is_some();
+        f.debug_struct("Scrape")
+            .field("recovered", &recovered)
+            .finish()
+    }
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> FmtResult {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> FmtResult {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histogram) -> FmtResult {
+    h.encode(encoder.encode_descriptor(name, help, None, MetricType::Histogram)?)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> FmtResult {
+        let Some(shared) = self.executor.get() else {
+            return Ok(());
+        };
+        let ready = not_ready(Some(shared)).is_none();
+        let help = "1 when /readyz answers 200: recovered, WAL healthy, grants not refused";
+        gauge(
+            &mut encoder,
+            "tenure_ready",
+            help,
+            f64::from(u8::from(ready)),
+        )?;
+        encode_requests(&mut encoder, &shared.stats.metrics)?;
+        encode_table(&mut encoder, shared)?;
+        encode_connections(&mut encoder, &shared.stats)?;
+        encode_wal(&mut encoder, shared)
+    }
+}
+
+/// Requests by op and outcome, their latency, lost renewals.
+fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
+    let help = "Requests answered, by op and outcome";
+    let mut family =
+        encoder.encode_descriptor("tenure_requests", help, None, MetricType::Counter)?;
+    for (op, row) in OP_KINDS.iter().zip(&m.requests) {
+        let op = op.to_ascii_lowercase();
+        for (outcome, n) in OUTCOMES.iter().zip(row) {
+            let labels = [("op", op.as_str()), ("outcome", *outcome)];
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let help = "Seconds from reading a request to queuing its reply, WAL wait included";
+    let name = "tenure_request_duration_seconds";
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (op, h) in OP_KINDS.iter().zip(&m.durations) {
+        let op = op.to_ascii_lowercase();
+        h.encode(family.encode_family(&[("op", op.as_str())])?)?;
+    }
+    let help = "RENEWs answered LOST: reason=expired if the lease had expired (it was still \
+                being renewed), unknown otherwise";
+    let mut family =
+        encoder.encode_descriptor("tenure_renewals_lost", help, None, MetricType::Counter)?;
+    for (reason, n) in [
+        ("expired", &m.renewals_lost_expired),
+        ("unknown", &m.renewals_lost_other),
+    ] {
+        let value = ConstCounter::new(n.load(Ordering::Relaxed));
+        value.encode(family.encode_family(&[("reason", reason)])?)?;
+    }
+    Ok(())
+}
+
+/// Held locks, waiters, grants, hand-offs, expirations, tokens, recovery.
+fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult {
+    let s = &shared.stats;
+    let pairs = stats_pairs(shared);
+    let pair = |name: &str| pairs.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+    gauge(
+        encoder,
+        "tenure_held_locks",
+        "Locks held now",
+        pair("held") as f64,
+    )?;
+    gauge(
+        encoder,
+        "tenure_waiters",
+        "Blocking acquires waiting now",
+        pair("waiters") as f64,
+    )?;
+    gauge(
+        encoder,
+        "tenure_watches",
+        "Keys watched now",
+        pair("watches") as f64,
+    )?;
+    // Identities (issue 10 item 1) will add a `tenure_identity_held_locks{identity}` gauge
+    // here, bounded by the configured identities; until then the server-wide gauge above is it.
+    counter(
+        encoder,
+        "tenure_grants",
+        "Grants, hand-offs included",
+        Stats::get(&s.grants),
+    )?;
+    let help = "Grants handed to a waiter on release or expiry";
+    counter(encoder, "tenure_handoffs", help, Stats::get(&s.handoffs))?;
+    let help = "Acquires answered LOCKED, at once or when their wait ran out";
+    counter(encoder, "tenure_locked", help, Stats::get(&s.locked))?;
+    counter(
+        encoder,
+        "tenure_expirations",
+        "Leases that ran out",
+        Stats::get(&s.expirations),
+    )?;
+    counter(
+        encoder,
+        "tenure_errors",
+        "Requests answered ERROR",
+        Stats::get(&s.errors),
+    )?;
+    let help = "Next fencing token to be granted (the high-water mark)";
+    gauge(
+        encoder,
+        "tenure_token_high_water",
+        help,
+        pair("token_next") as f64,
+    )?;
+    let help = "Fencing tokens durably reserved (never granted at or above)";
+    gauge(
+        encoder,
+        "tenure_token_limit",
+        help,
+        pair("token_limit") as f64,
+    )?;
+    let m = &s.metrics;
+    let recovery = m.recovery_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
+    let help = "Seconds the last start spent replaying the WAL";
+    gauge(encoder, "tenure_recovery_duration_seconds", help, recovery)?;
+    let left = m.recovering_ms_left(shared.clock.now_ms()) as f64 / 1000.0;
+    let help = "Seconds left in which a token-only restart still refuses grants";
+    gauge(encoder, "tenure_recovering_seconds_left", help, left)?;
+    let help = "Bytes the lock table holds in memory";
+    gauge(
+        encoder,
+        "tenure_table_bytes",
+        help,
+        pair("table_bytes") as f64,
+    )?;
+    let help = "Seconds since the server started";
+    gauge(
+        encoder,
+        "tenure_uptime_seconds",
+        help,
+        shared.clock.now_ms() as f64 / 1000.0,
+    )
+}
+
+/// Open connections by surface, accepted and refused ones.
+fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
+    let help = "Client connections open now, by surface (before the first byte: none)";
+    let mut family =
+        encoder.encode_descriptor("tenure_connections", help, None, MetricType::Gauge)?;
+    for (surface, n) in SURFACES.iter().zip(&s.metrics.open_by_surface) {
+        let value = ConstGauge::new(n.load(Ordering::Relaxed));
+        value.encode(family.encode_family(&[("surface", *surface)])?)?;
+    }
+    let help = "Client connections accepted";
+    counter(
+        encoder,
+        "tenure_connections_accepted",
+        help,
+        Stats::get(&s.connections_total),
+    )?;
+    let help = "Client connections refused at --connections-max (before any surface is known)";
+    counter(
+        encoder,
+        "tenure_connections_refused",
+        help,
+        Stats::get(&s.connections_refused),
+    )
+}
+
+/// WAL health, fsync latency and batch size, bytes, segments, snapshots.
+fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult {
+    let failed = executor.journal.progress().borrow().failed.is_some();
+    let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
+    gauge(
+        encoder,
+        "tenure_wal_failed",
+        help,
+        f64::from(u8::from(failed)),
+    )?;
+    let journal = executor.journal.stats();
+    counter(
+        encoder,
+        "tenure_wal_records",
+        "WAL records written",
+        journal.records,
+    )?;
+    let help = "WAL record bytes written";
+    counter(encoder, "tenure_wal_written_bytes", help, journal.bytes)?;
+    counter(
+        encoder,
+        "tenure_wal_fsyncs",
+        "WAL fdatasync calls",
+        journal.fsyncs,
+    )?;
+    let Some(wal) = executor.journal.wal() else {
+        return Ok(()); // a journal that is not a local WAL has no fsyncs or segments
+    };
+    let (stats, m) = (wal.stats(), wal.metrics());
+    let help = "Seconds each WAL fdatasync took";
+    histogram(encoder, "tenure_wal_fsync_duration_seconds", help, &m.fsync)?;
+    let help = "Records each WAL write batch carried (the group-commit factor)";
+    histogram(
+        encoder,
+        "tenure_wal_records_per_batch",
+        help,
+        &m.records_per_batch,
+    )?;
+    let help = "WAL segment files on disk, as of the last batch written";
+    gauge(
+        encoder,
+        "tenure_wal_segments",
+        help,
+        stats.segments_on_disk as f64,
+    )?;
+    let help = "Seconds each WAL snapshot of the live locks took";
+    histogram(
+        encoder,
+        "tenure_wal_snapshot_duration_seconds",
+        help,
+        &m.snapshot,
+    )?;
+    let help = "WAL snapshots abandoned";
+    let failures = m.snapshot_failures.load(Ordering::Relaxed);
+    counter(encoder, "tenure_wal_snapshot_failures", help, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_hold_their_upper_bound() {
+        let h = Histogram::new(&BATCH_BOUNDS, 1.0);
+        for value in [0, 1, 2, 3, 4096, 4097] {
+            h.observe(value);
+        }
+        let counts: Vec<u64> = h.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(counts[0], 2, "0 and 1 are <= 1");
+        assert_eq!(counts[1], 1, "2");
+        assert_eq!(counts[2], 1, "3 is <= 4");
+        assert_eq!(counts[BATCH_BOUNDS.len() - 1], 1, "4096");
+        assert_eq!(counts[BATCH_BOUNDS.len()], 1, "4097 overflows");
+        assert_eq!(h.count(), 6);
+    }
+
+    #[test]
+    fn expired_lease_ids_are_remembered_up_to_the_limit() {
+        let m = Metrics::default();
+        let id = |i: u128| LeaseId::from_u128(i);
+        for i in 0..=EXPIRED_REMEMBERED_MAX as u128 {
+            m.expired(id(i));
+        }
+        m.renew_lost(id(0)); // forgotten: the oldest went when the limit was passed
+        m.renew_lost(id(1));
+        assert_eq!(m.renewals_lost_other.load(Ordering::Relaxed), 1);
+        assert_eq!(m.renewals_lost_expired.load(Ordering::Relaxed), 1);
+    }
+}
