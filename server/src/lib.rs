@@ -11,10 +11,12 @@
 //! - [`conn`]: one connection, binary or console, its reply queue and its [`conn::ConnCtx`].
 //! - [`console`]: the text console's grammar, line in and line out.
 //! - [`executor`]: request in, table call, outcome out; the one executor both surfaces call.
+//!   `executor::sim` (tests only): a seeded simulation of executor, journal and restarts.
 //! - [`journal`]: "durable before visible": what is logged, waiting for it, undo on failure;
 //!   [`journal::WalJournal`] is its local implementation.
 //! - [`handoff`]: giving a freed lock to the next waiter, and every free on the way there.
 //! - [`table`]: the lock table (one shard): holders, FIFO waiters, hand-off. No I/O, no clock.
+//!   `table::sim` (tests only): a seeded simulation of the table against a naive model.
 //! - [`wheel`]: the hierarchical timer wheel behind expiry. No I/O, no clock.
 //! - [`tokens`]: the fencing token allocator, bounded by a durable reservation, and that
 //!   reservation.
@@ -25,7 +27,6 @@
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
 //! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
 //!   `/readyz` on `--metrics-listen`.
-//! - `sim` (tests only): a deterministic simulation of the table against a model.
 
 pub mod clock;
 pub mod config;
@@ -45,9 +46,6 @@ pub mod tokens;
 pub mod wal;
 pub mod watch;
 pub mod wheel;
-
-#[cfg(test)]
-mod sim;
 
 pub use config::{Config, Durability};
 pub use error::ServerError;

@@ -13,6 +13,8 @@
 mod acquire;
 mod refuse;
 mod release;
+#[cfg(test)]
+mod sim;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -44,11 +44,30 @@ impl MemJournal {
         self.kept.lock().expect("poisoned").clone()
     }
 
-    /// Makes everything appended so far durable.
+    /// Makes everything appended so far durable, unless the journal failed: a failed
+    /// journal's `lsn` never moves again (the [`Journal`] contract).
     pub fn make_durable(&self) {
-        let last = self.kept.lock().expect("poisoned").last().map(|k| k.ticket);
-        self.progress_tx
-            .send_modify(|p| p.lsn = last.unwrap_or(TICKET_NOW).max(p.lsn));
+        self.make_durable_to(self.last_ticket());
+    }
+
+    /// The ticket of the last change appended ([`TICKET_NOW`] if none).
+    pub fn last_ticket(&self) -> Ticket {
+        let kept = self.kept.lock().expect("poisoned");
+        kept.last().map_or(TICKET_NOW, |k| k.ticket)
+    }
+
+    /// Makes the changes up to `ticket` durable (a prefix: the journal is a log), unless
+    /// the journal failed.
+    pub fn make_durable_to(&self, ticket: Ticket) {
+        let ticket = ticket.min(self.last_ticket());
+        self.progress_tx.send_if_modified(|p| {
+            let lsn = ticket.max(p.lsn);
+            let moves = p.failed.is_none() && lsn != p.lsn;
+            if moves {
+                p.lsn = lsn;
+            }
+            moves
+        });
     }
 
     /// Fails the journal: nothing not yet durable ever will be.

@@ -107,15 +107,17 @@ impl Executor {
             } => {
                 let mut shard = self.shard(&key);
                 // No grant can be made once the journal failed, so the key is free unless a
-                // waiter's hand-off from this very release is not yet taken back; then the
-                // release stands here, and a restart brings the lease back.
-                if let table::Inspect::Free = shard.inspect(now_ms, &key) {
+                // waiter's hand-off from this very release is not yet taken back, or the key
+                // is kept for a waiter until fencing tokens are reserved (no holder, yet a
+                // slot); then the release stands here, and a restart brings the lease back.
+                let free = matches!(shard.inspect(now_ms, &key), table::Inspect::Free);
+                if free && !shard.has_slot(&key) {
                     shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
                     // Watchers were told of the release; they learn the lease is back.
                     self.watches.notify(&key, EventKind::Granted, token, &meta);
                     true
                 } else {
-                    tracing::warn!("a release that failed to log could not be undone: key is held");
+                    tracing::warn!("a release that failed to log could not be undone: the key is held or kept for a waiter");
                     false
                 }
             }

@@ -61,6 +61,8 @@ mod lease;
 mod outcome;
 mod queue;
 mod quota;
+#[cfg(test)]
+mod sim;
 mod slot;
 mod upkeep;
 
@@ -351,9 +353,9 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// Whether `key` has a slot (held, expired but unreaped, or reserved): lets the simulation
-    /// see a reserved key being freed by `advance`, the one change that yields no event.
-    #[cfg(test)]
+    /// Whether `key` has a slot (held, expired but unreaped, or reserved): [`Self::restore`]
+    /// needs a key without one, and the simulation sees a reserved key being freed by
+    /// `advance`, the one change that yields no event.
     pub(crate) fn has_slot(&self, key: &[u8]) -> bool {
         self.find(key).is_some()
     }

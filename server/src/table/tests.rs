@@ -1,4 +1,4 @@
-//! Unit tests of the lock table; the seeded simulation in `crate::sim` covers combinations.
+//! Unit tests of the lock table; the seeded simulation in `super::sim` covers combinations.
 
 use std::cell::Cell;
 use std::rc::Rc;

@@ -1,0 +1,112 @@
+//! What the simulated clients know, and the invariants checked against it: the clients'
+//! view of who holds what (from the replies they actually got), the tokens they saw, the
+//! releases they were told of, and the changes they were told never happened.
+
+use std::collections::{BTreeMap, HashSet};
+
+use tenure_protocol::LeaseId;
+
+/// Milliseconds a client counts its lease short: the server's clock resolution
+/// (PROTOCOL.md §3.3).
+pub(super) const CLIENT_SLACK_MS: u64 = 2;
+
+/// A lease a client was told it holds, and until when it believes so.
+#[derive(Clone, Debug)]
+pub(super) struct Belief {
+    pub client: usize,
+    pub key: Vec<u8>,
+    pub lease_id: LeaseId,
+    pub token: u64,
+    /// Whether it is released when the acquiring connection closes.
+    pub release_on_disconnect: bool,
+    /// The TTL the lease was granted with: what a restart gives it again.
+    pub ttl_ms: u32,
+    /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`.
+    pub deadline_ms: u64,
+}
+
+/// Everything the clients were told, over the whole run (across restarts).
+#[derive(Default)]
+pub(super) struct Model {
+    /// Leases clients believe they hold; a client drops one when it sends RELEASE for it,
+    /// hears LOST, disconnects, or its deadline passes.
+    pub beliefs: Vec<Belief>,
+    /// Every acknowledged grant: key → (token, step it was acknowledged at).
+    pub acked: BTreeMap<Vec<u8>, Vec<(u64, u64)>>,
+    /// Largest token acknowledged before the latest restart.
+    pub token_before_restart: u64,
+    /// Leases whose RELEASE was acknowledged (durable): they must never come back.
+    pub released: HashSet<LeaseId>,
+    /// Grants answered UNAVAILABLE "nothing changed": they must never be seen.
+    pub refused: HashSet<LeaseId>,
+}
+
+impl Model {
+    /// A grant acknowledged at `step` to a request sent at `sent_step`: its token must be new
+    /// for the key, above every token for the key acknowledged before the request was sent,
+    /// and above every token acknowledged before the latest restart.
+    pub fn grant_acked(&mut self, belief: Belief, step: u64, sent_step: u64) {
+        let seen = self.acked.entry(belief.key.clone()).or_default();
+        for &(token, at_step) in seen.iter() {
+            assert_ne!(
+                token, belief.token,
+                "token {token} granted twice for one key"
+            );
+            assert!(
+                at_step >= sent_step || token < belief.token,
+                "token {} granted after token {token} was acknowledged for the same key",
+                belief.token
+            );
+        }
+        assert!(
+            belief.token > self.token_before_restart,
+            "token {} not above {} acknowledged before a restart",
+            belief.token,
+            self.token_before_restart
+        );
+        assert!(
+            !self.released.contains(&belief.lease_id),
+            "a released lease granted again"
+        );
+        seen.push((belief.token, step));
+        self.beliefs.push(belief);
+    }
+
+    /// The client stops believing in `lease_id` (release sent, LOST, disconnect).
+    pub fn drop_belief(&mut self, lease_id: LeaseId) {
+        self.beliefs.retain(|b| b.lease_id != lease_id);
+    }
+
+    /// Client `client` is gone: it acts on none of its leases any more.
+    pub fn drop_client(&mut self, client: usize) {
+        self.beliefs.retain(|b| b.client != client);
+    }
+
+    /// Forgets beliefs whose deadline passed, then checks mutual exclusion: no two clients
+    /// inside their local deadlines for one key at `now_ms`.
+    pub fn check_exclusion(&mut self, now_ms: u64) {
+        self.beliefs.retain(|b| b.deadline_ms > now_ms);
+        let mut by_key: BTreeMap<&[u8], &Belief> = BTreeMap::new();
+        for belief in &self.beliefs {
+            if let Some(other) = by_key.insert(&belief.key, belief) {
+                panic!(
+                    "two clients inside their deadlines at {now_ms} ms: {other:?} and {belief:?}"
+                );
+            }
+        }
+    }
+
+    /// The largest token any client was told of.
+    pub fn token_max(&self) -> u64 {
+        self.acked
+            .values()
+            .flat_map(|seen| seen.iter().map(|&(token, _)| token))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The belief a live client holds on `key`, if any.
+    pub fn belief_on(&self, key: &[u8]) -> Option<&Belief> {
+        self.beliefs.iter().find(|b| b.key == key)
+    }
+}

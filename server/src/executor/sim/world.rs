@@ -1,0 +1,617 @@
+//! The simulated world: one executor over a [`MemJournal`], the connections talking to it,
+//! the disk it restarts from, and the steps that drive them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+mod replies;
+
+use super::disk::Disk;
+use super::model::{Model, CLIENT_SLACK_MS};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::conn::ConnCtx;
+use crate::executor::{Executor, Outcome};
+use crate::handoff::WaitResult;
+use crate::journal::mem::MemJournal;
+use crate::journal::{Journal, Ticket, Undo, TICKET_NOW};
+
+/// Simulated connections (clients).
+const CONNS: usize = 5;
+/// The key space: few keys, so requests collide.
+const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-key-longer-than-the-inline-limit"];
+/// Tokens per reservation: small, so reservations (and the restart margin) happen often.
+const TOKEN_BLOCK: u64 = 16;
+/// Most expiries per shard per tick, as the ticker's budget.
+const EXPIRATIONS_PER_TICK_MAX: usize = 4;
+/// Chance per step of a fault: a journal failure or a restart.
+const FAULT_CHANCE: f64 = 0.02;
+/// Shards of the executor's table.
+const SHARDS: usize = 3;
+
+/// Counts of what a run exercised: each must happen somewhere in the default run, or the
+/// simulation checks less than it claims.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Coverage {
+    /// Grants acknowledged.
+    pub grants: usize,
+    /// Grants that came by hand-off.
+    pub handoffs: usize,
+    /// Restarts from the journal.
+    pub restarts: usize,
+    /// Changes answered "nothing changed" after a journal failure caught them (undone).
+    pub undone: usize,
+    /// Acquires refused "nothing changed" at once.
+    pub refused: usize,
+}
+
+impl Coverage {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: Coverage) {
+        self.grants += other.grants;
+        self.handoffs += other.handoffs;
+        self.restarts += other.restarts;
+        self.undone += other.undone;
+        self.refused += other.refused;
+    }
+
+    /// Panics unless every count is above zero.
+    pub fn check_all_seen(&self) {
+        let Coverage {
+            grants,
+            handoffs,
+            restarts,
+            undone,
+            refused,
+        } = *self;
+        for (what, count) in [
+            ("grants", grants),
+            ("hand-offs", handoffs),
+            ("restarts", restarts),
+            ("undone changes", undone),
+            ("refused acquires", refused),
+        ] {
+            assert!(count > 0, "the simulation never exercised {what}: {self:?}");
+        }
+    }
+}
+
+/// A request a connection sent and has no answer to yet.
+struct Pending {
+    key: Bytes,
+    /// The lease a RELEASE names; `None` for an ACQUIRE.
+    released: Option<LeaseId>,
+    /// An ACQUIRE's release-on-disconnect flag.
+    release_on_disconnect: bool,
+    /// Sim time it was sent at, and the step.
+    sent_ms: u64,
+    sent_step: u64,
+    state: Waiting,
+}
+
+/// What a pending request waits for.
+enum Waiting {
+    /// A queued acquire: its place in line (`order`) and its wait's end on the executor's
+    /// clock.
+    InLine {
+        rx: oneshot::Receiver<WaitResult>,
+        order: u64,
+        wait_end_ms: u64,
+    },
+    /// A reply held back until `ticket` is durable.
+    Durable {
+        response: Response,
+        ticket: Ticket,
+        undo: Option<Undo>,
+    },
+}
+
+/// One simulated connection.
+struct Conn {
+    ctx: ConnCtx,
+    next_id: u64,
+    pending: Vec<Pending>,
+}
+
+/// See the module docs of [`super`].
+pub(super) struct World {
+    rng: StdRng,
+    step: u64,
+    /// Sim time zero.
+    origin: Instant,
+    config: Config,
+    journal: Arc<MemJournal>,
+    exec: Arc<Executor>,
+    disk: Disk,
+    conns: Vec<Conn>,
+    model: Model,
+    /// Counts places in line, over all keys, to check hand-offs are FIFO.
+    queued: u64,
+    next_conn_id: u64,
+    /// What happened, to check that the run exercised it.
+    coverage: Coverage,
+    /// Whether clients may renew for longer than their grant (see `renew`).
+    renew_longer: bool,
+}
+
+impl World {
+    pub async fn new(seed: u64) -> World {
+        let mut config = Config::for_tests(std::path::Path::new("/nonexistent"));
+        config.shards = SHARDS;
+        config.token_block = TOKEN_BLOCK;
+        let journal = MemJournal::new(true);
+        let exec = start_executor(&config, &journal, 1).await;
+        let mut world = World {
+            rng: StdRng::seed_from_u64(seed),
+            step: 0,
+            origin: Instant::now(),
+            config,
+            journal,
+            exec,
+            disk: Disk::new(),
+            conns: Vec::new(),
+            model: Model::default(),
+            queued: 0,
+            next_conn_id: 0,
+            coverage: Coverage::default(),
+            renew_longer: std::env::var_os("TENURE_SIM_RENEW_LONGER").is_some(),
+        };
+        for _ in 0..CONNS {
+            let conn = world.new_conn();
+            world.conns.push(conn);
+        }
+        world
+    }
+
+    /// Sim time, in ms since the start.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).expect("short run")
+    }
+
+    fn new_conn(&mut self) -> Conn {
+        self.next_conn_id += 1;
+        Conn {
+            ctx: ConnCtx::new(self.next_conn_id),
+            next_id: 1,
+            pending: Vec::new(),
+        }
+    }
+
+    /// One random action, then what follows from it, then every invariant.
+    pub async fn step(&mut self) {
+        self.step += 1;
+        let c = self.rng.random_range(0..CONNS);
+        match self.rng.random_range(0..100) {
+            0..18 => self.acquire(c, false).await,
+            18..32 => self.acquire(c, true).await,
+            32..42 => self.renew(c),
+            42..52 => self.release(c),
+            52..60 => self.inspect_and_check(c),
+            60..62 => self.disconnect(c),
+            62..78 => self.advance(1..60).await,
+            78..81 => self.advance(100..700).await,
+            81..89 => self.journal.make_durable(),
+            89..97 => self.make_some_durable(),
+            _ => {}
+        }
+        if self.failed() || self.rng.random_bool(FAULT_CHANCE) {
+            self.fault().await;
+        }
+        // Token reservations run as spawned tasks; let them.
+        tokio::task::yield_now().await;
+        self.tick();
+        self.poll();
+        self.check();
+    }
+
+    /// What the seed exercised.
+    pub fn finish(&self) -> Coverage {
+        let mut coverage = self.coverage;
+        coverage.grants = self.model.acked.values().map(Vec::len).sum();
+        coverage
+    }
+
+    fn key(&mut self) -> Bytes {
+        Bytes::from_static(KEYS[self.rng.random_range(0..KEYS.len())])
+    }
+
+    fn ttl_ms(&mut self) -> u32 {
+        self.rng.random_range(100..=500)
+    }
+
+    /// Runs `request` on connection `c`, reserving tokens when the executor asks to.
+    async fn execute(&mut self, c: usize, request: Request) -> Outcome {
+        let conn = &mut self.conns[c];
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let mut outcome = self.exec.execute(&mut conn.ctx, id, request);
+        while let Outcome::NeedTokens {
+            request,
+            received_ms,
+        } = outcome
+        {
+            if let Err(e) = self.exec.tokens.reserve().await {
+                let message = format!("could not reserve fencing tokens: {e}");
+                let code = ErrorCode::Unavailable;
+                return Outcome::Reply(Response::Error { code, message }, TICKET_NOW);
+            }
+            let conn = &mut self.conns[c];
+            outcome = self
+                .exec
+                .execute_again(&mut conn.ctx, id, request, received_ms);
+        }
+        outcome
+    }
+
+    /// The token holding `key` as INSPECT tells it, or `None` if free.
+    fn holder_token(&mut self, key: &Bytes) -> Option<u64> {
+        let mut ctx = ConnCtx::new(0);
+        let request = Request::Inspect { key: key.clone() };
+        match self.exec.execute(&mut ctx, 0, request) {
+            Outcome::Reply(Response::Held { token, .. }, _) => Some(token),
+            Outcome::Reply(Response::Free, _) => None,
+            _ => panic!("INSPECT answers HELD or FREE at once"),
+        }
+    }
+
+    async fn acquire(&mut self, c: usize, blocking: bool) {
+        let key = self.key();
+        let ttl_ms = self.ttl_ms();
+        let wait_ms = if blocking {
+            self.rng.random_range(50..=800)
+        } else {
+            0
+        };
+        let release_on_disconnect = self.rng.random_bool(0.5);
+        let request = Request::Acquire {
+            key: key.clone(),
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta: Bytes::from_static(b"sim"),
+        };
+        let before = self.holder_token(&key);
+        let sent_ms = self.now_ms();
+        let outcome = self.execute(c, request).await;
+        let state = match outcome {
+            Outcome::Wait {
+                rx,
+                key: waited_key,
+                waiter_id,
+                ..
+            } => {
+                self.conns[c].ctx.add_wait(self.step, waited_key, waiter_id);
+                self.queued += 1;
+                Waiting::InLine {
+                    rx,
+                    order: self.queued,
+                    wait_end_ms: self.exec.clock.now_ms() + u64::from(wait_ms),
+                }
+            }
+            outcome => reply_of(outcome),
+        };
+        if let Waiting::Durable {
+            response,
+            ticket: TICKET_NOW,
+            ..
+        } = &state
+        {
+            if is_nothing_changed(response) {
+                self.coverage.refused += 1;
+                assert_eq!(self.holder_token(&key), before, "a refused acquire changed");
+            }
+        }
+        let pending = Pending {
+            key,
+            released: None,
+            release_on_disconnect,
+            sent_ms,
+            sent_step: self.step,
+            state,
+        };
+        self.answer_or_hold(c, pending);
+    }
+
+    /// A lease some client believes it holds, to renew or release from whichever
+    /// connection (a lease belongs to its id, not to a connection), or now and then a lease
+    /// id that holds nothing.
+    fn pick_lease(&mut self) -> (Bytes, LeaseId) {
+        let beliefs = &self.model.beliefs;
+        if beliefs.is_empty() || self.rng.random_bool(0.15) {
+            let wrong = LeaseId::from_u128(self.rng.random());
+            return (self.key(), wrong);
+        }
+        let belief = &beliefs[self.rng.random_range(0..beliefs.len())];
+        (Bytes::copy_from_slice(&belief.key), belief.lease_id)
+    }
+
+    fn renew(&mut self, c: usize) {
+        let (key, lease_id) = self.pick_lease();
+        let mut ttl_ms = self.ttl_ms();
+        // A RENEW is not logged: a restart gives the lease its granted TTL again, from the
+        // restart. A renewal to more than that can outlast what comes back (another client
+        // is then granted the key inside the first one's deadline), so the simulated clients
+        // renew no longer than their grant unless TENURE_SIM_RENEW_LONGER is set, which
+        // shows the gap (seed 8 with the paused tokio clock).
+        if let Some(belief) = self.model.beliefs.iter().find(|b| b.lease_id == lease_id) {
+            if !self.renew_longer {
+                ttl_ms = ttl_ms.min(belief.ttl_ms);
+            }
+        }
+        let sent_ms = self.now_ms();
+        let request = Request::Renew {
+            key,
+            lease_id,
+            ttl_ms,
+        };
+        let conn = &mut self.conns[c];
+        match self.exec.execute(&mut conn.ctx, 0, request) {
+            Outcome::Reply(Response::Renewed { ttl_ms }, TICKET_NOW) => {
+                let deadline_ms = sent_ms + u64::from(ttl_ms) - CLIENT_SLACK_MS;
+                for belief in &mut self.model.beliefs {
+                    if belief.lease_id == lease_id {
+                        belief.deadline_ms = deadline_ms;
+                    }
+                }
+            }
+            Outcome::Reply(Response::Lost, TICKET_NOW) => self.model.drop_belief(lease_id),
+            Outcome::Reply(Response::Error { .. }, TICKET_NOW) => {}
+            _ => panic!("RENEW answers at once"),
+        }
+    }
+
+    fn release(&mut self, c: usize) {
+        let (key, lease_id) = self.pick_lease();
+        // The client stops acting as holder the moment it sends RELEASE.
+        self.model.drop_belief(lease_id);
+        let request = Request::Release {
+            key: key.clone(),
+            lease_id,
+        };
+        let before = self.holder_token(&key);
+        let sent_ms = self.now_ms();
+        let outcome = {
+            let conn = &mut self.conns[c];
+            self.exec.execute(&mut conn.ctx, 0, request)
+        };
+        let state = reply_of(outcome);
+        if let Waiting::Durable {
+            response,
+            ticket: TICKET_NOW,
+            ..
+        } = &state
+        {
+            if is_nothing_changed(response) {
+                self.coverage.refused += 1;
+                assert_eq!(self.holder_token(&key), before, "a refused release changed");
+            }
+        }
+        let pending = Pending {
+            key,
+            released: Some(lease_id),
+            release_on_disconnect: false,
+            sent_ms,
+            sent_step: self.step,
+            state,
+        };
+        self.answer_or_hold(c, pending);
+    }
+
+    /// Answers `pending` now if its reply waits for nothing, else holds it until it does.
+    fn answer_or_hold(&mut self, c: usize, pending: Pending) {
+        if let Waiting::Durable {
+            ticket: TICKET_NOW, ..
+        } = pending.state
+        {
+            self.answered(c, pending);
+        } else {
+            self.conns[c].pending.push(pending);
+        }
+    }
+}
+
+impl World {
+    fn inspect_and_check(&mut self, c: usize) {
+        let key = self.key();
+        let token = self.holder_token(&key);
+        let now_ms = self.now_ms();
+        let Some(belief) = self.model.belief_on(&key).cloned() else {
+            return;
+        };
+        if belief.deadline_ms <= now_ms + CLIENT_SLACK_MS {
+            return; // at the edge: the server may have ended it a moment sooner
+        }
+        assert_eq!(
+            token,
+            Some(belief.token),
+            "a believed lease is not the holder"
+        );
+        let request = Request::Check {
+            key,
+            token: belief.token,
+        };
+        let conn = &mut self.conns[c];
+        let outcome = self.exec.execute(&mut conn.ctx, 0, request);
+        assert!(
+            matches!(outcome, Outcome::Reply(Response::Current, _)),
+            "a believed lease's token is not CURRENT"
+        );
+    }
+
+    /// Closes connection `c` (its release-on-disconnect leases are freed, its waiters
+    /// leave) and opens a new one in its place; the client forgets its leases.
+    fn disconnect(&mut self, c: usize) {
+        let mut conn = self.new_conn();
+        std::mem::swap(&mut conn, &mut self.conns[c]);
+        conn.ctx.disconnect(&self.exec);
+        let released: Vec<(Bytes, u64)> = (self.model.beliefs.iter())
+            .filter(|b| b.client == c && b.release_on_disconnect)
+            .map(|b| (Bytes::copy_from_slice(&b.key), b.token))
+            .collect();
+        for (key, token) in released {
+            let holder = self.holder_token(&key);
+            assert_ne!(
+                holder,
+                Some(token),
+                "a release-on-disconnect lease outlived its conn"
+            );
+        }
+        self.model.drop_client(c);
+    }
+
+    async fn advance(&mut self, range_ms: std::ops::Range<u64>) {
+        let ms = self.rng.random_range(range_ms);
+        tokio::time::advance(Duration::from_millis(ms)).await;
+    }
+
+    /// Makes a prefix of what is not yet durable durable: a restart then loses the rest.
+    fn make_some_durable(&mut self) {
+        let durable = self.journal.progress().borrow().lsn;
+        let last = self.journal.last_ticket();
+        if last > durable {
+            let to = self.rng.random_range(durable..=last);
+            self.journal.make_durable_to(to);
+        }
+    }
+
+    /// A journal failure or a restart; a failed journal is restarted soon after, as an
+    /// operator would, but not before a few requests were refused.
+    async fn fault(&mut self) {
+        if self.failed() {
+            if self.rng.random_bool(0.1) {
+                self.restart().await;
+            }
+        } else if self.rng.random_bool(0.3) {
+            self.journal.fail("injected by the simulation");
+        } else if self.rng.random_bool(0.5) {
+            self.restart().await;
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.journal.progress().borrow().failed.is_some()
+    }
+
+    /// The ticker's pass: expiries and waits that ran out, bounded per shard.
+    fn tick(&mut self) {
+        let now_ms = self.exec.clock.now_ms();
+        let mut events = Vec::new();
+        for shard in self.exec.shards() {
+            let mut shard = shard.lock().expect("shard poisoned");
+            shard.advance(
+                now_ms,
+                EXPIRATIONS_PER_TICK_MAX,
+                &self.exec.tokens.allocator,
+                &mut events,
+            );
+            self.exec.apply_events(&mut shard, now_ms, &mut events);
+        }
+    }
+
+    /// The server restarts from what was durable: every connection is gone, the clients
+    /// keep what they were told and go on.
+    async fn restart(&mut self) {
+        self.coverage.restarts += 1;
+        self.disk.keep_durable(&self.journal);
+        let recovered = self.disk.recover(self.config.token_block);
+        let now_ms = self.now_ms();
+        self.model.check_exclusion(now_ms);
+        for belief in &self.model.beliefs {
+            let back = recovered.leases.iter().find(|l| l.key == belief.key);
+            assert!(
+                back.is_some_and(|l| l.lease_id == belief.lease_id && l.token == belief.token),
+                "an acknowledged lease did not come back: {belief:?}, found {back:?}"
+            );
+        }
+        for lease in &recovered.leases {
+            assert!(
+                !self.model.released.contains(&lease.lease_id),
+                "a lease acknowledged as released came back: {lease:?}"
+            );
+            assert!(
+                !self.model.refused.contains(&lease.lease_id),
+                "a grant answered 'nothing changed' came back: {lease:?}"
+            );
+        }
+        let token_max = self.model.token_max();
+        assert!(
+            recovered.token_floor > token_max,
+            "token floor {} after a restart, yet token {token_max} was granted",
+            recovered.token_floor
+        );
+        self.model.token_before_restart = token_max;
+        self.journal = MemJournal::new(true);
+        self.exec = start_executor(&self.config, &self.journal, recovered.token_floor).await;
+        let exec_now_ms = self.exec.clock.now_ms();
+        for lease in recovered.leases {
+            let mut shard = self.exec.shard(&lease.key);
+            let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
+            shard.restore(exec_now_ms, &lease.key, id, token, ttl_ms, &lease.meta);
+        }
+        for c in 0..CONNS {
+            self.conns[c] = self.new_conn();
+        }
+        // Their connections are gone: such leases came back as ordinary ones.
+        for belief in &mut self.model.beliefs {
+            belief.release_on_disconnect = false;
+        }
+    }
+
+    /// Every invariant that must hold between steps.
+    fn check(&mut self) {
+        for shard in self.exec.shards() {
+            shard.lock().expect("shard poisoned").check_invariants();
+        }
+        let now_ms = self.now_ms();
+        self.model.check_exclusion(now_ms);
+    }
+}
+
+/// The reply of an outcome that is one (not a wait), and what it waits for.
+fn reply_of(outcome: Outcome) -> Waiting {
+    match outcome {
+        Outcome::Reply(response, ticket) => Waiting::Durable {
+            response,
+            ticket,
+            undo: None,
+        },
+        Outcome::Changed {
+            response,
+            ticket,
+            undo,
+        } => Waiting::Durable {
+            response,
+            ticket,
+            undo: Some(undo),
+        },
+        Outcome::Wait { .. } => panic!("only ACQUIRE waits in line"),
+        Outcome::NeedTokens { .. } => unreachable!("World::execute reserves tokens"),
+    }
+}
+
+/// Whether `response` says the change was refused and nothing changed.
+fn is_nothing_changed(response: &Response) -> bool {
+    matches!(
+        response,
+        Response::Error { code: ErrorCode::Unavailable, message } if message.contains("nothing changed")
+    )
+}
+
+async fn start_executor(config: &Config, journal: &Arc<MemJournal>, floor: u64) -> Arc<Executor> {
+    let journal = Arc::clone(journal) as Arc<dyn Journal>;
+    let exec = Arc::new(Executor::new(
+        config.clone(),
+        Clock::start(),
+        journal,
+        floor,
+        0,
+    ));
+    exec.tokens.reserve().await.expect("first reservation");
+    exec
+}

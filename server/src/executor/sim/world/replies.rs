@@ -1,0 +1,178 @@
+//! The replies the simulated connections wait for: a waiter's grant (checked to be FIFO),
+//! a reply whose ticket became durable (the client learns from it), and a change lost to a
+//! journal failure (its "nothing changed" checked to be true).
+
+use tenure_protocol::Response;
+
+use super::{is_nothing_changed, Pending, Waiting, World, CONNS};
+use crate::executor::sim::model::{Belief, CLIENT_SLACK_MS};
+use crate::handoff::WaitResult;
+use crate::journal::{answer_lost, settle, Journal, Settled, Undo, TICKET_NOW};
+
+impl World {
+    /// Answers whatever became answerable: waiters told of a grant or a time-out, replies
+    /// whose ticket became durable or was lost.
+    pub(super) fn poll(&mut self) {
+        self.poll_lines();
+        let progress = self.journal.progress().borrow().clone();
+        for c in 0..CONNS {
+            let mut still = Vec::new();
+            for pending in std::mem::take(&mut self.conns[c].pending) {
+                let ticket = match &pending.state {
+                    Waiting::Durable { ticket, .. } => *ticket,
+                    Waiting::InLine { .. } => {
+                        still.push(pending);
+                        continue;
+                    }
+                };
+                match settle(ticket, &progress) {
+                    Settled::Waiting => still.push(pending),
+                    Settled::Durable => self.answered(c, pending),
+                    Settled::Lost(why) => self.lost(c, pending, &why),
+                }
+            }
+            self.conns[c].pending = still;
+        }
+    }
+
+    /// Reads every waiter's channel; a grant must go to the first live waiter in line.
+    fn poll_lines(&mut self) {
+        let now_ms = self.exec.clock.now_ms();
+        let mut granted = Vec::new();
+        for conn in &mut self.conns {
+            for pending in &mut conn.pending {
+                let Waiting::InLine { rx, order, .. } = &mut pending.state else {
+                    continue;
+                };
+                let Ok(result) = rx.try_recv() else { continue };
+                let (order, rod) = (*order, pending.release_on_disconnect);
+                pending.state = match result {
+                    WaitResult::Granted {
+                        grant,
+                        ticket,
+                        waited_ms,
+                    } => {
+                        granted.push((pending.key.clone(), order));
+                        if rod {
+                            conn.ctx.own(pending.key.clone(), grant.lease_id);
+                        }
+                        let response = Response::Granted {
+                            token: grant.token,
+                            lease_id: grant.lease_id,
+                            ttl_ms: grant.ttl_ms,
+                            waited_ms,
+                        };
+                        let undo = Undo::Grant {
+                            key: pending.key.clone(),
+                            lease_id: grant.lease_id,
+                        };
+                        Waiting::Durable {
+                            response,
+                            ticket,
+                            undo: Some(undo),
+                        }
+                    }
+                    WaitResult::TimedOut { token, .. } => Waiting::Durable {
+                        response: Response::Locked {
+                            token,
+                            ttl_left_ms: 0,
+                        },
+                        ticket: TICKET_NOW,
+                        undo: None,
+                    },
+                    WaitResult::Failed(code, message) => Waiting::Durable {
+                        response: Response::Error { code, message },
+                        ticket: TICKET_NOW,
+                        undo: None,
+                    },
+                };
+            }
+        }
+        self.coverage.handoffs += granted.len();
+        for (key, order) in granted {
+            self.check_fifo(&key, order, now_ms);
+        }
+    }
+
+    /// No waiter still in line on `key`, ahead of the one granted (`order`), and whose wait
+    /// has not run out, was passed over.
+    fn check_fifo(&self, key: &[u8], order: u64, now_ms: u64) {
+        for conn in &self.conns {
+            for pending in &conn.pending {
+                if let Waiting::InLine {
+                    order: ahead,
+                    wait_end_ms,
+                    ..
+                } = pending.state
+                {
+                    assert!(
+                        pending.key != key
+                            || ahead > order
+                            || wait_end_ms <= now_ms + CLIENT_SLACK_MS,
+                        "hand-off to waiter {order} passed over live waiter {ahead} on {key:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Connection `c` gets the reply `pending` waited for; the client learns from it.
+    pub(super) fn answered(&mut self, c: usize, pending: Pending) {
+        let Waiting::Durable { response, .. } = pending.state else {
+            unreachable!("answered before its reply")
+        };
+        match (response, pending.released) {
+            (
+                Response::Granted {
+                    token,
+                    lease_id,
+                    ttl_ms,
+                    waited_ms,
+                },
+                None,
+            ) => {
+                let belief = Belief {
+                    client: c,
+                    key: pending.key.to_vec(),
+                    lease_id,
+                    token,
+                    ttl_ms,
+                    release_on_disconnect: pending.release_on_disconnect,
+                    deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
+                        - CLIENT_SLACK_MS,
+                };
+                self.model.grant_acked(belief, self.step, pending.sent_step);
+            }
+            (Response::Released, Some(lease_id)) => {
+                self.model.released.insert(lease_id);
+            }
+            _ => {}
+        }
+    }
+
+    /// The journal failed before `pending`'s change was durable: the connection answers it
+    /// as the real one does, and a "nothing changed" must be true.
+    fn lost(&mut self, c: usize, pending: Pending, why: &str) {
+        let Waiting::Durable { response, undo, .. } = pending.state else {
+            unreachable!("lost before its reply")
+        };
+        let answer = answer_lost(&self.exec, &mut self.conns[c].ctx, undo, why);
+        if !is_nothing_changed(&answer) {
+            return;
+        }
+        self.coverage.undone += 1;
+        let holder = self.holder_token(&pending.key);
+        match response {
+            Response::Granted {
+                token, lease_id, ..
+            } => {
+                assert_ne!(holder, Some(token), "an undone grant is still visible");
+                self.model.refused.insert(lease_id);
+            }
+            Response::Released => {
+                assert!(holder.is_some(), "an undone release left the key free");
+            }
+            _ => {}
+        }
+    }
+}
