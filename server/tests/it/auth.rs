@@ -14,9 +14,9 @@ use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
 use tenure_protocol::{ErrorCode, Request, Response, Secret};
 use tenure_server::identity::hash_secret;
 use tenure_server::{Config, ServerError};
+use tenure_testkit::Server;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 /// Most time any one reply may take (failed AUTHs are slowed on purpose, by at most 2 s).
 const REPLY_WAIT_MAX: Duration = Duration::from_secs(10);
@@ -37,39 +37,10 @@ fn identities_file(dir: &Path) -> PathBuf {
     path
 }
 
-struct Server {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServerError>>,
-}
-
-impl Server {
-    async fn start(config: Config) -> Server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tenure_server::run(config, listener, async move {
-            let _ = stopped.await;
-        }));
-        Server {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn with_identities(dir: &Path) -> Server {
-        let config = Config {
-            identities: Some(identities_file(dir)),
-            ..Config::for_tests(dir)
-        };
-        Server::start(config).await
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
-    }
+/// A server with the identities of [`identities_file`], data in `dir`.
+async fn with_identities(dir: &Path) -> Server {
+    let identities = identities_file(dir);
+    Server::start_in(dir, |config| config.identities = Some(identities)).await
 }
 
 struct Console {
@@ -136,7 +107,7 @@ async fn non_loopback_without_identities_is_refused_in_process() {
 #[tokio::test]
 async fn auth_on_the_console_and_the_same_reply_for_any_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut c = Console::connect(server.addr).await;
     assert_eq!(c.cmd("PING").await, "PONG", "PING is answered before AUTH");
     assert!(c.cmd("HELP").await.starts_with("OK commands:"));
@@ -169,7 +140,7 @@ async fn auth_on_the_console_and_the_same_reply_for_any_failure() {
 #[tokio::test]
 async fn repeated_failed_auths_close_the_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut c = Console::connect(server.addr).await;
     let started = Instant::now();
     for _ in 0..5 {
@@ -188,7 +159,7 @@ async fn repeated_failed_auths_close_the_connection() {
 #[tokio::test]
 async fn prefixes_and_operations_are_enforced() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
     let granted = admin.cmd("ACQUIRE billing/1 5000").await;
     let lease = granted
@@ -235,7 +206,7 @@ async fn prefixes_and_operations_are_enforced() {
 #[tokio::test]
 async fn waiter_quota_is_per_identity_and_given_back() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
     for key in ["orders/a", "orders/b", "orders/c"] {
         assert!(admin
@@ -320,7 +291,7 @@ async fn until(c: &mut Console, line: &str, want: &str) -> String {
 #[tokio::test]
 async fn held_quota_counts_grants_and_gives_back_on_release_expiry_and_disconnect() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut a = Console::authed(server.addr, "orders", "orders-secret").await;
     let h1 = a.cmd("ACQUIRE orders/h1 60000").await;
     assert!(a.cmd("ACQUIRE orders/h2 60000").await.starts_with("OK"));
@@ -382,7 +353,7 @@ async fn held_quota_counts_grants_and_gives_back_on_release_expiry_and_disconnec
 #[tokio::test]
 async fn auth_on_the_binary_protocol() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::with_identities(dir.path()).await;
+    let server = with_identities(dir.path()).await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     let mut out = BytesMut::new();
     Hello { version: VERSION }.encode(&mut out);
