@@ -4,41 +4,22 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use tenure::{Bytes, LeaseId};
+use clap::Parser;
+use tenure::Bytes;
 use tenure_protocol::console::Command as ConsoleCommand;
 use tenure_protocol::Request;
 
-use crate::cli::{duration_flag, parse_lease_id};
+use crate::cli::Command;
 
 /// A line of the grammar `tenure console` read before it took the server's: the command
-/// line's subcommands (`acquire k --ttl 5s --wait 1s --meta m`, `renew k <lease> --ttl 5s`).
-/// Only the forms the new grammar cannot read are kept; the others read the same in both.
+/// line's own subcommands (`acquire k --ttl 5s --wait 1s --meta m`, `renew k <lease> --ttl
+/// 5s`), parsed by the command line's parser. Only the forms the new grammar cannot read are
+/// taken; the others read the same in both.
 #[derive(Parser, Debug)]
 #[command(no_binary_name = true, disable_help_flag = true)]
 struct LegacyLine {
     #[command(subcommand)]
-    command: LegacyCommand,
-}
-
-#[derive(Subcommand, Debug)]
-enum LegacyCommand {
-    Acquire {
-        key: String,
-        #[arg(long, value_parser = duration_flag)]
-        ttl: Duration,
-        #[arg(long, value_parser = duration_flag, default_value = "0ms")]
-        wait: Duration,
-        #[arg(long)]
-        meta: Option<String>,
-    },
-    Renew {
-        key: String,
-        #[arg(value_parser = parse_lease_id)]
-        lease: LeaseId,
-        #[arg(long, value_parser = duration_flag)]
-        ttl: Duration,
-    },
+    command: Command,
 }
 
 /// Reads `line` in the old console grammar (deprecated), or None if it is not one. `exit`
@@ -49,7 +30,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
         return Some(ConsoleCommand::Quit);
     }
     let request = match LegacyLine::try_parse_from(&words).ok()?.command {
-        LegacyCommand::Acquire {
+        Command::Acquire {
             key,
             ttl,
             wait,
@@ -61,11 +42,12 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             release_on_disconnect: false,
             meta: Bytes::from(meta.unwrap_or_default()),
         },
-        LegacyCommand::Renew { key, lease, ttl } => Request::Renew {
+        Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),
             lease_id: lease,
             ttl_ms: ms_u32(ttl)?,
         },
+        _ => return None,
     };
     request.validate().ok()?;
     Some(ConsoleCommand::Request(request))
