@@ -238,20 +238,7 @@ impl Default for Metrics {
 }
 
 fn op_of(request: &Request) -> u8 {
-    let i = match request {
-        Request::Ping => 0,
-        Request::Acquire { .. } => 1,
-        Request::Renew { .. } => 2,
-        Request::Release { .. } => 3,
-        Request::Inspect { .. } => 4,
-        Request::Check { .. } => 5,
-        Request::Stats => 6,
-        Request::Watch { .. } => 7,
-        Request::Unwatch { .. } => 8,
-        Request::Auth { .. } => 9,
-    };
-    debug_assert_eq!(OP_KINDS[i as usize], request.kind());
-    i
+    u8::try_from(crate::stats::op_index(request)).expect("fewer than 256 kinds of request")
 }
 
 fn outcome_of(response: &Response) -> usize {

@@ -62,7 +62,7 @@ mod outcome;
 mod queue;
 mod quota;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 mod slot;
 mod upkeep;
 

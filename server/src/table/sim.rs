@@ -951,17 +951,23 @@ fn run_seed(seed: u64, step: &Cell<u32>) -> Coverage {
     sim.coverage
 }
 
-#[test]
-fn lock_table_matches_model() {
-    let seeds: Vec<u64> = match std::env::var("TENURE_SIM_SEED") {
+/// The seeds a simulation runs: `TENURE_SIM_SEED=s` alone, or `TENURE_SIM_SEEDS=n` (default
+/// `default`) seeds from 0. Shared by every simulation, so one variable drives them all.
+pub(crate) fn seeds_from_env(default: u64) -> Vec<u64> {
+    match std::env::var("TENURE_SIM_SEED") {
         Ok(seed) => vec![seed.parse().expect("TENURE_SIM_SEED must be a number")],
         Err(_) => {
-            let count = std::env::var("TENURE_SIM_SEEDS").map_or(SEEDS_DEFAULT, |n| {
+            let count = std::env::var("TENURE_SIM_SEEDS").map_or(default, |n| {
                 n.parse().expect("TENURE_SIM_SEEDS must be a number")
             });
             (0..count).collect()
         }
-    };
+    }
+}
+
+#[test]
+fn lock_table_matches_model() {
+    let seeds = seeds_from_env(SEEDS_DEFAULT);
     let mut total = [0u64; 12];
     for &seed in &seeds {
         let step = Cell::new(0);

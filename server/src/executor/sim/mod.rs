@@ -25,6 +25,7 @@ mod disk;
 mod model;
 mod world;
 
+use crate::table::sim::seeds_from_env;
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -53,15 +54,7 @@ fn run_seed(seed: u64, step: &Cell<u64>) -> Coverage {
 
 #[test]
 fn executor_and_journal_keep_their_promises() {
-    let seeds: Vec<u64> = match std::env::var("TENURE_SIM_SEED") {
-        Ok(seed) => vec![seed.parse().expect("TENURE_SIM_SEED must be a number")],
-        Err(_) => {
-            let count = std::env::var("TENURE_SIM_SEEDS").map_or(SEEDS_DEFAULT, |n| {
-                n.parse().expect("TENURE_SIM_SEEDS must be a number")
-            });
-            (0..count).collect()
-        }
-    };
+    let seeds = seeds_from_env(SEEDS_DEFAULT);
     let many = seeds.len() > 1;
     let mut coverage = Coverage::default();
     for seed in seeds {
