@@ -52,12 +52,20 @@ pub struct ClientConfig {
     /// The identity to authenticate as, right after the handshake of every connection
     /// (reconnects included); `None` for a server without identities.
     pub credentials: Option<Credentials>,
+    /// TLS to the server; `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 /// [`ClientConfig`] by another name: the options a [`Client`] is made with.
 pub type ClientOptions = ClientConfig;
 
 impl ClientConfig {
+    /// These options, speaking TLS as `tls` says.
+    pub fn with_tls(mut self, tls: crate::tls::TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// These options, authenticating as `name` with `secret` on every connection.
     pub fn with_credentials(mut self, name: impl Into<String>, secret: impl Into<Bytes>) -> Self {
         self.credentials = Some(Credentials {
@@ -95,6 +103,7 @@ impl Default for ClientConfig {
             reconnect_delay_max: Duration::from_secs(5),
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             credentials: None,
+            tls: None,
         }
     }
 }
@@ -360,7 +369,8 @@ impl Client {
         }
         let config = &self.inner.config;
         let opened = tokio::time::timeout(config.connect_timeout, async {
-            let conn = Conn::open(&self.inner.addr, config.in_flight_max).await?;
+            let conn =
+                Conn::open(&self.inner.addr, config.in_flight_max, config.tls.as_ref()).await?;
             if let Some(credentials) = &config.credentials {
                 authenticate(&conn, credentials).await?;
             }

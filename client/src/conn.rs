@@ -23,8 +23,7 @@ use tenure_protocol::frame::encode_request;
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, VERSION};
 use tenure_protocol::ProtocolError;
 use tenure_protocol::{ClientCodec, FrameError, Request, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
@@ -32,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::WatchEvent;
 use crate::error::{Error, Result};
+use crate::tls::TlsOptions;
 
 /// Most frames the writer encodes into one buffer before writing it.
 const WRITE_BATCH_MAX: usize = 256;
@@ -327,9 +327,35 @@ impl Pending {
     }
 }
 
+/// Sends the hello and reads the answer; the requests in flight allowed are the lower of the
+/// server's cap and `in_flight_max`.
+async fn handshake(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    in_flight_max: u32,
+) -> Result<(HelloAck, usize)> {
+    let mut hello = BytesMut::new();
+    Hello { version: VERSION }.encode(&mut hello);
+    stream.write_all(&hello).await?;
+    let ack = read_ack(stream).await?;
+    if ack.version != VERSION {
+        return Err(Error::VersionMismatch {
+            server: ack.version,
+            client: VERSION,
+        });
+    }
+    let in_flight = ack.limits.in_flight_max.min(in_flight_max);
+    if in_flight == 0 {
+        return Err(Error::Protocol(
+            "server allows no requests in flight".into(),
+        ));
+    }
+    let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
+    Ok((ack, in_flight))
+}
+
 /// Reads the server's answer to the hello; its length is in its header. A refusal becomes
 /// [`Error::VersionMismatch`] when the server speaks another version, else [`Error::Server`].
-async fn read_ack(stream: &mut TcpStream) -> Result<HelloAck> {
+async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<HelloAck> {
     let mut input = BytesMut::with_capacity(64);
     loop {
         match HelloAck::decode(&mut input) {
@@ -359,38 +385,48 @@ impl Conn {
     ///
     /// `in_flight_max` is the client's own cap; the server's cap from the handshake wins if
     /// it is lower.
-    pub(crate) async fn open(addr: &str, in_flight_max: u32) -> Result<Arc<Conn>> {
+    pub(crate) async fn open(
+        addr: &str,
+        in_flight_max: u32,
+        tls: Option<&TlsOptions>,
+    ) -> Result<Arc<Conn>> {
         let mut stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let mut hello = BytesMut::new();
-        Hello { version: VERSION }.encode(&mut hello);
-        stream.write_all(&hello).await?;
-        let ack = read_ack(&mut stream).await?;
-        if ack.version != VERSION {
-            return Err(Error::VersionMismatch {
-                server: ack.version,
-                client: VERSION,
-            });
+        // Plain TCP splits into owned halves; TLS needs tokio's split, which shares the
+        // stream behind a lock, so it is used only where it is needed.
+        match tls {
+            None => {
+                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (read, write) = stream.into_split();
+                Ok(Self::spawn(read, write, ack, in_flight))
+            }
+            Some(tls) => {
+                let mut stream = tls.connect(addr, stream).await?;
+                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (read, write) = tokio::io::split(stream);
+                Ok(Self::spawn(read, write, ack, in_flight))
+            }
         }
-        let in_flight = ack.limits.in_flight_max.min(in_flight_max);
-        if in_flight == 0 {
-            return Err(Error::Protocol(
-                "server allows no requests in flight".into(),
-            ));
-        }
-        let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
+    }
+
+    /// Starts the reader and writer tasks of a connection past its handshake.
+    fn spawn(
+        read: impl AsyncRead + Unpin + Send + 'static,
+        write: impl AsyncWrite + Unpin + Send + 'static,
+        ack: HelloAck,
+        in_flight: usize,
+    ) -> Arc<Conn> {
         let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::unbounded_channel();
-        let (read, write) = stream.into_split();
         tokio::spawn(read_loop(read, Arc::clone(&shared)));
         tokio::spawn(write_loop(write, rx, Arc::clone(&shared)));
-        Ok(Arc::new(Conn {
+        Arc::new(Conn {
             tx,
             shared,
             in_flight: Arc::new(Semaphore::new(in_flight)),
             next_id: AtomicU64::new(1), // 0 is left for frames that answer no request
             limits: ack.limits,
-        }))
+        })
     }
 
     /// True once the connection has died or was closed.
@@ -467,7 +503,7 @@ impl Drop for Conn {
     }
 }
 
-async fn read_loop(read: OwnedReadHalf, shared: Arc<Shared>) {
+async fn read_loop(read: impl AsyncRead + Unpin + Send, shared: Arc<Shared>) {
     let mut frames = FramedRead::new(read, ClientCodec);
     let mut notice = None;
     let reason = loop {
@@ -495,7 +531,7 @@ async fn read_loop(read: OwnedReadHalf, shared: Arc<Shared>) {
 }
 
 async fn write_loop(
-    mut write: OwnedWriteHalf,
+    mut write: impl AsyncWrite + Unpin,
     mut rx: mpsc::UnboundedReceiver<(u64, Request)>,
     shared: Arc<Shared>,
 ) {

@@ -56,6 +56,11 @@ pub enum Error {
     /// dropped so that it could not stall the connection; watch again to resume.
     #[error("watch fell too far behind and was dropped")]
     WatchOverflow,
+    /// TLS could not be set up: a PEM file without a usable certificate or key, or a handshake
+    /// the certificates failed (an untrusted server, a name that does not match, a client
+    /// certificate the server refused). Not transient: retrying will fail the same way.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl Error {

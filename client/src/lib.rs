@@ -95,6 +95,7 @@ pub mod election;
 pub mod error;
 pub mod fence;
 pub mod lease;
+pub mod tls;
 
 pub use bytes::Bytes;
 pub use client::{
@@ -107,6 +108,7 @@ pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
 pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
+pub use tls::TlsOptions;
 
 #[cfg(test)]
 mod fake;

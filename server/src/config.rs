@@ -84,6 +84,8 @@ pub struct Config {
     /// Serve a non-loopback address without identities: anyone who can connect may take,
     /// release and inspect every lock.
     pub insecure_no_auth: bool,
+    /// TLS on the client port (see [`crate::tls`]); `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 /// Most keepalive probes the kernel accepts in `TCP_KEEPCNT` (Linux caps it at 127).
@@ -129,6 +131,7 @@ impl Default for Config {
             keepalive_count: 6,
             identities: None,
             insecure_no_auth: false,
+            tls: None,
         }
     }
 }
@@ -176,6 +179,13 @@ impl Config {
             }
         }
         self.validate_connection_timing()?;
+        if let Some(tls) = &self.tls {
+            if tls.cert.as_os_str().is_empty() || tls.key.as_os_str().is_empty() {
+                return Err(
+                    "TLS needs both a certificate (--tls-cert) and its key (--tls-key)".into(),
+                );
+            }
+        }
         if self.wal_segment_bytes_max < 64 * 1024 {
             return Err(format!(
                 "WAL segment size {} is under 64 KiB",

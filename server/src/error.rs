@@ -21,6 +21,9 @@ pub enum ServerError {
          127.0.0.1; or, knowing the risk, pass --insecure-no-auth"
     )]
     NoIdentities(std::net::SocketAddr),
+    /// The TLS certificate, key or client CA could not be read or used.
+    #[error("{0}")]
+    Tls(String),
     /// The identities file could not be read or is invalid.
     #[error("{0}")]
     Identities(String),

@@ -23,6 +23,7 @@
 //! - [`wal`]: the write-ahead log: record format, group commit, recovery, snapshots.
 //! - [`watch`]: subscriptions to a key's changes, and WATCH/UNWATCH.
 //! - [`clock`]: the one place that reads time.
+//! - [`tls`]: TLS on the client port, mutual TLS, reload on SIGHUP.
 //! - [`identity`]: identities, their permissions and quotas, from `--identities`.
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
 //! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod server;
 pub mod stats;
 pub mod table;
+pub mod tls;
 pub mod tokens;
 pub mod wal;
 pub mod watch;

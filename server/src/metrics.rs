@@ -214,6 +214,8 @@ pub struct Metrics {
     /// expiry and on a LOST renewal, never on the common path.
     expired: Mutex<(VecDeque<LeaseId>, HashSet<LeaseId>)>,
     open_by_surface: [AtomicI64; SURFACES.len()],
+    /// Connections closed because their TLS handshake failed, timed out, or was plain text.
+    tls_refused: AtomicU64,
     /// Nanoseconds recovery took (set once).
     recovery_ns: AtomicU64,
     /// `Clock::now_ms` until which grants are refused after a token-only restart.
@@ -231,6 +233,7 @@ impl Default for Metrics {
             renewals_lost_other: AtomicU64::new(0),
             expired: Mutex::default(),
             open_by_surface: Default::default(),
+            tls_refused: AtomicU64::new(0),
             recovery_ns: AtomicU64::new(0),
             recovering_until_ms: AtomicU64::new(0),
         }
@@ -293,6 +296,11 @@ impl Metrics {
     pub fn connection(&self, surface: Surface, opened: bool) {
         let delta = if opened { 1 } else { -1 };
         self.open_by_surface[surface as usize].fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// A connection to the TLS port closed without completing the TLS handshake.
+    pub fn tls_refused(&self) {
+        self.tls_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records how long recovery took and until when (`Clock::now_ms`) grants are refused.
@@ -522,6 +530,14 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
         "tenure_connections_refused",
         help,
         Stats::get(&s.connections_refused),
+    )?;
+    let help = "Connections to a TLS port closed without a completed TLS handshake (a bad or \
+        untrusted certificate, plain text, a timeout)";
+    counter(
+        encoder,
+        "tenure_tls_handshakes_failed",
+        help,
+        s.metrics.tls_refused.load(Ordering::Relaxed),
     )
 }
 

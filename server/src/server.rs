@@ -28,6 +28,7 @@ use crate::identity::Identities;
 use crate::journal::{Journal, WalJournal};
 use crate::metrics::Scrape;
 use crate::stats::Stats;
+use crate::tls::{self, Tls};
 use crate::wal::{self, SyncMode, WalOptions};
 
 /// Runs the server on `listener` until `shutdown` completes.
@@ -130,6 +131,14 @@ async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let identities = load_identities(&config, &listener)?;
+    let tls = match &config.tls {
+        Some(files) => {
+            let tls = Tls::load(files.clone()).map_err(ServerError::Tls)?;
+            tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "TLS on");
+            Some(Arc::new(tls))
+        }
+        None => None,
+    };
     let mut executor = recover(config, storage, dir_lock).await?;
     executor.identities = identities;
     let shared = Arc::new(executor);
@@ -145,9 +154,9 @@ async fn serve(
     let stop = CancellationToken::new();
     let snapshots = TaskTracker::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
-    spawn_reloader(shared.identities.clone(), stop.clone())?;
+    spawn_reloader(shared.identities.clone(), tls.clone(), stop.clone())?;
     let tracker = TaskTracker::new();
-    let accepting = accept_loop(&shared, &listener, &tracker, &stop);
+    let accepting = accept_loop(&shared, &listener, tls, &tracker, &stop);
     tokio::pin!(shutdown);
     tokio::select! {
         _ = accepting => {}
@@ -177,7 +186,8 @@ async fn serve(
 }
 
 /// Reads the identities file if one is configured. Without one, only a loopback address is
-/// served unless `insecure_no_auth` says otherwise: the secure choice is the default.
+/// served unless mutual TLS (a client CA) stands in for identities or `insecure_no_auth` says
+/// otherwise: the secure choice is the default.
 fn load_identities(
     config: &Config,
     listener: &TcpListener,
@@ -186,7 +196,11 @@ fn load_identities(
         let addr = listener
             .local_addr()
             .map_err(|e| ServerError::Config(format!("cannot read the listening address: {e}")))?;
-        if !addr.ip().is_loopback() {
+        let mutual_tls = config
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_ca.is_some());
+        if !addr.ip().is_loopback() && !mutual_tls {
             if !config.insecure_no_auth {
                 return Err(ServerError::NoIdentities(addr));
             }
@@ -199,11 +213,12 @@ fn load_identities(
     Ok(Some(Arc::new(identities)))
 }
 
-/// Reloads the identities on every SIGHUP until `stop`. A reload that fails keeps the
-/// identities in force and says why in the log; connections stay open either way. Without
-/// identities a SIGHUP is only logged: its default action would end the server.
+/// Reloads the identities and the TLS files on every SIGHUP until `stop`. A reload that fails
+/// keeps what is in force and says why in the log; connections stay open either way. With
+/// neither, a SIGHUP is only logged: its default action would end the server.
 fn spawn_reloader(
     identities: Option<Arc<Identities>>,
+    tls: Option<Arc<Tls>>,
     stop: CancellationToken,
 ) -> Result<(), ServerError> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -214,6 +229,16 @@ fn spawn_reloader(
             tokio::select! {
                 _ = stop.cancelled() => return,
                 got = hangup.recv() => if got.is_none() { return },
+            }
+            if let Some(tls) = &tls {
+                let tls = Arc::clone(tls);
+                match tokio::task::spawn_blocking(move || tls.reload()).await {
+                    Ok(Ok(())) => tracing::info!("TLS certificate and key reloaded"),
+                    Ok(Err(error)) => {
+                        tracing::error!(%error, "TLS reload failed; the old files stay in force")
+                    }
+                    Err(error) => tracing::error!(%error, "TLS reload panicked"),
+                }
             }
             let Some(identities) = &identities else {
                 tracing::info!("SIGHUP: no identities file to reload (identities need a restart)");
@@ -330,6 +355,7 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
 async fn accept_loop(
     shared: &Arc<Executor>,
     listener: &TcpListener,
+    tls: Option<Arc<Tls>>,
     tracker: &TaskTracker,
     stop: &CancellationToken,
 ) {
@@ -355,11 +381,29 @@ async fn accept_loop(
         if let Err(e) = set_keepalive(&stream, &shared.config) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
         }
+        // Small replies must not wait for Nagle's algorithm.
+        let _ = stream.set_nodelay(true);
         let shared = Arc::clone(shared);
         let stop = stop.clone();
+        let tls = tls.clone();
         tracker.spawn(async move {
             Stats::bump(&shared.stats.connections);
-            conn::serve(Arc::clone(&shared), stream, conn_id, stop).await;
+            match tls {
+                None => conn::serve(Arc::clone(&shared), stream, None, conn_id, stop).await,
+                Some(tls) => {
+                    let limit = shared.config.handshake_timeout;
+                    let accepted = tokio::select! {
+                        accepted = tls.accept(stream, limit) => accepted,
+                        _ = stop.cancelled() => None,
+                    };
+                    match accepted {
+                        Some(tls::Accepted { stream, peer_name }) => {
+                            conn::serve(Arc::clone(&shared), stream, peer_name, conn_id, stop).await
+                        }
+                        None => shared.stats.metrics.tls_refused(),
+                    }
+                }
+            }
             shared
                 .stats
                 .connections

@@ -18,6 +18,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 use tenure_server::config::{Config, Durability};
+use tenure_server::tls::TlsFiles;
 
 /// tenured: a single-node lock server with fencing tokens that survive crashes.
 #[derive(Parser, Debug)]
@@ -168,6 +169,20 @@ pub struct Settings {
     /// release every lock.
     #[arg(long, env = "TENURE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// TLS on the client port: the server's certificate chain (PEM, leaf first). Needs
+    /// --tls-key. Reloaded on SIGHUP.
+    #[arg(long, env = "TENURE_TLS_CERT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "TENURE_TLS_KEY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: require a client certificate signed by a CA in this PEM file. A
+    /// certificate whose subject common name is an identity's name authenticates as it.
+    #[arg(long, env = "TENURE_TLS_CLIENT_CA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -195,6 +210,9 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             identities: config.identities,
             insecure_no_auth: config.insecure_no_auth,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }
@@ -226,8 +244,22 @@ impl Settings {
             keepalive_count: self.keepalive_count,
             identities: self.identities.clone(),
             insecure_no_auth: self.insecure_no_auth,
+            tls: self.tls_files(),
             ..Config::default()
         }
+    }
+
+    /// The TLS files, if any TLS setting is given; a missing certificate or key is left
+    /// empty for [`Config::validate`] to name.
+    fn tls_files(&self) -> Option<TlsFiles> {
+        if self.tls_cert.is_none() && self.tls_key.is_none() && self.tls_client_ca.is_none() {
+            return None;
+        }
+        Some(TlsFiles {
+            cert: self.tls_cert.clone().unwrap_or_default(),
+            key: self.tls_key.clone().unwrap_or_default(),
+            client_ca: self.tls_client_ca.clone(),
+        })
     }
 
     /// These settings as a config file that `--config` reads back to the same settings.
@@ -369,6 +401,9 @@ mod tests {
             threads: Some(2),
             identities: Some("ids.toml".into()),
             metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
+            tls_cert: Some("cert.pem".into()),
+            tls_key: Some("key.pem".into()),
+            tls_client_ca: Some("ca.pem".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -382,7 +417,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            21,
+            24,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -453,6 +488,9 @@ mod tests {
             threads: Some(1),
             identities: Some("ids.toml".into()),
             metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
+            tls_cert: Some("cert.pem".into()),
+            tls_key: Some("key.pem".into()),
+            tls_client_ca: Some("ca.pem".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -470,7 +508,14 @@ mod tests {
             let Ok(entry) = line.parse::<toml::Table>() else {
                 continue; // prose
             };
-            let unset = ["threads", "metrics-listen", "identities"];
+            let unset = [
+                "threads",
+                "metrics-listen",
+                "identities",
+                "tls-cert",
+                "tls-key",
+                "tls-client-ca",
+            ];
             for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");
             }

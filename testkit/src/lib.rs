@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod raw;
 pub mod reply;
 pub mod server;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ pub use daemon::{free_port, signal, Daemon, Tenured};
 pub use raw::Raw;
 pub use reply::{field, token};
 pub use server::{Server, ThreadServer};
+pub use tls::TestCa;
 
 /// Generous bound on anything that should take a few round trips: a slow, loaded machine
 /// must not fail a test, so no test bounds time tighter than this in real time.

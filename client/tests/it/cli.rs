@@ -737,3 +737,74 @@ async fn cli_run_queues_again_after_a_server_restart() {
     assert!(err.contains("result=GRANTED"), "{err}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn cli_speaks_tls_with_a_ca_and_mutual_tls_with_a_client_certificate() {
+    use tenure_testkit::TestCa;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "server");
+    let clients = TestCa::new(dir.path(), "clients");
+    let server_cert = ca.server(dir.path(), "server");
+    let files = ca.server_files(&server_cert, Some(&clients));
+    let server = TestServer::start_with(|config| config.tls = Some(files));
+    let me = clients.client(dir.path(), "me");
+    let (ca_path, cert, key) = (
+        ca.path.to_str().unwrap(),
+        me.cert.to_str().unwrap(),
+        me.key.to_str().unwrap(),
+    );
+    let tls = [
+        "--tls-ca",
+        ca_path,
+        "--tls-client-cert",
+        cert,
+        "--tls-client-key",
+        key,
+    ];
+    let args: Vec<&str> = tls
+        .iter()
+        .copied()
+        .chain(["acquire", "t", "--ttl", "5s"])
+        .collect();
+    let (code, out, err) = cli(&server.addr, &args).await;
+    assert_eq!((code, field(&out, "result")), (0, "GRANTED"), "{out} {err}");
+
+    // The console rides on the same connection options.
+    let mut console = tenure_cli(&server.addr)
+        .args(tls)
+        .arg("console")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let mut stdin = console.stdin.take().expect("piped");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"inspect t\nping\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = timeout(PATIENCE, console.wait_with_output())
+        .await
+        .expect("console exits at end of input")
+        .expect("tenure runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let results: Vec<&str> = stdout.lines().map(|line| field(line, "result")).collect();
+    assert_eq!(results, ["HELD", "PONG"], "{stdout}");
+
+    // Without the client certificate, or without TLS, it fails with exit code 1 and a reason.
+    let (code, _, err) = cli(&server.addr, &["--tls-ca", ca_path, "ping"]).await;
+    assert_eq!(code, 1, "{err}");
+    let (code, out, err) = cli(&server.addr, &["ping"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        format!("{out}{err}").contains("requires TLS"),
+        "{out} {err}"
+    );
+    // A client certificate without a CA to check the server is refused before connecting.
+    let args = ["--tls-client-cert", cert, "--tls-client-key", key, "ping"];
+    let (code, out, err) = cli(&server.addr, &args).await;
+    assert_eq!(code, 1);
+    assert!(
+        format!("{out}{err}").contains("need --tls-ca"),
+        "{out} {err}"
+    );
+}

@@ -28,14 +28,17 @@
 //! - `reply`: the reply queue, held until the journal is durable, and watch events.
 //! - `ctx`: [`ConnCtx`], what the connection must take back when it closes.
 //! - `auth`: AUTH, and each request checked against the connection's identity.
+//! - `transport`: plain TCP or TLS underneath.
 
 mod auth;
 mod ctx;
 mod reply;
 mod requests;
 mod surface;
+mod transport;
 
 pub use ctx::{Auth, ConnCtx};
+pub use transport::Transport;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -43,12 +46,12 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use tenure_protocol::frame::REQUEST_ID_NONE;
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
 use tenure_protocol::limits::LINE_LEN_MAX;
 use tenure_protocol::{ErrorCode, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::READ_BUFFER_MAX;
@@ -66,13 +69,16 @@ const LINGER_BYTES_MAX: usize = 4 << 20;
 const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Serves one accepted connection until the peer leaves, a fatal error, or shutdown.
+/// `peer_name` is the verified client certificate's name (mutual TLS): when an identity has
+/// that name, the connection starts authenticated as it.
 pub async fn serve(
     executor: Arc<Executor>,
-    mut stream: TcpStream,
+    stream: impl Into<Transport>,
+    peer_name: Option<String>,
     conn_id: u64,
     shutdown: CancellationToken,
 ) {
-    let _ = stream.set_nodelay(true);
+    let mut stream = stream.into();
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
     let limit = executor.config.handshake_timeout;
     let surface = tokio::select! {
@@ -89,8 +95,15 @@ pub async fn serve(
         _ = shutdown.cancelled() => return,
     };
     let mut ctx = ConnCtx::new(conn_id);
-    if executor.identities.is_some() {
-        ctx.auth = Auth::Pending { failures: 0 };
+    if let Some(identities) = &executor.identities {
+        ctx.auth = match peer_name.filter(|name| identities.get(name).is_some()) {
+            Some(name) => {
+                tracing::debug!(conn_id, identity = %name, "authenticated by client certificate");
+                let usage = identities.usage(&name);
+                Auth::As { name, usage }
+            }
+            None => Auth::Pending { failures: 0 },
+        };
     }
     let kind = match surface {
         Surface::Binary => metrics::Surface::Binary,
@@ -123,7 +136,7 @@ pub async fn serve(
 /// Reads a connection's opening, which must arrive within the handshake limit: the binary
 /// handshake (answered here), or a first whole, non-blank console line (left in `rbuf` for the loop; so
 /// is an over-long first line, which the loop then refuses). `None` if it must close.
-async fn open(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<Surface> {
+async fn open(executor: &Executor, stream: &mut Transport, rbuf: &mut BytesMut) -> Option<Surface> {
     loop {
         // Blank lines get no reply, so they do not count as an opening: a peer sending only
         // newlines is as silent as one sending nothing. A binary hello never starts with
@@ -155,7 +168,7 @@ async fn open(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) 
 /// Completes the binary handshake; `None` if the connection must close. A hello the server
 /// cannot accept (wrong magic, a reserved flag set, another version) is answered with a
 /// refusal carrying `BAD_HANDSHAKE` and the reason before the close.
-async fn handshake(executor: &Executor, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Option<()> {
+async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut BytesMut) -> Option<()> {
     while rbuf.len() < HELLO_LEN {
         if stream.read_buf(rbuf).await.ok()? == 0 {
             return None;
@@ -193,7 +206,7 @@ async fn handshake(executor: &Executor, stream: &mut TcpStream, rbuf: &mut Bytes
 /// Closing a socket with unread input makes the kernel send a reset, which can destroy
 /// the error reply just written. So: send FIN, then read and discard for a short, bounded
 /// while, giving the peer time to read the reason before the connection goes.
-async fn linger(stream: &mut TcpStream) {
+pub(crate) async fn linger(stream: &mut (impl AsyncRead + AsyncWrite + Unpin)) {
     let _ = stream.shutdown().await;
     let drain = async {
         let mut scratch = vec![0u8; 16 * 1024];
@@ -210,7 +223,7 @@ async fn linger(stream: &mut TcpStream) {
 
 struct Conn {
     executor: Arc<Executor>,
-    stream: TcpStream,
+    stream: Transport,
     surface: Surface,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -309,9 +322,10 @@ impl Conn {
     /// it too is answered, then stop reading.
     fn stop(&mut self) {
         self.stopping = true;
+        // One poll per read: what is not there yet is not waited for.
         while self.rbuf.len() < READ_BUFFER_MAX {
-            match self.stream.try_read_buf(&mut self.rbuf) {
-                Ok(n) if n > 0 => {}
+            match self.stream.read_buf(&mut self.rbuf).now_or_never() {
+                Some(Ok(n)) if n > 0 => {}
                 _ => break,
             }
         }

@@ -9,6 +9,7 @@
 //! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
 //!   the shipped dashboard and alert rules;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
+//! - `tls`: TLS and mutual TLS, plain text to a TLS port, certificate rotation;
 //! - `watch`: watches and the protocol rules clients rely on.
 //!
 //! The harness (servers in process and as daemons, console and binary clients, reply
@@ -24,6 +25,7 @@ mod lifecycle;
 mod limits;
 mod metrics;
 mod settings;
+mod tls;
 mod watch;
 
 use std::path::Path;

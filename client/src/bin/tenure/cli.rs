@@ -1,6 +1,7 @@
 //! The command line's grammar: clap definitions of every flag and subcommand, and the
 //! parsers of their values (durations, lease ids).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -39,6 +40,29 @@ pub struct Cli {
     /// variable (never from the command line, which other users can read).
     #[arg(long, global = true, env = "TENURE_IDENTITY")]
     pub identity: Option<String>,
+    /// Speak TLS, trusting only the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "TENURE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM, leaf first) for a server that requires mutual TLS; needs
+    /// --tls-ca and --tls-client-key.
+    #[arg(
+        long,
+        global = true,
+        env = "TENURE_TLS_CLIENT_CERT",
+        requires = "tls_client_key"
+    )]
+    pub tls_client_cert: Option<PathBuf>,
+    /// The private key of --tls-client-cert (PEM).
+    #[arg(
+        long,
+        global = true,
+        env = "TENURE_TLS_CLIENT_KEY",
+        requires = "tls_client_cert"
+    )]
+    pub tls_client_key: Option<PathBuf>,
+    /// The name the server's certificate must carry (default: the host of --addr).
+    #[arg(long, global = true, env = "TENURE_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

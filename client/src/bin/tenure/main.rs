@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tenure::{AcquireOptions, Bytes, Client, ClientConfig};
+use tenure::{AcquireOptions, Bytes, Client, ClientConfig, TlsOptions};
 
 use crate::cli::{Cli, Command};
 use crate::output::Out;
@@ -81,10 +81,34 @@ async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
             .with_context(|| format!("--identity {name} needs the secret in {SECRET_VAR}"))?;
         config = config.with_credentials(name.clone(), secret);
     }
+    if let Some(tls) = tls_options(&cli)? {
+        config = config.with_tls(tls);
+    }
     let client = Client::connect_with(cli.addr.clone(), config)
         .await
         .with_context(|| format!("cannot connect to {}", cli.addr))?;
     execute(client, out, cli.command).await
+}
+
+/// TLS as the flags ask for it; `None` without --tls-ca.
+fn tls_options(cli: &Cli) -> anyhow::Result<Option<TlsOptions>> {
+    let Some(ca) = &cli.tls_ca else {
+        anyhow::ensure!(
+            cli.tls_client_cert.is_none() && cli.tls_server_name.is_none(),
+            "--tls-client-cert and --tls-server-name need --tls-ca (the CA that signed the \
+             server's certificate)"
+        );
+        return Ok(None);
+    };
+    let client = cli
+        .tls_client_cert
+        .as_deref()
+        .zip(cli.tls_client_key.as_deref());
+    let mut tls = TlsOptions::from_files(ca, client)?;
+    if let Some(name) = &cli.tls_server_name {
+        tls = tls.with_server_name(name.clone());
+    }
+    Ok(Some(tls))
 }
 
 async fn execute(client: Client, out: &Out, command: Command) -> anyhow::Result<u8> {

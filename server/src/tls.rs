@@ -1,0 +1,192 @@
+//! TLS for the client port: the certificate and key (PEM) the server presents, and optionally
+//! a CA whose client certificates it requires (mutual TLS).
+//!
+//! The files are read at start and again on SIGHUP, so a certificate can be rotated without
+//! dropping connections: connections already open keep the session they have, new ones get
+//! the new certificate. A reload that fails leaves the old configuration in force.
+//!
+//! With a client CA, a client certificate's subject common name stands for the identity of
+//! that name, if one is configured: the connection starts authenticated, without AUTH.
+//!
+//! A peer that speaks plain text to a TLS port (a first byte that cannot start a TLS record)
+//! is told so in its own language, a handshake refusal or an `ERR` line, and closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tenure_protocol::handshake::{HelloAck, VERSION};
+use tenure_protocol::ErrorCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+/// The first byte of every TLS record that opens a connection (a handshake record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+/// What a plain-text peer of a TLS port is told.
+const TLS_REQUIRED: &str = "this port requires TLS (tenure --tls-ca FILE, or \
+    openssl s_client -connect HOST:PORT for the console)";
+
+/// The files TLS is configured from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain, PEM, leaf first.
+    pub cert: PathBuf,
+    /// The certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates (PEM) that client certificates must chain to; `None`: no client
+    /// certificates are asked for.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The server's TLS configuration, replaceable by [`Tls::reload`].
+pub struct Tls {
+    files: TlsFiles,
+    acceptor: RwLock<TlsAcceptor>,
+}
+
+/// A connection once TLS is set up.
+pub struct Accepted {
+    /// The encrypted stream.
+    pub stream: TlsStream<TcpStream>,
+    /// The verified client certificate's subject common name (mutual TLS only).
+    pub peer_name: Option<String>,
+}
+
+impl Tls {
+    /// Reads the files and builds the configuration.
+    ///
+    /// # Errors
+    /// A file cannot be read or holds no usable certificate or key; the message names it.
+    pub fn load(files: TlsFiles) -> Result<Tls, String> {
+        let acceptor = build(&files)?;
+        Ok(Tls {
+            files,
+            acceptor: RwLock::new(acceptor),
+        })
+    }
+
+    /// The files this configuration came from.
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// Reads the files again; on success new connections use them.
+    ///
+    /// # Errors
+    /// As [`Tls::load`]; the configuration in force is then unchanged.
+    pub fn reload(&self) -> Result<(), String> {
+        let acceptor = build(&self.files)?;
+        *self
+            .acceptor
+            .write()
+            .expect("the TLS configuration lock is never poisoned") = acceptor;
+        Ok(())
+    }
+
+    /// Runs the TLS handshake on an accepted socket, within `limit`. `None` if the peer
+    /// failed it, spoke plain text (after telling it so), or took too long.
+    pub async fn accept(&self, stream: TcpStream, limit: Duration) -> Option<Accepted> {
+        let acceptor = self
+            .acceptor
+            .read()
+            .expect("the TLS configuration lock is never poisoned")
+            .clone();
+        let handshake = async {
+            let mut first = [0u8; 1];
+            if stream.peek(&mut first).await.ok()? == 0 {
+                return None;
+            }
+            if first[0] != TLS_HANDSHAKE_RECORD {
+                refuse_plaintext(stream, first[0]).await;
+                return None;
+            }
+            match acceptor.accept(stream).await {
+                Ok(stream) => {
+                    let peer_name = peer_common_name(&stream);
+                    Some(Accepted { stream, peer_name })
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    None
+                }
+            }
+        };
+        tokio::time::timeout(limit, handshake).await.ok().flatten()
+    }
+}
+
+/// Tells a plain-text peer, in the surface its first byte chose, that TLS is required.
+async fn refuse_plaintext(mut stream: TcpStream, first: u8) {
+    let mut out = BytesMut::new();
+    if first == 0x00 {
+        HelloAck::encode_refusal(VERSION, ErrorCode::BadHandshake, TLS_REQUIRED, &mut out);
+    } else {
+        out.extend_from_slice(format!("ERR BAD_HANDSHAKE {TLS_REQUIRED}\n").as_bytes());
+    }
+    tracing::debug!("refused a plain-text connection to the TLS port");
+    if stream.write_all(&out).await.is_ok() {
+        crate::conn::linger(&mut stream).await;
+    }
+}
+
+/// The subject common name of the client's verified certificate, if it sent one.
+fn peer_common_name(stream: &TlsStream<TcpStream>) -> Option<String> {
+    let (_, session) = stream.get_ref();
+    let leaf = session.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    let name = cert.subject().iter_common_name().next()?;
+    name.as_str().ok().map(str::to_owned)
+}
+
+fn build(files: &TlsFiles) -> Result<TlsAcceptor, String> {
+    let certs = read_certs(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("TLS key {}: {e}", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs(path)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("TLS client CA {}: {e}", path.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("TLS client CA {}: {e}", path.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder.with_single_cert(certs, key).map_err(|e| {
+        format!(
+            "TLS certificate {} and key {}: {e}",
+            files.cert.display(),
+            files.key.display()
+        )
+    })?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("TLS certificates {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "TLS certificates {}: no certificate in the file",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}

@@ -1,0 +1,392 @@
+//! TLS on the client port, with certificates made at test time: a trusted certificate serves
+//! both surfaces; an untrusted one, or the wrong name, is refused; plain text to a TLS port is
+//! told so and closed while other connections keep their locks; mutual TLS, where a client
+//! certificate can stand for an identity; certificate rotation on SIGHUP; the loopback rule.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tenure::{AcquireOptions, Client, ClientConfig, Error, RenewOutcome, TlsOptions};
+use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
+use tenure_protocol::{ErrorCode, ProtocolError};
+use tenure_server::identity::hash_secret;
+use tenure_server::Config;
+use tenure_testkit::{signal, Server, TestCa};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// Most time any one reply or handshake may take.
+const REPLY_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// A CA and a server certificate from it, in `dir`.
+struct Pki {
+    ca: TestCa,
+    server: tenure_testkit::tls::Issued,
+}
+
+fn pki(dir: &Path) -> Pki {
+    let ca = TestCa::new(dir, "trusted");
+    let server = ca.server(dir, "server");
+    Pki { ca, server }
+}
+
+async fn tls_server(dir: &Path, pki: &Pki, tweak: impl FnOnce(&mut Config)) -> Server {
+    let files = pki.ca.server_files(&pki.server, None);
+    Server::start_in(dir, |config| {
+        config.tls = Some(files);
+        tweak(config);
+    })
+    .await
+}
+
+async fn client(server: &Server, tls: TlsOptions) -> Result<Client, Error> {
+    let config = ClientConfig::default().with_tls(tls);
+    Client::connect_with(server.addr.to_string(), config).await
+}
+
+/// The console over TLS: one line out, one line back.
+async fn tls_console_line(server: &Server, ca: &TestCa, line: &str) -> String {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_cert = CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap();
+    roots.add(ca_cert).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(server.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (read, mut write) = tokio::io::split(stream);
+    write
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    tokio::time::timeout(REPLY_WAIT_MAX, BufReader::new(read).read_line(&mut reply))
+        .await
+        .expect("no console reply in time")
+        .unwrap();
+    reply.trim_end().to_string()
+}
+
+#[tokio::test]
+async fn trusted_certificate_serves_the_binary_protocol_and_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = tls_server(dir.path(), &pki, |_| {}).await;
+    let client = client(&server, pki.ca.trust()).await.unwrap();
+    let lease = client
+        .acquire(
+            "tls/binary",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .expect("granted over TLS");
+    assert!(lease.fencing_token() > 0);
+    let reply = tls_console_line(&server, &pki.ca, "ACQUIRE tls/console 30000").await;
+    assert!(reply.starts_with("OK token="), "{reply}");
+    // The name can also be given explicitly (here: the certificate's DNS name).
+    let named = pki.ca.trust().with_server_name("localhost");
+    client_on(&server, named).await.ping().await.unwrap();
+}
+
+async fn client_on(server: &Server, tls: TlsOptions) -> Client {
+    client(server, tls).await.unwrap()
+}
+
+#[tokio::test]
+async fn untrusted_certificate_and_wrong_name_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = tls_server(dir.path(), &pki, |_| {}).await;
+    let stranger = TestCa::new(dir.path(), "stranger");
+    let err = client(&server, stranger.trust()).await.unwrap_err();
+    assert!(matches!(err, Error::Tls(_)), "{err:?}");
+    assert!(
+        !err.is_transient(),
+        "a certificate problem is not worth retrying"
+    );
+    assert!(err.to_string().contains("certificate"), "{err}");
+    let wrong_name = pki.ca.trust().with_server_name("locks.example.com");
+    let err = client(&server, wrong_name).await.unwrap_err();
+    assert!(matches!(err, Error::Tls(_)), "{err:?}");
+    // The server is unharmed.
+    client(&server, pki.ca.trust())
+        .await
+        .unwrap()
+        .ping()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn plain_text_to_a_tls_port_is_told_and_closed_while_others_keep_their_locks() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = tls_server(dir.path(), &pki, |_| {}).await;
+    let holder = client(&server, pki.ca.trust()).await.unwrap();
+    let lease = holder
+        .acquire(
+            "tls/held",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+
+    // A console line: an ERR line naming TLS, then the close.
+    let mut plain = TcpStream::connect(server.addr).await.unwrap();
+    plain.write_all(b"ACQUIRE tls/held 1000\n").await.unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(REPLY_WAIT_MAX, plain.read_to_string(&mut text))
+        .await
+        .expect("not closed in time")
+        .unwrap();
+    assert!(
+        text.starts_with("ERR BAD_HANDSHAKE this port requires TLS"),
+        "{text:?}"
+    );
+
+    // A binary hello: a handshake refusal the binary client understands, then the close.
+    let mut plain = TcpStream::connect(server.addr).await.unwrap();
+    let mut hello = BytesMut::new();
+    Hello { version: VERSION }.encode(&mut hello);
+    plain.write_all(&hello).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(REPLY_WAIT_MAX, plain.read_to_end(&mut answer))
+        .await
+        .expect("not closed in time")
+        .unwrap();
+    let refusal = HelloAck::decode(&mut BytesMut::from(&answer[..])).unwrap_err();
+    match refusal {
+        ProtocolError::HandshakeRefused { code, message, .. } => {
+            assert_eq!(code, ErrorCode::BadHandshake);
+            assert!(message.contains("requires TLS"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    // The plain client library says the same.
+    let err = Client::connect(server.addr.to_string()).await.unwrap_err();
+    assert!(err.to_string().contains("requires TLS"), "{err}");
+
+    // Garbage that is neither closes too; the holder never noticed any of it.
+    let mut junk = TcpStream::connect(server.addr).await.unwrap();
+    junk.write_all(&[0x16, 0x03, 0x01, 0xff, 0xff, 1, 2, 3])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(REPLY_WAIT_MAX, junk.read_to_end(&mut rest))
+        .await
+        .expect("a broken TLS hello is closed in time");
+    let renewed = holder
+        .renew("tls/held", lease.lease_id(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+}
+
+/// `admin` may do everything; `orders` may lock `orders/` keys only.
+fn identities(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("identities.toml");
+    let text = format!(
+        "[[identity]]\nname = \"admin\"\nsecret-hash = \"{}\"\nprefixes = [\"*\"]\nstats = true\n\n\
+         [[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\"]\n",
+        hash_secret(b"admin-secret").unwrap(),
+        hash_secret(b"orders-secret").unwrap(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let clients = TestCa::new(dir.path(), "clients");
+    let files = pki.ca.server_files(&pki.server, Some(&clients));
+    let ids = identities(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.tls = Some(files);
+        config.identities = Some(ids);
+    })
+    .await;
+
+    // No certificate, or one from a CA the server does not trust: refused.
+    assert!(client(&server, pki.ca.trust()).await.is_err());
+    let rogue_ca = TestCa::new(dir.path(), "rogue");
+    let rogue = rogue_ca.client(dir.path(), "admin");
+    let rogue = TlsOptions::from_files(&pki.ca.path, Some((&rogue.cert, &rogue.key))).unwrap();
+    assert!(client(&server, rogue).await.is_err());
+
+    // A certificate named after an identity is that identity, without AUTH.
+    let orders = clients.client(dir.path(), "orders");
+    let orders = client(&server, pki.ca.trust_as(&orders)).await.unwrap();
+    let granted = orders
+        .acquire(
+            "orders/1",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(granted.granted().is_some());
+    let err = orders
+        .acquire(
+            "payroll/1",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Server {
+                code: ErrorCode::Forbidden,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    // A trusted certificate with no identity's name must still AUTH.
+    let nobody = clients.client(dir.path(), "nobody");
+    let nobody = client(&server, pki.ca.trust_as(&nobody)).await.unwrap();
+    let err = nobody
+        .acquire(
+            "orders/2",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Server {
+                code: ErrorCode::Unauthenticated,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let admin = clients.client(dir.path(), "nobody-admin");
+    let config = ClientConfig::default()
+        .with_tls(pki.ca.trust_as(&admin))
+        .with_credentials("admin", "admin-secret");
+    let admin = Client::connect_with(server.addr.to_string(), config)
+        .await
+        .unwrap();
+    assert!(!admin.stats().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn mutual_tls_stands_in_for_identities_on_a_non_loopback_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let clients = TestCa::new(dir.path(), "clients");
+    let mut config = Config::for_tests(dir.path());
+    config.tls = Some(pki.ca.server_files(&pki.server, Some(&clients)));
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tenure_server::run(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    let me = clients.client(dir.path(), "me");
+    let config = ClientConfig::default().with_tls(pki.ca.trust_as(&me));
+    let client = Client::connect_with(format!("127.0.0.1:{port}"), config)
+        .await
+        .expect("served 0.0.0.0 with mutual TLS and no identities");
+    client.ping().await.unwrap();
+    drop(client);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn sighup_rotates_the_certificate_for_new_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let cert = dir.path().join("live.pem");
+    let key = dir.path().join("live.key");
+    std::fs::copy(&pki.server.cert, &cert).unwrap();
+    std::fs::copy(&pki.server.key, &key).unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "--no-fsync",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let daemon = crate::tenured(&data, &args);
+    let addr = daemon.addr.to_string();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let connect = |tls: TlsOptions| {
+        let addr = addr.clone();
+        runtime.block_on(async move {
+            let config = ClientConfig::default().with_tls(tls);
+            Client::connect_with(addr, config).await
+        })
+    };
+    let old_client = connect(pki.ca.trust()).unwrap();
+
+    let next = TestCa::new(dir.path(), "next");
+    let rotated = next.server(dir.path(), "rotated");
+    std::fs::copy(&rotated.cert, &cert).unwrap();
+    std::fs::copy(&rotated.key, &key).unwrap();
+    signal(daemon.pid(), "HUP");
+    // The reload takes a moment: wait, bounded, until the new CA is accepted.
+    let deadline = std::time::Instant::now() + REPLY_WAIT_MAX;
+    while connect(next.trust()).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "new certificate not served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(matches!(connect(pki.ca.trust()), Err(Error::Tls(_))));
+    // The connection made before the rotation is still open and served.
+    runtime.block_on(old_client.ping()).unwrap();
+
+    // A broken file on the next SIGHUP leaves the rotated certificate in force.
+    std::fs::write(&key, "not a key").unwrap();
+    signal(daemon.pid(), "HUP");
+    std::thread::sleep(Duration::from_millis(200));
+    let client = connect(next.trust()).unwrap();
+    runtime.block_on(client.ping()).unwrap();
+}
+
+#[tokio::test]
+async fn missing_or_broken_files_stop_the_start_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let mut config = Config::for_tests(dir.path());
+    let mut files = pki.ca.server_files(&pki.server, None);
+    files.key = dir.path().join("missing.key");
+    config.tls = Some(files);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = tenure_server::run(config, listener, std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("missing.key"), "{err}");
+}
