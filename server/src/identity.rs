@@ -224,6 +224,30 @@ impl Identities {
         Arc::clone(usage.entry(name.to_string()).or_default())
     }
 
+    /// Every identity in force, by name, with its locks held (places taken) and waiters now;
+    /// for the metrics, whose labels are therefore bounded by the identities file.
+    pub fn usage_by_identity(&self) -> Vec<(String, usize, usize)> {
+        let names: Vec<String> = {
+            let table = self.table.read().expect("identities lock poisoned");
+            table.keys().cloned().collect()
+        };
+        let usage = self.usage.lock().expect("usage lock poisoned");
+        let mut rows: Vec<_> = names
+            .into_iter()
+            .map(|name| {
+                let (held, waiters) = usage.get(&name).map_or((0, 0), |u| {
+                    (
+                        u.held.load(Ordering::Relaxed),
+                        u.waiters.load(Ordering::Relaxed),
+                    )
+                });
+                (name, held, waiters)
+            })
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+
     /// Records that the lease with fencing token `token` holds `place` until it ends.
     pub fn hold(&self, token: u64, place: HeldPlace) {
         let mut owners = self.owners.lock().expect("owners lock poisoned");

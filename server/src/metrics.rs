@@ -31,6 +31,7 @@ use prometheus_client::metrics::MetricType;
 use tenure_protocol::{LeaseId, Request, Response};
 
 use crate::executor::Executor;
+use crate::identity::Identities;
 use crate::stats::{stats_pairs, Stats, OP_KINDS};
 
 /// Request outcomes, as the `outcome` label spells them.
@@ -447,8 +448,9 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         "Keys watched now",
         pair("watches") as f64,
     )?;
-    // Identities (issue 10 item 1) will add a `tenure_identity_held_locks{identity}` gauge
-    // here, bounded by the configured identities; until then the server-wide gauge above is it.
+    if let Some(identities) = &shared.identities {
+        encode_identities(encoder, identities)?;
+    }
     counter(
         encoder,
         "tenure_grants",
@@ -506,6 +508,28 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         help,
         shared.clock.now_ms() as f64 / 1000.0,
     )
+}
+
+/// Locks held and waiters by identity: one label value per configured identity, so the
+/// cardinality is the identities file's length.
+fn encode_identities(encoder: &mut DescriptorEncoder, identities: &Identities) -> FmtResult {
+    let rows = identities.usage_by_identity();
+    let help = "Locks held now (blocking acquires that will hold one included), by identity; \
+        locks recovered after a restart count against none";
+    let mut family =
+        encoder.encode_descriptor("tenure_identity_held_locks", help, None, MetricType::Gauge)?;
+    for (name, held, _) in &rows {
+        let value = ConstGauge::new(*held as i64);
+        value.encode(family.encode_family(&[("identity", name.as_str())])?)?;
+    }
+    let help = "Blocking acquires waiting now, by identity";
+    let mut family =
+        encoder.encode_descriptor("tenure_identity_waiters", help, None, MetricType::Gauge)?;
+    for (name, _, waiters) in &rows {
+        let value = ConstGauge::new(*waiters as i64);
+        value.encode(family.encode_family(&[("identity", name.as_str())])?)?;
+    }
+    Ok(())
 }
 
 /// Open connections by surface, accepted and refused ones.

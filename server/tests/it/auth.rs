@@ -23,7 +23,7 @@ const REPLY_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// An identities file: `orders` may lock `orders/` and `jobs/` keys, hold at most 3, wait at
 /// most twice, no STATS or WATCH; `admin` may do everything.
-fn identities_file(dir: &Path) -> PathBuf {
+pub(crate) fn identities_file(dir: &Path) -> PathBuf {
     let path = dir.join("identities.toml");
     let text = format!(
         "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\", \"jobs/\"]\n\

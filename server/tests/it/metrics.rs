@@ -505,3 +505,63 @@ fn metrics_bind_error_is_a_clear_startup_error() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn locks_held_and_waiters_by_identity_are_gauges_labelled_by_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.identities = Some(crate::auth::identities_file(dir.path()));
+    let server = Server::start(config, None).await;
+    let mut orders = Console::connect(server.addr).await;
+    assert!(orders
+        .call("AUTH orders orders-secret")
+        .await
+        .starts_with("OK"));
+    assert!(orders
+        .call("ACQUIRE orders/1 60000")
+        .await
+        .starts_with("OK token="));
+    assert!(orders
+        .call("ACQUIRE jobs/1 60000")
+        .await
+        .starts_with("OK token="));
+    let mut admin = Console::connect(server.addr).await;
+    assert!(admin
+        .call("AUTH admin admin-secret")
+        .await
+        .starts_with("OK"));
+    assert!(admin.call("ACQUIRE x 60000").await.starts_with("OK token="));
+    // A blocking acquire: a waiter of its own and a held place reserved for its grant.
+    admin.send("ACQUIRE orders/1 60000 60000").await;
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let text = loop {
+        let text = server.scrape().await;
+        if text.contains("tenure_identity_waiters{identity=\"admin\"} 1") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never showed:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        text.contains("tenure_identity_held_locks{identity=\"orders\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tenure_identity_held_locks{identity=\"admin\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tenure_identity_waiters{identity=\"orders\"} 0"),
+        "{text}"
+    );
+    let out = promtool(&["check", "metrics"], &text);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.stop().await;
+}
