@@ -24,7 +24,7 @@ use futures_util::Stream;
 use rand::Rng;
 use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::{IN_FLIGHT_MAX_DEFAULT, WAIT_MS_MAX};
-use tenure_protocol::{EventKind, LeaseId, Request, Response};
+use tenure_protocol::{ErrorCode, EventKind, LeaseId, Request, Response};
 use tokio::time::Instant;
 
 use crate::conn::{Conn, WatchRegistration};
@@ -34,6 +34,12 @@ use crate::lease::{Granted, KeepAliveOptions, Lease, LeaseGuard};
 /// Most events a watch queues for a consumer that is not reading; past it the watch is
 /// dropped with [`Error::WatchOverflow`] rather than stall the connection.
 pub const WATCH_EVENTS_MAX: usize = 1024;
+
+/// Redirects a request may follow beyond one per endpoint (`NOT_LEADER` answers) before the
+/// last answer is returned as it is.
+const REDIRECTS_EXTRA: usize = 3;
+/// Pause before trying the next endpoint while no leader is known (an election under way).
+const ELECTION_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a [`Client`] talks to the server.
 #[derive(Clone, Debug)]
@@ -232,7 +238,13 @@ pub struct Client {
 }
 
 struct Inner {
+    /// The address(es) as given: `host:port`, or several separated by commas (a cluster).
     addr: String,
+    /// Every address to try, in order.
+    endpoints: Vec<String>,
+    /// The address the next connection goes to: the leader a follower named, else the
+    /// endpoint after the one that last failed.
+    next: Mutex<String>,
     config: ClientConfig,
     current: Mutex<Option<Arc<Conn>>>,
     reconnect: tokio::sync::Mutex<Backoff>,
@@ -284,6 +296,12 @@ async fn authenticate(conn: &Arc<Conn>, credentials: &Credentials) -> Result<()>
 impl Client {
     /// Connects to `addr` (`host:port`) with the default [`ClientConfig`].
     ///
+    /// `addr` may list several servers separated by commas (`a:7878,b:7878,c:7878`), the
+    /// nodes of a cluster: the first that accepts a connection is used, and a node answering
+    /// `NOT_LEADER` is left for the leader it names (the request is sent again there; a
+    /// follower executes nothing). While no leader is known the client tries the next node
+    /// after a short pause, up to one redirect per node and three more per request.
+    ///
     /// # Errors
     /// [`Error::Io`] or [`Error::Timeout`] when the server cannot be reached, or a handshake
     /// error ([`Error::Protocol`], [`Error::VersionMismatch`]).
@@ -296,9 +314,24 @@ impl Client {
     /// # Errors
     /// As [`Client::connect`].
     pub async fn connect_with(addr: impl Into<String>, config: ClientConfig) -> Result<Client> {
+        let addr = addr.into();
+        let endpoints: Vec<String> = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let Some(first) = endpoints.first().cloned() else {
+            return Err(Error::Invalid {
+                code: tenure_protocol::ErrorCode::BadArgs,
+                message: format!("no server address in {addr:?}"),
+            });
+        };
         let client = Client {
             inner: Arc::new(Inner {
-                addr: addr.into(),
+                addr,
+                endpoints,
+                next: Mutex::new(first),
                 config,
                 current: Mutex::new(None),
                 reconnect: tokio::sync::Mutex::new(Backoff {
@@ -307,13 +340,34 @@ impl Client {
                 }),
             }),
         };
-        client.connection().await?;
-        Ok(client)
+        // Each endpoint once, at once: a cluster with one node down still connects.
+        let mut last = None;
+        for _ in 0..client.inner.endpoints.len() {
+            match client.connection().await {
+                Ok(_) => return Ok(client),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one endpoint was tried"))
     }
 
-    /// The server address this client connects to.
+    /// The server address(es) this client was given (`a,b,c` for a cluster).
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// Every server address this client tries, in order.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// Makes the next connection go to the endpoint after `failed` in the list (to the first
+    /// if `failed` is not in it, as a leader's address named by a follower may not be).
+    fn advance_from(&self, failed: &str) {
+        let endpoints = &self.inner.endpoints;
+        let at = endpoints.iter().position(|e| e == failed);
+        let next = at.map_or(0, |i| (i + 1) % endpoints.len());
+        *self.inner.next.lock().expect("client mutex poisoned") = endpoints[next].clone();
     }
 
     /// The configuration this client was made with.
@@ -368,9 +422,14 @@ impl Client {
             tokio::time::sleep_until(retry_at).await;
         }
         let config = &self.inner.config;
+        let target = self
+            .inner
+            .next
+            .lock()
+            .expect("client mutex poisoned")
+            .clone();
         let opened = tokio::time::timeout(config.connect_timeout, async {
-            let conn =
-                Conn::open(&self.inner.addr, config.in_flight_max, config.tls.as_ref()).await?;
+            let conn = Conn::open(&target, config.in_flight_max, config.tls.as_ref()).await?;
             if let Some(credentials) = &config.credentials {
                 authenticate(&conn, credentials).await?;
             }
@@ -387,10 +446,20 @@ impl Client {
             }
             Err(e) => {
                 backoff.failures = backoff.failures.saturating_add(1);
-                backoff.retry_at = Some(Instant::now() + self.reconnect_delay(backoff.failures));
+                self.advance_from(&target);
+                // With several endpoints the next one is tried at once; the delay comes
+                // after a whole round of them has failed.
+                let rounds = backoff.failures / self.endpoint_count();
+                let round_done = backoff.failures % self.endpoint_count() == 0;
+                backoff.retry_at =
+                    round_done.then(|| Instant::now() + self.reconnect_delay(rounds));
                 Err(e)
             }
         }
+    }
+
+    fn endpoint_count(&self) -> u32 {
+        u32::try_from(self.inner.endpoints.len()).unwrap_or(u32::MAX)
     }
 
     /// Exponential backoff with "equal jitter": a random delay in `[d/2, d]`, where `d`
@@ -415,13 +484,56 @@ impl Client {
     ) -> Result<(Response, Arc<Conn>)> {
         request.validate().map_err(Error::invalid)?;
         let call = async {
-            let conn = self.connection().await?;
-            let response = conn.call(request).await?;
-            Ok((response, conn))
+            let mut redirects = 0;
+            loop {
+                let conn = self.connection().await?;
+                let response = conn.call(request.clone()).await?;
+                let Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message,
+                } = &response
+                else {
+                    return Ok((response, conn));
+                };
+                // A follower executes nothing, so the request is sent again to the leader.
+                redirects += 1;
+                if redirects > self.inner.endpoints.len() + REDIRECTS_EXTRA {
+                    return Ok((response, conn));
+                }
+                self.follow(&conn, message).await;
+            }
         };
         tokio::time::timeout(timeout, call)
             .await
             .unwrap_or(Err(Error::Timeout(timeout)))
+    }
+
+    /// After `NOT_LEADER` from `conn`: closes it and points the next connection at the
+    /// leader it named, or, while no leader is known (an election), at the next endpoint
+    /// after a short pause.
+    async fn follow(&self, conn: &Arc<Conn>, message: &str) {
+        {
+            let mut current = self.inner.current.lock().expect("client mutex poisoned");
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                *current = None;
+            }
+        }
+        conn.shared.fail("not the leader");
+        match tenure_protocol::error::leader_hint(message) {
+            Some(Some(leader)) => {
+                *self.inner.next.lock().expect("client mutex poisoned") = leader.to_owned();
+            }
+            _ => {
+                let target = self
+                    .inner
+                    .next
+                    .lock()
+                    .expect("client mutex poisoned")
+                    .clone();
+                self.advance_from(&target);
+                tokio::time::sleep(ELECTION_PAUSE).await;
+            }
+        }
     }
 
     async fn call_plain(&self, request: Request) -> Result<Response> {
@@ -764,8 +876,78 @@ mod tests {
     use crate::fake;
     use std::sync::atomic::AtomicU32;
     use tenure_protocol::handshake::{HelloAck, VERSION};
-    use tenure_protocol::ErrorCode;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A fake node that answers everything with NOT_LEADER naming `leader`.
+    async fn follower(leader: &str, calls: Arc<AtomicU32>) -> fake::FakeServer {
+        let message = format!("leader={leader}");
+        let script: fake::Script = Arc::new(move |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message: message.clone(),
+            })
+        });
+        fake::start(VERSION, 16, script).await
+    }
+
+    fn pong() -> fake::Script {
+        Arc::new(|_| Some(Response::Pong))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_s_not_leader_sends_the_request_to_the_leader_it_names() {
+        let leader = fake::start(VERSION, 16, pong()).await;
+        let asked = Arc::new(AtomicU32::new(0));
+        let follower = follower(&leader.addr, Arc::clone(&asked)).await;
+        let client = Client::connect(format!("{},{}", follower.addr, leader.addr))
+            .await
+            .unwrap();
+        client.ping().await.unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "the leader is remembered");
+        assert_eq!(client.endpoints().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_endpoint_is_skipped_at_once_and_unknown_leaders_are_waited_out() {
+        let leader = fake::start(VERSION, 16, pong()).await;
+        // A port nothing listens on.
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead_addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let asked = Arc::new(AtomicU32::new(0));
+        let electing = follower("unknown", Arc::clone(&asked)).await;
+        let addrs = format!("{dead_addr}, {},{}", electing.addr, leader.addr);
+        let client = Client::connect(addrs.clone()).await.unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        assert_eq!(client.addr(), addrs);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_leader_forever_is_returned_after_a_bounded_number_of_redirects() {
+        let asked = Arc::new(AtomicU32::new(0));
+        let a = follower("unknown", Arc::clone(&asked)).await;
+        let b = follower("unknown", Arc::clone(&asked)).await;
+        let client = Client::connect(format!("{},{}", a.addr, b.addr))
+            .await
+            .unwrap();
+        let err = client.ping().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Server {
+                    code: ErrorCode::NotLeader,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_transient(), "an election ends");
+        assert_eq!(asked.load(Ordering::Relaxed), 2 + 3 + 1);
+        assert!(Client::connect(" , ").await.is_err(), "no address at all");
+    }
 
     #[tokio::test]
     async fn a_server_of_another_version_is_refused() {

@@ -84,6 +84,7 @@ impl Error {
                     | ErrorCode::Recovering
                     | ErrorCode::TooManyInFlight
                     | ErrorCode::ConnectionsLimit
+                    | ErrorCode::NotLeader
             ),
             _ => false,
         }

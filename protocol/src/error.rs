@@ -56,11 +56,28 @@ pub enum ErrorCode {
     Forbidden = 21,
     /// The connection's identity holds (or waits for) as many locks as its quota allows.
     Quota = 22,
+    /// Cluster mode: this node is not the leader. The message is `leader=<host:port>` (the
+    /// leader's client address) or `leader=unknown` (an election is under way); see
+    /// [`leader_hint`].
+    NotLeader = 23,
+}
+
+/// Where a [`ErrorCode::NotLeader`] message says the leader is: `Some(Some(addr))` for a
+/// known leader, `Some(None)` while none is known, `None` for a message of another form.
+pub fn leader_hint(message: &str) -> Option<Option<&str>> {
+    let rest = message
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("leader="))?;
+    match rest {
+        "" => None,
+        "unknown" => Some(None),
+        addr => Some(Some(addr)),
+    }
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -84,6 +101,7 @@ impl ErrorCode {
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::Quota,
+        ErrorCode::NotLeader,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -121,6 +139,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "UNAUTHENTICATED",
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::Quota => "QUOTA",
+            ErrorCode::NotLeader => "NOT_LEADER",
         }
     }
 }
@@ -198,5 +217,26 @@ impl ProtocolError {
             ProtocolError::HandshakeRefused { code, .. } => Some(*code),
             ProtocolError::Io(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leader_hint_reads_the_leaders_address() {
+        assert_eq!(
+            leader_hint("leader=10.0.0.2:7878"),
+            Some(Some("10.0.0.2:7878"))
+        );
+        assert_eq!(leader_hint("leader=unknown"), Some(None));
+        assert_eq!(
+            leader_hint("not the leader; leader=[::1]:7878"),
+            Some(Some("[::1]:7878"))
+        );
+        assert_eq!(leader_hint("leader="), None);
+        assert_eq!(leader_hint("something else"), None);
+        assert_eq!(ErrorCode::from_u16(23), ErrorCode::NotLeader);
     }
 }

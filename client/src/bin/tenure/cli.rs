@@ -22,7 +22,7 @@ Exit codes:
 #[derive(Parser, Debug)]
 #[command(name = "tenure", version, after_help = EXIT_CODES_HELP)]
 pub struct Cli {
-    /// Server address.
+    /// Server address; several separated by commas for a cluster (the leader is found).
     #[arg(
         long,
         global = true,
