@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::conn::ConnCtx;
 use crate::handoff::{WaitResult, WaitSlot};
-use crate::journal::{Journal, Lease, Ticket, Undo, TICKET_NOW};
+use crate::journal::{Change, Journal, Lease, Ticket, Undo, TICKET_NOW};
 use crate::stats::Stats;
 use crate::table::{self, LockTable, Quotas, TableLimits};
 use crate::tokens::Tokens;
@@ -198,7 +198,7 @@ impl Executor {
                 key,
                 lease_id,
                 ttl_ms,
-            } => self.renew(now_ms, &key, lease_id, ttl_ms),
+            } => return self.renew(now_ms, &key, lease_id, ttl_ms),
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
             Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
                 None => Response::Free,
@@ -247,19 +247,30 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 }
 
 impl Executor {
-    fn renew(
-        self: &Arc<Self>,
-        now_ms: u64,
-        key: &[u8],
-        lease_id: LeaseId,
-        ttl_ms: u32,
-    ) -> Response {
+    /// RENEW. One to a TTL longer than the lease's last journal record is logged and
+    /// answered once durable, so a restart gives the lease at least that TTL again; any
+    /// other is answered at once (see the table's "Renewals and the journal").
+    fn renew(self: &Arc<Self>, now_ms: u64, key: &[u8], lease_id: LeaseId, ttl_ms: u32) -> Outcome {
         if ttl_ms > self.config.ttl_ms_max {
-            return self.ttl_too_long(ttl_ms);
+            return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
         let mut shard = self.shard(key);
-        match shard.renew(now_ms, key, lease_id, ttl_ms) {
-            table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
+        let durable_lsn = || self.journal.progress().borrow().lsn;
+        let response = match shard.renew(now_ms, key, lease_id, ttl_ms, durable_lsn) {
+            table::Renew::Renewed { ttl_ms, wait_lsn } => {
+                return Outcome::Reply(Response::Renewed { ttl_ms }, wait_lsn)
+            }
+            table::Renew::Unlogged { token } => {
+                let renewal = Change::Renew { key, token, ttl_ms };
+                return match self.journal.append(&renewal) {
+                    Ok(ticket) => {
+                        shard.renew_logged(now_ms, key, token, ttl_ms, ticket);
+                        Outcome::Reply(Response::Renewed { ttl_ms }, ticket)
+                    }
+                    // Not logged, so not made: the lease keeps its deadline.
+                    Err(e) => Outcome::Reply(self.unavailable(&e), TICKET_NOW),
+                };
+            }
             table::Renew::Lost => {
                 // A lease past its deadline that the ticker has not reaped yet ends now, as
                 // the ticker would end it, so this late RENEW counts as one of an expired lease.
@@ -269,7 +280,8 @@ impl Executor {
                 self.stats.metrics.renew_lost(lease_id);
                 Response::Lost
             }
-        }
+        };
+        Outcome::Reply(response, TICKET_NOW)
     }
 
     /// Takes queued acquires (key, waiter id) out of their queues, shard by shard, at most

@@ -27,14 +27,18 @@ impl Executor {
         let mut shard = self.shard(&key);
         // What the lease looked like, to put it back if the release never becomes durable
         // (only logged changes can fail to become durable).
-        let before = match shard.inspect(now_ms, &key) {
-            table::Inspect::Held {
-                token,
-                ttl_left_ms,
-                meta,
-                ..
-            } if self.journal.logs_leases() => {
-                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta)))
+        let logged = shard.logged_ttl(&key);
+        let before = match (shard.inspect(now_ms, &key), logged) {
+            (
+                table::Inspect::Held {
+                    token,
+                    ttl_left_ms,
+                    meta,
+                    ..
+                },
+                Some(logged),
+            ) if self.journal.logs_leases() => {
+                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta), logged))
             }
             _ => None,
         };
@@ -46,7 +50,7 @@ impl Executor {
         ctx.disown(&key, lease_id);
         match ticket {
             Ok(ticket) => match before {
-                Some((token, ttl_left_ms, meta)) => Outcome::Changed {
+                Some((token, ttl_left_ms, meta, logged)) => Outcome::Changed {
                     response: Response::Released,
                     ticket,
                     undo: Undo::Release {
@@ -54,6 +58,7 @@ impl Executor {
                         lease_id,
                         token,
                         ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
+                        logged,
                         meta,
                     },
                 },

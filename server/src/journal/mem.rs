@@ -29,7 +29,7 @@ pub struct MemJournal {
 }
 
 impl MemJournal {
-    /// A journal that logs grants and frees if `logs_leases` (durability `full`).
+    /// A journal that logs grants, frees and renewals if `logs_leases` (durability `full`).
     pub fn new(logs_leases: bool) -> Arc<MemJournal> {
         let (progress_tx, _) = watch::channel(Progress::default());
         Arc::new(MemJournal {

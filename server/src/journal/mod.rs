@@ -1,16 +1,19 @@
 //! The journal: the one place that decides "durable before visible".
 //!
-//! Every change the executor makes to the lock table (a grant, a free, a token reservation)
-//! is described as a [`Change`] and handed to the [`Journal`] while the table's shard lock is
-//! still held, so the journal orders changes to a key exactly as the table made them. The
-//! journal answers with a [`Ticket`]; the change's reply waits until the journal's
-//! [`Progress`] passes that ticket. If the journal fails first, the change is taken back
-//! ([`Undo`]) and the requester told "not durable, nothing changed"; once it has failed, new
-//! changes are refused before the table is touched ([`Journal::failed`]).
+//! Every change the executor makes to the lock table (a grant, a free, a token reservation,
+//! a renewal to a longer TTL than the lease's records say) is described as a [`Change`] and
+//! handed to the [`Journal`] while the table's shard lock is still held, so the journal
+//! orders changes to a key exactly as the table made them. The journal answers with a
+//! [`Ticket`]; the change's reply waits until the journal's [`Progress`] passes that
+//! ticket. If the journal fails first, a grant or release is taken back ([`Undo`]) and the
+//! requester told "not durable, nothing changed" (a renewal stays, and its requester is
+//! told it may be lost); once it has failed, new changes are refused before the table is
+//! touched ([`Journal::failed`]).
 //!
 //! The durability mode ([`Durability::Full`] or [`Durability::Tokens`]) is a journal policy:
 //! the executor always describes its changes, and the journal decides which are logged. In
-//! token-only mode only reservations are, so grants and frees come back with [`TICKET_NOW`].
+//! token-only mode only reservations are, so grants, frees and renewals come back with
+//! [`TICKET_NOW`].
 //!
 //! [`Change::record`] is the one place a WAL record is built from a change, used by live
 //! writes, by snapshots of the table, and by the WAL's own start-up snapshot.
@@ -98,10 +101,21 @@ pub enum Change<'a> {
         /// The new limit.
         token_limit: u64,
     },
+    /// The lease holding `key` with `token` was renewed to `ttl_ms`, longer than its last
+    /// record said: a restart must give it that much.
+    Renew {
+        /// The lock.
+        key: &'a [u8],
+        /// The renewed lease's token.
+        token: u64,
+        /// Its new length, in milliseconds.
+        ttl_ms: u32,
+    },
 }
 
 impl<'a> Change<'a> {
-    /// The WAL record of this change: the one builder of Grant, Free and Reserve records.
+    /// The WAL record of this change: the one builder of Grant, Free, Reserve and Renew
+    /// records.
     pub fn record(&self) -> Record<'a> {
         match *self {
             Change::Grant(lease) => Record::Grant {
@@ -118,6 +132,7 @@ impl<'a> Change<'a> {
             },
             Change::Free { key, token, reason } => Record::Free { key, token, reason },
             Change::Reserve { token_limit } => Record::Reserve { token_limit },
+            Change::Renew { key, token, ttl_ms } => Record::Renew { key, token, ttl_ms },
         }
     }
 }
@@ -155,7 +170,8 @@ pub trait LeaseSource {
 /// The log that makes changes durable before anyone hears of them; see the module docs for
 /// what an implementation must guarantee.
 pub trait Journal: Send + Sync + 'static {
-    /// Whether grants and frees are logged (durability `full`): only then can one need undoing.
+    /// Whether grants, frees and renewals are logged (durability `full`): only then can one
+    /// need undoing.
     fn logs_leases(&self) -> bool;
 
     /// Queues `change` if the durability policy logs it and returns the ticket its reply must

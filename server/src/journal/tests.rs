@@ -189,3 +189,174 @@ async fn undo_of_a_release_whose_handoff_waits_for_tokens_does_not_panic() {
         shard.lock().expect("not poisoned").check_invariants();
     }
 }
+
+/// Acquires `key` (TTL 60 s) and returns the lease id, with its grant made durable.
+async fn held(
+    executor: &Arc<Executor>,
+    journal: &MemJournal,
+    key: &str,
+) -> tenure_protocol::LeaseId {
+    let mut ctx = ConnCtx::new(7);
+    let response = match executor.execute(&mut ctx, 1, acquire(key)) {
+        Outcome::Changed { response, .. } | Outcome::Reply(response, _) => response,
+        _ => panic!("granted at once"),
+    };
+    let Response::Granted { lease_id, .. } = response else {
+        panic!("granted, not {response:?}");
+    };
+    journal.make_durable();
+    lease_id
+}
+
+/// RENEW of `key`'s lease to `ttl_ms`: the reply and the ticket it waits for.
+fn renew(
+    executor: &Arc<Executor>,
+    key: &str,
+    lease_id: tenure_protocol::LeaseId,
+    ttl_ms: u32,
+) -> (Response, super::Ticket) {
+    let request = Request::Renew {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        lease_id,
+        ttl_ms,
+    };
+    match executor.execute(&mut ConnCtx::new(8), 1, request) {
+        Outcome::Reply(response, ticket) => (response, ticket),
+        _ => panic!("RENEW answers with a reply"),
+    }
+}
+
+fn last_record(journal: &MemJournal) -> Vec<u8> {
+    journal.kept().last().expect("a record").record.clone()
+}
+
+#[tokio::test]
+async fn a_renewal_longer_than_the_logged_ttl_is_logged_and_answered_once_durable() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let lease_id = held(&executor, &journal, "k").await;
+    let records = journal.kept().len();
+    let renewed = |ttl_ms| Response::Renewed { ttl_ms };
+    // The grant's TTL or less: not logged, answered at once.
+    assert_eq!(
+        renew(&executor, "k", lease_id, 60_000),
+        (renewed(60_000), 0)
+    );
+    assert_eq!(
+        renew(&executor, "k", lease_id, 30_000),
+        (renewed(30_000), 0)
+    );
+    assert_eq!(journal.kept().len(), records);
+    // Longer: a Renew record, and the reply waits for it.
+    let (response, ticket) = renew(&executor, "k", lease_id, 120_000);
+    assert_eq!(response, renewed(120_000));
+    assert_eq!(ticket, journal.last_ticket());
+    let record = last_record(&journal);
+    let (decoded, _) = crate::wal::record::decode(&record).unwrap();
+    let crate::wal::Record::Renew { key, ttl_ms, .. } = decoded else {
+        panic!("a Renew record, not {decoded:?}");
+    };
+    assert_eq!((key, ttl_ms), (&b"k"[..], 120_000));
+    assert!(matches!(
+        settle(ticket, &journal.progress().borrow()),
+        Settled::Waiting
+    ));
+    // Another renewal to that TTL, from anywhere, waits for the same record ...
+    assert_eq!(
+        renew(&executor, "k", lease_id, 90_000),
+        (renewed(90_000), ticket)
+    );
+    journal.make_durable();
+    // ... and once it is durable, no longer.
+    assert_eq!(
+        renew(&executor, "k", lease_id, 120_000),
+        (renewed(120_000), 0)
+    );
+    assert_eq!(journal.kept().len(), records + 1);
+    // A snapshot copies the lease with its logged TTL.
+    journal.snapshot(&*executor);
+    let snapshot = last_record(&journal);
+    let (copy, _) = crate::wal::record::decode(&snapshot).unwrap();
+    assert!(
+        matches!(
+            copy,
+            crate::wal::Record::Grant {
+                ttl_ms: 120_000,
+                ..
+            }
+        ),
+        "{copy:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_longer_renewal_that_cannot_be_logged_changes_nothing() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let lease_id = held(&executor, &journal, "k").await;
+    journal.fail("injected");
+    let (response, ticket) = renew(&executor, "k", lease_id, 120_000);
+    let Response::Error { code, message } = response else {
+        panic!("refused, not {response:?}");
+    };
+    assert_eq!((code, ticket), (ErrorCode::Unavailable, 0));
+    assert!(message.contains("nothing changed"), "{message}");
+    let Response::Held { ttl_left_ms, .. } = inspect(&executor, &mut ConnCtx::new(1), "k") else {
+        panic!("still held");
+    };
+    assert!(
+        ttl_left_ms <= 60_000,
+        "the lease was extended: {ttl_left_ms} ms left"
+    );
+    // A renewal the log already covers still works.
+    let renewed = Response::Renewed { ttl_ms: 60_000 };
+    assert_eq!(renew(&executor, "k", lease_id, 60_000), (renewed, 0));
+}
+
+#[tokio::test]
+async fn token_mode_logs_no_renewal() {
+    let journal = MemJournal::new(false);
+    let executor = executor(&journal).await;
+    let lease_id = held(&executor, &journal, "k").await;
+    let records = journal.kept().len();
+    let renewed = Response::Renewed { ttl_ms: 120_000 };
+    assert_eq!(
+        renew(&executor, "k", lease_id, 120_000),
+        (renewed.clone(), 0)
+    );
+    assert_eq!(renew(&executor, "k", lease_id, 120_000), (renewed, 0));
+    assert_eq!(journal.kept().len(), records, "only reservations");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_put_back_keeps_the_logged_ttl_of_its_lease() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let lease_id = held(&executor, &journal, "k").await;
+    let (_, ticket) = renew(&executor, "k", lease_id, 120_000);
+    assert_ne!(ticket, 0, "logged");
+    journal.make_durable();
+    // Time passes: the lease has less left than either TTL when it is put back.
+    tokio::time::advance(std::time::Duration::from_millis(10)).await;
+    let mut ctx = ConnCtx::new(1);
+    let release = Request::Release {
+        key: Bytes::from_static(b"k"),
+        lease_id,
+    };
+    let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, release) else {
+        panic!("a release in full durability waits for its ticket");
+    };
+    journal.fail("injected");
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    let answer = answer_lost(&executor, &mut ctx, Some(undo), &why);
+    assert!(
+        matches!(answer, Response::Error { ref message, .. } if message.contains("nothing changed"))
+    );
+    // Both TTLs are durable: renewing to either needs no record the failed log cannot take.
+    for ttl_ms in [60_000, 120_000] {
+        let renewed = Response::Renewed { ttl_ms };
+        assert_eq!(renew(&executor, "k", lease_id, ttl_ms), (renewed, 0));
+    }
+}

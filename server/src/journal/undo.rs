@@ -32,6 +32,9 @@ pub enum Undo {
         token: u64,
         /// Time it had left, in milliseconds; it gets at least that again.
         ttl_ms: u32,
+        /// The TTL its journal records gave it, which it keeps: renewals up to that TTL
+        /// need no new record.
+        logged: table::LoggedTtl,
         /// Its holder metadata.
         meta: Bytes,
     },
@@ -103,6 +106,7 @@ impl Executor {
                 lease_id,
                 token,
                 ttl_ms,
+                logged,
                 meta,
             } => {
                 let mut shard = self.shard(&key);
@@ -113,6 +117,7 @@ impl Executor {
                 let free = matches!(shard.inspect(now_ms, &key), table::Inspect::Free);
                 if free && !shard.has_slot(&key) {
                     shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    shard.restore_logged_ttl(&key, token, logged);
                     // Watchers were told of the release; they learn the lease is back.
                     self.watches.notify(&key, EventKind::Granted, token, &meta);
                     true

@@ -42,7 +42,7 @@ impl Journal for WalJournal {
 
     fn append(&self, change: &Change<'_>) -> Result<Ticket, JournalError> {
         let logged = match change {
-            Change::Grant(_) | Change::Free { .. } => self.logs_leases(),
+            Change::Grant(_) | Change::Free { .. } | Change::Renew { .. } => self.logs_leases(),
             Change::Reserve { .. } => true,
         };
         if !logged {

@@ -98,8 +98,12 @@ impl<W: WaiterSink> LockTable<W> {
             "slot {number}: meta too long"
         );
         assert!(
-            (TTL_MS_MIN..=TTL_MS_MAX).contains(&lock.ttl_ms),
-            "slot {number}: ttl_ms"
+            (TTL_MS_MIN..=TTL_MS_MAX).contains(&lock.logged.ttl_ms()),
+            "slot {number}: logged ttl_ms"
+        );
+        assert!(
+            !lock.logged.is_pending() || self.renewal_lsn_max > 0,
+            "slot {number}: a renewal record pending, yet none was logged"
         );
         if let Some(extra) = &lock.extra {
             assert!(

@@ -2,7 +2,7 @@
 //! lease's timer, firing timers, settling a key whose lease or waits ran out, freeing it.
 
 use super::index::KeyBytes;
-use super::slot::{timer_is_live, Timer};
+use super::slot::{timer_is_live, LoggedTtl, Timer};
 use super::*;
 
 impl<W: WaiterSink> LockTable<W> {
@@ -74,7 +74,7 @@ impl<W: WaiterSink> LockTable<W> {
         let lock = &mut self.slots[slot];
         lock.token = grant.token;
         lock.lease_id = grant.lease_id;
-        lock.ttl_ms = grant.ttl_ms;
+        lock.logged = LoggedTtl::settled(grant.ttl_ms);
         lock.deadline_ms = now_ms + u64::from(grant.ttl_ms);
         self.arm_lease(slot);
     }

@@ -30,6 +30,18 @@
 //! once they outnumber the live ones, so the wheel stays proportional to locks plus waiters
 //! even when leases with day-long TTLs are released after milliseconds.
 //!
+//! # Renewals and the journal
+//!
+//! A restart gives every lease the TTL of its last journal record again, counted from the
+//! restart. So a renewal to a longer TTL than that record's must be logged before it is
+//! answered, or the restarted server could end the lease before the holder's deadline:
+//! `renew` answers [`Renew::Unlogged`] and changes nothing, the caller logs the renewal and
+//! calls `renew_logged` with the record's journal position. A renewal to the same or a
+//! shorter TTL changes the deadline alone, logs nothing and is answered at once, unless the
+//! lease's last record is a renewal that may not be durable yet; its reply then waits for the
+//! shard's latest renewal record (`wait_lsn` of [`Renew::Renewed`]). The table knows journal
+//! positions only as numbers its caller hands it.
+//!
 //! # Token exhaustion
 //!
 //! A token is only handed out below the durable limit. If none is available when a free key
@@ -43,7 +55,8 @@
 //! # Memory
 //!
 //! Locks live in a slab of `Slot`s (72 bytes: key inline up to 22 bytes, lease, deadline,
-//! token, generation, TTL, and a pointer to rarely used extras: metadata and waiter queue).
+//! token, generation, logged TTL, and a pointer to rarely used extras: metadata and waiter
+//! queue).
 //! A custom index maps key hashes to slab numbers in 8-byte buckets (see `index`), and each
 //! lease timer costs 16 bytes in the wheel: 96 to 106 bytes per held lock by `size_of`, about
 //! 105 to 115 bytes measured with slack (100k to 1M locks with 16-byte keys).
@@ -79,6 +92,7 @@ pub use outcome::{
     TableLimits, WaiterSink,
 };
 pub use quota::{Quota, Quotas};
+pub use slot::LoggedTtl;
 use slot::{Slot, Timer};
 #[cfg(test)]
 use {index::KeyBytes, slot::Extra, slot::Queued}; // sizes checked in the tests
@@ -136,6 +150,10 @@ pub struct LockTable<W> {
     /// O(log n) per cancel rather than O(n).
     #[cfg(test)]
     cancel_steps: u64,
+    /// The journal position of the latest renewal record logged in this shard
+    /// ([`LockTable::renew_logged`]), at or after that of any lease's pending renewal: a
+    /// renewal waiting on a pending one waits for this, rather than a slot keeping 8 bytes.
+    renewal_lsn_max: u64,
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
@@ -184,6 +202,7 @@ impl<W: WaiterSink> LockTable<W> {
             next_waiter_id: 1,
             #[cfg(test)]
             cancel_steps: 0,
+            renewal_lsn_max: 0,
             now_ms: 0,
         }
     }
@@ -252,11 +271,22 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// Extends the lease to `now_ms + ttl_ms` if `lease_id` holds the key unexpired.
+    /// Extends the lease to `now_ms + ttl_ms` if `lease_id` holds the key unexpired, unless
+    /// `ttl_ms` is longer than the lease's last journal record says: then nothing changes and
+    /// the caller logs the renewal first ([`Renew::Unlogged`]). `durable_lsn` tells how far
+    /// the journal is durable; it is asked only about a lease whose renewal record may not be
+    /// durable yet, so the common renewal reads nothing shared.
     ///
     /// # Panics
     /// If `ttl_ms` is outside `TTL_MS_MIN..=TTL_MS_MAX`.
-    pub fn renew(&mut self, now_ms: u64, key: &[u8], lease_id: LeaseId, ttl_ms: u32) -> Renew {
+    pub fn renew(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        ttl_ms: u32,
+        durable_lsn: impl FnOnce() -> u64,
+    ) -> Renew {
         assert!(
             (TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms),
             "ttl_ms {ttl_ms} out of range"
@@ -269,15 +299,56 @@ impl<W: WaiterSink> LockTable<W> {
         if lock.deadline_ms <= now_ms || lock.lease_id != lease_id {
             return Renew::Lost;
         }
+        if ttl_ms > lock.logged.ttl_ms() {
+            return Renew::Unlogged { token: lock.token };
+        }
+        let mut wait_lsn = 0;
+        if lock.logged.is_pending() {
+            // The record covering this TTL is at or before the shard's latest renewal record.
+            if durable_lsn() >= self.renewal_lsn_max {
+                lock.logged = LoggedTtl::settled(lock.logged.ttl_ms());
+            } else {
+                wait_lsn = self.renewal_lsn_max;
+            }
+        }
+        self.extend(slot, now_ms, ttl_ms);
+        Renew::Renewed { ttl_ms, wait_lsn }
+    }
+
+    /// Makes the renewal of `token`'s lease to `ttl_ms` that [`LockTable::renew`] answered
+    /// [`Renew::Unlogged`], now that its record is at journal position `lsn` (0: the journal
+    /// does not log leases, so there is nothing to wait for). Its reply waits for `lsn`.
+    ///
+    /// # Panics
+    /// If `token`'s lease does not hold `key` unexpired: call it under the same hold of the
+    /// shard's lock as the `renew`.
+    pub fn renew_logged(&mut self, now_ms: u64, key: &[u8], token: u64, ttl_ms: u32, lsn: u64) {
+        let now_ms = self.observe(now_ms);
+        let slot = self
+            .find(key)
+            .filter(|&slot| {
+                self.slots[slot].token == token && self.slots[slot].deadline_ms > now_ms
+            })
+            .expect("renew_logged: the lease that renew answered Unlogged is gone");
+        self.slots[slot].logged = if lsn == 0 {
+            LoggedTtl::settled(ttl_ms)
+        } else {
+            LoggedTtl::pending(ttl_ms)
+        };
+        self.renewal_lsn_max = self.renewal_lsn_max.max(lsn);
+        self.extend(slot, now_ms, ttl_ms);
+    }
+
+    /// Moves a held lease's deadline to `now_ms + ttl_ms`.
+    fn extend(&mut self, slot: usize, now_ms: u64, ttl_ms: u32) {
+        let lock = &mut self.slots[slot];
         let deadline_ms = now_ms + u64::from(ttl_ms);
         let shortened = deadline_ms < lock.deadline_ms;
         lock.deadline_ms = deadline_ms;
-        lock.ttl_ms = ttl_ms;
         if shortened {
             // The armed timer would be late; arm one at the new deadline instead.
             self.arm_lease(slot);
         }
-        Renew::Renewed { ttl_ms }
     }
 
     /// Ends the lease if `lease_id` holds the key unexpired, handing the lock to the next

@@ -94,10 +94,21 @@ pub enum Acquire<W> {
 /// The outcome of [`LockTable::renew`](super::LockTable::renew).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renew {
-    /// The lease now expires `ttl_ms` after the renewal's `now_ms`.
+    /// The lease now expires `ttl_ms` after the renewal's `now_ms`. Its reply waits until
+    /// the journal is durable up to `wait_lsn` (0: not at all), where a record of a TTL at
+    /// least as long may still be on its way to disk.
     Renewed {
         /// The lease's new time to live.
         ttl_ms: u32,
+        /// The journal position the reply waits for; 0 for none.
+        wait_lsn: u64,
+    },
+    /// Longer than the lease's last record says, so a restart would cut it short: nothing
+    /// changed. Log a renewal record of the lease (`token`) and then call
+    /// [`LockTable::renew_logged`](super::LockTable::renew_logged).
+    Unlogged {
+        /// The lease's fencing token, which names it in the record.
+        token: u64,
     },
     /// The lease had expired or belongs to someone else; nothing changed.
     Lost,
@@ -200,7 +211,8 @@ pub struct HeldLock<'a> {
     pub lease_id: LeaseId,
     /// The holder's fencing token.
     pub token: u64,
-    /// The TTL the lease was granted or last renewed with.
+    /// The TTL of the lease's last journal record (its grant's, or a longer renewal's):
+    /// what a restart must give it again, so what a snapshot records.
     pub ttl_ms: u32,
     /// Time until it expires.
     pub ttl_left_ms: u64,

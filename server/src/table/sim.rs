@@ -162,6 +162,7 @@ struct ModelLock {
     lease_id: LeaseId,
     token: u64,
     deadline_ms: u64,
+    /// The TTL a restart gives it: its grant's, or a longer renewal's (which is logged).
     ttl_ms: u32,
     meta: Vec<u8>,
     queue: VecDeque<ModelWaiter>,
@@ -339,8 +340,11 @@ impl Model {
         match self.locks.get_mut(key) {
             Some(lock) if lock.deadline_ms > now_ms && lock.lease_id == lease_id => {
                 lock.deadline_ms = now_ms + u64::from(ttl_ms);
-                lock.ttl_ms = ttl_ms;
-                Renew::Renewed { ttl_ms }
+                lock.ttl_ms = lock.ttl_ms.max(ttl_ms);
+                Renew::Renewed {
+                    ttl_ms,
+                    wait_lsn: 0,
+                }
             }
             _ => Renew::Lost,
         }
@@ -645,7 +649,21 @@ impl Sim {
         let lease_id = self.lease_for(&key);
         let ttl_ms = self.ttl_ms();
         let expected = self.model.renew(self.now_ms, &key, lease_id, ttl_ms);
-        let actual = self.table.renew(self.now_ms, &key, lease_id, ttl_ms);
+        // The journal is always durable here: waits are the executor simulation's business.
+        let durable_lsn = || u64::MAX;
+        let actual = match self
+            .table
+            .renew(self.now_ms, &key, lease_id, ttl_ms, durable_lsn)
+        {
+            Renew::Unlogged { token } => {
+                self.table.renew_logged(self.now_ms, &key, token, ttl_ms, 1);
+                Renew::Renewed {
+                    ttl_ms,
+                    wait_lsn: 0,
+                }
+            }
+            other => other,
+        };
         assert_eq!(actual, expected, "renew {key:?} {lease_id:?}");
         if actual != Renew::Lost {
             self.coverage.counts[10] += 1;

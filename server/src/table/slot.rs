@@ -19,6 +19,43 @@ pub(super) struct Timer {
     pub(super) stamp: u32,
 }
 
+/// The TTL of a lease's last journal record (its grant, a renewal to a longer TTL, a
+/// snapshot's copy, or what recovery found), and whether that record may not be durable
+/// yet: one `u32`, the flag in the top bit, since a slot is most of a lock's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoggedTtl(u32);
+
+/// Set in a [`LoggedTtl`] while its record, a renewal's, may not be durable yet.
+const LOGGED_TTL_PENDING_BIT: u32 = 1 << 31;
+const _: () = assert!(tenure_protocol::limits::TTL_MS_MAX < LOGGED_TTL_PENDING_BIT);
+
+impl LoggedTtl {
+    /// A free slot's.
+    pub(super) const NONE: LoggedTtl = LoggedTtl(0);
+
+    /// `ttl_ms`, whose record needs no waiting for: a grant's (no one can renew a lease
+    /// before its grant was answered, hence durable) or a recovered one.
+    pub(super) fn settled(ttl_ms: u32) -> LoggedTtl {
+        assert!(ttl_ms < LOGGED_TTL_PENDING_BIT, "ttl_ms {ttl_ms} too large");
+        LoggedTtl(ttl_ms)
+    }
+
+    /// `ttl_ms` from a renewal record that may not be durable yet.
+    pub(super) fn pending(ttl_ms: u32) -> LoggedTtl {
+        LoggedTtl(Self::settled(ttl_ms).0 | LOGGED_TTL_PENDING_BIT)
+    }
+
+    /// The logged TTL.
+    pub(super) fn ttl_ms(self) -> u32 {
+        self.0 & !LOGGED_TTL_PENDING_BIT
+    }
+
+    /// Whether its record may not be durable yet.
+    pub(super) fn is_pending(self) -> bool {
+        self.0 & LOGGED_TTL_PENDING_BIT != 0
+    }
+}
+
 /// One slab entry: a key with its lease, or free (`token == 0`).
 #[derive(Debug)]
 pub(super) struct Slot<W> {
@@ -33,8 +70,8 @@ pub(super) struct Slot<W> {
     pub(super) deadline_ms: u64,
     /// Bumped whenever the lease's timer is re-armed or the lease ends, so old timers fail.
     pub(super) generation: u32,
-    /// The TTL of the current lease.
-    pub(super) ttl_ms: u32,
+    /// The TTL of the lease's last record in the journal: what a restart gives it again.
+    pub(super) logged: LoggedTtl,
     /// Metadata and waiter queue; `None` when both are empty (the common case).
     pub(super) extra: Option<Box<Extra<W>>>,
 }
@@ -81,7 +118,7 @@ impl<W> Slot<W> {
             token: 0,
             deadline_ms: 0,
             generation,
-            ttl_ms: 0,
+            logged: LoggedTtl::NONE,
             extra: None,
         }
     }

@@ -59,6 +59,11 @@ fn queued(outcome: Acquire<TestWaiter>) -> u64 {
     }
 }
 
+/// A `durable_lsn` for `renew` that must not be asked: the lease has no pending record.
+fn unasked() -> u64 {
+    panic!("renew asked how far the journal is durable for a lease with nothing pending")
+}
+
 #[test]
 fn grant_lock_renew_release() {
     let (mut t, tokens, mut ev) = (table(), TokenAllocator::new(1, 100), Vec::new());
@@ -80,10 +85,13 @@ fn grant_lock_renew_release() {
         }
     ));
     assert_eq!(t.check(30, b"k", 1), Check::Current);
-    assert_eq!(t.renew(50, b"k", lease(2), 100), Renew::Lost);
+    assert_eq!(t.renew(50, b"k", lease(2), 100, unasked), Renew::Lost);
     assert_eq!(
-        t.renew(50, b"k", lease(1), 100),
-        Renew::Renewed { ttl_ms: 100 }
+        t.renew(50, b"k", lease(1), 100, unasked),
+        Renew::Renewed {
+            ttl_ms: 100,
+            wait_lsn: 0
+        }
     );
     assert!(matches!(
         t.inspect(60, b"k"),
@@ -111,12 +119,60 @@ fn grant_lock_renew_release() {
 }
 
 #[test]
+fn a_renewal_longer_than_the_logged_ttl_is_logged_first_and_later_ones_wait_for_it() {
+    let (mut t, tokens, mut ev) = (table(), TokenAllocator::new(1, 100), Vec::new());
+    granted(t.acquire(0, args(b"k", 1, 100, 0), &tokens, &mut ev));
+    let renewed = |ttl_ms, wait_lsn| Renew::Renewed { ttl_ms, wait_lsn };
+    // The grant's TTL or less: nothing to log, nothing to wait for.
+    assert_eq!(t.renew(10, b"k", lease(1), 100, unasked), renewed(100, 0));
+    assert_eq!(t.renew(10, b"k", lease(1), 50, unasked), renewed(50, 0));
+    // Longer: nothing changes until the caller has logged it.
+    assert_eq!(
+        t.renew(20, b"k", lease(1), 300, unasked),
+        Renew::Unlogged { token: 1 }
+    );
+    assert!(matches!(
+        t.inspect(20, b"k"),
+        Inspect::Held {
+            ttl_left_ms: 40,
+            ..
+        }
+    ));
+    t.renew_logged(20, b"k", 1, 300, 7);
+    assert!(matches!(
+        t.inspect(20, b"k"),
+        Inspect::Held {
+            ttl_left_ms: 300,
+            ..
+        }
+    ));
+    t.check_invariants();
+    // While record 7 may be on its way to disk, a renewal it covers waits for it ...
+    assert_eq!(t.renew(30, b"k", lease(1), 300, || 6), renewed(300, 7));
+    // ... and once it is durable, neither waits nor asks again.
+    assert_eq!(t.renew(40, b"k", lease(1), 200, || 7), renewed(200, 0));
+    assert_eq!(t.renew(50, b"k", lease(1), 300, unasked), renewed(300, 0));
+    assert_eq!(
+        t.renew(60, b"k", lease(1), 301, unasked),
+        Renew::Unlogged { token: 1 }
+    );
+    // A snapshot records the logged TTL, not the latest renewal's.
+    let mut seen = Vec::new();
+    t.for_each_held(60, |held| seen.push(held.ttl_ms));
+    assert_eq!(seen, [300]);
+    // A journal that logs no leases hands back position 0: nothing is pending then.
+    t.renew_logged(60, b"k", 1, 400, 0);
+    assert_eq!(t.renew(70, b"k", lease(1), 400, unasked), renewed(400, 0));
+    t.check_invariants();
+}
+
+#[test]
 fn expiry_is_judged_at_the_request_without_advance() {
     let (mut t, tokens, mut ev) = (table(), TokenAllocator::new(1, 100), Vec::new());
     granted(t.acquire(0, args(b"k", 1, 100, 0), &tokens, &mut ev));
     assert_eq!(t.check(99, b"k", 1), Check::Current);
     assert_eq!(t.check(100, b"k", 1), Check::Stale);
-    assert_eq!(t.renew(100, b"k", lease(1), 100), Renew::Lost);
+    assert_eq!(t.renew(100, b"k", lease(1), 100, unasked), Renew::Lost);
     let grant = granted(t.acquire(100, args(b"k", 2, 100, 0), &tokens, &mut ev));
     assert_eq!(grant.token, 2);
     assert!(matches!(
@@ -213,15 +269,19 @@ fn renewal_moves_the_timer_lazily_and_shortening_rearms_it() {
     let (mut t, tokens, mut ev) = (table(), TokenAllocator::new(1, 100), Vec::new());
     granted(t.acquire(0, args(b"k", 1, 100, 0), &tokens, &mut ev));
     assert_eq!(
-        t.renew(90, b"k", lease(1), 1000),
-        Renew::Renewed { ttl_ms: 1000 }
+        t.renew(90, b"k", lease(1), 1000, unasked),
+        Renew::Unlogged { token: 1 }
     );
+    t.renew_logged(90, b"k", 1, 1000, 0);
     t.advance(100, 10, &tokens, &mut ev);
     assert!(ev.is_empty());
     t.check_invariants();
     assert_eq!(
-        t.renew(200, b"k", lease(1), 10),
-        Renew::Renewed { ttl_ms: 10 }
+        t.renew(200, b"k", lease(1), 10, unasked),
+        Renew::Renewed {
+            ttl_ms: 10,
+            wait_lsn: 0
+        }
     );
     t.check_invariants();
     t.advance(210, 10, &tokens, &mut ev);

@@ -128,6 +128,27 @@ impl<W: WaiterSink> LockTable<W> {
         );
     }
 
+    /// The logged TTL of `key`'s lease, if it has one: what a lease put back by
+    /// [`LockTable::restore_logged_ttl`] after its release failed to log must keep, or it
+    /// could no longer be renewed to its own TTL without a record.
+    pub fn logged_ttl(&self, key: &[u8]) -> Option<LoggedTtl> {
+        self.find(key).map(|slot| self.slots[slot].logged)
+    }
+
+    /// Gives the lease `token` on `key`, just put back with [`LockTable::restore`], the
+    /// logged TTL it had before (from [`LockTable::logged_ttl`]); `restore` alone logs the
+    /// time it had left as its TTL.
+    ///
+    /// # Panics
+    /// If `token` does not hold `key`.
+    pub fn restore_logged_ttl(&mut self, key: &[u8], token: u64, logged: LoggedTtl) {
+        let slot = self
+            .find(key)
+            .filter(|&slot| self.slots[slot].token == token)
+            .expect("restore_logged_ttl: the lease was not restored");
+        self.slots[slot].logged = logged;
+    }
+
     /// Calls `visit` for every lease unexpired at `now_ms` (to snapshot the table).
     pub fn for_each_held(&self, now_ms: u64, mut visit: impl FnMut(HeldLock<'_>)) {
         let now_ms = now_ms.max(self.now_ms);
@@ -140,7 +161,7 @@ impl<W: WaiterSink> LockTable<W> {
                 key: lock.key.as_slice(),
                 lease_id: lock.lease_id,
                 token: lock.token,
-                ttl_ms: lock.ttl_ms,
+                ttl_ms: lock.logged.ttl_ms(),
                 ttl_left_ms: lock.deadline_ms - now_ms,
                 meta: lock.meta(),
             });

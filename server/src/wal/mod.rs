@@ -1,5 +1,5 @@
-//! Write-ahead log: makes every grant, release and token reservation durable, with group
-//! commit, and rebuilds the held leases on restart.
+//! Write-ahead log: makes every grant, release, renewal to a longer TTL and token
+//! reservation durable, with group commit, and rebuilds the held leases on restart.
 //!
 //! # Layout
 //! - [`record`]: the byte format of records and segment headers. Pure, no I/O.
@@ -61,20 +61,29 @@
 //!                   2 disconnected)
 //!  4 SnapshotBegin  segment_seq u64   (always the first record of that segment)
 //!  5 SnapshotEnd    segment_seq u64   (names the segment of its SnapshotBegin)
+//!  6 Renew          key bytes16 | token u64 | ttl_ms u32
 //! ```
+//!
+//! Renew records came after the other five, within format version 2: a log without them
+//! reads as before, and a build that predates them refuses a log holding one ("unknown record
+//! type 6", reported as corruption) rather than bring leases back shorter than renewed.
 //!
 //! # Replay
 //! Records apply in log order: Reserve raises the token floor to its limit; Grant sets the
 //! key's lease (overwriting) and Grant and Free raise the floor above their token; Free
-//! removes the key's lease only if it holds exactly that token. Replaying a Grant of the
-//! lease a key already holds changes nothing, which is what lets a snapshot interleave with
-//! live traffic.
+//! removes the key's lease only if it holds exactly that token; Renew sets the TTL of the
+//! key's lease, again only if it holds exactly that token (and raises the floor like Free).
+//! The server writes a Renew only for a renewal to a longer TTL than the lease's last record
+//! says, so a lease comes back with at least the longest TTL it was acknowledged with
+//! (the server answers such a renewal once its record is durable). Replaying a
+//! Grant of the lease a key already holds changes nothing, which is what lets a snapshot
+//! interleave with live traffic: a snapshot's Grant carries the lease's logged TTL.
 //!
 //! # Token floor
-//! Replay takes the highest of: every Reserve's limit, every Grant's and Free's token plus
-//! one, and every segment header's token floor. A non-empty log then gets one more token
-//! block on top ([`WalOptions::token_floor_margin`], set by the server to its block) before
-//! the new segment's header records the result.
+//! Replay takes the highest of: every Reserve's limit, every Grant's, Free's and Renew's
+//! token plus one, and every segment header's token floor. A non-empty log then gets one
+//! more token block on top ([`WalOptions::token_floor_margin`], set by the server to its
+//! block) before the new segment's header records the result.
 //!
 //! Why both: a process crash cannot lose a synced record, but a disk that drops synced
 //! bytes at the end of the newest segment can, and a cut at a record boundary looks like a

@@ -41,6 +41,7 @@ const TYPE_GRANT: u8 = 2;
 const TYPE_FREE: u8 = 3;
 const TYPE_SNAPSHOT_BEGIN: u8 = 4;
 const TYPE_SNAPSHOT_END: u8 = 5;
+const TYPE_RENEW: u8 = 6;
 
 /// Why a lease was freed; recorded for audit, replay treats all alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,11 +107,21 @@ pub enum Record<'a> {
         /// The segment holding the matching [`Record::SnapshotBegin`].
         segment_seq: u64,
     },
+    /// The lease holding `key` with `token`, if it still does, was renewed to `ttl_ms`,
+    /// longer than its earlier records said; recovery counts the new TTL from restart.
+    Renew {
+        /// The renewed key.
+        key: &'a [u8],
+        /// The fencing token of the renewed lease (which names it, as in [`Record::Free`]).
+        token: u64,
+        /// The lease's new length.
+        ttl_ms: u32,
+    },
 }
 
 /// Whether `type_byte` names a record type this build knows.
 pub fn is_known_type(type_byte: u8) -> bool {
-    (TYPE_RESERVE..=TYPE_SNAPSHOT_END).contains(&type_byte)
+    (TYPE_RESERVE..=TYPE_RENEW).contains(&type_byte)
 }
 
 impl Record<'_> {
@@ -121,6 +132,7 @@ impl Record<'_> {
             Record::Free { .. } => TYPE_FREE,
             Record::SnapshotBegin { .. } => TYPE_SNAPSHOT_BEGIN,
             Record::SnapshotEnd { .. } => TYPE_SNAPSHOT_END,
+            Record::Renew { .. } => TYPE_RENEW,
         }
     }
 
@@ -129,6 +141,7 @@ impl Record<'_> {
             Record::Reserve { .. } | Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 8,
             Record::Grant { key, meta, .. } => 2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len(),
             Record::Free { key, .. } => 2 + key.len() + 8 + 1,
+            Record::Renew { key, .. } => 2 + key.len() + 8 + 4,
         }
     }
 
@@ -177,6 +190,12 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
         }
         Record::SnapshotBegin { segment_seq } | Record::SnapshotEnd { segment_seq } => {
             out.extend_from_slice(&segment_seq.to_be_bytes());
+        }
+        Record::Renew { key, token, ttl_ms } => {
+            assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
+            put_bytes16(out, key);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.extend_from_slice(&ttl_ms.to_be_bytes());
         }
     }
     assert_eq!(out.len() - start, RECORD_HEADER_LEN + payload_len);
@@ -298,6 +317,11 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         },
         TYPE_SNAPSHOT_END => Record::SnapshotEnd {
             segment_seq: r.u64()?,
+        },
+        TYPE_RENEW => Record::Renew {
+            key: r.bytes16(KEY_LEN_MAX, "key too long")?,
+            token: r.u64()?,
+            ttl_ms: r.u32()?,
         },
         other => return Err(DecodeError::UnknownType(other)),
     };
@@ -489,6 +513,16 @@ mod tests {
             },
             Record::SnapshotBegin { segment_seq: 9 },
             Record::SnapshotEnd { segment_seq: 9 },
+            Record::Renew {
+                key: b"jobs/42",
+                token: 17,
+                ttl_ms: 60_000,
+            },
+            Record::Renew {
+                key: key_max,
+                token: u64::MAX,
+                ttl_ms: u32::MAX,
+            },
         ]
     }
 
@@ -579,6 +613,18 @@ mod tests {
             decode(&forge(TYPE_FREE, &long_key)),
             Err(DecodeError::Malformed(_))
         ));
+        assert!(matches!(
+            decode(&forge(TYPE_RENEW, &long_key)),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut renew = vec![0, 1, b'k'];
+        renew.extend_from_slice(&5u64.to_be_bytes());
+        renew.extend_from_slice(&[0, 0, 1]); // ttl_ms one byte short
+        assert!(matches!(
+            decode(&forge(TYPE_RENEW, &renew)),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert_eq!(decode(&forge(7, &[])), Err(DecodeError::UnknownType(7)));
     }
 
     #[test]

@@ -129,6 +129,12 @@ impl Replay {
                     self.leases.remove(key);
                 }
             }
+            Record::Renew { key, token, ttl_ms } => {
+                self.raise_floor(token);
+                if let Some(held) = self.leases.get_mut(key).filter(|held| held.token == token) {
+                    held.ttl_ms = ttl_ms;
+                }
+            }
             Record::SnapshotBegin { segment_seq } => {
                 if segment_seq != seq || offset != SEGMENT_HEADER_LEN {
                     return Err(format!(
@@ -439,6 +445,45 @@ mod tests {
         );
         assert_eq!(replayed.segments.len(), 2);
         assert!(replayed.live_bytes > 0);
+    }
+
+    #[test]
+    fn a_renewal_gives_its_lease_the_longer_ttl_and_only_that_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let renew = |key: &'static [u8], token, ttl_ms| Record::Renew { key, token, ttl_ms };
+        write_segment(
+            dir.path(),
+            1,
+            &[
+                grant(b"a", 1),
+                grant(b"b", 2),
+                renew(b"a", 1, 60_000),
+                renew(b"b", 9, 70_000), // another lease of b: stale
+                grant(b"c", 3),
+                renew(b"c", 3, 80_000),
+                Record::Free {
+                    key: b"c",
+                    token: 3,
+                    reason: FreeReason::Released,
+                },
+                renew(b"c", 3, 90_000), // its lease is gone
+            ],
+        );
+        // A later grant of the key starts from its own TTL again.
+        write_segment(dir.path(), 2, &[renew(b"a", 1, 65_000), grant(b"d", 4)]);
+        let r = recover_dir(dir.path()).unwrap().recovered;
+        let ttl_of = |key: &[u8]| r.leases.iter().find(|l| l.key == key).map(|l| l.ttl_ms);
+        assert_eq!(ttl_of(b"a"), Some(65_000));
+        assert_eq!(ttl_of(b"b"), Some(5_000));
+        assert_eq!(ttl_of(b"c"), None);
+        assert_eq!(ttl_of(b"d"), Some(5_000));
+        assert_eq!(
+            r.token_floor, 10,
+            "a renewal's token raises the floor like a free's"
+        );
+        // What a snapshot of the recovered state writes keeps the renewed TTL.
+        let a = r.leases.iter().find(|l| l.key == b"a").unwrap();
+        assert!(matches!(a.as_grant(), Record::Grant { ttl_ms: 65_000, .. }));
     }
 
     #[test]

@@ -720,7 +720,9 @@ impl State {
         self.stats.records_appended += 1;
         self.token_floor = self.token_floor.max(match *record {
             Record::Reserve { token_limit } => token_limit,
-            Record::Grant { token, .. } | Record::Free { token, .. } => token.saturating_add(1),
+            Record::Grant { token, .. }
+            | Record::Free { token, .. }
+            | Record::Renew { token, .. } => token.saturating_add(1),
             Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 0,
         });
         lsn

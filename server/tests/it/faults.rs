@@ -337,7 +337,8 @@ impl Client<'_> {
             lease.key, lease.lease
         ));
         let mut model = lock(self.model);
-        // A renewal is not logged: whatever happened to the connection, the lease stands.
+        // A renewal to the grant's TTL is not logged: whatever happened to the connection,
+        // the lease stands.
         let reply = reply.inspect_err(|_| {
             model.held.insert(lease.key.clone(), lease.clone());
         })?;
@@ -1568,6 +1569,62 @@ fn many_restarts_keep_the_wal_bounded_and_every_held_lock() {
             files.len() <= SEGMENTS_MAX && log_bytes <= LOG_BYTES_MAX,
             "after run {run}: {} segments, {log_bytes} bytes",
             files.len()
+        );
+    }
+}
+
+// ----- a renewal to a longer TTL survives kill -9 -----
+
+/// TTL of the grant in `a_longer_renewal_survives_kill_9_and_the_restart_snapshot`: short, so
+/// a restart that gave it back would free the key long before the test looks.
+const RENEW_GRANT_TTL_MS: u32 = 300;
+/// TTL the lease is then renewed to: far longer than the test.
+const RENEW_LONGER_TTL_MS: u32 = 60_000;
+/// How long after a restart the test looks: several grant TTLs.
+const RENEW_LOOK_AFTER: Duration = Duration::from_millis(1_500);
+
+/// A lease granted for 300 ms and renewed to 60 s, killed with SIGKILL right after the
+/// renewal's answer: the restarted server holds it for the renewed TTL, not the grant's, so
+/// nobody else gets the key inside the holder's deadline. A second kill and restart replays
+/// the snapshot the first restart wrote (two segments), which must carry the renewed TTL too.
+/// Before renewals were logged, the key was free again 300 ms after the restart.
+#[test]
+fn a_longer_renewal_survives_kill_9_and_the_restart_snapshot() {
+    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut server = daemon(dir.path(), logs.path());
+    let mut conn = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
+    let granted = conn
+        .cmd(&format!("ACQUIRE renewed {RENEW_GRANT_TTL_MS}"))
+        .unwrap();
+    assert!(granted.starts_with("OK token="), "{granted}");
+    let (lease, held_token) = (field(&granted, "lease").to_string(), token(&granted));
+    let renew = format!("RENEW renewed {lease} {RENEW_LONGER_TTL_MS}");
+    assert_eq!(
+        conn.cmd(&renew).unwrap(),
+        format!("OK ttl_ms={RENEW_LONGER_TTL_MS}")
+    );
+    for restart in 1..=2 {
+        server.kill9();
+        server = daemon(dir.path(), logs.path());
+        std::thread::sleep(RENEW_LOOK_AFTER);
+        let mut other = LineConn::connect(server.addr, REPLY_WAIT_MAX).unwrap();
+        let reply = other.cmd("INSPECT renewed").unwrap();
+        assert_eq!(
+            inspected(&reply),
+            Some(held_token),
+            "restart {restart}: {reply}"
+        );
+        let ttl_left_ms: u64 = field(&reply, "ttl_ms").parse().unwrap();
+        assert!(
+            ttl_left_ms > u64::from(RENEW_GRANT_TTL_MS),
+            "restart {restart}: the lease came back with its grant's TTL: {reply}"
+        );
+        let refused = other
+            .cmd(&format!("ACQUIRE renewed {RENEW_GRANT_TTL_MS}"))
+            .unwrap();
+        assert!(
+            refused.starts_with("LOCKED"),
+            "restart {restart}: {refused}"
         );
     }
 }

@@ -4,11 +4,12 @@
 //! [`Executor`] over a [`MemJournal`], in virtual time: the sim runs on a current-thread
 //! tokio runtime whose clock is paused and only moves by `tokio::time::advance`. The
 //! connections acquire (at once and blocking, with and without release-on-disconnect),
-//! renew, release (right and wrong lease ids, from their own or another connection),
-//! inspect, check and disconnect; the ticker's expiry pass runs between steps. The journal
-//! makes writes durable only now and then, fails outright (every change then refused, and
-//! those caught in the failed write undone), and the server restarts from what was durable,
-//! through the WAL's real recovery code ([`disk`]).
+//! renew (to shorter and longer TTLs than the grant), release (right and wrong lease ids,
+//! from their own or another connection), inspect, check and disconnect; the ticker's
+//! expiry pass runs between steps. The journal makes writes durable only now and then,
+//! fails outright (every change then refused, and those caught in the failed write undone),
+//! and the server restarts from what was durable, through the WAL's real recovery code
+//! ([`disk`]).
 //!
 //! After every step ([`model`]): no two clients are inside their local lease deadlines for
 //! one key (a deadline is `sent + waited_ms + ttl_ms - 2 ms`, from the replies the clients

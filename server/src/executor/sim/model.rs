@@ -19,10 +19,11 @@ pub(super) struct Belief {
     pub token: u64,
     /// Whether it is released when the acquiring connection closes.
     pub release_on_disconnect: bool,
-    /// The TTL the lease was granted with: what a restart gives it again.
-    pub ttl_ms: u32,
-    /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`.
+    /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`, or a
+    /// renewal's `sent + ttl - slack`.
     pub deadline_ms: u64,
+    /// The step the latest RENEW of the lease was sent at (0: none yet).
+    pub renew_sent_step: u64,
 }
 
 /// Everything the clients were told, over the whole run (across restarts).
@@ -75,6 +76,27 @@ impl Model {
     /// The client stops believing in `lease_id` (release sent, LOST, disconnect).
     pub fn drop_belief(&mut self, lease_id: LeaseId) {
         self.beliefs.retain(|b| b.lease_id != lease_id);
+    }
+
+    /// A RENEW of `lease_id` to `deadline_ms` is sent at `step`. The server applies renewals
+    /// in the order they arrive and the latest one sets the deadline, so the client stops
+    /// counting on more than that at once, but counts on it only once answered (`renewed`):
+    /// until then the renewal may not have happened, or not yet be durable.
+    pub fn renewal_sent(&mut self, lease_id: LeaseId, step: u64, deadline_ms: u64) {
+        for belief in self.beliefs.iter_mut().filter(|b| b.lease_id == lease_id) {
+            belief.deadline_ms = belief.deadline_ms.min(deadline_ms);
+            belief.renew_sent_step = step;
+        }
+    }
+
+    /// The RENEW of `lease_id` sent at `sent_step` was answered RENEWED, to `deadline_ms`:
+    /// the client counts on that, unless it sent a later renewal meanwhile.
+    pub fn renewed(&mut self, lease_id: LeaseId, sent_step: u64, deadline_ms: u64) {
+        for belief in self.beliefs.iter_mut().filter(|b| b.lease_id == lease_id) {
+            if belief.renew_sent_step == sent_step {
+                belief.deadline_ms = deadline_ms;
+            }
+        }
     }
 
     /// Client `client` is gone: it acts on none of its leases any more.

@@ -45,6 +45,8 @@ pub(super) struct Coverage {
     pub handoffs: usize,
     /// Restarts from the journal.
     pub restarts: usize,
+    /// Renewals whose reply waited for the journal (a longer TTL than the lease's record).
+    pub renewals_logged: usize,
     /// Changes answered "nothing changed" after a journal failure caught them (undone).
     pub undone: usize,
     /// Acquires refused "nothing changed" at once.
@@ -57,6 +59,7 @@ impl Coverage {
         self.grants += other.grants;
         self.handoffs += other.handoffs;
         self.restarts += other.restarts;
+        self.renewals_logged += other.renewals_logged;
         self.undone += other.undone;
         self.refused += other.refused;
     }
@@ -67,6 +70,7 @@ impl Coverage {
             grants,
             handoffs,
             restarts,
+            renewals_logged,
             undone,
             refused,
         } = *self;
@@ -74,6 +78,7 @@ impl Coverage {
             ("grants", grants),
             ("hand-offs", handoffs),
             ("restarts", restarts),
+            ("renewals answered once durable", renewals_logged),
             ("undone changes", undone),
             ("refused acquires", refused),
         ] {
@@ -85,14 +90,24 @@ impl Coverage {
 /// A request a connection sent and has no answer to yet.
 struct Pending {
     key: Bytes,
-    /// The lease a RELEASE names; `None` for an ACQUIRE.
-    released: Option<LeaseId>,
+    /// What was asked.
+    asked: Asked,
     /// An ACQUIRE's release-on-disconnect flag.
     release_on_disconnect: bool,
     /// Sim time it was sent at, and the step.
     sent_ms: u64,
     sent_step: u64,
     state: Waiting,
+}
+
+/// The request a [`Pending`] answers.
+#[derive(Clone, Copy, Debug)]
+enum Asked {
+    Acquire,
+    /// RELEASE of this lease.
+    Release(LeaseId),
+    /// RENEW of this lease.
+    Renew(LeaseId),
 }
 
 /// What a pending request waits for.
@@ -136,8 +151,6 @@ pub(super) struct World {
     next_conn_id: u64,
     /// What happened, to check that the run exercised it.
     coverage: Coverage,
-    /// Whether clients may renew for longer than their grant (see `renew`).
-    renew_longer: bool,
 }
 
 impl World {
@@ -160,7 +173,6 @@ impl World {
             queued: 0,
             next_conn_id: 0,
             coverage: Coverage::default(),
-            renew_longer: std::env::var_os("TENURE_SIM_RENEW_LONGER").is_some(),
         };
         for _ in 0..CONNS {
             let conn = world.new_conn();
@@ -309,7 +321,7 @@ impl World {
         }
         let pending = Pending {
             key,
-            released: None,
+            asked: Asked::Acquire,
             release_on_disconnect,
             sent_ms,
             sent_step: self.step,
@@ -331,39 +343,38 @@ impl World {
         (Bytes::copy_from_slice(&belief.key), belief.lease_id)
     }
 
+    /// A RENEW to any TTL in range, longer or shorter than the lease's grant, from any
+    /// connection, also while other renewals of the lease wait for their answers.
     fn renew(&mut self, c: usize) {
         let (key, lease_id) = self.pick_lease();
-        let mut ttl_ms = self.ttl_ms();
-        // A RENEW is not logged: a restart gives the lease its granted TTL again, from the
-        // restart. A renewal to more than that can outlast what comes back (another client
-        // is then granted the key inside the first one's deadline), so the simulated clients
-        // renew no longer than their grant unless TENURE_SIM_RENEW_LONGER is set, which
-        // shows the gap (seed 8 with the paused tokio clock).
-        if let Some(belief) = self.model.beliefs.iter().find(|b| b.lease_id == lease_id) {
-            if !self.renew_longer {
-                ttl_ms = ttl_ms.min(belief.ttl_ms);
-            }
-        }
-        let sent_ms = self.now_ms();
+        let ttl_ms = self.ttl_ms();
         let request = Request::Renew {
-            key,
+            key: key.clone(),
             lease_id,
             ttl_ms,
         };
-        let conn = &mut self.conns[c];
-        match self.exec.execute(&mut conn.ctx, 0, request) {
-            Outcome::Reply(Response::Renewed { ttl_ms }, TICKET_NOW) => {
-                let deadline_ms = sent_ms + u64::from(ttl_ms) - CLIENT_SLACK_MS;
-                for belief in &mut self.model.beliefs {
-                    if belief.lease_id == lease_id {
-                        belief.deadline_ms = deadline_ms;
-                    }
-                }
+        let sent_ms = self.now_ms();
+        let deadline_ms = sent_ms + u64::from(ttl_ms) - CLIENT_SLACK_MS;
+        self.model.renewal_sent(lease_id, self.step, deadline_ms);
+        let outcome = {
+            let conn = &mut self.conns[c];
+            self.exec.execute(&mut conn.ctx, 0, request)
+        };
+        let state = reply_of(outcome);
+        if let Waiting::Durable { ticket, .. } = &state {
+            if *ticket != TICKET_NOW {
+                self.coverage.renewals_logged += 1;
             }
-            Outcome::Reply(Response::Lost, TICKET_NOW) => self.model.drop_belief(lease_id),
-            Outcome::Reply(Response::Error { .. }, TICKET_NOW) => {}
-            _ => panic!("RENEW answers at once"),
         }
+        let pending = Pending {
+            key,
+            asked: Asked::Renew(lease_id),
+            release_on_disconnect: false,
+            sent_ms,
+            sent_step: self.step,
+            state,
+        };
+        self.answer_or_hold(c, pending);
     }
 
     fn release(&mut self, c: usize) {
@@ -394,7 +405,7 @@ impl World {
         }
         let pending = Pending {
             key,
-            released: Some(lease_id),
+            asked: Asked::Release(lease_id),
             release_on_disconnect: false,
             sent_ms,
             sent_step: self.step,

@@ -4,7 +4,7 @@
 
 use tenure_protocol::Response;
 
-use super::{is_nothing_changed, Pending, Waiting, World, CONNS};
+use super::{is_nothing_changed, Asked, Pending, Waiting, World, CONNS};
 use crate::executor::sim::model::{Belief, CLIENT_SLACK_MS};
 use crate::handoff::WaitResult;
 use crate::journal::{answer_lost, settle, Journal, Settled, Undo, TICKET_NOW};
@@ -121,7 +121,7 @@ impl World {
         let Waiting::Durable { response, .. } = pending.state else {
             unreachable!("answered before its reply")
         };
-        match (response, pending.released) {
+        match (response, pending.asked) {
             (
                 Response::Granted {
                     token,
@@ -129,23 +129,28 @@ impl World {
                     ttl_ms,
                     waited_ms,
                 },
-                None,
+                Asked::Acquire,
             ) => {
                 let belief = Belief {
                     client: c,
                     key: pending.key.to_vec(),
                     lease_id,
                     token,
-                    ttl_ms,
+                    renew_sent_step: 0,
                     release_on_disconnect: pending.release_on_disconnect,
                     deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
                         - CLIENT_SLACK_MS,
                 };
                 self.model.grant_acked(belief, self.step, pending.sent_step);
             }
-            (Response::Released, Some(lease_id)) => {
+            (Response::Released, Asked::Release(lease_id)) => {
                 self.model.released.insert(lease_id);
             }
+            (Response::Renewed { ttl_ms }, Asked::Renew(lease_id)) => {
+                let deadline_ms = pending.sent_ms + u64::from(ttl_ms) - CLIENT_SLACK_MS;
+                self.model.renewed(lease_id, pending.sent_step, deadline_ms);
+            }
+            (Response::Lost, Asked::Renew(lease_id)) => self.model.drop_belief(lease_id),
             _ => {}
         }
     }
