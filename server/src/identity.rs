@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+mod throttle;
+
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use serde::Deserialize;
@@ -80,6 +82,12 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The argon2 PHC string of its secret: a connection authenticated with a secret stays
+    /// so only while this is unchanged.
+    pub fn secret_hash(&self) -> &str {
+        &self.secret_hash
+    }
+
     /// Whether this identity may use `key`.
     pub fn allows_key(&self, key: &[u8]) -> bool {
         match &self.prefixes {
@@ -166,6 +174,10 @@ pub struct Identities {
     dummy_hash: String,
     /// Places for verifications running at once (see [`VERIFIES_AT_ONCE_MAX`]).
     verifying: Arc<tokio::sync::Semaphore>,
+    /// Bumped by every reload that took effect, so connections recheck their identity.
+    generation: tokio::sync::watch::Sender<u64>,
+    /// Recent failed AUTHs by peer address, which space out that peer's next verifications.
+    failures: Mutex<throttle::Throttle>,
 }
 
 impl std::fmt::Debug for Identities {
@@ -192,6 +204,8 @@ impl Identities {
             owners: Mutex::new(HashMap::new()),
             dummy_hash,
             verifying: Arc::new(tokio::sync::Semaphore::new(VERIFIES_AT_ONCE_MAX)),
+            generation: tokio::sync::watch::Sender::new(0),
+            failures: Mutex::new(throttle::Throttle::default()),
         })
     }
 
@@ -204,7 +218,33 @@ impl Identities {
         let table = read(&self.path)?;
         let count = table.len();
         *self.table.write().expect("identities lock poisoned") = Arc::new(table);
+        self.generation.send_modify(|g| *g += 1);
         Ok(count)
+    }
+
+    /// Changes whenever a reload takes effect: every connection then checks that its identity
+    /// still exists with the same secret, and still allows its waits and watches.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// How long an AUTH from `peer` must wait before it is verified: nothing for a peer with
+    /// no recent failures; otherwise its verifications are spaced out, one after another.
+    pub fn verify_delay(&self, peer: std::net::IpAddr) -> std::time::Duration {
+        let now = std::time::Instant::now();
+        self.failures
+            .lock()
+            .expect("failures lock poisoned")
+            .reserve(peer, now)
+    }
+
+    /// Records a failed AUTH from `peer`.
+    pub fn failed_from(&self, peer: std::net::IpAddr) {
+        let now = std::time::Instant::now();
+        self.failures
+            .lock()
+            .expect("failures lock poisoned")
+            .failed(peer, now);
     }
 
     /// The file the identities come from.
@@ -269,7 +309,7 @@ impl Identities {
         self: Arc<Self>,
         name: bytes::Bytes,
         secret: bytes::Bytes,
-    ) -> Option<String> {
+    ) -> Option<Arc<Identity>> {
         let permit = Arc::clone(&self.verifying).acquire_owned().await.ok()?;
         let verified = tokio::task::spawn_blocking(move || {
             let verified = self.verify(&name, &secret);
@@ -279,17 +319,17 @@ impl Identities {
         verified.await.ok().flatten()
     }
 
-    /// Checks `secret` against identity `name`; the name if it matches. Slow on purpose
+    /// Checks `secret` against identity `name`; the identity if it matches. Slow on purpose
     /// (argon2): call it off the async workers. An unknown name is verified against a dummy
     /// hash so it takes as long as a wrong secret.
-    pub fn verify(&self, name: &[u8], secret: &[u8]) -> Option<String> {
+    pub fn verify(&self, name: &[u8], secret: &[u8]) -> Option<Arc<Identity>> {
         let name = std::str::from_utf8(name).ok();
         let identity = name.and_then(|n| self.get(n));
         let hash = identity
             .as_ref()
             .map_or(self.dummy_hash.as_str(), |i| i.secret_hash.as_str());
         let matches = verify_hash(hash, secret);
-        identity.filter(|_| matches).map(|i| i.name.clone())
+        identity.filter(|_| matches)
     }
 }
 
@@ -305,6 +345,13 @@ fn verify_hash(hash: &str, secret: &[u8]) -> bool {
 /// # Errors
 /// argon2 refused the input (a secret over its length limit).
 pub fn hash_secret(secret: &[u8]) -> Result<String, String> {
+    let secret_len_max = tenure_protocol::limits::SECRET_LEN_MAX;
+    if secret.len() > secret_len_max {
+        return Err(format!(
+            "the secret is {} bytes; AUTH takes at most {secret_len_max}",
+            secret.len()
+        ));
+    }
     let salt: [u8; SALT_LEN] = rand::random();
     let salt = SaltString::encode_b64(&salt).map_err(|e| e.to_string())?;
     Argon2::default()
@@ -325,6 +372,11 @@ fn read(path: &Path) -> Result<Table, String> {
 /// Invalid TOML, an unknown key (toml names it), or an invalid entry.
 pub fn parse(text: &str) -> Result<HashMap<String, Arc<Identity>>, String> {
     let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+    // An empty file is far more often a file caught mid-rewrite than a wish to let no one
+    // in; and identities are switched off by a restart, not by a reload.
+    if file.identity.is_empty() {
+        return Err("no [[identity]] in the file".into());
+    }
     let mut table = HashMap::new();
     for entry in file.identity {
         let name = entry.name.clone();
@@ -338,9 +390,16 @@ pub fn parse(text: &str) -> Result<HashMap<String, Arc<Identity>>, String> {
 
 fn check(entry: Entry) -> Result<Identity, String> {
     let name_len_max = tenure_protocol::limits::IDENTITY_NAME_LEN_MAX;
-    if entry.name.is_empty() || entry.name.len() > name_len_max || entry.name.contains(' ') {
+    // Printable ASCII without white space, quotes or backslashes: a name is a metric label
+    // value and a log field, and must need no escaping in either.
+    let printable = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\';
+    if entry.name.is_empty()
+        || entry.name.len() > name_len_max
+        || !entry.name.chars().all(printable)
+    {
         return Err(format!(
-            "a name must be 1 to {name_len_max} bytes without spaces"
+            "a name must be 1 to {name_len_max} printable ASCII characters, without spaces, \
+             quotes or backslashes"
         ));
     }
     PasswordHash::new(&entry.secret_hash)
@@ -368,6 +427,20 @@ fn check(entry: Entry) -> Result<Identity, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_need_no_escaping_and_secrets_fit_auth() {
+        let hash = hash_secret(b"pw").unwrap();
+        for bad in ["a b", "a\tb", "a\"b", "a\\b", ""] {
+            let text = format!("[[identity]]\nname = {bad:?}\nsecret-hash = \"{hash}\"\n");
+            assert!(parse(&text).is_err(), "{bad:?} accepted");
+        }
+        let text = format!("[[identity]]\nname = \"svc-a.b@c:d/e\"\nsecret-hash = \"{hash}\"\n");
+        assert!(parse(&text).is_ok());
+        assert!(parse("").unwrap_err().contains("no [[identity]]"));
+        let long = vec![b'x'; tenure_protocol::limits::SECRET_LEN_MAX + 1];
+        assert!(hash_secret(&long).unwrap_err().contains("at most"));
+    }
 
     fn file(hash: &str, extra: &str) -> String {
         format!("[[identity]]\nname = \"a\"\nsecret-hash = \"{hash}\"\n{extra}\n")
@@ -424,11 +497,14 @@ mod tests {
         let results: Vec<_> = futures_util::future::join_all(attempts).await;
         let names: Vec<_> = results.into_iter().map(Result::unwrap).collect();
         assert_eq!(
-            names.iter().filter(|n| n.as_deref() == Some("a")).count(),
+            names
+                .iter()
+                .filter(|n| n.as_ref().is_some_and(|i| i.name == "a"))
+                .count(),
             VERIFIES_AT_ONCE_MAX
         );
         assert_eq!(ids.verifying.available_permits(), VERIFIES_AT_ONCE_MAX);
-        assert_eq!(ids.verify(b"nobody", b"pw"), None);
+        assert!(ids.verify(b"nobody", b"pw").is_none());
     }
 
     #[test]

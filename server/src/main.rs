@@ -18,6 +18,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let loaded = settings::load()?;
     let settings = loaded.settings;
+    anyhow::ensure!(
+        settings.threads != Some(0),
+        "invalid configuration: --threads must be at least 1 (leave it unset for one per core)"
+    );
     if loaded.command == Some(settings::Subcommand::HashSecret) {
         return hash_secret();
     }

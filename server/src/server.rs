@@ -362,7 +362,7 @@ async fn accept_loop(
     let permits = Arc::new(Semaphore::new(shared.config.connections_max));
     let mut conn_id = 0u64;
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: back off instead of spinning.
@@ -374,7 +374,11 @@ async fn accept_loop(
         conn_id += 1;
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             Stats::bump(&shared.stats.connections_refused);
-            tracker.spawn(refuse(stream, shared.config.connections_max));
+            // A plain-text refusal would read as a broken handshake to a TLS client, and a
+            // TLS handshake is work the server is out of room for: a TLS port just closes.
+            if tls.is_none() {
+                tracker.spawn(refuse(stream, shared.config.connections_max));
+            }
             continue;
         };
         Stats::bump(&shared.stats.connections_total);
@@ -389,7 +393,7 @@ async fn accept_loop(
         tracker.spawn(async move {
             Stats::bump(&shared.stats.connections);
             match tls {
-                None => conn::serve(Arc::clone(&shared), stream, None, conn_id, stop).await,
+                None => conn::serve(Arc::clone(&shared), stream, peer, None, conn_id, stop).await,
                 Some(tls) => {
                     let limit = shared.config.handshake_timeout;
                     let accepted = tokio::select! {
@@ -398,7 +402,8 @@ async fn accept_loop(
                     };
                     match accepted {
                         Some(tls::Accepted { stream, peer_name }) => {
-                            conn::serve(Arc::clone(&shared), stream, peer_name, conn_id, stop).await
+                            conn::serve(Arc::clone(&shared), stream, peer, peer_name, conn_id, stop)
+                                .await
                         }
                         None => shared.stats.metrics.tls_refused(),
                     }

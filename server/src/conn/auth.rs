@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Request, Response, Secret};
 
-use super::ctx::Auth;
+use super::ctx::{Auth, Credential};
 use super::requests::Later;
 use super::Conn;
 use crate::console;
@@ -42,6 +42,7 @@ fn failure_delay(failures: u32) -> Duration {
 
 impl Conn {
     /// Starts verifying an AUTH off the async workers; the answer arrives as [`Later::Auth`].
+    /// Nothing after it is read until it is answered.
     pub(super) fn on_auth(&mut self, id: u64, name: Bytes, secret: Secret) {
         let Some(identities) = self.executor.identities.clone() else {
             let message = "this server has no identities configured; AUTH is not needed";
@@ -50,6 +51,15 @@ impl Conn {
         };
         let failures = match &self.ctx.auth {
             Auth::Pending { failures } => *failures,
+            // The certificate already proved this identity: AUTH as it again changes nothing.
+            Auth::As {
+                name: current,
+                credential: Credential::Certificate,
+                ..
+            } if current.as_bytes() == name.as_ref() => {
+                self.push(id, Response::Authenticated { name }, TICKET_NOW);
+                return;
+            }
             _ => {
                 let message = "this connection is already authenticated";
                 self.push(id, error(ErrorCode::BadArgs, message), TICKET_NOW);
@@ -57,9 +67,19 @@ impl Conn {
             }
         };
         let timing = self.timing.take();
+        let peer = self.ctx.peer.ip();
+        self.authenticating = true;
         self.later.push(Box::pin(async move {
-            let verified = identities.verify_bounded(name.clone(), secret.0).await;
+            // A peer that failed recently waits its turn (see `identity::throttle`).
+            let spaced = identities.verify_delay(peer);
+            if !spaced.is_zero() {
+                tokio::time::sleep(spaced).await;
+            }
+            let verified = Arc::clone(&identities)
+                .verify_bounded(name.clone(), secret.0)
+                .await;
             if verified.is_none() {
+                identities.failed_from(peer);
                 tokio::time::sleep(failure_delay(failures + 1)).await;
             }
             Later::Auth {
@@ -72,7 +92,8 @@ impl Conn {
     }
 
     /// Answers an AUTH once verified; after `AUTH_FAILURES_MAX` failures the connection closes.
-    pub(super) fn on_auth_done(&mut self, id: u64, name: Bytes, verified: Option<String>) {
+    pub(super) fn on_auth_done(&mut self, id: u64, name: Bytes, verified: Option<Arc<Identity>>) {
+        self.authenticating = false;
         let (Some(identities), Auth::Pending { failures }) =
             (self.executor.identities.as_ref(), &self.ctx.auth)
         else {
@@ -83,8 +104,8 @@ impl Conn {
             let mut shown = String::new();
             console::escape(&name, &mut shown); // the name only: never the secret
             let failures = failures + 1;
-            let conn_id = self.ctx.conn_id;
-            tracing::warn!(conn_id, name = %shown, failures, "authentication failed");
+            let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+            tracing::warn!(conn_id, %peer, name = %shown, failures, "authentication failed");
             self.ctx.auth = Auth::Pending { failures };
             self.push(
                 id,
@@ -92,18 +113,119 @@ impl Conn {
                 TICKET_NOW,
             );
             if failures >= AUTH_FAILURES_MAX {
-                tracing::warn!(conn_id, failures, "closing after too many failed AUTHs");
+                tracing::warn!(conn_id, %peer, failures, "closing after too many failed AUTHs");
                 self.closing = true;
             }
             return;
         };
-        tracing::debug!(conn_id = self.ctx.conn_id, name = %verified, "authenticated");
-        let usage = identities.usage(&verified);
+        let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+        tracing::debug!(conn_id, %peer, name = %verified.name, "authenticated");
         self.ctx.auth = Auth::As {
-            name: verified,
-            usage,
+            name: verified.name.clone(),
+            usage: identities.usage(&verified.name),
+            credential: Credential::Secret(Arc::from(verified.secret_hash())),
         };
+        self.auth_deadline = None;
         self.push(id, Response::Authenticated { name }, TICKET_NOW);
+    }
+
+    /// An unauthenticated connection's time to AUTH ran out: it is told so and closed.
+    pub(super) fn on_auth_deadline(&mut self) {
+        self.auth_deadline = None;
+        if !matches!(self.ctx.auth, Auth::Pending { .. }) {
+            return;
+        }
+        let limit = self.executor.config.handshake_timeout.as_millis();
+        let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+        tracing::debug!(conn_id, %peer, "no AUTH within the handshake limit; closing");
+        let message = format!("no AUTH within {limit} ms; closing");
+        self.fatal_error = Some((ErrorCode::Unauthenticated, message));
+        self.closing = true;
+        self.fatal = true;
+    }
+
+    /// After a reload: the connection's identity must still exist with the credential that
+    /// proved it, or the session ends; its waits and watches must still be allowed, or they
+    /// end.
+    pub(super) fn recheck_identity(&mut self) {
+        let Some(identities) = self.executor.identities.clone() else {
+            return;
+        };
+        let Auth::As {
+            name, credential, ..
+        } = &self.ctx.auth
+        else {
+            return;
+        };
+        match identities.get(name) {
+            None => {
+                let reason = format!("identity `{name}` was removed; AUTH again");
+                self.revoke(reason);
+            }
+            Some(identity) if !credential.holds_for(&identity) => {
+                let reason = format!("the secret of identity `{name}` changed; AUTH again");
+                self.revoke(reason);
+            }
+            Some(identity) => self.drop_disallowed(&identity),
+        }
+    }
+
+    /// Ends the session: its waits and watches end with `UNAUTHENTICATED` and `reason`, and
+    /// the connection must AUTH again, within the handshake limit.
+    fn revoke(&mut self, reason: String) {
+        let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+        tracing::info!(conn_id, %peer, %reason, "session ended by a reload");
+        // Waiter places go back to the identity the waits were counted against, so before
+        // the connection stops being it.
+        self.end_waits_and_watches(|_| true, true, ErrorCode::Unauthenticated, &reason);
+        self.ctx.auth = Auth::Pending { failures: 0 };
+        self.auth_deadline =
+            Some(tokio::time::Instant::now() + self.executor.config.handshake_timeout);
+    }
+
+    /// Ends the waits and watches `identity` no longer allows (a prefix or the WATCH
+    /// permission taken away by a reload), each with `FORBIDDEN`.
+    fn drop_disallowed(&mut self, identity: &Identity) {
+        let reason = format!(
+            "identity `{}` may no longer use this key or operation (reloaded)",
+            identity.name
+        );
+        let all_watches = !identity.watch;
+        let allowed = |key: &[u8]| identity.allows_key(key);
+        self.end_waits_and_watches(
+            |key| !allowed(key),
+            all_watches,
+            ErrorCode::Forbidden,
+            &reason,
+        );
+    }
+
+    /// Cancels the waits on keys `ended` selects, and the watches on them (or every watch if
+    /// `all_watches`), answering each with `code` and `reason`.
+    fn end_waits_and_watches(
+        &mut self,
+        ended: impl Fn(&[u8]) -> bool,
+        all_watches: bool,
+        code: ErrorCode,
+        reason: &str,
+    ) {
+        for id in self.ctx.cancel_waits_where(&self.executor, &ended) {
+            self.cancel_reasons.insert(id, (code, reason.to_owned()));
+        }
+        let mut watches: Vec<(Bytes, u64)> = self
+            .ctx
+            .watches
+            .iter()
+            .filter(|(key, _)| all_watches || ended(key))
+            .map(|(key, id)| (key.clone(), *id))
+            .collect();
+        watches.sort_unstable_by_key(|&(_, id)| id);
+        for (key, watch_id) in watches {
+            self.ctx.watches.remove(&key);
+            self.executor.watches.remove(&key, self.ctx.conn_id);
+            let message = reason.to_owned();
+            self.push_pushed(watch_id, Response::Error { code, message });
+        }
     }
 
     /// Runs `request` as the connection's identity: refused if that identity may not, else
@@ -124,10 +246,14 @@ impl Conn {
                 }
                 None
             }
-            Auth::As { name, .. } => match identities.get(name) {
-                Some(identity) => Some(identity),
-                None => {
-                    let message = format!("identity `{name}` was removed");
+            Auth::As {
+                name, credential, ..
+            } => match identities.get(name) {
+                Some(identity) if credential.holds_for(&identity) => Some(identity),
+                _ => {
+                    // A reload this connection has not rechecked yet: do it now.
+                    self.recheck_identity();
+                    let message = "AUTH again: this connection's identity changed or was removed";
                     return reply(error(ErrorCode::Unauthenticated, message));
                 }
             },

@@ -18,6 +18,8 @@ use crate::watch::{WatchEvent, WatchSink};
 pub struct ConnCtx {
     /// Server-unique connection number.
     pub conn_id: u64,
+    /// The peer's address, for logs and the failed-AUTH throttle.
+    pub peer: std::net::SocketAddr,
     /// Leases to release when the connection closes (acquired with release-on-disconnect).
     owned: Vec<(Bytes, LeaseId)>,
     /// Waiters (queued acquires) by request id: the key and the table's waiter id.
@@ -54,7 +56,29 @@ pub enum Auth {
         name: String,
         /// The identity's counters, shared by all its connections.
         usage: Arc<Usage>,
+        /// What proved it, which must still hold after a reload.
+        credential: Credential,
     },
+}
+
+/// How a connection proved its identity.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// AUTH with the secret whose hash this was: a reload that changes the hash (a rotated
+    /// secret) ends the session.
+    Secret(Arc<str>),
+    /// A client certificate (mutual TLS) with the identity's name.
+    Certificate,
+}
+
+impl Credential {
+    /// Whether this credential still proves `identity` as the identities in force have it.
+    pub fn holds_for(&self, identity: &crate::identity::Identity) -> bool {
+        match self {
+            Credential::Secret(hash) => **hash == *identity.secret_hash(),
+            Credential::Certificate => true,
+        }
+    }
 }
 
 impl Auth {
@@ -69,8 +93,14 @@ impl Auth {
 impl ConnCtx {
     /// A context for a new connection.
     pub fn new(conn_id: u64) -> ConnCtx {
+        ConnCtx::with_peer(conn_id, std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// A context for a new connection from `peer`.
+    pub fn with_peer(conn_id: u64, peer: std::net::SocketAddr) -> ConnCtx {
         ConnCtx {
             conn_id,
+            peer,
             owned: Vec::new(),
             waits: HashMap::new(),
             sink: None,
@@ -118,6 +148,28 @@ impl ConnCtx {
                 usage.give_back_waiter();
             }
         }
+    }
+
+    /// Takes the waiters on keys `drop` selects out of their queues, and returns their request
+    /// ids; each one's channel then closes, and the connection answers it.
+    pub fn cancel_waits_where(
+        &mut self,
+        executor: &Executor,
+        mut drop: impl FnMut(&[u8]) -> bool,
+    ) -> Vec<u64> {
+        let ids: Vec<u64> = self
+            .waits
+            .iter()
+            .filter(|(_, (key, _))| drop(key))
+            .map(|(id, _)| *id)
+            .collect();
+        self.give_back_waiters(ids.len());
+        for id in &ids {
+            if let Some((key, waiter_id)) = self.waits.remove(id) {
+                executor.shard(&key).cancel_waiter(&key, waiter_id);
+            }
+        }
+        ids
     }
 
     /// Takes this connection's waiters out of their queues. Each one's channel then closes,

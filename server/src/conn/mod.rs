@@ -37,7 +37,7 @@ mod requests;
 mod surface;
 mod transport;
 
-pub use ctx::{Auth, ConnCtx};
+pub use ctx::{Auth, ConnCtx, Credential};
 pub use transport::Transport;
 
 use std::collections::VecDeque;
@@ -74,6 +74,7 @@ const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(50
 pub async fn serve(
     executor: Arc<Executor>,
     stream: impl Into<Transport>,
+    peer: std::net::SocketAddr,
     peer_name: Option<String>,
     conn_id: u64,
     shutdown: CancellationToken,
@@ -94,15 +95,24 @@ pub async fn serve(
         }
         _ = shutdown.cancelled() => return,
     };
-    let mut ctx = ConnCtx::new(conn_id);
+    let mut ctx = ConnCtx::with_peer(conn_id, peer);
+    let mut auth_deadline = None;
     if let Some(identities) = &executor.identities {
         ctx.auth = match peer_name.filter(|name| identities.get(name).is_some()) {
             Some(name) => {
                 tracing::debug!(conn_id, identity = %name, "authenticated by client certificate");
                 let usage = identities.usage(&name);
-                Auth::As { name, usage }
+                let credential = Credential::Certificate;
+                Auth::As {
+                    name,
+                    usage,
+                    credential,
+                }
             }
-            None => Auth::Pending { failures: 0 },
+            None => {
+                auth_deadline = Some(tokio::time::Instant::now() + limit);
+                Auth::Pending { failures: 0 }
+            }
         };
     }
     let kind = match surface {
@@ -110,6 +120,7 @@ pub async fn serve(
         Surface::Console { .. } => metrics::Surface::Console,
     };
     executor.stats.metrics.connection(kind, true);
+    let identity_changes = executor.identities.as_ref().map(|i| i.subscribe());
     let mut conn = Conn {
         executor,
         stream,
@@ -119,12 +130,16 @@ pub async fn serve(
         queue: VecDeque::new(),
         later: FuturesUnordered::new(),
         events_queued: 0,
+        identity_changes,
         ctx,
         closing: false,
         fatal: false,
         stopping: false,
         fatal_error: None,
         timing: None,
+        authenticating: false,
+        auth_deadline,
+        cancel_reasons: std::collections::HashMap::new(),
     };
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
@@ -243,6 +258,16 @@ struct Conn {
     fatal_error: Option<(ErrorCode, String)>,
     /// The request being run: its reply takes it along, for the latency metric.
     timing: Option<Timing>,
+    /// An AUTH is being verified: nothing after it is read until it is answered, so replies
+    /// keep their order and what follows runs as the identity it establishes.
+    authenticating: bool,
+    /// When an unauthenticated connection is closed (identities only): it must AUTH within
+    /// the handshake limit, or it could hold a connection slot forever.
+    auth_deadline: Option<tokio::time::Instant>,
+    /// Reloads of the identities, after which the connection rechecks its own.
+    identity_changes: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Why a wait was cancelled, by request id, when not because the connection ends.
+    cancel_reasons: std::collections::HashMap<u64, (ErrorCode, String)>,
 }
 
 impl Conn {
@@ -282,6 +307,9 @@ impl Conn {
             if self.done() {
                 if self.fatal {
                     linger(&mut self.stream).await;
+                } else {
+                    // TLS: a close_notify, so the peer can tell the end from a cut.
+                    let _ = self.stream.shutdown().await;
                 }
                 return Ok(());
             }
@@ -301,6 +329,8 @@ impl Conn {
                 }
                 Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
                 _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
+                _ = expiry(self.auth_deadline), if !self.closing => self.on_auth_deadline(),
+                Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
             }
         }
     }
@@ -334,6 +364,29 @@ impl Conn {
     /// Leaves no trace in the shared state.
     fn finish(&mut self) {
         self.ctx.disconnect(&self.executor);
+    }
+}
+
+/// Completes at `deadline`; never without one. Cheap to make when there is none, as it is
+/// made on every pass of the loop.
+async fn expiry(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next reload of the identities; never without identities, or once they are gone.
+async fn recv_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Option<()> {
+    match changes {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(()),
+            Err(_) => {
+                *changes = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 

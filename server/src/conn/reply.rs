@@ -92,7 +92,7 @@ impl Conn {
     }
 
     /// Queues a frame that answers no request: an event or the end of a watch.
-    fn push_pushed(&mut self, id: u64, response: Response) {
+    pub(super) fn push_pushed(&mut self, id: u64, response: Response) {
         self.events_queued += 1;
         self.queue.push_back(PendingReply {
             ticket: TICKET_NOW,

@@ -37,7 +37,7 @@ pub(super) enum Later {
     Auth {
         id: u64,
         name: Bytes,
-        verified: Option<String>,
+        verified: Option<Arc<crate::identity::Identity>>,
         /// The AUTH's metrics timing, for its reply.
         timing: Option<Timing>,
     },
@@ -49,7 +49,7 @@ impl Conn {
         // The console promises replies in order, so while a blocking acquire waits there, later
         // lines stay unread in the buffer; the binary protocol answers by id and goes on.
         let console = matches!(self.surface, Surface::Console { .. });
-        while !self.closing && (!console || self.later.is_empty()) {
+        while !self.closing && !self.authenticating && (!console || self.later.is_empty()) {
             let Some(input) = self.surface.decode(&mut self.rbuf)? else {
                 break;
             };
@@ -90,6 +90,10 @@ impl Conn {
         if let Request::Watch { .. } = request {
             // A new watch starts on a queue that takes events, not on one that overflowed.
             self.end_watches_if_overflowed();
+        }
+        if let Request::Auth { .. } = &request {
+            // Counted here: AUTH never reaches the executor, which counts the rest.
+            self.executor.stats.count_op(&request);
         }
         let request = match request {
             Request::Auth { name, secret } => return self.on_auth(id, name, secret),
@@ -244,13 +248,17 @@ impl Conn {
                 ttl_left_ms: u32::try_from(ttl_left_ms).unwrap_or(u32::MAX),
             },
             Ok(WaitResult::Failed(code, message)) => Response::Error { code, message },
-            Err(()) => self.wait_cancelled(),
+            Err(()) => self.wait_cancelled(id),
         };
         self.push(id, response, TICKET_NOW);
     }
 
-    /// The answer to a wait cancelled because this connection is ending.
-    fn wait_cancelled(&self) -> Response {
+    /// The answer to a wait cancelled: by a reload that took its permission away, or because
+    /// this connection is ending.
+    fn wait_cancelled(&mut self, id: u64) -> Response {
+        if let Some((code, message)) = self.cancel_reasons.remove(&id) {
+            return Response::Error { code, message };
+        }
         match &self.fatal_error {
             Some((code, _)) => Response::Error {
                 code: *code,

@@ -543,10 +543,14 @@ fn hash_secret_reads_stdin_and_prints_a_hash_that_verifies() {
     let path = dir.path().join("ids.toml");
     std::fs::write(&path, file).unwrap();
     let ids = tenure_server::identity::Identities::load(&path).unwrap();
-    assert_eq!(ids.verify(b"a", b"hunter2").as_deref(), Some("a"));
     assert_eq!(
-        ids.verify(b"a", b"hunter2\n"),
-        None,
+        ids.verify(b"a", b"hunter2")
+            .map(|i| i.name.clone())
+            .as_deref(),
+        Some("a")
+    );
+    assert!(
+        ids.verify(b"a", b"hunter2\n").is_none(),
         "the newline is not the secret's"
     );
 }
@@ -616,4 +620,242 @@ async fn sighup_without_identities_does_not_stop_the_server() {
         "SIGHUP ended it"
     );
     assert_eq!(c.cmd("PING").await, "PONG", "connection kept");
+}
+
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_at_the_handshake_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.handshake_timeout = Duration::from_millis(300);
+    })
+    .await;
+    // PING is the opening; it answers, but it is not AUTH.
+    let mut squatter = Console::connect(server.addr).await;
+    assert_eq!(squatter.cmd("PING").await, "PONG");
+    let mut authed = Console::authed(server.addr, "orders", "orders-secret").await;
+    let line = squatter.line().await.expect("told why before the close");
+    assert_eq!(code_of(&line), "UNAUTHENTICATED", "{line}");
+    assert!(line.contains("no AUTH within 300 ms"), "{line}");
+    assert_eq!(squatter.line().await, None, "then closed");
+    // An authenticated connection is not subject to it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(authed.cmd("INSPECT orders/1").await, "FREE");
+}
+
+/// One binary connection with `frames` written at once; the replies to ids `1..=n`, in the
+/// order they arrived.
+async fn pipelined(addr: SocketAddr, frames: &[Request]) -> Vec<(u64, Response)> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut out = BytesMut::new();
+    Hello { version: VERSION }.encode(&mut out);
+    for (i, request) in frames.iter().enumerate() {
+        encode_request(i as u64 + 1, request, &mut out);
+    }
+    stream.write_all(&out).await.unwrap();
+    let mut input = BytesMut::new();
+    while HelloAck::decode(&mut input).unwrap().is_none() {
+        assert!(stream.read_buf(&mut input).await.unwrap() > 0);
+    }
+    let mut replies = Vec::new();
+    while replies.len() < frames.len() {
+        while let Some((opcode, id, body)) = split_frame(&mut input).unwrap() {
+            replies.push((id, decode_response(opcode, body).unwrap()));
+        }
+        if replies.len() < frames.len() {
+            let read = tokio::time::timeout(REPLY_WAIT_MAX, stream.read_buf(&mut input))
+                .await
+                .expect("every pipelined request is answered");
+            assert!(
+                read.unwrap() > 0,
+                "closed with replies missing: {replies:?}"
+            );
+        }
+    }
+    replies
+}
+
+fn auth(name: &str, secret: &str) -> Request {
+    Request::Auth {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        secret: Secret(Bytes::copy_from_slice(secret.as_bytes())),
+    }
+}
+
+#[tokio::test]
+async fn requests_pipelined_behind_auth_are_answered_in_order_as_its_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = with_identities(dir.path()).await;
+    let inspect = Request::Inspect {
+        key: Bytes::from_static(b"orders/1"),
+    };
+    let replies = pipelined(server.addr, &[auth("orders", "nope"), Request::Ping]).await;
+    let ids: Vec<u64> = replies.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [1, 2], "{replies:?}");
+    let replies = pipelined(
+        server.addr,
+        &[
+            auth("orders", "nope"),
+            auth("orders", "orders-secret"),
+            inspect.clone(),
+        ],
+    )
+    .await;
+    let ids: Vec<u64> = replies.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [1, 2, 3], "{replies:?}");
+    assert!(
+        matches!(replies[1].1, Response::Authenticated { .. }),
+        "{replies:?}"
+    );
+    assert!(
+        matches!(replies[2].1, Response::Free),
+        "ran as orders: {replies:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_failing_auths_is_slowed_and_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = with_identities(dir.path()).await;
+    // 30 guessing connections from 127.0.0.2 (loopback answers every 127/8 address). The
+    // first wave is verified at full speed: nothing has failed yet.
+    let mut guessers = Vec::new();
+    for _ in 0..30 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let stream = socket.connect(server.addr).await.unwrap();
+        let (r, mut w) = stream.into_split();
+        w.write_all(b"AUTH orders guess\n").await.unwrap();
+        guessers.push((BufReader::new(r), w));
+    }
+    for (r, _) in &mut guessers {
+        let mut line = String::new();
+        tokio::time::timeout(REPLY_WAIT_MAX, r.read_line(&mut line))
+            .await
+            .expect("first wave answered")
+            .unwrap();
+        assert_eq!(code_of(line.trim_end()), "UNAUTHENTICATED");
+    }
+    // The second wave: that peer's verifications now go one after another, spaced by a gap
+    // that has doubled up to 2 s, so in two seconds only a few are answered, not thirty.
+    for (_, w) in &mut guessers {
+        w.write_all(b"AUTH orders guess\n").await.unwrap();
+    }
+    // An honest client elsewhere authenticates meanwhile, not behind the guesser.
+    let mut honest = Console::connect(server.addr).await;
+    assert!(honest
+        .cmd("AUTH orders orders-secret")
+        .await
+        .starts_with("OK"));
+    let started = Instant::now();
+    let answered = futures_util::future::join_all(guessers.iter_mut().map(|(r, _)| async {
+        let mut line = String::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), r.read_line(&mut line)).await;
+        matches!(read, Ok(Ok(n)) if n > 0)
+    }))
+    .await;
+    let answered = answered.into_iter().filter(|&a| a).count();
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(answered <= 5, "{answered} of 30 guesses answered in 2 s");
+}
+
+#[tokio::test]
+async fn a_reload_ends_sessions_whose_secret_changed_with_their_waits_and_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = identities_file(dir.path());
+    let daemon = Daemon::spawn(
+        tenured()
+            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
+            .arg(&ids)
+            .arg("--data-dir")
+            .arg(dir.path().join("data")),
+    );
+    let addr = daemon.addr();
+    let mut admin = Console::authed(addr, "admin", "admin-secret").await;
+    assert!(admin.cmd("ACQUIRE orders/q 60000").await.starts_with("OK"));
+    assert!(admin.cmd("ACQUIRE jobs/q 60000").await.starts_with("OK"));
+    // `orders` watches a key, and waits in line for two (each on its own connection, as the
+    // console answers in order).
+    let mut watcher = Console::authed(addr, "admin", "admin-secret").await;
+    assert!(watcher
+        .cmd("WATCH orders/w")
+        .await
+        .starts_with("OK watching"));
+    let mut waiter = Console::authed(addr, "orders", "orders-secret").await;
+    waiter
+        .writer
+        .write_all(b"ACQUIRE orders/q 60000 60000\n")
+        .await
+        .unwrap();
+    let mut jobs = Console::authed(addr, "orders", "orders-secret").await;
+    jobs.writer
+        .write_all(b"ACQUIRE jobs/q 60000 60000\n")
+        .await
+        .unwrap();
+    let mut idle = Console::authed(addr, "orders", "orders-secret").await;
+
+    // Reload 1: `orders` may no longer use `jobs/`: that wait ends FORBIDDEN, the other stays.
+    let text = std::fs::read_to_string(&ids).unwrap();
+    let narrowed = text.replace(
+        "prefixes = [\"orders/\", \"jobs/\"]",
+        "prefixes = [\"orders/\"]",
+    );
+    assert_ne!(narrowed, text);
+    std::fs::write(&ids, &narrowed).unwrap();
+    daemon.hangup();
+    let ended = jobs.line().await.expect("the jobs/ wait is answered");
+    assert_eq!(code_of(&ended), "FORBIDDEN", "{ended}");
+
+    // Reload 2: `orders`'s secret changes: its sessions end, waits included.
+    let old_hash = narrowed
+        .lines()
+        .find(|l| l.starts_with("secret-hash"))
+        .unwrap()
+        .to_owned();
+    let new_hash = format!("secret-hash = \"{}\"", hash_secret(b"rotated").unwrap());
+    std::fs::write(&ids, narrowed.replacen(&old_hash, &new_hash, 1)).unwrap();
+    daemon.hangup();
+    let ended = waiter.line().await.expect("the orders/ wait is answered");
+    assert_eq!(code_of(&ended), "UNAUTHENTICATED", "{ended}");
+    let refused = idle.cmd("INSPECT orders/q").await;
+    assert_eq!(code_of(&refused), "UNAUTHENTICATED", "{refused}");
+    // The same connection may AUTH again, with the new secret only.
+    assert_eq!(
+        code_of(&idle.cmd("AUTH orders orders-secret").await),
+        "UNAUTHENTICATED"
+    );
+    assert!(idle.cmd("AUTH orders rotated").await.starts_with("OK"));
+    assert!(idle.cmd("INSPECT orders/q").await.starts_with("HELD"));
+    // Unaffected: admin's watch and locks.
+    assert!(watcher.cmd("INSPECT orders/w").await.starts_with("FREE"));
+    assert!(admin.cmd("INSPECT jobs/q").await.starts_with("HELD"));
+}
+
+#[tokio::test]
+async fn a_reload_that_takes_watch_away_ends_the_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = identities_file(dir.path());
+    let daemon = Daemon::spawn(
+        tenured()
+            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
+            .arg(&ids)
+            .arg("--data-dir")
+            .arg(dir.path().join("data")),
+    );
+    let addr = daemon.addr();
+    let mut watcher = Console::authed(addr, "admin", "admin-secret").await;
+    assert!(watcher
+        .cmd("WATCH anything")
+        .await
+        .starts_with("OK watching"));
+    let text = std::fs::read_to_string(&ids).unwrap();
+    std::fs::write(&ids, text.replace("watch = true", "watch = false")).unwrap();
+    daemon.hangup();
+    let ended = watcher.line().await.expect("the watch ends");
+    assert_eq!(code_of(&ended), "FORBIDDEN", "{ended}");
+    let mut admin = Console::authed(addr, "admin", "admin-secret").await;
+    assert!(admin.cmd("ACQUIRE anything 60000").await.starts_with("OK"));
+    // No event of the ended watch follows.
+    assert!(watcher.cmd("PING").await == "PONG");
 }

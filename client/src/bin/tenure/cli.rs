@@ -33,7 +33,8 @@ pub struct Cli {
     /// Print JSON objects instead of key=value lines.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Longest wait for one answer (a blocking acquire adds its wait).
+    /// Longest wait for one answer (a blocking acquire adds its wait), and for connecting
+    /// (TLS handshake and AUTH included).
     #[arg(long, global = true, value_parser = duration_flag, default_value = "5s")]
     pub timeout: Duration,
     /// Authenticate as this identity; the secret is read from the TENURE_SECRET environment

@@ -74,6 +74,8 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
     let mut config = ClientConfig {
         request_timeout: cli.timeout,
+        // Connecting includes the TLS handshake and AUTH, which a busy server can slow.
+        connect_timeout: cli.timeout,
         ..ClientConfig::default()
     };
     if let Some(name) = &cli.identity {

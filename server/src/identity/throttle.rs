@@ -1,0 +1,135 @@
+//! Spacing out the AUTHs of a peer that recently failed some.
+//!
+//! A per-connection delay alone does not slow a guesser down: it opens another connection.
+//! So failures are also remembered by peer address, and that address's next verifications
+//! are spaced out, one after the other, by a gap that doubles with each failure. A guesser is
+//! then held to a trickle of verifications, and the argon2 work it can make the server do
+//! (shared with every honest client) is bounded; peers without failures are not delayed.
+//! Peers behind one address (a NAT) share its spacing: one of them guessing slows the AUTHs
+//! of all of them, not their requests.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Gap after the first failure; it doubles with each further one.
+const SPACING_BASE: Duration = Duration::from_millis(100);
+/// Largest gap between two verifications of one peer.
+const SPACING_MAX: Duration = Duration::from_secs(2);
+/// A peer without a failure for this long is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+/// Most peers remembered; past it the one whose last failure is oldest is forgotten.
+const PEERS_MAX: usize = 4096;
+
+#[derive(Debug)]
+struct Peer {
+    failures: u32,
+    last_failure: Instant,
+    /// When the peer's next verification may start.
+    next_at: Instant,
+}
+
+/// Recent failures by peer address.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    peers: HashMap<IpAddr, Peer>,
+}
+
+fn spacing(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    SPACING_BASE.saturating_mul(1 << doublings).min(SPACING_MAX)
+}
+
+impl Throttle {
+    /// Reserves `peer`'s next verification at `now`: how long it must wait before starting.
+    pub fn reserve(&mut self, peer: IpAddr, now: Instant) -> Duration {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Duration::ZERO;
+        };
+        if now.saturating_duration_since(p.last_failure) > FORGET_AFTER {
+            self.peers.remove(&peer);
+            return Duration::ZERO;
+        }
+        let at = p.next_at.max(now);
+        p.next_at = at + spacing(p.failures);
+        at - now
+    }
+
+    /// Records a failed AUTH from `peer` at `now`.
+    pub fn failed(&mut self, peer: IpAddr, now: Instant) {
+        if self.peers.len() >= PEERS_MAX && !self.peers.contains_key(&peer) {
+            self.peers
+                .retain(|_, p| now.saturating_duration_since(p.last_failure) <= FORGET_AFTER);
+            if self.peers.len() >= PEERS_MAX {
+                let oldest = self
+                    .peers
+                    .iter()
+                    .min_by_key(|(_, p)| p.last_failure)
+                    .map(|(ip, _)| *ip);
+                if let Some(ip) = oldest {
+                    self.peers.remove(&ip);
+                }
+            }
+        }
+        let p = self.peers.entry(peer).or_insert(Peer {
+            failures: 0,
+            last_failure: now,
+            next_at: now,
+        });
+        p.failures = p.failures.saturating_add(1);
+        p.last_failure = now;
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.peers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::from(n.to_be_bytes())
+    }
+
+    #[test]
+    fn a_peer_without_failures_waits_for_nothing() {
+        let mut t = Throttle::default();
+        let now = Instant::now();
+        t.failed(ip(1), now);
+        assert_eq!(t.reserve(ip(2), now), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_failing_peer_s_verifications_are_spaced_one_after_another() {
+        let mut t = Throttle::default();
+        let now = Instant::now();
+        t.failed(ip(1), now);
+        // Many AUTHs at once from that peer: each starts one gap after the one before.
+        let waits: Vec<_> = (0..4).map(|_| t.reserve(ip(1), now)).collect();
+        assert_eq!(waits, [0, 100, 200, 300].map(Duration::from_millis));
+        for _ in 0..10 {
+            t.failed(ip(1), now);
+        }
+        let first = t.reserve(ip(1), now);
+        assert_eq!(t.reserve(ip(1), now) - first, SPACING_MAX);
+    }
+
+    #[test]
+    fn a_quiet_peer_is_forgotten_and_memory_is_bounded() {
+        let mut t = Throttle::default();
+        let start = Instant::now();
+        t.failed(ip(1), start);
+        let later = start + FORGET_AFTER + Duration::from_secs(1);
+        assert_eq!(t.reserve(ip(1), later), Duration::ZERO);
+        assert_eq!(t.len(), 0);
+        for n in 0..(PEERS_MAX as u32 + 10) {
+            t.failed(ip(n), start + Duration::from_millis(u64::from(n)));
+        }
+        assert_eq!(t.len(), PEERS_MAX);
+        // The oldest went first.
+        assert_eq!(t.reserve(ip(0), start), Duration::ZERO);
+    }
+}
