@@ -267,6 +267,16 @@ async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity(
         "{err:?}"
     );
 
+    // A client that also sends AUTH as its certificate's identity still connects.
+    let orders_cert = clients.client(dir.path(), "orders");
+    let config = ClientConfig::default()
+        .with_tls(pki.ca.trust_as(&orders_cert))
+        .with_credentials("orders", "not-checked");
+    let doubly = Client::connect_with(server.addr.to_string(), config)
+        .await
+        .expect("AUTH as the certificate's identity is AUTHENTICATED");
+    doubly.ping().await.unwrap();
+
     // A trusted certificate with no identity's name must still AUTH.
     let nobody = clients.client(dir.path(), "nobody");
     let nobody = client(&server, pki.ca.trust_as(&nobody)).await.unwrap();
