@@ -361,6 +361,15 @@ impl Client {
         &self.inner.endpoints
     }
 
+    /// The address the next connection goes to.
+    fn next_target(&self) -> String {
+        self.inner
+            .next
+            .lock()
+            .expect("client mutex poisoned")
+            .clone()
+    }
+
     /// Makes the next connection go to the endpoint after `failed` in the list (to the first
     /// if `failed` is not in it, as a leader's address named by a follower may not be).
     fn advance_from(&self, failed: &str) {
@@ -422,12 +431,7 @@ impl Client {
             tokio::time::sleep_until(retry_at).await;
         }
         let config = &self.inner.config;
-        let target = self
-            .inner
-            .next
-            .lock()
-            .expect("client mutex poisoned")
-            .clone();
+        let target = self.next_target();
         let opened = tokio::time::timeout(config.connect_timeout, async {
             let conn = Conn::open(&target, config.in_flight_max, config.tls.as_ref()).await?;
             if let Some(credentials) = &config.credentials {
@@ -524,12 +528,7 @@ impl Client {
                 *self.inner.next.lock().expect("client mutex poisoned") = leader.to_owned();
             }
             _ => {
-                let target = self
-                    .inner
-                    .next
-                    .lock()
-                    .expect("client mutex poisoned")
-                    .clone();
+                let target = self.next_target();
                 self.advance_from(&target);
                 tokio::time::sleep(ELECTION_PAUSE).await;
             }

@@ -216,6 +216,18 @@ fn identities(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// An acquire of `key` by `client` is refused with `code`.
+async fn assert_refused(client: &Client, key: &str, code: ErrorCode) {
+    let err = client
+        .acquire(key, Duration::from_secs(30), AcquireOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Server { code: got, .. } if *got == code),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity() {
     let dir = tempfile::tempdir().unwrap();
@@ -248,24 +260,7 @@ async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity(
         .await
         .unwrap();
     assert!(granted.granted().is_some());
-    let err = orders
-        .acquire(
-            "payroll/1",
-            Duration::from_secs(30),
-            AcquireOptions::default(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Server {
-                code: ErrorCode::Forbidden,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_refused(&orders, "payroll/1", ErrorCode::Forbidden).await;
 
     // A client that also sends AUTH as its certificate's identity still connects.
     let orders_cert = clients.client(dir.path(), "orders");
@@ -280,24 +275,7 @@ async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity(
     // A trusted certificate with no identity's name must still AUTH.
     let nobody = clients.client(dir.path(), "nobody");
     let nobody = client(&server, pki.ca.trust_as(&nobody)).await.unwrap();
-    let err = nobody
-        .acquire(
-            "orders/2",
-            Duration::from_secs(30),
-            AcquireOptions::default(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Server {
-                code: ErrorCode::Unauthenticated,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_refused(&nobody, "orders/2", ErrorCode::Unauthenticated).await;
     let admin = clients.client(dir.path(), "nobody-admin");
     let config = ClientConfig::default()
         .with_tls(pki.ca.trust_as(&admin))
