@@ -31,7 +31,7 @@
 //!
 //! # Layout
 //! - `args`: flags, defaults per scenario, limits.
-//! - `target`: target parsing, the loopback rule, connecting and handshakes.
+//! - `target`: target parsing, the loopback rule, connecting, handshakes and AUTH; `tls`: TLS.
 //! - `wire`: ops, outcomes, tenure frame encoding; `resp`: the RESP2 side and Redis recipes.
 //! - `conn`: one pipelined connection (reader and writer tasks, in-flight slab, backlog).
 //! - `scenario`: the workloads; `run`: the driver and measured window.
@@ -47,6 +47,7 @@ mod run;
 mod scenario;
 mod stats;
 mod target;
+mod tls;
 mod wire;
 
 use std::process::ExitCode;
