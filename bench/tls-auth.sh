@@ -19,12 +19,14 @@
 # after the other within each step so the machine's drift hits all alike: mixed
 # acquire/renew/release cycles at CONNECTIONS connections unpipelined, the same 16 deep,
 # then the estimate (50 000 acquires/s, 10 s holds, 16 connections 256 deep, as in
-# compare-redis.sh). Every process started is stopped by PID on exit. About 3 min.
+# compare-redis.sh), each variant's server stopped after its estimate so that the 500K locks
+# it leaves do not expire during the next one. Every process started is stopped by PID on
+# exit. About 3 min.
 set -euo pipefail
 
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
 esac
 
@@ -127,6 +129,10 @@ done
 for v in "${VARIANTS[@]}"; do
     run estimate "$v" --scenario estimate --rate 50000 --hold 10s --renew-every 10s --ttl 30s \
         --duration "$ESTIMATE_DURATION" --warmup 1s --connections 16 --pipeline 256
+    # The estimate leaves 500K locks held; stopped now, this server cannot spend the next
+    # variant's run expiring them.
+    kill "${PID[$v]}" && wait "${PID[$v]}" 2>/dev/null || true
+    unset "PID[$v]"
 done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
