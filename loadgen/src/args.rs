@@ -1,5 +1,6 @@
 //! Command-line flags and the run configuration they resolve to.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
@@ -114,6 +115,22 @@ pub struct Args {
     /// Seed for key choice and Redis lease values [random].
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Speak TLS to the target, trusting only the CA certificates in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Name the server's certificate must carry [the target's host].
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+    /// Mutual TLS: the client certificate chain to present (PEM, leaf first).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_client_key"])]
+    pub tls_client_cert: Option<PathBuf>,
+    /// Mutual TLS: the private key of --tls-client-cert (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_client_cert"])]
+    pub tls_client_key: Option<PathBuf>,
+    /// Authenticate every connection as this identity (AUTH right after the handshake); the
+    /// secret is read from the environment variable TENURE_SECRET, never from a flag.
+    #[arg(long, value_name = "NAME")]
+    pub identity: Option<String>,
 }
 
 /// Parses a duration flag: `250us`, `1.5ms`, `10s`, `2m` ([`tenure_protocol::duration`]).

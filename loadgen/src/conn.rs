@@ -19,8 +19,7 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context};
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::run::World;
@@ -153,8 +152,9 @@ impl Conn {
     }
 }
 
-/// Reads replies for connection `index` until the stream ends or breaks.
-pub async fn reader(world: Rc<RefCell<World>>, index: usize, mut half: OwnedReadHalf) {
+/// Reads replies for connection `index` until the stream ends or breaks. `half` is a TCP
+/// socket's owned read half (no lock shared with the writer) or a TLS stream's split half.
+pub async fn reader<R: AsyncRead + Unpin>(world: Rc<RefCell<World>>, index: usize, mut half: R) {
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     loop {
         if input.capacity() - input.len() < READ_CHUNK / 4 {
@@ -174,7 +174,7 @@ pub async fn reader(world: Rc<RefCell<World>>, index: usize, mut half: OwnedRead
 }
 
 /// Writes whatever the scenario encoded for connection `index`, one batch per wake-up.
-pub async fn writer(world: Rc<RefCell<World>>, index: usize, mut half: OwnedWriteHalf) {
+pub async fn writer<W: AsyncWrite + Unpin>(world: Rc<RefCell<World>>, index: usize, mut half: W) {
     let notify = world.borrow().conns[index].notify.clone();
     let mut spare = BytesMut::with_capacity(READ_CHUNK);
     loop {
@@ -183,7 +183,12 @@ pub async fn writer(world: Rc<RefCell<World>>, index: usize, mut half: OwnedWrit
         if spare.is_empty() {
             continue;
         }
-        if let Err(e) = half.write_all(&spare).await {
+        // TLS may keep the tail of a batch in its buffer until flushed; TCP's flush does nothing.
+        let written = match half.write_all(&spare).await {
+            Ok(()) => half.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             world.borrow_mut().conns[index].failed = Some(format!("write failed: {e}"));
             return;
         }

@@ -17,7 +17,10 @@
 //! `tenure://HOST:PORT` speaks the binary protocol; `redis://HOST:PORT` runs the same workloads
 //! with the usual Redis recipes (SET NX PX, compare-and-delete and compare-and-pexpire scripts,
 //! and with `--redis-fenced` an acquire script that also returns a per-key fencing counter).
-//! Targets must be on loopback unless `--allow-remote` is given.
+//! Targets must be on loopback unless `--allow-remote` is given. A tenure target with TLS
+//! (`--tls-ca`, optionally `--tls-server-name` and `--tls-client-cert`/`--tls-client-key`) or
+//! identities (`--identity NAME`, the secret in `TENURE_SECRET`) is loaded as a client would
+//! connect to it; each connection's setup cost (TLS, handshake, AUTH) is in the report.
 //!
 //! # Examples
 //! ```text
@@ -31,7 +34,7 @@
 //!
 //! # Layout
 //! - `args`: flags, defaults per scenario, limits.
-//! - `target`: target parsing, the loopback rule, connecting and handshakes.
+//! - `target`: target parsing, the loopback rule, connecting, handshakes and AUTH; `tls`: TLS.
 //! - `wire`: ops, outcomes, tenure frame encoding; `resp`: the RESP2 side and Redis recipes.
 //! - `conn`: one pipelined connection (reader and writer tasks, in-flight slab, backlog).
 //! - `scenario`: the workloads; `run`: the driver and measured window.
@@ -47,6 +50,7 @@ mod run;
 mod scenario;
 mod stats;
 mod target;
+mod tls;
 mod wire;
 
 use std::process::ExitCode;
@@ -72,7 +76,10 @@ Scenarios:
 
 Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
 compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token). Loopback only
-unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.";
+unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
+tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
+--tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
+TENURE_SECRET. The report gives each connection's setup cost (connect to ready).";
 
 fn main() -> ExitCode {
     let args = match args::Args::parse().resolve() {

@@ -79,6 +79,8 @@ pub struct Report {
     pub summary: Vec<(&'static str, Value)>,
     /// Memory and CPU figures.
     pub resources: Vec<(&'static str, Value)>,
+    /// Per-connection setup cost (TCP connect, TLS, handshake, AUTH), before the run.
+    pub setup: Vec<(&'static str, Value)>,
     /// Error replies by name, whole run.
     pub errors: Vec<(String, u64)>,
 }
@@ -163,7 +165,12 @@ impl Report {
                 k.name, "", "", ""
             );
         }
-        for (title, items) in [("summary", &self.summary), ("resources", &self.resources)] {
+        let sections = [
+            ("summary", &self.summary),
+            ("resources", &self.resources),
+            ("setup per connection", &self.setup),
+        ];
+        for (title, items) in sections {
             if !items.is_empty() {
                 let _ = writeln!(out, "{title}:");
                 for (k, v) in items.iter() {
@@ -196,6 +203,7 @@ impl Report {
             "ops": ops,
             "summary": pairs(&self.summary),
             "resources": pairs(&self.resources),
+            "setup": pairs(&self.setup),
             "errors": errors,
         })
         .to_string()
@@ -243,6 +251,7 @@ mod tests {
             kinds: Vec::new(),
             summary: vec![("rate", Value::F64(f64::NAN))],
             resources: Vec::new(),
+            setup: Vec::new(),
             errors: vec![("BAD \"KEY\"".into(), 2)],
         };
         let parsed: serde_json::Value = serde_json::from_str(&report.json()).unwrap();

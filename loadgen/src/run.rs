@@ -24,12 +24,15 @@ use crate::procfs;
 use crate::report::{self, Report, Value};
 use crate::scenario::{closed, contention, estimate, Ctx, Rng, Scenario};
 use crate::stats::Stats;
-use crate::target::{Kind, Target};
+use crate::target::{Credentials, Kind, Security, SetupTimes, Stream, Target};
+use crate::tls::{Tls, TlsFlags};
 
 /// Longest time setup (connecting aside) may take before the run gives up.
 const SETUP_MAX: Duration = Duration::from_secs(120);
-/// Longest time one connection and its handshake may take.
+/// Longest time one connection and its setup (TLS, handshake, AUTH) may take.
 const CONNECT_MAX: Duration = Duration::from_secs(10);
+/// Environment variable holding the secret for `--identity` (as for the `tenure` command line).
+const SECRET_VAR: &str = "TENURE_SECRET";
 /// A thread that wakes the driver every `period`: tokio's timers have millisecond resolution,
 /// which would send an open loop's ops in 1 ms bursts and add up to a millisecond of lag to
 /// each; a plain thread sleeping 100 us spreads them ten times finer for a few percent of a core.
@@ -231,23 +234,27 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     if args.server_pid.is_some() && server_rss_start.is_none() {
         bail!("cannot read /proc/{}/status", args.server_pid.unwrap_or(0));
     }
+    let security = security(&args, &target)?;
     let mut conns = Vec::with_capacity(args.connections);
-    let mut halves = Vec::with_capacity(args.connections);
+    let mut streams = Vec::with_capacity(args.connections);
+    let mut setups = Vec::with_capacity(args.connections);
     let mut pipeline = args.pipeline;
     if args.scenario == Which::Contention {
         // Every client has at most one op in flight; all of a connection's must fit, or a
         // release could queue behind acquires that wait for it.
         pipeline = pipeline.max(args.clients.div_ceil(args.connections));
     }
+    // One at a time, so each connection's setup cost is measured without queueing behind
+    // the others (the server verifies only a few AUTHs at once).
     for _ in 0..args.connections {
-        let connected = tokio::time::timeout(CONNECT_MAX, target.connect(args.redis_fenced))
+        let connect = target.connect(args.redis_fenced, &security);
+        let connected = tokio::time::timeout(CONNECT_MAX, connect)
             .await
-            .with_context(|| {
-                format!("no handshake from {} within {CONNECT_MAX:?}", target.addr)
-            })??;
+            .with_context(|| format!("no setup with {} within {CONNECT_MAX:?}", target.addr))??;
         pipeline = pipeline.min(connected.in_flight_max);
-        halves.push(connected.stream.into_split());
+        streams.push(connected.stream);
         conns.push(connected.proto);
+        setups.push(connected.setup);
     }
     let scenario = build_scenario(&args, args.connections, pipeline, redis)?;
     let world = Rc::new(RefCell::new(World {
@@ -257,9 +264,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         stopping: false,
         start: Instant::now(),
     }));
-    for (index, (read, write)) in halves.into_iter().enumerate() {
-        tokio::task::spawn_local(conn::reader(world.clone(), index, read));
-        tokio::task::spawn_local(conn::writer(world.clone(), index, write));
+    for (index, stream) in streams.into_iter().enumerate() {
+        spawn_tasks(&world, index, stream);
     }
     let (begin, end) = drive(&world, &args).await?;
     let w = world.borrow();
@@ -270,6 +276,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         kinds: report::kinds(&w.stats, window_s, w.scenario.target_rates()),
         summary: w.scenario.summary(window_s),
         resources: resources(&begin, &end, server_rss_start, w.outstanding()),
+        setup: setup_report(&setups),
         errors: w
             .stats
             .errors
@@ -277,6 +284,90 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
     })
+}
+
+/// TLS and credentials from the flags and `TENURE_SECRET`.
+fn security(args: &Args, target: &Target) -> anyhow::Result<Security> {
+    if target.kind == Kind::Redis && (args.tls_ca.is_some() || args.identity.is_some()) {
+        bail!("--tls-ca and --identity are for tenure:// targets only");
+    }
+    let tls = match &args.tls_ca {
+        None => None,
+        Some(ca) => Some(Tls::load(&TlsFlags {
+            ca,
+            client: args
+                .tls_client_cert
+                .as_ref()
+                .zip(args.tls_client_key.as_ref()),
+            server_name: args.tls_server_name.as_deref().unwrap_or(&target.host),
+        })?),
+    };
+    let credentials = match &args.identity {
+        None => None,
+        Some(name) => {
+            let secret = std::env::var_os(SECRET_VAR)
+                .filter(|s| !s.is_empty())
+                .with_context(|| format!("--identity {name:?} needs its secret in {SECRET_VAR}"))?;
+            Some(Credentials {
+                name: name.clone(),
+                secret: secret.into_encoded_bytes().into(),
+            })
+        }
+    };
+    Ok(Security { tls, credentials })
+}
+
+/// Starts connection `index`'s reader and writer. Plain TCP splits into owned halves, which
+/// share no lock; TLS needs `tokio::io::split`, whose halves take turns on one lock.
+fn spawn_tasks(world: &Rc<RefCell<World>>, index: usize, stream: Stream) {
+    match stream {
+        Stream::Plain(stream) => {
+            let (read, write) = stream.into_split();
+            tokio::task::spawn_local(conn::reader(world.clone(), index, read));
+            tokio::task::spawn_local(conn::writer(world.clone(), index, write));
+        }
+        Stream::Tls(stream) => {
+            let (read, write) = tokio::io::split(*stream);
+            tokio::task::spawn_local(conn::reader(world.clone(), index, read));
+            tokio::task::spawn_local(conn::writer(world.clone(), index, write));
+        }
+    }
+}
+
+/// Per-connection setup cost: connect to ready, and the TLS and AUTH parts of it.
+fn setup_report(setups: &[SetupTimes]) -> Vec<(&'static str, Value)> {
+    /// Median and maximum of some nanosecond figures, in milliseconds.
+    fn p50_max_ms(mut ns: Vec<u64>) -> Option<(Value, Value)> {
+        ns.sort_unstable();
+        let max = *ns.last()?;
+        let p50 = ns[(ns.len() - 1) / 2];
+        Some((Value::F64(p50 as f64 / 1e6), Value::F64(max as f64 / 1e6)))
+    }
+    let parts = [
+        (
+            "connect_to_ready_p50_ms",
+            "connect_to_ready_max_ms",
+            setups.iter().map(|s| Some(s.total_ns)).collect::<Vec<_>>(),
+        ),
+        (
+            "tls_handshake_p50_ms",
+            "tls_handshake_max_ms",
+            setups.iter().map(|s| s.tls_ns).collect(),
+        ),
+        (
+            "auth_p50_ms",
+            "auth_max_ms",
+            setups.iter().map(|s| s.auth_ns).collect(),
+        ),
+    ];
+    let mut out = vec![("connections", Value::U64(setups.len() as u64))];
+    for (p50_name, max_name, part) in parts {
+        if let Some((p50, max)) = p50_max_ms(part.into_iter().flatten().collect()) {
+            out.push((p50_name, p50));
+            out.push((max_name, max));
+        }
+    }
+    out
 }
 
 /// The settings echoed in the report.
@@ -305,6 +396,15 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
     }
     if redis {
         settings.push(("redis_fenced", Value::Str(args.redis_fenced.to_string())));
+    }
+    let transport = match (&args.tls_ca, &args.tls_client_cert) {
+        (None, _) => "tcp",
+        (Some(_), None) => "tls",
+        (Some(_), Some(_)) => "mutual-tls",
+    };
+    settings.push(("transport", Value::Str(transport.to_owned())));
+    if let Some(name) = &args.identity {
+        settings.push(("identity", Value::Str(name.clone())));
     }
     settings
 }

@@ -1,13 +1,23 @@
-//! Where the load goes: parsing the target, refusing remote hosts, connecting.
+//! Where the load goes: parsing the target, refusing remote hosts, connecting, and the
+//! per-connection setup (TLS, the binary handshake, AUTH) whose cost the report shows.
+
+use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use tenure_protocol::frame::{decode_response, encode_request, split_frame, Secret};
 use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tenure_protocol::{Request, Response};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{lookup_host, TcpStream};
 
 use crate::resp;
+use crate::tls::Tls;
 use crate::wire::Proto;
+
+/// Request id of the AUTH sent during setup (ids of the run's requests start afresh at 1 on
+/// the connection afterwards; the server only echoes ids).
+const AUTH_REQUEST_ID: u64 = 1;
 
 /// The server kind named by the target's scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,16 +35,66 @@ pub struct Target {
     pub kind: Kind,
     /// Resolved address.
     pub addr: std::net::SocketAddr,
+    /// The host as written (brackets of an IPv6 address removed): TLS's default server name.
+    pub host: String,
+}
+
+/// An identity and its secret, for AUTH on every connection.
+pub struct Credentials {
+    /// The identity's name.
+    pub name: String,
+    /// Its secret (from `TENURE_SECRET`, never a flag).
+    pub secret: Bytes,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({:?}, <secret>)", self.name)
+    }
+}
+
+/// What every tenure connection does after the TCP connect: TLS, AUTH, both or neither.
+#[derive(Default)]
+pub struct Security {
+    /// TLS over the socket.
+    pub tls: Option<Tls>,
+    /// AUTH right after the binary handshake.
+    pub credentials: Option<Credentials>,
+}
+
+/// The transport a connection ended up with.
+pub enum Stream {
+    /// Plain TCP: split into owned halves, no lock between reader and writer.
+    Plain(TcpStream),
+    /// TLS over TCP (boxed: the session state is large).
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// How long one connection's setup took, nanoseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetupTimes {
+    /// From before the TCP connect until the connection was ready for load.
+    pub total_ns: u64,
+    /// The TLS handshake, when TLS is on.
+    pub tls_ns: Option<u64>,
+    /// AUTH, from sending it to its AUTHENTICATED reply, when an identity is given.
+    pub auth_ns: Option<u64>,
 }
 
 /// A connected stream and the protocol state agreed during setup.
 pub struct Connected {
     /// The stream, handshake done.
-    pub stream: TcpStream,
+    pub stream: Stream,
     /// Encoder and decoder for it.
     pub proto: Proto,
     /// Requests the server lets this connection have in flight (tenure's handshake says).
     pub in_flight_max: usize,
+    /// What the setup cost.
+    pub setup: SetupTimes,
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Target {
@@ -51,6 +111,7 @@ impl Target {
             bail!("target {text:?} must start with tenure:// or redis://");
         };
         let rest = rest.trim_end_matches('/');
+        let host = host_of(rest).to_owned();
         let addrs: Vec<_> = lookup_host(rest)
             .await
             .with_context(|| format!("resolving {rest:?}"))?
@@ -61,46 +122,91 @@ impl Target {
         if !allow_remote && !addrs.iter().all(|a| a.ip().is_loopback()) {
             bail!("{rest:?} is not a loopback address; pass --allow-remote to load it anyway");
         }
-        Ok(Target { kind, addr })
+        Ok(Target { kind, addr, host })
     }
 
-    /// Opens one connection and does the protocol's setup.
+    /// Opens one connection and does the protocol's setup: TLS and AUTH as `security` says.
     ///
     /// # Errors
-    /// When the connection or handshake fails.
-    pub async fn connect(&self, fenced: bool) -> anyhow::Result<Connected> {
+    /// When the connection, TLS, the handshake or AUTH fails.
+    pub async fn connect(&self, fenced: bool, security: &Security) -> anyhow::Result<Connected> {
+        let start = Instant::now();
         let mut stream = TcpStream::connect(self.addr)
             .await
             .with_context(|| format!("connecting to {}", self.addr))?;
         stream.set_nodelay(true)?;
-        match self.kind {
-            Kind::Tenure => {
-                let ack = tenure_hello(&mut stream).await?;
-                Ok(Connected {
-                    stream,
-                    proto: Proto::Tenure,
-                    in_flight_max: usize::try_from(ack.limits.in_flight_max)?,
-                })
-            }
-            Kind::Redis => {
-                let scripts = resp::setup(&mut stream).await?;
-                Ok(Connected {
-                    stream,
-                    proto: Proto::Redis { scripts, fenced },
-                    in_flight_max: usize::MAX,
-                })
-            }
+        if self.kind == Kind::Redis {
+            ensure!(
+                security.tls.is_none() && security.credentials.is_none(),
+                "TLS and --identity are for tenure:// targets only"
+            );
+            let scripts = resp::setup(&mut stream).await?;
+            return Ok(Connected {
+                stream: Stream::Plain(stream),
+                proto: Proto::Redis { scripts, fenced },
+                in_flight_max: usize::MAX,
+                setup: SetupTimes {
+                    total_ns: elapsed_ns(start),
+                    ..SetupTimes::default()
+                },
+            });
         }
+        let mut setup = SetupTimes::default();
+        let (stream, in_flight_max) = match &security.tls {
+            None => {
+                let in_flight_max = tenure_setup(&mut stream, security, &mut setup).await?;
+                (Stream::Plain(stream), in_flight_max)
+            }
+            Some(tls) => {
+                let tls_start = Instant::now();
+                let mut stream = tls.handshake(stream).await?;
+                setup.tls_ns = Some(elapsed_ns(tls_start));
+                let in_flight_max = tenure_setup(&mut stream, security, &mut setup).await?;
+                (Stream::Tls(Box::new(stream)), in_flight_max)
+            }
+        };
+        setup.total_ns = elapsed_ns(start);
+        Ok(Connected {
+            stream,
+            proto: Proto::Tenure,
+            in_flight_max,
+            setup,
+        })
     }
 }
 
-async fn tenure_hello(stream: &mut TcpStream) -> anyhow::Result<HelloAck> {
+/// The binary handshake, then AUTH if credentials are given; returns the in-flight limit.
+async fn tenure_setup<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    security: &Security,
+    setup: &mut SetupTimes,
+) -> anyhow::Result<usize> {
+    let mut input = BytesMut::with_capacity(64);
+    let ack = tenure_hello(stream, &mut input).await?;
+    if let Some(credentials) = &security.credentials {
+        let auth_start = Instant::now();
+        tenure_auth(stream, &mut input, credentials).await?;
+        setup.auth_ns = Some(elapsed_ns(auth_start));
+    }
+    ensure!(
+        input.is_empty(),
+        "server sent {} bytes nobody asked for during setup",
+        input.len()
+    );
+    Ok(usize::try_from(ack.limits.in_flight_max)?)
+}
+
+async fn tenure_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    input: &mut BytesMut,
+) -> anyhow::Result<HelloAck> {
     let mut out = BytesMut::new();
     Hello { version: VERSION }.encode(&mut out);
     stream.write_all(&out).await?;
-    let mut input = BytesMut::with_capacity(64);
+    // A TLS stream may hold written bytes back until flushed; a TCP stream's flush is a no-op.
+    stream.flush().await?;
     loop {
-        if let Some(ack) = HelloAck::decode(&mut input)? {
+        if let Some(ack) = HelloAck::decode(input)? {
             ensure!(
                 ack.version == VERSION,
                 "server speaks protocol version {}, we speak {VERSION}",
@@ -112,8 +218,61 @@ async fn tenure_hello(stream: &mut TcpStream) -> anyhow::Result<HelloAck> {
             );
             return Ok(ack);
         }
-        if stream.read_buf(&mut input).await? == 0 {
+        if stream.read_buf(input).await? == 0 {
             bail!("server closed the connection during the handshake");
         }
+    }
+}
+
+/// Sends AUTH and waits for its reply (PROTOCOL.md 3.7: nothing may be pipelined behind it).
+async fn tenure_auth<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    input: &mut BytesMut,
+    credentials: &Credentials,
+) -> anyhow::Result<()> {
+    let name = &credentials.name;
+    let mut out = BytesMut::new();
+    let request = Request::Auth {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        secret: Secret(credentials.secret.clone()),
+    };
+    encode_request(AUTH_REQUEST_ID, &request, &mut out);
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    loop {
+        if let Some((opcode, id, body)) = split_frame(input).context("AUTH reply")? {
+            let reply = decode_response(opcode, body).context("AUTH reply")?;
+            match reply {
+                Response::Authenticated { .. } if id == AUTH_REQUEST_ID => return Ok(()),
+                Response::Error { code, message } => bail!(
+                    "AUTH as {name:?} refused: {code} {message} (check --identity and the \
+                     secret in TENURE_SECRET)"
+                ),
+                other => bail!("AUTH as {name:?}: unexpected reply {other:?} (id {id})"),
+            }
+        }
+        if stream.read_buf(input).await? == 0 {
+            bail!("server closed the connection during AUTH as {name:?}");
+        }
+    }
+}
+
+/// `host` of `host:port` or `[v6]:port`.
+fn host_of(addr: &str) -> &str {
+    if let Some(rest) = addr.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn host_is_the_address_without_its_port() {
+        assert_eq!(host_of("localhost:7878"), "localhost");
+        assert_eq!(host_of("127.0.0.1:7878"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:7878"), "::1");
     }
 }

@@ -123,7 +123,7 @@ fn loadgen(args: &[&str]) -> (bool, String, String) {
 
 /// The number `name` inside the object named `object` of a JSON report: a top-level section
 /// (`summary`, `resources`) or an op kind under `ops`.
-fn number(json: &str, object: &str, name: &str) -> f64 {
+pub(crate) fn number(json: &str, object: &str, name: &str) -> f64 {
     let report: serde_json::Value = serde_json::from_str(json).expect("the report is JSON");
     let section = report
         .get(object)
