@@ -36,6 +36,8 @@ const SALT_LEN: usize = 16;
 /// of milliseconds of a core; unbounded, a flood of AUTHs would fill the blocking pool (512
 /// threads) and gigabytes of memory. Beyond it AUTHs wait their turn.
 pub const VERIFIES_AT_ONCE_MAX: usize = 4;
+/// Parts of the table of identities' live leases (see `Identities::owners`).
+const OWNER_SHARDS: usize = 64;
 
 /// One identity as the file spells it.
 #[derive(Debug, Deserialize)]
@@ -169,7 +171,9 @@ pub struct Identities {
     usage: Mutex<HashMap<String, Arc<Usage>>>,
     /// The held-locks place of every live lease granted to an identity, by fencing token
     /// (unique per grant, and what expiry reports).
-    owners: Mutex<HashMap<u64, HeldPlace>>,
+    /// Split in [`OWNER_SHARDS`] by token: one map of half a million leases growing in place
+    /// would stall every grant and free behind its lock for milliseconds.
+    owners: Box<[Mutex<HashMap<u64, HeldPlace>>]>,
     /// Verified against when the name is unknown, so the miss costs what a hit costs.
     dummy_hash: String,
     /// Places for verifications running at once (see [`VERIFIES_AT_ONCE_MAX`]).
@@ -201,7 +205,7 @@ impl Identities {
             path: path.to_path_buf(),
             table: RwLock::new(Arc::new(table)),
             usage: Mutex::new(HashMap::new()),
-            owners: Mutex::new(HashMap::new()),
+            owners: (0..OWNER_SHARDS).map(|_| Mutex::default()).collect(),
             dummy_hash,
             verifying: Arc::new(tokio::sync::Semaphore::new(VERIFIES_AT_ONCE_MAX)),
             generation: tokio::sync::watch::Sender::new(0),
@@ -288,16 +292,21 @@ impl Identities {
         rows
     }
 
+    fn owners_of(&self, token: u64) -> &Mutex<HashMap<u64, HeldPlace>> {
+        // Tokens are handed out in sequence, so consecutive ones spread over every shard.
+        &self.owners[(token % OWNER_SHARDS as u64) as usize]
+    }
+
     /// Records that the lease with fencing token `token` holds `place` until it ends.
     pub fn hold(&self, token: u64, place: HeldPlace) {
-        let mut owners = self.owners.lock().expect("owners lock poisoned");
+        let mut owners = self.owners_of(token).lock().expect("owners lock poisoned");
         owners.insert(token, place);
     }
 
     /// The lease with fencing token `token` ended: its place, if it had one, comes back.
     pub fn ended(&self, token: u64) {
         let place = self
-            .owners
+            .owners_of(token)
             .lock()
             .expect("owners lock poisoned")
             .remove(&token);
