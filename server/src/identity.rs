@@ -36,6 +36,9 @@ const SALT_LEN: usize = 16;
 /// of milliseconds of a core; unbounded, a flood of AUTHs would fill the blocking pool (512
 /// threads) and gigabytes of memory. Beyond it AUTHs wait their turn.
 pub const VERIFIES_AT_ONCE_MAX: usize = 4;
+/// Most AUTHs of one peer address verified at once: half the server-wide places, so one
+/// address cannot take them all.
+pub const PEER_VERIFIES_MAX: usize = 2;
 /// Parts of the table of identities' live leases (see `Identities::owners`).
 const OWNER_SHARDS: usize = 64;
 
@@ -182,6 +185,8 @@ pub struct Identities {
     generation: tokio::sync::watch::Sender<u64>,
     /// Recent failed AUTHs by peer address, which space out that peer's next verifications.
     failures: Mutex<throttle::Throttle>,
+    /// Verification places by peer address, for addresses with an AUTH in progress.
+    peers_verifying: Mutex<HashMap<std::net::IpAddr, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl std::fmt::Debug for Identities {
@@ -210,6 +215,7 @@ impl Identities {
             verifying: Arc::new(tokio::sync::Semaphore::new(VERIFIES_AT_ONCE_MAX)),
             generation: tokio::sync::watch::Sender::new(0),
             failures: Mutex::new(throttle::Throttle::default()),
+            peers_verifying: Mutex::new(HashMap::new()),
         })
     }
 
@@ -232,9 +238,45 @@ impl Identities {
         self.generation.subscribe()
     }
 
+    /// Verifies an AUTH from `peer`, as [`Identities::verify_bounded`], after waiting its
+    /// turn: at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at once, so a
+    /// burst from one address cannot take every verification place, and an address with
+    /// recent failures has its verifications spaced out (see `throttle`). A failure is
+    /// remembered against the address.
+    pub async fn verify_from(
+        self: Arc<Self>,
+        peer: std::net::IpAddr,
+        name: bytes::Bytes,
+        secret: bytes::Bytes,
+    ) -> Option<Arc<Identity>> {
+        let turn = Arc::clone(
+            self.peers_verifying
+                .lock()
+                .expect("peers lock poisoned")
+                .entry(peer)
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
+        );
+        let permit = turn.acquire().await.ok()?;
+        let spaced = self.verify_delay(peer);
+        if !spaced.is_zero() {
+            tokio::time::sleep(spaced).await;
+        }
+        let verified = Arc::clone(&self).verify_bounded(name, secret).await;
+        if verified.is_none() {
+            self.failed_from(peer);
+        }
+        drop(permit);
+        let mut peers = self.peers_verifying.lock().expect("peers lock poisoned");
+        // The map only holds addresses with an AUTH in progress.
+        if Arc::strong_count(&turn) == 2 && turn.available_permits() == PEER_VERIFIES_MAX {
+            peers.remove(&peer);
+        }
+        verified
+    }
+
     /// How long an AUTH from `peer` must wait before it is verified: nothing for a peer with
     /// no recent failures; otherwise its verifications are spaced out, one after another.
-    pub fn verify_delay(&self, peer: std::net::IpAddr) -> std::time::Duration {
+    fn verify_delay(&self, peer: std::net::IpAddr) -> std::time::Duration {
         let now = std::time::Instant::now();
         self.failures
             .lock()
@@ -243,7 +285,7 @@ impl Identities {
     }
 
     /// Records a failed AUTH from `peer`.
-    pub fn failed_from(&self, peer: std::net::IpAddr) {
+    fn failed_from(&self, peer: std::net::IpAddr) {
         let now = std::time::Instant::now();
         self.failures
             .lock()

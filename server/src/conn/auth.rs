@@ -70,16 +70,8 @@ impl Conn {
         let peer = self.ctx.peer.ip();
         self.authenticating = true;
         self.later.push(Box::pin(async move {
-            // A peer that failed recently waits its turn (see `identity::throttle`).
-            let spaced = identities.verify_delay(peer);
-            if !spaced.is_zero() {
-                tokio::time::sleep(spaced).await;
-            }
-            let verified = Arc::clone(&identities)
-                .verify_bounded(name.clone(), secret.0)
-                .await;
+            let verified = identities.verify_from(peer, name.clone(), secret.0).await;
             if verified.is_none() {
-                identities.failed_from(peer);
                 tokio::time::sleep(failure_delay(failures + 1)).await;
             }
             Later::Auth {
@@ -129,11 +121,19 @@ impl Conn {
         self.push(id, Response::Authenticated { name }, TICKET_NOW);
     }
 
-    /// An unauthenticated connection's time to AUTH ran out: it is told so and closed.
+    /// An unauthenticated connection's time to AUTH ran out: it is told so and closed, also
+    /// if an AUTH is still waiting its turn or being verified (that AUTH is dropped
+    /// unanswered: otherwise a queue of slow AUTHs would keep connections past the limit).
     pub(super) fn on_auth_deadline(&mut self) {
         self.auth_deadline = None;
         if !matches!(self.ctx.auth, Auth::Pending { .. }) {
             return;
+        }
+        if self.authenticating {
+            // Unauthenticated, the connection has nothing else in `later`: no waits, no
+            // token retries (both need an identity first).
+            self.later.clear();
+            self.authenticating = false;
         }
         let limit = self.executor.config.handshake_timeout.as_millis();
         let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
