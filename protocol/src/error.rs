@@ -56,11 +56,14 @@ pub enum ErrorCode {
     Forbidden = 21,
     /// The connection's identity holds (or waits for) as many locks as its quota allows.
     Quota = 22,
+    /// Cluster mode: this node does not lead; the message names the leader's client address
+    /// (`leader=<host:port>`) or says `leader=unknown`. On a write, the outcome is unknown.
+    NotLeader = 23,
 }
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -84,6 +87,7 @@ impl ErrorCode {
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::Quota,
+        ErrorCode::NotLeader,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -121,6 +125,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "UNAUTHENTICATED",
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::Quota => "QUOTA",
+            ErrorCode::NotLeader => "NOT_LEADER",
         }
     }
 }

@@ -443,7 +443,7 @@ async fn refuse(mut stream: TcpStream, connections_max: usize) {
 
 /// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
 /// Snapshots run on blocking threads tracked by `snapshots`.
-async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
+pub(crate) async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
     let mut interval = tokio::time::interval(shared.config.tick_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let budget = shared.config.expirations_per_tick_max;

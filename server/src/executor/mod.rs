@@ -191,6 +191,17 @@ impl Executor {
         now_ms: u64,
     ) -> Outcome {
         self.stats.count_op(&request);
+        // A read is answered once the journal vouches that this node still leads, after now
+        // (cluster mode); a local journal vouches at once.
+        let ticket = match &request {
+            Request::Renew { .. } | Request::Inspect { .. } | Request::Check { .. } => {
+                match self.journal.confirm() {
+                    Ok(ticket) => ticket,
+                    Err(e) => return Outcome::Reply(self.unavailable(&e), TICKET_NOW),
+                }
+            }
+            _ => TICKET_NOW,
+        };
         let response = match request {
             Request::Ping => Response::Pong,
             Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
@@ -219,12 +230,15 @@ impl Executor {
                 table::Check::Stale => Response::Stale,
             },
             Request::Stats => Response::Stats(crate::stats::stats_pairs(self)),
-            Request::Watch { key } => self.watch(ctx, now_ms, request_id, key),
+            Request::Watch { key } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => self.watch(ctx, now_ms, request_id, key),
+            },
             Request::Unwatch { key } => self.unwatch(ctx, &key),
             // The connection answers AUTH itself (it must verify off the async workers).
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
         };
-        Outcome::Reply(response, TICKET_NOW)
+        Outcome::Reply(response, ticket)
     }
 }
 

@@ -1,0 +1,284 @@
+//! The peer port: openraft's vote, append-entries and snapshot messages between nodes.
+//!
+//! One request, one reply, on a TCP connection the caller keeps open between calls. A frame
+//! is a u32 big-endian length and that many bytes of postcard ([`PeerRequest`] one way,
+//! [`PeerReply`] the other); a length over [`FRAME_LEN_MAX`] ends the connection before
+//! anything is allocated. Every call is bounded by openraft's time limit for it, and a
+//! connection that fails in any way is dropped and made again on the next call.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{NodeId, NodeInfo, Raft, TypeConfig};
+
+/// Largest frame either side sends or accepts, in bytes: an append of the most entries the
+/// node's Raft config sends at once, each a batch at its byte cap, fits with room to spare.
+pub const FRAME_LEN_MAX: usize = 64 << 20;
+/// Longest wait to connect to a peer, whatever time the call has.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A message to a peer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// A candidate asks for a vote.
+    Vote(VoteRequest<NodeId>),
+    /// The leader appends entries (or sends a heartbeat).
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// The leader sends a chunk of a snapshot.
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// A peer's answer, as its Raft gave it.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerReply {
+    /// To [`PeerRequest::Vote`].
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`PeerRequest::Append`].
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`PeerRequest::Snapshot`].
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+/// Writes `value` as one frame.
+async fn write_frame(
+    stream: &mut (impl AsyncWrite + Unpin),
+    value: &impl Serialize,
+) -> std::io::Result<()> {
+    let body = postcard::to_stdvec(value).map_err(std::io::Error::other)?;
+    if body.len() > FRAME_LEN_MAX {
+        return Err(std::io::Error::other("peer frame over FRAME_LEN_MAX"));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).await
+}
+
+/// Reads one frame; `Ok(None)` if the peer closed cleanly before it.
+async fn read_frame<T: DeserializeOwned>(
+    stream: &mut (impl AsyncRead + Unpin),
+) -> std::io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match stream.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_LEN_MAX {
+        return Err(std::io::Error::other(format!(
+            "peer frame of {len} bytes over FRAME_LEN_MAX"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await?;
+    postcard::from_bytes(&body)
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
+/// Serves the peer port on `listener` for `raft` until `stop`.
+pub async fn serve_peers(listener: TcpListener, raft: Raft, stop: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (raft, stop) = (raft.clone(), stop.clone());
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                result = serve_peer(stream, raft) => if let Err(e) = result {
+                    tracing::debug!(error = %e, "peer connection ended");
+                },
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+async fn serve_peer(mut stream: TcpStream, raft: Raft) -> std::io::Result<()> {
+    while let Some(request) = read_frame::<PeerRequest>(&mut stream).await? {
+        let reply = match request {
+            PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
+            PeerRequest::Append(rpc) => PeerReply::Append(raft.append_entries(rpc).await),
+            PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
+        };
+        write_frame(&mut stream, &reply).await?;
+    }
+    Ok(())
+}
+
+/// Makes a [`PeerClient`] per peer openraft talks to.
+#[derive(Clone, Default)]
+pub struct PeerNetwork;
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.peer_addr.clone(),
+            stream: None,
+        }
+    }
+}
+
+/// One peer, as the caller sees it: its address and the connection kept to it.
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    stream: Option<TcpStream>,
+}
+
+/// Why a call failed before the peer answered.
+enum CallError {
+    /// No connection could be made.
+    Unreachable(std::io::Error),
+    /// The connection failed or the time ran out mid-call.
+    Network(std::io::Error),
+}
+
+impl CallError {
+    fn into_rpc<E: std::error::Error>(self) -> RPCError<NodeId, NodeInfo, E> {
+        match self {
+            CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::new(&e)),
+            CallError::Network(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+}
+
+impl PeerClient {
+    async fn call(&mut self, request: PeerRequest, ttl: Duration) -> Result<PeerReply, CallError> {
+        let deadline = tokio::time::Instant::now() + ttl;
+        if self.stream.is_none() {
+            let limit = CONNECT_TIMEOUT.min(ttl);
+            let stream = match tokio::time::timeout(limit, TcpStream::connect(&self.addr)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return Err(CallError::Unreachable(e)),
+                Err(_) => {
+                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
+                    return Err(CallError::Unreachable(e));
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            self.stream = Some(stream);
+        }
+        let stream = self.stream.as_mut().expect("connected above");
+        let exchange = async {
+            write_frame(stream, &request).await?;
+            read_frame::<PeerReply>(stream)
+                .await?
+                .ok_or_else(|| std::io::Error::other("peer closed the connection"))
+        };
+        let result = match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from node {} in {ttl:?}", self.target),
+            )),
+        };
+        result.map_err(|e| {
+            // The stream may be mid-frame: a later call must not read this one's reply.
+            self.stream = None;
+            CallError::Network(e)
+        })
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, NodeInfo, E> {
+        let e = std::io::Error::other("peer answered a different request");
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(PeerRequest::Append(rpc), option.hard_ttl()).await {
+            Ok(PeerReply::Append(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Append(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self
+            .call(PeerRequest::Snapshot(rpc), option.hard_ttl())
+            .await
+        {
+            Ok(PeerReply::Snapshot(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Snapshot(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await {
+            Ok(PeerReply::Vote(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Vote(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_oversized_lengths_are_refused() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_frame(&mut a, &vec![1u32, 2, 3]).await.unwrap();
+        let got: Option<Vec<u32>> = read_frame(&mut b).await.unwrap();
+        assert_eq!(got, Some(vec![1, 2, 3]));
+        a.write_all(&((FRAME_LEN_MAX + 1) as u32).to_be_bytes())
+            .await
+            .unwrap();
+        let refused = read_frame::<Vec<u32>>(&mut b).await.unwrap_err();
+        assert!(refused.to_string().contains("FRAME_LEN_MAX"), "{refused}");
+        drop(a);
+        assert!(read_frame::<Vec<u32>>(&mut b).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,366 @@
+//! [`ClusterNode`]: one node of a cluster: Raft over its log and state machine, the peer
+//! port, the client port, and the leader's life cycle.
+//!
+//! # Leader life cycle
+//! A task follows openraft's metrics. When they say this node leads *and* an entry of its
+//! own term is applied (openraft appends a blank one on election: once it is applied, every
+//! entry of earlier terms is too), the node takes over: it builds a fresh [`Executor`] from
+//! [`ReplicaState`] as recovery does after a restart (every lease restarts its TTL now, on
+//! this node's clock; tokens start at the replicated limit), with a [`RaftJournal`], reserves
+//! a new token block through Raft, starts the expiry ticker, and only then hands the
+//! executor to new connections. When the metrics say it no longer leads (or the term moved
+//! on), the journal fails with "not leader", the ticker stops, and new connections get the
+//! follower executor again, whose journal refuses everything with `NOT_LEADER`.
+//!
+//! A connection keeps the executor it was given when it opened: one opened on a follower
+//! answers `NOT_LEADER` for its whole life, one opened on a deposed leader answers
+//! `NOT_LEADER` from the loss on. Clients reconnect (PROTOCOL.md 3.8).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
+use super::log_store::LogStore;
+use super::network::{serve_peers, PeerNetwork};
+use super::state::{ReplicaState, StateMachine};
+use super::{NodeId, NodeInfo, Raft};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::journal::Journal;
+
+/// Longest a new leader waits for its first token block to commit before giving up the
+/// takeover (it tries again on the next metrics change if it still leads).
+const TAKEOVER_RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a node runs in its cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// This node's id in the membership.
+    pub node_id: NodeId,
+    /// Where its Raft log, vote and snapshot live.
+    pub data_dir: PathBuf,
+    /// Leader heartbeat period, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in `election_timeout_ms` (from,
+    /// to) starts an election.
+    pub election_timeout_ms: (u64, u64),
+}
+
+impl ClusterOptions {
+    /// Options with openraft-like timing: heartbeat 50 ms, election after 150-300 ms.
+    pub fn new(node_id: NodeId, data_dir: PathBuf) -> ClusterOptions {
+        ClusterOptions {
+            node_id,
+            data_dir,
+            heartbeat_ms: 50,
+            election_timeout_ms: (150, 300),
+        }
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
+        let config = openraft::Config {
+            cluster_name: "tenure".to_string(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_ms.0,
+            election_timeout_max: self.election_timeout_ms.1,
+            // Each entry is a batch of up to `journal::QUEUE_BYTES_MAX`: this many fit a
+            // peer frame (`network::FRAME_LEN_MAX`) with room to spare.
+            max_payload_entries: 8,
+            ..openraft::Config::default()
+        };
+        config
+            .validate()
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+}
+
+const _: () = assert!(
+    8 * super::journal::QUEUE_BYTES_MAX * 3 / 2 < super::network::FRAME_LEN_MAX,
+    "max_payload_entries batches must fit a peer frame"
+);
+
+/// Why a node could not start or act.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The log, vote or snapshot files could not be opened.
+    #[error("cluster storage: {0}")]
+    Storage(#[from] std::io::Error),
+    /// openraft refused.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// One running node; see the module docs.
+pub struct ClusterNode {
+    id: NodeId,
+    raft: Raft,
+    current: Arc<RwLock<Arc<Executor>>>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ClusterNode {
+    /// Starts node `options.node_id`: Raft over the files in `options.data_dir`, peers
+    /// served on `peers`, clients on `clients`, with `config`'s limits for the executor.
+    ///
+    /// # Errors
+    /// When the files cannot be opened or openraft refuses to start.
+    pub async fn start(
+        config: Config,
+        options: ClusterOptions,
+        peers: TcpListener,
+        clients: TcpListener,
+    ) -> Result<ClusterNode, ClusterError> {
+        let id = options.node_id;
+        let raft_config = Arc::new(options.raft_config()?);
+        let log = LogStore::open(&options.data_dir)?;
+        let state = Arc::new(Mutex::new(ReplicaState::default()));
+        let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
+        let raft = Raft::new(id, raft_config, PeerNetwork, log, machine)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let hint = LeaderHint::new(raft.clone(), id);
+        let follower = Arc::new(Executor::new(
+            config.clone(),
+            Clock::start(),
+            Arc::new(FollowerJournal::new(hint.clone())),
+            1,
+            0,
+        ));
+        let current = Arc::new(RwLock::new(Arc::clone(&follower)));
+        let stop = CancellationToken::new();
+        let life = Life {
+            raft: raft.clone(),
+            state,
+            config,
+            hint,
+            current: Arc::clone(&current),
+            follower,
+        };
+        let tasks = vec![
+            tokio::spawn(serve_peers(peers, raft.clone(), stop.clone())),
+            tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
+            tokio::spawn(life.run(stop.clone())),
+        ];
+        Ok(ClusterNode {
+            id,
+            raft,
+            current,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Makes `members` the cluster's first membership (once, on one node).
+    ///
+    /// # Errors
+    /// When openraft refuses (the cluster is already initialised, or this node is not in
+    /// `members`).
+    pub async fn initialize(
+        &self,
+        members: BTreeMap<NodeId, NodeInfo>,
+    ) -> Result<(), ClusterError> {
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The Raft handle, for status and membership changes.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Whether this node leads and serves clients (its takeover is complete).
+    pub fn serving(&self) -> bool {
+        let executor = self.current.read().expect("poisoned");
+        executor.journal.not_leader().is_none()
+    }
+
+    /// Stops everything at once, as a crash would as far as the peers can tell: the
+    /// listeners close, connections end, Raft stops. What was synced stays on disk.
+    pub async fn kill(self) {
+        self.stop.cancel();
+        let executor = Arc::clone(&self.current.read().expect("poisoned"));
+        let _ = executor.journal.sync_and_stop();
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Serves clients with whichever executor is current when each connects.
+async fn accept_clients(
+    listener: TcpListener,
+    current: Arc<RwLock<Arc<Executor>>>,
+    stop: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    let mut conn_id = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "client accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        conn_id += 1;
+        let executor = Arc::clone(&current.read().expect("poisoned"));
+        tracker.spawn(crate::conn::serve(
+            executor,
+            stream,
+            None,
+            conn_id,
+            stop.clone(),
+        ));
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// What the leader life cycle needs.
+struct Life {
+    raft: Raft,
+    state: Arc<Mutex<ReplicaState>>,
+    config: Config,
+    hint: LeaderHint,
+    current: Arc<RwLock<Arc<Executor>>>,
+    follower: Arc<Executor>,
+}
+
+/// The executor of a term this node leads.
+struct Leading {
+    term: u64,
+    journal: Arc<RaftJournal>,
+    ticker: CancellationToken,
+}
+
+impl Life {
+    async fn run(self, stop: CancellationToken) {
+        let mut metrics = self.raft.metrics();
+        let me = self.raft.metrics().borrow().id;
+        let mut leading: Option<Leading> = None;
+        loop {
+            let (leads, term) = {
+                let m = metrics.borrow_and_update();
+                let own_entry_applied =
+                    m.last_applied.map(|id| id.leader_id.term) == Some(m.current_term);
+                let leads = m.state == ServerState::Leader
+                    && m.current_leader == Some(me)
+                    && own_entry_applied;
+                (leads, m.current_term)
+            };
+            if leading.as_ref().is_some_and(|l| !leads || l.term != term) {
+                self.step_down(leading.take().expect("checked"));
+            }
+            if leads && leading.is_none() {
+                leading = self.take_over(term).await;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = metrics.changed() => if changed.is_err() { break },
+            }
+        }
+        if let Some(l) = leading {
+            self.step_down(l);
+        }
+    }
+
+    /// Builds the executor of `term` from the replicated state; `None` if its first token
+    /// block could not be committed (leadership was lost meanwhile).
+    async fn take_over(&self, term: u64) -> Option<Leading> {
+        let live = self
+            .state
+            .lock()
+            .expect("replica state poisoned")
+            .live
+            .clone();
+        let journal = RaftJournal::start(self.raft.clone(), self.hint.clone());
+        let clock = Clock::start();
+        let now_ms = clock.now_ms();
+        let executor = Executor::new(
+            self.config.clone(),
+            clock,
+            Arc::clone(&journal) as Arc<dyn Journal>,
+            live.token_floor,
+            0,
+        );
+        for lease in live.to_recovered() {
+            executor.shard(&lease.key).restore(
+                now_ms,
+                &lease.key,
+                lease.lease_id,
+                lease.token,
+                lease.ttl_ms,
+                &lease.meta,
+            );
+        }
+        let executor = Arc::new(executor);
+        match tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(term, error = %e, "takeover abandoned: no token block");
+                journal.fail();
+                return None;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    term,
+                    "takeover abandoned: the token block did not commit in time"
+                );
+                journal.fail();
+                return None;
+            }
+        }
+        let ticker = CancellationToken::new();
+        tokio::spawn(crate::server::tick(
+            Arc::clone(&executor),
+            ticker.clone(),
+            TaskTracker::new(),
+        ));
+        tracing::info!(
+            term,
+            leases = live.leases.len(),
+            token_floor = live.token_floor,
+            "leading: serving clients"
+        );
+        *self.current.write().expect("poisoned") = executor;
+        Some(Leading {
+            term,
+            journal,
+            ticker,
+        })
+    }
+
+    fn step_down(&self, leading: Leading) {
+        tracing::info!(term = leading.term, "no longer leading");
+        *self.current.write().expect("poisoned") = Arc::clone(&self.follower);
+        leading.journal.fail();
+        leading.ticker.cancel();
+    }
+}

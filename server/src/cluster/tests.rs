@@ -1,0 +1,171 @@
+//! Three in-process nodes on loopback: a lease and its token survive the leader's loss.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
+use crate::config::Config;
+
+/// Longest any step of the test may take: elections, commits, replies.
+const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+
+struct Started {
+    node: ClusterNode,
+    info: NodeInfo,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(id: NodeId) -> Started {
+    let dir = tempfile::tempdir().unwrap();
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let info = NodeInfo {
+        peer_addr: peers.local_addr().unwrap().to_string(),
+        client_addr: clients.local_addr().unwrap().to_string(),
+    };
+    let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
+    // Generous, so a loaded machine does not hold spurious elections mid-test.
+    options.heartbeat_ms = 100;
+    options.election_timeout_ms = (800, 1600);
+    let config = Config {
+        token_block: 1000,
+        ..Config::default()
+    };
+    let node = ClusterNode::start(config, options, peers, clients)
+        .await
+        .unwrap();
+    Started {
+        node,
+        info,
+        _dir: dir,
+    }
+}
+
+/// The index of the node serving as leader, once one is.
+async fn serving_leader(nodes: &[Started]) -> usize {
+    let found = async {
+        loop {
+            if let Some(i) = nodes.iter().position(|n| n.node.serving()) {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, found)
+        .await
+        .expect("no leader served in time")
+}
+
+/// A console connection.
+struct Console {
+    lines: BufReader<TcpStream>,
+}
+
+impl Console {
+    async fn connect(addr: &str) -> Console {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        Console {
+            lines: BufReader::new(stream),
+        }
+    }
+
+    async fn ask(&mut self, line: &str) -> String {
+        self.lines
+            .get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(STEP_TIMEOUT, self.lines.read_line(&mut reply))
+            .await
+            .expect("no reply in time")
+            .unwrap();
+        reply.trim_end().to_string()
+    }
+}
+
+/// The value of `name=` in a reply line.
+fn field<'a>(reply: &'a str, name: &str) -> &'a str {
+    reply
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_and_its_token_survive_the_leaders_loss() {
+    let mut nodes = vec![start(1).await, start(2).await, start(3).await];
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    nodes[0].node.initialize(members).await.unwrap();
+    let first = serving_leader(&nodes).await;
+
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE held 30000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let (held_token, held_lease) = (
+        field(&held, "token").to_string(),
+        field(&held, "lease").to_string(),
+    );
+    let mut tokens_seen = vec![held_token.parse::<u64>().unwrap()];
+    for key in ["a", "b", "c"] {
+        let reply = leader.ask(&format!("ACQUIRE {key} 30000")).await;
+        tokens_seen.push(field(&reply, "token").parse().unwrap());
+        let lease = field(&reply, "lease").to_string();
+        assert_eq!(leader.ask(&format!("RELEASE {key} {lease}")).await, "OK");
+    }
+    let renewed = leader.ask(&format!("RENEW held {held_lease} 30000")).await;
+    assert_eq!(renewed, "OK ttl_ms=30000");
+
+    let follower = (first + 1) % nodes.len();
+    let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
+    let refused = on_follower.ask("ACQUIRE other 30000").await;
+    let named = format!("ERR NOT_LEADER leader={}", nodes[first].info.client_addr);
+    assert_eq!(refused, named);
+    assert_eq!(on_follower.ask("PING").await, "PONG");
+
+    // The leader goes, as a crash would take it.
+    drop(leader);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+
+    let second = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let inspect = leader.ask("INSPECT held").await;
+    assert!(inspect.starts_with("HELD "), "{inspect}");
+    assert_eq!(field(&inspect, "token"), held_token);
+    let renewed = leader.ask(&format!("RENEW held {held_lease} 30000")).await;
+    assert_eq!(
+        renewed, "OK ttl_ms=30000",
+        "the lease id still holds the lease"
+    );
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(taken.starts_with("LOCKED "), "{taken}");
+
+    let fresh = leader.ask("ACQUIRE fresh 30000").await;
+    let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
+    let highest = tokens_seen.iter().max().copied().unwrap();
+    assert!(fresh_token > highest, "{fresh_token} after {tokens_seen:?}");
+
+    let follower = (second + 1) % nodes.len();
+    let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
+    let named = format!("ERR NOT_LEADER leader={}", nodes[second].info.client_addr);
+    assert_eq!(on_follower.ask("INSPECT held").await, named);
+    assert_eq!(
+        on_follower
+            .ask("RENEW held 00 1000")
+            .await
+            .split(' ')
+            .next(),
+        Some("ERR")
+    );
+
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
