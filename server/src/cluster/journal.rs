@@ -285,6 +285,10 @@ impl Journal for RaftJournal {
         self.enqueue(None)
     }
 
+    fn logs_renewals(&self) -> bool {
+        true
+    }
+
     /// Stops taking changes; what was committed is the cluster's, and what was not is
     /// answered `NOT_LEADER` (outcome unknown) like any leadership loss.
     fn sync_and_stop(&self) -> Result<(), JournalError> {
@@ -301,7 +305,7 @@ impl Drop for RaftJournal {
     }
 }
 
-/// The journal of a node that does not lead: everything but PING, HELP and STATS is refused
+/// The journal of a node that does not lead: everything but PING and HELP is refused
 /// with `NOT_LEADER`, naming the leader as openraft knows it at the time of the request.
 pub struct FollowerJournal {
     hint: LeaderHint,

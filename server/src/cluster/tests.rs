@@ -121,6 +121,15 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
     }
     let renewed = leader.ask(&format!("RENEW held {held_lease} 30000")).await;
     assert_eq!(renewed, "OK ttl_ms=30000");
+    // Granted short, renewed long: the new leader must count the long TTL, the one the
+    // client was last answered.
+    let short = leader.ask("ACQUIRE lengthened 2000").await;
+    tokens_seen.push(field(&short, "token").parse().unwrap());
+    let short_lease = field(&short, "lease").to_string();
+    let renewed = leader
+        .ask(&format!("RENEW lengthened {short_lease} 60000"))
+        .await;
+    assert_eq!(renewed, "OK ttl_ms=60000");
 
     let follower = (first + 1) % nodes.len();
     let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
@@ -128,6 +137,7 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
     let named = format!("ERR NOT_LEADER leader={}", nodes[first].info.client_addr);
     assert_eq!(refused, named);
     assert_eq!(on_follower.ask("PING").await, "PONG");
+    assert_eq!(on_follower.ask("STATS").await, named);
 
     // The leader goes, as a crash would take it.
     drop(leader);
@@ -146,6 +156,10 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
     );
     let taken = leader.ask("ACQUIRE held 30000").await;
     assert!(taken.starts_with("LOCKED "), "{taken}");
+    let lengthened = leader.ask("INSPECT lengthened").await;
+    assert!(lengthened.starts_with("HELD "), "{lengthened}");
+    let left_ms: u64 = field(&lengthened, "ttl_ms").parse().unwrap();
+    assert!(left_ms > 2000, "the renewal's TTL was lost: {lengthened}");
 
     let fresh = leader.ask("ACQUIRE fresh 30000").await;
     let fresh_token: u64 = field(&fresh, "token").parse().unwrap();

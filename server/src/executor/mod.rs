@@ -193,7 +193,7 @@ impl Executor {
         self.stats.count_op(&request);
         // A read is answered once the journal vouches that this node still leads, after now
         // (cluster mode); a local journal vouches at once.
-        let ticket = match &request {
+        let mut ticket = match &request {
             Request::Renew { .. } | Request::Inspect { .. } | Request::Check { .. } => {
                 match self.journal.confirm() {
                     Ok(ticket) => ticket,
@@ -209,7 +209,11 @@ impl Executor {
                 key,
                 lease_id,
                 ttl_ms,
-            } => self.renew(now_ms, &key, lease_id, ttl_ms),
+            } => {
+                let (response, logged) = self.renew(now_ms, &key, lease_id, ttl_ms);
+                ticket = ticket.max(logged);
+                response
+            }
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
             Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
                 None => Response::Free,
@@ -229,7 +233,10 @@ impl Executor {
                 table::Check::Current => Response::Current,
                 table::Check::Stale => Response::Stale,
             },
-            Request::Stats => Response::Stats(crate::stats::stats_pairs(self)),
+            Request::Stats => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => Response::Stats(crate::stats::stats_pairs(self)),
+            },
             Request::Watch { key } => match self.refuse_if_not_leader() {
                 Some(refusal) => refusal,
                 None => self.watch(ctx, now_ms, request_id, key),
@@ -261,19 +268,42 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 }
 
 impl Executor {
+    /// Renews the lease; also returns the ticket of the Grant record that logs a longer TTL,
+    /// if the journal logs renewals ([`TICKET_NOW`] otherwise).
     fn renew(
         self: &Arc<Self>,
         now_ms: u64,
         key: &[u8],
         lease_id: LeaseId,
         ttl_ms: u32,
-    ) -> Response {
+    ) -> (Response, Ticket) {
         if ttl_ms > self.config.ttl_ms_max {
-            return self.ttl_too_long(ttl_ms);
+            return (self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
         let mut shard = self.shard(key);
+        let lengthened = self.journal.logs_renewals()
+            && shard
+                .held(now_ms, key)
+                .is_some_and(|held| held.lease_id == lease_id && ttl_ms > held.ttl_ms);
         match shard.renew(now_ms, key, lease_id, ttl_ms) {
-            table::Renew::Renewed { ttl_ms } => Response::Renewed { ttl_ms },
+            table::Renew::Renewed { ttl_ms } if lengthened => {
+                let held = shard.held(now_ms, key).expect("renewed just now");
+                let grant = Lease {
+                    key,
+                    lease_id,
+                    token: held.token,
+                    ttl_ms,
+                    // Not kept by the table, and not used on takeover (the connection is
+                    // the old leader's).
+                    release_on_disconnect: false,
+                    meta: held.meta,
+                };
+                match self.journal.append(&crate::journal::Change::Grant(grant)) {
+                    Ok(ticket) => (Response::Renewed { ttl_ms }, ticket),
+                    Err(e) => (self.unavailable(&e), TICKET_NOW),
+                }
+            }
+            table::Renew::Renewed { ttl_ms } => (Response::Renewed { ttl_ms }, TICKET_NOW),
             table::Renew::Lost => {
                 // A lease past its deadline that the ticker has not reaped yet ends now, as
                 // the ticker would end it, so this late RENEW counts as one of an expired lease.
@@ -281,7 +311,7 @@ impl Executor {
                 shard.settle_key(now_ms, key, &self.tokens.allocator, &mut events);
                 self.apply_events(&mut shard, now_ms, &mut events);
                 self.stats.metrics.renew_lost(lease_id);
-                Response::Lost
+                (Response::Lost, TICKET_NOW)
             }
         }
     }

@@ -207,6 +207,14 @@ pub trait Journal: Send + Sync + 'static {
         None
     }
 
+    /// Whether a renewal to a longer TTL than the lease's is logged (as a Grant of the lease
+    /// with the new TTL) before it is answered: a replicated log must, so that a new leader
+    /// restarts the lease with at least the TTL its holder was last answered. A local log
+    /// does not (a restart takes longer than the TTLs this matters for).
+    fn logs_renewals(&self) -> bool {
+        false
+    }
+
     /// A ticket a read's reply (RENEW, CHECK, INSPECT) waits for: it passes once the journal
     /// has confirmed, after this call, that this node may still answer ([`TICKET_NOW`] for a
     /// local log, which always may). Never blocks.

@@ -340,6 +340,20 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
+    /// The unexpired lease on `key` as of `now_ms`, whole (what a Grant record of it needs).
+    pub fn held(&self, now_ms: u64, key: &[u8]) -> Option<HeldLock<'_>> {
+        let now_ms = now_ms.max(self.now_ms);
+        let lock = &self.slots[self.find(key)?];
+        (lock.token != 0 && lock.deadline_ms > now_ms).then(|| HeldLock {
+            key: lock.key.as_slice(),
+            lease_id: lock.lease_id,
+            token: lock.token,
+            ttl_ms: lock.ttl_ms,
+            ttl_left_ms: lock.deadline_ms - now_ms,
+            meta: lock.meta(),
+        })
+    }
+
     /// Whether `token` is the fencing token of the unexpired lease on `key`.
     pub fn check(&self, now_ms: u64, key: &[u8], token: u64) -> Check {
         let now_ms = now_ms.max(self.now_ms);
