@@ -94,6 +94,9 @@ pub struct RaftJournal {
     entries: AtomicU64,
     bytes: AtomicU64,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Held by the batcher while it checks for failure and proposes, so that once
+    /// [`RaftJournal::fence`] returns no proposal of this journal can still reach Raft.
+    proposing: tokio::sync::Mutex<()>,
 }
 
 impl RaftJournal {
@@ -109,6 +112,7 @@ impl RaftJournal {
             entries: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
+            proposing: tokio::sync::Mutex::new(()),
         });
         let (tx, rx) = mpsc::channel(IN_FLIGHT_MAX);
         // The tasks hold the journal; `fail` (called when leadership ends) aborts them, which
@@ -137,6 +141,13 @@ impl RaftJournal {
         for task in self.tasks.lock().expect("poisoned").drain(..) {
             task.abort();
         }
+    }
+
+    /// Fails the journal and waits until no proposal of it can reach Raft any more: every
+    /// entry it will ever propose is then in the log, before anything proposed after this.
+    pub async fn fence(&self) {
+        self.fail();
+        drop(self.proposing.lock().await);
     }
 
     fn refused(&self) -> JournalError {
@@ -201,7 +212,13 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
                 journal
                     .bytes
                     .fetch_add(records.len() as u64, Ordering::Relaxed);
-                match raft.client_write_ff(Batch { records }).await {
+                let gate = journal.proposing.lock().await;
+                if journal.queue.lock().expect("poisoned").failed {
+                    return;
+                }
+                let proposed = raft.client_write_ff(Batch { records }).await;
+                drop(gate);
+                match proposed {
                     Ok(rx) => Box::pin(async move {
                         match rx.await {
                             Ok(Ok(_)) => Ok(()),

@@ -4,17 +4,23 @@
 //! # Leader life cycle
 //! A task follows openraft's metrics. When they say this node leads *and* an entry of its
 //! own term is applied (openraft appends a blank one on election: once it is applied, every
-//! entry of earlier terms is too), the node takes over: it builds a fresh [`Executor`] from
+//! entry of earlier terms is too), the node takes over: it commits an empty entry (so that
+//! entries an earlier executor of the same term proposed are applied, or never will be),
+//! then builds a fresh [`Executor`] from
 //! [`ReplicaState`] as recovery does after a restart (every lease restarts its TTL now, on
 //! this node's clock; tokens start at the replicated limit), with a [`RaftJournal`], reserves
 //! a new token block through Raft, starts the expiry ticker, and only then hands the
 //! executor to new connections. When the metrics say it no longer leads (or the term moved
 //! on), the journal fails with "not leader", the ticker stops, and new connections get the
-//! follower executor again, whose journal refuses everything with `NOT_LEADER`.
+//! follower executor again, whose journal refuses everything with `NOT_LEADER`. A journal
+//! that fails while openraft still says this node leads (a confirmation round that found no
+//! quorum) ends its executor the same way, and a new one takes over.
 //!
 //! A connection keeps the executor it was given when it opened: one opened on a follower
-//! answers `NOT_LEADER` for its whole life, one opened on a deposed leader answers
-//! `NOT_LEADER` from the loss on. Clients reconnect (PROTOCOL.md 3.8).
+//! answers `NOT_LEADER` for its whole life. One opened on a leader is closed when the
+//! leadership ends, as on a shutdown: what it had read is answered (`NOT_LEADER` for replies
+//! still waiting on the journal and for queued ACQUIREs), then it closes, its watches with
+//! it. Clients reconnect (PROTOCOL.md 3.8).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,8 +43,10 @@ use crate::config::Config;
 use crate::executor::Executor;
 use crate::journal::Journal;
 
-/// Longest a new leader waits for its first token block to commit before giving up the
-/// takeover (it tries again on the next metrics change if it still leads).
+/// Pause before a leader tries a failed takeover again.
+const TAKEOVER_RETRY: Duration = Duration::from_millis(200);
+/// Longest a new leader waits for its barrier entry, then its first token block, to commit
+/// before giving up the takeover (it tries again after [`TAKEOVER_RETRY`] if it still leads).
 const TAKEOVER_RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a node runs in its cluster.
@@ -103,9 +111,17 @@ pub enum ClusterError {
 pub struct ClusterNode {
     id: NodeId,
     raft: Raft,
-    current: Arc<RwLock<Arc<Executor>>>,
+    current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What new client connections are given: the executor, and the token that ends them (the
+/// node's, or the leader's term's: connections served as leader close when it ends).
+#[derive(Clone)]
+struct Serving {
+    executor: Arc<Executor>,
+    stop: CancellationToken,
 }
 
 impl ClusterNode {
@@ -136,8 +152,12 @@ impl ClusterNode {
             1,
             0,
         ));
-        let current = Arc::new(RwLock::new(Arc::clone(&follower)));
         let stop = CancellationToken::new();
+        let follower = Serving {
+            executor: follower,
+            stop: stop.clone(),
+        };
+        let current = Arc::new(RwLock::new(follower.clone()));
         let life = Life {
             raft: raft.clone(),
             state,
@@ -187,15 +207,15 @@ impl ClusterNode {
 
     /// Whether this node leads and serves clients (its takeover is complete).
     pub fn serving(&self) -> bool {
-        let executor = self.current.read().expect("poisoned");
-        executor.journal.not_leader().is_none()
+        let serving = self.current.read().expect("poisoned");
+        serving.executor.journal.not_leader().is_none()
     }
 
     /// Stops everything at once, as a crash would as far as the peers can tell: the
     /// listeners close, connections end, Raft stops. What was synced stays on disk.
     pub async fn kill(self) {
         self.stop.cancel();
-        let executor = Arc::clone(&self.current.read().expect("poisoned"));
+        let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
         let _ = executor.journal.sync_and_stop();
         for task in &self.tasks {
             task.abort();
@@ -210,7 +230,7 @@ impl ClusterNode {
 /// Serves clients with whichever executor is current when each connects.
 async fn accept_clients(
     listener: TcpListener,
-    current: Arc<RwLock<Arc<Executor>>>,
+    current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
@@ -230,13 +250,13 @@ async fn accept_clients(
         };
         let _ = stream.set_nodelay(true);
         conn_id += 1;
-        let executor = Arc::clone(&current.read().expect("poisoned"));
+        let serving = current.read().expect("poisoned").clone();
         tracker.spawn(crate::conn::serve(
-            executor,
+            serving.executor,
             stream,
             None,
             conn_id,
-            stop.clone(),
+            serving.stop,
         ));
     }
     tracker.close();
@@ -249,15 +269,16 @@ struct Life {
     state: Arc<Mutex<ReplicaState>>,
     config: Config,
     hint: LeaderHint,
-    current: Arc<RwLock<Arc<Executor>>>,
-    follower: Arc<Executor>,
+    current: Arc<RwLock<Serving>>,
+    follower: Serving,
 }
 
 /// The executor of a term this node leads.
 struct Leading {
     term: u64,
     journal: Arc<RaftJournal>,
-    ticker: CancellationToken,
+    /// Ends the expiry ticker and the connections served in this term.
+    term_stop: CancellationToken,
 }
 
 impl Life {
@@ -275,25 +296,60 @@ impl Life {
                     && own_entry_applied;
                 (leads, m.current_term)
             };
-            if leading.as_ref().is_some_and(|l| !leads || l.term != term) {
-                self.step_down(leading.take().expect("checked"));
+            // A journal can fail while openraft still says this node leads (a confirmation
+            // round without a quorum): that executor is done, and a new one takes over.
+            let done = |l: &Leading| !leads || l.term != term || l.journal.failed().is_some();
+            if leading.as_ref().is_some_and(done) {
+                self.step_down(leading.take().expect("checked")).await;
             }
             if leads && leading.is_none() {
                 leading = self.take_over(term).await;
+                if leading.is_none() {
+                    // Not at every metrics change (heartbeats make many): after a pause.
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(TAKEOVER_RETRY) => continue,
+                    }
+                }
             }
+            let mut progress = leading.as_ref().map(|l| l.journal.progress());
+            let journal_failed = async {
+                match progress.as_mut() {
+                    Some(p) => drop(p.wait_for(|p| p.failed.is_some()).await),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = stop.cancelled() => break,
                 changed = metrics.changed() => if changed.is_err() { break },
+                _ = journal_failed => {}
             }
         }
         if let Some(l) = leading {
-            self.step_down(l);
+            self.step_down(l).await;
         }
     }
 
-    /// Builds the executor of `term` from the replicated state; `None` if its first token
-    /// block could not be committed (leadership was lost meanwhile).
+    /// Builds the executor of `term` from the replicated state; `None` if a barrier entry or
+    /// its first token block could not be committed (leadership was lost meanwhile).
     async fn take_over(&self, term: u64) -> Option<Leading> {
+        // Entries an earlier executor of this term proposed may still commit: an empty entry
+        // committed and applied after them makes the replicated state final for them first.
+        let barrier = self.raft.client_write(super::Batch::default());
+        match tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, barrier).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(term, error = %e, "takeover abandoned: the barrier did not commit");
+                return None;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    term,
+                    "takeover abandoned: the barrier did not commit in time"
+                );
+                return None;
+            }
+        }
         let live = self
             .state
             .lock()
@@ -337,10 +393,10 @@ impl Life {
                 return None;
             }
         }
-        let ticker = CancellationToken::new();
+        let term_stop = self.follower.stop.child_token();
         tokio::spawn(crate::server::tick(
             Arc::clone(&executor),
-            ticker.clone(),
+            term_stop.clone(),
             TaskTracker::new(),
         ));
         tracing::info!(
@@ -349,18 +405,23 @@ impl Life {
             token_floor = live.token_floor,
             "leading: serving clients"
         );
-        *self.current.write().expect("poisoned") = executor;
+        *self.current.write().expect("poisoned") = Serving {
+            executor,
+            stop: term_stop.clone(),
+        };
         Some(Leading {
             term,
             journal,
-            ticker,
+            term_stop,
         })
     }
 
-    fn step_down(&self, leading: Leading) {
+    async fn step_down(&self, leading: Leading) {
         tracing::info!(term = leading.term, "no longer leading");
-        *self.current.write().expect("poisoned") = Arc::clone(&self.follower);
-        leading.journal.fail();
-        leading.ticker.cancel();
+        *self.current.write().expect("poisoned") = self.follower.clone();
+        // Failed first, so that what the connections answer on their way out (replies
+        // still waiting, waiters) is NOT_LEADER.
+        leading.journal.fence().await;
+        leading.term_stop.cancel();
     }
 }

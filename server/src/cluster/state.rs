@@ -24,6 +24,9 @@ use crate::wal::recovery::LeaseReplay;
 
 const SNAPSHOT_FILE: &str = "raft.snapshot";
 
+/// A snapshot's meta and its records.
+type Stored = (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>);
+
 /// The committed leases and token limit; no timers (expiry is the leader's business, and
 /// its frees are records like any other).
 #[derive(Clone, Debug, Default)]
@@ -116,7 +119,7 @@ pub struct StateMachine {
 /// share it, so the one openraft sends is the one last built or installed.
 struct SnapshotFile {
     dir: PathBuf,
-    current: Mutex<Option<(SnapshotMeta<NodeId, NodeInfo>, Vec<u8>)>>,
+    current: Mutex<Option<Stored>>,
 }
 
 impl SnapshotFile {
@@ -131,7 +134,7 @@ impl SnapshotFile {
         Ok(())
     }
 
-    fn current(&self) -> Option<(SnapshotMeta<NodeId, NodeInfo>, Vec<u8>)> {
+    fn current(&self) -> Option<Stored> {
         self.current.lock().expect("snapshot poisoned").clone()
     }
 }
@@ -165,9 +168,7 @@ impl StateMachine {
     }
 }
 
-fn decode_snapshot_file(
-    bytes: &[u8],
-) -> std::io::Result<(SnapshotMeta<NodeId, NodeInfo>, Vec<u8>)> {
+fn decode_snapshot_file(bytes: &[u8]) -> std::io::Result<Stored> {
     let damaged = || std::io::Error::other("raft.snapshot is damaged");
     let head_len = u32::from_be_bytes(
         bytes

@@ -95,14 +95,30 @@ fn field<'a>(reply: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_and_its_token_survive_the_leaders_loss() {
-    let mut nodes = vec![start(1).await, start(2).await, start(3).await];
+/// Three nodes, initialised.
+async fn start_cluster() -> Vec<Started> {
+    let nodes = vec![start(1).await, start(2).await, start(3).await];
     let members: BTreeMap<NodeId, NodeInfo> = nodes
         .iter()
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
     nodes[0].node.initialize(members).await.unwrap();
+    nodes
+}
+
+/// Waits until `node` has applied everything `leader` has.
+async fn caught_up(node: &ClusterNode, leader: &ClusterNode) {
+    let target = leader.raft().metrics().borrow().last_applied;
+    let mut metrics = node.raft().metrics();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.last_applied >= target))
+        .await
+        .expect("the follower did not catch up in time")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_and_its_token_survive_the_leaders_loss() {
+    let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
 
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
@@ -179,6 +195,55 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
         Some("ERR")
     );
 
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let addr = nodes[first].info.client_addr.clone();
+    let mut holder = Console::connect(&addr).await;
+    let held = holder.ask("ACQUIRE k 30000").await;
+    let token = field(&held, "token").to_string();
+    let mut waiter = Console::connect(&addr).await;
+    waiter
+        .lines
+        .get_mut()
+        .write_all(b"ACQUIRE k 30000 60000\n")
+        .await
+        .unwrap();
+    let queued = async {
+        while !holder.ask("INSPECT k").await.ends_with("waiters=1") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, queued)
+        .await
+        .expect("the waiter was not queued in time");
+
+    // Another node campaigns in a higher term: the leader loses its place.
+    let other = (first + 1) % nodes.len();
+    caught_up(&nodes[other].node, &nodes[first].node).await;
+    nodes[other].node.raft().trigger().elect().await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(STEP_TIMEOUT, waiter.lines.read_line(&mut answer))
+        .await
+        .expect("the waiter was not answered in time")
+        .unwrap();
+    assert!(answer.starts_with("ERR NOT_LEADER leader="), "{answer:?}");
+    let mut rest = String::new();
+    let closed = tokio::time::timeout(STEP_TIMEOUT, waiter.lines.read_line(&mut rest)).await;
+    assert_eq!(closed.expect("not closed in time").unwrap(), 0, "{rest:?}");
+
+    // Whoever leads now (the deposed node may win a later term) holds the lease.
+    let now = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[now].info.client_addr).await;
+    let inspect = leader.ask("INSPECT k").await;
+    assert!(inspect.starts_with("HELD "), "{inspect}");
+    assert_eq!(field(&inspect, "token"), token);
     for started in nodes {
         started.node.kill().await;
     }

@@ -251,6 +251,13 @@ impl Conn {
 
     /// The answer to a wait cancelled because this connection is ending.
     fn wait_cancelled(&self) -> Response {
+        // Cluster mode: the connection ends because its node no longer leads.
+        if let Some(leader) = self.executor.journal.not_leader() {
+            return Response::Error {
+                code: ErrorCode::NotLeader,
+                message: leader.to_string(),
+            };
+        }
         match &self.fatal_error {
             Some((code, _)) => Response::Error {
                 code: *code,

@@ -189,3 +189,27 @@ async fn undo_of_a_release_whose_handoff_waits_for_tokens_does_not_panic() {
         shard.lock().expect("not poisoned").check_invariants();
     }
 }
+
+#[tokio::test]
+async fn a_grant_lost_to_a_leadership_loss_is_undone_and_answered_not_leader() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
+        panic!("a grant in full durability waits for its ticket");
+    };
+    journal.fail(super::NOT_LEADER);
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    let Response::Error { code, message } = answer_lost(&executor, &mut ctx, Some(undo), &why)
+    else {
+        panic!("an error");
+    };
+    // A journal that does not know the leader (MemJournal names none) says so.
+    assert_eq!(
+        (code, message.as_str()),
+        (ErrorCode::NotLeader, "leader=unknown")
+    );
+    assert!(matches!(inspect(&executor, &mut ctx, "k"), Response::Free));
+}
