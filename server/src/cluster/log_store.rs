@@ -68,7 +68,10 @@ struct Inner {
     end: u64,
     persisted: Persisted,
     /// Whether `open` cut a torn tail off, and where: for the log, and tests.
-    pub torn_tail_at: Option<u64>,
+    torn_tail_at: Option<u64>,
+    /// A write or sync failed: the file may hold part of a record, and whether the kernel
+    /// kept the rest is unknown ("fsyncgate"), so nothing is written again.
+    failed: bool,
 }
 
 impl LogStore {
@@ -107,6 +110,7 @@ impl LogStore {
                 end,
                 persisted,
                 torn_tail_at,
+                failed: false,
             })),
         })
     }
@@ -126,6 +130,7 @@ impl LogStore {
     /// When the write or the sync fails; nothing appended since is to be trusted then.
     pub fn append_sync(&self, entries: impl IntoIterator<Item = Entry>) -> std::io::Result<()> {
         let mut inner = self.lock();
+        inner.usable()?;
         let mut buf = Vec::new();
         let mut added = Vec::new();
         for entry in entries {
@@ -133,8 +138,14 @@ impl LogStore {
             encode(&entry, &mut buf)?;
             added.push((entry, at));
         }
-        inner.file.write_all(&buf)?;
-        inner.file.sync_data()?;
+        let written = inner
+            .file
+            .write_all(&buf)
+            .and_then(|()| inner.file.sync_data());
+        if let Err(e) = written {
+            inner.failed = true;
+            return Err(e);
+        }
         inner.end += buf.len() as u64;
         for (entry, at) in added {
             inner.entries.insert(entry.log_id.index, (entry, at));
@@ -158,11 +169,15 @@ impl LogStore {
     /// When the file cannot be cut or synced.
     pub fn truncate_from(&self, index: u64) -> std::io::Result<()> {
         let mut inner = self.lock();
+        inner.usable()?;
         let Some(&(_, at)) = inner.entries.range(index..).next().map(|(_, v)| v) else {
             return Ok(());
         };
-        inner.file.set_len(at)?;
-        inner.file.sync_all()?;
+        let cut = inner.file.set_len(at).and_then(|()| inner.file.sync_all());
+        if let Err(e) = cut {
+            inner.failed = true;
+            return Err(e);
+        }
         inner.end = at;
         let _ = inner.entries.split_off(&index);
         Ok(())
@@ -175,6 +190,7 @@ impl LogStore {
     /// When a file cannot be written, synced or renamed.
     pub fn purge_to(&self, log_id: LogId) -> std::io::Result<()> {
         let mut inner = self.lock();
+        inner.usable()?;
         let mut persisted = inner.persisted.clone();
         persisted.last_purged = Some(log_id);
         write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
@@ -187,11 +203,20 @@ impl LogStore {
             encode(&entry, &mut buf)?;
             entries.insert(index, (entry, at));
         }
-        write_atomically(&inner.dir, LOG_FILE, &buf)?;
-        inner.file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(inner.dir.join(LOG_FILE))?;
+        let rewritten = write_atomically(&inner.dir, LOG_FILE, &buf).and_then(|()| {
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(inner.dir.join(LOG_FILE))
+        });
+        // The entries kept are out of `inner.entries` now: on failure the store is done.
+        inner.file = match rewritten {
+            Ok(file) => file,
+            Err(e) => {
+                inner.failed = true;
+                return Err(e);
+            }
+        };
         inner.entries = entries;
         inner.end = buf.len() as u64;
         Ok(())
@@ -228,6 +253,17 @@ impl LogStore {
             last_purged_log_id,
             last_log_id,
         }
+    }
+}
+
+impl Inner {
+    fn usable(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write to the Raft log failed; it takes no more",
+            ));
+        }
+        Ok(())
     }
 }
 
