@@ -18,8 +18,9 @@
 //! records (a temporary file renamed over), so a crash in between leaves records that are
 //! dropped again on open.
 //!
-//! The file I/O runs on the calling task: appends are small and one at a time (openraft
-//! waits for each flush), and an fsync of a few kilobytes takes a millisecond or two.
+//! openraft's calls run the file I/O on a blocking thread ([`blocking`]) and wait for it, so
+//! an fsync never stalls a runtime worker; openraft makes one storage call at a time, so
+//! they stay in order.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -343,6 +344,15 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io:
     File::open(dir)?.sync_all()
 }
 
+/// Runs file I/O on a blocking thread and waits for it.
+pub(crate) async fn blocking(
+    io: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
 fn log_error(verb: ErrorVerb, e: &std::io::Error) -> StorageError {
     storage_error(ErrorSubject::Logs, verb, e)
 }
@@ -368,7 +378,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.save_vote_sync(*vote)
+        let (store, vote) = (self.clone(), *vote);
+        blocking(move || store.save_vote_sync(vote))
+            .await
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, &e))
     }
 
@@ -385,7 +397,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        match self.append_sync(entries) {
+        let (store, entries) = (self.clone(), entries.into_iter().collect::<Vec<_>>());
+        match blocking(move || store.append_sync(entries)).await {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
@@ -399,12 +412,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.truncate_from(log_id.index)
+        let store = self.clone();
+        blocking(move || store.truncate_from(log_id.index))
+            .await
             .map_err(|e| log_error(ErrorVerb::Delete, &e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.purge_to(log_id)
+        let store = self.clone();
+        blocking(move || store.purge_to(log_id))
+            .await
             .map_err(|e| log_error(ErrorVerb::Delete, &e))
     }
 }

@@ -111,6 +111,7 @@ pub enum ClusterError {
 pub struct ClusterNode {
     id: NodeId,
     raft: Raft,
+    state: Arc<Mutex<ReplicaState>>,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -160,7 +161,7 @@ impl ClusterNode {
         let current = Arc::new(RwLock::new(follower.clone()));
         let life = Life {
             raft: raft.clone(),
-            state,
+            state: Arc::clone(&state),
             config,
             hint,
             current: Arc::clone(&current),
@@ -174,6 +175,7 @@ impl ClusterNode {
         Ok(ClusterNode {
             id,
             raft,
+            state,
             current,
             stop,
             tasks,
@@ -203,6 +205,11 @@ impl ClusterNode {
     /// The Raft handle, for status and membership changes.
     pub fn raft(&self) -> &Raft {
         &self.raft
+    }
+
+    /// A copy of the replicated state as this node has applied it.
+    pub fn replica(&self) -> ReplicaState {
+        self.state.lock().expect("replica state poisoned").clone()
     }
 
     /// Whether this node leads and serves clients (its takeover is complete).

@@ -17,7 +17,7 @@ use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
 };
 
-use super::log_store::write_atomically;
+use super::log_store::{blocking, write_atomically};
 use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::wal::record::{self, Record};
 use crate::wal::recovery::LeaseReplay;
@@ -208,8 +208,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             };
             (meta, state.snapshot_records())
         };
-        self.snapshots
-            .save(meta.clone(), records.clone())
+        let (snapshots, saved) = (Arc::clone(&self.snapshots), (meta.clone(), records.clone()));
+        blocking(move || snapshots.save(saved.0, saved.1))
+            .await
             .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
         Ok(Snapshot {
             meta,
@@ -270,8 +271,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let records = snapshot.into_inner();
         let installed = ReplicaState::from_snapshot(meta, &records)
             .map_err(|e| sm_error(ErrorVerb::Read, &e))?;
-        self.snapshots
-            .save(meta.clone(), records)
+        let (snapshots, meta) = (Arc::clone(&self.snapshots), meta.clone());
+        blocking(move || snapshots.save(meta, records))
+            .await
             .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
         *self.lock() = installed;
         Ok(())

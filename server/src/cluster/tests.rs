@@ -19,9 +19,14 @@ struct Started {
 }
 
 async fn start(id: NodeId) -> Started {
-    let dir = tempfile::tempdir().unwrap();
     let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start_on(id, peers, clients).await
+}
+
+/// Node `id` with an empty data directory, on these listeners.
+async fn start_on(id: NodeId, peers: TcpListener, clients: TcpListener) -> Started {
+    let dir = tempfile::tempdir().unwrap();
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
         client_addr: clients.local_addr().unwrap().to_string(),
@@ -244,6 +249,80 @@ async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
     let inspect = leader.ask("INSPECT k").await;
     assert!(inspect.starts_with("HELD "), "{inspect}");
     assert_eq!(field(&inspect, "token"), token);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+/// Keys and tokens of the leases a node's replicated state holds.
+fn leases(node: &ClusterNode) -> BTreeMap<Vec<u8>, u64> {
+    let replica = node.replica();
+    replica
+        .live
+        .leases
+        .iter()
+        .map(|(key, held)| (key.clone(), held.token))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_catches_up_from_a_snapshot() {
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    for i in 0..10 {
+        let reply = leader.ask(&format!("ACQUIRE k{i} 60000")).await;
+        assert!(reply.starts_with("OK "), "{reply}");
+        if i < 5 {
+            let lease = field(&reply, "lease").to_string();
+            assert_eq!(leader.ask(&format!("RELEASE k{i} {lease}")).await, "OK");
+        }
+    }
+    let gone = (first + 1) % nodes.len();
+    let Started { node, info, .. } = nodes.remove(gone);
+    let gone_id = node.id();
+    node.kill().await;
+    let first = nodes
+        .iter()
+        .position(|n| n.node.serving())
+        .expect("still leading");
+    for i in 10..15 {
+        let reply = leader.ask(&format!("ACQUIRE k{i} 60000")).await;
+        assert!(reply.starts_with("OK "), "{reply}");
+    }
+
+    // Snapshot, then purge the log the snapshot covers: the wiped node can only catch up
+    // from the snapshot.
+    let raft = nodes[first].node.raft().clone();
+    let applied = raft.metrics().borrow().last_applied;
+    raft.trigger().snapshot().await.unwrap();
+    let mut metrics = raft.metrics();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.snapshot >= applied))
+        .await
+        .expect("no snapshot in time")
+        .unwrap();
+    raft.trigger()
+        .purge_log(applied.unwrap().index)
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.purged >= applied))
+        .await
+        .expect("no purge in time")
+        .unwrap();
+
+    let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+    let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+    let back = start_on(gone_id, peers, clients).await;
+    caught_up(&back.node, &nodes[first].node).await;
+    assert!(back.node.raft().metrics().borrow().snapshot.is_some());
+    let expected = leases(&nodes[first].node);
+    assert_eq!(expected.len(), 10, "{expected:?}");
+    assert_eq!(leases(&back.node), expected);
+    assert_eq!(
+        back.node.replica().token_limit(),
+        nodes[first].node.replica().token_limit()
+    );
+    nodes.push(back);
     for started in nodes {
         started.node.kill().await;
     }
