@@ -8,6 +8,7 @@
 //! batch of reads alone becomes one `ensure_linearizable` round, started after every read in
 //! it was received. A batch that carries records needs no separate round for its reads: its
 //! commit in this leader's term, after they were received, is the quorum's confirmation.
+//! A round that finds no quorum in time is tried again for a while ([`CONFIRM_PATIENCE`]).
 //! Batches are in flight together (up to [`IN_FLIGHT_MAX`]) and a completer task waits for
 //! them in order, moving `Progress::lsn` to each batch's last ticket when it is applied (or
 //! confirmed). So the order and "failure is final" rules of the [`Journal`] contract hold:
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
+use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -32,6 +34,11 @@ use crate::wal::{record, WalError};
 pub const QUEUE_BYTES_MAX: usize = 4 << 20;
 /// Most batches proposed (or confirmation rounds started) and not yet completed.
 pub const IN_FLIGHT_MAX: usize = 32;
+/// Longest a leader keeps trying to confirm its leadership for a batch of reads before it
+/// gives up (its journal fails; the reads are answered `NOT_LEADER`).
+pub const CONFIRM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Pause between two confirmation rounds of one batch.
+const CONFIRM_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Names the leader for `NOT_LEADER` replies, from openraft's metrics.
 #[derive(Clone)]
@@ -196,16 +203,9 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
         journal.wake.notified().await;
         while let Some((records, count, ticket)) = journal.take() {
             let in_flight: BoxFuture<'static, Result<(), String>> = if records.is_empty() {
-                let raft = raft.clone();
                 // Spawned now, so the round starts after every read in the batch arrived.
-                let round = tokio::spawn(async move { raft.ensure_linearizable().await });
-                Box::pin(async move {
-                    match round.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    }
-                })
+                let round = tokio::spawn(confirm(raft.clone()));
+                Box::pin(async move { round.await.unwrap_or_else(|e| Err(e.to_string())) })
             } else {
                 journal.records.fetch_add(count, Ordering::Relaxed);
                 journal.entries.fetch_add(1, Ordering::Relaxed);
@@ -232,6 +232,26 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
             if tx.send((ticket, in_flight)).await.is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// Confirms with a quorum that this node still leads. A round that finds no quorum in
+/// time (openraft gives it one heartbeat interval) is tried again, for up to
+/// [`CONFIRM_PATIENCE`]: a busy moment must not end a leadership; every later round also
+/// starts after the reads it answers arrived.
+async fn confirm(raft: Raft) -> Result<(), String> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match raft.ensure_linearizable().await {
+            Ok(_) => return Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)))
+                if started.elapsed() < CONFIRM_PATIENCE =>
+            {
+                tracing::debug!(error = %e, "no quorum for a confirmation round; trying again");
+                tokio::time::sleep(CONFIRM_RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e.to_string()),
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The peer port: openraft's vote, append-entries and snapshot messages between nodes.
 //!
-//! One request, one reply, on a TCP connection the caller keeps open between calls. A frame
+//! One request, one reply, on a TCP connection kept open between calls (pooled per peer). A frame
 //! is a u32 big-endian length and that many bytes of postcard ([`PeerRequest`] one way,
 //! [`PeerReply`] the other); a length over [`FRAME_LEN_MAX`] ends the connection before
 //! anything is allocated. Every call is bounded by openraft's time limit for it, and a
 //! connection that fails in any way is dropped and made again on the next call.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{
@@ -52,19 +55,25 @@ pub enum PeerReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
 }
 
+/// `value` as one frame, length prefix included.
+fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
+    let mut frame = vec![0u8; 4];
+    let mut frame =
+        postcard::to_extend(value, std::mem::take(&mut frame)).map_err(std::io::Error::other)?;
+    let len = frame.len() - 4;
+    if len > FRAME_LEN_MAX {
+        return Err(std::io::Error::other("peer frame over FRAME_LEN_MAX"));
+    }
+    frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(frame)
+}
+
 /// Writes `value` as one frame.
 async fn write_frame(
     stream: &mut (impl AsyncWrite + Unpin),
     value: &impl Serialize,
 ) -> std::io::Result<()> {
-    let body = postcard::to_stdvec(value).map_err(std::io::Error::other)?;
-    if body.len() > FRAME_LEN_MAX {
-        return Err(std::io::Error::other("peer frame over FRAME_LEN_MAX"));
-    }
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&body);
-    stream.write_all(&frame).await
+    stream.write_all(&encode_frame(value)?).await
 }
 
 /// Reads one frame; `Ok(None)` if the peer closed cleanly before it.
@@ -90,8 +99,14 @@ async fn read_frame<T: DeserializeOwned>(
         .map_err(std::io::Error::other)
 }
 
-/// Serves the peer port on `listener` for `raft` until `stop`.
-pub async fn serve_peers(listener: TcpListener, raft: Raft, stop: CancellationToken) {
+/// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
+/// connections are closed unanswered.
+pub async fn serve_peers(
+    listener: TcpListener,
+    raft: Raft,
+    stop: CancellationToken,
+    isolated: Arc<AtomicBool>,
+) {
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -107,11 +122,11 @@ pub async fn serve_peers(listener: TcpListener, raft: Raft, stop: CancellationTo
             }
         };
         let _ = stream.set_nodelay(true);
-        let (raft, stop) = (raft.clone(), stop.clone());
+        let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
         tracker.spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                result = serve_peer(stream, raft) => if let Err(e) = result {
+                result = serve_peer(stream, raft, isolated) => if let Err(e) = result {
                     tracing::debug!(error = %e, "peer connection ended");
                 },
             }
@@ -121,8 +136,15 @@ pub async fn serve_peers(listener: TcpListener, raft: Raft, stop: CancellationTo
     tracker.wait().await;
 }
 
-async fn serve_peer(mut stream: TcpStream, raft: Raft) -> std::io::Result<()> {
+async fn serve_peer(
+    mut stream: TcpStream,
+    raft: Raft,
+    isolated: Arc<AtomicBool>,
+) -> std::io::Result<()> {
     while let Some(request) = read_frame::<PeerRequest>(&mut stream).await? {
+        if isolated.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let reply = match request {
             PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
             PeerRequest::Append(rpc) => PeerReply::Append(raft.append_entries(rpc).await),
@@ -133,27 +155,73 @@ async fn serve_peer(mut stream: TcpStream, raft: Raft) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Makes a [`PeerClient`] per peer openraft talks to.
+/// Most idle connections kept per peer for later calls.
+const IDLE_PER_PEER_MAX: usize = 4;
+
+/// Idle connections by peer (id and address), shared by every [`PeerClient`] of a node.
+type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
+
+/// Makes a [`PeerClient`] per peer openraft talks to. openraft makes a client per
+/// replication stream and per election, and one per peer for every confirmation round
+/// (`ensure_linearizable`), so connections are pooled: a client takes an idle one and gives
+/// it back when it is done, if its last exchange completed.
 #[derive(Clone, Default)]
-pub struct PeerNetwork;
+pub struct PeerNetwork {
+    idle: Idle,
+    isolated: Arc<AtomicBool>,
+}
+
+impl PeerNetwork {
+    /// A network whose calls all fail (unreachable) while `isolated` is set: a partition of
+    /// this node, for tests and fault drills.
+    pub fn new(isolated: Arc<AtomicBool>) -> PeerNetwork {
+        PeerNetwork {
+            idle: Idle::default(),
+            isolated,
+        }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
+        let peer = (target, node.peer_addr.clone());
+        let stream = self
+            .idle
+            .lock()
+            .expect("poisoned")
+            .get_mut(&peer)
+            .and_then(Vec::pop);
         PeerClient {
-            target,
-            addr: node.peer_addr.clone(),
-            stream: None,
+            peer,
+            stream,
+            idle: Arc::clone(&self.idle),
+            isolated: Arc::clone(&self.isolated),
         }
     }
 }
 
-/// One peer, as the caller sees it: its address and the connection kept to it.
+/// One peer, as the caller sees it: its id and address, and a connection to it whose last
+/// exchange completed (a connection is never used after one that did not: a reply to an
+/// abandoned request could still arrive on it).
 pub struct PeerClient {
-    target: NodeId,
-    addr: String,
+    peer: (NodeId, String),
     stream: Option<TcpStream>,
+    idle: Idle,
+    isolated: Arc<AtomicBool>,
+}
+
+impl Drop for PeerClient {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            let mut idle = self.idle.lock().expect("poisoned");
+            let kept = idle.entry(self.peer.clone()).or_default();
+            if kept.len() < IDLE_PER_PEER_MAX {
+                kept.push(stream);
+            }
+        }
+    }
 }
 
 /// Why a call failed before the peer answered.
@@ -173,41 +241,68 @@ impl CallError {
     }
 }
 
+fn timed_out(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, what)
+}
+
 impl PeerClient {
-    async fn call(&mut self, request: PeerRequest, ttl: Duration) -> Result<PeerReply, CallError> {
-        let deadline = tokio::time::Instant::now() + ttl;
-        if self.stream.is_none() {
-            let limit = CONNECT_TIMEOUT.min(ttl);
-            let stream = match tokio::time::timeout(limit, TcpStream::connect(&self.addr)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return Err(CallError::Unreachable(e)),
-                Err(_) => {
-                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
-                    return Err(CallError::Unreachable(e));
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            self.stream = Some(stream);
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<TcpStream, CallError> {
+        let limit = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let connect = TcpStream::connect(&self.peer.1);
+        match tokio::time::timeout_at(limit.min(deadline), connect).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
+            }
+            Ok(Err(e)) => Err(CallError::Unreachable(e)),
+            Err(_) => Err(CallError::Unreachable(timed_out(
+                "connect timed out".into(),
+            ))),
         }
-        let stream = self.stream.as_mut().expect("connected above");
+    }
+
+    /// Sends `request` and reads the reply, within `ttl`. A pooled connection that fails is
+    /// replaced once by a new one (the peer may have restarted since; Raft's messages may be
+    /// delivered twice).
+    async fn call(&mut self, request: PeerRequest, ttl: Duration) -> Result<PeerReply, CallError> {
+        if self.isolated.load(Ordering::Relaxed) {
+            let e = std::io::Error::other("this node is isolated from its peers");
+            return Err(CallError::Unreachable(e));
+        }
+        let deadline = tokio::time::Instant::now() + ttl;
+        let frame = encode_frame(&request).map_err(CallError::Network)?;
+        let pooled = self.stream.take();
+        let was_pooled = pooled.is_some();
+        let mut stream = match pooled {
+            Some(stream) => stream,
+            None => self.connect(deadline).await?,
+        };
+        let mut result = self.exchange(&mut stream, &frame, deadline).await;
+        if result.is_err() && was_pooled && tokio::time::Instant::now() < deadline {
+            stream = self.connect(deadline).await?;
+            result = self.exchange(&mut stream, &frame, deadline).await;
+        }
+        let reply = result.map_err(CallError::Network)?;
+        self.stream = Some(stream);
+        Ok(reply)
+    }
+
+    async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        frame: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> std::io::Result<PeerReply> {
         let exchange = async {
-            write_frame(stream, &request).await?;
+            stream.write_all(frame).await?;
             read_frame::<PeerReply>(stream)
                 .await?
                 .ok_or_else(|| std::io::Error::other("peer closed the connection"))
         };
-        let result = match tokio::time::timeout_at(deadline, exchange).await {
+        match tokio::time::timeout_at(deadline, exchange).await {
             Ok(result) => result,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer from node {} in {ttl:?}", self.target),
-            )),
-        };
-        result.map_err(|e| {
-            // The stream may be mid-frame: a later call must not read this one's reply.
-            self.stream = None;
-            CallError::Network(e)
-        })
+            Err(_) => Err(timed_out(format!("no answer from node {}", self.peer.0))),
+        }
     }
 
     fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, NodeInfo, E> {
@@ -224,7 +319,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         match self.call(PeerRequest::Append(rpc), option.hard_ttl()).await {
             Ok(PeerReply::Append(Ok(reply))) => Ok(reply),
-            Ok(PeerReply::Append(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(PeerReply::Append(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(e.into_rpc()),
         }
@@ -243,7 +338,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             .await
         {
             Ok(PeerReply::Snapshot(Ok(reply))) => Ok(reply),
-            Ok(PeerReply::Snapshot(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(PeerReply::Snapshot(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(e.into_rpc()),
         }
@@ -256,7 +351,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await {
             Ok(PeerReply::Vote(Ok(reply))) => Ok(reply),
-            Ok(PeerReply::Vote(Err(e))) => Err(RemoteError::new(self.target, e).into()),
+            Ok(PeerReply::Vote(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
             Ok(_) => Err(self.unexpected()),
             Err(e) => Err(e.into_rpc()),
         }

@@ -24,6 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -112,6 +113,7 @@ pub struct ClusterNode {
     id: NodeId,
     raft: Raft,
     state: Arc<Mutex<ReplicaState>>,
+    isolated: Arc<AtomicBool>,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -142,7 +144,9 @@ impl ClusterNode {
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
-        let raft = Raft::new(id, raft_config, PeerNetwork, log, machine)
+        let isolated = Arc::new(AtomicBool::new(false));
+        let network = PeerNetwork::new(Arc::clone(&isolated));
+        let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let hint = LeaderHint::new(raft.clone(), id);
@@ -168,7 +172,12 @@ impl ClusterNode {
             follower,
         };
         let tasks = vec![
-            tokio::spawn(serve_peers(peers, raft.clone(), stop.clone())),
+            tokio::spawn(serve_peers(
+                peers,
+                raft.clone(),
+                stop.clone(),
+                Arc::clone(&isolated),
+            )),
             tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
             tokio::spawn(life.run(stop.clone())),
         ];
@@ -176,6 +185,7 @@ impl ClusterNode {
             id,
             raft,
             state,
+            isolated,
             current,
             stop,
             tasks,
@@ -205,6 +215,13 @@ impl ClusterNode {
     /// The Raft handle, for status and membership changes.
     pub fn raft(&self) -> &Raft {
         &self.raft
+    }
+
+    /// Cuts this node off from its peers (`true`: every peer call fails, every peer
+    /// connection is closed unanswered) or reconnects it: a partition, for tests and drills.
+    pub fn set_isolated(&self, isolated: bool) {
+        self.isolated
+            .store(isolated, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A copy of the replicated state as this node has applied it.

@@ -327,3 +327,44 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
         started.node.kill().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_never_confirms_a_renewal() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut old = Console::connect(&nodes[first].info.client_addr).await;
+    let held = old.ask("ACQUIRE k 30000").await;
+    let (token, lease) = (field(&held, "token"), field(&held, "lease"));
+    let renew = format!("RENEW k {lease} 30000");
+    assert_eq!(
+        old.ask(&renew).await,
+        "OK ttl_ms=30000",
+        "confirmed with a quorum"
+    );
+
+    nodes[first].node.set_isolated(true);
+    let refused = old.ask(&renew).await;
+    assert!(refused.starts_with("ERR NOT_LEADER "), "{refused}");
+
+    // The other two elect a leader, which holds the lease.
+    let elected = async {
+        loop {
+            let serving = (0..nodes.len()).find(|&i| i != first && nodes[i].node.serving());
+            if let Some(i) = serving {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let second = tokio::time::timeout(STEP_TIMEOUT, elected)
+        .await
+        .expect("the majority elected no leader in time");
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let inspect = leader.ask("INSPECT k").await;
+    assert_eq!(field(&inspect, "token"), token, "{inspect}");
+    assert_eq!(leader.ask(&renew).await, "OK ttl_ms=30000");
+    nodes[first].node.set_isolated(false);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
