@@ -32,8 +32,9 @@ use crate::wal::{record, WalError};
 /// Most encoded record bytes waiting for the batcher; past it, appends are refused
 /// (`UNAVAILABLE`, backlog) rather than growing memory, and one Raft entry never holds more.
 pub const QUEUE_BYTES_MAX: usize = 4 << 20;
-/// Most batches proposed (or confirmation rounds started) and not yet completed.
-pub const IN_FLIGHT_MAX: usize = 32;
+/// Batches proposed (or confirmation rounds started) that may wait for the completer, which
+/// waits on one more: few, so that changes gather into large batches meanwhile.
+pub const IN_FLIGHT_MAX: usize = 2;
 /// Longest a leader keeps trying to confirm its leadership for a batch of reads before it
 /// gives up (its journal fails; the reads are answered `NOT_LEADER`).
 pub const CONFIRM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -201,7 +202,16 @@ impl RaftJournal {
 async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFlight>) {
     loop {
         journal.wake.notified().await;
-        while let Some((records, count, ticket)) = journal.take() {
+        loop {
+            // A slot first, then the batch: while earlier batches hold the slots, the queue
+            // grows, and the next batch takes all of it. That is the group commit: a
+            // proposal per change would cost an fsync per change on every node.
+            let Ok(slot) = tx.reserve().await else {
+                return;
+            };
+            let Some((records, count, ticket)) = journal.take() else {
+                break;
+            };
             let in_flight: BoxFuture<'static, Result<(), String>> = if records.is_empty() {
                 // Spawned now, so the round starts after every read in the batch arrived.
                 let round = tokio::spawn(confirm(raft.clone()));
@@ -229,9 +239,7 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
                     Err(e) => Box::pin(std::future::ready(Err(e.to_string()))),
                 }
             };
-            if tx.send((ticket, in_flight)).await.is_err() {
-                return;
-            }
+            slot.send((ticket, in_flight));
         }
     }
 }
