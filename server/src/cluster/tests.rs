@@ -15,7 +15,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(15);
 struct Started {
     node: ClusterNode,
     info: NodeInfo,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 async fn start(id: NodeId) -> Started {
@@ -26,7 +26,16 @@ async fn start(id: NodeId) -> Started {
 
 /// Node `id` with an empty data directory, on these listeners.
 async fn start_on(id: NodeId, peers: TcpListener, clients: TcpListener) -> Started {
-    let dir = tempfile::tempdir().unwrap();
+    start_in(id, peers, clients, tempfile::tempdir().unwrap()).await
+}
+
+/// Node `id` with the data in `dir`, on these listeners.
+async fn start_in(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    dir: tempfile::TempDir,
+) -> Started {
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
         client_addr: clients.local_addr().unwrap().to_string(),
@@ -42,11 +51,7 @@ async fn start_on(id: NodeId, peers: TcpListener, clients: TcpListener) -> Start
     let node = ClusterNode::start(config, options, peers, clients)
         .await
         .unwrap();
-    Started {
-        node,
-        info,
-        _dir: dir,
-    }
+    Started { node, info, dir }
 }
 
 /// The index of the node serving as leader, once one is.
@@ -364,6 +369,51 @@ async fn an_isolated_leader_never_confirms_a_renewal() {
     assert_eq!(field(&inspect, "token"), token, "{inspect}");
     assert_eq!(leader.ask(&renew).await, "OK ttl_ms=30000");
     nodes[first].node.set_isolated(false);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_restarts_with_its_leases_and_tokens() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE kept 60000").await;
+    let (token, lease) = (
+        field(&held, "token").to_string(),
+        field(&held, "lease").to_string(),
+    );
+    let gone = leader.ask("ACQUIRE gone 60000").await;
+    let gone_lease = field(&gone, "lease").to_string();
+    assert_eq!(
+        leader.ask(&format!("RELEASE gone {gone_lease}")).await,
+        "OK"
+    );
+    drop(leader);
+
+    let mut stopped = Vec::new();
+    for started in nodes {
+        let id = started.node.id();
+        started.node.kill().await;
+        stopped.push((id, started.info, started.dir));
+    }
+    let mut nodes = Vec::new();
+    for (id, info, dir) in stopped {
+        let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+        let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+        nodes.push(start_in(id, peers, clients, dir).await);
+    }
+    let now = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[now].info.client_addr).await;
+    let inspect = leader.ask("INSPECT kept").await;
+    assert_eq!(field(&inspect, "token"), token, "{inspect}");
+    assert_eq!(leader.ask("INSPECT gone").await, "FREE");
+    let renew = format!("RENEW kept {lease} 60000");
+    assert_eq!(leader.ask(&renew).await, "OK ttl_ms=60000");
+    let fresh = leader.ask("ACQUIRE fresh 60000").await;
+    let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
+    assert!(fresh_token > token.parse::<u64>().unwrap() + 1, "{fresh}");
     for started in nodes {
         started.node.kill().await;
     }
