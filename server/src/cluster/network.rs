@@ -6,7 +6,7 @@
 //! anything is allocated. Every call is bounded by openraft's time limit for it, and a
 //! connection that fails in any way is dropped and made again on the next call.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +42,9 @@ pub enum PeerRequest {
     Append(AppendEntriesRequest<TypeConfig>),
     /// The leader sends a chunk of a snapshot.
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// An operator makes this the cluster's first membership (`tenured cluster-init`);
+    /// openraft refuses it on a node that is initialised already.
+    Initialize(BTreeMap<NodeId, NodeInfo>),
 }
 
 /// A peer's answer, as its Raft gave it.
@@ -53,6 +56,8 @@ pub enum PeerReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     /// To [`PeerRequest::Snapshot`].
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// To [`PeerRequest::Initialize`]: why it was refused, if it was.
+    Initialize(Result<(), String>),
 }
 
 /// `value` as one frame, length prefix included.
@@ -149,6 +154,10 @@ async fn serve_peer(
             PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
             PeerRequest::Append(rpc) => PeerReply::Append(raft.append_entries(rpc).await),
             PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
+            PeerRequest::Initialize(members) => {
+                let result = raft.initialize(members).await;
+                PeerReply::Initialize(result.map_err(|e| e.to_string()))
+            }
         };
         write_frame(&mut stream, &reply).await?;
     }
@@ -358,9 +367,84 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// How long `initialize_remote` waits for the node's answer.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
+/// membership (what `tenured cluster-init` sends).
+///
+/// # Errors
+/// When the node cannot be reached or answered in time, or refused (it is initialised
+/// already, or is not among `members`).
+pub async fn initialize_remote(
+    peer_addr: &str,
+    members: BTreeMap<NodeId, NodeInfo>,
+) -> Result<(), String> {
+    let ask = async {
+        let mut stream = TcpStream::connect(peer_addr)
+            .await
+            .map_err(|e| format!("cannot connect to {peer_addr}: {e}"))?;
+        write_frame(&mut stream, &PeerRequest::Initialize(members))
+            .await
+            .map_err(|e| format!("cannot send to {peer_addr}: {e}"))?;
+        match read_frame::<PeerReply>(&mut stream).await {
+            Ok(Some(PeerReply::Initialize(result))) => result,
+            Ok(_) => Err(format!("{peer_addr} gave no answer to the initialisation")),
+            Err(e) => Err(format!("no answer from {peer_addr}: {e}")),
+        }
+    };
+    tokio::time::timeout(INITIALIZE_TIMEOUT, ask)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer from {peer_addr} in {INITIALIZE_TIMEOUT:?}"
+            ))
+        })
+}
+
+/// Parses a membership as `tenured cluster-init --nodes` takes it:
+/// `1=<peer addr>/<client addr>,2=...`.
+///
+/// # Errors
+/// A member that does not have that shape, or an id given twice.
+pub fn parse_members(spec: &str) -> Result<BTreeMap<NodeId, NodeInfo>, String> {
+    let mut members = BTreeMap::new();
+    for member in spec.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let shape = || format!("{member:?} is not <id>=<peer addr>/<client addr>");
+        let (id, addrs) = member.split_once('=').ok_or_else(shape)?;
+        let (peer, client) = addrs.split_once('/').ok_or_else(shape)?;
+        let id: NodeId = id.trim().parse().map_err(|_| shape())?;
+        if peer.is_empty() || client.is_empty() {
+            return Err(shape());
+        }
+        let info = NodeInfo {
+            peer_addr: peer.to_string(),
+            client_addr: client.to_string(),
+        };
+        if members.insert(id, info).is_some() {
+            return Err(format!("node {id} is given twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("no members given".to_string());
+    }
+    Ok(members)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_parse_and_bad_ones_are_named() {
+        let members = parse_members("1=127.0.0.1:7001/127.0.0.1:7878, 2=h:1/h:2").unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(members[&1].peer_addr, "127.0.0.1:7001");
+        assert_eq!(members[&2].client_addr, "h:2");
+        for bad in ["", "1=a", "x=a/b", "1=/b", "1=a/b,1=c/d"] {
+            assert!(parse_members(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[tokio::test]
     async fn frames_round_trip_and_oversized_lengths_are_refused() {

@@ -112,7 +112,12 @@ async fn start_cluster() -> Vec<Started> {
         .iter()
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
-    nodes[0].node.initialize(members).await.unwrap();
+    // As `tenured cluster-init` does it: over a node's peer port.
+    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
+        .await
+        .unwrap();
+    let again = super::network::initialize_remote(&nodes[0].info.peer_addr, members).await;
+    assert!(again.is_err(), "initialised twice");
     nodes
 }
 
