@@ -332,7 +332,7 @@ async fn recover(
 
 /// Takes an exclusive lock on `data_dir/LOCK` for the life of the server: two servers
 /// appending to one log would each hand out the same fencing tokens.
-fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
+pub(crate) fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
     let io_error = |what, path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| ServerError::DataDir { what, path, source }

@@ -29,7 +29,8 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 pub use journal::RaftJournal;
-pub use node::{ClusterNode, ClusterOptions};
+pub use network::{initialize_remote, parse_members};
+pub use node::{run, ClusterError, ClusterNode, ClusterOptions};
 pub use state::ReplicaState;
 
 /// A node's id in the cluster.

@@ -106,6 +106,46 @@ pub enum ClusterError {
     /// openraft refused.
     #[error("raft: {0}")]
     Raft(String),
+    /// The settings cannot be served in cluster mode (yet).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Runs node `options.node_id` with clients on `clients` and peers on `peers` until
+/// `shutdown`, holding the data directory's lock meanwhile: `tenured --cluster`.
+///
+/// # Errors
+/// When the settings ask for what cluster mode does not do yet (TLS, identities), the data
+/// directory is in use, or the node cannot start.
+pub async fn run(
+    config: Config,
+    options: ClusterOptions,
+    clients: TcpListener,
+    peers: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ClusterError> {
+    config.validate().map_err(ClusterError::Config)?;
+    if config.tls.is_some() || config.identities.is_some() {
+        // Refused rather than ignored: a client port that silently drops its TLS or its
+        // identities would serve everyone in the clear.
+        let why = "TLS and identities are not served in cluster mode yet";
+        return Err(ClusterError::Config(why.to_string()));
+    }
+    let addr = clients.local_addr()?;
+    if !addr.ip().is_loopback() && !config.insecure_no_auth {
+        let why = format!("{addr} is not a loopback address and cluster mode has no identities yet (--insecure-no-auth to serve it anyway)");
+        return Err(ClusterError::Config(why));
+    }
+    let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+    let node_id = options.node_id;
+    let node = ClusterNode::start(config, options, peers, clients).await?;
+    tracing::info!(node_id, %addr, "cluster node ready");
+    shutdown.await;
+    tracing::info!("shutting down");
+    node.kill().await;
+    tracing::info!("stopped");
+    Ok(())
 }
 
 /// One running node; see the module docs.
