@@ -191,17 +191,16 @@ impl Executor {
         now_ms: u64,
     ) -> Outcome {
         self.stats.count_op(&request);
-        // A read is answered once the journal vouches that this node still leads, after now
-        // (cluster mode); a local journal vouches at once.
-        let mut ticket = match &request {
-            Request::Renew { .. } | Request::Inspect { .. } | Request::Check { .. } => {
-                match self.journal.confirm() {
-                    Ok(ticket) => ticket,
-                    Err(e) => return Outcome::Reply(self.unavailable(&e), TICKET_NOW),
-                }
+        let is_read = matches!(
+            &request,
+            Request::Renew { .. } | Request::Inspect { .. } | Request::Check { .. }
+        );
+        if is_read {
+            if let Some(refusal) = self.refuse_if_not_leader() {
+                return Outcome::Reply(refusal, TICKET_NOW);
             }
-            _ => TICKET_NOW,
-        };
+        }
+        let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
             Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
@@ -245,6 +244,17 @@ impl Executor {
             // The connection answers AUTH itself (it must verify off the async workers).
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
         };
+        if is_read {
+            // Answered once the journal vouches that this node still led after the table was
+            // read (cluster mode; a local journal vouches at once). The ticket is taken after
+            // the read, so it also comes after every change the read saw (each took its
+            // ticket under the shard lock, before the read could see it): the reply never
+            // shows a change that is not yet durable.
+            match self.journal.confirm() {
+                Ok(confirmed) => ticket = ticket.max(confirmed),
+                Err(e) => return Outcome::Reply(self.unavailable(&e), TICKET_NOW),
+            }
+        }
         Outcome::Reply(response, ticket)
     }
 }

@@ -215,9 +215,10 @@ pub trait Journal: Send + Sync + 'static {
         false
     }
 
-    /// A ticket a read's reply (RENEW, CHECK, INSPECT) waits for: it passes once the journal
-    /// has confirmed, after this call, that this node may still answer ([`TICKET_NOW`] for a
-    /// local log, which always may). Never blocks.
+    /// A ticket a read's reply (RENEW, CHECK, INSPECT) waits for, taken after the read: it
+    /// passes once everything appended before it is durable and the journal has confirmed,
+    /// after this call, that this node may still answer ([`TICKET_NOW`] for a local log,
+    /// which always may). Never blocks.
     ///
     /// # Errors
     /// When this node may not answer (it does not lead); nothing was queued then.

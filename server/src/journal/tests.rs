@@ -213,3 +213,26 @@ async fn a_grant_lost_to_a_leadership_loss_is_undone_and_answered_not_leader() {
     );
     assert!(matches!(inspect(&executor, &mut ctx, "k"), Response::Free));
 }
+
+#[tokio::test]
+async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    // Another connection's grant lands between a read's ticket and its reply.
+    let other = Arc::clone(&executor);
+    journal.confirm_then(move || {
+        let _ = other.execute(&mut ConnCtx::new(2), 1, acquire("k"));
+    });
+    let request = Request::Inspect {
+        key: Bytes::from_static(b"k"),
+    };
+    let Outcome::Reply(response, ticket) = executor.execute(&mut ctx, 1, request) else {
+        panic!("INSPECT answers with a reply");
+    };
+    let grant = journal.last_ticket();
+    assert!(
+        matches!(response, Response::Free) || ticket >= grant,
+        "{response:?} answered at ticket {ticket}, the grant it shows is at {grant}"
+    );
+}
