@@ -43,6 +43,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::journal::Journal;
+use crate::wal::recovery::LeaseReplay;
 
 /// Pause before a leader tries a failed takeover again.
 const TAKEOVER_RETRY: Duration = Duration::from_millis(200);
@@ -327,6 +328,17 @@ async fn accept_clients(
     tracker.wait().await;
 }
 
+/// Why a takeover step failed (an error, or no commit in time), if it did.
+fn takeover_failure<E: std::fmt::Display>(
+    outcome: Result<Result<(), E>, tokio::time::error::Elapsed>,
+) -> Option<String> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no commit within {TAKEOVER_RESERVE_TIMEOUT:?}")),
+    }
+}
+
 /// What the leader life cycle needs.
 struct Life {
     raft: Raft,
@@ -400,19 +412,10 @@ impl Life {
         // Entries an earlier executor of this term proposed may still commit: an empty entry
         // committed and applied after them makes the replicated state final for them first.
         let barrier = self.raft.client_write(super::Batch::default());
-        match tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, barrier).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(term, error = %e, "takeover abandoned: the barrier did not commit");
-                return None;
-            }
-            Err(_) => {
-                tracing::warn!(
-                    term,
-                    "takeover abandoned: the barrier did not commit in time"
-                );
-                return None;
-            }
+        let committed = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, barrier).await;
+        if let Some(why) = takeover_failure(committed.map(|r| r.map(drop))) {
+            tracing::warn!(term, %why, "takeover abandoned: the barrier did not commit");
+            return None;
         }
         let live = self
             .state
@@ -421,41 +424,12 @@ impl Life {
             .live
             .clone();
         let journal = RaftJournal::start(self.raft.clone(), self.hint.clone());
-        let clock = Clock::start();
-        let now_ms = clock.now_ms();
-        let executor = Executor::new(
-            self.config.clone(),
-            clock,
-            Arc::clone(&journal) as Arc<dyn Journal>,
-            live.token_floor,
-            0,
-        );
-        for lease in live.to_recovered() {
-            executor.shard(&lease.key).restore(
-                now_ms,
-                &lease.key,
-                lease.lease_id,
-                lease.token,
-                lease.ttl_ms,
-                &lease.meta,
-            );
-        }
-        let executor = Arc::new(executor);
-        match tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(term, error = %e, "takeover abandoned: no token block");
-                journal.fail();
-                return None;
-            }
-            Err(_) => {
-                tracing::warn!(
-                    term,
-                    "takeover abandoned: the token block did not commit in time"
-                );
-                journal.fail();
-                return None;
-            }
+        let executor = self.executor_from(&live, Arc::clone(&journal));
+        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
+        if let Some(why) = takeover_failure(reserved.await) {
+            tracing::warn!(term, %why, "takeover abandoned: no token block");
+            journal.fail();
+            return None;
         }
         let term_stop = self.follower.stop.child_token();
         tokio::spawn(crate::server::tick(
@@ -478,6 +452,26 @@ impl Life {
             journal,
             term_stop,
         })
+    }
+
+    /// An executor holding the leases of `live`, each restarted now, with tokens from its
+    /// floor: what recovery builds after a restart, over `journal`.
+    fn executor_from(&self, live: &LeaseReplay, journal: Arc<RaftJournal>) -> Arc<Executor> {
+        let clock = Clock::start();
+        let now_ms = clock.now_ms();
+        let journal = journal as Arc<dyn Journal>;
+        let executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        for lease in live.to_recovered() {
+            executor.shard(&lease.key).restore(
+                now_ms,
+                &lease.key,
+                lease.lease_id,
+                lease.token,
+                lease.ttl_ms,
+                &lease.meta,
+            );
+        }
+        Arc::new(executor)
     }
 
     async fn step_down(&self, leading: Leading) {

@@ -245,17 +245,23 @@ impl Executor {
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
         };
         if is_read {
-            // Answered once the journal vouches that this node still led after the table was
-            // read (cluster mode; a local journal vouches at once). The ticket is taken after
-            // the read, so it also comes after every change the read saw (each took its
-            // ticket under the shard lock, before the read could see it): the reply never
-            // shows a change that is not yet durable.
-            match self.journal.confirm() {
-                Ok(confirmed) => ticket = ticket.max(confirmed),
-                Err(e) => return Outcome::Reply(self.unavailable(&e), TICKET_NOW),
-            }
+            return self.confirmed(response, ticket);
         }
         Outcome::Reply(response, ticket)
+    }
+}
+
+impl Executor {
+    /// A read's reply, answered once the journal vouches that this node still led after the
+    /// table was read (cluster mode; a local journal vouches at once). The ticket is taken
+    /// after the read, so it also comes after every change the read saw (each took its
+    /// ticket under the shard lock, before the read could see it): the reply never shows a
+    /// change that is not yet durable.
+    fn confirmed(&self, response: Response, ticket: Ticket) -> Outcome {
+        match self.journal.confirm() {
+            Ok(confirmed) => Outcome::Reply(response, ticket.max(confirmed)),
+            Err(e) => Outcome::Reply(self.unavailable(&e), TICKET_NOW),
+        }
     }
 }
 
