@@ -413,7 +413,9 @@ impl Life {
         // committed and applied after them makes the replicated state final for them first.
         let barrier = self.raft.client_write(super::Batch::default());
         let committed = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, barrier).await;
-        if let Some(why) = takeover_failure(committed.map(|r| r.map(drop))) {
+        if let Some(why) =
+            takeover_failure(committed.map(|r| r.map(drop).map_err(|e| e.to_string())))
+        {
             tracing::warn!(term, %why, "takeover abandoned: the barrier did not commit");
             return None;
         }
