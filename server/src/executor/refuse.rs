@@ -88,9 +88,7 @@ impl Executor {
         let message = format!("not durable, nothing changed: the WAL failed: {failed}");
         Some(error(ErrorCode::Unavailable, message))
     }
-}
 
-impl Executor {
     /// Cluster mode: the `NOT_LEADER` refusal while this node does not lead.
     pub(super) fn refuse_if_not_leader(&self) -> Option<Response> {
         let leader = self.journal.not_leader()?;
