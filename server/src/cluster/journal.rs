@@ -9,8 +9,9 @@
 //! it was received. A batch that carries records needs no separate round for its reads: its
 //! commit in this leader's term, after they were received, is the quorum's confirmation.
 //! A round that finds no quorum in time is tried again for a while ([`CONFIRM_PATIENCE`]).
-//! Batches are in flight together (up to [`IN_FLIGHT_MAX`]) and a completer task waits for
-//! them in order, moving `Progress::lsn` to each batch's last ticket when it is applied (or
+//! A few batches are in flight together (the batcher takes a slot, one of [`IN_FLIGHT_MAX`],
+//! before it takes a batch, so changes gather in the queue while the slots are busy: group
+//! commit), and a completer task waits for them in order, moving `Progress::lsn` to each batch's last ticket when it is applied (or
 //! confirmed). So the order and "failure is final" rules of the [`Journal`] contract hold:
 //! the first batch that fails (leadership lost, the Raft core stopped) fails the journal
 //! with [`NOT_LEADER`], and nothing after it is ever reported durable.
@@ -162,7 +163,7 @@ impl RaftJournal {
         JournalError::NotLeader(self.hint.message(false))
     }
 
-    /// Queues `bytes` (a record, or nothing for a read) and returns its ticket.
+    /// Queues `record` (`None` for a read, which only takes a ticket) and returns its ticket.
     fn enqueue(&self, record: Option<&record::Record<'_>>) -> Result<Ticket, JournalError> {
         let mut queue = self.queue.lock().expect("poisoned");
         if queue.failed {
