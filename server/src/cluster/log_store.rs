@@ -12,8 +12,12 @@
 //! # Durability
 //! An append is written and `fdatasync`ed before openraft is told it is durable (the vote
 //! too, before `save_vote` returns). Opening reads every record; the first one that is
-//! short or fails its checksum ends the log: the file is cut there (a torn write of an
-//! append that was never reported durable). A truncation cuts the file and syncs; a purge
+//! short or fails its checksum ends the log, and the file is cut there (a torn write of an
+//! append that was never reported durable), unless an intact record follows somewhere after
+//! it: that is damage, not a torn write, and opening refuses, naming the offsets. As with
+//! the WAL, one crash pattern is refused too: an unsynced append of several records whose
+//! first pages never reached the disk but whose later ones did. Nothing past such a hole was
+//! acknowledged, so an operator who sees zeros at the named offset may cut the file there. A truncation cuts the file and syncs; a purge
 //! first records the purge point in `raft.state`, then rewrites `raft.log` without the purged
 //! records (a temporary file renamed over), so a crash in between leaves records that are
 //! dropped again on open.
@@ -97,6 +101,14 @@ impl LogStore {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let (entries, end) = parse(&bytes, persisted.last_purged.map(|id| id.index));
+        if let Some(at) = intact_record_after(&bytes, end as usize) {
+            // Not a torn write: an acknowledged entry may follow the damage, and a node that
+            // forgot entries it acknowledged could elect a leader without them.
+            return Err(std::io::Error::other(format!(
+                "Raft log {} is damaged at byte {end}: an intact record follows at byte {at}",
+                path.display()
+            )));
+        }
         let torn_tail_at = (end < bytes.len() as u64).then_some(end);
         if let Some(at) = torn_tail_at {
             tracing::warn!(path = %path.display(), offset = at, "cut a torn record off the end of the Raft log");
@@ -313,6 +325,12 @@ fn parse(bytes: &[u8], purged: Option<u64>) -> (BTreeMap<u64, (Entry, u64)>, u64
     (entries, at as u64)
 }
 
+/// The offset of the first intact record after the bad bytes at `bad`, if there is one:
+/// then the damage is not a torn tail (a torn write is the last thing in the file).
+fn intact_record_after(bytes: &[u8], bad: usize) -> Option<usize> {
+    (bad + 1..bytes.len()).find(|&at| decode_at(&bytes[at..]).is_some())
+}
+
 /// The record at the start of `buf` and its length, if it is whole and intact.
 fn decode_at(buf: &[u8]) -> Option<(Entry, usize)> {
     if buf.len() < RECORD_HEADER_LEN {
@@ -503,6 +521,26 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let store = LogStore::open(dir.path()).unwrap();
         assert_eq!(indexes(&store), vec![1, 2]);
+    }
+
+    #[test]
+    fn damage_followed_by_an_intact_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=3).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        drop(store);
+        let path = dir.path().join(LOG_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut first = Vec::new();
+        encode(&entry(1, 1, b"abc"), &mut first).unwrap();
+        bytes[first.len() + RECORD_HEADER_LEN] ^= 0x40; // inside the second record
+        std::fs::write(&path, &bytes).unwrap();
+        let refused = LogStore::open(dir.path()).err().expect("refused");
+        let message = refused.to_string();
+        assert!(message.contains("damaged at byte"), "{message}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
     }
 
     #[test]
