@@ -89,7 +89,12 @@ async fn run_cluster(
     let peers = tokio::net::TcpListener::bind(peer_listen)
         .await
         .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
-    let options = ClusterOptions::new(node_id, config.data_dir.clone());
+    let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
+    options.heartbeat_ms = settings.heartbeat_ms;
+    options.election_timeout_ms = (
+        settings.election_timeout_ms,
+        settings.election_timeout_ms.saturating_mul(2),
+    );
     cluster::run(config, options, listener, peers, shutdown).await?;
     Ok(())
 }

@@ -207,6 +207,17 @@ pub struct Settings {
     #[arg(long, env = "TENURE_PEER_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_listen: Option<SocketAddr>,
+    /// Cluster mode: how often the leader sends heartbeats, in milliseconds.
+    #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = Settings::default().heartbeat_ms)]
+    pub heartbeat_ms: u64,
+    /// Cluster mode: a follower that hears no leader for a random time between this and
+    /// twice this starts an election, in milliseconds. Fail-over takes about this long.
+    #[arg(
+        long,
+        env = "TENURE_ELECTION_TIMEOUT_MS",
+        default_value_t = Settings::default().election_timeout_ms
+    )]
+    pub election_timeout_ms: u64,
 }
 
 impl Default for Settings {
@@ -240,6 +251,8 @@ impl Default for Settings {
             cluster: false,
             node_id: None,
             peer_listen: None,
+            heartbeat_ms: tenure_server::cluster::HEARTBEAT_MS_DEFAULT,
+            election_timeout_ms: tenure_server::cluster::ELECTION_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -446,7 +459,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            27,
+            29,
             "a new setting needs a key, a flag and a variable"
         );
     }

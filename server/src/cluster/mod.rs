@@ -30,7 +30,10 @@ use serde::{Deserialize, Serialize};
 
 pub use journal::RaftJournal;
 pub use network::{initialize_remote, parse_members};
-pub use node::{run, ClusterError, ClusterNode, ClusterOptions};
+pub use node::{
+    run, ClusterError, ClusterNode, ClusterOptions, ELECTION_TIMEOUT_MS_DEFAULT,
+    HEARTBEAT_MS_DEFAULT,
+};
 pub use state::ReplicaState;
 
 /// A node's id in the cluster.

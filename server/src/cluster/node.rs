@@ -65,14 +65,20 @@ pub struct ClusterOptions {
     pub election_timeout_ms: (u64, u64),
 }
 
+/// Default leader heartbeat period, in milliseconds (openraft's).
+pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
+/// Default least election timeout, in milliseconds (openraft's); the most is twice it.
+pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
+
 impl ClusterOptions {
-    /// Options with openraft-like timing: heartbeat 50 ms, election after 150-300 ms.
+    /// Options with the default timing: heartbeat every [`HEARTBEAT_MS_DEFAULT`], an
+    /// election after [`ELECTION_TIMEOUT_MS_DEFAULT`] to twice that without a leader.
     pub fn new(node_id: NodeId, data_dir: PathBuf) -> ClusterOptions {
         ClusterOptions {
             node_id,
             data_dir,
-            heartbeat_ms: 50,
-            election_timeout_ms: (150, 300),
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
         }
     }
 
