@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use openraft::error::{CheckIsLeaderError, RaftError};
-use openraft::ServerState;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::{Batch, NodeId, Raft};
@@ -68,13 +67,6 @@ impl LeaderHint {
             Some(node) => format!("leader={}", node.client_addr).into(),
             None => "leader=unknown".into(),
         }
-    }
-
-    /// Whether openraft says this node leads.
-    pub fn leads(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics.state == ServerState::Leader && metrics.current_leader == Some(self.me)
     }
 }
 
