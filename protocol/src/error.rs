@@ -58,7 +58,7 @@ pub enum ErrorCode {
     Quota = 22,
     /// Cluster mode: this node is not the leader. The message is `leader=<host:port>` (the
     /// leader's client address) or `leader=unknown` (an election is under way); see
-    /// [`leader_hint`].
+    /// [`leader_hint`]. On a write, the outcome is unknown.
     NotLeader = 23,
 }
 

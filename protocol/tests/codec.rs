@@ -187,9 +187,12 @@ fn auth_layout_is_the_documented_one() {
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::Quota,
+        ErrorCode::NotLeader,
     ] {
         assert_eq!(ErrorCode::from_u16(code as u16), code, "{code} is in ALL");
     }
+    assert_eq!(ErrorCode::NotLeader as u16, 23);
+    assert_eq!(ErrorCode::NotLeader.name(), "NOT_LEADER");
     assert_eq!(
         (
             ErrorCode::Unauthenticated as u16,

@@ -30,6 +30,7 @@
 //!   `/readyz` on `--metrics-listen`.
 
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod conn;
 pub mod console;

@@ -22,8 +22,12 @@ fn main() -> anyhow::Result<()> {
         settings.threads != Some(0),
         "invalid configuration: --threads must be at least 1 (leave it unset for one per core)"
     );
-    if loaded.command == Some(settings::Subcommand::HashSecret) {
-        return hash_secret();
+    match &loaded.command {
+        Some(settings::Subcommand::HashSecret) => return hash_secret(),
+        Some(settings::Subcommand::ClusterInit { peer, nodes }) => {
+            return cluster_init(peer, nodes)
+        }
+        None => {}
     }
     if loaded.print_config {
         settings
@@ -58,12 +62,60 @@ fn main() -> anyhow::Result<()> {
             ),
             None => None,
         };
+        if settings.cluster {
+            return run_cluster(&settings, config, listener, shutdown).await;
+        }
         let run =
             tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
         anyhow::Ok(run.await?)
     })?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// `tenured --cluster`: one node of a cluster (server/CLUSTER.md), until SIGTERM or SIGINT.
+async fn run_cluster(
+    settings: &settings::Settings,
+    config: tenure_server::Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    use tenure_server::cluster::{self, ClusterOptions};
+    let node_id = settings.node_id.context("--cluster needs --node-id")?;
+    let peer_listen = settings
+        .peer_listen
+        .context("--cluster needs --peer-listen")?;
+    anyhow::ensure!(
+        config.metrics_listen.is_none(),
+        "--metrics-listen is not served in cluster mode yet"
+    );
+    let peers = tokio::net::TcpListener::bind(peer_listen)
+        .await
+        .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
+    let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
+    options.heartbeat_ms = settings.heartbeat_ms;
+    options.election_timeout_ms = (
+        settings.election_timeout_ms,
+        settings.election_timeout_ms.saturating_mul(2),
+    );
+    cluster::run(config, options, listener, peers, shutdown).await?;
+    Ok(())
+}
+
+/// `tenured cluster-init`: asks one node, over its peer port, to make `nodes` the cluster's
+/// first membership.
+fn cluster_init(peer: &str, nodes: &str) -> anyhow::Result<()> {
+    let members = tenure_server::cluster::parse_members(nodes).map_err(anyhow::Error::msg)?;
+    let count = members.len();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    runtime
+        .block_on(tenure_server::cluster::initialize_remote(peer, members))
+        .map_err(anyhow::Error::msg)?;
+    println!("initialised a cluster of {count} nodes");
     Ok(())
 }
 

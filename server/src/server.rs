@@ -332,7 +332,7 @@ async fn recover(
 
 /// Takes an exclusive lock on `data_dir/LOCK` for the life of the server: two servers
 /// appending to one log would each hand out the same fencing tokens.
-fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
+pub(crate) fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
     let io_error = |what, path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| ServerError::DataDir { what, path, source }
@@ -448,7 +448,7 @@ async fn refuse(mut stream: TcpStream, connections_max: usize) {
 
 /// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
 /// Snapshots run on blocking threads tracked by `snapshots`.
-async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
+pub(crate) async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
     let mut interval = tokio::time::interval(shared.config.tick_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let budget = shared.config.expirations_per_tick_max;

@@ -37,12 +37,22 @@ struct Cli {
 }
 
 /// What `tenured` does instead of serving.
-#[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
 pub enum Subcommand {
     /// Read a secret from stdin (one line; the newline is not part of it) and print its
     /// argon2 hash, for the `secret-hash` key of an identities file. Never pass a secret as
     /// an argument: argv is readable by every user of the machine.
     HashSecret,
+    /// Cluster mode: make `--nodes` the cluster's first membership, once, by asking the
+    /// node at `--peer` (a peer address) to propose it.
+    ClusterInit {
+        /// The peer address of one of the nodes.
+        #[arg(long)]
+        peer: String,
+        /// Every member: `1=<peer addr>/<client addr>,2=...`.
+        #[arg(long)]
+        nodes: String,
+    },
 }
 
 const PRECEDENCE_HELP: &str = "Every flag can also be set by the environment variable \
@@ -183,6 +193,31 @@ pub struct Settings {
     #[arg(long, env = "TENURE_TLS_CLIENT_CA")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Cluster mode (server/CLUSTER.md, being built): replicate through Raft with the other
+    /// nodes; needs --node-id and --peer-listen. The Raft log, vote and snapshot live in
+    /// --data-dir.
+    #[arg(long, env = "TENURE_CLUSTER")]
+    pub cluster: bool,
+    /// Cluster mode: this node's id in the membership.
+    #[arg(long, env = "TENURE_NODE_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
+    /// Cluster mode: the address the other nodes reach this one on (its own port, never the
+    /// client port).
+    #[arg(long, env = "TENURE_PEER_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_listen: Option<SocketAddr>,
+    /// Cluster mode: how often the leader sends heartbeats, in milliseconds.
+    #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = Settings::default().heartbeat_ms)]
+    pub heartbeat_ms: u64,
+    /// Cluster mode: a follower that hears no leader for a random time between this and
+    /// twice this starts an election, in milliseconds. Fail-over takes about this long.
+    #[arg(
+        long,
+        env = "TENURE_ELECTION_TIMEOUT_MS",
+        default_value_t = Settings::default().election_timeout_ms
+    )]
+    pub election_timeout_ms: u64,
 }
 
 impl Default for Settings {
@@ -213,6 +248,11 @@ impl Default for Settings {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            cluster: false,
+            node_id: None,
+            peer_listen: None,
+            heartbeat_ms: tenure_server::cluster::HEARTBEAT_MS_DEFAULT,
+            election_timeout_ms: tenure_server::cluster::ELECTION_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -404,6 +444,8 @@ mod tests {
             tls_cert: Some("cert.pem".into()),
             tls_key: Some("key.pem".into()),
             tls_client_ca: Some("ca.pem".into()),
+            node_id: Some(1),
+            peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
             ..Settings::default()
         })
         .unwrap();
@@ -417,7 +459,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            24,
+            29,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -491,6 +533,8 @@ mod tests {
             tls_cert: Some("cert.pem".into()),
             tls_key: Some("key.pem".into()),
             tls_client_ca: Some("ca.pem".into()),
+            node_id: Some(1),
+            peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
             ..Settings::default()
         })
         .unwrap();
@@ -515,6 +559,8 @@ mod tests {
                 "tls-cert",
                 "tls-key",
                 "tls-client-ca",
+                "node-id",
+                "peer-listen",
             ];
             for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");

@@ -259,6 +259,13 @@ impl Conn {
         if let Some((code, message)) = self.cancel_reasons.remove(&id) {
             return Response::Error { code, message };
         }
+        // Cluster mode: the connection ends because its node no longer leads.
+        if let Some(leader) = self.executor.journal.not_leader() {
+            return Response::Error {
+                code: ErrorCode::NotLeader,
+                message: leader.to_string(),
+            };
+        }
         match &self.fatal_error {
             Some((code, _)) => Response::Error {
                 code: *code,

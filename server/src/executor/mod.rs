@@ -191,6 +191,16 @@ impl Executor {
         now_ms: u64,
     ) -> Outcome {
         self.stats.count_op(&request);
+        let is_read = matches!(
+            &request,
+            Request::Renew { .. } | Request::Inspect { .. } | Request::Check { .. }
+        );
+        if is_read {
+            if let Some(refusal) = self.refuse_if_not_leader() {
+                return Outcome::Reply(refusal, TICKET_NOW);
+            }
+        }
+        let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
             Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
@@ -198,7 +208,14 @@ impl Executor {
                 key,
                 lease_id,
                 ttl_ms,
-            } => return self.renew(now_ms, &key, lease_id, ttl_ms),
+            } => match self.renew(now_ms, &key, lease_id, ttl_ms) {
+                // A renewal to a longer TTL waits for its record too.
+                Outcome::Reply(response, logged) => {
+                    ticket = ticket.max(logged);
+                    response
+                }
+                other => return other,
+            },
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
             Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
                 None => Response::Free,
@@ -218,13 +235,36 @@ impl Executor {
                 table::Check::Current => Response::Current,
                 table::Check::Stale => Response::Stale,
             },
-            Request::Stats => Response::Stats(crate::stats::stats_pairs(self)),
-            Request::Watch { key } => self.watch(ctx, now_ms, request_id, key),
+            Request::Stats => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => Response::Stats(crate::stats::stats_pairs(self)),
+            },
+            Request::Watch { key } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => self.watch(ctx, now_ms, request_id, key),
+            },
             Request::Unwatch { key } => self.unwatch(ctx, &key),
             // The connection answers AUTH itself (it must verify off the async workers).
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
         };
-        Outcome::Reply(response, TICKET_NOW)
+        if is_read {
+            return self.confirmed(response, ticket);
+        }
+        Outcome::Reply(response, ticket)
+    }
+}
+
+impl Executor {
+    /// A read's reply, answered once the journal vouches that this node still led after the
+    /// table was read (cluster mode; a local journal vouches at once). The ticket is taken
+    /// after the read, so it also comes after every change the read saw (each took its
+    /// ticket under the shard lock, before the read could see it): the reply never shows a
+    /// change that is not yet durable.
+    fn confirmed(&self, response: Response, ticket: Ticket) -> Outcome {
+        match self.journal.confirm() {
+            Ok(confirmed) => Outcome::Reply(response, ticket.max(confirmed)),
+            Err(e) => Outcome::Reply(self.unavailable(&e), TICKET_NOW),
+        }
     }
 }
 

@@ -67,6 +67,9 @@ impl Executor {
 
     pub(super) fn unavailable(&self, e: &JournalError) -> Response {
         Stats::bump(&self.stats.errors);
+        if let JournalError::NotLeader(leader) = e {
+            return error(ErrorCode::NotLeader, leader.as_ref());
+        }
         tracing::error!(error = %e, "a change could not be logged; refusing it");
         error(
             ErrorCode::Unavailable,
@@ -79,7 +82,17 @@ impl Executor {
     pub(super) fn refuse_if_journal_failed(&self) -> Option<Response> {
         let failed = self.journal.failed()?;
         Stats::bump(&self.stats.errors);
+        if let Some(leader) = self.journal.not_leader() {
+            return Some(error(ErrorCode::NotLeader, leader.as_ref()));
+        }
         let message = format!("not durable, nothing changed: the WAL failed: {failed}");
         Some(error(ErrorCode::Unavailable, message))
+    }
+
+    /// Cluster mode: the `NOT_LEADER` refusal while this node does not lead.
+    pub(super) fn refuse_if_not_leader(&self) -> Option<Response> {
+        let leader = self.journal.not_leader()?;
+        Stats::bump(&self.stats.errors);
+        Some(error(ErrorCode::NotLeader, leader.as_ref()))
     }
 }

@@ -24,6 +24,9 @@ pub struct Kept {
 /// See the module docs.
 pub struct MemJournal {
     logs_leases: bool,
+    /// Test hook, run once by the next [`Journal::confirm`] after it took its ticket: what
+    /// another connection does in between (see [`MemJournal::confirm_then`]).
+    confirm_hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     kept: Mutex<Vec<Kept>>,
     progress_tx: watch::Sender<Progress>,
 }
@@ -34,6 +37,7 @@ impl MemJournal {
         let (progress_tx, _) = watch::channel(Progress::default());
         Arc::new(MemJournal {
             logs_leases,
+            confirm_hook: Mutex::new(None),
             kept: Mutex::new(Vec::new()),
             progress_tx,
         })
@@ -68,6 +72,13 @@ impl MemJournal {
             }
             moves
         });
+    }
+
+    /// Makes reads wait like a replicated journal's: the next [`Journal::confirm`] returns
+    /// the last ticket handed out, then runs `between` (another connection's request that
+    /// slips in after the ticket was taken).
+    pub fn confirm_then(&self, between: impl FnOnce() + Send + 'static) {
+        *self.confirm_hook.lock().expect("poisoned") = Some(Box::new(between));
     }
 
     /// Fails the journal: nothing not yet durable ever will be.
@@ -142,6 +153,15 @@ impl Journal for MemJournal {
                 let _ = self.keep(&Change::Grant(lease).record());
             });
         }
+    }
+
+    fn confirm(&self) -> Result<Ticket, JournalError> {
+        let Some(between) = self.confirm_hook.lock().expect("poisoned").take() else {
+            return Ok(TICKET_NOW);
+        };
+        let ticket = self.last_ticket();
+        between();
+        Ok(ticket)
     }
 
     fn sync_and_stop(&self) -> Result<(), JournalError> {

@@ -32,6 +32,10 @@
 //! - **Tokens**: `reserve_tokens(limit)` returns only after a record "tokens below `limit`
 //!   may be used" is durable, so no fencing token is ever visible before it is covered.
 //! - **No blocking in `append`**: it runs under a shard lock; it queues and returns.
+//! - **Reads it must vouch for** (a replicated log only): [`Journal::confirm`] hands out a
+//!   ticket that passes once the journal has confirmed, after the call, that this node may
+//!   still answer (a leader's quorum round); [`Journal::not_leader`] says when it may not.
+//!   A local log answers [`TICKET_NOW`] and `None`.
 //!
 //! `mem::MemJournal` (tests only) is the in-memory example: it keeps the changes, makes
 //! them durable on command, and fails on cue, for the simulation to inject write failures.
@@ -137,12 +141,20 @@ impl<'a> Change<'a> {
     }
 }
 
+/// The failure reason a replicated journal publishes in [`Progress::failed`] when its node
+/// lost leadership: replies still waiting are then answered `NOT_LEADER`, not `UNAVAILABLE`.
+pub const NOT_LEADER: &str = "not leader";
+
 /// Why a change could not be made durable.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     /// The local write-ahead log refused or lost the change.
     #[error(transparent)]
     Wal(#[from] WalError),
+    /// Cluster mode: this node does not lead; the message names the leader
+    /// (`leader=<client address>` or `leader=unknown`).
+    #[error("not leader: {0}")]
+    NotLeader(Arc<str>),
 }
 
 /// Counters for STATS.
@@ -204,6 +216,23 @@ pub trait Journal: Send + Sync + 'static {
     /// Copies the live leases in `source` into the log, so older history may be dropped;
     /// failures are logged and abandon the copy. Blocking: run it off the async runtime.
     fn snapshot(&self, source: &dyn LeaseSource);
+
+    /// Cluster mode: `Some("leader=<client address>")` (or `leader=unknown`) while this node
+    /// does not lead, so requests are refused with `NOT_LEADER`; `None` on a single node.
+    fn not_leader(&self) -> Option<Arc<str>> {
+        None
+    }
+
+    /// A ticket a read's reply (RENEW, CHECK, INSPECT) waits for, taken after the read: it
+    /// passes once everything appended before it is durable and the journal has confirmed,
+    /// after this call, that this node may still answer ([`TICKET_NOW`] for a local log,
+    /// which always may). Never blocks.
+    ///
+    /// # Errors
+    /// When this node may not answer (it does not lead); nothing was queued then.
+    fn confirm(&self) -> Result<Ticket, JournalError> {
+        Ok(TICKET_NOW)
+    }
 
     /// The local WAL behind this journal, if it is one, for its `/metrics` figures (fsync
     /// latency, batch sizes, segments, snapshots).

@@ -360,3 +360,50 @@ async fn a_release_put_back_keeps_the_logged_ttl_of_its_lease() {
         assert_eq!(renew(&executor, "k", lease_id, ttl_ms), (renewed, 0));
     }
 }
+
+#[tokio::test]
+async fn a_grant_lost_to_a_leadership_loss_is_undone_and_answered_not_leader() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
+        panic!("a grant in full durability waits for its ticket");
+    };
+    journal.fail(super::NOT_LEADER);
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    let Response::Error { code, message } = answer_lost(&executor, &mut ctx, Some(undo), &why)
+    else {
+        panic!("an error");
+    };
+    // A journal that does not know the leader (MemJournal names none) says so.
+    assert_eq!(
+        (code, message.as_str()),
+        (ErrorCode::NotLeader, "leader=unknown")
+    );
+    assert!(matches!(inspect(&executor, &mut ctx, "k"), Response::Free));
+}
+
+#[tokio::test]
+async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut ctx = ConnCtx::new(1);
+    // Another connection's grant lands between a read's ticket and its reply.
+    let other = Arc::clone(&executor);
+    journal.confirm_then(move || {
+        let _ = other.execute(&mut ConnCtx::new(2), 1, acquire("k"));
+    });
+    let request = Request::Inspect {
+        key: Bytes::from_static(b"k"),
+    };
+    let Outcome::Reply(response, ticket) = executor.execute(&mut ctx, 1, request) else {
+        panic!("INSPECT answers with a reply");
+    };
+    let grant = journal.last_ticket();
+    assert!(
+        matches!(response, Response::Free) || ticket >= grant,
+        "{response:?} answered at ticket {ticket}, the grant it shows is at {grant}"
+    );
+}

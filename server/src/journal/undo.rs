@@ -79,6 +79,14 @@ pub fn answer_lost(
         }
         None => false,
     };
+    if why == super::NOT_LEADER {
+        let leader = executor.journal.not_leader();
+        let message = leader.as_deref().unwrap_or("leader=unknown").to_string();
+        return Response::Error {
+            code: ErrorCode::NotLeader,
+            message,
+        };
+    }
     let message = if undone {
         format!("not durable, nothing changed: {why}")
     } else {

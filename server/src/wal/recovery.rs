@@ -79,25 +79,37 @@ pub(crate) struct Replayed {
 
 #[derive(Default)]
 struct Replay {
-    leases: HashMap<Vec<u8>, Held>,
-    token_floor: u64,
+    live: LeaseReplay,
     records: u64,
     snapshot_open: Option<u64>,
     snapshot_complete: Option<u64>,
 }
 
-struct Held {
-    lease_id: LeaseId,
-    token: u64,
-    ttl_ms: u32,
-    flags: u8,
-    meta: Vec<u8>,
+/// The held leases and the token floor that Reserve, Grant and Free records build up, by the
+/// replay rules of the [module docs](super): WAL recovery and the cluster's replicated
+/// state apply records through this one function.
+#[derive(Default, Clone, Debug)]
+pub(crate) struct LeaseReplay {
+    /// The held leases by key.
+    pub leases: HashMap<Vec<u8>, Held>,
+    /// Every token the records mention is below this.
+    pub token_floor: u64,
 }
 
-impl Replay {
-    /// Applies one record found at `offset` of segment `seq`; `Err` is a corruption reason.
-    fn apply(&mut self, record: &Record<'_>, seq: u64, offset: usize) -> Result<(), String> {
-        self.records += 1;
+/// A held lease, as the records left it.
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    pub lease_id: LeaseId,
+    pub token: u64,
+    pub ttl_ms: u32,
+    pub flags: u8,
+    pub meta: Vec<u8>,
+}
+
+impl LeaseReplay {
+    /// Applies a Reserve, Grant, Free or Renew record; `false` for any other record, which is the
+    /// caller's to handle.
+    pub fn apply(&mut self, record: &Record<'_>) -> bool {
         match *record {
             Record::Reserve { token_limit } => self.token_floor = self.token_floor.max(token_limit),
             Record::Grant {
@@ -135,6 +147,39 @@ impl Replay {
                     held.ttl_ms = ttl_ms;
                 }
             }
+            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => return false,
+        }
+        true
+    }
+
+    fn raise_floor(&mut self, token: u64) {
+        self.token_floor = self.token_floor.max(token.saturating_add(1));
+    }
+
+    /// The held leases as recovery reports them.
+    pub fn to_recovered(&self) -> Vec<RecoveredLease> {
+        self.leases
+            .iter()
+            .map(|(key, held)| RecoveredLease {
+                key: key.clone(),
+                lease_id: held.lease_id,
+                token: held.token,
+                ttl_ms: held.ttl_ms,
+                flags: held.flags,
+                meta: held.meta.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Replay {
+    /// Applies one record found at `offset` of segment `seq`; `Err` is a corruption reason.
+    fn apply(&mut self, record: &Record<'_>, seq: u64, offset: usize) -> Result<(), String> {
+        self.records += 1;
+        if self.live.apply(record) {
+            return Ok(());
+        }
+        match *record {
             Record::SnapshotBegin { segment_seq } => {
                 if segment_seq != seq || offset != SEGMENT_HEADER_LEN {
                     return Err(format!(
@@ -152,12 +197,12 @@ impl Replay {
                 self.snapshot_open = None;
                 self.snapshot_complete = Some(segment_seq);
             }
+            Record::Reserve { .. }
+            | Record::Grant { .. }
+            | Record::Free { .. }
+            | Record::Renew { .. } => {}
         }
         Ok(())
-    }
-
-    fn raise_floor(&mut self, token: u64) {
-        self.token_floor = self.token_floor.max(token.saturating_add(1));
     }
 }
 
@@ -184,6 +229,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
     }
     let mut live_bytes = 0u64;
     let leases: Vec<RecoveredLease> = replay
+        .live
         .leases
         .into_iter()
         .map(|(key, held)| {
@@ -200,7 +246,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         })
         .collect();
     let recovered = Recovered {
-        token_floor: replay.token_floor,
+        token_floor: replay.live.token_floor,
         leases,
         records: replay.records,
         segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
@@ -276,7 +322,7 @@ fn replay_segment(
     let data = storage.read(&name).map_err(io_error)?;
     match record::decode_segment_header(&data) {
         Ok(header) if header.seq == seq => {
-            replay.token_floor = replay.token_floor.max(header.token_floor);
+            replay.live.token_floor = replay.live.token_floor.max(header.token_floor);
         }
         Ok(header) => {
             let reason = format!("header names segment {:016x}", header.seq);

@@ -1,6 +1,7 @@
 //! The server's integration tests, one test binary (one link, one process start per run):
 //! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
 //!   loopback-only default;
+//! - `cluster`: three `tenured --cluster` daemons, `cluster-init`, `kill -9` of the leader;
 //! - `e2e`: console and binary protocol over real TCP, hand-off, expiry, limits, restarts,
 //!   and `kill -9` and SIGTERM of the real `tenured` binary;
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
@@ -19,6 +20,7 @@
 //! seconds.
 
 mod auth;
+mod cluster;
 mod e2e;
 mod faults;
 mod lifecycle;

@@ -1,0 +1,581 @@
+//! The Raft log of one node: an append-only file, and the vote and purge point in a small
+//! state file replaced atomically.
+//!
+//! # Files (in the node's data directory)
+//! - `raft.log`: records back to back, each `len u32 | crc u32 | index u64 | term u64 |
+//!   entry` (big-endian; `len` counts the entry bytes, `crc` is CRC-32 of index, term and
+//!   entry; the entry is openraft's `Entry` in postcard). Indexes are consecutive.
+//! - `raft.state`: postcard of [`Persisted`] (the vote, the last purged log id), written to
+//!   `raft.state.tmp`, fsynced, renamed over, and the directory fsynced: it is the old file
+//!   or the new one after a crash, never a mix.
+//!
+//! # Durability
+//! An append is written and `fdatasync`ed before openraft is told it is durable (the vote
+//! too, before `save_vote` returns). Opening reads every record; the first one that is
+//! short or fails its checksum ends the log, and the file is cut there (a torn write of an
+//! append that was never reported durable), unless an intact record follows somewhere after
+//! it: that is damage, not a torn write, and opening refuses, naming the offsets. As with
+//! the WAL, one crash pattern is refused too: an unsynced append of several records whose
+//! first pages never reached the disk but whose later ones did. Nothing past such a hole was
+//! acknowledged, so an operator who sees zeros at the named offset may cut the file there. A truncation cuts the file and syncs; a purge
+//! first records the purge point in `raft.state`, then rewrites `raft.log` without the purged
+//! records (a temporary file renamed over), so a crash in between leaves records that are
+//! dropped again on open.
+//!
+//! openraft's calls run the file I/O on a blocking thread ([`blocking`]) and wait for it, so
+//! an fsync never stalls a runtime worker; openraft makes one storage call at a time, so
+//! they stay in order.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
+use serde::{Deserialize, Serialize};
+
+use super::{storage_error, Entry, LogId, NodeId, StorageError, TypeConfig};
+
+/// Bytes before a record's entry: length, checksum, index, term.
+const RECORD_HEADER_LEN: usize = 4 + 4 + 8 + 8;
+/// Longest entry a record may hold; a longer length on disk is damage, not a reason to
+/// allocate. Entries are batches the leader caps far below this.
+pub const ENTRY_LEN_MAX: usize = 64 << 20;
+
+const LOG_FILE: &str = "raft.log";
+const STATE_FILE: &str = "raft.state";
+
+/// What `raft.state` holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Persisted {
+    /// The last vote saved.
+    pub vote: Option<Vote<NodeId>>,
+    /// Every entry up to this one is purged (covered by a snapshot).
+    pub last_purged: Option<LogId>,
+}
+
+/// The log and its files; clones share them (the reader openraft asks for is a clone).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    file: File,
+    /// Entries by index, with the file offset each record starts at.
+    entries: BTreeMap<u64, (Entry, u64)>,
+    /// Where the next record goes.
+    end: u64,
+    persisted: Persisted,
+    /// Whether `open` cut a torn tail off, and where: for the log, and tests.
+    torn_tail_at: Option<u64>,
+    /// A write or sync failed: the file may hold part of a record, and whether the kernel
+    /// kept the rest is unknown ("fsyncgate"), so nothing is written again.
+    failed: bool,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, cutting a torn tail off.
+    ///
+    /// # Errors
+    /// When a file cannot be read, written or synced, or `raft.state` is damaged.
+    pub fn open(dir: &Path) -> std::io::Result<LogStore> {
+        std::fs::create_dir_all(dir)?;
+        let persisted = match std::fs::read(dir.join(STATE_FILE)) {
+            Ok(bytes) => postcard::from_bytes(&bytes).map_err(std::io::Error::other)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Persisted::default(),
+            Err(e) => return Err(e),
+        };
+        let path = dir.join(LOG_FILE);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .append(true)
+            .open(&path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let (entries, end) = parse(&bytes, persisted.last_purged.map(|id| id.index));
+        if let Some(at) = intact_record_after(&bytes, end as usize) {
+            // Not a torn write: an acknowledged entry may follow the damage, and a node that
+            // forgot entries it acknowledged could elect a leader without them.
+            return Err(std::io::Error::other(format!(
+                "Raft log {} is damaged at byte {end}: an intact record follows at byte {at}",
+                path.display()
+            )));
+        }
+        let torn_tail_at = (end < bytes.len() as u64).then_some(end);
+        if let Some(at) = torn_tail_at {
+            tracing::warn!(path = %path.display(), offset = at, "cut a torn record off the end of the Raft log");
+            file.set_len(at)?;
+            file.sync_all()?;
+        }
+        Ok(LogStore {
+            inner: Arc::new(Mutex::new(Inner {
+                dir: dir.to_path_buf(),
+                file,
+                entries,
+                end,
+                persisted,
+                torn_tail_at,
+                failed: false,
+            })),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("Raft log poisoned")
+    }
+
+    /// Where `open` cut a torn tail, if it did.
+    pub fn torn_tail_at(&self) -> Option<u64> {
+        self.lock().torn_tail_at
+    }
+
+    /// Appends `entries` and syncs them. Blocking.
+    ///
+    /// # Errors
+    /// When the write or the sync fails; nothing appended since is to be trusted then.
+    pub fn append_sync(&self, entries: impl IntoIterator<Item = Entry>) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.usable()?;
+        let mut buf = Vec::new();
+        let mut added = Vec::new();
+        for entry in entries {
+            let at = inner.end + buf.len() as u64;
+            encode(&entry, &mut buf)?;
+            added.push((entry, at));
+        }
+        let written = inner
+            .file
+            .write_all(&buf)
+            .and_then(|()| inner.file.sync_data());
+        if let Err(e) = written {
+            inner.failed = true;
+            return Err(e);
+        }
+        inner.end += buf.len() as u64;
+        for (entry, at) in added {
+            inner.entries.insert(entry.log_id.index, (entry, at));
+        }
+        Ok(())
+    }
+
+    /// Entries with index in `range`, in order.
+    pub fn entries(&self, range: impl RangeBounds<u64>) -> Vec<Entry> {
+        let inner = self.lock();
+        inner
+            .entries
+            .range(range)
+            .map(|(_, (entry, _))| entry.clone())
+            .collect()
+    }
+
+    /// Removes every entry from `index` on, in memory and on disk. Blocking.
+    ///
+    /// # Errors
+    /// When the file cannot be cut or synced.
+    pub fn truncate_from(&self, index: u64) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.usable()?;
+        let Some(&(_, at)) = inner.entries.range(index..).next().map(|(_, v)| v) else {
+            return Ok(());
+        };
+        let cut = inner.file.set_len(at).and_then(|()| inner.file.sync_all());
+        if let Err(e) = cut {
+            inner.failed = true;
+            return Err(e);
+        }
+        inner.end = at;
+        let _ = inner.entries.split_off(&index);
+        Ok(())
+    }
+
+    /// Drops every entry up to `log_id`: the purge point is saved first, then the file is
+    /// rewritten without them. Blocking.
+    ///
+    /// # Errors
+    /// When a file cannot be written, synced or renamed.
+    pub fn purge_to(&self, log_id: LogId) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.usable()?;
+        let mut persisted = inner.persisted.clone();
+        persisted.last_purged = Some(log_id);
+        write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
+        inner.persisted = persisted;
+        let kept = inner.entries.split_off(&(log_id.index + 1));
+        let mut buf = Vec::new();
+        let mut entries = BTreeMap::new();
+        for (index, (entry, _)) in kept {
+            let at = buf.len() as u64;
+            encode(&entry, &mut buf)?;
+            entries.insert(index, (entry, at));
+        }
+        let rewritten = write_atomically(&inner.dir, LOG_FILE, &buf).and_then(|()| {
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(inner.dir.join(LOG_FILE))
+        });
+        // The entries kept are out of `inner.entries` now: on failure the store is done.
+        inner.file = match rewritten {
+            Ok(file) => file,
+            Err(e) => {
+                inner.failed = true;
+                return Err(e);
+            }
+        };
+        inner.entries = entries;
+        inner.end = buf.len() as u64;
+        Ok(())
+    }
+
+    /// Saves `vote` atomically. Blocking.
+    ///
+    /// # Errors
+    /// When the state file cannot be written, synced or renamed.
+    pub fn save_vote_sync(&self, vote: Vote<NodeId>) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        let mut persisted = inner.persisted.clone();
+        persisted.vote = Some(vote);
+        write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
+        inner.persisted = persisted;
+        Ok(())
+    }
+
+    /// The vote last saved.
+    pub fn vote(&self) -> Option<Vote<NodeId>> {
+        self.lock().persisted.vote
+    }
+
+    /// The last purged and the last log id.
+    pub fn state(&self) -> LogState<TypeConfig> {
+        let inner = self.lock();
+        let last_purged_log_id = inner.persisted.last_purged;
+        let last_log_id = inner
+            .entries
+            .last_key_value()
+            .map(|(_, (entry, _))| entry.log_id)
+            .or(last_purged_log_id);
+        LogState {
+            last_purged_log_id,
+            last_log_id,
+        }
+    }
+}
+
+impl Inner {
+    fn usable(&self) -> std::io::Result<()> {
+        if self.failed {
+            return Err(std::io::Error::other(
+                "an earlier write to the Raft log failed; it takes no more",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn postcard_bytes(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
+    postcard::to_stdvec(value).map_err(std::io::Error::other)
+}
+
+/// Appends one record of `entry` to `out`.
+fn encode(entry: &Entry, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let body = postcard_bytes(entry)?;
+    if body.len() > ENTRY_LEN_MAX {
+        return Err(std::io::Error::other("Raft entry over ENTRY_LEN_MAX"));
+    }
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    let mut hasher = crc32fast::Hasher::new();
+    let index = entry.log_id.index.to_be_bytes();
+    let term = entry.log_id.leader_id.term.to_be_bytes();
+    hasher.update(&index);
+    hasher.update(&term);
+    hasher.update(&body);
+    out.extend_from_slice(&hasher.finalize().to_be_bytes());
+    out.extend_from_slice(&index);
+    out.extend_from_slice(&term);
+    out.extend_from_slice(&body);
+    Ok(())
+}
+
+/// The entries in `bytes` and where the intact records end; entries up to `purged` are left
+/// out (a purge interrupted before its rewrite).
+fn parse(bytes: &[u8], purged: Option<u64>) -> (BTreeMap<u64, (Entry, u64)>, u64) {
+    let mut entries = BTreeMap::new();
+    let mut at = 0usize;
+    let mut last_index: Option<u64> = None;
+    while let Some((entry, len)) = decode_at(&bytes[at..]) {
+        let index = entry.log_id.index;
+        // A gap in the indexes is not a log this store wrote: treat it as the end.
+        if last_index.is_some_and(|last| index != last + 1) {
+            break;
+        }
+        last_index = Some(index);
+        if purged.is_none_or(|purged| index > purged) {
+            entries.insert(index, (entry, at as u64));
+        }
+        at += len;
+    }
+    (entries, at as u64)
+}
+
+/// The offset of the first intact record after the bad bytes at `bad`, if there is one:
+/// then the damage is not a torn tail (a torn write is the last thing in the file).
+fn intact_record_after(bytes: &[u8], bad: usize) -> Option<usize> {
+    (bad + 1..bytes.len()).find(|&at| decode_at(&bytes[at..]).is_some())
+}
+
+/// The record at the start of `buf` and its length, if it is whole and intact.
+fn decode_at(buf: &[u8]) -> Option<(Entry, usize)> {
+    if buf.len() < RECORD_HEADER_LEN {
+        return None;
+    }
+    let len = u32::from_be_bytes(buf[0..4].try_into().ok()?) as usize;
+    if len > ENTRY_LEN_MAX || buf.len() < RECORD_HEADER_LEN + len {
+        return None;
+    }
+    let stored = u32::from_be_bytes(buf[4..8].try_into().ok()?);
+    let total = RECORD_HEADER_LEN + len;
+    if crc32fast::hash(&buf[8..total]) != stored {
+        return None;
+    }
+    let entry: Entry = postcard::from_bytes(&buf[RECORD_HEADER_LEN..total]).ok()?;
+    let index = u64::from_be_bytes(buf[8..16].try_into().ok()?);
+    (entry.log_id.index == index).then_some((entry, total))
+}
+
+/// Replaces `dir/name` with `bytes`: a temporary file written and synced, renamed over, and
+/// the directory synced, so a crash leaves the old file or the new one.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
+
+/// Runs file I/O on a blocking thread and waits for it.
+pub(crate) async fn blocking(
+    io: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+fn log_error(verb: ErrorVerb, e: &std::io::Error) -> StorageError {
+    storage_error(ErrorSubject::Logs, verb, e)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        Ok(self.entries(range))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        Ok(self.state())
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let (store, vote) = (self.clone(), *vote);
+        blocking(move || store.save_vote_sync(vote))
+            .await
+            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, &e))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        Ok(self.vote())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let (store, entries) = (self.clone(), entries.into_iter().collect::<Vec<_>>());
+        match blocking(move || store.append_sync(entries)).await {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let error = log_error(ErrorVerb::Write, &e);
+                callback.log_io_completed(Err(e));
+                Err(error)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let store = self.clone();
+        blocking(move || store.truncate_from(log_id.index))
+            .await
+            .map_err(|e| log_error(ErrorVerb::Delete, &e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let store = self.clone();
+        blocking(move || store.purge_to(log_id))
+            .await
+            .map_err(|e| log_error(ErrorVerb::Delete, &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(term: u64, index: u64, records: &[u8]) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(super::super::Batch {
+                records: records.to_vec(),
+            }),
+        }
+    }
+
+    fn indexes(store: &LogStore) -> Vec<u64> {
+        store.entries(..).iter().map(|e| e.log_id.index).collect()
+    }
+
+    #[test]
+    fn appends_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=3).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![1, 2, 3]);
+        assert_eq!(store.entries(2..3)[0], entry(1, 2, b"abc"));
+        assert_eq!(store.state().last_log_id.unwrap().index, 3);
+        assert_eq!(store.torn_tail_at(), None);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_the_log_continues() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=2).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        let intact = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
+        drop(store);
+        // Half of a third record: a crash in the middle of its write.
+        let mut third = Vec::new();
+        encode(&entry(1, 3, b"torn"), &mut third).unwrap();
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(LOG_FILE))
+            .unwrap();
+        file.write_all(&third[..third.len() / 2]).unwrap();
+        drop(file);
+
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.torn_tail_at(), Some(intact));
+        assert_eq!(indexes(&store), vec![1, 2]);
+        store.append_sync([entry(2, 3, b"new")]).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![1, 2, 3]);
+        assert_eq!(store.entries(3..)[0], entry(2, 3, b"new"));
+    }
+
+    #[test]
+    fn a_flipped_bit_ends_the_log_at_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=3).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        drop(store);
+        let path = dir.path().join(LOG_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![1, 2]);
+    }
+
+    #[test]
+    fn damage_followed_by_an_intact_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=3).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        drop(store);
+        let path = dir.path().join(LOG_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut first = Vec::new();
+        encode(&entry(1, 1, b"abc"), &mut first).unwrap();
+        bytes[first.len() + RECORD_HEADER_LEN] ^= 0x40; // inside the second record
+        std::fs::write(&path, &bytes).unwrap();
+        let refused = LogStore::open(dir.path()).err().expect("refused");
+        let message = refused.to_string();
+        assert!(message.contains("damaged at byte"), "{message}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
+    }
+
+    #[test]
+    fn truncate_and_purge_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=6).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        store.truncate_from(5).unwrap();
+        store.append_sync([entry(2, 5, b"other")]).unwrap();
+        store
+            .purge_to(LogId::new(CommittedLeaderId::new(1, 1), 2))
+            .unwrap();
+        assert_eq!(indexes(&store), vec![3, 4, 5]);
+        store.append_sync([entry(2, 6, b"more")]).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![3, 4, 5, 6]);
+        assert_eq!(store.entries(5..6)[0], entry(2, 5, b"other"));
+        let state = store.state();
+        assert_eq!(state.last_purged_log_id.unwrap().index, 2);
+        assert_eq!(state.last_log_id.unwrap().index, 6);
+    }
+
+    #[test]
+    fn the_vote_is_kept_across_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.vote(), None);
+        let vote = Vote::new(3, 2);
+        store.save_vote_sync(vote).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.vote(), Some(vote));
+        assert!(!dir.path().join("raft.state.tmp").exists());
+    }
+}

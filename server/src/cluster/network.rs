@@ -1,0 +1,463 @@
+//! The peer port: openraft's vote, append-entries and snapshot messages between nodes.
+//!
+//! One request, one reply, on a TCP connection kept open between calls (pooled per peer). A frame
+//! is a u32 big-endian length and that many bytes of postcard ([`PeerRequest`] one way,
+//! [`PeerReply`] the other); a length over [`FRAME_LEN_MAX`] ends the connection before
+//! anything is allocated. Every call is bounded by openraft's time limit for it, and a
+//! connection that fails in any way is dropped and made again on the next call.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{NodeId, NodeInfo, Raft, TypeConfig};
+
+/// Largest frame either side sends or accepts, in bytes: an append of the most entries the
+/// node's Raft config sends at once, each a batch at its byte cap, fits with room to spare.
+pub const FRAME_LEN_MAX: usize = 64 << 20;
+/// Longest wait to connect to a peer, whatever time the call has.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A message to a peer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// A candidate asks for a vote.
+    Vote(VoteRequest<NodeId>),
+    /// The leader appends entries (or sends a heartbeat).
+    Append(AppendEntriesRequest<TypeConfig>),
+    /// The leader sends a chunk of a snapshot.
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// An operator makes this the cluster's first membership (`tenured cluster-init`);
+    /// openraft refuses it on a node that is initialised already.
+    Initialize(BTreeMap<NodeId, NodeInfo>),
+}
+
+/// A peer's answer, as its Raft gave it.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerReply {
+    /// To [`PeerRequest::Vote`].
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`PeerRequest::Append`].
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// To [`PeerRequest::Snapshot`].
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// To [`PeerRequest::Initialize`]: why it was refused, if it was.
+    Initialize(Result<(), String>),
+}
+
+/// `value` as one frame, length prefix included.
+fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
+    let mut frame = vec![0u8; 4];
+    let mut frame =
+        postcard::to_extend(value, std::mem::take(&mut frame)).map_err(std::io::Error::other)?;
+    let len = frame.len() - 4;
+    if len > FRAME_LEN_MAX {
+        return Err(std::io::Error::other("peer frame over FRAME_LEN_MAX"));
+    }
+    frame[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(frame)
+}
+
+/// Writes `value` as one frame.
+async fn write_frame(
+    stream: &mut (impl AsyncWrite + Unpin),
+    value: &impl Serialize,
+) -> std::io::Result<()> {
+    stream.write_all(&encode_frame(value)?).await
+}
+
+/// Reads one frame; `Ok(None)` if the peer closed cleanly before it.
+async fn read_frame<T: DeserializeOwned>(
+    stream: &mut (impl AsyncRead + Unpin),
+) -> std::io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match stream.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_LEN_MAX {
+        return Err(std::io::Error::other(format!(
+            "peer frame of {len} bytes over FRAME_LEN_MAX"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await?;
+    postcard::from_bytes(&body)
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
+/// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
+/// connections are closed unanswered.
+pub async fn serve_peers(
+    listener: TcpListener,
+    raft: Raft,
+    stop: CancellationToken,
+    isolated: Arc<AtomicBool>,
+) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                result = serve_peer(stream, raft, isolated) => if let Err(e) = result {
+                    tracing::debug!(error = %e, "peer connection ended");
+                },
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+async fn serve_peer(
+    mut stream: TcpStream,
+    raft: Raft,
+    isolated: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    while let Some(request) = read_frame::<PeerRequest>(&mut stream).await? {
+        if isolated.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let reply = match request {
+            PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
+            PeerRequest::Append(rpc) => PeerReply::Append(raft.append_entries(rpc).await),
+            PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
+            PeerRequest::Initialize(members) => {
+                let result = raft.initialize(members).await;
+                PeerReply::Initialize(result.map_err(|e| e.to_string()))
+            }
+        };
+        write_frame(&mut stream, &reply).await?;
+    }
+    Ok(())
+}
+
+/// Most idle connections kept per peer for later calls.
+const IDLE_PER_PEER_MAX: usize = 4;
+
+/// Idle connections by peer (id and address), shared by every [`PeerClient`] of a node.
+type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
+
+/// Makes a [`PeerClient`] per peer openraft talks to. openraft makes a client per
+/// replication stream and per election, and one per peer for every confirmation round
+/// (`ensure_linearizable`), so connections are pooled: a client takes an idle one and gives
+/// it back when it is done, if its last exchange completed.
+#[derive(Clone, Default)]
+pub struct PeerNetwork {
+    idle: Idle,
+    isolated: Arc<AtomicBool>,
+}
+
+impl PeerNetwork {
+    /// A network whose calls all fail (unreachable) while `isolated` is set: a partition of
+    /// this node, for tests and fault drills.
+    pub fn new(isolated: Arc<AtomicBool>) -> PeerNetwork {
+        PeerNetwork {
+            idle: Idle::default(),
+            isolated,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
+        let peer = (target, node.peer_addr.clone());
+        let stream = self
+            .idle
+            .lock()
+            .expect("poisoned")
+            .get_mut(&peer)
+            .and_then(Vec::pop);
+        PeerClient {
+            peer,
+            stream,
+            idle: Arc::clone(&self.idle),
+            isolated: Arc::clone(&self.isolated),
+        }
+    }
+}
+
+/// One peer, as the caller sees it: its id and address, and a connection to it whose last
+/// exchange completed (a connection is never used after one that did not: a reply to an
+/// abandoned request could still arrive on it).
+pub struct PeerClient {
+    peer: (NodeId, String),
+    stream: Option<TcpStream>,
+    idle: Idle,
+    isolated: Arc<AtomicBool>,
+}
+
+impl Drop for PeerClient {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            let mut idle = self.idle.lock().expect("poisoned");
+            let kept = idle.entry(self.peer.clone()).or_default();
+            if kept.len() < IDLE_PER_PEER_MAX {
+                kept.push(stream);
+            }
+        }
+    }
+}
+
+/// Why a call failed before the peer answered.
+enum CallError {
+    /// No connection could be made.
+    Unreachable(std::io::Error),
+    /// The connection failed or the time ran out mid-call.
+    Network(std::io::Error),
+}
+
+impl CallError {
+    fn into_rpc<E: std::error::Error>(self) -> RPCError<NodeId, NodeInfo, E> {
+        match self {
+            CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::new(&e)),
+            CallError::Network(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+}
+
+fn timed_out(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, what)
+}
+
+impl PeerClient {
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<TcpStream, CallError> {
+        let limit = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let connect = TcpStream::connect(&self.peer.1);
+        match tokio::time::timeout_at(limit.min(deadline), connect).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
+            }
+            Ok(Err(e)) => Err(CallError::Unreachable(e)),
+            Err(_) => Err(CallError::Unreachable(timed_out(
+                "connect timed out".into(),
+            ))),
+        }
+    }
+
+    /// Sends `request` and reads the reply, within `ttl`. A pooled connection that fails is
+    /// replaced once by a new one (the peer may have restarted since; Raft's messages may be
+    /// delivered twice).
+    async fn call(&mut self, request: PeerRequest, ttl: Duration) -> Result<PeerReply, CallError> {
+        if self.isolated.load(Ordering::Relaxed) {
+            let e = std::io::Error::other("this node is isolated from its peers");
+            return Err(CallError::Unreachable(e));
+        }
+        let deadline = tokio::time::Instant::now() + ttl;
+        let frame = encode_frame(&request).map_err(CallError::Network)?;
+        let pooled = self.stream.take();
+        let was_pooled = pooled.is_some();
+        let mut stream = match pooled {
+            Some(stream) => stream,
+            None => self.connect(deadline).await?,
+        };
+        let mut result = self.exchange(&mut stream, &frame, deadline).await;
+        if result.is_err() && was_pooled && tokio::time::Instant::now() < deadline {
+            stream = self.connect(deadline).await?;
+            result = self.exchange(&mut stream, &frame, deadline).await;
+        }
+        let reply = result.map_err(CallError::Network)?;
+        self.stream = Some(stream);
+        Ok(reply)
+    }
+
+    async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        frame: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> std::io::Result<PeerReply> {
+        let exchange = async {
+            stream.write_all(frame).await?;
+            read_frame::<PeerReply>(stream)
+                .await?
+                .ok_or_else(|| std::io::Error::other("peer closed the connection"))
+        };
+        match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(format!("no answer from node {}", self.peer.0))),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, NodeInfo, E> {
+        let e = std::io::Error::other("peer answered a different request");
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(PeerRequest::Append(rpc), option.hard_ttl()).await {
+            Ok(PeerReply::Append(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Append(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self
+            .call(PeerRequest::Snapshot(rpc), option.hard_ttl())
+            .await
+        {
+            Ok(PeerReply::Snapshot(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Snapshot(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await {
+            Ok(PeerReply::Vote(Ok(reply))) => Ok(reply),
+            Ok(PeerReply::Vote(Err(e))) => Err(RemoteError::new(self.peer.0, e).into()),
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(e.into_rpc()),
+        }
+    }
+}
+
+/// How long `initialize_remote` waits for the node's answer.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
+/// membership (what `tenured cluster-init` sends).
+///
+/// # Errors
+/// When the node cannot be reached or answered in time, or refused (it is initialised
+/// already, or is not among `members`).
+pub async fn initialize_remote(
+    peer_addr: &str,
+    members: BTreeMap<NodeId, NodeInfo>,
+) -> Result<(), String> {
+    let ask = async {
+        let mut stream = TcpStream::connect(peer_addr)
+            .await
+            .map_err(|e| format!("cannot connect to {peer_addr}: {e}"))?;
+        write_frame(&mut stream, &PeerRequest::Initialize(members))
+            .await
+            .map_err(|e| format!("cannot send to {peer_addr}: {e}"))?;
+        match read_frame::<PeerReply>(&mut stream).await {
+            Ok(Some(PeerReply::Initialize(result))) => result,
+            Ok(_) => Err(format!("{peer_addr} gave no answer to the initialisation")),
+            Err(e) => Err(format!("no answer from {peer_addr}: {e}")),
+        }
+    };
+    tokio::time::timeout(INITIALIZE_TIMEOUT, ask)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer from {peer_addr} in {INITIALIZE_TIMEOUT:?}"
+            ))
+        })
+}
+
+/// Parses a membership as `tenured cluster-init --nodes` takes it:
+/// `1=<peer addr>/<client addr>,2=...`.
+///
+/// # Errors
+/// A member that does not have that shape, or an id given twice.
+pub fn parse_members(spec: &str) -> Result<BTreeMap<NodeId, NodeInfo>, String> {
+    let mut members = BTreeMap::new();
+    for member in spec.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let shape = || format!("{member:?} is not <id>=<peer addr>/<client addr>");
+        let (id, addrs) = member.split_once('=').ok_or_else(shape)?;
+        let (peer, client) = addrs.split_once('/').ok_or_else(shape)?;
+        let id: NodeId = id.trim().parse().map_err(|_| shape())?;
+        if peer.is_empty() || client.is_empty() {
+            return Err(shape());
+        }
+        let info = NodeInfo {
+            peer_addr: peer.to_string(),
+            client_addr: client.to_string(),
+        };
+        if members.insert(id, info).is_some() {
+            return Err(format!("node {id} is given twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("no members given".to_string());
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_bad_ones_are_named() {
+        let members = parse_members("1=127.0.0.1:7001/127.0.0.1:7878, 2=h:1/h:2").unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(members[&1].peer_addr, "127.0.0.1:7001");
+        assert_eq!(members[&2].client_addr, "h:2");
+        for bad in ["", "1=a", "x=a/b", "1=/b", "1=a/b,1=c/d"] {
+            assert!(parse_members(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_round_trip_and_oversized_lengths_are_refused() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_frame(&mut a, &vec![1u32, 2, 3]).await.unwrap();
+        let got: Option<Vec<u32>> = read_frame(&mut b).await.unwrap();
+        assert_eq!(got, Some(vec![1, 2, 3]));
+        a.write_all(&((FRAME_LEN_MAX + 1) as u32).to_be_bytes())
+            .await
+            .unwrap();
+        let refused = read_frame::<Vec<u32>>(&mut b).await.unwrap_err();
+        assert!(refused.to_string().contains("FRAME_LEN_MAX"), "{refused}");
+        drop(a);
+        assert!(read_frame::<Vec<u32>>(&mut b).await.unwrap().is_none());
+    }
+}

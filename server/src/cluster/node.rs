@@ -1,0 +1,494 @@
+//! [`ClusterNode`]: one node of a cluster: Raft over its log and state machine, the peer
+//! port, the client port, and the leader's life cycle.
+//!
+//! # Leader life cycle
+//! A task follows openraft's metrics. When they say this node leads *and* an entry of its
+//! own term is applied (openraft appends a blank one on election: once it is applied, every
+//! entry of earlier terms is too), the node takes over: it commits an empty entry (so that
+//! entries an earlier executor of the same term proposed are applied, or never will be),
+//! then builds a fresh [`Executor`] from
+//! [`ReplicaState`] as recovery does after a restart (every lease restarts its TTL now, on
+//! this node's clock; tokens start at the replicated limit), with a [`RaftJournal`], reserves
+//! a new token block through Raft, starts the expiry ticker, and only then hands the
+//! executor to new connections. When the metrics say it no longer leads (or the term moved
+//! on), the journal fails with "not leader", the ticker stops, and new connections get the
+//! follower executor again, whose journal refuses everything with `NOT_LEADER`. A journal
+//! that fails while openraft still says this node leads (a confirmation round that found no
+//! quorum) ends its executor the same way, and a new one takes over.
+//!
+//! A connection keeps the executor it was given when it opened: one opened on a follower
+//! answers `NOT_LEADER` for its whole life. One opened on a leader is closed when the
+//! leadership ends, as on a shutdown: what it had read is answered (`NOT_LEADER` for replies
+//! still waiting on the journal and for queued ACQUIREs), then it closes, its watches with
+//! it. Clients reconnect (PROTOCOL.md 3.8).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
+use super::log_store::LogStore;
+use super::network::{serve_peers, PeerNetwork};
+use super::state::{ReplicaState, StateMachine};
+use super::{NodeId, NodeInfo, Raft};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::executor::Executor;
+use crate::journal::Journal;
+use crate::wal::recovery::LeaseReplay;
+
+/// Pause before a leader tries a failed takeover again.
+const TAKEOVER_RETRY: Duration = Duration::from_millis(200);
+/// Longest a new leader waits for its barrier entry, then its first token block, to commit
+/// before giving up the takeover (it tries again after [`TAKEOVER_RETRY`] if it still leads).
+const TAKEOVER_RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a node runs in its cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// This node's id in the membership.
+    pub node_id: NodeId,
+    /// Where its Raft log, vote and snapshot live.
+    pub data_dir: PathBuf,
+    /// Leader heartbeat period, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in `election_timeout_ms` (from,
+    /// to) starts an election.
+    pub election_timeout_ms: (u64, u64),
+}
+
+/// Default leader heartbeat period, in milliseconds (openraft's).
+pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
+/// Default least election timeout, in milliseconds (openraft's); the most is twice it.
+pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
+
+impl ClusterOptions {
+    /// Options with the default timing: heartbeat every [`HEARTBEAT_MS_DEFAULT`], an
+    /// election after [`ELECTION_TIMEOUT_MS_DEFAULT`] to twice that without a leader.
+    pub fn new(node_id: NodeId, data_dir: PathBuf) -> ClusterOptions {
+        ClusterOptions {
+            node_id,
+            data_dir,
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
+        }
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
+        let config = openraft::Config {
+            cluster_name: "tenure".to_string(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_ms.0,
+            election_timeout_max: self.election_timeout_ms.1,
+            // Each entry is a batch of up to `journal::QUEUE_BYTES_MAX`: this many fit a
+            // peer frame (`network::FRAME_LEN_MAX`) with room to spare.
+            max_payload_entries: 8,
+            ..openraft::Config::default()
+        };
+        config
+            .validate()
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+}
+
+const _: () = assert!(
+    8 * super::journal::QUEUE_BYTES_MAX * 3 / 2 < super::network::FRAME_LEN_MAX,
+    "max_payload_entries batches must fit a peer frame"
+);
+
+/// Why a node could not start or act.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The log, vote or snapshot files could not be opened.
+    #[error("cluster storage: {0}")]
+    Storage(#[from] std::io::Error),
+    /// openraft refused.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// The settings cannot be served in cluster mode (yet).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Runs node `options.node_id` with clients on `clients` and peers on `peers` until
+/// `shutdown`, holding the data directory's lock meanwhile: `tenured --cluster`.
+///
+/// # Errors
+/// When the settings ask for what cluster mode does not do yet (TLS, identities), the data
+/// directory is in use, or the node cannot start.
+pub async fn run(
+    config: Config,
+    options: ClusterOptions,
+    clients: TcpListener,
+    peers: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ClusterError> {
+    config.validate().map_err(ClusterError::Config)?;
+    if config.tls.is_some() || config.identities.is_some() {
+        // Refused rather than ignored: a client port that silently drops its TLS or its
+        // identities would serve everyone in the clear.
+        let why = "TLS and identities are not served in cluster mode yet";
+        return Err(ClusterError::Config(why.to_string()));
+    }
+    let addr = clients.local_addr()?;
+    if !addr.ip().is_loopback() && !config.insecure_no_auth {
+        let why = format!("{addr} is not a loopback address and cluster mode has no identities yet (--insecure-no-auth to serve it anyway)");
+        return Err(ClusterError::Config(why));
+    }
+    let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+    let node_id = options.node_id;
+    let node = ClusterNode::start(config, options, peers, clients).await?;
+    tracing::info!(node_id, %addr, "cluster node ready");
+    shutdown.await;
+    tracing::info!("shutting down");
+    node.kill().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// One running node; see the module docs.
+pub struct ClusterNode {
+    id: NodeId,
+    raft: Raft,
+    state: Arc<Mutex<ReplicaState>>,
+    isolated: Arc<AtomicBool>,
+    current: Arc<RwLock<Serving>>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What new client connections are given: the executor, and the token that ends them (the
+/// node's, or the leader's term's: connections served as leader close when it ends).
+#[derive(Clone)]
+struct Serving {
+    executor: Arc<Executor>,
+    stop: CancellationToken,
+}
+
+impl ClusterNode {
+    /// Starts node `options.node_id`: Raft over the files in `options.data_dir`, peers
+    /// served on `peers`, clients on `clients`, with `config`'s limits for the executor.
+    ///
+    /// # Errors
+    /// When the files cannot be opened or openraft refuses to start.
+    pub async fn start(
+        config: Config,
+        options: ClusterOptions,
+        peers: TcpListener,
+        clients: TcpListener,
+    ) -> Result<ClusterNode, ClusterError> {
+        let id = options.node_id;
+        let raft_config = Arc::new(options.raft_config()?);
+        let log = LogStore::open(&options.data_dir)?;
+        let state = Arc::new(Mutex::new(ReplicaState::default()));
+        let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
+        let isolated = Arc::new(AtomicBool::new(false));
+        let network = PeerNetwork::new(Arc::clone(&isolated));
+        let raft = Raft::new(id, raft_config, network, log, machine)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let hint = LeaderHint::new(raft.clone(), id);
+        let follower = Arc::new(Executor::new(
+            config.clone(),
+            Clock::start(),
+            Arc::new(FollowerJournal::new(hint.clone())),
+            1,
+            0,
+        ));
+        let stop = CancellationToken::new();
+        let follower = Serving {
+            executor: follower,
+            stop: stop.clone(),
+        };
+        let current = Arc::new(RwLock::new(follower.clone()));
+        let life = Life {
+            raft: raft.clone(),
+            state: Arc::clone(&state),
+            config,
+            hint,
+            current: Arc::clone(&current),
+            follower,
+        };
+        let tasks = vec![
+            tokio::spawn(serve_peers(
+                peers,
+                raft.clone(),
+                stop.clone(),
+                Arc::clone(&isolated),
+            )),
+            tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
+            tokio::spawn(life.run(stop.clone())),
+        ];
+        Ok(ClusterNode {
+            id,
+            raft,
+            state,
+            isolated,
+            current,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Makes `members` the cluster's first membership (once, on one node).
+    ///
+    /// # Errors
+    /// When openraft refuses (the cluster is already initialised, or this node is not in
+    /// `members`).
+    pub async fn initialize(
+        &self,
+        members: BTreeMap<NodeId, NodeInfo>,
+    ) -> Result<(), ClusterError> {
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The Raft handle, for status and membership changes.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Cuts this node off from its peers (`true`: every peer call fails, every peer
+    /// connection is closed unanswered) or reconnects it: a partition, for tests and drills.
+    pub fn set_isolated(&self, isolated: bool) {
+        self.isolated
+            .store(isolated, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A copy of the replicated state as this node has applied it.
+    pub fn replica(&self) -> ReplicaState {
+        self.state.lock().expect("replica state poisoned").clone()
+    }
+
+    /// Whether this node leads and serves clients (its takeover is complete).
+    pub fn serving(&self) -> bool {
+        let serving = self.current.read().expect("poisoned");
+        serving.executor.journal.not_leader().is_none()
+    }
+
+    /// Stops everything at once, as a crash would as far as the peers can tell: the
+    /// listeners close, connections end, Raft stops. What was synced stays on disk.
+    pub async fn kill(self) {
+        self.stop.cancel();
+        let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
+        let _ = executor.journal.sync_and_stop();
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Serves clients with whichever executor is current when each connects.
+async fn accept_clients(
+    listener: TcpListener,
+    current: Arc<RwLock<Serving>>,
+    stop: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    let mut conn_id = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "client accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        conn_id += 1;
+        let serving = current.read().expect("poisoned").clone();
+        tracker.spawn(crate::conn::serve(
+            serving.executor,
+            stream,
+            peer,
+            None,
+            conn_id,
+            serving.stop,
+        ));
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Why a takeover step failed (an error, or no commit in time), if it did.
+fn takeover_failure<E: std::fmt::Display>(
+    outcome: Result<Result<(), E>, tokio::time::error::Elapsed>,
+) -> Option<String> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no commit within {TAKEOVER_RESERVE_TIMEOUT:?}")),
+    }
+}
+
+/// What the leader life cycle needs.
+struct Life {
+    raft: Raft,
+    state: Arc<Mutex<ReplicaState>>,
+    config: Config,
+    hint: LeaderHint,
+    current: Arc<RwLock<Serving>>,
+    follower: Serving,
+}
+
+/// The executor of a term this node leads.
+struct Leading {
+    term: u64,
+    journal: Arc<RaftJournal>,
+    /// Ends the expiry ticker and the connections served in this term.
+    term_stop: CancellationToken,
+}
+
+impl Life {
+    async fn run(self, stop: CancellationToken) {
+        let mut metrics = self.raft.metrics();
+        let me = self.raft.metrics().borrow().id;
+        let mut leading: Option<Leading> = None;
+        loop {
+            let (leads, term) = {
+                let m = metrics.borrow_and_update();
+                let own_entry_applied =
+                    m.last_applied.map(|id| id.leader_id.term) == Some(m.current_term);
+                let leads = m.state == ServerState::Leader
+                    && m.current_leader == Some(me)
+                    && own_entry_applied;
+                (leads, m.current_term)
+            };
+            // A journal can fail while openraft still says this node leads (a confirmation
+            // round without a quorum): that executor is done, and a new one takes over.
+            let done = |l: &Leading| !leads || l.term != term || l.journal.failed().is_some();
+            if leading.as_ref().is_some_and(done) {
+                self.step_down(leading.take().expect("checked")).await;
+            }
+            if leads && leading.is_none() {
+                leading = self.take_over(term).await;
+                if leading.is_none() {
+                    // Not at every metrics change (heartbeats make many): after a pause.
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(TAKEOVER_RETRY) => continue,
+                    }
+                }
+            }
+            let mut progress = leading.as_ref().map(|l| l.journal.progress());
+            let journal_failed = async {
+                match progress.as_mut() {
+                    Some(p) => drop(p.wait_for(|p| p.failed.is_some()).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = metrics.changed() => if changed.is_err() { break },
+                _ = journal_failed => {}
+            }
+        }
+        if let Some(l) = leading {
+            self.step_down(l).await;
+        }
+    }
+
+    /// Builds the executor of `term` from the replicated state; `None` if a barrier entry or
+    /// its first token block could not be committed (leadership was lost meanwhile).
+    async fn take_over(&self, term: u64) -> Option<Leading> {
+        // Entries an earlier executor of this term proposed may still commit: an empty entry
+        // committed and applied after them makes the replicated state final for them first.
+        let barrier = self.raft.client_write(super::Batch::default());
+        let committed = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, barrier).await;
+        if let Some(why) =
+            takeover_failure(committed.map(|r| r.map(drop).map_err(|e| e.to_string())))
+        {
+            tracing::warn!(term, %why, "takeover abandoned: the barrier did not commit");
+            return None;
+        }
+        let live = self
+            .state
+            .lock()
+            .expect("replica state poisoned")
+            .live
+            .clone();
+        let journal = RaftJournal::start(self.raft.clone(), self.hint.clone());
+        let executor = self.executor_from(&live, Arc::clone(&journal));
+        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
+        if let Some(why) = takeover_failure(reserved.await) {
+            tracing::warn!(term, %why, "takeover abandoned: no token block");
+            journal.fail();
+            return None;
+        }
+        let term_stop = self.follower.stop.child_token();
+        tokio::spawn(crate::server::tick(
+            Arc::clone(&executor),
+            term_stop.clone(),
+            TaskTracker::new(),
+        ));
+        tracing::info!(
+            term,
+            leases = live.leases.len(),
+            token_floor = live.token_floor,
+            "leading: serving clients"
+        );
+        *self.current.write().expect("poisoned") = Serving {
+            executor,
+            stop: term_stop.clone(),
+        };
+        Some(Leading {
+            term,
+            journal,
+            term_stop,
+        })
+    }
+
+    /// An executor holding the leases of `live`, each restarted now, with tokens from its
+    /// floor: what recovery builds after a restart, over `journal`.
+    fn executor_from(&self, live: &LeaseReplay, journal: Arc<RaftJournal>) -> Arc<Executor> {
+        let clock = Clock::start();
+        let now_ms = clock.now_ms();
+        let journal = journal as Arc<dyn Journal>;
+        let executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        for lease in live.to_recovered() {
+            executor.shard(&lease.key).restore(
+                now_ms,
+                &lease.key,
+                lease.lease_id,
+                lease.token,
+                lease.ttl_ms,
+                &lease.meta,
+            );
+        }
+        Arc::new(executor)
+    }
+
+    async fn step_down(&self, leading: Leading) {
+        tracing::info!(term = leading.term, "no longer leading");
+        *self.current.write().expect("poisoned") = self.follower.clone();
+        // Failed first, so that what the connections answer on their way out (replies
+        // still waiting, waiters) is NOT_LEADER.
+        leading.journal.fence().await;
+        leading.term_stop.cancel();
+    }
+}

@@ -1,0 +1,357 @@
+//! [`ReplicaState`]: what every node applies from committed entries, the live leases and the
+//! token limit, by the WAL's replay rules (one function, [`LeaseReplay::apply`], does both);
+//! and [`StateMachine`], openraft's view of it, with snapshots.
+//!
+//! A snapshot is today's snapshot records: a Reserve of the token limit, then a Grant per
+//! held lease, encoded as the WAL encodes them. The latest one is kept in the data directory
+//! (`raft.snapshot`: a u32 length, the postcard of its `SnapshotMeta`, then the records),
+//! replaced atomically, and loaded on start, so a node whose log was purged still knows
+//! everything the purged entries said.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
+};
+
+use super::log_store::{blocking, write_atomically};
+use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
+use crate::wal::record::{self, Record};
+use crate::wal::recovery::LeaseReplay;
+
+const SNAPSHOT_FILE: &str = "raft.snapshot";
+
+/// A snapshot's meta and its records.
+type Stored = (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>);
+
+/// The committed leases and token limit; no timers (expiry is the leader's business, and
+/// its frees are records like any other).
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaState {
+    /// Leases and token floor, as replay leaves them.
+    pub(crate) live: LeaseReplay,
+    /// The last entry applied.
+    pub last_applied: Option<LogId>,
+    /// The membership in force as of `last_applied`.
+    pub membership: StoredMembership<NodeId, NodeInfo>,
+}
+
+/// Why records could not be applied: bytes that are not WAL records, or records a batch
+/// must not carry.
+#[derive(Debug, thiserror::Error)]
+#[error("bad records in a Raft entry at byte {offset}: {reason}")]
+pub struct BadRecords {
+    offset: usize,
+    reason: String,
+}
+
+impl ReplicaState {
+    /// Applies the WAL records in `bytes`, in order.
+    ///
+    /// # Errors
+    /// If the bytes do not decode, or hold a snapshot marker (never replicated).
+    pub fn apply_records(&mut self, bytes: &[u8]) -> Result<(), BadRecords> {
+        let mut at = 0;
+        while at < bytes.len() {
+            let bad = |reason: String| BadRecords { offset: at, reason };
+            let (record, len) = record::decode(&bytes[at..]).map_err(|e| bad(e.to_string()))?;
+            if !self.live.apply(&record) {
+                return Err(bad(format!("{record:?} cannot be replicated")));
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Every fencing token the applied records mention or reserve is below this.
+    pub fn token_limit(&self) -> u64 {
+        self.live.token_floor
+    }
+
+    /// How many leases are held.
+    pub fn leases(&self) -> usize {
+        self.live.leases.len()
+    }
+
+    /// The state as snapshot records: a Reserve of the token limit, a Grant per lease.
+    pub fn snapshot_records(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        record::encode(
+            &Record::Reserve {
+                token_limit: self.live.token_floor,
+            },
+            &mut out,
+        );
+        for lease in self.live.to_recovered() {
+            record::encode(&lease.as_grant(), &mut out);
+        }
+        out
+    }
+
+    /// The state a snapshot's records and meta describe.
+    ///
+    /// # Errors
+    /// If the records are not snapshot records.
+    pub fn from_snapshot(
+        meta: &SnapshotMeta<NodeId, NodeInfo>,
+        records: &[u8],
+    ) -> Result<ReplicaState, BadRecords> {
+        let mut state = ReplicaState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            ..ReplicaState::default()
+        };
+        state.apply_records(records)?;
+        Ok(state)
+    }
+}
+
+/// openraft's state machine: the shared [`ReplicaState`] and the latest snapshot.
+pub struct StateMachine {
+    state: Arc<Mutex<ReplicaState>>,
+    snapshots: Arc<SnapshotFile>,
+}
+
+/// The latest snapshot, in memory and in `raft.snapshot`; the builder and the state machine
+/// share it, so the one openraft sends is the one last built or installed.
+struct SnapshotFile {
+    dir: PathBuf,
+    current: Mutex<Option<Stored>>,
+}
+
+impl SnapshotFile {
+    fn save(&self, meta: SnapshotMeta<NodeId, NodeInfo>, records: Vec<u8>) -> std::io::Result<()> {
+        let head = postcard::to_stdvec(&meta).map_err(std::io::Error::other)?;
+        let mut bytes = Vec::with_capacity(4 + head.len() + records.len());
+        bytes.extend_from_slice(&(head.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&head);
+        bytes.extend_from_slice(&records);
+        write_atomically(&self.dir, SNAPSHOT_FILE, &bytes)?;
+        *self.current.lock().expect("snapshot poisoned") = Some((meta, records));
+        Ok(())
+    }
+
+    fn current(&self) -> Option<Stored> {
+        self.current.lock().expect("snapshot poisoned").clone()
+    }
+}
+
+impl StateMachine {
+    /// Opens the state machine of the node in `dir`, from its saved snapshot if any; the
+    /// state it applies to is `state`, which the node reads on takeover.
+    ///
+    /// # Errors
+    /// When the snapshot file cannot be read or is damaged.
+    pub fn open(dir: &Path, state: Arc<Mutex<ReplicaState>>) -> std::io::Result<StateMachine> {
+        let current = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+            Ok(bytes) => Some(decode_snapshot_file(&bytes)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        if let Some((meta, records)) = &current {
+            let loaded =
+                ReplicaState::from_snapshot(meta, records).map_err(std::io::Error::other)?;
+            *state.lock().expect("replica state poisoned") = loaded;
+        }
+        let snapshots = Arc::new(SnapshotFile {
+            dir: dir.to_path_buf(),
+            current: Mutex::new(current),
+        });
+        Ok(StateMachine { state, snapshots })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
+        self.state.lock().expect("replica state poisoned")
+    }
+}
+
+fn decode_snapshot_file(bytes: &[u8]) -> std::io::Result<Stored> {
+    let damaged = || std::io::Error::other("raft.snapshot is damaged");
+    let head_len = u32::from_be_bytes(
+        bytes
+            .get(..4)
+            .ok_or_else(damaged)?
+            .try_into()
+            .map_err(|_| damaged())?,
+    ) as usize;
+    let head = bytes.get(4..4 + head_len).ok_or_else(damaged)?;
+    let meta = postcard::from_bytes(head).map_err(std::io::Error::other)?;
+    Ok((meta, bytes[4 + head_len..].to_vec()))
+}
+
+fn sm_error(verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageError {
+    storage_error(ErrorSubject::StateMachine, verb, e)
+}
+
+/// Builds a snapshot of the state as it is when asked.
+pub struct SnapshotBuilder {
+    state: Arc<Mutex<ReplicaState>>,
+    snapshots: Arc<SnapshotFile>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (meta, records) = {
+            let state = self.state.lock().expect("replica state poisoned");
+            let last = state.last_applied;
+            let snapshot_id = match last {
+                Some(id) => format!("{}-{}", id.leader_id.term, id.index),
+                None => "empty".to_string(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: last,
+                last_membership: state.membership.clone(),
+                snapshot_id,
+            };
+            (meta, state.snapshot_records())
+        };
+        let (snapshots, saved) = (Arc::clone(&self.snapshots), (meta.clone(), records.clone()));
+        blocking(move || snapshots.save(saved.0, saved.1))
+            .await
+            .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(records)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, NodeInfo>), StorageError> {
+        let state = self.lock();
+        Ok((state.last_applied, state.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut state = self.lock();
+        let mut replies = Vec::new();
+        for entry in entries {
+            state.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(batch) => state
+                    .apply_records(&batch.records)
+                    .map_err(|e| sm_error(ErrorVerb::Write, &e))?,
+                EntryPayload::Membership(membership) => {
+                    state.membership = StoredMembership::new(Some(entry.log_id), membership);
+                }
+            }
+            replies.push(());
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            state: Arc::clone(&self.state),
+            snapshots: Arc::clone(&self.snapshots),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, NodeInfo>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let records = snapshot.into_inner();
+        let installed = ReplicaState::from_snapshot(meta, &records)
+            .map_err(|e| sm_error(ErrorVerb::Read, &e))?;
+        let (snapshots, meta) = (Arc::clone(&self.snapshots), meta.clone());
+        blocking(move || snapshots.save(meta, records))
+            .await
+            .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
+        *self.lock() = installed;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(self.snapshots.current().map(|(meta, records)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(records)),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::FreeReason;
+
+    fn grant(key: &[u8], token: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let record = Record::Grant {
+            key,
+            lease_id: [token as u8; 16],
+            token,
+            ttl_ms: 1000,
+            flags: 0,
+            meta: b"m",
+        };
+        record::encode(&record, &mut out);
+        out
+    }
+
+    #[test]
+    fn applies_records_as_replay_does_and_snapshots_round_trip() {
+        let mut state = ReplicaState::default();
+        let mut batch = Vec::new();
+        record::encode(&Record::Reserve { token_limit: 100 }, &mut batch);
+        batch.extend(grant(b"a", 5));
+        batch.extend(grant(b"b", 6));
+        // A free of an older token leaves the holder alone; a free of its token ends it.
+        record::encode(
+            &Record::Free {
+                key: b"a",
+                token: 4,
+                reason: FreeReason::Released,
+            },
+            &mut batch,
+        );
+        record::encode(
+            &Record::Free {
+                key: b"b",
+                token: 6,
+                reason: FreeReason::Expired,
+            },
+            &mut batch,
+        );
+        state.apply_records(&batch).unwrap();
+        assert_eq!((state.leases(), state.token_limit()), (1, 100));
+
+        let records = state.snapshot_records();
+        let meta = SnapshotMeta::default();
+        let copy = ReplicaState::from_snapshot(&meta, &records).unwrap();
+        assert_eq!((copy.leases(), copy.token_limit()), (1, 100));
+        let held = &copy.live.leases[b"a".as_slice()];
+        assert_eq!(
+            (held.token, held.ttl_ms, held.meta.as_slice()),
+            (5, 1000, &b"m"[..])
+        );
+    }
+
+    #[test]
+    fn refuses_bytes_that_are_not_records() {
+        let mut state = ReplicaState::default();
+        let mut batch = grant(b"a", 5);
+        batch.push(7);
+        assert!(state.apply_records(&batch).is_err());
+        let mut marker = Vec::new();
+        record::encode(&Record::SnapshotBegin { segment_seq: 1 }, &mut marker);
+        assert!(state.apply_records(&marker).is_err());
+    }
+}

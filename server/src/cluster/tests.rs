@@ -1,0 +1,425 @@
+//! Three in-process nodes on loopback: a lease and its token survive the leader's loss.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
+use crate::config::Config;
+
+/// Longest any step of the test may take: elections, commits, replies.
+const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+
+struct Started {
+    node: ClusterNode,
+    info: NodeInfo,
+    dir: tempfile::TempDir,
+}
+
+async fn start(id: NodeId) -> Started {
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start_on(id, peers, clients).await
+}
+
+/// Node `id` with an empty data directory, on these listeners.
+async fn start_on(id: NodeId, peers: TcpListener, clients: TcpListener) -> Started {
+    start_in(id, peers, clients, tempfile::tempdir().unwrap()).await
+}
+
+/// Node `id` with the data in `dir`, on these listeners.
+async fn start_in(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    dir: tempfile::TempDir,
+) -> Started {
+    let info = NodeInfo {
+        peer_addr: peers.local_addr().unwrap().to_string(),
+        client_addr: clients.local_addr().unwrap().to_string(),
+    };
+    let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
+    // Generous, so a loaded machine does not hold spurious elections mid-test.
+    options.heartbeat_ms = 100;
+    options.election_timeout_ms = (800, 1600);
+    let config = Config {
+        token_block: 1000,
+        ..Config::default()
+    };
+    let node = ClusterNode::start(config, options, peers, clients)
+        .await
+        .unwrap();
+    Started { node, info, dir }
+}
+
+/// The index of the node serving as leader, once one is.
+async fn serving_leader(nodes: &[Started]) -> usize {
+    let found = async {
+        loop {
+            if let Some(i) = nodes.iter().position(|n| n.node.serving()) {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, found)
+        .await
+        .expect("no leader served in time")
+}
+
+/// A console connection.
+struct Console {
+    lines: BufReader<TcpStream>,
+}
+
+impl Console {
+    async fn connect(addr: &str) -> Console {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        Console {
+            lines: BufReader::new(stream),
+        }
+    }
+
+    async fn ask(&mut self, line: &str) -> String {
+        self.lines
+            .get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(STEP_TIMEOUT, self.lines.read_line(&mut reply))
+            .await
+            .expect("no reply in time")
+            .unwrap();
+        reply.trim_end().to_string()
+    }
+}
+
+/// The value of `name=` in a reply line.
+fn field<'a>(reply: &'a str, name: &str) -> &'a str {
+    reply
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name} in {reply:?}"))
+}
+
+/// Three nodes, initialised.
+async fn start_cluster() -> Vec<Started> {
+    let nodes = vec![start(1).await, start(2).await, start(3).await];
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    // As `tenured cluster-init` does it: over a node's peer port.
+    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
+        .await
+        .unwrap();
+    let again = super::network::initialize_remote(&nodes[0].info.peer_addr, members).await;
+    assert!(again.is_err(), "initialised twice");
+    nodes
+}
+
+/// Waits until `node` has applied everything `leader` has.
+async fn caught_up(node: &ClusterNode, leader: &ClusterNode) {
+    let target = leader.raft().metrics().borrow().last_applied;
+    let mut metrics = node.raft().metrics();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.last_applied >= target))
+        .await
+        .expect("the follower did not catch up in time")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_and_its_token_survive_the_leaders_loss() {
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE held 30000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let (held_token, held_lease) = (
+        field(&held, "token").to_string(),
+        field(&held, "lease").to_string(),
+    );
+    let mut tokens_seen = vec![held_token.parse::<u64>().unwrap()];
+    for key in ["a", "b", "c"] {
+        let reply = leader.ask(&format!("ACQUIRE {key} 30000")).await;
+        tokens_seen.push(field(&reply, "token").parse().unwrap());
+        let lease = field(&reply, "lease").to_string();
+        assert_eq!(leader.ask(&format!("RELEASE {key} {lease}")).await, "OK");
+    }
+    let renewed = leader.ask(&format!("RENEW held {held_lease} 30000")).await;
+    assert_eq!(renewed, "OK ttl_ms=30000");
+    // Granted short, renewed long: the new leader must count the long TTL, the one the
+    // client was last answered.
+    let short = leader.ask("ACQUIRE lengthened 2000").await;
+    tokens_seen.push(field(&short, "token").parse().unwrap());
+    let short_lease = field(&short, "lease").to_string();
+    let renewed = leader
+        .ask(&format!("RENEW lengthened {short_lease} 60000"))
+        .await;
+    assert_eq!(renewed, "OK ttl_ms=60000");
+
+    let follower = (first + 1) % nodes.len();
+    let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
+    let refused = on_follower.ask("ACQUIRE other 30000").await;
+    let named = format!("ERR NOT_LEADER leader={}", nodes[first].info.client_addr);
+    assert_eq!(refused, named);
+    assert_eq!(on_follower.ask("PING").await, "PONG");
+    assert_eq!(on_follower.ask("STATS").await, named);
+
+    // The leader goes, as a crash would take it.
+    drop(leader);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+
+    let second = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let inspect = leader.ask("INSPECT held").await;
+    assert!(inspect.starts_with("HELD "), "{inspect}");
+    assert_eq!(field(&inspect, "token"), held_token);
+    let renewed = leader.ask(&format!("RENEW held {held_lease} 30000")).await;
+    assert_eq!(
+        renewed, "OK ttl_ms=30000",
+        "the lease id still holds the lease"
+    );
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(taken.starts_with("LOCKED "), "{taken}");
+    let lengthened = leader.ask("INSPECT lengthened").await;
+    assert!(lengthened.starts_with("HELD "), "{lengthened}");
+    let left_ms: u64 = field(&lengthened, "ttl_ms").parse().unwrap();
+    assert!(left_ms > 2000, "the renewal's TTL was lost: {lengthened}");
+
+    let fresh = leader.ask("ACQUIRE fresh 30000").await;
+    let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
+    let highest = tokens_seen.iter().max().copied().unwrap();
+    assert!(fresh_token > highest, "{fresh_token} after {tokens_seen:?}");
+
+    let follower = (second + 1) % nodes.len();
+    let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
+    let named = format!("ERR NOT_LEADER leader={}", nodes[second].info.client_addr);
+    assert_eq!(on_follower.ask("INSPECT held").await, named);
+    assert_eq!(
+        on_follower
+            .ask("RENEW held 00 1000")
+            .await
+            .split(' ')
+            .next(),
+        Some("ERR")
+    );
+
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let addr = nodes[first].info.client_addr.clone();
+    let mut holder = Console::connect(&addr).await;
+    let held = holder.ask("ACQUIRE k 30000").await;
+    let token = field(&held, "token").to_string();
+    let mut waiter = Console::connect(&addr).await;
+    waiter
+        .lines
+        .get_mut()
+        .write_all(b"ACQUIRE k 30000 60000\n")
+        .await
+        .unwrap();
+    let queued = async {
+        while !holder.ask("INSPECT k").await.ends_with("waiters=1") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, queued)
+        .await
+        .expect("the waiter was not queued in time");
+
+    // Another node campaigns in a higher term: the leader loses its place.
+    let other = (first + 1) % nodes.len();
+    caught_up(&nodes[other].node, &nodes[first].node).await;
+    nodes[other].node.raft().trigger().elect().await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(STEP_TIMEOUT, waiter.lines.read_line(&mut answer))
+        .await
+        .expect("the waiter was not answered in time")
+        .unwrap();
+    assert!(answer.starts_with("ERR NOT_LEADER leader="), "{answer:?}");
+    let mut rest = String::new();
+    let closed = tokio::time::timeout(STEP_TIMEOUT, waiter.lines.read_line(&mut rest)).await;
+    assert_eq!(closed.expect("not closed in time").unwrap(), 0, "{rest:?}");
+
+    // Whoever leads now (the deposed node may win a later term) holds the lease.
+    let now = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[now].info.client_addr).await;
+    let inspect = leader.ask("INSPECT k").await;
+    assert!(inspect.starts_with("HELD "), "{inspect}");
+    assert_eq!(field(&inspect, "token"), token);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+/// Keys and tokens of the leases a node's replicated state holds.
+fn leases(node: &ClusterNode) -> BTreeMap<Vec<u8>, u64> {
+    let replica = node.replica();
+    replica
+        .live
+        .leases
+        .iter()
+        .map(|(key, held)| (key.clone(), held.token))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_catches_up_from_a_snapshot() {
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    for i in 0..10 {
+        let reply = leader.ask(&format!("ACQUIRE k{i} 60000")).await;
+        assert!(reply.starts_with("OK "), "{reply}");
+        if i < 5 {
+            let lease = field(&reply, "lease").to_string();
+            assert_eq!(leader.ask(&format!("RELEASE k{i} {lease}")).await, "OK");
+        }
+    }
+    let gone = (first + 1) % nodes.len();
+    let Started { node, info, .. } = nodes.remove(gone);
+    let gone_id = node.id();
+    node.kill().await;
+    let first = nodes
+        .iter()
+        .position(|n| n.node.serving())
+        .expect("still leading");
+    for i in 10..15 {
+        let reply = leader.ask(&format!("ACQUIRE k{i} 60000")).await;
+        assert!(reply.starts_with("OK "), "{reply}");
+    }
+
+    // Snapshot, then purge the log the snapshot covers: the wiped node can only catch up
+    // from the snapshot.
+    let raft = nodes[first].node.raft().clone();
+    let applied = raft.metrics().borrow().last_applied;
+    raft.trigger().snapshot().await.unwrap();
+    let mut metrics = raft.metrics();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.snapshot >= applied))
+        .await
+        .expect("no snapshot in time")
+        .unwrap();
+    raft.trigger()
+        .purge_log(applied.unwrap().index)
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.purged >= applied))
+        .await
+        .expect("no purge in time")
+        .unwrap();
+
+    let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+    let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+    let back = start_on(gone_id, peers, clients).await;
+    caught_up(&back.node, &nodes[first].node).await;
+    assert!(back.node.raft().metrics().borrow().snapshot.is_some());
+    let expected = leases(&nodes[first].node);
+    assert_eq!(expected.len(), 10, "{expected:?}");
+    assert_eq!(leases(&back.node), expected);
+    assert_eq!(
+        back.node.replica().token_limit(),
+        nodes[first].node.replica().token_limit()
+    );
+    nodes.push(back);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_never_confirms_a_renewal() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut old = Console::connect(&nodes[first].info.client_addr).await;
+    let held = old.ask("ACQUIRE k 30000").await;
+    let (token, lease) = (field(&held, "token"), field(&held, "lease"));
+    let renew = format!("RENEW k {lease} 30000");
+    assert_eq!(
+        old.ask(&renew).await,
+        "OK ttl_ms=30000",
+        "confirmed with a quorum"
+    );
+
+    nodes[first].node.set_isolated(true);
+    let refused = old.ask(&renew).await;
+    assert!(refused.starts_with("ERR NOT_LEADER "), "{refused}");
+
+    // The other two elect a leader, which holds the lease.
+    let elected = async {
+        loop {
+            let serving = (0..nodes.len()).find(|&i| i != first && nodes[i].node.serving());
+            if let Some(i) = serving {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let second = tokio::time::timeout(STEP_TIMEOUT, elected)
+        .await
+        .expect("the majority elected no leader in time");
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let inspect = leader.ask("INSPECT k").await;
+    assert_eq!(field(&inspect, "token"), token, "{inspect}");
+    assert_eq!(leader.ask(&renew).await, "OK ttl_ms=30000");
+    nodes[first].node.set_isolated(false);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_restarts_with_its_leases_and_tokens() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE kept 60000").await;
+    let (token, lease) = (
+        field(&held, "token").to_string(),
+        field(&held, "lease").to_string(),
+    );
+    let gone = leader.ask("ACQUIRE gone 60000").await;
+    let gone_lease = field(&gone, "lease").to_string();
+    assert_eq!(
+        leader.ask(&format!("RELEASE gone {gone_lease}")).await,
+        "OK"
+    );
+    drop(leader);
+
+    let mut stopped = Vec::new();
+    for started in nodes {
+        let id = started.node.id();
+        started.node.kill().await;
+        stopped.push((id, started.info, started.dir));
+    }
+    let mut nodes = Vec::new();
+    for (id, info, dir) in stopped {
+        let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+        let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+        nodes.push(start_in(id, peers, clients, dir).await);
+    }
+    let now = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[now].info.client_addr).await;
+    let inspect = leader.ask("INSPECT kept").await;
+    assert_eq!(field(&inspect, "token"), token, "{inspect}");
+    assert_eq!(leader.ask("INSPECT gone").await, "FREE");
+    let renew = format!("RENEW kept {lease} 60000");
+    assert_eq!(leader.ask(&renew).await, "OK ttl_ms=60000");
+    let fresh = leader.ask("ACQUIRE fresh 60000").await;
+    let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
+    assert!(fresh_token > token.parse::<u64>().unwrap() + 1, "{fresh}");
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
