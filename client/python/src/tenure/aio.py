@@ -536,21 +536,27 @@ class AsyncWatch:
         self._queue = queue
 
     async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
-        """The next event; None if `timeout` passed first. Raises the error that ended the watch."""
+        """The next event; None if `timeout` passed first or the watch was closed by `close()`.
+
+        Raises the error that ended the watch (ConnectionLost, WatchLimit, ...).
+        """
         try:
             await asyncio.wait_for(self._queue.wait(), timeout)
         except asyncio.TimeoutError:
             return None
         if self._queue.events:
             return self._queue.events.popleft()
-        raise self._queue.error or ConnectionLost("watch ended")
+        if self._queue.error is not None:
+            raise self._queue.error
+        return None
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
 
     async def __anext__(self) -> Event:
         event = await self.next()
-        assert event is not None
+        if event is None:
+            raise StopAsyncIteration
         return event
 
     async def close(self) -> None:

@@ -252,10 +252,12 @@ class Watch:
         return self._client._run(self._inner.next(timeout))
 
     def __iter__(self) -> Iterator[Event]:
+        """Events until the watch is closed; raises the error that ended it otherwise."""
         while True:
             event = self.next()
-            if event is not None:
-                yield event
+            if event is None:
+                return
+            yield event
 
     def close(self) -> None:
         """UNWATCH."""
