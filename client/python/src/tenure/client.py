@@ -25,6 +25,7 @@ from .aio import (
     TlsOptions,
     _GuardView,
 )
+from .errors import ConnectionLost
 from .results import AcquireResult, CheckResult, Event, Granted, KeyState, Leader, ReleaseResult, RenewResult
 
 T = TypeVar("T")
@@ -35,6 +36,7 @@ class _IoThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.stopped = False
         self.thread = threading.Thread(target=self._main, name="tenure-io", daemon=True)
         self.thread.start()
 
@@ -44,10 +46,15 @@ class _IoThread:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self.thread:
+            coro.close()
             raise RuntimeError("blocking tenure call from the client's own I/O thread (an on_lost callback?)")
+        if self.stopped:
+            coro.close()
+            raise ConnectionLost("client closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
+        self.stopped = True
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self.thread:
@@ -102,7 +109,9 @@ class Client:
         return self._io.run(coro)
 
     def close(self) -> None:
-        """Closes the connection and stops the I/O thread."""
+        """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost."""
+        if self._io.stopped:
+            return
         try:
             self._run(self.aio.close())
         finally:
