@@ -233,19 +233,26 @@ class AsyncClient:
                 if delay > deadline - time.monotonic():
                     raise RequestTimeout("reconnect delay runs past the request's timeout")
                 await asyncio.sleep(max(0.0, delay))
-            target = self._next
-            budget = min(self.connect_timeout, max(0.0, deadline - time.monotonic()))
-            try:
-                conn = await asyncio.wait_for(self._open(target), budget)
-            except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
-                self._note_failure(target)
-                if isinstance(e, asyncio.TimeoutError):
-                    raise ConnectionLost(f"connecting to {target[0]}:{target[1]} timed out") from e
-                raise
-            self._failures = 0
-            self._retry_at = None
-            self._conn = conn
-            return conn
+            # Each address once, at once: a cluster with a node down still connects. The
+            # backoff delay comes after a whole round of them failed.
+            for attempt in range(len(self.endpoints)):
+                target = self._next
+                budget = min(self.connect_timeout, max(0.0, deadline - time.monotonic()))
+                try:
+                    conn = await asyncio.wait_for(self._open(target), budget)
+                except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
+                    self._note_failure(target)
+                    last_round = attempt == len(self.endpoints) - 1 or time.monotonic() >= deadline
+                    if not last_round and not isinstance(e, ServerError):
+                        continue
+                    if isinstance(e, asyncio.TimeoutError):
+                        raise ConnectionLost(f"connecting to {target[0]}:{target[1]} timed out") from e
+                    raise
+                self._failures = 0
+                self._retry_at = None
+                self._conn = conn
+                return conn
+            raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _open(self, target: Tuple[str, int]) -> Connection:
         host, port = target
