@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl as ssl_module
-from typing import Deque, Dict, Optional, Tuple, Union
+from typing import Deque, Dict, List, Optional, Tuple, Union
 
 from . import _wire as w
 from .errors import ConnectionLost, HandshakeError, ServerError, server_error, WatchLimit
@@ -54,6 +54,13 @@ class WatchQueue:
 
 
 Reply = Tuple[int, bytes]
+#: Bytes asked of the socket per read; many replies arrive in one.
+READ_CHUNK = 64 * 1024
+
+
+def _expire(reply: asyncio.Future) -> None:
+    if not reply.done():
+        reply.set_exception(asyncio.TimeoutError())
 
 
 class Connection:
@@ -76,6 +83,8 @@ class Connection:
         self._next_id = 1
         self._slots = asyncio.Semaphore(max(1, min(in_flight_max, limits.in_flight_max)))
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._out: List[bytes] = []
         #: Resolves (to the error) when the connection is closed; never raises.
         self.closed: asyncio.Future = loop.create_future()
         self.error: Optional[ConnectionLost] = None
@@ -136,20 +145,36 @@ class Connection:
             self._pending[rid] = reply
             if watch is not None:
                 self._watches[rid] = watch
+            expiry = None
             try:
-                self._writer.write(w.frame(opcode, rid, body))
+                self._send(w.frame(opcode, rid, body))
                 if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
                     await self._writer.drain()
-                result = await asyncio.wait_for(reply, timeout)
+                if timeout is not None:
+                    expiry = self._loop.call_later(timeout, _expire, reply)
+                result = await reply
             except BaseException:
                 if watch is not None:
                     self._watches.pop(rid, None)
                 raise
             finally:
                 self._pending.pop(rid, None)
+                if expiry is not None:
+                    expiry.cancel()
             if watch is not None and result[0] != w.WATCHING:
                 self._watches.pop(rid, None)
             return result
+
+    def _send(self, frame: bytes) -> None:
+        """Queues a frame; the frames queued in one turn of the loop go out in one write."""
+        self._out.append(frame)
+        if len(self._out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self.error is None:
+            self._writer.write(b"".join(out))
 
     def watch_id(self, watch: WatchQueue) -> Optional[int]:
         for rid, queue in self._watches.items():
@@ -164,22 +189,40 @@ class Connection:
 
     async def _read_loop(self) -> None:
         error: Union[str, BaseException] = "connection closed by the server"
+        buffer = bytearray()
         try:
             while True:
-                header = await self._reader.readexactly(4)
-                length = int.from_bytes(header, "big")
-                if not w.FRAME_LEN_MIN <= length <= w.FRAME_LEN_MAX:
-                    error = f"frame length {length} out of range"
+                chunk = await self._reader.read(READ_CHUNK)
+                if not chunk:
                     break
-                data = await self._reader.readexactly(length)
-                self._dispatch(data[0], int.from_bytes(data[1:9], "big"), data[9:])
-        except asyncio.IncompleteReadError:
-            pass
+                buffer += chunk
+                broken = self._dispatch_frames(buffer)
+                if broken:
+                    error = broken
+                    break
         except asyncio.CancelledError:
             error = "connection closed by the client"
         except (OSError, w.ProtocolViolation) as e:
             error = e
         self._fail(error)
+
+    def _dispatch_frames(self, buffer: bytearray) -> Optional[str]:
+        """Dispatches every whole frame in `buffer` and removes it; an error for a bad length."""
+        pos = 0
+        end = len(buffer)
+        while end - pos >= 4:
+            length = int.from_bytes(buffer[pos : pos + 4], "big")
+            if not w.FRAME_LEN_MIN <= length <= w.FRAME_LEN_MAX:
+                return f"frame length {length} out of range"
+            if end - pos - 4 < length:
+                break
+            start = pos + 4
+            opcode = buffer[start]
+            rid = int.from_bytes(buffer[start + 1 : start + 9], "big")
+            self._dispatch(opcode, rid, bytes(buffer[start + 9 : start + length]))
+            pos = start + length
+        del buffer[:pos]
+        return None
 
     def _dispatch(self, opcode: int, rid: int, body: bytes) -> None:
         if opcode == w.EVENT:

@@ -9,6 +9,7 @@ growing, jittered delay after a failed attempt.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import ssl as ssl_module
@@ -68,6 +69,17 @@ RESUBSCRIBE_DELAY_S = 0.1
 BACKOFF_DOUBLINGS_MAX = 20
 #: Shortest pause between renewal retries after a failed renewal.
 RENEW_RETRY_MIN_S = 0.005
+
+#: One request over a synchronous connection: (opcode, body, timeout) -> (opcode, reply).
+DirectCall = Callable[[int, bytes, float], Tuple[int, bytes]]
+#: Set by the blocking `Client` in its calling thread while it drives a call without the event
+#: loop (see `Client._fast`); unset on the loop, so guards and watches never use it.
+_DIRECT: "contextvars.ContextVar[Optional[DirectCall]]" = contextvars.ContextVar("tenure_direct", default=None)
+
+
+class UseLoop(Exception):
+    """Raised by the direct path before anything was sent: run the call on the event loop."""
+
 
 Key = Union[str, bytes]
 Meta = Union[str, bytes]
@@ -303,6 +315,9 @@ class AsyncClient:
         ERROR replies other than a final NOT_LEADER are raised as ServerError.
         """
         timeout = self.timeout if timeout is None else timeout
+        direct = _DIRECT.get()
+        if direct is not None and watch is None:
+            return self._call_direct(direct, opcode, body, timeout)
         deadline = time.monotonic() + timeout
         redirects = 0
         while True:
@@ -321,6 +336,18 @@ class AsyncClient:
             if code != 23 or redirects > len(self.endpoints) + REDIRECTS_EXTRA:
                 raise server_error(code, message)
             await self._follow(conn, message)
+
+    def _call_direct(self, direct: "DirectCall", opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes, Any]:
+        """The blocking client's fast path: one request over its synchronous connection, in the
+        calling thread, without suspending. NOT_LEADER goes back to the loop (the follower
+        executed nothing, so sending the request again is safe)."""
+        opcode_in, reply = direct(opcode, body, timeout)
+        if opcode_in != w.ERROR:
+            return opcode_in, reply, None
+        code, message = w.parse_error(reply)
+        if code == 23:
+            raise UseLoop("NOT_LEADER: follow it on the event loop")
+        raise server_error(code, message)
 
     async def _follow(self, conn: Connection, message: str) -> None:
         """After NOT_LEADER: a follower executes nothing, so the request goes to the leader."""

@@ -20,12 +20,15 @@ from .aio import (
     AsyncObserver,
     AsyncWatch,
     Credentials,
+    UseLoop,
+    _DIRECT,
     Key,
     Meta,
     TlsOptions,
     _GuardView,
 )
-from .errors import ConnectionLost
+from ._sync import SyncConnection
+from .errors import ConnectionLost, RequestTimeout
 from .results import AcquireResult, CheckResult, Event, Granted, KeyState, Leader, ReleaseResult, RenewResult
 
 T = TypeVar("T")
@@ -88,6 +91,10 @@ class Client:
         lazy: bool = False,
     ) -> None:
         self._io = _IoThread()
+        self._sync: Optional[SyncConnection] = None
+        self._sync_lock = threading.Lock()
+        #: The direct path is plain TCP only; TLS goes through the I/O thread.
+        self._sync_usable = tls is None
         options = dict(
             timeout=timeout,
             connect_timeout=connect_timeout,
@@ -108,10 +115,66 @@ class Client:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._io.run(coro)
 
+    def _fast(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Runs the call `make()` in this thread over the synchronous connection when no other
+        thread is using it (and the client is on plain TCP); otherwise on the I/O thread,
+        pipelined. A call the direct path cannot take is refused before anything is sent."""
+        if self._sync_usable and self._sync_lock.acquire(blocking=False):
+            try:
+                reset = _DIRECT.set(self._direct_call)
+                try:
+                    coro = make()
+                    try:
+                        coro.send(None)
+                    except StopIteration as done:
+                        return done.value  # type: ignore[no-any-return]
+                    except UseLoop:
+                        pass
+                    else:
+                        coro.close()
+                        raise RuntimeError("a direct tenure call suspended")
+                finally:
+                    _DIRECT.reset(reset)
+            finally:
+                self._sync_lock.release()
+        return self._run(make())
+
+    def _direct_call(self, opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes]:
+        conn = self._sync
+        if conn is not None and conn.is_stale():
+            conn.close()
+            conn = self._sync = None
+        if conn is None:
+            conn = self._sync = self._open_sync()
+        try:
+            return conn.call(opcode, body, timeout)
+        except (ConnectionLost, RequestTimeout):
+            conn.close()
+            self._sync = None
+            raise
+
+    def _open_sync(self) -> SyncConnection:
+        """The synchronous connection, to the server the pipelined one reached (it may have
+        followed a leader); UseLoop when there is none yet or it cannot be opened."""
+        current = self.aio._conn
+        if current is None or current.is_closed():
+            raise UseLoop("not connected")
+        host, _, port = current.address.rpartition(":")
+        creds = self.aio.credentials
+        auth = (creds.name.encode("utf-8"), creds.secret) if creds is not None else None
+        try:
+            return SyncConnection.open(host, int(port), self.aio.connect_timeout, auth)
+        except Exception as e:
+            raise UseLoop(f"direct connection failed: {e}") from e
+
     def close(self) -> None:
         """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost."""
         if self._io.stopped:
             return
+        with self._sync_lock:
+            if self._sync is not None:
+                self._sync.close()
+                self._sync = None
         try:
             self._run(self.aio.close())
         finally:
@@ -124,7 +187,11 @@ class Client:
         self.close()
 
     def disconnect(self) -> None:
-        """Drops the connection; the next request opens a new one."""
+        """Drops the connections; the next request opens a new one."""
+        with self._sync_lock:
+            if self._sync is not None:
+                self._sync.close()
+                self._sync = None
         self._io.loop.call_soon_threadsafe(self.aio.disconnect)
 
     @property
@@ -133,32 +200,32 @@ class Client:
 
     def ping(self) -> float:
         """Round trip to the server, in seconds."""
-        return self._run(self.aio.ping())
+        return self._fast(lambda: self.aio.ping())
 
     def acquire(
         self, key: Key, ttl: float, *, wait: float = 0.0, meta: Meta = b"", release_on_disconnect: bool = False
     ) -> AcquireResult:
         """`Granted` (the lease) or `Locked`; see `AsyncClient.acquire`."""
-        return self._run(self.aio.acquire(key, ttl, wait=wait, meta=meta, release_on_disconnect=release_on_disconnect))
+        return self._fast(lambda: self.aio.acquire(key, ttl, wait=wait, meta=meta, release_on_disconnect=release_on_disconnect))
 
     def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
         """`Renewed` (with the new local deadline) or `Lost`."""
-        return self._run(self.aio.renew(lease, ttl))
+        return self._fast(lambda: self.aio.renew(lease, ttl))
 
     def release(self, lease: Union[Granted, Tuple[Key, bytes]]) -> ReleaseResult:
         """`Released` or `NotOwner`."""
-        return self._run(self.aio.release(lease))
+        return self._fast(lambda: self.aio.release(lease))
 
     def inspect(self, key: Key) -> KeyState:
         """`Free` or `Held`."""
-        return self._run(self.aio.inspect(key))
+        return self._fast(lambda: self.aio.inspect(key))
 
     def check(self, key: Key, token: int) -> CheckResult:
         """`Current` or `Stale`."""
-        return self._run(self.aio.check(key, token))
+        return self._fast(lambda: self.aio.check(key, token))
 
     def stats(self) -> Dict[str, int]:
-        return self._run(self.aio.stats())
+        return self._fast(lambda: self.aio.stats())
 
     def watch(self, key: Key) -> "Watch":
         """The key's state now (`watch.initial`), then its changes: iterate, or `next(timeout)`."""
