@@ -103,3 +103,39 @@ def test_connect_tries_each_address_in_turn(server):
     # Every address refuses: the error of the last one.
     with pytest.raises(tenure.ConnectionLost):
         tenure.Client(f"{dead},{dead}")
+
+
+def test_blocking_client_follows_not_leader_and_then_talks_to_the_leader(server):
+    """The blocking client's direct path hands NOT_LEADER to the pipelined path, which
+    follows it; later calls go to the leader only."""
+    import threading
+
+    ready = threading.Event()
+    state = {}
+
+    def run_follower():
+        async def main():
+            follower = await FakeFollower(server.addr).start()
+            state["follower"] = follower
+            state["loop"] = asyncio.get_running_loop()
+            state["stop"] = asyncio.Event()
+            ready.set()
+            await state["stop"].wait()
+            follower.server.close()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run_follower)
+    thread.start()
+    try:
+        assert ready.wait(5)
+        follower = state["follower"]
+        with tenure.Client(f"{follower.addr},{server.addr}") as c:
+            for i in range(5):
+                assert isinstance(c.acquire(f"bl/{i}", 10), Granted)
+            assert isinstance(c.inspect("bl/0"), Held)
+        # At most the first ACQUIRE reached the follower on each of the client's connections.
+        assert 1 <= len(follower.requests) <= 2, follower.requests
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(timeout=10)

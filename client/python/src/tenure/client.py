@@ -32,6 +32,8 @@ from .errors import ConnectionLost, RequestTimeout
 from .results import AcquireResult, CheckResult, Event, Granted, KeyState, Leader, ReleaseResult, RenewResult
 
 T = TypeVar("T")
+#: The error code NOT_LEADER (23) as it starts an ERROR body.
+NOT_LEADER_CODE = (23).to_bytes(2, "big")
 
 
 class _IoThread:
@@ -147,11 +149,16 @@ class Client:
         if conn is None:
             conn = self._sync = self._open_sync()
         try:
-            return conn.call(opcode, body, timeout)
+            opcode_in, reply = conn.call(opcode, body, timeout)
         except (ConnectionLost, RequestTimeout):
             conn.close()
             self._sync = None
             raise
+        if opcode_in == w.ERROR and reply[:2] == NOT_LEADER_CODE:
+            # A follower: the next direct connection goes where the pipelined one is sent.
+            conn.close()
+            self._sync = None
+        return opcode_in, reply
 
     def _open_sync(self) -> SyncConnection:
         """The synchronous connection, to the server the pipelined one reached (it may have
