@@ -9,7 +9,7 @@ import tenure
 from conftest import wait_until
 from tenure import Free, Leader
 
-TTL_S = 0.5
+TTL_S = 1.0
 
 
 def test_election_fail_over_and_resign(server):

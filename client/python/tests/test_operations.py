@@ -188,3 +188,16 @@ def test_asyncio_operations(server):
             assert (await c.stats())["held"] == 0
 
     asyncio.run(main())
+
+
+def test_watching_a_key_again_ends_the_older_watch(client):
+    """One watch per key per connection: the older watch ends (next() returns None) instead of
+    waiting forever for events that now go to the newer one."""
+    first = client.watch("again")
+    second = client.watch("again")
+    lease = client.acquire("again", 10)
+    start = time.monotonic()
+    assert first.next(timeout=10) is None
+    assert time.monotonic() - start < 5, "the older watch was left waiting"
+    event = second.next(timeout=5)
+    assert event.kind == EventKind.GRANTED and event.token == lease.token

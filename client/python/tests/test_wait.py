@@ -8,7 +8,7 @@ import time
 import tenure
 from tenure import Granted, Renewed
 
-TTL_S = 0.3
+TTL_S = 0.5
 #: The holder keeps the lock for three TTLs before it releases.
 HOLD_S = 3 * TTL_S
 

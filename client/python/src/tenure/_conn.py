@@ -21,7 +21,8 @@ WATCH_EVENTS_MAX = 1024
 class WatchQueue:
     """Events of one watch, waiting for their consumer. Ends with an error or a close."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: bytes = b"") -> None:
+        self.key = key
         self.events: Deque[Event] = collections.deque()
         self.error: Optional[BaseException] = None
         self.ended = False
@@ -181,6 +182,13 @@ class Connection:
             if queue is watch:
                 return rid
         return None
+
+    def watching(self, key: bytes, watch: WatchQueue) -> None:
+        """After a WATCHING reply: a connection has one watch per key (PROTOCOL.md 3.4), so a
+        new WATCH of a key replaces the old one, which gets no further frame: it ends here."""
+        for rid, queue in list(self._watches.items()):
+            if queue is not watch and queue.key == key:
+                self.forget_watch(rid)
 
     def forget_watch(self, rid: int) -> None:
         queue = self._watches.pop(rid, None)

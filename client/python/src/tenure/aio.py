@@ -482,9 +482,10 @@ class AsyncClient:
     async def watch(self, key: Key) -> "AsyncWatch":
         """Subscribes to `key`: the state now, then an `Event` for every later change."""
         key_b = self._key(key)
-        queue = WatchQueue()
+        queue = WatchQueue(key_b)
         opcode, reply, conn = await self._call(w.WATCH, w.bytes16(key_b), watch=queue)
         _expect(opcode, w.WATCHING)
+        conn.watching(key_b, queue)
         r = w.Reader(reply)
         initial: KeyState = Held(*w.parse_held(r)) if r.u8() == 1 else Free()
         return AsyncWatch(self, conn, key_b, initial, queue)
