@@ -32,7 +32,7 @@ def test_election_fail_over_and_resign(server):
         assert won, "the standby did not take over"
         leader2 = won[0]
         assert leader2.term > leader1.term
-        assert leader1.lost.is_set()
+        assert leader1.lost.is_set() and leader1.loss_reason == "client closed"
         with __import__("pytest").raises(tenure.LeaseLost):
             leader1.check()
         assert observer.next(timeout=5) == Leader(leader2.term, b"node-2")

@@ -205,3 +205,12 @@ def test_check_reads_the_clock_while_the_renewal_thread_is_frozen(client):
         finally:
             unfreeze.set()
         assert lease.lost.wait(timeout=5)
+
+
+def test_closing_the_client_signals_loss_to_its_guards(server):
+    c = tenure.Client(server.addr)
+    guard = c.lock("closing", ttl=TTL_S).acquire()
+    c.close()
+    assert guard.lost.is_set() and guard.loss_reason == "client closed"
+    with pytest.raises(tenure.LeaseLost):
+        guard.check()

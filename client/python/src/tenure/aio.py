@@ -16,6 +16,7 @@ import ssl as ssl_module
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
@@ -192,6 +193,8 @@ class AsyncClient:
         self._failures = 0
         self._retry_at: Optional[float] = None
         self._closed = False
+        #: Renewal tasks of this client's guards, told when the client closes.
+        self._keepers: "weakref.WeakSet[_Keeper]" = weakref.WeakSet()
 
     # -- connecting -------------------------------------------------------------------
 
@@ -210,8 +213,12 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Closes the connection; requests in flight fail with ConnectionLost."""
+        """Closes the connection; requests in flight fail with ConnectionLost, and every lease
+        guard of this client stops renewing and signals its loss ("client closed")."""
         self._closed = True
+        for keeper in list(self._keepers):
+            keeper.stop()
+            keeper.fire(LOSS_CLIENT_CLOSED)
         self.disconnect()
 
     def disconnect(self) -> None:
@@ -610,6 +617,7 @@ class AsyncWatch:
 
 LOSS_REVOKED = "renewal answered LOST"
 LOSS_RELEASED = "released by its owner"
+LOSS_CLIENT_CLOSED = "client closed"
 
 
 class _Keeper:
@@ -646,6 +654,7 @@ class _Keeper:
         loop = asyncio.get_running_loop()
         self._stop: asyncio.Future = loop.create_future()
         self.task = loop.create_task(self._run(), name=f"tenure renew {lease.key!r}")
+        client._keepers.add(self)
 
     def give_up_at(self) -> float:
         return self.deadline - self.margin
