@@ -97,17 +97,20 @@ class Client:
         self._sync_lock = threading.Lock()
         #: The direct path is plain TCP only; TLS goes through the I/O thread.
         self._sync_usable = tls is None
-        options = dict(
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            reconnect_delay_min=reconnect_delay_min,
-            reconnect_delay_max=reconnect_delay_max,
-            in_flight_max=in_flight_max,
-            credentials=credentials,
-            tls=tls,
-        )
+        def make() -> AsyncClient:
+            return AsyncClient(
+                addrs,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                reconnect_delay_min=reconnect_delay_min,
+                reconnect_delay_max=reconnect_delay_max,
+                in_flight_max=in_flight_max,
+                credentials=credentials,
+                tls=tls,
+            )
+
         try:
-            self.aio: AsyncClient = self._io.run(_build(lambda: AsyncClient(addrs, **options)))
+            self.aio: AsyncClient = self._io.run(_build(make))
             if not lazy:
                 self._io.run(self.aio.__aenter__())
         except BaseException:
