@@ -116,3 +116,22 @@ def test_mutual_tls_certificate_names_the_identity(start_tenured, certs, identit
     # AUTH as the certificate's own identity is answered AUTHENTICATED too.
     with tenure.Client(server.addr, tls=tls, credentials=("orders", SECRET)) as c:
         assert isinstance(c.acquire("orders/8", 10), Granted)
+
+
+def test_auth_answered_not_leader_by_a_follower_goes_to_the_leader(start_tenured, identities):
+    """A follower that answers the AUTH itself with NOT_LEADER: the client connects to the
+    leader it names and authenticates there."""
+    import asyncio
+
+    from test_cluster import FakeFollower
+
+    server = start_tenured("--identities", str(identities))
+
+    async def main():
+        follower = await FakeFollower(server.addr).start()
+        async with tenure.AsyncClient(f"{follower.addr},{follower.addr}", credentials=("orders", SECRET)) as c:
+            assert isinstance(await c.acquire("orders/9", 10), Granted)
+        assert follower.requests == [0x0A]  # one AUTH, nothing else
+        follower.server.close()
+
+    asyncio.run(main())

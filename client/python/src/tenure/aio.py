@@ -27,6 +27,7 @@ from .errors import (
     InvalidArgument,
     LeaseLost,
     NotAcquired,
+    NotLeader,
     ProtocolError,
     RequestTimeout,
     ServerError,
@@ -262,7 +263,11 @@ class AsyncClient:
                 except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
                     self._note_failure(target)
                     last_round = attempt == len(self.endpoints) - 1 or time.monotonic() >= deadline
-                    if not last_round and not isinstance(e, ServerError):
+                    # A follower may answer the AUTH itself with NOT_LEADER: go where it says.
+                    hint = w.leader_hint(e.message) if isinstance(e, NotLeader) else None
+                    if hint is not None and hint[0] is not None:
+                        self._next = parse_addresses(hint[0])[0]
+                    if not last_round and (not isinstance(e, ServerError) or isinstance(e, NotLeader)):
                         continue
                     if isinstance(e, asyncio.TimeoutError):
                         raise ConnectionLost(f"connecting to {target[0]}:{target[1]} timed out") from e
