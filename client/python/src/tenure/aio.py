@@ -1,0 +1,1027 @@
+"""The asyncio client: `AsyncClient`, lease guards, watches and elections.
+
+One `AsyncClient` keeps one connection and pipelines every request over it: many tasks may
+call it at once, and replies are matched by request id. When the connection dies, requests in
+flight fail with `ConnectionLost` and the next request reconnects, waiting an exponentially
+growing, jittered delay after a failed attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import ssl as ssl_module
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
+
+from . import _wire as w
+from ._conn import Connection, WatchQueue
+from .errors import (
+    ConnectionLost,
+    InvalidArgument,
+    LeaseLost,
+    NotAcquired,
+    NotLeader,
+    ProtocolError,
+    RequestTimeout,
+    ServerError,
+    is_transient,
+    server_error,
+)
+from .results import (
+    AcquireResult,
+    CheckResult,
+    Current,
+    Event,
+    EventKind,
+    Free,
+    Granted,
+    Held,
+    KeyState,
+    Leader,
+    Locked,
+    Lost,
+    NotOwner,
+    Released,
+    ReleaseResult,
+    Renewed,
+    RenewResult,
+    Stale,
+    local_deadline,
+    SERVER_ROUNDING_S,
+)
+
+log = logging.getLogger("tenure")
+
+#: Redirects one request may follow (NOT_LEADER) beyond one per address.
+REDIRECTS_EXTRA = 3
+#: Pause before trying the next address while a cluster elects its leader (`leader=unknown`).
+ELECTION_PAUSE_S = 0.1
+#: Pause before a candidate queues again after its wait was cut by a server restart.
+CAMPAIGN_RETRY_PAUSE_S = 0.1
+#: Pause before an observer watches again after its watch failed.
+RESUBSCRIBE_DELAY_S = 0.1
+#: Doublings of the reconnect delay before it stays at its maximum.
+BACKOFF_DOUBLINGS_MAX = 20
+#: Shortest pause between renewal retries after a failed renewal.
+RENEW_RETRY_MIN_S = 0.005
+
+#: One request over a synchronous connection: (opcode, body, timeout) -> (opcode, reply).
+DirectCall = Callable[[int, bytes, float], Tuple[int, bytes]]
+#: Set by the blocking `Client` in its calling thread while it drives a call without the event
+#: loop (see `Client._fast`); unset on the loop, so guards and watches never use it.
+_DIRECT: "contextvars.ContextVar[Optional[DirectCall]]" = contextvars.ContextVar("tenure_direct", default=None)
+
+
+class UseLoop(Exception):
+    """Raised by the direct path before anything was sent: run the call on the event loop."""
+
+
+Key = Union[str, bytes]
+Meta = Union[str, bytes]
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An identity's name and secret, sent in AUTH on every new connection."""
+
+    name: str
+    secret: bytes
+
+    def __repr__(self) -> str:
+        return f"Credentials(name={self.name!r}, secret=<hidden>)"
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS to the server: trust only `ca_file`; present `cert_file`/`key_file` for mutual TLS.
+
+    `server_name` is the name the server's certificate must carry (default: the host
+    connected to). Pass `context` to use an `ssl.SSLContext` of your own instead.
+    """
+
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    server_name: Optional[str] = None
+    context: Optional[ssl_module.SSLContext] = None
+
+    def ssl_context(self) -> ssl_module.SSLContext:
+        if self.context is not None:
+            return self.context
+        ctx = ssl_module.create_default_context(cafile=self.ca_file)
+        ctx.minimum_version = ssl_module.TLSVersion.TLSv1_2
+        if self.cert_file is not None:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+
+def _as_bytes(value: Union[str, bytes], what: str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidArgument(f"{what} must be str or bytes, not {type(value).__name__}")
+
+
+def _ms(seconds: float, what: str) -> int:
+    """Seconds as whole milliseconds (rounded), refusing negatives."""
+    if seconds < 0:
+        raise InvalidArgument(f"{what} must not be negative: {seconds}")
+    return int(round(seconds * 1000))
+
+
+def parse_addresses(addrs: Union[str, List[str]]) -> List[Tuple[str, int]]:
+    """`"a:1,b:2"` (or a list) as (host, port) pairs; IPv6 hosts in brackets: `[::1]:7878`."""
+    items = addrs.split(",") if isinstance(addrs, str) else list(addrs)
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit():
+            raise InvalidArgument(f"address {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise InvalidArgument("no server address given")
+    return out
+
+
+class AsyncClient:
+    """A tenure client for asyncio: one pipelined connection, reconnected when it fails.
+
+    `addrs` is `"host:port"` or several, `"a:7878,b:7878,c:7878"` (a cluster): each is tried
+    in turn when connecting, and a `NOT_LEADER` answer is followed to the leader it names.
+    Durations are seconds (floats). Use `await AsyncClient.connect(...)` or
+    `async with AsyncClient(...) as client:`.
+    """
+
+    def __init__(
+        self,
+        addrs: Union[str, List[str]] = "127.0.0.1:7878",
+        *,
+        timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        reconnect_delay_min: float = 0.05,
+        reconnect_delay_max: float = 5.0,
+        in_flight_max: int = 4096,
+        credentials: Optional[Union[Credentials, Tuple[str, Union[str, bytes]]]] = None,
+        tls: Optional[Union[TlsOptions, ssl_module.SSLContext]] = None,
+    ) -> None:
+        self.endpoints = parse_addresses(addrs)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.reconnect_delay_min = reconnect_delay_min
+        self.reconnect_delay_max = reconnect_delay_max
+        self.in_flight_max = in_flight_max
+        if isinstance(credentials, tuple):
+            credentials = Credentials(credentials[0], _as_bytes(credentials[1], "secret"))
+        self.credentials = credentials
+        if isinstance(tls, ssl_module.SSLContext):
+            tls = TlsOptions(context=tls)
+        self.tls = tls
+        self._ssl = tls.ssl_context() if tls is not None else None
+        self._conn: Optional[Connection] = None
+        self._lock: Optional[asyncio.Lock] = None
+        self._next = self.endpoints[0]
+        self._failures = 0
+        self._retry_at: Optional[float] = None
+        self._closed = False
+        #: Renewal tasks of this client's guards, told when the client closes.
+        self._keepers: "weakref.WeakSet[_Keeper]" = weakref.WeakSet()
+
+    # -- connecting -------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, addrs: Union[str, List[str]] = "127.0.0.1:7878", **options: Any) -> "AsyncClient":
+        """A client whose first connection is open (its errors raised here)."""
+        client = cls(addrs, **options)
+        await client._connection(time.monotonic() + client.connect_timeout)
+        return client
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self._connection(time.monotonic() + self.connect_timeout)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the connection; requests in flight fail with ConnectionLost, and every lease
+        guard of this client stops renewing and signals its loss ("client closed")."""
+        self._closed = True
+        for keeper in list(self._keepers):
+            keeper.stop()
+            keeper.fire(LOSS_CLIENT_CLOSED)
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        """Drops the connection (the next request opens a new one)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close("disconnected by the client")
+
+    @property
+    def server_limits(self) -> Optional[w.ServerLimits]:
+        """The limits the server announced on the current connection."""
+        return self._conn.limits if self._conn is not None else None
+
+    def is_connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def _connection(self, deadline: float) -> Connection:
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            return conn
+        if self._closed:
+            raise ConnectionLost("client closed")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.is_closed():
+                return conn
+            if self._retry_at is not None:
+                delay = self._retry_at - time.monotonic()
+                if delay > deadline - time.monotonic():
+                    raise RequestTimeout("reconnect delay runs past the request's timeout")
+                await asyncio.sleep(max(0.0, delay))
+            # Each address once, at once: a cluster with a node down still connects. The
+            # backoff delay comes after a whole round of them failed.
+            for attempt in range(len(self.endpoints)):
+                target = self._next
+                budget = min(self.connect_timeout, max(0.0, deadline - time.monotonic()))
+                try:
+                    conn = await asyncio.wait_for(self._open(target), budget)
+                except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
+                    self._note_failure(target)
+                    last_round = attempt == len(self.endpoints) - 1 or time.monotonic() >= deadline
+                    # A follower may answer the AUTH itself with NOT_LEADER: go where it says.
+                    hint = w.leader_hint(e.message) if isinstance(e, NotLeader) else None
+                    if hint is not None and hint[0] is not None:
+                        self._next = parse_addresses(hint[0])[0]
+                    if not last_round and (not isinstance(e, ServerError) or isinstance(e, NotLeader)):
+                        continue
+                    if isinstance(e, asyncio.TimeoutError):
+                        raise ConnectionLost(f"connecting to {target[0]}:{target[1]} timed out") from e
+                    raise
+                self._failures = 0
+                self._retry_at = None
+                self._conn = conn
+                return conn
+            raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _open(self, target: Tuple[str, int]) -> Connection:
+        host, port = target
+        server_name = self.tls.server_name if self.tls is not None else None
+        conn = await Connection.open(
+            host, port, ssl=self._ssl, server_hostname=server_name, in_flight_max=self.in_flight_max
+        )
+        if self.credentials is not None:
+            try:
+                await _authenticate(conn, self.credentials, self.connect_timeout)
+            except BaseException:
+                conn.close("authentication failed")
+                raise
+        return conn
+
+    def _note_failure(self, target: Tuple[str, int]) -> None:
+        """After a failed connect: the next address now; the backoff delay after each round."""
+        self._failures += 1
+        self._advance_from(target)
+        count = len(self.endpoints)
+        if self._failures % count == 0:
+            self._retry_at = time.monotonic() + self._reconnect_delay(self._failures // count)
+
+    def _reconnect_delay(self, rounds: int) -> float:
+        """Exponential backoff with equal jitter: random in [d/2, d], d doubling per round."""
+        doublings = min(max(rounds - 1, 0), BACKOFF_DOUBLINGS_MAX)
+        delay = min(self.reconnect_delay_min * (2**doublings), self.reconnect_delay_max)
+        return delay / 2 + random.random() * delay / 2
+
+    def _advance_from(self, target: Tuple[str, int]) -> None:
+        try:
+            index = self.endpoints.index(target)
+        except ValueError:
+            index = -1  # a leader named by NOT_LEADER, not one of ours: start over
+        self._next = self.endpoints[(index + 1) % len(self.endpoints)]
+
+    # -- one request ------------------------------------------------------------------
+
+    async def _call(
+        self,
+        opcode: int,
+        body: bytes,
+        timeout: Optional[float] = None,
+        watch: Optional[WatchQueue] = None,
+    ) -> Tuple[int, bytes, Connection]:
+        """Sends a request (following NOT_LEADER) and returns (opcode, body, connection).
+
+        ERROR replies other than a final NOT_LEADER are raised as ServerError.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        direct = _DIRECT.get()
+        if direct is not None and watch is None:
+            return self._call_direct(direct, opcode, body, timeout)
+        deadline = time.monotonic() + timeout
+        redirects = 0
+        while True:
+            conn = await self._connection(deadline)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(f"no answer within {timeout:.3f} s")
+            try:
+                opcode_in, reply = await conn.call(opcode, body, left, watch)
+            except asyncio.TimeoutError:
+                raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
+            if opcode_in != w.ERROR:
+                return opcode_in, reply, conn
+            code, message = w.parse_error(reply)
+            redirects += 1
+            if code != 23 or redirects > len(self.endpoints) + REDIRECTS_EXTRA:
+                raise server_error(code, message)
+            await self._follow(conn, message)
+
+    def _call_direct(self, direct: "DirectCall", opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes, Any]:
+        """The blocking client's fast path: one request over its synchronous connection, in the
+        calling thread, without suspending. NOT_LEADER goes back to the loop (the follower
+        executed nothing, so sending the request again is safe)."""
+        opcode_in, reply = direct(opcode, body, timeout)
+        if opcode_in != w.ERROR:
+            return opcode_in, reply, None
+        code, message = w.parse_error(reply)
+        if code == 23:
+            raise UseLoop("NOT_LEADER: follow it on the event loop")
+        raise server_error(code, message)
+
+    async def _follow(self, conn: Connection, message: str) -> None:
+        """After NOT_LEADER: a follower executes nothing, so the request goes to the leader."""
+        if self._conn is conn:
+            self._conn = None
+        conn.close("not the leader")
+        hint = w.leader_hint(message)
+        if hint is not None and hint[0] is not None:
+            self._next = parse_addresses(hint[0])[0]
+            return
+        self._advance_from(self._next)
+        await asyncio.sleep(ELECTION_PAUSE_S)
+
+    def _limits(self) -> Tuple[int, int, int, int]:
+        limits = self.server_limits
+        if limits is None:
+            return w.KEY_LEN_MAX, w.META_LEN_MAX, w.TTL_MS_MAX, w.WAIT_MS_MAX
+        return limits.key_len_max, limits.meta_len_max, limits.ttl_ms_max, limits.wait_ms_max
+
+    def _key(self, key: Key) -> bytes:
+        data = _as_bytes(key, "key")
+        if not 1 <= len(data) <= self._limits()[0]:
+            raise InvalidArgument(f"key must be 1 to {self._limits()[0]} bytes, not {len(data)}")
+        return data
+
+    def _ttl_ms(self, ttl: float) -> int:
+        ttl_ms = _ms(ttl, "ttl")
+        if not w.TTL_MS_MIN <= ttl_ms <= self._limits()[2]:
+            raise InvalidArgument(f"ttl must be {w.TTL_MS_MIN} to {self._limits()[2]} ms, not {ttl_ms}")
+        return ttl_ms
+
+    # -- operations -------------------------------------------------------------------
+
+    async def ping(self) -> float:
+        """Round trip to the server, in seconds."""
+        start = time.monotonic()
+        opcode, _, _ = await self._call(w.PING, b"")
+        _expect(opcode, w.PONG)
+        return time.monotonic() - start
+
+    async def acquire(
+        self,
+        key: Key,
+        ttl: float,
+        *,
+        wait: float = 0.0,
+        meta: Meta = b"",
+        release_on_disconnect: bool = False,
+    ) -> AcquireResult:
+        """Asks for `key` for `ttl` seconds, waiting in line up to `wait` seconds if it is held.
+
+        Returns `Granted` (the lease) or `Locked` (the holder's token and time left). The
+        lease's local deadline counts from an instant taken before sending, plus the server's
+        `waited_ms`, plus the TTL, less 2 ms: never later than the server's.
+        """
+        lease, _ = await self._acquire(key, ttl, wait, meta, release_on_disconnect)
+        return lease
+
+    async def _acquire(
+        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+    ) -> Tuple[AcquireResult, Connection]:
+        key_b = self._key(key)
+        ttl_ms = self._ttl_ms(ttl)
+        wait_ms = _ms(wait, "wait")
+        if wait_ms > self._limits()[3]:
+            raise InvalidArgument(f"wait must be at most {self._limits()[3]} ms, not {wait_ms}")
+        meta_b = _as_bytes(meta, "meta")
+        if len(meta_b) > self._limits()[1]:
+            raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes")
+        flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
+        body = w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
+        # Taken before sending: the server takes the request up later, so the deadline counted
+        # from here is never later than the server's.
+        sent_at = time.monotonic()
+        opcode, reply, conn = await self._call(w.ACQUIRE, body, self.timeout + wait)
+        r = w.Reader(reply)
+        if opcode == w.GRANTED:
+            token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
+            deadline = local_deadline(sent_at, waited_ms, granted_ttl_ms)
+            return Granted(key_b, token, lease_id, granted_ttl_ms, waited_ms, deadline, release_on_disconnect), conn
+        _expect(opcode, w.LOCKED)
+        return Locked(r.u64(), r.u32()), conn
+
+    async def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
+        """Extends `lease` to `ttl` seconds (default: its granted TTL) from now, if it still holds.
+
+        Returns `Renewed` (with the new local deadline) or `Lost`.
+        """
+        result, _ = await self._renew(lease.key, lease.lease_id, lease.ttl_ms if ttl is None else self._ttl_ms(ttl))
+        return result
+
+    async def _renew(self, key: bytes, lease_id: bytes, ttl_ms: int) -> Tuple[RenewResult, Connection]:
+        sent_at = time.monotonic()
+        opcode, reply, conn = await self._call(w.RENEW, w.renew_body(key, lease_id, ttl_ms))
+        if opcode == w.LOST:
+            return Lost(), conn
+        _expect(opcode, w.RENEWED)
+        renewed_ms = w.Reader(reply).u32()
+        return Renewed(renewed_ms, local_deadline(sent_at, 0, renewed_ms)), conn
+
+    async def release(self, lease: Union[Granted, Tuple[Key, bytes]]) -> ReleaseResult:
+        """Frees the lease's key if the lease still holds it: `Released` or `NotOwner`."""
+        key, lease_id = (lease.key, lease.lease_id) if isinstance(lease, Granted) else lease
+        opcode, _, _ = await self._call(w.RELEASE, w.release_body(self._key(key), _lease_id(lease_id)))
+        if opcode == w.NOT_OWNER:
+            return NotOwner()
+        _expect(opcode, w.RELEASED)
+        return Released()
+
+    async def inspect(self, key: Key) -> KeyState:
+        """The key's state now: `Free`, or `Held` with the holder's token, time left, waiters, meta."""
+        opcode, reply, _ = await self._call(w.INSPECT, w.bytes16(self._key(key)))
+        if opcode == w.FREE:
+            return Free()
+        _expect(opcode, w.HELD)
+        return Held(*w.parse_held(w.Reader(reply)))
+
+    async def check(self, key: Key, token: int) -> CheckResult:
+        """`Current` if `token` is the token of the lease holding `key` now, else `Stale`."""
+        opcode, _, _ = await self._call(w.CHECK, w.check_body(self._key(key), _u64(token)))
+        if opcode == w.STALE:
+            return Stale()
+        _expect(opcode, w.CURRENT)
+        return Current()
+
+    async def stats(self) -> Dict[str, int]:
+        """The server's counters by name (names may be added; ignore unknown ones)."""
+        opcode, reply, _ = await self._call(w.STATS, b"")
+        _expect(opcode, w.STATS_REPLY)
+        return dict(w.parse_stats(reply))
+
+    async def watch(self, key: Key) -> "AsyncWatch":
+        """Subscribes to `key`: the state now, then an `Event` for every later change."""
+        key_b = self._key(key)
+        queue = WatchQueue(key_b)
+        opcode, reply, conn = await self._call(w.WATCH, w.bytes16(key_b), watch=queue)
+        _expect(opcode, w.WATCHING)
+        conn.watching(key_b, queue)
+        r = w.Reader(reply)
+        initial: KeyState = Held(*w.parse_held(r)) if r.u8() == 1 else Free()
+        return AsyncWatch(self, conn, key_b, initial, queue)
+
+    # -- guards and elections ---------------------------------------------------------
+
+    def lock(
+        self,
+        key: Key,
+        ttl: float,
+        *,
+        wait: float = 0.0,
+        meta: Meta = b"",
+        release_on_disconnect: bool = False,
+        on_lost: Optional[Callable[[str], None]] = None,
+        cancel_on_loss: bool = False,
+        renew_every: Optional[float] = None,
+        margin: Optional[float] = None,
+    ) -> "AsyncLeaseGuard":
+        """`async with client.lock("order:1842", ttl=30, wait=10) as lease:`.
+
+        Acquires on entry (raising `NotAcquired` if the wait runs out), renews every third of
+        the TTL in a background task, releases on exit. With `cancel_on_loss` the body is
+        cancelled when the lease is lost and the `async with` raises `LeaseLost`.
+        """
+        return AsyncLeaseGuard(
+            self,
+            key,
+            ttl,
+            wait=wait,
+            meta=meta,
+            release_on_disconnect=release_on_disconnect,
+            on_lost=on_lost,
+            cancel_on_loss=cancel_on_loss,
+            renew_every=renew_every,
+            margin=margin,
+        )
+
+    def election(self, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> "AsyncElection":
+        """The election `group` (its lock is `election/<group>`)."""
+        return AsyncElection(self, group, ttl=ttl, wait_max=wait_max)
+
+
+def _expect(opcode: int, wanted: int) -> None:
+    if opcode != wanted:
+        raise ProtocolError(f"reply opcode 0x{opcode:02x}, expected 0x{wanted:02x}")
+
+
+def _u64(token: int) -> int:
+    if not 0 <= token < 2**64:
+        raise InvalidArgument(f"token {token} is not a u64")
+    return token
+
+
+def _lease_id(lease_id: Union[str, bytes]) -> bytes:
+    data = bytes.fromhex(lease_id) if isinstance(lease_id, str) else bytes(lease_id)
+    if len(data) != 16:
+        raise InvalidArgument("a lease id is 16 bytes (32 hex digits)")
+    return data
+
+
+async def _authenticate(conn: Connection, credentials: Credentials, timeout: float) -> None:
+    name = credentials.name.encode("utf-8")
+    if not 1 <= len(name) <= w.AUTH_NAME_LEN_MAX or len(credentials.secret) > w.AUTH_SECRET_LEN_MAX:
+        raise InvalidArgument("identity name must be 1-64 bytes and secret at most 256")
+    opcode, reply = await conn.call(w.AUTH, w.auth_body(name, credentials.secret), timeout)
+    if opcode == w.ERROR:
+        raise server_error(*w.parse_error(reply))
+    _expect(opcode, w.AUTHENTICATED)
+
+
+class AsyncWatch:
+    """A running watch: `initial` is the key's state when it started; iterate for events.
+
+    The iteration ends with the watch's error (ConnectionLost, WatchLimit...) raised.
+    """
+
+    def __init__(self, client: AsyncClient, conn: Connection, key: bytes, initial: KeyState, queue: WatchQueue) -> None:
+        self.key = key
+        self.initial = initial
+        self._client = client
+        self._conn = conn
+        self._queue = queue
+
+    async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event; None if `timeout` passed first or the watch was closed by `close()`.
+
+        Raises the error that ended the watch (ConnectionLost, WatchLimit, ...).
+        """
+        try:
+            await asyncio.wait_for(self._queue.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if self._queue.events:
+            return self._queue.events.popleft()
+        if self._queue.error is not None:
+            raise self._queue.error
+        return None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        event = await self.next()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def close(self) -> None:
+        """UNWATCH: no event of this watch comes after it."""
+        rid = self._conn.watch_id(self._queue)
+        if rid is None or self._conn.is_closed():
+            self._queue.end(None)
+            return
+        self._conn.forget_watch(rid)
+        opcode, _ = await self._conn.call(w.UNWATCH, w.bytes16(self.key), self._client.timeout)
+        if opcode == w.ERROR:
+            raise server_error(*w.parse_error(_))
+
+
+# -- lease guards ---------------------------------------------------------------------
+
+LOSS_REVOKED = "renewal answered LOST"
+LOSS_RELEASED = "released by its owner"
+LOSS_CLIENT_CLOSED = "client closed"
+
+
+class _Keeper:
+    """Renews one lease in a task on the client's loop and fires the loss signals.
+
+    Loss fires at the first of: a renewal answered LOST; the connection a
+    release-on-disconnect lease is tied to closing; the local deadline less the margin
+    passing without a confirmed renewal (server down, renewals stuck, process paused).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        lease: Granted,
+        conn: Connection,
+        *,
+        renew_every: Optional[float],
+        margin: Optional[float],
+        on_lost: List[Callable[[str], None]],
+    ) -> None:
+        ttl = lease.ttl_ms / 1000.0
+        self.renew_every = ttl / 3 if renew_every is None else renew_every
+        self.margin = ttl / 10 if margin is None else margin
+        if self.renew_every + self.margin >= ttl:
+            raise InvalidArgument("renew_every + margin must be shorter than the ttl")
+        self.client = client
+        self.lease = lease
+        self.deadline = lease.deadline
+        self.reason: Optional[str] = None
+        self.thread_event = threading.Event()
+        self.async_event = asyncio.Event()
+        self.on_lost = on_lost
+        self.tied = conn if lease.release_on_disconnect else None
+        loop = asyncio.get_running_loop()
+        self._stop: asyncio.Future = loop.create_future()
+        self.task = loop.create_task(self._run(), name=f"tenure renew {lease.key!r}")
+        client._keepers.add(self)
+
+    def give_up_at(self) -> float:
+        return self.deadline - self.margin
+
+    def is_valid(self) -> bool:
+        return self.reason is None and time.monotonic() < self.give_up_at()
+
+    def fire(self, reason: str) -> None:
+        if self.reason is not None:
+            return
+        self.reason = reason
+        self.thread_event.set()
+        self.async_event.set()
+        for callback in self.on_lost:
+            try:
+                callback(reason)
+            except Exception:  # a callback's error must not stop the others
+                log.exception("tenure: on_lost callback failed")
+
+    def stop(self) -> None:
+        if not self._stop.done():
+            self._stop.set_result(None)
+
+    async def _run(self) -> None:
+        watched: Optional[Connection] = self.tied
+        next_renew = self.lease.deadline + SERVER_ROUNDING_S - self.lease.ttl_ms / 1000 + self.renew_every
+        retry_delay = max(self.renew_every / 4, RENEW_RETRY_MIN_S)
+        last_error: Optional[str] = None
+        while True:
+            now = time.monotonic()
+            give_up_at = self.give_up_at()
+            waiters = [self._stop] + ([watched.closed] if watched is not None else [])
+            pause = min(next_renew, give_up_at) - now
+            done, _ = await asyncio.wait(waiters, timeout=max(0.0, pause), return_when=asyncio.FIRST_COMPLETED)
+            if self._stop in done:
+                return
+            if watched is not None and watched.closed in done:
+                if self.tied is not None:
+                    return self.fire(f"connection closed: {watched.error}")
+                watched, next_renew = None, time.monotonic()
+                continue
+            if time.monotonic() >= give_up_at:
+                return self._expired(last_error)
+            if time.monotonic() < next_renew:
+                continue
+            outcome = await self._renew_once(give_up_at)
+            if outcome is None:
+                return  # stopped
+            if isinstance(outcome, tuple):
+                sent_at, renewed, conn = outcome
+                self.deadline = max(self.deadline, renewed.deadline)
+                next_renew, last_error = sent_at + self.renew_every, None
+                if self.tied is None:
+                    watched = conn
+            elif outcome == LOSS_REVOKED:
+                return self.fire(LOSS_REVOKED)
+            elif outcome == "give up":
+                return self._expired(last_error)
+            else:
+                log.debug("tenure: renewal of %r failed (%s); retrying", self.lease.key, outcome)
+                last_error, next_renew = outcome, time.monotonic() + retry_delay
+
+    def _expired(self, last_error: Optional[str]) -> None:
+        why = "lease ran out unconfirmed"
+        self.fire(f"{why} (last renewal: {last_error})" if last_error else why)
+
+    async def _renew_once(self, give_up_at: float) -> Any:
+        """One RENEW raced against stop and the give-up instant.
+
+        Returns (sent_at, Renewed, conn), LOSS_REVOKED, "give up", None (stopped) or an
+        error text to retry after.
+        """
+        sent_at = time.monotonic()
+        call = asyncio.ensure_future(self.client._renew(self.lease.key, self.lease.lease_id, self.lease.ttl_ms))
+        done, _ = await asyncio.wait(
+            [call, self._stop], timeout=max(0.0, give_up_at - sent_at), return_when=asyncio.FIRST_COMPLETED
+        )
+        if call not in done:
+            call.cancel()
+            return None if self._stop in done else "give up"
+        try:
+            result, conn = call.result()
+        except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+            return str(e) or type(e).__name__
+        if isinstance(result, Lost):
+            return LOSS_REVOKED
+        return sent_at, result, conn
+
+    async def finish(self, release: bool) -> Optional[ReleaseResult]:
+        """Stops renewing; releases the lock unless it was already lost."""
+        self.stop()
+        await asyncio.gather(self.task, return_exceptions=True)
+        was_lost = self.reason is not None
+        self.fire(LOSS_RELEASED)
+        if release and not was_lost:
+            try:
+                return await self.client.release(self.lease)
+            except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+                log.debug("tenure: release on exit failed: %s", e)
+        return None
+
+
+class _GuardView:
+    """What both guard forms show of their lease."""
+
+    _keeper: Optional[_Keeper]
+
+    def _k(self) -> _Keeper:
+        if self._keeper is None:
+            raise LeaseLost("not acquired yet")
+        return self._keeper
+
+    @property
+    def lease(self) -> Granted:
+        """The grant: key, fencing token, lease id, TTL, waited_ms."""
+        return self._k().lease
+
+    @property
+    def key(self) -> bytes:
+        return self._k().lease.key
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this lease: send it with every write to the resource."""
+        return self._k().lease.token
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline (time.monotonic), moved on by each confirmed renewal."""
+        return self._k().deadline
+
+    @property
+    def loss_reason(self) -> Optional[str]:
+        """Why the lease was lost, or None while it holds."""
+        return self._k().reason
+
+    def is_valid(self) -> bool:
+        """True while not lost and the local deadline less the margin has not passed."""
+        return self._keeper is not None and self._keeper.is_valid()
+
+    def time_left(self) -> float:
+        """Seconds until the guard gives up (deadline less margin); 0 once lost."""
+        k = self._k()
+        return 0.0 if k.reason is not None else max(0.0, k.give_up_at() - time.monotonic())
+
+    def check(self) -> None:
+        """Raises `LeaseLost` unless the lease still holds. Call it before each step of work.
+
+        Also true while the process was paused: the local clock is read here, so a guard whose
+        renewal task could not run still reports the loss.
+        """
+        k = self._k()
+        if k.reason is not None:
+            raise LeaseLost(k.reason)
+        if time.monotonic() >= k.give_up_at():
+            raise LeaseLost("lease ran out unconfirmed")
+
+
+class AsyncLeaseGuard(_GuardView):
+    """A lease renewed in a background task; see `AsyncClient.lock`.
+
+    `lost` is an `asyncio.Event` set on loss; `check()` raises `LeaseLost`; `on_lost` is
+    called with the reason (on the event loop).
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: Key,
+        ttl: float,
+        *,
+        wait: float = 0.0,
+        meta: Meta = b"",
+        release_on_disconnect: bool = False,
+        on_lost: Optional[Callable[[str], None]] = None,
+        cancel_on_loss: bool = False,
+        renew_every: Optional[float] = None,
+        margin: Optional[float] = None,
+    ) -> None:
+        self._client = client
+        self._args = (key, ttl, wait, meta, release_on_disconnect)
+        self._on_lost = [on_lost] if on_lost is not None else []
+        self._cancel_on_loss = cancel_on_loss
+        self._renew_every = renew_every
+        self._margin = margin
+        self._keeper = None
+        self._body: Optional[asyncio.Task] = None
+        self._cancelled_body = False
+
+    @classmethod
+    def _from_lease(
+        cls, client: AsyncClient, lease: Granted, conn: Connection, renew_every: Optional[float] = None
+    ) -> "AsyncLeaseGuard":
+        guard = cls(client, lease.key, lease.ttl_ms / 1000, renew_every=renew_every)
+        guard._start(lease, conn)
+        return guard
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the lease is lost (or released)."""
+        return self._k().async_event
+
+    async def acquire(self) -> "AsyncLeaseGuard":
+        """Acquires and starts renewing; raises `NotAcquired` if the wait ran out."""
+        key, ttl, wait, meta, rod = self._args
+        result, conn = await self._client._acquire(key, ttl, wait, meta, rod)
+        if isinstance(result, Locked):
+            raise NotAcquired(_as_bytes(key, "key"), result.token, result.ttl_left_ms)
+        self._start(result, conn)
+        return self
+
+    def _start(self, lease: Granted, conn: Connection) -> None:
+        self._on_lost.append(self._cancel_body)
+        self._keeper = _Keeper(
+            self._client, lease, conn, renew_every=self._renew_every, margin=self._margin, on_lost=self._on_lost
+        )
+
+    def _cancel_body(self, reason: str) -> None:
+        if self._cancel_on_loss and self._body is not None and reason != LOSS_RELEASED:
+            self._cancelled_body = True
+            self._body.cancel()
+
+    async def wait_lost(self) -> str:
+        """Returns the loss reason once the lease is lost."""
+        await self._k().async_event.wait()
+        return self._k().reason or ""
+
+    async def release(self) -> Optional[ReleaseResult]:
+        """Stops renewing and releases the lock (nothing is sent if it was already lost)."""
+        return await self._k().finish(release=True)
+
+    async def __aenter__(self) -> "AsyncLeaseGuard":
+        await self.acquire()
+        self._body = asyncio.current_task()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Optional[bool]:
+        self._body = None
+        await self.release()
+        if self._cancelled_body and exc_type is asyncio.CancelledError:
+            task = asyncio.current_task()
+            if sys.version_info >= (3, 11) and task is not None:
+                task.uncancel()
+            raise LeaseLost(self._k().reason or "lost") from exc
+        return None
+
+
+# -- elections --------------------------------------------------------------------------
+
+
+class AsyncElection:
+    """Leader election over the lock `election/<group>`: the term is the grant's fencing token.
+
+    Candidates queue in line with release on disconnect: a leader whose connection drops loses
+    at once and the next candidate leads.
+    """
+
+    def __init__(self, client: AsyncClient, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> None:
+        self.client = client
+        self.group = group
+        self.key = f"election/{group}".encode("utf-8")
+        self.ttl = ttl
+        self.wait_max = wait_max
+
+    async def campaign(self, value: Meta = b"", *, renew_every: Optional[float] = None) -> "AsyncLeadership":
+        """Waits until this candidate leads and returns its leadership (renewed in the background)."""
+        while True:
+            try:
+                result, conn = await self.client._acquire(self.key, self.ttl, self.wait_max, value, True)
+            except (ConnectionLost, ServerError) as e:
+                # The server restarted (or is restarting) under the standby: queue again. Not
+                # after a timeout: the first request may still be queued on the server.
+                if not is_transient(e):
+                    raise
+                log.debug("tenure: campaign interrupted (%s); queueing again", e)
+                await asyncio.sleep(CAMPAIGN_RETRY_PAUSE_S)
+                continue
+            if isinstance(result, Granted):
+                guard = AsyncLeaseGuard._from_lease(self.client, result, conn, renew_every)
+                return AsyncLeadership(self, guard, _as_bytes(value, "value"))
+
+    async def leader(self) -> Optional[Leader]:
+        """The current leader, if any."""
+        state = await self.client.inspect(self.key)
+        return Leader(state.token, state.meta) if isinstance(state, Held) else None
+
+    def observe(self) -> "AsyncObserver":
+        """Every new leader from now on, in increasing term order, starting with the current one."""
+        return AsyncObserver(self)
+
+
+class AsyncLeadership:
+    """This candidate leads until it resigns or its lease is lost."""
+
+    def __init__(self, election: AsyncElection, guard: AsyncLeaseGuard, value: bytes) -> None:
+        self.election = election
+        self.guard = guard
+        self.value = value
+
+    @property
+    def term(self) -> int:
+        """The fencing token of the leader's grant: fence the leader's writes on it."""
+        return self.guard.token
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self.guard.lost
+
+    def is_valid(self) -> bool:
+        return self.guard.is_valid()
+
+    def check(self) -> None:
+        self.guard.check()
+
+    async def resign(self) -> None:
+        """Steps down: releases the lock so the next candidate leads."""
+        await self.guard.release()
+
+
+class AsyncObserver:
+    """Leaders of a group, by WATCH of its lock; never yields a term not above the last one.
+
+    When the watch fails (the connection closed) `next()` raises the error; the following
+    call subscribes again.
+    """
+
+    def __init__(self, election: AsyncElection) -> None:
+        self._election = election
+        self._watch: Optional[AsyncWatch] = None
+        self._last_term = 0
+        self._failed = False
+
+    def __aiter__(self) -> "AsyncObserver":
+        return self
+
+    async def __anext__(self) -> Leader:
+        return await self.next()
+
+    async def next(self) -> Leader:
+        while True:
+            if self._watch is None:
+                if self._failed:
+                    await asyncio.sleep(RESUBSCRIBE_DELAY_S)
+                self._failed = True
+                self._watch = await self._election.client.watch(self._election.key)
+                self._failed = False
+                initial = self._watch.initial
+                if isinstance(initial, Held) and initial.token > self._last_term:
+                    self._last_term = initial.token
+                    return Leader(initial.token, initial.meta)
+                continue
+            try:
+                event = await self._watch.next()
+            except (ConnectionLost, ServerError):
+                self._watch, self._failed = None, True
+                raise
+            if event is not None and event.kind == EventKind.GRANTED and event.token > self._last_term:
+                self._last_term = event.token
+                return Leader(event.token, event.meta)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+            self._watch = None
+

@@ -1,0 +1,424 @@
+"""The blocking client: `Client`, `LeaseGuard`, `Watch`, `Election`.
+
+A `Client` runs an `AsyncClient` on an event loop in one background thread of its own (the
+client's I/O thread): calls from any number of threads are pipelined over its one connection,
+and lease guards renew there, so renewals go on while the calling thread computes or blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
+
+from . import _wire as w
+from .aio import (
+    AsyncClient,
+    AsyncElection,
+    AsyncLeadership,
+    AsyncLeaseGuard,
+    AsyncObserver,
+    AsyncWatch,
+    Credentials,
+    UseLoop,
+    _DIRECT,
+    Key,
+    Meta,
+    TlsOptions,
+    _GuardView,
+)
+from ._sync import SyncConnection
+from .errors import ConnectionLost, RequestTimeout
+from .results import AcquireResult, CheckResult, Event, Granted, KeyState, Leader, ReleaseResult, RenewResult
+
+T = TypeVar("T")
+#: The error code NOT_LEADER (23) as it starts an ERROR body.
+NOT_LEADER_CODE = (23).to_bytes(2, "big")
+
+
+class _IoThread:
+    """An event loop running in a daemon thread; coroutines are submitted to it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._main, name="tenure-io", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            # Stopped by close(): end what is left (read loops, renewals) and free the loop.
+            tasks = asyncio.all_tasks(self.loop)
+            for task in tasks:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("blocking tenure call from the client's own I/O thread (an on_lost callback?)")
+        if self.stopped:
+            coro.close()
+            raise ConnectionLost("client closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=5)
+
+
+async def _build(factory: Callable[[], T]) -> T:
+    """Runs `factory` on the I/O loop (objects that need a running loop are made there)."""
+    return factory()
+
+
+class Client:
+    """A blocking tenure client. Safe to share between threads.
+
+    `Client("127.0.0.1:7878")` connects at once (errors are raised here). Several addresses,
+    `"a:7878,b:7878,c:7878"`, make a cluster client that follows `NOT_LEADER` to the leader.
+    Durations are seconds (floats). Options are those of `AsyncClient`.
+    """
+
+    def __init__(
+        self,
+        addrs: Union[str, List[str]] = "127.0.0.1:7878",
+        *,
+        timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        reconnect_delay_min: float = 0.05,
+        reconnect_delay_max: float = 5.0,
+        in_flight_max: int = 4096,
+        credentials: Optional[Union[Credentials, Tuple[str, Union[str, bytes]]]] = None,
+        tls: Optional[Union[TlsOptions, Any]] = None,
+        lazy: bool = False,
+    ) -> None:
+        self._io = _IoThread()
+        self._sync: Optional[SyncConnection] = None
+        self._sync_lock = threading.Lock()
+        #: The direct path is plain TCP only; TLS goes through the I/O thread.
+        self._sync_usable = tls is None
+        def make() -> AsyncClient:
+            return AsyncClient(
+                addrs,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                reconnect_delay_min=reconnect_delay_min,
+                reconnect_delay_max=reconnect_delay_max,
+                in_flight_max=in_flight_max,
+                credentials=credentials,
+                tls=tls,
+            )
+
+        try:
+            self.aio: AsyncClient = self._io.run(_build(make))
+            if not lazy:
+                self._io.run(self.aio.__aenter__())
+        except BaseException:
+            self._io.stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._io.run(coro)
+
+    def _fast(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Runs the call `make()` in this thread over the synchronous connection when no other
+        thread is using it (and the client is on plain TCP); otherwise on the I/O thread,
+        pipelined. A call the direct path cannot take is refused before anything is sent."""
+        if self._sync_usable and self._sync_lock.acquire(blocking=False):
+            try:
+                reset = _DIRECT.set(self._direct_call)
+                try:
+                    coro = make()
+                    try:
+                        coro.send(None)
+                    except StopIteration as done:
+                        return done.value  # type: ignore[no-any-return]
+                    except UseLoop:
+                        pass
+                    else:
+                        coro.close()
+                        raise RuntimeError("a direct tenure call suspended")
+                finally:
+                    _DIRECT.reset(reset)
+            finally:
+                self._sync_lock.release()
+        return self._run(make())
+
+    def _direct_call(self, opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes]:
+        conn = self._sync
+        if conn is not None and conn.is_stale():
+            conn.close()
+            conn = self._sync = None
+        if conn is None:
+            conn = self._sync = self._open_sync()
+        try:
+            opcode_in, reply = conn.call(opcode, body, timeout)
+        except (ConnectionLost, RequestTimeout):
+            conn.close()
+            self._sync = None
+            raise
+        if opcode_in == w.ERROR and reply[:2] == NOT_LEADER_CODE:
+            # A follower: the next direct connection goes where the pipelined one is sent.
+            conn.close()
+            self._sync = None
+        return opcode_in, reply
+
+    def _open_sync(self) -> SyncConnection:
+        """The synchronous connection, to the server the pipelined one reached (it may have
+        followed a leader); UseLoop when there is none yet or it cannot be opened."""
+        current = self.aio._conn
+        if current is None or current.is_closed():
+            raise UseLoop("not connected")
+        host, _, port = current.address.rpartition(":")
+        creds = self.aio.credentials
+        auth = (creds.name.encode("utf-8"), creds.secret) if creds is not None else None
+        try:
+            return SyncConnection.open(host, int(port), self.aio.connect_timeout, auth)
+        except Exception as e:
+            raise UseLoop(f"direct connection failed: {e}") from e
+
+    def close(self) -> None:
+        """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost."""
+        if self._io.stopped:
+            return
+        with self._sync_lock:
+            if self._sync is not None:
+                self._sync.close()
+                self._sync = None
+        try:
+            self._run(self.aio.close())
+        finally:
+            self._io.stop()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def disconnect(self) -> None:
+        """Drops the connections; the next request opens a new one."""
+        with self._sync_lock:
+            if self._sync is not None:
+                self._sync.close()
+                self._sync = None
+        self._io.loop.call_soon_threadsafe(self.aio.disconnect)
+
+    @property
+    def server_limits(self) -> Optional[w.ServerLimits]:
+        return self.aio.server_limits
+
+    def ping(self) -> float:
+        """Round trip to the server, in seconds."""
+        return self._fast(lambda: self.aio.ping())
+
+    def acquire(
+        self, key: Key, ttl: float, *, wait: float = 0.0, meta: Meta = b"", release_on_disconnect: bool = False
+    ) -> AcquireResult:
+        """`Granted` (the lease) or `Locked`; see `AsyncClient.acquire`."""
+        return self._fast(lambda: self.aio.acquire(key, ttl, wait=wait, meta=meta, release_on_disconnect=release_on_disconnect))
+
+    def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
+        """`Renewed` (with the new local deadline) or `Lost`."""
+        return self._fast(lambda: self.aio.renew(lease, ttl))
+
+    def release(self, lease: Union[Granted, Tuple[Key, bytes]]) -> ReleaseResult:
+        """`Released` or `NotOwner`."""
+        return self._fast(lambda: self.aio.release(lease))
+
+    def inspect(self, key: Key) -> KeyState:
+        """`Free` or `Held`."""
+        return self._fast(lambda: self.aio.inspect(key))
+
+    def check(self, key: Key, token: int) -> CheckResult:
+        """`Current` or `Stale`."""
+        return self._fast(lambda: self.aio.check(key, token))
+
+    def stats(self) -> Dict[str, int]:
+        return self._fast(lambda: self.aio.stats())
+
+    def watch(self, key: Key) -> "Watch":
+        """The key's state now (`watch.initial`), then its changes: iterate, or `next(timeout)`."""
+        return Watch(self, self._run(self.aio.watch(key)))
+
+    def lock(
+        self,
+        key: Key,
+        ttl: float,
+        *,
+        wait: float = 0.0,
+        meta: Meta = b"",
+        release_on_disconnect: bool = False,
+        on_lost: Optional[Callable[[str], None]] = None,
+        renew_every: Optional[float] = None,
+        margin: Optional[float] = None,
+    ) -> "LeaseGuard":
+        """`with client.lock("order:1842", ttl=30, wait=10) as lease:`.
+
+        Acquires on entry (raising `NotAcquired` if the wait runs out), renews every third of
+        the TTL on the I/O thread, releases on exit. Loss: `lease.lost` (a threading.Event),
+        `lease.check()` raising `LeaseLost`, and `on_lost(reason)` called on the I/O thread.
+        """
+        guard = LeaseGuard(self)
+        guard._inner = self._run(
+            _build(
+                lambda: AsyncLeaseGuard(
+                    self.aio,
+                    key,
+                    ttl,
+                    wait=wait,
+                    meta=meta,
+                    release_on_disconnect=release_on_disconnect,
+                    on_lost=on_lost,
+                    renew_every=renew_every,
+                    margin=margin,
+                )
+            )
+        )
+        return guard
+
+    def election(self, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> "Election":
+        """The election `group` (its lock is `election/<group>`)."""
+        return Election(self, AsyncElection(self.aio, group, ttl=ttl, wait_max=wait_max))
+
+
+class LeaseGuard(_GuardView):
+    """A lease renewed on the client's I/O thread. Use as a context manager, or call
+    `acquire()` and `release()`.
+
+    `lost` is a `threading.Event` set on loss (any thread may wait on it); `check()` raises
+    `LeaseLost`; `is_valid()` is a cheap test.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._inner: Optional[AsyncLeaseGuard] = None
+
+    @property
+    def _keeper(self) -> Any:  # type: ignore[override]
+        return self._inner._keeper if self._inner is not None else None
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the lease is lost (or released)."""
+        return self._k().thread_event
+
+    def acquire(self) -> "LeaseGuard":
+        assert self._inner is not None
+        self._client._run(self._inner.acquire())
+        return self
+
+    def release(self) -> Optional[ReleaseResult]:
+        """Stops renewing and releases the lock (nothing is sent if it was already lost)."""
+        assert self._inner is not None
+        return self._client._run(self._inner.release())
+
+    def wait_lost(self, timeout: Optional[float] = None) -> Optional[str]:
+        """Blocks until the lease is lost (the reason) or `timeout` passes (None)."""
+        return self.loss_reason if self.lost.wait(timeout) else None
+
+    def __enter__(self) -> "LeaseGuard":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Watch:
+    """A running watch (blocking form). `initial` is the state when it started."""
+
+    def __init__(self, client: Client, inner: AsyncWatch) -> None:
+        self._client = client
+        self._inner = inner
+        self.key = inner.key
+        self.initial = inner.initial
+
+    def next(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event, or None after `timeout`. Raises the error that ended the watch."""
+        return self._client._run(self._inner.next(timeout))
+
+    def __iter__(self) -> Iterator[Event]:
+        """Events until the watch is closed; raises the error that ended it otherwise."""
+        while True:
+            event = self.next()
+            if event is None:
+                return
+            yield event
+
+    def close(self) -> None:
+        """UNWATCH."""
+        self._client._run(self._inner.close())
+
+
+class Election:
+    """Leader election (blocking form); see `AsyncElection`."""
+
+    def __init__(self, client: Client, inner: AsyncElection) -> None:
+        self._client = client
+        self._inner = inner
+        self.group = inner.group
+        self.key = inner.key
+
+    def campaign(self, value: Meta = b"", *, renew_every: Optional[float] = None) -> "Leadership":
+        """Blocks until this candidate leads."""
+        leadership = self._client._run(self._inner.campaign(value, renew_every=renew_every))
+        return Leadership(self._client, leadership)
+
+    def leader(self) -> Optional[Leader]:
+        return self._client._run(self._inner.leader())
+
+    def observe(self) -> "Observer":
+        """Every new leader from now on, in increasing term order."""
+        return Observer(self._client, self._inner.observe())
+
+
+class Leadership(LeaseGuard):
+    """This candidate leads until `resign()` or loss (`lost`, `check()`, like a LeaseGuard)."""
+
+    def __init__(self, client: Client, inner: AsyncLeadership) -> None:
+        super().__init__(client)
+        self._inner = inner.guard
+        self._leadership = inner
+        self.value = inner.value
+
+    @property
+    def term(self) -> int:
+        """The fencing token of the leader's grant."""
+        return self.token
+
+    def resign(self) -> None:
+        """Steps down: releases the lock so the next candidate leads."""
+        self.release()
+
+
+class Observer:
+    """Leaders of a group (blocking form): iterate, or call `next()`."""
+
+    def __init__(self, client: Client, inner: AsyncObserver) -> None:
+        self._client = client
+        self._inner = inner
+
+    def next(self, timeout: Optional[float] = None) -> Optional[Leader]:
+        """The next new leader; None if `timeout` passed first. Raises a failed watch's error."""
+        coro: Awaitable[Leader] = self._inner.next()
+        try:
+            return self._client._run(asyncio.wait_for(coro, timeout))
+        except asyncio.TimeoutError:
+            return None
+
+    def __iter__(self) -> Iterator[Leader]:
+        while True:
+            leader = self.next()
+            if leader is not None:
+                yield leader
+
+    def close(self) -> None:
+        self._client._run(self._inner.close())

@@ -1,0 +1,141 @@
+"""Several addresses and NOT_LEADER: a follower executes nothing, so the client sends the
+request again to the leader it names; `leader=unknown` moves on to the next address."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import List, Optional
+
+import pytest
+
+import tenure
+from tenure import Granted, Held
+
+
+class FakeFollower:
+    """Speaks the handshake, then answers every request with ERROR NOT_LEADER."""
+
+    def __init__(self, leader: Optional[str]) -> None:
+        self.leader = leader
+        self.requests: List[int] = []
+        self.addr = ""
+
+    async def start(self) -> "FakeFollower":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.addr = "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readexactly(8)
+            limits = struct.pack(">6I", 8192, 4096, 3_600_000, 3_600_000, 1024, 1024)
+            writer.write(b"\x00TNR" + struct.pack(">HHH", 1, 0, len(limits)) + limits)
+            while True:
+                length = int.from_bytes(await reader.readexactly(4), "big")
+                data = await reader.readexactly(length)
+                self.requests.append(data[0])
+                message = f"leader={self.leader or 'unknown'}".encode()
+                body = struct.pack(">HH", 23, len(message)) + message
+                writer.write(struct.pack(">IBQ", 9 + len(body), 0xFF, int.from_bytes(data[1:9], "big")) + body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def test_not_leader_is_followed_to_the_leader_named(server):
+    async def main():
+        follower = await FakeFollower(server.addr).start()
+        async with tenure.AsyncClient(f"{follower.addr},{server.addr}") as c:
+            lease = await c.acquire("cl", 10)
+            assert isinstance(lease, Granted)
+            assert follower.requests == [0x02]  # one ACQUIRE reached it, none executed there
+            # Later requests go straight to the leader.
+            assert isinstance(await c.inspect("cl"), Held)
+            assert follower.requests == [0x02]
+        follower.server.close()
+
+    asyncio.run(main())
+    with tenure.Client(server.addr) as direct:
+        assert isinstance(direct.inspect("cl"), Held)
+
+
+def test_leader_unknown_moves_to_the_next_address(server):
+    async def main():
+        electing = await FakeFollower(None).start()
+        async with tenure.AsyncClient(f"{electing.addr},{server.addr}") as c:
+            start = time.monotonic()
+            assert await c.ping() >= 0
+            assert time.monotonic() - start >= 0.05  # paused before moving on
+            assert electing.requests == [0x01]
+        electing.server.close()
+
+    asyncio.run(main())
+
+
+def test_redirects_are_bounded():
+    async def main():
+        a = await FakeFollower(None).start()
+        b = await FakeFollower(a.addr).start()
+        a.leader = b.addr  # each names the other: a loop
+        async with tenure.AsyncClient(f"{a.addr},{b.addr}", timeout=10) as c:
+            start = time.monotonic()
+            with pytest.raises(tenure.NotLeader):
+                await c.ping()
+            assert time.monotonic() - start < 5
+            # One per address, plus a few more.
+            assert len(a.requests) + len(b.requests) <= 2 + 4
+        a.server.close()
+        b.server.close()
+
+    asyncio.run(main())
+
+
+def test_connect_tries_each_address_in_turn(server):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = "127.0.0.1:%d" % s.getsockname()[1]
+    # The first address refuses; connecting goes on to the next one at once.
+    with tenure.Client(f"{dead},{server.addr}") as c:
+        assert c.ping() >= 0
+    # Every address refuses: the error of the last one.
+    with pytest.raises(tenure.ConnectionLost):
+        tenure.Client(f"{dead},{dead}")
+
+
+def test_blocking_client_follows_not_leader_and_then_talks_to_the_leader(server):
+    """The blocking client's direct path hands NOT_LEADER to the pipelined path, which
+    follows it; later calls go to the leader only."""
+    import threading
+
+    ready = threading.Event()
+    state = {}
+
+    def run_follower():
+        async def main():
+            follower = await FakeFollower(server.addr).start()
+            state["follower"] = follower
+            state["loop"] = asyncio.get_running_loop()
+            state["stop"] = asyncio.Event()
+            ready.set()
+            await state["stop"].wait()
+            follower.server.close()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run_follower)
+    thread.start()
+    try:
+        assert ready.wait(5)
+        follower = state["follower"]
+        with tenure.Client(f"{follower.addr},{server.addr}") as c:
+            for i in range(5):
+                assert isinstance(c.acquire(f"bl/{i}", 10), Granted)
+            assert isinstance(c.inspect("bl/0"), Held)
+        # At most the first ACQUIRE reached the follower on each of the client's connections.
+        assert 1 <= len(follower.requests) <= 2, follower.requests
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(timeout=10)
