@@ -300,7 +300,10 @@ impl Client {
     /// nodes of a cluster: the first that accepts a connection is used, and a node answering
     /// `NOT_LEADER` is left for the leader it names (the request is sent again there; a
     /// follower executes nothing). While no leader is known the client tries the next node
-    /// after a short pause, up to one redirect per node and three more per request.
+    /// after a short pause, up to one redirect per node and three more per request. A leader
+    /// that loses its leadership mid-request answers NOT_LEADER too, and then the request may
+    /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
+    /// grant (LOCKED) until its TTL runs out.
     ///
     /// # Errors
     /// [`Error::Io`] or [`Error::Timeout`] when the server cannot be reached, or a handshake
