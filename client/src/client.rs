@@ -515,6 +515,34 @@ impl Client {
             .unwrap_or(Err(Error::Timeout(timeout)))
     }
 
+    /// Sends an ACQUIRE and waits up to `timeout` for its answer, as [`Client::call`], except
+    /// that the request runs on a task of its own that outlives the caller: if the caller
+    /// stops waiting (the time-out passed, or its future was dropped) and the answer turns
+    /// out to be a grant, that task releases it. Otherwise a grant nobody will ever hear of
+    /// would block the key for its whole TTL.
+    async fn call_acquire(
+        &self,
+        request: Request,
+        key: Bytes,
+        timeout: Duration,
+    ) -> Result<(Response, Arc<Conn>)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let client = self.clone();
+        tokio::spawn(async move {
+            // No time-out here: the connection's life bounds the wait.
+            let answer = client.call(request, Duration::MAX).await;
+            if let Err(Ok((Response::Granted { lease_id, .. }, _))) = tx.send(answer) {
+                tracing::debug!("releasing a grant that arrived after its caller gave up");
+                let _ = client.release(&key, lease_id).await;
+            }
+        });
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::ConnectionLost("the acquire's task ended".into())),
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
+    }
+
     /// After `NOT_LEADER` from `conn`: closes it and points the next connection at the
     /// leader it named, or, while no leader is known (an election), at the next endpoint
     /// after a short pause.
@@ -549,6 +577,10 @@ impl Client {
     /// request was sent, plus the time the server says the request waited in line before the
     /// grant, plus the TTL, so it is never later than the server's.
     ///
+    /// A grant that arrives after the caller stopped waiting (the time-out passed, or the
+    /// future was dropped) is released by the client, so a key is not left held by a lease
+    /// nobody knows of.
+    ///
     /// # Errors
     /// [`Error::Invalid`] for an empty or over-long key, a TTL outside
     /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata; otherwise
@@ -571,7 +603,7 @@ impl Client {
         let timeout = self.inner.config.request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
         let sent_at = Instant::now();
-        let (response, conn) = self.call(request, timeout).await?;
+        let (response, conn) = self.call_acquire(request, key.clone(), timeout).await?;
         match response {
             Response::Granted {
                 token,
@@ -895,6 +927,46 @@ mod tests {
 
     fn pong() -> fake::Script {
         Arc::new(|_| Some(Response::Pong))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_that_arrives_after_its_caller_gave_up_is_released() {
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&released);
+        let lease_id = LeaseId::from_u128(42);
+        let script: fake::Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 7,
+                lease_id,
+                ttl_ms: 60_000,
+                waited_ms: 0,
+            }),
+            Request::Release { key, lease_id } => {
+                seen.lock().unwrap().push((key.clone(), *lease_id));
+                Some(Response::Released)
+            }
+            _ => Some(Response::Pong),
+        });
+        // Every answer comes 3 s late; the client waits 1 s.
+        let server = fake::start_delayed(VERSION, 16, script, Duration::from_secs(3)).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let err = client
+            .acquire("k", Duration::from_secs(60), AcquireOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            *released.lock().unwrap(),
+            vec![(Bytes::from_static(b"k"), lease_id)],
+            "the late grant is given back, once"
+        );
     }
 
     #[tokio::test(start_paused = true)]
