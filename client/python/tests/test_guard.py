@@ -214,3 +214,24 @@ def test_closing_the_client_signals_loss_to_its_guards(server):
     assert guard.lost.is_set() and guard.loss_reason == "client closed"
     with pytest.raises(tenure.LeaseLost):
         guard.check()
+
+
+def test_bad_guard_timing_is_refused_before_anything_is_acquired(client):
+    for kwargs in ({"renew_every": 40}, {"margin": -1}, {"renew_every": -1}, {"renew_every": 0}):
+        with pytest.raises(tenure.InvalidArgument):
+            with client.lock("guard/timing", ttl=30, **kwargs):
+                pass
+    for ttl in (float("nan"), float("inf"), True):
+        with pytest.raises(tenure.InvalidArgument):
+            with client.lock("guard/timing", ttl=ttl):
+                pass
+    assert isinstance(client.inspect("guard/timing"), Free), "nothing was left held"
+
+
+def test_a_normal_exit_is_not_reported_as_a_loss(client):
+    reasons = []
+    with client.lock("guard/clean", ttl=5, on_lost=reasons.append) as lease:
+        pass
+    assert reasons == [], "on_lost is for losses only"
+    assert lease.lost.is_set(), "the guard no longer holds: lost is set"
+    assert lease.loss_reason == "released by its owner"

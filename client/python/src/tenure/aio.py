@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import random
 import ssl as ssl_module
 import sys
@@ -622,6 +623,18 @@ class AsyncWatch:
 
 LOSS_REVOKED = "renewal answered LOST"
 LOSS_RELEASED = "released by its owner"
+
+
+def _guard_timing(ttl: float, renew_every: Optional[float], margin: Optional[float]) -> Tuple[float, float]:
+    """A guard's renewal period and safety margin for `ttl` (defaults: a third and a tenth of
+    it), checked before anything is acquired."""
+    renew_every = ttl / 3 if renew_every is None else renew_every
+    margin = ttl / 10 if margin is None else margin
+    if not (renew_every > 0 and margin >= 0):
+        raise InvalidArgument("renew_every must be positive and margin not negative")
+    if renew_every + margin >= ttl:
+        raise InvalidArgument("renew_every + margin must be shorter than the ttl")
+    return renew_every, margin
 LOSS_CLIENT_CLOSED = "client closed"
 
 
@@ -644,10 +657,7 @@ class _Keeper:
         on_lost: List[Callable[[str], None]],
     ) -> None:
         ttl = lease.ttl_ms / 1000.0
-        self.renew_every = ttl / 3 if renew_every is None else renew_every
-        self.margin = ttl / 10 if margin is None else margin
-        if self.renew_every + self.margin >= ttl:
-            raise InvalidArgument("renew_every + margin must be shorter than the ttl")
+        self.renew_every, self.margin = _guard_timing(ttl, renew_every, margin)
         self.client = client
         self.lease = lease
         self.deadline = lease.deadline
@@ -673,6 +683,8 @@ class _Keeper:
         self.reason = reason
         self.thread_event.set()
         self.async_event.set()
+        if reason == LOSS_RELEASED:
+            return  # the guard ended normally: not a loss, so no on_lost callback
         for callback in self.on_lost:
             try:
                 callback(reason)
@@ -839,6 +851,9 @@ class AsyncLeaseGuard(_GuardView):
         renew_every: Optional[float] = None,
         margin: Optional[float] = None,
     ) -> None:
+        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl):
+            raise InvalidArgument(f"ttl must be a finite number of seconds, not {ttl!r}")
+        _guard_timing(float(ttl), renew_every, margin)  # before acquiring, not after
         self._client = client
         self._args = (key, ttl, wait, meta, release_on_disconnect)
         self._on_lost = [on_lost] if on_lost is not None else []
@@ -859,7 +874,8 @@ class AsyncLeaseGuard(_GuardView):
 
     @property
     def lost(self) -> asyncio.Event:
-        """Set when the lease is lost (or released)."""
+        """Set when the guard no longer holds the lease: lost, or released on exit (`loss_reason`
+        tells which; `on_lost` is called only for a loss)."""
         return self._k().async_event
 
     async def acquire(self) -> "AsyncLeaseGuard":
