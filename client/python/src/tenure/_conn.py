@@ -59,6 +59,12 @@ Reply = Tuple[int, bytes]
 READ_CHUNK = 64 * 1024
 
 
+def _answered(reply: "asyncio.Future") -> bool:
+    """Whether `reply` holds the server's answer (not a time-out, a cancellation, or a
+    connection failure)."""
+    return reply.done() and not reply.cancelled() and reply.exception() is None
+
+
 def _expire(reply: asyncio.Future) -> None:
     if not reply.done():
         reply.set_exception(asyncio.TimeoutError())
@@ -81,6 +87,9 @@ class Connection:
         self._writer = writer
         self._pending: Dict[int, asyncio.Future] = {}
         self._watches: Dict[int, WatchQueue] = {}
+        #: ACQUIREs whose caller stopped waiting (time-out, cancellation), by request id, with
+        #: their keys: a grant that still comes is released, not left held by no one.
+        self._abandoned: Dict[int, bytes] = {}
         self._next_id = 1
         self._slots = asyncio.Semaphore(max(1, min(in_flight_max, limits.in_flight_max)))
         loop = asyncio.get_running_loop()
@@ -129,7 +138,7 @@ class Connection:
         while True:
             rid = self._next_id
             self._next_id = self._next_id + 1 if self._next_id < 2**64 - 1 else 1
-            if rid not in self._pending and rid not in self._watches:
+            if rid not in self._pending and rid not in self._watches and rid not in self._abandoned:
                 return rid
 
     async def call(
@@ -157,6 +166,8 @@ class Connection:
             except BaseException:
                 if watch is not None:
                     self._watches.pop(rid, None)
+                if opcode == w.ACQUIRE and not _answered(reply) and self.error is None:
+                    self._abandoned[rid] = w.Reader(body).bytes16()
                 raise
             finally:
                 self._pending.pop(rid, None)
@@ -240,6 +251,15 @@ class Connection:
         if reply is not None:
             if not reply.done():
                 reply.set_result((opcode, body))
+            return
+        key = self._abandoned.pop(rid, None)
+        if key is not None:
+            if opcode == w.GRANTED:
+                # Nobody waits for this grant any more: give it back (its answer is dropped).
+                lease_id = body[8:24]
+                release_id = self._new_id()
+                self._abandoned[release_id] = b""
+                self._send(w.frame(w.RELEASE, release_id, w.release_body(key, lease_id)))
             return
         watch = self._watches.pop(rid, None)
         if watch is not None and opcode == w.ERROR:

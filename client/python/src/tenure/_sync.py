@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from typing import Optional, Tuple
 
 from . import _wire as w
 from .errors import ConnectionLost, HandshakeError, RequestTimeout, server_error
+
+
+#: How long a timed-out ACQUIRE's answer is still waited for, to release a late grant.
+ABANDONED_ACQUIRE_WAIT_S = 3600.0
 
 
 class SyncConnection:
@@ -90,6 +95,33 @@ class SyncConnection:
             raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
         except OSError as e:
             raise ConnectionLost(f"{self.address}: {e}") from e
+
+    def abandon_acquire(self, body: bytes) -> None:
+        """The last call, an ACQUIRE with `body`, timed out: a thread waits a while longer for
+        its answer on this socket, releases it if it is a grant (a grant nobody knows of would
+        keep the key for its whole TTL), and closes the socket."""
+        rid = self._next_id - 1
+        key = w.Reader(body).bytes16()
+        threading.Thread(target=self._reap, args=(rid, key), name="tenure-reap", daemon=True).start()
+
+    def _reap(self, rid: int, key: bytes) -> None:
+        deadline = time.monotonic() + ABANDONED_ACQUIRE_WAIT_S
+        try:
+            while time.monotonic() < deadline:
+                self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+                length = int.from_bytes(self._read_exact(4), "big")
+                if not w.FRAME_LEN_MIN <= length <= w.FRAME_LEN_MAX:
+                    return
+                data = self._read_exact(length)
+                if int.from_bytes(data[1:9], "big") != rid:
+                    continue
+                if data[0] == w.GRANTED:
+                    self.call(w.RELEASE, w.release_body(key, data[9 + 8 : 9 + 24]), ABANDONED_ACQUIRE_WAIT_S)
+                return
+        except (OSError, RequestTimeout, ConnectionLost):
+            return
+        finally:
+            self.sock.close()
 
     def close(self) -> None:
         self.sock.close()

@@ -64,7 +64,15 @@ class _IoThread:
         if self.stopped:
             coro.close()
             raise ConnectionLost("client closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            # This thread stopped waiting (a signal's exception, KeyboardInterrupt): stop the
+            # task too, so that an ACQUIRE it sent is recognised as abandoned and a late grant
+            # released rather than kept by no one.
+            future.cancel()
+            raise
 
     def stop(self) -> None:
         self.stopped = True
@@ -161,7 +169,14 @@ class Client:
             conn = self._sync = self._open_sync()
         try:
             opcode_in, reply = conn.call(opcode, body, timeout)
-        except (ConnectionLost, RequestTimeout):
+        except RequestTimeout:
+            self._sync = None
+            if opcode == w.ACQUIRE:
+                conn.abandon_acquire(body)  # drains and closes it, releasing a late grant
+            else:
+                conn.close()
+            raise
+        except BaseException:
             conn.close()
             self._sync = None
             raise
