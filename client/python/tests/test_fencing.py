@@ -58,3 +58,14 @@ def test_fenced_update_is_one_statement():
         fenced_update(db, "t", {"id": 1}, {"data": "y"}, 4)
     assert e.value.highest == 5
     assert db.execute("SELECT data, fence FROM t").fetchone() == ("x", 5)
+
+
+def test_fenced_update_of_a_missing_row_is_not_called_stale():
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, data TEXT, fence INTEGER NOT NULL)")
+    with pytest.raises(LookupError):
+        fenced_update(db, "t", {"id": 1}, {"data": "x"}, 5)
+    with pytest.raises(ValueError):
+        fenced_update(db, "t", {"id": 1}, {"data": "x"}, 2**63)

@@ -235,3 +235,29 @@ def test_a_normal_exit_is_not_reported_as_a_loss(client):
     assert reasons == [], "on_lost is for losses only"
     assert lease.lost.is_set(), "the guard no longer holds: lost is set"
     assert lease.loss_reason == "released by its owner"
+
+
+def test_a_lease_lost_to_a_crash_and_restored_by_the_restart_is_released_on_exit(client, server):
+    """The guard gave up (the server was down past its deadline), but the restarted server
+    restored the lease from its log: leaving the block releases it rather than leave the key
+    held for another TTL."""
+    observer_key = "gr"
+    # Long enough that the restored lease outlives the checks below by seconds.
+    with client.lock(observer_key, ttl=3) as lease:
+        server.kill()
+        assert lease.lost.wait(timeout=10)
+        server.restart()
+        assert wait_until(lambda: _held(server, observer_key)), "the restart restores the lease"
+    observer = tenure.Client(server.addr)
+    try:
+        assert isinstance(observer.inspect(observer_key), Free)
+    finally:
+        observer.close()
+
+
+def _held(server, key) -> bool:
+    c = tenure.Client(server.addr)
+    try:
+        return isinstance(c.inspect(key), Held)
+    finally:
+        c.close()

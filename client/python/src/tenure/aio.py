@@ -764,9 +764,11 @@ class _Keeper:
         """Stops renewing; releases the lock unless it was already lost."""
         self.stop()
         await asyncio.gather(self.task, return_exceptions=True)
-        was_lost = self.reason is not None
+        lost_reason = self.reason
         self.fire(LOSS_RELEASED)
-        if release and not was_lost:
+        # A lease lost to a connection failure or an unconfirmed deadline may still exist (a
+        # restarted server restores it): release it too, best effort. One answered LOST is gone.
+        if release and lost_reason != LOSS_REVOKED:
             try:
                 return await self.client.release(self.lease)
             except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:

@@ -118,8 +118,12 @@ def fenced_update(
     fence, and stores `token` as the new fence, in one statement. Raises `Rejected` otherwise.
 
     `db` is any DB-API connection or cursor with the qmark parameter style (sqlite3). The row
-    must exist (create it with fence 0); the caller commits.
+    must exist (create it with fence 0): a missing row raises `LookupError`, not `Rejected`.
+    The caller commits.
     """
+    if not 0 <= token < 2**63:
+        # SQL integers are signed 64-bit; tokens this large do not occur in practice.
+        raise ValueError(f"token {token} does not fit a SQL integer column")
     key_columns, columns = tuple(key), tuple(values)
     sql = fenced_update_sql(table, key_columns, columns, fence_column)
     params = [*values.values(), token, *key.values(), token]
@@ -131,4 +135,8 @@ def fenced_update(
         select = f"SELECT {_name(fence_column)} FROM {_name(table)} WHERE {where}"
         found = db.execute(select, list(key.values()))
         row = (found if found is not None else db).fetchone()
-        raise Rejected(None if row is None else int(row[0]), token)
+        if row is None:
+            # Not a stale token: there is nothing to fence. Saying "stale" would send the
+            # caller looking for a newer holder that does not exist.
+            raise LookupError(f"no row {dict(key)!r} in {table}: create it with {fence_column} 0 first")
+        raise Rejected(int(row[0]), token)
