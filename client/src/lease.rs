@@ -325,7 +325,9 @@ impl GuardState {
 /// step. See the [module docs](self) for when loss fires.
 ///
 /// Dropping the guard stops renewal, fires the loss signal with [`LossReason::Released`] and
-/// releases the lock in the background (best effort).
+/// releases the lock in the background (best effort). It does so also after a loss to
+/// [`LossReason::Expired`] (renewals unconfirmed: the server may have restarted and restored
+/// the lease), but not after [`LossReason::Revoked`] or [`LossReason::Disconnected`].
 pub struct LeaseGuard {
     state: Arc<GuardState>,
     client: Client,
@@ -463,6 +465,23 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.stop.cancel();
+        // A lease whose renewals could not be confirmed (the server unreachable) may still
+        // exist: a restarted server restores it. The renewal task has ended by then, so the
+        // release is sent from here, best effort. A lease answered LOST, or freed with its
+        // connection, is gone already.
+        let unconfirmed = matches!(self.state.reason.get(), Some(LossReason::Expired { .. }));
+        if unconfirmed && self.state.release_on_stop.load(Ordering::Acquire) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let (client, key, lease_id) = (
+                    self.client.clone(),
+                    self.state.key.clone(),
+                    self.state.lease_id,
+                );
+                runtime.spawn(async move {
+                    let _ = client.release(&key, lease_id).await;
+                });
+            }
+        }
     }
 }
 

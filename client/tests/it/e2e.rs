@@ -737,3 +737,39 @@ async fn a_watch_starts_from_the_holder_and_a_second_watch_of_the_key_shares_its
     lease.release().await.expect("release");
     assert_eq!(next_event(&mut first).await, (EventKind::Released, token));
 }
+
+#[tokio::test]
+async fn a_guard_that_lost_touch_releases_the_lease_a_restart_restored_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let addr = server.addr;
+    let client = Client::connect(addr.to_string()).await.unwrap();
+    // Long enough that the restored lease outlives the checks below by seconds.
+    let ttl = Duration::from_secs(3);
+    let guard = client
+        .lock("restored", ttl, AcquireOptions::default())
+        .await
+        .unwrap()
+        .granted()
+        .expect("free");
+    server.stop().await;
+    let reason = timeout(PATIENCE, guard.lost()).await.expect("loss signal");
+    assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
+    // The restart restores the lease from the WAL, with its TTL counted again.
+    let server = Server::start_at(tenure_server::Config::for_tests(dir.path()), addr).await;
+    let observer = Client::connect(addr.to_string()).await.unwrap();
+    assert!(matches!(
+        observer.inspect("restored").await.unwrap(),
+        KeyState::Held { .. }
+    ));
+    drop(guard);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !matches!(observer.inspect("restored").await.unwrap(), KeyState::Free) {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped guard did not release it"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    server.stop().await;
+}
