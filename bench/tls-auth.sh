@@ -59,12 +59,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() {
-    for _ in $(seq 100); do port_open "$1" && return 0; sleep 0.1; done
-    echo "nothing listens on port $1 after 10 s (log: $WORK/tenured.$2.log)" >&2
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 for v in "${VARIANTS[@]}"; do
     if port_open "${PORT[$v]}"; then echo "port ${PORT[$v]} is already in use" >&2; exit 1; fi
 done
@@ -101,7 +97,7 @@ for v in "${VARIANTS[@]}"; do
     RUST_LOG=warn "$TENURED" "${flags[@]}" >"$WORK/tenured.$v.log" 2>&1 &
     PID[$v]=$!
 done
-for v in "${VARIANTS[@]}"; do wait_port "${PORT[$v]}" "$v"; done
+for v in "${VARIANTS[@]}"; do wait_port "${PORT[$v]}" "log: $WORK/tenured.$v.log"; done
 
 # run NAME VARIANT LOADGEN-ARGS... : writes $WORK/NAME.VARIANT.json
 run() {
@@ -136,12 +132,6 @@ for v in "${VARIANTS[@]}"; do
 done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# field FILE OBJECT KEY: a number from one flat object of a loadgen JSON report.
-field() {
-    local object
-    object=$(grep -o "\"$2\":{[^}]*}" "$1" | head -1)
-    grep -o "\"$3\":[-0-9.e]*" <<<"$object" | head -1 | cut -d: -f2
-}
 ops_per_s() {
     local total=0 kind rate
     for kind in acquire renew release; do

@@ -51,12 +51,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() {
-    for _ in $(seq 100); do port_open "$1" && return 0; sleep 0.1; done
-    echo "nothing listens on port $1 after 10 s" >&2
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 for s in limit tenured; do
     if port_open "${PORT[$s]}"; then echo "port ${PORT[$s]} is already in use" >&2; exit 1; fi
 done
@@ -85,12 +81,6 @@ for pipe in 1 16; do
 done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# field FILE OBJECT KEY: a number from one flat object of a loadgen JSON report.
-field() {
-    local object
-    object=$(grep -o "\"$2\":{[^}]*}" "$1" | head -1)
-    grep -o "\"$3\":[-0-9.e]*" <<<"$object" | head -1 | cut -d: -f2
-}
 # ops FILE: operations per second, every kind together.
 ops() {
     local total=0 kind rate

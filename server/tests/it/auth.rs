@@ -425,6 +425,18 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// The real `tenured` on a free loopback port with the identities file `ids`, data in
+    /// `dir/data`.
+    fn with_identities(dir: &Path, ids: &Path) -> Daemon {
+        Daemon::spawn(
+            tenured()
+                .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
+                .arg(ids)
+                .arg("--data-dir")
+                .arg(dir.join("data")),
+        )
+    }
+
     fn spawn(command: &mut Command) -> Daemon {
         let mut child = command
             .stdin(Stdio::null())
@@ -559,13 +571,7 @@ fn hash_secret_reads_stdin_and_prints_a_hash_that_verifies() {
 async fn sighup_reloads_identities_without_dropping_connections() {
     let dir = tempfile::tempdir().unwrap();
     let ids = identities_file(dir.path());
-    let daemon = Daemon::spawn(
-        tenured()
-            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
-            .arg(&ids)
-            .arg("--data-dir")
-            .arg(dir.path().join("data")),
-    );
+    let daemon = Daemon::with_identities(dir.path(), &ids);
     let addr = daemon.addr();
     let mut orders = Console::authed(addr, "orders", "orders-secret").await;
     let mut admin = Console::authed(addr, "admin", "admin-secret").await;
@@ -754,13 +760,7 @@ async fn a_peer_failing_auths_is_slowed_and_others_are_not() {
 async fn a_reload_ends_sessions_whose_secret_changed_with_their_waits_and_watches() {
     let dir = tempfile::tempdir().unwrap();
     let ids = identities_file(dir.path());
-    let daemon = Daemon::spawn(
-        tenured()
-            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
-            .arg(&ids)
-            .arg("--data-dir")
-            .arg(dir.path().join("data")),
-    );
+    let daemon = Daemon::with_identities(dir.path(), &ids);
     let addr = daemon.addr();
     let mut admin = Console::authed(addr, "admin", "admin-secret").await;
     assert!(admin.cmd("ACQUIRE orders/q 60000").await.starts_with("OK"));
@@ -826,13 +826,7 @@ async fn a_reload_ends_sessions_whose_secret_changed_with_their_waits_and_watche
 async fn a_reload_that_takes_watch_away_ends_the_watches() {
     let dir = tempfile::tempdir().unwrap();
     let ids = identities_file(dir.path());
-    let daemon = Daemon::spawn(
-        tenured()
-            .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
-            .arg(&ids)
-            .arg("--data-dir")
-            .arg(dir.path().join("data")),
-    );
+    let daemon = Daemon::with_identities(dir.path(), &ids);
     let addr = daemon.addr();
     let mut watcher = Console::authed(addr, "admin", "admin-secret").await;
     assert!(watcher
