@@ -7,6 +7,7 @@
 //! connection that fails in any way is dropped and made again on the next call.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use openraft::raft::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -178,15 +179,20 @@ type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
 pub struct PeerNetwork {
     idle: Idle,
     isolated: Arc<AtomicBool>,
+    source: Option<IpAddr>,
 }
 
 impl PeerNetwork {
     /// A network whose calls all fail (unreachable) while `isolated` is set: a partition of
-    /// this node, for tests and fault drills.
-    pub fn new(isolated: Arc<AtomicBool>) -> PeerNetwork {
+    /// this node, for tests and fault drills. Connections leave from `source` when it is a
+    /// specific address (the peer listener's): peer traffic then comes from one address per
+    /// node both ways, which a firewall rule, or a test's proxy cutting one node off, can
+    /// tell apart on loopback (`127.0.0.N` per node).
+    pub fn new(isolated: Arc<AtomicBool>, source: IpAddr) -> PeerNetwork {
         PeerNetwork {
             idle: Idle::default(),
             isolated,
+            source: (!source.is_unspecified()).then_some(source),
         }
     }
 }
@@ -207,6 +213,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             stream,
             idle: Arc::clone(&self.idle),
             isolated: Arc::clone(&self.isolated),
+            source: self.source,
         }
     }
 }
@@ -219,6 +226,7 @@ pub struct PeerClient {
     stream: Option<TcpStream>,
     idle: Idle,
     isolated: Arc<AtomicBool>,
+    source: Option<IpAddr>,
 }
 
 impl Drop for PeerClient {
@@ -250,6 +258,33 @@ impl CallError {
     }
 }
 
+/// Connects to `addr`, from `source` (any port) when given.
+async fn connect_from(source: Option<IpAddr>, addr: &str) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let mut last = None;
+    for target in tokio::net::lookup_host(addr).await? {
+        if target.is_ipv4() != source.is_ipv4() {
+            continue;
+        }
+        let socket = if source.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        match socket.connect(target).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        let why = format!("{addr} has no address of the peer listener's family ({source})");
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, why)
+    }))
+}
+
 fn timed_out(what: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::TimedOut, what)
 }
@@ -257,7 +292,7 @@ fn timed_out(what: String) -> std::io::Error {
 impl PeerClient {
     async fn connect(&self, deadline: tokio::time::Instant) -> Result<TcpStream, CallError> {
         let limit = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        let connect = TcpStream::connect(&self.peer.1);
+        let connect = connect_from(self.source, &self.peer.1);
         match tokio::time::timeout_at(limit.min(deadline), connect).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);

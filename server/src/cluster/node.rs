@@ -192,7 +192,7 @@ impl ClusterNode {
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
         let isolated = Arc::new(AtomicBool::new(false));
-        let network = PeerNetwork::new(Arc::clone(&isolated));
+        let network = PeerNetwork::new(Arc::clone(&isolated), peers.local_addr()?.ip());
         let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
