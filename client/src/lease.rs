@@ -17,7 +17,11 @@
 //! are each rounded down, so its lease can end up to 1 ms before the exact `start + ttl`, and
 //! `waited_ms` can exceed the true wait by up to 1 ms. Every local deadline is therefore
 //! [`SERVER_ROUNDING`] (2 ms) earlier than the sum, which keeps it at or before the server's
-//! even when the request reached the server within a millisecond of being sent.
+//! even when the request reached the server within a millisecond of being sent. Over long
+//! spans the client's and the server's monotonic clocks may also run at slightly different
+//! rates (NTP-disciplined machines: well under 0.1 %), and in a cluster the lease is counted
+//! again by a new leader's clock: so the margin is the larger of the 2 ms and
+//! [`CLOCK_RATE_SLACK_DIVISOR`]`⁻¹` (0.1 %) of the span ([`deadline_margin`]).
 //!
 //! # How a guard reports loss
 //! ```text
@@ -89,11 +93,23 @@ pub(crate) struct Granted {
 /// millisecond for the rounding of the lease's start, one for the rounding of `waited_ms`.
 pub const SERVER_ROUNDING: Duration = Duration::from_millis(2);
 
+/// The local deadline also gives up this fraction (1/1000, 0.1 %) of the span it counts, for
+/// the difference in rate between the client's monotonic clock and the server's (or the next
+/// leader's, in a cluster): NTP keeps it well below this.
+pub const CLOCK_RATE_SLACK_DIVISOR: u32 = 1000;
+
+/// What a local deadline `span` (wait plus TTL) after the send gives up: the larger of
+/// [`SERVER_ROUNDING`] and 0.1 % of the span (PROTOCOL.md 3.3).
+pub fn deadline_margin(span: Duration) -> Duration {
+    SERVER_ROUNDING.max(span / CLOCK_RATE_SLACK_DIVISOR)
+}
+
 /// The latest instant at which the server's lease can be trusted to still run: `ttl` after a
-/// grant or renewal sent at `sent_at` that waited `waited` in line on the server, less the
-/// server's rounding.
+/// grant or renewal sent at `sent_at` that waited `waited` in line on the server, less
+/// [`deadline_margin`].
 pub(crate) fn local_deadline(sent_at: Instant, waited: Duration, ttl: Duration) -> Instant {
-    sent_at + (waited + ttl).saturating_sub(SERVER_ROUNDING)
+    let span = waited + ttl;
+    sent_at + span.saturating_sub(deadline_margin(span))
 }
 
 impl Lease {
@@ -658,6 +674,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn long_leases_give_up_a_thousandth_for_clock_rates_short_ones_the_rounding() {
+        let at = Instant::now();
+        let second = Duration::from_secs(1);
+        // Short spans: the server's 2 ms rounding is the larger part.
+        assert_eq!(
+            local_deadline(at, Duration::ZERO, second),
+            at + second - SERVER_ROUNDING
+        );
+        // A minute's lease (30 s wait + 30 s TTL) gives up 60 ms: a clock running 0.1 % slow
+        // on the server, or on the next leader, still ends its lease after this deadline.
+        let half = Duration::from_secs(30);
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            local_deadline(at, half, half),
+            at + minute - Duration::from_millis(60)
+        );
+        assert_eq!(deadline_margin(Duration::ZERO), SERVER_ROUNDING);
+    }
+
     /// Virtual time a grant or renewal may take over the fake network: a few hops.
     const ROUND_TRIP_MAX: Duration = Duration::from_millis(10);
 
@@ -670,8 +706,9 @@ mod tests {
         assert_eq!(guard.fencing_token(), 42);
         let ttl = Duration::from_millis(u64::from(TTL_MS));
         // Counted from the send, less the server's rounding.
-        assert!(guard.deadline() >= before + ttl - SERVER_ROUNDING);
-        assert!(guard.deadline() <= after + ttl - SERVER_ROUNDING);
+        let counted = ttl - deadline_margin(ttl);
+        assert!(guard.deadline() >= before + counted);
+        assert!(guard.deadline() <= after + counted);
         let reason = guard.lost().await;
         let fired_at = Instant::now();
         assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
@@ -747,9 +784,10 @@ mod tests {
         let after = Instant::now();
         assert!(after >= before + waited, "the fake answered after the wait");
         assert_eq!(lease.waited(), waited);
-        // Less the server's whole-millisecond rounding, and never a moment more.
-        assert!(lease.deadline() >= before + waited + ttl - SERVER_ROUNDING);
-        assert!(lease.deadline() <= before + ROUND_TRIP_MAX + waited + ttl - SERVER_ROUNDING);
+        // Less the margin (rounding, clock rates), and never a moment more.
+        let counted = waited + ttl - deadline_margin(waited + ttl);
+        assert!(lease.deadline() >= before + counted);
+        assert!(lease.deadline() <= before + ROUND_TRIP_MAX + counted);
         assert!(!lease.is_expired());
         tokio::time::sleep_until(lease.deadline()).await;
         assert!(lease.is_expired(), "expired at its deadline, exactly");

@@ -55,7 +55,7 @@ from .results import (
     RenewResult,
     Stale,
     local_deadline,
-    SERVER_ROUNDING_S,
+    deadline_margin_s,
 )
 
 log = logging.getLogger("tenure")
@@ -414,7 +414,8 @@ class AsyncClient:
 
         Returns `Granted` (the lease) or `Locked` (the holder's token and time left). The
         lease's local deadline counts from an instant taken before sending, plus the server's
-        `waited_ms`, plus the TTL, less 2 ms: never later than the server's.
+        `waited_ms`, plus the TTL, less the margin (2 ms, or 0.1 % of a span over 2 s): never
+        later than the server's.
         """
         lease, _ = await self._acquire(key, ttl, wait, meta, release_on_disconnect)
         return lease
@@ -697,7 +698,8 @@ class _Keeper:
 
     async def _run(self) -> None:
         watched: Optional[Connection] = self.tied
-        next_renew = self.lease.deadline + SERVER_ROUNDING_S - self.lease.ttl_ms / 1000 + self.renew_every
+        span_ms = self.lease.waited_ms + self.lease.ttl_ms
+        next_renew = self.lease.deadline + deadline_margin_s(span_ms) - self.lease.ttl_ms / 1000 + self.renew_every
         retry_delay = max(self.renew_every / 4, RENEW_RETRY_MIN_S)
         last_error: Optional[str] = None
         while True:

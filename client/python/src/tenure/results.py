@@ -8,9 +8,20 @@ from dataclasses import dataclass, field
 from typing import Union
 
 #: The server counts whole milliseconds, rounded down: a lease's start can read up to 1 ms
-#: early and `waited_ms` up to 1 ms long, so local deadlines are taken 2 ms earlier than the
-#: sum (PROTOCOL.md 3.3).
+#: early and `waited_ms` up to 1 ms long, so local deadlines are taken at least 2 ms earlier
+#: than the sum (PROTOCOL.md 3.3).
 SERVER_ROUNDING_S = 0.002
+
+#: Local deadlines also give up this fraction (0.1 %) of the span they count, for the
+#: difference in rate between this machine's monotonic clock and the server's (or, in a
+#: cluster, the next leader's); NTP keeps it well below this.
+CLOCK_RATE_SLACK = 0.001
+
+
+def deadline_margin_s(span_ms: int) -> float:
+    """What a local deadline `span_ms` (wait plus TTL) after the send gives up, in seconds:
+    the larger of the server's 2 ms rounding and 0.1 % of the span."""
+    return max(SERVER_ROUNDING_S, span_ms / 1000.0 * CLOCK_RATE_SLACK)
 
 
 def local_deadline(sent_at: float, waited_ms: int, ttl_ms: int) -> float:
@@ -20,7 +31,8 @@ def local_deadline(sent_at: float, waited_ms: int, ttl_ms: int) -> float:
     from it never over-estimates the lease. `waited_ms` is the time a blocking acquire spent in
     line on the server before it was granted.
     """
-    return sent_at + (waited_ms + ttl_ms) / 1000.0 - SERVER_ROUNDING_S
+    span_ms = waited_ms + ttl_ms
+    return sent_at + span_ms / 1000.0 - deadline_margin_s(span_ms)
 
 
 @dataclass(frozen=True)
@@ -28,7 +40,8 @@ class Granted:
     """ACQUIRE answered GRANTED: this client holds `key` until `deadline` unless it renews.
 
     `deadline` is a `time.monotonic()` instant counted from before the request was sent, plus
-    the server's `waited_ms`, plus `ttl_ms`, less 2 ms: never later than the server's end of
+    the server's `waited_ms`, plus `ttl_ms`, less `deadline_margin_s` (2 ms, or 0.1 % of a span
+    over 2 s): never later than the server's end of
     the lease.
     """
 
