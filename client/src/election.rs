@@ -1,6 +1,7 @@
 //! Leader election on top of one lock per group.
 //!
-//! A candidate acquires the lock `election/{group}` with `release_on_disconnect` and its value
+//! A candidate acquires the lock `election/{group}` with `release_on_disconnect` (with one
+//! server address; see [`ElectionOptions::release_on_disconnect`] for a cluster) and its value
 //! (an address, a name) as holder metadata, waiting in line until it wins. The server grants
 //! the lock to one holder at a time and every grant has a larger fencing token than the last,
 //! so the token is the leader's *term*: at most one leader per term, and a new leader always
@@ -44,6 +45,14 @@ pub struct ElectionOptions {
     pub wait_max: Duration,
     /// How the leader renews.
     pub keep_alive: KeepAliveOptions,
+    /// Whether a leader's lock is tied to its connection (released when it closes), so that a
+    /// crashed or cut-off leader is replaced at once rather than after `ttl`. `None` (the
+    /// default) ties it when the client was given one address and not when it was given
+    /// several: in a cluster a fail-over closes every connection to the old leader while the
+    /// lease lives on at the new one, and a tied leadership would end with each fail-over
+    /// (the lock then still held until its TTL runs out, so nobody would lead meanwhile).
+    /// Untied, the leader renews with its lease id at the new leader and keeps leading.
+    pub release_on_disconnect: Option<bool>,
 }
 
 impl Default for ElectionOptions {
@@ -52,6 +61,7 @@ impl Default for ElectionOptions {
             ttl: Duration::from_secs(10),
             wait_max: Duration::from_millis(u64::from(WAIT_MS_MAX)),
             keep_alive: KeepAliveOptions::default(),
+            release_on_disconnect: None,
         }
     }
 }
@@ -126,10 +136,11 @@ impl Election {
     /// When the options' `keep_alive` does not fit in `ttl` (see [`crate::Lease::keep_alive_with`]).
     pub async fn campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
         let value = Bytes::copy_from_slice(value.as_ref());
+        let tied = self.options.release_on_disconnect;
         let options = AcquireOptions {
             wait: self.options.wait_max,
             meta: value.clone(),
-            release_on_disconnect: true,
+            release_on_disconnect: tied.unwrap_or(self.client.endpoints().len() == 1),
         };
         loop {
             let outcome = match self

@@ -4,7 +4,8 @@
 //!   leases and leaderships won after a long wait;
 //! - `cli`: the `tenure` command line — `run`, `elect`, exit codes, output field names,
 //!   `tenure console`;
-//! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`.
+//! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`;
+//! - `cluster`: lease guards and elections riding through a three-node cluster's fail-over.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -16,6 +17,7 @@
 
 mod auth;
 mod cli;
+mod cluster;
 mod e2e;
 
 use std::time::Duration;

@@ -538,9 +538,16 @@ class AsyncClient:
             margin=margin,
         )
 
-    def election(self, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> "AsyncElection":
-        """The election `group` (its lock is `election/<group>`)."""
-        return AsyncElection(self, group, ttl=ttl, wait_max=wait_max)
+    def election(
+        self,
+        group: str,
+        *,
+        ttl: float = 10.0,
+        wait_max: float = w.WAIT_MS_MAX / 1000,
+        release_on_disconnect: Optional[bool] = None,
+    ) -> "AsyncElection":
+        """The election `group` (its lock is `election/<group>`); see `AsyncElection`."""
+        return AsyncElection(self, group, ttl=ttl, wait_max=wait_max, release_on_disconnect=release_on_disconnect)
 
 
 def _expect(opcode: int, wanted: int) -> None:
@@ -933,22 +940,39 @@ class AsyncLeaseGuard(_GuardView):
 class AsyncElection:
     """Leader election over the lock `election/<group>`: the term is the grant's fencing token.
 
-    Candidates queue in line with release on disconnect: a leader whose connection drops loses
-    at once and the next candidate leads.
+    Candidates queue in line with release on disconnect when the client has one address: a
+    leader whose connection drops loses at once and the next candidate leads. With several
+    addresses (a cluster) they do not, unless `release_on_disconnect=True`: a fail-over closes
+    every connection to the old leader while the lease lives on at the new one, and a tied
+    leadership would end with each fail-over (the lock still held until its TTL, so nobody
+    would lead meanwhile). Untied, the leader renews with its lease id at the new leader.
     """
 
-    def __init__(self, client: AsyncClient, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        group: str,
+        *,
+        ttl: float = 10.0,
+        wait_max: float = w.WAIT_MS_MAX / 1000,
+        release_on_disconnect: Optional[bool] = None,
+    ) -> None:
         self.client = client
         self.group = group
         self.key = f"election/{group}".encode("utf-8")
         self.ttl = ttl
         self.wait_max = wait_max
+        if release_on_disconnect is None:
+            release_on_disconnect = len(client.endpoints) == 1
+        self.release_on_disconnect = release_on_disconnect
 
     async def campaign(self, value: Meta = b"", *, renew_every: Optional[float] = None) -> "AsyncLeadership":
         """Waits until this candidate leads and returns its leadership (renewed in the background)."""
         while True:
             try:
-                result, conn = await self.client._acquire(self.key, self.ttl, self.wait_max, value, True)
+                result, conn = await self.client._acquire(
+                    self.key, self.ttl, self.wait_max, value, self.release_on_disconnect
+                )
             except (ConnectionLost, ServerError) as e:
                 # The server restarted (or is restarting) under the standby: queue again. Not
                 # after a timeout: the first request may still be queued on the server.

@@ -300,9 +300,20 @@ class Client:
         )
         return guard
 
-    def election(self, group: str, *, ttl: float = 10.0, wait_max: float = w.WAIT_MS_MAX / 1000) -> "Election":
-        """The election `group` (its lock is `election/<group>`)."""
-        return Election(self, AsyncElection(self.aio, group, ttl=ttl, wait_max=wait_max))
+    def election(
+        self,
+        group: str,
+        *,
+        ttl: float = 10.0,
+        wait_max: float = w.WAIT_MS_MAX / 1000,
+        release_on_disconnect: Optional[bool] = None,
+    ) -> "Election":
+        """The election `group` (its lock is `election/<group>`); see `AsyncElection` for when
+        a leadership is tied to its connection."""
+        election = AsyncElection(
+            self.aio, group, ttl=ttl, wait_max=wait_max, release_on_disconnect=release_on_disconnect
+        )
+        return Election(self, election)
 
 
 class LeaseGuard(_GuardView):
