@@ -35,9 +35,19 @@ use crate::lease::{Granted, KeepAliveOptions, Lease, LeaseGuard};
 /// dropped with [`Error::WatchOverflow`] rather than stall the connection.
 pub const WATCH_EVENTS_MAX: usize = 1024;
 
-/// Redirects a request may follow beyond one per endpoint (`NOT_LEADER` answers) before the
-/// last answer is returned as it is.
+/// Redirects a request may follow beyond one per endpoint (`NOT_LEADER` answers) in one
+/// round; after a round that found no leader the client pauses before the next.
 const REDIRECTS_EXTRA: usize = 3;
+/// Longest a request keeps looking for a leader (rounds of redirects, with pauses) before the
+/// last `NOT_LEADER` is returned as it is, if its own time-out is not shorter: an election
+/// with default timings takes well under a second, and a request sent mid-election should
+/// be served by the new leader rather than fail.
+const LEADER_SEARCH_MAX: Duration = Duration::from_secs(10);
+/// Pause between rounds of redirects that found no leader (nodes that name a dead leader
+/// or none), doubled per round up to [`ROUND_PAUSE_MAX`].
+const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
+/// See [`ROUND_PAUSE_MIN`].
+const ROUND_PAUSE_MAX: Duration = Duration::from_millis(400);
 /// Pause before trying the next endpoint while no leader is known (an election under way).
 const ELECTION_PAUSE: Duration = Duration::from_millis(100);
 
@@ -300,7 +310,10 @@ impl Client {
     /// nodes of a cluster: the first that accepts a connection is used, and a node answering
     /// `NOT_LEADER` is left for the leader it names (the request is sent again there; a
     /// follower executes nothing). While no leader is known the client tries the next node
-    /// after a short pause, up to one redirect per node and three more per request. A leader
+    /// after a short pause, up to one redirect per node and three more per round; rounds that
+    /// find no leader are repeated after a pause (50 ms doubling to 400 ms) for up to the
+    /// request's time-out or 10 s, whichever is shorter, then the last NOT_LEADER is
+    /// returned ([`Error::Server`], transient). A leader
     /// that loses its leadership mid-request answers NOT_LEADER too, and then the request may
     /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
     /// grant (LOCKED) until its TTL runs out.
@@ -490,10 +503,23 @@ impl Client {
         timeout: Duration,
     ) -> Result<(Response, Arc<Conn>)> {
         request.validate().map_err(Error::invalid)?;
+        let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
         let call = async {
             let mut redirects = 0;
+            let mut pause = ROUND_PAUSE_MIN;
             loop {
-                let conn = self.connection().await?;
+                let conn = match self.connection().await {
+                    Ok(conn) => conn,
+                    // A cluster's node that cannot be reached (often the dead leader the
+                    // others still name): `connection` moved on to the next endpoint, and
+                    // backs off after a whole round of them failed.
+                    Err(Error::Io(_) | Error::Timeout(_))
+                        if self.inner.endpoints.len() > 1 && Instant::now() < search_until =>
+                    {
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let response = conn.call(request.clone()).await?;
                 let Response::Error {
                     code: ErrorCode::NotLeader,
@@ -505,7 +531,14 @@ impl Client {
                 // A follower executes nothing, so the request is sent again to the leader.
                 redirects += 1;
                 if redirects > self.inner.endpoints.len() + REDIRECTS_EXTRA {
-                    return Ok((response, conn));
+                    // A round found no leader: an election is under way, or the nodes still
+                    // name one that died. Pause, then look again while time is left.
+                    if Instant::now() + pause >= search_until {
+                        return Ok((response, conn));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ROUND_PAUSE_MAX);
+                    redirects = 0;
                 }
                 self.follow(&conn, message).await;
             }
@@ -1000,7 +1033,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn not_leader_forever_is_returned_after_a_bounded_number_of_redirects() {
+    async fn not_leader_forever_is_returned_once_the_request_time_is_spent() {
         let asked = Arc::new(AtomicU32::new(0));
         let a = follower("unknown", Arc::clone(&asked)).await;
         let b = follower("unknown", Arc::clone(&asked)).await;
@@ -1019,7 +1052,10 @@ mod tests {
             "{err:?}"
         );
         assert!(err.is_transient(), "an election ends");
-        assert_eq!(asked.load(Ordering::Relaxed), 2 + 3 + 1);
+        // Rounds of 2 + 3 + 1 requests, paused between, until the time-out (1 s in the
+        // virtual clock) would pass: more than one round, and bounded.
+        let asked = asked.load(Ordering::Relaxed);
+        assert!(asked > 2 + 3 + 1 && asked < 100, "{asked}");
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
     }
 

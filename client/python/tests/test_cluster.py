@@ -78,13 +78,15 @@ def test_redirects_are_bounded():
         a = await FakeFollower(None).start()
         b = await FakeFollower(a.addr).start()
         a.leader = b.addr  # each names the other: a loop
-        async with tenure.AsyncClient(f"{a.addr},{b.addr}", timeout=10) as c:
+        async with tenure.AsyncClient(f"{a.addr},{b.addr}", timeout=1) as c:
             start = time.monotonic()
             with pytest.raises(tenure.NotLeader):
                 await c.ping()
+            # Rounds of one redirect per address plus three, paused between (an election may
+            # be under way), until the request's time would run out.
             assert time.monotonic() - start < 5
-            # One per address, plus a few more.
-            assert len(a.requests) + len(b.requests) <= 2 + 4
+            asked = len(a.requests) + len(b.requests)
+            assert 2 + 4 < asked < 100, asked
         a.server.close()
         b.server.close()
 

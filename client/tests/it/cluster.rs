@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tenure::{AcquireOptions, AcquireOutcome, Client, Election, ElectionOptions, KeepAliveOptions};
+use tenure::{
+    AcquireOptions, AcquireOutcome, Client, Election, ElectionOptions, KeepAliveOptions, KeyState,
+};
 use tenure_server::cluster::{self, ClusterNode, ClusterOptions, NodeId, NodeInfo};
 use tenure_server::config::Config;
 use tokio::net::TcpListener;
@@ -91,7 +93,7 @@ async fn guards_and_leaderships_ride_through_the_leaders_loss() {
         .await
         .expect("acquire")
     {
-        AcquireOutcome::Granted(lease) => lease.keep_alive_with(keep.clone()),
+        AcquireOutcome::Granted(lease) => lease.keep_alive_with(keep),
         AcquireOutcome::Locked(by) => panic!("held by {}", by.token),
     };
     let options = ElectionOptions {
@@ -109,7 +111,14 @@ async fn guards_and_leaderships_ride_through_the_leaders_loss() {
     // kill -9 of the leader, as far as its peers and clients can tell.
     nodes.remove(leader).node.kill().await;
     let killed_at = Instant::now();
-    serving_leader(&nodes).await;
+    // Sent mid-election: the client looks for the new leader rather than fail.
+    let other = Client::connect(all_addresses(&nodes))
+        .await
+        .expect("connect");
+    match other.inspect("held").await.expect("inspect mid-election") {
+        KeyState::Held { token: held, .. } => assert_eq!(held, token),
+        state => panic!("{state:?}"),
+    }
     // Past the old lease's TTL, counted from the kill: only renewals at the new leader can
     // have kept the guard and the leadership valid this long.
     let other = Client::connect(all_addresses(&nodes))

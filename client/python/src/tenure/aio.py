@@ -62,6 +62,13 @@ log = logging.getLogger("tenure")
 
 #: Redirects one request may follow (NOT_LEADER) beyond one per address.
 REDIRECTS_EXTRA = 3
+#: Longest a request keeps looking for a leader (rounds of redirects, with pauses) before the
+#: last NOT_LEADER is raised, if its own time-out is not shorter: a request sent mid-election
+#: should be served by the new leader rather than fail.
+LEADER_SEARCH_MAX_S = 10.0
+#: Pause between rounds of redirects that found no leader, doubled per round up to the max.
+ROUND_PAUSE_MIN_S = 0.05
+ROUND_PAUSE_MAX_S = 0.4
 #: Pause before trying the next address while a cluster elects its leader (`leader=unknown`).
 ELECTION_PAUSE_S = 0.1
 #: Pause before a candidate queues again after its wait was cut by a server restart.
@@ -332,7 +339,9 @@ class AsyncClient:
         if direct is not None and watch is None:
             return self._call_direct(direct, opcode, body, timeout)
         deadline = time.monotonic() + timeout
+        search_until = time.monotonic() + min(timeout, LEADER_SEARCH_MAX_S)
         redirects = 0
+        pause = ROUND_PAUSE_MIN_S
         while True:
             conn = await self._connection(deadline)
             left = deadline - time.monotonic()
@@ -345,9 +354,17 @@ class AsyncClient:
             if opcode_in != w.ERROR:
                 return opcode_in, reply, conn
             code, message = w.parse_error(reply)
-            redirects += 1
-            if code != 23 or redirects > len(self.endpoints) + REDIRECTS_EXTRA:
+            if code != 23:
                 raise server_error(code, message)
+            redirects += 1
+            if redirects > len(self.endpoints) + REDIRECTS_EXTRA:
+                # A round found no leader: an election is under way, or the nodes still name
+                # one that died. Pause, then look again while time is left.
+                if time.monotonic() + pause >= search_until:
+                    raise server_error(code, message)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, ROUND_PAUSE_MAX_S)
+                redirects = 0
             await self._follow(conn, message)
 
     def _call_direct(self, direct: "DirectCall", opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes, Any]:
