@@ -40,6 +40,7 @@ pub mod handoff;
 pub mod http;
 pub mod identity;
 pub mod journal;
+pub mod log_limit;
 pub mod metrics;
 pub mod server;
 pub mod stats;

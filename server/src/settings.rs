@@ -411,18 +411,27 @@ fn overlay(file: Settings, cli: &Settings, matches: &ArgMatches) -> anyhow::Resu
 }
 
 /// Sends log lines to stderr in `format`, at the level RUST_LOG gives (default `info`), with
-/// colour codes only when stderr is a terminal: in a file or a pipe they are noise.
+/// colour codes only when stderr is a terminal: in a file or a pipe they are noise. openraft's
+/// repeated warnings and errors are limited ([`tenure_server::log_limit`]).
 pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    let limit = tenure_server::log_limit::RepeatLimit::default();
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt.with_filter(limit))
+        .init();
 }
 
 #[cfg(test)]
