@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admin::Admin;
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
 use super::network::{serve_peers, PeerNetwork};
@@ -197,13 +198,16 @@ impl ClusterNode {
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let hint = LeaderHint::new(raft.clone(), id);
-        let follower = Arc::new(Executor::new(
+        let admin = Admin::new(raft.clone(), id);
+        let mut follower = Executor::new(
             config.clone(),
             Clock::start(),
             Arc::new(FollowerJournal::new(hint.clone())),
             1,
             0,
-        ));
+        );
+        follower.cluster = Some(admin.clone());
+        let follower = Arc::new(follower);
         let stop = CancellationToken::new();
         let follower = Serving {
             executor: follower,
@@ -215,6 +219,7 @@ impl ClusterNode {
             state: Arc::clone(&state),
             config,
             hint,
+            admin,
             current: Arc::clone(&current),
             follower,
         };
@@ -352,6 +357,7 @@ struct Life {
     state: Arc<Mutex<ReplicaState>>,
     config: Config,
     hint: LeaderHint,
+    admin: Admin,
     current: Arc<RwLock<Serving>>,
     follower: Serving,
 }
@@ -469,7 +475,8 @@ impl Life {
         let clock = Clock::start();
         let now_ms = clock.now_ms();
         let journal = journal as Arc<dyn Journal>;
-        let executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        executor.cluster = Some(self.admin.clone());
         for lease in live.to_recovered() {
             executor.shard(&lease.key).restore(
                 now_ms,
