@@ -14,10 +14,13 @@
 //!   commit of WAL records as Raft entries, read confirmation through `ensure_linearizable`;
 //!   and the follower's journal, which refuses everything with `NOT_LEADER`.
 //! - [`admin`]: CLUSTER STATUS, INIT, ADD and REMOVE from the client port.
+//! - [`bootstrap`]: `--initial-cluster`: the lowest id initialises, once every node
+//!   answers that it is fresh.
 //! - [`node`]: [`ClusterNode`], one node: Raft, the peer listener, the client listener, and
 //!   the leader's life cycle (an executor built on takeover, dropped on loss).
 
 pub mod admin;
+pub mod bootstrap;
 pub mod journal;
 pub mod log_store;
 pub mod network;

@@ -64,6 +64,9 @@ pub struct ClusterOptions {
     /// A follower that hears no leader for a random time in `election_timeout_ms` (from,
     /// to) starts an election.
     pub election_timeout_ms: (u64, u64),
+    /// `--initial-cluster`: the first membership, which the lowest id initialises by
+    /// itself (see [`super::bootstrap`]); `None`: an operator initialises.
+    pub initial_cluster: Option<BTreeMap<NodeId, NodeInfo>>,
 }
 
 /// Default leader heartbeat period, in milliseconds (openraft's).
@@ -80,6 +83,7 @@ impl ClusterOptions {
             data_dir,
             heartbeat_ms: HEARTBEAT_MS_DEFAULT,
             election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
+            initial_cluster: None,
         }
     }
 
@@ -188,12 +192,19 @@ impl ClusterNode {
         clients: TcpListener,
     ) -> Result<ClusterNode, ClusterError> {
         let id = options.node_id;
+        if let Some(members) = &options.initial_cluster {
+            if !members.contains_key(&id) {
+                let why = format!("--initial-cluster does not list this node ({id})");
+                return Err(ClusterError::Config(why));
+            }
+        }
         let raft_config = Arc::new(options.raft_config()?);
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
         let isolated = Arc::new(AtomicBool::new(false));
-        let network = PeerNetwork::new(Arc::clone(&isolated), peers.local_addr()?.ip());
+        let source = peers.local_addr()?.ip();
+        let network = PeerNetwork::new(Arc::clone(&isolated), source);
         let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
@@ -223,7 +234,7 @@ impl ClusterNode {
             current: Arc::clone(&current),
             follower,
         };
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(serve_peers(
                 peers,
                 raft.clone(),
@@ -233,6 +244,10 @@ impl ClusterNode {
             tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
             tokio::spawn(life.run(stop.clone())),
         ];
+        if let Some(members) = options.initial_cluster {
+            let bootstrap = super::bootstrap::run(raft.clone(), id, members, source, stop.clone());
+            tasks.push(tokio::spawn(bootstrap));
+        }
         Ok(ClusterNode {
             id,
             raft,
