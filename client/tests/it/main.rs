@@ -16,6 +16,7 @@
 
 mod auth;
 mod cli;
+mod cluster;
 mod e2e;
 
 use std::time::Duration;
