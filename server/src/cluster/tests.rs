@@ -576,3 +576,87 @@ async fn removing_nodes_even_the_leader_keeps_leases_and_tokens() {
         started.node.kill().await;
     }
 }
+
+// `--initial-cluster` (bootstrap.rs).
+
+/// Node `id` on these listeners with an empty directory, bootstrapping from `initial`.
+async fn start_initial(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    initial: &BTreeMap<NodeId, NodeInfo>,
+) -> (ClusterNode, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
+    options.heartbeat_ms = 100;
+    options.election_timeout_ms = (800, 1600);
+    options.initial_cluster = Some(initial.clone());
+    let node = ClusterNode::start(Config::default(), options, peers, clients)
+        .await
+        .unwrap();
+    (node, dir)
+}
+
+async fn bound() -> (TcpListener, TcpListener, NodeInfo) {
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let info = NodeInfo {
+        peer_addr: peers.local_addr().unwrap().to_string(),
+        client_addr: clients.local_addr().unwrap().to_string(),
+    };
+    (peers, clients, info)
+}
+
+/// Longer than a few rounds of the bootstrap's probes.
+const PROBE_ROUNDS_WAIT: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lowest_id_initialises_only_once_every_node_answers_fresh() {
+    let (peers1, clients1, info1) = bound().await;
+    let (peers2, clients2, info2) = bound().await;
+    let initial = BTreeMap::from([(1, info1), (2, info2)]);
+    let (first, _dir1) = start_initial(1, peers1, clients1, &initial).await;
+    // Node 2 does not run yet: node 1 waits for it.
+    tokio::time::sleep(PROBE_ROUNDS_WAIT).await;
+    assert!(!first.raft().is_initialized().await.unwrap());
+    let (second, _dir2) = start_initial(2, peers2, clients2, &initial).await;
+    let nodes = [first, second];
+    let formed = async {
+        while !nodes.iter().any(ClusterNode::serving) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, formed)
+        .await
+        .expect("no cluster formed in time");
+    for node in nodes {
+        node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
+    // Nodes 2 and 3 form a cluster; node 1, listed first, comes fresh (a wiped node).
+    let nodes = vec![start(2).await, start(3).await];
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
+        .await
+        .unwrap();
+    serving_leader(&nodes).await;
+    let (peers1, clients1, info1) = bound().await;
+    let mut initial = members;
+    initial.insert(1, info1);
+    let (wiped, _dir) = start_initial(1, peers1, clients1, &initial).await;
+    tokio::time::sleep(PROBE_ROUNDS_WAIT).await;
+    assert!(
+        !wiped.raft().is_initialized().await.unwrap(),
+        "a node initialised a second cluster"
+    );
+    wiped.kill().await;
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
