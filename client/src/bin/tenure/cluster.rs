@@ -115,10 +115,11 @@ fn print_table(out: &Out, status: &Status) {
         widest.unwrap_or(0).max("CLIENT ADDR".len())
     };
     let (peer_w, client_w) = (width(|m| m.peer_addr.len()), width(|m| m.client_addr.len()));
-    println!(
+    let header = format!(
         "{:<6} {:<8} {:<peer_w$} {:<client_w$}",
         "ID", "MEMBER", "PEER ADDR", "CLIENT ADDR"
     );
+    println!("{}", header.trim_end());
     for (member, voter) in &status.members {
         let kind = if *voter { "voter" } else { "learner" };
         let leader = if member.id == status.leader_id {
@@ -126,9 +127,10 @@ fn print_table(out: &Out, status: &Status) {
         } else {
             ""
         };
-        println!(
+        let row = format!(
             "{:<6} {kind:<8} {:<peer_w$} {:<client_w$}{leader}",
             member.id, member.peer_addr, member.client_addr
         );
+        println!("{}", row.trim_end());
     }
 }
