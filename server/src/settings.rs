@@ -468,7 +468,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            29,
+            30,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -571,6 +571,7 @@ mod tests {
                 "tls-client-ca",
                 "node-id",
                 "peer-listen",
+                "initial-cluster",
             ];
             for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");
