@@ -99,18 +99,27 @@ fn bad(message: String) -> FrameError {
     FrameError::new(ErrorCode::BadFrame, message)
 }
 
+/// Checks a node id: 0 is not one (the CLUSTER reply's `leader_id` uses it for "none").
+///
+/// # Errors
+/// [`ErrorCode::BadArgs`] for id 0.
+pub fn validate_id(id: u64) -> Result<(), FrameError> {
+    if id == 0 {
+        return Err(FrameError::new(
+            ErrorCode::BadArgs,
+            "node id 0 is not allowed; ids start at 1".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a member against the wire limits.
 ///
 /// # Errors
 /// [`ErrorCode::BadArgs`] for id 0, or an address that is empty or over
 /// [`CLUSTER_ADDR_LEN_MAX`] bytes.
 pub fn validate_member(member: &Member) -> Result<(), FrameError> {
-    if member.id == 0 {
-        return Err(FrameError::new(
-            ErrorCode::BadArgs,
-            "node id 0 is not allowed; ids start at 1".into(),
-        ));
-    }
+    validate_id(member.id)?;
     for (what, addr) in [("peer", &member.peer_addr), ("client", &member.client_addr)] {
         if addr.is_empty() || addr.len() > CLUSTER_ADDR_LEN_MAX {
             return Err(FrameError::new(

@@ -851,11 +851,7 @@ impl Request {
             Request::Ping | Request::Stats | Request::ClusterStatus => Ok(()),
             Request::ClusterInit { members } => crate::cluster::validate_members(members),
             Request::ClusterAdd { member } => crate::cluster::validate_member(member),
-            Request::ClusterRemove { id } => crate::cluster::validate_member(&Member {
-                id: *id,
-                peer_addr: "-".into(),
-                client_addr: "-".into(),
-            }),
+            Request::ClusterRemove { id } => crate::cluster::validate_id(*id),
             Request::Auth { name, secret } => validate_auth(name, &secret.0),
             Request::Acquire {
                 key,

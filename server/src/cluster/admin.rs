@@ -114,8 +114,8 @@ impl Admin {
 
     /// INIT: `members` become the first membership, all voters.
     async fn init(&self, members: Vec<Member>) -> Response {
-        if !members.iter().any(|m| m.id == self.status().node_id) {
-            let me = self.status().node_id;
+        let me = self.status().node_id;
+        if !members.iter().any(|m| m.id == me) {
             return refused(format!(
                 "node {me} (this node) is not among the members given"
             ));
