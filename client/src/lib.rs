@@ -53,6 +53,7 @@
 //! # Layout
 //! - [`client`]: [`Client`], one pipelined connection shared by many tasks; typed outcomes;
 //!   [`Watch`] streams; reconnection with backoff; [`ClientOptions`] with [`Credentials`].
+//! - [`cluster`]: cluster administration: status, init, add and remove a node.
 //! - `conn` (private): the connection's handshake, writer task and reader task.
 //! - [`lease`]: [`Lease`] with a local deadline that never over-estimates, and [`LeaseGuard`]
 //!   renewing in the background and reporting loss.
@@ -90,6 +91,7 @@
 //! killed it.
 
 pub mod client;
+pub mod cluster;
 mod conn;
 pub mod election;
 pub mod error;

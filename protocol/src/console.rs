@@ -19,7 +19,8 @@ macro_rules! command_list {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
-         HELP | QUIT"
+         CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
+         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | HELP | QUIT"
     };
 }
 
@@ -103,6 +104,8 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
             secret: crate::Secret(Bytes::copy_from_slice(secret.as_bytes())),
         },
         ("AUTH", _) => return Err(usage("AUTH <name> <secret>")),
+        ("CLUSTER", [sub, rest @ ..]) => parse_cluster(sub, rest)?,
+        ("CLUSTER", _) => return Err(usage(CLUSTER_USAGE)),
         ("PING" | "STATS" | "HELP" | "QUIT", _) => {
             return Err(bad_args(format!("{name} takes no arguments")))
         }
@@ -115,6 +118,27 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
     };
     request.validate()?;
     Ok(Command::Request(request))
+}
+
+/// The CLUSTER forms, for its usage error.
+const CLUSTER_USAGE: &str = "CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
+     CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id>";
+
+fn parse_cluster(sub: &str, rest: &[&str]) -> Result<Request, FrameError> {
+    let request = match (sub.to_ascii_uppercase().as_str(), rest) {
+        ("STATUS", []) => Request::ClusterStatus,
+        ("INIT", [spec]) => Request::ClusterInit {
+            members: crate::cluster::parse_members(spec)?,
+        },
+        ("ADD", [id, addrs]) => Request::ClusterAdd {
+            member: crate::cluster::parse_addrs(parse_u64("id", id)?, addrs)?,
+        },
+        ("REMOVE", [id]) => Request::ClusterRemove {
+            id: parse_u64("id", id)?,
+        },
+        _ => return Err(bad_args(format!("usage: {CLUSTER_USAGE}"))),
+    };
+    Ok(request)
 }
 
 fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameError> {
@@ -255,6 +279,38 @@ mod tests {
         assert_eq!(err("CHECK k -1"), ErrorCode::BadArgs);
         assert_eq!(err("PING extra"), ErrorCode::BadArgs);
         assert_eq!(parse(&[0xff, 0xfe]).unwrap_err().code, ErrorCode::BadArgs);
+    }
+
+    #[test]
+    fn parses_the_cluster_commands_and_names_bad_ones() {
+        assert_eq!(request("cluster status"), Request::ClusterStatus);
+        let Request::ClusterInit { members } = request("CLUSTER INIT 1=a:1/a:2,2=b:1/b:2") else {
+            panic!("not an INIT");
+        };
+        assert_eq!((members.len(), members[1].id), (2, 2));
+        let Request::ClusterAdd { member } = request("CLUSTER ADD 4 d:1/d:2") else {
+            panic!("not an ADD");
+        };
+        assert_eq!((member.id, member.peer_addr.as_str()), (4, "d:1"));
+        assert_eq!(
+            request("CLUSTER REMOVE 3"),
+            Request::ClusterRemove { id: 3 }
+        );
+        for bad in [
+            "CLUSTER",
+            "CLUSTER FROB",
+            "CLUSTER STATUS x",
+            "CLUSTER INIT",
+            "CLUSTER INIT 1=a",
+            "CLUSTER ADD 4",
+            "CLUSTER ADD 0 a/b",
+            "CLUSTER ADD x a/b",
+            "CLUSTER ADD 4 nocolon",
+            "CLUSTER REMOVE 0",
+            "CLUSTER REMOVE",
+        ] {
+            assert_eq!(err(bad), ErrorCode::BadArgs, "{bad}");
+        }
     }
 
     /// Random and mutated lines never panic the parser, and whatever parses is in range.

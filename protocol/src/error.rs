@@ -60,6 +60,10 @@ pub enum ErrorCode {
     /// leader's client address) or `leader=unknown` (an election is under way); see
     /// [`leader_hint`]. On a write, the outcome is unknown.
     NotLeader = 23,
+    /// Cluster mode: a CLUSTER INIT, ADD or REMOVE was refused (the node is initialised
+    /// already, the id is present with other addresses, it is the last voter, ...); the
+    /// message says why. Nothing changed.
+    ClusterRefused = 24,
 }
 
 /// Where a [`ErrorCode::NotLeader`] message says the leader is: `Some(Some(addr))` for a
@@ -77,7 +81,7 @@ pub fn leader_hint(message: &str) -> Option<Option<&str>> {
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -102,6 +106,7 @@ impl ErrorCode {
         ErrorCode::Forbidden,
         ErrorCode::Quota,
         ErrorCode::NotLeader,
+        ErrorCode::ClusterRefused,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -140,6 +145,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::Quota => "QUOTA",
             ErrorCode::NotLeader => "NOT_LEADER",
+            ErrorCode::ClusterRefused => "CLUSTER_REFUSED",
         }
     }
 }

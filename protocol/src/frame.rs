@@ -17,6 +17,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use crate::cluster::{Member, Status};
 use crate::error::{ErrorCode, FrameError, ProtocolError};
 use crate::lease::LeaseId;
 use crate::limits::*;
@@ -43,6 +44,14 @@ pub mod op {
     pub const UNWATCH: u8 = 0x09;
     /// Prove an identity: name and secret.
     pub const AUTH: u8 = 0x0A;
+    /// Cluster mode: the answering node's view of its cluster.
+    pub const CLUSTER_STATUS: u8 = 0x0B;
+    /// Cluster mode: make the first membership, on a node not yet initialised.
+    pub const CLUSTER_INIT: u8 = 0x0C;
+    /// Cluster mode: add a node (as a learner, then a voter); the leader only.
+    pub const CLUSTER_ADD: u8 = 0x0D;
+    /// Cluster mode: remove a node from the membership; the leader only.
+    pub const CLUSTER_REMOVE: u8 = 0x0E;
 }
 
 /// Response opcodes (server to client). Bit 7 is set on every one of them.
@@ -78,6 +87,8 @@ pub mod rop {
     pub const UNWATCHED: u8 = 0x8E;
     /// AUTH accepted: the connection now acts as that identity.
     pub const AUTHENTICATED: u8 = 0x8F;
+    /// The answering node's view of its cluster: answers every CLUSTER_* request.
+    pub const CLUSTER: u8 = 0x90;
     /// A pushed watch event, carrying the WATCH request's id.
     pub const EVENT: u8 = 0xA0;
     /// The request failed; see the error code.
@@ -162,6 +173,23 @@ pub enum Request {
         name: Bytes,
         /// Its secret; `Debug` never shows it.
         secret: Secret,
+    },
+    /// Cluster mode: the answering node's view of its cluster.
+    ClusterStatus,
+    /// Cluster mode: make `members` the first membership, all voters.
+    ClusterInit {
+        /// The nodes, each with its addresses.
+        members: Vec<Member>,
+    },
+    /// Cluster mode: add `member` as a learner, then make it a voter.
+    ClusterAdd {
+        /// The node and its addresses.
+        member: Member,
+    },
+    /// Cluster mode: remove node `id` from the membership.
+    ClusterRemove {
+        /// The node's id.
+        id: u64,
     },
 }
 
@@ -269,6 +297,9 @@ pub enum Response {
         /// The identity's name, as AUTH gave it.
         name: Bytes,
     },
+    /// Cluster mode: the answering node's view of its cluster, after the change for INIT,
+    /// ADD and REMOVE.
+    Cluster(Status),
     /// A change to a watched key.
     Event {
         /// What happened.
@@ -356,6 +387,16 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             put_bytes16(b, name);
             put_bytes16(b, &secret.0);
         }),
+        Request::ClusterStatus => put_frame(dst, op::CLUSTER_STATUS, id, |_| {}),
+        Request::ClusterInit { members } => put_frame(dst, op::CLUSTER_INIT, id, |b| {
+            crate::cluster::put_members(b, members)
+        }),
+        Request::ClusterAdd { member } => put_frame(dst, op::CLUSTER_ADD, id, |b| {
+            crate::cluster::put_member(b, member)
+        }),
+        Request::ClusterRemove { id: node } => {
+            put_frame(dst, op::CLUSTER_REMOVE, id, |b| b.put_u64(*node))
+        }
     }
 }
 
@@ -423,6 +464,9 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
         Response::Authenticated { name } => {
             put_frame(dst, rop::AUTHENTICATED, id, |b| put_bytes16(b, name))
         }
+        Response::Cluster(status) => put_frame(dst, rop::CLUSTER, id, |b| {
+            crate::cluster::put_status(b, status)
+        }),
         Response::Event {
             kind,
             key,
@@ -487,6 +531,21 @@ pub fn split_frame(src: &mut BytesMut) -> Result<Option<(u8, u64, Bytes)>, Proto
 /// A cursor over a frame body that turns every short read into a [`FrameError`].
 struct Body {
     bytes: Bytes,
+}
+
+impl crate::cluster::Read for Body {
+    fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
+        Body::u8(self, what)
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
+        Body::u16(self, what)
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
+        Body::u64(self, what)
+    }
+    fn bytes16(&mut self, what: &'static str) -> Result<Bytes, FrameError> {
+        Body::bytes16(self, what)
+    }
 }
 
 impl Body {
@@ -594,6 +653,16 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
             name: b.bytes16("name")?,
             secret: Secret(b.bytes16("secret")?),
         },
+        op::CLUSTER_STATUS => Request::ClusterStatus,
+        op::CLUSTER_INIT => Request::ClusterInit {
+            members: crate::cluster::get_members(&mut b)?,
+        },
+        op::CLUSTER_ADD => Request::ClusterAdd {
+            member: crate::cluster::get_member(&mut b)?,
+        },
+        op::CLUSTER_REMOVE => Request::ClusterRemove {
+            id: b.u64("node id")?,
+        },
         other => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
@@ -647,6 +716,7 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
         rop::AUTHENTICATED => Response::Authenticated {
             name: b.bytes16("name")?,
         },
+        rop::CLUSTER => Response::Cluster(crate::cluster::get_status(&mut b)?),
         rop::EVENT => {
             let kind = match b.u8("event kind")? {
                 1 => EventKind::Granted,
@@ -778,7 +848,10 @@ impl Request {
     /// A [`FrameError`] naming the first field out of range.
     pub fn validate(&self) -> Result<(), FrameError> {
         match self {
-            Request::Ping | Request::Stats => Ok(()),
+            Request::Ping | Request::Stats | Request::ClusterStatus => Ok(()),
+            Request::ClusterInit { members } => crate::cluster::validate_members(members),
+            Request::ClusterAdd { member } => crate::cluster::validate_member(member),
+            Request::ClusterRemove { id } => crate::cluster::validate_id(*id),
             Request::Auth { name, secret } => validate_auth(name, &secret.0),
             Request::Acquire {
                 key,
@@ -828,6 +901,11 @@ impl Request {
             Request::Watch { .. } => "WATCH",
             Request::Unwatch { .. } => "UNWATCH",
             Request::Auth { .. } => "AUTH",
+            // One kind for the four: they are rare, and each kind is a counter and a series.
+            Request::ClusterStatus
+            | Request::ClusterInit { .. }
+            | Request::ClusterAdd { .. }
+            | Request::ClusterRemove { .. } => "CLUSTER",
         }
     }
 }

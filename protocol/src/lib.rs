@@ -15,11 +15,13 @@
 //! - [`handshake`]: the hello that opens a binary connection and the server's answer.
 //! - [`frame`]: requests, responses, opcodes, and their encoders and decoders.
 //! - [`codec`]: `tokio_util` codec adapters for the server and client sides.
+//! - [`cluster`]: the cluster administration requests' bodies and the CLUSTER reply.
 //! - [`console`]: the text console's grammar, read by the server and by `tenure console`.
 //! - [`error`]: wire error codes, per-frame errors and stream errors.
 //! - [`duration`]: `30s`/`500ms`/`1m30s` parsing, shared by every command line of the project.
 //! - [`LeaseId`]: the 128-bit name of one grant.
 
+pub mod cluster;
 pub mod codec;
 pub mod console;
 pub mod duration;

@@ -35,13 +35,29 @@ pub const STAT_NAME_LEN_MAX: usize = 48;
 pub const IDENTITY_NAME_LEN_MAX: usize = 64;
 /// Longest secret in AUTH, in bytes.
 pub const SECRET_LEN_MAX: usize = 256;
+/// Most nodes in a membership (voters and learners) that INIT takes or CLUSTER reports.
+pub const CLUSTER_MEMBERS_MAX: usize = 9;
+/// Longest peer or client address of a cluster member, in bytes (`host:port`).
+pub const CLUSTER_ADDR_LEN_MAX: usize = 128;
 
 /// The largest request body: ACQUIRE with a maximal key and maximal metadata.
 pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX;
 /// The largest reply: a full STATS frame.
 pub const STATS_LEN_MAX: usize = FRAME_LEN_MIN + 2 + STATS_COUNT_MAX * (1 + STAT_NAME_LEN_MAX + 8);
+/// The largest CLUSTER reply (INIT's body is smaller: no per-member voter byte, no header).
+pub const CLUSTER_STATUS_LEN_MAX: usize = FRAME_LEN_MIN
+    + 8 * 5
+    + 1
+    + 2
+    + CLUSTER_ADDR_LEN_MAX
+    + 2
+    + CLUSTER_MEMBERS_MAX * (1 + 8 + 2 * (2 + CLUSTER_ADDR_LEN_MAX));
 
 const _: () = assert!(ACQUIRE_LEN_MAX <= FRAME_LEN_MAX);
+const _: () = assert!(CLUSTER_STATUS_LEN_MAX <= FRAME_LEN_MAX);
+// A console INIT line with every member at its longest still fits a line.
+const _: () =
+    assert!(CLUSTER_MEMBERS_MAX * (20 + 3 + 2 * CLUSTER_ADDR_LEN_MAX) + 16 <= LINE_LEN_MAX);
 const _: () = assert!(STATS_LEN_MAX <= FRAME_LEN_MAX);
 const _: () = assert!(FRAME_LEN_MIN + 2 + 2 + ERROR_MESSAGE_LEN_MAX <= FRAME_LEN_MAX);
 // Lengths of keys and metadata travel as u16.

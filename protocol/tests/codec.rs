@@ -1,6 +1,7 @@
 //! Codec tests: round trips, every truncated prefix, every over-limit length.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use tenure_protocol::cluster::{Member, Role, Status};
 use tenure_protocol::frame::{
     decode_request, decode_response, encode_request, encode_response, split_frame,
 };
@@ -51,7 +52,39 @@ fn sample_requests() -> Vec<Request> {
             name: key(3),
             secret: tenure_protocol::Secret(key(4)),
         },
+        Request::ClusterStatus,
+        Request::ClusterInit {
+            members: (1..=CLUSTER_MEMBERS_MAX as u64).map(member).collect(),
+        },
+        Request::ClusterAdd { member: member(4) },
+        Request::ClusterRemove { id: u64::MAX },
     ]
+}
+
+/// Node `id` with addresses at their longest.
+fn member(id: u64) -> Member {
+    let addr = |c: char| c.to_string().repeat(CLUSTER_ADDR_LEN_MAX);
+    Member {
+        id,
+        peer_addr: addr('p'),
+        client_addr: addr('c'),
+    }
+}
+
+/// A CLUSTER reply at its largest.
+fn cluster_status() -> Status {
+    Status {
+        node_id: 2,
+        role: Role::Follower,
+        term: 7,
+        leader_id: 1,
+        leader_addr: "l".repeat(CLUSTER_ADDR_LEN_MAX),
+        last_log_index: 40,
+        last_applied_index: 39,
+        members: (1..=CLUSTER_MEMBERS_MAX as u64)
+            .map(|id| (member(id), id != 4))
+            .collect(),
+    }
 }
 
 fn sample_responses() -> Vec<Response> {
@@ -99,6 +132,7 @@ fn sample_responses() -> Vec<Response> {
         },
         Response::Unwatched,
         Response::Authenticated { name: key(5) },
+        Response::Cluster(cluster_status()),
         Response::Event {
             kind: EventKind::Expired,
             key: key(4),

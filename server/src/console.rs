@@ -41,6 +41,40 @@ fn format_held(token: u64, ttl_left_ms: u32, waiters: u32, meta: &[u8], out: &mu
     }
 }
 
+/// Appends `OK node_id=.. role=.. ...`: a CLUSTER reply. The members are written as INIT
+/// takes them (`1=<peer>/<client>,...`), voters and learners apart; `-` for none.
+fn format_cluster(status: &tenure_protocol::cluster::Status, out: &mut String) {
+    use std::fmt::Write;
+    use tenure_protocol::cluster::format_members;
+    let leader_addr = if status.leader_addr.is_empty() {
+        "-"
+    } else {
+        &status.leader_addr
+    };
+    let list = |voters: bool| {
+        let members = status.members.iter().filter(|(_, v)| *v == voters);
+        let text = format_members(members.map(|(m, _)| m));
+        if text.is_empty() {
+            "-".to_string()
+        } else {
+            text
+        }
+    };
+    let _ = write!(
+        out,
+        "OK node_id={} role={} term={} leader_id={} leader_addr={leader_addr} \
+         last_log_index={} last_applied_index={} voters={} learners={}",
+        status.node_id,
+        status.role.name(),
+        status.term,
+        status.leader_id,
+        status.last_log_index,
+        status.last_applied_index,
+        list(true),
+        list(false),
+    );
+}
+
 /// Appends the reply line for `response` to `out`, with its `\n`.
 pub fn format(response: &Response, out: &mut String) {
     use std::fmt::Write;
@@ -93,6 +127,10 @@ pub fn format(response: &Response, out: &mut String) {
             Ok(())
         }
         Response::Unwatched => out.write_str("OK"),
+        Response::Cluster(status) => {
+            format_cluster(status, out);
+            Ok(())
+        }
         Response::Authenticated { name } => {
             out.push_str("OK authenticated ");
             escape(name, out);

@@ -95,6 +95,11 @@ async fn run_cluster(
         .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
     let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
     options.heartbeat_ms = settings.heartbeat_ms;
+    if let Some(spec) = &settings.initial_cluster {
+        let members =
+            cluster::parse_members(spec).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
+        options.initial_cluster = Some(members);
+    }
     options.election_timeout_ms = (
         settings.election_timeout_ms,
         settings.election_timeout_ms.saturating_mul(2),

@@ -207,6 +207,13 @@ pub struct Settings {
     #[arg(long, env = "TENURE_PEER_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_listen: Option<SocketAddr>,
+    /// Cluster mode: the first membership, `1=<peer addr>/<client addr>,2=...`, the same on
+    /// every node: the node with the lowest id initialises the cluster, once, when its data
+    /// directory is fresh and every other node listed answers that it is fresh too. Ignored
+    /// on a node that is initialised already.
+    #[arg(long, env = "TENURE_INITIAL_CLUSTER")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_cluster: Option<String>,
     /// Cluster mode: how often the leader sends heartbeats, in milliseconds.
     #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = Settings::default().heartbeat_ms)]
     pub heartbeat_ms: u64,
@@ -251,6 +258,7 @@ impl Default for Settings {
             cluster: false,
             node_id: None,
             peer_listen: None,
+            initial_cluster: None,
             heartbeat_ms: tenure_server::cluster::HEARTBEAT_MS_DEFAULT,
             election_timeout_ms: tenure_server::cluster::ELECTION_TIMEOUT_MS_DEFAULT,
         }
@@ -455,6 +463,7 @@ mod tests {
             tls_client_ca: Some("ca.pem".into()),
             node_id: Some(1),
             peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
+            initial_cluster: Some("1=127.0.0.1:7001/127.0.0.1:7878".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -468,7 +477,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            29,
+            30,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -544,6 +553,7 @@ mod tests {
             tls_client_ca: Some("ca.pem".into()),
             node_id: Some(1),
             peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
+            initial_cluster: Some("1=127.0.0.1:7001/127.0.0.1:7878".into()),
             ..Settings::default()
         })
         .unwrap();
@@ -570,6 +580,7 @@ mod tests {
                 "tls-client-ca",
                 "node-id",
                 "peer-listen",
+                "initial-cluster",
             ];
             for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {
                 assert_eq!(defaults.get(key), Some(value), "sample's default for {key}");

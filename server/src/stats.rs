@@ -34,8 +34,9 @@ pub struct Stats {
 }
 
 /// The request kinds counted, in the order STATS reports them.
-pub const OP_KINDS: [&str; 10] = [
+pub const OP_KINDS: [&str; 11] = [
     "PING", "ACQUIRE", "RENEW", "RELEASE", "INSPECT", "CHECK", "STATS", "WATCH", "UNWATCH", "AUTH",
+    "CLUSTER",
 ];
 
 impl Stats {
@@ -124,6 +125,10 @@ pub fn op_index(request: &Request) -> usize {
         Request::Watch { .. } => 7,
         Request::Unwatch { .. } => 8,
         Request::Auth { .. } => 9,
+        Request::ClusterStatus
+        | Request::ClusterInit { .. }
+        | Request::ClusterAdd { .. }
+        | Request::ClusterRemove { .. } => 10,
     };
     debug_assert_eq!(OP_KINDS[i], request.kind());
     i

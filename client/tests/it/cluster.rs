@@ -1,25 +1,18 @@
-//! Lease guards and elections against a real three-node cluster (in-process nodes on
-//! loopback, real time): they ride through the leader's loss by renewing with the same lease
-//! id at the new leader, and nobody else gets the key meanwhile.
+//! `tenure cluster status|add|remove` against three in-process cluster nodes that formed by
+//! themselves from `--initial-cluster` (no INIT sent), and against a single-node server.
+//! Real time: the command line is a process of its own; bounds are in seconds.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tenure::{
-    AcquireOptions, AcquireOutcome, Client, Election, ElectionOptions, KeepAliveOptions, KeyState,
-};
-use tenure_server::cluster::{self, ClusterNode, ClusterOptions, NodeId, NodeInfo};
-use tenure_server::config::Config;
+use tenure::{AcquireOptions, AcquireOutcome, Client, KeyState};
+use tenure_server::cluster::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
+use tenure_testkit::{field, ThreadServer as TestServer, PATIENCE};
 use tokio::net::TcpListener;
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 
-/// Longest an election, a takeover or a reply may take on a loaded machine.
-const STEP_MAX: Duration = Duration::from_secs(15);
-/// The lease of the guard and the leadership: several renewals fit in it, and a fail-over
-/// (an election timeout of 0.8 to 1.6 s here, then a takeover) fits in what is left.
-const TTL: Duration = Duration::from_secs(6);
-/// How often the guard and the leader renew.
-const RENEW_EVERY: Duration = Duration::from_millis(500);
+/// Longest an election, a takeover or a membership change may take here.
+const CLUSTER_WAIT_MAX: Duration = Duration::from_secs(30);
 
 struct Node {
     node: ClusterNode,
@@ -27,19 +20,30 @@ struct Node {
     _dir: tempfile::TempDir,
 }
 
-async fn start(id: NodeId) -> Node {
+async fn listeners() -> (TcpListener, TcpListener, NodeInfo) {
     let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
         client_addr: clients.local_addr().unwrap().to_string(),
     };
+    (peers, clients, info)
+}
+
+/// Node `id` on these listeners, bootstrapping from `initial` if given.
+async fn start(
+    id: NodeId,
+    (peers, clients, info): (TcpListener, TcpListener, NodeInfo),
+    initial: Option<BTreeMap<NodeId, NodeInfo>>,
+) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
-    // Generous, so that a loaded machine holds no spurious election mid-test.
+    // Generous, so a loaded machine does not hold spurious elections mid-test.
     options.heartbeat_ms = 100;
     options.election_timeout_ms = (800, 1600);
-    let node = ClusterNode::start(Config::default(), options, peers, clients)
+    options.initial_cluster = initial;
+    let config = tenure_server::Config::default();
+    let node = ClusterNode::start(config, options, peers, clients)
         .await
         .unwrap();
     Node {
@@ -49,106 +53,123 @@ async fn start(id: NodeId) -> Node {
     }
 }
 
-async fn start_cluster() -> Vec<Node> {
-    let nodes = vec![start(1).await, start(2).await, start(3).await];
-    let members: BTreeMap<NodeId, NodeInfo> = nodes
-        .iter()
-        .map(|n| (n.node.id(), n.info.clone()))
-        .collect();
-    cluster::initialize_remote(&nodes[0].info.peer_addr, members)
+/// Runs `tenure --addr <addr> cluster <args>`; returns exit code, stdout and stderr.
+async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command.arg("--addr").arg(addr).arg("cluster").args(args);
+    let output = timeout(CLUSTER_WAIT_MAX, command.kill_on_drop(true).output())
         .await
-        .unwrap();
-    nodes
+        .expect("tenure finishes")
+        .expect("tenure runs");
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
-async fn serving_leader(nodes: &[Node]) -> usize {
-    let deadline = Instant::now() + STEP_MAX;
+/// Acquires `key` through `client`, retried while no leader serves.
+async fn acquire(client: &Client, key: &str) -> tenure::Lease {
+    let deadline = Instant::now() + CLUSTER_WAIT_MAX;
     loop {
-        if let Some(i) = nodes.iter().position(|n| n.node.serving()) {
-            return i;
+        let options = AcquireOptions::default();
+        match client.acquire(key, Duration::from_secs(60), options).await {
+            Ok(AcquireOutcome::Granted(lease)) => return lease,
+            other => assert!(Instant::now() < deadline, "{key}: {other:?}"),
         }
-        assert!(Instant::now() < deadline, "no leader served in time");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-fn all_addresses(nodes: &[Node]) -> String {
-    let addrs: Vec<&str> = nodes.iter().map(|n| n.info.client_addr.as_str()).collect();
-    addrs.join(",")
+/// The CLI's status of the node at `addr`, once `ok` holds for it.
+async fn status_until(addr: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + CLUSTER_WAIT_MAX;
+    loop {
+        let (code, out, err) = cli(addr, &["status"]).await;
+        assert_eq!(code, 0, "{out}{err}");
+        if ok(&out) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "{out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guards_and_leaderships_ride_through_the_leaders_loss() {
-    let mut nodes = start_cluster().await;
-    let leader = serving_leader(&nodes).await;
-    let addrs = all_addresses(&nodes);
-    // Given every address, the client finds the leader whichever it tries first.
-    let holder = Client::connect(addrs.clone()).await.expect("connect");
-    let keep = KeepAliveOptions {
-        renew_every: Some(RENEW_EVERY),
-        margin: None,
-    };
-    let guard = match holder
-        .acquire("held", TTL, AcquireOptions::default())
-        .await
-        .expect("acquire")
-    {
-        AcquireOutcome::Granted(lease) => lease.keep_alive_with(keep),
-        AcquireOutcome::Locked(by) => panic!("held by {}", by.token),
-    };
-    let options = ElectionOptions {
-        ttl: TTL,
-        keep_alive: keep,
-        ..ElectionOptions::default()
-    };
-    let election = Election::with_options(holder.clone(), "primary", options);
-    let leadership = tokio::time::timeout(STEP_MAX, election.campaign(b"me"))
-        .await
-        .expect("campaign in time")
-        .expect("campaign");
-    let token = guard.fencing_token();
+async fn tenure_cluster_status_add_and_remove_on_a_self_formed_cluster() {
+    let mut bound = Vec::new();
+    for _ in 0..3 {
+        bound.push(listeners().await);
+    }
+    let initial: BTreeMap<NodeId, NodeInfo> = (1..)
+        .zip(bound.iter().map(|(_, _, info)| info.clone()))
+        .collect();
+    let mut nodes = Vec::new();
+    for (id, b) in (1..).zip(bound) {
+        nodes.push(start(id, b, Some(initial.clone())).await);
+    }
+    let addrs: Vec<String> = nodes.iter().map(|n| n.info.client_addr.clone()).collect();
+    let client = Client::connect(addrs.join(",")).await.unwrap();
+    let held = acquire(&client, "held").await;
 
-    // kill -9 of the leader, as far as its peers and clients can tell.
-    nodes.remove(leader).node.kill().await;
-    let killed_at = Instant::now();
-    // Sent mid-election: the client looks for the new leader rather than fail.
-    let other = Client::connect(all_addresses(&nodes))
-        .await
-        .expect("connect");
-    match other.inspect("held").await.expect("inspect mid-election") {
-        KeyState::Held { token: held, .. } => assert_eq!(held, token),
-        state => panic!("{state:?}"),
+    // Any node answers STATUS from its own view; the table names the leader.
+    let status = status_until(&addrs[2], |s| !s.contains("leader_id=0 ")).await;
+    assert_eq!(field(&status, "result"), "CLUSTER", "{status}");
+    assert_eq!(field(&status, "node_id"), "3", "{status}");
+    assert_eq!(field(&status, "voters").split(',').count(), 3, "{status}");
+    assert!(status.contains("(leader)"), "{status}");
+    let leader_id: NodeId = field(&status, "leader_id").parse().unwrap();
+
+    // ADD, sent to a follower first: the client follows NOT_LEADER to the leader.
+    let fourth = start(4, listeners().await, None).await;
+    let follower = (1..=3).find(|&id| id != leader_id).unwrap();
+    let order = format!("{},{}", addrs[follower as usize - 1], addrs.join(","));
+    let member = format!("{}/{}", fourth.info.peer_addr, fourth.info.client_addr);
+    let (code, out, err) = cli(&order, &["add", "4", &member]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        field(&out, "voters").contains(&format!("4={member}")),
+        "{out}"
+    );
+    let status = status_until(&fourth.info.client_addr, |s| s.contains("role=follower")).await;
+    assert!(status.contains("4      voter"), "{status}");
+    nodes.push(fourth);
+
+    // Refusals name themselves.
+    let (code, out, _) = cli(&addrs.join(","), &["remove", "9"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("CLUSTER_REFUSED"), "{out}");
+
+    // REMOVE the leader: it steps down, the others elect, the lease and its token stay.
+    let (code, out, err) = cli(&addrs.join(","), &["remove", &leader_id.to_string()]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        !field(&out, "voters").contains(&format!("{leader_id}=")),
+        "{out}"
+    );
+    let rest: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.node.id() != leader_id)
+        .map(|n| n.info.client_addr.clone())
+        .collect();
+    let client = Client::connect(rest.join(",")).await.unwrap();
+    let fresh = acquire(&client, "fresh").await;
+    assert!(fresh.fencing_token() > held.fencing_token());
+    match client.inspect("held").await.unwrap() {
+        KeyState::Held { token, .. } => assert_eq!(token, held.fencing_token()),
+        other => panic!("the lease was lost: {other:?}"),
     }
-    // Past the old lease's TTL, counted from the kill: only renewals at the new leader can
-    // have kept the guard and the leadership valid this long.
-    let other = Client::connect(all_addresses(&nodes))
-        .await
-        .expect("connect");
-    while killed_at.elapsed() < TTL + RENEW_EVERY {
-        assert!(guard.is_valid(), "{:?}", guard.loss_reason());
-        assert!(
-            leadership.is_valid(),
-            "{:?}",
-            leadership.guard().loss_reason()
-        );
-        match other
-            .acquire("held", TTL, AcquireOptions::default())
-            .await
-            .expect("acquire at the new leader")
-        {
-            AcquireOutcome::Locked(by) => assert_eq!(by.token, token),
-            AcquireOutcome::Granted(lease) => panic!("granted twice: {}", lease.fencing_token()),
-        }
-        tokio::time::sleep(RENEW_EVERY).await;
+    for n in nodes {
+        n.node.kill().await;
     }
-    assert_eq!(guard.fencing_token(), token, "same lease, same token");
-    let seen = tokio::time::timeout(STEP_MAX, election.leader())
+}
+
+#[tokio::test]
+async fn tenure_cluster_on_a_single_node_server_says_it_is_not_a_cluster() {
+    let server = TestServer::start();
+    let (code, out, err) = timeout(PATIENCE, cli(server.addr.as_str(), &["status"]))
         .await
-        .expect("leader in time")
-        .expect("leader")
-        .expect("someone leads");
-    assert_eq!(seen.term, leadership.term());
-    for node in nodes {
-        node.node.kill().await;
-    }
+        .unwrap();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("not in cluster mode"), "{out}{err}");
 }

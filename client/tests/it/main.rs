@@ -5,7 +5,9 @@
 //! - `cli`: the `tenure` command line — `run`, `elect`, exit codes, output field names,
 //!   `tenure console`;
 //! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`;
-//! - `cluster`: lease guards and elections riding through a three-node cluster's fail-over.
+//! - `cluster`: `tenure cluster status|add|remove` against in-process cluster nodes;
+//! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
+//!   and a request sent mid-election.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -19,6 +21,7 @@ mod auth;
 mod cli;
 mod cluster;
 mod e2e;
+mod failover;
 
 use std::time::Duration;
 

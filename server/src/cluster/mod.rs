@@ -13,9 +13,14 @@
 //! - [`journal`]: [`RaftJournal`], the leader's [`Journal`](crate::journal::Journal): group
 //!   commit of WAL records as Raft entries, read confirmation through `ensure_linearizable`;
 //!   and the follower's journal, which refuses everything with `NOT_LEADER`.
+//! - [`admin`]: CLUSTER STATUS, INIT, ADD and REMOVE from the client port.
+//! - [`bootstrap`]: `--initial-cluster`: the lowest id initialises, once every node
+//!   answers that it is fresh.
 //! - [`node`]: [`ClusterNode`], one node: Raft, the peer listener, the client listener, and
 //!   the leader's life cycle (an executor built on takeover, dropped on loss).
 
+pub mod admin;
+pub mod bootstrap;
 pub mod journal;
 pub mod log_store;
 pub mod network;
@@ -35,6 +40,11 @@ pub use node::{
     HEARTBEAT_MS_DEFAULT,
 };
 pub use state::ReplicaState;
+
+/// Why a single-node server refuses a CLUSTER request (with `UNKNOWN_COMMAND`, as a server
+/// older than them would).
+pub const NOT_CLUSTER: &str =
+    "not in cluster mode: this is a single-node server (start it with --cluster)";
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

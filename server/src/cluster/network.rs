@@ -46,6 +46,9 @@ pub enum PeerRequest {
     /// An operator makes this the cluster's first membership (`tenured cluster-init`);
     /// openraft refuses it on a node that is initialised already.
     Initialize(BTreeMap<NodeId, NodeInfo>),
+    /// A node bootstrapping with `--initial-cluster` asks whether this one is initialised
+    /// (has a log or a vote). Last, so the earlier variants keep their postcard tags.
+    Probe,
 }
 
 /// A peer's answer, as its Raft gave it.
@@ -59,6 +62,9 @@ pub enum PeerReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// To [`PeerRequest::Initialize`]: why it was refused, if it was.
     Initialize(Result<(), String>),
+    /// To [`PeerRequest::Probe`]: whether this node is initialised; an error if openraft
+    /// could not say.
+    Probe(Result<bool, String>),
 }
 
 /// `value` as one frame, length prefix included.
@@ -158,6 +164,9 @@ async fn serve_peer(
             PeerRequest::Initialize(members) => {
                 let result = raft.initialize(members).await;
                 PeerReply::Initialize(result.map_err(|e| e.to_string()))
+            }
+            PeerRequest::Probe => {
+                PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
             }
         };
         write_frame(&mut stream, &reply).await?;
@@ -400,6 +409,36 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             Err(e) => Err(e.into_rpc()),
         }
     }
+}
+
+/// How long [`probe_remote`] waits for the node's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Asks the node whose peer port is `peer_addr` whether it is initialised (has a log or a
+/// vote), for `--initial-cluster`'s bootstrap. Connections leave from `source` when it is a
+/// specific address, as Raft's do.
+///
+/// # Errors
+/// When the node cannot be reached, or did not answer within [`PROBE_TIMEOUT`].
+pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
+    let source = (!source.is_unspecified()).then_some(source);
+    let ask = async {
+        let mut stream = connect_from(source, peer_addr)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        write_frame(&mut stream, &PeerRequest::Probe)
+            .await
+            .map_err(|e| format!("cannot send: {e}"))?;
+        match read_frame::<PeerReply>(&mut stream).await {
+            Ok(Some(PeerReply::Probe(result))) => result,
+            // A node of a version without the probe closes the connection on it.
+            Ok(_) => Err("no answer to the probe".to_string()),
+            Err(e) => Err(format!("no answer: {e}")),
+        }
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, ask)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer in {PROBE_TIMEOUT:?}")))
 }
 
 /// How long `initialize_remote` waits for the node's answer.

@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admin::Admin;
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
 use super::network::{serve_peers, PeerNetwork};
@@ -63,6 +64,9 @@ pub struct ClusterOptions {
     /// A follower that hears no leader for a random time in `election_timeout_ms` (from,
     /// to) starts an election.
     pub election_timeout_ms: (u64, u64),
+    /// `--initial-cluster`: the first membership, which the lowest id initialises by
+    /// itself (see [`super::bootstrap`]); `None`: an operator initialises.
+    pub initial_cluster: Option<BTreeMap<NodeId, NodeInfo>>,
 }
 
 /// Default leader heartbeat period, in milliseconds (openraft's).
@@ -79,6 +83,7 @@ impl ClusterOptions {
             data_dir,
             heartbeat_ms: HEARTBEAT_MS_DEFAULT,
             election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
+            initial_cluster: None,
         }
     }
 
@@ -187,23 +192,33 @@ impl ClusterNode {
         clients: TcpListener,
     ) -> Result<ClusterNode, ClusterError> {
         let id = options.node_id;
+        if let Some(members) = &options.initial_cluster {
+            if !members.contains_key(&id) {
+                let why = format!("--initial-cluster does not list this node ({id})");
+                return Err(ClusterError::Config(why));
+            }
+        }
         let raft_config = Arc::new(options.raft_config()?);
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
         let isolated = Arc::new(AtomicBool::new(false));
-        let network = PeerNetwork::new(Arc::clone(&isolated), peers.local_addr()?.ip());
+        let source = peers.local_addr()?.ip();
+        let network = PeerNetwork::new(Arc::clone(&isolated), source);
         let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let hint = LeaderHint::new(raft.clone(), id);
-        let follower = Arc::new(Executor::new(
+        let admin = Admin::new(raft.clone(), id);
+        let mut follower = Executor::new(
             config.clone(),
             Clock::start(),
             Arc::new(FollowerJournal::new(hint.clone())),
             1,
             0,
-        ));
+        );
+        follower.cluster = Some(admin.clone());
+        let follower = Arc::new(follower);
         let stop = CancellationToken::new();
         let follower = Serving {
             executor: follower,
@@ -215,10 +230,11 @@ impl ClusterNode {
             state: Arc::clone(&state),
             config,
             hint,
+            admin,
             current: Arc::clone(&current),
             follower,
         };
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(serve_peers(
                 peers,
                 raft.clone(),
@@ -228,6 +244,10 @@ impl ClusterNode {
             tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
             tokio::spawn(life.run(stop.clone())),
         ];
+        if let Some(members) = options.initial_cluster {
+            let bootstrap = super::bootstrap::run(raft.clone(), id, members, source, stop.clone());
+            tasks.push(tokio::spawn(bootstrap));
+        }
         Ok(ClusterNode {
             id,
             raft,
@@ -352,6 +372,7 @@ struct Life {
     state: Arc<Mutex<ReplicaState>>,
     config: Config,
     hint: LeaderHint,
+    admin: Admin,
     current: Arc<RwLock<Serving>>,
     follower: Serving,
 }
@@ -469,7 +490,8 @@ impl Life {
         let clock = Clock::start();
         let now_ms = clock.now_ms();
         let journal = journal as Arc<dyn Journal>;
-        let executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
+        executor.cluster = Some(self.admin.clone());
         for lease in live.to_recovered() {
             executor.shard(&lease.key).restore(
                 now_ms,

@@ -423,3 +423,240 @@ async fn the_whole_cluster_restarts_with_its_leases_and_tokens() {
         started.node.kill().await;
     }
 }
+
+// Membership: INIT, ADD and REMOVE from the client port (admin.rs).
+
+/// Three nodes, initialised with `CLUSTER INIT` on node 1's client port.
+async fn start_cluster_by_console() -> Vec<Started> {
+    let nodes = vec![start(1).await, start(2).await, start(3).await];
+    let spec: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{}={}/{}",
+                n.node.id(),
+                n.info.peer_addr,
+                n.info.client_addr
+            )
+        })
+        .collect();
+    let mut console = Console::connect(&nodes[0].info.client_addr).await;
+    // A membership without this node is refused, and nothing changes.
+    let without = console.ask(&format!("CLUSTER INIT {}", spec[1])).await;
+    assert!(without.starts_with("ERR CLUSTER_REFUSED "), "{without}");
+    let init = console
+        .ask(&format!("CLUSTER INIT {}", spec.join(",")))
+        .await;
+    assert!(init.starts_with("OK node_id=1 "), "{init}");
+    assert_eq!(field(&init, "voters"), spec.join(","));
+    let again = console
+        .ask(&format!("CLUSTER INIT {}", spec.join(",")))
+        .await;
+    assert!(again.starts_with("ERR CLUSTER_REFUSED "), "{again}");
+    nodes
+}
+
+/// Waits until `status` (a console line) of the node at `addr` satisfies `ok`; returns it.
+async fn status_until(addr: &str, ok: impl Fn(&str) -> bool) -> String {
+    let mut console = Console::connect(addr).await;
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let status = console.ask("CLUSTER STATUS").await;
+        if ok(&status) {
+            return status;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_node_is_added_catches_up_and_becomes_a_voter() {
+    let mut nodes = start_cluster_by_console().await;
+    let first = serving_leader(&nodes).await;
+    let leader_addr = nodes[first].info.client_addr.clone();
+    let mut leader = Console::connect(&leader_addr).await;
+    let held = leader.ask("ACQUIRE held 60000").await;
+    let token: u64 = field(&held, "token").parse().unwrap();
+
+    let fourth = start(4).await;
+    let addrs = format!("{}/{}", fourth.info.peer_addr, fourth.info.client_addr);
+    let follower = (first + 1) % nodes.len();
+    let mut on_follower = Console::connect(&nodes[follower].info.client_addr).await;
+    let status = on_follower.ask("CLUSTER STATUS").await;
+    assert_eq!(field(&status, "role"), "follower", "{status}");
+    assert_eq!(field(&status, "leader_addr"), leader_addr, "{status}");
+    let add = format!("CLUSTER ADD 4 {addrs}");
+    let refused = on_follower.ask(&add).await;
+    assert_eq!(refused, format!("ERR NOT_LEADER leader={leader_addr}"));
+
+    let added = leader.ask(&add).await;
+    assert!(added.starts_with("OK "), "{added}");
+    assert!(
+        field(&added, "voters").ends_with(&format!(",4={addrs}")),
+        "{added}"
+    );
+    assert_eq!(field(&added, "learners"), "-", "{added}");
+    // Adding it again is a no-op; at other addresses, a refusal.
+    assert!(leader.ask(&add).await.starts_with("OK "));
+    let moved = leader.ask("CLUSTER ADD 4 127.0.0.1:1/127.0.0.1:2").await;
+    assert!(moved.starts_with("ERR CLUSTER_REFUSED "), "{moved}");
+
+    // The new node caught up (it holds the lease) and votes.
+    caught_up(&fourth.node, &nodes[first].node).await;
+    assert_eq!(leases(&fourth.node).get(&b"held"[..]), Some(&token));
+    let status = status_until(&fourth.info.client_addr, |s| s.contains("role=follower")).await;
+    assert_eq!(field(&status, "leader_addr"), leader_addr, "{status}");
+    assert!(
+        field(&status, "voters").contains(&format!("4={addrs}")),
+        "{status}"
+    );
+    nodes.push(fourth);
+
+    // With four voters, the quorum is three: one of the first three may go, and the cluster
+    // still grants, with larger tokens.
+    let gone = nodes.remove((first + 1) % 3);
+    gone.node.kill().await;
+    let now = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[now].info.client_addr).await;
+    let fresh = leader.ask("ACQUIRE fresh 60000").await;
+    assert!(
+        field(&fresh, "token").parse::<u64>().unwrap() > token,
+        "{fresh}"
+    );
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_nodes_even_the_leader_keeps_leases_and_tokens() {
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE held 60000").await;
+    let (token, lease) = (
+        field(&held, "token").parse::<u64>().unwrap(),
+        field(&held, "lease").to_string(),
+    );
+    let unknown = leader.ask("CLUSTER REMOVE 9").await;
+    assert!(unknown.starts_with("ERR CLUSTER_REFUSED "), "{unknown}");
+
+    // The leader removes itself: it leads until the change is committed, then steps down.
+    let first_id = nodes[first].node.id();
+    let removed = leader.ask(&format!("CLUSTER REMOVE {first_id}")).await;
+    assert!(removed.starts_with("OK "), "{removed}");
+    assert!(
+        !field(&removed, "voters").contains(&format!("{first_id}=")),
+        "{removed}"
+    );
+    let old = nodes.remove(first);
+    let second = serving_leader(&nodes).await;
+    old.node.kill().await;
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let inspect = leader.ask("INSPECT held").await;
+    assert_eq!(field(&inspect, "token"), token.to_string(), "{inspect}");
+    let renewed = leader.ask(&format!("RENEW held {lease} 60000")).await;
+    assert_eq!(renewed, "OK ttl_ms=60000");
+
+    // Down to one voter, which may not be removed.
+    let other_id = nodes[1 - second].node.id();
+    let removed = leader.ask(&format!("CLUSTER REMOVE {other_id}")).await;
+    assert!(removed.starts_with("OK "), "{removed}");
+    let own_id = nodes[second].node.id();
+    let last = leader.ask(&format!("CLUSTER REMOVE {own_id}")).await;
+    assert!(last.starts_with("ERR CLUSTER_REFUSED "), "{last}");
+    assert!(last.contains("last voter"), "{last}");
+    let fresh = leader.ask("ACQUIRE fresh 60000").await;
+    assert!(
+        field(&fresh, "token").parse::<u64>().unwrap() > token,
+        "{fresh}"
+    );
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+// `--initial-cluster` (bootstrap.rs).
+
+/// Node `id` on these listeners with an empty directory, bootstrapping from `initial`.
+async fn start_initial(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    initial: &BTreeMap<NodeId, NodeInfo>,
+) -> (ClusterNode, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
+    options.heartbeat_ms = 100;
+    options.election_timeout_ms = (800, 1600);
+    options.initial_cluster = Some(initial.clone());
+    let node = ClusterNode::start(Config::default(), options, peers, clients)
+        .await
+        .unwrap();
+    (node, dir)
+}
+
+async fn bound() -> (TcpListener, TcpListener, NodeInfo) {
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let info = NodeInfo {
+        peer_addr: peers.local_addr().unwrap().to_string(),
+        client_addr: clients.local_addr().unwrap().to_string(),
+    };
+    (peers, clients, info)
+}
+
+/// Longer than a few rounds of the bootstrap's probes.
+const PROBE_ROUNDS_WAIT: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lowest_id_initialises_only_once_every_node_answers_fresh() {
+    let (peers1, clients1, info1) = bound().await;
+    let (peers2, clients2, info2) = bound().await;
+    let initial = BTreeMap::from([(1, info1), (2, info2)]);
+    let (first, _dir1) = start_initial(1, peers1, clients1, &initial).await;
+    // Node 2 does not run yet: node 1 waits for it.
+    tokio::time::sleep(PROBE_ROUNDS_WAIT).await;
+    assert!(!first.raft().is_initialized().await.unwrap());
+    let (second, _dir2) = start_initial(2, peers2, clients2, &initial).await;
+    let nodes = [first, second];
+    let formed = async {
+        while !nodes.iter().any(ClusterNode::serving) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, formed)
+        .await
+        .expect("no cluster formed in time");
+    for node in nodes {
+        node.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
+    // Nodes 2 and 3 form a cluster; node 1, listed first, comes fresh (a wiped node).
+    let nodes = vec![start(2).await, start(3).await];
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
+        .await
+        .unwrap();
+    serving_leader(&nodes).await;
+    let (peers1, clients1, info1) = bound().await;
+    let mut initial = members;
+    initial.insert(1, info1);
+    let (wiped, _dir) = start_initial(1, peers1, clients1, &initial).await;
+    tokio::time::sleep(PROBE_ROUNDS_WAIT).await;
+    assert!(
+        !wiped.raft().is_initialized().await.unwrap(),
+        "a node initialised a second cluster"
+    );
+    wiped.kill().await;
+    for started in nodes {
+        started.node.kill().await;
+    }
+}

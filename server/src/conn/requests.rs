@@ -33,6 +33,12 @@ pub(super) enum Later {
         received_ms: u64,
         reserved: Result<(), String>,
     },
+    /// A CLUSTER request answered (cluster mode).
+    Cluster {
+        id: u64,
+        response: Response,
+        timing: Option<Timing>,
+    },
     /// An AUTH verified (`verified`: the identity's name) or not.
     Auth {
         id: u64,
@@ -97,6 +103,10 @@ impl Conn {
         }
         let request = match request {
             Request::Auth { name, secret } => return self.on_auth(id, name, secret),
+            Request::ClusterStatus
+            | Request::ClusterInit { .. }
+            | Request::ClusterAdd { .. }
+            | Request::ClusterRemove { .. } => return self.on_cluster(id, request),
             request => request,
         };
         let outcome = match self.executor.identities.clone() {
@@ -201,6 +211,14 @@ impl Conn {
                     self.push(id, Response::Error { code, message }, TICKET_NOW);
                 }
             },
+            Later::Cluster {
+                id,
+                response,
+                timing,
+            } => {
+                self.timing = timing;
+                self.push(id, response, TICKET_NOW);
+            }
             Later::Auth {
                 id,
                 name,
@@ -211,6 +229,25 @@ impl Conn {
                 self.on_auth_done(id, name, verified);
             }
         }
+    }
+
+    /// A CLUSTER request: answered by the node's cluster administration once Raft has done
+    /// it (beside the socket, as a waiter is), or at once on a single-node server.
+    fn on_cluster(&mut self, id: u64, request: Request) {
+        self.executor.stats.count_op(&request);
+        let Some(admin) = self.executor.cluster.clone() else {
+            let (code, message) = (ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER.into());
+            return self.push(id, Response::Error { code, message }, TICKET_NOW);
+        };
+        let timing = self.timing.take();
+        self.later.push(Box::pin(async move {
+            let response = admin.serve(request).await;
+            Later::Cluster {
+                id,
+                response,
+                timing,
+            }
+        }));
     }
 
     /// Answers a waiter (request `id`) with what it was told, or why it was cancelled.

@@ -88,6 +88,9 @@ pub struct Executor {
     /// The identities in force; `None`: none configured, every connection may do anything
     /// (and the request path checks nothing else).
     pub identities: Option<Arc<crate::identity::Identities>>,
+    /// Cluster mode: the node's cluster administration (CLUSTER requests); `None` on a
+    /// single-node server, which answers them [`crate::cluster::NOT_CLUSTER`].
+    pub cluster: Option<crate::cluster::admin::Admin>,
 }
 
 /// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
@@ -140,6 +143,7 @@ impl Executor {
             watches: Watches::default(),
             grants_refused_until_ms,
             identities: None,
+            cluster: None,
         }
     }
 
@@ -246,6 +250,13 @@ impl Executor {
             Request::Unwatch { key } => self.unwatch(ctx, &key),
             // The connection answers AUTH itself (it must verify off the async workers).
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
+            // And the cluster requests (they wait on Raft).
+            Request::ClusterStatus
+            | Request::ClusterInit { .. }
+            | Request::ClusterAdd { .. }
+            | Request::ClusterRemove { .. } => {
+                error(ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER)
+            }
         };
         if is_read {
             return self.confirmed(response, ticket);

@@ -109,3 +109,128 @@ fn cluster_mode_names_what_it_is_missing() {
         assert!(stderr.contains(named), "{extra:?}: {stderr}");
     }
 }
+
+/// `tenured --cluster ... --initial-cluster <spec>` for node `id` (1-based) of `peers`.
+fn start_initial(
+    id: usize,
+    dir: &std::path::Path,
+    logs: &std::path::Path,
+    peers: &[SocketAddr],
+    spec: &str,
+    client: SocketAddr,
+) -> Daemon {
+    let (node, peer) = (id.to_string(), peers[id - 1].to_string());
+    let args = [
+        "--cluster",
+        "--node-id",
+        &node,
+        "--peer-listen",
+        &peer,
+        "--initial-cluster",
+        spec,
+        // Generous, so a loaded machine does not hold spurious elections mid-test.
+        "--heartbeat-ms",
+        "100",
+        "--election-timeout-ms",
+        "800",
+    ];
+    let what = Tenured {
+        bin: tenured_bin(),
+        dir,
+        logs: Some(logs),
+        args: &args,
+    };
+    Daemon::start_on(what, client)
+}
+
+/// The `CLUSTER STATUS` line of the node at `addr` once `ok` holds for it.
+fn status_until(addr: SocketAddr, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + ELECTED_WAIT_MAX;
+    loop {
+        let mut conn = LineConn::connect(addr, REPLY_WAIT_MAX).unwrap();
+        let status = conn.cmd("CLUSTER STATUS").unwrap();
+        if ok(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn three_daemons_form_a_cluster_from_initial_cluster_and_a_wiped_first_node_rejoins() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
+    let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
+    let spec: Vec<String> = (0..3)
+        .map(|i| format!("{}={}/{}", i + 1, peers[i], clients[i]))
+        .collect();
+    let spec = spec.join(",");
+    // The three commands of README's "Cluster mode", and nothing else: no init.
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|i| {
+            start_initial(
+                i + 1,
+                dirs[i].path(),
+                logs.path(),
+                &peers,
+                &spec,
+                clients[i],
+            )
+        })
+        .collect();
+    let (_, held) = acquire_at_leader(&clients, "held");
+    let token: u64 = field(&held, "token").parse().unwrap();
+    let status = status_until(clients[0], |s| !s.contains("leader_id=0 "));
+    assert_eq!(field(&status, "voters"), spec, "{status}");
+
+    // Node 1, the one that initialised, loses its data and comes back with the same flag.
+    daemons[0].kill9();
+    dirs[0] = tempfile::tempdir().unwrap();
+    let (_, during) = acquire_at_leader(&clients[1..], "during");
+    daemons[0] = start_initial(1, dirs[0].path(), logs.path(), &peers, &spec, clients[0]);
+    // It did not make a cluster of its own: the leader brought it back as a follower, with
+    // the leases and tokens the others kept.
+    let status = status_until(clients[0], |s| s.contains("role=follower"));
+    assert_eq!(field(&status, "voters"), spec, "{status}");
+    let (leader, _) = acquire_at_leader(&clients, "after");
+    let mut conn = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
+    let inspect = conn.cmd("INSPECT held").unwrap();
+    assert_eq!(field(&inspect, "token"), token.to_string(), "{inspect}");
+    let inspect = conn.cmd("INSPECT during").unwrap();
+    assert_eq!(
+        field(&inspect, "token"),
+        field(&during, "token"),
+        "{inspect}"
+    );
+    let status = status_until(clients[0], |s| s.contains("role=follower"));
+    let leader_status = status_until(leader, |s| s.contains("role=leader"));
+    let applied = |s: &str| field(s, "last_applied_index").parse::<u64>().unwrap();
+    assert!(applied(&status) > 0, "{status}");
+    assert_eq!(field(&status, "term"), field(&leader_status, "term"));
+}
+
+#[test]
+fn a_single_node_server_answers_cluster_commands_not_in_cluster_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let what = Tenured {
+        bin: tenured_bin(),
+        dir: dir.path(),
+        logs: None,
+        args: &[],
+    };
+    let daemon = Daemon::start(what);
+    let mut conn = LineConn::connect(daemon.addr, REPLY_WAIT_MAX).unwrap();
+    for line in [
+        "CLUSTER STATUS",
+        "CLUSTER REMOVE 2",
+        "CLUSTER INIT 1=a:1/a:2",
+    ] {
+        let reply = conn.cmd(line).unwrap();
+        assert!(
+            reply.starts_with("ERR UNKNOWN_COMMAND not in cluster mode"),
+            "{line}: {reply}"
+        );
+    }
+}

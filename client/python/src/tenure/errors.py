@@ -90,6 +90,7 @@ ERROR_NAMES: Dict[int, str] = {
     21: "FORBIDDEN",
     22: "QUOTA",
     23: "NOT_LEADER",
+    24: "CLUSTER_REFUSED",
 }
 
 
@@ -133,6 +134,10 @@ class NotLeader(ServerError):
     """NOT_LEADER: this node of a cluster is not the leader (returned once redirects ran out)."""
 
 
+class ClusterRefused(ServerError):
+    """CLUSTER_REFUSED: a cluster INIT, ADD or REMOVE was refused; the message says why."""
+
+
 _BY_CODE: Dict[int, Type[ServerError]] = {
     1: BadRequest,
     3: BadRequest,
@@ -153,6 +158,7 @@ _BY_CODE: Dict[int, Type[ServerError]] = {
     21: Forbidden,
     22: Quota,
     23: NotLeader,
+    24: ClusterRefused,
 }
 
 

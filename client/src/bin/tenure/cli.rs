@@ -134,6 +134,9 @@ pub enum Command {
     /// server's console grammar (`ACQUIRE <key> <ttl_ms> [<wait_ms>]`, `RELEASE <key> <lease>`,
     /// ..., see PROTOCOL.md section 4 or type HELP); prints one line per answer.
     Console,
+    /// Cluster mode: a node's status, and the membership (init, add, remove).
+    #[command(subcommand)]
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 /// Flags of `tenure run`.

@@ -7,6 +7,7 @@
 //! exit codes are listed in `--help` and in the crate docs.
 
 mod cli;
+mod cluster;
 mod console;
 mod elect;
 mod legacy;
@@ -138,5 +139,6 @@ async fn execute(client: Client, out: &Out, command: Command) -> anyhow::Result<
         Command::Elect(args) => elect::elect(client, out, args).await,
         Command::Observe { group } => elect::observe(client, out, group).await,
         Command::Console => console::console(client, out).await,
+        Command::Cluster(command) => cluster::cluster(&client, out, command).await,
     }
 }

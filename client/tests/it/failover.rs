@@ -1,0 +1,154 @@
+//! Lease guards and elections against a real three-node cluster (in-process nodes on
+//! loopback, real time): they ride through the leader's loss by renewing with the same lease
+//! id at the new leader, and nobody else gets the key meanwhile.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tenure::{
+    AcquireOptions, AcquireOutcome, Client, Election, ElectionOptions, KeepAliveOptions, KeyState,
+};
+use tenure_server::cluster::{self, ClusterNode, ClusterOptions, NodeId, NodeInfo};
+use tenure_server::config::Config;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+/// Longest an election, a takeover or a reply may take on a loaded machine.
+const STEP_MAX: Duration = Duration::from_secs(15);
+/// The lease of the guard and the leadership: several renewals fit in it, and a fail-over
+/// (an election timeout of 0.8 to 1.6 s here, then a takeover) fits in what is left.
+const TTL: Duration = Duration::from_secs(6);
+/// How often the guard and the leader renew.
+const RENEW_EVERY: Duration = Duration::from_millis(500);
+
+struct Node {
+    node: ClusterNode,
+    info: NodeInfo,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(id: NodeId) -> Node {
+    let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let info = NodeInfo {
+        peer_addr: peers.local_addr().unwrap().to_string(),
+        client_addr: clients.local_addr().unwrap().to_string(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
+    // Generous, so that a loaded machine holds no spurious election mid-test.
+    options.heartbeat_ms = 100;
+    options.election_timeout_ms = (800, 1600);
+    let node = ClusterNode::start(Config::default(), options, peers, clients)
+        .await
+        .unwrap();
+    Node {
+        node,
+        info,
+        _dir: dir,
+    }
+}
+
+async fn start_cluster() -> Vec<Node> {
+    let nodes = vec![start(1).await, start(2).await, start(3).await];
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    cluster::initialize_remote(&nodes[0].info.peer_addr, members)
+        .await
+        .unwrap();
+    nodes
+}
+
+async fn serving_leader(nodes: &[Node]) -> usize {
+    let deadline = Instant::now() + STEP_MAX;
+    loop {
+        if let Some(i) = nodes.iter().position(|n| n.node.serving()) {
+            return i;
+        }
+        assert!(Instant::now() < deadline, "no leader served in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn all_addresses(nodes: &[Node]) -> String {
+    let addrs: Vec<&str> = nodes.iter().map(|n| n.info.client_addr.as_str()).collect();
+    addrs.join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_and_leaderships_ride_through_the_leaders_loss() {
+    let mut nodes = start_cluster().await;
+    let leader = serving_leader(&nodes).await;
+    let addrs = all_addresses(&nodes);
+    // Given every address, the client finds the leader whichever it tries first.
+    let holder = Client::connect(addrs.clone()).await.expect("connect");
+    let keep = KeepAliveOptions {
+        renew_every: Some(RENEW_EVERY),
+        margin: None,
+    };
+    let guard = match holder
+        .acquire("held", TTL, AcquireOptions::default())
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Granted(lease) => lease.keep_alive_with(keep),
+        AcquireOutcome::Locked(by) => panic!("held by {}", by.token),
+    };
+    let options = ElectionOptions {
+        ttl: TTL,
+        keep_alive: keep,
+        ..ElectionOptions::default()
+    };
+    let election = Election::with_options(holder.clone(), "primary", options);
+    let leadership = tokio::time::timeout(STEP_MAX, election.campaign(b"me"))
+        .await
+        .expect("campaign in time")
+        .expect("campaign");
+    let token = guard.fencing_token();
+
+    // kill -9 of the leader, as far as its peers and clients can tell.
+    nodes.remove(leader).node.kill().await;
+    let killed_at = Instant::now();
+    // Sent mid-election: the client looks for the new leader rather than fail.
+    let other = Client::connect(all_addresses(&nodes))
+        .await
+        .expect("connect");
+    match other.inspect("held").await.expect("inspect mid-election") {
+        KeyState::Held { token: held, .. } => assert_eq!(held, token),
+        state => panic!("{state:?}"),
+    }
+    // Past the old lease's TTL, counted from the kill: only renewals at the new leader can
+    // have kept the guard and the leadership valid this long.
+    let other = Client::connect(all_addresses(&nodes))
+        .await
+        .expect("connect");
+    while killed_at.elapsed() < TTL + RENEW_EVERY {
+        assert!(guard.is_valid(), "{:?}", guard.loss_reason());
+        assert!(
+            leadership.is_valid(),
+            "{:?}",
+            leadership.guard().loss_reason()
+        );
+        match other
+            .acquire("held", TTL, AcquireOptions::default())
+            .await
+            .expect("acquire at the new leader")
+        {
+            AcquireOutcome::Locked(by) => assert_eq!(by.token, token),
+            AcquireOutcome::Granted(lease) => panic!("granted twice: {}", lease.fencing_token()),
+        }
+        tokio::time::sleep(RENEW_EVERY).await;
+    }
+    assert_eq!(guard.fencing_token(), token, "same lease, same token");
+    let seen = tokio::time::timeout(STEP_MAX, election.leader())
+        .await
+        .expect("leader in time")
+        .expect("leader")
+        .expect("someone leads");
+    assert_eq!(seen.term, leadership.term());
+    for node in nodes {
+        node.node.kill().await;
+    }
+}

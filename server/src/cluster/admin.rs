@@ -1,0 +1,247 @@
+//! Cluster administration on the client port (PROTOCOL.md 3.8): CLUSTER STATUS, INIT, ADD
+//! and REMOVE, each answered with the node's view of its cluster after it.
+//!
+//! STATUS is answered by every node from its own openraft metrics. INIT is openraft's
+//! `initialize`, on a node that is not initialised. ADD and REMOVE run on the leader only
+//! (another node answers `NOT_LEADER`, naming it, as for every request), through openraft's
+//! joint consensus: ADD makes the node a learner, waits (bounded) until it has caught up,
+//! then makes it a voter; REMOVE takes a voter out in one change (the leader too: openraft
+//! keeps it leading until the change is committed, then it steps down and the others
+//! elect). A replacement is an ADD of the new node, then a REMOVE of the old one.
+//!
+//! Each change runs on a task of its own, so a client that goes away mid-change does not
+//! leave it half done (a learner never promoted).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use tenure_protocol::cluster::{Member, Role, Status};
+use tenure_protocol::{ErrorCode, Request, Response};
+
+use super::journal::LeaderHint;
+use super::{NodeId, NodeInfo, Raft};
+
+/// Longest a new node may take to catch up as a learner before ADD gives up (it stays a
+/// learner: ADD it again once it runs, or REMOVE it).
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a membership change (both phases of joint consensus) or an INIT may take to
+/// commit.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The cluster administration of one node.
+#[derive(Clone)]
+pub struct Admin {
+    raft: Raft,
+    hint: LeaderHint,
+}
+
+fn refused(message: impl Into<String>) -> Response {
+    Response::Error {
+        code: ErrorCode::ClusterRefused,
+        message: message.into(),
+    }
+}
+
+fn unavailable(message: impl Into<String>) -> Response {
+    Response::Error {
+        code: ErrorCode::Unavailable,
+        message: message.into(),
+    }
+}
+
+impl Admin {
+    /// The administration of `raft`, node `me`.
+    pub fn new(raft: Raft, me: NodeId) -> Admin {
+        Admin {
+            hint: LeaderHint::new(raft.clone(), me),
+            raft,
+        }
+    }
+
+    /// Answers a CLUSTER request (any other request is a programmer error).
+    ///
+    /// # Panics
+    /// If `request` is not a CLUSTER request.
+    pub async fn serve(&self, request: Request) -> Response {
+        let admin = self.clone();
+        let task = tokio::spawn(async move {
+            match request {
+                Request::ClusterStatus => Response::Cluster(admin.status()),
+                Request::ClusterInit { members } => admin.init(members).await,
+                Request::ClusterAdd { member } => admin.add(member).await,
+                Request::ClusterRemove { id } => admin.remove(id).await,
+                other => panic!("{} is not a cluster request", other.kind()),
+            }
+        });
+        match task.await {
+            Ok(response) => response,
+            Err(e) => unavailable(format!("the cluster request failed: {e}")),
+        }
+    }
+
+    /// This node's view of its cluster.
+    pub fn status(&self) -> Status {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(&id, info)| (member(id, info), voters.contains(&id)))
+            .collect();
+        let leader = m
+            .current_leader
+            .and_then(|id| Some((id, membership.get_node(&id)?)));
+        Status {
+            node_id: m.id,
+            role: match m.state {
+                ServerState::Learner => Role::Learner,
+                ServerState::Follower => Role::Follower,
+                ServerState::Candidate => Role::Candidate,
+                ServerState::Leader => Role::Leader,
+                ServerState::Shutdown => Role::Shutdown,
+            },
+            term: m.current_term,
+            leader_id: leader.map_or(0, |(id, _)| id),
+            leader_addr: leader.map_or(String::new(), |(_, n)| n.client_addr.clone()),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            last_applied_index: m.last_applied.map_or(0, |l| l.index),
+            members,
+        }
+    }
+
+    /// INIT: `members` become the first membership, all voters.
+    async fn init(&self, members: Vec<Member>) -> Response {
+        let me = self.status().node_id;
+        if !members.iter().any(|m| m.id == me) {
+            return refused(format!(
+                "node {me} (this node) is not among the members given"
+            ));
+        }
+        let members: BTreeMap<NodeId, NodeInfo> =
+            members.into_iter().map(|m| (m.id, info(&m))).collect();
+        match tokio::time::timeout(CHANGE_TIMEOUT, self.raft.initialize(members)).await {
+            Ok(Ok(())) => Response::Cluster(self.status()),
+            Ok(Err(e)) => refused(format!("cannot initialise: {e}")),
+            Err(_) => unavailable(format!("the initialisation took over {CHANGE_TIMEOUT:?}")),
+        }
+    }
+
+    /// `NOT_LEADER` naming the leader, unless this node leads.
+    fn refuse_if_not_leader(&self) -> Option<Response> {
+        let status = self.status();
+        if status.role == Role::Leader && status.leader_id == status.node_id {
+            return None;
+        }
+        Some(Response::Error {
+            code: ErrorCode::NotLeader,
+            message: self.hint.message(false).to_string(),
+        })
+    }
+
+    /// ADD: `member` becomes a learner, catches up, then becomes a voter.
+    async fn add(&self, member: Member) -> Response {
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return refusal;
+        }
+        let status = self.status();
+        let present = status.members.iter().find(|(m, _)| m.id == member.id);
+        match present {
+            Some((m, _)) if *m != member => {
+                return refused(format!(
+                    "node {} is a member already, at {}/{}: REMOVE it first to move it",
+                    m.id, m.peer_addr, m.client_addr
+                ))
+            }
+            Some((_, true)) => return Response::Cluster(status),
+            _ => {}
+        }
+        tracing::info!(node = member.id, peer = %member.peer_addr, "adding a node as a learner");
+        let learner = self.raft.add_learner(member.id, info(&member), true);
+        match tokio::time::timeout(CATCH_UP_TIMEOUT, learner).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return self.write_failed(e),
+            Err(_) => {
+                return unavailable(format!(
+                    "node {} did not catch up within {CATCH_UP_TIMEOUT:?}; it stays a learner: \
+                     ADD it again once it runs, or REMOVE it",
+                    member.id
+                ))
+            }
+        }
+        tracing::info!(node = member.id, "learner caught up: making it a voter");
+        let change = ChangeMembers::AddVoterIds(BTreeSet::from([member.id]));
+        self.change(change).await
+    }
+
+    /// REMOVE: node `id` leaves the membership.
+    async fn remove(&self, id: NodeId) -> Response {
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return refusal;
+        }
+        let status = self.status();
+        let voters: Vec<u64> = status
+            .members
+            .iter()
+            .filter(|(_, voter)| *voter)
+            .map(|(m, _)| m.id)
+            .collect();
+        let change = match status.members.iter().find(|(m, _)| m.id == id) {
+            None => return refused(format!("node {id} is not a member")),
+            Some((_, false)) => ChangeMembers::RemoveNodes(BTreeSet::from([id])),
+            Some(_) if voters == [id] => {
+                return refused(format!("node {id} is the last voter: a cluster needs one"))
+            }
+            Some(_) => ChangeMembers::RemoveVoters(BTreeSet::from([id])),
+        };
+        tracing::info!(node = id, "removing a node");
+        self.change(change).await
+    }
+
+    /// Runs a membership change (joint consensus, then the final membership), bounded.
+    async fn change(&self, change: ChangeMembers<NodeId, NodeInfo>) -> Response {
+        let change = self.raft.change_membership(change, false);
+        match tokio::time::timeout(CHANGE_TIMEOUT, change).await {
+            Ok(Ok(_)) => Response::Cluster(self.status()),
+            Ok(Err(e)) => self.write_failed(e),
+            Err(_) => unavailable(format!(
+                "the membership change was not committed within {CHANGE_TIMEOUT:?} \
+                 (CLUSTER STATUS shows where it stands)"
+            )),
+        }
+    }
+
+    /// A refused proposal: `NOT_LEADER` if leadership moved, else why.
+    fn write_failed(
+        &self,
+        error: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>,
+    ) -> Response {
+        match error {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Response::Error {
+                code: ErrorCode::NotLeader,
+                message: self.hint.message(false).to_string(),
+            },
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                refused(e.to_string())
+            }
+            RaftError::Fatal(e) => unavailable(e.to_string()),
+        }
+    }
+}
+
+fn member(id: NodeId, info: &NodeInfo) -> Member {
+    Member {
+        id,
+        peer_addr: info.peer_addr.clone(),
+        client_addr: info.client_addr.clone(),
+    }
+}
+
+fn info(member: &Member) -> NodeInfo {
+    NodeInfo {
+        peer_addr: member.peer_addr.clone(),
+        client_addr: member.client_addr.clone(),
+    }
+}
