@@ -21,6 +21,7 @@ use tenure_protocol::cluster::{Member, Role, Status};
 use tenure_protocol::{ErrorCode, Request, Response};
 
 use super::journal::LeaderHint;
+use super::network::PeerService;
 use super::{NodeId, NodeInfo, Raft};
 
 /// Longest a new node may take to catch up as a learner before ADD gives up (it stays a
@@ -35,6 +36,7 @@ pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Admin {
     raft: Raft,
     hint: LeaderHint,
+    service: PeerService,
 }
 
 fn refused(message: impl Into<String>) -> Response {
@@ -53,10 +55,11 @@ fn unavailable(message: impl Into<String>) -> Response {
 
 impl Admin {
     /// The administration of `raft`, node `me`.
-    pub fn new(raft: Raft, me: NodeId) -> Admin {
+    pub fn new(raft: Raft, service: PeerService) -> Admin {
         Admin {
-            hint: LeaderHint::new(raft.clone(), me),
+            hint: LeaderHint::new(raft.clone(), service.me),
             raft,
+            service,
         }
     }
 
@@ -122,7 +125,8 @@ impl Admin {
         }
         let members: BTreeMap<NodeId, NodeInfo> =
             members.into_iter().map(|m| (m.id, info(&m))).collect();
-        match tokio::time::timeout(CHANGE_TIMEOUT, self.raft.initialize(members)).await {
+        let initialize = super::bootstrap::initialize(&self.raft, &self.service, members);
+        match tokio::time::timeout(CHANGE_TIMEOUT, initialize).await {
             Ok(Ok(())) => Response::Cluster(self.status()),
             Ok(Err(e)) => refused(format!("cannot initialise: {e}")),
             Err(_) => unavailable(format!("the initialisation took over {CHANGE_TIMEOUT:?}")),

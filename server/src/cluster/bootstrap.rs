@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::network::probe_remote;
+use super::network::{bootstrap_remote, probe_remote, PeerService};
 use super::{NodeId, NodeInfo, Raft};
 
 /// First pause between two rounds of probes.
@@ -47,11 +47,11 @@ pub fn initialises(me: NodeId, members: &BTreeMap<NodeId, NodeInfo>) -> bool {
 /// Probes leave from `source`, the peer listener's address.
 pub async fn run(
     raft: Raft,
-    me: NodeId,
+    service: PeerService,
     members: BTreeMap<NodeId, NodeInfo>,
-    source: IpAddr,
     stop: CancellationToken,
 ) {
+    let (me, source) = (service.me, service.source);
     if !initialises(me, &members) {
         return;
     }
@@ -89,10 +89,53 @@ pub async fn run(
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
     let count = members.len();
-    match raft.initialize(members).await {
+    match initialize(&raft, &service, members).await {
         Ok(()) => tracing::info!(count, "initialised the cluster from --initial-cluster"),
         Err(e) => tracing::warn!(error = %e, "--initial-cluster: initialisation refused"),
     }
+}
+
+/// Makes `members` the first membership, from this node (`cluster-init`, CLUSTER INIT,
+/// `--initial-cluster`): only if every other member answers that it is fresh, which lifts
+/// its vote guard for the first election ([`super::catch_up`]); then this node's own guard
+/// lifts and openraft initialises.
+///
+/// # Errors
+/// Why not: a member is initialised already (the cluster exists: a wiped node rejoins by
+/// itself, never by a new initialisation), a member did not answer, or openraft refused.
+pub async fn initialize(
+    raft: &Raft,
+    service: &PeerService,
+    members: BTreeMap<NodeId, NodeInfo>,
+) -> Result<(), String> {
+    if !members.contains_key(&service.me) {
+        return Err(format!(
+            "node {} (this node) is not among the members",
+            service.me
+        ));
+    }
+    if raft.is_initialized().await.map_err(|e| e.to_string())? {
+        return Err("this node is initialised already".to_string());
+    }
+    for (&id, info) in members.iter().filter(|(&id, _)| id != service.me) {
+        match bootstrap_remote(service.source, &info.peer_addr).await {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(format!(
+                    "node {id} belongs to a cluster already: a node with a wiped data \
+                     directory rejoins its cluster by itself, without a new initialisation"
+                ))
+            }
+            Err(why) => {
+                return Err(format!(
+                    "node {id} ({}) did not answer: {why}; start every node first",
+                    info.peer_addr
+                ))
+            }
+        }
+    }
+    service.catch_up.lift(raft, "initialising a new cluster");
+    raft.initialize(members).await.map_err(|e| e.to_string())
 }
 
 /// Asks every member but `me` whether it is initialised.

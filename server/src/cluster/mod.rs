@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod catch_up;
 pub mod journal;
 pub mod log_store;
 pub mod network;

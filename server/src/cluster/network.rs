@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::catch_up::CatchUp;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame either side sends or accepts, in bytes: an append of the most entries the
@@ -49,6 +50,10 @@ pub enum PeerRequest {
     /// A node bootstrapping with `--initial-cluster` asks whether this one is initialised
     /// (has a log or a vote). Last, so the earlier variants keep their postcard tags.
     Probe,
+    /// The node initialising a new cluster tells this one: if it is fresh, it lifts its vote
+    /// guard ([`super::catch_up`]) so that it can vote in the first election. Answered as
+    /// [`PeerRequest::Probe`] is.
+    Bootstrap,
 }
 
 /// A peer's answer, as its Raft gave it.
@@ -65,6 +70,20 @@ pub enum PeerReply {
     /// To [`PeerRequest::Probe`]: whether this node is initialised; an error if openraft
     /// could not say.
     Probe(Result<bool, String>),
+    /// To [`PeerRequest::Bootstrap`]: as to a probe.
+    Bootstrap(Result<bool, String>),
+}
+
+/// What the peer port serves besides Raft: the vote guard, and where initialisation asks
+/// the other members from.
+#[derive(Clone)]
+pub struct PeerService {
+    /// This node's id.
+    pub me: NodeId,
+    /// The vote guard of a node started on an empty data directory.
+    pub catch_up: Arc<CatchUp>,
+    /// The peer listener's address, which outgoing peer connections leave from.
+    pub source: IpAddr,
 }
 
 /// `value` as one frame, length prefix included.
@@ -118,6 +137,7 @@ pub async fn serve_peers(
     raft: Raft,
     stop: CancellationToken,
     isolated: Arc<AtomicBool>,
+    service: PeerService,
 ) {
     let tracker = TaskTracker::new();
     loop {
@@ -135,10 +155,11 @@ pub async fn serve_peers(
         };
         let _ = stream.set_nodelay(true);
         let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
+        let service = service.clone();
         tracker.spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                result = serve_peer(stream, raft, isolated) => if let Err(e) = result {
+                result = serve_peer(stream, raft, isolated, service) => if let Err(e) = result {
                     tracing::debug!(error = %e, "peer connection ended");
                 },
             }
@@ -152,21 +173,36 @@ async fn serve_peer(
     mut stream: TcpStream,
     raft: Raft,
     isolated: Arc<AtomicBool>,
+    service: PeerService,
 ) -> std::io::Result<()> {
     while let Some(request) = read_frame::<PeerRequest>(&mut stream).await? {
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
         let reply = match request {
+            // Unanswered while the guard is up: the candidate counts this node unreachable.
+            PeerRequest::Vote(_) if service.catch_up.refuses_votes() => return Ok(()),
             PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
-            PeerRequest::Append(rpc) => PeerReply::Append(raft.append_entries(rpc).await),
+            PeerRequest::Append(rpc) => {
+                service.catch_up.note_append(&rpc);
+                PeerReply::Append(raft.append_entries(rpc).await)
+            }
             PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
             PeerRequest::Initialize(members) => {
-                let result = raft.initialize(members).await;
-                PeerReply::Initialize(result.map_err(|e| e.to_string()))
+                let result = super::bootstrap::initialize(&raft, &service, members).await;
+                PeerReply::Initialize(result)
             }
             PeerRequest::Probe => {
                 PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
+            }
+            PeerRequest::Bootstrap => {
+                let fresh = raft.is_initialized().await.map_err(|e| e.to_string());
+                if fresh == Ok(false) {
+                    service
+                        .catch_up
+                        .lift(&raft, "a new cluster is being initialised");
+                }
+                PeerReply::Bootstrap(fresh)
             }
         };
         write_frame(&mut stream, &reply).await?;
@@ -421,16 +457,33 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// # Errors
 /// When the node cannot be reached, or did not answer within [`PROBE_TIMEOUT`].
 pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
+    ask_initialised(source, peer_addr, PeerRequest::Probe).await
+}
+
+/// As [`probe_remote`], and a fresh node lifts its vote guard for the first election
+/// ([`PeerRequest::Bootstrap`]).
+///
+/// # Errors
+/// As [`probe_remote`].
+pub async fn bootstrap_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
+    ask_initialised(source, peer_addr, PeerRequest::Bootstrap).await
+}
+
+async fn ask_initialised(
+    source: IpAddr,
+    peer_addr: &str,
+    request: PeerRequest,
+) -> Result<bool, String> {
     let source = (!source.is_unspecified()).then_some(source);
     let ask = async {
         let mut stream = connect_from(source, peer_addr)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
-        write_frame(&mut stream, &PeerRequest::Probe)
+        write_frame(&mut stream, &request)
             .await
             .map_err(|e| format!("cannot send: {e}"))?;
         match read_frame::<PeerReply>(&mut stream).await {
-            Ok(Some(PeerReply::Probe(result))) => result,
+            Ok(Some(PeerReply::Probe(result) | PeerReply::Bootstrap(result))) => result,
             // A node of a version without the probe closes the connection on it.
             Ok(_) => Err("no answer to the probe".to_string()),
             Err(e) => Err(format!("no answer: {e}")),

@@ -35,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::admin::Admin;
+use super::catch_up::{self, CatchUp};
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
-use super::network::{serve_peers, PeerNetwork};
+use super::network::{serve_peers, PeerNetwork, PeerService};
 use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
@@ -163,6 +164,7 @@ pub async fn run(
 /// One running node; see the module docs.
 pub struct ClusterNode {
     id: NodeId,
+    service: PeerService,
     raft: Raft,
     state: Arc<Mutex<ReplicaState>>,
     isolated: Arc<AtomicBool>,
@@ -208,8 +210,19 @@ impl ClusterNode {
         let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        // A node with neither log nor vote may be a voter whose data was wiped: it neither
+        // votes nor stands for election until it has caught up (catch_up.rs says why).
+        let fresh = !raft
+            .is_initialized()
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let service = PeerService {
+            me: id,
+            catch_up: CatchUp::new(fresh),
+            source,
+        };
         let hint = LeaderHint::new(raft.clone(), id);
-        let admin = Admin::new(raft.clone(), id);
+        let admin = Admin::new(raft.clone(), service.clone());
         let mut follower = Executor::new(
             config.clone(),
             Clock::start(),
@@ -240,16 +253,20 @@ impl ClusterNode {
                 raft.clone(),
                 stop.clone(),
                 Arc::clone(&isolated),
+                service.clone(),
             )),
+            tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
             tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
             tokio::spawn(life.run(stop.clone())),
         ];
         if let Some(members) = options.initial_cluster {
-            let bootstrap = super::bootstrap::run(raft.clone(), id, members, source, stop.clone());
+            let bootstrap =
+                super::bootstrap::run(raft.clone(), service.clone(), members, stop.clone());
             tasks.push(tokio::spawn(bootstrap));
         }
         Ok(ClusterNode {
             id,
+            service,
             raft,
             state,
             isolated,
@@ -268,10 +285,9 @@ impl ClusterNode {
         &self,
         members: BTreeMap<NodeId, NodeInfo>,
     ) -> Result<(), ClusterError> {
-        self.raft
-            .initialize(members)
+        super::bootstrap::initialize(&self.raft, &self.service, members)
             .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))
+            .map_err(ClusterError::Raft)
     }
 
     /// This node's id.

@@ -660,3 +660,68 @@ async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
         started.node.kill().await;
     }
 }
+
+/// A grant committed by the leader and one follower only; that follower is wiped and
+/// restarted, and the leader is cut off before the wiped node could catch up. The wiped node
+/// must not help the other follower, which never had the grant, become leader: the key would
+/// be free again, and its token could be handed out twice. So nobody serves until the old
+/// leader is back; then the grant is there, and the wiped node catches up and votes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_does_not_vote_until_it_has_caught_up() {
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let (one, other) = ((first + 1) % 3, (first + 2) % 3);
+    // Wait until every node has the membership and the takeover's entries, so that the
+    // lagging follower's log is long enough to be voted for by an empty one.
+    caught_up(&nodes[one].node, &nodes[first].node).await;
+    caught_up(&nodes[other].node, &nodes[first].node).await;
+    nodes[other].node.set_isolated(true);
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let held = leader.ask("ACQUIRE k 60000").await;
+    assert!(held.starts_with("OK "), "{held}");
+    let token = field(&held, "token").to_string();
+
+    // Wipe `one`: a new data directory on the same addresses.
+    let wiped = nodes[one].node.id();
+    let info = nodes[one].info.clone();
+    let Started { node, .. } = std::mem::replace(&mut nodes[one], start(99).await);
+    node.kill().await;
+    nodes[first].node.set_isolated(true);
+    let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+    let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+    let placeholder = std::mem::replace(&mut nodes[one], start_on(wiped, peers, clients).await);
+    placeholder.node.kill().await;
+    nodes[other].node.set_isolated(false);
+
+    // Several election timeouts (800-1600 ms here): the lagging follower campaigns, the
+    // wiped node neither votes for it nor campaigns itself.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for i in [one, other] {
+        assert!(
+            !nodes[i].node.serving(),
+            "node {i} serves without the grant"
+        );
+        let state = nodes[i].node.raft().metrics().borrow().state;
+        assert_ne!(state, openraft::ServerState::Leader, "node {i} leads");
+    }
+
+    nodes[first].node.set_isolated(false);
+    // The old leader's higher-term rival forces an election or two: ask whoever serves.
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    let back = loop {
+        let back = serving_leader(&nodes).await;
+        let mut console = Console::connect(&nodes[back].info.client_addr).await;
+        let state = console.ask("INSPECT k").await;
+        if state.starts_with("HELD ") {
+            assert_eq!(field(&state, "token"), token, "{state}");
+            break back;
+        }
+        assert!(state.starts_with("ERR NOT_LEADER"), "{state}");
+        assert!(tokio::time::Instant::now() < deadline, "{state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    caught_up(&nodes[one].node, &nodes[back].node).await;
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
