@@ -37,6 +37,8 @@ const SETTLE_WAIT_MAX: Duration = Duration::from_secs(20);
 const FAULT_HOLD_MS_RANGE: (u64, u64) = (600, 1500);
 /// Quiet time between two faults, in ms, with the load running.
 const GAP_MS_RANGE: (u64, u64) = (300, 1200);
+/// Time a wiped follower is given to catch up before anything else happens.
+const WIPE_CATCH_UP: Duration = Duration::from_secs(1);
 /// Load before the first fault, so leases are held when it strikes.
 const WARM_UP: Duration = Duration::from_secs(1);
 
@@ -249,7 +251,13 @@ async fn inject(
             tokio::time::sleep(hold).await;
             cluster.proxy.heal();
         }
-        FaultKind::WipeFollower => cluster.wipe_and_restart(node),
+        FaultKind::WipeFollower => {
+            cluster.wipe_and_restart(node);
+            // Until it has caught up, the committed entries it held are on one node fewer:
+            // the next fault must not come before (Raft tolerates one lost node, not this
+            // and a leader's loss at once).
+            tokio::time::sleep(WIPE_CATCH_UP).await;
+        }
     }
     let repaired = Instant::now();
     let _ = probe.await;
@@ -289,8 +297,16 @@ fn count_ops(ops: &[history::Op]) -> BTreeMap<String, usize> {
             history::Kind::Release { .. } => "release",
             history::Kind::Inspect => "inspect",
         };
-        let outcome = format!("{:?}", op.outcome);
-        let outcome = outcome.split(['(', ' ', '{']).next().unwrap_or("");
+        let outcome = match &op.outcome {
+            // "server error WAITERS_LIMIT: ..." counts as "Failed server error WAITERS_LIMIT".
+            history::Outcome::Failed(why) => {
+                format!("Failed {}", why.split(':').next().unwrap_or(""))
+            }
+            other => {
+                let name = format!("{other:?}");
+                name.split(['(', ' ', '{']).next().unwrap_or("").to_owned()
+            }
+        };
         *counts.entry(format!("{kind} {outcome}")).or_default() += 1;
     }
     counts
