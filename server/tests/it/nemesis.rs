@@ -40,7 +40,10 @@ async fn a_cluster_under_faults_keeps_every_lease_and_token_promise() {
     let report = nemesis::run(tenured_bin(), config).await;
     println!("{report}");
     assert!(report.violations.is_empty(), "{report}");
-    assert!(report.kinds().len() == 4 || report.faults.len() < 4, "{report}");
+    assert!(
+        report.kinds().len() == 4 || report.faults.len() < 4,
+        "{report}"
+    );
     for fault in &report.faults {
         let served = fault.serve.zip(fault.serve_after_repair);
         assert!(
@@ -71,7 +74,9 @@ async fn a_follower_restarted_wiped_catches_up_and_counts_in_the_quorum() {
     let leader = cluster.wait_leader(SERVE_WAIT_MAX).await.expect("a leader");
     let (wiped, other) = ((leader + 1) % NODES, (leader + 2) % NODES);
     cluster.wipe_and_restart(wiped);
-    assert!(load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await.is_some());
+    assert!(load::probe_grant(&addrs, &history, SERVE_WAIT_MAX)
+        .await
+        .is_some());
     tokio::time::sleep(CATCH_UP).await;
 
     cluster.kill9(other);

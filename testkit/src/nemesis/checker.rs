@@ -93,7 +93,9 @@ impl Lease {
 }
 
 fn margin(ttl_ms: u32) -> Duration {
-    MARGIN_MIN.max(Duration::from_millis(u64::from(ttl_ms / MARGIN_TTL_DIVISOR)))
+    MARGIN_MIN.max(Duration::from_millis(u64::from(
+        ttl_ms / MARGIN_TTL_DIVISOR,
+    )))
 }
 
 fn ms(n: u32) -> Duration {
@@ -180,7 +182,10 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
 fn check_tokens(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     let mut seen: HashMap<u64, LeaseId> = HashMap::new();
     for l in list {
-        if seen.insert(l.token, l.id).is_some_and(|other| other != l.id) {
+        if seen
+            .insert(l.token, l.id)
+            .is_some_and(|other| other != l.id)
+        {
             violations.push(Violation {
                 rule: Rule::Tokens,
                 key: key.to_owned(),

@@ -224,7 +224,10 @@ impl Drop for Cluster {
 async fn ask(addr: SocketAddr, line: &str) -> Option<String> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.ok()?;
-        stream.write_all(format!("{line}\n").as_bytes()).await.ok()?;
+        stream
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .ok()?;
         let mut reader = BufReader::new(stream);
         let mut reply = String::new();
         reader.read_line(&mut reply).await.ok()?;

@@ -149,7 +149,11 @@ impl Worker {
 
     /// One operation, chosen by what the worker holds; returns its outcome.
     async fn step(&mut self, client: &Client) -> Outcome {
-        if self.held.as_ref().is_some_and(|h| h.deadline <= Instant::now()) {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.deadline <= Instant::now())
+        {
             self.held = None; // ran out: forget it, as a holder that stopped working would
         }
         let roll = self.rng.random_range(0..100);
@@ -162,9 +166,9 @@ impl Worker {
             }
             None if roll < 40 => self.acquire(client, 0).await,
             None if roll < 70 => {
-                let extra = self.rng.random_range(
-                    WAIT_BEYOND_TTL_MS_RANGE.0..=WAIT_BEYOND_TTL_MS_RANGE.1,
-                );
+                let extra = self
+                    .rng
+                    .random_range(WAIT_BEYOND_TTL_MS_RANGE.0..=WAIT_BEYOND_TTL_MS_RANGE.1);
                 self.acquire(client, TTL_MS_RANGE.1 + extra).await
             }
             None if roll < 85 || self.released.is_empty() => self.inspect(client).await,

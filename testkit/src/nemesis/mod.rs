@@ -123,8 +123,13 @@ pub async fn run(bin: &Path, config: Config) -> Report {
     };
     let workers = load::spawn(addrs.clone(), history.clone(), &load, stop.clone());
     let mut violations = Vec::new();
-    if load::probe_grant(&addrs, &history, SETTLE_WAIT_MAX).await.is_none() {
-        violations.push(unavailable("the cluster never granted after its start".into()));
+    if load::probe_grant(&addrs, &history, SETTLE_WAIT_MAX)
+        .await
+        .is_none()
+    {
+        violations.push(unavailable(
+            "the cluster never granted after its start".into(),
+        ));
     }
     tokio::time::sleep(WARM_UP).await;
     let mut first_kinds = KINDS;
@@ -142,7 +147,9 @@ pub async fn run(bin: &Path, config: Config) -> Report {
             violations.push(unavailable(format!("fault {n}: {fault:?}")));
         }
         if !cluster.wait_settled(SETTLE_WAIT_MAX).await {
-            violations.push(unavailable(format!("fault {n}: no settled leader after it")));
+            violations.push(unavailable(format!(
+                "fault {n}: no settled leader after it"
+            )));
         }
         load::inspect_all(&addrs[0], &history, config.keys).await;
         faults.push(fault);
@@ -229,7 +236,8 @@ async fn inject(
         FaultKind::WipeFollower => (leader + rng.random_range(1..NODES)) % NODES,
         _ => leader,
     };
-    let hold = Duration::from_millis(rng.random_range(FAULT_HOLD_MS_RANGE.0..=FAULT_HOLD_MS_RANGE.1));
+    let hold =
+        Duration::from_millis(rng.random_range(FAULT_HOLD_MS_RANGE.0..=FAULT_HOLD_MS_RANGE.1));
     let struck = Instant::now();
     let probe = {
         let (addrs, history) = (addrs.to_vec(), history.clone());
@@ -267,7 +275,9 @@ async fn inject(
         .map(|t| t.duration_since(struck))
         .filter(|d| *d <= SERVE_WAIT_MAX);
     let serve_after_repair = after_repair.map(|_| {
-        let first = history.first_grant_since(repaired).expect("the probe's grant");
+        let first = history
+            .first_grant_since(repaired)
+            .expect("the probe's grant");
         first.duration_since(repaired)
     });
     Fault {

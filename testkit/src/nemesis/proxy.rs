@@ -95,7 +95,13 @@ impl Drop for Proxy {
         for task in &self.accepts {
             task.abort();
         }
-        for link in self.shared.links.lock().expect("proxy mutex poisoned").iter() {
+        for link in self
+            .shared
+            .links
+            .lock()
+            .expect("proxy mutex poisoned")
+            .iter()
+        {
             link.task.abort();
         }
     }

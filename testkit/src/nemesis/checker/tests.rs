@@ -151,7 +151,12 @@ fn a_grant_not_seen_held_within_its_deadline_is_caught() {
     // Once a release was sent, or past the deadline, FREE is fine.
     let mut s = Script::new();
     s.grant(1, (0, 10), 5, 1);
-    s.op(1, (400, 600), Kind::Release { lease: id(1) }, Outcome::Unknown("lost".into()));
+    s.op(
+        1,
+        (400, 600),
+        Kind::Release { lease: id(1) },
+        Outcome::Unknown("lost".into()),
+    );
     s.inspect((500, 505), Outcome::Free);
     s.inspect((1500, 1505), Outcome::Free);
     assert_eq!(s.rules(), Vec::<Rule>::new());
