@@ -3,8 +3,8 @@
 //!
 //! A lease's *local deadline* is what its holder may count on (PROTOCOL.md 3.3): from the
 //! answer of its grant to `sent + waited + ttl`, and from the answer of each acknowledged
-//! renewal to that renewal's `sent + ttl`, less the clock margin, and it ends at the send of
-//! its release. Rules:
+//! renewal to that renewal's `sent + ttl` (which may be sooner: a RENEW sets the TTL, it
+//! may shorten it), less the clock margin, and it ends at the send of its release. Rules:
 //! - **tokens**: per key, acknowledged grants have distinct tokens, and a grant answered
 //!   before another was sent has the smaller token;
 //! - **overlap**: the local deadlines of two different leases on one key never overlap;
@@ -68,27 +68,76 @@ struct Lease {
     /// When the grant was sent and answered.
     sent: Instant,
     answered: Instant,
-    /// `(answer, deadline)` of the grant and of each acknowledged renewal.
-    segments: Vec<(Instant, Instant)>,
+    /// The grant's local deadline.
+    grant_end: Instant,
+    /// Every RENEW of it, in the order sent.
+    renewals: Vec<Renewal>,
     /// The earliest send of a RELEASE of it, whatever its outcome.
     release_sent: Option<Instant>,
     /// The earliest answer of a RELEASE of it answered RELEASED.
     release_acked: Option<Instant>,
 }
 
+/// One RENEW of a lease, whatever its outcome.
+#[derive(Clone, Copy, Debug)]
+struct Renewal {
+    sent: Instant,
+    answered: Instant,
+    /// The TTL asked for.
+    ttl_ms: u32,
+    /// The TTL confirmed, if RENEWED.
+    renewed_ms: Option<u32>,
+}
+
 impl Lease {
+    /// The intervals in which the holder is inside its local deadline, counting only what
+    /// it knew before `known_at` (everything when `None`).
+    ///
+    /// A RENEW sets the lease to its TTL from when the server handles it, which may be
+    /// *shorter* than before: from its send, the holder counts on no more than the earlier
+    /// of its deadline so far and `sent + ttl` (the server handled it, or not, after the
+    /// send); once RENEWED arrives, on exactly `sent + ttl`.
+    fn segments(&self, known_at: Option<Instant>) -> Vec<(Instant, Instant)> {
+        let known = |t: Instant| known_at.is_none_or(|k| t < k);
+        let mut out = Vec::new();
+        if !known(self.answered) {
+            return out;
+        }
+        let (mut start, mut end) = (self.answered, self.grant_end);
+        for r in &self.renewals {
+            if !known(r.sent) {
+                break;
+            }
+            end = end.min(r.sent + ms(r.ttl_ms) - margin(r.ttl_ms));
+            let Some(renewed_ms) = r.renewed_ms.filter(|_| known(r.answered)) else {
+                continue;
+            };
+            let renewed_end = r.sent + ms(renewed_ms) - margin(renewed_ms);
+            if end <= r.answered {
+                out.push((start, end));
+                start = r.answered;
+            }
+            end = renewed_end;
+        }
+        out.push((start, end));
+        out.retain(|(s, e)| e > s);
+        out
+    }
+
     /// The local deadline as known to a request sent at `at`.
     fn deadline_known_at(&self, at: Instant) -> Option<Instant> {
-        let known = self.segments.iter().filter(|(answer, _)| *answer < at);
-        known.map(|&(_, end)| end).max()
+        self.segments(Some(at)).last().map(|&(_, end)| end)
     }
 
     /// The segments of local deadline, each ended at the send of a release.
-    fn inside(&self) -> impl Iterator<Item = (Instant, Instant)> + '_ {
-        self.segments.iter().filter_map(|&(start, end)| {
-            let end = self.release_sent.map_or(end, |r| end.min(r));
-            (end > start).then_some((start, end))
-        })
+    fn inside(&self) -> Vec<(Instant, Instant)> {
+        let mut segments = self.segments(None);
+        for (start, end) in &mut segments {
+            *end = self.release_sent.map_or(*end, |r| (*end).min(r));
+            *start = (*start).min(*end);
+        }
+        segments.retain(|(s, e)| e > s);
+        segments
     }
 }
 
@@ -113,7 +162,7 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
             waited_ms,
         } = op.outcome
         {
-            let end = op.sent + ms(waited_ms) + ms(ttl_ms) - margin(ttl_ms);
+            let grant_end = op.sent + ms(waited_ms) + ms(ttl_ms) - margin(ttl_ms);
             leases.insert(
                 lease,
                 Lease {
@@ -123,7 +172,8 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
                     id: lease,
                     sent: op.sent,
                     answered: op.answered,
-                    segments: vec![(op.answered, end)],
+                    grant_end,
+                    renewals: Vec::new(),
                     release_sent: None,
                     release_acked: None,
                 },
@@ -132,10 +182,18 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
     }
     for op in ops {
         match (op.kind, &op.outcome) {
-            (Kind::Renew { lease, .. }, Outcome::Renewed { ttl_ms }) => {
+            (Kind::Renew { lease, ttl_ms }, outcome) => {
                 if let Some(l) = leases.get_mut(&lease) {
-                    let end = op.sent + ms(*ttl_ms) - margin(*ttl_ms);
-                    l.segments.push((op.answered, end));
+                    let renewed_ms = match outcome {
+                        Outcome::Renewed { ttl_ms } => Some(*ttl_ms),
+                        _ => None,
+                    };
+                    l.renewals.push(Renewal {
+                        sent: op.sent,
+                        answered: op.answered,
+                        ttl_ms,
+                        renewed_ms,
+                    });
                 }
             }
             (Kind::Release { lease }, outcome) => {
@@ -149,6 +207,9 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
             }
             _ => {}
         }
+    }
+    for lease in leases.values_mut() {
+        lease.renewals.sort_by_key(|r| r.sent);
     }
     leases
 }
@@ -219,7 +280,7 @@ fn check_tokens(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
 fn check_overlap(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     let mut segments: Vec<(Instant, Instant, &Lease)> = list
         .iter()
-        .flat_map(|l| l.inside().map(move |(s, e)| (s, e, *l)))
+        .flat_map(|l| l.inside().into_iter().map(move |(s, e)| (s, e, *l)))
         .collect();
     segments.sort_by_key(|&(start, _, _)| start);
     let mut open: Vec<(Instant, Instant, &Lease)> = Vec::new();

@@ -222,7 +222,7 @@ impl Worker {
         let outcome = match client.renew(&key, lease, ttl).await {
             Ok(RenewOutcome::Renewed { ttl }) => {
                 self.held = Some(Held {
-                    deadline: held.deadline.max(sent + ttl),
+                    deadline: sent + ttl, // a RENEW sets the TTL: it may shorten it
                     ..held
                 });
                 Outcome::Renewed {

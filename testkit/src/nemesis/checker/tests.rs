@@ -179,3 +179,20 @@ fn a_released_lease_seen_again_is_caught() {
     s.op(1, (200, 205), renew, Outcome::Renewed { ttl_ms: TTL_MS });
     assert_eq!(s.rules(), vec![Rule::ReleasedCameBack]);
 }
+
+#[test]
+fn a_renewal_to_a_shorter_ttl_ends_the_deadline_sooner() {
+    let mut s = Script::new();
+    s.grant(1, (0, 10), 5, 1); // runs to 1000 ms
+    let renew = Kind::Renew {
+        lease: id(1),
+        ttl_ms: 100,
+    };
+    s.op(1, (100, 110), renew, Outcome::Renewed { ttl_ms: 100 }); // now to 200 ms
+    s.inspect((300, 305), Outcome::Free);
+    s.grant(2, (400, 410), 7, 2);
+    assert_eq!(s.rules(), Vec::<Rule>::new());
+    // Inside the shortened deadline, FREE is still a lost grant.
+    s.inspect((150, 155), Outcome::Free);
+    assert_eq!(s.rules(), vec![Rule::LostGrant]);
+}
