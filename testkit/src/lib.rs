@@ -4,12 +4,15 @@
 //! - [`server`]: a server in the test's own runtime ([`Server`], also on a paused clock), and
 //!   one in a runtime of its own that a test can kill ([`ThreadServer`]).
 //! - [`daemon`]: the real `tenured` binary, for `kill -9` and signals ([`Daemon`]).
+//! - [`nemesis`]: a three-node cluster of daemons behind a peer proxy, under load and faults,
+//!   and a checker of the client-side history.
 //! - [`console`]: text-console clients, async ([`Console`]) and blocking ([`LineConn`]).
 //! - [`raw`]: a bare binary-protocol client ([`Raw`]) and request builders.
 //! - [`reply`]: `key=value` parsing of console and command-line output ([`field`], [`token`]).
 
 pub mod console;
 pub mod daemon;
+pub mod nemesis;
 pub mod raw;
 pub mod reply;
 pub mod server;

@@ -9,6 +9,7 @@
 //! - `limits`: the server-wide limits, exact at the default shard count;
 //! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
 //!   the shipped dashboard and alert rules;
+//! - `nemesis`: three cluster daemons under load and faults, the history checked;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `tls`: TLS and mutual TLS, plain text to a TLS port, certificate rotation;
 //! - `watch`: watches and the protocol rules clients rely on.
@@ -26,6 +27,7 @@ mod faults;
 mod lifecycle;
 mod limits;
 mod metrics;
+mod nemesis;
 mod settings;
 mod tls;
 mod watch;

@@ -1,0 +1,356 @@
+//! The mixed load: client tasks over a small key set, each op recorded in the [`History`],
+//! and the probes the harness sends after a fault.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tenure::{
+    AcquireOptions, AcquireOutcome, Client, ClientConfig, KeyState, LeaseId, ReleaseOutcome,
+    RenewOutcome,
+};
+
+use super::history::{History, Kind, Op, Outcome, PROBE_CLIENT};
+
+/// Shortest and longest TTL the load asks for, in ms.
+const TTL_MS_RANGE: (u32, u32) = (1000, 3000);
+/// How much longer than its TTL a blocking acquire waits, in ms.
+const WAIT_BEYOND_TTL_MS_RANGE: (u32, u32) = (200, 2000);
+/// Pause between two operations of one client, in ms.
+const THINK_MS_RANGE: (u64, u64) = (10, 150);
+/// A client's wait for one answer (a blocking acquire adds its wait).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// A client's wait for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Released lease ids a client keeps, to check now and then that they stay gone.
+const RELEASED_KEPT: usize = 8;
+/// TTL of a probe's grant: short, it only shows that the cluster grants.
+const PROBE_TTL_MS: u32 = 200;
+/// A probe's wait for a connection or an answer.
+const PROBE_REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
+/// Pause between two probes.
+const PROBE_PAUSE: Duration = Duration::from_millis(50);
+
+/// How the load runs.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    /// Client tasks.
+    pub clients: usize,
+    /// Keys they contend for.
+    pub keys: usize,
+    /// Seed of the clients' choices (client `i` uses `seed + i`).
+    pub seed: u64,
+}
+
+fn config() -> ClientConfig {
+    ClientConfig {
+        request_timeout: REQUEST_TIMEOUT,
+        connect_timeout: CONNECT_TIMEOUT,
+        reconnect_delay_min: Duration::from_millis(20),
+        reconnect_delay_max: Duration::from_millis(200),
+        ..ClientConfig::default()
+    }
+}
+
+/// A client of the cluster whose addresses are `addrs` (tried in that order).
+async fn connect(addrs: &str) -> Option<Client> {
+    Client::connect_with(addrs.to_owned(), config()).await.ok()
+}
+
+/// A probe's client: it gives up on a silent node sooner than the load does, so the time to
+/// serve it measures is not mostly its own time-outs.
+async fn connect_probe(addrs: &str) -> Option<Client> {
+    let config = ClientConfig {
+        request_timeout: PROBE_REQUEST_TIMEOUT,
+        connect_timeout: PROBE_REQUEST_TIMEOUT,
+        ..config()
+    };
+    Client::connect_with(addrs.to_owned(), config).await.ok()
+}
+
+/// Starts the load; it runs until `stop` is set. `addrs[i]` lists the cluster's addresses
+/// starting from a different node for each `i`.
+pub fn spawn(
+    addrs: Vec<String>,
+    history: History,
+    load: &LoadConfig,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..load.clients)
+        .map(|i| {
+            let worker = Worker {
+                id: i,
+                addrs: addrs.clone(),
+                history: history.clone(),
+                rng: StdRng::seed_from_u64(load.seed.wrapping_add(i as u64)),
+                keys: load.keys,
+                held: None,
+                released: Vec::new(),
+            };
+            tokio::spawn(worker.run(stop.clone()))
+        })
+        .collect()
+}
+
+/// A lease a worker holds: key, id, and its local deadline.
+struct Held {
+    key: String,
+    lease: LeaseId,
+    deadline: Instant,
+}
+
+struct Worker {
+    id: usize,
+    addrs: Vec<String>,
+    history: History,
+    rng: StdRng,
+    keys: usize,
+    held: Option<Held>,
+    released: Vec<(String, LeaseId)>,
+}
+
+impl Worker {
+    /// Runs until `stop`; returns the number of operations sent.
+    async fn run(mut self, stop: Arc<AtomicBool>) -> usize {
+        let mut sent = 0;
+        let mut client: Option<Client> = None;
+        let mut endpoint = self.id;
+        while !stop.load(Ordering::Relaxed) {
+            let Some(c) = client.clone() else {
+                client = connect(&self.addrs[endpoint % self.addrs.len()]).await;
+                endpoint += 1;
+                if client.is_none() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                continue;
+            };
+            let outcome = self.step(&c).await;
+            sent += 1;
+            if matches!(outcome, Outcome::Unknown(_)) {
+                // A stopped or cut-off node keeps its connections open: start afresh, from
+                // the next node.
+                client = None;
+            }
+            let think = self.rng.random_range(THINK_MS_RANGE.0..=THINK_MS_RANGE.1);
+            tokio::time::sleep(Duration::from_millis(think)).await;
+        }
+        sent
+    }
+
+    fn key(&mut self) -> String {
+        format!("k{}", self.rng.random_range(0..self.keys))
+    }
+
+    fn ttl_ms(&mut self) -> u32 {
+        self.rng.random_range(TTL_MS_RANGE.0..=TTL_MS_RANGE.1)
+    }
+
+    /// One operation, chosen by what the worker holds; returns its outcome.
+    async fn step(&mut self, client: &Client) -> Outcome {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.deadline <= Instant::now())
+        {
+            self.held = None; // ran out: forget it, as a holder that stopped working would
+        }
+        let roll = self.rng.random_range(0..100);
+        match self.held.take() {
+            Some(held) if roll < 45 => self.renew(client, held).await,
+            Some(held) if roll < 80 => self.release(client, held).await,
+            Some(held) => {
+                self.held = Some(held);
+                self.inspect(client).await
+            }
+            None if roll < 40 => self.acquire(client, 0).await,
+            None if roll < 70 => {
+                let extra = self
+                    .rng
+                    .random_range(WAIT_BEYOND_TTL_MS_RANGE.0..=WAIT_BEYOND_TTL_MS_RANGE.1);
+                self.acquire(client, TTL_MS_RANGE.1 + extra).await
+            }
+            None if roll < 85 || self.released.is_empty() => self.inspect(client).await,
+            None => self.renew_released(client).await,
+        }
+    }
+
+    fn record(&self, key: String, kind: Kind, sent: Instant, outcome: Outcome) -> Outcome {
+        self.history.record(Op {
+            client: self.id,
+            key,
+            kind,
+            sent,
+            answered: Instant::now(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    async fn acquire(&mut self, client: &Client, wait_ms: u32) -> Outcome {
+        let (key, ttl_ms) = (self.key(), self.ttl_ms());
+        let options = AcquireOptions::wait(Duration::from_millis(u64::from(wait_ms)));
+        let ttl = Duration::from_millis(u64::from(ttl_ms));
+        let sent = Instant::now();
+        let outcome = match client.acquire(&key, ttl, options).await {
+            Ok(AcquireOutcome::Granted(lease)) => {
+                let (waited, ttl) = (lease.waited(), lease.ttl());
+                self.held = Some(Held {
+                    key: key.clone(),
+                    lease: lease.lease_id(),
+                    deadline: sent + waited + ttl,
+                });
+                Outcome::Granted {
+                    token: lease.fencing_token(),
+                    lease: lease.lease_id(),
+                    ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+                    waited_ms: u32::try_from(waited.as_millis()).unwrap_or(u32::MAX),
+                }
+            }
+            Ok(AcquireOutcome::Locked(by)) => Outcome::Locked { token: by.token },
+            Err(e) => Outcome::from_error(&e),
+        };
+        self.record(key, Kind::Acquire { ttl_ms, wait_ms }, sent, outcome)
+    }
+
+    async fn renew(&mut self, client: &Client, held: Held) -> Outcome {
+        let ttl_ms = self.ttl_ms();
+        let ttl = Duration::from_millis(u64::from(ttl_ms));
+        let (key, lease) = (held.key.clone(), held.lease);
+        let sent = Instant::now();
+        let outcome = match client.renew(&key, lease, ttl).await {
+            Ok(RenewOutcome::Renewed { ttl }) => {
+                self.held = Some(Held {
+                    deadline: sent + ttl, // a RENEW sets the TTL: it may shorten it
+                    ..held
+                });
+                Outcome::Renewed {
+                    ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+                }
+            }
+            Ok(RenewOutcome::Lost) => Outcome::Lost,
+            Err(e) => {
+                self.held = Some(held); // maybe still held: its deadline decides
+                Outcome::from_error(&e)
+            }
+        };
+        self.record(key, Kind::Renew { lease, ttl_ms }, sent, outcome)
+    }
+
+    async fn release(&mut self, client: &Client, held: Held) -> Outcome {
+        let sent = Instant::now();
+        let outcome = match client.release(&held.key, held.lease).await {
+            Ok(ReleaseOutcome::Released) => Outcome::Released,
+            Ok(ReleaseOutcome::NotOwner) => Outcome::NotOwner,
+            Err(e) => Outcome::from_error(&e),
+        };
+        self.released.push((held.key.clone(), held.lease));
+        if self.released.len() > RELEASED_KEPT {
+            self.released.remove(0);
+        }
+        let kind = Kind::Release { lease: held.lease };
+        self.record(held.key, kind, sent, outcome)
+    }
+
+    /// A RENEW of a lease this worker released: it must stay gone.
+    async fn renew_released(&mut self, client: &Client) -> Outcome {
+        let (key, lease) = self.released[self.rng.random_range(0..self.released.len())].clone();
+        let ttl_ms = self.ttl_ms();
+        let sent = Instant::now();
+        let ttl = Duration::from_millis(u64::from(ttl_ms));
+        let outcome = match client.renew(&key, lease, ttl).await {
+            Ok(RenewOutcome::Renewed { ttl }) => Outcome::Renewed {
+                ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+            },
+            Ok(RenewOutcome::Lost) => Outcome::Lost,
+            Err(e) => Outcome::from_error(&e),
+        };
+        self.record(key, Kind::Renew { lease, ttl_ms }, sent, outcome)
+    }
+
+    async fn inspect(&mut self, client: &Client) -> Outcome {
+        let key = self.key();
+        let sent = Instant::now();
+        let outcome = inspect_outcome(client.inspect(&key).await);
+        self.record(key, Kind::Inspect, sent, outcome)
+    }
+}
+
+fn inspect_outcome(answer: tenure::Result<KeyState>) -> Outcome {
+    match answer {
+        Ok(KeyState::Free) => Outcome::Free,
+        Ok(KeyState::Held { token, .. }) => Outcome::Held { token },
+        Err(e) => Outcome::from_error(&e),
+    }
+}
+
+/// Acquires fresh keys (`probe/<n>`), one node after another, until one is granted or
+/// `wait` has passed; every attempt goes into `history`. Returns the grant's answer instant.
+pub async fn probe_grant(addrs: &[String], history: &History, wait: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + wait;
+    let mut attempt = 0usize;
+    while Instant::now() < deadline {
+        attempt += 1;
+        let Some(client) = connect_probe(&addrs[attempt % addrs.len()]).await else {
+            tokio::time::sleep(PROBE_PAUSE).await;
+            continue;
+        };
+        let key = format!("probe/{}", PROBE_SEQ.fetch_add(1, Ordering::Relaxed));
+        let ttl = Duration::from_millis(u64::from(PROBE_TTL_MS));
+        let sent = Instant::now();
+        let answer = client.acquire(&key, ttl, AcquireOptions::default()).await;
+        let outcome = match answer {
+            Ok(AcquireOutcome::Granted(lease)) => Outcome::Granted {
+                token: lease.fencing_token(),
+                lease: lease.lease_id(),
+                ttl_ms: PROBE_TTL_MS,
+                waited_ms: u32::try_from(lease.waited().as_millis()).unwrap_or(u32::MAX),
+            },
+            Ok(AcquireOutcome::Locked(by)) => Outcome::Locked { token: by.token },
+            Err(e) => Outcome::from_error(&e),
+        };
+        let granted = matches!(outcome, Outcome::Granted { .. });
+        let kind = Kind::Acquire {
+            ttl_ms: PROBE_TTL_MS,
+            wait_ms: 0,
+        };
+        let answered = Instant::now();
+        history.record(Op {
+            client: PROBE_CLIENT,
+            key,
+            kind,
+            sent,
+            answered,
+            outcome,
+        });
+        if granted {
+            return Some(answered);
+        }
+        tokio::time::sleep(PROBE_PAUSE).await;
+    }
+    None
+}
+
+/// Distinct probe keys across a run (and runs in one process).
+static PROBE_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// INSPECTs every key of the load once, through a fresh client, into `history`.
+pub async fn inspect_all(addrs: &str, history: &History, keys: usize) {
+    let Some(client) = connect(addrs).await else {
+        return;
+    };
+    for k in 0..keys {
+        let key = format!("k{k}");
+        let sent = Instant::now();
+        let outcome = inspect_outcome(client.inspect(&key).await);
+        history.record(Op {
+            client: PROBE_CLIENT,
+            key,
+            kind: Kind::Inspect,
+            sent,
+            answered: Instant::now(),
+            outcome,
+        });
+    }
+}
