@@ -41,7 +41,9 @@
 //! - `stats`, `progress`, `report`, `procfs`: figures, the live line, the report, RSS and CPU.
 
 mod args;
+mod cluster;
 mod conn;
+mod etcd;
 mod procfs;
 mod progress;
 mod report;
@@ -87,6 +89,15 @@ fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     let json = args.json;
+    if matches!(
+        args.scenario,
+        args::Scenario::Failover | args::Scenario::Healthy
+    ) {
+        return match cluster::run_blocking(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
+    }
     match run::run_blocking(args) {
         Ok(report) if json => println!("{}", report.json()),
         Ok(report) => print!("{}", report.text()),
