@@ -142,7 +142,10 @@ impl Probe {
         let mut named = Vec::new();
         for (i, &addr) in self.addrs.iter().enumerate() {
             match self.attempt(addr).await {
-                Answer::Granted => leader = Some(i),
+                Answer::Granted => {
+                    ensure!(leader.is_none(), "two members serve");
+                    leader = Some(i);
+                }
                 Answer::Redirect(Some(to)) => named.push(to),
                 other => bail!("{addr}: {other:?}"),
             }
