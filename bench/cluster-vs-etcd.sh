@@ -22,7 +22,8 @@
 # revoke. HTTP/1.1 has no multiplexing (Go answers pipelined requests one at a time), so etcd's
 # "16 deep" row opens CONNECTIONS x 16 connections of one cycle each: the same cycles in flight.
 # Fail-over: `tenure-loadgen --scenario failover` finds the leader, kills it with kill -9 and
-# times until a lock is granted by the rest (attempts of 250 ms on fresh connections).
+# times until a lock is granted by the rest (attempts of 250 ms on fresh connections). Order:
+# mixed cycles, fail-overs (few locks held), then the estimate.
 # The defaults take about 6 minutes.
 set -euo pipefail
 
@@ -162,21 +163,11 @@ for pipe in 1 16; do
     run "mixed-p$pipe" tenure "${mixed[@]}" --connections "$CONNECTIONS" --pipeline "$pipe"
     run "mixed-p$pipe" etcd "${mixed[@]}" --connections $((CONNECTIONS * pipe)) --pipeline 1
 done
-est=(--scenario estimate --rate "$ESTIMATE_RATE" --hold "$ESTIMATE_HOLD"
-     --renew-every "$ESTIMATE_HOLD" --ttl 30s --duration "$ESTIMATE_DURATION" --warmup 1s
-     --connections 16 --pipeline 256)
-run estimate tenure "${est[@]}" --server-pid "$(leader_pid tenure)"
-# etcd cannot keep up: its backlog grows in the load generator, and the run reports what
-# it got through (the same 16 connections; Go answers each one's requests one at a time).
-run estimate etcd "${est[@]}" --server-pid "$(leader_pid etcd)" --drain 1s || {
-    echo "the estimate against etcd failed (see above); its row stays empty" >&2
-    rm -f "$WORK/estimate.etcd.json"
-}
 
 # failover SYSTEM: KILLS leader kills, each node restarted and the cluster healthy again
 # before the next; appends each kill's JSON line to $WORK/failover.SYSTEM.lines.
 failover() {
-    local system=$1 k line pid i
+    local system=$1 k line pid pids i
     for k in $(seq "$KILLS"); do
         healthy "$system" >/dev/null
         if [[ $system == tenure ]]; then pids=$(IFS=,; echo "${T_PID[*]}"); else pids=$(IFS=,; echo "${E_PID[*]}"); fi
@@ -187,11 +178,11 @@ failover() {
         pid=$(grep -o '"killed_pid":[0-9]*' <<<"$line" | cut -d: -f2)
         for i in 0 1 2; do
             if [[ $system == tenure && ${T_PID[i]} == "$pid" ]]; then
-                wait "$pid" 2>/dev/null || true
+                { wait "$pid"; } 2>/dev/null || true
                 wait_closed "${T_PEER[i]}"
                 start_tenure "$i"
             elif [[ $system == etcd && ${E_PID[i]} == "$pid" ]]; then
-                wait "$pid" 2>/dev/null || true
+                { wait "$pid"; } 2>/dev/null || true
                 wait_closed "${E_PEER[i]}"
                 start_etcd "$i"
             fi
@@ -200,6 +191,19 @@ failover() {
 }
 failover tenure
 failover etcd
+
+est=(--scenario estimate --rate "$ESTIMATE_RATE" --hold "$ESTIMATE_HOLD"
+     --renew-every "$ESTIMATE_HOLD" --ttl 30s --duration "$ESTIMATE_DURATION" --warmup 1s
+     --connections 16 --pipeline 256)
+run estimate tenure "${est[@]}" --server-pid "$(leader_pid tenure)"
+# etcd cannot keep up: its backlog grows in the load generator, and the run reports what it
+# got through (the same 16 connections; Go answers each one's requests one at a time). Open
+# loop: an op counts only if answered, and ops meant for the window wait behind the backlog.
+# Last, after the fail-overs, so neither cluster holds the estimate's locks while timed.
+run estimate etcd "${est[@]}" --server-pid "$(leader_pid etcd)" --drain 1s || {
+    echo "the estimate against etcd failed (see above); its row stays empty" >&2
+    rm -f "$WORK/estimate.etcd.json"
+}
 
 f() { echo "$WORK/$1.$2.json"; }
 ROWS=()
@@ -228,6 +232,9 @@ row "estimate" "acquire p99 us" "$(field "$(f estimate tenure)" acquire p99_us)"
 row "estimate" "locks held at end" \
     "$(field "$(f estimate tenure)" resources locks_held_at_end)" \
     "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources locks_held_at_end)"
+row "estimate" "unanswered after drain" \
+    "$(field "$(f estimate tenure)" resources unanswered_after_drain)" \
+    "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources unanswered_after_drain)"
 row "estimate" "leader cpu % of a core" \
     "$(field "$(f estimate tenure)" resources server_cpu_pct_of_core)" \
     "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources server_cpu_pct_of_core)"

@@ -209,11 +209,12 @@ impl Probe {
                          \"killed\":\"{dead}\",\"killed_pid\":{pid},\"served_by\":\"{addr}\"}}"
                     ));
                 }
-                Answer::Redirect(Some(to)) if to != dead && alive.contains(&to) => {
+                Answer::Redirect(Some(to)) if to != dead && to != addr && alive.contains(&to) => {
+                    // Straight to the member named, without a pause: it may serve already.
                     next = alive.iter().position(|&a| a == to).unwrap_or(next + 1);
                     continue;
                 }
-                Answer::Redirect(_) => last = "no leader known".to_owned(),
+                Answer::Redirect(_) => last = format!("{addr}: no leader that serves"),
                 Answer::Failed(why) => last = why,
             }
             next += 1;
