@@ -72,10 +72,16 @@ ulimit -n 65536 2>/dev/null || ulimit -n 4096 2>/dev/null || true
 WORK=$(mktemp -d)
 T_PID=("" "" "")
 E_PID=("" "" "")
+# The members are disowned (so bash does not print "Killed" for each one the probe kills):
+# ending one is kill by PID, then polling until it is gone, 10 s at most.
+stop_pid() {
+    kill "$1" 2>/dev/null || return 0
+    for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    kill -9 "$1" 2>/dev/null || true
+}
 cleanup() {
     for pid in "${T_PID[@]}" "${E_PID[@]}"; do
-        [[ -n $pid ]] || continue
-        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+        [[ -n $pid ]] && stop_pid "$pid"
     done
     if [[ -n ${OUT:-} ]]; then
         mkdir -p "$OUT" && cp "$WORK"/*.json "$WORK"/*.lines "$OUT"/ 2>/dev/null || true
@@ -97,6 +103,7 @@ start_tenure() {
         --peer-listen "127.0.0.1:${T_PEER[i]}" --listen "127.0.0.1:${T_CLIENT[i]}" \
         --data-dir "$WORK/tenure$i" >>"$WORK/tenure$i.log" 2>&1 &
     T_PID[i]=$!
+    disown "${T_PID[i]}"
 }
 
 E_CLUSTER=""
@@ -111,6 +118,7 @@ start_etcd() {
         --initial-cluster "$E_CLUSTER" --initial-cluster-token tenure-bench \
         --initial-cluster-state new >>"$WORK/etcd$i.log" 2>&1 &
     E_PID[i]=$!
+    disown "${E_PID[i]}"
 }
 
 T_TARGET="tenure://127.0.0.1:${T_CLIENT[0]},127.0.0.1:${T_CLIENT[1]},127.0.0.1:${T_CLIENT[2]}"
@@ -178,11 +186,9 @@ failover() {
         pid=$(grep -o '"killed_pid":[0-9]*' <<<"$line" | cut -d: -f2)
         for i in 0 1 2; do
             if [[ $system == tenure && ${T_PID[i]} == "$pid" ]]; then
-                { wait "$pid"; } 2>/dev/null || true
                 wait_closed "${T_PEER[i]}"
                 start_tenure "$i"
             elif [[ $system == etcd && ${E_PID[i]} == "$pid" ]]; then
-                { wait "$pid"; } 2>/dev/null || true
                 wait_closed "${E_PEER[i]}"
                 start_etcd "$i"
             fi
