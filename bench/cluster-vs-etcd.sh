@@ -10,7 +10,7 @@
 #   ESTIMATE_DURATION=10s, ESTIMATE_RATE=50000, ESTIMATE_HOLD=10s
 #   CONNECTIONS=50     connections of the closed-loop runs
 #   NO_BUILD=1         use the binaries in target/release as they are
-#   OUT=DIR            keep every run's JSON report and the fail-over lines in DIR
+#   OUT=DIR            keep every run's JSON report, the fail-over lines and the nodes' logs in DIR
 #
 # Both clusters run with their default timeouts (tenure: heartbeat 50 ms, election 150-300 ms;
 # etcd 3.4: heartbeat 100 ms, election 1000 ms) and default durability (both fsync). Ports:
@@ -29,7 +29,7 @@ set -euo pipefail
 
 case "${1:-}" in
     '') ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
 esac
 
@@ -84,7 +84,7 @@ cleanup() {
         [[ -n $pid ]] && stop_pid "$pid"
     done
     if [[ -n ${OUT:-} ]]; then
-        mkdir -p "$OUT" && cp "$WORK"/*.json "$WORK"/*.lines "$OUT"/ 2>/dev/null || true
+        mkdir -p "$OUT" && cp "$WORK"/*.json "$WORK"/*.lines "$WORK"/*.log "$OUT"/ 2>/dev/null || true
     fi
     rm -rf "$WORK"
 }
