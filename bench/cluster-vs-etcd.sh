@@ -210,13 +210,21 @@ failover etcd
 est=(--scenario estimate --rate "$ESTIMATE_RATE" --hold "$ESTIMATE_HOLD"
      --renew-every "$ESTIMATE_HOLD" --ttl 30s --duration "$ESTIMATE_DURATION" --warmup 1s
      --connections 16 --pipeline 256)
-run estimate tenure "${est[@]}" --server-pid "$(leader_pid tenure)"
+FAILED=()
+# A run that fails is said loudly, its row stays empty, and the script exits 1 after the
+# table: the fail-over figures gathered before it are not thrown away.
+run estimate tenure "${est[@]}" --server-pid "$(leader_pid tenure)" || {
+    echo "THE ESTIMATE AGAINST TENURE FAILED (see above); its row stays empty" >&2
+    FAILED+=("estimate on tenure")
+    rm -f "$WORK/estimate.tenure.json"
+}
 # etcd cannot keep up: its backlog grows in the load generator, and the run reports what it
 # got through (the same 16 connections; Go answers each one's requests one at a time). Open
 # loop: an op counts only if answered, and ops meant for the window wait behind the backlog.
 # Last, after the fail-overs, so neither cluster holds the estimate's locks while timed.
 run estimate etcd "${est[@]}" --server-pid "$(leader_pid etcd)" --drain 1s || {
     echo "the estimate against etcd failed (see above); its row stays empty" >&2
+    FAILED+=("estimate on etcd")
     rm -f "$WORK/estimate.etcd.json"
 }
 
@@ -240,19 +248,16 @@ for pipe in 1 16; do
         "$(field "$(f "mixed-p$pipe" tenure)" acquire p99_us)" \
         "$(field "$(f "mixed-p$pipe" etcd)" acquire p99_us)"
 done
+# est_field SYSTEM OBJECT KEY: a figure of the estimate's report, empty if that run failed.
+est_field() { [[ -f $(f estimate "$1") ]] && field "$(f estimate "$1")" "$2" "$3"; }
 row "estimate ${ESTIMATE_RATE}/s" "ops/s achieved" \
     "$(ops_per_s "$(f estimate tenure)")" "$(ops_per_s "$(f estimate etcd)")"
-row "estimate" "acquire p99 us" "$(field "$(f estimate tenure)" acquire p99_us)" \
-    "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" acquire p99_us)"
-row "estimate" "locks held at end" \
-    "$(field "$(f estimate tenure)" resources locks_held_at_end)" \
-    "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources locks_held_at_end)"
-row "estimate" "unanswered after drain" \
-    "$(field "$(f estimate tenure)" resources unanswered_after_drain)" \
-    "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources unanswered_after_drain)"
-row "estimate" "leader cpu % of a core" \
-    "$(field "$(f estimate tenure)" resources server_cpu_pct_of_core)" \
-    "$([[ -f $(f estimate etcd) ]] && field "$(f estimate etcd)" resources server_cpu_pct_of_core)"
+for figure in "acquire p99_us acquire p99 us" "resources locks_held_at_end locks held at end" \
+    "resources unanswered_after_drain unanswered after drain" \
+    "resources server_cpu_pct_of_core leader cpu % of a core"; do
+    read -r object key label <<<"$figure"
+    row "estimate" "$label" "$(est_field tenure "$object" "$key")" "$(est_field etcd "$object" "$key")"
+done
 
 # quantile FILE Q: the Q-quantile (nearest rank) of the fail-over times in FILE, in ms.
 quantile() {
@@ -282,3 +287,7 @@ for r in "${ROWS[@]}"; do
     printf "%-24s %-28s %12s %12s %8s\n" "$scenario" "$figure" "$(num "$t")" "$(num "$e")" "$ratio"
 done
 echo "(ratio = tenure / etcd; higher is better for rates, lower for latency, cpu and fail-over)"
+if ((${#FAILED[@]})); then
+    echo "FAILED: ${FAILED[*]} (their rows are empty)" >&2
+    exit 1
+fi
