@@ -25,6 +25,10 @@ pub enum Scenario {
     Max,
     /// Many clients, few hot keys, blocking acquires: hand-off latency and fairness.
     Contention,
+    /// Cluster: wait until healthy, kill the leader (`--pids`), time until a grant is served.
+    Failover,
+    /// Cluster: wait (up to `--duration`) until every member answers and one serves.
+    Healthy,
 }
 
 /// The operation the `max` scenario drives.
@@ -112,6 +116,12 @@ pub struct Args {
     /// Allow a target that is not on loopback.
     #[arg(long)]
     pub allow_remote: bool,
+    /// failover: the members' process ids, in the order of the target's addresses.
+    #[arg(long, value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// failover, healthy: how long one probe attempt (connect and acquire) may take.
+    #[arg(long, value_parser = parse_duration, default_value = "250ms")]
+    pub attempt_timeout: Duration,
     /// Seed for key choice and Redis lease values [random].
     #[arg(long)]
     pub seed: Option<u64>,
@@ -169,6 +179,7 @@ impl Args {
             Scenario::Estimate => (10_000, 1 << 40, 30),
             Scenario::Max => (0, 1_000_000, 10),
             Scenario::Contention => (1, 4, 10),
+            Scenario::Failover | Scenario::Healthy => (0, 1, 30),
         };
         self.hold.get_or_insert(Duration::from_millis(hold));
         self.keys.get_or_insert(keys);
@@ -206,6 +217,14 @@ impl Args {
             "--hold is over {DURATION_MAX:?}"
         );
         ensure!(!self.duration().is_zero(), "--duration must be positive");
+        ensure!(
+            self.attempt_timeout >= Duration::from_millis(1)
+                && self.attempt_timeout <= Duration::from_secs(60),
+            "--attempt-timeout must be 1ms..=60s"
+        );
+        if self.scenario == Scenario::Failover {
+            ensure!(!self.pids.is_empty(), "--scenario failover needs --pids");
+        }
         ensure!(
             self.tick >= Duration::from_micros(10) && self.tick <= Duration::from_millis(100),
             "--tick must be 10us..=100ms"

@@ -17,6 +17,11 @@
 //! `tenure://HOST:PORT` speaks the binary protocol; `redis://HOST:PORT` runs the same workloads
 //! with the usual Redis recipes (SET NX PX, compare-and-delete and compare-and-pexpire scripts,
 //! and with `--redis-fenced` an acquire script that also returns a per-key fencing counter).
+//! `etcd://HOST:PORT` runs them against etcd's v3 JSON gateway with the cycle of etcd's own lock
+//! (lease grant and create-if-absent txn, keep-alive, revoke). Several addresses,
+//! `tenure://a,b,c` or `etcd://a,b,c`, name a cluster: tenure's serving member is found first;
+//! etcd's connections are spread over its members. `--scenario healthy` waits until a cluster
+//! is healthy; `--scenario failover --pids ...` kills its leader and times the next grant.
 //! Targets must be on loopback unless `--allow-remote` is given. A tenure target with TLS
 //! (`--tls-ca`, optionally `--tls-server-name` and `--tls-client-cert`/`--tls-client-key`) or
 //! identities (`--identity NAME`, the secret in `TENURE_SECRET`) is loaded as a client would
@@ -37,11 +42,14 @@
 //! - `target`: target parsing, the loopback rule, connecting, handshakes and AUTH; `tls`: TLS.
 //! - `wire`: ops, outcomes, tenure frame encoding; `resp`: the RESP2 side and Redis recipes.
 //! - `conn`: one pipelined connection (reader and writer tasks, in-flight slab, backlog).
+//! - `etcd`: etcd's lock cycle over HTTP/1.1; `cluster`: finding a leader, health, fail-over.
 //! - `scenario`: the workloads; `run`: the driver and measured window.
 //! - `stats`, `progress`, `report`, `procfs`: figures, the live line, the report, RSS and CPU.
 
 mod args;
+mod cluster;
 mod conn;
+mod etcd;
 mod procfs;
 mod progress;
 mod report;
@@ -73,9 +81,14 @@ Scenarios:
   max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
   contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
               hand-off latency and fairness (Jain's index)
+  healthy     a cluster: wait until every member answers and one serves
+  failover    a cluster: kill -9 the leader (--pids, in address order), time until a
+              grant is served by the rest (attempts bounded by --attempt-timeout)
 
 Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
-compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token). Loopback only
+compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token) or etcd://HOST:PORT
+(v3 JSON gateway: lease grant + create-if-absent txn, keep-alive, revoke). A,B,C names a
+cluster's members (tenure: the serving one is found; etcd: spread over). Loopback only
 unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
 tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
 --tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
@@ -87,6 +100,15 @@ fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     let json = args.json;
+    if matches!(
+        args.scenario,
+        args::Scenario::Failover | args::Scenario::Healthy
+    ) {
+        return match cluster::run_blocking(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
+    }
     match run::run_blocking(args) {
         Ok(report) if json => println!("{}", report.json()),
         Ok(report) => print!("{}", report.text()),

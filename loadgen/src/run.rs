@@ -31,6 +31,8 @@ use crate::tls::{Tls, TlsFlags};
 const SETUP_MAX: Duration = Duration::from_secs(120);
 /// Longest time one connection and its setup (TLS, handshake, AUTH) may take.
 const CONNECT_MAX: Duration = Duration::from_secs(10);
+/// Longest wait for a tenure cluster's leader before a run starts (an election may be on).
+const LEADER_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Environment variable holding the secret for `--identity` (as for the `tenure` command line).
 const SECRET_VAR: &str = "TENURE_SECRET";
 /// A thread that wakes the driver every `period`: tokio's timers have millisecond resolution,
@@ -199,6 +201,7 @@ fn build_scenario(
             },
             rng,
         )),
+        Which::Failover | Which::Healthy => bail!("{:?} is not a load scenario", args.scenario),
     })
 }
 
@@ -228,8 +231,12 @@ fn snapshot(world: &World, server_pid: Option<u32>) -> Snapshot {
 /// When the target cannot be reached, a connection breaks, or the target falls so far behind
 /// that the run cannot be measured.
 pub async fn run(args: Args) -> anyhow::Result<Report> {
-    let target = Target::parse(&args.target, args.allow_remote).await?;
-    let redis = target.kind == Kind::Redis;
+    let mut target = Target::parse(&args.target, args.allow_remote).await?;
+    if target.kind == Kind::Tenure && target.addrs.len() > 1 {
+        // A tenure cluster: only its leader serves, so every connection goes there.
+        target.addr = crate::cluster::tenure_leader(&target.addrs, LEADER_WAIT_MAX).await?;
+    }
+    let redis = target.kind != Kind::Tenure;
     let server_rss_start = args.server_pid.and_then(procfs::rss_bytes);
     if args.server_pid.is_some() && server_rss_start.is_none() {
         bail!("cannot read /proc/{}/status", args.server_pid.unwrap_or(0));
@@ -246,11 +253,17 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     }
     // One at a time, so each connection's setup cost is measured without queueing behind
     // the others (the server verifies only a few AUTHs at once).
-    for _ in 0..args.connections {
-        let connect = target.connect(args.redis_fenced, &security);
+    for i in 0..args.connections {
+        // etcd: every member serves (followers forward), and its own client spreads its
+        // connections over the members, so these do too.
+        let addr = match target.kind {
+            Kind::Etcd => target.addrs[i % target.addrs.len()],
+            _ => target.addr,
+        };
+        let connect = target.connect_to(addr, args.redis_fenced, &security);
         let connected = tokio::time::timeout(CONNECT_MAX, connect)
             .await
-            .with_context(|| format!("no setup with {} within {CONNECT_MAX:?}", target.addr))??;
+            .with_context(|| format!("no setup with {addr} within {CONNECT_MAX:?}"))??;
         pipeline = pipeline.min(connected.in_flight_max);
         streams.push(connected.stream);
         conns.push(connected.proto);
@@ -271,7 +284,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let w = world.borrow();
     let window_s = (end.at_ns - begin.at_ns) as f64 / 1e9;
     Ok(Report {
-        settings: settings(&args, pipeline, redis),
+        settings: settings(&args, pipeline, target.kind == Kind::Redis),
         window_s,
         kinds: report::kinds(&w.stats, window_s, w.scenario.target_rates()),
         summary: w.scenario.summary(window_s),
@@ -393,6 +406,7 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
             ("clients", Value::U64(args.clients as u64)),
             ("hold_ms", Value::F64(args.hold().as_secs_f64() * 1e3)),
         ]),
+        Which::Failover | Which::Healthy => {}
     }
     if redis {
         settings.push(("redis_fenced", Value::Str(args.redis_fenced.to_string())));

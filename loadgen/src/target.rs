@@ -11,6 +11,10 @@ use tenure_protocol::{Request, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{lookup_host, TcpStream};
 
+use std::net::SocketAddr;
+
+use crate::etcd::EtcdState;
+
 use crate::resp;
 use crate::tls::Tls;
 use crate::wire::Proto;
@@ -18,6 +22,8 @@ use crate::wire::Proto;
 /// Request id of the AUTH sent during setup (ids of the run's requests start afresh at 1 on
 /// the connection afterwards; the server only echoes ids).
 const AUTH_REQUEST_ID: u64 = 1;
+/// Most addresses one target may name (a cluster's members).
+pub const MEMBERS_MAX: usize = 16;
 
 /// The server kind named by the target's scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +32,8 @@ pub enum Kind {
     Tenure,
     /// `redis://`: RESP2.
     Redis,
+    /// `etcd://`: etcd's v3 JSON gateway on its client port (see [`crate::etcd`]).
+    Etcd,
 }
 
 /// A parsed target.
@@ -33,8 +41,10 @@ pub enum Kind {
 pub struct Target {
     /// Which protocol.
     pub kind: Kind,
-    /// Resolved address.
+    /// Resolved address the connections go to (a cluster's leader, once found).
     pub addr: std::net::SocketAddr,
+    /// Every address given (`scheme://a,b,c`: a cluster's members), in the order written.
+    pub addrs: Vec<std::net::SocketAddr>,
     /// The host as written (brackets of an IPv6 address removed): TLS's default server name.
     pub host: String,
 }
@@ -98,7 +108,8 @@ fn elapsed_ns(since: Instant) -> u64 {
 }
 
 impl Target {
-    /// Parses `scheme://host:port` and resolves it; refuses hosts off loopback unless allowed.
+    /// Parses `scheme://host:port[,host:port...]` and resolves each address; refuses hosts off
+    /// loopback unless allowed. Several addresses name a cluster's members.
     ///
     /// # Errors
     /// For an unknown scheme, an unresolvable host or a remote one without `allow_remote`.
@@ -107,34 +118,65 @@ impl Target {
             (Kind::Tenure, rest)
         } else if let Some(rest) = text.strip_prefix("redis://") {
             (Kind::Redis, rest)
+        } else if let Some(rest) = text.strip_prefix("etcd://") {
+            (Kind::Etcd, rest)
         } else {
-            bail!("target {text:?} must start with tenure:// or redis://");
+            bail!("target {text:?} must start with tenure://, redis:// or etcd://");
         };
         let rest = rest.trim_end_matches('/');
-        let host = host_of(rest).to_owned();
-        let addrs: Vec<_> = lookup_host(rest)
-            .await
-            .with_context(|| format!("resolving {rest:?}"))?
-            .collect();
-        let Some(addr) = addrs.first().copied() else {
-            bail!("{rest:?} resolves to no address");
-        };
-        if !allow_remote && !addrs.iter().all(|a| a.ip().is_loopback()) {
-            bail!("{rest:?} is not a loopback address; pass --allow-remote to load it anyway");
+        let mut addrs = Vec::new();
+        for one in rest.split(',') {
+            addrs.push(resolve(one, allow_remote).await?);
         }
-        Ok(Target { kind, addr, host })
+        ensure!(
+            addrs.len() <= MEMBERS_MAX,
+            "{} addresses; a cluster has at most {MEMBERS_MAX}",
+            addrs.len()
+        );
+        ensure!(
+            kind != Kind::Redis || addrs.len() == 1,
+            "a redis:// target takes one address"
+        );
+        let host = host_of(rest.split(',').next().unwrap_or(rest)).to_owned();
+        Ok(Target {
+            kind,
+            addr: addrs[0],
+            addrs,
+            host,
+        })
     }
 
-    /// Opens one connection and does the protocol's setup: TLS and AUTH as `security` says.
+    /// Opens one connection to `addr` (the target's, or one of a cluster's members) and does
+    /// the protocol's setup: TLS and AUTH as `security` says.
     ///
     /// # Errors
     /// When the connection, TLS, the handshake or AUTH fails.
-    pub async fn connect(&self, fenced: bool, security: &Security) -> anyhow::Result<Connected> {
+    pub async fn connect_to(
+        &self,
+        addr: SocketAddr,
+        fenced: bool,
+        security: &Security,
+    ) -> anyhow::Result<Connected> {
         let start = Instant::now();
-        let mut stream = TcpStream::connect(self.addr)
+        let mut stream = TcpStream::connect(addr)
             .await
-            .with_context(|| format!("connecting to {}", self.addr))?;
+            .with_context(|| format!("connecting to {addr}"))?;
         stream.set_nodelay(true)?;
+        if self.kind == Kind::Etcd {
+            ensure!(
+                security.tls.is_none() && security.credentials.is_none(),
+                "TLS and --identity are for tenure:// targets only"
+            );
+            return Ok(Connected {
+                stream: Stream::Plain(stream),
+                proto: Proto::Etcd(EtcdState::new(&addr.to_string())),
+                in_flight_max: usize::MAX,
+                setup: SetupTimes {
+                    total_ns: elapsed_ns(start),
+                    ..SetupTimes::default()
+                },
+            });
+        }
         if self.kind == Kind::Redis {
             ensure!(
                 security.tls.is_none() && security.credentials.is_none(),
@@ -173,6 +215,46 @@ impl Target {
             setup,
         })
     }
+}
+
+/// Connects to a tenure node at `addr`, does the handshake (no TLS, no AUTH: a cluster's
+/// client port has neither yet) and asks `request`; returns the reply.
+///
+/// # Errors
+/// When the connection or the handshake fails, or the reply does not decode.
+pub async fn tenure_ask(addr: SocketAddr, request: &Request) -> anyhow::Result<Response> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_nodelay(true)?;
+    let mut input = BytesMut::with_capacity(256);
+    tenure_hello(&mut stream, &mut input).await?;
+    let mut out = BytesMut::new();
+    encode_request(AUTH_REQUEST_ID, request, &mut out);
+    stream.write_all(&out).await?;
+    loop {
+        if let Some((opcode, _id, body)) = split_frame(&mut input).context("reply")? {
+            return decode_response(opcode, body).context("reply");
+        }
+        if stream.read_buf(&mut input).await? == 0 {
+            bail!("{addr} closed the connection before answering");
+        }
+    }
+}
+
+/// Resolves one `host:port`; refuses a host off loopback unless allowed.
+async fn resolve(one: &str, allow_remote: bool) -> anyhow::Result<SocketAddr> {
+    let addrs: Vec<_> = lookup_host(one)
+        .await
+        .with_context(|| format!("resolving {one:?}"))?
+        .collect();
+    let Some(addr) = addrs.first().copied() else {
+        bail!("{one:?} resolves to no address");
+    };
+    if !allow_remote && !addrs.iter().all(|a| a.ip().is_loopback()) {
+        bail!("{one:?} is not a loopback address; pass --allow-remote to load it anyway");
+    }
+    Ok(addr)
 }
 
 /// The binary handshake, then AUTH if credentials are given; returns the in-flight limit.

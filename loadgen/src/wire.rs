@@ -11,6 +11,7 @@ use bytes::{BufMut, BytesMut};
 use tenure_protocol::frame::{decode_response, op, split_frame};
 use tenure_protocol::{LeaseId, Response};
 
+use crate::etcd::{self, EtcdState, HttpReply};
 use crate::resp::{self, Reply, Scripts};
 
 /// Prefix of every key the load generator uses: key number `n` is the lock named `job:{n}`.
@@ -142,19 +143,22 @@ pub enum Proto {
         /// Acquire through the fenced script (SET NX PX plus INCR of a per-key counter).
         fenced: bool,
     },
+    /// etcd's v3 JSON gateway over HTTP/1.1: replies come in request order, an acquire's two.
+    Etcd(EtcdState),
 }
 
 impl Proto {
     /// Whether replies come back in request order (and so carry no id).
     pub fn in_order(&self) -> bool {
-        matches!(self, Proto::Redis { .. })
+        matches!(self, Proto::Redis { .. } | Proto::Etcd(_))
     }
 
     /// Appends the request for `op`, tagged `id` where the protocol has ids.
-    pub fn encode(&self, id: u64, op: &Op, dst: &mut BytesMut) {
+    pub fn encode(&mut self, id: u64, op: &Op, dst: &mut BytesMut) {
         match self {
             Proto::Tenure => encode_tenure(id, op, dst),
             Proto::Redis { scripts, fenced } => resp::encode_op(scripts, *fenced, op, dst),
+            Proto::Etcd(state) => state.encode(op, dst),
         }
     }
 
@@ -163,7 +167,7 @@ impl Proto {
     ///
     /// # Errors
     /// When the stream is broken (bad length, bad RESP type): the connection must close.
-    pub fn decode(&self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
+    pub fn decode(&mut self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
         match self {
             Proto::Tenure => {
                 let Some((opcode, id, body)) = split_frame(src).context("tenure frame")? else {
@@ -176,6 +180,7 @@ impl Proto {
                 Ok(Some((Some(id), Decoded::Tenure(reply))))
             }
             Proto::Redis { .. } => Ok(resp::decode(src)?.map(|r| (None, Decoded::Redis(r)))),
+            Proto::Etcd(state) => Ok(state.decode(src)?.map(|r| (None, Decoded::Etcd(r)))),
         }
     }
 
@@ -187,6 +192,7 @@ impl Proto {
                 let fenced = matches!(self, Proto::Redis { fenced: true, .. });
                 resp::outcome(op, fenced, reply)
             }
+            Decoded::Etcd(replies) => etcd::outcome(op, &replies),
         }
     }
 }
@@ -198,6 +204,8 @@ pub enum Decoded {
     Tenure(Outcome),
     /// Redis replies mean something only next to the command that asked.
     Redis(Reply),
+    /// The HTTP responses of one etcd op (two for an acquire).
+    Etcd(Vec<HttpReply>),
 }
 
 fn tenure_outcome(response: Response) -> Outcome {

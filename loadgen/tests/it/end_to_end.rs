@@ -15,9 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Locks of the fake server, shared by its connections.
-type Locks = std::sync::Arc<std::sync::Mutex<(HashMap<Bytes, LeaseId>, u64)>>;
+pub(crate) type Locks = std::sync::Arc<std::sync::Mutex<(HashMap<Bytes, LeaseId>, u64)>>;
 
-fn answer(locks: &Locks, request: Request) -> Response {
+pub(crate) fn answer(locks: &Locks, request: Request) -> Response {
     let mut guard = locks.lock().unwrap();
     let (held, token) = &mut *guard;
     match request {
@@ -109,7 +109,7 @@ fn fake_server() -> SocketAddr {
     rx.recv().unwrap()
 }
 
-fn loadgen(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn loadgen(args: &[&str]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_tenure-loadgen"))
         .args(args)
         .output()
@@ -171,7 +171,7 @@ fn estimate_holds_renews_and_releases_on_schedule() {
 }
 
 /// Flags of a short `max` scenario against `target`, JSON out.
-fn max_scenario(target: &str) -> [&str; 14] {
+pub(crate) fn max_scenario(target: &str) -> [&str; 14] {
     [
         "--target",
         target,

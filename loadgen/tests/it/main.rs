@@ -1,6 +1,8 @@
 //! The load generator's integration tests, one test binary: `end_to_end` runs the real
 //! `tenure-loadgen` against a fake tenure server and a real Redis; `secure` against the real
-//! server in process, with TLS and identities.
+//! server in process, with TLS and identities; `cluster` against fake cluster members (the
+//! leader found, a fail-over timed) and a real 3-member etcd.
 
+mod cluster;
 mod end_to_end;
 mod secure;
