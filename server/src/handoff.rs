@@ -144,7 +144,15 @@ impl Executor {
                 // call that settled the key), so this is exactly the time in line.
                 waited_ms: clamp_ms(now_ms.saturating_sub(received_ms)),
             },
-            Err(e) => WaitResult::Failed(ErrorCode::Unavailable, format!("not durable: {e}")),
+            // Not logged, so the hand-off is undone below; a deposed leader says so as every
+            // refusal of a leader that lost its leadership does (PROTOCOL.md 3.8).
+            Err(JournalError::NotLeader(leader)) => {
+                WaitResult::Failed(ErrorCode::NotLeader, leader.to_string())
+            }
+            Err(e) => WaitResult::Failed(
+                ErrorCode::Unavailable,
+                format!("not durable, nothing changed: {e}"),
+            ),
         };
         if tx.send(message).is_ok() && logged.is_ok() {
             Stats::bump(&self.stats.grants);

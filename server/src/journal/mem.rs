@@ -89,6 +89,10 @@ impl MemJournal {
 
     fn keep(&self, record: &Record<'_>) -> Result<Ticket, JournalError> {
         if let Some(why) = &self.progress_tx.borrow().failed {
+            // As a cluster's journal refuses once its node no longer leads.
+            if why.as_ref() == super::NOT_LEADER {
+                return Err(JournalError::NotLeader(Arc::from("leader=unknown")));
+            }
             return Err(WalError::Failed(Arc::clone(why)).into());
         }
         let mut kept = self.kept.lock().expect("poisoned");

@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::conn::ConnCtx;
 use crate::executor::{Executor, Outcome};
+use crate::handoff::WaitResult;
 
 async fn executor(journal: &Arc<MemJournal>) -> Arc<Executor> {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
@@ -406,4 +407,48 @@ async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
         matches!(response, Response::Free) || ticket >= grant,
         "{response:?} answered at ticket {ticket}, the grant it shows is at {grant}"
     );
+}
+
+/// A waiter handed a lock by an expiry just after its node lost the leadership: the grant
+/// cannot be committed, so it is undone and the waiter told `NOT_LEADER`, as every refusal
+/// of a deposed leader is (PROTOCOL.md 3.8), not UNAVAILABLE "not durable".
+#[tokio::test(start_paused = true)]
+async fn a_handoff_refused_by_a_deposed_leader_is_answered_not_leader() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal).await;
+    let mut holder = ConnCtx::new(1);
+    let mut short = acquire("k");
+    if let Request::Acquire { ttl_ms, .. } = &mut short {
+        *ttl_ms = 100;
+    }
+    let Outcome::Changed { .. } = executor.execute(&mut holder, 1, short) else {
+        panic!("granted");
+    };
+    journal.make_durable();
+    let mut blocking = acquire("k");
+    if let Request::Acquire { wait_ms, .. } = &mut blocking {
+        *wait_ms = 60_000;
+    }
+    let mut waiter = ConnCtx::new(2);
+    let Outcome::Wait { mut rx, .. } = executor.execute(&mut waiter, 1, blocking) else {
+        panic!("queued");
+    };
+    journal.fail(super::NOT_LEADER);
+    tokio::time::advance(std::time::Duration::from_millis(200)).await;
+    let now_ms = executor.clock.now_ms();
+    let mut events = Vec::new();
+    for shard in executor.shards() {
+        let mut shard = shard.lock().expect("shard poisoned");
+        shard.advance(now_ms, 1_000, &executor.tokens.allocator, &mut events);
+        executor.apply_events(&mut shard, now_ms, &mut events);
+    }
+    match rx.try_recv() {
+        Ok(WaitResult::Failed(code, message)) => {
+            assert_eq!(
+                (code, message.as_str()),
+                (ErrorCode::NotLeader, "leader=unknown")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
