@@ -89,7 +89,11 @@ impl Daemon {
             .args(["--listen", &addr.to_string(), "--data-dir"])
             .arg(what.dir)
             .args(what.args)
-            .env("RUST_LOG", "warn")
+            // Quiet unless a run being diagnosed asks for more (`TENURE_DAEMON_LOG=info`).
+            .env(
+                "RUST_LOG",
+                std::env::var("TENURE_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
