@@ -26,7 +26,12 @@ use super::{NodeId, NodeInfo, Raft};
 
 /// Longest a new node may take to catch up as a learner before ADD gives up (it stays a
 /// learner: ADD it again once it runs, or REMOVE it).
-pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CATCH_UP_TIMEOUT: Duration = if cfg!(test) {
+    // The in-process tests add a node that never runs: they need the refusal sooner.
+    Duration::from_secs(3)
+} else {
+    Duration::from_secs(30)
+};
 /// Longest a membership change (both phases of joint consensus) or an INIT may take to
 /// commit.
 pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +49,13 @@ fn refused(message: impl Into<String>) -> Response {
         code: ErrorCode::ClusterRefused,
         message: message.into(),
     }
+}
+
+fn not_caught_up(id: NodeId) -> Response {
+    unavailable(format!(
+        "node {id} did not catch up within {CATCH_UP_TIMEOUT:?}; it stays a learner: ADD it \
+         again once it runs, or REMOVE it"
+    ))
 }
 
 fn unavailable(message: impl Into<String>) -> Response {
@@ -163,17 +175,28 @@ impl Admin {
             _ => {}
         }
         tracing::info!(node = member.id, peer = %member.peer_addr, "adding a node as a learner");
+        let give_up = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
         let learner = self.raft.add_learner(member.id, info(&member), true);
-        match tokio::time::timeout(CATCH_UP_TIMEOUT, learner).await {
-            Ok(Ok(_)) => {}
+        let added = match tokio::time::timeout_at(give_up, learner).await {
+            Ok(Ok(added)) => added.log_id,
             Ok(Err(e)) => return self.write_failed(e),
-            Err(_) => {
-                return unavailable(format!(
-                    "node {} did not catch up within {CATCH_UP_TIMEOUT:?}; it stays a learner: \
-                     ADD it again once it runs, or REMOVE it",
-                    member.id
-                ))
-            }
+            Err(_) => return not_caught_up(member.id),
+        };
+        // openraft's "blocking" add returns once the learner lags by less than its
+        // replication_lag_threshold (5 000 entries), which a young log always does, even for
+        // a node that is not running. So wait until the learner has the entry that added it.
+        let mut metrics = self.raft.metrics();
+        let has_it = |m: &openraft::RaftMetrics<NodeId, NodeInfo>| {
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&member.id).copied());
+            matched.flatten().is_some_and(|id| id.index >= added.index)
+        };
+        match tokio::time::timeout_at(give_up, metrics.wait_for(has_it)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return unavailable("this node stopped while the learner caught up"),
+            Err(_) => return not_caught_up(member.id),
         }
         tracing::info!(node = member.id, "learner caught up: making it a voter");
         let change = ChangeMembers::AddVoterIds(BTreeSet::from([member.id]));

@@ -725,3 +725,25 @@ async fn a_wiped_follower_does_not_vote_until_it_has_caught_up() {
         started.node.kill().await;
     }
 }
+
+/// ADD of a node nobody runs: openraft's blocking add counts a young log's learner as
+/// caught up whatever it has, so the node became a voter at once, and with four voters the
+/// loss of the leader left no quorum. It must stay a learner and the ADD be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
+    let nodes = start_cluster_by_console().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    // An address nothing listens on: a listener bound and dropped.
+    let nobody = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = nobody.local_addr().unwrap().to_string();
+    drop(nobody);
+    let added = leader.ask(&format!("CLUSTER ADD 4 {addr}/{addr}")).await;
+    assert!(added.starts_with("ERR UNAVAILABLE "), "{added}");
+    let status = leader.ask("CLUSTER STATUS").await;
+    assert!(!field(&status, "voters").contains("4="), "{status}");
+    assert!(field(&status, "learners").contains("4="), "{status}");
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
