@@ -39,6 +39,7 @@ fn main() -> anyhow::Result<()> {
     }
     settings::init_logging(settings.log_format);
     let config = settings.to_config();
+    raise_open_file_limit(config.connections_max);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = settings.threads {
         runtime.worker_threads(threads);
@@ -152,4 +153,43 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
             _ = int.recv() => {}
         }
     })
+}
+
+/// File descriptors kept beyond `--connections-max` for everything else: the WAL or Raft log
+/// and its snapshots, listeners, the peer port's connections, the metrics endpoint.
+const FDS_RESERVED: u64 = 1024;
+
+/// Raises the soft limit on open files to the hard limit, as servers do (1024 is a common
+/// soft default, under `--connections-max`'s 10 000): a process that runs out cannot open
+/// its log (a cluster node's Raft core stops on it). Warns if the limit is still too low.
+/// `getrlimit`/`setrlimit` are FFI calls, hence the `unsafe`.
+#[allow(unsafe_code)]
+fn raise_open_file_limit(connections_max: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    let needed = connections_max as u64 + FDS_RESERVED;
+    if limit.rlim_cur < needed {
+        tracing::warn!(
+            open_files = limit.rlim_cur,
+            needed,
+            "the open-file limit is below --connections-max plus a reserve: raise it (ulimit -n)"
+        );
+    }
 }

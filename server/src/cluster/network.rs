@@ -140,6 +140,7 @@ pub async fn serve_peers(
     service: PeerService,
 ) {
     let tracker = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(PEER_CONNECTIONS_MAX));
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -153,10 +154,17 @@ pub async fn serve_peers(
                 continue;
             }
         };
+        // Past the cap the connection is closed at once: a flood on the peer port must not
+        // take the file descriptors Raft needs for its log and vote (which stops its core).
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!("peer connection refused: {PEER_CONNECTIONS_MAX} are open");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
         let service = service.clone();
         tracker.spawn(async move {
+            let _permit = permit;
             tokio::select! {
                 _ = stop.cancelled() => {}
                 result = serve_peer(stream, raft, isolated, service) => if let Err(e) = result {
@@ -175,7 +183,15 @@ async fn serve_peer(
     isolated: Arc<AtomicBool>,
     service: PeerService,
 ) -> std::io::Result<()> {
-    while let Some(request) = read_frame::<PeerRequest>(&mut stream).await? {
+    loop {
+        // An idle connection is closed: the nodes' own pooled connections are used every
+        // heartbeat or reconnect once, and a silent stranger must not hold a slot.
+        let Ok(read) = tokio::time::timeout(PEER_IDLE_MAX, read_frame(&mut stream)).await else {
+            return Ok(());
+        };
+        let Some(request) = read? else {
+            return Ok(());
+        };
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -207,8 +223,14 @@ async fn serve_peer(
         };
         write_frame(&mut stream, &reply).await?;
     }
-    Ok(())
 }
+
+/// Most connections the peer port serves at once. Each peer opens a few (a replication
+/// stream, elections, pooled connections for confirmation rounds: at most
+/// [`IDLE_PER_PEER_MAX`] idle), and a cluster has at most 9 members.
+pub const PEER_CONNECTIONS_MAX: usize = 256;
+/// A peer connection that sends no request for this long is closed.
+pub const PEER_IDLE_MAX: Duration = Duration::from_secs(60);
 
 /// Most idle connections kept per peer for later calls.
 const IDLE_PER_PEER_MAX: usize = 4;

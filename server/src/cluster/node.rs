@@ -154,16 +154,33 @@ pub async fn run(
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
     tracing::info!(node_id, %addr, "cluster node ready");
-    shutdown.await;
+    let died = node.died.clone();
+    let why = tokio::select! {
+        _ = shutdown => None,
+        _ = died.cancelled() => Some(node.raft.metrics().borrow().running_state.clone()),
+    };
     tracing::info!("shutting down");
     node.kill().await;
     tracing::info!("stopped");
-    Ok(())
+    match why {
+        // Exit with an error, so that a supervisor starts the node again: a process whose
+        // Raft core stopped would otherwise linger, answering clients but never voting.
+        Some(state) => Err(ClusterError::Raft(format!(
+            "the Raft core stopped: {}",
+            state
+                .err()
+                .map_or("no reason given".to_string(), |e| e.to_string())
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// One running node; see the module docs.
 pub struct ClusterNode {
     id: NodeId,
+    /// Cancelled if the Raft core stops on its own (a fatal storage error, such as running
+    /// out of file descriptors): [`run`] then ends with an error.
+    died: CancellationToken,
     service: PeerService,
     raft: Raft,
     state: Arc<Mutex<ReplicaState>>,
@@ -238,7 +255,9 @@ impl ClusterNode {
             stop: stop.clone(),
         };
         let current = Arc::new(RwLock::new(follower.clone()));
+        let died = CancellationToken::new();
         let life = Life {
+            died: died.clone(),
             raft: raft.clone(),
             state: Arc::clone(&state),
             config,
@@ -266,6 +285,7 @@ impl ClusterNode {
         }
         Ok(ClusterNode {
             id,
+            died,
             service,
             raft,
             state,
@@ -288,6 +308,11 @@ impl ClusterNode {
         super::bootstrap::initialize(&self.raft, &self.service, members)
             .await
             .map_err(ClusterError::Raft)
+    }
+
+    /// A token cancelled if this node's Raft core stopped on its own (see [`run`]).
+    pub fn died(&self) -> CancellationToken {
+        self.died.clone()
     }
 
     /// This node's id.
@@ -384,6 +409,8 @@ fn takeover_failure<E: std::fmt::Display>(
 
 /// What the leader life cycle needs.
 struct Life {
+    /// Cancelled when the Raft core stops while the node is not stopping.
+    died: CancellationToken,
     raft: Raft,
     state: Arc<Mutex<ReplicaState>>,
     config: Config,
@@ -409,6 +436,13 @@ impl Life {
         loop {
             let (leads, term) = {
                 let m = metrics.borrow_and_update();
+                if m.running_state.is_err() || m.state == ServerState::Shutdown {
+                    if !stop.is_cancelled() {
+                        tracing::error!(state = ?m.running_state, "the Raft core stopped");
+                        self.died.cancel();
+                    }
+                    break;
+                }
                 let own_entry_applied =
                     m.last_applied.map(|id| id.leader_id.term) == Some(m.current_term);
                 let leads = m.state == ServerState::Leader
@@ -441,7 +475,13 @@ impl Life {
             };
             tokio::select! {
                 _ = stop.cancelled() => break,
-                changed = metrics.changed() => if changed.is_err() { break },
+                changed = metrics.changed() => if changed.is_err() {
+                    if !stop.is_cancelled() {
+                        tracing::error!("the Raft core's metrics ended");
+                        self.died.cancel();
+                    }
+                    break
+                },
                 _ = journal_failed => {}
             }
         }

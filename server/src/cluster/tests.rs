@@ -747,3 +747,54 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
         started.node.kill().await;
     }
 }
+
+/// A Raft core that stops on its own (outside testing ran a node out of file descriptors:
+/// "quit RaftCore::main on error") must not leave a process that answers clients but never
+/// votes: the node reports it, and `tenured` exits with an error for a supervisor to act on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_core_that_stops_on_its_own_is_reported() {
+    let nodes = start_cluster().await;
+    serving_leader(&nodes).await;
+    let died = nodes[1].node.died();
+    assert!(!died.is_cancelled());
+    nodes[1].node.raft().shutdown().await.unwrap();
+    tokio::time::timeout(STEP_TIMEOUT, died.cancelled())
+        .await
+        .expect("the stop was not reported");
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
+/// Connections to the peer port past its cap are closed at once: a flood there must not take
+/// the file descriptors the Raft core needs (outside testing stopped a node's core so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_closes_connections_past_its_cap() {
+    use tokio::io::AsyncReadExt;
+
+    let nodes = start_cluster().await;
+    serving_leader(&nodes).await;
+    let target = &nodes[2].info.peer_addr;
+    let cap = super::network::PEER_CONNECTIONS_MAX;
+    let mut held = Vec::new();
+    for _ in 0..cap {
+        held.push(TcpStream::connect(target).await.unwrap());
+    }
+    // The nodes' own connections hold some slots already, so one of these few is past it.
+    let mut closed = 0;
+    for _ in 0..8 {
+        let mut extra = TcpStream::connect(target).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(STEP_TIMEOUT, extra.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0) | Err(_))) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 8, "connections past the cap were kept open");
+    drop(held);
+    let state = nodes[2].node.raft().metrics().borrow().state;
+    assert_ne!(state, openraft::ServerState::Shutdown);
+    for started in nodes {
+        started.node.kill().await;
+    }
+}

@@ -310,3 +310,43 @@ async fn sigterm_answers_a_waiter_with_shutting_down() {
     assert_eq!((id, error_code(&response)), (5, ErrorCode::ShuttingDown));
     daemon.wait_exit();
 }
+
+/// The soft limit on open files is raised to the hard one at start: 1024, a common default,
+/// is below `--connections-max` (10 000), and a process that runs out cannot open its log.
+#[test]
+fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "ulimit -Sn 1024 && exec \"$0\" --listen 127.0.0.1:0 --data-dir \"$1\" --no-fsync";
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", script])
+        .arg(super::tenured_bin())
+        .arg(dir.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id());
+    let soft_and_hard = |text: &str| -> Option<(String, String)> {
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut words = line.split_whitespace().skip(3);
+        Some((words.next()?.to_string(), words.next()?.to_string()))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (soft, hard) = loop {
+        let text = std::fs::read_to_string(&limits).unwrap_or_default();
+        // The shell's own limit reads 1024 until `exec` and the raise have happened.
+        if let Some((soft, hard)) = soft_and_hard(&text).filter(|(soft, _)| soft != "1024") {
+            break (soft, hard);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let hard = soft_and_hard(&text).map(|(_, hard)| hard);
+            // A hard limit of 1024 leaves nothing to raise to.
+            assert_eq!(hard.as_deref(), Some("1024"), "never raised: {text}");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(soft, hard);
+}
