@@ -339,6 +339,7 @@ fn the_open_file_limit_is_raised_to_the_hard_limit() {
         }
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             let hard = soft_and_hard(&text).map(|(_, hard)| hard);
             // A hard limit of 1024 leaves nothing to raise to.
             assert_eq!(hard.as_deref(), Some("1024"), "never raised: {text}");
