@@ -40,6 +40,12 @@ pub const IN_FLIGHT_MAX: usize = 2;
 pub const CONFIRM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Pause between two confirmation rounds of one batch.
 const CONFIRM_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+/// Longest a batch of changes may wait to be committed before the journal fails as if the
+/// leadership were lost: a leader cut off from its followers would otherwise leave every
+/// write unanswered for as long as openraft keeps it leader (it never steps down on its own
+/// for want of a quorum). Its waiting replies are then answered NOT_LEADER (outcome unknown)
+/// and, if openraft still says it leads, a new executor takes over once a barrier commits.
+pub const COMMIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Names the leader for `NOT_LEADER` replies, from openraft's metrics.
 #[derive(Clone)]
@@ -219,14 +225,18 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
                 if journal.queue.lock().expect("poisoned").failed {
                     return;
                 }
+                let give_up = tokio::time::Instant::now() + COMMIT_PATIENCE;
                 let proposed = raft.client_write_ff(Batch { records }).await;
                 drop(gate);
                 match proposed {
                     Ok(rx) => Box::pin(async move {
-                        match rx.await {
-                            Ok(Ok(_)) => Ok(()),
-                            Ok(Err(e)) => Err(e.to_string()),
-                            Err(_) => Err("the Raft core dropped the write".to_string()),
+                        match tokio::time::timeout_at(give_up, rx).await {
+                            Ok(Ok(Ok(_))) => Ok(()),
+                            Ok(Ok(Err(e))) => Err(e.to_string()),
+                            Ok(Err(_)) => Err("the Raft core dropped the write".to_string()),
+                            Err(_) => Err(format!(
+                                "no quorum committed a batch within {COMMIT_PATIENCE:?}"
+                            )),
                         }
                     }),
                     Err(e) => Box::pin(std::future::ready(Err(e.to_string()))),

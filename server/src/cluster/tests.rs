@@ -798,3 +798,30 @@ async fn the_peer_port_closes_connections_past_its_cap() {
         started.node.kill().await;
     }
 }
+
+/// A leader cut off from both followers: its writes cannot commit, and used to wait forever
+/// (openraft keeps it leader). Within a bound they are answered NOT_LEADER, outcome unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    assert!(leader.ask("ACQUIRE before 60000").await.starts_with("OK "));
+    for (i, started) in nodes.iter().enumerate() {
+        if i != first {
+            started.node.set_isolated(true);
+        }
+    }
+    let asked = tokio::time::Instant::now();
+    // `ask` itself gives up after STEP_TIMEOUT (15 s): the answer must come well before.
+    let reply = leader.ask("ACQUIRE after 60000").await;
+    assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
+    assert!(
+        asked.elapsed() < super::journal::COMMIT_PATIENCE + Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
