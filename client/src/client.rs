@@ -51,6 +51,16 @@ const ROUND_PAUSE_MAX: Duration = Duration::from_millis(400);
 /// Pause before trying the next endpoint while no leader is known (an election under way).
 const ELECTION_PAUSE: Duration = Duration::from_millis(100);
 
+/// A request's answer, the connection it came over, and an instant taken before the send
+/// that got it (the last one, when NOT_LEADER made the client send it again): local
+/// deadlines count from there (PROTOCOL.md 3.3), not from a first send that a slow follower
+/// may have held for seconds.
+pub(crate) struct Answer {
+    pub(crate) response: Response,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) sent_at: Instant,
+}
+
 /// How a [`Client`] talks to the server.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -496,12 +506,9 @@ impl Client {
     }
 
     /// Sends `request` and waits up to `timeout` for the answer; returns the connection it
-    /// went over with it. An ERROR reply is returned as a response, not an error.
-    pub(crate) async fn call(
-        &self,
-        request: Request,
-        timeout: Duration,
-    ) -> Result<(Response, Arc<Conn>)> {
+    /// went over and when the send that got it started. An ERROR reply is returned as a
+    /// response, not an error.
+    pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
         let call = async {
@@ -520,13 +527,18 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
+                let sent_at = Instant::now();
                 let response = conn.call(request.clone()).await?;
                 let Response::Error {
                     code: ErrorCode::NotLeader,
                     message,
                 } = &response
                 else {
-                    return Ok((response, conn));
+                    return Ok(Answer {
+                        response,
+                        conn,
+                        sent_at,
+                    });
                 };
                 // A follower executes nothing, so the request is sent again to the leader.
                 redirects += 1;
@@ -534,7 +546,11 @@ impl Client {
                     // A round found no leader: an election is under way, or the nodes still
                     // name one that died. Pause, then look again while time is left.
                     if Instant::now() + pause >= search_until {
-                        return Ok((response, conn));
+                        return Ok(Answer {
+                            response,
+                            conn,
+                            sent_at,
+                        });
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(ROUND_PAUSE_MAX);
@@ -558,13 +574,17 @@ impl Client {
         request: Request,
         key: Bytes,
         timeout: Duration,
-    ) -> Result<(Response, Arc<Conn>)> {
+    ) -> Result<Answer> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = self.clone();
         tokio::spawn(async move {
             // No time-out here: the connection's life bounds the wait.
             let answer = client.call(request, Duration::MAX).await;
-            if let Err(Ok((Response::Granted { lease_id, .. }, _))) = tx.send(answer) {
+            if let Err(Ok(Answer {
+                response: Response::Granted { lease_id, .. },
+                ..
+            })) = tx.send(answer)
+            {
                 tracing::debug!("releasing a grant that arrived after its caller gave up");
                 let _ = client.release(&key, lease_id).await;
             }
@@ -601,7 +621,7 @@ impl Client {
 
     async fn call_plain(&self, request: Request) -> Result<Response> {
         let timeout = self.inner.config.request_timeout;
-        Ok(self.call(request, timeout).await?.0)
+        Ok(self.call(request, timeout).await?.response)
     }
 
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
@@ -635,8 +655,11 @@ impl Client {
         };
         let timeout = self.inner.config.request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
-        let sent_at = Instant::now();
-        let (response, conn) = self.call_acquire(request, key.clone(), timeout).await?;
+        let Answer {
+            response,
+            conn,
+            sent_at,
+        } = self.call_acquire(request, key.clone(), timeout).await?;
         match response {
             Response::Granted {
                 token,
@@ -696,7 +719,14 @@ impl Client {
             lease_id,
             ttl_ms: duration_ms(ttl),
         };
-        renew_outcome(self.call_plain(request).await?)
+        Ok(self.renew_sent_at(request).await?.0)
+    }
+
+    /// Sends RENEW `request`; returns its outcome and when the send that got it started.
+    pub(crate) async fn renew_sent_at(&self, request: Request) -> Result<(RenewOutcome, Instant)> {
+        let timeout = self.inner.config.request_timeout;
+        let answer = self.call(request, timeout).await?;
+        Ok((renew_outcome(answer.response)?, answer.sent_at))
     }
 
     /// Releases `key` if lease `lease_id` holds it.
@@ -1057,6 +1087,70 @@ mod tests {
         let asked = asked.load(Ordering::Relaxed);
         assert!(asked > 2 + 3 + 1 && asked < 100, "{asked}");
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
+    }
+
+    /// A leader that grants every acquire (ttl 10 s, no wait) and, the first time only,
+    /// answers a renewal with NOT_LEADER naming `slow` (which sends it back here).
+    fn granting_leader(slow: Arc<Mutex<String>>) -> fake::Script {
+        let renewals = AtomicU32::new(0);
+        Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 1,
+                lease_id: LeaseId::from_u128(5),
+                ttl_ms: 10_000,
+                waited_ms: 0,
+            }),
+            Request::Renew { .. } if renewals.fetch_add(1, Ordering::Relaxed) == 0 => {
+                Some(Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message: format!("leader={}", slow.lock().unwrap()),
+                })
+            }
+            Request::Renew { .. } => Some(Response::Renewed { ttl_ms: 10_000 }),
+            _ => Some(Response::Pong),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_counts_from_the_re_send_not_the_first_send() {
+        let ttl = Duration::from_secs(10);
+        let slow_addr = Arc::new(Mutex::new(String::new()));
+        let leader = fake::start(VERSION, 16, granting_leader(Arc::clone(&slow_addr))).await;
+        // A follower that takes 3 s to say NOT_LEADER (a node stopped, then resumed).
+        let delay = Duration::from_secs(3);
+        let message = format!("leader={}", leader.addr);
+        let script: fake::Script = Arc::new(move |_| {
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message: message.clone(),
+            })
+        });
+        let slow = fake::start_delayed(VERSION, 16, script, delay).await;
+        *slow_addr.lock().unwrap() = slow.addr.clone();
+        let client = Client::connect(format!("{},{}", slow.addr, leader.addr))
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut lease = client
+            .acquire("k", ttl, AcquireOptions::default())
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() >= least,
+            "acquire: counted from the first send"
+        );
+        // RENEW: the leader sends it to the slow node, which sends it back 3 s later.
+        let started = Instant::now();
+        let outcome = lease.renew().await.unwrap();
+        assert_eq!(outcome, RenewOutcome::Renewed { ttl });
+        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() >= least,
+            "renew: counted from the first send"
+        );
     }
 
     #[tokio::test]

@@ -205,8 +205,13 @@ impl Lease {
     /// # Errors
     /// As [`Client::renew`]; the deadline is left alone.
     pub async fn renew_for(&mut self, ttl: Duration) -> Result<RenewOutcome> {
-        let sent_at = Instant::now();
-        let outcome = self.client.renew(&self.key, self.lease_id, ttl).await?;
+        let request = Request::Renew {
+            key: self.key.clone(),
+            lease_id: self.lease_id,
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        };
+        // From before the send that got the answer (a re-send after NOT_LEADER, maybe).
+        let (outcome, sent_at) = self.client.renew_sent_at(request).await?;
         match outcome {
             RenewOutcome::Renewed { ttl } => {
                 self.ttl = ttl;
@@ -621,22 +626,22 @@ async fn renew_once(
         lease_id: state.lease_id,
         ttl_ms: u32::try_from(state.ttl.as_millis()).expect("granted ttl fits in u32"),
     };
-    // Taken before sending, so the new deadline never over-estimates the server's.
-    let sent_at = Instant::now();
     let renewal = tokio::select! {
         biased;
         _ = stop.cancelled() => return Renewal::Stopped,
         _ = tokio::time::sleep_until(give_up_at) => return Renewal::GaveUp,
         renewal = client.call(request, client.config().request_timeout) => renewal,
     };
-    let renewal = renewal.and_then(|(response, conn)| Ok((renew_outcome(response)?, conn)));
+    // `sent_at` is taken before the send that got the answer (the last, after NOT_LEADER),
+    // so the new deadline never over-estimates the server's.
+    let renewal = renewal.and_then(|a| Ok((renew_outcome(a.response)?, a.conn, a.sent_at)));
     match renewal {
-        Ok((RenewOutcome::Renewed { ttl }, conn)) => Renewal::Confirmed {
+        Ok((RenewOutcome::Renewed { ttl }, conn, sent_at)) => Renewal::Confirmed {
             sent_at,
             ttl,
             conn: Arc::clone(&conn.shared),
         },
-        Ok((RenewOutcome::Lost, _)) => Renewal::Revoked,
+        Ok((RenewOutcome::Lost, _, _)) => Renewal::Revoked,
         Err(e) => Renewal::Failed(e.to_string()),
     }
 }
