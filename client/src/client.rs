@@ -11,6 +11,13 @@
 //! next request does. A failed attempt makes the following one wait an exponentially growing,
 //! jittered delay (from [`ClientConfig::reconnect_delay_min`] up to
 //! [`ClientConfig::reconnect_delay_max`]); the first success resets it.
+//!
+//! With several endpoints (a cluster), a request that gets no answer within its time-out
+//! also closes its connection and points the next one at the next endpoint: a hung node (a
+//! stopped process still accepts connections but never answers) is left rather than waited
+//! on again. A connect abandoned by its caller moves on likewise. A lease guard's renewal
+//! then waits at most `min(request_timeout, renew_every)` per attempt, so it can retry at
+//! the new leader before its lease runs out.
 
 use std::fmt;
 use std::pin::Pin;
@@ -266,8 +273,26 @@ struct Inner {
     /// endpoint after the one that last failed.
     next: Mutex<String>,
     config: ClientConfig,
+    /// The live connection, and the address it went to.
     current: Mutex<Option<Arc<Conn>>>,
+    current_addr: Mutex<String>,
     reconnect: tokio::sync::Mutex<Backoff>,
+}
+
+/// Moves the next connection to the endpoint after `target` when dropped armed: a connect
+/// abandoned by its caller.
+struct MoveOnIfDropped<'a> {
+    client: &'a Client,
+    target: &'a str,
+    armed: bool,
+}
+
+impl Drop for MoveOnIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.client.advance_from(self.target);
+        }
+    }
 }
 
 /// Reconnect state: failed attempts in a row and when the next one may start.
@@ -360,6 +385,7 @@ impl Client {
                 next: Mutex::new(first),
                 config,
                 current: Mutex::new(None),
+                current_addr: Mutex::new(String::new()),
                 reconnect: tokio::sync::Mutex::new(Backoff {
                     failures: 0,
                     retry_at: None,
@@ -458,6 +484,13 @@ impl Client {
         }
         let config = &self.inner.config;
         let target = self.next_target();
+        // A caller that stops waiting mid-connect (its own time-out, shorter than
+        // connect_timeout) must not leave the next attempt aimed at the same hung node.
+        let mut moved_on = MoveOnIfDropped {
+            client: self,
+            target: &target,
+            armed: self.inner.endpoints.len() > 1,
+        };
         let opened = tokio::time::timeout(config.connect_timeout, async {
             let conn = Conn::open(&target, config.in_flight_max, config.tls.as_ref()).await?;
             if let Some(credentials) = &config.credentials {
@@ -467,11 +500,17 @@ impl Client {
         })
         .await
         .unwrap_or(Err(Error::Timeout(config.connect_timeout)));
+        moved_on.armed = false;
         match opened {
             Ok(conn) => {
                 backoff.failures = 0;
                 backoff.retry_at = None;
                 *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
+                *self
+                    .inner
+                    .current_addr
+                    .lock()
+                    .expect("client mutex poisoned") = target.clone();
                 Ok(conn)
             }
             Err(e) => {
@@ -511,6 +550,8 @@ impl Client {
     pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
+        // The connection a send is waiting on, to drop if the time-out strikes then.
+        let waiting_on: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
         let call = async {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
@@ -528,7 +569,9 @@ impl Client {
                     Err(e) => return Err(e),
                 };
                 let sent_at = Instant::now();
+                *waiting_on.lock().expect("client mutex poisoned") = Some(Arc::clone(&conn));
                 let response = conn.call(request.clone()).await?;
+                *waiting_on.lock().expect("client mutex poisoned") = None;
                 let Response::Error {
                     code: ErrorCode::NotLeader,
                     message,
@@ -559,9 +602,42 @@ impl Client {
                 self.follow(&conn, message).await;
             }
         };
-        tokio::time::timeout(timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(timeout)))
+        let answer = tokio::time::timeout(timeout, call).await;
+        answer.unwrap_or_else(|_| {
+            let hung = waiting_on.lock().expect("client mutex poisoned").take();
+            if let Some(conn) = hung {
+                self.leave_hung(&conn, timeout);
+            }
+            Err(Error::Timeout(timeout))
+        })
+    }
+
+    /// After a request on `conn` got no answer within `timeout`: with several endpoints the
+    /// node may be hung (a stopped process still accepts connections and never answers), so
+    /// the connection is closed and the next one goes to the next endpoint; a live leader is
+    /// found again through NOT_LEADER. With one endpoint there is nowhere else to go, and
+    /// the connection stays (a slow answer is not a dead server).
+    fn leave_hung(&self, conn: &Arc<Conn>, timeout: Duration) {
+        if self.inner.endpoints.len() < 2 {
+            return;
+        }
+        {
+            let mut current = self.inner.current.lock().expect("client mutex poisoned");
+            if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                return; // already replaced: someone else dealt with it
+            }
+            *current = None;
+        }
+        let addr = self
+            .inner
+            .current_addr
+            .lock()
+            .expect("client mutex poisoned")
+            .clone();
+        tracing::debug!(%addr, ?timeout, "no answer in time; trying the next endpoint");
+        conn.shared
+            .fail(&format!("{addr}: no answer within {timeout:?}"));
+        self.advance_from(&addr);
     }
 
     /// Sends an ACQUIRE and waits up to `timeout` for its answer, as [`Client::call`], except
