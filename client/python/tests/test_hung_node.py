@@ -5,6 +5,7 @@ the whole call."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -73,5 +74,28 @@ def test_a_guard_leaves_a_stopped_leader_and_renews_at_the_new_one(tenured_bin: 
     finally:
         if leader is not None:
             leader.proc.send_signal(signal.SIGCONT)
+        for node in nodes:
+            node.kill()
+
+
+def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path: Path) -> None:
+    """The Rust client, through `tenure run` (built next to tenured): its guard (TTL 6 s,
+    renewed every 2 s, request time-out 5 s) rides through a SIGSTOP of the leader."""
+    cli = Path(tenured_bin).with_name("tenure")
+    if not cli.exists():
+        pytest.skip(f"{cli} is not built (cargo build -p tenure --bin tenure)")
+    nodes = start_cluster(tenured_bin, tmp_path)
+    leader = leader_of(nodes)
+    try:
+        addrs = ",".join(node.addr for node in nodes)
+        run = [str(cli), "--addr", addrs, "run", "--key", "k", "--ttl", "6s", "--", "sleep", "12"]
+        proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        time.sleep(1.0)  # granted and renewing
+        leader.proc.send_signal(signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode()
+        assert b"LOST" not in out, out.decode()
+    finally:
+        leader.proc.send_signal(signal.SIGCONT)
         for node in nodes:
             node.kill()
