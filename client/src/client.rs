@@ -353,6 +353,10 @@ impl Client {
     /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
     /// grant (LOCKED) until its TTL runs out.
     ///
+    /// A node that takes a request and never answers (a stopped process) is left once the
+    /// request times out: the connection is closed and the next request starts at the next
+    /// address (see the module documentation).
+    ///
     /// # Errors
     /// [`Error::Io`] or [`Error::Timeout`] when the server cannot be reached, or a handshake
     /// error ([`Error::Protocol`], [`Error::VersionMismatch`]).
@@ -703,7 +707,8 @@ impl Client {
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
     ///
     /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// request was sent, plus the time the server says the request waited in line before the
+    /// request was sent (before the last send, if `NOT_LEADER` made the client send it again
+    /// to the leader), plus the time the server says the request waited in line before the
     /// grant, plus the TTL, so it is never later than the server's.
     ///
     /// A grant that arrives after the caller stopped waiting (the time-out passed, or the

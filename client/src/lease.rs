@@ -200,7 +200,8 @@ impl Lease {
     }
 
     /// Extends the lease to `ttl` from now. On RENEWED the local deadline moves to an instant
-    /// taken before sending plus the TTL granted; on LOST it moves to the past.
+    /// taken before sending (the last send, after a `NOT_LEADER`) plus the TTL granted; on
+    /// LOST it moves to the past.
     ///
     /// # Errors
     /// As [`Client::renew`]; the deadline is left alone.
