@@ -801,7 +801,8 @@ class _Keeper:
         """
         sent_at = time.monotonic()
         lease = self.lease
-        call = asyncio.ensure_future(self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout()))
+        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout())
+        call = asyncio.ensure_future(renewal)
         done, _ = await asyncio.wait(
             [call, self._stop], timeout=max(0.0, give_up_at - sent_at), return_when=asyncio.FIRST_COMPLETED
         )
