@@ -552,11 +552,28 @@ impl Client {
     /// went over and when the send that got it started. An ERROR reply is returned as a
     /// response, not an error.
     pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
+        let waiting_on = Mutex::new(None);
+        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &waiting_on));
+        answer.await.unwrap_or_else(|_| {
+            let hung = waiting_on.lock().expect("client mutex poisoned").take();
+            if let Some(conn) = hung {
+                self.leave_hung(&conn, timeout);
+            }
+            Err(Error::Timeout(timeout))
+        })
+    }
+
+    /// [`Client::call`] without its time-out: `waiting_on` holds the connection a send is
+    /// waiting on, for the caller to leave if its time-out strikes then.
+    async fn call_on(
+        &self,
+        request: Request,
+        timeout: Duration,
+        waiting_on: &Mutex<Option<Arc<Conn>>>,
+    ) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
-        // The connection a send is waiting on, to drop if the time-out strikes then.
-        let waiting_on: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
-        let call = async {
+        {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
             loop {
@@ -605,15 +622,7 @@ impl Client {
                 }
                 self.follow(&conn, message).await;
             }
-        };
-        let answer = tokio::time::timeout(timeout, call).await;
-        answer.unwrap_or_else(|_| {
-            let hung = waiting_on.lock().expect("client mutex poisoned").take();
-            if let Some(conn) = hung {
-                self.leave_hung(&conn, timeout);
-            }
-            Err(Error::Timeout(timeout))
-        })
+        }
     }
 
     /// After a request on `conn` got no answer within `timeout`: with several endpoints the
@@ -657,9 +666,11 @@ impl Client {
     ) -> Result<Answer> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = self.clone();
+        let waiting_on = Arc::new(Mutex::new(None));
+        let sending = Arc::clone(&waiting_on);
         tokio::spawn(async move {
             // No time-out here: the connection's life bounds the wait.
-            let answer = client.call(request, Duration::MAX).await;
+            let answer = client.call_on(request, Duration::MAX, &sending).await;
             if let Err(Ok(Answer {
                 response: Response::Granted { lease_id, .. },
                 ..
@@ -672,7 +683,15 @@ impl Client {
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(Error::ConnectionLost("the acquire's task ended".into())),
-            Err(_) => Err(Error::Timeout(timeout)),
+            Err(_) => {
+                // The server answers a blocking acquire (LOCKED) when its wait ends, so no
+                // answer by now means a hung node; a grant it still sends is unknown anyway.
+                let hung = waiting_on.lock().expect("client mutex poisoned").take();
+                if let Some(conn) = hung {
+                    self.leave_hung(&conn, timeout);
+                }
+                Err(Error::Timeout(timeout))
+            }
         }
     }
 
@@ -1231,6 +1250,27 @@ mod tests {
         assert!(
             lease.deadline() >= least,
             "renew: counted from the first send"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_that_times_out_on_a_hung_node_sends_the_next_one_elsewhere() {
+        let hung = fake::start(VERSION, 16, Arc::new(|_| None)).await;
+        let granting = fake::start(VERSION, 16, granting_leader(Arc::default())).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(format!("{},{}", hung.addr, granting.addr), config)
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(10);
+        let first = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+        let second = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(
+            matches!(second, Ok(AcquireOutcome::Granted(_))),
+            "{second:?}"
         );
     }
 
