@@ -11,6 +11,13 @@
 //! next request does. A failed attempt makes the following one wait an exponentially growing,
 //! jittered delay (from [`ClientConfig::reconnect_delay_min`] up to
 //! [`ClientConfig::reconnect_delay_max`]); the first success resets it.
+//!
+//! With several endpoints (a cluster), a request that gets no answer within its time-out
+//! also closes its connection and points the next one at the next endpoint: a hung node (a
+//! stopped process still accepts connections but never answers) is left rather than waited
+//! on again. A connect abandoned by its caller moves on likewise. A lease guard's renewal
+//! then waits at most `min(request_timeout, renew_every)` per attempt, so it can retry at
+//! the new leader before its lease runs out.
 
 use std::fmt;
 use std::pin::Pin;
@@ -50,6 +57,16 @@ const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
 const ROUND_PAUSE_MAX: Duration = Duration::from_millis(400);
 /// Pause before trying the next endpoint while no leader is known (an election under way).
 const ELECTION_PAUSE: Duration = Duration::from_millis(100);
+
+/// A request's answer, the connection it came over, and an instant taken before the send
+/// that got it (the last one, when NOT_LEADER made the client send it again): local
+/// deadlines count from there (PROTOCOL.md 3.3), not from a first send that a slow follower
+/// may have held for seconds.
+pub(crate) struct Answer {
+    pub(crate) response: Response,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) sent_at: Instant,
+}
 
 /// How a [`Client`] talks to the server.
 #[derive(Clone, Debug)]
@@ -256,8 +273,26 @@ struct Inner {
     /// endpoint after the one that last failed.
     next: Mutex<String>,
     config: ClientConfig,
+    /// The live connection, and the address it went to.
     current: Mutex<Option<Arc<Conn>>>,
+    current_addr: Mutex<String>,
     reconnect: tokio::sync::Mutex<Backoff>,
+}
+
+/// Moves the next connection to the endpoint after `target` when dropped armed: a connect
+/// abandoned by its caller.
+struct MoveOnIfDropped<'a> {
+    client: &'a Client,
+    target: &'a str,
+    armed: bool,
+}
+
+impl Drop for MoveOnIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.client.advance_from(self.target);
+        }
+    }
 }
 
 /// Reconnect state: failed attempts in a row and when the next one may start.
@@ -318,6 +353,10 @@ impl Client {
     /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
     /// grant (LOCKED) until its TTL runs out.
     ///
+    /// A node that takes a request and never answers (a stopped process) is left once the
+    /// request times out: the connection is closed and the next request starts at the next
+    /// address (see the module documentation).
+    ///
     /// # Errors
     /// [`Error::Io`] or [`Error::Timeout`] when the server cannot be reached, or a handshake
     /// error ([`Error::Protocol`], [`Error::VersionMismatch`]).
@@ -350,6 +389,7 @@ impl Client {
                 next: Mutex::new(first),
                 config,
                 current: Mutex::new(None),
+                current_addr: Mutex::new(String::new()),
                 reconnect: tokio::sync::Mutex::new(Backoff {
                     failures: 0,
                     retry_at: None,
@@ -448,6 +488,13 @@ impl Client {
         }
         let config = &self.inner.config;
         let target = self.next_target();
+        // A caller that stops waiting mid-connect (its own time-out, shorter than
+        // connect_timeout) must not leave the next attempt aimed at the same hung node.
+        let mut moved_on = MoveOnIfDropped {
+            client: self,
+            target: &target,
+            armed: self.inner.endpoints.len() > 1,
+        };
         let opened = tokio::time::timeout(config.connect_timeout, async {
             let conn = Conn::open(&target, config.in_flight_max, config.tls.as_ref()).await?;
             if let Some(credentials) = &config.credentials {
@@ -457,11 +504,17 @@ impl Client {
         })
         .await
         .unwrap_or(Err(Error::Timeout(config.connect_timeout)));
+        moved_on.armed = false;
         match opened {
             Ok(conn) => {
                 backoff.failures = 0;
                 backoff.retry_at = None;
                 *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
+                *self
+                    .inner
+                    .current_addr
+                    .lock()
+                    .expect("client mutex poisoned") = target.clone();
                 Ok(conn)
             }
             Err(e) => {
@@ -496,15 +549,31 @@ impl Client {
     }
 
     /// Sends `request` and waits up to `timeout` for the answer; returns the connection it
-    /// went over with it. An ERROR reply is returned as a response, not an error.
-    pub(crate) async fn call(
+    /// went over and when the send that got it started. An ERROR reply is returned as a
+    /// response, not an error.
+    pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
+        let waiting_on = Mutex::new(None);
+        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &waiting_on));
+        answer.await.unwrap_or_else(|_| {
+            let hung = waiting_on.lock().expect("client mutex poisoned").take();
+            if let Some(conn) = hung {
+                self.leave_hung(&conn, timeout);
+            }
+            Err(Error::Timeout(timeout))
+        })
+    }
+
+    /// [`Client::call`] without its time-out: `waiting_on` holds the connection a send is
+    /// waiting on, for the caller to leave if its time-out strikes then.
+    async fn call_on(
         &self,
         request: Request,
         timeout: Duration,
-    ) -> Result<(Response, Arc<Conn>)> {
+        waiting_on: &Mutex<Option<Arc<Conn>>>,
+    ) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
-        let call = async {
+        {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
             loop {
@@ -520,13 +589,20 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
+                let sent_at = Instant::now();
+                *waiting_on.lock().expect("client mutex poisoned") = Some(Arc::clone(&conn));
                 let response = conn.call(request.clone()).await?;
+                *waiting_on.lock().expect("client mutex poisoned") = None;
                 let Response::Error {
                     code: ErrorCode::NotLeader,
                     message,
                 } = &response
                 else {
-                    return Ok((response, conn));
+                    return Ok(Answer {
+                        response,
+                        conn,
+                        sent_at,
+                    });
                 };
                 // A follower executes nothing, so the request is sent again to the leader.
                 redirects += 1;
@@ -534,7 +610,11 @@ impl Client {
                     // A round found no leader: an election is under way, or the nodes still
                     // name one that died. Pause, then look again while time is left.
                     if Instant::now() + pause >= search_until {
-                        return Ok((response, conn));
+                        return Ok(Answer {
+                            response,
+                            conn,
+                            sent_at,
+                        });
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(ROUND_PAUSE_MAX);
@@ -542,10 +622,35 @@ impl Client {
                 }
                 self.follow(&conn, message).await;
             }
-        };
-        tokio::time::timeout(timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(timeout)))
+        }
+    }
+
+    /// After a request on `conn` got no answer within `timeout`: with several endpoints the
+    /// node may be hung (a stopped process still accepts connections and never answers), so
+    /// the connection is closed and the next one goes to the next endpoint; a live leader is
+    /// found again through NOT_LEADER. With one endpoint there is nowhere else to go, and
+    /// the connection stays (a slow answer is not a dead server).
+    fn leave_hung(&self, conn: &Arc<Conn>, timeout: Duration) {
+        if self.inner.endpoints.len() < 2 {
+            return;
+        }
+        {
+            let mut current = self.inner.current.lock().expect("client mutex poisoned");
+            if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                return; // already replaced: someone else dealt with it
+            }
+            *current = None;
+        }
+        let addr = self
+            .inner
+            .current_addr
+            .lock()
+            .expect("client mutex poisoned")
+            .clone();
+        tracing::debug!(%addr, ?timeout, "no answer in time; trying the next endpoint");
+        conn.shared
+            .fail(&format!("{addr}: no answer within {timeout:?}"));
+        self.advance_from(&addr);
     }
 
     /// Sends an ACQUIRE and waits up to `timeout` for its answer, as [`Client::call`], except
@@ -558,13 +663,19 @@ impl Client {
         request: Request,
         key: Bytes,
         timeout: Duration,
-    ) -> Result<(Response, Arc<Conn>)> {
+    ) -> Result<Answer> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = self.clone();
+        let waiting_on = Arc::new(Mutex::new(None));
+        let sending = Arc::clone(&waiting_on);
         tokio::spawn(async move {
             // No time-out here: the connection's life bounds the wait.
-            let answer = client.call(request, Duration::MAX).await;
-            if let Err(Ok((Response::Granted { lease_id, .. }, _))) = tx.send(answer) {
+            let answer = client.call_on(request, Duration::MAX, &sending).await;
+            if let Err(Ok(Answer {
+                response: Response::Granted { lease_id, .. },
+                ..
+            })) = tx.send(answer)
+            {
                 tracing::debug!("releasing a grant that arrived after its caller gave up");
                 let _ = client.release(&key, lease_id).await;
             }
@@ -572,7 +683,15 @@ impl Client {
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(Error::ConnectionLost("the acquire's task ended".into())),
-            Err(_) => Err(Error::Timeout(timeout)),
+            Err(_) => {
+                // The server answers a blocking acquire (LOCKED) when its wait ends, so no
+                // answer by now means a hung node; a grant it still sends is unknown anyway.
+                let hung = waiting_on.lock().expect("client mutex poisoned").take();
+                if let Some(conn) = hung {
+                    self.leave_hung(&conn, timeout);
+                }
+                Err(Error::Timeout(timeout))
+            }
         }
     }
 
@@ -601,13 +720,14 @@ impl Client {
 
     async fn call_plain(&self, request: Request) -> Result<Response> {
         let timeout = self.inner.config.request_timeout;
-        Ok(self.call(request, timeout).await?.0)
+        Ok(self.call(request, timeout).await?.response)
     }
 
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
     ///
     /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// request was sent, plus the time the server says the request waited in line before the
+    /// request was sent (before the last send, if `NOT_LEADER` made the client send it again
+    /// to the leader), plus the time the server says the request waited in line before the
     /// grant, plus the TTL, so it is never later than the server's.
     ///
     /// A grant that arrives after the caller stopped waiting (the time-out passed, or the
@@ -635,8 +755,11 @@ impl Client {
         };
         let timeout = self.inner.config.request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
-        let sent_at = Instant::now();
-        let (response, conn) = self.call_acquire(request, key.clone(), timeout).await?;
+        let Answer {
+            response,
+            conn,
+            sent_at,
+        } = self.call_acquire(request, key.clone(), timeout).await?;
         match response {
             Response::Granted {
                 token,
@@ -696,7 +819,14 @@ impl Client {
             lease_id,
             ttl_ms: duration_ms(ttl),
         };
-        renew_outcome(self.call_plain(request).await?)
+        Ok(self.renew_sent_at(request).await?.0)
+    }
+
+    /// Sends RENEW `request`; returns its outcome and when the send that got it started.
+    pub(crate) async fn renew_sent_at(&self, request: Request) -> Result<(RenewOutcome, Instant)> {
+        let timeout = self.inner.config.request_timeout;
+        let answer = self.call(request, timeout).await?;
+        Ok((renew_outcome(answer.response)?, answer.sent_at))
     }
 
     /// Releases `key` if lease `lease_id` holds it.
@@ -1057,6 +1187,91 @@ mod tests {
         let asked = asked.load(Ordering::Relaxed);
         assert!(asked > 2 + 3 + 1 && asked < 100, "{asked}");
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
+    }
+
+    /// A leader that grants every acquire (ttl 10 s, no wait) and, the first time only,
+    /// answers a renewal with NOT_LEADER naming `slow` (which sends it back here).
+    fn granting_leader(slow: Arc<Mutex<String>>) -> fake::Script {
+        let renewals = AtomicU32::new(0);
+        Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 1,
+                lease_id: LeaseId::from_u128(5),
+                ttl_ms: 10_000,
+                waited_ms: 0,
+            }),
+            Request::Renew { .. } if renewals.fetch_add(1, Ordering::Relaxed) == 0 => {
+                Some(Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message: format!("leader={}", slow.lock().unwrap()),
+                })
+            }
+            Request::Renew { .. } => Some(Response::Renewed { ttl_ms: 10_000 }),
+            _ => Some(Response::Pong),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_counts_from_the_re_send_not_the_first_send() {
+        let ttl = Duration::from_secs(10);
+        let slow_addr = Arc::new(Mutex::new(String::new()));
+        let leader = fake::start(VERSION, 16, granting_leader(Arc::clone(&slow_addr))).await;
+        // A follower that takes 3 s to say NOT_LEADER (a node stopped, then resumed).
+        let delay = Duration::from_secs(3);
+        let message = format!("leader={}", leader.addr);
+        let script: fake::Script = Arc::new(move |_| {
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message: message.clone(),
+            })
+        });
+        let slow = fake::start_delayed(VERSION, 16, script, delay).await;
+        *slow_addr.lock().unwrap() = slow.addr.clone();
+        let client = Client::connect(format!("{},{}", slow.addr, leader.addr))
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut lease = client
+            .acquire("k", ttl, AcquireOptions::default())
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() >= least,
+            "acquire: counted from the first send"
+        );
+        // RENEW: the leader sends it to the slow node, which sends it back 3 s later.
+        let started = Instant::now();
+        let outcome = lease.renew().await.unwrap();
+        assert_eq!(outcome, RenewOutcome::Renewed { ttl });
+        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() >= least,
+            "renew: counted from the first send"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_that_times_out_on_a_hung_node_sends_the_next_one_elsewhere() {
+        let hung = fake::start(VERSION, 16, Arc::new(|_| None)).await;
+        let granting = fake::start(VERSION, 16, granting_leader(Arc::default())).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(format!("{},{}", hung.addr, granting.addr), config)
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(10);
+        let first = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+        let second = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(
+            matches!(second, Ok(AcquireOutcome::Granted(_))),
+            "{second:?}"
+        );
     }
 
     #[tokio::test]

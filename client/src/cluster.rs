@@ -72,7 +72,7 @@ impl Client {
 
     async fn cluster_call(&self, request: Request, timeout: Duration) -> Result<Status> {
         let kind = request.kind();
-        match self.call(request, timeout).await?.0 {
+        match self.call(request, timeout).await?.response {
             Response::Cluster(status) => Ok(status),
             Response::Error { code, message } => Err(Error::Server { code, message }),
             other => Err(Error::Protocol(format!(

@@ -200,13 +200,19 @@ impl Lease {
     }
 
     /// Extends the lease to `ttl` from now. On RENEWED the local deadline moves to an instant
-    /// taken before sending plus the TTL granted; on LOST it moves to the past.
+    /// taken before sending (the last send, after a `NOT_LEADER`) plus the TTL granted; on
+    /// LOST it moves to the past.
     ///
     /// # Errors
     /// As [`Client::renew`]; the deadline is left alone.
     pub async fn renew_for(&mut self, ttl: Duration) -> Result<RenewOutcome> {
-        let sent_at = Instant::now();
-        let outcome = self.client.renew(&self.key, self.lease_id, ttl).await?;
+        let request = Request::Renew {
+            key: self.key.clone(),
+            lease_id: self.lease_id,
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        };
+        // From before the send that got the answer (a re-send after NOT_LEADER, maybe).
+        let (outcome, sent_at) = self.client.renew_sent_at(request).await?;
         match outcome {
             RenewOutcome::Renewed { ttl } => {
                 self.ttl = ttl;
@@ -608,6 +614,19 @@ async fn renew_until_lost(
     }
 }
 
+/// How long one renewal attempt waits: the request time-out; with several endpoints no
+/// longer than the time between renewals, so that a hung node (the client then moves to
+/// another endpoint) leaves time to retry elsewhere before the give-up point. With one
+/// endpoint there is nowhere else to go, and a slow answer is still worth waiting for.
+fn attempt_timeout(client: &Client, state: &GuardState) -> Duration {
+    let timeout = client.config().request_timeout;
+    if client.endpoints().len() > 1 {
+        timeout.min(state.renew_every)
+    } else {
+        timeout
+    }
+}
+
 /// Sends one renewal and waits for it, racing the give-up timer so that a stuck renewal cannot
 /// delay the loss signal.
 async fn renew_once(
@@ -621,22 +640,22 @@ async fn renew_once(
         lease_id: state.lease_id,
         ttl_ms: u32::try_from(state.ttl.as_millis()).expect("granted ttl fits in u32"),
     };
-    // Taken before sending, so the new deadline never over-estimates the server's.
-    let sent_at = Instant::now();
     let renewal = tokio::select! {
         biased;
         _ = stop.cancelled() => return Renewal::Stopped,
         _ = tokio::time::sleep_until(give_up_at) => return Renewal::GaveUp,
-        renewal = client.call(request, client.config().request_timeout) => renewal,
+        renewal = client.call(request, attempt_timeout(client, state)) => renewal,
     };
-    let renewal = renewal.and_then(|(response, conn)| Ok((renew_outcome(response)?, conn)));
+    // `sent_at` is taken before the send that got the answer (the last, after NOT_LEADER),
+    // so the new deadline never over-estimates the server's.
+    let renewal = renewal.and_then(|a| Ok((renew_outcome(a.response)?, a.conn, a.sent_at)));
     match renewal {
-        Ok((RenewOutcome::Renewed { ttl }, conn)) => Renewal::Confirmed {
+        Ok((RenewOutcome::Renewed { ttl }, conn, sent_at)) => Renewal::Confirmed {
             sent_at,
             ttl,
             conn: Arc::clone(&conn.shared),
         },
-        Ok((RenewOutcome::Lost, _)) => Renewal::Revoked,
+        Ok((RenewOutcome::Lost, _, _)) => Renewal::Revoked,
         Err(e) => Renewal::Failed(e.to_string()),
     }
 }
@@ -692,6 +711,44 @@ mod tests {
             at + minute - Duration::from_millis(60)
         );
         assert_eq!(deadline_margin(Duration::ZERO), SERVER_ROUNDING);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_leaves_a_hung_node_for_another_endpoint_before_its_lease_runs_out() {
+        // A grants, then hangs (a SIGSTOPped leader: nothing is answered); B renews.
+        let grant_then_hang: Script = Arc::new(|request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 42,
+                lease_id: LeaseId::from_u128(9),
+                ttl_ms: 6_000,
+                waited_ms: 0,
+            }),
+            _ => None,
+        });
+        let hung = fake::start(VERSION, 16, grant_then_hang).await;
+        let renewing = fake::start(
+            VERSION,
+            16,
+            script(Some(Response::Renewed { ttl_ms: 6_000 })),
+        )
+        .await;
+        let client = Client::connect(format!("{},{}", hung.addr, renewing.addr))
+            .await
+            .expect("connect");
+        let ttl = Duration::from_secs(6);
+        let options = KeepAliveOptions {
+            renew_every: Some(Duration::from_secs(1)),
+            ..KeepAliveOptions::default()
+        };
+        // The default request time-out (5 s) is most of the TTL: one stuck renewal, retried
+        // on the same connection, would let the lease run out.
+        let guard = match client.acquire("k", ttl, AcquireOptions::default()).await {
+            Ok(AcquireOutcome::Granted(lease)) => lease.keep_alive_with(options),
+            other => panic!("expected a grant, got {other:?}"),
+        };
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(guard.is_valid(), "lost: {:?}", guard.loss_reason());
+        assert!(guard.time_left() > Duration::from_secs(3), "renewed at B");
     }
 
     /// Virtual time a grant or renewal may take over the fake network: a few hops.

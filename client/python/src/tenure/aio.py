@@ -211,12 +211,17 @@ class AsyncClient:
     async def connect(cls, addrs: Union[str, List[str]] = "127.0.0.1:7878", **options: Any) -> "AsyncClient":
         """A client whose first connection is open (its errors raised here)."""
         client = cls(addrs, **options)
-        await client._connection(time.monotonic() + client.connect_timeout)
+        await client._connection(client._first_connect_deadline())
         return client
 
     async def __aenter__(self) -> "AsyncClient":
-        await self._connection(time.monotonic() + self.connect_timeout)
+        await self._connection(self._first_connect_deadline())
         return self
+
+    def _first_connect_deadline(self) -> float:
+        """The first connection gets `connect_timeout` per address: a hung first address (a
+        stopped process accepts connections but never answers) must leave time for the others."""
+        return time.monotonic() + self.connect_timeout * len(self.endpoints)
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
@@ -350,6 +355,7 @@ class AsyncClient:
             try:
                 opcode_in, reply = await conn.call(opcode, body, left, watch)
             except asyncio.TimeoutError:
+                self.leave_hung(conn, f"no answer within {timeout:.3f} s")
                 raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
             if opcode_in != w.ERROR:
                 return opcode_in, reply, conn
@@ -378,6 +384,18 @@ class AsyncClient:
         if code == 23:
             raise UseLoop("NOT_LEADER: follow it on the event loop")
         raise server_error(code, message)
+
+    def leave_hung(self, conn: Optional[Connection], why: str) -> None:
+        """After a request on `conn` (or on the connection to the same node) got no answer in
+        time: with several addresses the node may be hung (a stopped process still accepts
+        connections and never answers), so the connection is closed and the next one goes to
+        the next address; NOT_LEADER leads back to a live leader. With one address there is
+        nowhere else to go, and the connection stays (a slow answer is not a dead server)."""
+        if conn is None or len(self.endpoints) < 2 or self._conn is not conn:
+            return  # nowhere else to go, or already replaced
+        self._conn = None
+        conn.close(why)
+        self._advance_from(parse_addresses(conn.address)[0])
 
     async def _follow(self, conn: Connection, message: str) -> None:
         """After NOT_LEADER: a follower executes nothing, so the request goes to the leader."""
@@ -470,9 +488,11 @@ class AsyncClient:
         result, _ = await self._renew(lease.key, lease.lease_id, lease.ttl_ms if ttl is None else self._ttl_ms(ttl))
         return result
 
-    async def _renew(self, key: bytes, lease_id: bytes, ttl_ms: int) -> Tuple[RenewResult, Connection]:
+    async def _renew(
+        self, key: bytes, lease_id: bytes, ttl_ms: int, timeout: Optional[float] = None
+    ) -> Tuple[RenewResult, Connection]:
         sent_at = time.monotonic()
-        opcode, reply, conn = await self._call(w.RENEW, w.renew_body(key, lease_id, ttl_ms))
+        opcode, reply, conn = await self._call(w.RENEW, w.renew_body(key, lease_id, ttl_ms), timeout)
         if opcode == w.LOST:
             return Lost(), conn
         _expect(opcode, w.RENEWED)
@@ -760,6 +780,15 @@ class _Keeper:
                 log.debug("tenure: renewal of %r failed (%s); retrying", self.lease.key, outcome)
                 last_error, next_renew = outcome, time.monotonic() + retry_delay
 
+    def _attempt_timeout(self) -> float:
+        """One renewal's wait: the request time-out; with several addresses no longer than the
+        renewal period, so that after a hung node (left by the client) there is time to retry
+        at another before the give-up point. With one address a slow answer is worth waiting
+        for."""
+        if len(self.client.endpoints) > 1:
+            return min(self.client.timeout, self.renew_every)
+        return self.client.timeout
+
     def _expired(self, last_error: Optional[str]) -> None:
         why = "lease ran out unconfirmed"
         self.fire(f"{why} (last renewal: {last_error})" if last_error else why)
@@ -771,7 +800,9 @@ class _Keeper:
         error text to retry after.
         """
         sent_at = time.monotonic()
-        call = asyncio.ensure_future(self.client._renew(self.lease.key, self.lease.lease_id, self.lease.ttl_ms))
+        lease = self.lease
+        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout())
+        call = asyncio.ensure_future(renewal)
         done, _ = await asyncio.wait(
             [call, self._stop], timeout=max(0.0, give_up_at - sent_at), return_when=asyncio.FIRST_COMPLETED
         )

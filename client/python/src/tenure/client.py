@@ -8,6 +8,7 @@ and lease guards renew there, so renewals go on while the calling thread compute
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
@@ -166,11 +167,12 @@ class Client:
             conn.close()
             conn = self._sync = None
         if conn is None:
-            conn = self._sync = self._open_sync()
+            conn = self._sync = self._open_sync(timeout)
         try:
             opcode_in, reply = conn.call(opcode, body, timeout)
-        except RequestTimeout:
+        except RequestTimeout as e:
             self._sync = None
+            self._leave_hung(self.aio._conn, str(e))
             if opcode == w.ACQUIRE:
                 conn.abandon_acquire(body)  # drains and closes it, releasing a late grant
             else:
@@ -186,17 +188,30 @@ class Client:
             self._sync = None
         return opcode_in, reply
 
-    def _open_sync(self) -> SyncConnection:
+    def _leave_hung(self, conn: Any, why: str) -> None:
+        """Has the I/O thread leave `conn`'s node, which did not answer in time (see
+        `AsyncClient.leave_hung`)."""
+        if conn is not None and not self._io.stopped:
+            self._io.loop.call_soon_threadsafe(self.aio.leave_hung, conn, why)
+
+    def _open_sync(self, timeout: float) -> SyncConnection:
         """The synchronous connection, to the server the pipelined one reached (it may have
-        followed a leader); UseLoop when there is none yet or it cannot be opened."""
+        followed a leader); UseLoop when there is none yet or it cannot be opened, and
+        RequestTimeout when that server does not answer within the call's `timeout` (a hung
+        node: the call would otherwise wait once here and once more on the loop)."""
         current = self.aio._conn
         if current is None or current.is_closed():
             raise UseLoop("not connected")
         host, _, port = current.address.rpartition(":")
         creds = self.aio.credentials
         auth = (creds.name.encode("utf-8"), creds.secret) if creds is not None else None
+        budget = min(self.aio.connect_timeout, timeout)
         try:
-            return SyncConnection.open(host, int(port), self.aio.connect_timeout, auth)
+            return SyncConnection.open(host, int(port), budget, auth)
+        except (socket.timeout, RequestTimeout):
+            why = f"no answer within {timeout:.3f} s"
+            self._leave_hung(current, why)
+            raise RequestTimeout(why) from None
         except Exception as e:
             raise UseLoop(f"direct connection failed: {e}") from e
 
