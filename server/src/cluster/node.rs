@@ -53,6 +53,9 @@ const TAKEOVER_RETRY: Duration = Duration::from_millis(200);
 /// before giving up the takeover (it tries again after [`TAKEOVER_RETRY`] if it still leads).
 const TAKEOVER_RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest [`ClusterNode::kill`] waits for each of the node's tasks, then for the Raft core.
+const KILL_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// How a node runs in its cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
@@ -353,9 +356,15 @@ impl ClusterNode {
             task.abort();
         }
         for task in self.tasks {
-            let _ = task.await;
+            let _ = tokio::time::timeout(KILL_WAIT_MAX, task).await;
         }
-        let _ = self.raft.shutdown().await;
+        // Bounded: a core stuck in storage must not keep the process (or a test) from ending.
+        if tokio::time::timeout(KILL_WAIT_MAX, self.raft.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the Raft core did not stop within {KILL_WAIT_MAX:?}");
+        }
     }
 }
 

@@ -9,6 +9,25 @@ use tokio::net::{TcpListener, TcpStream};
 use super::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
 use crate::config::Config;
 
+/// Longest a whole test may run before the watchdog ends the test binary.
+const TEST_MAX: Duration = Duration::from_secs(180);
+
+/// Aborts the test binary if the test holding it runs past [`TEST_MAX`]: an await with no
+/// bound of its own (a node's shutdown, say) then fails the run at once, with the test's
+/// name, instead of using up CI's whole time.
+struct Watchdog(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+fn watchdog(name: &'static str) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(TEST_MAX) {
+            eprintln!("{name} ran over {TEST_MAX:?}: aborting the test binary");
+            std::process::abort();
+        }
+    });
+    Watchdog(tx)
+}
+
 /// Longest any step of the test may take: elections, commits, replies.
 const STEP_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -133,6 +152,7 @@ async fn caught_up(node: &ClusterNode, leader: &ClusterNode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_and_its_token_survive_the_leaders_loss() {
+    let _watchdog = watchdog("a_lease_and_its_token_survive_the_leaders_loss");
     let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
 
@@ -217,6 +237,7 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
+    let _watchdog = watchdog("a_deposed_leader_answers_its_waiter_not_leader_and_closes");
     let nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let addr = nodes[first].info.client_addr.clone();
@@ -277,6 +298,7 @@ fn leases(node: &ClusterNode) -> BTreeMap<Vec<u8>, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_follower_catches_up_from_a_snapshot() {
+    let _watchdog = watchdog("a_wiped_follower_catches_up_from_a_snapshot");
     let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
@@ -340,6 +362,7 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_leader_never_confirms_a_renewal() {
+    let _watchdog = watchdog("an_isolated_leader_never_confirms_a_renewal");
     let nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let mut old = Console::connect(&nodes[first].info.client_addr).await;
@@ -381,6 +404,7 @@ async fn an_isolated_leader_never_confirms_a_renewal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_restarts_with_its_leases_and_tokens() {
+    let _watchdog = watchdog("the_whole_cluster_restarts_with_its_leases_and_tokens");
     let nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
@@ -472,6 +496,7 @@ async fn status_until(addr: &str, ok: impl Fn(&str) -> bool) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_node_is_added_catches_up_and_becomes_a_voter() {
+    let _watchdog = watchdog("a_fourth_node_is_added_catches_up_and_becomes_a_voter");
     let mut nodes = start_cluster_by_console().await;
     let first = serving_leader(&nodes).await;
     let leader_addr = nodes[first].info.client_addr.clone();
@@ -531,6 +556,7 @@ async fn a_fourth_node_is_added_catches_up_and_becomes_a_voter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_nodes_even_the_leader_keeps_leases_and_tokens() {
+    let _watchdog = watchdog("removing_nodes_even_the_leader_keeps_leases_and_tokens");
     let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
@@ -612,6 +638,7 @@ const PROBE_ROUNDS_WAIT: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lowest_id_initialises_only_once_every_node_answers_fresh() {
+    let _watchdog = watchdog("the_lowest_id_initialises_only_once_every_node_answers_fresh");
     let (peers1, clients1, info1) = bound().await;
     let (peers2, clients2, info2) = bound().await;
     let initial = BTreeMap::from([(1, info1), (2, info2)]);
@@ -636,6 +663,7 @@ async fn the_lowest_id_initialises_only_once_every_node_answers_fresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
+    let _watchdog = watchdog("a_fresh_lowest_id_never_initialises_beside_an_initialised_node");
     // Nodes 2 and 3 form a cluster; node 1, listed first, comes fresh (a wiped node).
     let nodes = vec![start(2).await, start(3).await];
     let members: BTreeMap<NodeId, NodeInfo> = nodes
@@ -668,6 +696,7 @@ async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
 /// leader is back; then the grant is there, and the wiped node catches up and votes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_follower_does_not_vote_until_it_has_caught_up() {
+    let _watchdog = watchdog("a_wiped_follower_does_not_vote_until_it_has_caught_up");
     let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let (one, other) = ((first + 1) % 3, (first + 2) % 3);
@@ -731,13 +760,13 @@ async fn a_wiped_follower_does_not_vote_until_it_has_caught_up() {
 /// loss of the leader left no quorum. It must stay a learner and the ADD be refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
+    let _watchdog = watchdog("adding_a_node_that_does_not_run_leaves_it_a_learner");
     let nodes = start_cluster_by_console().await;
     let first = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
-    // An address nothing listens on: a listener bound and dropped.
-    let nobody = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = nobody.local_addr().unwrap().to_string();
-    drop(nobody);
+    // An address nothing listens on (a port freed by a dropped listener could be taken by
+    // another test's node, which would then answer).
+    let addr = "127.0.0.1:1";
     let added = leader.ask(&format!("CLUSTER ADD 4 {addr}/{addr}")).await;
     assert!(added.starts_with("ERR UNAVAILABLE "), "{added}");
     let status = leader.ask("CLUSTER STATUS").await;
@@ -753,6 +782,7 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
 /// votes: the node reports it, and `tenured` exits with an error for a supervisor to act on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_core_that_stops_on_its_own_is_reported() {
+    let _watchdog = watchdog("a_raft_core_that_stops_on_its_own_is_reported");
     let nodes = start_cluster().await;
     serving_leader(&nodes).await;
     let died = nodes[1].node.died();
@@ -770,6 +800,7 @@ async fn a_raft_core_that_stops_on_its_own_is_reported() {
 /// the file descriptors the Raft core needs (outside testing stopped a node's core so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_port_closes_connections_past_its_cap() {
+    let _watchdog = watchdog("the_peer_port_closes_connections_past_its_cap");
     use tokio::io::AsyncReadExt;
 
     let nodes = start_cluster().await;
@@ -803,6 +834,7 @@ async fn the_peer_port_closes_connections_past_its_cap() {
 /// (openraft keeps it leader). Within a bound they are answered NOT_LEADER, outcome unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
+    let _watchdog = watchdog("a_leader_without_a_quorum_answers_its_writes_in_bounded_time");
     let nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
