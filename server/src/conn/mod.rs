@@ -295,7 +295,12 @@ impl Conn {
                     );
                 }
             }
-            self.flush_ready(&progress.borrow());
+            // A copy, not the borrow: a reply the journal lost is answered through the
+            // journal (`not_leader`, `failed` read its progress again), and a read lock taken
+            // twice on one thread deadlocks once the journal's writer waits between the two
+            // (a cluster leader's journal failing while replies wait wedged its runtime).
+            let now = progress.borrow().clone();
+            self.flush_ready(&now);
             // Everything encoded is written before anything more is read, so the replies a
             // connection has not sent are bounded by what `READ_BUFFER_MAX` of requests (and
             // the watch queue) produce: a peer that does not read stops being read itself.
