@@ -10,7 +10,8 @@
 //! - **overlap**: the local deadlines of two different leases on one key never overlap;
 //! - **lost grant**: a read (INSPECT, a LOCKED answer, a RENEW of the lease itself) answered
 //!   while a lease's local deadline was still ahead, sent after that deadline was known and
-//!   before any release of it was sent, shows that lease;
+//!   before any release of it was sent, shows that lease, unless a RENEW of it sent before
+//!   the read's answer shortened the deadline to before that answer;
 //! - **released came back**: nothing sent after a release's answer shows the released lease.
 
 use std::collections::HashMap;
@@ -336,10 +337,15 @@ fn check_read(lease: &Lease, op: &Op, violations: &mut Vec<Violation>) {
         return;
     };
     let unreleased = lease.release_sent.is_none_or(|r| r >= op.answered);
-    let must_hold = unreleased
-        && lease
-            .deadline_known_at(op.sent)
-            .is_some_and(|deadline| deadline > op.answered);
+    // The deadline must be known when the read was sent, and no RENEW sent before the
+    // read's answer may have shortened it: the server may have handled that renewal
+    // first, and then handed the key on once the shorter TTL ran out.
+    let within = |at: Instant| {
+        lease
+            .deadline_known_at(at)
+            .is_some_and(|deadline| deadline > op.answered)
+    };
+    let must_hold = unreleased && within(op.sent) && within(op.answered);
     if must_hold && shown != Shown::Token(lease.token) {
         violations.push(Violation {
             rule: Rule::LostGrant,

@@ -196,3 +196,38 @@ fn a_renewal_to_a_shorter_ttl_ends_the_deadline_sooner() {
     s.inspect((150, 155), Outcome::Free);
     assert_eq!(s.rules(), vec![Rule::LostGrant]);
 }
+
+/// Seed 11's shape: a blocking ACQUIRE sent while the holder's deadline was far ahead, the
+/// holder then renewing to a shorter TTL, and the key handed on once that ran out. No two
+/// local deadlines overlap; the waiter's grant is not a lost grant of the first lease.
+#[test]
+fn a_shorter_renewal_sent_while_a_read_waits_is_counted() {
+    let mut s = Script::new();
+    s.grant(1, (0, 10), 5, 1); // runs to 998 ms
+    let wait = Kind::Acquire {
+        ttl_ms: TTL_MS,
+        wait_ms: 2000,
+    };
+    let renew = Kind::Renew {
+        lease: id(1),
+        ttl_ms: 100,
+    };
+    s.op(1, (200, 210), renew, Outcome::Renewed { ttl_ms: 100 }); // now to 298 ms
+    let granted = Outcome::Granted {
+        token: 7,
+        lease: id(2),
+        ttl_ms: TTL_MS,
+        waited_ms: 150,
+    };
+    s.op(2, (150, 305), wait, granted); // handed on at >= 300 ms
+    assert_eq!(s.rules(), Vec::<Rule>::new());
+    // Answered inside the shortened deadline, the hand-off would still be a lost grant.
+    let early = Outcome::Granted {
+        token: 8,
+        lease: id(3),
+        ttl_ms: TTL_MS,
+        waited_ms: 100,
+    };
+    s.op(3, (160, 265), wait, early);
+    assert!(s.rules().contains(&Rule::LostGrant));
+}
