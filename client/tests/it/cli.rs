@@ -67,6 +67,28 @@ async fn cli_commands_print_key_values_and_exit_with_the_documented_codes() {
     assert_eq!(cli(addr, &["--help"]).await.0, 0);
 }
 
+/// `tenure stats | head -0`: a reader gone before the answer ends `tenure` quietly, with
+/// exit code 0, as it ends `cat`; `println!` used to panic on the broken pipe.
+#[tokio::test]
+async fn cli_ends_quietly_when_its_reader_is_gone() {
+    let server = TestServer::start();
+    let mut child = tenure_cli(&server.addr)
+        .arg("stats")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    // Closed before tenure has even connected: its one line meets a broken pipe.
+    drop(child.stdout.take());
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure finishes")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[tokio::test]
 async fn cli_run_passes_the_token_and_returns_the_commands_status() {
     let server = TestServer::start();

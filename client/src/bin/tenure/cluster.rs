@@ -8,7 +8,7 @@ use tenure::cluster::{Member, Status};
 use tenure::Client;
 use tenure_protocol::Request;
 
-use crate::output::{Line, Out};
+use crate::output::{stdout_line, Line, Out};
 use crate::EXIT_OK;
 
 /// One `tenure cluster` subcommand.
@@ -119,7 +119,7 @@ fn print_table(out: &Out, status: &Status) {
         "{:<6} {:<8} {:<peer_w$} {:<client_w$}",
         "ID", "MEMBER", "PEER ADDR", "CLIENT ADDR"
     );
-    println!("{}", header.trim_end());
+    stdout_line(header.trim_end());
     for (member, voter) in &status.members {
         let kind = if *voter { "voter" } else { "learner" };
         let leader = if member.id == status.leader_id {
@@ -131,6 +131,6 @@ fn print_table(out: &Out, status: &Status) {
             "{:<6} {kind:<8} {:<peer_w$} {:<client_w$}{leader}",
             member.id, member.peer_addr, member.client_addr
         );
-        println!("{}", row.trim_end());
+        stdout_line(row.trim_end());
     }
 }

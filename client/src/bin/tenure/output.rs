@@ -99,13 +99,27 @@ impl Out {
         if self.to_stderr {
             eprintln!("{text}");
         } else {
-            println!("{text}");
+            stdout_line(&text);
         }
     }
 
     /// Prints `result=ERROR error=<message>`.
     pub fn error(&self, message: impl Into<String>) {
         self.print(Line::new("ERROR").text("error", message));
+    }
+}
+
+/// Writes one line on stdout. A reader that has gone away (`tenure cluster status | head
+/// -1`) ends the program quietly, as it ends `cat`, instead of the panic `println!` gives.
+pub fn stdout_line(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(i32::from(crate::EXIT_OK));
+        }
+        eprintln!("error={}", kv_value(&format!("cannot write to stdout: {e}")));
+        std::process::exit(i32::from(crate::EXIT_ERROR));
     }
 }
 
