@@ -66,7 +66,10 @@ class Tenured:
 
     def _try_start(self, port: int) -> bool:
         log = open(self.log_path, "ab")
-        cmd = [self.binary, "--listen", f"127.0.0.1:{port}", "--data-dir", str(self.data_dir), "--no-fsync", *self.args]
+        # --no-fsync speeds the single-node tests; a cluster node refuses it (its Raft log is
+        # always fsynced).
+        no_fsync = [] if "--cluster" in self.args else ["--no-fsync"]
+        cmd = [self.binary, "--listen", f"127.0.0.1:{port}", "--data-dir", str(self.data_dir), *no_fsync, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         log.close()
         deadline = time.monotonic() + START_WAIT_S

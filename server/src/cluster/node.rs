@@ -147,6 +147,13 @@ pub async fn run(
         let why = "TLS and identities are not served in cluster mode yet";
         return Err(ClusterError::Config(why.to_string()));
     }
+    if config.durability != crate::Durability::Full || !config.fsync {
+        // Refused rather than ignored: the Raft log is always fsynced before a change is
+        // answered, and a user who asked for less should learn that it does not apply.
+        let why = "--durability and --no-fsync do not apply in cluster mode: every change is \
+                   fsynced on a majority before it is answered";
+        return Err(ClusterError::Config(why.to_string()));
+    }
     let addr = clients.local_addr()?;
     if !addr.ip().is_loopback() && !config.insecure_no_auth {
         let why = format!("{addr} is not a loopback address and cluster mode has no identities yet (--insecure-no-auth to serve it anyway)");

@@ -96,7 +96,17 @@ fn cluster_mode_names_what_it_is_missing() {
     let listen = loopback(free_port()).to_string();
     let data = dir.path().to_str().unwrap();
     let base = ["--cluster", "--listen", &listen, "--data-dir", data];
-    let cases: [(&[&str], &str); 2] = [(&[], "--node-id"), (&["--node-id", "1"], "--peer-listen")];
+    let peer = loopback(free_port()).to_string();
+    let node = ["--node-id", "1", "--peer-listen", &peer];
+    let durability = [&node[..], &["--durability", "tokens"]].concat();
+    let no_fsync = [&node[..], &["--no-fsync"]].concat();
+    let cases: [(&[&str], &str); 4] = [
+        (&[], "--node-id"),
+        (&["--node-id", "1"], "--peer-listen"),
+        // Refused, not silently ignored: the Raft log is always fsynced.
+        (&durability, "--durability and --no-fsync do not apply"),
+        (&no_fsync, "--durability and --no-fsync do not apply"),
+    ];
     for (extra, named) in cases {
         let out = Command::new(tenured_bin())
             .args(base)
