@@ -706,12 +706,16 @@ impl Client {
             }
         }
         conn.shared.fail("not the leader");
+        let target = self.next_target();
         match tenure_protocol::error::leader_hint(message) {
-            Some(Some(leader)) => {
+            // A node may name itself: one taking over (it will serve in a moment), or a
+            // leader cut off from its followers that openraft still calls leader. Asking it
+            // again could go on as long as the partition does while the majority elected
+            // someone else, so it counts as "no leader known": the next endpoint is asked.
+            Some(Some(leader)) if leader != target => {
                 *self.inner.next.lock().expect("client mutex poisoned") = leader.to_owned();
             }
             _ => {
-                let target = self.next_target();
                 self.advance_from(&target);
                 tokio::time::sleep(ELECTION_PAUSE).await;
             }
@@ -1187,6 +1191,35 @@ mod tests {
         let asked = asked.load(Ordering::Relaxed);
         assert!(asked > 2 + 3 + 1 && asked < 100, "{asked}");
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
+    }
+
+    /// A leader cut off from its followers may still think it leads and name itself in its
+    /// NOT_LEADER answers: the client asks the next endpoint instead of it, again and again.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_names_itself_is_not_asked_again_at_once() {
+        let leader = fake::start(VERSION, 16, pong()).await;
+        let own = Arc::new(Mutex::new(String::new()));
+        let asked = Arc::new(AtomicU32::new(0));
+        let (named, calls) = (Arc::clone(&own), Arc::clone(&asked));
+        let script: fake::Script = Arc::new(move |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let message = format!("leader={}", named.lock().unwrap());
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message,
+            })
+        });
+        let isolated = fake::start(VERSION, 16, script).await;
+        *own.lock().unwrap() = isolated.addr.clone();
+        let client = Client::connect(format!("{},{}", isolated.addr, leader.addr))
+            .await
+            .unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            1,
+            "asked once, then the next node"
+        );
     }
 
     /// A leader that grants every acquire (ttl 10 s, no wait) and, the first time only,

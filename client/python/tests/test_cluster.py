@@ -17,8 +17,9 @@ from tenure import Granted, Held
 class FakeFollower:
     """Speaks the handshake, then answers every request with ERROR NOT_LEADER."""
 
-    def __init__(self, leader: Optional[str]) -> None:
+    def __init__(self, leader: Optional[str], delay: float = 0.0) -> None:
         self.leader = leader
+        self.delay = delay  # seconds before each answer
         self.requests: List[int] = []
         self.addr = ""
 
@@ -36,6 +37,7 @@ class FakeFollower:
                 length = int.from_bytes(await reader.readexactly(4), "big")
                 data = await reader.readexactly(length)
                 self.requests.append(data[0])
+                await asyncio.sleep(self.delay)
                 message = f"leader={self.leader or 'unknown'}".encode()
                 body = struct.pack(">HH", 23, len(message)) + message
                 writer.write(struct.pack(">IBQ", 9 + len(body), 0xFF, int.from_bytes(data[1:9], "big")) + body)
@@ -69,6 +71,38 @@ def test_leader_unknown_moves_to_the_next_address(server):
             assert time.monotonic() - start >= 0.05  # paused before moving on
             assert electing.requests == [0x01]
         electing.server.close()
+
+    asyncio.run(main())
+
+
+def test_a_node_that_names_itself_is_not_asked_again_at_once(server):
+    """A leader cut off from its followers may still think it leads and name itself."""
+
+    async def main():
+        isolated = await FakeFollower(None).start()
+        isolated.leader = isolated.addr
+        async with tenure.AsyncClient(f"{isolated.addr},{server.addr}") as c:
+            assert await c.ping() >= 0
+            assert isolated.requests == [0x01]  # asked once, then the next address
+        isolated.server.close()
+
+    asyncio.run(main())
+
+
+def test_a_lease_counts_from_the_send_the_leader_answered(server):
+    """A follower slow to answer NOT_LEADER does not eat into the lease granted after it."""
+
+    async def main():
+        slow = await FakeFollower(server.addr, delay=1.5).start()
+        async with tenure.AsyncClient(f"{slow.addr},{server.addr}", timeout=10) as c:
+            first_send = time.monotonic()
+            lease = await c.acquire("resent", 2)
+            assert isinstance(lease, Granted)
+            # Counted from the re-send (>= 1.5 s after the first), not from the first send.
+            assert lease.deadline - first_send >= 1.5 + 2 - 0.1, lease.deadline - first_send
+            assert lease.deadline <= time.monotonic() + 2
+            await c.release(lease)
+        slow.server.close()
 
     asyncio.run(main())
 

@@ -60,9 +60,12 @@ impl Executor {
                 self.granted(ctx, &mut shard, now_ms, &request, grant, waited_ms)
             }
             Acquire::Locked { token, ttl_left_ms } => {
+                drop(shard);
                 Stats::bump(&self.stats.locked);
                 let ttl_left_ms = clamp_ms(ttl_left_ms);
-                Outcome::Reply(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
+                // A read of the table: vouched for like INSPECT (a leader cut off from its
+                // quorum must not report a holder the majority may have let go).
+                self.confirmed(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
             }
             Acquire::Queued { waiter_id } => Outcome::Wait {
                 rx,

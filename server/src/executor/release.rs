@@ -44,7 +44,10 @@ impl Executor {
         };
         let Some(ticket) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released)
         else {
-            return Outcome::Reply(Response::NotOwner, TICKET_NOW);
+            drop(shard);
+            // Nothing changed: a read, vouched for like INSPECT (a deposed leader must not
+            // tell a holder its lease is gone while the majority still keeps it).
+            return self.confirmed(Response::NotOwner, TICKET_NOW);
         };
         drop(shard);
         ctx.disown(&key, lease_id);

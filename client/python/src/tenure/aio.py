@@ -339,10 +339,24 @@ class AsyncClient:
 
         ERROR replies other than a final NOT_LEADER are raised as ServerError.
         """
+        opcode_in, reply, conn, _ = await self._call_sent(opcode, body, timeout, watch)
+        return opcode_in, reply, conn
+
+    async def _call_sent(
+        self,
+        opcode: int,
+        body: bytes,
+        timeout: Optional[float] = None,
+        watch: Optional[WatchQueue] = None,
+    ) -> Tuple[int, bytes, Connection, float]:
+        """`_call`, and the monotonic instant taken just before the send that was answered
+        (the last one, after NOT_LEADER redirects): a lease counted from it is counted from
+        the request the leader took up, not from a follower's refusal before it."""
         timeout = self.timeout if timeout is None else timeout
         direct = _DIRECT.get()
         if direct is not None and watch is None:
-            return self._call_direct(direct, opcode, body, timeout)
+            sent_at = time.monotonic()
+            return (*self._call_direct(direct, opcode, body, timeout), sent_at)
         deadline = time.monotonic() + timeout
         search_until = time.monotonic() + min(timeout, LEADER_SEARCH_MAX_S)
         redirects = 0
@@ -352,13 +366,14 @@ class AsyncClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"no answer within {timeout:.3f} s")
+            sent_at = time.monotonic()
             try:
                 opcode_in, reply = await conn.call(opcode, body, left, watch)
             except asyncio.TimeoutError:
                 self.leave_hung(conn, f"no answer within {timeout:.3f} s")
                 raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
             if opcode_in != w.ERROR:
-                return opcode_in, reply, conn
+                return opcode_in, reply, conn, sent_at
             code, message = w.parse_error(reply)
             if code != 23:
                 raise server_error(code, message)
@@ -403,8 +418,12 @@ class AsyncClient:
             self._conn = None
         conn.close("not the leader")
         hint = w.leader_hint(message)
-        if hint is not None and hint[0] is not None:
-            self._next = parse_addresses(hint[0])[0]
+        named = parse_addresses(hint[0])[0] if hint is not None and hint[0] is not None else None
+        # A node naming itself (taking over, or a leader cut off from its followers that
+        # still thinks it leads) counts as "no leader known": the next endpoint is asked,
+        # rather than this node again for as long as a partition lasts.
+        if named is not None and named != self._next:
+            self._next = named
             return
         self._advance_from(self._next)
         await asyncio.sleep(ELECTION_PAUSE_S)
@@ -468,10 +487,10 @@ class AsyncClient:
             raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes")
         flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
         body = w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
-        # Taken before sending: the server takes the request up later, so the deadline counted
-        # from here is never later than the server's.
-        sent_at = time.monotonic()
-        opcode, reply, conn = await self._call(w.ACQUIRE, body, self.timeout + wait)
+        # Taken before the answered send (the last, after NOT_LEADER redirects): the server
+        # takes the request up later, so the deadline counted from it is never later than
+        # the server's.
+        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, self.timeout + wait)
         r = w.Reader(reply)
         if opcode == w.GRANTED:
             token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
@@ -491,8 +510,8 @@ class AsyncClient:
     async def _renew(
         self, key: bytes, lease_id: bytes, ttl_ms: int, timeout: Optional[float] = None
     ) -> Tuple[RenewResult, Connection]:
-        sent_at = time.monotonic()
-        opcode, reply, conn = await self._call(w.RENEW, w.renew_body(key, lease_id, ttl_ms), timeout)
+        body = w.renew_body(key, lease_id, ttl_ms)
+        opcode, reply, conn, sent_at = await self._call_sent(w.RENEW, body, timeout)
         if opcode == w.LOST:
             return Lost(), conn
         _expect(opcode, w.RENEWED)

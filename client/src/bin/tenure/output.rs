@@ -118,7 +118,10 @@ pub fn stdout_line(text: &str) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(i32::from(crate::EXIT_OK));
         }
-        eprintln!("error={}", kv_value(&format!("cannot write to stdout: {e}")));
+        eprintln!(
+            "error={}",
+            kv_value(&format!("cannot write to stdout: {e}"))
+        );
         std::process::exit(i32::from(crate::EXIT_ERROR));
     }
 }
