@@ -33,8 +33,11 @@ use crate::wal::{record, WalError};
 /// (`UNAVAILABLE`, backlog) rather than growing memory, and one Raft entry never holds more.
 pub const QUEUE_BYTES_MAX: usize = 4 << 20;
 /// Batches proposed (or confirmation rounds started) that may wait for the completer, which
-/// waits on one more: few, so that changes gather into large batches meanwhile.
-pub const IN_FLIGHT_MAX: usize = 2;
+/// waits on one more: two in flight in all. Few, so that changes gather into large batches
+/// meanwhile: every batch costs an fsync on each node, and on a small machine those fsyncs
+/// and the nodes' wake-ups, not the network, bound the cluster. One measured faster than two
+/// (BENCHMARKS.md, "a 3-node cluster beside a 3-node etcd"), and four slower still.
+pub const IN_FLIGHT_MAX: usize = 1;
 /// Longest a leader keeps trying to confirm its leadership for a batch of reads before it
 /// gives up (its journal fails; the reads are answered `NOT_LEADER`).
 pub const CONFIRM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
