@@ -105,7 +105,10 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
         ("wal_fsyncs".to_string(), journal.fsyncs),
         ("wal_bytes".to_string(), journal.bytes),
         ("table_bytes".to_string(), table_bytes),
-        ("uptime_ms".to_string(), executor.clock.now_ms()),
+        (
+            "uptime_ms".to_string(),
+            executor.clock.now_ms() + executor.uptime_offset_ms,
+        ),
     ];
     pairs.extend(s.op_pairs());
     pairs

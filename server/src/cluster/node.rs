@@ -564,6 +564,8 @@ impl Life {
         let journal = journal as Arc<dyn Journal>;
         let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
         executor.cluster = Some(self.admin.clone());
+        // The follower's executor lives as long as the node: STATS' uptime is the node's.
+        executor.uptime_offset_ms = self.follower.executor.clock.now_ms();
         for lease in live.to_recovered() {
             executor.shard(&lease.key).restore(
                 now_ms,

@@ -156,6 +156,7 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
     let _watchdog = watchdog("a_lease_and_its_token_survive_the_leaders_loss");
     let mut nodes = start_cluster().await;
     let first = serving_leader(&nodes).await;
+    let first_served = std::time::Instant::now();
 
     let mut leader = Console::connect(&nodes[first].info.client_addr).await;
     let held = leader.ask("ACQUIRE held 30000").await;
@@ -198,6 +199,10 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
 
     let second = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    // STATS' uptime is the node's (it ran before the first leader served), not the term's.
+    let stats = leader.ask("STATS").await;
+    let uptime = Duration::from_millis(field(&stats, "uptime_ms").parse().unwrap());
+    assert!(uptime >= first_served.elapsed(), "{stats}");
     let inspect = leader.ask("INSPECT held").await;
     assert!(inspect.starts_with("HELD "), "{inspect}");
     assert_eq!(field(&inspect, "token"), held_token);

@@ -91,6 +91,9 @@ pub struct Executor {
     /// Cluster mode: the node's cluster administration (CLUSTER requests); `None` on a
     /// single-node server, which answers them [`crate::cluster::NOT_CLUSTER`].
     pub cluster: Option<crate::cluster::admin::Admin>,
+    /// Added to the clock's reading for STATS `uptime_ms`: 0 on a single node; a cluster
+    /// leader's executor, whose clock starts at its takeover, carries its node's uptime then.
+    pub uptime_offset_ms: u64,
 }
 
 /// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
@@ -144,6 +147,7 @@ impl Executor {
             grants_refused_until_ms,
             identities: None,
             cluster: None,
+            uptime_offset_ms: 0,
         }
     }
 
