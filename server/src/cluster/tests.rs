@@ -29,6 +29,13 @@ fn watchdog(name: &'static str) -> Watchdog {
     Watchdog(tx)
 }
 
+/// Stops every node, each within `ClusterNode::kill`'s bound.
+async fn kill_all(nodes: Vec<Started>) {
+    for started in nodes {
+        started.node.kill().await;
+    }
+}
+
 /// Longest any step of the test may take: elections, commits, replies.
 const STEP_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -236,9 +243,7 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
         Some("ERR")
     );
 
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,9 +291,7 @@ async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
     let inspect = leader.ask("INSPECT k").await;
     assert!(inspect.starts_with("HELD "), "{inspect}");
     assert_eq!(field(&inspect, "token"), token);
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// Keys and tokens of the leases a node's replicated state holds.
@@ -361,9 +364,7 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
         nodes[first].node.replica().token_limit()
     );
     nodes.push(back);
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,9 +418,7 @@ async fn an_isolated_leader_confirms_no_renewal_and_no_read() {
     assert_eq!(field(&inspect, "token"), token, "{inspect}");
     assert_eq!(leader.ask(&renew).await, "OK ttl_ms=30000");
     nodes[first].node.set_isolated(false);
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,9 +462,7 @@ async fn the_whole_cluster_restarts_with_its_leases_and_tokens() {
     let fresh = leader.ask("ACQUIRE fresh 60000").await;
     let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
     assert!(fresh_token > token.parse::<u64>().unwrap() + 1, "{fresh}");
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 // Membership: INIT, ADD and REMOVE from the client port (admin.rs).
@@ -569,9 +566,7 @@ async fn a_fourth_node_is_added_catches_up_and_becomes_a_voter() {
         field(&fresh, "token").parse::<u64>().unwrap() > token,
         "{fresh}"
     );
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -618,9 +613,7 @@ async fn removing_nodes_even_the_leader_keeps_leases_and_tokens() {
         field(&fresh, "token").parse::<u64>().unwrap() > token,
         "{fresh}"
     );
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 // `--initial-cluster` (bootstrap.rs).
@@ -704,9 +697,7 @@ async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
         "a node initialised a second cluster"
     );
     wiped.kill().await;
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// A grant committed by the leader and one follower only; that follower is wiped and
@@ -770,9 +761,7 @@ async fn a_wiped_follower_does_not_vote_until_it_has_caught_up() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     caught_up(&nodes[one].node, &nodes[back].node).await;
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// ADD of a node nobody runs: openraft's blocking add counts a young log's learner as
@@ -792,9 +781,7 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
     let status = leader.ask("CLUSTER STATUS").await;
     assert!(!field(&status, "voters").contains("4="), "{status}");
     assert!(field(&status, "learners").contains("4="), "{status}");
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// A Raft core that stops on its own (outside testing ran a node out of file descriptors:
@@ -811,9 +798,7 @@ async fn a_raft_core_that_stops_on_its_own_is_reported() {
     tokio::time::timeout(STEP_TIMEOUT, died.cancelled())
         .await
         .expect("the stop was not reported");
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// Connections to the peer port past its cap are closed at once: a flood there must not take
@@ -845,9 +830,7 @@ async fn the_peer_port_closes_connections_past_its_cap() {
     drop(held);
     let state = nodes[2].node.raft().metrics().borrow().state;
     assert_ne!(state, openraft::ServerState::Shutdown);
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
 
 /// A leader cut off from both followers: its writes cannot commit, and used to wait forever
@@ -873,7 +856,5 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
         "{:?}",
         asked.elapsed()
     );
-    for started in nodes {
-        started.node.kill().await;
-    }
+    kill_all(nodes).await;
 }
