@@ -201,6 +201,38 @@ impl Cluster {
         false
     }
 
+    /// The last index node `i` applied, from its CLUSTER STATUS.
+    async fn applied(&self, i: usize) -> Option<u64> {
+        let reply = ask(self.nodes[i].client, "CLUSTER STATUS").await?;
+        let value = reply
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("last_applied_index="))?;
+        value.parse().ok()
+    }
+
+    /// Waits up to `wait` until node `i`, restarted on a wiped data directory, has caught up
+    /// with the leader: it applied something (so a leader has reached it and named its
+    /// catch-up target), then everything the leader had applied after that. The target its
+    /// vote guard waits for is then reached too (it is the leader's commit when it first
+    /// reached the node), so the node votes again. False if it did not in time.
+    pub async fn wait_caught_up(&self, i: usize, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut goal = None;
+        while Instant::now() < deadline {
+            let applied = self.applied(i).await.unwrap_or(0);
+            if goal.is_none() && applied > 0 {
+                if let Some(leader) = self.leader().await {
+                    goal = self.applied(leader).await;
+                }
+            }
+            if goal.is_some_and(|goal| applied >= goal) {
+                return true;
+            }
+            tokio::time::sleep(ASK_PAUSE).await;
+        }
+        false
+    }
+
     /// Where the daemons' logs are.
     pub fn logs(&self) -> &Path {
         self.logs.path()

@@ -37,8 +37,9 @@ const SETTLE_WAIT_MAX: Duration = Duration::from_secs(20);
 const FAULT_HOLD_MS_RANGE: (u64, u64) = (600, 1500);
 /// Quiet time between two faults, in ms, with the load running.
 const GAP_MS_RANGE: (u64, u64) = (300, 1200);
-/// Time a wiped follower is given to catch up before anything else happens.
-const WIPE_CATCH_UP: Duration = Duration::from_secs(1);
+/// Longest a wiped follower may take to catch up with the leader (its repair) before the
+/// run counts it unavailable.
+const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(20);
 /// Load before the first fault, so leases are held when it strikes.
 const WARM_UP: Duration = Duration::from_secs(1);
 
@@ -87,8 +88,12 @@ pub struct Fault {
     /// From the fault to the first acknowledged grant sent after it (`None`: not within
     /// [`SERVE_WAIT_MAX`]).
     pub serve: Option<Duration>,
-    /// From the repair (restart, SIGCONT, heal) to the first grant sent after it.
+    /// From the repair (restart, SIGCONT, heal, a wiped node caught up) to the first grant
+    /// sent after it.
     pub serve_after_repair: Option<Duration>,
+    /// A wiped follower: from its restart until it had caught up with the leader (`None`:
+    /// not within [`CATCH_UP_WAIT_MAX`], or another kind of fault).
+    pub catch_up: Option<Duration>,
 }
 
 /// The outcome of a run.
@@ -143,7 +148,8 @@ pub async fn run(bin: &Path, config: Config) -> Report {
             .copied()
             .unwrap_or_else(|| KINDS[rng.random_range(0..KINDS.len())]);
         let fault = inject(&mut cluster, &addrs, &history, kind, &mut rng, started).await;
-        if fault.serve.is_none() || fault.serve_after_repair.is_none() {
+        let lagging = kind == FaultKind::WipeFollower && fault.catch_up.is_none();
+        if fault.serve.is_none() || fault.serve_after_repair.is_none() || lagging {
             violations.push(unavailable(format!("fault {n}: {fault:?}")));
         }
         if !cluster.wait_settled(SETTLE_WAIT_MAX).await {
@@ -239,6 +245,7 @@ async fn inject(
     let hold =
         Duration::from_millis(rng.random_range(FAULT_HOLD_MS_RANGE.0..=FAULT_HOLD_MS_RANGE.1));
     let struck = Instant::now();
+    let mut catch_up = None;
     let probe = {
         let (addrs, history) = (addrs.to_vec(), history.clone());
         tokio::spawn(async move { load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await })
@@ -261,10 +268,13 @@ async fn inject(
         }
         FaultKind::WipeFollower => {
             cluster.wipe_and_restart(node);
-            // Until it has caught up, the committed entries it held are on one node fewer:
-            // the next fault must not come before (Raft tolerates one lost node, not this
-            // and a leader's loss at once).
-            tokio::time::sleep(WIPE_CATCH_UP).await;
+            // Until it has caught up, the committed entries it held are on one node fewer
+            // and it does not vote: the next fault must not come before (Raft tolerates one
+            // lost node, not this and a leader's loss at once). Its catch-up is the repair.
+            let restarted = Instant::now();
+            if cluster.wait_caught_up(node, CATCH_UP_WAIT_MAX).await {
+                catch_up = Some(restarted.elapsed());
+            }
         }
     }
     let repaired = Instant::now();
@@ -286,6 +296,7 @@ async fn inject(
         at: struck.duration_since(started),
         serve,
         serve_after_repair,
+        catch_up,
     }
 }
 
@@ -356,7 +367,7 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "time to serve (ms), from fault | from repair: count p50 p99 max"
+            "time to serve (ms), from fault | from repair (wipes: | caught up): count p50 p99 max"
         )?;
         for kind in KINDS {
             let of_kind: Vec<&Fault> = self.faults.iter().filter(|x| x.kind == kind).collect();
@@ -369,9 +380,14 @@ impl fmt::Display for Report {
                 let [p50, p99, max] = [0.5, 0.99, 1.0].map(|q| quantile(&ds, q).as_millis());
                 format!("{} {p50} {p99} {max}", ds.len())
             };
+            let catch_up = if kind == FaultKind::WipeFollower {
+                format!(" | caught up {}", line(|x| x.catch_up))
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "  {kind:?} x{}: {} | {}",
+                "  {kind:?} x{}: {} | {}{catch_up}",
                 of_kind.len(),
                 line(|x| x.serve),
                 line(|x| x.serve_after_repair)
