@@ -156,7 +156,8 @@ async fn serve(
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
     spawn_reloader(shared.identities.clone(), tls.clone(), stop.clone())?;
     let tracker = TaskTracker::new();
-    let accepting = accept_loop(&shared, &listener, tls, &tracker, &stop);
+    let serving = || (Arc::clone(&shared), stop.clone());
+    let accepting = accept_loop(&listener, tls, &tracker, serving);
     tokio::pin!(shutdown);
     tokio::select! {
         _ = accepting => {}
@@ -352,14 +353,19 @@ pub(crate) fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, Serv
     }
 }
 
-async fn accept_loop(
-    shared: &Arc<Executor>,
+/// Accepts client connections for ever, each served by the executor `serving` names when
+/// it arrives and ended by the token it names with it (a single node: its one executor and
+/// the server's stop; a cluster node: whichever executor is current, leader or follower,
+/// and that term's stop). The connection limit, keepalive, TLS and the connection counters
+/// (on the executor serving) are the same in both modes.
+pub(crate) async fn accept_loop(
     listener: &TcpListener,
     tls: Option<Arc<Tls>>,
     tracker: &TaskTracker,
-    stop: &CancellationToken,
+    serving: impl Fn() -> (Arc<Executor>, CancellationToken),
 ) {
-    let permits = Arc::new(Semaphore::new(shared.config.connections_max));
+    // Every executor of a process shares its configuration.
+    let permits = Arc::new(Semaphore::new(serving().0.config.connections_max));
     let mut conn_id = 0u64;
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -372,6 +378,7 @@ async fn accept_loop(
             }
         };
         conn_id += 1;
+        let (shared, stop) = serving();
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             Stats::bump(&shared.stats.connections_refused);
             // A plain-text refusal would read as a broken handshake to a TLS client, and a
@@ -387,8 +394,6 @@ async fn accept_loop(
         }
         // Small replies must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(shared);
-        let stop = stop.clone();
         let tls = tls.clone();
         tracker.spawn(async move {
             Stats::bump(&shared.stats.connections);

@@ -375,38 +375,21 @@ impl ClusterNode {
     }
 }
 
-/// Serves clients with whichever executor is current when each connects.
+/// Serves clients with whichever executor is current when each connects, through the
+/// single node's accept loop (connection limit, keepalive, counters), until `stop`.
 async fn accept_clients(
     listener: TcpListener,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
-    let mut conn_id = 0u64;
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "client accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        conn_id += 1;
+    let serving = || {
         let serving = current.read().expect("poisoned").clone();
-        tracker.spawn(crate::conn::serve(
-            serving.executor,
-            stream,
-            peer,
-            None,
-            conn_id,
-            serving.stop,
-        ));
+        (serving.executor, serving.stop)
+    };
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = crate::server::accept_loop(&listener, None, &tracker, serving) => {}
     }
     tracker.close();
     tracker.wait().await;

@@ -206,10 +206,15 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
 
     let second = serving_leader(&nodes).await;
     let mut leader = Console::connect(&nodes[second].info.client_addr).await;
-    // STATS' uptime is the node's (it ran before the first leader served), not the term's.
+    // STATS' uptime is the node's (it ran before the first leader served), not the term's;
+    // its connection and request counters count this connection, opened in the term.
+    assert_eq!(leader.ask("PING").await, "PONG");
     let stats = leader.ask("STATS").await;
     let uptime = Duration::from_millis(field(&stats, "uptime_ms").parse().unwrap());
     assert!(uptime >= first_served.elapsed(), "{stats}");
+    for counter in ["connections", "connections_total", "ops_ping"] {
+        assert_ne!(field(&stats, counter), "0", "{counter}: {stats}");
+    }
     let inspect = leader.ask("INSPECT held").await;
     assert!(inspect.starts_with("HELD "), "{inspect}");
     assert_eq!(field(&inspect, "token"), held_token);
