@@ -130,6 +130,57 @@ pub fn validate_member(member: &Member) -> Result<(), FrameError> {
                 ),
             ));
         }
+        if !is_host_port(addr) {
+            // Caught here, not after a 30 s wait for a learner nobody can reach.
+            return Err(FrameError::new(
+                ErrorCode::BadArgs,
+                format!(
+                    "node {}: {what} address {addr:?} is not <host>:<port> (port 1-65535)",
+                    member.id
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `addr` reads as `host:port`: a host without spaces or slashes (an IPv6 address
+/// in brackets), a colon, a port from 1 to 65535.
+fn is_host_port(addr: &str) -> bool {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = !host.is_empty()
+        && !host
+            .chars()
+            .any(|c| c.is_whitespace() || c == '/' || c.is_control());
+    host_ok && port.parse::<u16>().is_ok_and(|port| port > 0)
+}
+
+/// Refuses a member that would share an address with another node (`others`): the peer
+/// port that answers is one node, so a second id there would be a phantom voter, counted
+/// in every quorum and lost with the node it aliases.
+///
+/// # Errors
+/// [`ErrorCode::BadArgs`] naming the node whose address it is.
+pub fn validate_distinct<'a>(
+    member: &Member,
+    others: impl IntoIterator<Item = &'a Member>,
+) -> Result<(), FrameError> {
+    for other in others.into_iter().filter(|o| o.id != member.id) {
+        let shared = [
+            (&member.peer_addr, &other.peer_addr, "peer"),
+            (&member.client_addr, &other.client_addr, "client"),
+        ]
+        .into_iter()
+        .find(|(a, b, _)| a == b);
+        if let Some((addr, _, what)) = shared {
+            let message = format!(
+                "node {}: {what} address {addr} is node {}'s already",
+                member.id, other.id
+            );
+            return Err(FrameError::new(ErrorCode::BadArgs, message));
+        }
     }
     Ok(())
 }
@@ -151,6 +202,7 @@ pub fn validate_members(members: &[Member]) -> Result<(), FrameError> {
             let message = format!("node {} is given twice", member.id);
             return Err(FrameError::new(ErrorCode::BadArgs, message));
         }
+        validate_distinct(member, &members[..i])?;
     }
     Ok(())
 }
@@ -329,8 +381,15 @@ mod tests {
             "x=a/b",
             "1=/b",
             "1=a/",
-            "0=a/b",
-            "1=a/b,1=c/d",
+            "0=a:1/b:2",
+            "1=a:1/b:2,1=c:3/d:4",
+            "1=a/b",
+            "1=a:1/b:2/c:3",
+            "1=a:99999/b:2",
+            "1=a:0/b:2",
+            "1=a b:1/c:2",
+            "1=a:1/b:2,2=a:1/c:3",
+            "1=a:1/b:2,2=c:3/b:2",
             &long,
         ] {
             let e = parse_members(bad).unwrap_err();

@@ -61,9 +61,12 @@ fn sample_requests() -> Vec<Request> {
     ]
 }
 
-/// Node `id` with addresses at their longest.
+/// Node `id` with addresses at their longest (`host:port`, a port of its own).
 fn member(id: u64) -> Member {
-    let addr = |c: char| c.to_string().repeat(CLUSTER_ADDR_LEN_MAX);
+    let addr = |c: char| {
+        let port = format!(":{}", 60_000 + id);
+        c.to_string().repeat(CLUSTER_ADDR_LEN_MAX - port.len()) + &port
+    };
     Member {
         id,
         peer_addr: addr('p'),

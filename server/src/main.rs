@@ -84,12 +84,21 @@ async fn run_cluster(
 ) -> anyhow::Result<()> {
     use tenure_server::cluster::{self, ClusterOptions};
     let node_id = settings.node_id.context("--cluster needs --node-id")?;
+    // 0 is "no node" on the wire (CLUSTER STATUS's leader_id without a leader).
+    anyhow::ensure!(node_id >= 1, "--node-id starts at 1 (0 means no node)");
     let peer_listen = settings
         .peer_listen
         .context("--cluster needs --peer-listen")?;
     anyhow::ensure!(
         config.metrics_listen.is_none(),
         "--metrics-listen is not served in cluster mode yet"
+    );
+    // Checked before binding: the peer port has no authentication at all (CLUSTER.md), so
+    // it is loopback-only unless the operator says the network is trusted.
+    anyhow::ensure!(
+        peer_listen.ip().is_loopback() || config.insecure_no_auth,
+        "--peer-listen {peer_listen} is not a loopback address and the peer port has no \
+         authentication (--insecure-no-auth to serve it anyway, on a network only the nodes reach)"
     );
     let peers = tokio::net::TcpListener::bind(peer_listen)
         .await

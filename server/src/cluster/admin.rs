@@ -174,6 +174,10 @@ impl Admin {
             Some((_, true)) => return Response::Cluster(status),
             _ => {}
         }
+        let others = status.members.iter().map(|(m, _)| m);
+        if let Err(e) = tenure_protocol::cluster::validate_distinct(&member, others) {
+            return refused(e.message);
+        }
         tracing::info!(node = member.id, peer = %member.peer_addr, "adding a node as a learner");
         let give_up = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
         let learner = self.raft.add_learner(member.id, info(&member), true);

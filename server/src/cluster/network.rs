@@ -568,33 +568,25 @@ pub async fn initialize_remote(
         })
 }
 
-/// Parses a membership as `tenured cluster-init --nodes` takes it:
-/// `1=<peer addr>/<client addr>,2=...`.
+/// Parses a membership as `tenured cluster-init --nodes` and `--initial-cluster` take it:
+/// `1=<peer addr>/<client addr>,2=...`, checked as INIT checks it
+/// ([`tenure_protocol::cluster::parse_members`]).
 ///
 /// # Errors
-/// A member that does not have that shape, or an id given twice.
+/// A member that does not have that shape (ids from 1, `host:port` addresses), an id given
+/// twice, or an address shared by two nodes.
 pub fn parse_members(spec: &str) -> Result<BTreeMap<NodeId, NodeInfo>, String> {
-    let mut members = BTreeMap::new();
-    for member in spec.split(',').map(str::trim).filter(|m| !m.is_empty()) {
-        let shape = || format!("{member:?} is not <id>=<peer addr>/<client addr>");
-        let (id, addrs) = member.split_once('=').ok_or_else(shape)?;
-        let (peer, client) = addrs.split_once('/').ok_or_else(shape)?;
-        let id: NodeId = id.trim().parse().map_err(|_| shape())?;
-        if peer.is_empty() || client.is_empty() {
-            return Err(shape());
-        }
-        let info = NodeInfo {
-            peer_addr: peer.to_string(),
-            client_addr: client.to_string(),
-        };
-        if members.insert(id, info).is_some() {
-            return Err(format!("node {id} is given twice"));
-        }
-    }
-    if members.is_empty() {
-        return Err("no members given".to_string());
-    }
-    Ok(members)
+    let members = tenure_protocol::cluster::parse_members(spec).map_err(|e| e.message)?;
+    Ok(members
+        .into_iter()
+        .map(|m| {
+            let info = NodeInfo {
+                peer_addr: m.peer_addr,
+                client_addr: m.client_addr,
+            };
+            (m.id, info)
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -607,7 +599,14 @@ mod tests {
         assert_eq!(members.len(), 2);
         assert_eq!(members[&1].peer_addr, "127.0.0.1:7001");
         assert_eq!(members[&2].client_addr, "h:2");
-        for bad in ["", "1=a", "x=a/b", "1=/b", "1=a/b,1=c/d"] {
+        for bad in [
+            "",
+            "1=a",
+            "x=a:1/b:2",
+            "1=/b:2",
+            "1=a:1/b:2,1=c:3/d:4",
+            "0=a:1/b:2",
+        ] {
             assert!(parse_members(bad).is_err(), "{bad:?}");
         }
     }

@@ -150,8 +150,8 @@ pub async fn run(
     if config.durability != crate::Durability::Full || !config.fsync {
         // Refused rather than ignored: the Raft log is always fsynced before a change is
         // answered, and a user who asked for less should learn that it does not apply.
-        let why = "--durability and --no-fsync do not apply in cluster mode: every change is \
-                   fsynced on a majority before it is answered";
+        let why = "--no-fsync and --durability other than full do not apply in cluster mode: \
+                   every change is fsynced on a majority before it is answered";
         return Err(ClusterError::Config(why.to_string()));
     }
     let addr = clients.local_addr()?;

@@ -789,6 +789,31 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
     kill_all(nodes).await;
 }
 
+/// ADD of another id at a member's own addresses made that member answer for two voters:
+/// with four voters of whom two were one process, losing it left no quorum. Addresses that
+/// are not `host:port` made a learner nobody could reach, after a 30 s wait. Both are
+/// refused at once now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_at_a_members_address_or_at_no_address_is_refused() {
+    let _watchdog = watchdog("adding_a_node_at_a_members_address_or_at_no_address_is_refused");
+    let nodes = start_cluster_by_console().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let other = &nodes[(first + 1) % nodes.len()].info;
+    let alias = format!("CLUSTER ADD 6 {}/{}", other.peer_addr, other.client_addr);
+    let refused = leader.ask(&alias).await;
+    assert!(refused.starts_with("ERR CLUSTER_REFUSED "), "{refused}");
+    assert!(refused.contains("already"), "{refused}");
+    for bad in ["foo/bar", "a:1/b:2/c:3", "127.0.0.1:99999/127.0.0.1:2"] {
+        let refused = leader.ask(&format!("CLUSTER ADD 7 {bad}")).await;
+        assert!(refused.starts_with("ERR BAD_ARGS "), "{bad}: {refused}");
+    }
+    let status = leader.ask("CLUSTER STATUS").await;
+    assert_eq!(field(&status, "learners"), "-", "{status}");
+    assert!(!field(&status, "voters").contains("6="), "{status}");
+    kill_all(nodes).await;
+}
+
 /// A Raft core that stops on its own (outside testing ran a node out of file descriptors:
 /// "quit RaftCore::main on error") must not leave a process that answers clients but never
 /// votes: the node reports it, and `tenured` exits with an error for a supervisor to act on.

@@ -100,12 +100,21 @@ fn cluster_mode_names_what_it_is_missing() {
     let node = ["--node-id", "1", "--peer-listen", &peer];
     let durability = [&node[..], &["--durability", "tokens"]].concat();
     let no_fsync = [&node[..], &["--no-fsync"]].concat();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&[], "--node-id"),
         (&["--node-id", "1"], "--peer-listen"),
         // Refused, not silently ignored: the Raft log is always fsynced.
-        (&durability, "--durability and --no-fsync do not apply"),
-        (&no_fsync, "--durability and --no-fsync do not apply"),
+        (&durability, "--durability other than full do not apply"),
+        (&no_fsync, "--no-fsync and --durability"),
+        (
+            &["--node-id", "0", "--peer-listen", &peer],
+            "--node-id starts at 1",
+        ),
+        // Refused before it is bound: nothing listens beyond loopback.
+        (
+            &["--node-id", "1", "--peer-listen", "0.0.0.0:1"],
+            "not a loopback address",
+        ),
     ];
     for (extra, named) in cases {
         let out = Command::new(tenured_bin())
