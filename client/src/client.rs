@@ -50,6 +50,10 @@ const REDIRECTS_EXTRA: usize = 3;
 /// with default timings takes well under a second, and a request sent mid-election should
 /// be served by the new leader rather than fail.
 const LEADER_SEARCH_MAX: Duration = Duration::from_secs(10);
+/// Share of a request's time-out the leader search may use: the rest is left for its last
+/// exchange, so that a search that found no leader ends with that `NOT_LEADER` (which says
+/// why, e.g. a node removed from the cluster) rather than a bare time-out.
+const LEADER_SEARCH_SHARE: f64 = 0.8;
 /// Pause between rounds of redirects that found no leader (nodes that name a dead leader
 /// or none), doubled per round up to [`ROUND_PAUSE_MAX`].
 const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
@@ -572,7 +576,8 @@ impl Client {
         waiting_on: &Mutex<Option<Arc<Conn>>>,
     ) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
-        let search_until = Instant::now() + timeout.min(LEADER_SEARCH_MAX);
+        let search_until =
+            Instant::now() + timeout.mul_f64(LEADER_SEARCH_SHARE).min(LEADER_SEARCH_MAX);
         {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
@@ -1191,6 +1196,40 @@ mod tests {
         let asked = asked.load(Ordering::Relaxed);
         assert!(asked > 2 + 3 + 1 && asked < 100, "{asked}");
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
+    }
+
+    /// One address, a node that never knows a leader (removed from its cluster): the request
+    /// ends with that node's NOT_LEADER, which says why, not with a bare time-out.
+    #[tokio::test(start_paused = true)]
+    async fn a_search_with_one_address_ends_with_the_nodes_answer() {
+        let message = "this node is not in the cluster's membership; leader=unknown";
+        let script: fake::Script = Arc::new(move |_| {
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message: message.to_string(),
+            })
+        });
+        // Each answer takes a while, so the search's last exchange needs time of its own.
+        let removed = fake::start_delayed(VERSION, 16, script, Duration::from_millis(300)).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(5),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(removed.addr.clone(), config)
+            .await
+            .unwrap();
+        let err = client.ping().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Server {
+                    code: ErrorCode::NotLeader,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("membership"), "{err}");
     }
 
     /// A leader cut off from its followers may still think it leads and name itself in its

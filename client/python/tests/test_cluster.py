@@ -107,6 +107,20 @@ def test_a_lease_counts_from_the_send_the_leader_answered(server):
     asyncio.run(main())
 
 
+def test_a_search_with_one_address_ends_with_the_nodes_answer():
+    """A node that never knows a leader (removed from its cluster), slow to answer: the
+    request ends with its NOT_LEADER, which says why, not with a bare time-out."""
+
+    async def main():
+        removed = await FakeFollower(None, delay=0.3).start()
+        async with tenure.AsyncClient(removed.addr, timeout=2) as c:
+            with pytest.raises(tenure.NotLeader):
+                await c.ping()
+        removed.server.close()
+
+    asyncio.run(main())
+
+
 def test_redirects_are_bounded():
     async def main():
         a = await FakeFollower(None).start()

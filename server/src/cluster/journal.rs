@@ -72,8 +72,16 @@ impl LeaderHint {
             .current_leader
             .filter(|&id| self_ok || id != self.me)
             .and_then(|id| metrics.membership_config.membership().get_node(&id));
+        let membership = metrics.membership_config.membership();
         match leader {
             Some(node) => format!("leader={}", node.client_addr).into(),
+            // Removed (or never added), it will never know the leader: say so, as a client
+            // searching only this address would otherwise wait out an election that is not.
+            None if membership.get_node(&self.me).is_none() => {
+                "this node is not in the cluster's membership (removed, or not yet added); \
+                 leader=unknown"
+                    .into()
+            }
             None => "leader=unknown".into(),
         }
     }

@@ -598,6 +598,23 @@ async fn removing_nodes_even_the_leader_keeps_leases_and_tokens() {
     );
     let old = nodes.remove(first);
     let second = serving_leader(&nodes).await;
+    // Left running, the removed node says it is out, rather than only "leader=unknown"
+    // (which reads as an election, and keeps a client that knows only it waiting).
+    let mut on_old = Console::connect(&old.info.client_addr).await;
+    let said_out = async {
+        loop {
+            let answer = on_old.ask("ACQUIRE x 1000").await;
+            assert!(answer.starts_with("ERR NOT_LEADER "), "{answer}");
+            if answer.contains("not in the cluster's membership") {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let answer = tokio::time::timeout(STEP_TIMEOUT, said_out).await;
+    assert!(answer
+        .expect("never said it was removed")
+        .ends_with("leader=unknown"));
     old.node.kill().await;
     let mut leader = Console::connect(&nodes[second].info.client_addr).await;
     let inspect = leader.ask("INSPECT held").await;

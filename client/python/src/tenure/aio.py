@@ -66,6 +66,10 @@ REDIRECTS_EXTRA = 3
 #: last NOT_LEADER is raised, if its own time-out is not shorter: a request sent mid-election
 #: should be served by the new leader rather than fail.
 LEADER_SEARCH_MAX_S = 10.0
+#: Share of a request's time-out the leader search may use: the rest is left for its last
+#: exchange, so that a search that found no leader ends with that NOT_LEADER (which says why,
+#: e.g. a node removed from the cluster) rather than a bare time-out.
+LEADER_SEARCH_SHARE = 0.8
 #: Pause between rounds of redirects that found no leader, doubled per round up to the max.
 ROUND_PAUSE_MIN_S = 0.05
 ROUND_PAUSE_MAX_S = 0.4
@@ -358,7 +362,7 @@ class AsyncClient:
             sent_at = time.monotonic()
             return (*self._call_direct(direct, opcode, body, timeout), sent_at)
         deadline = time.monotonic() + timeout
-        search_until = time.monotonic() + min(timeout, LEADER_SEARCH_MAX_S)
+        search_until = time.monotonic() + min(timeout * LEADER_SEARCH_SHARE, LEADER_SEARCH_MAX_S)
         redirects = 0
         pause = ROUND_PAUSE_MIN_S
         while True:
