@@ -14,6 +14,7 @@
 #                      up to openraft's 500 ms replication back-off, and a leader killed then
 #                      leaves a lagging node that campaigns in vain; 0 measures those too
 #   NO_BUILD=1         use the binaries in target/release as they are
+#   TENURE_ARGS="..."  more flags for every tenured (e.g. --election-timeout-ms 200), unquoted
 #   TENURE_LOG=warn    RUST_LOG of the tenure nodes (their logs are kept with OUT)
 #   OUT=DIR            keep every run's JSON report, the fail-over lines and the nodes' logs in DIR
 #
@@ -109,7 +110,7 @@ start_tenure() {
     local i=$1
     RUST_LOG=${TENURE_LOG:-warn} "$TENURED" --cluster --node-id $((i + 1)) \
         --peer-listen "127.0.0.1:${T_PEER[i]}" --listen "127.0.0.1:${T_CLIENT[i]}" \
-        --data-dir "$WORK/tenure$i" >>"$WORK/tenure$i.log" 2>&1 &
+        --data-dir "$WORK/tenure$i" ${TENURE_ARGS:-} >>"$WORK/tenure$i.log" 2>&1 &
     T_PID[i]=$!
     disown "${T_PID[i]}"
 }

@@ -76,6 +76,11 @@ pub struct ClusterOptions {
 /// Default leader heartbeat period, in milliseconds (openraft's).
 pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
 /// Default least election timeout, in milliseconds (openraft's); the most is twice it.
+/// A trade-off: a kill -9 of the leader is served again after about 0.6 s, but a follower
+/// starved of CPU for that long starts an election. With all three nodes and the load
+/// generator on one 2-core machine the sizing estimate deposed the leader at 150 ms (and
+/// 200, 250 now and then) and held at 300, where a fail-over took 1.1 s (BENCHMARKS.md):
+/// nodes sharing a small machine want `--election-timeout-ms 300`.
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
 
 impl ClusterOptions {
