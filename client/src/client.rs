@@ -1084,17 +1084,35 @@ mod tests {
     use tenure_protocol::handshake::{HelloAck, VERSION};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A fake node that answers everything with NOT_LEADER naming `leader`.
-    async fn follower(leader: &str, calls: Arc<AtomicU32>) -> fake::FakeServer {
-        let message = format!("leader={leader}");
-        let script: fake::Script = Arc::new(move |_| {
+    /// A script that answers everything with NOT_LEADER and `message()`, counting calls.
+    fn not_leader(
+        message: impl Fn() -> String + Send + Sync + 'static,
+        calls: Arc<AtomicU32>,
+    ) -> fake::Script {
+        Arc::new(move |_| {
             calls.fetch_add(1, Ordering::Relaxed);
             Some(Response::Error {
                 code: ErrorCode::NotLeader,
-                message: message.clone(),
+                message: message(),
             })
-        });
-        fake::start(VERSION, 16, script).await
+        })
+    }
+
+    /// Whether `err` is the server's NOT_LEADER.
+    fn is_not_leader(err: &Error) -> bool {
+        matches!(
+            err,
+            Error::Server {
+                code: ErrorCode::NotLeader,
+                ..
+            }
+        )
+    }
+
+    /// A fake node that answers everything with NOT_LEADER naming `leader`.
+    async fn follower(leader: &str, calls: Arc<AtomicU32>) -> fake::FakeServer {
+        let message = format!("leader={leader}");
+        fake::start(VERSION, 16, not_leader(move || message.clone(), calls)).await
     }
 
     fn pong() -> fake::Script {
@@ -1180,16 +1198,7 @@ mod tests {
             .await
             .unwrap();
         let err = client.ping().await.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Server {
-                    code: ErrorCode::NotLeader,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(is_not_leader(&err), "{err:?}");
         assert!(err.is_transient(), "an election ends");
         // Rounds of 2 + 3 + 1 requests, paused between, until the time-out (1 s in the
         // virtual clock) would pass: more than one round, and bounded.
@@ -1202,13 +1211,8 @@ mod tests {
     /// ends with that node's NOT_LEADER, which says why, not with a bare time-out.
     #[tokio::test(start_paused = true)]
     async fn a_search_with_one_address_ends_with_the_nodes_answer() {
-        let message = "this node is not in the cluster's membership; leader=unknown";
-        let script: fake::Script = Arc::new(move |_| {
-            Some(Response::Error {
-                code: ErrorCode::NotLeader,
-                message: message.to_string(),
-            })
-        });
+        let message = || "this node is not in the cluster's membership; leader=unknown".into();
+        let script = not_leader(message, Arc::new(AtomicU32::new(0)));
         // Each answer takes a while, so the search's last exchange needs time of its own.
         let removed = fake::start_delayed(VERSION, 16, script, Duration::from_millis(300)).await;
         let config = ClientConfig {
@@ -1219,16 +1223,7 @@ mod tests {
             .await
             .unwrap();
         let err = client.ping().await.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Server {
-                    code: ErrorCode::NotLeader,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert!(is_not_leader(&err), "{err:?}");
         assert!(err.to_string().contains("membership"), "{err}");
     }
 
@@ -1239,16 +1234,9 @@ mod tests {
         let leader = fake::start(VERSION, 16, pong()).await;
         let own = Arc::new(Mutex::new(String::new()));
         let asked = Arc::new(AtomicU32::new(0));
-        let (named, calls) = (Arc::clone(&own), Arc::clone(&asked));
-        let script: fake::Script = Arc::new(move |_| {
-            calls.fetch_add(1, Ordering::Relaxed);
-            let message = format!("leader={}", named.lock().unwrap());
-            Some(Response::Error {
-                code: ErrorCode::NotLeader,
-                message,
-            })
-        });
-        let isolated = fake::start(VERSION, 16, script).await;
+        let named = Arc::clone(&own);
+        let message = move || format!("leader={}", named.lock().unwrap());
+        let isolated = fake::start(VERSION, 16, not_leader(message, Arc::clone(&asked))).await;
         *own.lock().unwrap() = isolated.addr.clone();
         let client = Client::connect(format!("{},{}", isolated.addr, leader.addr))
             .await
@@ -1291,12 +1279,7 @@ mod tests {
         // A follower that takes 3 s to say NOT_LEADER (a node stopped, then resumed).
         let delay = Duration::from_secs(3);
         let message = format!("leader={}", leader.addr);
-        let script: fake::Script = Arc::new(move |_| {
-            Some(Response::Error {
-                code: ErrorCode::NotLeader,
-                message: message.clone(),
-            })
-        });
+        let script = not_leader(move || message.clone(), Arc::new(AtomicU32::new(0)));
         let slow = fake::start_delayed(VERSION, 16, script, delay).await;
         *slow_addr.lock().unwrap() = slow.addr.clone();
         let client = Client::connect(format!("{},{}", slow.addr, leader.addr))
