@@ -1,14 +1,17 @@
-//! Key storage and the key -> slot index of the lock table.
+//! The key -> slot index of the lock table.
 //!
 //! The table must find a lock by key (client requests) and a key by lock (timers fire with a
 //! slot number). `std::collections::HashMap<Box<[u8]>, u32>` would store every key twice or
-//! force a second allocation, so instead each key lives once, in its slot, and this index is a
-//! bare open-addressing table of `u64` buckets: the top 32 bits of the key's hash (a tag that
-//! also gives the home bucket, so growing and deleting never rehash a key) and the slot
-//! number. Lookups compare the key only on a tag match. Linear probing with backward-shift
-//! deletion keeps it free of tombstones.
+//! force a second allocation, so instead each key lives once, in the shard's key arena, and
+//! this index is a bare open-addressing table of `u64` buckets: the top 32 bits of the key's
+//! hash (a tag that also gives the home bucket, so growing and deleting never rehash a key)
+//! and the slot number. Lookups compare the key only on a tag match. Linear probing with
+//! backward-shift deletion keeps it free of tombstones.
 //!
-//! Keys of up to `KEY_INLINE_MAX` bytes (the common case) are stored inline in the slot.
+//! The home bucket is the tag scaled onto the bucket count (multiply and shift), so the count
+//! need not be a power of two, and the index grows by a quarter at a time: it is used between
+//! 70 % and 87.5 %, where doubling would leave it between 44 % and 87.5 %, and a growth holds
+//! the old and new arrays at once for 2.25 times the index, not 3 times.
 
 /// Bucket value for "empty"; slot numbers stay below `u32::MAX` so it cannot collide.
 const EMPTY: u64 = u64::MAX;
@@ -16,50 +19,12 @@ const EMPTY: u64 = u64::MAX;
 const LOAD_NUMERATOR: usize = 7;
 /// See `LOAD_NUMERATOR`.
 const LOAD_DENOMINATOR: usize = 8;
-/// Smallest bucket count (a power of two).
+/// A growth adds `1 / GROWTH_DIVISOR` of the buckets.
+const GROWTH_DIVISOR: usize = 4;
+/// Smallest bucket count.
 const BUCKETS_MIN: usize = 16;
 /// At most 2^32 buckets, since the home bucket comes from the 32-bit tag.
 const BUCKETS_MAX: usize = 1 << 32;
-/// Longest key stored inside the slot without a heap allocation.
-pub(super) const KEY_INLINE_MAX: usize = 22;
-
-/// A key's bytes: inline when short, else on the heap.
-#[derive(Clone, Debug)]
-pub(super) enum KeyBytes {
-    /// The first `len` bytes of `bytes` are the key.
-    Inline {
-        /// Key length, at most `KEY_INLINE_MAX`.
-        len: u8,
-        /// Key bytes, zero-padded.
-        bytes: [u8; KEY_INLINE_MAX],
-    },
-    /// A key longer than `KEY_INLINE_MAX`.
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    /// Stores `key`, inline if it fits.
-    pub(super) fn new(key: &[u8]) -> Self {
-        if key.len() <= KEY_INLINE_MAX {
-            let mut bytes = [0; KEY_INLINE_MAX];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            KeyBytes::Heap(key.into())
-        }
-    }
-
-    /// The key.
-    pub(super) fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            KeyBytes::Heap(bytes) => bytes,
-        }
-    }
-}
 
 /// Hashes a key: FxHash-style word mixing from a per-table seed, then a 64-bit finalizer so
 /// the top bits (used for the tag) depend on every input bit. Not cryptographic; the seed
@@ -86,7 +51,7 @@ pub(super) fn hash_key(seed: u64, key: &[u8]) -> u64 {
 /// Open-addressing map from key hash to slot number; see the module docs.
 #[derive(Debug)]
 pub(super) struct KeyIndex {
-    /// `(tag << 32) | slot`, or `EMPTY`. Length is a power of two.
+    /// `(tag << 32) | slot`, or `EMPTY`.
     buckets: Vec<u64>,
     /// Used buckets.
     len: usize,
@@ -114,7 +79,6 @@ impl KeyIndex {
     /// The slot of the key with this hash for which `is_key(slot)` is true.
     pub(super) fn find(&self, hash: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
         let tag = tag_of(hash);
-        let mask = self.buckets.len() - 1;
         let mut position = self.home(tag);
         loop {
             let bucket = self.buckets[position];
@@ -124,7 +88,7 @@ impl KeyIndex {
             if (bucket >> 32) as u32 == tag && is_key(bucket as u32) {
                 return Some(bucket as u32);
             }
-            position = (position + 1) & mask;
+            position = self.after(position);
         }
     }
 
@@ -144,27 +108,26 @@ impl KeyIndex {
     /// If it is not there (the table's bookkeeping is broken).
     pub(super) fn remove(&mut self, hash: u64, slot: u32) {
         let wanted = ((tag_of(hash) as u64) << 32) | u64::from(slot);
-        let mask = self.buckets.len() - 1;
         let mut hole = self.home(tag_of(hash));
         while self.buckets[hole] != wanted {
             assert!(
                 self.buckets[hole] != EMPTY,
                 "slot {slot} missing from key index"
             );
-            hole = (hole + 1) & mask;
+            hole = self.after(hole);
         }
         // Backward-shift deletion: pull later members of the probe run into the hole when
         // their home is not strictly between the hole and their position.
         let mut position = hole;
         loop {
-            position = (position + 1) & mask;
+            position = self.after(position);
             let bucket = self.buckets[position];
             if bucket == EMPTY {
                 break;
             }
             let home = self.home((bucket >> 32) as u32);
-            let distance_home = position.wrapping_sub(home) & mask;
-            let distance_hole = position.wrapping_sub(hole) & mask;
+            let distance_home = self.distance(home, position);
+            let distance_hole = self.distance(hole, position);
             if distance_home >= distance_hole {
                 self.buckets[hole] = bucket;
                 hole = position;
@@ -182,26 +145,42 @@ impl KeyIndex {
             .map(|&bucket| bucket as u32)
     }
 
-    /// The home bucket of a tag: its top bits, as many as the bucket count needs.
+    /// The home bucket of a tag: the tag scaled onto the bucket count.
     fn home(&self, tag: u32) -> usize {
-        let bits = self.buckets.len().trailing_zeros();
-        ((u64::from(tag) << 32) >> (64 - bits)) as usize
+        ((u64::from(tag) * self.buckets.len() as u64) >> 32) as usize
+    }
+
+    /// The bucket after `position`, wrapping around.
+    fn after(&self, position: usize) -> usize {
+        if position + 1 == self.buckets.len() {
+            0
+        } else {
+            position + 1
+        }
+    }
+
+    /// Buckets from `from` forward to `to`, wrapping around.
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.buckets.len() - from
+        }
     }
 
     /// Stores a bucket value at the first free position of its probe run.
     fn put(&mut self, bucket: u64) {
-        let mask = self.buckets.len() - 1;
         let mut position = self.home((bucket >> 32) as u32);
         while self.buckets[position] != EMPTY {
-            position = (position + 1) & mask;
+            position = self.after(position);
         }
         self.buckets[position] = bucket;
     }
 
-    /// Doubles the bucket count; tags carry the home bucket, so no key is rehashed.
+    /// Adds a quarter to the bucket count; tags carry the home bucket, so no key is rehashed.
     fn grow(&mut self) {
-        let count = self.buckets.len() * 2;
-        assert!(count <= BUCKETS_MAX, "key index full");
+        let count = (self.buckets.len() + self.buckets.len() / GROWTH_DIVISOR).min(BUCKETS_MAX);
+        assert!(count > self.buckets.len(), "key index full");
         let old = std::mem::replace(&mut self.buckets, vec![EMPTY; count]);
         for bucket in old.into_iter().filter(|&bucket| bucket != EMPTY) {
             self.put(bucket);
@@ -219,20 +198,6 @@ mod tests {
     use super::*;
     use rand::{rngs::StdRng, Rng, SeedableRng};
     use std::collections::HashMap;
-
-    #[test]
-    fn key_bytes_round_trip() {
-        for len in [0, 1, KEY_INLINE_MAX, KEY_INLINE_MAX + 1, 1024] {
-            let key: Vec<u8> = (0..len).map(|i| i as u8).collect();
-            let stored = KeyBytes::new(&key);
-            assert_eq!(stored.as_slice(), &key[..]);
-            assert_eq!(
-                matches!(stored, KeyBytes::Inline { .. }),
-                len <= KEY_INLINE_MAX
-            );
-        }
-        assert_eq!(size_of::<KeyBytes>(), 24);
-    }
 
     /// Random inserts and removes with a deliberately weak hash (many equal tags) against
     /// a `HashMap`.

@@ -2,16 +2,18 @@
 //! others. Tests and the simulation call it after every step; it is O(n log n) in the table
 //! size and uses sorted vectors rather than hash sets, which are slow in debug builds.
 
-use super::{LockTable, Slot, Timer, WaiterSink, WAIT_TIMER_BIT};
+use super::keys::KeyRef;
+use super::{LockTable, Slot, Timer, WaiterSink};
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 
 impl<W: WaiterSink> LockTable<W> {
     /// Panics with a description of the first broken invariant: slab, free list, index and
-    /// wheel agree; counts match; every lease has exactly one live timer at or before its
-    /// deadline; every waiter has its timer; waiter ids are unique; queues only on keys with
+    /// wheels agree; counts match; every running lease, and nothing else, is filed in the
+    /// lease wheel at or before its deadline; every waiter has its timer; waiter ids are unique; queues only on keys with
     /// a slot; reserved keys have waiters and are on the deferred list.
     pub fn check_invariants(&self) {
         let timers = self.timers_sorted();
+        self.check_lease_timers();
         let mut free = vec![false; self.slots.len()];
         for &slot in &self.free_slots {
             assert!(
@@ -25,17 +27,18 @@ impl<W: WaiterSink> LockTable<W> {
             if lock.token == 0 {
                 assert!(free[number], "free slot {number} not on the free list");
                 assert!(
-                    lock.extra.is_none() && lock.key.as_slice().is_empty(),
+                    lock.extra.is_none() && lock.key == KeyRef::NONE && !lock.link.is_linked(),
                     "free slot {number} has data"
                 );
                 continue;
             }
             assert!(!free[number], "slot {number} in use and on the free list");
             used += 1;
-            self.check_lock(number, lock, &timers);
+            self.check_lock(number, lock);
             self.check_queue(number, lock, &timers, &mut waiter_ids);
         }
         assert_eq!(used, self.index.len(), "slots in use vs index entries");
+        assert_eq!(used, self.keys.len(), "slots in use vs keys stored");
         let mut indexed: Vec<u32> = self.index.slots().collect();
         indexed.sort_unstable();
         indexed.dedup();
@@ -66,15 +69,38 @@ impl<W: WaiterSink> LockTable<W> {
         );
     }
 
-    /// All pending timers with their deadlines, sorted by timer then deadline.
+    /// The lease wheel's lists are consistent and hold exactly the running leases (a slot in
+    /// use not reserved for a handoff), each filed no later than its deadline.
+    fn check_lease_timers(&self) {
+        let filed = self.lease_timers.nodes(&self.slots);
+        for &(slot, floor_ms) in &filed {
+            let lock = &self.slots[slot as usize];
+            assert!(
+                lock.token != 0 && lock.deadline_ms != 0,
+                "slot {slot}: a lease timer without a running lease"
+            );
+            assert!(
+                lock.deadline_ms >= floor_ms,
+                "slot {slot}: lease timer filed after its deadline"
+            );
+        }
+        let running = self
+            .slots
+            .iter()
+            .filter(|lock| lock.token != 0 && lock.deadline_ms != 0)
+            .count();
+        assert_eq!(filed.len(), running, "running leases vs lease timers");
+    }
+
+    /// All pending waiter timers with their deadlines, sorted by timer then deadline.
     fn timers_sorted(&self) -> Vec<(Timer, u64)> {
         let mut timers: Vec<(Timer, u64)> = self
-            .wheel
+            .wait_timers
             .iter()
             .map(|(deadline_ms, timer)| (*timer, deadline_ms))
             .collect();
         for (timer, _) in &timers {
-            let slot = (timer.slot & !WAIT_TIMER_BIT) as usize;
+            let slot = timer.slot as usize;
             assert!(
                 slot < self.slots.len(),
                 "timer for slot {slot} beyond the slab"
@@ -85,8 +111,8 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// Checks one slot in use, apart from its queue.
-    fn check_lock(&self, number: usize, lock: &Slot<W>, timers: &[(Timer, u64)]) {
-        let key = lock.key.as_slice();
+    fn check_lock(&self, number: usize, lock: &Slot<W>) {
+        let key = self.keys.get(lock.key);
         assert!(key.len() <= KEY_LEN_MAX, "slot {number}: key too long");
         assert_eq!(
             self.find(key),
@@ -122,20 +148,9 @@ impl<W: WaiterSink> LockTable<W> {
             );
             return;
         }
-        let timer = Timer {
-            slot: number as u32,
-            stamp: lock.generation,
-        };
-        let deadlines = deadlines_of(timers, timer);
-        assert_eq!(
-            deadlines.len(),
-            1,
-            "slot {number}: lease has {} live timers",
-            deadlines.len()
-        );
         assert!(
-            deadlines[0].1 <= lock.deadline_ms,
-            "slot {number}: lease timer after its deadline"
+            lock.link.is_linked(),
+            "slot {number}: a running lease without a timer"
         );
     }
 
@@ -190,7 +205,7 @@ impl<W: WaiterSink> LockTable<W> {
                 "waiter {id}: ttl_ms"
             );
             let timer = Timer {
-                slot: number as u32 | WAIT_TIMER_BIT,
+                slot: number as u32,
                 stamp: id as u32,
             };
             let armed = deadlines_of(timers, timer)

@@ -1,7 +1,6 @@
 //! A lease's life inside the table: finding a key's slot, granting a free key, arming the
 //! lease's timer, firing timers, settling a key whose lease or waits ran out, freeing it.
 
-use super::index::KeyBytes;
 use super::slot::{timer_is_live, LoggedTtl, Timer};
 use super::*;
 
@@ -15,9 +14,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// The slot of `key`, if it has one.
     pub(super) fn find(&self, key: &[u8]) -> Option<usize> {
         let hash = hash_key(self.hash_seed, key);
-        let found = self
-            .index
-            .find(hash, |slot| self.slots[slot as usize].key.as_slice() == key);
+        let found = self.index.find(hash, |slot| {
+            self.keys.get(self.slots[slot as usize].key) == key
+        });
         found.map(|slot| slot as usize)
     }
 
@@ -50,19 +49,12 @@ impl<W: WaiterSink> LockTable<W> {
     pub(super) fn install(&mut self, now_ms: u64, key: &[u8], grant: Grant, meta: Box<[u8]>) {
         let slot = match self.free_slots.pop() {
             Some(slot) => slot as usize,
-            None => {
-                if self.slots.len() == self.slots.capacity() {
-                    // Grow by an eighth, not double: the slab is most of a lock's memory, and
-                    // this bounds the unused tail to ~12% while staying amortized O(1).
-                    self.slots.reserve_exact(self.slots.len() / 8 + 64);
-                }
-                self.slots.push(Slot::vacant(0));
-                self.slots.len() - 1
-            }
+            None => self.slots.push(Slot::vacant()),
         };
+        let key_ref = self.keys.insert(key);
         let lock = &mut self.slots[slot];
         assert!(lock.token == 0, "slot {slot} on the free list is in use");
-        lock.key = KeyBytes::new(key);
+        lock.key = key_ref;
         lock.set_meta(meta);
         self.index
             .insert(hash_key(self.hash_seed, key), slot as u32);
@@ -79,27 +71,29 @@ impl<W: WaiterSink> LockTable<W> {
         self.arm_lease(slot);
     }
 
-    /// Arms a timer at the lease's deadline; earlier timers of the slot become stale.
+    /// Files the lease's timer at its deadline (taking it from where it was filed before).
     pub(super) fn arm_lease(&mut self, slot: usize) {
-        let lock = &mut self.slots[slot];
-        lock.generation = lock.generation.wrapping_add(1);
-        let timer = Timer {
-            slot: slot as u32,
-            stamp: lock.generation,
-        };
-        let deadline_ms = lock.deadline_ms;
-        self.insert_timer(deadline_ms, timer);
+        self.disarm_lease(slot);
+        self.lease_timers.insert(slot as u32, &mut self.slots);
     }
 
-    /// Adds a timer, first compacting the wheel if stale timers have piled up.
-    pub(super) fn insert_timer(&mut self, deadline_ms: u64, timer: Timer) {
-        let live_max = 2 * (self.index.len() + self.waiters_count) + TIMERS_STALE_MIN;
-        if self.wheel.len() >= live_max {
+    /// Takes the lease's timer out of the wheel, if it is in.
+    pub(super) fn disarm_lease(&mut self, slot: usize) {
+        if self.slots[slot].link.is_linked() {
+            self.lease_timers.remove(slot as u32, &mut self.slots);
+        }
+    }
+
+    /// Adds a waiter's timer, first compacting the waiters' wheel if stale timers have piled
+    /// up.
+    pub(super) fn insert_wait_timer(&mut self, deadline_ms: u64, timer: Timer) {
+        let live_max = 2 * self.waiters_count + TIMERS_STALE_MIN;
+        if self.wait_timers.len() >= live_max {
             let slots = &self.slots;
-            self.wheel
+            self.wait_timers
                 .retain(|deadline_ms, timer| timer_is_live(slots, deadline_ms, timer));
         }
-        self.wheel.insert(deadline_ms, timer);
+        self.wait_timers.insert(deadline_ms, timer);
     }
 
     /// Returns the key's slot to the free list.
@@ -111,39 +105,51 @@ impl<W: WaiterSink> LockTable<W> {
                 .is_none_or(|extra| extra.queue.is_empty()),
             "freeing slot {slot} with waiters"
         );
-        self.index
-            .remove(hash_key(self.hash_seed, lock.key.as_slice()), slot as u32);
+        let key_ref = lock.key;
+        self.index.remove(
+            hash_key(self.hash_seed, self.keys.get(key_ref)),
+            slot as u32,
+        );
+        self.keys.remove(key_ref);
         self.quotas.held.give_back(1);
-        let generation = lock.generation.wrapping_add(1);
-        self.slots[slot] = Slot::vacant(generation);
+        self.disarm_lease(slot);
+        self.slots[slot] = Slot::vacant();
         self.free_slots.push(slot as u32);
     }
 
-    /// Handles one fired timer: drops stale ones, re-arms renewed leases, settles the rest.
-    pub(super) fn fire(
+    /// Handles a fired lease timer (the wheel has unlinked it): settles the key, or files the
+    /// timer again if the lease was renewed after the wheel found it due (while it waited in
+    /// the wheel's ready list for a poll with budget left).
+    pub(super) fn fire_lease(
+        &mut self,
+        slot: u32,
+        now_ms: u64,
+        tokens: &TokenAllocator,
+        out: &mut Vec<Event<W>>,
+    ) {
+        let lock = &self.slots[slot as usize];
+        assert!(
+            lock.token != 0 && lock.deadline_ms != 0,
+            "slot {slot}: a lease timer fired for no running lease"
+        );
+        if lock.deadline_ms > now_ms {
+            self.lease_timers.insert(slot, &mut self.slots);
+            return;
+        }
+        self.settle(slot as usize, now_ms, tokens, out);
+    }
+
+    /// Handles a fired waiter timer: drops stale ones, settles the key of the rest.
+    pub(super) fn fire_wait(
         &mut self,
         timer: Timer,
         now_ms: u64,
         tokens: &TokenAllocator,
         out: &mut Vec<Event<W>>,
     ) {
-        let slot = (timer.slot & !WAIT_TIMER_BIT) as usize;
-        let lock = &self.slots[slot];
-        if lock.token == 0 {
-            return;
+        if self.slots[timer.slot as usize].token != 0 {
+            self.settle(timer.slot as usize, now_ms, tokens, out);
         }
-        if timer.slot & WAIT_TIMER_BIT == 0 {
-            if lock.generation != timer.stamp {
-                return;
-            }
-            if lock.deadline_ms > now_ms {
-                // Renewed since the timer was armed: lazily move it to the new deadline.
-                let deadline_ms = lock.deadline_ms;
-                self.insert_timer(deadline_ms, timer);
-                return;
-            }
-        }
-        self.settle(slot, now_ms, tokens, out);
     }
 
     /// Brings a key up to date at `now_ms`: times out waiters whose wait ran out, then, if the
@@ -166,7 +172,7 @@ impl<W: WaiterSink> LockTable<W> {
         let key: Box<[u8]> = if already_ended {
             Box::default()
         } else {
-            lock.key.as_slice().into()
+            self.keys.get(lock.key).into()
         };
         match self.hand_off(slot, now_ms, tokens) {
             HandoffStep::Granted(handoff) if already_ended => {

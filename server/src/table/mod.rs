@@ -19,16 +19,18 @@
 //! A handoff grants the waiter's lease for the waiter's own `ttl_ms`, counted from the
 //! `now_ms` of the call that settled the key.
 //!
-//! # Timers are lazy
+//! # Timers
 //!
-//! Every lease has one timer in the wheel, stamped with the slot's generation; every waiter
-//! has one, stamped with its id. Renewal only moves the lease's deadline: when the timer fires
-//! early it is put back at the new deadline (a renewal that *shortens* the lease arms a new
-//! timer and bumps the generation, so the timer is never late). Timers of freed or re-granted
-//! locks and of waiters that were served or cancelled fail validation and are dropped, so
-//! there is no cancel operation and renew is a field write. Stale timers are compacted away
-//! once they outnumber the live ones, so the wheel stays proportional to locks plus waiters
-//! even when leases with day-long TTLs are released after milliseconds.
+//! Every lease has exactly one timer: its slot's link in an intrusive wheel
+//! ([`LinkedWheel`]), filed at or before the lease's deadline. Renewal only moves the
+//! deadline (a field write); when the old filing comes due the wheel re-files the slot at the
+//! deadline it has then. A renewal that *shortens* the lease re-files it at once, so a timer is
+//! never late. Freeing a key unlinks its timer (O(1)), so no timer outlives its lease.
+//!
+//! Every waiter has one timer in a second wheel of entries, stamped with its id. Timers of
+//! waiters that were served or cancelled fail validation and are dropped, so a cancel costs
+//! nothing; they are compacted away once they outnumber the live ones, so that wheel stays
+//! proportional to the waiters.
 //!
 //! # Renewals and the journal
 //!
@@ -54,28 +56,31 @@
 //!
 //! # Memory
 //!
-//! Locks live in a slab of `Slot`s (72 bytes: key inline up to 22 bytes, lease, deadline,
-//! token, generation, logged TTL, and a pointer to rarely used extras: metadata and waiter
-//! queue).
-//! A custom index maps key hashes to slab numbers in 8-byte buckets (see `index`), and each
-//! lease timer costs 16 bytes in the wheel: 96 to 106 bytes per held lock by `size_of`, about
-//! 105 to 115 bytes measured with slack (100k to 1M locks with 16-byte keys).
+//! Locks live in a slab of 56-byte `Slot`s in fixed chunks (lease id, token, deadline, the
+//! lease timer's links, logged TTL, where the key is, and a pointer to rarely used extras:
+//! metadata and waiter queue). Keys live in the shard's key arena (`keys`: length plus one
+//! byte, in 4-byte granules, no allocation per key), and an index maps key hashes to slot
+//! numbers in 8-byte buckets, growing by a quarter at a time (`index`). A lock with a 23-byte
+//! key costs 56 + 24 bytes plus 9 to 12 of index; nothing else grows with the locks held.
 //!
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
-//! `slot`: the slab entry, its extras, queued acquires, timers. `lease`: a lease's life
+//! `slot`: the slab entry, its extras, queued acquires, waiter timers. `slab`: slots in
+//! chunks. `keys`: the key arena. `lease`: a lease's life
 //! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).
 //! `upkeep`: ticker, recovery, snapshot and disconnect entry points. `index`: key -> slot.
 //! `quota`: server-wide counts. `outcome`: the public vocabulary. `invariants`: self-checks.
 
 mod index;
 mod invariants;
+mod keys;
 mod lease;
 mod outcome;
 mod queue;
 mod quota;
 #[cfg(test)]
 pub(crate) mod sim;
+mod slab;
 mod slot;
 mod upkeep;
 
@@ -85,22 +90,24 @@ use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN,
 use tenure_protocol::LeaseId;
 
 use crate::tokens::TokenAllocator;
-use crate::wheel::TimerWheel;
+use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
 use index::{hash_key, KeyIndex};
+use keys::KeyArena;
 pub use outcome::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, HeldLock, Inspect, Limit, Release, Renew,
     TableLimits, WaiterSink,
 };
 pub use quota::{Quota, Quotas};
+use slab::Slab;
 pub use slot::LoggedTtl;
 use slot::{Slot, Timer};
 #[cfg(test)]
-use {index::KeyBytes, slot::Extra, slot::Queued}; // sizes checked in the tests
+use {slot::Extra, slot::Queued}; // sizes checked in the tests
 
-/// The wheel is compacted (stale timers dropped) once it holds more than twice the live
-/// timers plus this many; compaction is O(timers), so this keeps it amortized O(1) per insert
-/// and bounds the wheel's memory by the number of held locks and waiters. Small in tests so
-/// the simulation exercises it.
+/// The waiters' wheel is compacted (stale timers dropped) once it holds more than twice the
+/// live waiters plus this many; compaction is O(timers), so this keeps it amortized O(1) per
+/// insert and bounds the wheel's memory by the number of waiters. Small in tests so the
+/// simulation exercises it.
 const TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 4096 };
 
 /// A queue is compacted (cancelled waiters dropped) once they outnumber its live waiters plus
@@ -108,10 +115,9 @@ const TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 4096 };
 /// waiters plus this.
 const CANCELLED_SLACK: usize = if cfg!(test) { 2 } else { 16 };
 
-/// Marks a waiter timer (as opposed to a lease timer) in `Timer::slot`.
-const WAIT_TIMER_BIT: u32 = 1 << 31;
-/// Largest `held_max` a table accepts: slot numbers must leave `WAIT_TIMER_BIT` free.
-pub const HELD_MAX_LIMIT: usize = (WAIT_TIMER_BIT - 1) as usize;
+/// Largest `held_max` a table accepts: slot numbers are the lease wheel's node numbers, which
+/// stay below its `HEAD_BIT`.
+pub const HELD_MAX_LIMIT: usize = (HEAD_BIT - 1) as usize;
 
 /// What `hand_off` did with a lock whose lease is over.
 enum HandoffStep<W> {
@@ -131,16 +137,22 @@ pub struct LockTable<W> {
     /// Seed of the key hash, so clients cannot aim keys at one bucket.
     hash_seed: u64,
     /// The slab; a lock's number never changes while its key has a slot.
-    slots: Vec<Slot<W>>,
+    slots: Slab<W>,
+    /// The keys of the slots in use.
+    keys: KeyArena,
     /// Numbers of free slots, reused before the slab grows.
     free_slots: Vec<u32>,
     /// Key hash to slot number.
     index: KeyIndex,
-    /// Lease and waiter timers.
-    wheel: TimerWheel<Timer>,
+    /// Lease timers: one per running lease, linked through its slot.
+    lease_timers: LinkedWheel,
+    /// Waiter timers (stale ones included until they fire or are compacted).
+    wait_timers: TimerWheel<Timer>,
     /// Slots whose lease ended while no token was available (may hold stale numbers).
     deferred: Vec<u32>,
-    /// Scratch space for timers fired by one `advance`.
+    /// Scratch space for lease timers fired by one `advance`.
+    fired_leases: Vec<u32>,
+    /// Scratch space for waiter timers fired by one `advance`.
     fired: Vec<Timer>,
     /// Waiters queued over all keys.
     waiters_count: usize,
@@ -192,11 +204,14 @@ impl<W: WaiterSink> LockTable<W> {
         LockTable {
             quotas,
             hash_seed,
-            slots: Vec::new(),
+            slots: Slab::new(),
+            keys: KeyArena::default(),
             free_slots: Vec::new(),
             index: KeyIndex::new(),
-            wheel: TimerWheel::new(),
+            lease_timers: LinkedWheel::new(),
+            wait_timers: TimerWheel::new(),
             deferred: Vec::new(),
+            fired_leases: Vec::new(),
             fired: Vec::new(),
             waiters_count: 0,
             next_waiter_id: 1,
@@ -217,17 +232,25 @@ impl<W: WaiterSink> LockTable<W> {
         self.waiters_count
     }
 
-    /// Heap bytes reserved by the slab, the index and the timer wheel (not counting keys
-    /// longer than the inline size, metadata and waiters).
+    /// Heap bytes reserved by the slab, the keys, the index, the free list and the waiters'
+    /// wheel (not counting metadata and waiters' queues).
     pub fn memory_bytes(&self) -> usize {
-        self.slots.capacity() * size_of::<Slot<W>>()
+        self.slots.bytes()
+            + self.keys.bytes()
             + self.index.bytes()
-            + self.wheel.memory_bytes()
+            + self.free_slots.capacity() * size_of::<u32>()
+            + self.wait_timers.memory_bytes()
     }
 
     /// A lower bound on when `advance` will next have timers to process (`None`: no timers).
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.wheel.next_due_ms()
+        match (
+            self.lease_timers.next_due_ms(),
+            self.wait_timers.next_due_ms(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Tries to lock `args.key`. The key is settled first (see the module docs); events from
@@ -346,7 +369,8 @@ impl<W: WaiterSink> LockTable<W> {
         let shortened = deadline_ms < lock.deadline_ms;
         lock.deadline_ms = deadline_ms;
         if shortened {
-            // The armed timer would be late; arm one at the new deadline instead.
+            // The timer would be late: file it at the new deadline. (A longer lease leaves
+            // it where it is; the wheel re-files it when the old filing comes due.)
             self.arm_lease(slot);
         }
     }

@@ -39,10 +39,10 @@ impl<W: WaiterSink> LockTable<W> {
         extra.wait_deadline_min_ms = extra.wait_deadline_min_ms.min(deadline_ms);
         self.waiters_count += 1;
         let timer = Timer {
-            slot: slot as u32 | WAIT_TIMER_BIT,
+            slot: slot as u32,
             stamp: waiter_id as u32,
         };
-        self.insert_timer(deadline_ms, timer);
+        self.insert_wait_timer(deadline_ms, timer);
         Acquire::Queued { waiter_id }
     }
 
@@ -62,7 +62,7 @@ impl<W: WaiterSink> LockTable<W> {
         }
         let holder_token = lock.token;
         let ttl_left_ms = lock.deadline_ms.saturating_sub(now_ms);
-        let key = lock.key.as_slice();
+        let key = self.keys.get(lock.key);
         let mut wait_deadline_min_ms = u64::MAX;
         let mut timed_out = 0;
         // In place, in order: cancelled entries go too, live ones keep their FIFO positions.
@@ -134,7 +134,7 @@ impl<W: WaiterSink> LockTable<W> {
         extra.drop_cancelled();
         lock.set_meta(queued.meta.clone());
         lock.tidy_extra();
-        let key: Box<[u8]> = lock.key.as_slice().into();
+        let key: Box<[u8]> = self.keys.get(lock.key).into();
         self.waiters_left(1);
         let grant = Grant {
             token,
@@ -154,9 +154,8 @@ impl<W: WaiterSink> LockTable<W> {
     /// Ends the slot's lease without a successor, reserving the key for its waiters until a
     /// token is available.
     pub(super) fn defer(&mut self, slot: usize) {
-        let lock = &mut self.slots[slot];
-        lock.deadline_ms = 0;
-        lock.generation = lock.generation.wrapping_add(1);
+        self.disarm_lease(slot);
+        self.slots[slot].deadline_ms = 0;
         self.deferred.push(slot as u32);
         if self.deferred.len() > self.slots.len() {
             // Stale and repeated numbers: keep one entry per reserved slot, so the list stays

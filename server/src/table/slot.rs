@@ -1,21 +1,24 @@
-//! The slab entry of the lock table and what hangs off it: a [`Slot`] (key, lease, timer
-//! generation), its rarely used [`Extra`] (metadata, waiter queue), a queued acquire
-//! ([`Queued`]), and the wheel's [`Timer`] with the check that tells a live timer from a stale
+//! The slab entry of the lock table and what hangs off it: a [`Slot`] (key, lease, lease
+//! timer link), its rarely used [`Extra`] (metadata, waiter queue), a queued acquire
+//! ([`Queued`]), and a waiter's [`Timer`] with the check that tells a live timer from a stale
 //! one.
 
 use std::collections::VecDeque;
 
 use tenure_protocol::LeaseId;
 
-use super::index::KeyBytes;
-use super::{CANCELLED_SLACK, WAIT_TIMER_BIT};
+use super::keys::KeyRef;
+use super::slab::Slab;
+use super::CANCELLED_SLACK;
+use crate::wheel::Link;
 
-/// A timer in the wheel: which slot, and a stamp to tell whether it is still wanted.
+/// A waiter's timer in the waiters' wheel: which slot, and a stamp to tell whether it is
+/// still wanted. (A lease's timer is the slot's own `link`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Timer {
-    /// Slot number, with `WAIT_TIMER_BIT` set for a waiter timer.
+    /// Slot number.
     pub(super) slot: u32,
-    /// Lease timers: the slot's generation when armed. Waiter timers: low bits of the id.
+    /// The low 32 bits of the waiter's id.
     pub(super) stamp: u32,
 }
 
@@ -56,11 +59,12 @@ impl LoggedTtl {
     }
 }
 
-/// One slab entry: a key with its lease, or free (`token == 0`).
+/// One slab entry: a key with its lease, or free (`token == 0`). 56 bytes: it is most of a
+/// held lock's memory.
 #[derive(Debug)]
 pub(super) struct Slot<W> {
-    /// The key (empty when free).
-    pub(super) key: KeyBytes,
+    /// Where the key is in the shard's key arena (`KeyRef::NONE` when free).
+    pub(super) key: KeyRef,
     /// The holder's lease id.
     pub(super) lease_id: LeaseId,
     /// The holder's fencing token; 0 marks a free slot.
@@ -68,8 +72,9 @@ pub(super) struct Slot<W> {
     /// The lease expires when `now_ms >= deadline_ms`. 0: the lease ended and the key is
     /// reserved for its waiters until a token is available.
     pub(super) deadline_ms: u64,
-    /// Bumped whenever the lease's timer is re-armed or the lease ends, so old timers fail.
-    pub(super) generation: u32,
+    /// The lease's timer: linked in the lease wheel while the lease runs (filed at or before
+    /// `deadline_ms`), unlinked when free or reserved for a handoff.
+    pub(super) link: Link,
     /// The TTL of the lease's last record in the journal: what a restart gives it again.
     pub(super) logged: LoggedTtl,
     /// Metadata and waiter queue; `None` when both are empty (the common case).
@@ -111,13 +116,13 @@ pub(super) struct Queued<W> {
 
 impl<W> Slot<W> {
     /// A free slot.
-    pub(super) fn vacant(generation: u32) -> Self {
+    pub(super) fn vacant() -> Self {
         Slot {
-            key: KeyBytes::new(&[]),
+            key: KeyRef::NONE,
             lease_id: LeaseId::default(),
             token: 0,
             deadline_ms: 0,
-            generation,
+            link: Link::UNLINKED,
             logged: LoggedTtl::NONE,
             extra: None,
         }
@@ -183,15 +188,11 @@ impl<W> Extra<W> {
     }
 }
 
-/// Whether a timer still matters: a lease timer of the slot's current, unended lease, or the
-/// timer of a waiter still queued with that deadline.
-pub(super) fn timer_is_live<W>(slots: &[Slot<W>], deadline_ms: u64, timer: &Timer) -> bool {
-    let lock = &slots[(timer.slot & !WAIT_TIMER_BIT) as usize];
+/// Whether a waiter's timer still matters: its waiter is still queued with that deadline.
+pub(super) fn timer_is_live<W>(slots: &Slab<W>, deadline_ms: u64, timer: &Timer) -> bool {
+    let lock = &slots[timer.slot as usize];
     if lock.token == 0 {
         return false;
-    }
-    if timer.slot & WAIT_TIMER_BIT == 0 {
-        return lock.deadline_ms != 0 && lock.generation == timer.stamp;
     }
     let Some(queue) = lock.extra.as_ref().map(|extra| &extra.queue) else {
         return false;

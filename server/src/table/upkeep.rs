@@ -76,15 +76,21 @@ impl<W: WaiterSink> LockTable<W> {
             }
             self.deferred.append(&mut deferred);
         }
+        let mut fired_leases = std::mem::take(&mut self.fired_leases);
+        spent += self
+            .lease_timers
+            .poll(now_ms, budget - spent, &mut self.slots, &mut fired_leases);
+        for slot in fired_leases.drain(..) {
+            self.fire_lease(slot, now_ms, tokens, out);
+        }
+        self.fired_leases = fired_leases;
         let mut fired = std::mem::take(&mut self.fired);
-        self.wheel.poll(now_ms, budget - spent, &mut fired);
+        self.wait_timers.poll(now_ms, budget - spent, &mut fired);
         for timer in fired.drain(..) {
-            self.fire(timer, now_ms, tokens, out);
+            self.fire_wait(timer, now_ms, tokens, out);
         }
         self.fired = fired;
-        self.wheel
-            .next_due_ms()
-            .is_some_and(|due_ms| due_ms <= now_ms)
+        self.next_due_ms().is_some_and(|due_ms| due_ms <= now_ms)
             || (tokens.remaining() > 0 && !self.deferred.is_empty())
     }
 
@@ -158,7 +164,7 @@ impl<W: WaiterSink> LockTable<W> {
             .filter(|lock| lock.token != 0 && lock.deadline_ms > now_ms)
         {
             visit(HeldLock {
-                key: lock.key.as_slice(),
+                key: self.keys.get(lock.key),
                 lease_id: lock.lease_id,
                 token: lock.token,
                 ttl_ms: lock.logged.ttl_ms(),

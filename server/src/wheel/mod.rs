@@ -28,6 +28,9 @@
 
 use std::collections::VecDeque;
 
+mod linked;
+pub use linked::{Link, LinkedWheel, Nodes, HEAD_BIT};
+
 /// Number of levels; `LEVELS * SLOT_BITS` bits of deadline distance are tracked exactly.
 const LEVELS: usize = 6;
 /// Each level has `2^SLOT_BITS` slots, so its occupancy fits in one `u64`.
@@ -239,33 +242,10 @@ impl<T> TimerWheel<T> {
 
     /// The occupied slot with the earliest start, as `(level, slot, start_ms)`.
     fn next_slot(&self) -> Option<(usize, usize, u64)> {
-        let mut best: Option<(usize, usize, u64)> = None;
-        for (level, ring) in self.levels.iter().enumerate() {
-            if ring.occupied == 0 {
-                continue;
-            }
-            let shift = level as u32 * SLOT_BITS;
-            let span_ms = 1u64 << (shift + SLOT_BITS);
-            let elapsed_slot = ((self.elapsed_ms >> shift) as usize) & (SLOTS - 1);
-            // Search in ring order starting just after the current slot; the current slot
-            // itself comes last, meaning "next rotation".
-            let first = (elapsed_slot + 1) & (SLOTS - 1);
-            let distance = ring.occupied.rotate_right(first as u32).trailing_zeros() as usize;
-            let slot = (first + distance) & (SLOTS - 1);
-            let mut start_ms = (self.elapsed_ms & !(span_ms - 1)) + ((slot as u64) << shift);
-            if slot <= elapsed_slot {
-                // Only clamped far-future entries on the last level can be a rotation ahead.
-                assert!(
-                    level == LEVELS - 1,
-                    "wheel level {level} slot {slot} is behind time"
-                );
-                start_ms += span_ms;
-            }
-            if best.is_none_or(|(_, _, best_ms)| start_ms < best_ms) {
-                best = Some((level, slot, start_ms));
-            }
-        }
-        best
+        earliest_slot(
+            self.elapsed_ms,
+            self.levels.iter().map(|ring| ring.occupied),
+        )
     }
 
     /// Empties one slot whose start has come, moving time to that start and re-placing its
@@ -284,6 +264,41 @@ impl<T> TimerWheel<T> {
             ring.slots[slot] = entries;
         }
     }
+}
+
+/// The occupied slot with the earliest start, as `(level, slot, start_ms)`, given the wheel's
+/// time and each level's occupancy bitmap (finest level first).
+fn earliest_slot(
+    elapsed_ms: u64,
+    occupancy: impl Iterator<Item = u64>,
+) -> Option<(usize, usize, u64)> {
+    let mut best: Option<(usize, usize, u64)> = None;
+    for (level, occupied) in occupancy.enumerate() {
+        if occupied == 0 {
+            continue;
+        }
+        let shift = level as u32 * SLOT_BITS;
+        let span_ms = 1u64 << (shift + SLOT_BITS);
+        let elapsed_slot = ((elapsed_ms >> shift) as usize) & (SLOTS - 1);
+        // Search in ring order starting just after the current slot; the current slot
+        // itself comes last, meaning "next rotation".
+        let first = (elapsed_slot + 1) & (SLOTS - 1);
+        let distance = occupied.rotate_right(first as u32).trailing_zeros() as usize;
+        let slot = (first + distance) & (SLOTS - 1);
+        let mut start_ms = (elapsed_ms & !(span_ms - 1)) + ((slot as u64) << shift);
+        if slot <= elapsed_slot {
+            // Only clamped far-future entries on the last level can be a rotation ahead.
+            assert!(
+                level == LEVELS - 1,
+                "wheel level {level} slot {slot} is behind time"
+            );
+            start_ms += span_ms;
+        }
+        if best.is_none_or(|(_, _, best_ms)| start_ms < best_ms) {
+            best = Some((level, slot, start_ms));
+        }
+    }
+    best
 }
 
 /// The level for a deadline: the highest 6-bit group in which it differs from `elapsed_ms`.
