@@ -41,6 +41,7 @@ pub mod http;
 pub mod identity;
 pub mod journal;
 pub mod log_limit;
+pub mod memory;
 pub mod metrics;
 pub mod server;
 pub mod stats;

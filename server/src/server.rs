@@ -321,6 +321,9 @@ async fn recover(
             &lease.meta,
         );
     }
+    // The replayed copy of the leases is gone; its memory goes back now, not whenever the
+    // allocator next gets to it.
+    crate::memory::release_freed();
     tracing::info!(
         leases,
         token_floor = recovered.token_floor,
