@@ -2,6 +2,7 @@
 //! others. Tests and the simulation call it after every step; it is O(n log n) in the table
 //! size and uses sorted vectors rather than hash sets, which are slow in debug builds.
 
+use super::extras;
 use super::keys::KeyRef;
 use super::{LockTable, Slot, Timer, WaiterSink};
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
@@ -27,7 +28,7 @@ impl<W: WaiterSink> LockTable<W> {
             if lock.token == 0 {
                 assert!(free[number], "free slot {number} not on the free list");
                 assert!(
-                    lock.extra.is_none() && lock.key == KeyRef::NONE && !lock.link.is_linked(),
+                    lock.key == KeyRef::NONE && !lock.link.is_linked(),
                     "free slot {number} has data"
                 );
                 continue;
@@ -35,10 +36,20 @@ impl<W: WaiterSink> LockTable<W> {
             assert!(!free[number], "slot {number} in use and on the free list");
             used += 1;
             self.check_lock(number, lock);
-            self.check_queue(number, lock, &timers, &mut waiter_ids);
+            self.check_queue(number, &timers, &mut waiter_ids);
         }
         assert_eq!(used, self.index.len(), "slots in use vs index entries");
         assert_eq!(used, self.keys.len(), "slots in use vs keys stored");
+        let flagged = self
+            .slots
+            .iter()
+            .filter(|lock| lock.key.has_extra())
+            .count();
+        assert_eq!(
+            flagged,
+            self.extras.len(),
+            "slots flagged with extras vs extras"
+        );
         let mut indexed: Vec<u32> = self.index.slots().collect();
         indexed.sort_unstable();
         indexed.dedup();
@@ -120,7 +131,7 @@ impl<W: WaiterSink> LockTable<W> {
             "slot {number}: key {key:?} not indexed to it"
         );
         assert!(
-            lock.meta().len() <= META_LEN_MAX,
+            self.meta(number).len() <= META_LEN_MAX,
             "slot {number}: meta too long"
         );
         assert!(
@@ -131,7 +142,7 @@ impl<W: WaiterSink> LockTable<W> {
             !lock.logged.is_pending() || self.renewal_lsn_max > 0,
             "slot {number}: a renewal record pending, yet none was logged"
         );
-        if let Some(extra) = &lock.extra {
+        if let Some(extra) = extras::get(&self.slots, &self.extras, number) {
             assert!(
                 !extra.meta.is_empty() || !extra.queue.is_empty(),
                 "slot {number}: empty extra"
@@ -139,7 +150,7 @@ impl<W: WaiterSink> LockTable<W> {
         }
         if lock.deadline_ms == 0 {
             assert!(
-                lock.queue_len() > 0,
+                self.queue_len(number) > 0,
                 "slot {number}: reserved for a handoff but no waiters"
             );
             assert!(
@@ -155,14 +166,10 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// Checks one slot's queue, collecting its waiter ids.
-    fn check_queue(
-        &self,
-        number: usize,
-        lock: &Slot<W>,
-        timers: &[(Timer, u64)],
-        waiter_ids: &mut Vec<u64>,
-    ) {
-        let Some(extra) = &lock.extra else { return };
+    fn check_queue(&self, number: usize, timers: &[(Timer, u64)], waiter_ids: &mut Vec<u64>) {
+        let Some(extra) = extras::get(&self.slots, &self.extras, number) else {
+            return;
+        };
         assert!(
             extra.live <= self.quotas.waiters_per_key_max,
             "slot {number}: queue too long"

@@ -15,6 +15,8 @@
 
 use tenure_protocol::limits::KEY_LEN_MAX;
 
+use super::extras::EXTRA_FLAG;
+
 /// Allocation unit: every entry starts on a granule and takes whole granules.
 const GRANULE_BYTES: usize = 4;
 /// Bytes per chunk (a power of two), allocated when the last one is full.
@@ -32,13 +34,29 @@ const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize);
 /// End of a free list.
 const NIL: u32 = u32::MAX;
 
-/// Where a key is in its shard's arena: the number of its first granule.
+/// Where a key is in its shard's arena: the number of its first granule, below
+/// `EXTRA_FLAG`, which the slot holding it may set (see `extras`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct KeyRef(u32);
 
 impl KeyRef {
     /// No key (a free slot's).
-    pub(super) const NONE: KeyRef = KeyRef(u32::MAX);
+    pub(super) const NONE: KeyRef = KeyRef(EXTRA_FLAG - 1);
+
+    /// The raw word, flag included.
+    pub(super) fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// From a raw word, flag included.
+    pub(super) fn from_bits(bits: u32) -> KeyRef {
+        KeyRef(bits)
+    }
+
+    /// The granule number, without the flag.
+    fn granule(self) -> u32 {
+        self.0 & !EXTRA_FLAG
+    }
 }
 
 /// The key bytes of one shard; see the module docs.
@@ -79,10 +97,10 @@ impl KeyArena {
 
     /// The key at `at` (empty for [`KeyRef::NONE`]).
     pub(super) fn get(&self, at: KeyRef) -> &[u8] {
-        if at == KeyRef::NONE {
+        if at.granule() == KeyRef::NONE.granule() {
             return &[];
         }
-        let (chunk, offset) = locate(at.0);
+        let (chunk, offset) = locate(at.granule());
         let bytes = &self.chunks[chunk][offset..];
         let (start, len) = match bytes[0] {
             LONG_LEN => (
@@ -97,7 +115,7 @@ impl KeyArena {
     /// Frees the key at `at` for reuse.
     pub(super) fn remove(&mut self, at: KeyRef) {
         let granules = entry_granules(self.get(at).len());
-        self.give_back(at.0, granules);
+        self.give_back(at.granule(), granules);
         self.len -= 1;
     }
 
@@ -126,7 +144,7 @@ impl KeyArena {
                 self.give_back(at, CHUNK_GRANULES - self.used);
             }
             assert!(
-                (self.chunks.len() + 1) * CHUNK_GRANULES <= u32::MAX as usize,
+                (self.chunks.len() + 1) * CHUNK_GRANULES < KeyRef::NONE.granule() as usize,
                 "key arena full"
             );
             self.chunks.push(vec![0; CHUNK_BYTES].into_boxed_slice());

@@ -1,6 +1,7 @@
 //! A lease's life inside the table: finding a key's slot, granting a free key, arming the
 //! lease's timer, firing timers, settling a key whose lease or waits ran out, freeing it.
 
+use super::extras;
 use super::slot::{timer_is_live, LoggedTtl, Timer};
 use super::*;
 
@@ -55,7 +56,7 @@ impl<W: WaiterSink> LockTable<W> {
         let lock = &mut self.slots[slot];
         assert!(lock.token == 0, "slot {slot} on the free list is in use");
         lock.key = key_ref;
-        lock.set_meta(meta);
+        extras::set_meta(&mut self.slots, &mut self.extras, slot, meta);
         self.index
             .insert(hash_key(self.hash_seed, key), slot as u32);
         self.start_lease(slot, now_ms, grant);
@@ -89,23 +90,21 @@ impl<W: WaiterSink> LockTable<W> {
     pub(super) fn insert_wait_timer(&mut self, deadline_ms: u64, timer: Timer) {
         let live_max = 2 * self.waiters_count + TIMERS_STALE_MIN;
         if self.wait_timers.len() >= live_max {
-            let slots = &self.slots;
+            let (slots, extras) = (&self.slots, &self.extras);
             self.wait_timers
-                .retain(|deadline_ms, timer| timer_is_live(slots, deadline_ms, timer));
+                .retain(|deadline_ms, timer| timer_is_live(slots, extras, deadline_ms, timer));
         }
         self.wait_timers.insert(deadline_ms, timer);
     }
 
     /// Returns the key's slot to the free list.
     pub(super) fn free(&mut self, slot: usize) {
-        let lock = &self.slots[slot];
         assert!(
-            lock.extra
-                .as_ref()
-                .is_none_or(|extra| extra.queue.is_empty()),
+            extras::get(&self.slots, &self.extras, slot).is_none_or(|extra| extra.queue.is_empty()),
             "freeing slot {slot} with waiters"
         );
-        let key_ref = lock.key;
+        extras::tidy(&mut self.slots, &mut self.extras, slot, true);
+        let key_ref = self.slots[slot].key;
         self.index.remove(
             hash_key(self.hash_seed, self.keys.get(key_ref)),
             slot as u32,

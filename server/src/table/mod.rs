@@ -56,12 +56,12 @@
 //!
 //! # Memory
 //!
-//! Locks live in a slab of 56-byte `Slot`s in fixed chunks (lease id, token, deadline, the
-//! lease timer's links, logged TTL, where the key is, and a pointer to rarely used extras:
-//! metadata and waiter queue). Keys live in the shard's key arena (`keys`: length plus one
+//! Locks live in a slab of 48-byte `Slot`s in fixed chunks (lease id, token, deadline, the
+//! lease timer's links, logged TTL, where the key is). The rarely used rest (metadata, waiter
+//! queue) is in a map beside it (`extras`), flagged in the slot. Keys live in the shard's key arena (`keys`: length plus one
 //! byte, in 4-byte granules, no allocation per key), and an index maps key hashes to slot
 //! numbers in 8-byte buckets, growing by a quarter at a time (`index`). A lock with a 23-byte
-//! key costs 56 + 24 bytes plus 9 to 12 of index; nothing else grows with the locks held.
+//! key costs 48 + 24 bytes plus 9 to 12 of index; nothing else grows with the locks held.
 //!
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
@@ -71,6 +71,7 @@
 //! `upkeep`: ticker, recovery, snapshot and disconnect entry points. `index`: key -> slot.
 //! `quota`: server-wide counts. `outcome`: the public vocabulary. `invariants`: self-checks.
 
+mod extras;
 mod index;
 mod invariants;
 mod keys;
@@ -99,10 +100,11 @@ pub use outcome::{
 };
 pub use quota::{Quota, Quotas};
 use slab::Slab;
+use slot::Extra;
 pub use slot::LoggedTtl;
-use slot::{Slot, Timer};
 #[cfg(test)]
-use {slot::Extra, slot::Queued}; // sizes checked in the tests
+use slot::Queued;
+use slot::{Slot, Timer}; // size checked in the tests
 
 /// The waiters' wheel is compacted (stale timers dropped) once it holds more than twice the
 /// live waiters plus this many; compaction is O(timers), so this keeps it amortized O(1) per
@@ -140,6 +142,8 @@ pub struct LockTable<W> {
     slots: Slab<W>,
     /// The keys of the slots in use.
     keys: KeyArena,
+    /// Metadata and waiter queues of the slots that have any.
+    extras: extras::Extras<W>,
     /// Numbers of free slots, reused before the slab grows.
     free_slots: Vec<u32>,
     /// Key hash to slot number.
@@ -206,6 +210,7 @@ impl<W: WaiterSink> LockTable<W> {
             hash_seed,
             slots: Slab::new(),
             keys: KeyArena::default(),
+            extras: extras::Extras::default(),
             free_slots: Vec::new(),
             index: KeyIndex::new(),
             lease_timers: LinkedWheel::new(),
@@ -240,6 +245,17 @@ impl<W: WaiterSink> LockTable<W> {
             + self.index.bytes()
             + self.free_slots.capacity() * size_of::<u32>()
             + self.wait_timers.memory_bytes()
+            + self.extras.capacity() * size_of::<(u32, Extra<W>)>()
+    }
+
+    /// The holder's metadata of a slot in use.
+    fn meta(&self, slot: usize) -> &[u8] {
+        extras::get(&self.slots, &self.extras, slot).map_or(&[], |extra| &extra.meta)
+    }
+
+    /// Waiters queued on a slot's key (not counting cancelled ones).
+    fn queue_len(&self, slot: usize) -> usize {
+        extras::get(&self.slots, &self.extras, slot).map_or(0, |extra| extra.live)
     }
 
     /// A lower bound on when `advance` will next have timers to process (`None`: no timers).
@@ -430,8 +446,8 @@ impl<W: WaiterSink> LockTable<W> {
         Inspect::Held {
             token: lock.token,
             ttl_left_ms: lock.deadline_ms - now_ms,
-            waiters: u32::try_from(lock.queue_len()).expect("queue length bounded by limits"),
-            meta: lock.meta(),
+            waiters: u32::try_from(self.queue_len(slot)).expect("queue length bounded by limits"),
+            meta: self.meta(slot),
         }
     }
 

@@ -2,7 +2,8 @@
 //! first live waiter (or deferring that until a token is available), and compacting the
 //! queue as cancelled waiters pile up.
 
-use super::slot::{Extra, Queued, Timer};
+use super::extras;
+use super::slot::{Queued, Timer};
 use super::*;
 
 impl<W: WaiterSink> LockTable<W> {
@@ -13,7 +14,7 @@ impl<W: WaiterSink> LockTable<W> {
         now_ms: u64,
         args: AcquireArgs<'_, W>,
     ) -> Acquire<W> {
-        if self.slots[slot].queue_len() >= self.quotas.waiters_per_key_max {
+        if self.queue_len(slot) >= self.quotas.waiters_per_key_max {
             return Acquire::Full(Limit::WaitersPerKey);
         }
         if !self.quotas.waiters.try_take() {
@@ -30,10 +31,7 @@ impl<W: WaiterSink> LockTable<W> {
             deadline_ms,
             meta: args.meta.into(),
         };
-        let lock = &mut self.slots[slot];
-        let extra = lock
-            .extra
-            .get_or_insert_with(|| Box::new(Extra::new(Box::default())));
+        let extra = extras::get_or_insert(&mut self.slots, &mut self.extras, slot);
         extra.queue.push_back(queued);
         extra.live += 1;
         extra.wait_deadline_min_ms = extra.wait_deadline_min_ms.min(deadline_ms);
@@ -53,10 +51,10 @@ impl<W: WaiterSink> LockTable<W> {
         now_ms: u64,
         events: &mut Vec<Event<W>>,
     ) {
-        let lock = &mut self.slots[slot];
-        let Some(extra) = lock.extra.as_mut() else {
+        let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) else {
             return;
         };
+        let lock = &self.slots[slot];
         if extra.wait_deadline_min_ms > now_ms {
             return;
         }
@@ -91,11 +89,10 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Frees a reserved key whose queue emptied, and `extra` if it holds nothing.
     pub(super) fn after_queue_shrank(&mut self, slot: usize) {
-        let lock = &mut self.slots[slot];
-        if lock.deadline_ms == 0 && lock.queue_len() == 0 {
+        if self.slots[slot].deadline_ms == 0 && self.queue_len(slot) == 0 {
             self.free(slot);
         } else {
-            lock.tidy_extra();
+            extras::tidy(&mut self.slots, &mut self.extras, slot, false);
         }
     }
 
@@ -107,10 +104,10 @@ impl<W: WaiterSink> LockTable<W> {
         now_ms: u64,
         tokens: &TokenAllocator,
     ) -> HandoffStep<W> {
-        if self.slots[slot].queue_len() > 0 && tokens.remaining() > 0 {
+        if self.queue_len(slot) > 0 && tokens.remaining() > 0 {
             self.drop_dead_waiters(slot);
         }
-        if self.slots[slot].queue_len() == 0 {
+        if self.queue_len(slot) == 0 {
             self.free(slot);
             return HandoffStep::Freed;
         }
@@ -120,8 +117,8 @@ impl<W: WaiterSink> LockTable<W> {
             }
             return HandoffStep::Deferred;
         };
-        let lock = &mut self.slots[slot];
-        let extra = lock.extra.as_mut().expect("queue is not empty");
+        let extra =
+            extras::get_mut(&self.slots, &mut self.extras, slot).expect("queue is not empty");
         let queued = extra.queue.pop_front().expect("queue is not empty");
         let waiter = queued
             .waiter
@@ -132,9 +129,9 @@ impl<W: WaiterSink> LockTable<W> {
         );
         extra.live -= 1;
         extra.drop_cancelled();
-        lock.set_meta(queued.meta.clone());
-        lock.tidy_extra();
-        let key: Box<[u8]> = self.keys.get(lock.key).into();
+        extras::set_meta(&mut self.slots, &mut self.extras, slot, queued.meta.clone());
+        extras::tidy(&mut self.slots, &mut self.extras, slot, false);
+        let key: Box<[u8]> = self.keys.get(self.slots[slot].key).into();
         self.waiters_left(1);
         let grant = Grant {
             token,
@@ -171,7 +168,7 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Drops waiters at the head of the queue that nobody listens to any more.
     pub(super) fn drop_dead_waiters(&mut self, slot: usize) {
-        let Some(extra) = self.slots[slot].extra.as_mut() else {
+        let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) else {
             return;
         };
         let mut dropped = 0;

@@ -7,6 +7,9 @@ use std::collections::VecDeque;
 
 use tenure_protocol::LeaseId;
 
+use std::marker::PhantomData;
+
+use super::extras::{self, Extras};
 use super::keys::KeyRef;
 use super::slab::Slab;
 use super::CANCELLED_SLACK;
@@ -59,11 +62,13 @@ impl LoggedTtl {
     }
 }
 
-/// One slab entry: a key with its lease, or free (`token == 0`). 56 bytes: it is most of a
-/// held lock's memory.
+/// One slab entry: a key with its lease, or free (`token == 0`). 48 bytes: it is most of a
+/// held lock's memory. Metadata and waiters, when there are any, are in the table's
+/// extras, flagged in `key`.
 #[derive(Debug)]
 pub(super) struct Slot<W> {
-    /// Where the key is in the shard's key arena (`KeyRef::NONE` when free).
+    /// Where the key is in the shard's key arena (`KeyRef::NONE` when free), and whether
+    /// the slot has extras.
     pub(super) key: KeyRef,
     /// The holder's lease id.
     pub(super) lease_id: LeaseId,
@@ -77,11 +82,11 @@ pub(super) struct Slot<W> {
     pub(super) link: Link,
     /// The TTL of the lease's last record in the journal: what a restart gives it again.
     pub(super) logged: LoggedTtl,
-    /// Metadata and waiter queue; `None` when both are empty (the common case).
-    pub(super) extra: Option<Box<Extra<W>>>,
+    /// Slots are typed by the table's waiter, whose queue is in the extras.
+    pub(super) waiter: PhantomData<fn() -> W>,
 }
 
-/// The rarely used part of a slot.
+/// The rarely used part of a slot (see `extras`).
 #[derive(Debug)]
 pub(super) struct Extra<W> {
     /// The holder's metadata.
@@ -124,37 +129,7 @@ impl<W> Slot<W> {
             deadline_ms: 0,
             link: Link::UNLINKED,
             logged: LoggedTtl::NONE,
-            extra: None,
-        }
-    }
-
-    /// The holder's metadata.
-    pub(super) fn meta(&self) -> &[u8] {
-        self.extra.as_ref().map_or(&[], |extra| &extra.meta)
-    }
-
-    /// Waiters queued on the key (not counting cancelled ones).
-    pub(super) fn queue_len(&self) -> usize {
-        self.extra.as_ref().map_or(0, |extra| extra.live)
-    }
-
-    /// Frees `extra` when it holds nothing.
-    pub(super) fn tidy_extra(&mut self) {
-        if self
-            .extra
-            .as_ref()
-            .is_some_and(|extra| extra.meta.is_empty() && extra.queue.is_empty())
-        {
-            self.extra = None;
-        }
-    }
-
-    /// Sets the holder's metadata, allocating `extra` only if needed.
-    pub(super) fn set_meta(&mut self, meta: Box<[u8]>) {
-        match &mut self.extra {
-            Some(extra) => extra.meta = meta,
-            None if meta.is_empty() => {}
-            None => self.extra = Some(Box::new(Extra::new(meta))),
+            waiter: PhantomData,
         }
     }
 }
@@ -189,12 +164,17 @@ impl<W> Extra<W> {
 }
 
 /// Whether a waiter's timer still matters: its waiter is still queued with that deadline.
-pub(super) fn timer_is_live<W>(slots: &Slab<W>, deadline_ms: u64, timer: &Timer) -> bool {
-    let lock = &slots[timer.slot as usize];
-    if lock.token == 0 {
+pub(super) fn timer_is_live<W>(
+    slots: &Slab<W>,
+    extras: &Extras<W>,
+    deadline_ms: u64,
+    timer: &Timer,
+) -> bool {
+    let slot = timer.slot as usize;
+    if slots[slot].token == 0 {
         return false;
     }
-    let Some(queue) = lock.extra.as_ref().map(|extra| &extra.queue) else {
+    let Some(queue) = extras::get(slots, extras, slot).map(|extra| &extra.queue) else {
         return false;
     };
     let (Some(first), Some(last)) = (queue.front(), queue.back()) else {

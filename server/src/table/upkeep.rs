@@ -2,6 +2,7 @@
 //! recovery's [`LockTable::restore`], a snapshot's [`LockTable::for_each_held`], and a closing
 //! connection's [`LockTable::cancel_waiter`].
 
+use super::extras;
 use super::slot::find_queued;
 use super::*;
 
@@ -17,7 +18,7 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(slot) = self.find(key) else {
             return false;
         };
-        let Some(extra) = self.slots[slot].extra.as_mut() else {
+        let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) else {
             return false;
         };
         #[cfg(test)]
@@ -158,10 +159,11 @@ impl<W: WaiterSink> LockTable<W> {
     /// Calls `visit` for every lease unexpired at `now_ms` (to snapshot the table).
     pub fn for_each_held(&self, now_ms: u64, mut visit: impl FnMut(HeldLock<'_>)) {
         let now_ms = now_ms.max(self.now_ms);
-        for lock in self
+        for (slot, lock) in self
             .slots
             .iter()
-            .filter(|lock| lock.token != 0 && lock.deadline_ms > now_ms)
+            .enumerate()
+            .filter(|(_, lock)| lock.token != 0 && lock.deadline_ms > now_ms)
         {
             visit(HeldLock {
                 key: self.keys.get(lock.key),
@@ -169,7 +171,7 @@ impl<W: WaiterSink> LockTable<W> {
                 token: lock.token,
                 ttl_ms: lock.logged.ttl_ms(),
                 ttl_left_ms: lock.deadline_ms - now_ms,
-                meta: lock.meta(),
+                meta: self.meta(slot),
             });
         }
     }
