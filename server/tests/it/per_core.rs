@@ -117,7 +117,11 @@ async fn per_core_serves_many_connections_at_once() {
     }
     let stats = consoles[0].cmd("STATS").await;
     assert_eq!(field(&stats, "held"), CONNECTIONS.to_string(), "{stats}");
-    assert_eq!(field(&stats, "connections"), CONNECTIONS.to_string(), "{stats}");
+    assert_eq!(
+        field(&stats, "connections"),
+        CONNECTIONS.to_string(),
+        "{stats}"
+    );
 }
 
 #[tokio::test]
@@ -200,10 +204,7 @@ async fn the_connection_limit_is_one_for_all_threads() {
     for _ in 0..2 * LIMIT {
         let mut over = Console::connect(daemon.addr).await;
         let refused = over.line().await;
-        assert!(
-            refused.starts_with("ERR CONNECTIONS_LIMIT "),
-            "{refused}"
-        );
+        assert!(refused.starts_with("ERR CONNECTIONS_LIMIT "), "{refused}");
     }
     assert_eq!(open[0].cmd("PING").await, "PONG");
 }
@@ -282,7 +283,10 @@ fn jam(addr: SocketAddr) -> std::net::TcpStream {
     let (mut at, mut sent, mut stalls) = (0, 0, 0);
     let deadline = Instant::now() + 3 * PATIENCE;
     while stalls < STALLS_MAX {
-        assert!(sent < SENT_MAX && Instant::now() < deadline, "the server kept reading");
+        assert!(
+            sent < SENT_MAX && Instant::now() < deadline,
+            "the server kept reading"
+        );
         match (&stream).write(&chunk.as_bytes()[at..]) {
             Ok(n) => {
                 (at, sent, stalls) = ((at + n) % chunk.len(), sent + n, 0);
@@ -314,7 +318,10 @@ fn sigterm_ends_a_connection_stuck_writing_after_the_grace_period() {
     let daemon = per_core(dir.path(), &[]);
     let mut c = LineConn::connect(daemon.addr, PATIENCE).unwrap();
     let held = c.cmd("INSPECT jammed").unwrap();
-    assert!(held.starts_with(&format!("HELD token={} ", token(&granted))), "{held}");
+    assert!(
+        held.starts_with(&format!("HELD token={} ", token(&granted))),
+        "{held}"
+    );
 }
 
 /// Runs `tenured` with `args` and waits up to `PATIENCE` for it to exit: its status and
@@ -361,7 +368,10 @@ fn per_core_is_refused_in_cluster_mode() {
     ];
     let (exit, log) = exits_with(&args).expect("started instead of refusing");
     assert!(!exit.success());
-    assert!(log.contains("--runtime per-core is not served in cluster mode"), "{log}");
+    assert!(
+        log.contains("--runtime per-core is not served in cluster mode"),
+        "{log}"
+    );
 }
 
 /// Two `SO_REUSEPORT` groups of one user can share a port; a second server on the first
@@ -373,7 +383,12 @@ fn a_second_per_core_server_on_the_same_address_is_refused() {
     let other = tempfile::tempdir().unwrap();
     let addr = first.addr.to_string();
     let mut args = PER_CORE.to_vec();
-    args.extend(["--listen", &addr, "--data-dir", other.path().to_str().unwrap()]);
+    args.extend([
+        "--listen",
+        &addr,
+        "--data-dir",
+        other.path().to_str().unwrap(),
+    ]);
     let (exit, log) = exits_with(&args).expect("a second server shares the port");
     assert!(!exit.success());
     assert!(log.contains(&format!("cannot listen on {addr}")), "{log}");
