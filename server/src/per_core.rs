@@ -115,12 +115,13 @@ pub(crate) struct Serving {
 
 impl Cores {
     /// Starts one thread per listener, named `tenure-core-<i>`, each accepting on its
-    /// listener and running the connections it accepts, until `serving.stop`.
+    /// listener and running the connections it accepts, until `serving.stop`. Returns once
+    /// every thread runs its runtime.
     ///
     /// # Errors
     /// When a runtime cannot be built, a listener cannot be registered with it or a thread
     /// cannot be spawned; threads already started are told to end.
-    pub(crate) fn start(
+    pub(crate) async fn start(
         listeners: Vec<std::net::TcpListener>,
         serving: &Serving,
     ) -> io::Result<Cores> {
@@ -131,14 +132,6 @@ impl Cores {
             halt: CancellationToken::new(),
         };
         for (i, listener) in listeners.into_iter().enumerate() {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let listener = {
-                // Registering the socket needs the runtime whose I/O driver will poll it.
-                let _entered = runtime.enter();
-                TcpListener::from_std(listener)?
-            };
             let core = Core {
                 listener,
                 accept: Arc::clone(&accept),
@@ -148,10 +141,17 @@ impl Cores {
                 stop: serving.stop.clone(),
                 halt: cores.halt.clone(),
             };
+            let (ready, started) = tokio::sync::oneshot::channel();
+            // The runtime is built on its thread: a runtime dropped inside an async context
+            // (this one, on an error) panics.
             let thread = std::thread::Builder::new()
                 .name(format!("tenure-core-{i}"))
-                .spawn(move || core.run(runtime))?;
+                .spawn(move || core.run(ready))?;
             cores.threads.push(thread);
+            match started.await {
+                Ok(result) => result?,
+                Err(_) => return Err(io::Error::other("a core thread ended while starting")),
+            }
         }
         Ok(cores)
     }
@@ -183,7 +183,7 @@ impl Drop for Cores {
 
 /// One core thread's share of the work.
 struct Core {
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     accept: Arc<AcceptShared>,
     shared: Arc<Executor>,
     tls: Option<Arc<Tls>>,
@@ -193,17 +193,26 @@ struct Core {
 }
 
 impl Core {
-    /// Accepts until `stop`, then keeps running the connections it accepted (a
-    /// current-thread runtime runs its tasks only inside `block_on`) until `halt`.
-    fn run(self, runtime: tokio::runtime::Runtime) {
+    /// Builds this thread's runtime and says on `ready` whether it could. Then accepts until
+    /// `stop`, and keeps running the connections it accepted (a current-thread runtime runs
+    /// its tasks only inside `block_on`) until `halt`.
+    fn run(self, ready: tokio::sync::oneshot::Sender<io::Result<()>>) {
+        let (runtime, listener) = match runtime_for(self.listener) {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
         let Core {
-            listener,
             accept,
             shared,
             tls,
             tracker,
             stop,
             halt,
+            ..
         } = self;
         runtime.block_on(async {
             let serving = || (Arc::clone(&shared), stop.clone());
@@ -216,6 +225,20 @@ impl Core {
         });
         runtime.shutdown_timeout(HALT_WAIT_MAX);
     }
+}
+
+/// A current-thread runtime, and `listener` registered with its I/O driver.
+fn runtime_for(
+    listener: std::net::TcpListener,
+) -> io::Result<(tokio::runtime::Runtime, TcpListener)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listener = {
+        let _entered = runtime.enter();
+        TcpListener::from_std(listener)?
+    };
+    Ok((runtime, listener))
 }
 
 #[cfg(test)]

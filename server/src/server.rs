@@ -100,7 +100,7 @@ impl Listeners {
         addr.map_err(|e| ServerError::Config(format!("cannot read the listening address: {e}")))
     }
 
-    /// The runtime model's name and how many threads accept, for the log.
+    /// The runtime model's name and how many listeners (and accept loops) it has, for the log.
     fn model(&self) -> (&'static str, usize) {
         match self {
             Listeners::Shared(_) => ("shared", 1),
@@ -109,6 +109,7 @@ impl Listeners {
     }
 }
 
+/// Binds nothing: serves on `listeners`, with the WAL in `storage` or in `config.data_dir`.
 async fn run_on(
     config: Config,
     storage: Option<Arc<dyn wal::Storage>>,
@@ -210,10 +211,17 @@ async fn serve(
         tracker: tracker.clone(),
         stop: stop.clone(),
     };
-    let (runtime, threads) = listeners.model();
-    let accepting = Accepting::start(listeners, &serving)?;
-    let durability = shared.config.durability;
-    tracing::info!(%addr, ?durability, runtime, threads, "tenured ready");
+    let (runtime, listeners_count) = listeners.model();
+    let accepting = Accepting::start(listeners, &serving).await?;
+    // `addr` as before (`Some(..)`): log readers may match it.
+    let (addr, durability) = (Some(addr), shared.config.durability);
+    tracing::info!(
+        ?addr,
+        ?durability,
+        runtime,
+        listeners_count,
+        "tenured ready"
+    );
     let snapshots = TaskTracker::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
     spawn_reloader(shared.identities.clone(), serving.tls.clone(), stop.clone())?;
@@ -262,10 +270,11 @@ enum Accepting {
 }
 
 impl Accepting {
-    fn start(listeners: Listeners, serving: &Serving) -> Result<Accepting, ServerError> {
+    async fn start(listeners: Listeners, serving: &Serving) -> Result<Accepting, ServerError> {
         match listeners {
             Listeners::Shared(listener) => Ok(Accepting::Shared(listener)),
             Listeners::PerCore(listeners) => Cores::start(listeners, serving)
+                .await
                 .map(Accepting::PerCore)
                 .map_err(ServerError::PerCore),
         }
