@@ -393,3 +393,55 @@ fn a_second_per_core_server_on_the_same_address_is_refused() {
     assert!(!exit.success());
     assert!(log.contains(&format!("cannot listen on {addr}")), "{log}");
 }
+
+/// TLS handshakes and AUTH (its hash check on a blocking thread) work from a core thread's
+/// runtime as from the shared one; a wrong secret is still refused.
+#[tokio::test]
+async fn tls_and_auth_are_served_by_the_core_threads() {
+    use tenure::{AcquireOptions, Client, ClientConfig};
+    const CLIENTS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = tenure_testkit::TestCa::new(dir.path(), "trusted");
+    let issued = ca.server(dir.path(), "server");
+    let identities = crate::auth::identities_file(dir.path());
+    let data = dir.path().join("data");
+    let [cert, key, identities] =
+        [&issued.cert, &issued.key, &identities].map(|path| path.to_str().unwrap().to_string());
+    let args = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--identities",
+        &identities,
+    ];
+    let daemon = per_core(&data, &args);
+    let connect = |secret: &str| {
+        let config = ClientConfig::default()
+            .with_tls(ca.trust())
+            .with_credentials("admin", secret.to_string());
+        Client::connect_with(daemon.addr.to_string(), config)
+    };
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for i in 0..CLIENTS {
+        let client = connect("admin-secret").await.expect("TLS and AUTH");
+        let outcome = client
+            .acquire(
+                format!("tls/{i}"),
+                Duration::from_secs(60),
+                AcquireOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert!(outcome.granted().is_some(), "tls/{i} granted");
+        clients.push(client);
+    }
+    let refused = match connect("wrong").await {
+        Err(e) => Some(e),
+        Ok(client) => client
+            .acquire("tls/x", Duration::from_secs(60), AcquireOptions::default())
+            .await
+            .err(),
+    };
+    assert!(refused.is_some(), "a wrong secret was accepted");
+}
