@@ -73,14 +73,11 @@ async fn per_core_starts_one_named_thread_per_listener_and_serves_metrics() {
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let metrics_arg = metrics.to_string();
     let daemon = per_core(dir.path(), &["--metrics-listen", &metrics_arg]);
-    let mut c = Console::connect(daemon.addr).await;
-    assert_eq!(c.cmd("PING").await, "PONG");
-    // A PING answered means a core thread runs; the second starts right after it.
-    let deadline = Instant::now() + PATIENCE;
-    while core_threads(daemon.pid()) < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(core_threads(daemon.pid()), 2, "--threads 2 core threads");
+    assert_eq!(
+        core_threads_once_serving(&daemon, 2).await,
+        2,
+        "--threads 2"
+    );
     // The HTTP endpoint stays on the main thread's runtime.
     let mut http = std::net::TcpStream::connect(metrics).unwrap();
     http.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -94,9 +91,33 @@ async fn per_core_starts_one_named_thread_per_listener_and_serves_metrics() {
     // The default, shared runtime has none.
     let dir = tempfile::tempdir().unwrap();
     let shared = tenured(dir.path(), &["--threads", "2", "--no-fsync"]);
-    let mut c = Console::connect(shared.addr).await;
+    assert_eq!(core_threads_once_serving(&shared, 0).await, 0);
+}
+
+/// Waits until a console PING is answered and `count` core threads run; returns how many do.
+async fn core_threads_once_serving(daemon: &Daemon, count: usize) -> usize {
+    let mut c = Console::connect(daemon.addr).await;
     assert_eq!(c.cmd("PING").await, "PONG");
-    assert_eq!(core_threads(shared.pid()), 0);
+    let deadline = Instant::now() + PATIENCE;
+    while core_threads(daemon.pid()) < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    core_threads(daemon.pid())
+}
+
+/// The config-file key, as every setting has one (`runtime = "per-core"`).
+#[tokio::test]
+async fn the_config_file_key_selects_per_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenured.toml");
+    std::fs::write(
+        &path,
+        "runtime = \"per-core\"\nthreads = 3\nno-fsync = true\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let daemon = tenured(&data, &["--config", path.to_str().unwrap()]);
+    assert_eq!(core_threads_once_serving(&daemon, 3).await, 3);
 }
 
 #[tokio::test]
