@@ -56,6 +56,10 @@ pub enum ServerError {
     /// The first block of fencing tokens could not be made durable, so no grant can be made.
     #[error("could not sync the first block of fencing tokens: {0}")]
     FirstReservation(#[source] JournalError),
+    /// A thread of the per-core runtime model could not be started (its runtime, its
+    /// listener's registration or the thread itself).
+    #[error("cannot start the per-core threads: {0}")]
+    PerCore(#[source] std::io::Error),
     /// The final sync at shutdown failed: some acknowledged change may not be durable.
     #[error("final WAL sync failed: {0}")]
     FinalSync(#[source] JournalError),

@@ -7,6 +7,8 @@
 //!
 //! # Layout
 //! - [`server`]: [`run`] — recovery, the accept loop, the expiry ticker, ordered shutdown.
+//! - [`per_core`]: the per-core runtime model ([`run_per_core`]): a thread, a current-thread
+//!   runtime and an `SO_REUSEPORT` listener per core.
 //! - [`error`]: [`ServerError`], why `run` could not start or stop cleanly.
 //! - [`conn`]: one connection, binary or console, its reply queue and its [`conn::ConnCtx`].
 //! - [`console`]: the text console's grammar, line in and line out.
@@ -43,6 +45,7 @@ pub mod journal;
 pub mod log_limit;
 pub mod memory;
 pub mod metrics;
+pub mod per_core;
 pub mod server;
 pub mod stats;
 pub mod table;
@@ -54,4 +57,4 @@ pub mod wheel;
 
 pub use config::{Config, Durability};
 pub use error::ServerError;
-pub use server::{run, run_with_metrics, run_with_storage};
+pub use server::{run, run_per_core, run_with_metrics, run_with_storage};

@@ -6,6 +6,7 @@ mod settings;
 use std::time::Duration;
 
 use anyhow::Context;
+use settings::RuntimeModel;
 
 // mimalloc: requests allocate small, short-lived buffers on every worker thread, and mimalloc's
 // thread-local heaps served the mixed workload 2-8 % faster than the system allocator in A/B
@@ -21,6 +22,11 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         settings.threads != Some(0),
         "invalid configuration: --threads must be at least 1 (leave it unset for one per core)"
+    );
+    anyhow::ensure!(
+        !(settings.cluster && settings.runtime == RuntimeModel::PerCore),
+        "invalid configuration: --runtime per-core is not served in cluster mode (a cluster \
+         node's client port runs on the shared runtime; leave --runtime unset or `shared`)"
     );
     match &loaded.command {
         Some(settings::Subcommand::HashSecret) => return hash_secret(),
@@ -41,39 +47,95 @@ fn main() -> anyhow::Result<()> {
     let config = settings.to_config();
     raise_open_file_limit(config.connections_max);
     disable_transparent_huge_pages();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = settings.threads {
-        runtime.worker_threads(threads);
-    }
-    let runtime = runtime
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
-    runtime.block_on(async move {
-        // Installed before the port is bound: a handler installed lazily, when `run` first
-        // polls the future, lets a SIGTERM that arrives in between go unnoticed.
-        let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
-        let metrics_listener = match config.metrics_listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen for metrics on {addr}"))?,
-            ),
-            None => None,
-        };
-        if settings.cluster {
-            return run_cluster(&settings, config, listener, shutdown).await;
-        }
-        let run =
-            tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
-        anyhow::Ok(run.await?)
-    })?;
+    let runtime = build_runtime(&settings)?;
+    runtime.block_on(serve(&settings, config))?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())
+}
+
+/// The runtime `main` runs on. Shared: the work-stealing runtime that runs everything.
+/// Per-core: the core threads bring their own runtimes, and this one, on the main thread,
+/// runs only the expiry ticker, signals, reloads and the HTTP endpoint.
+fn build_runtime(settings: &settings::Settings) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut runtime = match settings.runtime {
+        RuntimeModel::Shared => {
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Some(threads) = settings.threads {
+                runtime.worker_threads(threads);
+            }
+            runtime
+        }
+        RuntimeModel::PerCore => tokio::runtime::Builder::new_current_thread(),
+    };
+    runtime
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+}
+
+/// Binds the ports and serves until SIGTERM or SIGINT.
+async fn serve(settings: &settings::Settings, config: tenure_server::Config) -> anyhow::Result<()> {
+    // Installed before the port is bound: a handler installed lazily, when `run` first
+    // polls the future, lets a SIGTERM that arrives in between go unnoticed.
+    let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
+    let listen = config.listen;
+    let port = match settings.runtime {
+        RuntimeModel::PerCore => ClientPort::PerCore(bind_per_core(settings, listen)?),
+        RuntimeModel::Shared => ClientPort::Shared(
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?,
+        ),
+    };
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr}"))?,
+        ),
+        None => None,
+    };
+    match port {
+        ClientPort::PerCore(listeners) => {
+            let run = tenure_server::run_per_core(config, listeners, metrics_listener, shutdown);
+            Ok(run.await?)
+        }
+        ClientPort::Shared(listener) if settings.cluster => {
+            run_cluster(settings, config, listener, shutdown).await
+        }
+        ClientPort::Shared(listener) => {
+            let run =
+                tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
+            Ok(run.await?)
+        }
+    }
+}
+
+/// The client port, bound as the runtime model wants it.
+enum ClientPort {
+    /// One listener (`--runtime shared`, and cluster mode).
+    Shared(tokio::net::TcpListener),
+    /// One listener per core thread (`--runtime per-core`).
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+/// `--runtime per-core`: one `SO_REUSEPORT` listener per thread, `--threads` of them (one
+/// per core if unset).
+fn bind_per_core(
+    settings: &settings::Settings,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    use tenure_server::per_core::{bind_reuseport, CORES_MAX};
+    let threads = match settings.threads {
+        Some(threads) => threads,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    anyhow::ensure!(
+        threads <= CORES_MAX,
+        "invalid configuration: --threads {threads} is over {CORES_MAX} with --runtime per-core"
+    );
+    bind_reuseport(listen, threads).with_context(|| format!("cannot listen on {listen}"))
 }
 
 /// `tenured --cluster`: one node of a cluster (server/CLUSTER.md), until SIGTERM or SIGINT.

@@ -7,7 +7,7 @@
 //! WAL.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::http;
 use crate::identity::Identities;
 use crate::journal::{Journal, WalJournal};
 use crate::metrics::Scrape;
+use crate::per_core::{Cores, Serving};
 use crate::stats::Stats;
 use crate::tls::{self, Tls};
 use crate::wal::{self, SyncMode, WalOptions};
@@ -57,6 +58,65 @@ pub async fn run_with_metrics(
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let listeners = Listeners::Shared(listener);
+    run_on(config, storage, listeners, metrics_listener, shutdown).await
+}
+
+/// [`run_with_metrics`] in the per-core model ([`crate::per_core`]): each of `listeners`
+/// (bound to one address with `SO_REUSEPORT` by [`crate::per_core::bind_reuseport`]) is
+/// served by an OS thread of its own running a current-thread runtime, which also runs the
+/// connections it accepts. The caller's runtime runs the expiry ticker, the reloads and the
+/// HTTP endpoint. The WAL is in files in `config.data_dir`.
+///
+/// # Errors
+/// As [`run`]; also when `listeners` is empty or a core thread cannot be started.
+pub async fn run_per_core(
+    config: Config,
+    listeners: Vec<std::net::TcpListener>,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let listeners = Listeners::PerCore(listeners);
+    run_on(config, None, listeners, metrics_listener, shutdown).await
+}
+
+/// The client port's listeners, as the runtime model wants them.
+enum Listeners {
+    /// One listener, its connections on the caller's (work-stealing) runtime.
+    Shared(TcpListener),
+    /// One listener per core thread ([`crate::per_core`]).
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+impl Listeners {
+    fn local_addr(&self) -> Result<std::net::SocketAddr, ServerError> {
+        let addr = match self {
+            Listeners::Shared(listener) => listener.local_addr(),
+            Listeners::PerCore(listeners) => match listeners.first() {
+                Some(listener) => listener.local_addr(),
+                None => return Err(ServerError::Config("no listener for per-core".into())),
+            },
+        };
+        addr.map_err(|e| ServerError::Config(format!("cannot read the listening address: {e}")))
+    }
+
+    /// The runtime model's name and how many listeners (and accept loops) it has, for the log.
+    fn model(&self) -> (&'static str, usize) {
+        match self {
+            Listeners::Shared(_) => ("shared", 1),
+            Listeners::PerCore(listeners) => ("per-core", listeners.len()),
+        }
+    }
+}
+
+/// Binds nothing: serves on `listeners`, with the WAL in `storage` or in `config.data_dir`.
+async fn run_on(
+    config: Config,
+    storage: Option<Arc<dyn wal::Storage>>,
+    listeners: Listeners,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     validate(&config)?;
     let (storage, dir_lock) = match storage {
         Some(storage) => (storage, None),
@@ -72,7 +132,7 @@ pub async fn run_with_metrics(
         }
     };
     let http = HttpTask::start(metrics_listener);
-    let result = serve(config, storage, dir_lock, listener, &http.scrape, shutdown).await;
+    let result = serve(config, storage, dir_lock, listeners, &http.scrape, shutdown).await;
     http.stop().await;
     result
 }
@@ -126,19 +186,13 @@ async fn serve(
     config: Config,
     storage: Arc<dyn wal::Storage>,
     dir_lock: Option<std::fs::File>,
-    listener: TcpListener,
+    listeners: Listeners,
     scrape: &Scrape,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let identities = load_identities(&config, &listener)?;
-    let tls = match &config.tls {
-        Some(files) => {
-            let tls = Tls::load(files.clone()).map_err(ServerError::Tls)?;
-            tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "TLS on");
-            Some(Arc::new(tls))
-        }
-        None => None,
-    };
+    let addr = listeners.local_addr()?;
+    let identities = load_identities(&config, addr)?;
+    let tls = load_tls(&config)?;
     let mut executor = recover(config, storage, dir_lock).await?;
     executor.identities = identities;
     let shared = Arc::new(executor);
@@ -148,22 +202,30 @@ async fn serve(
         .await
         .map_err(ServerError::FirstReservation)?;
     let _ = scrape.executor.set(Arc::clone(&shared));
-    let addr = listener.local_addr().ok();
-    tracing::info!(?addr, durability = ?shared.config.durability, "tenured ready");
 
     let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let serving = Serving {
+        shared: Arc::clone(&shared),
+        tls,
+        tracker: tracker.clone(),
+        stop: stop.clone(),
+    };
+    let (runtime, listeners_count) = listeners.model();
+    let accepting = Accepting::start(listeners, &serving).await?;
+    // `addr` as before (`Some(..)`): log readers may match it.
+    let (addr, durability) = (Some(addr), shared.config.durability);
+    tracing::info!(
+        ?addr,
+        ?durability,
+        runtime,
+        listeners_count,
+        "tenured ready"
+    );
     let snapshots = TaskTracker::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
-    spawn_reloader(shared.identities.clone(), tls.clone(), stop.clone())?;
-    let tracker = TaskTracker::new();
-    let serving = || (Arc::clone(&shared), stop.clone());
-    let accepting = accept_loop(&listener, tls, &tracker, serving);
-    tokio::pin!(shutdown);
-    tokio::select! {
-        _ = accepting => {}
-        _ = &mut shutdown => tracing::info!("shutting down"),
-    }
-    drop(listener);
+    spawn_reloader(shared.identities.clone(), serving.tls.clone(), stop.clone())?;
+    let cores = accepting.until(&serving, shutdown).await;
     stop.cancel();
     tracker.close();
     if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
@@ -171,6 +233,9 @@ async fn serve(
         .is_err()
     {
         tracing::warn!("connections still open after the grace period; closing them");
+    }
+    if let Some(cores) = cores {
+        cores.halt().await;
     }
     ticker.abort();
     let _ = ticker.await;
@@ -186,17 +251,70 @@ async fn serve(
     Ok(())
 }
 
+/// Reads the TLS files, if TLS is configured.
+fn load_tls(config: &Config) -> Result<Option<Arc<Tls>>, ServerError> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let tls = Tls::load(files.clone()).map_err(ServerError::Tls)?;
+    tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "TLS on");
+    Ok(Some(Arc::new(tls)))
+}
+
+/// The client port being served, in either runtime model.
+enum Accepting {
+    /// The accept loop runs in [`serve`] itself, on the caller's runtime.
+    Shared(TcpListener),
+    /// The accept loops run on the core threads.
+    PerCore(Cores),
+}
+
+impl Accepting {
+    async fn start(listeners: Listeners, serving: &Serving) -> Result<Accepting, ServerError> {
+        match listeners {
+            Listeners::Shared(listener) => Ok(Accepting::Shared(listener)),
+            Listeners::PerCore(listeners) => Cores::start(listeners, serving)
+                .await
+                .map(Accepting::PerCore)
+                .map_err(ServerError::PerCore),
+        }
+    }
+
+    /// Accepts until `shutdown`. The shared listener is closed on return; the core threads
+    /// close theirs once `serving.stop` is cancelled, and are returned to be halted after
+    /// the grace period (they run their connections until then).
+    async fn until(
+        self,
+        serving: &Serving,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<Cores> {
+        match self {
+            Accepting::Shared(listener) => {
+                let tls = serving.tls.clone();
+                let serve = || (Arc::clone(&serving.shared), serving.stop.clone());
+                tokio::select! {
+                    _ = accept_loop(&listener, tls, &serving.tracker, serve) => {}
+                    _ = shutdown => tracing::info!("shutting down"),
+                }
+                None
+            }
+            Accepting::PerCore(cores) => {
+                shutdown.await;
+                tracing::info!("shutting down");
+                Some(cores)
+            }
+        }
+    }
+}
+
 /// Reads the identities file if one is configured. Without one, only a loopback address is
 /// served unless mutual TLS (a client CA) stands in for identities or `insecure_no_auth` says
 /// otherwise: the secure choice is the default.
 fn load_identities(
     config: &Config,
-    listener: &TcpListener,
+    addr: std::net::SocketAddr,
 ) -> Result<Option<Arc<Identities>>, ServerError> {
     let Some(path) = &config.identities else {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| ServerError::Config(format!("cannot read the listening address: {e}")))?;
         let mutual_tls = config
             .tls
             .as_ref()
@@ -368,8 +486,38 @@ pub(crate) async fn accept_loop(
     serving: impl Fn() -> (Arc<Executor>, CancellationToken),
 ) {
     // Every executor of a process shares its configuration.
-    let permits = Arc::new(Semaphore::new(serving().0.config.connections_max));
-    let mut conn_id = 0u64;
+    let accept = AcceptShared::new(serving().0.config.connections_max);
+    accept_loop_shared(listener, tls, tracker, serving, &accept).await;
+}
+
+/// What all accept loops of one server share, however many threads accept.
+pub(crate) struct AcceptShared {
+    /// The connection limit: one permit per open connection, server-wide.
+    permits: Arc<Semaphore>,
+    /// The last connection id handed out. An id names its connection in the watch registry,
+    /// so two accept loops must never hand out the same one.
+    conn_id_last: AtomicU64,
+}
+
+impl AcceptShared {
+    /// Room for `connections_max` connections; ids start at 1.
+    pub(crate) fn new(connections_max: usize) -> AcceptShared {
+        AcceptShared {
+            permits: Arc::new(Semaphore::new(connections_max)),
+            conn_id_last: AtomicU64::new(0),
+        }
+    }
+}
+
+/// [`accept_loop`] as one of several accepting for one server (the per-core model), with
+/// the connection limit and the connection ids in `accept` shared between them.
+pub(crate) async fn accept_loop_shared(
+    listener: &TcpListener,
+    tls: Option<Arc<Tls>>,
+    tracker: &TaskTracker,
+    serving: impl Fn() -> (Arc<Executor>, CancellationToken),
+    accept: &AcceptShared,
+) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -380,9 +528,9 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        conn_id += 1;
+        let conn_id = accept.conn_id_last.fetch_add(1, Ordering::Relaxed) + 1;
         let (shared, stop) = serving();
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(&accept.permits).try_acquire_owned() else {
             Stats::bump(&shared.stats.connections_refused);
             // A plain-text refusal would read as a broken handshake to a TLS client, and a
             // TLS handshake is work the server is out of room for: a TLS port just closes.

@@ -70,6 +70,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// How connections are spread over threads (README "Running the server" says which fits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeModel {
+    /// One work-stealing runtime: its --threads workers run every connection.
+    Shared,
+    /// --threads threads, each a current-thread runtime with its own listener on the port
+    /// (SO_REUSEPORT): the kernel spreads connections, and each stays on one thread.
+    PerCore,
+}
+
 /// Every setting of `tenured`, as flags and as config-file keys.
 // `default` lets a file set only some keys; `deny_unknown_fields` turns a misspelt key into an
 // error rather than a setting silently left at its default.
@@ -126,6 +137,10 @@ pub struct Settings {
     #[arg(long, env = "TENURE_THREADS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// How connections are spread over the --threads threads: `shared` (one work-stealing
+    /// runtime) or `per-core` (a runtime and a listener per thread; not in cluster mode).
+    #[arg(long, env = "TENURE_RUNTIME", value_enum, default_value_t = RuntimeModel::Shared)]
+    pub runtime: RuntimeModel,
     /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
     /// locks, so disk use follows the live state rather than history.
     #[arg(
@@ -246,6 +261,7 @@ impl Default for Settings {
             ttl_max_ms: config.ttl_ms_max,
             shards: config.shards,
             threads: None,
+            runtime: RuntimeModel::Shared,
             wal_segment_bytes: config.wal_segment_bytes_max,
             handshake_timeout_ms: millis(config.handshake_timeout),
             keepalive_idle_ms: millis(config.keepalive_idle),
@@ -479,7 +495,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            30,
+            31,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -528,6 +544,7 @@ mod tests {
             durability: Durability::Tokens,
             no_fsync: true,
             threads: Some(3),
+            runtime: RuntimeModel::PerCore,
             metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             keepalive_count: 9,
             log_format: LogFormat::Json,

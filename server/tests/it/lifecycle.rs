@@ -240,7 +240,7 @@ fn inspect(key: &str) -> Request {
 
 /// Finds the server side of a loopback connection in /proc/net/tcp and returns its
 /// `tr` (timer kind) and `tm->when` (ticks to the timer) columns.
-fn server_side_timer(server: SocketAddr, client: SocketAddr) -> Option<(u8, u64)> {
+pub(crate) fn server_side_timer(server: SocketAddr, client: SocketAddr) -> Option<(u8, u64)> {
     let hex = |addr: SocketAddr| {
         let std::net::IpAddr::V4(ip) = addr.ip() else {
             panic!("loopback v4 only")

@@ -10,6 +10,7 @@
 //! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
 //!   the shipped dashboard and alert rules;
 //! - `nemesis`: three cluster daemons under load and faults, the history checked;
+//! - `per_core`: `--runtime per-core`: threads, hand-off across them, shared limits, shutdown;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `tls`: TLS and mutual TLS, plain text to a TLS port, certificate rotation;
 //! - `watch`: watches and the protocol rules clients rely on.
@@ -28,6 +29,7 @@ mod lifecycle;
 mod limits;
 mod metrics;
 mod nemesis;
+mod per_core;
 mod settings;
 mod tls;
 mod watch;
