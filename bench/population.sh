@@ -8,6 +8,7 @@
 #   DURATION=5s          measured window of each run
 #   DURABILITY=tokens    tenured --durability (tokens: the CPU cost of the table, not the disk)
 #   NO_BUILD=1           use target/release as it is
+#   TENURED_ARGS=        more tenured flags (e.g. "--runtime shared")
 #
 # tenured listens on 127.0.0.1:17879 only and is stopped by PID on exit. About 1.5 min.
 set -euo pipefail
@@ -32,8 +33,9 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+read -r -a TENURED_EXTRA <<<"${TENURED_ARGS:-}"
 RUST_LOG=warn "$TENURED" --listen 127.0.0.1:$PORT --data-dir "$WORK" \
-    --durability "$DURABILITY" >"$WORK/tenured.log" 2>&1 &
+    --durability "$DURABILITY" "${TENURED_EXTRA[@]}" >"$WORK/tenured.log" 2>&1 &
 PID=$!
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
 
