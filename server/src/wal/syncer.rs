@@ -1,11 +1,40 @@
-//! The syncer thread: takes batches of pending chunks, writes them to the active segment,
-//! fsyncs once per batch, publishes the durable LSN, and deletes the segments a durable
-//! snapshot replaced. On the first failed write or fsync it marks the WAL failed and stops
-//! for good (a failed fsync is never retried: the kernel may already have dropped the pages).
+//! The syncer: two threads that write batches of pending chunks to the active segment and
+//! make them durable, pipelined, so the write of one batch overlaps the fsync of the last.
+//!
+//! ```text
+//!  pending chunks ──▶ writer thread ──write(2)──▶ segment file ◀──fdatasync── fsync thread
+//!   (State::chunks)    one batch at a time,         (page cache)      one group at a time:
+//!                      ≤ batch_bytes_max                 │            every batch written
+//!                           │                            │            before it started
+//!                           └──── Written marks ────▶ Pipe ────────────────┘
+//!                                                               │
+//!                                            durable LSN ◀──────┘ (in order, per fsync)
+//! ```
+//!
+//! The writer takes a batch as soon as one is pending, writes it, and hands a `Written` mark
+//! (last LSN, records, bytes) to the fsync thread; it does not wait for the disk. The fsync
+//! thread takes every mark handed over so far, calls `fdatasync` once, and only then
+//! publishes the last mark's LSN: a mark is handed over after its write returned and the
+//! fsync starts after the hand-over, so the fsync covers every record the LSN names. Records
+//! written while an fsync runs wait for the next one, which starts as soon as that returns,
+//! instead of waiting for their own write to start after it (issue 12).
+//!
+//! Rotation keeps the rule that a segment is synced whole before the next exists: the writer
+//! waits until the fsync thread has synced everything it wrote, then creates the next
+//! segment (header synced) and hands its file over.
+//!
+//! On the first failed write or fsync the WAL is failed for good (a failed fsync is never
+//! retried: the kernel may already have dropped the pages). Whichever thread fails first
+//! marks the pipe failed and waits for the other to finish its call in progress: an fsync
+//! that succeeds still publishes what it covered (all of it fully written), and a write in
+//! progress is not followed by another. Then the active segment is cut back to its last
+//! synced length and the failure is published; the durable LSN never moves again, so every
+//! batch after the failed one fails too.
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use super::record::{self, SegmentHeader};
 use super::storage::{SegmentFile, Storage};
@@ -62,55 +91,156 @@ pub(super) fn delete_segments_before(
     deleted
 }
 
-/// Starts the syncer thread, which appends to `file` (segment `seq`, `synced_len` bytes
-/// long and durable); `on_disk` lists the segments that exist, oldest first.
+/// Starts the syncer's threads, which append to `file` (segment `seq`, `synced_len` bytes
+/// long and durable); `on_disk` lists the segments that exist, oldest first. The handle is
+/// the writer's, which joins the fsync thread before it ends.
 pub(super) fn spawn(
     shared: Arc<Shared>,
     file: Box<dyn SegmentFile>,
     seq: u64,
     synced_len: u64,
     on_disk: VecDeque<(u64, u64)>,
-) -> io::Result<std::thread::JoinHandle<()>> {
-    let syncer = Syncer {
+) -> io::Result<JoinHandle<()>> {
+    let pipe = Arc::new(Pipe {
+        state: Mutex::new(PipeState {
+            written: VecDeque::new(),
+            next_file: None,
+            seq,
+            synced_len,
+            writing: false,
+            syncing: false,
+            failed: false,
+            writer_done: false,
+        }),
+        changed: Condvar::new(),
+    });
+    let fsyncer = Fsyncer {
+        shared: Arc::clone(&shared),
+        pipe: Arc::clone(&pipe),
+        file: file.try_clone()?,
+        on_disk,
+    };
+    let fsync_thread = std::thread::Builder::new()
+        .name("tenure-wal-sync".into())
+        .spawn(move || fsyncer.run())?;
+    let writer = Writer {
         shared,
+        pipe: Arc::clone(&pipe),
         file,
         seq,
-        synced_len,
-        on_disk,
         batch: Vec::new(),
+        fsync_thread: Some(fsync_thread),
     };
-    std::thread::Builder::new()
-        .name("tenure-wal-sync".into())
-        .spawn(move || syncer.run())
+    let spawned = std::thread::Builder::new()
+        .name("tenure-wal-write".into())
+        .spawn(move || writer.run());
+    if spawned.is_err() {
+        // No writer: let the fsync thread end instead of waiting for batches forever.
+        pipe.lock().writer_done = true;
+        pipe.changed.notify_all();
+    }
+    spawned
 }
 
-/// The syncer thread's own state: the active segment file and what it has written.
-struct Syncer {
+/// What the writer hands the fsync thread.
+struct Pipe {
+    state: Mutex<PipeState>,
+    /// Signalled on every change of `PipeState`.
+    changed: Condvar,
+}
+
+struct PipeState {
+    /// Batches written and not yet covered by an fsync, oldest first; all in segment `seq`.
+    written: VecDeque<Written>,
+    /// A segment the writer created, for the fsync thread to sync from now on.
+    next_file: Option<(u64, Box<dyn SegmentFile>)>,
+    /// The active segment, and how much of it is durable: the length a failure cuts it to.
+    seq: u64,
+    synced_len: u64,
+    /// A write (or segment creation) is in progress.
+    writing: bool,
+    /// An fsync is in progress; its outcome is published before this is cleared.
+    syncing: bool,
+    /// A write or fsync failed: neither thread starts another call.
+    failed: bool,
+    /// The writer stopped (shutdown): the fsync thread syncs what is left and ends.
+    writer_done: bool,
+}
+
+/// One batch, written in full to the active segment.
+struct Written {
+    last_lsn: u64,
+    records: u64,
+    bytes: u64,
+    /// The batch holds the end record of the snapshot that opened segment `seq`.
+    snapshot_end: Option<u64>,
+}
+
+/// Which thread is failing; each waits for the other's call in progress.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Writer,
+    Fsync,
+}
+
+impl Pipe {
+    fn lock(&self) -> MutexGuard<'_, PipeState> {
+        self.state.lock().expect("WAL pipe lock poisoned")
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, PipeState>) -> MutexGuard<'a, PipeState> {
+        self.changed.wait(guard).expect("WAL pipe lock poisoned")
+    }
+
+    /// Clears the caller's busy flag (and hands over `written`, if any); wakes the other.
+    fn done(&self, role: Role, written: Option<Written>) {
+        let mut pipe = self.lock();
+        match role {
+            Role::Writer => pipe.writing = false,
+            Role::Fsync => pipe.syncing = false,
+        }
+        pipe.written.extend(written);
+        drop(pipe);
+        self.changed.notify_all();
+    }
+}
+
+/// The writer thread's own state: the active segment file and the batch being written.
+struct Writer {
     shared: Arc<Shared>,
+    pipe: Arc<Pipe>,
     file: Box<dyn SegmentFile>,
     seq: u64,
-    /// Bytes of the active segment known durable: its header and every batch synced so far.
-    /// A failed batch is cut back to this, so nothing unacknowledged survives a restart.
-    synced_len: u64,
-    /// `(seq, _)` of the segments on disk, oldest first (for deletion after a snapshot).
-    on_disk: VecDeque<(u64, u64)>,
-    /// The batch being written; kept to reuse its allocation.
+    /// The batch being written; its buffers go back to the spares at the next take.
     batch: Vec<Chunk>,
+    fsync_thread: Option<JoinHandle<()>>,
 }
 
-/// What a written batch did, for the stats.
-#[derive(Default)]
-struct BatchOutcome {
-    fsyncs: u64,
-    segments_created: u64,
+/// Why the writer stopped writing a batch.
+enum Stop {
+    /// A write failed: the writer fails the WAL.
+    Failed(String),
+    /// The fsync thread failed the WAL first; nothing more to do.
+    Quiet,
 }
 
-impl Syncer {
+impl Writer {
     fn run(mut self) {
         while self.take_batch() {
             match self.write_batch() {
-                Ok(outcome) => self.publish(outcome),
-                Err(why) => return self.fail(why),
+                Ok(()) => {}
+                Err(Stop::Failed(why)) => {
+                    fail(&self.shared, &self.pipe, Role::Writer, why);
+                    break;
+                }
+                Err(Stop::Quiet) => break,
+            }
+        }
+        self.pipe.lock().writer_done = true;
+        self.pipe.changed.notify_all();
+        if let Some(handle) = self.fsync_thread.take() {
+            if handle.join().is_err() {
+                tracing::error!("WAL fsync thread panicked");
             }
         }
     }
@@ -120,6 +250,12 @@ impl Syncer {
     fn take_batch(&mut self) -> bool {
         let shared = Arc::clone(&self.shared);
         let mut state = shared.state.lock().expect("WAL state lock poisoned");
+        for mut chunk in self.batch.drain(..) {
+            if state.spare.len() < SPARE_CHUNKS_MAX {
+                chunk.buf.clear();
+                state.spare.push(chunk.buf);
+            }
+        }
         loop {
             if state.failed.is_some() {
                 return false;
@@ -138,7 +274,7 @@ impl Syncer {
         while let Some(next) = state.chunks.front() {
             let first = self.batch.is_empty();
             let fits = bytes + next.buf.len() <= shared.options.batch_bytes_max;
-            // A new segment always starts a batch, so each fsync covers one file.
+            // A new segment always starts a batch, so each batch goes to one file.
             if !first && (!fits || next.rotate_to.is_some()) {
                 break;
             }
@@ -146,106 +282,247 @@ impl Syncer {
             bytes += chunk.buf.len();
             self.batch.push(chunk);
         }
-        state.pending_bytes -= bytes;
         true
     }
 
-    /// Writes the batch and syncs it; `Err` describes the first failure.
-    fn write_batch(&mut self) -> Result<BatchOutcome, String> {
-        let sync_mode = self.shared.options.sync_mode;
-        let storage = &*self.shared.storage;
-        let mut outcome = BatchOutcome::default();
+    /// Writes the batch (after starting its segment, if it opens one) and hands it to the
+    /// fsync thread.
+    fn write_batch(&mut self) -> Result<(), Stop> {
         if let Some(header) = self.batch[0].rotate_to {
-            let seq = header.seq;
-            assert_eq!(seq, self.seq + 1, "segments are created in order");
-            self.file = create_segment(storage, header, sync_mode)
-                .map_err(|(path, e)| format!("creating {}: {e}", path.display()))?;
-            self.seq = seq;
-            self.synced_len = record::SEGMENT_HEADER_LEN as u64;
-            self.on_disk.push_back((seq, 0));
-            outcome.segments_created += 1;
-            outcome.fsyncs += u64::from(sync_mode == SyncMode::Data);
+            self.rotate(header)?;
         }
-        let path = || storage.path(&segment_name(self.seq)).display().to_string();
+        self.begin(|_| true)?;
+        let storage = &*self.shared.storage;
+        let mut result = Ok(());
         for chunk in &self.batch {
-            self.file
-                .write_all(&chunk.buf)
-                .map_err(|e| format!("writing {}: {e}", path()))?;
-        }
-        let started = std::time::Instant::now();
-        if sync_mode == SyncMode::Data {
-            self.file
-                .sync_data()
-                .map_err(|e| format!("fdatasync {}: {e}", path()))?;
-            outcome.fsyncs += 1;
-        }
-        let records = self.batch.iter().map(|c| c.records).sum();
-        let synced = (sync_mode == SyncMode::Data).then(|| started.elapsed());
-        self.shared.options.metrics.batch_written(records, synced);
-        self.synced_len += self.batch.iter().map(|c| c.buf.len() as u64).sum::<u64>();
-        Ok(outcome)
-    }
-
-    /// Advances the durable LSN past the batch, recycles its buffers, deletes segments a
-    /// now-durable snapshot replaced.
-    fn publish(&mut self, outcome: BatchOutcome) {
-        let last = self.batch.last().expect("batches are never empty");
-        let lsn = last.last_lsn;
-        let snapshot_end = self.batch.iter().rev().find_map(|c| c.snapshot_end);
-        let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
-        state.durable_lsn = lsn;
-        state.stats.batches += 1;
-        state.stats.fsyncs += outcome.fsyncs;
-        state.stats.segments_created += outcome.segments_created;
-        state.stats.segments_on_disk = self.on_disk.len() as u64;
-        for mut chunk in self.batch.drain(..) {
-            state.stats.records += chunk.records;
-            state.stats.bytes += chunk.buf.len() as u64;
-            if state.spare.len() < SPARE_CHUNKS_MAX {
-                chunk.buf.clear();
-                state.spare.push(chunk.buf);
+            if let Err(e) = self.file.write_all(&chunk.buf) {
+                let path = storage.path(&segment_name(self.seq));
+                result = Err(Stop::Failed(format!("writing {}: {e}", path.display())));
+                break;
             }
         }
+        let written = result.is_ok().then(|| Written {
+            last_lsn: self.batch.last().expect("batches are never empty").last_lsn,
+            records: self.batch.iter().map(|c| c.records).sum(),
+            bytes: self.batch.iter().map(|c| c.buf.len() as u64).sum(),
+            snapshot_end: self.batch.iter().rev().find_map(|c| c.snapshot_end),
+        });
+        self.pipe.done(Role::Writer, written);
+        result
+    }
+
+    /// Marks a write in progress once `ready` holds; `Stop::Quiet` if the WAL failed first.
+    fn begin(&self, ready: impl Fn(&PipeState) -> bool) -> Result<(), Stop> {
+        let mut pipe = self.pipe.lock();
+        while !pipe.failed && !ready(&pipe) {
+            pipe = self.pipe.wait(pipe);
+        }
+        if pipe.failed {
+            return Err(Stop::Quiet);
+        }
+        pipe.writing = true;
+        Ok(())
+    }
+
+    /// Creates segment `header.seq` once everything written to the current one is synced
+    /// (a segment is durable whole before the next exists), and hands it to the fsync thread.
+    fn rotate(&mut self, header: SegmentHeader) -> Result<(), Stop> {
+        assert_eq!(header.seq, self.seq + 1, "segments are created in order");
+        self.begin(|pipe| pipe.written.is_empty() && !pipe.syncing)?;
+        let sync_mode = self.shared.options.sync_mode;
+        let created = create_segment(&*self.shared.storage, header, sync_mode)
+            .and_then(|file| {
+                let clone = file.try_clone();
+                let path = self.shared.storage.path(&segment_name(header.seq));
+                clone.map(|clone| (file, clone)).map_err(|e| (path, e))
+            });
+        let (file, clone) = match created {
+            Ok(files) => files,
+            Err((path, e)) => {
+                self.pipe.done(Role::Writer, None);
+                return Err(Stop::Failed(format!("creating {}: {e}", path.display())));
+            }
+        };
+        (self.file, self.seq) = (file, header.seq);
+        let mut pipe = self.pipe.lock();
+        // The fsync thread took the last segment's file with the batches written to it.
+        assert!(pipe.next_file.is_none(), "a created segment was never synced");
+        pipe.next_file = Some((header.seq, clone));
+        pipe.seq = header.seq;
+        pipe.synced_len = record::SEGMENT_HEADER_LEN as u64;
+        drop(pipe);
+        let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
+        state.stats.segments_created += 1;
+        state.stats.fsyncs += u64::from(sync_mode == SyncMode::Data);
         drop(state);
-        self.shared.durable.notify_all();
-        self.shared.durable_tx.send_modify(|s| s.lsn = lsn);
-        if let Some(seq) = snapshot_end {
-            let deleted = delete_segments_before(&*self.shared.storage, seq, &mut self.on_disk);
-            let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
-            state.stats.segments_deleted += deleted;
-            state.stats.segments_on_disk = self.on_disk.len() as u64;
+        self.pipe.done(Role::Writer, None);
+        Ok(())
+    }
+}
+
+/// The fsync thread's own state: its handle on the active segment.
+struct Fsyncer {
+    shared: Arc<Shared>,
+    pipe: Arc<Pipe>,
+    file: Box<dyn SegmentFile>,
+    /// `(seq, _)` of the segments on disk, oldest first (for deletion after a snapshot).
+    on_disk: VecDeque<(u64, u64)>,
+}
+
+/// What one fsync covered: every batch handed over before it started.
+#[derive(Default)]
+struct Group {
+    last_lsn: u64,
+    records: u64,
+    bytes: u64,
+    snapshot_end: Option<u64>,
+}
+
+impl Fsyncer {
+    fn run(mut self) {
+        while let Some(group) = self.take_group() {
+            let synced = self.sync();
+            let failed = synced.as_ref().err().cloned();
+            if let Ok(elapsed) = synced {
+                self.publish(&group, elapsed);
+            }
+            match failed {
+                None => self.pipe_synced(group.bytes),
+                Some(why) => {
+                    self.pipe.done(Role::Fsync, None);
+                    return fail(&self.shared, &self.pipe, Role::Fsync, why);
+                }
+            }
+            if let Some(seq) = group.snapshot_end {
+                self.delete_before(seq);
+            }
         }
     }
 
-    /// Enters the failed state for good: drops pending records, wakes every waiter.
-    fn fail(self, why: String) {
-        tracing::error!(error = %why, "WAL write failed; no further records will be durable");
-        // Part of the failed batch may have reached the file (a short write's prefix, or pages
-        // whose fsync failed but were written back anyway). None of it was acknowledged, so cut
-        // the segment back to what was synced: a restart must not bring those records back.
-        let name = segment_name(self.seq);
-        match self.shared.storage.truncate(&name, self.synced_len) {
-            Ok(()) => tracing::warn!(
-                path = %self.shared.storage.path(&name).display(),
-                len = self.synced_len,
-                "WAL: cut the failed batch off the active segment"
-            ),
-            Err(e) => tracing::error!(
-                path = %self.shared.storage.path(&name).display(),
-                error = %e,
-                "WAL: cannot cut the failed batch off; a restart may bring unacknowledged records back"
-            ),
+    /// Waits for written batches and takes all of them; `None` once the writer is done and
+    /// everything is synced, or after a failure.
+    fn take_group(&mut self) -> Option<Group> {
+        let mut pipe = self.pipe.lock();
+        while !pipe.failed && pipe.written.is_empty() && !pipe.writer_done {
+            pipe = self.pipe.wait(pipe);
         }
-        let why: Arc<str> = why.into();
-        // Watch first: whoever sees the failure through the state lock sees it here too.
+        if pipe.failed || pipe.written.is_empty() {
+            return None;
+        }
+        if let Some((seq, file)) = pipe.next_file.take() {
+            self.file = file;
+            self.on_disk.push_back((seq, 0));
+        }
+        let mut group = Group::default();
+        for batch in pipe.written.drain(..) {
+            group.last_lsn = batch.last_lsn;
+            group.records += batch.records;
+            group.bytes += batch.bytes;
+            group.snapshot_end = batch.snapshot_end.or(group.snapshot_end);
+        }
+        pipe.syncing = true;
+        Some(group)
+    }
+
+    /// Syncs the active segment (unless sync is off); the fsync's duration, if one was made.
+    fn sync(&mut self) -> Result<Option<std::time::Duration>, String> {
+        if self.shared.options.sync_mode != SyncMode::Data {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        match self.file.sync_data() {
+            Ok(()) => Ok(Some(started.elapsed())),
+            Err(e) => {
+                let seq = self.pipe.lock().seq;
+                let path = self.shared.storage.path(&segment_name(seq));
+                Err(format!("fdatasync {}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// Advances the durable LSN past the group; counts it.
+    fn publish(&mut self, group: &Group, synced: Option<std::time::Duration>) {
         self.shared
-            .durable_tx
-            .send_modify(|s| s.failed = Some(Arc::clone(&why)));
+            .options
+            .metrics
+            .batch_written(group.records, synced);
         let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
-        state.failed = Some(why);
-        state.chunks.clear();
-        state.pending_bytes = 0;
+        state.durable_lsn = group.last_lsn;
+        // Bytes count against the backlog until durable, not just until written: a disk
+        // that stops syncing must fill the backlog, as it did before writes were pipelined.
+        state.pending_bytes -= usize::try_from(group.bytes).expect("a group fits in memory");
+        state.stats.batches += 1;
+        state.stats.fsyncs += u64::from(synced.is_some());
+        state.stats.records += group.records;
+        state.stats.bytes += group.bytes;
+        state.stats.segments_on_disk = self.on_disk.len() as u64;
         drop(state);
         self.shared.durable.notify_all();
+        self.shared.durable_tx.send_modify(|s| s.lsn = group.last_lsn);
     }
+
+    /// Records `bytes` more of the active segment as durable and ends the fsync.
+    fn pipe_synced(&self, bytes: u64) {
+        self.pipe.lock().synced_len += bytes;
+        self.pipe.done(Role::Fsync, None);
+    }
+
+    /// Deletes the segments a now-durable snapshot (opened in segment `seq`) replaced.
+    fn delete_before(&mut self, seq: u64) {
+        let deleted = delete_segments_before(&*self.shared.storage, seq, &mut self.on_disk);
+        let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
+        state.stats.segments_deleted += deleted;
+        state.stats.segments_on_disk = self.on_disk.len() as u64;
+    }
+}
+
+/// Enters the failed state for good, unless the other thread already did: waits for its
+/// call in progress, cuts the active segment back to its synced length, drops pending
+/// records and wakes every waiter. The caller has cleared its own busy flag.
+fn fail(shared: &Shared, pipe: &Pipe, role: Role, why: String) {
+    let mut guard = pipe.lock();
+    if guard.failed {
+        return;
+    }
+    guard.failed = true;
+    pipe.changed.notify_all();
+    while match role {
+        Role::Writer => guard.syncing,
+        Role::Fsync => guard.writing,
+    } {
+        guard = pipe.wait(guard);
+    }
+    let (seq, synced_len) = (guard.seq, guard.synced_len);
+    drop(guard);
+    tracing::error!(error = %why, "WAL write failed; no further records will be durable");
+    // Part of the failed batch, or of batches written after it, may have reached the file
+    // (a short write's prefix, or pages whose fsync failed but were written back anyway).
+    // None of it was acknowledged, so cut the segment back to what was synced: a restart
+    // must not bring those records back.
+    let name = segment_name(seq);
+    match shared.storage.truncate(&name, synced_len) {
+        Ok(()) => tracing::warn!(
+            path = %shared.storage.path(&name).display(),
+            len = synced_len,
+            "WAL: cut the failed batch off the active segment"
+        ),
+        Err(e) => tracing::error!(
+            path = %shared.storage.path(&name).display(),
+            error = %e,
+            "WAL: cannot cut the failed batch off; a restart may bring unacknowledged records back"
+        ),
+    }
+    let why: Arc<str> = why.into();
+    // Watch first: whoever sees the failure through the state lock sees it here too.
+    shared
+        .durable_tx
+        .send_modify(|s| s.failed = Some(Arc::clone(&why)));
+    let mut state = shared.state.lock().expect("WAL state lock poisoned");
+    state.failed = Some(why);
+    state.chunks.clear();
+    state.pending_bytes = 0;
+    drop(state);
+    shared.durable.notify_all();
+    // A writer waiting for chunks sees the failure and stops.
+    shared.work.notify_one();
 }

@@ -492,6 +492,12 @@ impl SegmentFile for GatedFile {
     fn sync_data(&mut self) -> io::Result<()> {
         self.inner.sync_data()
     }
+    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>> {
+        Ok(Box::new(GatedFile {
+            inner: self.inner.try_clone()?,
+            open: Arc::clone(&self.open),
+        }))
+    }
 }
 
 #[test]

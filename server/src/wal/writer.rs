@@ -1,18 +1,18 @@
 //! The append path: group commit, rotation, snapshots, waiting for durability.
 //!
 //! ```text
-//!  append() ──encode──▶ pending chunks ──syncer: write + fdatasync──▶ segment file
-//!   (short mutex,        (VecDeque, bounded    (one batch per fsync, ≤ batch_bytes_max)
-//!    no I/O)              by pending_bytes_max)          │
-//!                                                        ▼
+//!  append() ──encode──▶ pending chunks ──writer: write(2)──▶ segment file ◀── fsync thread:
+//!   (short mutex,        (VecDeque, bounded   (≤ batch_bytes_max    │         fdatasync of all
+//!    no I/O)              by pending_bytes_max  per write)          │         written so far
+//!                         until durable)                            ▼
 //!                         durable LSN ◀── watch::Sender<DurableState> + Condvar
 //! ```
 //!
 //! Callers append under their own locks (a lock-table shard), so `append` only encodes
-//! into memory. Everything appended while the syncer is busy with one fsync goes out in the
-//! next: that is group commit. The segment a record lands in is decided at append time, so
-//! a snapshot's first record can name its own segment; the syncer (`syncer.rs`) only
-//! follows the chunks' marks.
+//! into memory. The syncer (`syncer.rs`) writes what is pending while the previous fsync
+//! runs, and the next fsync covers everything written meanwhile: that is group commit,
+//! pipelined. The segment a record lands in is decided at append time, so a snapshot's first
+//! record can name its own segment; the syncer only follows the chunks' marks.
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -60,7 +60,8 @@ pub struct WalStats {
     pub records: u64,
     /// Record bytes written to segment files (headers excluded).
     pub bytes: u64,
-    /// Batches written, one fsync each when syncing.
+    /// Groups synced, one fsync each when syncing; a group is every batch written while the
+    /// fsync before it ran.
     pub batches: u64,
     /// `fdatasync` calls, segment creation included.
     pub fsyncs: u64,
@@ -138,6 +139,7 @@ pub(super) struct Shared {
 pub(super) struct State {
     /// Encoded records not yet taken by the syncer, oldest first; appends go to the back.
     pub(super) chunks: VecDeque<Chunk>,
+    /// Bytes appended and not yet durable (pending, or written and waiting for an fsync).
     pub(super) pending_bytes: usize,
     pub(super) spare: Vec<Vec<u8>>,
     pub(super) next_lsn: u64,
