@@ -662,3 +662,5 @@ fn open_snapshot_cut_short_deletes_nothing() {
     assert_eq!(leases_by_key(&recovered), both);
     assert_eq!(segment_files(dir.path()), vec![4]);
 }
+
+mod pipeline;
