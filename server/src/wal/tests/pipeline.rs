@@ -13,9 +13,11 @@ use crate::wal::storage::{FsStorage, SegmentFile, Storage};
 use crate::wal::{open, open_with_storage, Lsn, SyncMode, Wal, WalError, WalOptions};
 
 /// How long a test waits for the syncer to reach a state before it fails; generous, as the
-/// machine may be busy. A gated fsync gives up waiting after the same time, so a failing
-/// test cannot leave the syncer blocked for ever.
+/// machine may be busy.
 const WAIT_MAX: Duration = Duration::from_secs(20);
+/// A gated fsync fails after waiting this long, so a failed test cannot leave the syncer
+/// blocked for ever; longer than `WAIT_MAX`, so the test's own check fails first.
+const SYNC_GATE_WAIT_MAX: Duration = Duration::from_secs(40);
 
 /// What the gated storage saw, and how many fsyncs it lets through.
 #[derive(Default)]
@@ -114,12 +116,12 @@ impl SegmentFile for GatedSyncFile {
         state.syncs_started += 1;
         let (call, covered) = (state.syncs_started, state.bytes_written);
         self.gate.changed.notify_all();
-        let (mut state, _) = self
+        let (mut state, timeout) = self
             .gate
             .changed
-            .wait_timeout_while(state, WAIT_MAX, |s| s.syncs_allowed < call)
+            .wait_timeout_while(state, SYNC_GATE_WAIT_MAX, |s| s.syncs_allowed < call)
             .unwrap();
-        if state.syncs_fail_from.is_some_and(|n| call >= n) {
+        if timeout.timed_out() || state.syncs_fail_from.is_some_and(|n| call >= n) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data()?;
@@ -159,7 +161,8 @@ fn append_written(wal: &Wal, gate: &Gate, key: &[u8], token: u64) -> Lsn {
     let record = grant(key, token);
     let lsn = wal.append(&record).unwrap();
     let len = record.encoded_len() as u64;
-    let what = format!("{key:?} written while the fsync before it runs");
+    let key = String::from_utf8_lossy(key);
+    let what = format!("{key} written while the fsync before it runs");
     gate.wait_until(&what, |s| s.bytes_written >= before + len);
     lsn
 }
