@@ -93,7 +93,7 @@ pub(super) fn delete_segments_before(
 
 /// Starts the syncer's threads, which append to `file` (segment `seq`, `synced_len` bytes
 /// long and durable); `on_disk` lists the segments that exist, oldest first. The handle is
-/// the writer's, which joins the fsync thread before it ends.
+/// the syncer's, which stops and joins the write-ahead thread before it ends.
 pub(super) fn spawn(
     shared: Arc<Shared>,
     file: Box<dyn SegmentFile>,
@@ -110,39 +110,44 @@ pub(super) fn spawn(
             writing: false,
             syncing: false,
             failed: false,
-            writer_done: false,
         }),
         changed: Condvar::new(),
     });
-    let fsyncer = Fsyncer {
+    let sync_file = file.try_clone()?;
+    let writer = Arc::new(Mutex::new(Writer {
         shared: Arc::clone(&shared),
-        pipe: Arc::clone(&pipe),
-        file: file.try_clone()?,
-        on_disk,
-    };
-    let fsync_thread = std::thread::Builder::new()
-        .name("tenure-wal-sync".into())
-        .spawn(move || fsyncer.run())?;
-    let writer = Writer {
-        shared,
         pipe: Arc::clone(&pipe),
         file,
         seq,
         batch: Vec::new(),
-        fsync_thread: Some(fsync_thread),
+    }));
+    let ahead = WriteAhead {
+        shared: Arc::clone(&shared),
+        pipe: Arc::clone(&pipe),
+        writer: Arc::clone(&writer),
+    };
+    let ahead_thread = std::thread::Builder::new()
+        .name("tenure-wal-ahead".into())
+        .spawn(move || ahead.run())?;
+    let syncer = Syncer {
+        shared: Arc::clone(&shared),
+        pipe,
+        writer,
+        file: sync_file,
+        on_disk,
+        ahead_thread: Some(ahead_thread),
     };
     let spawned = std::thread::Builder::new()
-        .name("tenure-wal-write".into())
-        .spawn(move || writer.run());
+        .name("tenure-wal-sync".into())
+        .spawn(move || syncer.run());
     if spawned.is_err() {
-        // No writer: let the fsync thread end instead of waiting for batches forever.
-        pipe.lock().writer_done = true;
-        pipe.changed.notify_all();
+        // No syncer to stop it: let the write-ahead thread end instead of waiting for ever.
+        stop_ahead(&shared);
     }
     spawned
 }
 
-/// What the writer hands the fsync thread.
+/// What the writing side hands the fsync, and who is busy.
 struct Pipe {
     state: Mutex<PipeState>,
     /// Signalled on every change of `PipeState`.
@@ -152,7 +157,7 @@ struct Pipe {
 struct PipeState {
     /// Batches written and not yet covered by an fsync, oldest first; all in segment `seq`.
     written: VecDeque<Written>,
-    /// A segment the writer created, for the fsync thread to sync from now on.
+    /// A segment just created, for the fsync side to sync from now on.
     next_file: Option<(u64, Box<dyn SegmentFile>)>,
     /// The active segment, and how much of it is durable: the length a failure cuts it to.
     seq: u64,
@@ -161,10 +166,8 @@ struct PipeState {
     writing: bool,
     /// An fsync is in progress; its outcome is published before this is cleared.
     syncing: bool,
-    /// A write or fsync failed: neither thread starts another call.
+    /// A write or fsync failed: no thread starts another call.
     failed: bool,
-    /// The writer stopped (shutdown): the fsync thread syncs what is left and ends.
-    writer_done: bool,
 }
 
 /// One batch, written in full to the active segment.
@@ -176,13 +179,6 @@ struct Written {
     snapshot_end: Option<u64>,
 }
 
-/// Which thread is failing; each waits for the other's call in progress.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Writer,
-    Fsync,
-}
-
 impl Pipe {
     fn lock(&self) -> MutexGuard<'_, PipeState> {
         self.state.lock().expect("WAL pipe lock poisoned")
@@ -192,20 +188,26 @@ impl Pipe {
         self.changed.wait(guard).expect("WAL pipe lock poisoned")
     }
 
-    /// Clears the caller's busy flag (and hands over `written`, if any); wakes the other.
-    fn done(&self, role: Role, written: Option<Written>) {
+    /// Clears a busy flag (and hands over `written`, if any); wakes whoever waits.
+    fn done(&self, busy: fn(&mut PipeState) -> &mut bool, written: Option<Written>) {
         let mut pipe = self.lock();
-        match role {
-            Role::Writer => pipe.writing = false,
-            Role::Fsync => pipe.syncing = false,
-        }
+        *busy(&mut pipe) = false;
         pipe.written.extend(written);
         drop(pipe);
         self.changed.notify_all();
     }
 }
 
-/// The writer thread's own state: the active segment file and the batch being written.
+fn writing(pipe: &mut PipeState) -> &mut bool {
+    &mut pipe.writing
+}
+
+fn syncing(pipe: &mut PipeState) -> &mut bool {
+    &mut pipe.syncing
+}
+
+/// The writing side: the active segment's file and the batch being written. Behind a mutex,
+/// as the syncer and the write-ahead thread both write, one at a time and in append order.
 struct Writer {
     shared: Arc<Shared>,
     pipe: Arc<Pipe>,
@@ -213,41 +215,22 @@ struct Writer {
     seq: u64,
     /// The batch being written; its buffers go back to the spares at the next take.
     batch: Vec<Chunk>,
-    fsync_thread: Option<JoinHandle<()>>,
 }
 
-/// Why the writer stopped writing a batch.
+/// Why a batch was not written.
 enum Stop {
-    /// A write failed: the writer fails the WAL.
+    /// A write failed: the WAL must fail.
     Failed(String),
-    /// The fsync thread failed the WAL first; nothing more to do.
+    /// Another thread failed the WAL first; nothing more to do.
     Quiet,
 }
 
 impl Writer {
-    fn run(mut self) {
-        while self.take_batch() {
-            match self.write_batch() {
-                Ok(()) => {}
-                Err(Stop::Failed(why)) => {
-                    fail(&self.shared, &self.pipe, Role::Writer, why);
-                    break;
-                }
-                Err(Stop::Quiet) => break,
-            }
-        }
-        self.pipe.lock().writer_done = true;
-        self.pipe.changed.notify_all();
-        if let Some(handle) = self.fsync_thread.take() {
-            if handle.join().is_err() {
-                tracing::error!("WAL fsync thread panicked");
-            }
-        }
-    }
-
-    /// Waits for chunks and moves up to one batch of them into `self.batch`; `false` once
-    /// shut down with nothing left, or after a failure.
-    fn take_batch(&mut self) -> bool {
+    /// Moves up to one batch of pending chunks into `self.batch`, without waiting; `false` if
+    /// there is none to take. `ahead`: only if `State::write_ahead_due`, so never a batch
+    /// that opens a segment. Otherwise not one that opens a segment while batches written
+    /// to the current one wait for their fsync: a segment is synced whole before the next.
+    fn take_batch(&mut self, ahead: bool) -> bool {
         let shared = Arc::clone(&self.shared);
         let mut state = shared.state.lock().expect("WAL state lock poisoned");
         for mut chunk in self.batch.drain(..) {
@@ -256,19 +239,16 @@ impl Writer {
                 state.spare.push(chunk.buf);
             }
         }
-        loop {
-            if state.failed.is_some() {
-                return false;
-            }
-            if !state.chunks.is_empty() {
-                break;
-            }
-            if state.shutdown {
-                return false;
-            }
-            state.syncer_waiting = true;
-            state = shared.work.wait(state).expect("WAL state lock poisoned");
-            state.syncer_waiting = false;
+        let Some(front) = state.chunks.front() else {
+            return false;
+        };
+        let blocked = if ahead {
+            !state.write_ahead_due()
+        } else {
+            front.rotate_to.is_some() && !self.pipe.lock().written.is_empty()
+        };
+        if state.failed.is_some() || blocked {
+            return false;
         }
         let mut bytes = 0;
         while let Some(next) = state.chunks.front() {
@@ -282,16 +262,17 @@ impl Writer {
             bytes += chunk.buf.len();
             self.batch.push(chunk);
         }
+        state.unwritten_bytes -= bytes;
         true
     }
 
     /// Writes the batch (after starting its segment, if it opens one) and hands it to the
-    /// fsync thread.
+    /// fsync side.
     fn write_batch(&mut self) -> Result<(), Stop> {
         if let Some(header) = self.batch[0].rotate_to {
             self.rotate(header)?;
         }
-        self.begin(|_| true)?;
+        self.begin()?;
         let storage = &*self.shared.storage;
         let mut result = Ok(());
         for chunk in &self.batch {
@@ -307,16 +288,13 @@ impl Writer {
             bytes: self.batch.iter().map(|c| c.buf.len() as u64).sum(),
             snapshot_end: self.batch.iter().rev().find_map(|c| c.snapshot_end),
         });
-        self.pipe.done(Role::Writer, written);
+        self.pipe.done(writing, written);
         result
     }
 
-    /// Marks a write in progress once `ready` holds; `Stop::Quiet` if the WAL failed first.
-    fn begin(&self, ready: impl Fn(&PipeState) -> bool) -> Result<(), Stop> {
+    /// Marks a write in progress; `Stop::Quiet` if the WAL failed.
+    fn begin(&self) -> Result<(), Stop> {
         let mut pipe = self.pipe.lock();
-        while !pipe.failed && !ready(&pipe) {
-            pipe = self.pipe.wait(pipe);
-        }
         if pipe.failed {
             return Err(Stop::Quiet);
         }
@@ -324,29 +302,31 @@ impl Writer {
         Ok(())
     }
 
-    /// Creates segment `header.seq` once everything written to the current one is synced
-    /// (a segment is durable whole before the next exists), and hands it to the fsync thread.
+    /// Creates segment `header.seq` (only the syncer does, once everything written to the
+    /// current one is synced) and hands it to the fsync side.
     fn rotate(&mut self, header: SegmentHeader) -> Result<(), Stop> {
         assert_eq!(header.seq, self.seq + 1, "segments are created in order");
-        self.begin(|pipe| pipe.written.is_empty() && !pipe.syncing)?;
+        self.begin()?;
         let sync_mode = self.shared.options.sync_mode;
-        let created = create_segment(&*self.shared.storage, header, sync_mode)
-            .and_then(|file| {
-                let clone = file.try_clone();
-                let path = self.shared.storage.path(&segment_name(header.seq));
-                clone.map(|clone| (file, clone)).map_err(|e| (path, e))
-            });
+        let storage = &*self.shared.storage;
+        let created = create_segment(storage, header, sync_mode).and_then(|file| {
+            let clone = file.try_clone();
+            let path = storage.path(&segment_name(header.seq));
+            clone.map(|clone| (file, clone)).map_err(|e| (path, e))
+        });
         let (file, clone) = match created {
             Ok(files) => files,
             Err((path, e)) => {
-                self.pipe.done(Role::Writer, None);
+                self.pipe.done(writing, None);
                 return Err(Stop::Failed(format!("creating {}: {e}", path.display())));
             }
         };
         (self.file, self.seq) = (file, header.seq);
         let mut pipe = self.pipe.lock();
-        // The fsync thread took the last segment's file with the batches written to it.
-        assert!(pipe.next_file.is_none(), "a created segment was never synced");
+        assert!(
+            pipe.written.is_empty() && pipe.next_file.is_none(),
+            "a segment is synced whole before the next is created"
+        );
         pipe.next_file = Some((header.seq, clone));
         pipe.seq = header.seq;
         pipe.synced_len = record::SEGMENT_HEADER_LEN as u64;
@@ -355,18 +335,71 @@ impl Writer {
         state.stats.segments_created += 1;
         state.stats.fsyncs += u64::from(sync_mode == SyncMode::Data);
         drop(state);
-        self.pipe.done(Role::Writer, None);
+        self.pipe.done(writing, None);
         Ok(())
     }
 }
 
-/// The fsync thread's own state: its handle on the active segment.
-struct Fsyncer {
+/// The write-ahead thread: while an fsync runs, writes a large backlog (a snapshot's part)
+/// so the next fsync can start at once instead of after that write.
+struct WriteAhead {
     shared: Arc<Shared>,
     pipe: Arc<Pipe>,
+    writer: Arc<Mutex<Writer>>,
+}
+
+impl WriteAhead {
+    fn run(self) {
+        while self.wait_due() {
+            let mut writer = self.writer.lock().expect("WAL writer lock poisoned");
+            if !writer.take_batch(true) {
+                continue;
+            }
+            match writer.write_batch() {
+                Ok(()) => {}
+                Err(Stop::Failed(why)) => {
+                    drop(writer);
+                    return fail(&self.shared, &self.pipe, why);
+                }
+                Err(Stop::Quiet) => return,
+            }
+        }
+    }
+
+    /// Waits until a write ahead is due; `false` once the syncer stops.
+    fn wait_due(&self) -> bool {
+        let shared = &*self.shared;
+        let mut state = shared.state.lock().expect("WAL state lock poisoned");
+        loop {
+            if state.failed.is_some() || state.ahead_stop {
+                return false;
+            }
+            if state.write_ahead_due() {
+                return true;
+            }
+            state.ahead_waiting = true;
+            state = shared.ahead.wait(state).expect("WAL state lock poisoned");
+            state.ahead_waiting = false;
+        }
+    }
+}
+
+/// Tells the write-ahead thread to end.
+fn stop_ahead(shared: &Shared) {
+    shared.state.lock().expect("WAL state lock poisoned").ahead_stop = true;
+    shared.ahead.notify_all();
+}
+
+/// The syncer thread: writes a batch, fsyncs everything written, publishes, and again. Its
+/// handle on the active segment is for fsyncs only.
+struct Syncer {
+    shared: Arc<Shared>,
+    pipe: Arc<Pipe>,
+    writer: Arc<Mutex<Writer>>,
     file: Box<dyn SegmentFile>,
     /// `(seq, _)` of the segments on disk, oldest first (for deletion after a snapshot).
     on_disk: VecDeque<(u64, u64)>,
+    ahead_thread: Option<JoinHandle<()>>,
 }
 
 /// What one fsync covered: every batch handed over before it started.
@@ -378,34 +411,83 @@ struct Group {
     snapshot_end: Option<u64>,
 }
 
-impl Fsyncer {
+impl Syncer {
     fn run(mut self) {
-        while let Some(group) = self.take_group() {
-            let synced = self.sync();
-            let failed = synced.as_ref().err().cloned();
-            if let Ok(elapsed) = synced {
-                self.publish(&group, elapsed);
-            }
-            match failed {
-                None => self.pipe_synced(group.bytes),
-                Some(why) => {
-                    self.pipe.done(Role::Fsync, None);
-                    return fail(&self.shared, &self.pipe, Role::Fsync, why);
+        while self.wait_for_work() {
+            let mut writer = self.writer.lock().expect("WAL writer lock poisoned");
+            let written = match writer.take_batch(false) {
+                true => writer.write_batch(),
+                false => Ok(()),
+            };
+            drop(writer);
+            match written {
+                Ok(()) => {}
+                Err(Stop::Failed(why)) => {
+                    fail(&self.shared, &self.pipe, why);
+                    break;
                 }
+                Err(Stop::Quiet) => break,
             }
-            if let Some(seq) = group.snapshot_end {
-                self.delete_before(seq);
+            if !self.sync_written() {
+                break;
+            }
+        }
+        stop_ahead(&self.shared);
+        if let Some(handle) = self.ahead_thread.take() {
+            if handle.join().is_err() {
+                tracing::error!("WAL write-ahead thread panicked");
             }
         }
     }
 
-    /// Waits for written batches and takes all of them; `None` once the writer is done and
-    /// everything is synced, or after a failure.
+    /// Waits for chunks, or batches written ahead; `false` once shut down with nothing
+    /// left, or after a failure.
+    fn wait_for_work(&self) -> bool {
+        let shared = &*self.shared;
+        let mut state = shared.state.lock().expect("WAL state lock poisoned");
+        loop {
+            if state.failed.is_some() {
+                return false;
+            }
+            if !state.chunks.is_empty() || !self.pipe.lock().written.is_empty() {
+                return true;
+            }
+            if state.shutdown {
+                return false;
+            }
+            state.syncer_waiting = true;
+            state = shared.work.wait(state).expect("WAL state lock poisoned");
+            state.syncer_waiting = false;
+        }
+    }
+
+    /// Fsyncs every batch written so far and publishes it; `false` after a failure.
+    fn sync_written(&mut self) -> bool {
+        let Some(group) = self.take_group() else {
+            return !self.pipe.lock().failed;
+        };
+        let synced = self.sync();
+        let failed = synced.as_ref().err().cloned();
+        if let Ok(elapsed) = synced {
+            self.publish(&group, elapsed);
+        }
+        if let Some(why) = failed {
+            self.pipe.done(syncing, None);
+            fail(&self.shared, &self.pipe, why);
+            return false;
+        }
+        self.pipe.lock().synced_len += group.bytes;
+        self.pipe.done(syncing, None);
+        if let Some(seq) = group.snapshot_end {
+            self.delete_before(seq);
+        }
+        true
+    }
+
+    /// Takes every written batch, marks the fsync begun; `None` if there is none or the WAL
+    /// failed.
     fn take_group(&mut self) -> Option<Group> {
         let mut pipe = self.pipe.lock();
-        while !pipe.failed && pipe.written.is_empty() && !pipe.writer_done {
-            pipe = self.pipe.wait(pipe);
-        }
         if pipe.failed || pipe.written.is_empty() {
             return None;
         }
@@ -421,6 +503,14 @@ impl Fsyncer {
             group.snapshot_end = batch.snapshot_end.or(group.snapshot_end);
         }
         pipe.syncing = true;
+        drop(pipe);
+        let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
+        state.fsync_busy = true;
+        let ahead = state.ahead_waiting && state.write_ahead_due();
+        drop(state);
+        if ahead {
+            self.shared.ahead.notify_one();
+        }
         Some(group)
     }
 
@@ -448,6 +538,7 @@ impl Fsyncer {
             .batch_written(group.records, synced);
         let mut state = self.shared.state.lock().expect("WAL state lock poisoned");
         state.durable_lsn = group.last_lsn;
+        state.fsync_busy = false;
         // Bytes count against the backlog until durable, not just until written: a disk
         // that stops syncing must fill the backlog, as it did before writes were pipelined.
         state.pending_bytes -= usize::try_from(group.bytes).expect("a group fits in memory");
@@ -461,12 +552,6 @@ impl Fsyncer {
         self.shared.durable_tx.send_modify(|s| s.lsn = group.last_lsn);
     }
 
-    /// Records `bytes` more of the active segment as durable and ends the fsync.
-    fn pipe_synced(&self, bytes: u64) {
-        self.pipe.lock().synced_len += bytes;
-        self.pipe.done(Role::Fsync, None);
-    }
-
     /// Deletes the segments a now-durable snapshot (opened in segment `seq`) replaced.
     fn delete_before(&mut self, seq: u64) {
         let deleted = delete_segments_before(&*self.shared.storage, seq, &mut self.on_disk);
@@ -476,20 +561,17 @@ impl Fsyncer {
     }
 }
 
-/// Enters the failed state for good, unless the other thread already did: waits for its
-/// call in progress, cuts the active segment back to its synced length, drops pending
-/// records and wakes every waiter. The caller has cleared its own busy flag.
-fn fail(shared: &Shared, pipe: &Pipe, role: Role, why: String) {
+/// Enters the failed state for good, unless another thread already did: waits for the
+/// write or fsync in progress elsewhere (the caller has cleared its own busy flag), cuts the
+/// active segment back to its synced length, drops pending records and wakes every waiter.
+fn fail(shared: &Shared, pipe: &Pipe, why: String) {
     let mut guard = pipe.lock();
     if guard.failed {
         return;
     }
     guard.failed = true;
     pipe.changed.notify_all();
-    while match role {
-        Role::Writer => guard.syncing,
-        Role::Fsync => guard.writing,
-    } {
+    while guard.syncing || guard.writing {
         guard = pipe.wait(guard);
     }
     let (seq, synced_len) = (guard.seq, guard.synced_len);
@@ -520,7 +602,8 @@ fn fail(shared: &Shared, pipe: &Pipe, role: Role, why: String) {
     let mut state = shared.state.lock().expect("WAL state lock poisoned");
     state.failed = Some(why);
     state.chunks.clear();
-    state.pending_bytes = 0;
+    (state.pending_bytes, state.unwritten_bytes) = (0, 0);
+    state.fsync_busy = false;
     drop(state);
     shared.durable.notify_all();
     // A writer waiting for chunks sees the failure and stops.

@@ -1,5 +1,5 @@
-//! The pipelined group commit: a batch is written while the fsync before it runs, the
-//! durable LSN never passes what an fsync covered, and a failed fsync fails everything
+//! The pipelined group commit: a large backlog is written while the fsync before it runs,
+//! the durable LSN never passes what an fsync covered, and a failed fsync fails everything
 //! written behind it. The storage here lets each fsync through on the test's word, so the
 //! interleavings are forced, not hoped for.
 use std::io;
@@ -7,8 +7,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tenure_protocol::LeaseId;
+
 use super::{grant, leases_by_key};
-use crate::wal::record::SEGMENT_HEADER_LEN;
+use crate::wal::record::{Record, SEGMENT_HEADER_LEN};
+use crate::wal::writer::WRITE_AHEAD_BYTES_MIN;
 use crate::wal::storage::{FsStorage, SegmentFile, Storage};
 use crate::wal::{open, open_with_storage, Lsn, SyncMode, Wal, WalError, WalOptions};
 
@@ -155,16 +158,31 @@ fn open_gated(dir: &std::path::Path) -> (Wal, Arc<Gate>) {
     (wal, gate)
 }
 
-/// Appends a grant of `key` and waits until the writer has written it (not synced it).
-fn append_written(wal: &Wal, gate: &Gate, key: &[u8], token: u64) -> Lsn {
+/// Meta of the grants in a bulk append: large, so a few dozen fill a write ahead.
+const BULK_META: [u8; 1000] = [b'm'; 1000];
+
+/// Appends grants `{prefix}-{i}` until they are worth a write ahead, and waits until the
+/// syncer has written them (not synced them); their keys and the last LSN.
+fn append_bulk_written(wal: &Wal, gate: &Gate, prefix: &str) -> (Vec<Vec<u8>>, Lsn) {
     let before = gate.lock().bytes_written;
-    let record = grant(key, token);
-    let lsn = wal.append(&record).unwrap();
-    let len = record.encoded_len() as u64;
-    let key = String::from_utf8_lossy(key);
-    let what = format!("{key} written while the fsync before it runs");
-    gate.wait_until(&what, |s| s.bytes_written >= before + len);
-    lsn
+    let (mut keys, mut bytes, mut lsn) = (Vec::new(), 0, 0);
+    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
+        let key = format!("{prefix}-{}", keys.len()).into_bytes();
+        let record = Record::Grant {
+            key: &key,
+            lease_id: LeaseId::from_u128(7).0,
+            token: 1,
+            ttl_ms: 1_000,
+            flags: 0,
+            meta: &BULK_META,
+        };
+        lsn = wal.append(&record).unwrap();
+        bytes += record.encoded_len() as u64;
+        keys.push(key);
+    }
+    let what = format!("{prefix} written while the fsync before it runs");
+    gate.wait_until(&what, |s| s.bytes_written >= before + bytes);
+    (keys, lsn)
 }
 
 /// Waits until the durable LSN is at least `lsn` or the WAL failed; the durable LSN.
@@ -189,7 +207,7 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
     let a = wal.append(&grant(b"a", 1)).unwrap();
     gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
     // The old syncer wrote b only after the fsync of a returned: this is the overlap.
-    let b = append_written(&wal, &gate, b"b", 2);
+    let (keys, b) = append_bulk_written(&wal, &gate, "b");
     assert_eq!(wal.durable_lsn(), 0, "nothing is durable before its fsync returns");
     gate.allow_syncs(base + 1);
     assert_eq!(durable_after(&wal, a), a);
@@ -200,7 +218,8 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
     gate.allow_syncs(base + 2);
     assert_eq!(durable_after(&wal, b), b);
     let stats = wal.stats();
-    assert_eq!((stats.fsyncs - fsyncs_before, stats.records), (2, 2));
+    let records = 1 + keys.len() as u64;
+    assert_eq!((stats.fsyncs - fsyncs_before, stats.records), (2, records));
     gate.allow_syncs(u64::MAX);
     wal.sync_and_stop().unwrap();
 }
@@ -212,11 +231,11 @@ fn a_failed_fsync_fails_the_batch_written_behind_it_and_everything_after() {
     let base = gate.lock().syncs_started;
     let a = wal.append(&grant(b"a", 1)).unwrap();
     gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
-    let b = append_written(&wal, &gate, b"b", 2);
+    let (b_keys, b) = append_bulk_written(&wal, &gate, "b");
     gate.allow_syncs(base + 1);
     assert_eq!(durable_after(&wal, a), a);
     gate.wait_until("the fsync of b began", |s| s.syncs_started == base + 2);
-    let c = append_written(&wal, &gate, b"c", 3);
+    let (c_keys, c) = append_bulk_written(&wal, &gate, "c");
     gate.lock().syncs_fail_from = Some(base + 2);
     gate.allow_syncs(u64::MAX);
     assert_eq!(durable_after(&wal, c), a, "the durable LSN stops before b");
@@ -244,8 +263,9 @@ fn a_failed_fsync_fails_the_batch_written_behind_it_and_everything_after() {
     let (_wal, recovered) = open(dir.path(), fast).unwrap();
     let keys = leases_by_key(&recovered);
     assert!(keys.contains_key(&b"a"[..]), "the durable grant survives");
-    for key in [&b"b"[..], b"c", b"d"] {
-        assert!(!keys.contains_key(key), "{key:?} was never durable");
+    for key in b_keys.iter().chain(&c_keys).chain([&b"d".to_vec()]) {
+        let name = String::from_utf8_lossy(key);
+        assert!(!keys.contains_key(key), "{name} was never durable");
     }
 }
 
