@@ -1,35 +1,36 @@
-//! The syncer: two threads that write batches of pending chunks to the active segment and
-//! make them durable, pipelined, so the write of one batch overlaps the fsync of the last.
+//! The syncer: writes batches of pending chunks to the active segment, fsyncs them, publishes
+//! the durable LSN, deletes the segments a durable snapshot replaced; pipelined, so a large
+//! write overlaps the fsync before it.
 //!
 //! ```text
-//!  pending chunks ──▶ writer thread ──write(2)──▶ segment file ◀──fdatasync── fsync thread
-//!   (State::chunks)    one batch at a time,         (page cache)      one group at a time:
-//!                      ≤ batch_bytes_max                 │            every batch written
-//!                           │                            │            before it started
-//!                           └──── Written marks ────▶ Pipe ────────────────┘
-//!                                                               │
-//!                                            durable LSN ◀──────┘ (in order, per fsync)
+//!  pending chunks ─┬─ syncer thread: write a batch ─┐        ┌─ fdatasync everything written,
+//!  (State::chunks) │                                ├─ Pipe ─┤  publish the last LSN it covers,
+//!                  └─ write-ahead thread: during an ┘        └─ again (in order, per fsync)
+//!                     fsync, a backlog ≥ 64 KiB
 //! ```
 //!
-//! The writer takes a batch as soon as one is pending, writes it, and hands a `Written` mark
-//! (last LSN, records, bytes) to the fsync thread; it does not wait for the disk. The fsync
-//! thread takes every mark handed over so far, calls `fdatasync` once, and only then
-//! publishes the last mark's LSN: a mark is handed over after its write returned and the
-//! fsync starts after the hand-over, so the fsync covers every record the LSN names. Records
-//! written while an fsync runs wait for the next one, which starts as soon as that returns,
-//! instead of waiting for their own write to start after it (issue 12).
+//! The syncer thread loops as a plain group commit does: write one batch (≤ batch_bytes_max)
+//! of what is pending, fsync, publish. While its fsync runs, records pile up; small ones
+//! wait for the syncer to write them right after (a write of a few KiB costs microseconds,
+//! less than waking another thread), but once `WRITE_AHEAD_BYTES_MIN` is waiting (a
+//! snapshot's part), the write-ahead thread writes it meanwhile, so the next fsync starts at
+//! once. Both write through one `Writer` under a mutex, in append order, and hand each batch
+//! written over as a `Written` mark. The fsync takes every mark handed over before it began
+//! and publishes only the last one's LSN: a mark is handed over after its write returned, so
+//! the fsync covers every record that LSN names; batches written during it wait for the
+//! next.
 //!
-//! Rotation keeps the rule that a segment is synced whole before the next exists: the writer
-//! waits until the fsync thread has synced everything it wrote, then creates the next
-//! segment (header synced) and hands its file over.
+//! Rotation keeps the rule that a segment is synced whole before the next exists: only the
+//! syncer thread opens a segment, and only once every batch written to the current one is
+//! synced; the write-ahead thread never writes a batch that opens one.
 //!
 //! On the first failed write or fsync the WAL is failed for good (a failed fsync is never
-//! retried: the kernel may already have dropped the pages). Whichever thread fails first
-//! marks the pipe failed and waits for the other to finish its call in progress: an fsync
-//! that succeeds still publishes what it covered (all of it fully written), and a write in
-//! progress is not followed by another. Then the active segment is cut back to its last
-//! synced length and the failure is published; the durable LSN never moves again, so every
-//! batch after the failed one fails too.
+//! retried: the kernel may already have dropped the pages). The failing thread marks the
+//! pipe failed and waits for the write or fsync in progress elsewhere: an fsync that
+//! succeeds still publishes what it covered (all of it fully written), and no write starts
+//! after the mark. Then the active segment is cut back to its last synced length and the
+//! failure is published; the durable LSN never moves again, so every batch written after the
+//! failed one fails too.
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
@@ -386,7 +387,11 @@ impl WriteAhead {
 
 /// Tells the write-ahead thread to end.
 fn stop_ahead(shared: &Shared) {
-    shared.state.lock().expect("WAL state lock poisoned").ahead_stop = true;
+    shared
+        .state
+        .lock()
+        .expect("WAL state lock poisoned")
+        .ahead_stop = true;
     shared.ahead.notify_all();
 }
 
@@ -549,7 +554,9 @@ impl Syncer {
         state.stats.segments_on_disk = self.on_disk.len() as u64;
         drop(state);
         self.shared.durable.notify_all();
-        self.shared.durable_tx.send_modify(|s| s.lsn = group.last_lsn);
+        self.shared
+            .durable_tx
+            .send_modify(|s| s.lsn = group.last_lsn);
     }
 
     /// Deletes the segments a now-durable snapshot (opened in segment `seq`) replaced.

@@ -11,8 +11,8 @@ use tenure_protocol::LeaseId;
 
 use super::{grant, leases_by_key};
 use crate::wal::record::{Record, SEGMENT_HEADER_LEN};
-use crate::wal::writer::WRITE_AHEAD_BYTES_MIN;
 use crate::wal::storage::{FsStorage, SegmentFile, Storage};
+use crate::wal::writer::WRITE_AHEAD_BYTES_MIN;
 use crate::wal::{open, open_with_storage, Lsn, SyncMode, Wal, WalError, WalOptions};
 
 /// How long a test waits for the syncer to reach a state before it fails; generous, as the
@@ -208,13 +208,21 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
     gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
     // The old syncer wrote b only after the fsync of a returned: this is the overlap.
     let (keys, b) = append_bulk_written(&wal, &gate, "b");
-    assert_eq!(wal.durable_lsn(), 0, "nothing is durable before its fsync returns");
+    assert_eq!(
+        wal.durable_lsn(),
+        0,
+        "nothing is durable before its fsync returns"
+    );
     gate.allow_syncs(base + 1);
     assert_eq!(durable_after(&wal, a), a);
     gate.wait_until("the fsync of b began", |s| s.syncs_started == base + 2);
     // b's bytes may well have reached the disk with a's fsync, but that fsync began before
     // b was handed over, so nothing vouches for them.
-    assert_eq!(wal.durable_lsn(), a, "b is not durable before its own fsync");
+    assert_eq!(
+        wal.durable_lsn(),
+        a,
+        "b is not durable before its own fsync"
+    );
     gate.allow_syncs(base + 2);
     assert_eq!(durable_after(&wal, b), b);
     let stats = wal.stats();
@@ -255,7 +263,11 @@ fn a_failed_fsync_fails_the_batch_written_behind_it_and_everything_after() {
     ));
     assert!(wal.sync_and_stop().is_err());
     let syncs = gate.lock().syncs_started;
-    assert_eq!(syncs, base + 2, "no fsync after the failed one, none retried");
+    assert_eq!(
+        syncs,
+        base + 2,
+        "no fsync after the failed one, none retried"
+    );
     let fast = WalOptions {
         sync_mode: SyncMode::Off,
         ..WalOptions::default()
@@ -303,7 +315,10 @@ fn the_durable_lsn_grows_in_order_and_never_passes_what_an_fsync_covered() {
         let seen = receiver.borrow_and_update().lsn;
         // Read after the LSN: `bytes_synced` only grows, so this errs on the safe side.
         let synced = gate.lock().bytes_synced;
-        assert!(seen >= last, "the durable LSN went back from {last} to {seen}");
+        assert!(
+            seen >= last,
+            "the durable LSN went back from {last} to {seen}"
+        );
         assert!(
             header + seen * len <= synced,
             "LSN {seen} published, but the fsyncs covered only {synced} bytes"
