@@ -119,8 +119,9 @@
 //! Segments rotate at [`WalOptions::segment_size_max`]. To delete old ones the server copies
 //! the live table into the log (see [`Wal::begin_snapshot`]): `SnapshotBegin` opens a fresh
 //! segment, followed by a Reserve of the current token floor, then a Grant per live lease
-//! (appended shard by shard, interleaved with normal traffic), then `SnapshotEnd`. Once
-//! `SnapshotEnd` is durable every segment before the snapshot's is deleted. A crash before
+//! (appended shard by shard, each shard in a few passes by key hash, interleaved with normal
+//! traffic), then `SnapshotEnd`. Once `SnapshotEnd` is durable every segment before the
+//! snapshot's is deleted. A crash before
 //! that leaves the old segments in place, so replay from the oldest is always complete; a
 //! crash after it but before the deletion is finished by the next [`open`]. Dropping the
 //! [`SnapshotGuard`] instead of ending it abandons the snapshot and deletes nothing.
