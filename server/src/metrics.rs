@@ -133,12 +133,12 @@ impl Histogram {
     }
 }
 
-/// The WAL's instruments, filled by its syncer thread.
+/// The WAL's instruments, filled by its syncer's fsync thread.
 #[derive(Debug)]
 pub struct WalMetrics {
     /// Time each `fdatasync` of a batch took, in nanoseconds.
     pub fsync: Histogram,
-    /// Records each synced batch carried.
+    /// Records each fsync covered: every batch written while the fsync before it ran.
     pub records_per_batch: Histogram,
     /// Time each snapshot of the live locks took, in nanoseconds.
     pub snapshot: Histogram,

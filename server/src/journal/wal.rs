@@ -12,6 +12,26 @@ use super::{
 };
 use crate::wal::Wal;
 
+/// A snapshot copies each part (a lock-table shard) in this many passes, each taking the
+/// leases whose key hashes to it, and waits for each pass to be durable. At the sizing
+/// estimate's 500 000 leases in 64 shards a part is about 500 KiB of records, whose fsync
+/// took about 2.5 ms on the development disk against 0.5 ms for a few KiB; every reply
+/// queued behind it waited that long, and snapshots ran about 5 % of the time, so they set
+/// the p99. A pass is about 64 KiB. Each pass walks the whole part under its lock, but
+/// skipping a lease costs a hash, far less than logging it.
+const SNAPSHOT_PASSES_PER_PART: u64 = 8;
+
+/// Which pass of its part copies the lease of `key` (FNV-1a: cheap, and spreads sequential
+/// keys evenly).
+fn snapshot_pass(key: &[u8]) -> u64 {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0100_0000_01b3;
+    let hash = key.iter().fold(FNV_OFFSET, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(FNV_PRIME)
+    });
+    hash % SNAPSHOT_PASSES_PER_PART
+}
+
 /// The local WAL, logging what `durability` asks for.
 pub struct WalJournal {
     wal: Wal,
@@ -85,9 +105,13 @@ impl Journal for WalJournal {
     /// Copies every live lease into the WAL so old segments can be deleted (see `wal`).
     ///
     /// Each part is copied under its own lock, so the log orders the copy correctly against
-    /// that part's traffic. After each part the copy waits until it is durable: the WAL's
-    /// backlog then never holds more than one part's worth, and clients' records are not
-    /// refused for lack of room while a large table is copied.
+    /// that part's traffic: a lease's copy is logged while its key cannot change, so each of
+    /// its changes is logged either before (and the copy shows it) or after the copy. A part
+    /// is copied in `SNAPSHOT_PASSES_PER_PART` passes by key hash, which keeps that per key.
+    /// After each pass the copy waits until it is durable: the WAL's backlog then never
+    /// holds more than one pass's worth, clients' records are not refused for lack of room
+    /// while a large table is copied, and no fsync carries more than a pass of copies ahead
+    /// of their records.
     fn snapshot(&self, source: &dyn LeaseSource) {
         let started = std::time::Instant::now();
         let done = self.copy_leases(source);
@@ -113,11 +137,13 @@ impl WalJournal {
                 return false;
             }
         };
-        for part in 0..source.parts() {
+        let passes = (0..source.parts())
+            .flat_map(|part| (0..SNAPSHOT_PASSES_PER_PART).map(move |pass| (part, pass)));
+        for (part, pass) in passes {
             let mut result = Ok(0);
             // Written whatever the durability mode: a snapshot copies what the table holds.
             source.for_each_lease(part, &mut |lease| {
-                if result.is_ok() {
+                if result.is_ok() && snapshot_pass(lease.key) == pass {
                     result = self.wal.append(&Change::Grant(lease).record());
                 }
             });
@@ -131,5 +157,119 @@ impl WalJournal {
             return false;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use tenure_protocol::LeaseId;
+
+    use super::*;
+    use crate::journal::Lease;
+    use crate::wal::{open, SyncMode, WalOptions};
+
+    /// One part of many leases; remembers, at each visit, how far the WAL had appended and
+    /// how far it was durable.
+    struct OnePart {
+        keys: Vec<Vec<u8>>,
+        wal: Mutex<Option<std::sync::Weak<WalJournal>>>,
+        visits: Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl LeaseSource for OnePart {
+        fn parts(&self) -> usize {
+            1
+        }
+
+        fn for_each_lease(&self, _part: usize, each: &mut dyn FnMut(Lease<'_>)) {
+            let journal = self
+                .wal
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .upgrade()
+                .unwrap();
+            let wal = journal.wal().unwrap();
+            self.visits
+                .lock()
+                .unwrap()
+                .push((wal.appended_lsn(), wal.durable_lsn()));
+            for (i, key) in self.keys.iter().enumerate() {
+                each(Lease {
+                    key,
+                    lease_id: LeaseId::from_u128(i as u128 + 1),
+                    token: i as u64 + 1,
+                    ttl_ms: 60_000,
+                    release_on_disconnect: false,
+                    meta: b"",
+                });
+            }
+        }
+
+        fn token_limit(&self) -> u64 {
+            self.keys.len() as u64 + 1
+        }
+    }
+
+    /// A part's copy is logged in passes, each durable before the next begins, so no fsync
+    /// carries a whole part (a snapshot's fsyncs held up every reply queued behind them);
+    /// every lease is still copied exactly once.
+    #[test]
+    fn a_snapshot_copies_a_part_in_passes_each_durable_before_the_next() {
+        const LEASES: usize = 4_000;
+        let dir = tempfile::tempdir().unwrap();
+        let options = WalOptions {
+            sync_mode: SyncMode::Off,
+            ..WalOptions::default()
+        };
+        let (wal, _) = open(dir.path(), options.clone()).unwrap();
+        let journal = Arc::new(WalJournal::new(wal, Durability::Full, None));
+        let source = OnePart {
+            keys: (0..LEASES)
+                .map(|i| format!("lock-{i:06}").into_bytes())
+                .collect(),
+            wal: Mutex::new(Some(Arc::downgrade(&journal))),
+            visits: Mutex::default(),
+        };
+        let before = journal.wal().unwrap().appended_lsn();
+        journal.snapshot(&source);
+        let visits = source.visits.lock().unwrap().clone();
+        assert_eq!(visits.len() as u64, SNAPSHOT_PASSES_PER_PART, "{visits:?}");
+        let end = journal.wal().unwrap().appended_lsn();
+        let mut appended: Vec<u64> = visits.iter().map(|&(appended, _)| appended).collect();
+        appended.push(end - 1); // the last pass ends before SnapshotEnd
+        let pass_max = LEASES as u64 / SNAPSHOT_PASSES_PER_PART * 2;
+        for (i, (window, &(appended_at, durable_at))) in
+            appended.windows(2).zip(&visits).enumerate()
+        {
+            // The first pass need not wait: before it come only SnapshotBegin and Reserve.
+            if i > 0 {
+                assert_eq!(
+                    appended_at, durable_at,
+                    "a pass begins once the last is durable"
+                );
+            }
+            assert!(
+                window[1] - window[0] <= pass_max,
+                "a pass too large: {visits:?}"
+            );
+        }
+        assert!(before < visits[0].0, "SnapshotBegin and Reserve come first");
+        journal.sync_and_stop().unwrap();
+        drop(journal);
+        let (_wal, recovered) = open(dir.path(), options).unwrap();
+        let tokens: HashMap<Vec<u8>, u64> = recovered
+            .leases
+            .iter()
+            .map(|l| (l.key.clone(), l.token))
+            .collect();
+        assert_eq!(tokens.len(), LEASES);
+        for (i, key) in source.keys.iter().enumerate() {
+            assert_eq!(tokens.get(key), Some(&(i as u64 + 1)));
+        }
     }
 }

@@ -6,7 +6,9 @@
 //! - [`recovery`]: reads the segments in order, truncates a torn tail, refuses corruption,
 //!   replays records into the set of held leases.
 //! - [`writer`]: [`Wal`], the append path (group commit, rotation, snapshots, waiting).
-//! - `syncer`: the thread that writes and fsyncs batches and records a failure for good.
+//! - `syncer`: two threads, one writing batches while the other fsyncs what was written
+//!   before (pipelined group commit); they publish the durable LSN and record a failure for
+//!   good.
 //! - [`storage`]: the file operations behind a trait, with a fault-injecting implementation.
 //!
 //! # Guarantees
@@ -117,8 +119,9 @@
 //! Segments rotate at [`WalOptions::segment_size_max`]. To delete old ones the server copies
 //! the live table into the log (see [`Wal::begin_snapshot`]): `SnapshotBegin` opens a fresh
 //! segment, followed by a Reserve of the current token floor, then a Grant per live lease
-//! (appended shard by shard, interleaved with normal traffic), then `SnapshotEnd`. Once
-//! `SnapshotEnd` is durable every segment before the snapshot's is deleted. A crash before
+//! (appended shard by shard, each shard in a few passes by key hash, interleaved with normal
+//! traffic), then `SnapshotEnd`. Once `SnapshotEnd` is durable every segment before the
+//! snapshot's is deleted. A crash before
 //! that leaves the old segments in place, so replay from the oldest is always complete; a
 //! crash after it but before the deletion is finished by the next [`open`]. Dropping the
 //! [`SnapshotGuard`] instead of ending it abandons the snapshot and deletes nothing.
@@ -181,10 +184,12 @@ pub struct WalOptions {
     /// Bytes after which the active segment is closed and a new one started; at most
     /// [`SEGMENT_SIZE_LIMIT`].
     pub segment_size_max: u64,
-    /// Encoded bytes that may wait for the syncer; beyond that appends fail with
-    /// [`WalError::Backlog`] instead of growing memory without bound.
+    /// Encoded bytes that may wait to be durable (pending, or written and not yet synced);
+    /// beyond that appends fail with [`WalError::Backlog`] instead of growing memory (or
+    /// dirty pages) without bound.
     pub pending_bytes_max: usize,
-    /// Bytes the syncer writes per fsync at most (group commit batch size).
+    /// Bytes the syncer writes in one go at most. An fsync covers every batch written while
+    /// the fsync before it ran, so it may cover several.
     pub batch_bytes_max: usize,
     /// Added to the token floor recovery finds in a non-empty log: the largest step between
     /// two consecutive token reservations (the server's token block). A disk that loses synced

@@ -34,6 +34,9 @@ pub trait SegmentFile: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes everything written so far durable (`fdatasync`).
     fn sync_data(&mut self) -> io::Result<()>;
+    /// Another handle to the same file (a `dup`), so one thread can sync it while another
+    /// writes: what the WAL's pipelined group commit does. Faults and counters are shared.
+    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>>;
 }
 
 /// Segment files in a real directory.
@@ -111,6 +114,12 @@ impl SegmentFile for FsSegmentFile {
 
     fn sync_data(&mut self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>> {
+        Ok(Box::new(FsSegmentFile {
+            file: self.file.try_clone()?,
+        }))
     }
 }
 
@@ -244,6 +253,13 @@ impl SegmentFile for FaultyFile {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data()
+    }
+
+    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>> {
+        Ok(Box::new(FaultyFile {
+            inner: self.inner.try_clone()?,
+            faults: Arc::clone(&self.faults),
+        }))
     }
 }
 

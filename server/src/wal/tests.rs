@@ -492,6 +492,12 @@ impl SegmentFile for GatedFile {
     fn sync_data(&mut self) -> io::Result<()> {
         self.inner.sync_data()
     }
+    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>> {
+        Ok(Box::new(GatedFile {
+            inner: self.inner.try_clone()?,
+            open: Arc::clone(&self.open),
+        }))
+    }
 }
 
 #[test]
@@ -656,3 +662,5 @@ fn open_snapshot_cut_short_deletes_nothing() {
     assert_eq!(leases_by_key(&recovered), both);
     assert_eq!(segment_files(dir.path()), vec![4]);
 }
+
+mod pipeline;
