@@ -1,6 +1,6 @@
 //! The rarely used part of the slots in use (metadata, waiter queue), kept beside the slab in
 //! a map by slot number rather than behind a pointer in every slot: most locks have neither,
-//! and an 8-byte pointer in each slot was a seventh of a lock's memory. A slot with an entry
+//! and an 8-byte pointer in each slot was a ninth of a lock's memory. A slot with an entry
 //! here says so with a flag in its [`KeyRef`], so a slot without one never probes the map.
 
 use std::collections::HashMap;
@@ -44,7 +44,7 @@ pub(super) fn get<'a, W>(
     extras: &'a Extras<W>,
     slot: usize,
 ) -> Option<&'a Extra<W>> {
-    if !slots[slot].key.has_extra() {
+    if !slots[slot].key_ref.has_extra() {
         return None;
     }
     Some(
@@ -60,7 +60,7 @@ pub(super) fn get_mut<'a, W>(
     extras: &'a mut Extras<W>,
     slot: usize,
 ) -> Option<&'a mut Extra<W>> {
-    if !slots[slot].key.has_extra() {
+    if !slots[slot].key_ref.has_extra() {
         return None;
     }
     Some(
@@ -76,7 +76,7 @@ pub(super) fn get_or_insert<'a, W>(
     extras: &'a mut Extras<W>,
     slot: usize,
 ) -> &'a mut Extra<W> {
-    let key = &mut slots[slot].key;
+    let key = &mut slots[slot].key_ref;
     *key = key.with_extra(true);
     extras
         .entry(slot as u32)
@@ -85,7 +85,7 @@ pub(super) fn get_or_insert<'a, W>(
 
 /// Drops the slot's extras if they hold nothing (or `always`), clearing its flag.
 pub(super) fn tidy<W>(slots: &mut Slab<W>, extras: &mut Extras<W>, slot: usize, always: bool) {
-    let key = &mut slots[slot].key;
+    let key = &mut slots[slot].key_ref;
     if !key.has_extra() {
         return;
     }

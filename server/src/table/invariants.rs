@@ -28,7 +28,7 @@ impl<W: WaiterSink> LockTable<W> {
             if lock.token == 0 {
                 assert!(free[number], "free slot {number} not on the free list");
                 assert!(
-                    lock.key == KeyRef::NONE && !lock.link.is_linked(),
+                    lock.key_ref == KeyRef::NONE && lock.key_len == 0 && !lock.link.is_linked(),
                     "free slot {number} has data"
                 );
                 continue;
@@ -39,11 +39,20 @@ impl<W: WaiterSink> LockTable<W> {
             self.check_queue(number, &timers, &mut waiter_ids);
         }
         assert_eq!(used, self.index.len(), "slots in use vs index entries");
-        assert_eq!(used, self.keys.len(), "slots in use vs keys stored");
+        let long = self
+            .slots
+            .iter()
+            .filter(|lock| lock.token != 0 && lock.key_in_arena())
+            .count();
+        assert_eq!(
+            long,
+            self.keys.len(),
+            "slots with long keys vs keys in the arena"
+        );
         let flagged = self
             .slots
             .iter()
-            .filter(|lock| lock.key.has_extra())
+            .filter(|lock| lock.key_ref.has_extra())
             .count();
         assert_eq!(
             flagged,
@@ -123,7 +132,7 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Checks one slot in use, apart from its queue.
     fn check_lock(&self, number: usize, lock: &Slot<W>) {
-        let key = self.keys.get(lock.key);
+        let key = lock.key(&self.keys);
         assert!(key.len() <= KEY_LEN_MAX, "slot {number}: key too long");
         assert_eq!(
             self.find(key),

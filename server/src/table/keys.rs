@@ -1,10 +1,9 @@
-//! Key storage of one shard: every key's bytes in an arena of fixed-size chunks, named by a
-//! 4-byte [`KeyRef`].
+//! Key storage of one shard for keys too long for their slot's inline room: their bytes in
+//! an arena of fixed-size chunks, named by a 4-byte [`KeyRef`].
 //!
-//! A key stored in its slot would cost the slot the longest key's room (or a heap allocation
-//! per longer key, with the allocator's own overhead on top); here a key costs its length plus
-//! a one- or three-byte length prefix, rounded up to [`GRANULE_BYTES`]. A 23-byte key takes 24
-//! bytes and no allocation. Freed entries go on a free list per size (in granules) and are
+//! A heap allocation per long key would add the allocator's own overhead and a pointer; here
+//! a key costs its length plus a one- or three-byte length prefix, rounded up to
+//! [`GRANULE_BYTES`], and no allocation. Freed entries go on a free list per size (in granules) and are
 //! reused by the next key of that size, so a steady population of similar keys stays in the
 //! room it first took. Chunks are allocated one at a time and never moved, so the arena grows
 //! in steps of [`CHUNK_BYTES`] with no copying and no doubling.

@@ -16,7 +16,7 @@ impl<W: WaiterSink> LockTable<W> {
     pub(super) fn find(&self, key: &[u8]) -> Option<usize> {
         let hash = hash_key(self.hash_seed, key);
         let found = self.index.find(hash, |slot| {
-            self.keys.get(self.slots[slot as usize].key) == key
+            self.slots[slot as usize].key(&self.keys) == key
         });
         found.map(|slot| slot as usize)
     }
@@ -52,10 +52,9 @@ impl<W: WaiterSink> LockTable<W> {
             Some(slot) => slot as usize,
             None => self.slots.push(Slot::vacant()),
         };
-        let key_ref = self.keys.insert(key);
         let lock = &mut self.slots[slot];
         assert!(lock.token == 0, "slot {slot} on the free list is in use");
-        lock.key = key_ref;
+        lock.set_key(key, &mut self.keys);
         extras::set_meta(&mut self.slots, &mut self.extras, slot, meta);
         self.index
             .insert(hash_key(self.hash_seed, key), slot as u32);
@@ -104,12 +103,12 @@ impl<W: WaiterSink> LockTable<W> {
             "freeing slot {slot} with waiters"
         );
         extras::tidy(&mut self.slots, &mut self.extras, slot, true);
-        let key_ref = self.slots[slot].key;
-        self.index.remove(
-            hash_key(self.hash_seed, self.keys.get(key_ref)),
-            slot as u32,
-        );
-        self.keys.remove(key_ref);
+        let lock = &self.slots[slot];
+        self.index
+            .remove(hash_key(self.hash_seed, lock.key(&self.keys)), slot as u32);
+        if lock.key_in_arena() {
+            self.keys.remove(lock.key_ref);
+        }
         self.quotas.held.give_back(1);
         self.disarm_lease(slot);
         self.slots[slot] = Slot::vacant();
@@ -171,7 +170,7 @@ impl<W: WaiterSink> LockTable<W> {
         let key: Box<[u8]> = if already_ended {
             Box::default()
         } else {
-            self.keys.get(lock.key).into()
+            lock.key(&self.keys).into()
         };
         match self.hand_off(slot, now_ms, tokens) {
             HandoffStep::Granted(handoff) if already_ended => {

@@ -60,7 +60,7 @@ impl<W: WaiterSink> LockTable<W> {
         }
         let holder_token = lock.token;
         let ttl_left_ms = lock.deadline_ms.saturating_sub(now_ms);
-        let key = self.keys.get(lock.key);
+        let key = lock.key(&self.keys);
         let mut wait_deadline_min_ms = u64::MAX;
         let mut timed_out = 0;
         // In place, in order: cancelled entries go too, live ones keep their FIFO positions.
@@ -131,7 +131,7 @@ impl<W: WaiterSink> LockTable<W> {
         extra.drop_cancelled();
         extras::set_meta(&mut self.slots, &mut self.extras, slot, queued.meta.clone());
         extras::tidy(&mut self.slots, &mut self.extras, slot, false);
-        let key: Box<[u8]> = self.keys.get(self.slots[slot].key).into();
+        let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
         self.waiters_left(1);
         let grant = Grant {
             token,

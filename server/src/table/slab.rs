@@ -8,7 +8,7 @@ use std::ops::{Index, IndexMut};
 use super::slot::Slot;
 use crate::wheel::{Link, Nodes};
 
-/// Slots per chunk (a power of two): 48 KiB of 48-byte slots, small beside a shard's
+/// Slots per chunk (a power of two): 72 KiB of 72-byte slots, small beside a shard's
 /// population yet large enough that the chunk table stays in cache.
 const CHUNK_SLOTS: usize = 1024;
 

@@ -10,10 +10,16 @@ use tenure_protocol::LeaseId;
 use std::marker::PhantomData;
 
 use super::extras::{self, Extras};
-use super::keys::KeyRef;
+use super::keys::{KeyArena, KeyRef};
 use super::slab::Slab;
 use super::CANCELLED_SLACK;
 use crate::wheel::Link;
+
+/// Longest key stored in its slot: the load generator's keys (`job:` and 19 digits) fit, and
+/// with the lease the slot stays 72 bytes.
+pub(super) const KEY_INLINE_MAX: usize = 23;
+/// `Slot::key_len` of a key in the arena.
+const KEY_IN_ARENA: u8 = u8::MAX;
 
 /// A waiter's timer in the waiters' wheel: which slot, and a stamp to tell whether it is
 /// still wanted. (A lease's timer is the slot's own `link`.)
@@ -62,14 +68,20 @@ impl LoggedTtl {
     }
 }
 
-/// One slab entry: a key with its lease, or free (`token == 0`). 48 bytes: it is most of a
-/// held lock's memory. Metadata and waiters, when there are any, are in the table's
-/// extras, flagged in `key`.
+/// One slab entry: a key with its lease, or free (`token == 0`). 72 bytes: it is most of a
+/// held lock's memory. A key of up to `KEY_INLINE_MAX` bytes is stored in the slot, so a
+/// lookup reads the index and the slot and nothing else; a longer key is in the shard's key
+/// arena. Metadata and waiters, when there are any, are in the table's extras, flagged in
+/// `key_ref`.
 #[derive(Debug)]
 pub(super) struct Slot<W> {
-    /// Where the key is in the shard's key arena (`KeyRef::NONE` when free), and whether
-    /// the slot has extras.
-    pub(super) key: KeyRef,
+    /// A key of up to `KEY_INLINE_MAX` bytes, zero-padded.
+    pub(super) key_inline: [u8; KEY_INLINE_MAX],
+    /// The inline key's length, or `KEY_IN_ARENA`.
+    pub(super) key_len: u8,
+    /// Where a longer key is in the key arena (else `KeyRef::NONE`), and whether the slot
+    /// has extras.
+    pub(super) key_ref: KeyRef,
     /// The holder's lease id.
     pub(super) lease_id: LeaseId,
     /// The holder's fencing token; 0 marks a free slot.
@@ -123,7 +135,9 @@ impl<W> Slot<W> {
     /// A free slot.
     pub(super) fn vacant() -> Self {
         Slot {
-            key: KeyRef::NONE,
+            key_inline: [0; KEY_INLINE_MAX],
+            key_len: 0,
+            key_ref: KeyRef::NONE,
             lease_id: LeaseId::default(),
             token: 0,
             deadline_ms: 0,
@@ -131,6 +145,34 @@ impl<W> Slot<W> {
             logged: LoggedTtl::NONE,
             waiter: PhantomData,
         }
+    }
+}
+
+impl<W> Slot<W> {
+    /// The key (empty when free).
+    pub(super) fn key<'a>(&'a self, keys: &'a KeyArena) -> &'a [u8] {
+        if self.key_len == KEY_IN_ARENA {
+            keys.get(self.key_ref)
+        } else {
+            &self.key_inline[..usize::from(self.key_len)]
+        }
+    }
+
+    /// Stores `key` in a vacant slot: inline if it fits, else in the arena.
+    pub(super) fn set_key(&mut self, key: &[u8], keys: &mut KeyArena) {
+        debug_assert!(self.key_len == 0 && self.key_ref == KeyRef::NONE);
+        if key.len() <= KEY_INLINE_MAX {
+            self.key_inline[..key.len()].copy_from_slice(key);
+            self.key_len = key.len() as u8;
+        } else {
+            self.key_ref = keys.insert(key);
+            self.key_len = KEY_IN_ARENA;
+        }
+    }
+
+    /// Whether the key is in the arena.
+    pub(super) fn key_in_arena(&self) -> bool {
+        self.key_len == KEY_IN_ARENA
     }
 }
 

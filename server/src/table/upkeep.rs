@@ -166,7 +166,7 @@ impl<W: WaiterSink> LockTable<W> {
             .filter(|(_, lock)| lock.token != 0 && lock.deadline_ms > now_ms)
         {
             visit(HeldLock {
-                key: self.keys.get(lock.key),
+                key: lock.key(&self.keys),
                 lease_id: lock.lease_id,
                 token: lock.token,
                 ttl_ms: lock.logged.ttl_ms(),
