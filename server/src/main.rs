@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<()> {
         "invalid configuration: --threads must be at least 1 (leave it unset for one per core)"
     );
     anyhow::ensure!(
-        !(settings.cluster && settings.runtime == RuntimeModel::PerCore),
+        !(settings.cluster && settings.runtime == Some(RuntimeModel::PerCore)),
         "invalid configuration: --runtime per-core is not served in cluster mode (a cluster \
          node's client port runs on the shared runtime; leave --runtime unset or `shared`)"
     );
@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
 /// Per-core: the core threads bring their own runtimes, and this one, on the main thread,
 /// runs only the expiry ticker, signals, reloads and the HTTP endpoint.
 fn build_runtime(settings: &settings::Settings) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut runtime = match settings.runtime {
+    let mut runtime = match settings.runtime_model() {
         RuntimeModel::Shared => {
             let mut runtime = tokio::runtime::Builder::new_multi_thread();
             if let Some(threads) = settings.threads {
@@ -80,7 +80,7 @@ async fn serve(settings: &settings::Settings, config: tenure_server::Config) -> 
     // polls the future, lets a SIGTERM that arrives in between go unnoticed.
     let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
     let listen = config.listen;
-    let port = match settings.runtime {
+    let port = match settings.runtime_model() {
         RuntimeModel::PerCore => ClientPort::PerCore(bind_per_core(settings, listen)?),
         RuntimeModel::Shared => ClientPort::Shared(
             tokio::net::TcpListener::bind(listen)

@@ -137,10 +137,12 @@ pub struct Settings {
     #[arg(long, env = "TENURE_THREADS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
-    /// How connections are spread over the --threads threads: `shared` (one work-stealing
-    /// runtime) or `per-core` (a runtime and a listener per thread; not in cluster mode).
-    #[arg(long, env = "TENURE_RUNTIME", value_enum, default_value_t = RuntimeModel::Shared)]
-    pub runtime: RuntimeModel,
+    /// How connections are spread over the --threads threads: `per-core` (a runtime and a
+    /// listener per thread; the default on a single node) or `shared` (one work-stealing
+    /// runtime; the default, and the only model, in cluster mode).
+    #[arg(long, env = "TENURE_RUNTIME", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeModel>,
     /// WAL segment size in bytes; older segments are deleted after a snapshot of the live
     /// locks, so disk use follows the live state rather than history.
     #[arg(
@@ -261,7 +263,7 @@ impl Default for Settings {
             ttl_max_ms: config.ttl_ms_max,
             shards: config.shards,
             threads: None,
-            runtime: RuntimeModel::Shared,
+            runtime: None,
             wal_segment_bytes: config.wal_segment_bytes_max,
             handshake_timeout_ms: millis(config.handshake_timeout),
             keepalive_idle_ms: millis(config.keepalive_idle),
@@ -288,6 +290,16 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl Settings {
+    /// The runtime model to run: as set, else `per-core` on a single node (the faster one
+    /// in every A/B run, BENCHMARKS.md) and `shared` in cluster mode (the only one it serves).
+    pub fn runtime_model(&self) -> RuntimeModel {
+        match self.runtime {
+            Some(model) => model,
+            None if self.cluster => RuntimeModel::Shared,
+            None => RuntimeModel::PerCore,
+        }
+    }
+
     /// The server's configuration: these settings over [`Config::default`] for the rest.
     pub fn to_config(&self) -> Config {
         Config {
@@ -474,6 +486,7 @@ mod tests {
         let command = Cli::command();
         let table = toml::Table::try_from(Settings {
             threads: Some(2),
+            runtime: Some(RuntimeModel::Shared),
             identities: Some("ids.toml".into()),
             metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             tls_cert: Some("cert.pem".into()),
@@ -544,7 +557,7 @@ mod tests {
             durability: Durability::Tokens,
             no_fsync: true,
             threads: Some(3),
-            runtime: RuntimeModel::PerCore,
+            runtime: Some(RuntimeModel::PerCore),
             metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
             keepalive_count: 9,
             log_format: LogFormat::Json,
@@ -592,6 +605,7 @@ mod tests {
             };
             let unset = [
                 "threads",
+                "runtime",
                 "metrics-listen",
                 "identities",
                 "tls-cert",

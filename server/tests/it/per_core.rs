@@ -88,10 +88,19 @@ async fn per_core_starts_one_named_thread_per_listener_and_serves_metrics() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(daemon);
 
-    // The default, shared runtime has none.
+    // The shared runtime has none.
     let dir = tempfile::tempdir().unwrap();
-    let shared = tenured(dir.path(), &["--threads", "2", "--no-fsync"]);
+    let shared = tenured(
+        dir.path(),
+        &["--runtime", "shared", "--threads", "2", "--no-fsync"],
+    );
     assert_eq!(core_threads_once_serving(&shared, 0).await, 0);
+    drop(shared);
+
+    // A single node without --runtime runs per-core.
+    let dir = tempfile::tempdir().unwrap();
+    let default = tenured(dir.path(), &["--threads", "2", "--no-fsync"]);
+    assert_eq!(core_threads_once_serving(&default, 2).await, 2);
 }
 
 /// Waits until a console PING is answered and `count` core threads run; returns how many do.
