@@ -14,9 +14,12 @@
 //!   the RENEW itself, so it counts too). Its holder was still renewing after the server had ended its lease: the
 //!   holder may have gone on using the resource, so this is the number that should page.
 //!   `reason="unknown"` is every other LOST (released, never granted, or forgotten).
-//! - `tenure_request_duration_seconds{op}`: from the moment the request was decoded to the
-//!   moment its reply was queued for writing, so it includes the wait for the WAL, and for a
-//!   blocking ACQUIRE its time in line. A token reservation retry restarts the clock.
+//! - `tenure_request_duration_seconds{op}`: from the moment the server took up the read that
+//!   brought the request to the moment its reply was queued for writing, so it includes the
+//!   wait behind earlier requests of the same read, the wait for the WAL, and for a blocking
+//!   ACQUIRE its time in line. A token reservation retry restarts the clock. (One clock read
+//!   per read and one per batch of replies, not two per request: at 16 requests in flight
+//!   per connection those reads were 4 % of the server's time.)
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -183,11 +186,11 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// Starts timing `request`.
-    pub fn start(request: &Request) -> Timing {
+    /// Starts timing `request`, taken up at `at`.
+    pub fn start(request: &Request, at: Instant) -> Timing {
         Timing {
             op: op_of(request),
-            started: Instant::now(),
+            started: at,
         }
     }
 }
@@ -258,10 +261,10 @@ fn outcome_of(response: &Response) -> usize {
 
 impl Metrics {
     /// Counts a reply being queued for the request `timing` started on.
-    pub fn replied(&self, timing: Timing, response: &Response) {
+    pub fn replied(&self, timing: Timing, response: &Response, at: Instant) {
         let op = usize::from(timing.op);
         self.requests[op][outcome_of(response)].fetch_add(1, Ordering::Relaxed);
-        self.durations[op].observe_duration(timing.started.elapsed());
+        self.durations[op].observe_duration(at.saturating_duration_since(timing.started));
     }
 
     /// Remembers that `lease_id` expired, forgetting the oldest beyond the limit.

@@ -144,6 +144,8 @@ impl Conn {
     /// Moves every reply whose ticket is settled into the write buffer, in order: as it is
     /// if durable, or, if the journal failed first, as an error after taking the change back.
     pub(super) fn flush_ready(&mut self, progress: &Progress) {
+        // One clock read for the replies flushed together (see `metrics`).
+        let mut now = None;
         while let Some(front) = self.queue.front() {
             let settled = journal::settle(front.ticket, progress);
             if let Settled::Waiting = settled {
@@ -177,7 +179,8 @@ impl Conn {
                 Settled::Durable | Settled::Waiting => response,
             };
             if let Some(timing) = timing {
-                self.executor.stats.metrics.replied(timing, &response);
+                let at = *now.get_or_insert_with(std::time::Instant::now);
+                self.executor.stats.metrics.replied(timing, &response, at);
             }
             self.surface.encode(id, &response, &mut self.wbuf);
         }

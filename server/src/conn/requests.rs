@@ -3,6 +3,7 @@
 //! a [`Later`] beside the socket.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Request, Response};
@@ -55,12 +56,17 @@ impl Conn {
         // The console promises replies in order, so while a blocking acquire waits there, later
         // lines stay unread in the buffer; the binary protocol answers by id and goes on.
         let console = matches!(self.surface, Surface::Console { .. });
+        // One clock read for the requests taken up together (see `metrics`).
+        let mut now = None;
         while !self.closing && !self.authenticating && (!console || self.later.is_empty()) {
             let Some(input) = self.surface.decode(&mut self.rbuf)? else {
                 break;
             };
             match input {
-                Input::Request(id, request) => self.on_request(id, request, None),
+                Input::Request(id, request) => {
+                    let at = *now.get_or_insert_with(std::time::Instant::now);
+                    self.on_request(id, request, None, at)
+                }
                 Input::Bad(id, e) => {
                     crate::stats::Stats::bump(&self.executor.stats.errors);
                     let (code, message) = (e.code, e.message);
@@ -83,9 +89,10 @@ impl Conn {
         self.queue.len() - self.events_queued + self.later.len()
     }
 
-    /// Runs a request; `received_ms` is when it was first taken up if this is a retry.
-    fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>) {
-        self.timing = Some(Timing::start(&request));
+    /// Runs a request taken up `at`; `received_ms` is when it was first taken up if this is a
+    /// retry.
+    fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>, at: Instant) {
+        self.timing = Some(Timing::start(&request, at));
         if self.in_flight() >= self.executor.config.in_flight_max as usize {
             let max = self.executor.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
@@ -204,7 +211,7 @@ impl Conn {
                 reserved,
             } => match reserved {
                 // Runs (and counts) the acquire again; reservations are rare enough not to matter.
-                Ok(()) => self.on_request(id, request, Some(received_ms)),
+                Ok(()) => self.on_request(id, request, Some(received_ms), Instant::now()),
                 Err(message) => {
                     let message = format!("could not reserve fencing tokens: {message}");
                     let code = ErrorCode::Unavailable;

@@ -48,7 +48,7 @@ const LIMITS: TableLimits = TableLimits {
 
 /// The key space: short keys (stored inline) and one long key (stored on the heap).
 const KEYS: [&[u8]; 10] = [
-    b"job:1234567890123456789", // 23 bytes: the longest key kept in its slot
+    b"job:1234567890123456789",  // 23 bytes: the longest key kept in its slot
     b"job:12345678901234567890", // 24 bytes: the shortest in the key arena
     b"a",
     b"b",
