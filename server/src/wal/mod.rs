@@ -150,7 +150,9 @@ use std::sync::Arc;
 
 pub use record::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 pub use recovery::{Recovered, RecoveredLease};
-pub use storage::{FaultPlan, Faults, FaultyStorage, FsStorage, SegmentFile, Storage};
+pub use storage::{
+    FaultPlan, Faults, FaultyStorage, FileWrapper, FsStorage, SegmentFile, Storage, WrapFiles,
+};
 pub use writer::{
     open, open_with_storage, wait_durable_on, DurableState, Lsn, SnapshotGuard, Wal, WalStats,
 };

@@ -165,20 +165,28 @@ impl Faults {
     }
 }
 
-/// An [`FsStorage`] whose segment files fail as a [`FaultPlan`] says.
-pub struct FaultyStorage {
-    inner: FsStorage,
-    faults: Arc<Faults>,
+/// Wraps each segment file a storage creates: the one thing a storage that intercepts
+/// writes or syncs (fault injection, tests' gates) changes.
+pub trait FileWrapper: Send + Sync {
+    /// The file the WAL gets in place of `file`.
+    fn wrap(&self, file: Box<dyn SegmentFile>) -> Box<dyn SegmentFile>;
 }
 
-impl FaultyStorage {
-    /// Wraps `inner`; faults are controlled through `faults`.
-    pub fn new(inner: FsStorage, faults: Arc<Faults>) -> FaultyStorage {
-        FaultyStorage { inner, faults }
+/// An [`FsStorage`] whose segment files go through a [`FileWrapper`]; every other operation
+/// is the directory's own.
+pub struct WrapFiles<W> {
+    inner: FsStorage,
+    wrapper: W,
+}
+
+impl<W: FileWrapper> WrapFiles<W> {
+    /// `inner` with its files wrapped by `wrapper`.
+    pub fn new(inner: FsStorage, wrapper: W) -> WrapFiles<W> {
+        WrapFiles { inner, wrapper }
     }
 }
 
-impl Storage for FaultyStorage {
+impl<W: FileWrapper> Storage for WrapFiles<W> {
     fn path(&self, name: &str) -> PathBuf {
         self.inner.path(name)
     }
@@ -196,11 +204,7 @@ impl Storage for FaultyStorage {
     }
 
     fn create(&self, name: &str) -> io::Result<Box<dyn SegmentFile>> {
-        let inner = self.inner.create(name)?;
-        Ok(Box::new(FaultyFile {
-            inner,
-            faults: Arc::clone(&self.faults),
-        }))
+        Ok(self.wrapper.wrap(self.inner.create(name)?))
     }
 
     fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
@@ -213,6 +217,19 @@ impl Storage for FaultyStorage {
 
     fn sync_dir(&self) -> io::Result<()> {
         self.inner.sync_dir()
+    }
+}
+
+/// An [`FsStorage`] whose segment files fail as a [`FaultPlan`] says:
+/// `FaultyStorage::new(inner, faults)`, the faults controlled through `faults`.
+pub type FaultyStorage = WrapFiles<Arc<Faults>>;
+
+impl FileWrapper for Arc<Faults> {
+    fn wrap(&self, inner: Box<dyn SegmentFile>) -> Box<dyn SegmentFile> {
+        Box::new(FaultyFile {
+            inner,
+            faults: Arc::clone(self),
+        })
     }
 }
 

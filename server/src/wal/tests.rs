@@ -2,13 +2,14 @@
 //! faults and restart, plus two ignored benchmarks (fsync throughput, recovery time).
 use std::collections::HashMap;
 use std::io;
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
 use tenure_protocol::LeaseId;
 
 use super::record::{self, FreeReason, Record};
-use super::storage::{FaultPlan, Faults, FaultyStorage, FsStorage, SegmentFile, Storage};
+use super::storage::{
+    FaultPlan, Faults, FaultyStorage, FileWrapper, FsStorage, SegmentFile, Storage, WrapFiles,
+};
 use super::*;
 
 fn fast() -> WalOptions {
@@ -441,45 +442,18 @@ async fn async_waiters_see_durability_and_failure() {
     );
 }
 
-/// Storage whose writes wait until the test opens the gate.
-struct Gated {
-    inner: FsStorage,
-    open: Arc<(Mutex<bool>, Condvar)>,
-}
-
+/// Segment files whose writes wait until the test opens the gate.
 struct GatedFile {
     inner: Box<dyn SegmentFile>,
     open: Arc<(Mutex<bool>, Condvar)>,
 }
 
-impl Storage for Gated {
-    fn path(&self, name: &str) -> PathBuf {
-        self.inner.path(name)
-    }
-    fn list(&self) -> io::Result<Vec<String>> {
-        self.inner.list()
-    }
-    fn len(&self, name: &str) -> io::Result<u64> {
-        self.inner.len(name)
-    }
-    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
-        self.inner.read(name)
-    }
-    fn create(&self, name: &str) -> io::Result<Box<dyn SegmentFile>> {
-        let inner = self.inner.create(name)?;
-        Ok(Box::new(GatedFile {
+impl FileWrapper for Arc<(Mutex<bool>, Condvar)> {
+    fn wrap(&self, inner: Box<dyn SegmentFile>) -> Box<dyn SegmentFile> {
+        Box::new(GatedFile {
             inner,
-            open: Arc::clone(&self.open),
-        }))
-    }
-    fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
-        self.inner.truncate(name, len)
-    }
-    fn remove(&self, name: &str) -> io::Result<()> {
-        self.inner.remove(name)
-    }
-    fn sync_dir(&self) -> io::Result<()> {
-        self.inner.sync_dir()
+            open: Arc::clone(self),
+        })
     }
 }
 
@@ -504,10 +478,7 @@ impl SegmentFile for GatedFile {
 fn backlog_is_refused_not_buffered_without_bound() {
     let dir = tempfile::tempdir().unwrap();
     let gate = Arc::new((Mutex::new(true), Condvar::new()));
-    let storage = Gated {
-        inner: FsStorage::new(dir.path()).unwrap(),
-        open: Arc::clone(&gate),
-    };
+    let storage = WrapFiles::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&gate));
     let options = WalOptions {
         pending_bytes_max: 8 << 10,
         batch_bytes_max: 4 << 10,

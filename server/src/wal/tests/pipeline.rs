@@ -3,7 +3,6 @@
 //! written behind it. The storage here lets each fsync through on the test's word, so the
 //! interleavings are forced, not hoped for.
 use std::io;
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,7 @@ use tenure_protocol::LeaseId;
 
 use super::{grant, leases_by_key};
 use crate::wal::record::{Record, SEGMENT_HEADER_LEN};
-use crate::wal::storage::{FsStorage, SegmentFile, Storage};
+use crate::wal::storage::{FileWrapper, FsStorage, SegmentFile, WrapFiles};
 use crate::wal::writer::WRITE_AHEAD_BYTES_MIN;
 use crate::wal::{open, open_with_storage, Lsn, SyncMode, Wal, WalError, WalOptions};
 
@@ -65,44 +64,17 @@ impl Gate {
 }
 
 /// Segment files whose writes go through at once and whose fsyncs wait for the gate.
-struct GatedSync {
-    inner: FsStorage,
-    gate: Arc<Gate>,
-}
-
 struct GatedSyncFile {
     inner: Box<dyn SegmentFile>,
     gate: Arc<Gate>,
 }
 
-impl Storage for GatedSync {
-    fn path(&self, name: &str) -> PathBuf {
-        self.inner.path(name)
-    }
-    fn list(&self) -> io::Result<Vec<String>> {
-        self.inner.list()
-    }
-    fn len(&self, name: &str) -> io::Result<u64> {
-        self.inner.len(name)
-    }
-    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
-        self.inner.read(name)
-    }
-    fn create(&self, name: &str) -> io::Result<Box<dyn SegmentFile>> {
-        let inner = self.inner.create(name)?;
-        Ok(Box::new(GatedSyncFile {
+impl FileWrapper for Arc<Gate> {
+    fn wrap(&self, inner: Box<dyn SegmentFile>) -> Box<dyn SegmentFile> {
+        Box::new(GatedSyncFile {
             inner,
-            gate: Arc::clone(&self.gate),
-        }))
-    }
-    fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
-        self.inner.truncate(name, len)
-    }
-    fn remove(&self, name: &str) -> io::Result<()> {
-        self.inner.remove(name)
-    }
-    fn sync_dir(&self) -> io::Result<()> {
-        self.inner.sync_dir()
+            gate: Arc::clone(self),
+        })
     }
 }
 
@@ -144,10 +116,7 @@ impl SegmentFile for GatedSyncFile {
 fn open_gated(dir: &std::path::Path) -> (Wal, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
     gate.allow_syncs(u64::MAX); // open syncs the new segment's header
-    let storage = GatedSync {
-        inner: FsStorage::new(dir).unwrap(),
-        gate: Arc::clone(&gate),
-    };
+    let storage = WrapFiles::new(FsStorage::new(dir).unwrap(), Arc::clone(&gate));
     let options = WalOptions {
         sync_mode: SyncMode::Data,
         ..WalOptions::default()
