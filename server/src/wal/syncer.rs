@@ -357,13 +357,30 @@ impl WriteAhead {
                 continue;
             }
             match writer.write_batch() {
-                Ok(()) => {}
+                Ok(()) => {
+                    drop(writer);
+                    self.wake_syncer();
+                }
                 Err(Stop::Failed(why)) => {
                     drop(writer);
                     return fail(&self.shared, &self.pipe, why);
                 }
                 Err(Stop::Quiet) => return,
             }
+        }
+    }
+
+    /// Wakes the syncer if it sleeps: the fsync this write overlapped may have returned
+    /// while it ran, and the syncer, finding nothing pending then, gone to wait for appends
+    /// that may never come. It checks for written batches under the state lock before it
+    /// sleeps, and the batch was handed over before this takes that lock, so either it saw
+    /// the batch or it is asleep now and is woken.
+    fn wake_syncer(&self) {
+        let state = self.shared.state.lock().expect("WAL state lock poisoned");
+        let waiting = state.syncer_waiting;
+        drop(state);
+        if waiting {
+            self.shared.work.notify_one();
         }
     }
 
@@ -454,12 +471,15 @@ impl Syncer {
             if state.failed.is_some() {
                 return false;
             }
-            if !state.chunks.is_empty() || !self.pipe.lock().written.is_empty() {
+            let pipe = self.pipe.lock();
+            if !state.chunks.is_empty() || !pipe.written.is_empty() {
                 return true;
             }
-            if state.shutdown {
+            // A write ahead in progress hands over a batch to sync, and wakes this thread.
+            if state.shutdown && !pipe.writing {
                 return false;
             }
+            drop(pipe);
             state.syncer_waiting = true;
             state = shared.work.wait(state).expect("WAL state lock poisoned");
             state.syncer_waiting = false;

@@ -465,6 +465,12 @@ impl Wal {
         self.lock().durable_lsn
     }
 
+    /// The syncer waits for work: nothing pending as far as it knows.
+    #[cfg(test)]
+    pub(super) fn syncer_is_idle(&self) -> bool {
+        self.lock().syncer_waiting
+    }
+
     /// A receiver of the durable LSN and failure state, for async waiters.
     pub fn subscribe(&self) -> watch::Receiver<DurableState> {
         self.shared.durable_tx.subscribe()

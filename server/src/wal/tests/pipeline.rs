@@ -34,6 +34,10 @@ struct GateState {
     syncs_fail_from: Option<u64>,
     /// `bytes_written` when the last successful `sync_data` began: what is on disk for sure.
     bytes_synced: u64,
+    /// While set, `write_all` waits before writing.
+    writes_held: bool,
+    /// `write_all` calls waiting because `writes_held` is set.
+    writes_waiting: u64,
 }
 
 #[derive(Default)]
@@ -80,6 +84,18 @@ impl FileWrapper for Arc<Gate> {
 
 impl SegmentFile for GatedSyncFile {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut state = self.gate.lock();
+        if state.writes_held {
+            state.writes_waiting += 1;
+            self.gate.changed.notify_all();
+            state = self
+                .gate
+                .changed
+                .wait_while(state, |s| s.writes_held)
+                .unwrap();
+            state.writes_waiting -= 1;
+        }
+        drop(state);
         self.inner.write_all(buf)?;
         self.gate.lock().bytes_written += buf.len() as u64;
         self.gate.changed.notify_all();
@@ -130,6 +146,18 @@ fn open_gated(dir: &std::path::Path) -> (Wal, Arc<Gate>) {
 /// Meta of the grants in a bulk append: large, so a few dozen fill a write ahead.
 const BULK_META: [u8; 1000] = [b'm'; 1000];
 
+/// A grant of `key` with `BULK_META`.
+fn grant_with_bulk_meta(key: &[u8]) -> Record<'_> {
+    Record::Grant {
+        key,
+        lease_id: LeaseId::from_u128(7).0,
+        token: 1,
+        ttl_ms: 1_000,
+        flags: 0,
+        meta: &BULK_META,
+    }
+}
+
 /// Appends grants `{prefix}-{i}` until they are worth a write ahead, and waits until the
 /// syncer has written them (not synced them); their keys and the last LSN.
 fn append_bulk_written(wal: &Wal, gate: &Gate, prefix: &str) -> (Vec<Vec<u8>>, Lsn) {
@@ -137,14 +165,7 @@ fn append_bulk_written(wal: &Wal, gate: &Gate, prefix: &str) -> (Vec<Vec<u8>>, L
     let (mut keys, mut bytes, mut lsn) = (Vec::new(), 0, 0);
     while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
         let key = format!("{prefix}-{}", keys.len()).into_bytes();
-        let record = Record::Grant {
-            key: &key,
-            lease_id: LeaseId::from_u128(7).0,
-            token: 1,
-            ttl_ms: 1_000,
-            flags: 0,
-            meta: &BULK_META,
-        };
+        let record = grant_with_bulk_meta(&key);
         lsn = wal.append(&record).unwrap();
         bytes += record.encoded_len() as u64;
         keys.push(key);
@@ -199,6 +220,86 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
     assert_eq!((stats.fsyncs - fsyncs_before, stats.records), (2, records));
     gate.allow_syncs(u64::MAX);
     wal.sync_and_stop().unwrap();
+}
+
+/// A write ahead that ends after the fsync it overlapped returned must still get its own
+/// fsync, even if nothing more is ever appended: the syncer, idle by then, is woken for it.
+/// (It used to sleep until the next append, which never came after the last part of a
+/// snapshot on an idle server: the snapshot, and the shutdown behind it, waited for ever.)
+#[test]
+fn a_write_ahead_that_ends_after_the_fsync_is_synced_without_another_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, gate) = open_gated(dir.path());
+    let base = gate.lock().syncs_started;
+    let a = wal.append(&grant(b"a", 1)).unwrap();
+    gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
+    gate.lock().writes_held = true;
+    let mut b = 0;
+    let mut bytes = 0;
+    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
+        let key = format!("b-{b}");
+        let record = grant_with_bulk_meta(key.as_bytes());
+        b = wal.append(&record).unwrap();
+        bytes += record.encoded_len() as u64;
+    }
+    gate.wait_until("b's write ahead began", |s| s.writes_waiting == 1);
+    gate.allow_syncs(u64::MAX);
+    assert_eq!(durable_after(&wal, a), a);
+    let deadline = Instant::now() + WAIT_MAX;
+    while !wal.syncer_is_idle() {
+        assert!(Instant::now() < deadline, "the syncer never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    gate.lock().writes_held = false;
+    gate.changed.notify_all();
+    assert_eq!(durable_after(&wal, b), b, "b was written but never synced");
+    wal.sync_and_stop().unwrap();
+}
+
+/// Stopping the WAL while a write ahead runs still syncs that write before it returns.
+#[test]
+fn stopping_during_a_write_ahead_syncs_it_first() {
+    /// Time for the syncer to see the stop before the write ends (if it would leave early,
+    /// this gives it the chance to).
+    const STOP_SEEN_AFTER: Duration = Duration::from_millis(100);
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, gate) = open_gated(dir.path());
+    let base = gate.lock().syncs_started;
+    let a = wal.append(&grant(b"a", 1)).unwrap();
+    gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
+    gate.lock().writes_held = true;
+    let (mut keys, mut b, mut bytes) = (Vec::new(), 0, 0);
+    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
+        let key = format!("b-{}", keys.len()).into_bytes();
+        let record = grant_with_bulk_meta(&key);
+        b = wal.append(&record).unwrap();
+        bytes += record.encoded_len() as u64;
+        keys.push(key);
+    }
+    gate.wait_until("b's write ahead began", |s| s.writes_waiting == 1);
+    gate.allow_syncs(u64::MAX);
+    assert_eq!(durable_after(&wal, a), a);
+    let wal = Arc::new(wal);
+    let stopping = std::thread::spawn({
+        let wal = Arc::clone(&wal);
+        move || wal.sync_and_stop()
+    });
+    std::thread::sleep(STOP_SEEN_AFTER);
+    gate.lock().writes_held = false;
+    gate.changed.notify_all();
+    stopping.join().unwrap().unwrap();
+    assert_eq!(
+        wal.durable_lsn(),
+        b,
+        "stopped with b written but not synced"
+    );
+    let fast = WalOptions {
+        sync_mode: SyncMode::Off,
+        ..WalOptions::default()
+    };
+    drop(wal);
+    let (_wal, recovered) = open(dir.path(), fast).unwrap();
+    assert_eq!(leases_by_key(&recovered).len(), keys.len() + 1);
 }
 
 #[test]
