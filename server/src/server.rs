@@ -399,56 +399,64 @@ async fn recover(
     let dir = storage.path("");
     // Real time on purpose: this only measures how long recovery took, for the log.
     let started = std::time::Instant::now();
-    let (wal, recovered) =
-        tokio::task::spawn_blocking(move || wal::open_with_storage(storage, options))
-            .await
-            .map_err(ServerError::RecoveryPanicked)?
+    // Replay, restore and the collection after them run on one thread: the replayed copy of
+    // the leases was allocated by this thread's allocator heap, and a forced collection only
+    // returns the freed pages of the calling thread's heap to the OS. Meanwhile freed memory
+    // goes back at once (see `PurgeAtOnce`), so none waits for a purge that would come late.
+    let (shared, torn_tail_truncated) = tokio::task::spawn_blocking(move || {
+        let purge_at_once = crate::memory::PurgeAtOnce::start();
+        let (wal, recovered) = wal::open_with_storage(storage, options)
             .map_err(|source| ServerError::Recovery { dir, source })?;
-    if let Some((path, offset)) = &recovered.torn_tail_truncated {
+        let clock = Clock::start();
+        let now_ms = clock.now_ms();
+        // In token-only mode held locks were not logged, so any of them may still be in use:
+        // wait out the longest lease this server grants before granting again.
+        let refused_until_ms = match config.durability {
+            Durability::Tokens if recovered.records > 0 => now_ms + u64::from(config.ttl_ms_max),
+            _ => 0,
+        };
+        let leases = recovered.leases.len();
+        let journal: Arc<dyn Journal> = Arc::new(WalJournal::new(wal, config.durability, dir_lock));
+        let shared = Executor::new(
+            config,
+            clock,
+            journal,
+            recovered.token_floor,
+            refused_until_ms,
+        );
+        shared
+            .stats
+            .metrics
+            .recovered(started.elapsed(), refused_until_ms);
+        for lease in recovered.leases {
+            let mut shard = shared.shard(&lease.key);
+            shard.restore(
+                now_ms,
+                &lease.key,
+                lease.lease_id,
+                lease.token,
+                lease.ttl_ms,
+                &lease.meta,
+            );
+        }
+        // The replayed copy of the leases is gone; its memory goes back now, not whenever
+        // the allocator next gets to it.
+        crate::memory::release_freed();
+        drop(purge_at_once);
+        tracing::info!(
+            leases,
+            token_floor = recovered.token_floor,
+            records = recovered.records,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "recovered from the WAL"
+        );
+        Ok::<_, ServerError>((shared, recovered.torn_tail_truncated))
+    })
+    .await
+    .map_err(ServerError::RecoveryPanicked)??;
+    if let Some((path, offset)) = &torn_tail_truncated {
         tracing::warn!(path = %path.display(), offset, "truncated a torn record at the end of the WAL");
     }
-    let clock = Clock::start();
-    let now_ms = clock.now_ms();
-    // In token-only mode held locks were not logged, so any of them may still be in use: wait
-    // out the longest lease this server grants before granting again.
-    let refused_until_ms = match config.durability {
-        Durability::Tokens if recovered.records > 0 => now_ms + u64::from(config.ttl_ms_max),
-        _ => 0,
-    };
-    let leases = recovered.leases.len();
-    let journal: Arc<dyn Journal> = Arc::new(WalJournal::new(wal, config.durability, dir_lock));
-    let shared = Executor::new(
-        config,
-        clock,
-        journal,
-        recovered.token_floor,
-        refused_until_ms,
-    );
-    shared
-        .stats
-        .metrics
-        .recovered(started.elapsed(), refused_until_ms);
-    for lease in recovered.leases {
-        let mut shard = shared.shard(&lease.key);
-        shard.restore(
-            now_ms,
-            &lease.key,
-            lease.lease_id,
-            lease.token,
-            lease.ttl_ms,
-            &lease.meta,
-        );
-    }
-    // The replayed copy of the leases is gone; its memory goes back now, not whenever the
-    // allocator next gets to it.
-    crate::memory::release_freed();
-    tracing::info!(
-        leases,
-        token_floor = recovered.token_floor,
-        records = recovered.records,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "recovered from the WAL"
-    );
     Ok(shared)
 }
 
