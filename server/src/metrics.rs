@@ -2,8 +2,10 @@
 //! them (and the counters STATS already keeps) into the text `/metrics` serves.
 //!
 //! The hot path only does relaxed atomic adds on fixed arrays: requests are counted in an
-//! `[op][outcome]` table and timed in one fixed-bucket [`Histogram`] per op, so a request
-//! costs two clock reads, a short bucket scan and three atomic adds, and allocates nothing.
+//! `[op][outcome]` table and timed in one fixed-bucket [`Histogram`] per op; the replies a
+//! connection flushes together are tallied locally and added once per (op, outcome, bucket)
+//! ([`ReplyTally`]), so a request costs a share of two clock reads, a short bucket scan and
+//! a share of three atomic adds, and allocates nothing.
 //! Everything that is a level rather than an event (held locks, waiters, tokens, WAL state)
 //! is read from the shared state when scraped, so it costs nothing between scrapes.
 //!
@@ -106,9 +108,18 @@ impl Histogram {
 
     /// Counts one observation of `value` (in the histogram's integer unit).
     pub fn observe(&self, value: u64) {
-        let i = self.bounds.partition_point(|&bound| bound < value);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
+        self.add(self.bucket_of(value), 1, value);
+    }
+
+    /// The bucket `value` falls in.
+    fn bucket_of(&self, value: u64) -> usize {
+        self.bounds.partition_point(|&bound| bound < value)
+    }
+
+    /// Counts `count` observations in `bucket` that sum to `sum`.
+    fn add(&self, bucket: usize, count: u64, sum: u64) {
+        self.counts[bucket].fetch_add(count, Ordering::Relaxed);
+        self.sum.fetch_add(sum, Ordering::Relaxed);
     }
 
     /// Counts one duration, for histograms kept in nanoseconds.
@@ -195,6 +206,28 @@ impl Timing {
     }
 }
 
+/// Distinct (op, outcome, latency bucket) triples a [`ReplyTally`] holds before it adds
+/// them to the instruments; a batch of replies rarely has more (a mixed pipeline: three).
+const TALLY_ENTRIES: usize = 8;
+
+/// Replies counted locally while a batch of them is flushed, then added to the shared
+/// instruments once per (op, outcome, bucket) rather than with three atomic adds per reply:
+/// at 16 requests in flight per connection those adds were 2-3 % of the server's time, and
+/// with a thread per core each one pulls a cache line shared by every thread.
+#[derive(Default)]
+pub struct ReplyTally {
+    entries: [TallyEntry; TALLY_ENTRIES],
+    len: usize,
+}
+
+#[derive(Default, Clone, Copy)]
+struct TallyEntry {
+    /// (op, outcome, bucket): indexes into `Metrics::requests` and `durations`.
+    key: (u8, u8, u8),
+    count: u64,
+    sum_ns: u64,
+}
+
 /// The client surface a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Surface {
@@ -262,9 +295,45 @@ fn outcome_of(response: &Response) -> usize {
 impl Metrics {
     /// Counts a reply being queued for the request `timing` started on.
     pub fn replied(&self, timing: Timing, response: &Response, at: Instant) {
-        let op = usize::from(timing.op);
-        self.requests[op][outcome_of(response)].fetch_add(1, Ordering::Relaxed);
-        self.durations[op].observe_duration(at.saturating_duration_since(timing.started));
+        let mut tally = ReplyTally::default();
+        self.tally(&mut tally, timing, response, at);
+        self.add_tally(&mut tally);
+    }
+
+    /// Counts a reply queued at `at` in `tally`, to be added to the instruments with the
+    /// other replies of its batch by [`Metrics::add_tally`].
+    pub fn tally(&self, tally: &mut ReplyTally, timing: Timing, response: &Response, at: Instant) {
+        let elapsed = at.saturating_duration_since(timing.started);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let op = timing.op;
+        let bucket = self.durations[usize::from(op)].bucket_of(ns);
+        let key = (op, outcome_of(response) as u8, bucket as u8);
+        let filled = &mut tally.entries[..tally.len];
+        if let Some(entry) = filled.iter_mut().find(|e| e.key == key) {
+            entry.count += 1;
+            entry.sum_ns = entry.sum_ns.saturating_add(ns);
+            return;
+        }
+        if tally.len == TALLY_ENTRIES {
+            self.add_tally(tally);
+        }
+        tally.entries[tally.len] = TallyEntry {
+            key,
+            count: 1,
+            sum_ns: ns,
+        };
+        tally.len += 1;
+    }
+
+    /// Adds the replies counted in `tally` to the instruments and empties it.
+    pub fn add_tally(&self, tally: &mut ReplyTally) {
+        for entry in &tally.entries[..tally.len] {
+            let (op, outcome, bucket) = entry.key;
+            let op = usize::from(op);
+            self.requests[op][usize::from(outcome)].fetch_add(entry.count, Ordering::Relaxed);
+            self.durations[op].add(usize::from(bucket), entry.count, entry.sum_ns);
+        }
+        tally.len = 0;
     }
 
     /// Remembers that `lease_id` expired, forgetting the oldest beyond the limit.
@@ -642,6 +711,49 @@ mod tests {
         assert_eq!(counts[BATCH_BOUNDS.len() - 1], 1, "4096");
         assert_eq!(counts[BATCH_BOUNDS.len()], 1, "4097 overflows");
         assert_eq!(h.count(), 6);
+    }
+
+    /// A batch tallied together counts exactly what counting each reply alone would, also
+    /// when it holds more distinct (op, outcome, bucket) triples than the tally has room for.
+    #[test]
+    fn a_tallied_batch_counts_what_single_replies_would() {
+        let (one_by_one, tallied) = (Metrics::default(), Metrics::default());
+        let at = Instant::now() + Duration::from_secs(20);
+        let requests = [
+            Request::Ping,
+            Request::Stats,
+            Request::Inspect {
+                key: b"k".to_vec().into(),
+            },
+        ];
+        let responses = [Response::Pong, Response::Free, Response::Stale];
+        let mut tally = ReplyTally::default();
+        let mut replies = 0;
+        for (i, request) in requests.iter().cycle().take(300).enumerate() {
+            // Starts spread over 20 s: every latency bucket gets some.
+            let started = at - Duration::from_micros((i as u64 * 7919) % 20_000_000);
+            let timing = Timing::start(request, started);
+            let response = &responses[i % responses.len()];
+            one_by_one.replied(timing, response, at);
+            tallied.tally(&mut tally, timing, response, at);
+            replies += 1;
+        }
+        tallied.add_tally(&mut tally);
+        assert_eq!(tally.len, 0, "adding empties the tally");
+        let total = |m: &Metrics| m.durations.iter().map(Histogram::count).sum::<u64>();
+        assert_eq!(total(&tallied), replies);
+        for op in 0..OP_KINDS.len() {
+            let (a, b) = (&one_by_one.durations[op], &tallied.durations[op]);
+            let counts = |h: &Histogram| -> Vec<u64> {
+                h.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+            };
+            assert_eq!(counts(a), counts(b), "op {op}'s buckets");
+            assert_eq!(a.sum.load(Ordering::Relaxed), b.sum.load(Ordering::Relaxed));
+            for outcome in 0..OUTCOMES.len() {
+                let n = |m: &Metrics| m.requests[op][outcome].load(Ordering::Relaxed);
+                assert_eq!(n(&one_by_one), n(&tallied), "op {op}, outcome {outcome}");
+            }
+        }
     }
 
     #[test]

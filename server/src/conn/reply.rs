@@ -144,8 +144,9 @@ impl Conn {
     /// Moves every reply whose ticket is settled into the write buffer, in order: as it is
     /// if durable, or, if the journal failed first, as an error after taking the change back.
     pub(super) fn flush_ready(&mut self, progress: &Progress) {
-        // One clock read for the replies flushed together (see `metrics`).
+        // One clock read and one tally for the replies flushed together (see `metrics`).
         let mut now = None;
+        let mut tally = crate::metrics::ReplyTally::default();
         while let Some(front) = self.queue.front() {
             let settled = journal::settle(front.ticket, progress);
             if let Settled::Waiting = settled {
@@ -180,9 +181,11 @@ impl Conn {
             };
             if let Some(timing) = timing {
                 let at = *now.get_or_insert_with(std::time::Instant::now);
-                self.executor.stats.metrics.replied(timing, &response, at);
+                let metrics = &self.executor.stats.metrics;
+                metrics.tally(&mut tally, timing, &response, at);
             }
             self.surface.encode(id, &response, &mut self.wbuf);
         }
+        self.executor.stats.metrics.add_tally(&mut tally);
     }
 }
