@@ -428,17 +428,7 @@ async fn recover(
             .stats
             .metrics
             .recovered(started.elapsed(), refused_until_ms);
-        for lease in recovered.leases {
-            let mut shard = shared.shard(&lease.key);
-            shard.restore(
-                now_ms,
-                &lease.key,
-                lease.lease_id,
-                lease.token,
-                lease.ttl_ms,
-                &lease.meta,
-            );
-        }
+        shared.restore(now_ms, recovered.leases);
         // The replayed copy of the leases is gone; its memory goes back now, not whenever
         // the allocator next gets to it.
         crate::memory::release_freed();

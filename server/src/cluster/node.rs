@@ -554,16 +554,7 @@ impl Life {
         executor.cluster = Some(self.admin.clone());
         // The follower's executor lives as long as the node: STATS' uptime is the node's.
         executor.uptime_offset_ms = self.follower.executor.clock.now_ms();
-        for lease in live.to_recovered() {
-            executor.shard(&lease.key).restore(
-                now_ms,
-                &lease.key,
-                lease.lease_id,
-                lease.token,
-                lease.ttl_ms,
-                &lease.meta,
-            );
-        }
+        executor.restore(now_ms, live.to_recovered());
         Arc::new(executor)
     }
 

@@ -30,6 +30,7 @@ use crate::journal::{Change, Journal, Lease, Ticket, Undo, TICKET_NOW};
 use crate::stats::Stats;
 use crate::table::{self, LockTable, Quotas, TableLimits};
 use crate::tokens::Tokens;
+use crate::wal::RecoveredLease;
 use crate::watch::Watches;
 
 /// What the connection does with a request after the executor ran it.
@@ -157,6 +158,20 @@ impl Executor {
         self.shards[i]
             .lock()
             .expect("a lock-table shard was poisoned by a panic")
+    }
+
+    /// Puts back the leases a journal recovered, each running again from `now_ms`.
+    pub fn restore(&self, now_ms: u64, leases: impl IntoIterator<Item = RecoveredLease>) {
+        for lease in leases {
+            self.shard(&lease.key).restore(
+                now_ms,
+                &lease.key,
+                lease.lease_id,
+                lease.token,
+                lease.ttl_ms,
+                &lease.meta,
+            );
+        }
     }
 
     /// Every shard in turn, for the ticker, snapshots and STATS.

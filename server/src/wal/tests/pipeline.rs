@@ -222,6 +222,28 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
     wal.sync_and_stop().unwrap();
 }
 
+/// Appends `a`, then while a's fsync runs, grants `b-{i}` worth a write ahead, whose write
+/// the gate holds; lets a's fsync (and all later ones) through and waits until a is
+/// durable. Returns b's keys and last LSN: written ahead, not yet written, not synced.
+fn hold_a_write_ahead_past_its_fsync(wal: &Wal, gate: &Gate) -> (Vec<Vec<u8>>, Lsn) {
+    let base = gate.lock().syncs_started;
+    let a = wal.append(&grant(b"a", 1)).unwrap();
+    gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
+    gate.lock().writes_held = true;
+    let (mut keys, mut b, mut bytes) = (Vec::new(), 0, 0);
+    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
+        let key = format!("b-{}", keys.len()).into_bytes();
+        let record = grant_with_bulk_meta(&key);
+        b = wal.append(&record).unwrap();
+        bytes += record.encoded_len() as u64;
+        keys.push(key);
+    }
+    gate.wait_until("b's write ahead began", |s| s.writes_waiting == 1);
+    gate.allow_syncs(u64::MAX);
+    assert_eq!(durable_after(wal, a), a);
+    (keys, b)
+}
+
 /// A write ahead that ends after the fsync it overlapped returned must still get its own
 /// fsync, even if nothing more is ever appended: the syncer, idle by then, is woken for it.
 /// (It used to sleep until the next append, which never came after the last part of a
@@ -230,21 +252,7 @@ fn a_batch_is_written_while_the_fsync_before_it_runs_and_waits_for_its_own() {
 fn a_write_ahead_that_ends_after_the_fsync_is_synced_without_another_append() {
     let dir = tempfile::tempdir().unwrap();
     let (wal, gate) = open_gated(dir.path());
-    let base = gate.lock().syncs_started;
-    let a = wal.append(&grant(b"a", 1)).unwrap();
-    gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
-    gate.lock().writes_held = true;
-    let mut b = 0;
-    let mut bytes = 0;
-    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
-        let key = format!("b-{b}");
-        let record = grant_with_bulk_meta(key.as_bytes());
-        b = wal.append(&record).unwrap();
-        bytes += record.encoded_len() as u64;
-    }
-    gate.wait_until("b's write ahead began", |s| s.writes_waiting == 1);
-    gate.allow_syncs(u64::MAX);
-    assert_eq!(durable_after(&wal, a), a);
+    let (_, b) = hold_a_write_ahead_past_its_fsync(&wal, &gate);
     let deadline = Instant::now() + WAIT_MAX;
     while !wal.syncer_is_idle() {
         assert!(Instant::now() < deadline, "the syncer never went idle");
@@ -264,21 +272,7 @@ fn stopping_during_a_write_ahead_syncs_it_first() {
     const STOP_SEEN_AFTER: Duration = Duration::from_millis(100);
     let dir = tempfile::tempdir().unwrap();
     let (wal, gate) = open_gated(dir.path());
-    let base = gate.lock().syncs_started;
-    let a = wal.append(&grant(b"a", 1)).unwrap();
-    gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
-    gate.lock().writes_held = true;
-    let (mut keys, mut b, mut bytes) = (Vec::new(), 0, 0);
-    while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
-        let key = format!("b-{}", keys.len()).into_bytes();
-        let record = grant_with_bulk_meta(&key);
-        b = wal.append(&record).unwrap();
-        bytes += record.encoded_len() as u64;
-        keys.push(key);
-    }
-    gate.wait_until("b's write ahead began", |s| s.writes_waiting == 1);
-    gate.allow_syncs(u64::MAX);
-    assert_eq!(durable_after(&wal, a), a);
+    let (keys, b) = hold_a_write_ahead_past_its_fsync(&wal, &gate);
     let wal = Arc::new(wal);
     let stopping = std::thread::spawn({
         let wal = Arc::clone(&wal);
