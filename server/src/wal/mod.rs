@@ -123,7 +123,11 @@
 //! traffic), then `SnapshotEnd`. Once `SnapshotEnd` is durable every segment before the
 //! snapshot's is deleted. A crash before
 //! that leaves the old segments in place, so replay from the oldest is always complete; a
-//! crash after it but before the deletion is finished by the next [`open`]. Dropping the
+//! crash after it but before the deletion is finished by the next [`open`]. Deletion goes
+//! oldest first, so a crash in its middle can leave a log whose oldest segment starts inside
+//! the replaced snapshot (which spanned several segments): recovery replays that remainder
+//! like any other records (a copy in a snapshot changes nothing the records after it do not
+//! decide) and requires that a later snapshot completed. Dropping the
 //! [`SnapshotGuard`] instead of ending it abandons the snapshot and deletes nothing.
 //!
 //! Every [`open`] starts a new segment, so restarts alone would pile up segments that no

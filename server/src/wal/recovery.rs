@@ -81,8 +81,16 @@ pub(crate) struct Replayed {
 struct Replay {
     live: LeaseReplay,
     records: u64,
+    /// The oldest segment on disk: where replay starts.
+    first_seq: u64,
     snapshot_open: Option<u64>,
     snapshot_complete: Option<u64>,
+    /// The end of a snapshot that began in a segment before `first_seq`: its first segments
+    /// were deleted after a newer snapshot completed, and a crash stopped the deletion before
+    /// it reached the segment holding its end. Replaying the rest of it is harmless (its
+    /// Grants are copies of leases whose later records follow), but a newer complete snapshot
+    /// must follow, or the deleted segments held state that is now lost.
+    orphan_end: Option<(u64, usize)>,
 }
 
 /// The held leases and the token floor that Reserve, Grant and Free records build up, by the
@@ -189,6 +197,14 @@ impl Replay {
                 self.snapshot_open = Some(segment_seq);
             }
             Record::SnapshotEnd { segment_seq } => {
+                let began_in_a_deleted_segment = segment_seq < self.first_seq
+                    && self.snapshot_open.is_none()
+                    && self.snapshot_complete.is_none()
+                    && self.orphan_end.is_none();
+                if began_in_a_deleted_segment {
+                    self.orphan_end = Some((seq, offset));
+                    return Ok(());
+                }
                 if self.snapshot_open != Some(segment_seq) {
                     return Err(format!(
                         "snapshot end for segment {segment_seq:016x} without begin"
@@ -213,7 +229,10 @@ impl Replay {
 /// sequence; [`WalError::Io`] if a file cannot be listed, read or truncated.
 pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
     let seqs = list_segments(storage)?;
-    let mut replay = Replay::default();
+    let mut replay = Replay {
+        first_seq: seqs.first().copied().unwrap_or(0),
+        ..Replay::default()
+    };
     let mut segments = Vec::with_capacity(seqs.len());
     let mut torn = None;
     for (i, &seq) in seqs.iter().enumerate() {
@@ -225,6 +244,18 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
                 torn = Some((storage.path(&segment_name(seq)), len));
             }
             SegmentEnd::Removed => torn = Some((storage.path(&segment_name(seq)), 0)),
+        }
+    }
+    if let Some((seq, offset)) = replay.orphan_end {
+        // Segments are only deleted once a snapshot after them is durable.
+        if replay.snapshot_complete.is_none() {
+            return Err(WalError::Corrupt {
+                path: storage.path(&segment_name(seq)),
+                offset: offset as u64,
+                reason: "the oldest segment ends a snapshot whose beginning is gone, and no \
+                         later snapshot completed: older segments are missing"
+                    .into(),
+            });
         }
     }
     let mut live_bytes = 0u64;
@@ -421,6 +452,14 @@ mod tests {
     }
 
     /// Writes one segment holding `records`; returns its bytes and each record's end offset.
+    fn free(key: &[u8], token: u64) -> Record<'_> {
+        Record::Free {
+            key,
+            token,
+            reason: FreeReason::Released,
+        }
+    }
+
     fn write_segment(dir: &std::path::Path, seq: u64, records: &[Record<'_>]) -> Vec<usize> {
         let header = SegmentHeader {
             seq,
@@ -774,5 +813,64 @@ mod tests {
         );
         write_segment(dir.path(), 2, &[Record::SnapshotEnd { segment_seq: 2 }]);
         assert!(recover_dir(dir.path()).is_err(), "end without begin");
+    }
+
+    /// A snapshot spanning segments 1-2 was replaced by one in segment 3; the deletion of
+    /// the old segments stopped (kill -9) after segment 1. The log left starts inside the old
+    /// snapshot: it must recover (it used to be refused as "end without begin" on every
+    /// start), and to the same leases as the whole log would.
+    #[test]
+    fn a_log_whose_oldest_segment_ends_a_partly_deleted_snapshot_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_first_half = [
+            Record::SnapshotBegin { segment_seq: 1 },
+            grant(b"gone", 1),
+            grant(b"kept", 2),
+        ];
+        write_segment(dir.path(), 1, &old_first_half);
+        let old_second_half = [
+            grant(b"late", 3),
+            Record::SnapshotEnd { segment_seq: 1 },
+            free(b"gone", 1),
+            grant(b"new", 4),
+        ];
+        write_segment(dir.path(), 2, &old_second_half);
+        let new_snapshot = [
+            Record::SnapshotBegin { segment_seq: 3 },
+            grant(b"kept", 2),
+            grant(b"late", 3),
+            grant(b"new", 4),
+            Record::SnapshotEnd { segment_seq: 3 },
+            free(b"late", 3),
+        ];
+        write_segment(dir.path(), 3, &new_snapshot);
+        let whole = recover_dir(dir.path()).unwrap();
+        std::fs::remove_file(dir.path().join(segment_name(1))).unwrap();
+        let rest = recover_dir(dir.path()).unwrap();
+        assert_eq!(sorted_keys(&rest.recovered), sorted_keys(&whole.recovered));
+        assert_eq!(
+            sorted_keys(&rest.recovered),
+            vec![(b"kept".to_vec(), 2), (b"new".to_vec(), 4)]
+        );
+        assert_eq!(rest.recovered.token_floor, whole.recovered.token_floor);
+        assert_eq!(rest.snapshot_complete_seq, Some(3));
+    }
+
+    /// The same log without the newer snapshot: the deleted segment held state nothing
+    /// replaces, so recovery refuses it rather than start without it.
+    #[test]
+    fn a_log_starting_inside_a_snapshot_with_none_after_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(
+            dir.path(),
+            2,
+            &[grant(b"late", 3), Record::SnapshotEnd { segment_seq: 1 }],
+        );
+        write_segment(dir.path(), 3, &[grant(b"new", 4)]);
+        let err = recover_dir(dir.path()).err().expect("refused");
+        assert!(
+            err.to_string().contains("older segments are missing"),
+            "{err}"
+        );
     }
 }
