@@ -1,15 +1,12 @@
 //! End-to-end tests of the WAL: append, group commit, rotation, snapshots, injected disk
 //! faults and restart, plus two ignored benchmarks (fsync throughput, recovery time).
 use std::collections::HashMap;
-use std::io;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use tenure_protocol::LeaseId;
 
 use super::record::{self, FreeReason, Record};
-use super::storage::{
-    FaultPlan, Faults, FaultyStorage, FileWrapper, FsStorage, SegmentFile, Storage, WrapFiles,
-};
+use super::storage::{FaultPlan, Faults, FaultyStorage, FsStorage, Storage, WrapFiles};
 use super::*;
 
 fn fast() -> WalOptions {
@@ -442,42 +439,11 @@ async fn async_waiters_see_durability_and_failure() {
     );
 }
 
-/// Segment files whose writes wait until the test opens the gate.
-struct GatedFile {
-    inner: Box<dyn SegmentFile>,
-    open: Arc<(Mutex<bool>, Condvar)>,
-}
-
-impl FileWrapper for Arc<(Mutex<bool>, Condvar)> {
-    fn wrap(&self, inner: Box<dyn SegmentFile>) -> Box<dyn SegmentFile> {
-        Box::new(GatedFile {
-            inner,
-            open: Arc::clone(self),
-        })
-    }
-}
-
-impl SegmentFile for GatedFile {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let (lock, cv) = &*self.open;
-        let _open = cv.wait_while(lock.lock().unwrap(), |open| !*open).unwrap();
-        self.inner.write_all(buf)
-    }
-    fn sync_data(&mut self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn try_clone(&self) -> io::Result<Box<dyn SegmentFile>> {
-        Ok(Box::new(GatedFile {
-            inner: self.inner.try_clone()?,
-            open: Arc::clone(&self.open),
-        }))
-    }
-}
-
 #[test]
 fn backlog_is_refused_not_buffered_without_bound() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let gate = Arc::new(pipeline::Gate::default());
+    gate.allow_syncs(u64::MAX);
     let storage = WrapFiles::new(FsStorage::new(dir.path()).unwrap(), Arc::clone(&gate));
     let options = WalOptions {
         pending_bytes_max: 8 << 10,
@@ -485,7 +451,7 @@ fn backlog_is_refused_not_buffered_without_bound() {
         ..fast()
     };
     let (wal, _) = open_with_storage(Arc::new(storage), options).unwrap();
-    *gate.0.lock().unwrap() = false;
+    gate.hold_writes(true);
     let big = [0u8; 1000];
     let mut accepted = 0;
     let refused = loop {
@@ -504,8 +470,7 @@ fn backlog_is_refused_not_buffered_without_bound() {
         assert!(accepted < 100, "backlog never refused");
     };
     assert!(matches!(refused, WalError::Backlog { .. }), "{refused}");
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    gate.hold_writes(false);
     wal.flush().unwrap();
     wal.append(&grant(b"k", 2)).unwrap();
     wal.sync_and_stop().unwrap();

@@ -41,7 +41,7 @@ struct GateState {
 }
 
 #[derive(Default)]
-struct Gate {
+pub(super) struct Gate {
     state: Mutex<GateState>,
     changed: Condvar,
 }
@@ -61,13 +61,19 @@ impl Gate {
         assert!(!timeout.timed_out(), "never happened: {what}");
     }
 
-    fn allow_syncs(&self, up_to: u64) {
+    pub(super) fn allow_syncs(&self, up_to: u64) {
         self.lock().syncs_allowed = up_to;
+        self.changed.notify_all();
+    }
+
+    /// Holds every segment write from now on (`true`), or lets them all through.
+    pub(super) fn hold_writes(&self, held: bool) {
+        self.lock().writes_held = held;
         self.changed.notify_all();
     }
 }
 
-/// Segment files whose writes go through at once and whose fsyncs wait for the gate.
+/// Segment files whose fsyncs wait for the gate, and whose writes too while it holds them.
 struct GatedSyncFile {
     inner: Box<dyn SegmentFile>,
     gate: Arc<Gate>,
@@ -229,7 +235,7 @@ fn hold_a_write_ahead_past_its_fsync(wal: &Wal, gate: &Gate) -> (Vec<Vec<u8>>, L
     let base = gate.lock().syncs_started;
     let a = wal.append(&grant(b"a", 1)).unwrap();
     gate.wait_until("the fsync of a began", |s| s.syncs_started == base + 1);
-    gate.lock().writes_held = true;
+    gate.hold_writes(true);
     let (mut keys, mut b, mut bytes) = (Vec::new(), 0, 0);
     while bytes < WRITE_AHEAD_BYTES_MIN as u64 {
         let key = format!("b-{}", keys.len()).into_bytes();
@@ -258,8 +264,7 @@ fn a_write_ahead_that_ends_after_the_fsync_is_synced_without_another_append() {
         assert!(Instant::now() < deadline, "the syncer never went idle");
         std::thread::sleep(Duration::from_millis(1));
     }
-    gate.lock().writes_held = false;
-    gate.changed.notify_all();
+    gate.hold_writes(false);
     assert_eq!(durable_after(&wal, b), b, "b was written but never synced");
     wal.sync_and_stop().unwrap();
 }
@@ -279,8 +284,7 @@ fn stopping_during_a_write_ahead_syncs_it_first() {
         move || wal.sync_and_stop()
     });
     std::thread::sleep(STOP_SEEN_AFTER);
-    gate.lock().writes_held = false;
-    gate.changed.notify_all();
+    gate.hold_writes(false);
     stopping.join().unwrap().unwrap();
     assert_eq!(
         wal.durable_lsn(),
