@@ -83,9 +83,10 @@
 //!
 //! # Token floor
 //! Replay takes the highest of: every Reserve's limit, every Grant's, Free's and Renew's
-//! token plus one, and every segment header's token floor. A non-empty log then gets one
-//! more token block on top ([`WalOptions::token_floor_margin`], set by the server to its
-//! block) before the new segment's header records the result.
+//! token plus one, every segment header's token floor, and the floor files' (below). A
+//! non-empty log then gets one more token block on top ([`WalOptions::token_floor_margin`],
+//! set by the server to its block) before the new segment's header records the result, and
+//! a second block if the newest segment's header was torn (see below).
 //!
 //! Why both: a process crash cannot lose a synced record, but a disk that drops synced
 //! bytes at the end of the newest segment can, and a cut at a record boundary looks like a
@@ -100,6 +101,16 @@
 //! header with it, and an empty directory starts again at token 1. It costs one block of
 //! token space per start (2^44 starts at the default block).
 //!
+//! A cut inside the newest segment's header loses the header's floor and everything after
+//! it. Recovery cannot tell such a cut from a crash while the segment was being created, so
+//! it takes the cautious case: the lost header carried what survives plus one block (a
+//! start's floor), and one reservation after it may be lost too, so the start adds a second
+//! block. When that segment was the only one (a snapshot had deleted the older ones), what
+//! survives is the floor file: every segment's creation first writes its header's floor
+//! into `floor-<floor as 16 hex digits>.tok` (8 bytes LE and their CRC-32), synced with the
+//! directory before the segment is created, older floor files deleted after; recovery takes
+//! the highest intact one (module `floor`).
+//!
 //! # Torn tail or corruption
 //! Only the newest segment can end in a torn write: a segment is fsynced whole before the
 //! next is created, and a new segment's header is fsynced before any record goes in. In the
@@ -109,7 +120,8 @@
 //! [`WalError::Corrupt`] naming file and byte offset, if a valid record follows (it may be
 //! an acknowledged one), if a record's checksum matches but its content is invalid, or if the
 //! damage is in an older segment. A newest segment whose header is damaged and followed only
-//! by zeros (a crash while creating it) holds nothing and is deleted.
+//! by zeros (a crash while creating it, or a cut inside the header) is deleted, and the
+//! start takes one token block more than usual (see Token floor).
 //!
 //! One crash pattern is refused too: an unsynced write whose first pages never reached the
 //! disk (zeros) but whose later pages did. Nothing acknowledged lies past such a hole, so an
@@ -140,6 +152,7 @@
 //! large for one segment is not snapshotted by [`open`] (recovery refuses segments over
 //! [`SEGMENT_SIZE_LIMIT`]); [`Wal::should_snapshot`] then asks the server for its snapshot,
 //! which rotates, straight away.
+mod floor;
 pub mod record;
 pub mod recovery;
 pub mod storage;

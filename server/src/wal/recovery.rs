@@ -64,6 +64,9 @@ pub struct Recovered {
     pub segments: u32,
     /// The file whose torn tail was cut off and the offset it was cut at, if any.
     pub torn_tail_truncated: Option<(PathBuf, u64)>,
+    /// The newest segment's header was torn and the file removed. The floor that header
+    /// carried is gone with it, so `open` adds one more token block than usual.
+    pub header_removed: bool,
 }
 
 /// Recovery's result plus what the writer needs to continue the log.
@@ -235,6 +238,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
     };
     let mut segments = Vec::with_capacity(seqs.len());
     let mut torn = None;
+    let mut header_removed = false;
     for (i, &seq) in seqs.iter().enumerate() {
         let is_last = i + 1 == seqs.len();
         match replay_segment(storage, seq, is_last, &mut replay)? {
@@ -243,9 +247,17 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
                 segments.push((seq, len));
                 torn = Some((storage.path(&segment_name(seq)), len));
             }
-            SegmentEnd::Removed => torn = Some((storage.path(&segment_name(seq)), 0)),
+            SegmentEnd::Removed => {
+                torn = Some((storage.path(&segment_name(seq)), 0));
+                header_removed = true;
+            }
         }
     }
+    // The floor files keep each start's floor even when the only segment lost its header.
+    replay.live.token_floor = replay
+        .live
+        .token_floor
+        .max(super::floor::read_floor(storage)?);
     if let Some((seq, offset)) = replay.orphan_end {
         // Segments are only deleted once a snapshot after them is durable.
         if replay.snapshot_complete.is_none() {
@@ -282,6 +294,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         records: replay.records,
         segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
         torn_tail_truncated: torn,
+        header_removed,
     };
     let snapshot_complete_seq = replay.snapshot_complete;
     Ok(Replayed {

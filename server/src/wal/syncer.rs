@@ -49,6 +49,8 @@ pub(super) fn create_segment(
     header: SegmentHeader,
     sync_mode: SyncMode,
 ) -> Result<Box<dyn SegmentFile>, (PathBuf, io::Error)> {
+    // Durable before the segment that relies on it exists: see the `floor` module.
+    super::floor::write_floor(storage, header.token_floor, sync_mode)?;
     let name = segment_name(header.seq);
     let with_path = |e| (storage.path(&name), e);
     let mut file = storage.create(&name).map_err(with_path)?;

@@ -310,7 +310,7 @@ fn start_segment(
         // A crash between a snapshot's end and the deletion of what it replaces.
         delete_segments_before(storage, snapshot_seq, &mut segments);
     }
-    if replayed.recovered.segments > 0 {
+    if replayed.recovered.segments > 0 || replayed.recovered.token_floor > 0 {
         // A log that ends at a record boundary looks whole, yet a disk that loses synced
         // bytes may have dropped its last records, the last token reservation among them.
         // Reservations step by at most `token_floor_margin`, and the one before the lost one
@@ -318,6 +318,13 @@ fn start_segment(
         // survives stays above every token handed out. It costs one block per start.
         let floor = &mut replayed.recovered.token_floor;
         *floor = floor.saturating_add(options.token_floor_margin);
+        if replayed.recovered.header_removed {
+            // The removed segment's header carried its start's floor (what survives plus one
+            // block), and the reservation that followed it is gone too: a header torn by a
+            // crash while creating the file cannot be told from one a disk cut after the
+            // start's first grants, so take the cautious case, one block more.
+            *floor = floor.saturating_add(options.token_floor_margin);
+        }
     }
     let seq = segments.back().map_or(1, |&(last, _)| last + 1);
     let header = SegmentHeader {

@@ -2,6 +2,9 @@
 //!
 //! - `kill_9_under_mixed_load_keeps_every_acknowledged_grant`: the real `tenured`, fsync on,
 //!   killed with SIGKILL at random moments under a mixed load, many cycles.
+//! - `lost_header_…` and `lost_last_reservation_…`: a disk that cuts the newest WAL segment
+//!   at every byte offset of its header and first and last records (a start's segment and
+//!   one rotated in just before the crash), in both durability modes: no token comes back.
 //! - `torn_tail_at_every_offset_recovers_through_run` and
 //!   `flipped_byte_in_a_middle_record_refuses_through_run`: a damaged WAL through the real
 //!   start path (`tenure_server::run`), every byte offset of one record.
@@ -1395,9 +1398,17 @@ fn segment_records(bytes: &[u8]) -> Vec<(usize, Option<Record<'_>>)> {
     found
 }
 
-/// A copy of the segments `files` in a new directory, the newest cut to `cut` bytes.
+/// A copy of the segments `files` in a new directory, the newest cut to `cut` bytes, with
+/// the floor files beside them (a start's second copy of its token floor).
 fn copy_with_newest_cut(files: &[PathBuf], cut: usize) -> tempfile::TempDir {
     let copy = tempfile::tempdir().unwrap();
+    let dir = files[0].parent().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "tok") {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
     for (i, file) in files.iter().enumerate() {
         let mut bytes = std::fs::read(file).unwrap();
         if i + 1 == files.len() {
@@ -1437,7 +1448,7 @@ fn check_cuts(config: &dyn Fn(&Path) -> Config, files: &[PathBuf], cuts: &[usize
     for &cut in cuts {
         let copy = copy_with_newest_cut(files, cut);
         let fresh = run_once(config(copy.path()), |conn| {
-            acquire_after_restart(conn, "fresh", 200)
+            acquire_after_restart(conn, "fresh", CUT_TTL_MS)
         });
         assert!(
             fresh.starts_with("OK ") && token(&fresh) > acked_max,
@@ -1446,37 +1457,120 @@ fn check_cuts(config: &dyn Fn(&Path) -> Config, files: &[PathBuf], cuts: &[usize
     }
 }
 
-/// A disk that loses synced bytes at the end of the newest segment (its first record, where
-/// a start's token reservation or snapshot goes, or its last one) must not make the server
-/// hand out an acknowledged token again. Checked after two starts (the newest segment holds
-/// the second start's reservation, an older segment is still there) and after three (the
-/// third start snapshotted the log into the newest segment and deleted the older ones).
+/// Lease TTL and TTL maximum of the cut tests: a token-only restart refuses grants for the
+/// maximum, and each cut is one restart.
+const CUT_TTL_MS: u32 = 50;
+
+/// The durability modes a log can be written in: every cut test runs in both.
+const MODES: [tenure_server::config::Durability; 2] = [
+    tenure_server::config::Durability::Full,
+    tenure_server::config::Durability::Tokens,
+];
+
+/// Cuts at every byte offset from the newest segment's first byte (its header included) to
+/// the end of its first record, and inside its last record, both ends included: a cut at a
+/// record boundary loses whole records, which no checksum can notice, and a cut inside the
+/// header loses the segment's token floor with it.
+fn header_first_and_last_cuts(newest: &[u8]) -> Vec<usize> {
+    let records = segment_records(newest);
+    assert!(records.len() >= 2, "one record at least: {records:?}");
+    let n = records.len();
+    (0..=records[1].0)
+        .chain(records[n - 2].0..=records[n - 1].0)
+        .collect::<BTreeSet<usize>>()
+        .into_iter()
+        .collect()
+}
+
+/// A disk that loses synced bytes at the end of the newest segment (its header, its first
+/// record, where a start's token reservation or snapshot goes, or its last one) must not
+/// make the server hand out an acknowledged token again, in either durability mode. Checked
+/// after two starts (the newest segment holds the second start's reservation, an older
+/// segment is still there) and after three (the third start snapshotted the log into the
+/// newest segment and deleted the older ones).
 #[test]
-fn lost_first_or_last_record_of_the_newest_segment_never_reissues_a_token() {
+fn lost_header_first_or_last_record_of_the_newest_segment_never_reissues_a_token() {
     let runs: [&[&str]; 3] = [&["one"], &["two", "three"], &["four", "five"]];
-    for starts in [2, 3] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut acked_max = 0;
-        for keys in &runs[..starts] {
-            run_once(Config::for_tests(dir.path()), |conn| {
-                for key in *keys {
-                    let reply = conn.cmd(&format!("ACQUIRE {key} {LEASE_TTL_MS}")).unwrap();
-                    acked_max = acked_max.max(token(&reply));
-                }
-            });
+    for durability in MODES {
+        let config = |dir: &Path| Config {
+            durability,
+            ttl_ms_max: CUT_TTL_MS,
+            ..Config::for_tests(dir)
+        };
+        for starts in [2, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut acked_max = 0;
+            for keys in &runs[..starts] {
+                run_once(config(dir.path()), |conn| {
+                    for key in *keys {
+                        let reply = acquire_after_restart(conn, key, CUT_TTL_MS);
+                        acked_max = acked_max.max(token(&reply));
+                    }
+                });
+            }
+            let files = segment_files(dir.path());
+            assert_eq!(files.len(), 2 - usize::from(starts == 3), "{files:?}");
+            let cuts = header_first_and_last_cuts(&std::fs::read(files.last().unwrap()).unwrap());
+            check_cuts(&config, &files, &cuts, acked_max);
         }
-        let files = segment_files(dir.path());
-        assert_eq!(files.len(), 2 - usize::from(starts == 3), "{files:?}");
-        let newest = std::fs::read(files.last().unwrap()).unwrap();
-        let records = segment_records(&newest);
-        assert!(records.len() >= 3, "two records at least: {records:?}");
-        let n = records.len();
-        // Every cut inside the first record and inside the last, both ends included: a cut
-        // at a record boundary loses whole records, which no checksum can notice.
-        let cuts: Vec<usize> = (records[0].0..=records[1].0)
-            .chain(records[n - 2].0..=records[n - 1].0)
-            .collect();
-        check_cuts(&Config::for_tests, &files, &cuts, acked_max);
+    }
+}
+
+/// Grants and releases on `dir` until the log rotates into a second segment; returns the
+/// highest token acknowledged.
+fn run_until_rotated(config: Config, dir: &Path) -> u64 {
+    /// Grants a run may make while waiting for its log to rotate.
+    const ROTATION_GRANTS_MAX: u64 = 100_000;
+    run_once(config, |conn| {
+        let mut acked_max = 0;
+        for i in 0..ROTATION_GRANTS_MAX {
+            let key = format!("k{}", i % 64);
+            let reply = conn.cmd(&format!("ACQUIRE {key} {CUT_TTL_MS}")).unwrap();
+            acked_max = acked_max.max(token(&reply));
+            let released = conn.cmd(&format!("RELEASE {key} {}", field(&reply, "lease")));
+            assert_eq!(released.unwrap(), "OK");
+            if segment_files(dir).len() >= 2 {
+                return acked_max;
+            }
+        }
+        panic!("no rotation after {ROTATION_GRANTS_MAX} grants")
+    })
+}
+
+/// The same for a newest segment that the running server created by rotating just before
+/// the crash (its header carries the running floor, not a start's): every cut of it, its
+/// header included, in either durability mode. The loss model is one reservation's worth of
+/// tail, so a run whose new segment already holds two reservations is tried again.
+#[test]
+fn lost_header_of_a_segment_rotated_in_just_before_the_crash_never_reissues_a_token() {
+    const ROTATION_ATTEMPTS_MAX: usize = 10;
+    for durability in MODES {
+        let config = |dir: &Path| Config {
+            durability,
+            // Full mode rotates on grants, token-only mode on reservations alone.
+            token_block: if durability == MODES[0] { 1_000 } else { 4 },
+            ttl_ms_max: CUT_TTL_MS,
+            wal_segment_bytes_max: 64 * 1024,
+            ..Config::for_tests(dir)
+        };
+        let tried = (0..ROTATION_ATTEMPTS_MAX).find(|attempt| {
+            let dir = tempfile::tempdir().unwrap();
+            let acked_max = run_until_rotated(config(dir.path()), dir.path());
+            let files = segment_files(dir.path());
+            let newest = std::fs::read(files.last().unwrap()).unwrap();
+            let reserves = segment_records(&newest)
+                .iter()
+                .filter(|(_, r)| matches!(r, Some(Record::Reserve { .. })))
+                .count();
+            if reserves > 1 {
+                println!("attempt {attempt}: {reserves} reservations after the rotation");
+                return false;
+            }
+            let cuts: Vec<usize> = (0..=newest.len()).collect();
+            check_cuts(&config, &files, &cuts, acked_max);
+            true
+        });
+        assert!(tried.is_some(), "{durability:?}: every run reserved twice");
     }
 }
 
