@@ -8,6 +8,7 @@
 //! prefixes = ["orders/", "jobs/"]                      # "*" alone: every key
 //! stats = false                                        # may use STATS
 //! watch = true                                         # may use WATCH/UNWATCH
+//! admin = false                                        # may change cluster membership
 //! held-max = 1000                                      # optional quota
 //! waiters-max = 100                                    # optional quota
 //! ```
@@ -54,6 +55,8 @@ struct Entry {
     stats: bool,
     #[serde(default)]
     watch: bool,
+    #[serde(default)]
+    admin: bool,
     held_max: Option<usize>,
     waiters_max: Option<usize>,
 }
@@ -79,6 +82,8 @@ pub struct Identity {
     pub stats: bool,
     /// May use WATCH and UNWATCH.
     pub watch: bool,
+    /// May change a cluster's membership (CLUSTER INIT, ADD, REMOVE).
+    pub admin: bool,
     /// Most blocking acquires it may have waiting at once, over all its connections.
     pub waiters_max: Option<usize>,
     /// Most locks it may hold at once, over all its connections (a queued acquire holds a
@@ -345,6 +350,16 @@ impl Identities {
         owners.insert(token, place);
     }
 
+    /// Every lease's place comes back: a new cluster leader's executor starts from the
+    /// replicated leases, which count against no identity (as after a restart), and the
+    /// places its predecessor's leases held here would otherwise never be given back.
+    pub fn forget_held(&self) {
+        for shard in self.owners.iter() {
+            let places = std::mem::take(&mut *shard.lock().expect("owners lock poisoned"));
+            drop(places); // after the lock, as in `ended`
+        }
+    }
+
     /// The lease with fencing token `token` ended: its place, if it had one, comes back.
     pub fn ended(&self, token: u64) {
         let place = self
@@ -470,6 +485,7 @@ fn check(entry: Entry) -> Result<Identity, String> {
         prefixes,
         stats: entry.stats,
         watch: entry.watch,
+        admin: entry.admin,
         waiters_max: entry.waiters_max,
         held_max: entry.held_max,
     })

@@ -252,7 +252,7 @@ async fn serve(
 }
 
 /// Reads the TLS files, if TLS is configured.
-fn load_tls(config: &Config) -> Result<Option<Arc<Tls>>, ServerError> {
+pub(crate) fn load_tls(config: &Config) -> Result<Option<Arc<Tls>>, ServerError> {
     let Some(files) = &config.tls else {
         return Ok(None);
     };
@@ -310,7 +310,7 @@ impl Accepting {
 /// Reads the identities file if one is configured. Without one, only a loopback address is
 /// served unless mutual TLS (a client CA) stands in for identities or `insecure_no_auth` says
 /// otherwise: the secure choice is the default.
-fn load_identities(
+pub(crate) fn load_identities(
     config: &Config,
     addr: std::net::SocketAddr,
 ) -> Result<Option<Arc<Identities>>, ServerError> {
@@ -335,7 +335,7 @@ fn load_identities(
 /// Reloads the identities and the TLS files on every SIGHUP until `stop`. A reload that fails
 /// keeps what is in force and says why in the log; connections stay open either way. With
 /// neither, a SIGHUP is only logged: its default action would end the server.
-fn spawn_reloader(
+pub(crate) fn spawn_reloader(
     identities: Option<Arc<Identities>>,
     tls: Option<Arc<Tls>>,
     stop: CancellationToken,

@@ -136,8 +136,8 @@ pub enum ClusterError {
 /// `shutdown`, holding the data directory's lock meanwhile: `tenured --cluster`.
 ///
 /// # Errors
-/// When the settings ask for what cluster mode does not do yet (TLS, identities), the data
-/// directory is in use, or the node cannot start.
+/// When the settings are refused (as a single node refuses them, or because they do not
+/// apply to a cluster), the data directory is in use, or the node cannot start.
 pub async fn run(
     config: Config,
     options: ClusterOptions,
@@ -146,12 +146,6 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ClusterError> {
     config.validate().map_err(ClusterError::Config)?;
-    if config.tls.is_some() || config.identities.is_some() {
-        // Refused rather than ignored: a client port that silently drops its TLS or its
-        // identities would serve everyone in the clear.
-        let why = "TLS and identities are not served in cluster mode yet";
-        return Err(ClusterError::Config(why.to_string()));
-    }
     if config.durability != crate::Durability::Full || !config.fsync {
         // Refused rather than ignored: the Raft log is always fsynced before a change is
         // answered, and a user who asked for less should learn that it does not apply.
@@ -160,10 +154,6 @@ pub async fn run(
         return Err(ClusterError::Config(why.to_string()));
     }
     let addr = clients.local_addr()?;
-    if !addr.ip().is_loopback() && !config.insecure_no_auth {
-        let why = format!("{addr} is not a loopback address and cluster mode has no identities yet (--insecure-no-auth to serve it anyway)");
-        return Err(ClusterError::Config(why));
-    }
     let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
@@ -232,6 +222,12 @@ impl ClusterNode {
                 return Err(ClusterError::Config(why));
             }
         }
+        // The client port is the single node's: the same identities, TLS and rules for a
+        // non-loopback address without identities, and the same SIGHUP reload.
+        let refused = |e: crate::error::ServerError| ClusterError::Config(e.to_string());
+        let identities =
+            crate::server::load_identities(&config, clients.local_addr()?).map_err(refused)?;
+        let tls = crate::server::load_tls(&config).map_err(refused)?;
         let raft_config = Arc::new(options.raft_config()?);
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
@@ -263,8 +259,10 @@ impl ClusterNode {
             0,
         );
         follower.cluster = Some(admin.clone());
+        follower.identities = identities.clone();
         let follower = Arc::new(follower);
         let stop = CancellationToken::new();
+        crate::server::spawn_reloader(identities, tls.clone(), stop.clone()).map_err(refused)?;
         let follower = Serving {
             executor: follower,
             stop: stop.clone(),
@@ -290,7 +288,12 @@ impl ClusterNode {
                 service.clone(),
             )),
             tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
-            tokio::spawn(accept_clients(clients, Arc::clone(&current), stop.clone())),
+            tokio::spawn(accept_clients(
+                clients,
+                tls,
+                Arc::clone(&current),
+                stop.clone(),
+            )),
             tokio::spawn(life.run(stop.clone())),
         ];
         if let Some(members) = options.initial_cluster {
@@ -384,6 +387,7 @@ impl ClusterNode {
 /// single node's accept loop (connection limit, keepalive, counters), until `stop`.
 async fn accept_clients(
     listener: TcpListener,
+    tls: Option<Arc<crate::tls::Tls>>,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
 ) {
@@ -394,7 +398,7 @@ async fn accept_clients(
     };
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = crate::server::accept_loop(&listener, None, &tracker, serving) => {}
+        _ = crate::server::accept_loop(&listener, tls, &tracker, serving) => {}
     }
     tracker.close();
     tracker.wait().await;
@@ -552,6 +556,11 @@ impl Life {
         let journal = journal as Arc<dyn Journal>;
         let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
         executor.cluster = Some(self.admin.clone());
+        executor.identities = self.follower.executor.identities.clone();
+        if let Some(identities) = &executor.identities {
+            // The replicated leases count against no identity, as after a restart.
+            identities.forget_held();
+        }
         // The follower's executor lives as long as the node: STATS' uptime is the node's.
         executor.uptime_offset_ms = self.follower.executor.clock.now_ms();
         executor.restore(now_ms, live.to_recovered());

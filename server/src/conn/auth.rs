@@ -228,21 +228,19 @@ impl Conn {
         }
     }
 
-    /// Runs `request` as the connection's identity: refused if that identity may not, else
-    /// executed with its waiter counted against the identity's quota.
-    pub(super) fn execute_as(
+    /// The identity `request` runs as (`None`: none needed, before AUTH only PING), or the
+    /// refusal if the connection has none or its identity may not make it.
+    pub(super) fn identity_for(
         &mut self,
-        identities: &Arc<Identities>,
-        id: u64,
-        request: Request,
-        received_ms: Option<u64>,
-    ) -> Outcome {
+        identities: &Identities,
+        request: &Request,
+    ) -> Result<Option<Arc<Identity>>, Response> {
         let identity = match &self.ctx.auth {
             Auth::Open => None,
             Auth::Pending { .. } => {
                 if !matches!(request, Request::Ping) {
                     let message = "AUTH first: identities are configured on this server";
-                    return reply(error(ErrorCode::Unauthenticated, message));
+                    return Err(error(ErrorCode::Unauthenticated, message));
                 }
                 None
             }
@@ -254,15 +252,29 @@ impl Conn {
                     // A reload this connection has not rechecked yet: do it now.
                     self.recheck_identity();
                     let message = "AUTH again: this connection's identity changed or was removed";
-                    return reply(error(ErrorCode::Unauthenticated, message));
+                    return Err(error(ErrorCode::Unauthenticated, message));
                 }
             },
         };
         if let Some(identity) = &identity {
-            if let Err(response) = permit(identity, &request) {
-                return reply(response);
-            }
+            permit(identity, request)?;
         }
+        Ok(identity)
+    }
+
+    /// Runs `request` as the connection's identity: refused if that identity may not, else
+    /// executed with its waiter counted against the identity's quota.
+    pub(super) fn execute_as(
+        &mut self,
+        identities: &Arc<Identities>,
+        id: u64,
+        request: Request,
+        received_ms: Option<u64>,
+    ) -> Outcome {
+        let identity = match self.identity_for(identities, &request) {
+            Ok(identity) => identity,
+            Err(response) => return reply(response),
+        };
         let (Some(identity), Auth::As { usage, .. }) = (identity, &self.ctx.auth) else {
             return self.execute(id, request, received_ms);
         };
@@ -308,12 +320,31 @@ fn reply(response: Response) -> Outcome {
 fn permit(identity: &Identity, request: &Request) -> Result<(), Response> {
     let key = match request {
         Request::Ping | Request::Auth { .. } => return Ok(()),
-        // Identities exist in single-node mode only, where these answer "not in cluster
-        // mode"; cluster mode will need an admin permission for them when it takes identities.
-        Request::ClusterStatus
-        | Request::ClusterInit { .. }
+        // Only a cluster node asks (a single node answers these "not in cluster mode").
+        Request::ClusterStatus if identity.stats || identity.admin => return Ok(()),
+        Request::ClusterStatus => {
+            let message = format!(
+                "identity `{}` may not use CLUSTER STATUS (stats or admin)",
+                identity.name
+            );
+            return Err(error(ErrorCode::Forbidden, message));
+        }
+        Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
-        | Request::ClusterRemove { .. } => return Ok(()),
+        | Request::ClusterRemove { .. }
+            if identity.admin =>
+        {
+            return Ok(())
+        }
+        Request::ClusterInit { .. }
+        | Request::ClusterAdd { .. }
+        | Request::ClusterRemove { .. } => {
+            let message = format!(
+                "identity `{}` may not change the membership (admin)",
+                identity.name
+            );
+            return Err(error(ErrorCode::Forbidden, message));
+        }
         Request::Stats if identity.stats => return Ok(()),
         Request::Stats => {
             let message = format!("identity `{}` may not use STATS", identity.name);

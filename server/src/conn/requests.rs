@@ -246,6 +246,24 @@ impl Conn {
             let (code, message) = (ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER.into());
             return self.push(id, Response::Error { code, message }, TICKET_NOW);
         };
+        if let Some(identities) = self.executor.identities.clone() {
+            if let Err(response) = self.identity_for(&identities, &request) {
+                return self.push(id, response, TICKET_NOW);
+            }
+        }
+        let changes_membership = !matches!(request, Request::ClusterStatus);
+        if changes_membership
+            && self.executor.identities.is_none()
+            && !self.ctx.peer.ip().is_loopback()
+        {
+            // With identities, only an `admin` identity gets here (`auth::permit`). Without
+            // them nobody is known, and a membership change decides who holds every lease:
+            // only someone on this host may make one.
+            let message = "membership changes need an identity with admin permission, or a \
+                           loopback connection when the server has no identities";
+            let (code, message) = (ErrorCode::Forbidden, message.to_string());
+            return self.push(id, Response::Error { code, message }, TICKET_NOW);
+        }
         let timing = self.timing.take();
         self.later.push(Box::pin(async move {
             let response = admin.serve(request).await;

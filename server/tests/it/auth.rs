@@ -29,7 +29,7 @@ pub(crate) fn identities_file(dir: &Path) -> PathBuf {
         "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\", \"jobs/\"]\n\
          held-max = 3\nwaiters-max = 2\n\n\
          [[identity]]\nname = \"admin\"\nsecret-hash = \"{}\"\nprefixes = [\"*\"]\nstats = true\n\
-         watch = true\n",
+         watch = true\nadmin = true\n",
         hash_secret(b"orders-secret").unwrap(),
         hash_secret(b"admin-secret").unwrap(),
     );
