@@ -314,8 +314,16 @@ fn help_describes_cluster_mode_as_it_is() {
     let out = tenured().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for stale in ["being built", "single-node", "in-memory", "reach this one on"] {
-        assert!(!help.contains(stale), "`--help` still says {stale:?}:\n{help}");
+    for stale in [
+        "being built",
+        "single-node",
+        "in-memory",
+        "reach this one on",
+    ] {
+        assert!(
+            !help.contains(stale),
+            "`--help` still says {stale:?}:\n{help}"
+        );
     }
     assert!(help.contains("Raft cluster"), "{help}");
     let peer_listen = help
