@@ -327,7 +327,7 @@ fn help_describes_cluster_mode_as_it_is() {
     }
     assert!(help.contains("Raft cluster"), "{help}");
     let peer_listen = help
-        .split("--peer-listen")
+        .split("--peer-listen <")
         .nth(1)
         .and_then(|rest| rest.split("\n  -").next())
         .expect("--peer-listen in --help");
