@@ -933,21 +933,11 @@ fn auth_body(name: &[u8], secret: &[u8]) -> Vec<u8> {
     body
 }
 
-/// PROTOCOL.md 3.7, "Which refusal comes first", before AUTH on the binary protocol: the
-/// framing, request id 0, the request's shape and wire limits, then AUTH, CLUSTER and PING,
-/// and only then UNAUTHENTICATED (also for a TTL the server's own limit refuses).
-#[tokio::test]
-async fn refusals_before_auth_come_in_the_documented_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let identities = identities_file(dir.path());
-    let server = Server::start_in(dir.path(), |config| {
-        config.identities = Some(identities);
-        config.ttl_ms_max = 60_000;
-    })
-    .await;
-    let (mut raw, _) = tenure_testkit::Raw::connect(server.addr).await;
+/// Frames sent before AUTH, each with the request id and the error (or PONG, `None`) it
+/// gets, in the order of PROTOCOL.md 3.7's ranking.
+fn pre_auth_cases() -> Vec<(Vec<u8>, u64, Option<ErrorCode>)> {
     let long_name = vec![b'n'; 65];
-    let cases: Vec<(Vec<u8>, u64, Option<ErrorCode>)> = vec![
+    vec![
         (raw_frame(0x01, 0, &[]), 0, Some(ErrorCode::BadFrame)),
         (raw_frame(0x7f, 2, &[]), 2, Some(ErrorCode::UnknownOpcode)),
         (raw_frame(0x0b, 3, &[]), 3, Some(ErrorCode::UnknownOpcode)),
@@ -1000,8 +990,23 @@ async fn refusals_before_auth_come_in_the_documented_order() {
             14,
             Some(ErrorCode::Unauthenticated),
         ),
-    ];
-    for (frame, id, want) in cases {
+    ]
+}
+
+/// PROTOCOL.md 3.7, "Which refusal comes first", before AUTH on the binary protocol: the
+/// framing, request id 0, the request's shape and wire limits, then AUTH, CLUSTER and PING,
+/// and only then UNAUTHENTICATED (also for a TTL the server's own limit refuses).
+#[tokio::test]
+async fn refusals_before_auth_come_in_the_documented_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.ttl_ms_max = 60_000;
+    })
+    .await;
+    let (mut raw, _) = tenure_testkit::Raw::connect(server.addr).await;
+    for (frame, id, want) in pre_auth_cases() {
         raw.send_bytes(&frame).await;
         let (got_id, response) = raw.frame().await;
         assert_eq!(got_id, id, "{response:?}");
