@@ -233,7 +233,8 @@ pub struct Settings {
     #[arg(long, env = "TENURE_INITIAL_CLUSTER")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub initial_cluster: Option<String>,
-    /// Cluster mode: how often the leader sends heartbeats, in milliseconds.
+    /// Cluster mode: the leader's heartbeat interval H, in milliseconds. openraft checks its
+    /// timers on a tick every 1.5 H, so heartbeats go out every 1.5 H.
     #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = Settings::default().heartbeat_ms)]
     pub heartbeat_ms: u64,
     /// Cluster mode: the election timeout E, in milliseconds. A follower that stops hearing
