@@ -1,4 +1,4 @@
-//! tenured: a single-node, in-memory lock server whose fencing tokens survive crashes.
+//! tenured: a lock server whose fencing tokens survive crashes, on one node or as a Raft cluster.
 //!
 //! Clients take a lock on a key for a lease (a TTL) and get back a lease id, which renew and
 //! release must present, and a fencing token, which strictly increases per key across

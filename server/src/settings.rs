@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use tenure_server::config::{Config, Durability};
 use tenure_server::tls::TlsFiles;
 
-/// tenured: a single-node lock server with fencing tokens that survive crashes.
+/// tenured: a lock server with fencing tokens that survive crashes, on one node or as a Raft
+/// cluster (--cluster).
 #[derive(Parser, Debug)]
 #[command(name = "tenured", version, about, long_about = None, after_help = PRECEDENCE_HELP)]
 struct Cli {
@@ -210,17 +211,18 @@ pub struct Settings {
     #[arg(long, env = "TENURE_TLS_CLIENT_CA")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_client_ca: Option<PathBuf>,
-    /// Cluster mode (server/CLUSTER.md, being built): replicate through Raft with the other
-    /// nodes; needs --node-id and --peer-listen. The Raft log, vote and snapshot live in
-    /// --data-dir.
+    /// Cluster mode (server/CLUSTER.md): replicate every grant, release and token reservation
+    /// through Raft with the other nodes (3 or 5); needs --node-id and --peer-listen. The
+    /// Raft log, vote and snapshot live in --data-dir.
     #[arg(long, env = "TENURE_CLUSTER")]
     pub cluster: bool,
     /// Cluster mode: this node's id in the membership.
     #[arg(long, env = "TENURE_NODE_ID")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u64>,
-    /// Cluster mode: the address the other nodes reach this one on (its own port, never the
-    /// client port).
+    /// Cluster mode: the address this node listens on for its peers (its own port, never the
+    /// client port). The other nodes connect to the peer address the membership gives this
+    /// node (--initial-cluster, CLUSTER INIT or ADD), which must reach this listener.
     #[arg(long, env = "TENURE_PEER_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_listen: Option<SocketAddr>,
@@ -231,13 +233,15 @@ pub struct Settings {
     #[arg(long, env = "TENURE_INITIAL_CLUSTER")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub initial_cluster: Option<String>,
-    /// Cluster mode: how often the leader sends heartbeats, in milliseconds.
+    /// Cluster mode: the leader's heartbeat interval H, in milliseconds. openraft checks its
+    /// timers on a tick every 1.5 H, so heartbeats go out every 1.5 H.
     #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = Settings::default().heartbeat_ms)]
     pub heartbeat_ms: u64,
-    /// Cluster mode: a follower that hears no leader for a random time between this and
-    /// twice this starts an election, in milliseconds. A killed leader's successor serves
-    /// after about four times this (0.6 s at the default); nodes sharing a small, loaded
-    /// machine want 300, or a starved follower starts needless elections.
+    /// Cluster mode: the election timeout E, in milliseconds. A follower that stops hearing
+    /// its leader starts an election after the leader lease (2 E) plus a random time from E
+    /// to 2 E, so 3 to 4 E after the last heartbeat (server/CLUSTER.md has the formula);
+    /// nodes sharing a small, loaded machine want 300, or a starved follower starts
+    /// needless elections.
     #[arg(
         long,
         env = "TENURE_ELECTION_TIMEOUT_MS",

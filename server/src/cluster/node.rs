@@ -65,8 +65,9 @@ pub struct ClusterOptions {
     pub data_dir: PathBuf,
     /// Leader heartbeat period, in milliseconds.
     pub heartbeat_ms: u64,
-    /// A follower that hears no leader for a random time in `election_timeout_ms` (from,
-    /// to) starts an election.
+    /// openraft's election timeout range (min, max): each node draws its timeout from it
+    /// once, at start. A follower that stops hearing its leader starts an election after
+    /// openraft's leader lease (the max) plus its timeout (server/CLUSTER.md, "Timing").
     pub election_timeout_ms: (u64, u64),
     /// `--initial-cluster`: the first membership, which the lowest id initialises by
     /// itself (see [`super::bootstrap`]); `None`: an operator initialises.
@@ -84,8 +85,8 @@ pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
 
 impl ClusterOptions {
-    /// Options with the default timing: heartbeat every [`HEARTBEAT_MS_DEFAULT`], an
-    /// election after [`ELECTION_TIMEOUT_MS_DEFAULT`] to twice that without a leader.
+    /// Options with the default timing: heartbeat every [`HEARTBEAT_MS_DEFAULT`], election
+    /// timeouts from [`ELECTION_TIMEOUT_MS_DEFAULT`] to twice that.
     pub fn new(node_id: NodeId, data_dir: PathBuf) -> ClusterOptions {
         ClusterOptions {
             node_id,

@@ -15,6 +15,7 @@ use crate::console;
 use crate::executor::Outcome;
 use crate::identity::{try_take_held, Identities, Identity};
 use crate::journal::TICKET_NOW;
+use crate::stats::Stats;
 
 /// Failed AUTHs after which the connection is closed.
 pub(super) const AUTH_FAILURES_MAX: u32 = 5;
@@ -46,6 +47,7 @@ impl Conn {
     pub(super) fn on_auth(&mut self, id: u64, name: Bytes, secret: Secret) {
         let Some(identities) = self.executor.identities.clone() else {
             let message = "this server has no identities configured; AUTH is not needed";
+            Stats::bump(&self.executor.stats.errors);
             self.push(id, error(ErrorCode::BadArgs, message), TICKET_NOW);
             return;
         };
@@ -62,6 +64,7 @@ impl Conn {
             }
             _ => {
                 let message = "this connection is already authenticated";
+                Stats::bump(&self.executor.stats.errors);
                 self.push(id, error(ErrorCode::BadArgs, message), TICKET_NOW);
                 return;
             }

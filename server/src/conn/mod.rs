@@ -49,7 +49,6 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use tenure_protocol::frame::REQUEST_ID_NONE;
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
-use tenure_protocol::limits::LINE_LEN_MAX;
 use tenure_protocol::{ErrorCode, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -169,7 +168,7 @@ async fn open(executor: &Executor, stream: &mut Transport, rbuf: &mut BytesMut) 
         handshake(executor, stream, rbuf).await?;
         return Some(Surface::Binary);
     }
-    while !rbuf.contains(&b'\n') && rbuf.len() <= LINE_LEN_MAX {
+    while !rbuf.contains(&b'\n') && !surface::unterminated_too_long(rbuf) {
         if stream.read_buf(rbuf).await.ok()? == 0 {
             return None; // a line without its end is never run
         }
@@ -278,6 +277,10 @@ impl Conn {
         tokio::pin!(cancelled);
         loop {
             if let Err(Fatal(last)) = self.handle_input() {
+                if last.is_some() {
+                    // A broken frame or over-long line is malformed input, as in STATS `errors`.
+                    crate::stats::Stats::bump(&self.executor.stats.errors);
+                }
                 self.fatal_error = last;
                 self.closing = true;
                 self.fatal = true;

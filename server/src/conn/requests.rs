@@ -97,6 +97,7 @@ impl Conn {
             let max = self.executor.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
             let code = ErrorCode::TooManyInFlight;
+            crate::stats::Stats::bump(&self.executor.stats.errors);
             self.push(id, Response::Error { code, message }, TICKET_NOW);
             return;
         }
@@ -243,6 +244,8 @@ impl Conn {
     fn on_cluster(&mut self, id: u64, request: Request) {
         self.executor.stats.count_op(&request);
         let Some(admin) = self.executor.cluster.clone() else {
+            // Counted as the unknown opcode it is to a server older than cluster mode.
+            crate::stats::Stats::bump(&self.executor.stats.errors);
             let (code, message) = (ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER.into());
             return self.push(id, Response::Error { code, message }, TICKET_NOW);
         };

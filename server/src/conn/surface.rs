@@ -25,6 +25,19 @@ pub(super) enum Surface {
     Console { line_no: u64, text: String },
 }
 
+/// The refusal of a console line whose content is over [`LINE_LEN_MAX`].
+fn line_too_long() -> Fatal {
+    let message = format!("line longer than {LINE_LEN_MAX} bytes");
+    Fatal(Some((ErrorCode::LineTooLong, message)))
+}
+
+/// Whether `buf`, which holds no `\n` yet, is already a line over [`LINE_LEN_MAX`]: more
+/// content than that, not counting a final `\r` (the start of a `\r\n` still arriving).
+pub(super) fn unterminated_too_long(buf: &[u8]) -> bool {
+    let pending_cr = buf.last() == Some(&b'\r');
+    buf.len() - usize::from(pending_cr) > LINE_LEN_MAX
+}
+
 impl Surface {
     pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Input>, Fatal> {
         match self {
@@ -45,15 +58,16 @@ impl Surface {
             },
             Surface::Console { line_no, .. } => loop {
                 let Some(end) = buf.iter().position(|&b| b == b'\n') else {
-                    if buf.len() > LINE_LEN_MAX {
-                        let message = format!("line longer than {LINE_LEN_MAX} bytes");
-                        return Err(Fatal(Some((ErrorCode::LineTooLong, message))));
+                    if unterminated_too_long(buf) {
+                        return Err(line_too_long());
                     }
                     return Ok(None);
                 };
-                if end > LINE_LEN_MAX {
-                    let message = format!("line longer than {LINE_LEN_MAX} bytes");
-                    return Err(Fatal(Some((ErrorCode::LineTooLong, message))));
+                // The limit counts the line's content: a `\r` before the `\n` is part of the
+                // terminator, as the `\n` is.
+                let content_len = end - usize::from(end > 0 && buf[end - 1] == b'\r');
+                if content_len > LINE_LEN_MAX {
+                    return Err(line_too_long());
                 }
                 let line = buf.split_to(end + 1);
                 let line = line.strip_suffix(b"\n").unwrap_or(&line);

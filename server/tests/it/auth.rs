@@ -904,3 +904,163 @@ async fn an_auth_still_waiting_its_turn_at_the_deadline_is_dropped_and_the_conne
         "{authenticated} authenticated, {cut} cut"
     );
 }
+
+/// A frame as the wire carries it: `len`, opcode, request id, body.
+fn raw_frame(opcode: u8, id: u64, body: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(9 + body.len()).unwrap();
+    let mut frame = len.to_be_bytes().to_vec();
+    frame.push(opcode);
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// An ACQUIRE body for `key`, `ttl_ms`, no wait, no flags, no metadata.
+fn acquire_body(key: &[u8], ttl_ms: u32) -> Vec<u8> {
+    let mut body = u16::try_from(key.len()).unwrap().to_be_bytes().to_vec();
+    body.extend_from_slice(key);
+    body.extend_from_slice(&ttl_ms.to_be_bytes());
+    body.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0]);
+    body
+}
+
+/// An AUTH body: `name` and `secret` as `bytes16`.
+fn auth_body(name: &[u8], secret: &[u8]) -> Vec<u8> {
+    let mut body = u16::try_from(name.len()).unwrap().to_be_bytes().to_vec();
+    body.extend_from_slice(name);
+    body.extend_from_slice(&u16::try_from(secret.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(secret);
+    body
+}
+
+/// Frames sent before AUTH, each with the request id and the error (or PONG, `None`) it
+/// gets, in the order of PROTOCOL.md 3.7's ranking.
+fn pre_auth_cases() -> Vec<(Vec<u8>, u64, Option<ErrorCode>)> {
+    let long_name = vec![b'n'; 65];
+    vec![
+        (raw_frame(0x01, 0, &[]), 0, Some(ErrorCode::BadFrame)),
+        (raw_frame(0x7f, 2, &[]), 2, Some(ErrorCode::UnknownOpcode)),
+        (raw_frame(0x0b, 3, &[]), 3, Some(ErrorCode::UnknownOpcode)),
+        (raw_frame(0x02, 4, &[0]), 4, Some(ErrorCode::BadFrame)),
+        (
+            raw_frame(0x02, 5, &acquire_body(b"", 1000)),
+            5,
+            Some(ErrorCode::BadKey),
+        ),
+        (
+            raw_frame(0x02, 6, &acquire_body(b"orders/1", 5)),
+            6,
+            Some(ErrorCode::BadTtl),
+        ),
+        (
+            raw_frame(0x0a, 7, &auth_body(b"", b"x")),
+            7,
+            Some(ErrorCode::BadArgs),
+        ),
+        (
+            raw_frame(0x0a, 8, &auth_body(&long_name, b"x")),
+            8,
+            Some(ErrorCode::BadArgs),
+        ),
+        (
+            raw_frame(0x0a, 9, &[0, 6, b'o']),
+            9,
+            Some(ErrorCode::BadFrame),
+        ),
+        (
+            raw_frame(0x0a, 10, &[auth_body(b"orders", b"x"), vec![0]].concat()),
+            10,
+            Some(ErrorCode::BadFrame),
+        ),
+        (raw_frame(0x01, 11, &[]), 11, None),
+        (
+            raw_frame(0x07, 12, &[]),
+            12,
+            Some(ErrorCode::Unauthenticated),
+        ),
+        // Within the wire's limits, over the server's: identity comes first.
+        (
+            raw_frame(0x02, 13, &acquire_body(b"orders/1", 120_000)),
+            13,
+            Some(ErrorCode::Unauthenticated),
+        ),
+        // Not UTF-8: well-formed, a failed AUTH (slowed, as every failure is).
+        (
+            raw_frame(0x0a, 14, &auth_body(&[0xff, 0xfe], b"x")),
+            14,
+            Some(ErrorCode::Unauthenticated),
+        ),
+    ]
+}
+
+/// PROTOCOL.md 3.7, "Which refusal comes first", before AUTH on the binary protocol: the
+/// framing, request id 0, the request's shape and wire limits, then AUTH, CLUSTER and PING,
+/// and only then UNAUTHENTICATED (also for a TTL the server's own limit refuses).
+#[tokio::test]
+async fn refusals_before_auth_come_in_the_documented_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.ttl_ms_max = 60_000;
+    })
+    .await;
+    let (mut raw, _) = tenure_testkit::Raw::connect(server.addr).await;
+    for (frame, id, want) in pre_auth_cases() {
+        raw.send_bytes(&frame).await;
+        let (got_id, response) = raw.frame().await;
+        assert_eq!(got_id, id, "{response:?}");
+        match (want, response) {
+            (None, Response::Pong) => {}
+            (Some(want), Response::Error { code, message }) => {
+                assert_eq!(code, want, "request {id}: {message}");
+                if id == 3 {
+                    assert!(message.starts_with("not in cluster mode"), "{message}");
+                }
+            }
+            (want, other) => panic!("request {id}: {other:?}, expected {want:?}"),
+        }
+    }
+    // A broken length prefix comes before everything: FRAME_TOO_SHORT, id 0, and the close.
+    raw.send_bytes(&[0, 0, 0, 3, 1, 2, 3]).await;
+    let (id, response) = raw.frame().await;
+    assert_eq!(id, 0);
+    assert!(
+        matches!(
+            response,
+            Response::Error {
+                code: ErrorCode::FrameTooShort,
+                ..
+            }
+        ),
+        "{response:?}"
+    );
+    assert!(
+        raw.recv().await.is_none(),
+        "still open after a broken frame"
+    );
+    server.stop().await;
+}
+
+/// The same order on the console: the line's grammar, then HELP, then UNAUTHENTICATED.
+#[tokio::test]
+async fn console_refusals_before_auth_come_in_the_documented_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = with_identities(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    for (line, want) in [
+        ("FROB orders/1", "UNKNOWN_COMMAND"),
+        ("CLUSTER STATUS", "UNKNOWN_COMMAND"),
+        ("ACQUIRE orders/1", "BAD_ARGS"),
+        ("ACQUIRE orders/1 5", "BAD_TTL"),
+        ("AUTH orders", "BAD_ARGS"),
+        ("STATS now", "BAD_ARGS"),
+        ("STATS", "UNAUTHENTICATED"),
+        ("INSPECT orders/1", "UNAUTHENTICATED"),
+    ] {
+        assert_eq!(code_of(&c.cmd(line).await), want, "{line}");
+    }
+    assert!(c.cmd("HELP").await.starts_with("OK commands:"));
+    assert_eq!(c.cmd("PING").await, "PONG");
+    server.stop().await;
+}

@@ -123,6 +123,133 @@ async fn console_answers_pipelined_lines_in_order() {
     server.stop().await;
 }
 
+/// `PING` padded with spaces to `len` bytes of content.
+fn padded_ping(len: usize) -> String {
+    format!("PING{}", " ".repeat(len - 4))
+}
+
+/// Reads until the server closes; panics if it does not within a few seconds.
+async fn assert_closed(c: &mut Console) {
+    let mut rest = String::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), c.reader().read_line(&mut rest))
+        .await
+        .expect("not closed in time");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{rest:?}");
+}
+
+/// The console's line limit counts the content, not its `\n` or `\r\n`: 4096 bytes are
+/// served with either end (as the opening line and as a later one, and with the `\r` and
+/// the `\n` arriving apart), 4097 are `LINE_TOO_LONG` with either.
+#[tokio::test]
+async fn console_line_limit_counts_content_without_its_line_end() {
+    use tenure_protocol::limits::LINE_LEN_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    for end in ["\n", "\r\n"] {
+        let mut c = Console::connect(server.addr).await;
+        for _ in 0..2 {
+            c.send(&format!("{}{end}", padded_ping(LINE_LEN_MAX))).await;
+            assert_eq!(c.line().await, "PONG", "{end:?}");
+        }
+        c.send(&format!("{}\r", padded_ping(LINE_LEN_MAX))).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.send("\n").await;
+        assert_eq!(c.line().await, "PONG", "a \\r\\n arriving in two parts");
+        c.send(&format!("{}{end}", padded_ping(LINE_LEN_MAX + 1)))
+            .await;
+        let reply = c.line().await;
+        assert!(reply.starts_with("ERR LINE_TOO_LONG "), "{end:?}: {reply}");
+        assert_closed(&mut c).await;
+        // One byte over as the opening line, too.
+        let mut c = Console::connect(server.addr).await;
+        c.send(&format!("{}{end}", padded_ping(LINE_LEN_MAX + 1)))
+            .await;
+        let reply = c.line().await;
+        assert!(reply.starts_with("ERR LINE_TOO_LONG "), "{end:?}: {reply}");
+        assert_closed(&mut c).await;
+    }
+    server.stop().await;
+}
+
+/// PROTOCOL.md 4: a line of white space only is blank (no reply), as the opening and
+/// later; `\xNN` typed in a key or metadata is not unescaped; a lease id may be typed in
+/// capitals.
+#[tokio::test]
+async fn console_blank_lines_escapes_and_lease_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    c.send(" \t \x0c \r\n\n   \n").await;
+    assert_eq!(c.cmd("PING").await, "PONG", "white space got a reply");
+    c.send("\t\t\n \r\n").await;
+    assert_eq!(c.cmd("ping").await, "PONG", "white space got a reply");
+    let granted = c.cmd(r"ACQUIRE a\x41 30000 0 META=\x41").await;
+    let held = c.cmd(r"INSPECT a\x41").await;
+    assert!(held.ends_with(r" meta=\x5cx41"), "{held}");
+    assert_eq!(c.cmd("INSPECT aA").await, "FREE", "input is not unescaped");
+    let lease = field(&granted, "lease").to_ascii_uppercase();
+    assert_eq!(c.cmd(&format!(r"RELEASE a\x41 {lease}")).await, "OK");
+    server.stop().await;
+}
+
+/// STATS `errors` counts what PROTOCOL.md 3.3 lists: BAD_ARGS to AUTH (without identities,
+/// and on a connection already authenticated), a CLUSTER request's UNKNOWN_COMMAND and the
+/// LINE_TOO_LONG that closes a connection; not refusals by identity.
+#[tokio::test]
+async fn stats_errors_counts_what_protocol_md_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let errors =
+        async |c: &mut Console| -> u64 { field(&c.cmd("STATS").await, "errors").parse().unwrap() };
+    let before = errors(&mut c).await;
+    assert!(c
+        .cmd("AUTH someone secret")
+        .await
+        .starts_with("ERR BAD_ARGS "));
+    assert_eq!(errors(&mut c).await, before + 1, "BAD_ARGS to AUTH");
+    assert!(c
+        .cmd("CLUSTER STATUS")
+        .await
+        .starts_with("ERR UNKNOWN_COMMAND "));
+    assert_eq!(
+        errors(&mut c).await,
+        before + 2,
+        "CLUSTER's UNKNOWN_COMMAND"
+    );
+    let mut long = Console::connect(server.addr).await;
+    long.send(&format!("{}\n", padded_ping(5000))).await;
+    assert!(long.line().await.starts_with("ERR LINE_TOO_LONG "));
+    assert_closed(&mut long).await;
+    assert_eq!(errors(&mut c).await, before + 3, "LINE_TOO_LONG");
+    server.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let identities = crate::auth::identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| config.identities = Some(identities)).await;
+    let mut c = Console::connect(server.addr).await;
+    assert!(c
+        .cmd("INSPECT orders/1")
+        .await
+        .starts_with("ERR UNAUTHENTICATED "));
+    assert_eq!(
+        c.cmd("AUTH admin admin-secret").await,
+        "OK authenticated admin"
+    );
+    let before = errors(&mut c).await;
+    assert!(c
+        .cmd("AUTH admin admin-secret")
+        .await
+        .starts_with("ERR BAD_ARGS "));
+    assert_eq!(
+        errors(&mut c).await,
+        before + 1,
+        "BAD_ARGS to a second AUTH"
+    );
+    assert_eq!(before, 0, "UNAUTHENTICATED is not counted");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn over_long_console_line_is_refused_and_closed() {
     let dir = tempfile::tempdir().unwrap();

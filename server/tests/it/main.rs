@@ -11,6 +11,7 @@
 //! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
 //!   the shipped dashboard and alert rules;
 //! - `nemesis`: three cluster daemons under load and faults, the history checked;
+//! - `protocol_doc`: every example in PROTOCOL.md, read from it and sent to a server;
 //! - `per_core`: `--runtime per-core`: threads, hand-off across them, shared limits, shutdown;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `tls`: TLS and mutual TLS, plain text to a TLS port, certificate rotation;
@@ -32,6 +33,7 @@ mod limits;
 mod metrics;
 mod nemesis;
 mod per_core;
+mod protocol_doc;
 mod settings;
 mod tls;
 mod watch;

@@ -305,3 +305,31 @@ fn dockerfile_uses_the_workspace_toolchain_and_files_that_exist() {
     let entry = r#"ENTRYPOINT ["/usr/local/bin/tenured", "--config", "/etc/tenure/tenured.toml"]"#;
     assert!(dockerfile.contains(entry));
 }
+
+/// `tenured --help` describes the binary as it is: cluster mode is there (not "being built"),
+/// the server is not only single-node, and `--peer-listen` says the peers use the address in
+/// the membership, not the listener's.
+#[test]
+fn help_describes_cluster_mode_as_it_is() {
+    let out = tenured().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for stale in [
+        "being built",
+        "single-node",
+        "in-memory",
+        "reach this one on",
+    ] {
+        assert!(
+            !help.contains(stale),
+            "`--help` still says {stale:?}:\n{help}"
+        );
+    }
+    assert!(help.contains("Raft cluster"), "{help}");
+    let peer_listen = help
+        .split("--peer-listen <")
+        .nth(1)
+        .and_then(|rest| rest.split("\n  -").next())
+        .expect("--peer-listen in --help");
+    assert!(peer_listen.contains("--initial-cluster"), "{peer_listen}");
+}

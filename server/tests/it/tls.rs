@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tenure::{AcquireOptions, Client, ClientConfig, Error, RenewOutcome, TlsOptions};
 use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
 use tenure_protocol::{ErrorCode, ProtocolError};
 use tenure_server::identity::hash_secret;
 use tenure_server::Config;
+use tenure_testkit::tls::Issued;
 use tenure_testkit::{signal, Server, TestCa};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -48,34 +49,62 @@ async fn client(server: &Server, tls: TlsOptions) -> Result<Client, Error> {
     Client::connect_with(server.addr.to_string(), config).await
 }
 
+/// A console connection over TLS, trusting `ca`, presenting `client` if given.
+struct TlsConsole {
+    read: BufReader<tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>>>,
+    write: tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>,
+}
+
+impl TlsConsole {
+    async fn connect(server: &Server, ca: &TestCa, client: Option<&Issued>) -> TlsConsole {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca_cert = CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap();
+        roots.add(ca_cert).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match client {
+            None => builder.with_no_client_auth(),
+            Some(issued) => {
+                let chain = CertificateDer::pem_file_iter(&issued.cert)
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap();
+                let key = PrivateKeyDer::from_pem_file(&issued.key).unwrap();
+                builder.with_client_auth_cert(chain, key).unwrap()
+            }
+        };
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (read, write) = tokio::io::split(stream);
+        TlsConsole {
+            read: BufReader::new(read),
+            write,
+        }
+    }
+
+    /// One line out, one line back.
+    async fn cmd(&mut self, line: &str) -> String {
+        let text = format!("{line}\n");
+        self.write.write_all(text.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(REPLY_WAIT_MAX, self.read.read_line(&mut reply))
+            .await
+            .expect("no console reply in time")
+            .unwrap();
+        reply.trim_end().to_string()
+    }
+}
+
 /// The console over TLS: one line out, one line back.
 async fn tls_console_line(server: &Server, ca: &TestCa, line: &str) -> String {
-    let mut roots = rustls::RootCertStore::empty();
-    let ca_cert = CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap();
-    roots.add(ca_cert).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(server.addr).await.unwrap();
-    let name = ServerName::try_from("localhost").unwrap();
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    let (read, mut write) = tokio::io::split(stream);
-    write
-        .write_all(format!("{line}\n").as_bytes())
-        .await
-        .unwrap();
-    let mut reply = String::new();
-    tokio::time::timeout(REPLY_WAIT_MAX, BufReader::new(read).read_line(&mut reply))
-        .await
-        .expect("no console reply in time")
-        .unwrap();
-    reply.trim_end().to_string()
+    TlsConsole::connect(server, ca, None).await.cmd(line).await
 }
 
 #[tokio::test]
@@ -286,6 +315,41 @@ async fn mutual_tls_requires_a_client_certificate_whose_name_can_be_an_identity(
     assert!(!admin.stats().await.unwrap().is_empty());
 }
 
+/// AUTH on a connection a certificate authenticated: as the certificate's own name it is
+/// AUTHENTICATED whatever the secret (the connection already is that identity, and stays
+/// it); as any other name it is BAD_ARGS, and the connection is still the certificate's.
+#[tokio::test]
+async fn auth_after_a_client_certificate_is_accepted_for_its_own_name_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let clients = TestCa::new(dir.path(), "clients");
+    let files = pki.ca.server_files(&pki.server, Some(&clients));
+    let ids = identities(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.tls = Some(files);
+        config.identities = Some(ids);
+    })
+    .await;
+    let orders = clients.client(dir.path(), "orders");
+    let mut console = TlsConsole::connect(&server, &pki.ca, Some(&orders)).await;
+    assert_eq!(
+        console.cmd("AUTH orders wrong-secret").await,
+        "OK authenticated orders"
+    );
+    assert_eq!(
+        console.cmd("AUTH admin admin-secret").await,
+        "ERR BAD_ARGS this connection is already authenticated"
+    );
+    let granted = console.cmd("ACQUIRE orders/tls 30000").await;
+    assert!(granted.starts_with("OK token="), "{granted}");
+    // Still `orders`, not `admin`: outside its prefixes, and no STATS permission.
+    let refused = console.cmd("ACQUIRE payroll/1 30000").await;
+    assert!(refused.starts_with("ERR FORBIDDEN "), "{refused}");
+    let refused = console.cmd("STATS").await;
+    assert!(refused.starts_with("ERR FORBIDDEN "), "{refused}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn mutual_tls_stands_in_for_identities_on_a_non_loopback_address() {
     let dir = tempfile::tempdir().unwrap();
@@ -377,4 +441,76 @@ async fn missing_or_broken_files_stop_the_start_with_a_reason() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("missing.key"), "{err}");
+}
+
+/// The `sh` block after `<!-- recipe: NAME -->` in README.md, its indentation removed.
+fn readme_recipe(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let marker = format!("<!-- recipe: {name} -->");
+    let mut lines = readme.lines().skip_while(|l| l.trim() != marker).skip(1);
+    let fence = lines.next().expect("README.md has the recipe");
+    assert_eq!(
+        fence.trim(),
+        "```sh",
+        "the recipe marker is followed by a sh block"
+    );
+    let indent = fence.len() - fence.trim_start().len();
+    let body: Vec<&str> = lines
+        .take_while(|l| l.trim() != "```")
+        .map(|l| l.get(indent..).unwrap_or(""))
+        .collect();
+    body.join("\n") + "\n"
+}
+
+/// README's certificate recipe, run as written in a temporary directory, makes a CA, a
+/// server certificate and an X.509 v3 client certificate that mutual TLS accepts as the
+/// identity its name gives. Needs `openssl` (.ci/run installs it): fails without it.
+#[tokio::test]
+async fn readme_certificate_recipe_makes_a_client_certificate_that_authenticates() {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v openssl"])
+        .output()
+        .unwrap();
+    assert!(
+        found.status.success(),
+        "openssl is needed: .ci/run installs it"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-e", "-c", &readme_recipe("tls-certificates")])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the recipe failed:\n{stderr}");
+    let file = |name: &str| dir.path().join(name);
+    let files = tenure_server::tls::TlsFiles {
+        cert: file("server.pem"),
+        key: file("server.key"),
+        client_ca: Some(file("ca.pem")),
+    };
+    let ids = identities(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.tls = Some(files);
+        config.identities = Some(ids);
+    })
+    .await;
+    let cert = (file("orders.pem"), file("orders.key"));
+    let tls = TlsOptions::from_files(&file("ca.pem"), Some((&cert.0, &cert.1))).unwrap();
+    let orders = client(&server, tls)
+        .await
+        .expect("the recipe's client certificate is accepted");
+    // No AUTH was sent: a grant means the certificate authenticated the connection.
+    let granted = orders
+        .acquire(
+            "orders/1",
+            Duration::from_secs(30),
+            AcquireOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(granted.granted().is_some());
+    assert_refused(&orders, "payroll/1", ErrorCode::Forbidden).await;
+    server.stop().await;
 }

@@ -284,6 +284,14 @@ async fn request_id_0_is_refused_as_a_bad_frame() {
     server.stop().await;
 }
 
+/// STATS `errors`, asked on `raw`.
+async fn stats_errors(raw: &mut Raw) -> u64 {
+    match raw.call(99, Request::Stats).await {
+        Response::Stats(pairs) => pairs.iter().find(|(n, _)| n == "errors").unwrap().1,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_waiting_acquire_counts_in_flight_and_a_running_watch_does_not() {
     let dir = tempfile::tempdir().unwrap();
@@ -298,12 +306,15 @@ async fn a_waiting_acquire_counts_in_flight_and_a_running_watch_does_not() {
             Response::Watching { .. }
         ));
     }
+    let errors_before = stats_errors(&mut holder).await;
     client.send(3, &acquire("busy", 30_000, 60_000, "")).await;
     client.send(4, &acquire("busy", 30_000, 60_000, "")).await;
     match client.call(5, Request::Ping).await {
         Response::Error { code, .. } => assert_eq!(code, ErrorCode::TooManyInFlight),
         other => panic!("expected TOO_MANY_IN_FLIGHT, got {other:?}"),
     }
+    // PROTOCOL.md 3.3: TOO_MANY_IN_FLIGHT counts in STATS `errors`.
+    assert_eq!(stats_errors(&mut holder).await, errors_before + 1);
     server.stop().await;
 }
 
