@@ -7,7 +7,8 @@
 //! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`;
 //! - `cluster`: `tenure cluster status|add|remove` against in-process cluster nodes;
 //! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
-//!   and a request sent mid-election.
+//!   and a request sent mid-election;
+//! - `readme`: README.md's console and command-line examples, read from it and run in order.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -22,6 +23,7 @@ mod cli;
 mod cluster;
 mod e2e;
 mod failover;
+mod readme;
 
 use std::time::Duration;
 
