@@ -2,65 +2,19 @@
 //! on every node, and membership changes only for an identity with `admin`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use tenure_server::cluster::{ClusterNode, ClusterOptions, NodeInfo};
 use tenure_server::Config;
 use tenure_testkit::TestCa;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::client::TlsStream;
 
 use super::auth::identities_file;
+use super::tls::TlsConsole;
 
 /// Longest any one step may take: an election, a commit, a reply (failed AUTHs are slowed).
 const STEP_MAX: Duration = Duration::from_secs(15);
-
-/// A console connection over TLS.
-struct TlsConsole {
-    read: BufReader<ReadHalf<TlsStream<TcpStream>>>,
-    write: WriteHalf<TlsStream<TcpStream>>,
-}
-
-impl TlsConsole {
-    async fn connect(addr: &str, ca: &TestCa) -> TlsConsole {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
-            .unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let name = ServerName::try_from("localhost").unwrap();
-        let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await
-            .unwrap();
-        let (read, write) = tokio::io::split(stream);
-        TlsConsole {
-            read: BufReader::new(read),
-            write,
-        }
-    }
-
-    async fn ask(&mut self, line: &str) -> String {
-        let sent = format!("{line}\n");
-        self.write.write_all(sent.as_bytes()).await.unwrap();
-        let mut reply = String::new();
-        tokio::time::timeout(STEP_MAX, self.read.read_line(&mut reply))
-            .await
-            .expect("no reply in time")
-            .unwrap();
-        reply.trim_end().to_string()
-    }
-}
 
 /// Three nodes with identities and TLS on their client ports, and what they share.
 struct Secured {
@@ -130,9 +84,10 @@ impl Secured {
     }
 
     async fn console(&self, node: usize, auth: Option<&str>) -> TlsConsole {
-        let mut console = TlsConsole::connect(&self.nodes[node].1.client_addr, &self.ca).await;
+        let addr = &self.nodes[node].1.client_addr;
+        let mut console = TlsConsole::connect_to(addr, &self.ca, None).await;
         if let Some(auth) = auth {
-            let reply = console.ask(&format!("AUTH {auth}")).await;
+            let reply = console.cmd(&format!("AUTH {auth}")).await;
             assert!(reply.starts_with("OK"), "AUTH {auth}: {reply}");
         }
         console
@@ -161,23 +116,23 @@ async fn a_cluster_serves_identities_and_tls_on_every_client_port() {
     // Before AUTH, on the leader and on a follower alike.
     for node in [leader, follower] {
         let mut anonymous = cluster.console(node, None).await;
-        let reply = anonymous.ask("ACQUIRE orders/1 30000").await;
+        let reply = anonymous.cmd("ACQUIRE orders/1 30000").await;
         assert!(reply.starts_with("ERR UNAUTHENTICATED"), "{reply}");
-        let reply = anonymous.ask("AUTH orders wrong-secret").await;
+        let reply = anonymous.cmd("AUTH orders wrong-secret").await;
         assert!(reply.starts_with("ERR"), "{reply}");
     }
 
     let mut orders = cluster.console(leader, Some("orders orders-secret")).await;
-    let granted = orders.ask("ACQUIRE orders/1 30000").await;
+    let granted = orders.cmd("ACQUIRE orders/1 30000").await;
     assert!(granted.starts_with("OK token="), "{granted}");
-    let outside = orders.ask("ACQUIRE billing/1 30000").await;
+    let outside = orders.cmd("ACQUIRE billing/1 30000").await;
     assert!(outside.starts_with("ERR FORBIDDEN"), "{outside}");
     // held-max = 3 for `orders`, enforced by the leader.
     for key in ["orders/2", "orders/3"] {
-        let reply = orders.ask(&format!("ACQUIRE {key} 30000")).await;
+        let reply = orders.cmd(&format!("ACQUIRE {key} 30000")).await;
         assert!(reply.starts_with("OK token="), "{reply}");
     }
-    let over = orders.ask("ACQUIRE orders/4 30000").await;
+    let over = orders.cmd("ACQUIRE orders/4 30000").await;
     assert!(over.starts_with("ERR QUOTA"), "{over}");
 
     // Membership needs `admin`; STATUS needs `stats` or `admin`.
@@ -187,11 +142,11 @@ async fn a_cluster_serves_identities_and_tls_on_every_client_port() {
         format!("CLUSTER ADD 9 {}/{}", info.peer_addr, info.client_addr),
         "CLUSTER STATUS".to_string(),
     ] {
-        let reply = orders.ask(&line).await;
+        let reply = orders.cmd(&line).await;
         assert!(reply.starts_with("ERR FORBIDDEN"), "{line}: {reply}");
     }
     let mut admin = cluster.console(leader, Some("admin admin-secret")).await;
-    let status = admin.ask("CLUSTER STATUS").await;
+    let status = admin.cmd("CLUSTER STATUS").await;
     let voters = tenure_testkit::field(&status, "voters").split(',').count();
     assert_eq!(voters, 3, "the membership is unchanged: {status}");
 
@@ -199,7 +154,7 @@ async fn a_cluster_serves_identities_and_tls_on_every_client_port() {
     let mut on_follower = cluster
         .console(follower, Some("orders orders-secret"))
         .await;
-    let reply = on_follower.ask("ACQUIRE orders/5 30000").await;
+    let reply = on_follower.cmd("ACQUIRE orders/5 30000").await;
     assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
 
     // After a fail-over the new leader enforces the quota on what it grants; the leases it
@@ -210,16 +165,16 @@ async fn a_cluster_serves_identities_and_tls_on_every_client_port() {
     old.kill().await;
     let leader = cluster.leader().await;
     let mut orders = cluster.console(leader, Some("orders orders-secret")).await;
-    let held = orders.ask("ACQUIRE orders/1 30000").await;
+    let held = orders.cmd("ACQUIRE orders/1 30000").await;
     assert!(
         !held.starts_with("OK"),
         "the lease survived the fail-over: {held}"
     );
     for key in ["orders/4", "orders/5", "orders/6"] {
-        let reply = orders.ask(&format!("ACQUIRE {key} 30000")).await;
+        let reply = orders.cmd(&format!("ACQUIRE {key} 30000")).await;
         assert!(reply.starts_with("OK token="), "{reply}");
     }
-    let over = orders.ask("ACQUIRE orders/7 30000").await;
+    let over = orders.cmd("ACQUIRE orders/7 30000").await;
     assert!(over.starts_with("ERR QUOTA"), "{over}");
 
     for (node, _) in cluster.nodes {

@@ -50,13 +50,18 @@ async fn client(server: &Server, tls: TlsOptions) -> Result<Client, Error> {
 }
 
 /// A console connection over TLS, trusting `ca`, presenting `client` if given.
-struct TlsConsole {
+pub(crate) struct TlsConsole {
     read: BufReader<tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>>>,
     write: tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>,
 }
 
 impl TlsConsole {
     async fn connect(server: &Server, ca: &TestCa, client: Option<&Issued>) -> TlsConsole {
+        TlsConsole::connect_to(&server.addr.to_string(), ca, client).await
+    }
+
+    /// [`TlsConsole::connect`] to any address, such as a cluster node's client port.
+    pub(crate) async fn connect_to(addr: &str, ca: &TestCa, client: Option<&Issued>) -> TlsConsole {
         let mut roots = rustls::RootCertStore::empty();
         let ca_cert = CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap();
         roots.add(ca_cert).unwrap();
@@ -76,7 +81,7 @@ impl TlsConsole {
                 builder.with_client_auth_cert(chain, key).unwrap()
             }
         };
-        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
         let name = ServerName::try_from("localhost").unwrap();
         let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, tcp)
@@ -90,7 +95,7 @@ impl TlsConsole {
     }
 
     /// One line out, one line back.
-    async fn cmd(&mut self, line: &str) -> String {
+    pub(crate) async fn cmd(&mut self, line: &str) -> String {
         let text = format!("{line}\n");
         self.write.write_all(text.as_bytes()).await.unwrap();
         let mut reply = String::new();
