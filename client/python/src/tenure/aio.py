@@ -150,7 +150,7 @@ def _seconds(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidArgument(f"{what} must be a finite number of seconds, not {value!r}")
     if value < 0:
-        raise InvalidArgument(f"{what} must not be negative, not {value!r} s")
+        raise InvalidArgument(f"{what} must not be negative, not {value!r} seconds")
     return float(value)
 
 
