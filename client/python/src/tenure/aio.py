@@ -540,7 +540,9 @@ class AsyncClient:
         renewed_ms = w.Reader(reply).u32()
         return Renewed(renewed_ms, local_deadline(sent_at, 0, renewed_ms)), conn
 
-    async def release(self, lease: Union[Granted, Tuple[Key, bytes], "AsyncLeaseGuard", "AsyncLeadership"]) -> ReleaseResult:
+    async def release(
+        self, lease: Union[Granted, Tuple[Key, bytes], "AsyncLeaseGuard", "AsyncLeadership"]
+    ) -> ReleaseResult:
         """Frees the lease's key if the lease still holds it: `Released` or `NotOwner`.
 
         `lease` is a `Granted`, a (key, lease id) pair, or a lease guard (`lock()`'s, or a
@@ -827,7 +829,10 @@ class _Keeper:
         if self._on_loop():
             self._signal_loop()
         else:
-            self.loop.call_soon_threadsafe(self._signal_loop)
+            try:
+                self.loop.call_soon_threadsafe(self._signal_loop)
+            except RuntimeError:
+                pass  # the loop is closed (the client was): no task is left to stop
         if reason == LOSS_RELEASED:
             return None  # the guard ended normally: not a loss, so no on_lost callback
         for callback in self.on_lost:
