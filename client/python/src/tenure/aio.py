@@ -92,6 +92,11 @@ DirectCall = Callable[[int, bytes, float], Tuple[int, bytes]]
 _DIRECT: "contextvars.ContextVar[Optional[DirectCall]]" = contextvars.ContextVar("tenure_direct", default=None)
 
 
+#: Hands a call to the client's loop from another thread, to run there by the given instant
+#: (time.monotonic) at the latest: `post(fn, latest)`.
+Post = Callable[[Callable[[], None], float], None]
+
+
 class UseLoop(Exception):
     """Raised by the direct path before anything was sent: run the call on the event loop."""
 
@@ -774,8 +779,10 @@ class _Keeper:
         margin: Optional[float],
         on_lost: List[Callable[[str], None]],
         loop: asyncio.AbstractEventLoop,
+        post: Optional["Post"] = None,
     ) -> None:
-        """Made on any thread; renewing starts with `begin()`, which runs on `loop`."""
+        """Made on any thread; renewing starts with `begin()`, which runs on `loop`. `post`
+        hands calls to the loop from other threads (default: `call_soon_threadsafe`)."""
         ttl = lease.ttl_ms / 1000.0
         self.renew_every, self.margin = _guard_timing(ttl, renew_every, margin)
         self.client = client
@@ -788,24 +795,53 @@ class _Keeper:
         self.on_lost = on_lost
         self.tied = conn if lease.release_on_disconnect else None
         self.loop = loop
+        self.post = post
         #: `reason` is set once, by the loop (a loss) or by the blocking guard's thread (its
         #: release); this makes the first one win.
         self._reason_lock = threading.Lock()
         self._stop: Optional[asyncio.Future] = None
+        #: The call that starts the renewal task (see `begin`), until it ran or was cancelled.
+        self._timer: Optional[asyncio.TimerHandle] = None
         self.task: Optional[asyncio.Task] = None
 
     def begin(self) -> None:
-        """On the loop: starts the renewal task (not if the guard ended before it ran)."""
+        """On the loop: arranges the renewals (none if the guard ended before this ran).
+
+        A lease not tied to a connection has nothing to watch before its first renewal, so
+        the renewal task starts then (or at the give-up instant, if earlier): a guard held
+        for less than a third of its TTL costs the loop a timer, not a task.
+        """
         self.async_event = asyncio.Event()
         self._stop = self.loop.create_future()
+        self.client._keepers.add(self)
         if self.reason is not None:
             self.async_event.set()
             self._stop.set_result(None)
-        self.task = self.loop.create_task(self._run(), name=f"tenure renew {self.lease.key!r}")
-        self.client._keepers.add(self)
-        if self.client._closed:  # closed between the grant and this call
+        elif self.client._closed:  # closed between the grant and this call
             self.stop()
             self.fire(LOSS_CLIENT_CLOSED)
+        elif self.tied is not None:
+            self._start_task()
+        else:
+            delay = self.start_by() - time.monotonic()
+            self._timer = self.loop.call_later(max(0.0, delay), self._start_task)
+
+    def start_by(self) -> float:
+        """The latest instant `begin()` may run: the first renewal or the give-up instant; at
+        once for a lease tied to a connection (its closing is watched from the grant)."""
+        if self.tied is not None:
+            return -math.inf
+        return min(self._first_renew_at(), self.give_up_at())
+
+    def _start_task(self) -> None:
+        self._timer = None
+        if self._stop is not None and not self._stop.done():
+            self.task = self.loop.create_task(self._run(), name=f"tenure renew {self.lease.key!r}")
+
+    def _first_renew_at(self) -> float:
+        """The first renewal: `renew_every` after the instant the lease is counted from."""
+        span_ms = self.lease.waited_ms + self.lease.ttl_ms
+        return self.lease.deadline + deadline_margin_s(span_ms) - self.lease.ttl_ms / 1000 + self.renew_every
 
     def _on_loop(self) -> bool:
         try:
@@ -828,6 +864,9 @@ class _Keeper:
         self.thread_event.set()
         if self._on_loop():
             self._signal_loop()
+        elif self.post is not None:
+            # No hurry: a renewal task that wakes first sees `reason` and ends.
+            self.post(self._signal_loop, math.inf)
         else:
             try:
                 self.loop.call_soon_threadsafe(self._signal_loop)
@@ -849,13 +888,16 @@ class _Keeper:
         self.stop()
 
     def stop(self) -> None:
+        """On the loop: no renewal after this."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._stop is not None and not self._stop.done():
             self._stop.set_result(None)
 
     async def _run(self) -> None:
         watched: Optional[Connection] = self.tied
-        span_ms = self.lease.waited_ms + self.lease.ttl_ms
-        next_renew = self.lease.deadline + deadline_margin_s(span_ms) - self.lease.ttl_ms / 1000 + self.renew_every
+        next_renew = self._first_renew_at()
         retry_delay = max(self.renew_every / 4, RENEW_RETRY_MIN_S)
         last_error: Optional[str] = None
         while True:
@@ -1078,10 +1120,14 @@ class AsyncLeaseGuard(_GuardView):
         return result
 
     def _start(
-        self, lease: Granted, conn: Optional[Connection], loop: Optional[asyncio.AbstractEventLoop] = None
+        self,
+        lease: Granted,
+        conn: Optional[Connection],
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        post: Optional["Post"] = None,
     ) -> None:
         """Starts renewing `lease`: at once on the running loop, or (from the blocking client's
-        calling thread) by a call handed to `loop`, without waiting for it."""
+        calling thread) by `post`ing the start to `loop`, without waiting for it."""
         self._on_lost.append(self._cancel_body)
         keeper = _Keeper(
             self._client,
@@ -1091,12 +1137,13 @@ class AsyncLeaseGuard(_GuardView):
             margin=self._margin,
             on_lost=self._on_lost,
             loop=loop or asyncio.get_running_loop(),
+            post=post,
         )
         self._keeper = keeper
-        if loop is None:
+        if post is None:
             keeper.begin()
         else:
-            loop.call_soon_threadsafe(keeper.begin)
+            post(keeper.begin, keeper.start_by())
 
     def _cancel_body(self, reason: str) -> None:
         if self._cancel_on_loss and self._body is not None and reason != LOSS_RELEASED:

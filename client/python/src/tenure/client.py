@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import socket
 import threading
+import time
 import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
@@ -105,6 +106,55 @@ class _IoThread:
             self.thread.join(timeout=5)
 
 
+#: How long the blocking guards' calls to the I/O thread may wait to be handed over together.
+#: One hand-off wakes the loop thread, which then competes with the caller for the
+#: interpreter; batched, a loop of short `with client.lock()` blocks wakes it at most once per
+#: period instead of twice per block. Only calls due later than two periods wait.
+HANDOFF_BATCH_S = 0.02
+
+
+class _Handoff:
+    """Calls from other threads to the I/O loop, run there in order, by their due instant."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._calls: List[Callable[[], None]] = []
+        #: A drain is on its way (armed, or its arming handed over).
+        self._armed = False
+
+    def post(self, call: Callable[[], None], latest: float) -> None:
+        """Runs `call` on the loop by `latest` (time.monotonic) at the latest."""
+        if latest - time.monotonic() < 2 * HANDOFF_BATCH_S:
+            self._hand_over(call)
+            return
+        with self._lock:
+            self._calls.append(call)
+            arm, self._armed = not self._armed, True
+        if arm:
+            self._hand_over(self._arm)
+
+    def _hand_over(self, call: Callable[[], None]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(call)
+        except RuntimeError:
+            pass  # the loop is closed: so is the client, and its guards ended with it
+
+    def _arm(self) -> None:
+        self.loop.call_later(HANDOFF_BATCH_S, self.drain)
+
+    def drain(self) -> None:
+        """On the loop: runs every call posted so far."""
+        with self._lock:
+            calls, self._calls = self._calls, []
+            self._armed = False
+        for call in calls:
+            try:
+                call()
+            except Exception:  # one call's failure must not drop the others
+                log.exception("tenure: a call handed to the I/O thread failed")
+
+
 #: The I/O threads not stopped yet (a client that was never closed keeps its own running).
 _RUNNING: "weakref.WeakSet[_IoThread]" = weakref.WeakSet()
 
@@ -147,6 +197,7 @@ class Client:
     ) -> None:
         self._closed = False
         self._io = _IoThread()
+        self._handoff = _Handoff(self._io.loop)
         self._sync: Optional[SyncConnection] = None
         self._sync_lock = threading.Lock()
         #: The direct path is plain TCP only; TLS goes through the I/O thread.
@@ -268,9 +319,15 @@ class Client:
                 self._sync.close()
                 self._sync = None
         try:
-            self._run(self.aio.close())
+            self._run(self._close_on_loop())
         finally:
             self._io.stop()
+
+    async def _close_on_loop(self) -> None:
+        # Guards whose start is still waiting to be handed over start now, so that closing
+        # ends them too ("client closed").
+        self._handoff.drain()
+        await self.aio.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -415,7 +472,7 @@ class LeaseGuard(_GuardView):
             self._client._run(inner.acquire())
             return self
         result, conn = self._client._fast(inner._acquire_call)
-        inner._start(inner._granted(result), conn, loop=self._client._io.loop)
+        inner._start(inner._granted(result), conn, loop=self._client._io.loop, post=self._client._handoff.post)
         return self
 
     def release(self) -> Optional[ReleaseResult]:
