@@ -97,6 +97,8 @@ def entry_points(client, aclient, loop):
         "async acquire": lambda ttl: run(aclient.acquire("fh/arg", ttl)),
         "async lock": lambda ttl: run(async_lock(ttl)),
         "async acquire wait": lambda wait: run(aclient.acquire("fh/arg", 5, wait=wait)),
+        "election": lambda ttl: client.election("fh-arg", ttl=ttl),
+        "async election": lambda ttl: aclient.election("fh-arg", ttl=ttl),
     }
 
 
@@ -127,6 +129,12 @@ def test_range_errors_quote_seconds(every_entry_point):
         assert "seconds, not 30000" in message and " ms" not in message, (name, message)
     with pytest.raises(tenure.InvalidArgument, match=r"ttl must be 0\.01 to \d+ seconds, not 0\.001"):
         every_entry_point["lock"](0.001)
+
+
+def test_client_durations_are_checked():
+    for option in ("timeout", "connect_timeout", "reconnect_delay_min", "reconnect_delay_max"):
+        with pytest.raises(tenure.InvalidArgument, match=f"{option} must be a finite number of seconds"):
+            tenure.Client("127.0.0.1:7878", lazy=True, **{option: "5"})
 
 
 def test_guard_timing_arguments_are_checked(client):

@@ -208,10 +208,10 @@ class AsyncClient:
         tls: Optional[Union[TlsOptions, ssl_module.SSLContext]] = None,
     ) -> None:
         self.endpoints = parse_addresses(addrs)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.reconnect_delay_min = reconnect_delay_min
-        self.reconnect_delay_max = reconnect_delay_max
+        self.timeout = _seconds(timeout, "timeout")
+        self.connect_timeout = _seconds(connect_timeout, "connect_timeout")
+        self.reconnect_delay_min = _seconds(reconnect_delay_min, "reconnect_delay_min")
+        self.reconnect_delay_max = _seconds(reconnect_delay_max, "reconnect_delay_max")
         self.in_flight_max = in_flight_max
         if isinstance(credentials, tuple):
             credentials = Credentials(credentials[0], _as_bytes(credentials[1], "secret"))
@@ -1202,6 +1202,8 @@ class AsyncElection:
         self.client = client
         self.group = group
         self.key = f"election/{group}".encode("utf-8")
+        # Checked now, as `acquire()` checks them, rather than at the first campaign.
+        client._acquire_args(self.key, ttl, wait_max, b"", False)
         self.ttl = ttl
         self.wait_max = wait_max
         if release_on_disconnect is None:

@@ -460,11 +460,12 @@ class LeaseGuard(_GuardView):
         """Acquires and starts renewing; raises `NotAcquired` if the wait ran out.
 
         The ACQUIRE takes the client's direct path when it is free (the calling thread, no
-        hand-off to the I/O thread and back); the renewal task is then handed to the I/O
-        thread without waiting for it. The lease is counted from before the request was sent
-        either way, and loss is watched from the moment of the grant (`check()` reads the
-        clock itself). A `release_on_disconnect` lease is tied to the connection that took it,
-        which the I/O thread must watch: it is acquired there.
+        hand-off to the I/O thread and back); the start of the renewals is then handed to the
+        I/O thread without waiting for it, due by the first renewal (nothing the guard
+        watches is due earlier; `check()` reads the clock itself). The lease is counted from
+        before the request was sent either way. A `release_on_disconnect` lease is tied to
+        the connection that took it, which the I/O thread must watch from the grant: it is
+        acquired there.
         """
         inner = self._inner
         assert inner is not None
@@ -472,7 +473,8 @@ class LeaseGuard(_GuardView):
             self._client._run(inner.acquire())
             return self
         result, conn = self._client._fast(inner._acquire_call)
-        inner._start(inner._granted(result), conn, loop=self._client._io.loop, post=self._client._handoff.post)
+        client = self._client
+        inner._start(inner._granted(result), conn, loop=client._io.loop, post=client._handoff.post)
         return self
 
     def release(self) -> Optional[ReleaseResult]:
@@ -481,9 +483,10 @@ class LeaseGuard(_GuardView):
         return self._release(quiet=True)
 
     def _release(self, quiet: bool) -> Optional[ReleaseResult]:
-        """Ends the guard in the calling thread (the renewal task is told to stop, without
-        waiting for it: a renewal still in flight can only be answered LOST, which a released
-        guard ignores) and releases over the direct path when it is free."""
+        """Ends the guard in the calling thread and releases over the direct path when it is
+        free. The renewals are told to stop without waiting for them: a renewal task that
+        wakes first sees the guard ended, and the answer to one already in flight (RENEWED
+        before the RELEASE, LOST after it) changes nothing for a released guard."""
         lease = self._k().release_target()
         if lease is None:
             return None
