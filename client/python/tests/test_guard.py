@@ -261,3 +261,41 @@ def _held(server, key) -> bool:
         return isinstance(c.inspect(key), Held)
     finally:
         c.close()
+
+
+def test_a_guard_closed_with_its_client_at_once_reports_the_loss(server):
+    """The blocking guard hands the start of its renewals to the I/O thread in batches; a
+    client closed right after the grant still ends the guard ("client closed")."""
+    c = tenure.Client(server.addr)
+    lease = c.lock("g/closed-at-once", ttl=30).acquire()
+    c.close()
+    assert lease.lost.wait(timeout=5), "the guard never learnt that its client closed"
+    assert lease.loss_reason == "client closed"
+    with pytest.raises(tenure.LeaseLost):
+        lease.check()
+
+
+def test_short_guards_leave_no_renewal_task_behind(client):
+    async def tasks_running():
+        return len(asyncio.all_tasks())
+
+    before = client._run(tasks_running())
+    for _ in range(200):
+        with client.lock("g/short", ttl=30) as lease:
+            lease.check()
+    # The last hand-offs are drained within a batch period; then only what ran before is left.
+    assert wait_until(lambda: client._run(tasks_running()) <= before, timeout=5)
+    assert client.inspect("g/short") == Free()
+
+
+def test_a_blocking_guard_renews_when_held_past_its_first_renewal(client, server):
+    observer = tenure.Client(server.addr)
+    try:
+        with client.lock("g/long", ttl=TTL_S) as lease:
+            time.sleep(3 * TTL_S)
+            lease.check()
+            held = observer.inspect("g/long")
+            assert isinstance(held, Held) and held.token == lease.token
+            assert held.ttl_left_ms > 0
+    finally:
+        observer.close()

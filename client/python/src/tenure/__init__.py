@@ -32,6 +32,7 @@ from .aio import (
 from .client import Client, Election, Leadership, LeaseGuard, Observer, Watch
 from .errors import (
     BadRequest,
+    CannotConnect,
     ClusterRefused,
     ConnectionLost,
     Forbidden,
@@ -79,7 +80,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireResult", "AsyncClient", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
-    "AsyncObserver", "AsyncWatch", "BadRequest", "CheckResult", "Client", "ClusterRefused", "ConnectionLost",
+    "AsyncObserver", "AsyncWatch", "BadRequest", "CannotConnect", "CheckResult", "Client", "ClusterRefused", "ConnectionLost",
     "Credentials", "Current", "Election", "Event", "EventKind", "Fence", "Forbidden", "Free",
     "Granted", "HandshakeError", "Held", "InvalidArgument", "KeyState", "Leader", "Leadership",
     "Lease", "LeaseGuard", "LeaseLost", "LimitReached", "Locked", "Lost", "NotAcquired",

@@ -8,7 +8,7 @@ import ssl as ssl_module
 from typing import Deque, Dict, List, Optional, Tuple, Union
 
 from . import _wire as w
-from .errors import ConnectionLost, HandshakeError, ServerError, server_error, WatchLimit
+from .errors import CannotConnect, ConnectionLost, HandshakeError, ServerError, server_error, WatchLimit
 from .results import Event, EventKind
 
 #: Bytes queued in the transport before a writer waits for the socket to drain.
@@ -121,9 +121,9 @@ class Connection:
                 limit=w.FRAME_LEN_MAX * 4,
             )
         except ssl_module.SSLError as e:
-            raise ConnectionLost(f"TLS handshake with {address} failed: {e}") from e
+            raise CannotConnect(f"TLS handshake with {address} failed: {e}") from e
         except OSError as e:
-            raise ConnectionLost(f"cannot connect to {address}: {e}") from e
+            raise CannotConnect(f"cannot connect to {address}: {e}") from e
         try:
             limits = await _handshake(reader, writer, address)
         except BaseException:

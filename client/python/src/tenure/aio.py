@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Un
 from . import _wire as w
 from ._conn import Connection, WatchQueue
 from .errors import (
+    CannotConnect,
     ConnectionLost,
     InvalidArgument,
     LeaseLost,
@@ -91,6 +92,11 @@ DirectCall = Callable[[int, bytes, float], Tuple[int, bytes]]
 _DIRECT: "contextvars.ContextVar[Optional[DirectCall]]" = contextvars.ContextVar("tenure_direct", default=None)
 
 
+#: Hands a call to the client's loop from another thread, to run there by the given instant
+#: (time.monotonic) at the latest: `post(fn, latest)`.
+Post = Callable[[Callable[[], None], float], None]
+
+
 class UseLoop(Exception):
     """Raised by the direct path before anything was sent: run the call on the event loop."""
 
@@ -142,11 +148,25 @@ def _as_bytes(value: Union[str, bytes], what: str) -> bytes:
     raise InvalidArgument(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
-def _ms(seconds: float, what: str) -> int:
-    """Seconds as whole milliseconds (rounded), refusing negatives."""
-    if seconds < 0:
-        raise InvalidArgument(f"{what} must not be negative: {seconds}")
-    return int(round(seconds * 1000))
+def _seconds(value: Any, what: str) -> float:
+    """A duration argument: an int or float of seconds, finite and not negative. Every entry
+    point (blocking and asyncio, operations and guards) checks its durations here, so that a
+    wrong type or value is the same `InvalidArgument` wherever it is passed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number of seconds, not {value!r}")
+    if value < 0:
+        raise InvalidArgument(f"{what} must not be negative, not {value!r} seconds")
+    return float(value)
+
+
+def _ms(value: Any, what: str, low_ms: int, high_ms: int) -> int:
+    """A duration in seconds as whole milliseconds (rounded, as sent), within the limits; the
+    error quotes the limits in seconds, the unit the caller passed."""
+    scaled = _seconds(value, what) * 1000.0
+    ms = int(round(scaled)) if math.isfinite(scaled) else high_ms + 1
+    if not low_ms <= ms <= high_ms:
+        raise InvalidArgument(f"{what} must be {low_ms / 1000:g} to {high_ms / 1000:g} seconds, not {value!r}")
+    return ms
 
 
 def parse_addresses(addrs: Union[str, List[str]]) -> List[Tuple[str, int]]:
@@ -188,10 +208,10 @@ class AsyncClient:
         tls: Optional[Union[TlsOptions, ssl_module.SSLContext]] = None,
     ) -> None:
         self.endpoints = parse_addresses(addrs)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.reconnect_delay_min = reconnect_delay_min
-        self.reconnect_delay_max = reconnect_delay_max
+        self.timeout = _seconds(timeout, "timeout")
+        self.connect_timeout = _seconds(connect_timeout, "connect_timeout")
+        self.reconnect_delay_min = _seconds(reconnect_delay_min, "reconnect_delay_min")
+        self.reconnect_delay_max = _seconds(reconnect_delay_max, "reconnect_delay_max")
         self.in_flight_max = in_flight_max
         if isinstance(credentials, tuple):
             credentials = Credentials(credentials[0], _as_bytes(credentials[1], "secret"))
@@ -287,7 +307,7 @@ class AsyncClient:
                     if not last_round and (not isinstance(e, ServerError) or isinstance(e, NotLeader)):
                         continue
                     if isinstance(e, asyncio.TimeoutError):
-                        raise ConnectionLost(f"connecting to {target[0]}:{target[1]} timed out") from e
+                        raise CannotConnect(f"connecting to {target[0]}:{target[1]} timed out") from e
                     raise
                 self._failures = 0
                 self._retry_at = None
@@ -445,10 +465,21 @@ class AsyncClient:
         return data
 
     def _ttl_ms(self, ttl: float) -> int:
-        ttl_ms = _ms(ttl, "ttl")
-        if not w.TTL_MS_MIN <= ttl_ms <= self._limits()[2]:
-            raise InvalidArgument(f"ttl must be {w.TTL_MS_MIN} to {self._limits()[2]} ms, not {ttl_ms}")
-        return ttl_ms
+        return _ms(ttl, "ttl", w.TTL_MS_MIN, self._limits()[2])
+
+    def _acquire_args(
+        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+    ) -> bytes:
+        """The ACQUIRE body for these arguments, every one checked: the one validation of
+        `acquire()`, `lock()` and elections, blocking and asyncio alike."""
+        key_b = self._key(key)
+        ttl_ms = self._ttl_ms(ttl)
+        wait_ms = _ms(wait, "wait", 0, self._limits()[3])
+        meta_b = _as_bytes(meta, "meta")
+        if len(meta_b) > self._limits()[1]:
+            raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes, not {len(meta_b)}")
+        flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
+        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
 
     # -- operations -------------------------------------------------------------------
 
@@ -481,20 +512,12 @@ class AsyncClient:
     async def _acquire(
         self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
     ) -> Tuple[AcquireResult, Connection]:
-        key_b = self._key(key)
-        ttl_ms = self._ttl_ms(ttl)
-        wait_ms = _ms(wait, "wait")
-        if wait_ms > self._limits()[3]:
-            raise InvalidArgument(f"wait must be at most {self._limits()[3]} ms, not {wait_ms}")
-        meta_b = _as_bytes(meta, "meta")
-        if len(meta_b) > self._limits()[1]:
-            raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes")
-        flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
-        body = w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
+        body = self._acquire_args(key, ttl, wait, meta, release_on_disconnect)
+        key_b = w.Reader(body).bytes16()
         # Taken before the answered send (the last, after NOT_LEADER redirects): the server
         # takes the request up later, so the deadline counted from it is never later than
         # the server's.
-        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, self.timeout + wait)
+        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, self.timeout + float(wait))
         r = w.Reader(reply)
         if opcode == w.GRANTED:
             token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
@@ -522,9 +545,21 @@ class AsyncClient:
         renewed_ms = w.Reader(reply).u32()
         return Renewed(renewed_ms, local_deadline(sent_at, 0, renewed_ms)), conn
 
-    async def release(self, lease: Union[Granted, Tuple[Key, bytes]]) -> ReleaseResult:
-        """Frees the lease's key if the lease still holds it: `Released` or `NotOwner`."""
-        key, lease_id = (lease.key, lease.lease_id) if isinstance(lease, Granted) else lease
+    async def release(
+        self, lease: Union[Granted, Tuple[Key, bytes], "AsyncLeaseGuard", "AsyncLeadership"]
+    ) -> ReleaseResult:
+        """Frees the lease's key if the lease still holds it: `Released` or `NotOwner`.
+
+        `lease` is a `Granted`, a (key, lease id) pair, or a lease guard (`lock()`'s, or a
+        leadership): the guard stops renewing and ends as released (`loss_reason` "released
+        by its owner"; its `async with` exit then sends nothing), and `NotOwner` is returned
+        if it no longer held the lease.
+        """
+        if isinstance(lease, AsyncLeadership):
+            lease = lease.guard
+        if isinstance(lease, AsyncLeaseGuard):
+            return await lease._k().finish(release=True, quiet=False) or NotOwner()
+        key, lease_id = _lease_parts(lease)
         opcode, _, _ = await self._call(w.RELEASE, w.release_body(self._key(key), _lease_id(lease_id)))
         if opcode == w.NOT_OWNER:
             return NotOwner()
@@ -616,9 +651,24 @@ def _expect(opcode: int, wanted: int) -> None:
 
 
 def _u64(token: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise InvalidArgument(f"a fencing token is an int, not {token!r}")
     if not 0 <= token < 2**64:
         raise InvalidArgument(f"token {token} is not a u64")
     return token
+
+
+def _lease_parts(lease: Any) -> Tuple[Key, Union[str, bytes]]:
+    """(key, lease id) of what `release()` was given, or a clear refusal."""
+    if isinstance(lease, Granted):
+        return lease.key, lease.lease_id
+    if isinstance(lease, tuple) and len(lease) == 2:
+        return lease
+    if isinstance(lease, Locked):
+        raise InvalidArgument("release() was given Locked: that acquire was not granted, there is nothing to release")
+    raise InvalidArgument(
+        f"release() takes a Granted, a lease guard or a (key, lease id) pair, not {type(lease).__name__}"
+    )
 
 
 def _lease_id(lease_id: Union[str, bytes]) -> bytes:
@@ -670,7 +720,12 @@ class AsyncWatch:
         return self
 
     async def __anext__(self) -> Event:
-        event = await self.next()
+        try:
+            event = await self.next()
+        except ConnectionLost:
+            if self._client._closed:  # the client was closed: the iteration ends
+                raise StopAsyncIteration from None
+            raise
         if event is None:
             raise StopAsyncIteration
         return event
@@ -696,8 +751,8 @@ LOSS_RELEASED = "released by its owner"
 def _guard_timing(ttl: float, renew_every: Optional[float], margin: Optional[float]) -> Tuple[float, float]:
     """A guard's renewal period and safety margin for `ttl` (defaults: a third and a tenth of
     it), checked before anything is acquired."""
-    renew_every = ttl / 3 if renew_every is None else renew_every
-    margin = ttl / 10 if margin is None else margin
+    renew_every = ttl / 3 if renew_every is None else _seconds(renew_every, "renew_every")
+    margin = ttl / 10 if margin is None else _seconds(margin, "margin")
     if not (renew_every > 0 and margin >= 0):
         raise InvalidArgument("renew_every must be positive and margin not negative")
     if renew_every + margin >= ttl:
@@ -718,12 +773,16 @@ class _Keeper:
         self,
         client: AsyncClient,
         lease: Granted,
-        conn: Connection,
+        conn: Optional[Connection],
         *,
         renew_every: Optional[float],
         margin: Optional[float],
         on_lost: List[Callable[[str], None]],
+        loop: asyncio.AbstractEventLoop,
+        post: Optional["Post"] = None,
     ) -> None:
+        """Made on any thread; renewing starts with `begin()`, which runs on `loop`. `post`
+        hands calls to the loop from other threads (default: `call_soon_threadsafe`)."""
         ttl = lease.ttl_ms / 1000.0
         self.renew_every, self.margin = _guard_timing(ttl, renew_every, margin)
         self.client = client
@@ -731,13 +790,64 @@ class _Keeper:
         self.deadline = lease.deadline
         self.reason: Optional[str] = None
         self.thread_event = threading.Event()
-        self.async_event = asyncio.Event()
+        #: Made by `begin()` on the loop (an asyncio.Event binds the loop it is made on).
+        self.async_event: Optional[asyncio.Event] = None
         self.on_lost = on_lost
         self.tied = conn if lease.release_on_disconnect else None
-        loop = asyncio.get_running_loop()
-        self._stop: asyncio.Future = loop.create_future()
-        self.task = loop.create_task(self._run(), name=f"tenure renew {lease.key!r}")
-        client._keepers.add(self)
+        self.loop = loop
+        self.post = post
+        #: `reason` is set once, by the loop (a loss) or by the blocking guard's thread (its
+        #: release); this makes the first one win.
+        self._reason_lock = threading.Lock()
+        self._stop: Optional[asyncio.Future] = None
+        #: The call that starts the renewal task (see `begin`), until it ran or was cancelled.
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self.task: Optional[asyncio.Task] = None
+
+    def begin(self) -> None:
+        """On the loop: arranges the renewals (none if the guard ended before this ran).
+
+        A lease not tied to a connection has nothing to watch before its first renewal, so
+        the renewal task starts then (or at the give-up instant, if earlier): a guard held
+        for less than a third of its TTL costs the loop a timer, not a task.
+        """
+        self.async_event = asyncio.Event()
+        self._stop = self.loop.create_future()
+        self.client._keepers.add(self)
+        if self.reason is not None:
+            self.async_event.set()
+            self._stop.set_result(None)
+        elif self.client._closed:  # closed between the grant and this call
+            self.stop()
+            self.fire(LOSS_CLIENT_CLOSED)
+        elif self.tied is not None:
+            self._start_task()
+        else:
+            delay = self.start_by() - time.monotonic()
+            self._timer = self.loop.call_later(max(0.0, delay), self._start_task)
+
+    def start_by(self) -> float:
+        """The latest instant `begin()` may run: the first renewal or the give-up instant; at
+        once for a lease tied to a connection (its closing is watched from the grant)."""
+        if self.tied is not None:
+            return -math.inf
+        return min(self._first_renew_at(), self.give_up_at())
+
+    def _start_task(self) -> None:
+        self._timer = None
+        if self._stop is not None and not self._stop.done():
+            self.task = self.loop.create_task(self._run(), name=f"tenure renew {self.lease.key!r}")
+
+    def _first_renew_at(self) -> float:
+        """The first renewal: `renew_every` after the instant the lease is counted from."""
+        span_ms = self.lease.waited_ms + self.lease.ttl_ms
+        return self.lease.deadline + deadline_margin_s(span_ms) - self.lease.ttl_ms / 1000 + self.renew_every
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
 
     def give_up_at(self) -> float:
         return self.deadline - self.margin
@@ -745,28 +855,49 @@ class _Keeper:
     def is_valid(self) -> bool:
         return self.reason is None and time.monotonic() < self.give_up_at()
 
-    def fire(self, reason: str) -> None:
-        if self.reason is not None:
-            return
-        self.reason = reason
+    def fire(self, reason: str) -> Optional[str]:
+        """Ends the guard with `reason` unless it had ended; returns the reason it already had."""
+        with self._reason_lock:
+            if self.reason is not None:
+                return self.reason
+            self.reason = reason
         self.thread_event.set()
-        self.async_event.set()
+        if self._on_loop():
+            self._signal_loop()
+        elif self.post is not None:
+            # No hurry: a renewal task that wakes first sees `reason` and ends.
+            self.post(self._signal_loop, math.inf)
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self._signal_loop)
+            except RuntimeError:
+                pass  # the loop is closed (the client was): no task is left to stop
         if reason == LOSS_RELEASED:
-            return  # the guard ended normally: not a loss, so no on_lost callback
+            return None  # the guard ended normally: not a loss, so no on_lost callback
         for callback in self.on_lost:
             try:
                 callback(reason)
             except Exception:  # a callback's error must not stop the others
                 log.exception("tenure: on_lost callback failed")
+        return None
+
+    def _signal_loop(self) -> None:
+        """On the loop: sets the asyncio event and stops the renewal task."""
+        if self.async_event is not None:
+            self.async_event.set()
+        self.stop()
 
     def stop(self) -> None:
-        if not self._stop.done():
+        """On the loop: no renewal after this."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._stop is not None and not self._stop.done():
             self._stop.set_result(None)
 
     async def _run(self) -> None:
         watched: Optional[Connection] = self.tied
-        span_ms = self.lease.waited_ms + self.lease.ttl_ms
-        next_renew = self.lease.deadline + deadline_margin_s(span_ms) - self.lease.ttl_ms / 1000 + self.renew_every
+        next_renew = self._first_renew_at()
         retry_delay = max(self.renew_every / 4, RENEW_RETRY_MIN_S)
         last_error: Optional[str] = None
         while True:
@@ -775,7 +906,7 @@ class _Keeper:
             waiters = [self._stop] + ([watched.closed] if watched is not None else [])
             pause = min(next_renew, give_up_at) - now
             done, _ = await asyncio.wait(waiters, timeout=max(0.0, pause), return_when=asyncio.FIRST_COMPLETED)
-            if self._stop in done:
+            if self._stop in done or self.reason is not None:
                 return
             if watched is not None and watched.closed in done:
                 if self.tied is not None:
@@ -840,19 +971,29 @@ class _Keeper:
             return LOSS_REVOKED
         return sent_at, result, conn
 
-    async def finish(self, release: bool) -> Optional[ReleaseResult]:
-        """Stops renewing; releases the lock unless it was already lost."""
+    def release_target(self) -> Optional[Granted]:
+        """Ends the guard as released by its owner; the lease to send RELEASE for, or None when
+        there is none to send: already released, or answered LOST (gone at the server). A lease
+        lost to a connection failure or an unconfirmed deadline may still exist (a restarted
+        server restores it), so it is released too."""
+        before = self.fire(LOSS_RELEASED)
+        return None if before in (LOSS_RELEASED, LOSS_REVOKED) else self.lease
+
+    async def finish(self, release: bool, quiet: bool = True) -> Optional[ReleaseResult]:
+        """Stops renewing; releases the lock unless it was already lost or released. `quiet`
+        (a guard's exit): a failed RELEASE is logged and None returned, not raised."""
         self.stop()
-        await asyncio.gather(self.task, return_exceptions=True)
-        lost_reason = self.reason
-        self.fire(LOSS_RELEASED)
-        # A lease lost to a connection failure or an unconfirmed deadline may still exist (a
-        # restarted server restores it): release it too, best effort. One answered LOST is gone.
-        if release and lost_reason != LOSS_REVOKED:
-            try:
-                return await self.client.release(self.lease)
-            except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
-                log.debug("tenure: release on exit failed: %s", e)
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        lease = self.release_target()
+        if not release or lease is None:
+            return None
+        try:
+            return await self.client.release(lease)
+        except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+            if not quiet:
+                raise
+            log.debug("tenure: release on exit failed: %s", e)
         return None
 
 
@@ -933,9 +1074,10 @@ class AsyncLeaseGuard(_GuardView):
         renew_every: Optional[float] = None,
         margin: Optional[float] = None,
     ) -> None:
-        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl):
-            raise InvalidArgument(f"ttl must be a finite number of seconds, not {ttl!r}")
-        _guard_timing(float(ttl), renew_every, margin)  # before acquiring, not after
+        # Every argument is checked here, before anything is acquired, by the checks
+        # `acquire()` makes: the same errors from `lock()` and `acquire()`.
+        client._acquire_args(key, ttl, wait, meta, release_on_disconnect)
+        _guard_timing(float(ttl), renew_every, margin)
         self._client = client
         self._args = (key, ttl, wait, meta, release_on_disconnect)
         self._on_lost = [on_lost] if on_lost is not None else []
@@ -958,22 +1100,50 @@ class AsyncLeaseGuard(_GuardView):
     def lost(self) -> asyncio.Event:
         """Set when the guard no longer holds the lease: lost, or released on exit (`loss_reason`
         tells which; `on_lost` is called only for a loss)."""
-        return self._k().async_event
+        event = self._k().async_event
+        assert event is not None, "an asyncio guard's keeper begins on its loop at once"
+        return event
 
     async def acquire(self) -> "AsyncLeaseGuard":
         """Acquires and starts renewing; raises `NotAcquired` if the wait ran out."""
-        key, ttl, wait, meta, rod = self._args
-        result, conn = await self._client._acquire(key, ttl, wait, meta, rod)
-        if isinstance(result, Locked):
-            raise NotAcquired(_as_bytes(key, "key"), result.token, result.ttl_left_ms)
-        self._start(result, conn)
+        result, conn = await self._acquire_call()
+        self._start(self._granted(result), conn)
         return self
 
-    def _start(self, lease: Granted, conn: Connection) -> None:
+    async def _acquire_call(self) -> Tuple[AcquireResult, Optional[Connection]]:
+        key, ttl, wait, meta, rod = self._args
+        return await self._client._acquire(key, ttl, wait, meta, rod)
+
+    def _granted(self, result: AcquireResult) -> Granted:
+        if isinstance(result, Locked):
+            raise NotAcquired(_as_bytes(self._args[0], "key"), result.token, result.ttl_left_ms)
+        return result
+
+    def _start(
+        self,
+        lease: Granted,
+        conn: Optional[Connection],
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        post: Optional["Post"] = None,
+    ) -> None:
+        """Starts renewing `lease`: at once on the running loop, or (from the blocking client's
+        calling thread) by `post`ing the start to `loop`, without waiting for it."""
         self._on_lost.append(self._cancel_body)
-        self._keeper = _Keeper(
-            self._client, lease, conn, renew_every=self._renew_every, margin=self._margin, on_lost=self._on_lost
+        keeper = _Keeper(
+            self._client,
+            lease,
+            conn,
+            renew_every=self._renew_every,
+            margin=self._margin,
+            on_lost=self._on_lost,
+            loop=loop or asyncio.get_running_loop(),
+            post=post,
         )
+        self._keeper = keeper
+        if post is None:
+            keeper.begin()
+        else:
+            post(keeper.begin, keeper.start_by())
 
     def _cancel_body(self, reason: str) -> None:
         if self._cancel_on_loss and self._body is not None and reason != LOSS_RELEASED:
@@ -982,11 +1152,12 @@ class AsyncLeaseGuard(_GuardView):
 
     async def wait_lost(self) -> str:
         """Returns the loss reason once the lease is lost."""
-        await self._k().async_event.wait()
+        await self.lost.wait()
         return self._k().reason or ""
 
     async def release(self) -> Optional[ReleaseResult]:
-        """Stops renewing and releases the lock (nothing is sent if it was already lost)."""
+        """Stops renewing and releases the lock: `Released`/`NotOwner`, or None when nothing
+        was sent (already lost or released) or the RELEASE failed (logged, not raised)."""
         return await self._k().finish(release=True)
 
     async def __aenter__(self) -> "AsyncLeaseGuard":
@@ -1031,6 +1202,8 @@ class AsyncElection:
         self.client = client
         self.group = group
         self.key = f"election/{group}".encode("utf-8")
+        # Checked now, as `acquire()` checks them, rather than at the first campaign.
+        client._acquire_args(self.key, ttl, wait_max, b"", False)
         self.ttl = ttl
         self.wait_max = wait_max
         if release_on_disconnect is None:
@@ -1111,7 +1284,12 @@ class AsyncObserver:
         return self
 
     async def __anext__(self) -> Leader:
-        return await self.next()
+        try:
+            return await self.next()
+        except ConnectionLost:
+            if self._election.client._closed:  # the client was closed: the iteration ends
+                raise StopAsyncIteration from None
+            raise
 
     async def next(self) -> Leader:
         while True:

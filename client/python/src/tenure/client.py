@@ -8,8 +8,13 @@ and lease guards renew there, so renewals go on while the calling thread compute
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
+import logging
 import socket
 import threading
+import time
+import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _wire as w
@@ -29,10 +34,21 @@ from .aio import (
     _GuardView,
 )
 from ._sync import SyncConnection
-from .errors import ConnectionLost, RequestTimeout
-from .results import AcquireResult, CheckResult, Event, Granted, KeyState, Leader, ReleaseResult, RenewResult
+from .errors import ConnectionLost, RequestTimeout, ServerError
+from .results import (
+    AcquireResult,
+    CheckResult,
+    Event,
+    Granted,
+    KeyState,
+    Leader,
+    NotOwner,
+    ReleaseResult,
+    RenewResult,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("tenure")
 #: The error code NOT_LEADER (23) as it starts an ERROR body.
 NOT_LEADER_CODE = (23).to_bytes(2, "big")
 
@@ -45,6 +61,7 @@ class _IoThread:
         self.stopped = False
         self.thread = threading.Thread(target=self._main, name="tenure-io", daemon=True)
         self.thread.start()
+        _RUNNING.add(self)
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -56,6 +73,8 @@ class _IoThread:
             for task in tasks:
                 task.cancel()
             self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            # One more turn: the transports closed by the cancelled read loops finish closing.
+            self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -68,6 +87,10 @@ class _IoThread:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self.stopped:  # the loop stopped under this call: the client was closed
+                raise ConnectionLost("client closed") from None
+            raise
         except BaseException:
             # This thread stopped waiting (a signal's exception, KeyboardInterrupt): stop the
             # task too, so that an ACQUIRE it sent is recognised as abandoned and a late grant
@@ -81,6 +104,69 @@ class _IoThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout=5)
+
+
+#: How long the blocking guards' calls to the I/O thread may wait to be handed over together.
+#: One hand-off wakes the loop thread, which then competes with the caller for the
+#: interpreter; batched, a loop of short `with client.lock()` blocks wakes it at most once per
+#: period instead of twice per block. Only calls due later than two periods wait.
+HANDOFF_BATCH_S = 0.02
+
+
+class _Handoff:
+    """Calls from other threads to the I/O loop, run there in order, by their due instant."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._calls: List[Callable[[], None]] = []
+        #: A drain is on its way (armed, or its arming handed over).
+        self._armed = False
+
+    def post(self, call: Callable[[], None], latest: float) -> None:
+        """Runs `call` on the loop by `latest` (time.monotonic) at the latest."""
+        if latest - time.monotonic() < 2 * HANDOFF_BATCH_S:
+            self._hand_over(call)
+            return
+        with self._lock:
+            self._calls.append(call)
+            arm, self._armed = not self._armed, True
+        if arm:
+            self._hand_over(self._arm)
+
+    def _hand_over(self, call: Callable[[], None]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(call)
+        except RuntimeError:
+            pass  # the loop is closed: so is the client, and its guards ended with it
+
+    def _arm(self) -> None:
+        self.loop.call_later(HANDOFF_BATCH_S, self.drain)
+
+    def drain(self) -> None:
+        """On the loop: runs every call posted so far."""
+        with self._lock:
+            calls, self._calls = self._calls, []
+            self._armed = False
+        for call in calls:
+            try:
+                call()
+            except Exception:  # one call's failure must not drop the others
+                log.exception("tenure: a call handed to the I/O thread failed")
+
+
+#: The I/O threads not stopped yet (a client that was never closed keeps its own running).
+_RUNNING: "weakref.WeakSet[_IoThread]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stops the I/O threads of clients never closed. Their loops run in daemon threads, which
+    the interpreter would freeze mid-way and then destroy with the tasks still pending (read
+    loops, renewals), printing asyncio's "Task was destroyed but it is pending!" at exit.
+    Stopped here, the tasks are cancelled and the connections closed, as by `close()`."""
+    for io in list(_RUNNING):
+        io.stop()
 
 
 async def _build(factory: Callable[[], T]) -> T:
@@ -109,7 +195,9 @@ class Client:
         tls: Optional[Union[TlsOptions, Any]] = None,
         lazy: bool = False,
     ) -> None:
+        self._closed = False
         self._io = _IoThread()
+        self._handoff = _Handoff(self._io.loop)
         self._sync: Optional[SyncConnection] = None
         self._sync_lock = threading.Lock()
         #: The direct path is plain TCP only; TLS goes through the I/O thread.
@@ -215,8 +303,15 @@ class Client:
         except Exception as e:
             raise UseLoop(f"direct connection failed: {e}") from e
 
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called."""
+        return self._closed
+
     def close(self) -> None:
-        """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost."""
+        """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost;
+        iterations over a watch or an observer of this client end."""
+        self._closed = True
         if self._io.stopped:
             return
         with self._sync_lock:
@@ -224,9 +319,15 @@ class Client:
                 self._sync.close()
                 self._sync = None
         try:
-            self._run(self.aio.close())
+            self._run(self._close_on_loop())
         finally:
             self._io.stop()
+
+    async def _close_on_loop(self) -> None:
+        # Guards whose start is still waiting to be handed over start now, so that closing
+        # ends them too ("client closed").
+        self._handoff.drain()
+        await self.aio.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -260,8 +361,13 @@ class Client:
         """`Renewed` (with the new local deadline) or `Lost`."""
         return self._fast(lambda: self.aio.renew(lease, ttl))
 
-    def release(self, lease: Union[Granted, Tuple[Key, bytes]]) -> ReleaseResult:
-        """`Released` or `NotOwner`."""
+    def release(self, lease: Union[Granted, Tuple[Key, bytes], "LeaseGuard"]) -> ReleaseResult:
+        """`Released` or `NotOwner`. `lease` is a `Granted`, a (key, lease id) pair, or a lease
+        guard (`lock()`'s, or a leadership): the guard stops renewing and ends as released
+        (`loss_reason` "released by its owner"; its `with` exit then sends nothing), and
+        `NotOwner` is returned if it no longer held the lease."""
+        if isinstance(lease, LeaseGuard):
+            return lease._release(quiet=False) or NotOwner()
         return self._fast(lambda: self.aio.release(lease))
 
     def inspect(self, key: Key) -> KeyState:
@@ -297,21 +403,19 @@ class Client:
         the TTL on the I/O thread, releases on exit. Loss: `lease.lost` (a threading.Event),
         `lease.check()` raising `LeaseLost`, and `on_lost(reason)` called on the I/O thread.
         """
+        # Made (and its arguments checked) in the calling thread: an AsyncLeaseGuard touches
+        # no loop until it acquires.
         guard = LeaseGuard(self)
-        guard._inner = self._run(
-            _build(
-                lambda: AsyncLeaseGuard(
-                    self.aio,
-                    key,
-                    ttl,
-                    wait=wait,
-                    meta=meta,
-                    release_on_disconnect=release_on_disconnect,
-                    on_lost=on_lost,
-                    renew_every=renew_every,
-                    margin=margin,
-                )
-            )
+        guard._inner = AsyncLeaseGuard(
+            self.aio,
+            key,
+            ttl,
+            wait=wait,
+            meta=meta,
+            release_on_disconnect=release_on_disconnect,
+            on_lost=on_lost,
+            renew_every=renew_every,
+            margin=margin,
         )
         return guard
 
@@ -353,14 +457,46 @@ class LeaseGuard(_GuardView):
         return self._k().thread_event
 
     def acquire(self) -> "LeaseGuard":
-        assert self._inner is not None
-        self._client._run(self._inner.acquire())
+        """Acquires and starts renewing; raises `NotAcquired` if the wait ran out.
+
+        The ACQUIRE takes the client's direct path when it is free (the calling thread, no
+        hand-off to the I/O thread and back); the start of the renewals is then handed to the
+        I/O thread without waiting for it, due by the first renewal (nothing the guard
+        watches is due earlier; `check()` reads the clock itself). The lease is counted from
+        before the request was sent either way. A `release_on_disconnect` lease is tied to
+        the connection that took it, which the I/O thread must watch from the grant: it is
+        acquired there.
+        """
+        inner = self._inner
+        assert inner is not None
+        if inner._args[4]:  # release_on_disconnect
+            self._client._run(inner.acquire())
+            return self
+        result, conn = self._client._fast(inner._acquire_call)
+        client = self._client
+        inner._start(inner._granted(result), conn, loop=client._io.loop, post=client._handoff.post)
         return self
 
     def release(self) -> Optional[ReleaseResult]:
-        """Stops renewing and releases the lock (nothing is sent if it was already lost)."""
-        assert self._inner is not None
-        return self._client._run(self._inner.release())
+        """Stops renewing and releases the lock: `Released`/`NotOwner`, or None when nothing
+        was sent (already lost or released) or the RELEASE failed (logged, not raised)."""
+        return self._release(quiet=True)
+
+    def _release(self, quiet: bool) -> Optional[ReleaseResult]:
+        """Ends the guard in the calling thread and releases over the direct path when it is
+        free. The renewals are told to stop without waiting for them: a renewal task that
+        wakes first sees the guard ended, and the answer to one already in flight (RENEWED
+        before the RELEASE, LOST after it) changes nothing for a released guard."""
+        lease = self._k().release_target()
+        if lease is None:
+            return None
+        try:
+            return self._client.release(lease)
+        except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+            if not quiet:
+                raise
+            log.debug("tenure: release on exit failed: %s", e)
+        return None
 
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[str]:
         """Blocks until the lease is lost (the reason) or `timeout` passes (None)."""
@@ -387,9 +523,15 @@ class Watch:
         return self._client._run(self._inner.next(timeout))
 
     def __iter__(self) -> Iterator[Event]:
-        """Events until the watch is closed; raises the error that ended it otherwise."""
+        """Events until the watch or its client is closed; raises the error that ended it
+        otherwise."""
         while True:
-            event = self.next()
+            try:
+                event = self.next()
+            except ConnectionLost:
+                if self._client.closed:
+                    return
+                raise
             if event is None:
                 return
             yield event
@@ -456,8 +598,15 @@ class Observer:
             return None
 
     def __iter__(self) -> Iterator[Leader]:
+        """Every new leader until the observer's client is closed (the iteration then ends);
+        raises a failed watch's error otherwise (`ConnectionLost` when the server restarts)."""
         while True:
-            leader = self.next()
+            try:
+                leader = self.next()
+            except ConnectionLost:
+                if self._client.closed:
+                    return
+                raise
             if leader is not None:
                 yield leader
 

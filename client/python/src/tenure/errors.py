@@ -21,6 +21,12 @@ class ConnectionLost(TenureError, ConnectionError):
     """
 
 
+class CannotConnect(ConnectionLost):
+    """No connection could be opened: refused, unreachable, timed out, or TLS failed (the
+    server was never reached, or is down now). The request was not sent, so it was not
+    applied. A subclass of `ConnectionLost`, which code written before it still catches."""
+
+
 class ProtocolError(TenureError):
     """The server sent a reply this client cannot read (not the opcode the request expects)."""
 
