@@ -10,12 +10,17 @@
 //! watch = true                                         # may use WATCH/UNWATCH
 //! held-max = 1000                                      # optional quota
 //! waiters-max = 100                                    # optional quota
+//! connections-max = 50                                 # optional quota
 //! ```
 //!
 //! Secrets are stored only as argon2 PHC strings. A name the file does not hold is verified
 //! against a dummy hash, so "no such identity" and "wrong secret" take the same time and get
 //! the same reply. With no identities configured none of this runs: the connection layer
 //! checks `Executor::identities` once per request and goes on.
+//!
+//! A hash's argon2 parameters are bounded ([`ARGON2_MEMORY_KIB_MAX`] and the others): the
+//! file decides how much memory and time every AUTH costs, and [`VERIFIES_AT_ONCE_MAX`] of
+//! them run at once, so an unbounded `m=` could ask for gigabytes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,8 +42,25 @@ const SALT_LEN: usize = 16;
 /// threads) and gigabytes of memory. Beyond it AUTHs wait their turn.
 pub const VERIFIES_AT_ONCE_MAX: usize = 4;
 /// Most AUTHs of one peer address verified at once: half the server-wide places, so one
-/// address cannot take them all.
+/// address cannot take them all. An AUTH holds one only while argon2 runs, never while its
+/// spacing (see `throttle`) makes it wait, so a guesser's waiting AUTHs leave the places to
+/// its neighbours at that address.
 pub const PEER_VERIFIES_MAX: usize = 2;
+/// Most memory, in KiB, a secret hash may ask argon2 for (`m=`): 64 MiB, over three times
+/// what `tenured hash-secret` uses (19 MiB); [`VERIFIES_AT_ONCE_MAX`] verifications at once
+/// then take at most 256 MiB.
+pub const ARGON2_MEMORY_KIB_MAX: u32 = 64 * 1024;
+/// Most passes over that memory a hash may ask for (`t=`; `tenured hash-secret` uses 2).
+pub const ARGON2_TIME_COST_MAX: u32 = 16;
+/// Most lanes a hash may ask for (`p=`; `tenured hash-secret` uses 1). Lanes are computed one
+/// after the other here, so each adds time.
+pub const ARGON2_LANES_MAX: u32 = 8;
+/// Most memory times passes (KiB) a hash may ask for: what one verification costs in time,
+/// bounded to four passes over the largest memory, about a quarter of a second of a core.
+pub const ARGON2_WORK_KIB_MAX: u64 = 4 * ARGON2_MEMORY_KIB_MAX as u64;
+
+const _: () = assert!(PEER_VERIFIES_MAX < VERIFIES_AT_ONCE_MAX);
+const _: () = assert!(ARGON2_WORK_KIB_MAX <= ARGON2_MEMORY_KIB_MAX as u64 * ARGON2_TIME_COST_MAX as u64);
 /// Parts of the table of identities' live leases (see `Identities::owners`).
 const OWNER_SHARDS: usize = 64;
 
@@ -56,6 +78,7 @@ struct Entry {
     watch: bool,
     held_max: Option<usize>,
     waiters_max: Option<usize>,
+    connections_max: Option<usize>,
 }
 
 /// The whole file.
@@ -84,6 +107,9 @@ pub struct Identity {
     /// Most locks it may hold at once, over all its connections (a queued acquire holds a
     /// place too, so that a hand-off never takes it over).
     pub held_max: Option<usize>,
+    /// Most connections authenticated as it at once: one identity cannot take every
+    /// connection slot of the server.
+    pub connections_max: Option<usize>,
 }
 
 impl Identity {
@@ -109,6 +135,31 @@ pub struct Usage {
     pub waiters: AtomicUsize,
     /// Locks held, and acquires that will hold one if granted (see [`HeldPlace`]).
     pub held: AtomicUsize,
+    /// Connections authenticated as the identity (see [`ConnectionPlace`]).
+    pub connections: AtomicUsize,
+}
+
+/// One place of an identity's connections quota, held by an authenticated connection and
+/// given back when dropped (the connection closes, or a reload ends its session).
+#[derive(Debug)]
+pub struct ConnectionPlace(Arc<Usage>);
+
+impl Drop for ConnectionPlace {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes one place of `usage`'s connections quota if fewer than `max` are taken.
+pub fn try_take_connection(usage: &Arc<Usage>, max: Option<usize>) -> Option<ConnectionPlace> {
+    let max = max.unwrap_or(usize::MAX);
+    usage
+        .connections
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| ConnectionPlace(Arc::clone(usage)))
 }
 
 /// One place of an identity's held-locks quota, given back when dropped: it lives in the
@@ -183,7 +234,8 @@ pub struct Identities {
     verifying: Arc<tokio::sync::Semaphore>,
     /// Bumped by every reload that took effect, so connections recheck their identity.
     generation: tokio::sync::watch::Sender<u64>,
-    /// Recent failed AUTHs by peer address, which space out that peer's next verifications.
+    /// Recent failed AUTHs by peer address and name, which space out that bucket's next
+    /// verifications.
     failures: Mutex<throttle::Throttle>,
     /// Verification places by peer address, for addresses with an AUTH in progress.
     peers_verifying: Mutex<HashMap<std::net::IpAddr, Arc<tokio::sync::Semaphore>>>,
@@ -239,16 +291,18 @@ impl Identities {
     }
 
     /// Verifies an AUTH from `peer`, as [`Identities::verify_bounded`], after waiting its
-    /// turn: at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at once, so a
-    /// burst from one address cannot take every verification place, and an address with
-    /// recent failures has its verifications spaced out (see `throttle`). A failure is
-    /// remembered against the address.
+    /// turn. A (peer address, name) with recent failures has its verifications spaced out
+    /// (see `throttle`); the wait holds nothing, so it slows only the guesser's own AUTHs for
+    /// that name. Then at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at
+    /// once, so a burst from one address cannot take every verification place. A failure is
+    /// remembered against the (address, name); a success changes nothing.
     pub async fn verify_from(
         self: Arc<Self>,
         peer: std::net::IpAddr,
         name: bytes::Bytes,
         secret: bytes::Bytes,
     ) -> Option<Arc<Identity>> {
+        let bucket = self.bucket(peer, &name);
         let turn = Arc::clone(
             self.peers_verifying
                 .lock()
@@ -256,14 +310,19 @@ impl Identities {
                 .entry(peer)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
         );
-        let permit = turn.acquire().await.ok()?;
-        let spaced = self.verify_delay(peer);
+        // The spacing is reserved with a place in hand, so that AUTHs of one bucket arriving
+        // together are spaced once the first of them failed; but it is waited out without
+        // the place, which the neighbours need.
+        let mut permit = turn.acquire().await.ok()?;
+        let spaced = self.verify_delay(&bucket);
         if !spaced.is_zero() {
+            drop(permit);
             tokio::time::sleep(spaced).await;
+            permit = turn.acquire().await.ok()?;
         }
         let verified = Arc::clone(&self).verify_bounded(name, secret).await;
         if verified.is_none() {
-            self.failed_from(peer);
+            self.failed_from(bucket);
         }
         drop(permit);
         let mut peers = self.peers_verifying.lock().expect("peers lock poisoned");
@@ -274,23 +333,32 @@ impl Identities {
         verified
     }
 
-    /// How long an AUTH from `peer` must wait before it is verified: nothing for a peer with
-    /// no recent failures; otherwise its verifications are spaced out, one after another.
-    fn verify_delay(&self, peer: std::net::IpAddr) -> std::time::Duration {
-        let now = std::time::Instant::now();
-        self.failures
-            .lock()
-            .expect("failures lock poisoned")
-            .reserve(peer, now)
+    /// The throttle's bucket of an AUTH from `peer` giving `name`: the name if the identities
+    /// in force hold it, else the empty name, shared by every unknown one.
+    fn bucket(&self, peer: std::net::IpAddr, name: &[u8]) -> throttle::Bucket {
+        let known = std::str::from_utf8(name)
+            .ok()
+            .filter(|n| self.get(n).is_some());
+        (peer, known.unwrap_or_default().to_string())
     }
 
-    /// Records a failed AUTH from `peer`.
-    fn failed_from(&self, peer: std::net::IpAddr) {
+    /// How long an AUTH of `bucket` must wait before it is verified: nothing for a bucket
+    /// with no recent failures; otherwise its verifications are spaced out, one after another.
+    fn verify_delay(&self, bucket: &throttle::Bucket) -> std::time::Duration {
         let now = std::time::Instant::now();
         self.failures
             .lock()
             .expect("failures lock poisoned")
-            .failed(peer, now);
+            .reserve(bucket, now)
+    }
+
+    /// Records a failed AUTH of `bucket`.
+    fn failed_from(&self, bucket: throttle::Bucket) {
+        let now = std::time::Instant::now();
+        self.failures
+            .lock()
+            .expect("failures lock poisoned")
+            .failed(bucket, now);
     }
 
     /// The file the identities come from.
@@ -453,8 +521,7 @@ fn check(entry: Entry) -> Result<Identity, String> {
              quotes or backslashes"
         ));
     }
-    PasswordHash::new(&entry.secret_hash)
-        .map_err(|e| format!("secret-hash is not a PHC string ({e}); see `tenured hash-secret`"))?;
+    check_hash(&entry.secret_hash)?;
     let prefixes = if entry.prefixes.iter().any(|p| p == PREFIX_ALL) {
         None
     } else if entry.prefixes.iter().any(String::is_empty) {
@@ -472,7 +539,45 @@ fn check(entry: Entry) -> Result<Identity, String> {
         watch: entry.watch,
         waiters_max: entry.waiters_max,
         held_max: entry.held_max,
+        connections_max: entry.connections_max,
     })
+}
+
+/// Checks that `hash` is an argon2 PHC string whose parameters are within the bounds, so
+/// that verifying against it costs what the bounds allow and no more.
+fn check_hash(hash: &str) -> Result<(), String> {
+    let parsed = PasswordHash::new(hash)
+        .map_err(|e| format!("secret-hash is not a PHC string ({e}); see `tenured hash-secret`"))?;
+    if argon2::Algorithm::try_from(parsed.algorithm).is_err() {
+        return Err(format!(
+            "secret-hash uses `{}`, not argon2; see `tenured hash-secret`",
+            parsed.algorithm
+        ));
+    }
+    let params = argon2::Params::try_from(&parsed)
+        .map_err(|e| format!("secret-hash has bad argon2 parameters ({e})"))?;
+    let (memory, time, lanes) = (params.m_cost(), params.t_cost(), params.p_cost());
+    let bounds = [
+        ("m (memory, KiB)", memory, ARGON2_MEMORY_KIB_MAX),
+        ("t (passes)", time, ARGON2_TIME_COST_MAX),
+        ("p (lanes)", lanes, ARGON2_LANES_MAX),
+    ];
+    for (what, value, max) in bounds {
+        if value > max {
+            return Err(format!(
+                "secret-hash asks argon2 for {what} = {value}; this server takes at most \
+                 {max} (`tenured hash-secret` makes m=19456,t=2,p=1)"
+            ));
+        }
+    }
+    let work = u64::from(memory) * u64::from(time);
+    if work > ARGON2_WORK_KIB_MAX {
+        return Err(format!(
+            "secret-hash asks argon2 for m * t = {work} KiB of work; this server takes at \
+             most {ARGON2_WORK_KIB_MAX} (`tenured hash-secret` makes m=19456,t=2,p=1)"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

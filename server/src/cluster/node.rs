@@ -164,6 +164,9 @@ pub async fn run(
         let why = format!("{addr} is not a loopback address and cluster mode has no identities yet (--insecure-no-auth to serve it anyway)");
         return Err(ClusterError::Config(why));
     }
+    if !addr.ip().is_loopback() {
+        crate::server::warn_insecure_no_auth(addr); // as a single node does
+    }
     let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
