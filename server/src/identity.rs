@@ -310,16 +310,18 @@ impl Identities {
                 .entry(peer)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
         );
-        // The spacing is reserved with a place in hand, so that AUTHs of one bucket arriving
-        // together are spaced once the first of them failed; but it is waited out without
-        // the place, which the neighbours need.
-        let mut permit = turn.acquire().await.ok()?;
-        let spaced = self.verify_delay(&bucket);
-        if !spaced.is_zero() {
+        // A start is asked for with a place in hand, so that AUTHs of one bucket arriving
+        // together are spaced as soon as the first of them failed; but a wait is sat out
+        // without the place, which the neighbours need.
+        let permit = loop {
+            let permit = turn.acquire().await.ok()?;
+            let wait = self.verify_delay(&bucket);
+            if wait.is_zero() {
+                break permit;
+            }
             drop(permit);
-            tokio::time::sleep(spaced).await;
-            permit = turn.acquire().await.ok()?;
-        }
+            tokio::time::sleep(wait).await;
+        };
         let verified = Arc::clone(&self).verify_bounded(name, secret).await;
         if verified.is_none() {
             self.failed_from(bucket);
@@ -342,14 +344,15 @@ impl Identities {
         (peer, known.unwrap_or_default().to_string())
     }
 
-    /// How long an AUTH of `bucket` must wait before it is verified: nothing for a bucket
-    /// with no recent failures; otherwise its verifications are spaced out, one after another.
+    /// Zero if an AUTH of `bucket` may be verified now, else how long to wait before asking
+    /// again: nothing for a bucket with no recent failures; otherwise its verifications are
+    /// spaced out, one after another.
     fn verify_delay(&self, bucket: &throttle::Bucket) -> std::time::Duration {
         let now = std::time::Instant::now();
         self.failures
             .lock()
             .expect("failures lock poisoned")
-            .reserve(bucket, now)
+            .try_start(bucket, now)
     }
 
     /// Records a failed AUTH of `bucket`.
@@ -661,6 +664,49 @@ mod tests {
         );
         assert_eq!(ids.verifying.available_permits(), VERIFIES_AT_ONCE_MAX);
         assert!(ids.verify(b"nobody", b"pw").is_none());
+    }
+
+    /// A PHC string of `hash` with its parameters replaced by `params`.
+    fn with_params(hash: &str, params: &str) -> String {
+        let parts: Vec<&str> = hash.split('$').collect();
+        assert!(parts[3].starts_with("m="), "{hash}");
+        let mut parts = parts;
+        parts[3] = params;
+        parts.join("$")
+    }
+
+    #[test]
+    fn argon2_parameters_over_the_bounds_are_refused_naming_them() {
+        let hash = hash_secret(b"x").unwrap();
+        assert!(parse(&file(&hash, "")).is_ok(), "hash-secret's own parameters");
+        let at_bounds = format!("m={ARGON2_MEMORY_KIB_MAX},t=4,p=1");
+        assert!(parse(&file(&with_params(&hash, &at_bounds), "")).is_ok());
+        for (params, named) in [
+            ("m=4000000,t=100,p=1", "m (memory, KiB) = 4000000"),
+            ("m=19456,t=100,p=1", "t (passes) = 100"),
+            ("m=19456,t=2,p=64", "p (lanes) = 64"),
+            ("m=65536,t=16,p=1", "m * t = 1048576"),
+        ] {
+            let err = parse(&file(&with_params(&hash, params), "")).unwrap_err();
+            assert!(err.contains(named) && err.contains("at most"), "{params}: {err}");
+            assert!(err.contains("identity `a`"), "{err}");
+        }
+        let scrypt = "$scrypt$ln=16,r=8,p=1$aM15713r3Xsvxbi31lqr1Q$nFNh2CVHVjNldFVKDHDlm4CbdRSCdEBsjjJxD+iCs5E";
+        let err = parse(&file(scrypt, "")).unwrap_err();
+        assert!(err.contains("not argon2"), "{err}");
+    }
+
+    #[test]
+    fn connection_places_count_exactly_and_come_back() {
+        let usage = Arc::new(Usage::default());
+        let a = try_take_connection(&usage, Some(2)).unwrap();
+        let _b = try_take_connection(&usage, Some(2)).unwrap();
+        assert!(try_take_connection(&usage, Some(2)).is_none());
+        drop(a);
+        assert!(try_take_connection(&usage, Some(2)).is_some());
+        assert!(try_take_connection(&usage, None).is_some(), "no quota: no limit");
+        let text = file(&hash_secret(b"x").unwrap(), "connections-max = 3");
+        assert_eq!(parse(&text).unwrap()["a"].connections_max, Some(3));
     }
 
     #[test]

@@ -48,19 +48,24 @@ fn spacing(failures: u32) -> Duration {
 }
 
 impl Throttle {
-    /// Reserves `peer`'s next verification at `now`: how long it must wait before starting.
-    /// A bucket without recent failures waits for nothing, and reserves nothing.
-    pub fn reserve(&mut self, peer: &Bucket, now: Instant) -> Duration {
-        let Some(p) = self.peers.get_mut(peer) else {
+    /// Asks to start a verification of `bucket` at `now`: zero if it may start now (and then
+    /// the bucket's next one may start only one gap later), else how long to wait before
+    /// asking again. A bucket without recent failures starts at once, and records nothing.
+    /// Starts are granted one at a time, each gap computed from the failures known then, so
+    /// a burst of guesses waiting together is spaced by gaps that keep doubling.
+    pub fn try_start(&mut self, bucket: &Bucket, now: Instant) -> Duration {
+        let Some(p) = self.peers.get_mut(bucket) else {
             return Duration::ZERO;
         };
         if now.saturating_duration_since(p.last_failure) > FORGET_AFTER {
-            self.peers.remove(peer);
+            self.peers.remove(bucket);
             return Duration::ZERO;
         }
-        let at = p.next_at.max(now);
-        p.next_at = at + spacing(p.failures);
-        at - now
+        if p.next_at > now {
+            return p.next_at - now;
+        }
+        p.next_at = now + spacing(p.failures);
+        Duration::ZERO
     }
 
     /// Records a failed AUTH from `peer` at `now`.
@@ -107,7 +112,7 @@ mod tests {
         let mut t = Throttle::default();
         let now = Instant::now();
         t.failed(ip(1), now);
-        assert_eq!(t.reserve(&ip(2), now), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(2), now), Duration::ZERO);
     }
 
     #[test]
@@ -115,14 +120,24 @@ mod tests {
         let mut t = Throttle::default();
         let now = Instant::now();
         t.failed(ip(1), now);
-        // Many AUTHs at once from that peer: each starts one gap after the one before.
-        let waits: Vec<_> = (0..4).map(|_| t.reserve(&ip(1), now)).collect();
-        assert_eq!(waits, [0, 100, 200, 300].map(Duration::from_millis));
+        // Many AUTHs at once from that peer: one starts, the others wait one gap.
+        let waits: Vec<_> = (0..3).map(|_| t.try_start(&ip(1), now)).collect();
+        assert_eq!(waits, [0, 100, 100].map(Duration::from_millis));
+        let later = now + Duration::from_millis(100);
+        assert!(t.try_start(&ip(1), later).is_zero());
+        // Its gap is the one the failures known when it started give.
+        t.failed(ip(1), later);
+        let gap = t.try_start(&ip(1), later);
+        assert_eq!(gap, Duration::from_millis(100), "set when it started");
+        let after = later + gap;
+        assert!(t.try_start(&ip(1), after).is_zero());
+        assert_eq!(t.try_start(&ip(1), after), Duration::from_millis(200));
         for _ in 0..10 {
-            t.failed(ip(1), now);
+            t.failed(ip(1), after);
         }
-        let first = t.reserve(&ip(1), now);
-        assert_eq!(t.reserve(&ip(1), now) - first, SPACING_MAX);
+        let next = after + Duration::from_millis(200);
+        assert!(t.try_start(&ip(1), next).is_zero());
+        assert_eq!(t.try_start(&ip(1), next), SPACING_MAX);
     }
 
     #[test]
@@ -131,14 +146,14 @@ mod tests {
         let start = Instant::now();
         t.failed(ip(1), start);
         let later = start + FORGET_AFTER + Duration::from_secs(1);
-        assert_eq!(t.reserve(&ip(1), later), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(1), later), Duration::ZERO);
         assert_eq!(t.len(), 0);
         for n in 0..(BUCKETS_MAX as u32 + 10) {
             t.failed(ip(n), start + Duration::from_millis(u64::from(n)));
         }
         assert_eq!(t.len(), BUCKETS_MAX);
         // The oldest went first.
-        assert_eq!(t.reserve(&ip(0), start), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(0), start), Duration::ZERO);
     }
 
     #[test]
@@ -150,9 +165,9 @@ mod tests {
         for _ in 0..10 {
             t.failed(guessed.clone(), now);
         }
-        assert!(t.reserve(&guessed, now).is_zero());
-        assert!(!t.reserve(&guessed, now).is_zero(), "the guessed name is spaced");
-        assert!(t.reserve(&neighbour, now).is_zero());
-        assert!(t.reserve(&neighbour, now).is_zero(), "its neighbour is not");
+        assert!(t.try_start(&guessed, now).is_zero());
+        assert!(!t.try_start(&guessed, now).is_zero(), "the guessed name is spaced");
+        assert!(t.try_start(&neighbour, now).is_zero());
+        assert!(t.try_start(&neighbour, now).is_zero(), "its neighbour is not");
     }
 }
