@@ -73,13 +73,21 @@ impl PendingPlace {
     /// Completes once the connection is evicted, with the reason; never otherwise.
     pub async fn evicted(&self) -> Evicted {
         self.told.token.cancelled().await;
-        *self.told.why.get().expect("the reason is set before the token")
+        *self
+            .told
+            .why
+            .get()
+            .expect("the reason is set before the token")
     }
 }
 
 impl Drop for PendingPlace {
     fn drop(&mut self) {
-        let mut state = self.admission.state.lock().expect("admission lock poisoned");
+        let mut state = self
+            .admission
+            .state
+            .lock()
+            .expect("admission lock poisoned");
         state.forget(self.conn_id);
     }
 }
@@ -90,7 +98,10 @@ impl Admission {
     /// # Panics
     /// If either is 0 (config validation refuses it).
     pub fn new(per_address_max: usize, total_max: usize) -> Admission {
-        assert!(per_address_max >= 1 && total_max >= 1, "admission bounds of 0");
+        assert!(
+            per_address_max >= 1 && total_max >= 1,
+            "admission bounds of 0"
+        );
         Admission {
             per_address_max,
             total_max,
@@ -181,10 +192,16 @@ mod tests {
         let a1 = admission.admit(1, ip(1));
         let b = admission.admit(2, ip(2));
         let a2 = admission.admit(3, ip(1));
-        assert_eq!((evicted(&a1), evicted(&a2), evicted(&b)), (None, None, None));
+        assert_eq!(
+            (evicted(&a1), evicted(&a2), evicted(&b)),
+            (None, None, None)
+        );
         let a3 = admission.admit(4, ip(1));
         assert_eq!(evicted(&a1), Some(Evicted::Address));
-        assert_eq!((evicted(&a2), evicted(&a3), evicted(&b)), (None, None, None));
+        assert_eq!(
+            (evicted(&a2), evicted(&a3), evicted(&b)),
+            (None, None, None)
+        );
         assert_eq!(admission.pending_count(), 3);
         drop(a1); // already forgotten: dropping it frees nothing more
         assert_eq!(admission.pending_count(), 3);
@@ -193,7 +210,9 @@ mod tests {
     #[test]
     fn the_server_over_its_bound_loses_its_oldest_pending_connection() {
         let admission = Arc::new(Admission::new(5, 3));
-        let places: Vec<_> = (1..=3).map(|n| admission.admit(u64::from(n), ip(n))).collect();
+        let places: Vec<_> = (1..=3)
+            .map(|n| admission.admit(u64::from(n), ip(n)))
+            .collect();
         let fourth = admission.admit(4, ip(4));
         assert_eq!(evicted(&places[0]), Some(Evicted::Total));
         assert!(places[1..].iter().all(|p| evicted(p).is_none()));

@@ -60,7 +60,8 @@ pub const ARGON2_LANES_MAX: u32 = 8;
 pub const ARGON2_WORK_KIB_MAX: u64 = 4 * ARGON2_MEMORY_KIB_MAX as u64;
 
 const _: () = assert!(PEER_VERIFIES_MAX < VERIFIES_AT_ONCE_MAX);
-const _: () = assert!(ARGON2_WORK_KIB_MAX <= ARGON2_MEMORY_KIB_MAX as u64 * ARGON2_TIME_COST_MAX as u64);
+const _: () =
+    assert!(ARGON2_WORK_KIB_MAX <= ARGON2_MEMORY_KIB_MAX as u64 * ARGON2_TIME_COST_MAX as u64);
 /// Parts of the table of identities' live leases (see `Identities::owners`).
 const OWNER_SHARDS: usize = 64;
 
@@ -678,7 +679,10 @@ mod tests {
     #[test]
     fn argon2_parameters_over_the_bounds_are_refused_naming_them() {
         let hash = hash_secret(b"x").unwrap();
-        assert!(parse(&file(&hash, "")).is_ok(), "hash-secret's own parameters");
+        assert!(
+            parse(&file(&hash, "")).is_ok(),
+            "hash-secret's own parameters"
+        );
         let at_bounds = format!("m={ARGON2_MEMORY_KIB_MAX},t=4,p=1");
         assert!(parse(&file(&with_params(&hash, &at_bounds), "")).is_ok());
         for (params, named) in [
@@ -688,7 +692,10 @@ mod tests {
             ("m=65536,t=16,p=1", "m * t = 1048576"),
         ] {
             let err = parse(&file(&with_params(&hash, params), "")).unwrap_err();
-            assert!(err.contains(named) && err.contains("at most"), "{params}: {err}");
+            assert!(
+                err.contains(named) && err.contains("at most"),
+                "{params}: {err}"
+            );
             assert!(err.contains("identity `a`"), "{err}");
         }
         let scrypt = "$scrypt$ln=16,r=8,p=1$aM15713r3Xsvxbi31lqr1Q$nFNh2CVHVjNldFVKDHDlm4CbdRSCdEBsjjJxD+iCs5E";
@@ -704,7 +711,10 @@ mod tests {
         assert!(try_take_connection(&usage, Some(2)).is_none());
         drop(a);
         assert!(try_take_connection(&usage, Some(2)).is_some());
-        assert!(try_take_connection(&usage, None).is_some(), "no quota: no limit");
+        assert!(
+            try_take_connection(&usage, None).is_some(),
+            "no quota: no limit"
+        );
         let text = file(&hash_secret(b"x").unwrap(), "connections-max = 3");
         assert_eq!(parse(&text).unwrap()["a"].connections_max, Some(3));
     }

@@ -513,7 +513,10 @@ impl AcceptShared {
     pub(crate) fn new(config: &Config) -> AcceptShared {
         let admission = config.authenticates().then(|| {
             let per_address_max = config.unauthenticated_per_address_max;
-            Arc::new(Admission::new(per_address_max, config.unauthenticated_max()))
+            Arc::new(Admission::new(
+                per_address_max,
+                config.unauthenticated_max(),
+            ))
         });
         AcceptShared {
             permits: Arc::new(Semaphore::new(config.connections_max)),
@@ -558,7 +561,10 @@ pub(crate) async fn accept_loop_shared(
         // together, and an unauthenticated one holds a bounded place (see `admission`).
         let opening = conn::Opening {
             deadline: tokio::time::Instant::now() + shared.config.handshake_timeout,
-            pending: accept.admission.as_ref().map(|a| a.admit(conn_id, peer.ip())),
+            pending: accept
+                .admission
+                .as_ref()
+                .map(|a| a.admit(conn_id, peer.ip())),
         };
         if let Err(e) = set_keepalive(&stream, &shared.config) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");

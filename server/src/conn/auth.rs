@@ -11,9 +11,9 @@ use tenure_protocol::{ErrorCode, Request, Response, Secret};
 use super::ctx::{Auth, Credential};
 use super::requests::Later;
 use super::Conn;
+use crate::admission::Evicted;
 use crate::console;
 use crate::executor::Outcome;
-use crate::admission::Evicted;
 use crate::identity::{
     try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
 };

@@ -166,8 +166,14 @@ mod tests {
             t.failed(guessed.clone(), now);
         }
         assert!(t.try_start(&guessed, now).is_zero());
-        assert!(!t.try_start(&guessed, now).is_zero(), "the guessed name is spaced");
+        assert!(
+            !t.try_start(&guessed, now).is_zero(),
+            "the guessed name is spaced"
+        );
         assert!(t.try_start(&neighbour, now).is_zero());
-        assert!(t.try_start(&neighbour, now).is_zero(), "its neighbour is not");
+        assert!(
+            t.try_start(&neighbour, now).is_zero(),
+            "its neighbour is not"
+        );
     }
 }

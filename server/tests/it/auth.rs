@@ -1030,7 +1030,10 @@ async fn one_identity_cannot_take_every_connection_slot() {
             break;
         }
         assert!(reply.starts_with("ERR CONNECTIONS_LIMIT"), "{reply}");
-        assert!(Instant::now() < deadline, "the closed connection's place never came back");
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place never came back"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.stop().await;
@@ -1099,7 +1102,10 @@ async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticate
     }
     for c in &mut silent[..4] {
         let told = c.line().await.expect("told why");
-        assert!(told.starts_with("ERR CONNECTIONS_LIMIT closed: 4 connections had not"), "{told}");
+        assert!(
+            told.starts_with("ERR CONNECTIONS_LIMIT closed: 4 connections had not"),
+            "{told}"
+        );
     }
     // Four honest clients get in (once the evicted ones are gone) and authenticate.
     let mut honest = Vec::new();
@@ -1110,7 +1116,11 @@ async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticate
             "OK authenticated admin" => honest.push(c),
             other => assert!(other.starts_with("ERR CONNECTIONS_LIMIT"), "{other}"),
         }
-        assert!(Instant::now() < deadline, "{} honest clients got in", honest.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} honest clients got in",
+            honest.len()
+        );
     }
     for c in &mut honest {
         assert_eq!(c.cmd("INSPECT orders/1").await, "FREE");
@@ -1137,13 +1147,17 @@ async fn a_silent_socket_never_outlives_the_handshake_limit_counted_from_its_acc
     assert_eq!(c.line().await, None, "then closed");
     // Counted from the opening it would be 3.5 s.
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(3000), "held its slot for {took:?}");
+    assert!(
+        took < Duration::from_millis(3000),
+        "held its slot for {took:?}"
+    );
     server.stop().await;
 }
 
 fn ids_with_hash(dir: &Path, hash: &str) -> PathBuf {
     let path = dir.join("identities.toml");
-    let text = format!("[[identity]]\nname = \"ops\"\nsecret-hash = \"{hash}\"\nprefixes = [\"*\"]\n");
+    let text =
+        format!("[[identity]]\nname = \"ops\"\nsecret-hash = \"{hash}\"\nprefixes = [\"*\"]\n");
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -1158,7 +1172,10 @@ async fn argon2_parameters_over_the_bounds_are_refused_at_start_and_on_reload() 
     assert_ne!(huge, good);
     let ids = ids_with_hash(dir.path(), &huge);
     let err = tenure_server::identity::Identities::load(&ids).unwrap_err();
-    assert!(err.contains("identity `ops`") && err.contains("at most 65536"), "{err}");
+    assert!(
+        err.contains("identity `ops`") && err.contains("at most 65536"),
+        "{err}"
+    );
     let out = tenured()
         .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
         .arg(&ids)
@@ -1166,7 +1183,10 @@ async fn argon2_parameters_over_the_bounds_are_refused_at_start_and_on_reload() 
         .arg(dir.path().join("data"))
         .output()
         .unwrap();
-    assert!(!out.status.success(), "started with unbounded argon2 parameters");
+    assert!(
+        !out.status.success(),
+        "started with unbounded argon2 parameters"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("m (memory, KiB) = 4000000"), "{stderr}");
 
@@ -1186,7 +1206,13 @@ fn insecure_no_auth_in_cluster_mode_logs_the_single_node_warning() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::spawn(
         tenured()
-            .args(["--cluster", "--node-id", "1", "--peer-listen", "127.0.0.1:0"])
+            .args([
+                "--cluster",
+                "--node-id",
+                "1",
+                "--peer-listen",
+                "127.0.0.1:0",
+            ])
             .args(["--listen", "0.0.0.0:0", "--insecure-no-auth", "--data-dir"])
             .arg(dir.path().join("data")),
     );

@@ -453,11 +453,17 @@ async fn idle_http_connections_cannot_starve_healthz() {
     assert!(EVICTED_WAIT_MAX < tenure_server::http::HEADER_READ_TIMEOUT);
     let mut rest = Vec::new();
     let read = tokio::time::timeout(EVICTED_WAIT_MAX, idle[0].read_to_end(&mut rest)).await;
-    assert!(read.is_ok(), "the oldest idle socket was kept open past the limit");
+    assert!(
+        read.is_ok(),
+        "the oldest idle socket was kept open past the limit"
+    );
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
     let mut byte = [0u8; 1];
     let still_open = tokio::time::timeout(Duration::from_millis(200), idle[1].read(&mut byte));
-    assert!(still_open.await.is_err(), "a newer idle socket was closed too");
+    assert!(
+        still_open.await.is_err(),
+        "a newer idle socket was closed too"
+    );
     // And again: each newcomer gets in.
     idle.push(TcpStream::connect(server.metrics).await.unwrap());
     assert!(answers_ok(server.metrics, "/healthz").await);
