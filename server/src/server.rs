@@ -574,31 +574,59 @@ pub(crate) async fn accept_loop_shared(
         let tls = tls.clone();
         tracker.spawn(async move {
             Stats::bump(&shared.stats.connections);
-            let executor = Arc::clone(&shared);
-            match tls {
-                None => conn::serve(executor, stream, peer, None, conn_id, stop, opening).await,
-                Some(tls) => {
-                    let limit = shared.config.handshake_timeout;
-                    let accepted = tokio::select! {
-                        accepted = tls.accept(stream, limit) => accepted,
-                        _ = stop.cancelled() => None,
-                        _ = conn::evicted(&opening.pending) => None,
-                    };
-                    match accepted {
-                        Some(tls::Accepted { stream, peer_name }) => {
-                            conn::serve(executor, stream, peer, peer_name, conn_id, stop, opening)
-                                .await
-                        }
-                        None => shared.stats.metrics.tls_refused(),
-                    }
-                }
-            }
+            let accepted = Accepted {
+                stream,
+                peer,
+                conn_id,
+                opening,
+            };
+            serve_accepted(Arc::clone(&shared), tls, accepted, stop).await;
             shared
                 .stats
                 .connections
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             drop(permit);
         });
+    }
+}
+
+/// An accepted connection, as the accept loop hands it on.
+struct Accepted {
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    conn_id: u64,
+    opening: conn::Opening,
+}
+
+/// Serves `accepted` through its TLS handshake, if the port has TLS, then as a connection.
+async fn serve_accepted(
+    executor: Arc<Executor>,
+    tls: Option<Arc<Tls>>,
+    accepted: Accepted,
+    stop: CancellationToken,
+) {
+    let Accepted {
+        stream,
+        peer,
+        conn_id,
+        opening,
+    } = accepted;
+    let Some(tls) = tls else {
+        return conn::serve(executor, stream, peer, None, conn_id, stop, opening).await;
+    };
+    let limit = executor.config.handshake_timeout;
+    let handshake = tokio::select! {
+        done = tls.accept(stream, limit) => Some(done),
+        _ = stop.cancelled() => Some(None),
+        // Evicted mid-handshake: closed, and not a failed handshake.
+        _ = conn::evicted(&opening.pending) => None,
+    };
+    match handshake {
+        Some(Some(tls::Accepted { stream, peer_name })) => {
+            conn::serve(executor, stream, peer, peer_name, conn_id, stop, opening).await
+        }
+        Some(None) => executor.stats.metrics.tls_refused(),
+        None => executor.stats.metrics.evicted(),
     }
 }
 

@@ -141,6 +141,7 @@ impl Conn {
     /// the handshake limit.
     pub(super) fn on_evicted(&mut self, why: Evicted) {
         self.pending = None;
+        self.executor.stats.metrics.evicted();
         if self.authenticating {
             self.later.clear();
             self.authenticating = false;
@@ -161,9 +162,7 @@ impl Conn {
         };
         let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
         tracing::debug!(conn_id, %peer, ?why, "unauthenticated connection evicted");
-        self.fatal_error = Some((ErrorCode::ConnectionsLimit, message));
-        self.closing = true;
-        self.fatal = true;
+        self.close_with(ErrorCode::ConnectionsLimit, message);
     }
 
     /// An unauthenticated connection's time to AUTH ran out: it is told so and closed, also

@@ -104,21 +104,22 @@ pub async fn serve(
     let mut stream = stream.into();
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
     let Opening { deadline, pending } = opening;
-    let surface = tokio::select! {
+    let opened = tokio::select! {
         opened = tokio::time::timeout_at(deadline, open(&executor, &mut stream, &mut rbuf)) => {
-            match opened {
-                Ok(Some(surface)) => surface,
-                Ok(None) => return,
-                Err(_) => {
-                    let limit = executor.config.handshake_timeout;
-                    tracing::debug!(conn_id, ?limit, "no handshake or first line in time; closed");
-                    return;
-                }
-            }
+            opened.map_err(|_| "no handshake or first line in time; closed")
         }
-        _ = shutdown.cancelled() => return,
-        why = evicted(&pending) => {
-            tracing::debug!(conn_id, %peer, ?why, "evicted before its opening; closed");
+        _ = shutdown.cancelled() => Ok(None),
+        _ = evicted(&pending) => {
+            executor.stats.metrics.evicted();
+            Err("evicted before its opening; closed")
+        }
+    };
+    let surface = match opened {
+        Ok(Some(surface)) => surface,
+        Ok(None) => return,
+        Err(why) => {
+            let limit = executor.config.handshake_timeout;
+            tracing::debug!(conn_id, %peer, ?limit, "{why}");
             return;
         }
     };
@@ -158,11 +159,7 @@ pub async fn serve(
     };
     match refusal {
         Ok(place) => conn.identity_place = place,
-        Err(message) => {
-            conn.fatal_error = Some((ErrorCode::ConnectionsLimit, message));
-            conn.closing = true;
-            conn.fatal = true;
-        }
+        Err(message) => conn.close_with(ErrorCode::ConnectionsLimit, message),
     }
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
@@ -390,7 +387,8 @@ impl Conn {
                 Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
                 _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
                 _ = expiry(self.auth_deadline), if !self.closing => self.on_auth_deadline(),
-                why = evicted(&self.pending), if !self.closing => self.on_evicted(why),
+                // Only unauthenticated connections poll it; the hot path never does.
+                why = evicted(&self.pending), if self.pending.is_some() && !self.closing => self.on_evicted(why),
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
             }
         }
@@ -420,6 +418,14 @@ impl Conn {
                 _ => break,
             }
         }
+    }
+
+    /// Closes the connection once everything read so far is answered, with `code` and
+    /// `message` (request id 0) as its last frame; nothing more is read.
+    fn close_with(&mut self, code: ErrorCode, message: String) {
+        self.fatal_error = Some((code, message));
+        self.closing = true;
+        self.fatal = true;
     }
 
     /// Leaves no trace in the shared state.

@@ -583,3 +583,34 @@ async fn locks_held_and_waiters_by_identity_are_gauges_labelled_by_identity() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn evicted_unauthenticated_connections_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.identities = Some(crate::auth::identities_file(dir.path()));
+    config.unauthenticated_per_address_max = 2;
+    let server = Server::start(config, None).await;
+    assert_eq!(
+        sample(&server.scrape().await, "tenure_connections_evicted_total"),
+        0.0
+    );
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        let mut c = Console::connect(server.addr).await;
+        assert_eq!(c.call("PING").await, "PONG");
+        silent.push(c);
+    }
+    let told = silent[0].recv().await;
+    assert!(
+        told.starts_with("ERR CONNECTIONS_LIMIT closed: 2 connections"),
+        "{told}"
+    );
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while sample(&server.scrape().await, "tenure_connections_evicted_total") != 1.0 {
+        assert!(Instant::now() < deadline, "the eviction was never counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(silent);
+    server.stop().await;
+}
