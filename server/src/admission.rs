@@ -17,6 +17,9 @@
 //!                 └──► the oldest pending place's token is cancelled: it closes
 //! ```
 //!
+//! An IPv6 peer counts by its /64 network, the block one host or one site is usually given:
+//! counted by single addresses, one host could open a connection from each of its 2^64.
+//!
 //! Without a way to authenticate there is nothing to wait for, and none of this runs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -122,6 +125,7 @@ impl Admission {
     /// Admits connection `conn_id` from `ip` as pending, evicting the oldest pending
     /// connection of `ip`, or of all, if a bound is reached.
     pub fn admit(self: &Arc<Self>, conn_id: u64, ip: IpAddr) -> PendingPlace {
+        let ip = source_of(ip);
         let told = Arc::new(Told::default());
         let mut state = self.state.lock().expect("admission lock poisoned");
         let of_address = state.by_address.get(&ip);
@@ -148,6 +152,18 @@ impl Admission {
     pub fn pending_count(&self) -> usize {
         let state = self.state.lock().expect("admission lock poisoned");
         state.pending.len()
+    }
+}
+
+/// What a peer address counts as: itself for IPv4 (also when mapped into IPv6), its /64
+/// network for IPv6.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let network = v6.to_bits() & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from_bits(network))
+        }
     }
 }
 
@@ -205,6 +221,22 @@ mod tests {
         assert_eq!(admission.pending_count(), 3);
         drop(a1); // already forgotten: dropping it frees nothing more
         assert_eq!(admission.pending_count(), 3);
+    }
+
+    #[test]
+    fn an_ipv6_peer_counts_by_its_64_network_and_a_mapped_ipv4_as_itself() {
+        let admission = Arc::new(Admission::new(1, 10));
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_network: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other_network: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let first = admission.admit(1, one);
+        let _other = admission.admit(2, other_network);
+        assert_eq!(evicted(&first), None);
+        let _second = admission.admit(3, same_network);
+        assert_eq!(evicted(&first), Some(Evicted::Address));
+        let v4 = admission.admit(4, ip(1));
+        let _mapped = admission.admit(5, "::ffff:127.0.0.1".parse().unwrap());
+        assert_eq!(evicted(&v4), Some(Evicted::Address));
     }
 
     #[test]

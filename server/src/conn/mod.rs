@@ -388,7 +388,9 @@ impl Conn {
                 _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
                 _ = expiry(self.auth_deadline), if !self.closing => self.on_auth_deadline(),
                 // Only unauthenticated connections poll it; the hot path never does.
-                why = evicted(&self.pending), if self.pending.is_some() && !self.closing => self.on_evicted(why),
+                why = evicted(&self.pending), if self.pending.is_some() && !self.closing => {
+                    self.on_evicted(why)
+                }
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
             }
         }
