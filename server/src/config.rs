@@ -39,6 +39,10 @@ pub struct Config {
     pub fsync: bool,
     /// Most client connections at once; one more is told `CONNECTIONS_LIMIT` and closed.
     pub connections_max: usize,
+    /// Most connections from one peer address that have not authenticated yet (when the
+    /// server authenticates: identities or a client CA); one more closes the oldest of them
+    /// (see [`crate::admission`]).
+    pub unauthenticated_per_address_max: usize,
     /// Most locks held at once across the server.
     pub held_max: usize,
     /// Most blocking acquires waiting at once across the server.
@@ -94,6 +98,11 @@ pub const KEEPALIVE_COUNT_MAX: u32 = 127;
 /// are whole seconds, at most 32767.
 pub const KEEPALIVE_SECS_MAX: u64 = 32_767;
 
+/// Connections that have not authenticated yet may take at most 1/this of
+/// `connections_max` in all (see [`Config::unauthenticated_max`]): the rest is always left to
+/// authenticated connections, however many addresses a flood of silent sockets comes from.
+pub const UNAUTHENTICATED_SHARE_DIVISOR: usize = 2;
+
 /// Bytes a connection may read ahead before it stops reading until replies are written.
 /// There is no write-side limit: a connection writes all it encoded before it reads again,
 /// so its unsent replies are bounded by what this much input produces (see `conn`).
@@ -111,6 +120,7 @@ impl Default for Config {
             durability: Durability::Full,
             fsync: true,
             connections_max: 10_000,
+            unauthenticated_per_address_max: 64,
             held_max: 2_000_000,
             waiters_max: 1_000_000,
             waiters_per_key_max: 10_000,
@@ -169,6 +179,10 @@ impl Config {
         }
         for (name, value) in [
             ("connections max", self.connections_max),
+            (
+                "unauthenticated per address max",
+                self.unauthenticated_per_address_max,
+            ),
             ("held max", self.held_max),
             ("in-flight max", self.in_flight_max as usize),
             ("expirations per tick", self.expirations_per_tick_max),
@@ -200,6 +214,19 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Most connections that have not authenticated yet, in all: a share of
+    /// `connections_max` ([`UNAUTHENTICATED_SHARE_DIVISOR`]), at least one.
+    pub fn unauthenticated_max(&self) -> usize {
+        (self.connections_max / UNAUTHENTICATED_SHARE_DIVISOR).max(1)
+    }
+
+    /// Whether connections must prove who they are (identities, or a client CA for mutual
+    /// TLS): only then are there unauthenticated connections to bound.
+    pub fn authenticates(&self) -> bool {
+        let client_ca = self.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        self.identities.is_some() || client_ca
     }
 
     /// The handshake limit and the keepalive settings, which the kernel takes in whole

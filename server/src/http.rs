@@ -1,10 +1,13 @@
 //! The operator's HTTP endpoint on `--metrics-listen`: `/metrics` (Prometheus), `/healthz`
 //! (the process answers) and `/readyz` (it should get traffic).
 //!
-//! It is a side door, so it is small and bounded: at most [`CONNECTIONS_MAX`] connections
-//! (one more is closed at once), no keep-alive, GET or HEAD only, request heads of at most
-//! [`REQUEST_HEAD_BYTES_MAX`] read within [`HEADER_READ_TIMEOUT`], and every connection closed
-//! after [`CONNECTION_TIME_MAX`]. It starts before recovery, so a load balancer sees the
+//! It is a side door, so it is small and bounded: at most [`CONNECTIONS_MAX`] connections,
+//! no keep-alive, GET or HEAD only, request heads of at most [`REQUEST_HEAD_BYTES_MAX`] read
+//! within [`HEADER_READ_TIMEOUT`], and every connection closed after [`CONNECTION_TIME_MAX`].
+//! One more connection than the maximum closes the *oldest* open one rather than being
+//! turned away: an answer takes milliseconds, so the oldest is almost always a socket left
+//! idle, and refusing the newcomer would let a few idle sockets, refilled as they time out,
+//! keep every probe of `/healthz` out for good (the eviction is [`crate::admission`]'s). It starts before recovery, so a load balancer sees the
 //! process alive (`/healthz` 200) but not ready (`/readyz` 503) while the WAL replays.
 
 use std::convert::Infallible;
@@ -18,10 +21,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Admission;
 use crate::metrics::Scrape;
 
 /// Most HTTP connections at once; scrapers and probes need a handful.
@@ -41,7 +44,8 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape.clone()));
     let registry = Arc::new(registry);
-    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let open = Arc::new(Admission::new(CONNECTIONS_MAX, CONNECTIONS_MAX));
+    let mut accepted_count: u64 = 0;
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -56,10 +60,9 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
                 continue;
             }
         };
-        // Over the limit the connection is dropped unanswered: a prober retries.
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            continue;
-        };
+        // Over the limit the oldest connection goes (see the module docs).
+        accepted_count += 1;
+        let place = open.admit(accepted_count, std::net::Ipv4Addr::UNSPECIFIED.into());
         let (registry, scrape, stop) = (Arc::clone(&registry), scrape.clone(), stop.clone());
         tracker.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
@@ -75,8 +78,9 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
             tokio::select! {
                 _ = tokio::time::timeout(CONNECTION_TIME_MAX, connection) => {}
                 () = stop.cancelled() => {}
+                _ = place.evicted() => {}
             }
-            drop(permit);
+            drop(place);
         });
     }
     // Each connection ends at `stop` too; none outlives the server's state.

@@ -11,12 +11,17 @@
 //! admin = false                                        # may change cluster membership
 //! held-max = 1000                                      # optional quota
 //! waiters-max = 100                                    # optional quota
+//! connections-max = 50                                 # optional quota
 //! ```
 //!
 //! Secrets are stored only as argon2 PHC strings. A name the file does not hold is verified
 //! against a dummy hash, so "no such identity" and "wrong secret" take the same time and get
 //! the same reply. With no identities configured none of this runs: the connection layer
 //! checks `Executor::identities` once per request and goes on.
+//!
+//! A hash's argon2 parameters are bounded ([`ARGON2_MEMORY_KIB_MAX`] and the others): the
+//! file decides how much memory and time every AUTH costs, and [`VERIFIES_AT_ONCE_MAX`] of
+//! them run at once, so an unbounded `m=` could ask for gigabytes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,8 +43,26 @@ const SALT_LEN: usize = 16;
 /// threads) and gigabytes of memory. Beyond it AUTHs wait their turn.
 pub const VERIFIES_AT_ONCE_MAX: usize = 4;
 /// Most AUTHs of one peer address verified at once: half the server-wide places, so one
-/// address cannot take them all.
+/// address cannot take them all. An AUTH holds one only while argon2 runs, never while its
+/// spacing (see `throttle`) makes it wait, so a guesser's waiting AUTHs leave the places to
+/// its neighbours at that address.
 pub const PEER_VERIFIES_MAX: usize = 2;
+/// Most memory, in KiB, a secret hash may ask argon2 for (`m=`): 64 MiB, over three times
+/// what `tenured hash-secret` uses (19 MiB); [`VERIFIES_AT_ONCE_MAX`] verifications at once
+/// then take at most 256 MiB.
+pub const ARGON2_MEMORY_KIB_MAX: u32 = 64 * 1024;
+/// Most passes over that memory a hash may ask for (`t=`; `tenured hash-secret` uses 2).
+pub const ARGON2_TIME_COST_MAX: u32 = 16;
+/// Most lanes a hash may ask for (`p=`; `tenured hash-secret` uses 1). Lanes are computed one
+/// after the other here, so each adds time.
+pub const ARGON2_LANES_MAX: u32 = 8;
+/// Most memory times passes (KiB) a hash may ask for: what one verification costs in time,
+/// bounded to four passes over the largest memory, about a quarter of a second of a core.
+pub const ARGON2_WORK_KIB_MAX: u64 = 4 * ARGON2_MEMORY_KIB_MAX as u64;
+
+const _: () = assert!(PEER_VERIFIES_MAX < VERIFIES_AT_ONCE_MAX);
+const _: () =
+    assert!(ARGON2_WORK_KIB_MAX <= ARGON2_MEMORY_KIB_MAX as u64 * ARGON2_TIME_COST_MAX as u64);
 /// Parts of the table of identities' live leases (see `Identities::owners`).
 const OWNER_SHARDS: usize = 64;
 
@@ -59,6 +82,7 @@ struct Entry {
     admin: bool,
     held_max: Option<usize>,
     waiters_max: Option<usize>,
+    connections_max: Option<usize>,
 }
 
 /// The whole file.
@@ -89,6 +113,9 @@ pub struct Identity {
     /// Most locks it may hold at once, over all its connections (a queued acquire holds a
     /// place too, so that a hand-off never takes it over).
     pub held_max: Option<usize>,
+    /// Most connections authenticated as it at once: one identity cannot take every
+    /// connection slot of the server.
+    pub connections_max: Option<usize>,
 }
 
 impl Identity {
@@ -114,6 +141,31 @@ pub struct Usage {
     pub waiters: AtomicUsize,
     /// Locks held, and acquires that will hold one if granted (see [`HeldPlace`]).
     pub held: AtomicUsize,
+    /// Connections authenticated as the identity (see [`ConnectionPlace`]).
+    pub connections: AtomicUsize,
+}
+
+/// One place of an identity's connections quota, held by an authenticated connection and
+/// given back when dropped (the connection closes, or a reload ends its session).
+#[derive(Debug)]
+pub struct ConnectionPlace(Arc<Usage>);
+
+impl Drop for ConnectionPlace {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes one place of `usage`'s connections quota if fewer than `max` are taken.
+pub fn try_take_connection(usage: &Arc<Usage>, max: Option<usize>) -> Option<ConnectionPlace> {
+    let max = max.unwrap_or(usize::MAX);
+    usage
+        .connections
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| ConnectionPlace(Arc::clone(usage)))
 }
 
 /// One place of an identity's held-locks quota, given back when dropped: it lives in the
@@ -188,7 +240,8 @@ pub struct Identities {
     verifying: Arc<tokio::sync::Semaphore>,
     /// Bumped by every reload that took effect, so connections recheck their identity.
     generation: tokio::sync::watch::Sender<u64>,
-    /// Recent failed AUTHs by peer address, which space out that peer's next verifications.
+    /// Recent failed AUTHs by peer address and name, which space out that bucket's next
+    /// verifications.
     failures: Mutex<throttle::Throttle>,
     /// Verification places by peer address, for addresses with an AUTH in progress.
     peers_verifying: Mutex<HashMap<std::net::IpAddr, Arc<tokio::sync::Semaphore>>>,
@@ -244,16 +297,18 @@ impl Identities {
     }
 
     /// Verifies an AUTH from `peer`, as [`Identities::verify_bounded`], after waiting its
-    /// turn: at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at once, so a
-    /// burst from one address cannot take every verification place, and an address with
-    /// recent failures has its verifications spaced out (see `throttle`). A failure is
-    /// remembered against the address.
+    /// turn. A (peer address, name) with recent failures has its verifications spaced out
+    /// (see `throttle`); the wait holds nothing, so it slows only the guesser's own AUTHs for
+    /// that name. Then at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at
+    /// once, so a burst from one address cannot take every verification place. A failure is
+    /// remembered against the (address, name); a success changes nothing.
     pub async fn verify_from(
         self: Arc<Self>,
         peer: std::net::IpAddr,
         name: bytes::Bytes,
         secret: bytes::Bytes,
     ) -> Option<Arc<Identity>> {
+        let bucket = self.bucket(peer, &name);
         let turn = Arc::clone(
             self.peers_verifying
                 .lock()
@@ -261,14 +316,21 @@ impl Identities {
                 .entry(peer)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
         );
-        let permit = turn.acquire().await.ok()?;
-        let spaced = self.verify_delay(peer);
-        if !spaced.is_zero() {
-            tokio::time::sleep(spaced).await;
-        }
+        // A start is asked for with a place in hand, so that AUTHs of one bucket arriving
+        // together are spaced as soon as the first of them failed; but a wait is sat out
+        // without the place, which the neighbours need.
+        let permit = loop {
+            let permit = turn.acquire().await.ok()?;
+            let wait = self.verify_delay(&bucket);
+            if wait.is_zero() {
+                break permit;
+            }
+            drop(permit);
+            tokio::time::sleep(wait).await;
+        };
         let verified = Arc::clone(&self).verify_bounded(name, secret).await;
         if verified.is_none() {
-            self.failed_from(peer);
+            self.failed_from(bucket);
         }
         drop(permit);
         let mut peers = self.peers_verifying.lock().expect("peers lock poisoned");
@@ -279,23 +341,33 @@ impl Identities {
         verified
     }
 
-    /// How long an AUTH from `peer` must wait before it is verified: nothing for a peer with
-    /// no recent failures; otherwise its verifications are spaced out, one after another.
-    fn verify_delay(&self, peer: std::net::IpAddr) -> std::time::Duration {
-        let now = std::time::Instant::now();
-        self.failures
-            .lock()
-            .expect("failures lock poisoned")
-            .reserve(peer, now)
+    /// The throttle's bucket of an AUTH from `peer` giving `name`: the name if the identities
+    /// in force hold it, else the empty name, shared by every unknown one.
+    fn bucket(&self, peer: std::net::IpAddr, name: &[u8]) -> throttle::Bucket {
+        let known = std::str::from_utf8(name)
+            .ok()
+            .filter(|n| self.get(n).is_some());
+        (peer, known.unwrap_or_default().to_string())
     }
 
-    /// Records a failed AUTH from `peer`.
-    fn failed_from(&self, peer: std::net::IpAddr) {
+    /// Zero if an AUTH of `bucket` may be verified now, else how long to wait before asking
+    /// again: nothing for a bucket with no recent failures; otherwise its verifications are
+    /// spaced out, one after another.
+    fn verify_delay(&self, bucket: &throttle::Bucket) -> std::time::Duration {
         let now = std::time::Instant::now();
         self.failures
             .lock()
             .expect("failures lock poisoned")
-            .failed(peer, now);
+            .try_start(bucket, now)
+    }
+
+    /// Records a failed AUTH of `bucket`.
+    fn failed_from(&self, bucket: throttle::Bucket) {
+        let now = std::time::Instant::now();
+        self.failures
+            .lock()
+            .expect("failures lock poisoned")
+            .failed(bucket, now);
     }
 
     /// The file the identities come from.
@@ -468,8 +540,7 @@ fn check(entry: Entry) -> Result<Identity, String> {
              quotes or backslashes"
         ));
     }
-    PasswordHash::new(&entry.secret_hash)
-        .map_err(|e| format!("secret-hash is not a PHC string ({e}); see `tenured hash-secret`"))?;
+    check_hash(&entry.secret_hash)?;
     let prefixes = if entry.prefixes.iter().any(|p| p == PREFIX_ALL) {
         None
     } else if entry.prefixes.iter().any(String::is_empty) {
@@ -488,7 +559,45 @@ fn check(entry: Entry) -> Result<Identity, String> {
         admin: entry.admin,
         waiters_max: entry.waiters_max,
         held_max: entry.held_max,
+        connections_max: entry.connections_max,
     })
+}
+
+/// Checks that `hash` is an argon2 PHC string whose parameters are within the bounds, so
+/// that verifying against it costs what the bounds allow and no more.
+fn check_hash(hash: &str) -> Result<(), String> {
+    let parsed = PasswordHash::new(hash)
+        .map_err(|e| format!("secret-hash is not a PHC string ({e}); see `tenured hash-secret`"))?;
+    if argon2::Algorithm::try_from(parsed.algorithm).is_err() {
+        return Err(format!(
+            "secret-hash uses `{}`, not argon2; see `tenured hash-secret`",
+            parsed.algorithm
+        ));
+    }
+    let params = argon2::Params::try_from(&parsed)
+        .map_err(|e| format!("secret-hash has bad argon2 parameters ({e})"))?;
+    let (memory, time, lanes) = (params.m_cost(), params.t_cost(), params.p_cost());
+    let bounds = [
+        ("m (memory, KiB)", memory, ARGON2_MEMORY_KIB_MAX),
+        ("t (passes)", time, ARGON2_TIME_COST_MAX),
+        ("p (lanes)", lanes, ARGON2_LANES_MAX),
+    ];
+    for (what, value, max) in bounds {
+        if value > max {
+            return Err(format!(
+                "secret-hash asks argon2 for {what} = {value}; this server takes at most \
+                 {max} (`tenured hash-secret` makes m=19456,t=2,p=1)"
+            ));
+        }
+    }
+    let work = u64::from(memory) * u64::from(time);
+    if work > ARGON2_WORK_KIB_MAX {
+        return Err(format!(
+            "secret-hash asks argon2 for m * t = {work} KiB of work; this server takes at \
+             most {ARGON2_WORK_KIB_MAX} (`tenured hash-secret` makes m=19456,t=2,p=1)"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -572,6 +681,58 @@ mod tests {
         );
         assert_eq!(ids.verifying.available_permits(), VERIFIES_AT_ONCE_MAX);
         assert!(ids.verify(b"nobody", b"pw").is_none());
+    }
+
+    /// A PHC string of `hash` with its parameters replaced by `params`.
+    fn with_params(hash: &str, params: &str) -> String {
+        let parts: Vec<&str> = hash.split('$').collect();
+        assert!(parts[3].starts_with("m="), "{hash}");
+        let mut parts = parts;
+        parts[3] = params;
+        parts.join("$")
+    }
+
+    #[test]
+    fn argon2_parameters_over_the_bounds_are_refused_naming_them() {
+        let hash = hash_secret(b"x").unwrap();
+        assert!(
+            parse(&file(&hash, "")).is_ok(),
+            "hash-secret's own parameters"
+        );
+        let at_bounds = format!("m={ARGON2_MEMORY_KIB_MAX},t=4,p=1");
+        assert!(parse(&file(&with_params(&hash, &at_bounds), "")).is_ok());
+        for (params, named) in [
+            ("m=4000000,t=100,p=1", "m (memory, KiB) = 4000000"),
+            ("m=19456,t=100,p=1", "t (passes) = 100"),
+            ("m=19456,t=2,p=64", "p (lanes) = 64"),
+            ("m=65536,t=16,p=1", "m * t = 1048576"),
+        ] {
+            let err = parse(&file(&with_params(&hash, params), "")).unwrap_err();
+            assert!(
+                err.contains(named) && err.contains("at most"),
+                "{params}: {err}"
+            );
+            assert!(err.contains("identity `a`"), "{err}");
+        }
+        let scrypt = "$scrypt$ln=16,r=8,p=1$aM15713r3Xsvxbi31lqr1Q$nFNh2CVHVjNldFVKDHDlm4CbdRSCdEBsjjJxD+iCs5E";
+        let err = parse(&file(scrypt, "")).unwrap_err();
+        assert!(err.contains("not argon2"), "{err}");
+    }
+
+    #[test]
+    fn connection_places_count_exactly_and_come_back() {
+        let usage = Arc::new(Usage::default());
+        let a = try_take_connection(&usage, Some(2)).unwrap();
+        let _b = try_take_connection(&usage, Some(2)).unwrap();
+        assert!(try_take_connection(&usage, Some(2)).is_none());
+        drop(a);
+        assert!(try_take_connection(&usage, Some(2)).is_some());
+        assert!(
+            try_take_connection(&usage, None).is_some(),
+            "no quota: no limit"
+        );
+        let text = file(&hash_secret(b"x").unwrap(), "connections-max = 3");
+        assert_eq!(parse(&text).unwrap()["a"].connections_max, Some(3));
     }
 
     #[test]

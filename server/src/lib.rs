@@ -27,10 +27,13 @@
 //! - [`clock`]: the one place that reads time.
 //! - [`tls`]: TLS on the client port, mutual TLS, reload on SIGHUP.
 //! - [`identity`]: identities, their permissions and quotas, from `--identities`.
+//! - [`admission`]: bounds on connections that have not authenticated yet (per address and
+//!   in all), the oldest evicted first.
 //! - [`config`]: every runtime limit. [`stats`]: counters and the STATS reply.
 //! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
 //!   `/readyz` on `--metrics-listen`.
 
+pub mod admission;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -253,6 +253,8 @@ pub struct Metrics {
     open_by_surface: [AtomicI64; SURFACES.len()],
     /// Connections closed because their TLS handshake failed, timed out, or was plain text.
     tls_refused: AtomicU64,
+    /// Unauthenticated connections closed to make room for newer ones (see `admission`).
+    evicted: AtomicU64,
     /// Nanoseconds recovery took (set once).
     recovery_ns: AtomicU64,
     /// `Clock::now_ms` until which grants are refused after a token-only restart.
@@ -271,6 +273,7 @@ impl Default for Metrics {
             expired: Mutex::default(),
             open_by_surface: Default::default(),
             tls_refused: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             recovery_ns: AtomicU64::new(0),
             recovering_until_ms: AtomicU64::new(0),
         }
@@ -374,6 +377,11 @@ impl Metrics {
     /// A connection to the TLS port closed without completing the TLS handshake.
     pub fn tls_refused(&self) {
         self.tls_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An unauthenticated connection was closed to make room for a newer one.
+    pub fn evicted(&self) {
+        self.evicted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records how long recovery took and until when (`Clock::now_ms`) grants are refused.
@@ -626,6 +634,14 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
         "tenure_connections_refused",
         help,
         Stats::get(&s.connections_refused),
+    )?;
+    let help = "Unauthenticated client connections closed to make room for newer ones \
+        (--unauthenticated-per-address-max, or half of --connections-max)";
+    counter(
+        encoder,
+        "tenure_connections_evicted",
+        help,
+        s.metrics.evicted.load(Ordering::Relaxed),
     )?;
     let help = "Connections to a TLS port closed without a completed TLS handshake (a bad or \
         untrusted certificate, plain text, a timeout)";

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Admission;
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::conn;
@@ -323,13 +324,19 @@ pub(crate) fn load_identities(
             if !config.insecure_no_auth {
                 return Err(ServerError::NoIdentities(addr));
             }
-            tracing::warn!(%addr, "serving a non-loopback address WITHOUT identities (--insecure-no-auth)");
+            warn_insecure_no_auth(addr);
         }
         return Ok(None);
     };
     let identities = Identities::load(path).map_err(ServerError::Identities)?;
     tracing::info!(path = %path.display(), "identities loaded");
     Ok(Some(Arc::new(identities)))
+}
+
+/// The warning every mode logs when `--insecure-no-auth` lets it serve `addr`, a
+/// non-loopback address, to anyone who can reach it.
+pub(crate) fn warn_insecure_no_auth(addr: std::net::SocketAddr) {
+    tracing::warn!(%addr, "serving a non-loopback address WITHOUT identities (--insecure-no-auth)");
 }
 
 /// Reloads the identities and the TLS files on every SIGHUP until `stop`. A reload that fails
@@ -484,7 +491,7 @@ pub(crate) async fn accept_loop(
     serving: impl Fn() -> (Arc<Executor>, CancellationToken),
 ) {
     // Every executor of a process shares its configuration.
-    let accept = AcceptShared::new(serving().0.config.connections_max);
+    let accept = AcceptShared::new(&serving().0.config);
     accept_loop_shared(listener, tls, tracker, serving, &accept).await;
 }
 
@@ -495,14 +502,26 @@ pub(crate) struct AcceptShared {
     /// The last connection id handed out. An id names its connection in the watch registry,
     /// so two accept loops must never hand out the same one.
     conn_id_last: AtomicU64,
+    /// The bounds on connections that have not authenticated yet; `None` when the server
+    /// does not authenticate (nothing to wait for).
+    admission: Option<Arc<Admission>>,
 }
 
 impl AcceptShared {
-    /// Room for `connections_max` connections; ids start at 1.
-    pub(crate) fn new(connections_max: usize) -> AcceptShared {
+    /// Room for `config.connections_max` connections, and for the unauthenticated ones
+    /// `config` allows; ids start at 1.
+    pub(crate) fn new(config: &Config) -> AcceptShared {
+        let admission = config.authenticates().then(|| {
+            let per_address_max = config.unauthenticated_per_address_max;
+            Arc::new(Admission::new(
+                per_address_max,
+                config.unauthenticated_max(),
+            ))
+        });
         AcceptShared {
-            permits: Arc::new(Semaphore::new(connections_max)),
+            permits: Arc::new(Semaphore::new(config.connections_max)),
             conn_id_last: AtomicU64::new(0),
+            admission,
         }
     }
 }
@@ -538,6 +557,15 @@ pub(crate) async fn accept_loop_shared(
             continue;
         };
         Stats::bump(&shared.stats.connections_total);
+        // From here on a silent socket has the handshake limit in all, TLS, opening and AUTH
+        // together, and an unauthenticated one holds a bounded place (see `admission`).
+        let opening = conn::Opening {
+            deadline: tokio::time::Instant::now() + shared.config.handshake_timeout,
+            pending: accept
+                .admission
+                .as_ref()
+                .map(|a| a.admit(conn_id, peer.ip())),
+        };
         if let Err(e) = set_keepalive(&stream, &shared.config) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
         }
@@ -546,29 +574,59 @@ pub(crate) async fn accept_loop_shared(
         let tls = tls.clone();
         tracker.spawn(async move {
             Stats::bump(&shared.stats.connections);
-            match tls {
-                None => conn::serve(Arc::clone(&shared), stream, peer, None, conn_id, stop).await,
-                Some(tls) => {
-                    let limit = shared.config.handshake_timeout;
-                    let accepted = tokio::select! {
-                        accepted = tls.accept(stream, limit) => accepted,
-                        _ = stop.cancelled() => None,
-                    };
-                    match accepted {
-                        Some(tls::Accepted { stream, peer_name }) => {
-                            conn::serve(Arc::clone(&shared), stream, peer, peer_name, conn_id, stop)
-                                .await
-                        }
-                        None => shared.stats.metrics.tls_refused(),
-                    }
-                }
-            }
+            let accepted = Accepted {
+                stream,
+                peer,
+                conn_id,
+                opening,
+            };
+            serve_accepted(Arc::clone(&shared), tls, accepted, stop).await;
             shared
                 .stats
                 .connections
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             drop(permit);
         });
+    }
+}
+
+/// An accepted connection, as the accept loop hands it on.
+struct Accepted {
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    conn_id: u64,
+    opening: conn::Opening,
+}
+
+/// Serves `accepted` through its TLS handshake, if the port has TLS, then as a connection.
+async fn serve_accepted(
+    executor: Arc<Executor>,
+    tls: Option<Arc<Tls>>,
+    accepted: Accepted,
+    stop: CancellationToken,
+) {
+    let Accepted {
+        stream,
+        peer,
+        conn_id,
+        opening,
+    } = accepted;
+    let Some(tls) = tls else {
+        return conn::serve(executor, stream, peer, None, conn_id, stop, opening).await;
+    };
+    let limit = executor.config.handshake_timeout;
+    let handshake = tokio::select! {
+        done = tls.accept(stream, limit) => Some(done),
+        _ = stop.cancelled() => Some(None),
+        // Evicted mid-handshake: closed, and not a failed handshake.
+        _ = conn::evicted(&opening.pending) => None,
+    };
+    match handshake {
+        Some(Some(tls::Accepted { stream, peer_name })) => {
+            conn::serve(executor, stream, peer, peer_name, conn_id, stop, opening).await
+        }
+        Some(None) => executor.stats.metrics.tls_refused(),
+        None => executor.stats.metrics.evicted(),
     }
 }
 

@@ -112,6 +112,15 @@ pub struct Settings {
         default_value_t = Settings::default().connections_max
     )]
     pub connections_max: usize,
+    /// Most connections from one address that have not authenticated yet (with --identities
+    /// or --tls-client-ca); one more closes the oldest of them. Together they may take at
+    /// most half of --connections-max.
+    #[arg(
+        long,
+        env = "TENURE_UNAUTHENTICATED_PER_ADDRESS_MAX",
+        default_value_t = Settings::default().unauthenticated_per_address_max
+    )]
+    pub unauthenticated_per_address_max: usize,
     /// Most locks held at once.
     #[arg(long, env = "TENURE_HELD_MAX", default_value_t = Settings::default().held_max)]
     pub held_max: usize,
@@ -260,6 +269,7 @@ impl Default for Settings {
             durability: config.durability,
             no_fsync: !config.fsync,
             connections_max: config.connections_max,
+            unauthenticated_per_address_max: config.unauthenticated_per_address_max,
             held_max: config.held_max,
             waiters_max: config.waiters_max,
             waiters_per_key_max: config.waiters_per_key_max,
@@ -313,6 +323,7 @@ impl Settings {
             durability: self.durability,
             fsync: !self.no_fsync,
             connections_max: self.connections_max,
+            unauthenticated_per_address_max: self.unauthenticated_per_address_max,
             held_max: self.held_max,
             waiters_max: self.waiters_max,
             waiters_per_key_max: self.waiters_per_key_max,
@@ -512,7 +523,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            31,
+            32,
             "a new setting needs a key, a flag and a variable"
         );
     }

@@ -11,9 +11,12 @@ use tenure_protocol::{ErrorCode, Request, Response, Secret};
 use super::ctx::{Auth, Credential};
 use super::requests::Later;
 use super::Conn;
+use crate::admission::Evicted;
 use crate::console;
 use crate::executor::Outcome;
-use crate::identity::{try_take_held, Identities, Identity};
+use crate::identity::{
+    try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
+};
 use crate::journal::TICKET_NOW;
 use crate::stats::Stats;
 
@@ -114,14 +117,55 @@ impl Conn {
             return;
         };
         let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+        let usage = identities.usage(&verified.name);
+        let place = match take_connection_place(&verified, &usage) {
+            Ok(place) => place,
+            Err(message) => {
+                tracing::info!(conn_id, %peer, name = %verified.name, "refused: connections-max");
+                self.push(id, error(ErrorCode::ConnectionsLimit, message), TICKET_NOW);
+                self.closing = true;
+                return;
+            }
+        };
         tracing::debug!(conn_id, %peer, name = %verified.name, "authenticated");
         self.ctx.auth = Auth::As {
             name: verified.name.clone(),
-            usage: identities.usage(&verified.name),
+            usage,
             credential: Credential::Secret(Arc::from(verified.secret_hash())),
         };
+        self.identity_place = Some(place);
         self.auth_deadline = None;
+        self.pending = None; // no longer among the unauthenticated
         self.push(id, Response::Authenticated { name }, TICKET_NOW);
+    }
+
+    /// This unauthenticated connection was evicted to make room for a newer one (see
+    /// `admission`): it is told so and closed, an AUTH in progress dropped unanswered as at
+    /// the handshake limit.
+    pub(super) fn on_evicted(&mut self, why: Evicted) {
+        self.pending = None;
+        self.executor.stats.metrics.evicted();
+        if self.authenticating {
+            self.later.clear();
+            self.authenticating = false;
+        }
+        let config = &self.executor.config;
+        let message = match why {
+            Evicted::Address => format!(
+                "closed: {} connections from {} had not authenticated, its limit \
+                 (--unauthenticated-per-address-max); the oldest goes first",
+                config.unauthenticated_per_address_max,
+                self.ctx.peer.ip()
+            ),
+            Evicted::Total => format!(
+                "closed: {} connections had not authenticated, half of --connections-max; \
+                 the oldest goes first",
+                config.unauthenticated_max()
+            ),
+        };
+        let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
+        tracing::debug!(conn_id, %peer, ?why, "unauthenticated connection evicted");
+        self.close_with(ErrorCode::ConnectionsLimit, message);
     }
 
     /// An unauthenticated connection's time to AUTH ran out: it is told so and closed, also
@@ -182,6 +226,7 @@ impl Conn {
         // the connection stops being it.
         self.end_waits_and_watches(|_| true, true, ErrorCode::Unauthenticated, &reason);
         self.ctx.auth = Auth::Pending { failures: 0 };
+        self.identity_place = None;
         self.auth_deadline =
             Some(tokio::time::Instant::now() + self.executor.config.handshake_timeout);
     }
@@ -312,6 +357,20 @@ impl Conn {
         }
         outcome
     }
+}
+
+/// One place of `identity`'s `connections-max` (counted in `usage`), or the refusal's message.
+pub(super) fn take_connection_place(
+    identity: &Identity,
+    usage: &Arc<Usage>,
+) -> Result<ConnectionPlace, String> {
+    try_take_connection(usage, identity.connections_max).ok_or_else(|| {
+        format!(
+            "connections-max: identity `{}` has {} connections already",
+            identity.name,
+            identity.connections_max.unwrap_or(0)
+        )
+    })
 }
 
 fn reply(response: Response) -> Outcome {

@@ -53,8 +53,10 @@ use tenure_protocol::{ErrorCode, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{Evicted, PendingPlace};
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
+use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
 use crate::metrics::{self, Timing};
 use crate::watch::WatchEvent;
@@ -67,6 +69,25 @@ const LINGER_BYTES_MAX: usize = 4 << 20;
 /// Longest wait for that peer to close after a fatal error.
 const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How an accepted connection starts: the time limit on its opening and AUTH, and its place
+/// among the connections that have not authenticated yet.
+pub struct Opening {
+    /// The accept plus the handshake limit: the TLS handshake, the opening and (with
+    /// identities) a successful AUTH must all be done by then, or the connection closes.
+    pub deadline: tokio::time::Instant,
+    /// Its place among the unauthenticated connections, when the server authenticates;
+    /// given back once the connection proves who it is.
+    pub pending: Option<PendingPlace>,
+}
+
+/// Completes when `pending`'s connection is evicted; never without a place.
+pub async fn evicted(pending: &Option<PendingPlace>) -> Evicted {
+    match pending {
+        Some(place) => place.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Serves one accepted connection until the peer leaves, a fatal error, or shutdown.
 /// `peer_name` is the verified client certificate's name (mutual TLS): when an identity has
 /// that name, the connection starts authenticated as it.
@@ -77,43 +98,36 @@ pub async fn serve(
     peer_name: Option<String>,
     conn_id: u64,
     shutdown: CancellationToken,
+    opening: Opening,
 ) {
     let mut stream = stream.into();
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
-    let limit = executor.config.handshake_timeout;
-    let surface = tokio::select! {
-        opened = tokio::time::timeout(limit, open(&executor, &mut stream, &mut rbuf)) => {
-            match opened {
-                Ok(Some(surface)) => surface,
-                Ok(None) => return,
-                Err(_) => {
-                    tracing::debug!(conn_id, ?limit, "no handshake or first line in time; closed");
-                    return;
-                }
-            }
+    let Opening { deadline, pending } = opening;
+    let opened = tokio::select! {
+        opened = tokio::time::timeout_at(deadline, open(&executor, &mut stream, &mut rbuf)) => {
+            opened.map_err(|_| "no handshake or first line in time; closed")
         }
-        _ = shutdown.cancelled() => return,
+        _ = shutdown.cancelled() => Ok(None),
+        _ = evicted(&pending) => {
+            executor.stats.metrics.evicted();
+            Err("evicted before its opening; closed")
+        }
+    };
+    let surface = match opened {
+        Ok(Some(surface)) => surface,
+        Ok(None) => return,
+        Err(why) => {
+            let limit = executor.config.handshake_timeout;
+            tracing::debug!(conn_id, %peer, ?limit, "{why}");
+            return;
+        }
     };
     let mut ctx = ConnCtx::with_peer(conn_id, peer);
-    let mut auth_deadline = None;
-    if let Some(identities) = &executor.identities {
-        ctx.auth = match peer_name.filter(|name| identities.get(name).is_some()) {
-            Some(name) => {
-                tracing::debug!(conn_id, identity = %name, "authenticated by client certificate");
-                let usage = identities.usage(&name);
-                let credential = Credential::Certificate;
-                Auth::As {
-                    name,
-                    usage,
-                    credential,
-                }
-            }
-            None => {
-                auth_deadline = Some(tokio::time::Instant::now() + limit);
-                Auth::Pending { failures: 0 }
-            }
-        };
-    }
+    let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
+    let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
+    ctx.auth = auth;
+    // Proved by its certificate, or nothing to prove: no longer pending.
+    let pending = pending.filter(|_| auth_deadline.is_some());
     let kind = match surface {
         Surface::Binary => metrics::Surface::Binary,
         Surface::Console { .. } => metrics::Surface::Console,
@@ -139,12 +153,46 @@ pub async fn serve(
         authenticating: false,
         auth_deadline,
         cancel_reasons: std::collections::HashMap::new(),
+        pending,
+        identity_place: None,
     };
+    match refusal {
+        Ok(place) => conn.identity_place = place,
+        Err(message) => conn.close_with(ErrorCode::ConnectionsLimit, message),
+    }
     if let Err(e) = conn.run(&shutdown).await {
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
     }
     conn.finish();
     conn.executor.stats.metrics.connection(kind, false);
+}
+
+/// A new connection's standing: authenticated as the identity its client certificate names
+/// (with that identity's connection place, or the refusal if it has none left), pending an
+/// AUTH, or open when there are no identities.
+fn start_auth(
+    executor: &Executor,
+    peer_name: Option<String>,
+    conn_id: u64,
+) -> (Auth, Result<Option<ConnectionPlace>, String>) {
+    let Some(identities) = &executor.identities else {
+        return (Auth::Open, Ok(None));
+    };
+    let identity = peer_name.and_then(|name| identities.get(&name));
+    let Some(identity) = identity else {
+        return (Auth::Pending { failures: 0 }, Ok(None));
+    };
+    let name = identity.name.clone();
+    tracing::debug!(conn_id, identity = %name, "authenticated by client certificate");
+    let usage = identities.usage(&name);
+    let place = auth::take_connection_place(&identity, &usage).map(Some);
+    let credential = Credential::Certificate;
+    let auth = Auth::As {
+        name,
+        usage,
+        credential,
+    };
+    (auth, place)
 }
 
 /// Reads a connection's opening, which must arrive within the handshake limit: the binary
@@ -267,6 +315,10 @@ struct Conn {
     identity_changes: Option<tokio::sync::watch::Receiver<u64>>,
     /// Why a wait was cancelled, by request id, when not because the connection ends.
     cancel_reasons: std::collections::HashMap<u64, (ErrorCode, String)>,
+    /// Its place among the connections that have not authenticated yet, until it does.
+    pending: Option<PendingPlace>,
+    /// Its place in its identity's `connections-max`, while authenticated.
+    identity_place: Option<ConnectionPlace>,
 }
 
 impl Conn {
@@ -338,6 +390,10 @@ impl Conn {
                 Some(event) = recv_event(&mut self.ctx.events) => self.on_event(event),
                 _ = &mut cancelled, if !self.closing && !self.stopping => self.stop(),
                 _ = expiry(self.auth_deadline), if !self.closing => self.on_auth_deadline(),
+                // Only unauthenticated connections poll it; the hot path never does.
+                why = evicted(&self.pending), if self.pending.is_some() && !self.closing => {
+                    self.on_evicted(why)
+                }
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
             }
         }
@@ -367,6 +423,14 @@ impl Conn {
                 _ => break,
             }
         }
+    }
+
+    /// Closes the connection once everything read so far is answered, with `code` and
+    /// `message` (request id 0) as its last frame; nothing more is read.
+    fn close_with(&mut self, code: ErrorCode, message: String) {
+        self.fatal_error = Some((code, message));
+        self.closing = true;
+        self.fatal = true;
     }
 
     /// Leaves no trace in the shared state.

@@ -1064,3 +1064,318 @@ async fn console_refusals_before_auth_come_in_the_documented_order() {
     assert_eq!(c.cmd("PING").await, "PONG");
     server.stop().await;
 }
+
+/// Longest an honest AUTH may take while a neighbour at its address guesses: generous, and
+/// well under the 10 s handshake limit a locked-out AUTH runs into.
+const HONEST_AUTH_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// Sends `AUTH <name> <secret>` and reads its reply, or `None` if the connection closed.
+async fn auth_reply(c: &mut Console, name: &str, secret: &str) -> Option<String> {
+    let line = format!("AUTH {name} {secret}\n");
+    c.writer.write_all(line.as_bytes()).await.ok()?;
+    c.line().await
+}
+
+/// Guesses `name`'s secret from `source` until `stop`, reconnecting whenever the server
+/// closes the connection (after five failures); counts the failures answered.
+async fn guess_until(
+    addr: SocketAddr,
+    source: &'static str,
+    name: &'static str,
+    stop: tokio_util::sync::CancellationToken,
+) -> usize {
+    let mut failures = 0;
+    let mut guess = 0;
+    while !stop.is_cancelled() {
+        let mut c = console_from(source, addr).await;
+        loop {
+            guess += 1;
+            let secret = format!("guess-{guess}");
+            let reply = tokio::select! {
+                reply = auth_reply(&mut c, name, &secret) => reply,
+                () = stop.cancelled() => return failures,
+            };
+            match reply {
+                Some(line) if line.starts_with("ERR UNAUTHENTICATED") => failures += 1,
+                _ => break, // closed (five failures, or the handshake limit): reconnect
+            }
+        }
+    }
+    failures
+}
+
+/// The finding of issue 22: six connections guessing from one address made every honest
+/// AUTH from that address time out. Now the guesses of a name space out only that name's
+/// AUTHs from that address, and waiting for one's turn holds no verification place.
+#[tokio::test]
+async fn six_guessers_at_one_address_do_not_lock_out_its_honest_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = with_identities(dir.path()).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    // Three guess a real identity's secret, three spray a made-up name.
+    let guessers: Vec<_> = ["orders", "orders", "orders", "nobody", "nobody", "nobody"]
+        .into_iter()
+        .map(|name| tokio::spawn(guess_until(server.addr, "127.0.0.7", name, stop.clone())))
+        .collect();
+    // Long enough for the failures to pile up and the spacing to reach its widest.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let honest = (0..4).map(|_| async {
+        let mut c = console_from("127.0.0.7", server.addr).await;
+        let started = Instant::now();
+        let reply = tokio::time::timeout(
+            HONEST_AUTH_WAIT_MAX,
+            auth_reply(&mut c, "admin", "admin-secret"),
+        )
+        .await;
+        (reply, started.elapsed())
+    });
+    let results = futures_util::future::join_all(honest).await;
+    stop.cancel();
+    let mut failures = 0;
+    for guesser in guessers {
+        failures += guesser.await.unwrap();
+    }
+    assert!(failures > 0, "the guessers were never answered");
+    for (reply, took) in results {
+        let reply = reply.unwrap_or_else(|_| panic!("an honest AUTH took over {took:?}"));
+        assert_eq!(reply.as_deref(), Some("OK authenticated admin"), "{took:?}");
+    }
+    server.stop().await;
+}
+
+/// An identities file: `orders` (prefix `orders/`) may have at most two connections at once,
+/// `admin` is unlimited.
+fn identities_with_connections_max(dir: &Path) -> PathBuf {
+    let path = dir.join("identities.toml");
+    let text = format!(
+        "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\"]\n\
+         connections-max = 2\n\n\
+         [[identity]]\nname = \"admin\"\nsecret-hash = \"{}\"\nprefixes = [\"*\"]\n",
+        hash_secret(b"orders-secret").unwrap(),
+        hash_secret(b"admin-secret").unwrap(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn one_identity_cannot_take_every_connection_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_with_connections_max(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.connections_max = 6;
+    })
+    .await;
+    let first = Console::authed(server.addr, "orders", "orders-secret").await;
+    let mut second = Console::authed(server.addr, "orders", "orders-secret").await;
+    let mut third = Console::connect(server.addr).await;
+    let refused = third.cmd("AUTH orders orders-secret").await;
+    assert_eq!(
+        refused,
+        "ERR CONNECTIONS_LIMIT connections-max: identity `orders` has 2 connections already"
+    );
+    assert_eq!(third.line().await, None, "then closed");
+    // Every other identity still gets in.
+    let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
+    assert_eq!(admin.cmd("INSPECT orders/1").await, "FREE");
+    assert_eq!(second.cmd("INSPECT orders/1").await, "FREE", "the two stay");
+    // A connection that closes gives its place back.
+    drop(first);
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    loop {
+        let mut c = Console::connect(server.addr).await;
+        let reply = c.cmd("AUTH orders orders-secret").await;
+        if reply == "OK authenticated orders" {
+            break;
+        }
+        assert!(reply.starts_with("ERR CONNECTIONS_LIMIT"), "{reply}");
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+/// A console from `source` that PINGed (its opening) and then stays silent.
+async fn silent_from(source: &str, addr: SocketAddr) -> Console {
+    console_from(source, addr).await
+}
+
+#[tokio::test]
+async fn unauthenticated_connections_of_one_address_are_bounded_the_oldest_going_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.unauthenticated_per_address_max = 3;
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(silent_from("127.0.0.8", server.addr).await);
+    }
+    let mut newest = silent_from("127.0.0.8", server.addr).await;
+    let told = silent[0].line().await.expect("the oldest is told why");
+    assert_eq!(
+        told,
+        "ERR CONNECTIONS_LIMIT closed: 3 connections from 127.0.0.8 had not authenticated, \
+         its limit (--unauthenticated-per-address-max); the oldest goes first"
+    );
+    assert_eq!(silent[0].line().await, None, "then closed");
+    for c in &mut silent[1..] {
+        assert_eq!(c.cmd("PING").await, "PONG", "the newer ones stay");
+    }
+    // Another address has places of its own.
+    let mut elsewhere = silent_from("127.0.0.9", server.addr).await;
+    assert_eq!(silent[1].cmd("PING").await, "PONG");
+    // An authenticated connection no longer counts: one AUTHs, one more arrives, none goes.
+    assert_eq!(
+        newest.cmd("AUTH orders orders-secret").await,
+        "OK authenticated orders"
+    );
+    let _another = silent_from("127.0.0.8", server.addr).await;
+    for c in &mut silent[1..] {
+        assert_eq!(c.cmd("PING").await, "PONG");
+    }
+    assert_eq!(elsewhere.cmd("PING").await, "PONG");
+    assert_eq!(newest.cmd("INSPECT orders/1").await, "FREE");
+    server.stop().await;
+}
+
+/// Unauthenticated connections may take at most half of `connections_max`: silent sockets
+/// from as many addresses as there are slots leave the other half to clients who AUTH.
+#[tokio::test]
+async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticated_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.connections_max = 8;
+    })
+    .await;
+    let mut silent = Vec::new();
+    for n in 0..8 {
+        silent.push(silent_from(&format!("127.0.1.{}", n + 1), server.addr).await);
+    }
+    for c in &mut silent[..4] {
+        let told = c.line().await.expect("told why");
+        assert!(
+            told.starts_with("ERR CONNECTIONS_LIMIT closed: 4 connections had not"),
+            "{told}"
+        );
+    }
+    // Four honest clients get in (once the evicted ones are gone) and authenticate.
+    let mut honest = Vec::new();
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    while honest.len() < 4 {
+        let mut c = Console::connect(server.addr).await;
+        match c.cmd("AUTH admin admin-secret").await.as_str() {
+            "OK authenticated admin" => honest.push(c),
+            other => assert!(other.starts_with("ERR CONNECTIONS_LIMIT"), "{other}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} honest clients got in",
+            honest.len()
+        );
+    }
+    for c in &mut honest {
+        assert_eq!(c.cmd("INSPECT orders/1").await, "FREE");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_socket_never_outlives_the_handshake_limit_counted_from_its_accept() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.handshake_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let started = Instant::now();
+    let mut c = Console::connect(server.addr).await;
+    // The opening comes late: the AUTH deadline is not counted from it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(c.cmd("PING").await, "PONG");
+    let line = c.line().await.expect("told why before the close");
+    assert!(line.contains("no AUTH within 2000 ms"), "{line}");
+    assert_eq!(c.line().await, None, "then closed");
+    // Counted from the opening it would be 3.5 s.
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(3000),
+        "held its slot for {took:?}"
+    );
+    server.stop().await;
+}
+
+fn ids_with_hash(dir: &Path, hash: &str) -> PathBuf {
+    let path = dir.join("identities.toml");
+    let text =
+        format!("[[identity]]\nname = \"ops\"\nsecret-hash = \"{hash}\"\nprefixes = [\"*\"]\n");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The finding: `m=4000000,t=100` loaded silently. Now it is refused at start, naming the
+/// bound, and on SIGHUP the identities in force stay.
+#[tokio::test]
+async fn argon2_parameters_over_the_bounds_are_refused_at_start_and_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = hash_secret(b"ops-secret").unwrap();
+    let huge = good.replacen("m=19456,t=2,p=1", "m=4000000,t=100,p=1", 1);
+    assert_ne!(huge, good);
+    let ids = ids_with_hash(dir.path(), &huge);
+    let err = tenure_server::identity::Identities::load(&ids).unwrap_err();
+    assert!(
+        err.contains("identity `ops`") && err.contains("at most 65536"),
+        "{err}"
+    );
+    let out = tenured()
+        .args(["--listen", "127.0.0.1:0", "--no-fsync", "--identities"])
+        .arg(&ids)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "started with unbounded argon2 parameters"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("m (memory, KiB) = 4000000"), "{stderr}");
+
+    ids_with_hash(dir.path(), &good);
+    let daemon = Daemon::with_identities(dir.path(), &ids);
+    let addr = daemon.addr();
+    ids_with_hash(dir.path(), &huge);
+    daemon.hangup();
+    let line = daemon.wait_for("reload failed");
+    assert!(line.contains("at most 65536"), "{line}");
+    let mut c = Console::authed(addr, "ops", "ops-secret").await;
+    assert_eq!(c.cmd("INSPECT a").await, "FREE");
+}
+
+#[test]
+fn insecure_no_auth_in_cluster_mode_logs_the_single_node_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::spawn(
+        tenured()
+            .args([
+                "--cluster",
+                "--node-id",
+                "1",
+                "--peer-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--listen", "0.0.0.0:0", "--insecure-no-auth", "--data-dir"])
+            .arg(dir.path().join("data")),
+    );
+    daemon.wait_for("serving a non-loopback address WITHOUT identities (--insecure-no-auth)");
+    daemon.wait_for("cluster node ready");
+}

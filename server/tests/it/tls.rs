@@ -519,3 +519,87 @@ async fn readme_certificate_recipe_makes_a_client_certificate_that_authenticates
     assert_refused(&orders, "payroll/1", ErrorCode::Forbidden).await;
     server.stop().await;
 }
+
+/// A console over mutual TLS as the holder of `cert`, its opening line sent: the connection.
+async fn tls_console_as(
+    server: &Server,
+    ca: &TestCa,
+    cert: &tenure_testkit::tls::Issued,
+    line: &str,
+) -> BufReader<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let chain = CertificateDer::pem_file_iter(&cert.cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&cert.key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let tcp = TcpStream::connect(server.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .unwrap();
+    BufReader::new(stream)
+}
+
+/// The next console line, or `None` once the server closed the connection.
+async fn next_line(
+    conn: &mut BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
+) -> Option<String> {
+    let mut line = String::new();
+    let read = tokio::time::timeout(REPLY_WAIT_MAX, conn.read_line(&mut line));
+    let n = read.await.expect("no console line in time").unwrap_or(0);
+    (n > 0).then(|| line.trim_end().to_string())
+}
+
+/// A client certificate authenticates within its identity's `connections-max` too.
+#[tokio::test]
+async fn a_certificate_over_its_identity_s_connections_max_is_refused_and_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let clients = TestCa::new(dir.path(), "clients");
+    let files = pki.ca.server_files(&pki.server, Some(&clients));
+    let ids = dir.path().join("identities.toml");
+    let text = format!(
+        "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\"]\n\
+         connections-max = 1\n",
+        hash_secret(b"orders-secret").unwrap(),
+    );
+    std::fs::write(&ids, text).unwrap();
+    let server = Server::start_in(dir.path(), |config| {
+        config.tls = Some(files);
+        config.identities = Some(ids);
+    })
+    .await;
+    let orders = clients.client(dir.path(), "orders");
+    let mut first = tls_console_as(&server, &pki.ca, &orders, "INSPECT orders/1").await;
+    assert_eq!(next_line(&mut first).await.as_deref(), Some("FREE"));
+    let mut second = tls_console_as(&server, &pki.ca, &orders, "INSPECT orders/1").await;
+    let refused = next_line(&mut second).await;
+    assert_eq!(
+        refused.as_deref(),
+        Some("ERR CONNECTIONS_LIMIT connections-max: identity `orders` has 1 connections already"),
+        "the request is not run"
+    );
+    assert_eq!(next_line(&mut second).await, None, "then closed");
+    first
+        .get_mut()
+        .write_all(b"INSPECT orders/2\n")
+        .await
+        .unwrap();
+    assert_eq!(next_line(&mut first).await.as_deref(), Some("FREE"));
+}

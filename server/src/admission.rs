@@ -1,0 +1,266 @@
+//! Admission of connections that have not proved who they are yet, so that no neighbour
+//! can fill the server with them.
+//!
+//! When the server can authenticate (identities, or a client CA), a connection is *pending*
+//! from its accept until it proves who it is: an AUTH that succeeds, or a TLS handshake with
+//! a client certificate. Pending connections are bounded twice: at most `per_address_max`
+//! from one peer address, and at most `total_max` in all. A new connection over either bound
+//! is not refused: the oldest pending connection (of that address, or of all) is evicted to
+//! make room. Refusing the newcomer would let whoever got there first hold the places for
+//! good, refilling them as each reaches the handshake limit; evicting the oldest means a
+//! silent socket lasts only until that many newer connections arrive, and an honest client
+//! next to it gets in and has that long to authenticate.
+//!
+//! ```text
+//!   accept ──► admit(id, ip) ──► PendingPlace ──► authenticated: dropped ──► gone
+//!                 │ over a bound
+//!                 └──► the oldest pending place's token is cancelled: it closes
+//! ```
+//!
+//! An IPv6 peer counts by its /64 network, the block one host or one site is usually given:
+//! counted by single addresses, one host could open a connection from each of its 2^64.
+//!
+//! Without a way to authenticate there is nothing to wait for, and none of this runs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio_util::sync::CancellationToken;
+
+/// The pending connections of one server.
+#[derive(Debug)]
+pub struct Admission {
+    /// Most pending connections from one peer address.
+    per_address_max: usize,
+    /// Most pending connections in all.
+    total_max: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every pending connection by id: ids rise with each accept, so the first is the oldest.
+    pending: BTreeMap<u64, (IpAddr, Arc<Told>)>,
+    /// The ids of the pending connections of each address; no empty sets.
+    by_address: HashMap<IpAddr, BTreeSet<u64>>,
+}
+
+/// Why a pending connection was evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evicted {
+    /// Its address had `per_address_max` pending connections and another arrived.
+    Address,
+    /// The server had `total_max` pending connections and another arrived.
+    Total,
+}
+
+/// How an evicted connection is told, and why.
+#[derive(Debug, Default)]
+struct Told {
+    token: CancellationToken,
+    /// Set before `token` is cancelled.
+    why: OnceLock<Evicted>,
+}
+
+/// A pending connection's place; dropping it (once the connection proved who it is, or
+/// closed) gives the place back.
+#[derive(Debug)]
+pub struct PendingPlace {
+    admission: Arc<Admission>,
+    conn_id: u64,
+    told: Arc<Told>,
+}
+
+impl PendingPlace {
+    /// Completes once the connection is evicted, with the reason; never otherwise.
+    pub async fn evicted(&self) -> Evicted {
+        self.told.token.cancelled().await;
+        *self
+            .told
+            .why
+            .get()
+            .expect("the reason is set before the token")
+    }
+}
+
+impl Drop for PendingPlace {
+    fn drop(&mut self) {
+        let mut state = self
+            .admission
+            .state
+            .lock()
+            .expect("admission lock poisoned");
+        state.forget(self.conn_id);
+    }
+}
+
+impl Admission {
+    /// Room for `per_address_max` pending connections from one address, `total_max` in all.
+    ///
+    /// # Panics
+    /// If either is 0 (config validation refuses it).
+    pub fn new(per_address_max: usize, total_max: usize) -> Admission {
+        assert!(
+            per_address_max >= 1 && total_max >= 1,
+            "admission bounds of 0"
+        );
+        Admission {
+            per_address_max,
+            total_max,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Most pending connections from one address.
+    pub fn per_address_max(&self) -> usize {
+        self.per_address_max
+    }
+
+    /// Most pending connections in all.
+    pub fn total_max(&self) -> usize {
+        self.total_max
+    }
+
+    /// Admits connection `conn_id` from `ip` as pending, evicting the oldest pending
+    /// connection of `ip`, or of all, if a bound is reached.
+    pub fn admit(self: &Arc<Self>, conn_id: u64, ip: IpAddr) -> PendingPlace {
+        let ip = source_of(ip);
+        let told = Arc::new(Told::default());
+        let mut state = self.state.lock().expect("admission lock poisoned");
+        let of_address = state.by_address.get(&ip);
+        if of_address.map_or(0, BTreeSet::len) >= self.per_address_max {
+            if let Some(oldest) = of_address.and_then(|ids| ids.first().copied()) {
+                state.evict(oldest, Evicted::Address);
+            }
+        } else if state.pending.len() >= self.total_max {
+            if let Some((&oldest, _)) = state.pending.first_key_value() {
+                state.evict(oldest, Evicted::Total);
+            }
+        }
+        state.pending.insert(conn_id, (ip, Arc::clone(&told)));
+        state.by_address.entry(ip).or_default().insert(conn_id);
+        drop(state);
+        PendingPlace {
+            admission: Arc::clone(self),
+            conn_id,
+            told,
+        }
+    }
+
+    /// Pending connections now.
+    pub fn pending_count(&self) -> usize {
+        let state = self.state.lock().expect("admission lock poisoned");
+        state.pending.len()
+    }
+}
+
+/// What a peer address counts as: itself for IPv4 (also when mapped into IPv6), its /64
+/// network for IPv6.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let network = v6.to_bits() & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from_bits(network))
+        }
+    }
+}
+
+impl State {
+    /// Forgets `conn_id`; its place is free.
+    fn forget(&mut self, conn_id: u64) -> Option<Arc<Told>> {
+        let (ip, told) = self.pending.remove(&conn_id)?;
+        if let Some(ids) = self.by_address.get_mut(&ip) {
+            ids.remove(&conn_id);
+            if ids.is_empty() {
+                self.by_address.remove(&ip);
+            }
+        }
+        Some(told)
+    }
+
+    /// Evicts `conn_id`: forgotten here, and told why through its token.
+    fn evict(&mut self, conn_id: u64, why: Evicted) {
+        if let Some(told) = self.forget(conn_id) {
+            let _ = told.why.set(why);
+            told.token.cancel();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, n])
+    }
+
+    fn evicted(place: &PendingPlace) -> Option<Evicted> {
+        place.evicted().now_or_never()
+    }
+
+    #[test]
+    fn an_address_over_its_bound_loses_its_oldest_pending_connection() {
+        let admission = Arc::new(Admission::new(2, 10));
+        let a1 = admission.admit(1, ip(1));
+        let b = admission.admit(2, ip(2));
+        let a2 = admission.admit(3, ip(1));
+        assert_eq!(
+            (evicted(&a1), evicted(&a2), evicted(&b)),
+            (None, None, None)
+        );
+        let a3 = admission.admit(4, ip(1));
+        assert_eq!(evicted(&a1), Some(Evicted::Address));
+        assert_eq!(
+            (evicted(&a2), evicted(&a3), evicted(&b)),
+            (None, None, None)
+        );
+        assert_eq!(admission.pending_count(), 3);
+        drop(a1); // already forgotten: dropping it frees nothing more
+        assert_eq!(admission.pending_count(), 3);
+    }
+
+    #[test]
+    fn an_ipv6_peer_counts_by_its_64_network_and_a_mapped_ipv4_as_itself() {
+        let admission = Arc::new(Admission::new(1, 10));
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_network: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other_network: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let first = admission.admit(1, one);
+        let _other = admission.admit(2, other_network);
+        assert_eq!(evicted(&first), None);
+        let _second = admission.admit(3, same_network);
+        assert_eq!(evicted(&first), Some(Evicted::Address));
+        let v4 = admission.admit(4, ip(1));
+        let _mapped = admission.admit(5, "::ffff:127.0.0.1".parse().unwrap());
+        assert_eq!(evicted(&v4), Some(Evicted::Address));
+    }
+
+    #[test]
+    fn the_server_over_its_bound_loses_its_oldest_pending_connection() {
+        let admission = Arc::new(Admission::new(5, 3));
+        let places: Vec<_> = (1..=3)
+            .map(|n| admission.admit(u64::from(n), ip(n)))
+            .collect();
+        let fourth = admission.admit(4, ip(4));
+        assert_eq!(evicted(&places[0]), Some(Evicted::Total));
+        assert!(places[1..].iter().all(|p| evicted(p).is_none()));
+        assert_eq!(evicted(&fourth), None);
+        assert_eq!(admission.pending_count(), 3);
+    }
+
+    #[test]
+    fn a_place_given_back_makes_room_and_leaves_nothing_behind() {
+        let admission = Arc::new(Admission::new(1, 1));
+        let first = admission.admit(1, ip(1));
+        drop(first);
+        let second = admission.admit(2, ip(1));
+        assert_eq!(evicted(&second), None);
+        drop(second);
+        let state = admission.state.lock().unwrap();
+        assert!(state.pending.is_empty() && state.by_address.is_empty());
+    }
+}
