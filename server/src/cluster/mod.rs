@@ -26,6 +26,7 @@ pub mod journal;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod peer_check;
 pub mod state;
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::catch_up::CatchUp;
+use super::peer_check::{self, Known, Refused};
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame either side sends or accepts, in bytes: an append of the most entries the
@@ -84,10 +85,14 @@ pub struct PeerService {
     pub catch_up: Arc<CatchUp>,
     /// The peer listener's address, which outgoing peer connections leave from.
     pub source: IpAddr,
+    /// Where the snapshot being received has got to ([`peer_check::SnapshotProgress`]).
+    pub snapshots: Arc<peer_check::SnapshotProgress>,
+    /// The rate limit on log lines about refused frames.
+    pub refusals: Arc<peer_check::RefusalLog>,
 }
 
 /// `value` as one frame, length prefix included.
-fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
     let mut frame = vec![0u8; 4];
     let mut frame =
         postcard::to_extend(value, std::mem::take(&mut frame)).map_err(std::io::Error::other)?;
@@ -183,6 +188,9 @@ async fn serve_peer(
     isolated: Arc<AtomicBool>,
     service: PeerService,
 ) -> std::io::Result<()> {
+    // The node the connection's first Raft frame came from: every later one must be from it
+    // too (a node sends its own votes and appends on its connections, nobody else's).
+    let mut sender: Option<NodeId> = None;
     loop {
         // An idle connection is closed: the nodes' own pooled connections are used every
         // heartbeat or reconnect once, and a silent stranger must not hold a slot.
@@ -195,34 +203,83 @@ async fn serve_peer(
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let reply = match request {
-            // Unanswered while the guard is up: the candidate counts this node unreachable.
-            PeerRequest::Vote(_) if service.catch_up.refuses_votes() => return Ok(()),
-            PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
-            PeerRequest::Append(rpc) => {
-                service.catch_up.note_append(&rpc);
-                PeerReply::Append(raft.append_entries(rpc).await)
-            }
-            PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
-            PeerRequest::Initialize(members) => {
-                let result = super::bootstrap::initialize(&raft, &service, members).await;
-                PeerReply::Initialize(result)
-            }
-            PeerRequest::Probe => {
-                PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
-            }
-            PeerRequest::Bootstrap => {
-                let fresh = raft.is_initialized().await.map_err(|e| e.to_string());
-                if fresh == Ok(false) {
-                    service
-                        .catch_up
-                        .lift(&raft, "a new cluster is being initialised");
-                }
-                PeerReply::Bootstrap(fresh)
-            }
-        };
+        if let Err(why) = admit(&request, &raft, &service, &mut sender) {
+            let peer = stream
+                .peer_addr()
+                .map_or("?".to_string(), |a| a.to_string());
+            service.refusals.refused(now_ms(), &peer, &why);
+            return Ok(());
+        }
+        let reply = answer(request, &raft, &service).await?;
         write_frame(&mut stream, &reply).await?;
     }
+}
+
+/// Milliseconds since the Unix epoch, for the refusal log's rate limit.
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Checks `request` ([`peer_check`]) and that it comes from the connection's `sender`, whom
+/// the first Raft frame sets.
+fn admit(
+    request: &PeerRequest,
+    raft: &Raft,
+    service: &PeerService,
+    sender: &mut Option<NodeId>,
+) -> Result<(), Refused> {
+    let known = Known::from_metrics(&raft.metrics().borrow());
+    let from = peer_check::check_request(request, &known)?;
+    match (from, *sender) {
+        (Some(from), Some(before)) if from != before => {
+            let why = format!("a frame from node {from} on node {before}'s connection");
+            return Err(Refused(why));
+        }
+        (Some(from), None) => *sender = Some(from),
+        _ => {}
+    }
+    if let PeerRequest::Snapshot(rpc) = request {
+        let id = &rpc.meta.snapshot_id;
+        service.snapshots.admit(id, rpc.offset, rpc.data.len())?;
+    }
+    Ok(())
+}
+
+/// What this node answers to `request`; `Err` to close the connection unanswered.
+async fn answer(
+    request: PeerRequest,
+    raft: &Raft,
+    service: &PeerService,
+) -> std::io::Result<PeerReply> {
+    Ok(match request {
+        // Unanswered while the guard is up: the candidate counts this node unreachable.
+        PeerRequest::Vote(_) if service.catch_up.refuses_votes() => {
+            return Err(std::io::Error::other("vote guard up"));
+        }
+        PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
+        PeerRequest::Append(rpc) => {
+            service.catch_up.note_append(&rpc);
+            PeerReply::Append(raft.append_entries(rpc).await)
+        }
+        PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
+        PeerRequest::Initialize(members) => {
+            let result = super::bootstrap::initialize(raft, service, members).await;
+            PeerReply::Initialize(result)
+        }
+        PeerRequest::Probe => {
+            PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
+        }
+        PeerRequest::Bootstrap => {
+            let fresh = raft.is_initialized().await.map_err(|e| e.to_string());
+            if fresh == Ok(false) {
+                service
+                    .catch_up
+                    .lift(raft, "a new cluster is being initialised");
+            }
+            PeerReply::Bootstrap(fresh)
+        }
+    })
 }
 
 /// Most connections the peer port serves at once. Each peer opens a few (a replication
@@ -406,9 +463,12 @@ impl PeerClient {
     ) -> std::io::Result<PeerReply> {
         let exchange = async {
             stream.write_all(frame).await?;
-            read_frame::<PeerReply>(stream)
+            let reply = read_frame::<PeerReply>(stream)
                 .await?
-                .ok_or_else(|| std::io::Error::other("peer closed the connection"))
+                .ok_or_else(|| std::io::Error::other("peer closed the connection"))?;
+            // A reply out of bounds (a term past TERM_MAX, say) is as good as none.
+            peer_check::check_reply(&reply).map_err(std::io::Error::other)?;
+            Ok(reply)
         };
         match tokio::time::timeout_at(deadline, exchange).await {
             Ok(result) => result,

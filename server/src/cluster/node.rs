@@ -252,6 +252,8 @@ impl ClusterNode {
             me: id,
             catch_up: CatchUp::new(fresh),
             source,
+            snapshots: Arc::default(),
+            refusals: Arc::default(),
         };
         let hint = LeaderHint::new(raft.clone(), id);
         let admin = Admin::new(raft.clone(), service.clone());

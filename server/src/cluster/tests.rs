@@ -905,3 +905,75 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
     );
     kill_all(nodes).await;
 }
+
+/// Sends `request` to the peer port at `addr` as any stranger could, and returns the first
+/// bytes of the answer: `None` if the node closed the connection without answering.
+async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let frame = super::network::encode_frame(request).unwrap();
+    if stream.write_all(&frame).await.is_err() {
+        return None;
+    }
+    let mut header = [0u8; 4];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut header))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    match read {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(header[..n].to_vec()),
+    }
+}
+
+/// A forged heartbeat of term `u64::MAX` (issue 22, item 2) used to be taken: the vote
+/// saved at that term, the next election overflowed it and both survivors' Raft cores
+/// panicked, again after every restart. It is refused unanswered now; the leader's loss is
+/// then an ordinary fail-over and the lock held before it stays exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works() {
+    use super::network::PeerRequest;
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+    use openraft::Vote;
+    let _watchdog = watchdog("a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works");
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[first].info.client_addr).await;
+    let held = holder.ask("ACQUIRE held 60000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let leader_id = nodes[first].node.id();
+    for started in &nodes {
+        for forged_leader in [leader_id, 99] {
+            let heartbeat = PeerRequest::Append(AppendEntriesRequest {
+                vote: Vote::new_committed(u64::MAX, forged_leader),
+                prev_log_id: None,
+                entries: Vec::new(),
+                leader_commit: None,
+            });
+            assert_eq!(forge(&started.info.peer_addr, &heartbeat).await, None);
+        }
+        let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(u64::MAX, leader_id), None));
+        assert_eq!(forge(&started.info.peer_addr, &vote).await, None);
+    }
+    drop(holder);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+
+    let second = serving_leader(&nodes).await;
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled(), "a Raft core stopped");
+        let term = started.node.raft().metrics().borrow().current_term;
+        assert!(term < super::peer_check::TERM_MAX, "term {term}");
+    }
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(
+        taken.starts_with("LOCKED "),
+        "the lock was given twice: {taken}"
+    );
+    let fresh = leader.ask("ACQUIRE fresh 30000").await;
+    assert!(fresh.starts_with("OK token="), "{fresh}");
+    let mut other = Console::connect(&nodes[second].info.client_addr).await;
+    let again = other.ask("ACQUIRE fresh 30000").await;
+    assert!(again.starts_with("LOCKED "), "{again}");
+    kill_all(nodes).await;
+}
