@@ -116,6 +116,14 @@ async fn write_frame(
 async fn read_frame<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
 ) -> std::io::Result<Option<T>> {
+    match read_len(stream).await? {
+        Some(len) => read_body(stream, len).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads a frame's length; `Ok(None)` if the peer closed cleanly before it.
+async fn read_len(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<usize>> {
     let mut len = [0u8; 4];
     match stream.read_exact(&mut len).await {
         Ok(_) => {}
@@ -128,15 +136,30 @@ async fn read_frame<T: DeserializeOwned>(
             "peer frame of {len} bytes over FRAME_LEN_MAX"
         )));
     }
+    Ok(Some(len))
+}
+
+/// Reads a frame's `len` bytes of body and decodes them.
+async fn read_body<T: DeserializeOwned>(
+    stream: &mut (impl AsyncRead + Unpin),
+    len: usize,
+) -> std::io::Result<T> {
     let mut body = vec![0u8; len];
     stream.read_exact(&mut body).await?;
-    postcard::from_bytes(&body)
-        .map(Some)
-        .map_err(std::io::Error::other)
+    postcard::from_bytes(&body).map_err(std::io::Error::other)
 }
 
 /// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
 /// connections are closed unanswered.
+///
+/// Slots: at most [`PEER_CONNECTIONS_MAX`] connections at once (past it one is closed at
+/// once: a flood must not take the file descriptors Raft needs for its log and vote, which
+/// stops its core). Of these, a connection is *opening* until it carries a Raft frame from a
+/// member ([`Slots`]): at most [`PEER_OPENING_MAX`] are, the oldest silent one is closed to
+/// make way for a newcomer, and each must send every frame's length within
+/// [`PEER_OPENING_TIMEOUT`]. A member's connections (at most
+/// [`PEER_CONNECTIONS_PER_NODE_MAX`] each) are then never taken by strangers: a flood of
+/// silent sockets cannot hold the slots the candidates need in an election.
 pub async fn serve_peers(
     listener: TcpListener,
     raft: Raft,
@@ -145,7 +168,8 @@ pub async fn serve_peers(
     service: PeerService,
 ) {
     let tracker = TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(PEER_CONNECTIONS_MAX));
+    let total = Arc::new(tokio::sync::Semaphore::new(PEER_CONNECTIONS_MAX));
+    let slots = Arc::new(Slots::default());
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -159,27 +183,171 @@ pub async fn serve_peers(
                 continue;
             }
         };
-        // Past the cap the connection is closed at once: a flood on the peer port must not
-        // take the file descriptors Raft needs for its log and vote (which stops its core).
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(&total).try_acquire_owned() else {
             tracing::warn!("peer connection refused: {PEER_CONNECTIONS_MAX} are open");
             continue;
         };
         let _ = stream.set_nodelay(true);
         let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
         let service = service.clone();
+        let (slot, evicted) = Slots::open(&slots);
         tracker.spawn(async move {
             let _permit = permit;
             tokio::select! {
                 _ = stop.cancelled() => {}
-                result = serve_peer(stream, raft, isolated, service) => if let Err(e) = result {
+                _ = evicted.cancelled() => tracing::debug!("opening peer connection made way"),
+                result = serve_peer(stream, raft, isolated, service, slot) => if let Err(e) = result {
                     tracing::debug!(error = %e, "peer connection ended");
                 },
             }
         });
+        // Lets the new connection's task read what it sent before the next accept: under a
+        // flood, a member's connection must not be made to give way before it could speak.
+        tokio::task::yield_now().await;
     }
     tracker.close();
     tracker.wait().await;
+}
+
+/// Most connections at once that have not yet carried a Raft frame from a member: probes,
+/// `tenured cluster-init`, a node's connection before its first frame, and strangers.
+pub const PEER_OPENING_MAX: usize = 32;
+/// How long an opening connection may take to send each frame's length: a node sends its
+/// frame as soon as it has connected.
+pub const PEER_OPENING_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a frame's body may take once its length came: the largest frame at 10 MB/s.
+pub const PEER_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections at once from one member: a replication stream, elections, and the
+/// pooled connections of confirmation rounds (at most [`IDLE_PER_PEER_MAX`] idle).
+pub const PEER_CONNECTIONS_PER_NODE_MAX: usize = 24;
+
+const _: () = assert!(
+    PEER_OPENING_MAX
+        + (tenure_protocol::limits::CLUSTER_MEMBERS_MAX - 1) * PEER_CONNECTIONS_PER_NODE_MAX
+        <= PEER_CONNECTIONS_MAX,
+    "the members' and the opening slots must fit the peer port's cap"
+);
+const _: () = assert!(IDLE_PER_PEER_MAX * 4 <= PEER_CONNECTIONS_PER_NODE_MAX);
+
+/// The peer port's opening and member slots (see [`serve_peers`]).
+#[derive(Default)]
+struct Slots {
+    inner: Mutex<SlotsInner>,
+}
+
+#[derive(Default)]
+struct SlotsInner {
+    /// The number the next connection gets: connections by age.
+    next: u64,
+    /// Opening connections by age: what closes each, and whether it has sent a length.
+    opening: BTreeMap<u64, (CancellationToken, bool)>,
+    /// Connections per member.
+    members: HashMap<NodeId, usize>,
+}
+
+/// One connection's place in [`Slots`]; given back when dropped.
+struct Slot {
+    slots: Arc<Slots>,
+    seq: u64,
+    member: Option<NodeId>,
+}
+
+impl Slots {
+    /// A new connection's opening slot, and what closes it if it has to make way: when all
+    /// are taken, the oldest silent one (or else the oldest) is closed.
+    fn open(slots: &Arc<Slots>) -> (Slot, CancellationToken) {
+        let mut inner = slots.lock();
+        if inner.opening.len() >= PEER_OPENING_MAX {
+            let silent = inner.opening.iter().find(|(_, (_, talked))| !talked);
+            let oldest = silent.or(inner.opening.iter().next()).map(|(seq, _)| *seq);
+            if let Some((evicted, _)) = oldest.and_then(|seq| inner.opening.remove(&seq)) {
+                evicted.cancel();
+            }
+        }
+        let seq = inner.next;
+        inner.next += 1;
+        let evicted = CancellationToken::new();
+        inner.opening.insert(seq, (evicted.clone(), false));
+        let slot = Slot {
+            slots: Arc::clone(slots),
+            seq,
+            member: None,
+        };
+        (slot, evicted)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsInner> {
+        self.inner.lock().expect("peer slots poisoned")
+    }
+}
+
+impl Slot {
+    /// Notes that the connection sent a frame's length: it is not silent.
+    fn talked(&self) {
+        if let Some((_, talked)) = self.slots.lock().opening.get_mut(&self.seq) {
+            *talked = true;
+        }
+    }
+
+    /// Moves the connection from the opening slots to `member`'s.
+    ///
+    /// # Errors
+    /// When `member` has [`PEER_CONNECTIONS_PER_NODE_MAX`] already.
+    fn promote(&mut self, member: NodeId) -> Result<(), Refused> {
+        let mut inner = self.slots.lock();
+        let count = inner.members.entry(member).or_default();
+        if *count >= PEER_CONNECTIONS_PER_NODE_MAX {
+            let why = format!("node {member} has {PEER_CONNECTIONS_PER_NODE_MAX} connections");
+            return Err(Refused(why));
+        }
+        *count += 1;
+        inner.opening.remove(&self.seq);
+        self.member = Some(member);
+        Ok(())
+    }
+
+    fn is_member(&self) -> bool {
+        self.member.is_some()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut inner = self.slots.lock();
+        inner.opening.remove(&self.seq);
+        if let Some(member) = self.member {
+            if let Some(count) = inner.members.get_mut(&member) {
+                *count -= 1;
+                if *count == 0 {
+                    inner.members.remove(&member);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the next request: its length within [`PEER_OPENING_TIMEOUT`] on an opening
+/// connection, [`PEER_IDLE_MAX`] on a member's, its body within [`PEER_BODY_TIMEOUT`].
+/// `Ok(None)` when the connection is to be closed quietly (closed by the peer, or idle).
+async fn read_request(stream: &mut TcpStream, slot: &Slot) -> std::io::Result<Option<PeerRequest>> {
+    let idle_max = if slot.is_member() {
+        PEER_IDLE_MAX
+    } else {
+        PEER_OPENING_TIMEOUT
+    };
+    let Ok(len) = tokio::time::timeout(idle_max, read_len(stream)).await else {
+        return Ok(None);
+    };
+    let Some(len) = len? else {
+        return Ok(None);
+    };
+    slot.talked();
+    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len)).await {
+        Ok(body) => body.map(Some),
+        Err(_) => Err(timed_out(format!(
+            "a {len}-byte peer frame took over {PEER_BODY_TIMEOUT:?}"
+        ))),
+    }
 }
 
 async fn serve_peer(
@@ -187,6 +355,7 @@ async fn serve_peer(
     raft: Raft,
     isolated: Arc<AtomicBool>,
     service: PeerService,
+    mut slot: Slot,
 ) -> std::io::Result<()> {
     // The node the connection's first Raft frame came from: every later one must be from it
     // too (a node sends its own votes and appends on its connections, nobody else's).
@@ -194,16 +363,18 @@ async fn serve_peer(
     loop {
         // An idle connection is closed: the nodes' own pooled connections are used every
         // heartbeat or reconnect once, and a silent stranger must not hold a slot.
-        let Ok(read) = tokio::time::timeout(PEER_IDLE_MAX, read_frame(&mut stream)).await else {
-            return Ok(());
-        };
-        let Some(request) = read? else {
+        let Some(request) = read_request(&mut stream, &slot).await? else {
             return Ok(());
         };
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
-        if let Err(why) = admit(&request, &raft, &service, &mut sender) {
+        let admitted =
+            admit(&request, &raft, &service, &mut sender).and_then(|member| match member {
+                Some(member) if !slot.is_member() => slot.promote(member),
+                _ => Ok(()),
+            });
+        if let Err(why) = admitted {
             let peer = stream
                 .peer_addr()
                 .map_or("?".to_string(), |a| a.to_string());
@@ -222,13 +393,14 @@ fn now_ms() -> u64 {
 }
 
 /// Checks `request` ([`peer_check`]) and that it comes from the connection's `sender`, whom
-/// the first Raft frame sets.
+/// the first Raft frame sets; returns the sender if it is a member (or this node has no
+/// membership yet).
 fn admit(
     request: &PeerRequest,
     raft: &Raft,
     service: &PeerService,
     sender: &mut Option<NodeId>,
-) -> Result<(), Refused> {
+) -> Result<Option<NodeId>, Refused> {
     let known = Known::from_metrics(&raft.metrics().borrow());
     let from = peer_check::check_request(request, &known)?;
     match (from, *sender) {
@@ -243,7 +415,8 @@ fn admit(
         let id = &rpc.meta.snapshot_id;
         service.snapshots.admit(id, rpc.offset, rpc.data.len())?;
     }
-    Ok(())
+    let member = |id: &NodeId| known.members.is_empty() || known.members.contains(id);
+    Ok(from.filter(member))
 }
 
 /// What this node answers to `request`; `Err` to close the connection unanswered.
@@ -282,11 +455,11 @@ async fn answer(
     })
 }
 
-/// Most connections the peer port serves at once. Each peer opens a few (a replication
-/// stream, elections, pooled connections for confirmation rounds: at most
-/// [`IDLE_PER_PEER_MAX`] idle), and a cluster has at most 9 members.
+/// Most connections the peer port serves at once: the members' (at most
+/// [`PEER_CONNECTIONS_PER_NODE_MAX`] each, and a cluster has at most 9 members) and the
+/// opening ones ([`PEER_OPENING_MAX`]).
 pub const PEER_CONNECTIONS_MAX: usize = 256;
-/// A peer connection that sends no request for this long is closed.
+/// A member's connection that sends no request for this long is closed.
 pub const PEER_IDLE_MAX: Duration = Duration::from_secs(60);
 
 /// Most idle connections kept per peer for later calls.
@@ -669,6 +842,58 @@ mod tests {
         ] {
             assert!(parse_members(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Opening slots: a newcomer always gets one, the oldest silent connection gives way
+    /// (one that sent a length only when all have), a member's connection never does, and a
+    /// member has at most its own share.
+    #[test]
+    fn opening_slots_make_way_for_newcomers_and_members_keep_theirs() {
+        let slots = Arc::new(Slots::default());
+        let mut opened: Vec<(Slot, CancellationToken)> =
+            (0..PEER_OPENING_MAX).map(|_| Slots::open(&slots)).collect();
+        opened[0].0.talked();
+        opened[2].0.promote(7).unwrap();
+        let _filler = Slots::open(&slots);
+        assert!(
+            opened.iter().all(|(_, gone)| !gone.is_cancelled()),
+            "a slot was free"
+        );
+        let _newcomer = Slots::open(&slots);
+        assert!(!opened[0].1.is_cancelled(), "it had sent a length");
+        assert!(
+            opened[1].1.is_cancelled(),
+            "the oldest silent one gives way"
+        );
+        let _another = Slots::open(&slots);
+        assert!(!opened[2].1.is_cancelled(), "a member's connection stays");
+        assert!(opened[3].1.is_cancelled());
+        assert_eq!(slots.lock().opening.len(), PEER_OPENING_MAX);
+
+        let talking = Arc::new(Slots::default());
+        let all: Vec<(Slot, CancellationToken)> = (0..PEER_OPENING_MAX)
+            .map(|_| Slots::open(&talking))
+            .collect();
+        all.iter().for_each(|(slot, _)| slot.talked());
+        let _last = Slots::open(&talking);
+        assert!(all[0].1.is_cancelled(), "once none is silent, the oldest");
+        assert!(all[1..].iter().all(|(_, gone)| !gone.is_cancelled()));
+
+        let mut members: Vec<Slot> = Vec::new();
+        for _ in 1..PEER_CONNECTIONS_PER_NODE_MAX {
+            let (mut slot, _) = Slots::open(&slots);
+            slot.promote(7).unwrap();
+            members.push(slot);
+        }
+        let (mut over, _) = Slots::open(&slots);
+        assert!(over.promote(7).is_err(), "past node 7's share");
+        over.promote(8).unwrap();
+        drop(members.pop());
+        over = Slots::open(&slots).0;
+        over.promote(7).unwrap();
+        drop((over, members, opened));
+        let inner = slots.lock();
+        assert!(inner.members.is_empty() && inner.opening.len() <= PEER_OPENING_MAX);
     }
 
     #[tokio::test]
