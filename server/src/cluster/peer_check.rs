@@ -28,6 +28,8 @@
 //!   node's log (it starts at or past its last entry: a follower that missed the entry
 //!   adding a new leader must still be able to catch up from it) or carries a membership
 //!   naming the sender;
+//! - an append's log ids at or below this node's last applied one are of no later term
+//!   than it (openraft takes a previous log id below its commit index as matching);
 //! - replies obey the same bounds on terms and log ids.
 //!
 //! What these checks cannot stop: a frame that is well formed and names a real member,
@@ -88,6 +90,8 @@ pub struct Known {
     pub members: BTreeSet<NodeId>,
     /// Its last log index, `None` for an empty log.
     pub last_log_index: Option<u64>,
+    /// The last log id it applied: committed, so every honest leader has it.
+    pub last_applied: Option<LogId>,
 }
 
 impl Known {
@@ -100,6 +104,7 @@ impl Known {
                 .map(|(id, _)| *id)
                 .collect(),
             last_log_index: metrics.last_log_index,
+            last_applied: metrics.last_applied,
         }
     }
 }
@@ -168,6 +173,7 @@ pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<Node
             }
             check_entries(rpc.prev_log_id.as_ref(), &rpc.entries, term)?;
             check_append_sender(sender, rpc.prev_log_id.as_ref(), &rpc.entries, known)?;
+            check_against_applied(rpc.prev_log_id.as_ref(), &rpc.entries, known)?;
             Ok(Some(sender))
         }
         PeerRequest::Snapshot(rpc) => {
@@ -308,6 +314,28 @@ fn check_nodes<'a>(nodes: impl Iterator<Item = (&'a NodeId, &'a NodeInfo)>) -> R
                     "membership: node {id}'s address is not 1 to {CLUSTER_ADDR_LEN_MAX} bytes"
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// An append's log ids at or below this node's last applied one: an honest leader has the
+/// same entries there, so none of a later term. openraft takes a previous log id below its
+/// commit index as matching (asserting so in a debug build only) and would append after it.
+fn check_against_applied(
+    prev: Option<&LogId>,
+    entries: &[Entry],
+    known: &Known,
+) -> Result<(), Refused> {
+    let Some(applied) = known.last_applied else {
+        return Ok(());
+    };
+    let ids = prev.into_iter().chain(entries.iter().map(|e| &e.log_id));
+    for id in ids.take_while(|id| id.index <= applied.index) {
+        if id.leader_id.term > applied.leader_id.term {
+            return refuse(format!(
+                "append: log id {id} below this node's applied {applied} is of a later term"
+            ));
         }
     }
     Ok(())
@@ -525,6 +553,7 @@ mod tests {
         Known {
             members: [1, 2, 3].into_iter().collect(),
             last_log_index: Some(20),
+            last_applied: Some(log_id(6, 8)),
         }
     }
 
@@ -807,6 +836,20 @@ mod tests {
         let naming = vec![entry(6, 11, members(&[1, 2, 99]))];
         assert!(check_request(&from_99(10, naming), &known).is_ok());
         assert!(check_request(&from_99(10, Vec::new()), &Known::default()).is_ok());
+    }
+
+    /// Below the applied index an honest leader's log is this node's: a later term there is
+    /// forged (openraft would take it as matching).
+    #[test]
+    fn log_ids_at_or_below_the_applied_one_are_of_no_later_term() {
+        let known = known(); // applied: term 6, index 8
+        assert!(check_request(&append(7, Some(log_id(6, 8)), Vec::new()), &known).is_ok());
+        assert!(check_request(&append(7, Some(log_id(7, 8)), Vec::new()), &known).is_err());
+        assert!(check_request(&append(7, Some(log_id(7, 3)), Vec::new()), &known).is_err());
+        let past = vec![entry(7, 9, EntryPayload::Blank)];
+        assert!(check_request(&append(7, Some(log_id(6, 8)), past), &known).is_ok());
+        let forged = vec![entry(7, 8, EntryPayload::Blank)];
+        assert!(check_request(&append(7, Some(log_id(6, 7)), forged), &known).is_err());
     }
 
     #[test]
