@@ -27,6 +27,7 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod peer_check;
+pub mod peer_tls;
 pub mod state;
 #[cfg(test)]
 mod tests;

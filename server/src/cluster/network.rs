@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use super::catch_up::CatchUp;
 use super::peer_check::{self, Known, Refused};
+use super::peer_tls::PeerTls;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame either side sends or accepts, in bytes: an append of the most entries the
@@ -83,12 +84,58 @@ pub struct PeerService {
     pub me: NodeId,
     /// The vote guard of a node started on an empty data directory.
     pub catch_up: Arc<CatchUp>,
-    /// The peer listener's address, which outgoing peer connections leave from.
-    pub source: IpAddr,
+    /// How this node dials its peers (from the peer listener's address, with peer TLS if
+    /// configured); its TLS also serves the peer port.
+    pub dialer: Dialer,
     /// Where the snapshot being received has got to ([`peer_check::SnapshotProgress`]).
     pub snapshots: Arc<peer_check::SnapshotProgress>,
     /// The rate limit on log lines about refused frames.
     pub refusals: Arc<peer_check::RefusalLog>,
+}
+
+/// A peer connection's bytes: TCP, or TLS over TCP.
+pub trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
+/// A peer connection, either way.
+pub type PeerStream = Box<dyn PeerIo>;
+
+/// How a node reaches its peers: from which address (the peer listener's), and with which
+/// TLS (`None`: plain TCP, loopback clusters only).
+#[derive(Clone, Debug, Default)]
+pub struct Dialer {
+    source: Option<IpAddr>,
+    tls: Option<Arc<PeerTls>>,
+}
+
+impl Dialer {
+    /// Connections leave from `source` when it is a specific address: peer traffic then
+    /// comes from one address per node both ways, which a firewall rule, or a test's proxy
+    /// cutting one node off, can tell apart on loopback (`127.0.0.N` per node).
+    pub fn new(source: IpAddr, tls: Option<Arc<PeerTls>>) -> Dialer {
+        Dialer {
+            source: (!source.is_unspecified()).then_some(source),
+            tls,
+        }
+    }
+
+    /// The peer TLS this node uses, if any.
+    pub fn tls(&self) -> Option<&Arc<PeerTls>> {
+        self.tls.as_ref()
+    }
+
+    /// Connects to node `target` at `addr`, the TLS handshake included (whose certificate
+    /// must name `target`).
+    ///
+    /// # Errors
+    /// When the connection or the handshake fails.
+    pub async fn dial(&self, target: NodeId, addr: &str) -> std::io::Result<PeerStream> {
+        let tcp = connect_from(self.source, addr).await?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => Ok(Box::new(tcp)),
+            Some(tls) => Ok(Box::new(tls.connect(tcp, target).await?)),
+        }
+    }
 }
 
 /// `value` as one frame, length prefix included.
@@ -193,10 +240,28 @@ pub async fn serve_peers(
         let (slot, evicted) = Slots::open(&slots);
         tracker.spawn(async move {
             let _permit = permit;
+            let serve = async {
+                let peer = stream
+                    .peer_addr()
+                    .map_or("?".to_string(), |a| a.to_string());
+                let (stream, certified) = match open_stream(stream, &service).await {
+                    Ok(opened) => opened,
+                    Err(why) => {
+                        service.refusals.refused(now_ms(), &peer, &why);
+                        return Ok(());
+                    }
+                };
+                let conn = Conn {
+                    peer,
+                    slot,
+                    sender: certified,
+                };
+                serve_peer(stream, conn, raft, isolated, service).await
+            };
             tokio::select! {
                 _ = stop.cancelled() => {}
                 _ = evicted.cancelled() => tracing::debug!("opening peer connection made way"),
-                result = serve_peer(stream, raft, isolated, service, slot) => if let Err(e) = result {
+                result = serve => if let Err(e) = result {
                     tracing::debug!(error = %e, "peer connection ended");
                 },
             }
@@ -329,7 +394,10 @@ impl Drop for Slot {
 /// Reads the next request: its length within [`PEER_OPENING_TIMEOUT`] on an opening
 /// connection, [`PEER_IDLE_MAX`] on a member's, its body within [`PEER_BODY_TIMEOUT`].
 /// `Ok(None)` when the connection is to be closed quietly (closed by the peer, or idle).
-async fn read_request(stream: &mut TcpStream, slot: &Slot) -> std::io::Result<Option<PeerRequest>> {
+async fn read_request(
+    stream: &mut PeerStream,
+    slot: &Slot,
+) -> std::io::Result<Option<PeerRequest>> {
     let idle_max = if slot.is_member() {
         PEER_IDLE_MAX
     } else {
@@ -350,35 +418,66 @@ async fn read_request(stream: &mut TcpStream, slot: &Slot) -> std::io::Result<Op
     }
 }
 
+/// How long the TLS handshake of a peer connection may take.
+pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection's stream once opened: the TLS handshake done if the node has peer TLS (then
+/// with the node id the client's certificate names), the TCP stream as it is if not.
+///
+/// # Errors
+/// The handshake failed or took over [`PEER_HANDSHAKE_TIMEOUT`]: no certificate, one the
+/// cluster's CA did not sign, one naming no node.
+async fn open_stream(
+    tcp: TcpStream,
+    service: &PeerService,
+) -> Result<(PeerStream, Option<NodeId>), Refused> {
+    let Some(tls) = service.dialer.tls() else {
+        return Ok((Box::new(tcp), None));
+    };
+    match tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+        Ok(Ok((stream, id))) => Ok((Box::new(stream), Some(id))),
+        Ok(Err(why)) => Err(Refused(why)),
+        Err(_) => Err(Refused(format!(
+            "peer TLS handshake took over {PEER_HANDSHAKE_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// One served peer connection: where it comes from, its slot, and the node it speaks for.
+struct Conn {
+    /// The remote address, for the log.
+    peer: String,
+    slot: Slot,
+    /// The node the connection's certificate names (peer TLS), or else its first Raft
+    /// frame: every Raft frame on it must be from that node (a node sends its own votes and
+    /// appends on its connections, nobody else's).
+    sender: Option<NodeId>,
+}
+
 async fn serve_peer(
-    mut stream: TcpStream,
+    mut stream: PeerStream,
+    mut conn: Conn,
     raft: Raft,
     isolated: Arc<AtomicBool>,
     service: PeerService,
-    mut slot: Slot,
 ) -> std::io::Result<()> {
-    // The node the connection's first Raft frame came from: every later one must be from it
-    // too (a node sends its own votes and appends on its connections, nobody else's).
-    let mut sender: Option<NodeId> = None;
     loop {
         // An idle connection is closed: the nodes' own pooled connections are used every
         // heartbeat or reconnect once, and a silent stranger must not hold a slot.
-        let Some(request) = read_request(&mut stream, &slot).await? else {
+        let Some(request) = read_request(&mut stream, &conn.slot).await? else {
             return Ok(());
         };
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
+        let slot = &mut conn.slot;
         let admitted =
-            admit(&request, &raft, &service, &mut sender).and_then(|member| match member {
+            admit(&request, &raft, &service, &mut conn.sender).and_then(|member| match member {
                 Some(member) if !slot.is_member() => slot.promote(member),
                 _ => Ok(()),
             });
         if let Err(why) = admitted {
-            let peer = stream
-                .peer_addr()
-                .map_or("?".to_string(), |a| a.to_string());
-            service.refusals.refused(now_ms(), &peer, &why);
+            service.refusals.refused(now_ms(), &conn.peer, &why);
             return Ok(());
         }
         let reply = answer(request, &raft, &service).await?;
@@ -466,7 +565,7 @@ pub const PEER_IDLE_MAX: Duration = Duration::from_secs(60);
 const IDLE_PER_PEER_MAX: usize = 4;
 
 /// Idle connections by peer (id and address), shared by every [`PeerClient`] of a node.
-type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
+type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<PeerStream>>>>;
 
 /// Makes a [`PeerClient`] per peer openraft talks to. openraft makes a client per
 /// replication stream and per election, and one per peer for every confirmation round
@@ -476,20 +575,17 @@ type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
 pub struct PeerNetwork {
     idle: Idle,
     isolated: Arc<AtomicBool>,
-    source: Option<IpAddr>,
+    dialer: Dialer,
 }
 
 impl PeerNetwork {
     /// A network whose calls all fail (unreachable) while `isolated` is set: a partition of
-    /// this node, for tests and fault drills. Connections leave from `source` when it is a
-    /// specific address (the peer listener's): peer traffic then comes from one address per
-    /// node both ways, which a firewall rule, or a test's proxy cutting one node off, can
-    /// tell apart on loopback (`127.0.0.N` per node).
-    pub fn new(isolated: Arc<AtomicBool>, source: IpAddr) -> PeerNetwork {
+    /// this node, for tests and fault drills. Connections are made by `dialer`.
+    pub fn new(isolated: Arc<AtomicBool>, dialer: Dialer) -> PeerNetwork {
         PeerNetwork {
             idle: Idle::default(),
             isolated,
-            source: (!source.is_unspecified()).then_some(source),
+            dialer,
         }
     }
 }
@@ -510,7 +606,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             stream,
             idle: Arc::clone(&self.idle),
             isolated: Arc::clone(&self.isolated),
-            source: self.source,
+            dialer: self.dialer.clone(),
         }
     }
 }
@@ -520,10 +616,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// abandoned request could still arrive on it).
 pub struct PeerClient {
     peer: (NodeId, String),
-    stream: Option<TcpStream>,
+    stream: Option<PeerStream>,
     idle: Idle,
     isolated: Arc<AtomicBool>,
-    source: Option<IpAddr>,
+    dialer: Dialer,
 }
 
 impl Drop for PeerClient {
@@ -587,14 +683,11 @@ fn timed_out(what: String) -> std::io::Error {
 }
 
 impl PeerClient {
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<TcpStream, CallError> {
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<PeerStream, CallError> {
         let limit = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        let connect = connect_from(self.source, &self.peer.1);
+        let connect = self.dialer.dial(self.peer.0, &self.peer.1);
         match tokio::time::timeout_at(limit.min(deadline), connect).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok(stream)
-            }
+            Ok(Ok(stream)) => Ok(stream),
             Ok(Err(e)) => Err(CallError::Unreachable(e)),
             Err(_) => Err(CallError::Unreachable(timed_out(
                 "connect timed out".into(),
@@ -630,7 +723,7 @@ impl PeerClient {
 
     async fn exchange(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut PeerStream,
         frame: &[u8],
         deadline: tokio::time::Instant,
     ) -> std::io::Result<PeerReply> {
@@ -722,14 +815,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// How long [`probe_remote`] waits for the node's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Asks the node whose peer port is `peer_addr` whether it is initialised (has a log or a
-/// vote), for `--initial-cluster`'s bootstrap. Connections leave from `source` when it is a
-/// specific address, as Raft's do.
+/// Asks node `id`, whose peer port is `peer_addr`, whether it is initialised (has a log or
+/// a vote), for `--initial-cluster`'s bootstrap; dialled as Raft's connections are.
 ///
 /// # Errors
 /// When the node cannot be reached, or did not answer within [`PROBE_TIMEOUT`].
-pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
-    ask_initialised(source, peer_addr, PeerRequest::Probe).await
+pub async fn probe_remote(dialer: &Dialer, id: NodeId, peer_addr: &str) -> Result<bool, String> {
+    ask_initialised(dialer, id, peer_addr, PeerRequest::Probe).await
 }
 
 /// As [`probe_remote`], and a fresh node lifts its vote guard for the first election
@@ -737,18 +829,23 @@ pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, Strin
 ///
 /// # Errors
 /// As [`probe_remote`].
-pub async fn bootstrap_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
-    ask_initialised(source, peer_addr, PeerRequest::Bootstrap).await
+pub async fn bootstrap_remote(
+    dialer: &Dialer,
+    id: NodeId,
+    peer_addr: &str,
+) -> Result<bool, String> {
+    ask_initialised(dialer, id, peer_addr, PeerRequest::Bootstrap).await
 }
 
 async fn ask_initialised(
-    source: IpAddr,
+    dialer: &Dialer,
+    id: NodeId,
     peer_addr: &str,
     request: PeerRequest,
 ) -> Result<bool, String> {
-    let source = (!source.is_unspecified()).then_some(source);
     let ask = async {
-        let mut stream = connect_from(source, peer_addr)
+        let mut stream = dialer
+            .dial(id, peer_addr)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
         write_frame(&mut stream, &request)
@@ -770,17 +867,32 @@ async fn ask_initialised(
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
-/// membership (what `tenured cluster-init` sends).
+/// membership (what `tenured cluster-init` sends), dialled by `dialer` (with peer TLS, the
+/// node's certificate must name the member at `peer_addr`).
 ///
 /// # Errors
 /// When the node cannot be reached or answered in time, or refused (it is initialised
-/// already, or is not among `members`).
+/// already, or is not among `members`); with peer TLS, when no member has `peer_addr`.
 pub async fn initialize_remote(
+    dialer: &Dialer,
     peer_addr: &str,
     members: BTreeMap<NodeId, NodeInfo>,
 ) -> Result<(), String> {
+    let target = members.iter().find(|(_, info)| info.peer_addr == peer_addr);
+    let target = match (target, dialer.tls()) {
+        (Some((id, _)), _) => *id,
+        // Without TLS nothing checks whom the address reaches: the node says if it is no
+        // member.
+        (None, None) => 0,
+        (None, Some(_)) => {
+            return Err(format!(
+                "{peer_addr} is the peer address of none of the nodes"
+            ));
+        }
+    };
     let ask = async {
-        let mut stream = TcpStream::connect(peer_addr)
+        let mut stream = dialer
+            .dial(target, peer_addr)
             .await
             .map_err(|e| format!("cannot connect to {peer_addr}: {e}"))?;
         write_frame(&mut stream, &PeerRequest::Initialize(members))

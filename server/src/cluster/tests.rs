@@ -7,6 +7,7 @@ use tenure_protocol::LeaseId;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::network::Dialer;
 use super::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
 use crate::config::Config;
 
@@ -63,6 +64,17 @@ async fn start_in(
     clients: TcpListener,
     dir: tempfile::TempDir,
 ) -> Started {
+    start_with(id, peers, clients, dir, None).await
+}
+
+/// Node `id` with the data in `dir`, on these listeners, with peer TLS if given.
+async fn start_with(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    dir: tempfile::TempDir,
+    peer_tls: Option<super::peer_tls::PeerTlsFiles>,
+) -> Started {
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
         client_addr: clients.local_addr().unwrap().to_string(),
@@ -71,6 +83,7 @@ async fn start_in(
     // Generous, so a loaded machine does not hold spurious elections mid-test.
     options.heartbeat_ms = 100;
     options.election_timeout_ms = (800, 1600);
+    options.peer_tls = peer_tls;
     let config = Config {
         token_block: 1000,
         ..Config::default()
@@ -140,10 +153,16 @@ async fn start_cluster() -> Vec<Started> {
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
     // As `tenured cluster-init` does it: over a node's peer port.
-    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
-        .await
-        .unwrap();
-    let again = super::network::initialize_remote(&nodes[0].info.peer_addr, members).await;
+    super::network::initialize_remote(
+        &Dialer::default(),
+        &nodes[0].info.peer_addr,
+        members.clone(),
+    )
+    .await
+    .unwrap();
+    let again =
+        super::network::initialize_remote(&Dialer::default(), &nodes[0].info.peer_addr, members)
+            .await;
     assert!(again.is_err(), "initialised twice");
     nodes
 }
@@ -705,9 +724,13 @@ async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
         .iter()
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
-    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
-        .await
-        .unwrap();
+    super::network::initialize_remote(
+        &Dialer::default(),
+        &nodes[0].info.peer_addr,
+        members.clone(),
+    )
+    .await
+    .unwrap();
     serving_leader(&nodes).await;
     let (peers1, clients1, info1) = bound().await;
     let mut initial = members;
@@ -1049,4 +1072,202 @@ async fn a_flood_of_silent_peer_connections_does_not_delay_the_fail_over() {
     let taken = leader.ask("ACQUIRE held 30000").await;
     assert!(taken.starts_with("LOCKED "), "{taken}");
     kill_all(nodes).await;
+}
+
+/// Peer TLS for tests: the cluster's CA, and certificates made from it in `dir`.
+struct PeerCa {
+    ca: tenure_testkit::tls::TestCa,
+    dir: tempfile::TempDir,
+}
+
+impl PeerCa {
+    fn new() -> PeerCa {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tenure_testkit::tls::TestCa::new(dir.path(), "cluster");
+        PeerCa { ca, dir }
+    }
+
+    /// Node `id`'s files: its certificate from this CA, and this CA.
+    fn files(&self, id: NodeId) -> super::peer_tls::PeerTlsFiles {
+        self.files_from(&self.ca, id)
+    }
+
+    /// Node `id`'s files with a certificate from `issuer`, trusting this CA.
+    fn files_from(
+        &self,
+        issuer: &tenure_testkit::tls::TestCa,
+        id: NodeId,
+    ) -> super::peer_tls::PeerTlsFiles {
+        let sub = self.dir.path().join(format!("{:p}", issuer));
+        std::fs::create_dir_all(&sub).unwrap();
+        let issued = issuer.node(&sub, id);
+        super::peer_tls::PeerTlsFiles {
+            cert: issued.cert,
+            key: issued.key,
+            ca: self.ca.path.clone(),
+        }
+    }
+
+    /// A dialer holding node `id`'s certificate.
+    fn dialer(&self, id: NodeId) -> Dialer {
+        let tls = super::peer_tls::PeerTls::load(&self.files(id)).unwrap();
+        Dialer::new("127.0.0.1".parse().unwrap(), Some(std::sync::Arc::new(tls)))
+    }
+}
+
+/// Three nodes with peer TLS, initialised over the peer port with node 1's certificate.
+async fn start_tls_cluster(ca: &PeerCa) -> Vec<Started> {
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        nodes.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    let addr = &nodes[0].info.peer_addr;
+    let plain = Dialer::default();
+    let refused = super::network::initialize_remote(&plain, addr, members.clone()).await;
+    assert!(refused.is_err(), "initialised without a certificate");
+    super::network::initialize_remote(&ca.dialer(2), addr, members)
+        .await
+        .unwrap();
+    nodes
+}
+
+/// Sends `request` over `dialer`'s connection to node `id` at `addr`: the reply, or why
+/// there was none (the handshake failed, or the node closed the connection).
+async fn ask_over(
+    dialer: &Dialer,
+    id: NodeId,
+    addr: &str,
+    request: &super::network::PeerRequest,
+) -> Result<super::network::PeerReply, String> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = dialer.dial(id, addr).await.map_err(|e| e.to_string())?;
+    let frame = super::network::encode_frame(request).unwrap();
+    stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let mut len = [0u8; 4];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read_exact(&mut len))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    read.map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    postcard::from_bytes(&body).map_err(|e| e.to_string())
+}
+
+/// With peer TLS, a cluster elects, serves, fails over as without it, and its `cluster-init`
+/// needs a certificate of the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_peer_tls_serves_and_fails_over() {
+    let _watchdog = watchdog("a_cluster_with_peer_tls_serves_and_fails_over");
+    let ca = PeerCa::new();
+    let mut nodes = start_tls_cluster(&ca).await;
+    let first = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[first].info.client_addr).await;
+    let held = holder.ask("ACQUIRE held 60000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    drop(holder);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+    let second = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(taken.starts_with("LOCKED "), "{taken}");
+    kill_all(nodes).await;
+}
+
+/// The hostile peers of issue 22 against a node with peer TLS: no certificate, another
+/// CA's, a node's certificate speaking as another node; each refused, and the node still
+/// answers its real peers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node() {
+    use super::network::{PeerReply, PeerRequest};
+    use openraft::raft::VoteRequest;
+    use openraft::Vote;
+    let _watchdog =
+        watchdog("peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node");
+    let ca = PeerCa::new();
+    let nodes = start_tls_cluster(&ca).await;
+    serving_leader(&nodes).await;
+    let addr = nodes[0].info.peer_addr.clone();
+
+    // Plain TCP: not a frame of it is decoded; the answer, if any, is a TLS alert record.
+    const TLS_ALERT_RECORD: u8 = 0x15;
+    let plain = forge(&addr, &PeerRequest::Probe).await;
+    assert!(
+        plain.as_ref().is_none_or(|r| r[0] == TLS_ALERT_RECORD),
+        "{plain:?}"
+    );
+    // Another CA's certificate for node 2.
+    let other = tenure_testkit::tls::TestCa::new(ca.dir.path(), "other");
+    let foreign = super::peer_tls::PeerTls::load(&ca.files_from(&other, 2)).unwrap();
+    let foreign = Dialer::new(
+        "127.0.0.1".parse().unwrap(),
+        Some(std::sync::Arc::new(foreign)),
+    );
+    let refused = ask_over(&foreign, 1, &addr, &PeerRequest::Probe).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // A server whose certificate names another node than the one dialled.
+    let wrong = ask_over(&ca.dialer(2), 3, &addr, &PeerRequest::Probe).await;
+    assert!(wrong.is_err(), "node 1 passed for node 3: {wrong:?}");
+    // Node 2's certificate asking for votes as node 3, then as itself.
+    let term = nodes[0].node.raft().metrics().borrow().current_term;
+    let as_3 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 3), None));
+    let refused = ask_over(&ca.dialer(2), 1, &addr, &as_3).await;
+    assert!(
+        refused.is_err(),
+        "node 2's certificate spoke as node 3: {refused:?}"
+    );
+    let as_2 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
+    let answered = ask_over(&ca.dialer(2), 1, &addr, &as_2).await;
+    assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
+    // Without any client certificate.
+    let bare = bare_tls_probe(&ca, &addr).await;
+    assert!(bare.is_err(), "{bare:?}");
+
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled());
+    }
+    serving_leader(&nodes).await;
+    kill_all(nodes).await;
+}
+
+/// A TLS connection trusting the cluster's CA but presenting no certificate, and a probe
+/// on it.
+async fn bare_tls_probe(ca: &PeerCa, addr: &str) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::AsyncReadExt;
+    let mut roots = rustls::RootCertStore::empty();
+    let cert = rustls::pki_types::CertificateDer::from_pem_file(&ca.ca.path).unwrap();
+    roots.add(cert).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(super::peer_tls::node_name(1)).unwrap();
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let frame = super::network::encode_frame(&super::network::PeerRequest::Probe).unwrap();
+    stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut byte)).await {
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(_)) => Ok(()),
+        Err(_) => panic!("neither answered nor closed"),
+    }
 }
