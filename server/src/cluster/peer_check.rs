@@ -680,9 +680,9 @@ mod tests {
         );
     }
 
-    /// Each bound, one field at a time, on an otherwise valid frame.
+    /// Terms over TERM_MAX, up to `u64::MAX`, in requests and replies.
     #[test]
-    fn values_out_of_range_are_refused() {
+    fn terms_over_term_max_are_refused() {
         let over = [TERM_MAX + 1, u64::MAX - 1, u64::MAX];
         for term in over {
             let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 1), None));
@@ -702,6 +702,11 @@ mod tests {
             )));
             assert!(check_reply(&reply).is_err(), "reply term {term}");
         }
+    }
+
+    /// Each bound on an append, a vote and a snapshot, one field at a time.
+    #[test]
+    fn entries_senders_and_chunks_out_of_range_are_refused() {
         let refused = [
             // An index past LOG_INDEX_MAX.
             append(6, Some(log_id(5, LOG_INDEX_MAX + 1)), Vec::new()),
