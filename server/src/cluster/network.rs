@@ -868,33 +868,19 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
 /// membership (what `tenured cluster-init` sends), dialled by `dialer` (with peer TLS, the
-/// node's certificate must name the member at `peer_addr`).
+/// node's certificate must name a member: [`dial_member`]).
 ///
 /// # Errors
 /// When the node cannot be reached or answered in time, or refused (it is initialised
-/// already, or is not among `members`); with peer TLS, when no member has `peer_addr`.
+/// already, or is not among `members`); with peer TLS, when its certificate names no
+/// member.
 pub async fn initialize_remote(
     dialer: &Dialer,
     peer_addr: &str,
     members: BTreeMap<NodeId, NodeInfo>,
 ) -> Result<(), String> {
-    let target = members.iter().find(|(_, info)| info.peer_addr == peer_addr);
-    let target = match (target, dialer.tls()) {
-        (Some((id, _)), _) => *id,
-        // Without TLS nothing checks whom the address reaches: the node says if it is no
-        // member.
-        (None, None) => 0,
-        (None, Some(_)) => {
-            return Err(format!(
-                "{peer_addr} is the peer address of none of the nodes"
-            ));
-        }
-    };
     let ask = async {
-        let mut stream = dialer
-            .dial(target, peer_addr)
-            .await
-            .map_err(|e| format!("cannot connect to {peer_addr}: {e}"))?;
+        let mut stream = dial_member(dialer, peer_addr, &members).await?;
         write_frame(&mut stream, &PeerRequest::Initialize(members))
             .await
             .map_err(|e| format!("cannot send to {peer_addr}: {e}"))?;
@@ -911,6 +897,32 @@ pub async fn initialize_remote(
                 "no answer from {peer_addr} in {INITIALIZE_TIMEOUT:?}"
             ))
         })
+}
+
+/// Connects to `peer_addr` for `initialize_remote`. With peer TLS the node's certificate
+/// must name a member: the one at `peer_addr` if a member is listed there, else any (the
+/// operator may reach a node at another address than the membership's, through a proxy
+/// say), tried one after another. Without TLS nothing checks whom the address reaches (the
+/// node itself refuses if it is not among the members).
+async fn dial_member(
+    dialer: &Dialer,
+    peer_addr: &str,
+    members: &BTreeMap<NodeId, NodeInfo>,
+) -> Result<PeerStream, String> {
+    let listed = members.iter().find(|(_, info)| info.peer_addr == peer_addr);
+    let ids: Vec<NodeId> = match (listed, dialer.tls()) {
+        (Some((id, _)), _) => vec![*id],
+        (None, None) => vec![0],
+        (None, Some(_)) => members.keys().copied().collect(),
+    };
+    let mut why = String::new();
+    for id in ids {
+        match dialer.dial(id, peer_addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => why = format!("cannot connect to {peer_addr}: {e}"),
+        }
+    }
+    Err(why)
 }
 
 /// Parses a membership as `tenured cluster-init --nodes` and `--initial-cluster` take it:
