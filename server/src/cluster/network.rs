@@ -244,7 +244,7 @@ pub async fn serve_peers(
                 let peer = stream
                     .peer_addr()
                     .map_or("?".to_string(), |a| a.to_string());
-                let (stream, certified) = match open_stream(stream, &service).await {
+                let (stream, certified) = match open_stream(stream, &service, &slot).await {
                     Ok(opened) => opened,
                     Err(why) => {
                         service.refusals.refused(now_ms(), &peer, &why);
@@ -430,11 +430,20 @@ pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 async fn open_stream(
     tcp: TcpStream,
     service: &PeerService,
+    slot: &Slot,
 ) -> Result<(PeerStream, Option<NodeId>), Refused> {
     let Some(tls) = service.dialer.tls() else {
         return Ok((Box::new(tcp), None));
     };
-    match tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+    let handshake = async {
+        // A peer that has sent its hello is not silent: under a flood, the handshake of a
+        // member's connection must not be the one that makes way.
+        if tcp.peek(&mut [0u8; 1]).await.is_ok_and(|n| n > 0) {
+            slot.talked();
+        }
+        tls.accept(tcp).await
+    };
+    match tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, handshake).await {
         Ok(Ok((stream, id))) => Ok((Box::new(stream), Some(id))),
         Ok(Err(why)) => Err(Refused(why)),
         Err(_) => Err(Refused(format!(
