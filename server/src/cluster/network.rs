@@ -5,6 +5,12 @@
 //! [`PeerReply`] the other); a length over [`FRAME_LEN_MAX`] ends the connection before
 //! anything is allocated. Every call is bounded by openraft's time limit for it, and a
 //! connection that fails in any way is dropped and made again on the next call.
+//!
+//! The connection is plain TCP, or mutual TLS ([`super::peer_tls`]) when the node has peer
+//! TLS: then its certificate's node id is the only sender its Raft frames may name. Every
+//! request and reply is checked ([`super::peer_check`]) before openraft sees it; a frame
+//! that fails closes its connection. The listener's slots keep strangers from taking the
+//! places members need ([`serve_peers`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -202,7 +208,7 @@ async fn read_body<T: DeserializeOwned>(
 /// Slots: at most [`PEER_CONNECTIONS_MAX`] connections at once (past it one is closed at
 /// once: a flood must not take the file descriptors Raft needs for its log and vote, which
 /// stops its core). Of these, a connection is *opening* until it carries a Raft frame from a
-/// member ([`Slots`]): at most [`PEER_OPENING_MAX`] are, the oldest silent one is closed to
+/// member (`Slots`): at most [`PEER_OPENING_MAX`] are, the oldest silent one is closed to
 /// make way for a newcomer, and each must send every frame's length within
 /// [`PEER_OPENING_TIMEOUT`]. A member's connections (at most
 /// [`PEER_CONNECTIONS_PER_NODE_MAX`] each) are then never taken by strangers: a flood of
@@ -283,7 +289,7 @@ pub const PEER_OPENING_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a frame's body may take once its length came: the largest frame at 10 MB/s.
 pub const PEER_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most connections at once from one member: a replication stream, elections, and the
-/// pooled connections of confirmation rounds (at most [`IDLE_PER_PEER_MAX`] idle).
+/// pooled connections of confirmation rounds (at most `IDLE_PER_PEER_MAX`, 4, idle).
 pub const PEER_CONNECTIONS_PER_NODE_MAX: usize = 24;
 
 const _: () = assert!(
@@ -877,7 +883,7 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
 /// membership (what `tenured cluster-init` sends), dialled by `dialer` (with peer TLS, the
-/// node's certificate must name a member: [`dial_member`]).
+/// node's certificate must name a member: `dial_member`).
 ///
 /// # Errors
 /// When the node cannot be reached or answered in time, or refused (it is initialised

@@ -411,7 +411,7 @@ impl SnapshotProgress {
                 if id == snapshot_id { *end } else { 0 }
             ));
         }
-        *end = (*end).max(offset + len as u64);
+        *end = (*end).max(offset.saturating_add(len as u64));
         Ok(())
     }
 }
