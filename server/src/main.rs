@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use settings::RuntimeModel;
+use tenure_server::cluster::peer_tls::PeerTlsFiles;
 
 // mimalloc: requests allocate small, short-lived buffers on every worker thread, and mimalloc's
 // thread-local heaps served the mixed workload 2-8 % faster than the system allocator in A/B
@@ -30,8 +31,22 @@ fn main() -> anyhow::Result<()> {
     );
     match &loaded.command {
         Some(settings::Subcommand::HashSecret) => return hash_secret(),
-        Some(settings::Subcommand::ClusterInit { peer, nodes }) => {
-            return cluster_init(peer, nodes)
+        Some(settings::Subcommand::ClusterInit {
+            peer,
+            nodes,
+            peer_tls_cert,
+            peer_tls_key,
+            peer_tls_ca,
+        }) => {
+            let tls = match (peer_tls_cert, peer_tls_key, peer_tls_ca) {
+                (Some(cert), Some(key), Some(ca)) => Some(PeerTlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    ca: ca.clone(),
+                }),
+                _ => None,
+            };
+            return cluster_init(peer, nodes, tls);
         }
         None => {}
     }
@@ -156,18 +171,22 @@ async fn run_cluster(
         config.metrics_listen.is_none(),
         "--metrics-listen is not served in cluster mode yet"
     );
-    // Checked before binding: the peer port has no authentication at all (CLUSTER.md), so
-    // it is loopback-only unless the operator says the network is trusted.
+    let peer_tls = settings.peer_tls_files().map_err(anyhow::Error::msg)?;
+    // Checked before binding: without peer TLS the peer port has no authentication at all
+    // (CLUSTER.md), and one forged frame there can depose a leader or inject entries, so
+    // beyond loopback it needs peer TLS; no flag turns that off (`--insecure-no-auth` is the
+    // client port's).
     anyhow::ensure!(
-        peer_listen.ip().is_loopback() || config.insecure_no_auth,
+        peer_listen.ip().is_loopback() || peer_tls.is_some(),
         "--peer-listen {peer_listen} is not a loopback address and the peer port has no \
-         authentication (--insecure-no-auth to serve it anyway, on a network only the nodes reach)"
+         authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca for mutual TLS"
     );
     let peers = tokio::net::TcpListener::bind(peer_listen)
         .await
         .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
     let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
     options.heartbeat_ms = settings.heartbeat_ms;
+    options.peer_tls = peer_tls;
     if let Some(spec) = &settings.initial_cluster {
         let members =
             cluster::parse_members(spec).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
@@ -183,15 +202,26 @@ async fn run_cluster(
 
 /// `tenured cluster-init`: asks one node, over its peer port, to make `nodes` the cluster's
 /// first membership.
-fn cluster_init(peer: &str, nodes: &str) -> anyhow::Result<()> {
+fn cluster_init(peer: &str, nodes: &str, tls: Option<PeerTlsFiles>) -> anyhow::Result<()> {
+    use tenure_server::cluster::network::Dialer;
+    use tenure_server::cluster::peer_tls::PeerTls;
     let members = tenure_server::cluster::parse_members(nodes).map_err(anyhow::Error::msg)?;
+    let tls = match tls {
+        Some(files) => Some(std::sync::Arc::new(
+            PeerTls::load(&files).map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
+    let dialer = Dialer::new(std::net::Ipv4Addr::UNSPECIFIED.into(), tls);
     let count = members.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
     runtime
-        .block_on(tenure_server::cluster::initialize_remote(peer, members))
+        .block_on(tenure_server::cluster::initialize_remote(
+            &dialer, peer, members,
+        ))
         .map_err(anyhow::Error::msg)?;
     println!("initialised a cluster of {count} nodes");
     Ok(())

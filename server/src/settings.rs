@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
+use tenure_server::cluster::peer_tls::PeerTlsFiles;
 use tenure_server::config::{Config, Durability};
 use tenure_server::tls::TlsFiles;
 
@@ -53,6 +54,15 @@ pub enum Subcommand {
         /// Every member: `1=<peer addr>/<client addr>,2=...`.
         #[arg(long)]
         nodes: String,
+        /// With peer TLS: a certificate of the cluster's CA naming a node (any node's).
+        #[arg(long, requires_all = ["peer_tls_key", "peer_tls_ca"])]
+        peer_tls_cert: Option<PathBuf>,
+        /// With peer TLS: the key of --peer-tls-cert.
+        #[arg(long, requires = "peer_tls_cert")]
+        peer_tls_key: Option<PathBuf>,
+        /// With peer TLS: the cluster's CA certificate (PEM).
+        #[arg(long, requires = "peer_tls_cert")]
+        peer_tls_ca: Option<PathBuf>,
     },
 }
 
@@ -235,6 +245,21 @@ pub struct Settings {
     #[arg(long, env = "TENURE_PEER_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_listen: Option<SocketAddr>,
+    /// Cluster mode: mutual TLS on the peer port: this node's certificate (PEM, leaf
+    /// first), from the cluster's CA, naming its id as the DNS name `node-<id>.tenure`.
+    /// Needs --peer-tls-key and --peer-tls-ca; allows a --peer-listen that is not loopback.
+    #[arg(long, env = "TENURE_PEER_TLS_CERT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// Cluster mode: the private key of --peer-tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "TENURE_PEER_TLS_KEY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// Cluster mode: the cluster's CA certificate (PEM): every peer must present a
+    /// certificate it signed, naming the node it speaks for.
+    #[arg(long, env = "TENURE_PEER_TLS_CA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_tls_ca: Option<PathBuf>,
     /// Cluster mode: the first membership, `1=<peer addr>/<client addr>,2=...`, the same on
     /// every node: the node with the lowest id initialises the cluster, once, when its data
     /// directory is fresh and every other node listed answers that it is fresh too. Ignored
@@ -292,6 +317,9 @@ impl Default for Settings {
             cluster: false,
             node_id: None,
             peer_listen: None,
+            peer_tls_cert: None,
+            peer_tls_key: None,
+            peer_tls_ca: None,
             initial_cluster: None,
             heartbeat_ms: tenure_server::cluster::HEARTBEAT_MS_DEFAULT,
             election_timeout_ms: tenure_server::cluster::ELECTION_TIMEOUT_MS_DEFAULT,
@@ -339,6 +367,22 @@ impl Settings {
             insecure_no_auth: self.insecure_no_auth,
             tls: self.tls_files(),
             ..Config::default()
+        }
+    }
+
+    /// The peer TLS files, if any peer TLS setting is given.
+    ///
+    /// # Errors
+    /// When one of the three is given without the others.
+    pub fn peer_tls_files(&self) -> Result<Option<PeerTlsFiles>, String> {
+        match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(PeerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            })),
+            _ => Err("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together".into()),
         }
     }
 
@@ -509,6 +553,9 @@ mod tests {
             tls_client_ca: Some("ca.pem".into()),
             node_id: Some(1),
             peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
+            peer_tls_cert: Some("node.pem".into()),
+            peer_tls_key: Some("node.key".into()),
+            peer_tls_ca: Some("cluster-ca.pem".into()),
             initial_cluster: Some("1=127.0.0.1:7001/127.0.0.1:7878".into()),
             ..Settings::default()
         })
@@ -523,7 +570,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            32,
+            35,
             "a new setting needs a key, a flag and a variable"
         );
     }
@@ -600,6 +647,9 @@ mod tests {
             tls_client_ca: Some("ca.pem".into()),
             node_id: Some(1),
             peer_listen: Some("127.0.0.1:7001".parse().unwrap()),
+            peer_tls_cert: Some("node.pem".into()),
+            peer_tls_key: Some("node.key".into()),
+            peer_tls_ca: Some("cluster-ca.pem".into()),
             initial_cluster: Some("1=127.0.0.1:7001/127.0.0.1:7878".into()),
             ..Settings::default()
         })
@@ -628,6 +678,9 @@ mod tests {
                 "tls-client-ca",
                 "node-id",
                 "peer-listen",
+                "peer-tls-cert",
+                "peer-tls-key",
+                "peer-tls-ca",
                 "initial-cluster",
             ];
             for (key, value) in entry.iter().filter(|(k, _)| !unset.contains(&k.as_str())) {

@@ -77,6 +77,29 @@ impl TestCa {
         )
     }
 
+    /// A peer certificate for cluster node `id` (the DNS name `node-<id>.tenure`, for both
+    /// server and client use), as `dir/node-<id>.pem` and `.key`.
+    pub fn node(&self, dir: &Path, id: u64) -> Issued {
+        let key = KeyPair::generate().expect("node key");
+        let name = tenure_server::cluster::peer_tls::node_name(id);
+        let mut params = CertificateParams::new(vec![name.clone()]).expect("node params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("sign the node certificate");
+        let issued = Issued {
+            cert: dir.join(format!("node-{id}.pem")),
+            key: dir.join(format!("node-{id}.key")),
+        };
+        std::fs::write(&issued.cert, cert.pem()).expect("write the certificate");
+        std::fs::write(&issued.key, key.serialize_pem()).expect("write the key");
+        issued
+    }
+
     fn issue(
         &self,
         dir: &Path,

@@ -55,7 +55,8 @@ async fn start_cluster() -> Vec<Node> {
         .iter()
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
-    cluster::initialize_remote(&nodes[0].info.peer_addr, members)
+    let dialer = cluster::network::Dialer::default();
+    cluster::initialize_remote(&dialer, &nodes[0].info.peer_addr, members)
         .await
         .unwrap();
     nodes

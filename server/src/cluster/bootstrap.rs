@@ -15,12 +15,11 @@
 //! nothing.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::network::{bootstrap_remote, probe_remote, PeerService};
+use super::network::{bootstrap_remote, probe_remote, Dialer, PeerService};
 use super::{NodeId, NodeInfo, Raft};
 
 /// First pause between two rounds of probes.
@@ -44,14 +43,14 @@ pub fn initialises(me: NodeId, members: &BTreeMap<NodeId, NodeInfo>) -> bool {
 }
 
 /// Runs the bootstrap of node `me` (see the module docs) until it is done or `stop`.
-/// Probes leave from `source`, the peer listener's address.
+/// Probes are dialled as Raft's connections are (`service.dialer`).
 pub async fn run(
     raft: Raft,
     service: PeerService,
     members: BTreeMap<NodeId, NodeInfo>,
     stop: CancellationToken,
 ) {
-    let (me, source) = (service.me, service.source);
+    let me = service.me;
     if !initialises(me, &members) {
         return;
     }
@@ -68,7 +67,7 @@ pub async fn run(
                 return;
             }
         }
-        match probe(me, &members, source).await {
+        match probe(me, &members, &service.dialer).await {
             Round::AllFresh => break,
             Round::Initialised(node) => {
                 tracing::warn!(
@@ -118,7 +117,7 @@ pub async fn initialize(
         return Err("this node is initialised already".to_string());
     }
     for (&id, info) in members.iter().filter(|(&id, _)| id != service.me) {
-        match bootstrap_remote(service.source, &info.peer_addr).await {
+        match bootstrap_remote(&service.dialer, id, &info.peer_addr).await {
             Ok(false) => {}
             Ok(true) => {
                 return Err(format!(
@@ -139,10 +138,10 @@ pub async fn initialize(
 }
 
 /// Asks every member but `me` whether it is initialised.
-async fn probe(me: NodeId, members: &BTreeMap<NodeId, NodeInfo>, source: IpAddr) -> Round {
+async fn probe(me: NodeId, members: &BTreeMap<NodeId, NodeInfo>, dialer: &Dialer) -> Round {
     let mut missing = Vec::new();
     for (&id, info) in members.iter().filter(|(&id, _)| id != me) {
-        match probe_remote(source, &info.peer_addr).await {
+        match probe_remote(dialer, id, &info.peer_addr).await {
             Ok(true) => return Round::Initialised(id),
             Ok(false) => {}
             Err(why) => missing.push(format!("{id}: {why}")),

@@ -38,6 +38,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
 use serde::{Deserialize, Serialize};
 
+use super::peer_check::TERM_MAX;
 use super::{storage_error, Entry, LogId, NodeId, StorageError, TypeConfig};
 
 /// Bytes before a record's entry: length, checksum, index, term.
@@ -79,11 +80,76 @@ struct Inner {
     failed: bool,
 }
 
+/// The term a saved vote over [`TERM_MAX`] is lowered to when the node starts: far above
+/// any real term, and far enough below [`TERM_MAX`] for 2^47 more elections.
+pub const TERM_CLAMPED: u64 = TERM_MAX / 2;
+
+/// The vote a node must start with instead of `vote`, if `vote`'s term is over
+/// [`TERM_MAX`]: one of term [`TERM_CLAMPED`] for the same node, not committed.
+///
+/// Only a forged frame taken by a version without the peer checks can have put it there
+/// (issue 22): openraft would overflow `term + 1` at its next election, and after every
+/// restart. Lowering a vote is safe when no node ever acted in a term between the two: no
+/// honest node reaches [`TERM_CLAMPED`] (2^47 elections), nodes refuse every frame over
+/// [`TERM_MAX`], and a node holding the forged vote refused every lower one, so it never
+/// voted in a term above the last real one it saw. `log_term` is the term of the log's
+/// last entry: a vote may never fall below it.
+///
+/// # Errors
+/// When the log's last term is over [`TERM_CLAMPED`] (no lowered vote can stay above it).
+pub fn clamp_vote(vote: Vote<NodeId>, log_term: u64) -> Result<Option<Vote<NodeId>>, String> {
+    let term = vote.leader_id().term;
+    if term <= TERM_MAX {
+        return Ok(None);
+    }
+    if log_term > TERM_CLAMPED {
+        return Err(format!(
+            "the saved vote's term {term} is over TERM_MAX ({TERM_MAX}) and the log's last term \
+             {log_term} over {TERM_CLAMPED}: refusing to start; move this node's data \
+             directory aside and start it empty to rejoin (CLUSTER.md)"
+        ));
+    }
+    Ok(Some(Vote::new(TERM_CLAMPED, vote.leader_id().node_id)))
+}
+
+/// The term of the log's last entry (or its purge point), 0 for none.
+///
+/// # Errors
+/// When it is over [`TERM_MAX`]: entries no real leader wrote (a forged append an older
+/// version took), which no node may keep.
+fn last_log_term(
+    entries: &BTreeMap<u64, (Entry, u64)>,
+    last_purged: Option<LogId>,
+    path: &Path,
+) -> std::io::Result<u64> {
+    // Terms never fall along a log: the last entry (or the purge point) has the highest.
+    let last = entries.values().next_back().map(|(entry, _)| entry.log_id);
+    let Some(id) = last.or(last_purged) else {
+        return Ok(0);
+    };
+    if id.leader_id.term <= TERM_MAX {
+        return Ok(id.leader_id.term);
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "Raft log {} holds entry {} of term {}, over TERM_MAX ({TERM_MAX}): written by a \
+             forged peer frame an older version took. Refusing to start; move this node's \
+             data directory aside and start it empty to rejoin (CLUSTER.md)",
+            path.display(),
+            id.index,
+            id.leader_id.term
+        ),
+    ))
+}
+
 impl LogStore {
     /// Opens (or creates) the log in `dir`, cutting a torn tail off.
     ///
     /// # Errors
-    /// When a file cannot be read, written or synced, or `raft.state` is damaged.
+    /// When a file cannot be read, written or synced, or `raft.state` is damaged; when the
+    /// log holds a term over [`TERM_MAX`], or the vote does and cannot be lowered
+    /// ([`clamp_vote`]).
     pub fn open(dir: &Path) -> std::io::Result<LogStore> {
         std::fs::create_dir_all(dir)?;
         let persisted = match std::fs::read(dir.join(STATE_FILE)) {
@@ -115,7 +181,14 @@ impl LogStore {
             file.set_len(at)?;
             file.sync_all()?;
         }
-        Ok(LogStore {
+        let log_term = last_log_term(&entries, persisted.last_purged, &path)?;
+        let vote = persisted.vote;
+        let lowered = match vote {
+            Some(vote) => clamp_vote(vote, log_term)
+                .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?,
+            None => None,
+        };
+        let store = LogStore {
             inner: Arc::new(Mutex::new(Inner {
                 dir: dir.to_path_buf(),
                 file,
@@ -125,7 +198,17 @@ impl LogStore {
                 torn_tail_at,
                 failed: false,
             })),
-        })
+        };
+        if let Some(lowered) = lowered {
+            tracing::warn!(
+                from = %vote.expect("clamped a vote"),
+                to = %lowered,
+                "the saved vote's term is over TERM_MAX, which no peer may send (a forged \
+                 frame an older version took): lowered, see CLUSTER.md"
+            );
+            store.save_vote_sync(lowered)?;
+        }
+        Ok(store)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -541,6 +624,56 @@ mod tests {
         let message = refused.to_string();
         assert!(message.contains("damaged at byte"), "{message}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
+    }
+
+    /// A vote over TERM_MAX on disk (taken from a forged frame by an older version) used to
+    /// panic the node after every restart: it is lowered to TERM_CLAMPED, for good.
+    #[test]
+    fn a_saved_vote_over_term_max_is_lowered_when_the_log_allows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=3).map(|i| entry(4, i, b"abc")))
+            .unwrap();
+        store
+            .save_vote_sync(Vote::new_committed(u64::MAX, 99))
+            .unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.vote(), Some(Vote::new(TERM_CLAMPED, 99)));
+        assert_eq!(indexes(&store), vec![1, 2, 3]);
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.vote(), Some(Vote::new(TERM_CLAMPED, 99)), "saved");
+        // A vote within the bound is kept as it is.
+        store
+            .save_vote_sync(Vote::new_committed(TERM_MAX, 2))
+            .unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.vote(), Some(Vote::new_committed(TERM_MAX, 2)));
+    }
+
+    #[test]
+    fn a_log_of_a_term_over_term_max_is_refused_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync([entry(4, 1, b"abc"), entry(u64::MAX, 2, b"forged")])
+            .unwrap();
+        drop(store);
+        let message = LogStore::open(dir.path())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(message.contains("over TERM_MAX"), "{message}");
+        // A vote over the bound above a log already past TERM_CLAMPED cannot be lowered.
+        let vote = Vote::new_committed(u64::MAX, 1);
+        assert!(clamp_vote(vote, TERM_CLAMPED + 1).is_err());
+        assert_eq!(
+            clamp_vote(vote, TERM_CLAMPED),
+            Ok(Some(Vote::new(TERM_CLAMPED, 1)))
+        );
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //!   file replaced atomically.
 //! - [`state`]: [`ReplicaState`], the committed leases and token limit every node applies,
 //!   and its snapshots (today's snapshot records: a Reserve, then a Grant per lease).
-//! - [`network`]: the peer port: length-prefixed postcard frames, both sides.
+//! - [`network`]: the peer port: length-prefixed postcard frames, both sides, and its
+//!   connection slots.
+//! - [`peer_check`]: the bounds every peer frame is checked against before openraft sees it.
+//! - [`peer_tls`]: mutual TLS on the peer port, certificates naming node ids.
 //! - [`journal`]: [`RaftJournal`], the leader's [`Journal`](crate::journal::Journal): group
 //!   commit of WAL records as Raft entries, read confirmation through `ensure_linearizable`;
 //!   and the follower's journal, which refuses everything with `NOT_LEADER`.
@@ -26,6 +29,8 @@ pub mod journal;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod peer_check;
+pub mod peer_tls;
 pub mod state;
 #[cfg(test)]
 mod tests;

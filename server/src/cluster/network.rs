@@ -5,6 +5,12 @@
 //! [`PeerReply`] the other); a length over [`FRAME_LEN_MAX`] ends the connection before
 //! anything is allocated. Every call is bounded by openraft's time limit for it, and a
 //! connection that fails in any way is dropped and made again on the next call.
+//!
+//! The connection is plain TCP, or mutual TLS ([`super::peer_tls`]) when the node has peer
+//! TLS: then its certificate's node id is the only sender its Raft frames may name. Every
+//! request and reply is checked ([`super::peer_check`]) before openraft sees it; a frame
+//! that fails closes its connection. The listener's slots keep strangers from taking the
+//! places members need ([`serve_peers`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::catch_up::CatchUp;
+use super::peer_check::{self, Known, Refused};
+use super::peer_tls::PeerTls;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame either side sends or accepts, in bytes: an append of the most entries the
@@ -82,12 +90,62 @@ pub struct PeerService {
     pub me: NodeId,
     /// The vote guard of a node started on an empty data directory.
     pub catch_up: Arc<CatchUp>,
-    /// The peer listener's address, which outgoing peer connections leave from.
-    pub source: IpAddr,
+    /// How this node dials its peers (from the peer listener's address, with peer TLS if
+    /// configured); its TLS also serves the peer port.
+    pub dialer: Dialer,
+    /// Where the snapshot being received has got to ([`peer_check::SnapshotProgress`]).
+    pub snapshots: Arc<peer_check::SnapshotProgress>,
+    /// The rate limit on log lines about refused frames.
+    pub refusals: Arc<peer_check::RefusalLog>,
+}
+
+/// A peer connection's bytes: TCP, or TLS over TCP.
+pub trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
+/// A peer connection, either way.
+pub type PeerStream = Box<dyn PeerIo>;
+
+/// How a node reaches its peers: from which address (the peer listener's), and with which
+/// TLS (`None`: plain TCP, loopback clusters only).
+#[derive(Clone, Debug, Default)]
+pub struct Dialer {
+    source: Option<IpAddr>,
+    tls: Option<Arc<PeerTls>>,
+}
+
+impl Dialer {
+    /// Connections leave from `source` when it is a specific address: peer traffic then
+    /// comes from one address per node both ways, which a firewall rule, or a test's proxy
+    /// cutting one node off, can tell apart on loopback (`127.0.0.N` per node).
+    pub fn new(source: IpAddr, tls: Option<Arc<PeerTls>>) -> Dialer {
+        Dialer {
+            source: (!source.is_unspecified()).then_some(source),
+            tls,
+        }
+    }
+
+    /// The peer TLS this node uses, if any.
+    pub fn tls(&self) -> Option<&Arc<PeerTls>> {
+        self.tls.as_ref()
+    }
+
+    /// Connects to node `target` at `addr`, the TLS handshake included (whose certificate
+    /// must name `target`).
+    ///
+    /// # Errors
+    /// When the connection or the handshake fails.
+    pub async fn dial(&self, target: NodeId, addr: &str) -> std::io::Result<PeerStream> {
+        let tcp = connect_from(self.source, addr).await?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => Ok(Box::new(tcp)),
+            Some(tls) => Ok(Box::new(tls.connect(tcp, target).await?)),
+        }
+    }
 }
 
 /// `value` as one frame, length prefix included.
-fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn encode_frame(value: &impl Serialize) -> std::io::Result<Vec<u8>> {
     let mut frame = vec![0u8; 4];
     let mut frame =
         postcard::to_extend(value, std::mem::take(&mut frame)).map_err(std::io::Error::other)?;
@@ -111,6 +169,14 @@ async fn write_frame(
 async fn read_frame<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
 ) -> std::io::Result<Option<T>> {
+    match read_len(stream).await? {
+        Some(len) => read_body(stream, len).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads a frame's length; `Ok(None)` if the peer closed cleanly before it.
+async fn read_len(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<usize>> {
     let mut len = [0u8; 4];
     match stream.read_exact(&mut len).await {
         Ok(_) => {}
@@ -123,15 +189,30 @@ async fn read_frame<T: DeserializeOwned>(
             "peer frame of {len} bytes over FRAME_LEN_MAX"
         )));
     }
+    Ok(Some(len))
+}
+
+/// Reads a frame's `len` bytes of body and decodes them.
+async fn read_body<T: DeserializeOwned>(
+    stream: &mut (impl AsyncRead + Unpin),
+    len: usize,
+) -> std::io::Result<T> {
     let mut body = vec![0u8; len];
     stream.read_exact(&mut body).await?;
-    postcard::from_bytes(&body)
-        .map(Some)
-        .map_err(std::io::Error::other)
+    postcard::from_bytes(&body).map_err(std::io::Error::other)
 }
 
 /// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
 /// connections are closed unanswered.
+///
+/// Slots: at most [`PEER_CONNECTIONS_MAX`] connections at once (past it one is closed at
+/// once: a flood must not take the file descriptors Raft needs for its log and vote, which
+/// stops its core). Of these, a connection is *opening* until it carries a Raft frame from a
+/// member (`Slots`): at most [`PEER_OPENING_MAX`] are, the oldest silent one is closed to
+/// make way for a newcomer, and each must send every frame's length within
+/// [`PEER_OPENING_TIMEOUT`]. A member's connections (at most
+/// [`PEER_CONNECTIONS_PER_NODE_MAX`] each) are then never taken by strangers: a flood of
+/// silent sockets cannot hold the slots the candidates need in an election.
 pub async fn serve_peers(
     listener: TcpListener,
     raft: Raft,
@@ -140,7 +221,8 @@ pub async fn serve_peers(
     service: PeerService,
 ) {
     let tracker = TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(PEER_CONNECTIONS_MAX));
+    let total = Arc::new(tokio::sync::Semaphore::new(PEER_CONNECTIONS_MAX));
+    let slots = Arc::new(Slots::default());
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -154,31 +236,242 @@ pub async fn serve_peers(
                 continue;
             }
         };
-        // Past the cap the connection is closed at once: a flood on the peer port must not
-        // take the file descriptors Raft needs for its log and vote (which stops its core).
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(&total).try_acquire_owned() else {
             tracing::warn!("peer connection refused: {PEER_CONNECTIONS_MAX} are open");
             continue;
         };
         let _ = stream.set_nodelay(true);
         let (raft, stop, isolated) = (raft.clone(), stop.clone(), Arc::clone(&isolated));
         let service = service.clone();
+        let (slot, evicted) = Slots::open(&slots);
         tracker.spawn(async move {
             let _permit = permit;
+            let serve = async {
+                let peer = stream
+                    .peer_addr()
+                    .map_or("?".to_string(), |a| a.to_string());
+                let (stream, certified) = match open_stream(stream, &service, &slot).await {
+                    Ok(opened) => opened,
+                    Err(why) => {
+                        service.refusals.refused(now_ms(), &peer, &why);
+                        return Ok(());
+                    }
+                };
+                let conn = Conn {
+                    peer,
+                    slot,
+                    sender: certified,
+                };
+                serve_peer(stream, conn, raft, isolated, service).await
+            };
             tokio::select! {
                 _ = stop.cancelled() => {}
-                result = serve_peer(stream, raft, isolated, service) => if let Err(e) = result {
+                _ = evicted.cancelled() => tracing::debug!("opening peer connection made way"),
+                result = serve => if let Err(e) = result {
                     tracing::debug!(error = %e, "peer connection ended");
                 },
             }
         });
+        // Lets the new connection's task read what it sent before the next accept: under a
+        // flood, a member's connection must not be made to give way before it could speak.
+        tokio::task::yield_now().await;
     }
     tracker.close();
     tracker.wait().await;
 }
 
+/// Most connections at once that have not yet carried a Raft frame from a member: probes,
+/// `tenured cluster-init`, a node's connection before its first frame, and strangers.
+pub const PEER_OPENING_MAX: usize = 32;
+/// How long an opening connection may take to send each frame's length: a node sends its
+/// frame as soon as it has connected.
+pub const PEER_OPENING_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a frame's body may take once its length came: the largest frame at 10 MB/s.
+pub const PEER_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections at once from one member: a replication stream, elections, and the
+/// pooled connections of confirmation rounds (at most `IDLE_PER_PEER_MAX`, 4, idle).
+pub const PEER_CONNECTIONS_PER_NODE_MAX: usize = 24;
+
+const _: () = assert!(
+    PEER_OPENING_MAX
+        + (tenure_protocol::limits::CLUSTER_MEMBERS_MAX - 1) * PEER_CONNECTIONS_PER_NODE_MAX
+        <= PEER_CONNECTIONS_MAX,
+    "the members' and the opening slots must fit the peer port's cap"
+);
+const _: () = assert!(IDLE_PER_PEER_MAX * 4 <= PEER_CONNECTIONS_PER_NODE_MAX);
+
+/// The peer port's opening and member slots (see [`serve_peers`]).
+#[derive(Default)]
+struct Slots {
+    inner: Mutex<SlotsInner>,
+}
+
+#[derive(Default)]
+struct SlotsInner {
+    /// The number the next connection gets: connections by age.
+    next: u64,
+    /// Opening connections by age: what closes each, and whether it has sent a length.
+    opening: BTreeMap<u64, (CancellationToken, bool)>,
+    /// Connections per member.
+    members: HashMap<NodeId, usize>,
+}
+
+/// One connection's place in [`Slots`]; given back when dropped.
+struct Slot {
+    slots: Arc<Slots>,
+    seq: u64,
+    member: Option<NodeId>,
+}
+
+impl Slots {
+    /// A new connection's opening slot, and what closes it if it has to make way: when all
+    /// are taken, the oldest silent one (or else the oldest) is closed.
+    fn open(slots: &Arc<Slots>) -> (Slot, CancellationToken) {
+        let mut inner = slots.lock();
+        if inner.opening.len() >= PEER_OPENING_MAX {
+            let silent = inner.opening.iter().find(|(_, (_, talked))| !talked);
+            let oldest = silent.or(inner.opening.iter().next()).map(|(seq, _)| *seq);
+            if let Some((evicted, _)) = oldest.and_then(|seq| inner.opening.remove(&seq)) {
+                evicted.cancel();
+            }
+        }
+        let seq = inner.next;
+        inner.next += 1;
+        let evicted = CancellationToken::new();
+        inner.opening.insert(seq, (evicted.clone(), false));
+        let slot = Slot {
+            slots: Arc::clone(slots),
+            seq,
+            member: None,
+        };
+        (slot, evicted)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsInner> {
+        self.inner.lock().expect("peer slots poisoned")
+    }
+}
+
+impl Slot {
+    /// Notes that the connection sent a frame's length: it is not silent.
+    fn talked(&self) {
+        if let Some((_, talked)) = self.slots.lock().opening.get_mut(&self.seq) {
+            *talked = true;
+        }
+    }
+
+    /// Moves the connection from the opening slots to `member`'s.
+    ///
+    /// # Errors
+    /// When `member` has [`PEER_CONNECTIONS_PER_NODE_MAX`] already.
+    fn promote(&mut self, member: NodeId) -> Result<(), Refused> {
+        let mut inner = self.slots.lock();
+        let count = inner.members.entry(member).or_default();
+        if *count >= PEER_CONNECTIONS_PER_NODE_MAX {
+            let why = format!("node {member} has {PEER_CONNECTIONS_PER_NODE_MAX} connections");
+            return Err(Refused(why));
+        }
+        *count += 1;
+        inner.opening.remove(&self.seq);
+        self.member = Some(member);
+        Ok(())
+    }
+
+    fn is_member(&self) -> bool {
+        self.member.is_some()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut inner = self.slots.lock();
+        inner.opening.remove(&self.seq);
+        if let Some(member) = self.member {
+            if let Some(count) = inner.members.get_mut(&member) {
+                *count -= 1;
+                if *count == 0 {
+                    inner.members.remove(&member);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the next request: its length within [`PEER_OPENING_TIMEOUT`] on an opening
+/// connection, [`PEER_IDLE_MAX`] on a member's, its body within [`PEER_BODY_TIMEOUT`].
+/// `Ok(None)` when the connection is to be closed quietly (closed by the peer, or idle).
+async fn read_request(
+    stream: &mut PeerStream,
+    slot: &Slot,
+) -> std::io::Result<Option<PeerRequest>> {
+    let idle_max = if slot.is_member() {
+        PEER_IDLE_MAX
+    } else {
+        PEER_OPENING_TIMEOUT
+    };
+    let Ok(len) = tokio::time::timeout(idle_max, read_len(stream)).await else {
+        return Ok(None);
+    };
+    let Some(len) = len? else {
+        return Ok(None);
+    };
+    slot.talked();
+    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len)).await {
+        Ok(body) => body.map(Some),
+        Err(_) => Err(timed_out(format!(
+            "a {len}-byte peer frame took over {PEER_BODY_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// How long the TLS handshake of a peer connection may take.
+pub const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection's stream once opened: the TLS handshake done if the node has peer TLS (then
+/// with the node id the client's certificate names), the TCP stream as it is if not.
+///
+/// # Errors
+/// The handshake failed or took over [`PEER_HANDSHAKE_TIMEOUT`]: no certificate, one the
+/// cluster's CA did not sign, one naming no node.
+async fn open_stream(
+    tcp: TcpStream,
+    service: &PeerService,
+    slot: &Slot,
+) -> Result<(PeerStream, Option<NodeId>), Refused> {
+    let Some(tls) = service.dialer.tls() else {
+        return Ok((Box::new(tcp), None));
+    };
+    let handshake = async {
+        // A peer that has sent its hello is not silent: under a flood, the handshake of a
+        // member's connection must not be the one that makes way.
+        if tcp.peek(&mut [0u8; 1]).await.is_ok_and(|n| n > 0) {
+            slot.talked();
+        }
+        tls.accept(tcp).await
+    };
+    match tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok((stream, id))) => Ok((Box::new(stream), Some(id))),
+        Ok(Err(why)) => Err(Refused(why)),
+        Err(_) => Err(Refused(format!(
+            "peer TLS handshake took over {PEER_HANDSHAKE_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// One served peer connection: where it comes from, its slot, and the node it speaks for.
+struct Conn {
+    /// The remote address, for the log.
+    peer: String,
+    slot: Slot,
+    /// The node the connection's certificate names (peer TLS), or else its first Raft
+    /// frame: every Raft frame on it must be from that node (a node sends its own votes and
+    /// appends on its connections, nobody else's).
+    sender: Option<NodeId>,
+}
+
 async fn serve_peer(
-    mut stream: TcpStream,
+    mut stream: PeerStream,
+    mut conn: Conn,
     raft: Raft,
     isolated: Arc<AtomicBool>,
     service: PeerService,
@@ -186,57 +479,108 @@ async fn serve_peer(
     loop {
         // An idle connection is closed: the nodes' own pooled connections are used every
         // heartbeat or reconnect once, and a silent stranger must not hold a slot.
-        let Ok(read) = tokio::time::timeout(PEER_IDLE_MAX, read_frame(&mut stream)).await else {
-            return Ok(());
-        };
-        let Some(request) = read? else {
+        let Some(request) = read_request(&mut stream, &conn.slot).await? else {
             return Ok(());
         };
         if isolated.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let reply = match request {
-            // Unanswered while the guard is up: the candidate counts this node unreachable.
-            PeerRequest::Vote(_) if service.catch_up.refuses_votes() => return Ok(()),
-            PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
-            PeerRequest::Append(rpc) => {
-                service.catch_up.note_append(&rpc);
-                PeerReply::Append(raft.append_entries(rpc).await)
-            }
-            PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
-            PeerRequest::Initialize(members) => {
-                let result = super::bootstrap::initialize(&raft, &service, members).await;
-                PeerReply::Initialize(result)
-            }
-            PeerRequest::Probe => {
-                PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
-            }
-            PeerRequest::Bootstrap => {
-                let fresh = raft.is_initialized().await.map_err(|e| e.to_string());
-                if fresh == Ok(false) {
-                    service
-                        .catch_up
-                        .lift(&raft, "a new cluster is being initialised");
-                }
-                PeerReply::Bootstrap(fresh)
-            }
-        };
+        let slot = &mut conn.slot;
+        let admitted =
+            admit(&request, &raft, &service, &mut conn.sender).and_then(|member| match member {
+                Some(member) if !slot.is_member() => slot.promote(member),
+                _ => Ok(()),
+            });
+        if let Err(why) = admitted {
+            service.refusals.refused(now_ms(), &conn.peer, &why);
+            return Ok(());
+        }
+        let reply = answer(request, &raft, &service).await?;
         write_frame(&mut stream, &reply).await?;
     }
 }
 
-/// Most connections the peer port serves at once. Each peer opens a few (a replication
-/// stream, elections, pooled connections for confirmation rounds: at most
-/// [`IDLE_PER_PEER_MAX`] idle), and a cluster has at most 9 members.
+/// Milliseconds since the Unix epoch, for the refusal log's rate limit.
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Checks `request` ([`peer_check`]) and that it comes from the connection's `sender`, whom
+/// the first Raft frame sets; returns the sender if it is a member (or this node has no
+/// membership yet).
+fn admit(
+    request: &PeerRequest,
+    raft: &Raft,
+    service: &PeerService,
+    sender: &mut Option<NodeId>,
+) -> Result<Option<NodeId>, Refused> {
+    let known = Known::from_metrics(&raft.metrics().borrow());
+    let from = peer_check::check_request(request, &known)?;
+    match (from, *sender) {
+        (Some(from), Some(before)) if from != before => {
+            let why = format!("a frame from node {from} on node {before}'s connection");
+            return Err(Refused(why));
+        }
+        (Some(from), None) => *sender = Some(from),
+        _ => {}
+    }
+    if let PeerRequest::Snapshot(rpc) = request {
+        let id = &rpc.meta.snapshot_id;
+        service.snapshots.admit(id, rpc.offset, rpc.data.len())?;
+    }
+    let member = |id: &NodeId| known.members.is_empty() || known.members.contains(id);
+    Ok(from.filter(member))
+}
+
+/// What this node answers to `request`; `Err` to close the connection unanswered.
+async fn answer(
+    request: PeerRequest,
+    raft: &Raft,
+    service: &PeerService,
+) -> std::io::Result<PeerReply> {
+    Ok(match request {
+        // Unanswered while the guard is up: the candidate counts this node unreachable.
+        PeerRequest::Vote(_) if service.catch_up.refuses_votes() => {
+            return Err(std::io::Error::other("vote guard up"));
+        }
+        PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
+        PeerRequest::Append(rpc) => {
+            service.catch_up.note_append(&rpc);
+            PeerReply::Append(raft.append_entries(rpc).await)
+        }
+        PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
+        PeerRequest::Initialize(members) => {
+            let result = super::bootstrap::initialize(raft, service, members).await;
+            PeerReply::Initialize(result)
+        }
+        PeerRequest::Probe => {
+            PeerReply::Probe(raft.is_initialized().await.map_err(|e| e.to_string()))
+        }
+        PeerRequest::Bootstrap => {
+            let fresh = raft.is_initialized().await.map_err(|e| e.to_string());
+            if fresh == Ok(false) {
+                service
+                    .catch_up
+                    .lift(raft, "a new cluster is being initialised");
+            }
+            PeerReply::Bootstrap(fresh)
+        }
+    })
+}
+
+/// Most connections the peer port serves at once: the members' (at most
+/// [`PEER_CONNECTIONS_PER_NODE_MAX`] each, and a cluster has at most 9 members) and the
+/// opening ones ([`PEER_OPENING_MAX`]).
 pub const PEER_CONNECTIONS_MAX: usize = 256;
-/// A peer connection that sends no request for this long is closed.
+/// A member's connection that sends no request for this long is closed.
 pub const PEER_IDLE_MAX: Duration = Duration::from_secs(60);
 
 /// Most idle connections kept per peer for later calls.
 const IDLE_PER_PEER_MAX: usize = 4;
 
 /// Idle connections by peer (id and address), shared by every [`PeerClient`] of a node.
-type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
+type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<PeerStream>>>>;
 
 /// Makes a [`PeerClient`] per peer openraft talks to. openraft makes a client per
 /// replication stream and per election, and one per peer for every confirmation round
@@ -246,20 +590,17 @@ type Idle = Arc<Mutex<HashMap<(NodeId, String), Vec<TcpStream>>>>;
 pub struct PeerNetwork {
     idle: Idle,
     isolated: Arc<AtomicBool>,
-    source: Option<IpAddr>,
+    dialer: Dialer,
 }
 
 impl PeerNetwork {
     /// A network whose calls all fail (unreachable) while `isolated` is set: a partition of
-    /// this node, for tests and fault drills. Connections leave from `source` when it is a
-    /// specific address (the peer listener's): peer traffic then comes from one address per
-    /// node both ways, which a firewall rule, or a test's proxy cutting one node off, can
-    /// tell apart on loopback (`127.0.0.N` per node).
-    pub fn new(isolated: Arc<AtomicBool>, source: IpAddr) -> PeerNetwork {
+    /// this node, for tests and fault drills. Connections are made by `dialer`.
+    pub fn new(isolated: Arc<AtomicBool>, dialer: Dialer) -> PeerNetwork {
         PeerNetwork {
             idle: Idle::default(),
             isolated,
-            source: (!source.is_unspecified()).then_some(source),
+            dialer,
         }
     }
 }
@@ -280,7 +621,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             stream,
             idle: Arc::clone(&self.idle),
             isolated: Arc::clone(&self.isolated),
-            source: self.source,
+            dialer: self.dialer.clone(),
         }
     }
 }
@@ -290,10 +631,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// abandoned request could still arrive on it).
 pub struct PeerClient {
     peer: (NodeId, String),
-    stream: Option<TcpStream>,
+    stream: Option<PeerStream>,
     idle: Idle,
     isolated: Arc<AtomicBool>,
-    source: Option<IpAddr>,
+    dialer: Dialer,
 }
 
 impl Drop for PeerClient {
@@ -357,14 +698,11 @@ fn timed_out(what: String) -> std::io::Error {
 }
 
 impl PeerClient {
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<TcpStream, CallError> {
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<PeerStream, CallError> {
         let limit = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-        let connect = connect_from(self.source, &self.peer.1);
+        let connect = self.dialer.dial(self.peer.0, &self.peer.1);
         match tokio::time::timeout_at(limit.min(deadline), connect).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok(stream)
-            }
+            Ok(Ok(stream)) => Ok(stream),
             Ok(Err(e)) => Err(CallError::Unreachable(e)),
             Err(_) => Err(CallError::Unreachable(timed_out(
                 "connect timed out".into(),
@@ -400,15 +738,18 @@ impl PeerClient {
 
     async fn exchange(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut PeerStream,
         frame: &[u8],
         deadline: tokio::time::Instant,
     ) -> std::io::Result<PeerReply> {
         let exchange = async {
             stream.write_all(frame).await?;
-            read_frame::<PeerReply>(stream)
+            let reply = read_frame::<PeerReply>(stream)
                 .await?
-                .ok_or_else(|| std::io::Error::other("peer closed the connection"))
+                .ok_or_else(|| std::io::Error::other("peer closed the connection"))?;
+            // A reply out of bounds (a term past TERM_MAX, say) is as good as none.
+            peer_check::check_reply(&reply).map_err(std::io::Error::other)?;
+            Ok(reply)
         };
         match tokio::time::timeout_at(deadline, exchange).await {
             Ok(result) => result,
@@ -489,14 +830,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// How long [`probe_remote`] waits for the node's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Asks the node whose peer port is `peer_addr` whether it is initialised (has a log or a
-/// vote), for `--initial-cluster`'s bootstrap. Connections leave from `source` when it is a
-/// specific address, as Raft's do.
+/// Asks node `id`, whose peer port is `peer_addr`, whether it is initialised (has a log or
+/// a vote), for `--initial-cluster`'s bootstrap; dialled as Raft's connections are.
 ///
 /// # Errors
 /// When the node cannot be reached, or did not answer within [`PROBE_TIMEOUT`].
-pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
-    ask_initialised(source, peer_addr, PeerRequest::Probe).await
+pub async fn probe_remote(dialer: &Dialer, id: NodeId, peer_addr: &str) -> Result<bool, String> {
+    ask_initialised(dialer, id, peer_addr, PeerRequest::Probe).await
 }
 
 /// As [`probe_remote`], and a fresh node lifts its vote guard for the first election
@@ -504,18 +844,23 @@ pub async fn probe_remote(source: IpAddr, peer_addr: &str) -> Result<bool, Strin
 ///
 /// # Errors
 /// As [`probe_remote`].
-pub async fn bootstrap_remote(source: IpAddr, peer_addr: &str) -> Result<bool, String> {
-    ask_initialised(source, peer_addr, PeerRequest::Bootstrap).await
+pub async fn bootstrap_remote(
+    dialer: &Dialer,
+    id: NodeId,
+    peer_addr: &str,
+) -> Result<bool, String> {
+    ask_initialised(dialer, id, peer_addr, PeerRequest::Bootstrap).await
 }
 
 async fn ask_initialised(
-    source: IpAddr,
+    dialer: &Dialer,
+    id: NodeId,
     peer_addr: &str,
     request: PeerRequest,
 ) -> Result<bool, String> {
-    let source = (!source.is_unspecified()).then_some(source);
     let ask = async {
-        let mut stream = connect_from(source, peer_addr)
+        let mut stream = dialer
+            .dial(id, peer_addr)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
         write_frame(&mut stream, &request)
@@ -537,19 +882,20 @@ async fn ask_initialised(
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Asks the node whose peer port is `peer_addr` to make `members` the cluster's first
-/// membership (what `tenured cluster-init` sends).
+/// membership (what `tenured cluster-init` sends), dialled by `dialer` (with peer TLS, the
+/// node's certificate must name a member: `dial_member`).
 ///
 /// # Errors
 /// When the node cannot be reached or answered in time, or refused (it is initialised
-/// already, or is not among `members`).
+/// already, or is not among `members`); with peer TLS, when its certificate names no
+/// member.
 pub async fn initialize_remote(
+    dialer: &Dialer,
     peer_addr: &str,
     members: BTreeMap<NodeId, NodeInfo>,
 ) -> Result<(), String> {
     let ask = async {
-        let mut stream = TcpStream::connect(peer_addr)
-            .await
-            .map_err(|e| format!("cannot connect to {peer_addr}: {e}"))?;
+        let mut stream = dial_member(dialer, peer_addr, &members).await?;
         write_frame(&mut stream, &PeerRequest::Initialize(members))
             .await
             .map_err(|e| format!("cannot send to {peer_addr}: {e}"))?;
@@ -566,6 +912,32 @@ pub async fn initialize_remote(
                 "no answer from {peer_addr} in {INITIALIZE_TIMEOUT:?}"
             ))
         })
+}
+
+/// Connects to `peer_addr` for `initialize_remote`. With peer TLS the node's certificate
+/// must name a member: the one at `peer_addr` if a member is listed there, else any (the
+/// operator may reach a node at another address than the membership's, through a proxy
+/// say), tried one after another. Without TLS nothing checks whom the address reaches (the
+/// node itself refuses if it is not among the members).
+async fn dial_member(
+    dialer: &Dialer,
+    peer_addr: &str,
+    members: &BTreeMap<NodeId, NodeInfo>,
+) -> Result<PeerStream, String> {
+    let listed = members.iter().find(|(_, info)| info.peer_addr == peer_addr);
+    let ids: Vec<NodeId> = match (listed, dialer.tls()) {
+        (Some((id, _)), _) => vec![*id],
+        (None, None) => vec![0],
+        (None, Some(_)) => members.keys().copied().collect(),
+    };
+    let mut why = String::new();
+    for id in ids {
+        match dialer.dial(id, peer_addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => why = format!("cannot connect to {peer_addr}: {e}"),
+        }
+    }
+    Err(why)
 }
 
 /// Parses a membership as `tenured cluster-init --nodes` and `--initial-cluster` take it:
@@ -609,6 +981,58 @@ mod tests {
         ] {
             assert!(parse_members(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Opening slots: a newcomer always gets one, the oldest silent connection gives way
+    /// (one that sent a length only when all have), a member's connection never does, and a
+    /// member has at most its own share.
+    #[test]
+    fn opening_slots_make_way_for_newcomers_and_members_keep_theirs() {
+        let slots = Arc::new(Slots::default());
+        let mut opened: Vec<(Slot, CancellationToken)> =
+            (0..PEER_OPENING_MAX).map(|_| Slots::open(&slots)).collect();
+        opened[0].0.talked();
+        opened[2].0.promote(7).unwrap();
+        let _filler = Slots::open(&slots);
+        assert!(
+            opened.iter().all(|(_, gone)| !gone.is_cancelled()),
+            "a slot was free"
+        );
+        let _newcomer = Slots::open(&slots);
+        assert!(!opened[0].1.is_cancelled(), "it had sent a length");
+        assert!(
+            opened[1].1.is_cancelled(),
+            "the oldest silent one gives way"
+        );
+        let _another = Slots::open(&slots);
+        assert!(!opened[2].1.is_cancelled(), "a member's connection stays");
+        assert!(opened[3].1.is_cancelled());
+        assert_eq!(slots.lock().opening.len(), PEER_OPENING_MAX);
+
+        let talking = Arc::new(Slots::default());
+        let all: Vec<(Slot, CancellationToken)> = (0..PEER_OPENING_MAX)
+            .map(|_| Slots::open(&talking))
+            .collect();
+        all.iter().for_each(|(slot, _)| slot.talked());
+        let _last = Slots::open(&talking);
+        assert!(all[0].1.is_cancelled(), "once none is silent, the oldest");
+        assert!(all[1..].iter().all(|(_, gone)| !gone.is_cancelled()));
+
+        let mut members: Vec<Slot> = Vec::new();
+        for _ in 1..PEER_CONNECTIONS_PER_NODE_MAX {
+            let (mut slot, _) = Slots::open(&slots);
+            slot.promote(7).unwrap();
+            members.push(slot);
+        }
+        let (mut over, _) = Slots::open(&slots);
+        assert!(over.promote(7).is_err(), "past node 7's share");
+        over.promote(8).unwrap();
+        drop(members.pop());
+        over = Slots::open(&slots).0;
+        over.promote(7).unwrap();
+        drop((over, members, opened));
+        let inner = slots.lock();
+        assert!(inner.members.is_empty() && inner.opening.len() <= PEER_OPENING_MAX);
     }
 
     #[tokio::test]

@@ -38,7 +38,8 @@ use super::admin::Admin;
 use super::catch_up::{self, CatchUp};
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
-use super::network::{serve_peers, PeerNetwork, PeerService};
+use super::network::{serve_peers, Dialer, PeerNetwork, PeerService};
+use super::peer_tls::{PeerTls, PeerTlsFiles};
 use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
@@ -72,6 +73,8 @@ pub struct ClusterOptions {
     /// `--initial-cluster`: the first membership, which the lowest id initialises by
     /// itself (see [`super::bootstrap`]); `None`: an operator initialises.
     pub initial_cluster: Option<BTreeMap<NodeId, NodeInfo>>,
+    /// Mutual TLS on the peer port ([`super::peer_tls`]); `None`: plain TCP (loopback).
+    pub peer_tls: Option<PeerTlsFiles>,
 }
 
 /// Default leader heartbeat period, in milliseconds (openraft's).
@@ -94,7 +97,17 @@ impl ClusterOptions {
             heartbeat_ms: HEARTBEAT_MS_DEFAULT,
             election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
             initial_cluster: None,
+            peer_tls: None,
         }
+    }
+
+    /// Peer TLS, loaded from [`ClusterOptions::peer_tls`], if set.
+    fn peer_tls(&self) -> Result<Option<Arc<PeerTls>>, ClusterError> {
+        let Some(files) = &self.peer_tls else {
+            return Ok(None);
+        };
+        let tls = PeerTls::load(files).map_err(ClusterError::Config)?;
+        Ok(Some(Arc::new(tls)))
     }
 
     fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
@@ -228,14 +241,25 @@ impl ClusterNode {
         let refused = |e: crate::error::ServerError| ClusterError::Config(e.to_string());
         let identities =
             crate::server::load_identities(&config, clients.local_addr()?).map_err(refused)?;
-        let tls = crate::server::load_tls(&config).map_err(refused)?;
+        let client_tls = crate::server::load_tls(&config).map_err(refused)?;
         let raft_config = Arc::new(options.raft_config()?);
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
         let isolated = Arc::new(AtomicBool::new(false));
         let source = peers.local_addr()?.ip();
-        let network = PeerNetwork::new(Arc::clone(&isolated), source);
+        let peer_tls = options.peer_tls()?;
+        if let Some(tls) = &peer_tls {
+            if tls.own_id != id {
+                let why = format!(
+                    "the peer TLS certificate names node {}, this is node {id}",
+                    tls.own_id
+                );
+                return Err(ClusterError::Config(why));
+            }
+        }
+        let dialer = Dialer::new(source, peer_tls);
+        let network = PeerNetwork::new(Arc::clone(&isolated), dialer.clone());
         let raft = Raft::new(id, raft_config, network, log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
@@ -248,7 +272,9 @@ impl ClusterNode {
         let service = PeerService {
             me: id,
             catch_up: CatchUp::new(fresh),
-            source,
+            dialer,
+            snapshots: Arc::default(),
+            refusals: Arc::default(),
         };
         let hint = LeaderHint::new(raft.clone(), id);
         let admin = Admin::new(raft.clone(), service.clone());
@@ -263,7 +289,8 @@ impl ClusterNode {
         follower.identities = identities.clone();
         let follower = Arc::new(follower);
         let stop = CancellationToken::new();
-        crate::server::spawn_reloader(identities, tls.clone(), stop.clone()).map_err(refused)?;
+        crate::server::spawn_reloader(identities, client_tls.clone(), stop.clone())
+            .map_err(refused)?;
         let follower = Serving {
             executor: follower,
             stop: stop.clone(),
@@ -291,7 +318,7 @@ impl ClusterNode {
             tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
             tokio::spawn(accept_clients(
                 clients,
-                tls,
+                client_tls,
                 Arc::clone(&current),
                 stop.clone(),
             )),

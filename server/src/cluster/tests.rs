@@ -7,6 +7,7 @@ use tenure_protocol::LeaseId;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::network::Dialer;
 use super::{ClusterNode, ClusterOptions, NodeId, NodeInfo};
 use crate::config::Config;
 
@@ -63,6 +64,17 @@ async fn start_in(
     clients: TcpListener,
     dir: tempfile::TempDir,
 ) -> Started {
+    start_with(id, peers, clients, dir, None).await
+}
+
+/// Node `id` with the data in `dir`, on these listeners, with peer TLS if given.
+async fn start_with(
+    id: NodeId,
+    peers: TcpListener,
+    clients: TcpListener,
+    dir: tempfile::TempDir,
+    peer_tls: Option<super::peer_tls::PeerTlsFiles>,
+) -> Started {
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
         client_addr: clients.local_addr().unwrap().to_string(),
@@ -71,6 +83,7 @@ async fn start_in(
     // Generous, so a loaded machine does not hold spurious elections mid-test.
     options.heartbeat_ms = 100;
     options.election_timeout_ms = (800, 1600);
+    options.peer_tls = peer_tls;
     let config = Config {
         token_block: 1000,
         ..Config::default()
@@ -140,10 +153,16 @@ async fn start_cluster() -> Vec<Started> {
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
     // As `tenured cluster-init` does it: over a node's peer port.
-    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
-        .await
-        .unwrap();
-    let again = super::network::initialize_remote(&nodes[0].info.peer_addr, members).await;
+    super::network::initialize_remote(
+        &Dialer::default(),
+        &nodes[0].info.peer_addr,
+        members.clone(),
+    )
+    .await
+    .unwrap();
+    let again =
+        super::network::initialize_remote(&Dialer::default(), &nodes[0].info.peer_addr, members)
+            .await;
     assert!(again.is_err(), "initialised twice");
     nodes
 }
@@ -705,9 +724,13 @@ async fn a_fresh_lowest_id_never_initialises_beside_an_initialised_node() {
         .iter()
         .map(|n| (n.node.id(), n.info.clone()))
         .collect();
-    super::network::initialize_remote(&nodes[0].info.peer_addr, members.clone())
-        .await
-        .unwrap();
+    super::network::initialize_remote(
+        &Dialer::default(),
+        &nodes[0].info.peer_addr,
+        members.clone(),
+    )
+    .await
+    .unwrap();
     serving_leader(&nodes).await;
     let (peers1, clients1, info1) = bound().await;
     let mut initial = members;
@@ -904,4 +927,361 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
         asked.elapsed()
     );
     kill_all(nodes).await;
+}
+
+/// Sends `request` to the peer port at `addr` as any stranger could, and returns the first
+/// bytes of the answer: `None` if the node closed the connection without answering.
+async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let frame = super::network::encode_frame(request).unwrap();
+    if stream.write_all(&frame).await.is_err() {
+        return None;
+    }
+    let mut header = [0u8; 4];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut header))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    match read {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(header[..n].to_vec()),
+    }
+}
+
+/// A forged heartbeat of term `u64::MAX` (issue 22, item 2) used to be taken: the vote
+/// saved at that term, the next election overflowed it and both survivors' Raft cores
+/// panicked, again after every restart. It is refused unanswered now; the leader's loss is
+/// then an ordinary fail-over and the lock held before it stays exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works() {
+    use super::network::PeerRequest;
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+    use openraft::Vote;
+    let _watchdog = watchdog("a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works");
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[first].info.client_addr).await;
+    let held = holder.ask("ACQUIRE held 60000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let leader_id = nodes[first].node.id();
+    for started in &nodes {
+        for forged_leader in [leader_id, 99] {
+            let heartbeat = PeerRequest::Append(AppendEntriesRequest {
+                vote: Vote::new_committed(u64::MAX, forged_leader),
+                prev_log_id: None,
+                entries: Vec::new(),
+                leader_commit: None,
+            });
+            assert_eq!(forge(&started.info.peer_addr, &heartbeat).await, None);
+        }
+        let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(u64::MAX, leader_id), None));
+        assert_eq!(forge(&started.info.peer_addr, &vote).await, None);
+    }
+    drop(holder);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+
+    let second = serving_leader(&nodes).await;
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled(), "a Raft core stopped");
+        let term = started.node.raft().metrics().borrow().current_term;
+        assert!(term < super::peer_check::TERM_MAX, "term {term}");
+    }
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(
+        taken.starts_with("LOCKED "),
+        "the lock was given twice: {taken}"
+    );
+    let fresh = leader.ask("ACQUIRE fresh 30000").await;
+    assert!(fresh.starts_with("OK token="), "{fresh}");
+    let mut other = Console::connect(&nodes[second].info.client_addr).await;
+    let again = other.ask("ACQUIRE fresh 30000").await;
+    assert!(again.starts_with("LOCKED "), "{again}");
+    kill_all(nodes).await;
+}
+
+/// Sockets a flood holds on each follower's peer port: as many as the port has slots (issue
+/// 22, item 4, held one fewer).
+const FLOOD_SOCKETS: usize = super::network::PEER_CONNECTIONS_MAX;
+
+/// Holds `FLOOD_SOCKETS` silent connections to `addr` until `stop`, opening a new one for
+/// each the node closes, as an attacker would.
+async fn flood(addr: String, stop: tokio_util::sync::CancellationToken) {
+    use tokio::io::AsyncReadExt;
+    let mut held: Vec<TcpStream> = Vec::new();
+    while !stop.is_cancelled() {
+        let mut byte = [0u8; 1];
+        let mut kept = Vec::with_capacity(held.len());
+        for mut stream in held.drain(..) {
+            // A read that is ready now means the node closed it (a silent peer sends none).
+            let closed = futures_util::FutureExt::now_or_never(stream.read(&mut byte)).is_some();
+            if !closed {
+                kept.push(stream);
+            }
+        }
+        held = kept;
+        while held.len() < FLOOD_SOCKETS {
+            match TcpStream::connect(&addr).await {
+                Ok(stream) => held.push(stream),
+                Err(_) => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A flood of silent connections on both followers' peer ports while the leader dies used
+/// to hold every slot the followers needed to ask each other for votes: no leader while it
+/// lasted. Silent strangers now have slots of their own, the oldest make way for newcomers
+/// and each must send a frame within a second, so the fail-over takes its usual time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_peer_connections_does_not_delay_the_fail_over() {
+    let _watchdog = watchdog("a_flood_of_silent_peer_connections_does_not_delay_the_fail_over");
+    fail_over_under_a_flood(start_cluster().await).await;
+}
+
+/// As [`a_flood_of_silent_peer_connections_does_not_delay_the_fail_over`], with peer TLS:
+/// the candidates' handshakes are not the connections that make way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_does_not_delay_the_fail_over_with_peer_tls() {
+    let _watchdog = watchdog("a_flood_does_not_delay_the_fail_over_with_peer_tls");
+    let ca = PeerCa::new();
+    fail_over_under_a_flood(start_tls_cluster(&ca).await).await;
+}
+
+/// Floods both followers' peer ports, kills the leader, and requires a new one within a
+/// bound, the lock held before still held.
+async fn fail_over_under_a_flood(mut nodes: Vec<Started>) {
+    /// Generous: a fail-over takes about 2.5 s in these tests' timing (elections after 0.8
+    /// to 1.6 s), flood or not; before the opening slots, none came within this (the flood
+    /// held every slot until the 60 s idle limit).
+    const FAIL_OVER_BOUND: Duration = Duration::from_secs(8);
+    let first = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[first].info.client_addr).await;
+    assert!(holder
+        .ask("ACQUIRE held 60000")
+        .await
+        .starts_with("OK token="));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let floods: Vec<_> = (0..nodes.len())
+        .filter(|i| *i != first)
+        .map(|i| tokio::spawn(flood(nodes[i].info.peer_addr.clone(), stop.clone())))
+        .collect();
+    // Let the floods fill the ports.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(holder);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+    let killed = std::time::Instant::now();
+    let found = tokio::time::timeout(FAIL_OVER_BOUND, serving_leader(&nodes)).await;
+    let elapsed = killed.elapsed();
+    eprintln!("fail-over under the flood: {elapsed:?}");
+    stop.cancel();
+    for flood in floods {
+        flood.await.unwrap();
+    }
+    let second = found.unwrap_or_else(|_| panic!("no leader {elapsed:?} after the kill"));
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(taken.starts_with("LOCKED "), "{taken}");
+    kill_all(nodes).await;
+}
+
+/// Peer TLS for tests: the cluster's CA, and certificates made from it in `dir`.
+struct PeerCa {
+    ca: tenure_testkit::tls::TestCa,
+    dir: tempfile::TempDir,
+}
+
+impl PeerCa {
+    fn new() -> PeerCa {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tenure_testkit::tls::TestCa::new(dir.path(), "cluster");
+        PeerCa { ca, dir }
+    }
+
+    /// Node `id`'s files: its certificate from this CA, and this CA.
+    fn files(&self, id: NodeId) -> super::peer_tls::PeerTlsFiles {
+        self.files_from(&self.ca, id)
+    }
+
+    /// Node `id`'s files with a certificate from `issuer`, trusting this CA.
+    fn files_from(
+        &self,
+        issuer: &tenure_testkit::tls::TestCa,
+        id: NodeId,
+    ) -> super::peer_tls::PeerTlsFiles {
+        let sub = self.dir.path().join(format!("{:p}", issuer));
+        std::fs::create_dir_all(&sub).unwrap();
+        let issued = issuer.node(&sub, id);
+        super::peer_tls::PeerTlsFiles {
+            cert: issued.cert,
+            key: issued.key,
+            ca: self.ca.path.clone(),
+        }
+    }
+
+    /// A dialer holding node `id`'s certificate.
+    fn dialer(&self, id: NodeId) -> Dialer {
+        let tls = super::peer_tls::PeerTls::load(&self.files(id)).unwrap();
+        Dialer::new("127.0.0.1".parse().unwrap(), Some(std::sync::Arc::new(tls)))
+    }
+}
+
+/// Three nodes with peer TLS, initialised over the peer port with node 1's certificate.
+async fn start_tls_cluster(ca: &PeerCa) -> Vec<Started> {
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        nodes.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    let addr = &nodes[0].info.peer_addr;
+    let plain = Dialer::default();
+    let refused = super::network::initialize_remote(&plain, addr, members.clone()).await;
+    assert!(refused.is_err(), "initialised without a certificate");
+    super::network::initialize_remote(&ca.dialer(2), addr, members)
+        .await
+        .unwrap();
+    nodes
+}
+
+/// Sends `request` over `dialer`'s connection to node `id` at `addr`: the reply, or why
+/// there was none (the handshake failed, or the node closed the connection).
+async fn ask_over(
+    dialer: &Dialer,
+    id: NodeId,
+    addr: &str,
+    request: &super::network::PeerRequest,
+) -> Result<super::network::PeerReply, String> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = dialer.dial(id, addr).await.map_err(|e| e.to_string())?;
+    let frame = super::network::encode_frame(request).unwrap();
+    stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let mut len = [0u8; 4];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read_exact(&mut len))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    read.map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    postcard::from_bytes(&body).map_err(|e| e.to_string())
+}
+
+/// With peer TLS, a cluster elects, serves, fails over as without it, and its `cluster-init`
+/// needs a certificate of the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_peer_tls_serves_and_fails_over() {
+    let _watchdog = watchdog("a_cluster_with_peer_tls_serves_and_fails_over");
+    let ca = PeerCa::new();
+    let mut nodes = start_tls_cluster(&ca).await;
+    let first = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[first].info.client_addr).await;
+    let held = holder.ask("ACQUIRE held 60000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    drop(holder);
+    let old = nodes.remove(first);
+    old.node.kill().await;
+    let second = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[second].info.client_addr).await;
+    let taken = leader.ask("ACQUIRE held 30000").await;
+    assert!(taken.starts_with("LOCKED "), "{taken}");
+    kill_all(nodes).await;
+}
+
+/// The hostile peers of issue 22 against a node with peer TLS: no certificate, another
+/// CA's, a node's certificate speaking as another node; each refused, and the node still
+/// answers its real peers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node() {
+    use super::network::{PeerReply, PeerRequest};
+    use openraft::raft::VoteRequest;
+    use openraft::Vote;
+    let _watchdog =
+        watchdog("peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node");
+    let ca = PeerCa::new();
+    let nodes = start_tls_cluster(&ca).await;
+    serving_leader(&nodes).await;
+    let addr = nodes[0].info.peer_addr.clone();
+
+    // Plain TCP: not a frame of it is decoded; the answer, if any, is a TLS alert record.
+    const TLS_ALERT_RECORD: u8 = 0x15;
+    let plain = forge(&addr, &PeerRequest::Probe).await;
+    assert!(
+        plain.as_ref().is_none_or(|r| r[0] == TLS_ALERT_RECORD),
+        "{plain:?}"
+    );
+    // Another CA's certificate for node 2.
+    let other = tenure_testkit::tls::TestCa::new(ca.dir.path(), "other");
+    let foreign = super::peer_tls::PeerTls::load(&ca.files_from(&other, 2)).unwrap();
+    let foreign = Dialer::new(
+        "127.0.0.1".parse().unwrap(),
+        Some(std::sync::Arc::new(foreign)),
+    );
+    let refused = ask_over(&foreign, 1, &addr, &PeerRequest::Probe).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // A server whose certificate names another node than the one dialled.
+    let wrong = ask_over(&ca.dialer(2), 3, &addr, &PeerRequest::Probe).await;
+    assert!(wrong.is_err(), "node 1 passed for node 3: {wrong:?}");
+    // Node 2's certificate asking for votes as node 3, then as itself.
+    let term = nodes[0].node.raft().metrics().borrow().current_term;
+    let as_3 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 3), None));
+    let refused = ask_over(&ca.dialer(2), 1, &addr, &as_3).await;
+    assert!(
+        refused.is_err(),
+        "node 2's certificate spoke as node 3: {refused:?}"
+    );
+    let as_2 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
+    let answered = ask_over(&ca.dialer(2), 1, &addr, &as_2).await;
+    assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
+    // Without any client certificate.
+    let bare = bare_tls_probe(&ca, &addr).await;
+    assert!(bare.is_err(), "{bare:?}");
+
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled());
+    }
+    serving_leader(&nodes).await;
+    kill_all(nodes).await;
+}
+
+/// A TLS connection trusting the cluster's CA but presenting no certificate, and a probe
+/// on it.
+async fn bare_tls_probe(ca: &PeerCa, addr: &str) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::AsyncReadExt;
+    let mut roots = rustls::RootCertStore::empty();
+    let cert = rustls::pki_types::CertificateDer::from_pem_file(&ca.ca.path).unwrap();
+    roots.add(cert).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(super::peer_tls::node_name(1)).unwrap();
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let frame = super::network::encode_frame(&super::network::PeerRequest::Probe).unwrap();
+    stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut byte)).await {
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(_)) => Ok(()),
+        Err(_) => panic!("neither answered nor closed"),
+    }
 }

@@ -253,3 +253,85 @@ fn a_single_node_server_answers_cluster_commands_not_in_cluster_mode() {
         );
     }
 }
+
+/// `tenured --cluster` with `--peer-tls-*`: `cluster-init` without a certificate of the
+/// cluster is refused, with one it forms the cluster, and a `kill -9` of the leader is an
+/// ordinary fail-over.
+#[test]
+fn three_daemons_with_peer_tls_need_a_certificate_to_init_and_survive_a_kill_9() {
+    let certs = tempfile::tempdir().unwrap();
+    let ca = tenure_testkit::tls::TestCa::new(certs.path(), "cluster");
+    let files: Vec<tenure_testkit::tls::Issued> =
+        (1..=3).map(|id| ca.node(certs.path(), id)).collect();
+    let ca_path = ca.path.to_str().unwrap().to_string();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
+    let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|i| {
+            let (id, peer) = ((i + 1).to_string(), peers[i].to_string());
+            let (cert, key) = (
+                files[i].cert.to_str().unwrap(),
+                files[i].key.to_str().unwrap(),
+            );
+            let args = [
+                "--cluster",
+                "--node-id",
+                &id,
+                "--peer-listen",
+                &peer,
+                "--peer-tls-cert",
+                cert,
+                "--peer-tls-key",
+                key,
+                "--peer-tls-ca",
+                &ca_path,
+            ];
+            let what = Tenured {
+                bin: tenured_bin(),
+                dir: dirs[i].path(),
+                logs: None,
+                args: &args,
+            };
+            Daemon::start_on(what, clients[i])
+        })
+        .collect();
+    let nodes: Vec<String> = (0..3)
+        .map(|i| format!("{}={}/{}", i + 1, peers[i], clients[i]))
+        .collect();
+    let init = |tls: &[&str]| {
+        Command::new(tenured_bin())
+            .args(["cluster-init", "--peer", &peers[0].to_string()])
+            .args(["--nodes", &nodes.join(",")])
+            .args(tls)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        !init(&[]).status.success(),
+        "initialised without a certificate"
+    );
+    let (cert, key) = (
+        files[1].cert.to_str().unwrap(),
+        files[1].key.to_str().unwrap(),
+    );
+    let tls = [
+        "--peer-tls-cert",
+        cert,
+        "--peer-tls-key",
+        key,
+        "--peer-tls-ca",
+        &ca_path,
+    ];
+    let out = init(&tls);
+    assert!(out.status.success(), "{out:?}");
+
+    let (leader, held) = acquire_at_leader(&clients, "held");
+    let token: u64 = field(&held, "token").parse().unwrap();
+    let index = clients.iter().position(|&c| c == leader).unwrap();
+    daemons[index].kill9();
+    let rest: Vec<SocketAddr> = clients.iter().copied().filter(|&c| c != leader).collect();
+    let (_, fresh) = acquire_at_leader(&rest, "fresh");
+    let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
+    assert!(fresh_token > token, "{fresh}");
+}

@@ -3,7 +3,9 @@
 //! Node `i` (0-based, node id `i + 1`) has its peer listener on `127.0.0.{i + 2}`, so its
 //! peer connections leave from an address no other process uses (`127.0.0.1` is left to
 //! everything else), and its client listener on `127.0.0.1`. The membership names the
-//! proxy's addresses, so every peer link crosses the proxy.
+//! proxy's addresses, so every peer link crosses the proxy. The peer port runs mutual TLS
+//! (`--peer-tls-*`, a test CA made at start): the proxy passes TLS through, and each node's
+//! certificate names its id, not an address.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -37,6 +39,10 @@ struct Node {
 pub struct Cluster {
     bin: PathBuf,
     logs: TempDir,
+    /// The peer TLS flags of each node (certificate, key, the cluster's CA).
+    peer_tls: Vec<[String; 6]>,
+    /// Holds the CA and the node certificates.
+    _certs: TempDir,
     nodes: Vec<Node>,
     /// The proxy the peer links cross.
     pub proxy: Proxy,
@@ -50,6 +56,25 @@ fn node_ip(i: usize) -> IpAddr {
 fn free_port_on(ip: IpAddr) -> u16 {
     let listener = std::net::TcpListener::bind((ip, 0)).expect("bind port 0");
     listener.local_addr().expect("local addr").port()
+}
+
+/// A test CA in `dir` and, per node, the `--peer-tls-*` flags of a certificate from it.
+fn peer_tls_flags(dir: &Path) -> Vec<[String; 6]> {
+    let ca = crate::tls::TestCa::new(dir, "cluster");
+    let path = |p: &Path| p.to_str().expect("UTF-8 path").to_string();
+    (1..=NODES as u64)
+        .map(|id| {
+            let issued = ca.node(dir, id);
+            [
+                "--peer-tls-cert".to_string(),
+                path(&issued.cert),
+                "--peer-tls-key".to_string(),
+                path(&issued.key),
+                "--peer-tls-ca".to_string(),
+                path(&ca.path),
+            ]
+        })
+        .collect()
 }
 
 impl Cluster {
@@ -69,9 +94,13 @@ impl Cluster {
                 stopped: false,
             })
             .collect();
+        let certs = tempfile::tempdir().expect("certificate dir");
+        let peer_tls = peer_tls_flags(certs.path());
         let mut cluster = Cluster {
             bin: bin.to_owned(),
             logs: tempfile::tempdir().expect("log dir"),
+            peer_tls,
+            _certs: certs,
             nodes,
             proxy,
         };
@@ -89,6 +118,7 @@ impl Cluster {
         let init = Command::new(&self.bin)
             .args(["cluster-init", "--peer", &self.nodes[0].peer.to_string()])
             .args(["--nodes", &members.join(",")])
+            .args(&self.peer_tls[0])
             .output()
             .expect("run cluster-init");
         assert!(init.status.success(), "cluster-init: {init:?}");
@@ -98,7 +128,9 @@ impl Cluster {
     fn launch(&mut self, i: usize) {
         let node = &self.nodes[i];
         let (id, peer) = ((i + 1).to_string(), node.peer.to_string());
-        let args = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
+        let base = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
+        let tls = self.peer_tls[i].iter().map(String::as_str);
+        let args: Vec<&str> = base.into_iter().chain(tls).collect();
         let what = Tenured {
             bin: &self.bin,
             dir: node.dir.path(),

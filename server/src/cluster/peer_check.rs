@@ -1,0 +1,884 @@
+//! Checks on every peer frame, both ways, before openraft sees it.
+//!
+//! openraft trusts what its network hands it. Its engine computes `term + 1` when it stands
+//! for election (an overflow at `u64::MAX`: in a debug build a panic, in a release build a
+//! wrap to term 0 that the next `unwrap()` on the vote comparison turns into one), and a
+//! good many of its invariants are `debug_assert!`s on the shape of what a leader sends
+//! (entries consecutive from `prev_log_id`, log ids rising). A frame that breaks them
+//! panicked a node, and a saved vote of term `u64::MAX` panicked it again after every
+//! restart (issue 22). So a frame is refused, and its connection closed, unless:
+//! - every term is at most [`TERM_MAX`] and every log index at most [`LOG_INDEX_MAX`]:
+//!   far above any real cluster's (2^48 elections at one a millisecond take 8 900 years),
+//!   far enough below `u64::MAX` that `term + 1` and `index + 1` never overflow;
+//! - a vote names a node (id at least 1) and a leader's vote (AppendEntries, snapshot) is
+//!   committed; a candidate's last log id is not of a later term than its vote;
+//! - an append carries at most [`APPEND_ENTRIES_MAX`] entries, numbered one after another
+//!   from `prev_log_id`, of terms that never fall and never pass the leader's, and its commit
+//!   index is not of a later term either;
+//! - an entry's records decode as the WAL records a batch may carry, with fencing tokens at
+//!   most [`TOKEN_MAX`] (the token allocator adds a block to the limit); a membership has 1 or
+//!   2 configurations (joint consensus), each of 1 to `CLUSTER_MEMBERS_MAX` voters listed
+//!   among its nodes, at most [`NODES_MAX`] nodes, ids from 1, addresses within the protocol's
+//!   length limit;
+//! - a snapshot chunk starts at offset 0 or at most where the snapshot's chunks so far
+//!   ended ([`SnapshotProgress`]: the receiver seeks to the offset in a buffer in memory, so a
+//!   far offset is a huge allocation), and ends by [`SNAPSHOT_LEN_MAX`];
+//! - a candidate asking for a vote is in this node's membership when it has one ([`Known`]);
+//!   a leader's append is taken from a node outside it only if it cannot overwrite this
+//!   node's log (it starts at or past its last entry: a follower that missed the entry
+//!   adding a new leader must still be able to catch up from it) or carries a membership
+//!   naming the sender;
+//! - an append's log ids at or below this node's last applied one are of no later term
+//!   than it (openraft takes a previous log id below its commit index as matching);
+//! - replies obey the same bounds on terms and log ids.
+//!
+//! What these checks cannot stop: a frame that is well formed and names a real member,
+//! sent by someone else. Only authentication of the peer port does that; CLUSTER.md's
+//! threat model says what remains.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use openraft::{EntryPayload, Membership, RaftMetrics, Vote};
+use tenure_protocol::limits::{CLUSTER_ADDR_LEN_MAX, CLUSTER_MEMBERS_MAX};
+
+use super::network::{PeerReply, PeerRequest};
+use super::{Entry, LogId, NodeId, NodeInfo};
+use crate::wal::record::{self, Record};
+
+/// Highest term a peer frame may carry (see the module docs for why this one).
+pub const TERM_MAX: u64 = 1 << 48;
+/// Highest log index a peer frame may carry.
+pub const LOG_INDEX_MAX: u64 = 1 << 48;
+/// Most entries an append may carry: openraft sends at most the node's
+/// `max_payload_entries` (8) at once.
+pub const APPEND_ENTRIES_MAX: usize = 64;
+/// Largest snapshot a node receives, in bytes: a Grant record per lease, far more leases
+/// than `held_max` allows.
+pub const SNAPSHOT_LEN_MAX: u64 = 1 << 36;
+/// Longest snapshot id, in bytes (openraft's are a few dozen).
+pub const SNAPSHOT_ID_LEN_MAX: usize = 256;
+/// Highest fencing token or token limit a replicated record may carry: tokens start at 1
+/// and rise by one a grant, and the allocator adds a block to the limit without overflow.
+pub const TOKEN_MAX: u64 = 1 << 62;
+/// Most nodes (voters and learners) a membership may list: the voters, and as many
+/// learners being added.
+pub const NODES_MAX: usize = 2 * CLUSTER_MEMBERS_MAX;
+/// Most configurations a membership has: two while a joint-consensus change is under way.
+const JOINT_CONFIGS_MAX: usize = 2;
+
+const _: () = assert!(TERM_MAX < u64::MAX / 2 && LOG_INDEX_MAX < u64::MAX / 2);
+const _: () = assert!(
+    APPEND_ENTRIES_MAX >= 8,
+    "the node's max_payload_entries must pass"
+);
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+fn refuse<T>(why: String) -> Result<T, Refused> {
+    Err(Refused(why))
+}
+
+/// What this node knows that a frame can be checked against, read from its Raft metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    /// The nodes of its membership (voters and learners); empty before it has one.
+    pub members: BTreeSet<NodeId>,
+    /// Its last log index, `None` for an empty log.
+    pub last_log_index: Option<u64>,
+    /// The last log id it applied: committed, so every honest leader has it.
+    pub last_applied: Option<LogId>,
+}
+
+impl Known {
+    /// What `metrics` say.
+    pub fn from_metrics(metrics: &RaftMetrics<NodeId, NodeInfo>) -> Known {
+        Known {
+            members: metrics
+                .membership_config
+                .nodes()
+                .map(|(id, _)| *id)
+                .collect(),
+            last_log_index: metrics.last_log_index,
+            last_applied: metrics.last_applied,
+        }
+    }
+}
+
+fn check_term(term: u64, what: &str) -> Result<(), Refused> {
+    if term > TERM_MAX {
+        return refuse(format!("{what}: term {term} over TERM_MAX ({TERM_MAX})"));
+    }
+    Ok(())
+}
+
+fn check_vote(vote: &Vote<NodeId>, what: &str) -> Result<(), Refused> {
+    check_term(vote.leader_id().term, what)
+}
+
+/// A vote a node sends of itself: bounded, and naming a node.
+fn check_sender_vote(vote: &Vote<NodeId>, what: &str) -> Result<NodeId, Refused> {
+    check_vote(vote, what)?;
+    let id = vote.leader_id().node_id;
+    if id == 0 {
+        return refuse(format!("{what}: node id 0"));
+    }
+    Ok(id)
+}
+
+fn check_log_id(id: Option<&LogId>, what: &str) -> Result<(), Refused> {
+    let Some(id) = id else { return Ok(()) };
+    check_term(id.leader_id.term, what)?;
+    if id.index > LOG_INDEX_MAX {
+        let index = id.index;
+        return refuse(format!(
+            "{what}: index {index} over LOG_INDEX_MAX ({LOG_INDEX_MAX})"
+        ));
+    }
+    Ok(())
+}
+
+fn term_of(id: Option<&LogId>) -> u64 {
+    id.map_or(0, |id| id.leader_id.term)
+}
+
+/// Checks a request from a peer; returns the node it says it comes from (the candidate or
+/// the leader), `None` for the requests that name none.
+///
+/// # Errors
+/// [`Refused`], saying what is out of bounds.
+pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<NodeId>, Refused> {
+    match request {
+        PeerRequest::Vote(rpc) => {
+            let sender = check_sender_vote(&rpc.vote, "vote request")?;
+            check_log_id(rpc.last_log_id.as_ref(), "vote request's last log id")?;
+            if term_of(rpc.last_log_id.as_ref()) > rpc.vote.leader_id().term {
+                return refuse("vote request: last log id of a later term than the vote".into());
+            }
+            if !known.members.is_empty() && !known.members.contains(&sender) {
+                return refuse(format!("vote request from node {sender}, not a member"));
+            }
+            Ok(Some(sender))
+        }
+        PeerRequest::Append(rpc) => {
+            let sender = check_leader_vote(&rpc.vote, "append")?;
+            let term = rpc.vote.leader_id().term;
+            check_log_id(rpc.leader_commit.as_ref(), "append's commit index")?;
+            if term_of(rpc.leader_commit.as_ref()) > term {
+                return refuse("append: commit index of a later term than the leader's".into());
+            }
+            check_entries(rpc.prev_log_id.as_ref(), &rpc.entries, term)?;
+            check_append_sender(sender, rpc.prev_log_id.as_ref(), &rpc.entries, known)?;
+            check_against_applied(rpc.prev_log_id.as_ref(), &rpc.entries, known)?;
+            Ok(Some(sender))
+        }
+        PeerRequest::Snapshot(rpc) => {
+            let sender = check_leader_vote(&rpc.vote, "snapshot")?;
+            let meta = &rpc.meta;
+            check_log_id(meta.last_log_id.as_ref(), "snapshot's last log id")?;
+            check_log_id(
+                meta.last_membership.log_id().as_ref(),
+                "snapshot's membership",
+            )?;
+            check_membership(meta.last_membership.membership())?;
+            if meta.snapshot_id.len() > SNAPSHOT_ID_LEN_MAX {
+                return refuse(format!("snapshot id over {SNAPSHOT_ID_LEN_MAX} bytes"));
+            }
+            let end = rpc.offset.checked_add(rpc.data.len() as u64);
+            if end.is_none_or(|end| end > SNAPSHOT_LEN_MAX) {
+                return refuse(format!("snapshot chunk ends past {SNAPSHOT_LEN_MAX} bytes"));
+            }
+            Ok(Some(sender))
+        }
+        PeerRequest::Initialize(members) => {
+            check_nodes(members.iter())?;
+            if members.is_empty() {
+                return refuse("initialisation with no members".into());
+            }
+            Ok(None)
+        }
+        PeerRequest::Probe | PeerRequest::Bootstrap => Ok(None),
+    }
+}
+
+fn check_leader_vote(vote: &Vote<NodeId>, what: &str) -> Result<NodeId, Refused> {
+    let sender = check_sender_vote(vote, what)?;
+    if !vote.is_committed() {
+        return refuse(format!("{what}: the leader's vote is not committed"));
+    }
+    Ok(sender)
+}
+
+/// The entries of an append: bounded in count, numbered from `prev`, terms rising to at
+/// most the leader's, payloads valid.
+fn check_entries(prev: Option<&LogId>, entries: &[Entry], term: u64) -> Result<(), Refused> {
+    check_log_id(prev, "append's previous log id")?;
+    if entries.len() > APPEND_ENTRIES_MAX {
+        let count = entries.len();
+        return refuse(format!(
+            "append of {count} entries, limit {APPEND_ENTRIES_MAX}"
+        ));
+    }
+    let mut index = prev.map_or(0, |prev| prev.index + 1);
+    let mut floor = term_of(prev);
+    for entry in entries {
+        check_log_id(Some(&entry.log_id), "entry")?;
+        let (entry_index, entry_term) = (entry.log_id.index, entry.log_id.leader_id.term);
+        if entry_index != index {
+            return refuse(format!(
+                "append: entry {entry_index} where {index} comes next"
+            ));
+        }
+        if entry_term < floor || entry_term > term {
+            return refuse(format!(
+                "append: entry {entry_index} of term {entry_term}, not within {floor}..={term}"
+            ));
+        }
+        check_payload(&entry.payload)?;
+        (index, floor) = (index + 1, entry_term);
+    }
+    if term_of(prev) > term {
+        return refuse("append: previous log id of a later term than the leader's".into());
+    }
+    Ok(())
+}
+
+fn check_payload(payload: &EntryPayload<super::TypeConfig>) -> Result<(), Refused> {
+    match payload {
+        EntryPayload::Blank => Ok(()),
+        EntryPayload::Normal(batch) => check_records(&batch.records),
+        EntryPayload::Membership(membership) => check_membership(membership),
+    }
+}
+
+/// A batch's bytes: WAL records a batch may carry (never a snapshot marker), with tokens at
+/// most [`TOKEN_MAX`].
+pub fn check_records(bytes: &[u8]) -> Result<(), Refused> {
+    if bytes.len() > super::log_store::ENTRY_LEN_MAX {
+        return refuse("entry over ENTRY_LEN_MAX".into());
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        let (record, len) = record::decode(&bytes[at..])
+            .map_err(|e| Refused(format!("entry's records at byte {at}: {e}")))?;
+        let token = match record {
+            Record::Reserve { token_limit } => token_limit,
+            Record::Grant { token, .. } | Record::Free { token, .. } => token,
+            Record::Renew { token, .. } => token,
+            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => {
+                return refuse(format!("entry's records at byte {at}: a snapshot marker"));
+            }
+        };
+        if token > TOKEN_MAX {
+            return refuse(format!("entry's records: token {token} over TOKEN_MAX"));
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+fn check_membership(membership: &Membership<NodeId, NodeInfo>) -> Result<(), Refused> {
+    let configs = membership.get_joint_config();
+    if configs.is_empty() || configs.len() > JOINT_CONFIGS_MAX {
+        let count = configs.len();
+        return refuse(format!("membership of {count} configurations"));
+    }
+    check_nodes(membership.nodes())?;
+    for voters in configs {
+        if voters.is_empty() || voters.len() > CLUSTER_MEMBERS_MAX {
+            let count = voters.len();
+            return refuse(format!("membership configuration of {count} voters"));
+        }
+        if let Some(id) = voters.iter().find(|id| membership.get_node(id).is_none()) {
+            return refuse(format!("membership: voter {id} is not among its nodes"));
+        }
+    }
+    Ok(())
+}
+
+fn check_nodes<'a>(nodes: impl Iterator<Item = (&'a NodeId, &'a NodeInfo)>) -> Result<(), Refused> {
+    for (count, (id, info)) in nodes.enumerate() {
+        if count >= NODES_MAX {
+            return refuse(format!("membership of over {NODES_MAX} nodes"));
+        }
+        if *id == 0 {
+            return refuse("membership: node id 0".into());
+        }
+        for addr in [&info.peer_addr, &info.client_addr] {
+            if addr.is_empty() || addr.len() > CLUSTER_ADDR_LEN_MAX {
+                return refuse(format!(
+                    "membership: node {id}'s address is not 1 to {CLUSTER_ADDR_LEN_MAX} bytes"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An append's log ids at or below this node's last applied one: an honest leader has the
+/// same entries there, so none of a later term. openraft takes a previous log id below its
+/// commit index as matching (asserting so in a debug build only) and would append after it.
+fn check_against_applied(
+    prev: Option<&LogId>,
+    entries: &[Entry],
+    known: &Known,
+) -> Result<(), Refused> {
+    let Some(applied) = known.last_applied else {
+        return Ok(());
+    };
+    let ids = prev.into_iter().chain(entries.iter().map(|e| &e.log_id));
+    for id in ids.take_while(|id| id.index <= applied.index) {
+        if id.leader_id.term > applied.leader_id.term {
+            return refuse(format!(
+                "append: log id {id} below this node's applied {applied} is of a later term"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An append from a node outside this node's membership: see the module docs.
+fn check_append_sender(
+    sender: NodeId,
+    prev: Option<&LogId>,
+    entries: &[Entry],
+    known: &Known,
+) -> Result<(), Refused> {
+    if known.members.is_empty() || known.members.contains(&sender) {
+        return Ok(());
+    }
+    let at_or_past_end = match (prev, known.last_log_index) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(prev), Some(last)) => prev.index >= last,
+    };
+    let names_sender = entries.iter().any(|entry| match &entry.payload {
+        EntryPayload::Membership(m) => m.get_node(&sender).is_some(),
+        _ => false,
+    });
+    if at_or_past_end || names_sender {
+        return Ok(());
+    }
+    refuse(format!(
+        "append from node {sender}, not a member, over this node's log"
+    ))
+}
+
+/// Checks a peer's reply before openraft sees it.
+///
+/// # Errors
+/// [`Refused`], saying what is out of bounds.
+pub fn check_reply(reply: &PeerReply) -> Result<(), Refused> {
+    use openraft::raft::AppendEntriesResponse as A;
+    match reply {
+        PeerReply::Vote(Ok(vote)) => {
+            check_vote(&vote.vote, "vote reply")?;
+            check_log_id(vote.last_log_id.as_ref(), "vote reply's last log id")
+        }
+        PeerReply::Append(Ok(A::HigherVote(vote))) => check_vote(vote, "append reply"),
+        PeerReply::Append(Ok(A::PartialSuccess(id))) => check_log_id(id.as_ref(), "append reply"),
+        PeerReply::Snapshot(Ok(reply)) => check_vote(&reply.vote, "snapshot reply"),
+        _ => Ok(()),
+    }
+}
+
+/// Where the chunks of the snapshot being received have ended so far, shared by every peer
+/// connection of a node: a chunk must start at 0 (a new or restarted transfer) or at most
+/// there (a chunk sent again after a lost reply).
+#[derive(Debug, Default)]
+pub struct SnapshotProgress {
+    received: Mutex<(String, u64)>,
+}
+
+impl SnapshotProgress {
+    /// Checks a chunk's offset and, if it is taken, records where it ends.
+    ///
+    /// # Errors
+    /// [`Refused`] for a chunk that would leave a gap.
+    pub fn admit(&self, snapshot_id: &str, offset: u64, len: usize) -> Result<(), Refused> {
+        let mut received = self.received.lock().expect("snapshot progress poisoned");
+        let (id, end) = &mut *received;
+        if offset == 0 {
+            *id = snapshot_id.to_string();
+            *end = 0;
+        } else if id != snapshot_id || offset > *end {
+            return refuse(format!(
+                "snapshot {snapshot_id} chunk at offset {offset}: its chunks so far end at {}",
+                if id == snapshot_id { *end } else { 0 }
+            ));
+        }
+        *end = (*end).max(offset.saturating_add(len as u64));
+        Ok(())
+    }
+}
+
+/// Shortest time between two log lines about refused peer frames: a removed node left
+/// running, or a flood, would otherwise write one per frame.
+pub const REFUSAL_LOG_PERIOD_MS: u64 = 10_000;
+
+/// Rate-limits the log lines about refused frames: the first goes out, then at most one a
+/// [`REFUSAL_LOG_PERIOD_MS`], saying how many were not logged since.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    last_ms: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+impl RefusalLog {
+    /// Logs `why` (from `peer`) unless a line went out less than the period ago.
+    pub fn refused(&self, now_ms: u64, peer: &str, why: &Refused) {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms.saturating_sub(last) >= REFUSAL_LOG_PERIOD_MS;
+        if due
+            && self
+                .last_ms
+                .compare_exchange(last, now_ms.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let unlogged = self.unlogged.swap(0, Ordering::AcqRel);
+            tracing::warn!(
+                peer,
+                unlogged,
+                "peer frame refused, connection closed: {why}"
+            );
+        } else {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use openraft::{CommittedLeaderId, SnapshotMeta, StoredMembership};
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::cluster::Batch;
+    use crate::wal::record::FreeReason;
+
+    /// Iterations of the mutation loop: about a second in a debug build.
+    const MUTATIONS: usize = 100_000;
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn info(id: u64) -> NodeInfo {
+        NodeInfo {
+            peer_addr: format!("127.0.0.1:{}", 7000 + id),
+            client_addr: format!("127.0.0.1:{}", 7800 + id),
+        }
+    }
+
+    fn membership(ids: &[u64]) -> Membership<NodeId, NodeInfo> {
+        let nodes: BTreeMap<_, _> = ids.iter().map(|id| (*id, info(*id))).collect();
+        Membership::new(vec![ids.iter().copied().collect()], nodes)
+    }
+
+    fn records() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let grant = Record::Grant {
+            key: b"k",
+            lease_id: [7; 16],
+            token: 41,
+            ttl_ms: 30_000,
+            flags: 0,
+            meta: b"m",
+        };
+        let free = Record::Free {
+            key: b"k",
+            token: 41,
+            reason: FreeReason::Released,
+        };
+        for record in [Record::Reserve { token_limit: 1000 }, grant, free] {
+            record::encode(&record, &mut bytes);
+        }
+        bytes
+    }
+
+    fn entry(term: u64, index: u64, payload: EntryPayload<crate::cluster::TypeConfig>) -> Entry {
+        Entry {
+            log_id: log_id(term, index),
+            payload,
+        }
+    }
+
+    fn append(term: u64, prev: Option<LogId>, entries: Vec<Entry>) -> PeerRequest {
+        PeerRequest::Append(AppendEntriesRequest {
+            vote: Vote::new_committed(term, 1),
+            prev_log_id: prev,
+            entries,
+            leader_commit: Some(log_id(term, 3)),
+        })
+    }
+
+    /// One valid frame of each kind, from node 1 to a member of {1, 2, 3}.
+    fn valid_requests() -> Vec<PeerRequest> {
+        let entries = vec![
+            entry(5, 11, EntryPayload::Blank),
+            entry(5, 12, EntryPayload::Normal(Batch { records: records() })),
+            entry(6, 13, EntryPayload::Membership(membership(&[1, 2, 3]))),
+        ];
+        let meta = SnapshotMeta {
+            last_log_id: Some(log_id(5, 90)),
+            last_membership: StoredMembership::new(Some(log_id(1, 1)), membership(&[1, 2, 3])),
+            snapshot_id: "5-90-1".to_string(),
+        };
+        let members: BTreeMap<_, _> = [1, 2, 3].iter().map(|id| (*id, info(*id))).collect();
+        vec![
+            PeerRequest::Vote(VoteRequest::new(Vote::new(7, 1), Some(log_id(6, 13)))),
+            append(6, Some(log_id(5, 10)), entries),
+            append(6, Some(log_id(6, 13)), Vec::new()),
+            PeerRequest::Snapshot(InstallSnapshotRequest {
+                vote: Vote::new_committed(6, 1),
+                meta,
+                offset: 0,
+                data: records(),
+                done: true,
+            }),
+            PeerRequest::Initialize(members),
+            PeerRequest::Probe,
+            PeerRequest::Bootstrap,
+        ]
+    }
+
+    fn known() -> Known {
+        Known {
+            members: [1, 2, 3].into_iter().collect(),
+            last_log_index: Some(20),
+            last_applied: Some(log_id(6, 8)),
+        }
+    }
+
+    /// What a frame that passed the checks must hold, checked independently of them: every
+    /// term and index it carries within the bounds.
+    fn assert_in_bounds(request: &PeerRequest) {
+        let ids: Vec<(u64, u64)> = match request {
+            PeerRequest::Vote(rpc) => {
+                let last = rpc
+                    .last_log_id
+                    .iter()
+                    .map(|id| (id.leader_id.term, id.index));
+                last.chain([(rpc.vote.leader_id().term, 0)]).collect()
+            }
+            PeerRequest::Append(rpc) => {
+                let ids = rpc.prev_log_id.iter().chain(rpc.leader_commit.iter());
+                let ids = ids.chain(rpc.entries.iter().map(|e| &e.log_id));
+                let ids = ids.map(|id| (id.leader_id.term, id.index));
+                assert!(rpc.entries.len() <= APPEND_ENTRIES_MAX);
+                ids.chain([(rpc.vote.leader_id().term, 0)]).collect()
+            }
+            PeerRequest::Snapshot(rpc) => {
+                assert!(rpc.offset + rpc.data.len() as u64 <= SNAPSHOT_LEN_MAX);
+                let last = rpc
+                    .meta
+                    .last_log_id
+                    .iter()
+                    .map(|id| (id.leader_id.term, id.index));
+                last.chain([(rpc.vote.leader_id().term, 0)]).collect()
+            }
+            _ => Vec::new(),
+        };
+        for (term, index) in ids {
+            assert!(term <= TERM_MAX && index <= LOG_INDEX_MAX, "{request:?}");
+        }
+    }
+
+    fn mutate(rng: &mut impl Rng, frame: &mut Vec<u8>) {
+        match rng.random_range(0..5) {
+            0 => {
+                let at = rng.random_range(0..frame.len());
+                frame[at] ^= 1 << rng.random_range(0..8);
+            }
+            1 => frame.truncate(rng.random_range(0..frame.len())),
+            2 => {
+                // A varint of u64::MAX or a large one where some field was.
+                let at = rng.random_range(0..frame.len());
+                let big: &[u8] = if rng.random() {
+                    &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
+                } else {
+                    &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01]
+                };
+                let end = (at + rng.random_range(1..4)).min(frame.len());
+                frame.splice(at..end, big.iter().copied());
+            }
+            3 => {
+                let at = rng.random_range(0..=frame.len());
+                frame.insert(at, rng.random());
+            }
+            _ => {
+                for byte in frame.iter_mut() {
+                    if rng.random_range(0..16) == 0 {
+                        *byte = rng.random();
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn valid_frames_pass() {
+        for request in valid_requests() {
+            let checked = check_request(&request, &known());
+            assert!(checked.is_ok(), "{request:?}: {checked:?}");
+            assert_in_bounds(&request);
+        }
+    }
+
+    /// Mutated and random frames: decoding never panics, and what decodes and passes the
+    /// checks is within every bound. Prints the seed on failure (set `PEER_FUZZ_SEED`).
+    #[test]
+    fn mutated_and_random_frames_never_panic_and_out_of_bounds_ones_are_refused() {
+        let seed = std::env::var("PEER_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(22);
+        let frames: Vec<Vec<u8>> = valid_requests()
+            .iter()
+            .map(|r| postcard::to_stdvec(r).unwrap())
+            .collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (mut decoded, mut passed) = (0, 0);
+        for round in 0..MUTATIONS {
+            let mut frame = if rng.random_range(0..10) == 0 {
+                (0..rng.random_range(0..64)).map(|_| rng.random()).collect()
+            } else {
+                frames[rng.random_range(0..frames.len())].clone()
+            };
+            for _ in 0..rng.random_range(1..4) {
+                if !frame.is_empty() {
+                    mutate(&mut rng, &mut frame);
+                }
+            }
+            let outcome = std::panic::catch_unwind(|| {
+                let _ = postcard::from_bytes::<PeerReply>(&frame).map(|r| check_reply(&r));
+                let request = postcard::from_bytes::<PeerRequest>(&frame).ok()?;
+                let ok = check_request(&request, &known()).is_ok();
+                if ok {
+                    assert_in_bounds(&request);
+                }
+                Some(ok)
+            });
+            match outcome {
+                Ok(Some(ok)) => (decoded, passed) = (decoded + 1, passed + usize::from(ok)),
+                Ok(None) => {}
+                Err(_) => panic!("seed {seed}, round {round}: panicked on {frame:?}"),
+            }
+        }
+        // The loop must exercise the checks, not only the decoder.
+        assert!(decoded > MUTATIONS / 20, "seed {seed}: {decoded} decoded");
+        assert!(
+            passed > 0 && passed < decoded,
+            "seed {seed}: {passed} of {decoded}"
+        );
+    }
+
+    /// Terms over TERM_MAX, up to `u64::MAX`, in requests and replies.
+    #[test]
+    fn terms_over_term_max_are_refused() {
+        let over = [TERM_MAX + 1, u64::MAX - 1, u64::MAX];
+        for term in over {
+            let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 1), None));
+            assert!(check_request(&vote, &known()).is_err(), "vote term {term}");
+            let heartbeat = PeerRequest::Append(AppendEntriesRequest {
+                vote: Vote::new_committed(term, 1),
+                prev_log_id: None,
+                entries: Vec::new(),
+                leader_commit: None,
+            });
+            assert!(
+                check_request(&heartbeat, &known()).is_err(),
+                "append term {term}"
+            );
+            let reply = PeerReply::Append(Ok(openraft::raft::AppendEntriesResponse::HigherVote(
+                Vote::new_committed(term, 2),
+            )));
+            assert!(check_reply(&reply).is_err(), "reply term {term}");
+        }
+    }
+
+    /// Each bound on an append, a vote and a snapshot, one field at a time.
+    #[test]
+    fn entries_senders_and_chunks_out_of_range_are_refused() {
+        let refused = [
+            // An index past LOG_INDEX_MAX.
+            append(6, Some(log_id(5, LOG_INDEX_MAX + 1)), Vec::new()),
+            // Entries not following prev_log_id, or not consecutive.
+            append(
+                6,
+                Some(log_id(5, 10)),
+                vec![entry(5, 12, EntryPayload::Blank)],
+            ),
+            append(
+                6,
+                Some(log_id(5, 10)),
+                vec![
+                    entry(5, 11, EntryPayload::Blank),
+                    entry(5, 11, EntryPayload::Blank),
+                ],
+            ),
+            // An entry of a later term than the leader's, or terms falling.
+            append(
+                6,
+                Some(log_id(5, 10)),
+                vec![entry(7, 11, EntryPayload::Blank)],
+            ),
+            append(
+                6,
+                Some(log_id(5, 10)),
+                vec![entry(4, 11, EntryPayload::Blank)],
+            ),
+            // Too many entries.
+            append(
+                6,
+                Some(log_id(6, 10)),
+                (11..12 + APPEND_ENTRIES_MAX as u64)
+                    .map(|i| entry(6, i, EntryPayload::Blank))
+                    .collect(),
+            ),
+            // Records that do not decode, a token past TOKEN_MAX.
+            append(
+                6,
+                Some(log_id(6, 10)),
+                vec![entry(
+                    6,
+                    11,
+                    EntryPayload::Normal(Batch {
+                        records: vec![9; 40],
+                    }),
+                )],
+            ),
+            append(
+                6,
+                Some(log_id(6, 10)),
+                vec![entry(6, 11, reserve(TOKEN_MAX + 1))],
+            ),
+            // A membership of node 0, of a voter that is not a node, of too many nodes.
+            append(6, Some(log_id(6, 10)), vec![entry(6, 11, members(&[0, 1]))]),
+            append(
+                6,
+                Some(log_id(6, 10)),
+                vec![entry(6, 11, voter_without_node())],
+            ),
+            append(
+                6,
+                Some(log_id(6, 10)),
+                vec![entry(
+                    6,
+                    11,
+                    members(&(1..=NODES_MAX as u64 + 1).collect::<Vec<_>>()),
+                )],
+            ),
+            // Node 0, and a vote from outside the membership.
+            PeerRequest::Vote(VoteRequest::new(Vote::new(7, 0), None)),
+            PeerRequest::Vote(VoteRequest::new(Vote::new(7, 99), None)),
+            // A leader's vote that is not committed.
+            PeerRequest::Append(AppendEntriesRequest {
+                vote: Vote::new(6, 1),
+                prev_log_id: None,
+                entries: Vec::new(),
+                leader_commit: None,
+            }),
+        ];
+        for request in refused {
+            assert!(check_request(&request, &known()).is_err(), "{request:?}");
+        }
+        let mut snapshot = valid_requests().swap_remove(3);
+        if let PeerRequest::Snapshot(rpc) = &mut snapshot {
+            rpc.offset = u64::MAX - 2;
+        }
+        assert!(check_request(&snapshot, &known()).is_err());
+    }
+
+    fn reserve(token_limit: u64) -> EntryPayload<crate::cluster::TypeConfig> {
+        let mut records = Vec::new();
+        record::encode(&Record::Reserve { token_limit }, &mut records);
+        EntryPayload::Normal(Batch { records })
+    }
+
+    fn members(ids: &[u64]) -> EntryPayload<crate::cluster::TypeConfig> {
+        EntryPayload::Membership(membership(ids))
+    }
+
+    fn voter_without_node() -> EntryPayload<crate::cluster::TypeConfig> {
+        /// Membership's serde shape: `Membership::new` would add the missing node, a
+        /// forged frame need not.
+        #[derive(serde::Serialize)]
+        struct Forged {
+            configs: Vec<BTreeSet<NodeId>>,
+            nodes: BTreeMap<NodeId, NodeInfo>,
+        }
+        let forged = Forged {
+            configs: vec![[2].into()],
+            nodes: [(1, info(1))].into_iter().collect(),
+        };
+        let bytes = postcard::to_stdvec(&forged).unwrap();
+        EntryPayload::Membership(postcard::from_bytes(&bytes).unwrap())
+    }
+
+    /// A node outside the membership: its votes are refused, and its appends unless they
+    /// can only extend this node's log (a follower that missed the entry adding a new
+    /// leader catches up from it) or name it in a membership they carry.
+    #[test]
+    fn a_sender_outside_the_membership_is_refused_where_it_could_overwrite() {
+        let from_99 = |prev: u64, entries| {
+            let mut request = append(6, Some(log_id(5, prev)), entries);
+            if let PeerRequest::Append(rpc) = &mut request {
+                rpc.vote = Vote::new_committed(6, 99);
+            }
+            request
+        };
+        let known = known();
+        assert!(check_request(&from_99(10, Vec::new()), &known).is_err());
+        assert!(check_request(&from_99(20, Vec::new()), &known).is_ok());
+        let naming = vec![entry(6, 11, members(&[1, 2, 99]))];
+        assert!(check_request(&from_99(10, naming), &known).is_ok());
+        assert!(check_request(&from_99(10, Vec::new()), &Known::default()).is_ok());
+    }
+
+    /// Below the applied index an honest leader's log is this node's: a later term there is
+    /// forged (openraft would take it as matching).
+    #[test]
+    fn log_ids_at_or_below_the_applied_one_are_of_no_later_term() {
+        let known = known(); // applied: term 6, index 8
+        assert!(check_request(&append(7, Some(log_id(6, 8)), Vec::new()), &known).is_ok());
+        assert!(check_request(&append(7, Some(log_id(7, 8)), Vec::new()), &known).is_err());
+        assert!(check_request(&append(7, Some(log_id(7, 3)), Vec::new()), &known).is_err());
+        let past = vec![entry(7, 9, EntryPayload::Blank)];
+        assert!(check_request(&append(7, Some(log_id(6, 8)), past), &known).is_ok());
+        let forged = vec![entry(7, 8, EntryPayload::Blank)];
+        assert!(check_request(&append(7, Some(log_id(6, 7)), forged), &known).is_err());
+    }
+
+    #[test]
+    fn a_snapshot_chunk_may_not_leave_a_gap() {
+        let progress = SnapshotProgress::default();
+        assert!(progress.admit("a", 1, 10).is_err(), "no chunk yet");
+        progress.admit("a", 0, 10).unwrap();
+        progress.admit("a", 10, 10).unwrap();
+        progress.admit("a", 10, 10).unwrap();
+        assert!(progress.admit("a", 21, 10).is_err());
+        assert!(progress.admit("b", 20, 10).is_err(), "another snapshot");
+        progress.admit("b", 0, 5).unwrap();
+        assert!(progress.admit("a", 10, 10).is_err(), "a was replaced by b");
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_once_a_period() {
+        let log = RefusalLog::default();
+        let why = Refused("x".into());
+        log.refused(1_000, "p", &why);
+        log.refused(1_001, "p", &why);
+        log.refused(2_000, "p", &why);
+        assert_eq!(log.unlogged.load(Ordering::Relaxed), 2);
+        log.refused(1_000 + REFUSAL_LOG_PERIOD_MS, "p", &why);
+        assert_eq!(log.unlogged.load(Ordering::Relaxed), 0);
+    }
+}
