@@ -39,6 +39,7 @@ use super::catch_up::{self, CatchUp};
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
 use super::network::{serve_peers, PeerNetwork, PeerService};
+use super::observe::{count_leader_changes, Counters, NodeScrape, Security};
 use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
@@ -144,6 +145,7 @@ pub async fn run(
     options: ClusterOptions,
     clients: TcpListener,
     peers: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ClusterError> {
     config.validate().map_err(ClusterError::Config)?;
@@ -159,6 +161,8 @@ pub async fn run(
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
+    let http_stop = CancellationToken::new();
+    let http = metrics.map(|l| tokio::spawn(crate::http::serve(l, node.scrape(), http_stop.clone())));
     tracing::info!(node_id, %addr, "cluster node ready");
     let died = node.died.clone();
     let why = tokio::select! {
@@ -166,6 +170,10 @@ pub async fn run(
         _ = died.cancelled() => Some(node.raft.metrics().borrow().running_state.clone()),
     };
     tracing::info!("shutting down");
+    http_stop.cancel();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     node.kill().await;
     tracing::info!("stopped");
     match why {
@@ -194,14 +202,18 @@ pub struct ClusterNode {
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// What `/metrics` and `/readyz` read (see [`super::observe`]).
+    scrape: crate::metrics::Scrape,
 }
 
 /// What new client connections are given: the executor, and the token that ends them (the
 /// node's, or the leader's term's: connections served as leader close when it ends).
 #[derive(Clone)]
-struct Serving {
-    executor: Arc<Executor>,
-    stop: CancellationToken,
+pub(super) struct Serving {
+    /// The executor.
+    pub(super) executor: Arc<Executor>,
+    /// Ends the connections it serves.
+    pub(super) stop: CancellationToken,
 }
 
 impl ClusterNode {
@@ -251,7 +263,9 @@ impl ClusterNode {
             source,
         };
         let hint = LeaderHint::new(raft.clone(), id);
-        let admin = Admin::new(raft.clone(), service.clone());
+        let security = Security::new(identities.clone(), tls.clone());
+        let admin = Admin::new(raft.clone(), service.clone(), security.clone());
+        let counters = Arc::new(Counters::default());
         let mut follower = Executor::new(
             config.clone(),
             Clock::start(),
@@ -270,6 +284,13 @@ impl ClusterNode {
         };
         let current = Arc::new(RwLock::new(follower.clone()));
         let died = CancellationToken::new();
+        let scrape = crate::metrics::Scrape::of_cluster(Arc::new(NodeScrape {
+            raft: raft.clone(),
+            current: Arc::clone(&current),
+            security,
+            counters: Arc::clone(&counters),
+            catch_up: Arc::clone(&service.catch_up),
+        }));
         let life = Life {
             died: died.clone(),
             raft: raft.clone(),
@@ -279,6 +300,7 @@ impl ClusterNode {
             admin,
             current: Arc::clone(&current),
             follower,
+            commit: Arc::clone(&counters.commit),
         };
         let mut tasks = vec![
             tokio::spawn(serve_peers(
@@ -296,6 +318,7 @@ impl ClusterNode {
                 stop.clone(),
             )),
             tokio::spawn(life.run(stop.clone())),
+            tokio::spawn(count_leader_changes(raft.clone(), counters)),
         ];
         if let Some(members) = options.initial_cluster {
             let bootstrap =
@@ -312,7 +335,14 @@ impl ClusterNode {
             current,
             stop,
             tasks,
+            scrape,
         })
+    }
+
+    /// What `/metrics`, `/healthz` and `/readyz` serve for this node
+    /// ([`crate::http::serve`]).
+    pub fn scrape(&self) -> crate::metrics::Scrape {
+        self.scrape.clone()
     }
 
     /// Makes `members` the cluster's first membership (once, on one node).
@@ -427,6 +457,8 @@ struct Life {
     admin: Admin,
     current: Arc<RwLock<Serving>>,
     follower: Serving,
+    /// Where each leader's journal times its commits.
+    commit: Arc<crate::metrics::Histogram>,
 }
 
 /// The executor of a term this node leads.
@@ -518,7 +550,11 @@ impl Life {
             .expect("replica state poisoned")
             .live
             .clone();
-        let journal = RaftJournal::start(self.raft.clone(), self.hint.clone());
+        let journal = RaftJournal::start(
+            self.raft.clone(),
+            self.hint.clone(),
+            Arc::clone(&self.commit),
+        );
         let executor = self.executor_from(&live, Arc::clone(&journal));
         let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
         if let Some(why) = takeover_failure(reserved.await) {
