@@ -341,3 +341,62 @@ fn encode_digests(encoder: &mut DescriptorEncoder, security: &Security) -> FmtRe
     ];
     ConstGauge::new(1).encode(family.encode_family(&labels)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::hash_secret;
+
+    fn entry(name: &str, hash: &str, extra: &str) -> String {
+        format!("[[identity]]\nname = \"{name}\"\nsecret-hash = \"{hash}\"\n{extra}\n")
+    }
+
+    fn digest_of(path: &std::path::Path) -> Digest {
+        let identities = Arc::new(Identities::load(path).unwrap());
+        Security::new(Some(identities), None).identities_digest()
+    }
+
+    /// The digest is of what the file means: order, comments and spacing do not count, any
+    /// parsed field does, and a reload that takes effect changes it.
+    #[test]
+    fn identities_digest_follows_the_parsed_content_and_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("identities.toml");
+        let (a, b) = (hash_secret(b"a").unwrap(), hash_secret(b"b").unwrap());
+        let first = entry("a", &a, "stats = true");
+        let second = entry("b", &b, "prefixes = [\"jobs/\"]");
+        std::fs::write(&path, format!("{first}\n{second}")).unwrap();
+        let base = digest_of(&path);
+        assert!(!base.is_none());
+        assert_eq!(base.to_hex().len(), 16);
+        std::fs::write(&path, format!("# the same, reordered\n{second}\n\n{first}")).unwrap();
+        assert_eq!(digest_of(&path), base, "order and comments do not count");
+        let changed = entry("b", &b, "prefixes = [\"jobs/\"]\nheld-max = 4");
+        std::fs::write(&path, format!("{first}\n{changed}")).unwrap();
+        assert_ne!(digest_of(&path), base, "a quota counts");
+        let rehashed = entry("a", &hash_secret(b"a").unwrap(), "stats = true");
+        std::fs::write(&path, format!("{rehashed}\n{second}")).unwrap();
+        assert_ne!(digest_of(&path), base, "a secret hash counts");
+
+        std::fs::write(&path, format!("{first}\n{second}")).unwrap();
+        let identities = Arc::new(Identities::load(&path).unwrap());
+        let security = Security::new(Some(Arc::clone(&identities)), None);
+        assert_eq!(security.identities_digest(), base);
+        std::fs::write(&path, first.clone()).unwrap();
+        assert_eq!(security.identities_digest(), base, "the file alone changes nothing");
+        identities.reload().unwrap();
+        assert_ne!(security.identities_digest(), base, "the reload does");
+        std::fs::write(&path, "not toml [").unwrap();
+        let reloaded = security.identities_digest();
+        assert!(identities.reload().is_err());
+        assert_eq!(security.identities_digest(), reloaded, "a failed reload changes nothing");
+    }
+
+    #[test]
+    fn nothing_configured_is_the_zero_digest() {
+        let security = Security::default();
+        assert!(security.identities_digest().is_none());
+        assert!(security.trust_digest().is_none());
+        assert_eq!(security.identities_digest().to_hex(), "-");
+    }
+}
