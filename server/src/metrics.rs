@@ -712,7 +712,9 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
 
 /// WAL health, fsync latency and batch size, bytes, segments, snapshots.
 fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult {
-    let failed = executor.journal.progress().borrow().failed.is_some();
+    // A cluster follower's journal refuses everything by design: "failed", but no WAL did.
+    let failed = executor.journal.progress().borrow().failed.is_some()
+        && executor.journal.not_leader().is_none();
     let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
     gauge(
         encoder,

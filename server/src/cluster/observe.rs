@@ -175,9 +175,14 @@ impl ClusterSource for NodeScrape {
 
     fn readiness(&self) -> Result<String, String> {
         let m = self.raft.metrics().borrow().clone();
-        let serving = self.executor();
-        readiness(&m, serving.journal.not_leader().is_none())?;
-        if let Some(why) = crate::metrics::not_ready(Some(&serving)) {
+        let executor = self.executor();
+        let serving = executor.journal.not_leader().is_none();
+        readiness(&m, serving)?;
+        // A follower's journal refuses everything by design; the leader's may have failed.
+        if let Some(why) = serving
+            .then(|| crate::metrics::not_ready(Some(&executor)))
+            .flatten()
+        {
             return Err(why);
         }
         let role = role_of(m.state).name();
