@@ -311,7 +311,12 @@ fn every_truncated_body_is_a_frame_error() {
         for cut in 0..body.len() {
             // The one exception: a CLUSTER reply cut right before its optional extension
             // is the reply without it.
-            if let Response::Cluster(status @ Status { extension: Some(_), .. }) = &response {
+            if let Response::Cluster(
+                status @ Status {
+                    extension: Some(_), ..
+                },
+            ) = &response
+            {
                 if cut == body.len() - 2 - STATUS_EXTENSION_LEN {
                     let plain = decode_response(opcode, body.slice(..cut)).unwrap();
                     let expected = Status {
@@ -692,7 +697,11 @@ fn cluster_status_asks_for_the_extension_with_a_flags_byte() {
     assert_eq!(&tail[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(&tail[10..18], &[0; 8]);
     assert_eq!(&tail[18..], &42u64.to_be_bytes());
-    assert_eq!(&with[4..without.len()], &without[4..], "same fields before it");
+    assert_eq!(
+        &with[4..without.len()],
+        &without[4..],
+        "same fields before it"
+    );
 }
 
 /// A later server may append fields to the extension: they are skipped. An extension

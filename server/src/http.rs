@@ -98,7 +98,11 @@ fn answer(
             Ok(body) => text(StatusCode::OK, format!("{body}\n")),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
-        "/metrics" => metrics(registry, scrape.executor().is_some(), wants_openmetrics(request)),
+        "/metrics" => metrics(
+            registry,
+            scrape.executor().is_some(),
+            wants_openmetrics(request),
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz or /readyz\n".into(),

@@ -503,7 +503,12 @@ pub(crate) fn counter(
 }
 
 /// Writes one gauge without labels.
-pub(crate) fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> FmtResult {
+pub(crate) fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> FmtResult {
     let metric = ConstGauge::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }

@@ -24,10 +24,10 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::{Batch, NodeId, Raft};
-use crate::metrics::Histogram;
 use crate::journal::{
     Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, NOT_LEADER,
 };
+use crate::metrics::Histogram;
 use crate::wal::{record, WalError};
 
 /// Most encoded record bytes waiting for the batcher; past it, appends are refused

@@ -162,7 +162,8 @@ pub async fn run(
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
     let http_stop = CancellationToken::new();
-    let http = metrics.map(|l| tokio::spawn(crate::http::serve(l, node.scrape(), http_stop.clone())));
+    let http =
+        metrics.map(|l| tokio::spawn(crate::http::serve(l, node.scrape(), http_stop.clone())));
     tracing::info!(node_id, %addr, "cluster node ready");
     let died = node.died.clone();
     let why = tokio::select! {

@@ -209,9 +209,12 @@ impl ClusterSource for NodeScrape {
         counter(encoder, "tenure_cluster_leader_changes", help, changes)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
-        self.counters
-            .commit
-            .encode(encoder.encode_descriptor(name, help, None, MetricType::Histogram)?)?;
+        self.counters.commit.encode(encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            MetricType::Histogram,
+        )?)?;
         encode_digests(encoder, &self.security)
     }
 }
@@ -284,9 +287,19 @@ fn encode_log(encoder: &mut DescriptorEncoder, m: &RaftMetrics<NodeId, NodeInfo>
     let last_log = m.last_log_index.unwrap_or(0);
     let applied = m.last_applied.map_or(0, |l| l.index);
     let help = "The last index in this node's Raft log (0: empty)";
-    gauge(encoder, "tenure_cluster_last_log_index", help, last_log as f64)?;
+    gauge(
+        encoder,
+        "tenure_cluster_last_log_index",
+        help,
+        last_log as f64,
+    )?;
     let help = "The last Raft index this node applied (0: none)";
-    gauge(encoder, "tenure_cluster_last_applied_index", help, applied as f64)?;
+    gauge(
+        encoder,
+        "tenure_cluster_last_applied_index",
+        help,
+        applied as f64,
+    )?;
     let help = "Entries in this node's log not yet applied (last log index - last applied)";
     let lag = last_log.saturating_sub(applied) as f64;
     gauge(encoder, "tenure_cluster_apply_lag_entries", help, lag)?;
@@ -388,13 +401,21 @@ mod tests {
         let security = Security::new(Some(Arc::clone(&identities)), None);
         assert_eq!(security.identities_digest(), base);
         std::fs::write(&path, first.clone()).unwrap();
-        assert_eq!(security.identities_digest(), base, "the file alone changes nothing");
+        assert_eq!(
+            security.identities_digest(),
+            base,
+            "the file alone changes nothing"
+        );
         identities.reload().unwrap();
         assert_ne!(security.identities_digest(), base, "the reload does");
         std::fs::write(&path, "not toml [").unwrap();
         let reloaded = security.identities_digest();
         assert!(identities.reload().is_err());
-        assert_eq!(security.identities_digest(), reloaded, "a failed reload changes nothing");
+        assert_eq!(
+            security.identities_digest(),
+            reloaded,
+            "a failed reload changes nothing"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tenure_server::cluster::{ClusterNode, ClusterOptions, NodeInfo};
 use tenure_server::identity::hash_secret;
 use tenure_server::tls::{Tls, TlsFiles};
 use tenure_server::Config;
-use tenure_testkit::{Daemon, TestCa, Tenured};
+use tenure_testkit::{Daemon, Tenured, TestCa};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -75,7 +75,11 @@ async fn start(id: u64, identities: Option<PathBuf>) -> Node {
 async fn start_cluster(identities: (Option<PathBuf>, Option<PathBuf>)) -> Vec<Node> {
     let mut nodes = Vec::new();
     for id in 1..=3 {
-        let file = if id == 3 { &identities.1 } else { &identities.0 };
+        let file = if id == 3 {
+            &identities.1
+        } else {
+            &identities.0
+        };
         nodes.push(start(id, file.clone()).await);
     }
     let members: BTreeMap<u64, NodeInfo> = nodes
@@ -126,7 +130,10 @@ fn check_metrics(text: &str) {
     let out = promtool(&["check", "metrics"], text);
     let report =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "promtool check metrics: {report}\n{text}");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {report}\n{text}"
+    );
 }
 
 /// One console line to `addr` (after AUTH `auth`, if given), its reply.
@@ -182,34 +189,57 @@ async fn every_node_serves_metrics_whose_raft_series_move_on_a_leader_change() {
     let granted = console(&nodes[leader].info.client_addr, None, "ACQUIRE k 60000").await;
     assert!(granted.starts_with("OK token="), "{granted}");
 
-    let texts = until("every node names the leader, followers heard it", || async move {
-        let mut texts = Vec::new();
-        for n in nodes {
-            let text = scrape(n).await;
-            let knows = sample(&text, "tenure_cluster_leader_id") == leader_id as f64;
-            (knows && exported(&text, "tenure_cluster_last_contact_seconds")).then_some(())?;
-            texts.push(text);
-        }
-        Some(texts)
-    })
+    let texts = until(
+        "every node names the leader, followers heard it",
+        || async move {
+            let mut texts = Vec::new();
+            for n in nodes {
+                let text = scrape(n).await;
+                let knows = sample(&text, "tenure_cluster_leader_id") == leader_id as f64;
+                (knows && exported(&text, "tenure_cluster_last_contact_seconds")).then_some(())?;
+                texts.push(text);
+            }
+            Some(texts)
+        },
+    )
     .await;
     for (i, text) in texts.iter().enumerate() {
         check_metrics(text);
         let role = if i == leader { "leader" } else { "follower" };
-        assert_eq!(sample(text, &format!("tenure_cluster_role{{role=\"{role}\"}}")), 1.0);
+        assert_eq!(
+            sample(text, &format!("tenure_cluster_role{{role=\"{role}\"}}")),
+            1.0
+        );
         assert_eq!(sample(text, "tenure_cluster_role{role=\"candidate\"}"), 0.0);
         assert_eq!(sample(text, "tenure_cluster_members{kind=\"voter\"}"), 3.0);
         assert_eq!(sample(text, "tenure_ready"), 1.0, "{text}");
-        assert!(sample(text, "tenure_cluster_last_log_index") >= 3.0, "{text}");
+        assert!(
+            sample(text, "tenure_cluster_last_log_index") >= 3.0,
+            "{text}"
+        );
     }
     let on_leader = &texts[leader];
-    assert_eq!(sample(on_leader, "tenure_grants_total"), 1.0, "the leader's executor");
+    assert_eq!(
+        sample(on_leader, "tenure_grants_total"),
+        1.0,
+        "the leader's executor"
+    );
     assert!(sample(on_leader, "tenure_cluster_commit_duration_seconds_count") >= 1.0);
     for &f in &followers {
-        let member = format!("tenure_cluster_replication_lag_entries{{member=\"{}\"}}", f + 1);
+        let member = format!(
+            "tenure_cluster_replication_lag_entries{{member=\"{}\"}}",
+            f + 1
+        );
         assert!(sample(on_leader, &member) >= 0.0);
-        assert!(!exported(&texts[f], "tenure_cluster_replication_lag_entries"));
-        assert_eq!(sample(&texts[f], "tenure_grants_total"), 0.0, "its own executor");
+        assert!(!exported(
+            &texts[f],
+            "tenure_cluster_replication_lag_entries"
+        ));
+        assert_eq!(
+            sample(&texts[f], "tenure_grants_total"),
+            0.0,
+            "its own executor"
+        );
     }
     let (status, body) = http_get(nodes[leader].metrics, "/readyz").await;
     assert_eq!((status, body.as_str()), (200, "ready: leader\n"));
@@ -249,11 +279,13 @@ async fn every_node_serves_metrics_whose_raft_series_move_on_a_leader_change() {
 fn shipped_cluster_files_use_exported_metrics(texts: &[String]) {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
     let alerts = std::fs::read_to_string(deploy.join("cluster-alerts.yml")).unwrap();
-    let dashboard =
-        std::fs::read_to_string(deploy.join("grafana-cluster-dashboard.json")).unwrap();
+    let dashboard = std::fs::read_to_string(deploy.join("grafana-cluster-dashboard.json")).unwrap();
     let parsed: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
     assert!(parsed["panels"].as_array().is_some_and(|p| p.len() >= 8));
-    for name in tenure_names(&alerts).into_iter().chain(tenure_names(&dashboard)) {
+    for name in tenure_names(&alerts)
+        .into_iter()
+        .chain(tenure_names(&dashboard))
+    {
         assert!(
             texts.iter().any(|t| exported(t, name)),
             "{name} is not exported by any node"
@@ -342,15 +374,22 @@ async fn nodes_with_the_same_files_report_one_digest_and_a_differing_one_shows()
     let mut lines = Vec::new();
     for n in &nodes {
         let line = until("a status with a last contact", || async move {
-            let line = console(&n.info.client_addr, Some("admin admin-secret"), "CLUSTER STATUS")
-                .await;
+            let line = console(
+                &n.info.client_addr,
+                Some("admin admin-secret"),
+                "CLUSTER STATUS",
+            )
+            .await;
             (field(&line, "last_contact_ms") != "-").then_some(line)
         })
         .await;
         assert!(line.starts_with("OK node_id="), "{line}");
         // The new fields come last, after the ones every client knows.
         let learners = line.find(" learners=").unwrap();
-        assert!(line.find(" identities_digest=").unwrap() > learners, "{line}");
+        assert!(
+            line.find(" identities_digest=").unwrap() > learners,
+            "{line}"
+        );
         assert_eq!(field(&line, "trust_digest"), "-", "no client CA: {line}");
         lines.push(line);
     }
@@ -374,7 +413,10 @@ async fn nodes_with_the_same_files_report_one_digest_and_a_differing_one_shows()
 #[test]
 fn trust_digest_is_of_the_client_ca_set_in_force() {
     let dir = tempfile::tempdir().unwrap();
-    let (one, two) = (TestCa::new(dir.path(), "one"), TestCa::new(dir.path(), "two"));
+    let (one, two) = (
+        TestCa::new(dir.path(), "one"),
+        TestCa::new(dir.path(), "two"),
+    );
     let server = one.server(dir.path(), "server");
     let digest = |client_ca: Option<PathBuf>| {
         let files = TlsFiles {
@@ -390,8 +432,14 @@ fn trust_digest_is_of_the_client_ca_set_in_force() {
     std::fs::write(&both, one.pem.clone() + &two.pem).unwrap();
     let reversed = dir.path().join("reversed.pem");
     std::fs::write(&reversed, two.pem.clone() + &one.pem).unwrap();
-    assert_eq!(digest(Some(one.path.clone())), digest(Some(one.path.clone())));
-    assert_ne!(digest(Some(one.path.clone())), digest(Some(two.path.clone())));
+    assert_eq!(
+        digest(Some(one.path.clone())),
+        digest(Some(one.path.clone()))
+    );
+    assert_ne!(
+        digest(Some(one.path.clone())),
+        digest(Some(two.path.clone()))
+    );
     assert_eq!(digest(Some(both.clone())), digest(Some(reversed)), "a set");
     assert_ne!(digest(Some(both)), digest(Some(one.path.clone())));
 
@@ -471,9 +519,17 @@ async fn a_cluster_daemon_serves_metrics_and_its_digest_follows_a_reload() {
     };
     let before = digest(&text);
     let before = before.as_str();
-    let status = console(&client.to_string(), Some("reader reader-secret"), "CLUSTER STATUS").await;
+    let status = console(
+        &client.to_string(),
+        Some("reader reader-secret"),
+        "CLUSTER STATUS",
+    )
+    .await;
     assert!(
-        before.contains(&format!("identities=\"{}\"", field(&status, "identities_digest"))),
+        before.contains(&format!(
+            "identities=\"{}\"",
+            field(&status, "identities_digest")
+        )),
         "{before} vs {status}"
     );
     std::fs::write(

@@ -108,15 +108,15 @@ fn print_status(out: &Out, status: &Status) {
         or_dash(tenure::cluster::format_members(chosen.map(|(m, _)| m)))
     };
     let line = Line::new("CLUSTER")
-            .number("node_id", status.node_id)
-            .text("role", status.role.name())
-            .number("term", status.term)
-            .number("leader_id", status.leader_id)
-            .text("leader_addr", or_dash(status.leader_addr.clone()))
-            .number("last_log_index", status.last_log_index)
-            .number("last_applied_index", status.last_applied_index)
-            .text("voters", members(true))
-            .text("learners", members(false));
+        .number("node_id", status.node_id)
+        .text("role", status.role.name())
+        .number("term", status.term)
+        .number("leader_id", status.leader_id)
+        .text("leader_addr", or_dash(status.leader_addr.clone()))
+        .number("last_log_index", status.last_log_index)
+        .number("last_applied_index", status.last_applied_index)
+        .text("voters", members(true))
+        .text("learners", members(false));
     out.print(with_extension(line, status.extension.as_ref()));
 }
 
@@ -185,7 +185,10 @@ async fn ask_members(client: &Client, status: &Status) -> Vec<(Member, bool, Vie
                 let member_client = Client::connect_with(member.client_addr.clone(), config)
                     .await
                     .map_err(|e| e.to_string())?;
-                let view = member_client.cluster_status().await.map_err(|e| e.to_string());
+                let view = member_client
+                    .cluster_status()
+                    .await
+                    .map_err(|e| e.to_string());
                 member_client.disconnect();
                 view
             };
@@ -241,7 +244,9 @@ fn print_members(out: &Out, status: &Status, views: &[(Member, bool, View)]) {
     let mut rows = Vec::new();
     for (member, voter, view) in views {
         let kind = if *voter { "voter" } else { "learner" };
-        let line = Line::new("MEMBER").number("id", member.id).text("member", kind);
+        let line = Line::new("MEMBER")
+            .number("id", member.id)
+            .text("member", kind);
         let view = match view {
             Ok(view) => view,
             Err(why) => {
@@ -300,7 +305,15 @@ fn row(member: &Member, view: Option<&Status>, lag: String, config: &str) -> Vec
 
 /// The columns of the members' own views, after the membership table.
 const HEADERS: [&str; 9] = [
-    "ID", "ROLE", "TERM", "LEADER", "LOG", "APPLIED", "LAG", "CONTACT_MS", "CONFIG",
+    "ID",
+    "ROLE",
+    "TERM",
+    "LEADER",
+    "LOG",
+    "APPLIED",
+    "LAG",
+    "CONTACT_MS",
+    "CONFIG",
 ];
 
 fn print_member_table(out: &Out, rows: &[Vec<String>]) {
