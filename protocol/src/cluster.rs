@@ -142,8 +142,9 @@ pub struct Status {
     /// The membership it knows of, each with `true` for a voter, `false` for a learner; in
     /// id order. Empty on a node that is not initialised.
     pub members: Vec<(Member, bool)>,
-    /// The extension, when CLUSTER_STATUS asked for it (and the server has it).
-    pub extension: Option<StatusExtension>,
+    /// The extension, when CLUSTER_STATUS asked for it (and the server has it); boxed, so
+    /// that it does not grow every [`crate::Response`].
+    pub extension: Option<Box<StatusExtension>>,
 }
 
 fn bad(message: String) -> FrameError {
@@ -319,7 +320,7 @@ pub(crate) fn get_status_flags(b: &mut impl Read) -> Result<bool, FrameError> {
 }
 
 /// Reads the extension, if the reply carries one, skipping fields a later server appended.
-fn get_extension(b: &mut impl Read) -> Result<Option<StatusExtension>, FrameError> {
+fn get_extension(b: &mut impl Read) -> Result<Option<Box<StatusExtension>>, FrameError> {
     if b.remaining() == 0 {
         return Ok(None);
     }
@@ -333,11 +334,11 @@ fn get_extension(b: &mut impl Read) -> Result<Option<StatusExtension>, FrameErro
     let trust_digest = Digest(b.array8("trust digest")?);
     let last_contact = b.u64("last contact")?;
     b.skip(len - STATUS_EXTENSION_LEN, "extension")?;
-    Ok(Some(StatusExtension {
+    Ok(Some(Box::new(StatusExtension {
         identities_digest,
         trust_digest,
         last_contact_ms: (last_contact != LAST_CONTACT_UNKNOWN).then_some(last_contact),
-    }))
+    })))
 }
 
 /// The reading side of a frame body that the cluster bodies need.

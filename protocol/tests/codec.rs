@@ -149,14 +149,14 @@ fn sample_responses() -> Vec<Response> {
         Response::Authenticated { name: key(5) },
         Response::Cluster(cluster_status()),
         Response::Cluster(Status {
-            extension: Some(extension()),
+            extension: Some(Box::new(extension())),
             ..cluster_status()
         }),
         Response::Cluster(Status {
-            extension: Some(StatusExtension {
+            extension: Some(Box::new(StatusExtension {
                 last_contact_ms: None,
                 ..extension()
-            }),
+            })),
             ..cluster_status()
         }),
         Response::Event {
@@ -686,7 +686,7 @@ fn cluster_status_asks_for_the_extension_with_a_flags_byte() {
     let mut without = BytesMut::new();
     encode_response(1, &Response::Cluster(plain.clone()), &mut without);
     let extended = Status {
-        extension: Some(extension()),
+        extension: Some(Box::new(extension())),
         ..plain
     };
     let mut with = BytesMut::new();
@@ -710,7 +710,7 @@ fn cluster_status_asks_for_the_extension_with_a_flags_byte() {
 fn cluster_extension_skips_later_fields_and_refuses_short_ones() {
     let mut buf = BytesMut::new();
     let status = Status {
-        extension: Some(extension()),
+        extension: Some(Box::new(extension())),
         ..cluster_status()
     };
     encode_response(1, &Response::Cluster(status.clone()), &mut buf);

@@ -90,7 +90,7 @@ impl Admin {
                 Request::ClusterStatus { extended } => {
                     let mut status = admin.status();
                     if extended {
-                        status.extension = Some(admin.extension());
+                        status.extension = Some(Box::new(admin.extension()));
                     }
                     Response::Cluster(status)
                 }

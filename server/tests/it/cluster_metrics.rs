@@ -296,7 +296,7 @@ fn shipped_cluster_files_use_exported_metrics(texts: &[String]) {
         ["test", "rules", "cluster-alerts.test.yml"],
     ] {
         let out = std::process::Command::new("promtool")
-            .args(&args)
+            .args(args)
             .current_dir(&deploy)
             .output()
             .expect("promtool is needed (Debian package `prometheus`)");

@@ -117,7 +117,7 @@ fn print_status(out: &Out, status: &Status) {
         .number("last_applied_index", status.last_applied_index)
         .text("voters", members(true))
         .text("learners", members(false));
-    out.print(with_extension(line, status.extension.as_ref()));
+    out.print(with_extension(line, status.extension.as_deref()));
 }
 
 /// `line` with the extension's fields appended, when the server sent it.
@@ -203,7 +203,7 @@ async fn ask_members(client: &Client, status: &Status) -> Vec<(Member, bool, Vie
 
 /// Whether a member's security configuration matches the reference's (the leader's).
 fn config_match(view: &Status, reference: Option<&StatusExtension>) -> &'static str {
-    match (view.extension.as_ref(), reference) {
+    match (view.extension.as_deref(), reference) {
         (Some(mine), Some(theirs)) => {
             let same = mine.identities_digest == theirs.identities_digest
                 && mine.trust_digest == theirs.trust_digest;
@@ -227,8 +227,8 @@ fn reference<'a>(
         (v.leader_id == m.id && v.node_id == m.id).then_some(v)
     });
     match leader {
-        Some(v) => (v.node_id, v.extension.as_ref()),
-        None => (status.node_id, status.extension.as_ref()),
+        Some(v) => (v.node_id, v.extension.as_deref()),
+        None => (status.node_id, status.extension.as_deref()),
     }
 }
 
@@ -274,7 +274,7 @@ fn print_members(out: &Out, status: &Status, views: &[(Member, bool, View)]) {
             .number("last_log_index", view.last_log_index)
             .number("last_applied_index", view.last_applied_index)
             .text("lag_entries", lag.clone());
-        let line = with_extension(line, view.extension.as_ref()).text("config", config);
+        let line = with_extension(line, view.extension.as_deref()).text("config", config);
         out.print(line);
         rows.push(row(member, Some(view), lag, config));
     }
@@ -292,7 +292,7 @@ fn row(member: &Member, view: Option<&Status>, lag: String, config: &str) -> Vec
             v.last_log_index.to_string(),
             v.last_applied_index.to_string(),
             lag,
-            v.extension.as_ref().map_or("-".to_string(), contact),
+            v.extension.as_deref().map_or("-".to_string(), contact),
         ]),
         None => {
             cells.push("UNREACHABLE".to_string());
