@@ -246,6 +246,7 @@ impl ClusterNode {
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
+        let snapshots = machine.snapshot_metrics();
         let isolated = Arc::new(AtomicBool::new(false));
         let source = peers.local_addr()?.ip();
         let network = PeerNetwork::new(Arc::clone(&isolated), source);
@@ -291,6 +292,7 @@ impl ClusterNode {
             security,
             counters: Arc::clone(&counters),
             catch_up: Arc::clone(&service.catch_up),
+            snapshots,
         }));
         let life = Life {
             died: died.clone(),

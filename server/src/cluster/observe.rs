@@ -28,6 +28,7 @@ use tenure_protocol::cluster::{Digest, Role, StatusExtension};
 
 use super::catch_up::CatchUp;
 use super::node::Serving;
+use super::state::SnapshotMetrics;
 use super::{NodeId, NodeInfo, Raft};
 use crate::executor::Executor;
 use crate::identity::Identities;
@@ -166,6 +167,7 @@ pub struct NodeScrape {
     pub(super) security: Security,
     pub(super) counters: Arc<Counters>,
     pub(super) catch_up: Arc<CatchUp>,
+    pub(super) snapshots: Arc<SnapshotMetrics>,
 }
 
 impl ClusterSource for NodeScrape {
@@ -209,14 +211,19 @@ impl ClusterSource for NodeScrape {
         counter(encoder, "tenure_cluster_leader_changes", help, changes)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
-        self.counters.commit.encode(encoder.encode_descriptor(
-            name,
-            help,
-            None,
-            MetricType::Histogram,
-        )?)?;
+        histogram(encoder, name, help, &self.counters.commit)?;
+        let help = "Seconds each snapshot of the replicated state built here took, file synced";
+        let name = "tenure_cluster_snapshot_build_duration_seconds";
+        histogram(encoder, name, help, &self.snapshots.built)?;
+        let help = "Seconds each snapshot installed here from a leader took, file synced";
+        let name = "tenure_cluster_snapshot_install_duration_seconds";
+        histogram(encoder, name, help, &self.snapshots.installed)?;
         encode_digests(encoder, &self.security)
     }
+}
+
+fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histogram) -> FmtResult {
+    h.encode(encoder.encode_descriptor(name, help, None, MetricType::Histogram)?)
 }
 
 /// Why a node with metrics `m` (that serves clients as leader if `serving`) should not get
