@@ -162,11 +162,17 @@ fn last_contact_ms(m: &RaftMetrics<NodeId, NodeInfo>, catch_up: &CatchUp) -> Opt
 
 /// A cluster node for the scrape: see [`ClusterSource`].
 pub struct NodeScrape {
+    /// The node's Raft, whose metrics watch the series are read from.
     pub(super) raft: Raft,
+    /// The executor serving new connections, which changes with leadership.
     pub(super) current: Arc<RwLock<Serving>>,
+    /// What the digests are taken over.
     pub(super) security: Security,
+    /// Leader changes and commit latency.
     pub(super) counters: Arc<Counters>,
+    /// Where the last AppendEntries was noted (a follower's last contact).
     pub(super) catch_up: Arc<CatchUp>,
+    /// Snapshot build and install timings.
     pub(super) snapshots: Arc<SnapshotMetrics>,
 }
 
