@@ -95,6 +95,10 @@ fn digest<'a>(domain: &[u8], parts: impl Iterator<Item = &'a [u8]>) -> Digest {
 pub struct Counters {
     /// Leaders this node has seen take office: a (term, leader) pair it had not seen last.
     pub leader_changes: AtomicU64,
+    /// Terms in which this node stood for election.
+    pub elections_started: AtomicU64,
+    /// Terms in which this node won its election (became leader).
+    pub elections_won: AtomicU64,
     /// Seconds from proposing a batch of records to its commit, on this node as leader.
     pub commit: Arc<Histogram>,
 }
@@ -103,23 +107,40 @@ impl Default for Counters {
     fn default() -> Self {
         Counters {
             leader_changes: AtomicU64::new(0),
+            elections_started: AtomicU64::new(0),
+            elections_won: AtomicU64::new(0),
             commit: Arc::new(Histogram::latency_seconds()),
         }
     }
 }
 
 /// Counts leader changes from `raft`'s metrics into `counters` until the core stops.
+/// Counts leader changes and this node's elections from `raft`'s metrics into `counters`
+/// until the core stops. The metrics watch keeps only the latest value, so a candidacy too
+/// short to be seen is counted when its win is (a win implies it stood).
 pub async fn count_leader_changes(raft: Raft, counters: Arc<Counters>) {
     let mut metrics = raft.metrics();
     let mut last: Option<(u64, NodeId)> = None;
+    let mut stood_in: Option<u64> = None;
+    let mut won_in: Option<u64> = None;
     loop {
-        let seen = {
+        let (seen, state, term, me) = {
             let m = metrics.borrow_and_update();
-            m.current_leader.map(|leader| (m.current_term, leader))
+            let seen = m.current_leader.map(|leader| (m.current_term, leader));
+            (seen, m.state, m.current_term, m.id)
         };
         if seen.is_some() && seen != last {
             counters.leader_changes.fetch_add(1, Ordering::Relaxed);
             last = seen;
+        }
+        let won = state == ServerState::Leader && seen == Some((term, me));
+        if (state == ServerState::Candidate || won) && stood_in != Some(term) {
+            counters.elections_started.fetch_add(1, Ordering::Relaxed);
+            stood_in = Some(term);
+        }
+        if won && won_in != Some(term) {
+            counters.elections_won.fetch_add(1, Ordering::Relaxed);
+            won_in = Some(term);
         }
         if metrics.changed().await.is_err() {
             return;
@@ -215,6 +236,12 @@ impl ClusterSource for NodeScrape {
         let changes = self.counters.leader_changes.load(Ordering::Relaxed);
         let help = "Leaders this node has seen take office (a new term or a new leader)";
         counter(encoder, "tenure_cluster_leader_changes", help, changes)?;
+        let started = self.counters.elections_started.load(Ordering::Relaxed);
+        let help = "Terms in which this node stood for election";
+        counter(encoder, "tenure_cluster_elections_started", help, started)?;
+        let won = self.counters.elections_won.load(Ordering::Relaxed);
+        let help = "Terms in which this node won its election and led";
+        counter(encoder, "tenure_cluster_elections_won", help, won)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
         histogram(encoder, name, help, &self.counters.commit)?;

@@ -224,6 +224,8 @@ async fn every_node_serves_metrics_whose_raft_series_move_on_a_leader_change() {
         1.0,
         "the leader's executor"
     );
+    let won = sample(on_leader, "tenure_cluster_elections_won_total");
+    assert_eq!(won, 1.0, "{on_leader}");
     assert!(sample(on_leader, "tenure_cluster_commit_duration_seconds_count") >= 1.0);
     for &f in &followers {
         let member = format!(
@@ -261,6 +263,9 @@ async fn every_node_serves_metrics_whose_raft_series_move_on_a_leader_change() {
     .await;
     check_metrics(&text);
     assert!(sample(&text, "tenure_cluster_term") > term, "{text}");
+    let won = sample(&text, "tenure_cluster_elections_won_total");
+    assert!(won >= 1.0, "{text}");
+    assert!(sample(&text, "tenure_cluster_elections_started_total") >= won);
     let next_id = nodes[next].node.id() as f64;
     assert_eq!(sample(&text, "tenure_cluster_leader_id"), next_id);
     let other = *followers.iter().find(|&&f| f != next).unwrap();
