@@ -11,8 +11,9 @@ use std::time::Duration;
 use tenure_protocol::{Request, Response};
 
 pub use tenure_protocol::cluster::{
-    format_members, parse_addrs, parse_members, Member, Role, Status,
+    format_members, parse_addrs, parse_members, Digest, Member, Role, Status, StatusExtension,
 };
+use tenure_protocol::ErrorCode;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -23,13 +24,26 @@ pub const CHANGE_TIMEOUT_MIN: Duration = Duration::from_secs(60);
 
 impl Client {
     /// The connected node's view of its cluster: its role and term, the leader, its log
-    /// position and the membership.
+    /// position and the membership, and its [`StatusExtension`] (the digests of its
+    /// identities and trust set, its last contact) when the server has it: a server older
+    /// than the extension refuses the request for it with `BAD_FRAME`, and is asked again
+    /// without (`extension` is then `None`).
     ///
     /// # Errors
     /// [`Error::Server`] from a single-node server; otherwise any [`Error`] a request can meet.
     pub async fn cluster_status(&self) -> Result<Status> {
         let timeout = self.config().request_timeout;
-        self.cluster_call(Request::ClusterStatus, timeout).await
+        let extended = Request::ClusterStatus { extended: true };
+        match self.cluster_call(extended, timeout).await {
+            Err(Error::Server {
+                code: ErrorCode::BadFrame,
+                ..
+            }) => {
+                let plain = Request::ClusterStatus { extended: false };
+                self.cluster_call(plain, timeout).await
+            }
+            answer => answer,
+        }
     }
 
     /// Makes `members` the cluster's first membership, all voters, on the connected node

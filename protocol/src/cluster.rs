@@ -14,7 +14,15 @@
 //! +--------------------+------------------------+-----------+-------------------------------+
 //! | last_log_index u64 | last_applied_index u64 | count u16 | count x (voter u8, member)    |
 //! +--------------------+------------------------+-----------+-------------------------------+
+//!
+//! then, only when CLUSTER_STATUS asked for it (flags bit 0), the extension:
+//! +-------------+-----------------------+-----------------+---------------------+--------+
+//! | ext_len u16 | identities_digest [8] | trust_digest [8] | last_contact_ms u64 | (more) |
+//! +-------------+-----------------------+-----------------+---------------------+--------+
 //! ```
+//!
+//! `ext_len` counts the bytes after it: a later server may append fields, which a reader
+//! skips; one shorter than [`STATUS_EXTENSION_LEN`] is refused.
 
 use bytes::{BufMut, BytesMut};
 
@@ -73,6 +81,47 @@ pub struct Member {
     pub client_addr: String,
 }
 
+/// CLUSTER_STATUS's flags bit asking for the reply's [`StatusExtension`].
+pub const STATUS_FLAG_EXTENDED: u8 = 0x01;
+/// Bytes of the extension this version writes (and the least it reads), after `ext_len`.
+pub const STATUS_EXTENSION_LEN: usize = 8 + 8 + 8;
+/// `last_contact_ms` on the wire when the node knows of no contact.
+pub const LAST_CONTACT_UNKNOWN: u64 = u64::MAX;
+
+/// A short digest of a node's security files as parsed and in force; all zeros when the
+/// file is not configured. Nodes of one cluster should report the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Digest(pub [u8; 8]);
+
+impl Digest {
+    /// Whether this is the "not configured" digest.
+    pub fn is_none(&self) -> bool {
+        self.0 == [0; 8]
+    }
+
+    /// 16 lowercase hex digits, or `-` when not configured.
+    pub fn to_hex(&self) -> String {
+        if self.is_none() {
+            return "-".to_string();
+        }
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// What a CLUSTER reply adds when CLUSTER_STATUS asks for it: the digests of the answering
+/// node's security configuration, and when it last heard from its cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusExtension {
+    /// Of the identities in force (the `--identities` file as parsed); none without one.
+    pub identities_digest: Digest,
+    /// Of the client CA certificates in force (`--tls-client-ca`); none without them.
+    pub trust_digest: Digest,
+    /// Milliseconds since this node last heard its cluster: on the leader, since a quorum
+    /// last acknowledged it; on another node, since its last AppendEntries (heartbeats
+    /// included). `None` when it never has (or not since it started).
+    pub last_contact_ms: Option<u64>,
+}
+
 /// A node's own view of its cluster: the CLUSTER reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
@@ -93,6 +142,9 @@ pub struct Status {
     /// The membership it knows of, each with `true` for a voter, `false` for a learner; in
     /// id order. Empty on a node that is not initialised.
     pub members: Vec<(Member, bool)>,
+    /// The extension, when CLUSTER_STATUS asked for it (and the server has it); boxed, so
+    /// that it does not grow every [`crate::Response`].
+    pub extension: Option<Box<StatusExtension>>,
 }
 
 fn bad(message: String) -> FrameError {
@@ -247,6 +299,46 @@ pub(crate) fn put_status(dst: &mut BytesMut, status: &Status) {
         dst.put_u8(u8::from(*voter));
         put_member(dst, member);
     }
+    if let Some(ext) = &status.extension {
+        dst.put_u16(STATUS_EXTENSION_LEN as u16);
+        dst.put_slice(&ext.identities_digest.0);
+        dst.put_slice(&ext.trust_digest.0);
+        dst.put_u64(ext.last_contact_ms.unwrap_or(LAST_CONTACT_UNKNOWN));
+    }
+}
+
+/// Reads CLUSTER_STATUS's body: empty, or a flags byte; whether it asks for the extension.
+pub(crate) fn get_status_flags(b: &mut impl Read) -> Result<bool, FrameError> {
+    if b.remaining() == 0 {
+        return Ok(false);
+    }
+    let flags = b.u8("flags")?;
+    if flags & !STATUS_FLAG_EXTENDED != 0 {
+        return Err(bad(format!("unknown CLUSTER_STATUS flags {flags:#04x}")));
+    }
+    Ok(flags & STATUS_FLAG_EXTENDED != 0)
+}
+
+/// Reads the extension, if the reply carries one, skipping fields a later server appended.
+fn get_extension(b: &mut impl Read) -> Result<Option<Box<StatusExtension>>, FrameError> {
+    if b.remaining() == 0 {
+        return Ok(None);
+    }
+    let len = usize::from(b.u16("extension length")?);
+    if len < STATUS_EXTENSION_LEN || len != b.remaining() {
+        return Err(bad(format!(
+            "extension of {len} bytes: at least {STATUS_EXTENSION_LEN}, and the rest of the body"
+        )));
+    }
+    let identities_digest = Digest(b.array8("identities digest")?);
+    let trust_digest = Digest(b.array8("trust digest")?);
+    let last_contact = b.u64("last contact")?;
+    b.skip(len - STATUS_EXTENSION_LEN, "extension")?;
+    Ok(Some(Box::new(StatusExtension {
+        identities_digest,
+        trust_digest,
+        last_contact_ms: (last_contact != LAST_CONTACT_UNKNOWN).then_some(last_contact),
+    })))
 }
 
 /// The reading side of a frame body that the cluster bodies need.
@@ -255,6 +347,9 @@ pub(crate) trait Read {
     fn u16(&mut self, what: &'static str) -> Result<u16, FrameError>;
     fn u64(&mut self, what: &'static str) -> Result<u64, FrameError>;
     fn bytes16(&mut self, what: &'static str) -> Result<bytes::Bytes, FrameError>;
+    fn remaining(&self) -> usize;
+    fn skip(&mut self, n: usize, what: &'static str) -> Result<(), FrameError>;
+    fn array8(&mut self, what: &'static str) -> Result<[u8; 8], FrameError>;
 }
 
 fn str16(b: &mut impl Read, what: &'static str) -> Result<String, FrameError> {
@@ -304,6 +399,7 @@ pub(crate) fn get_status(b: &mut impl Read) -> Result<Status, FrameError> {
         let voter = b.u8("voter")? != 0;
         members.push((get_member(b)?, voter));
     }
+    let extension = get_extension(b)?;
     Ok(Status {
         node_id,
         role,
@@ -313,6 +409,7 @@ pub(crate) fn get_status(b: &mut impl Read) -> Result<Status, FrameError> {
         last_log_index,
         last_applied_index,
         members,
+        extension,
     })
 }
 

@@ -126,7 +126,7 @@ const CLUSTER_USAGE: &str = "CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,
 
 fn parse_cluster(sub: &str, rest: &[&str]) -> Result<Request, FrameError> {
     let request = match (sub.to_ascii_uppercase().as_str(), rest) {
-        ("STATUS", []) => Request::ClusterStatus,
+        ("STATUS", []) => Request::ClusterStatus { extended: true },
         ("INIT", [spec]) => Request::ClusterInit {
             members: crate::cluster::parse_members(spec)?,
         },
@@ -283,7 +283,10 @@ mod tests {
 
     #[test]
     fn parses_the_cluster_commands_and_names_bad_ones() {
-        assert_eq!(request("cluster status"), Request::ClusterStatus);
+        assert_eq!(
+            request("cluster status"),
+            Request::ClusterStatus { extended: true }
+        );
         let Request::ClusterInit { members } = request("CLUSTER INIT 1=a:1/a:2,2=b:1/b:2") else {
             panic!("not an INIT");
         };

@@ -175,7 +175,13 @@ pub enum Request {
         secret: Secret,
     },
     /// Cluster mode: the answering node's view of its cluster.
-    ClusterStatus,
+    ClusterStatus {
+        /// Ask for the reply's extension ([`crate::cluster::StatusExtension`]): sent as a
+        /// flags byte with bit 0 set, which a server older than the extension refuses with
+        /// `BAD_FRAME` (a client then asks again without it). Without it the body is empty
+        /// and the reply has the layout every client parses.
+        extended: bool,
+    },
     /// Cluster mode: make `members` the first membership, all voters.
     ClusterInit {
         /// The nodes, each with its addresses.
@@ -387,7 +393,11 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             put_bytes16(b, name);
             put_bytes16(b, &secret.0);
         }),
-        Request::ClusterStatus => put_frame(dst, op::CLUSTER_STATUS, id, |_| {}),
+        Request::ClusterStatus { extended } => put_frame(dst, op::CLUSTER_STATUS, id, |b| {
+            if *extended {
+                b.put_u8(crate::cluster::STATUS_FLAG_EXTENDED);
+            }
+        }),
         Request::ClusterInit { members } => put_frame(dst, op::CLUSTER_INIT, id, |b| {
             crate::cluster::put_members(b, members)
         }),
@@ -546,6 +556,20 @@ impl crate::cluster::Read for Body {
     fn bytes16(&mut self, what: &'static str) -> Result<Bytes, FrameError> {
         Body::bytes16(self, what)
     }
+    fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+    fn skip(&mut self, n: usize, what: &'static str) -> Result<(), FrameError> {
+        self.need(n, what)?;
+        self.bytes.advance(n);
+        Ok(())
+    }
+    fn array8(&mut self, what: &'static str) -> Result<[u8; 8], FrameError> {
+        self.need(8, what)?;
+        let mut out = [0u8; 8];
+        self.bytes.copy_to_slice(&mut out);
+        Ok(out)
+    }
 }
 
 impl Body {
@@ -653,7 +677,9 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
             name: b.bytes16("name")?,
             secret: Secret(b.bytes16("secret")?),
         },
-        op::CLUSTER_STATUS => Request::ClusterStatus,
+        op::CLUSTER_STATUS => Request::ClusterStatus {
+            extended: crate::cluster::get_status_flags(&mut b)?,
+        },
         op::CLUSTER_INIT => Request::ClusterInit {
             members: crate::cluster::get_members(&mut b)?,
         },
@@ -848,7 +874,7 @@ impl Request {
     /// A [`FrameError`] naming the first field out of range.
     pub fn validate(&self) -> Result<(), FrameError> {
         match self {
-            Request::Ping | Request::Stats | Request::ClusterStatus => Ok(()),
+            Request::Ping | Request::Stats | Request::ClusterStatus { .. } => Ok(()),
             Request::ClusterInit { members } => crate::cluster::validate_members(members),
             Request::ClusterAdd { member } => crate::cluster::validate_member(member),
             Request::ClusterRemove { id } => crate::cluster::validate_id(*id),
@@ -902,7 +928,7 @@ impl Request {
             Request::Unwatch { .. } => "UNWATCH",
             Request::Auth { .. } => "AUTH",
             // One kind for the four: they are rare, and each kind is a counter and a series.
-            Request::ClusterStatus
+            Request::ClusterStatus { .. }
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
             | Request::ClusterRemove { .. } => "CLUSTER",

@@ -44,14 +44,17 @@ pub const CLUSTER_ADDR_LEN_MAX: usize = 128;
 pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX;
 /// The largest reply: a full STATS frame.
 pub const STATS_LEN_MAX: usize = FRAME_LEN_MIN + 2 + STATS_COUNT_MAX * (1 + STAT_NAME_LEN_MAX + 8);
-/// The largest CLUSTER reply (INIT's body is smaller: no per-member voter byte, no header).
+/// The largest CLUSTER reply (INIT's body is smaller: no per-member voter byte, no header),
+/// its extension included.
 pub const CLUSTER_STATUS_LEN_MAX: usize = FRAME_LEN_MIN
     + 8 * 5
     + 1
     + 2
     + CLUSTER_ADDR_LEN_MAX
     + 2
-    + CLUSTER_MEMBERS_MAX * (1 + 8 + 2 * (2 + CLUSTER_ADDR_LEN_MAX));
+    + CLUSTER_MEMBERS_MAX * (1 + 8 + 2 * (2 + CLUSTER_ADDR_LEN_MAX))
+    + 2
+    + crate::cluster::STATUS_EXTENSION_LEN;
 
 const _: () = assert!(ACQUIRE_LEN_MAX <= FRAME_LEN_MAX);
 const _: () = assert!(CLUSTER_STATUS_LEN_MAX <= FRAME_LEN_MAX);

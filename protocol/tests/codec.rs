@@ -1,7 +1,9 @@
 //! Codec tests: round trips, every truncated prefix, every over-limit length.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tenure_protocol::cluster::{Member, Role, Status};
+use tenure_protocol::cluster::{
+    Digest, Member, Role, Status, StatusExtension, STATUS_EXTENSION_LEN,
+};
 use tenure_protocol::frame::{
     decode_request, decode_response, encode_request, encode_response, split_frame,
 };
@@ -52,7 +54,8 @@ fn sample_requests() -> Vec<Request> {
             name: key(3),
             secret: tenure_protocol::Secret(key(4)),
         },
-        Request::ClusterStatus,
+        Request::ClusterStatus { extended: false },
+        Request::ClusterStatus { extended: true },
         Request::ClusterInit {
             members: (1..=CLUSTER_MEMBERS_MAX as u64).map(member).collect(),
         },
@@ -87,6 +90,15 @@ fn cluster_status() -> Status {
         members: (1..=CLUSTER_MEMBERS_MAX as u64)
             .map(|id| (member(id), id != 4))
             .collect(),
+        extension: None,
+    }
+}
+
+fn extension() -> StatusExtension {
+    StatusExtension {
+        identities_digest: Digest([1, 2, 3, 4, 5, 6, 7, 8]),
+        trust_digest: Digest::default(),
+        last_contact_ms: Some(42),
     }
 }
 
@@ -136,6 +148,17 @@ fn sample_responses() -> Vec<Response> {
         Response::Unwatched,
         Response::Authenticated { name: key(5) },
         Response::Cluster(cluster_status()),
+        Response::Cluster(Status {
+            extension: Some(Box::new(extension())),
+            ..cluster_status()
+        }),
+        Response::Cluster(Status {
+            extension: Some(Box::new(StatusExtension {
+                last_contact_ms: None,
+                ..extension()
+            })),
+            ..cluster_status()
+        }),
         Response::Event {
             kind: EventKind::Expired,
             key: key(4),
@@ -266,6 +289,13 @@ fn every_truncated_body_is_a_frame_error() {
         encode_request(1, &request, &mut whole);
         let (opcode, _, body) = split_frame(&mut whole).unwrap().unwrap();
         for cut in 0..body.len() {
+            // The one exception: CLUSTER_STATUS's flags byte is optional, so its extended
+            // form cut before it is the plain form.
+            if request == (Request::ClusterStatus { extended: true }) && cut == 0 {
+                let plain = decode_request(opcode, body.slice(..cut)).unwrap();
+                assert_eq!(plain, Request::ClusterStatus { extended: false });
+                continue;
+            }
             let err = decode_request(opcode, body.slice(..cut)).unwrap_err();
             assert_eq!(
                 err.code,
@@ -279,6 +309,24 @@ fn every_truncated_body_is_a_frame_error() {
         encode_response(1, &response, &mut whole);
         let (opcode, _, body) = split_frame(&mut whole).unwrap().unwrap();
         for cut in 0..body.len() {
+            // The one exception: a CLUSTER reply cut right before its optional extension
+            // is the reply without it.
+            if let Response::Cluster(
+                status @ Status {
+                    extension: Some(_), ..
+                },
+            ) = &response
+            {
+                if cut == body.len() - 2 - STATUS_EXTENSION_LEN {
+                    let plain = decode_response(opcode, body.slice(..cut)).unwrap();
+                    let expected = Status {
+                        extension: None,
+                        ..status.clone()
+                    };
+                    assert_eq!(plain, Response::Cluster(expected));
+                    continue;
+                }
+            }
             assert!(
                 decode_response(opcode, body.slice(..cut)).is_err(),
                 "{response:?} cut at {cut}"
@@ -617,4 +665,70 @@ fn watching_matches_the_example_in_protocol_md() {
     let watching = Response::Watching { holder: None };
     tenure_protocol::frame::encode_response(7, &watching, &mut free);
     assert_eq!(&free[4..], &[0x8d, 0, 0, 0, 0, 0, 0, 0, 7, 0]);
+}
+
+/// CLUSTER_STATUS without flags is the empty body every server knows, and its reply has no
+/// extension: a client that never asks for it parses exactly the layout it always did. With
+/// flags the body is one byte; unknown flag bits are refused.
+#[test]
+fn cluster_status_asks_for_the_extension_with_a_flags_byte() {
+    let mut buf = BytesMut::new();
+    encode_request(3, &Request::ClusterStatus { extended: false }, &mut buf);
+    assert_eq!(&buf[..], &[0, 0, 0, 9, 0x0b, 0, 0, 0, 0, 0, 0, 0, 3]);
+    let mut buf = BytesMut::new();
+    encode_request(3, &Request::ClusterStatus { extended: true }, &mut buf);
+    assert_eq!(&buf[..], &[0, 0, 0, 10, 0x0b, 0, 0, 0, 0, 0, 0, 0, 3, 0x01]);
+    for flags in [0x02u8, 0x81] {
+        let e = decode_request(0x0b, Bytes::from(vec![flags])).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadFrame, "{flags:#x}");
+    }
+    let plain = cluster_status();
+    let mut without = BytesMut::new();
+    encode_response(1, &Response::Cluster(plain.clone()), &mut without);
+    let extended = Status {
+        extension: Some(Box::new(extension())),
+        ..plain
+    };
+    let mut with = BytesMut::new();
+    encode_response(1, &Response::Cluster(extended), &mut with);
+    // The extension only appends: ext_len, then its fields, after the members.
+    let tail = &with[without.len()..];
+    assert_eq!(&tail[..2], &[0, 24]);
+    assert_eq!(&tail[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(&tail[10..18], &[0; 8]);
+    assert_eq!(&tail[18..], &42u64.to_be_bytes());
+    assert_eq!(
+        &with[4..without.len()],
+        &without[4..],
+        "same fields before it"
+    );
+}
+
+/// A later server may append fields to the extension: they are skipped. An extension
+/// shorter than this version's fields, or whose length is not the rest of the body, is refused.
+#[test]
+fn cluster_extension_skips_later_fields_and_refuses_short_ones() {
+    let mut buf = BytesMut::new();
+    let status = Status {
+        extension: Some(Box::new(extension())),
+        ..cluster_status()
+    };
+    encode_response(1, &Response::Cluster(status.clone()), &mut buf);
+    let (opcode, _, body) = split_frame(&mut buf).unwrap().unwrap();
+    let at = body.len() - 26;
+    let mut longer = body[..at].to_vec();
+    longer.put_u16(24 + 5);
+    longer.extend_from_slice(&body[at + 2..]);
+    longer.extend_from_slice(&[9; 5]);
+    let decoded = decode_response(opcode, Bytes::from(longer)).unwrap();
+    assert_eq!(decoded, Response::Cluster(status));
+    let mut short = body[..at].to_vec();
+    short.put_u16(16);
+    short.extend_from_slice(&body[at + 2..at + 18]);
+    let e = decode_response(opcode, Bytes::from(short)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadFrame);
+    let mut lying = body.to_vec();
+    lying.push(0);
+    let e = decode_response(opcode, Bytes::from(lying)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadFrame);
 }

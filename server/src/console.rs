@@ -42,7 +42,8 @@ fn format_held(token: u64, ttl_left_ms: u32, waiters: u32, meta: &[u8], out: &mu
 }
 
 /// Appends `OK node_id=.. role=.. ...`: a CLUSTER reply. The members are written as INIT
-/// takes them (`1=<peer>/<client>,...`), voters and learners apart; `-` for none.
+/// takes them (`1=<peer>/<client>,...`), voters and learners apart; `-` for none. CLUSTER
+/// STATUS's extension follows as more fields at the end.
 fn format_cluster(status: &tenure_protocol::cluster::Status, out: &mut String) {
     use std::fmt::Write;
     use tenure_protocol::cluster::format_members;
@@ -73,6 +74,17 @@ fn format_cluster(status: &tenure_protocol::cluster::Status, out: &mut String) {
         list(true),
         list(false),
     );
+    if let Some(ext) = &status.extension {
+        let contact = ext
+            .last_contact_ms
+            .map_or("-".to_string(), |ms| ms.to_string());
+        let _ = write!(
+            out,
+            " identities_digest={} trust_digest={} last_contact_ms={contact}",
+            ext.identities_digest.to_hex(),
+            ext.trust_digest.to_hex(),
+        );
+    }
 }
 
 /// Appends the reply line for `response` to `out`, with its `\n`.

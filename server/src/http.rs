@@ -96,14 +96,17 @@ fn answer(
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD only\n".into());
     }
-    let executor = scrape.executor.get();
     match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" => match crate::metrics::not_ready(executor) {
-            None => text(StatusCode::OK, "ready\n".into()),
-            Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        "/readyz" => match scrape.readiness() {
+            Ok(body) => text(StatusCode::OK, format!("{body}\n")),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
-        "/metrics" => metrics(registry, executor.is_some(), wants_openmetrics(request)),
+        "/metrics" => metrics(
+            registry,
+            scrape.executor().is_some(),
+            wants_openmetrics(request),
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz or /readyz\n".into(),

@@ -125,6 +125,28 @@ impl Identity {
         &self.secret_hash
     }
 
+    /// Every field as parsed, in one line that two nodes agree on exactly when their entries
+    /// mean the same: what a cluster's configuration digest is taken over (CLUSTER STATUS).
+    pub fn canonical(&self) -> String {
+        // Destructured without `..`: a field added later must be added here too.
+        let Identity {
+            name,
+            secret_hash,
+            prefixes,
+            stats,
+            watch,
+            admin,
+            waiters_max,
+            held_max,
+            connections_max,
+        } = self;
+        format!(
+            "name={name:?} secret={secret_hash:?} prefixes={prefixes:?} stats={stats} \
+             watch={watch} admin={admin} waiters_max={waiters_max:?} held_max={held_max:?} \
+             connections_max={connections_max:?}"
+        )
+    }
+
     /// Whether this identity may use `key`.
     pub fn allows_key(&self, key: &[u8]) -> bool {
         match &self.prefixes {
@@ -379,6 +401,14 @@ impl Identities {
     pub fn get(&self, name: &str) -> Option<Arc<Identity>> {
         let table = self.table.read().expect("identities lock poisoned");
         table.get(name).cloned()
+    }
+
+    /// [`Identity::canonical`] of every identity in force, sorted.
+    pub fn canonical_lines(&self) -> Vec<String> {
+        let table = self.table.read().expect("identities lock poisoned");
+        let mut lines: Vec<String> = table.values().map(|i| i.canonical()).collect();
+        lines.sort_unstable();
+        lines
     }
 
     /// The usage counters of `name`, made on first use.

@@ -117,7 +117,7 @@ async fn serve(settings: &settings::Settings, config: tenure_server::Config) -> 
             Ok(run.await?)
         }
         ClientPort::Shared(listener) if settings.cluster => {
-            run_cluster(settings, config, listener, shutdown).await
+            run_cluster(settings, config, listener, metrics_listener, shutdown).await
         }
         ClientPort::Shared(listener) => {
             let run =
@@ -158,6 +158,7 @@ async fn run_cluster(
     settings: &settings::Settings,
     config: tenure_server::Config,
     listener: tokio::net::TcpListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     use tenure_server::cluster::{self, ClusterOptions};
@@ -167,10 +168,6 @@ async fn run_cluster(
     let peer_listen = settings
         .peer_listen
         .context("--cluster needs --peer-listen")?;
-    anyhow::ensure!(
-        config.metrics_listen.is_none(),
-        "--metrics-listen is not served in cluster mode yet"
-    );
     let peer_tls = settings.peer_tls_files().map_err(anyhow::Error::msg)?;
     // Checked before binding: without peer TLS the peer port has no authentication at all
     // (CLUSTER.md), and one forged frame there can depose a leader or inject entries, so
@@ -196,7 +193,7 @@ async fn run_cluster(
         settings.election_timeout_ms,
         settings.election_timeout_ms.saturating_mul(2),
     );
-    cluster::run(config, options, listener, peers, shutdown).await?;
+    cluster::run(config, options, listener, peers, metrics_listener, shutdown).await?;
     Ok(())
 }
 

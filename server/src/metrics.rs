@@ -95,6 +95,12 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// A latency histogram kept in nanoseconds and exported in seconds, with the request
+    /// buckets (50 µs to 10 s).
+    pub fn latency_seconds() -> Histogram {
+        Histogram::new(&REQUEST_BOUNDS_NS, 1.0 / NS_PER_SECOND)
+    }
+
     fn new(bounds: &'static [u64], scale: f64) -> Histogram {
         assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
         let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
@@ -132,7 +138,8 @@ impl Histogram {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> FmtResult {
+    /// Writes the histogram's buckets, sum and count.
+    pub fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> FmtResult {
         let mut buckets = Vec::with_capacity(self.counts.len());
         for (i, count) in self.counts.iter().enumerate() {
             let bound = self
@@ -420,30 +427,96 @@ pub fn not_ready(shared: Option<&Arc<Executor>>) -> Option<String> {
     None
 }
 
-type FmtResult = Result<(), std::fmt::Error>;
+/// What encoding a metric can fail with.
+pub type FmtResult = Result<(), std::fmt::Error>;
+
+/// A cluster node, as the scrape sees it: the executor serving its clients now (it changes
+/// with leadership), whether it should get traffic, and its cluster series.
+pub trait ClusterSource: Send + Sync {
+    /// The executor new client connections are given now.
+    fn executor(&self) -> Arc<Executor>;
+    /// `Ok` with `/readyz`'s body when the node should get traffic, else why not.
+    ///
+    /// # Errors
+    /// The one-line reason `/readyz` answers with 503.
+    fn readiness(&self) -> Result<String, String>;
+    /// Writes the cluster series (`tenure_cluster_*`).
+    ///
+    /// # Errors
+    /// When the encoder fails.
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> FmtResult;
+}
 
 /// The scrape: every metric, read from the server it was given once recovery finished.
 #[derive(Clone, Default)]
 pub struct Scrape {
     /// The server, set once it has recovered; until then nothing is exported.
     pub executor: Arc<OnceLock<Arc<Executor>>>,
+    /// In cluster mode, the node: it names the executor and the readiness instead.
+    pub cluster: Arc<OnceLock<Arc<dyn ClusterSource>>>,
 }
 
 impl std::fmt::Debug for Scrape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let recovered = self.executor.get().is_some();
+        let recovered = self.executor().is_some();
         f.debug_struct("Scrape")
             .field("recovered", &recovered)
+            .field("cluster", &self.cluster.get().is_some())
             .finish()
     }
 }
 
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> FmtResult {
+impl Scrape {
+    /// The scrape of a cluster node.
+    pub fn of_cluster(node: Arc<dyn ClusterSource>) -> Scrape {
+        let scrape = Scrape::default();
+        let _ = scrape.cluster.set(node);
+        scrape
+    }
+
+    /// The executor whose series are exported: the cluster node's current one, or the
+    /// single node's once it has recovered.
+    pub fn executor(&self) -> Option<Arc<Executor>> {
+        match self.cluster.get() {
+            Some(cluster) => Some(cluster.executor()),
+            None => self.executor.get().cloned(),
+        }
+    }
+
+    /// `Ok` with `/readyz`'s body (`ready`, and in cluster mode the role) when the server
+    /// should get traffic, else why not.
+    ///
+    /// # Errors
+    /// The one-line reason `/readyz` answers with 503.
+    pub fn readiness(&self) -> Result<String, String> {
+        if let Some(cluster) = self.cluster.get() {
+            return cluster.readiness();
+        }
+        match not_ready(self.executor.get()) {
+            None => Ok("ready".to_string()),
+            Some(why) => Err(why),
+        }
+    }
+}
+
+/// Writes one counter without labels.
+pub(crate) fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> FmtResult {
     let metric = ConstCounter::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> FmtResult {
+/// Writes one gauge without labels.
+pub(crate) fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> FmtResult {
     let metric = ConstGauge::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
@@ -454,11 +527,12 @@ fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histog
 
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> FmtResult {
-        let Some(shared) = self.executor.get() else {
+        let Some(shared) = self.executor() else {
             return Ok(());
         };
-        let ready = not_ready(Some(shared)).is_none();
-        let help = "1 when /readyz answers 200: recovered, WAL healthy, grants not refused";
+        let ready = self.readiness().is_ok();
+        let help = "1 when /readyz answers 200: recovered, WAL healthy, grants not refused \
+                    (cluster mode: a leader is known, and this node serves if it is the leader)";
         gauge(
             &mut encoder,
             "tenure_ready",
@@ -466,9 +540,13 @@ impl Collector for Scrape {
             f64::from(u8::from(ready)),
         )?;
         encode_requests(&mut encoder, &shared.stats.metrics)?;
-        encode_table(&mut encoder, shared)?;
+        encode_table(&mut encoder, &shared)?;
         encode_connections(&mut encoder, &shared.stats)?;
-        encode_wal(&mut encoder, shared)
+        encode_wal(&mut encoder, &shared)?;
+        match self.cluster.get() {
+            Some(cluster) => cluster.encode(&mut encoder),
+            None => Ok(()),
+        }
     }
 }
 
@@ -655,7 +733,9 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
 
 /// WAL health, fsync latency and batch size, bytes, segments, snapshots.
 fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult {
-    let failed = executor.journal.progress().borrow().failed.is_some();
+    // A cluster follower's journal refuses everything by design: "failed", but no WAL did.
+    let failed = executor.journal.progress().borrow().failed.is_some()
+        && executor.journal.not_leader().is_none();
     let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
     gauge(
         encoder,

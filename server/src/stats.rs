@@ -128,7 +128,7 @@ pub fn op_index(request: &Request) -> usize {
         Request::Watch { .. } => 7,
         Request::Unwatch { .. } => 8,
         Request::Auth { .. } => 9,
-        Request::ClusterStatus
+        Request::ClusterStatus { .. }
         | Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
         | Request::ClusterRemove { .. } => 10,

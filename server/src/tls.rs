@@ -49,6 +49,8 @@ pub struct TlsFiles {
 pub struct Tls {
     files: TlsFiles,
     acceptor: RwLock<TlsAcceptor>,
+    /// The client CA certificates (DER) the acceptor in force trusts; empty without any.
+    trusted: RwLock<Arc<[CertificateDer<'static>]>>,
 }
 
 /// A connection once TLS is set up.
@@ -65,10 +67,11 @@ impl Tls {
     /// # Errors
     /// A file cannot be read or holds no usable certificate or key; the message names it.
     pub fn load(files: TlsFiles) -> Result<Tls, String> {
-        let acceptor = build(&files)?;
+        let (acceptor, trusted) = build(&files)?;
         Ok(Tls {
             files,
             acceptor: RwLock::new(acceptor),
+            trusted: RwLock::new(trusted),
         })
     }
 
@@ -82,12 +85,26 @@ impl Tls {
     /// # Errors
     /// As [`Tls::load`]; the configuration in force is then unchanged.
     pub fn reload(&self) -> Result<(), String> {
-        let acceptor = build(&self.files)?;
+        let (acceptor, trusted) = build(&self.files)?;
         *self
             .acceptor
             .write()
             .expect("the TLS configuration lock is never poisoned") = acceptor;
+        *self
+            .trusted
+            .write()
+            .expect("the TLS configuration lock is never poisoned") = trusted;
         Ok(())
+    }
+
+    /// The client CA certificates in force (DER), as loaded last; empty without
+    /// `--tls-client-ca`. What the trust digest of CLUSTER STATUS is taken over.
+    pub fn trusted(&self) -> Arc<[CertificateDer<'static>]> {
+        let trusted = self
+            .trusted
+            .read()
+            .expect("the TLS configuration lock is never poisoned");
+        Arc::clone(&trusted)
     }
 
     /// Runs the TLS handshake on an accepted socket, within `limit`. `None` if the peer
@@ -145,7 +162,8 @@ fn peer_common_name(stream: &TlsStream<TcpStream>) -> Option<String> {
     name.as_str().ok().map(str::to_owned)
 }
 
-fn build(files: &TlsFiles) -> Result<TlsAcceptor, String> {
+/// The acceptor for `files`, and the client CA certificates it trusts.
+fn build(files: &TlsFiles) -> Result<(TlsAcceptor, Arc<[CertificateDer<'static>]>), String> {
     let certs = read_certs(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| format!("TLS key {}: {e}", files.key.display()))?;
@@ -153,11 +171,13 @@ fn build(files: &TlsFiles) -> Result<TlsAcceptor, String> {
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?;
+    let mut trusted = Vec::new();
     let builder = match &files.client_ca {
         None => builder.with_no_client_auth(),
         Some(path) => {
             let mut roots = RootCertStore::empty();
-            for cert in read_certs(path)? {
+            trusted = read_certs(path)?;
+            for cert in trusted.iter().cloned() {
                 roots
                     .add(cert)
                     .map_err(|e| format!("TLS client CA {}: {e}", path.display()))?;
@@ -175,7 +195,7 @@ fn build(files: &TlsFiles) -> Result<TlsAcceptor, String> {
             files.key.display()
         )
     })?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    Ok((TlsAcceptor::from(Arc::new(config)), trusted.into()))
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {

@@ -33,8 +33,18 @@ async fn listeners() -> (TcpListener, TcpListener, NodeInfo) {
 /// Node `id` on these listeners, bootstrapping from `initial` if given.
 async fn start(
     id: NodeId,
+    listeners: (TcpListener, TcpListener, NodeInfo),
+    initial: Option<BTreeMap<NodeId, NodeInfo>>,
+) -> Node {
+    start_with(id, listeners, initial, tenure_server::Config::default()).await
+}
+
+/// As [`start`], with `config` for its client port.
+async fn start_with(
+    id: NodeId,
     (peers, clients, info): (TcpListener, TcpListener, NodeInfo),
     initial: Option<BTreeMap<NodeId, NodeInfo>>,
+    config: tenure_server::Config,
 ) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let mut options = ClusterOptions::new(id, dir.path().to_path_buf());
@@ -42,7 +52,6 @@ async fn start(
     options.heartbeat_ms = 100;
     options.election_timeout_ms = (800, 1600);
     options.initial_cluster = initial;
-    let config = tenure_server::Config::default();
     let node = ClusterNode::start(config, options, peers, clients)
         .await
         .unwrap();
@@ -55,8 +64,24 @@ async fn start(
 
 /// Runs `tenure --addr <addr> cluster <args>`; returns exit code, stdout and stderr.
 async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+    cli_as(addr, None, args).await
+}
+
+/// As [`cli`], as identity `(name, secret)` if given.
+async fn cli_as(
+    addr: &str,
+    identity: Option<(&str, &str)>,
+    args: &[&str],
+) -> (i32, String, String) {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
-    command.arg("--addr").arg(addr).arg("cluster").args(args);
+    command.arg("--addr").arg(addr);
+    if let Some((name, secret)) = identity {
+        command
+            .arg("--identity")
+            .arg(name)
+            .env("TENURE_SECRET", secret);
+    }
+    command.arg("cluster").args(args);
     let output = timeout(CLUSTER_WAIT_MAX, command.kill_on_drop(true).output())
         .await
         .expect("tenure finishes")
@@ -172,4 +197,111 @@ async fn tenure_cluster_on_a_single_node_server_says_it_is_not_a_cluster() {
         .unwrap();
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("not in cluster mode"), "{out}{err}");
+}
+
+/// The `result=MEMBER` line of member `id` in `tenure cluster status`'s output.
+fn member_line(out: &str, id: NodeId) -> &str {
+    let prefix = format!("result=MEMBER id={id} ");
+    let line = out.lines().find(|l| l.starts_with(&prefix));
+    line.unwrap_or_else(|| panic!("no member {id} in:\n{out}"))
+}
+
+/// An identities file with `admin` (everything) and `extra` entries.
+fn identities(dir: &std::path::Path, file: &str, extra: &str) -> std::path::PathBuf {
+    let hash = tenure_server::identity::hash_secret(b"admin-secret").unwrap();
+    let text = format!(
+        "[[identity]]\nname = \"admin\"\nsecret-hash = \"{hash}\"\nstats = true\nadmin = true\n{extra}"
+    );
+    let path = dir.join(file);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `tenure cluster status` asks every member: a member whose identities differ from the
+/// leader's is flagged, a member cut off from the others shows it knows no leader while the
+/// others do, and a member that is down is named unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_cluster_status_shows_every_members_view_and_flags_a_differing_one() {
+    let files = tempfile::tempdir().unwrap();
+    let same = identities(files.path(), "same.toml", "");
+    let hash = tenure_server::identity::hash_secret(b"x").unwrap();
+    let extra = format!("\n[[identity]]\nname = \"late\"\nsecret-hash = \"{hash}\"\n");
+    let other = files.path().join("other.toml");
+    std::fs::write(&other, std::fs::read_to_string(&same).unwrap() + &extra).unwrap();
+    let mut bound = Vec::new();
+    for _ in 0..3 {
+        bound.push(listeners().await);
+    }
+    let initial: BTreeMap<NodeId, NodeInfo> = (1..)
+        .zip(bound.iter().map(|(_, _, info)| info.clone()))
+        .collect();
+    let mut nodes = Vec::new();
+    for (id, b) in (1..).zip(bound) {
+        let file = if id == 3 { &other } else { &same };
+        let config = tenure_server::Config {
+            identities: Some(file.clone()),
+            ..tenure_server::Config::default()
+        };
+        nodes.push(start_with(id, b, Some(initial.clone()), config).await);
+    }
+    let addr = nodes[0].info.client_addr.clone();
+    let admin = Some(("admin", "admin-secret"));
+    let status = |ok: fn(&str) -> bool| {
+        let addr = addr.clone();
+        async move {
+            let deadline = Instant::now() + CLUSTER_WAIT_MAX;
+            loop {
+                let (code, out, err) = cli_as(&addr, admin, &["status"]).await;
+                assert_eq!(code, 0, "{out}{err}");
+                if ok(&out) {
+                    return (out, err);
+                }
+                assert!(Instant::now() < deadline, "{out}{err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Every member answers, and has heard the others.
+    let (out, err) = status(|out| {
+        (1..=3).all(|id| {
+            out.lines().any(|l| {
+                l.starts_with(&format!("result=MEMBER id={id} "))
+                    && l.contains(" reachable=yes ")
+                    && !l.contains("leader_id=0 ")
+                    && !l.contains("last_contact_ms=- ")
+            })
+        })
+    })
+    .await;
+    let leader = field(member_line(&out, 1), "leader_id").to_string();
+    for id in 1..=3 {
+        let line = member_line(&out, id);
+        assert_eq!(field(line, "leader_id"), leader, "{out}");
+        assert_eq!(field(line, "identities_digest").len(), 16, "{line}");
+        assert!(field(line, "lag_entries").parse::<u64>().is_ok(), "{line}");
+        let config = if id == 3 { "DIFFERS" } else { "same" };
+        assert_eq!(field(line, "config"), config, "{out}");
+    }
+    assert!(
+        err.contains("node 3: identities or trust set digest differs"),
+        "{err}"
+    );
+    assert!(out.contains("CONTACT_MS"), "the views table: {out}");
+
+    // Node 3 cut off from its peers: it stands for election and knows no leader, while the
+    // others still name theirs.
+    nodes[2].node.set_isolated(true);
+    let (out, _) = status(|out| member_line(out, 3).contains("leader_id=0 ")).await;
+    assert_eq!(field(member_line(&out, 1), "leader_id"), leader, "{out}");
+    nodes[2].node.set_isolated(false);
+
+    // A member that is down is named, and the others still answer.
+    let third = nodes.pop().unwrap();
+    third.node.kill().await;
+    let (out, _) = status(|out| member_line(out, 3).contains("reachable=no")).await;
+    assert!(member_line(&out, 1).contains("reachable=yes"), "{out}");
+    assert!(out.contains("UNREACHABLE"), "{out}");
+    for n in nodes {
+        n.node.kill().await;
+    }
 }

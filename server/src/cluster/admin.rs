@@ -16,12 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ChangeMembers, ServerState};
-use tenure_protocol::cluster::{Member, Role, Status};
+use openraft::ChangeMembers;
+use tenure_protocol::cluster::{Member, Role, Status, StatusExtension};
 use tenure_protocol::{ErrorCode, Request, Response};
 
 use super::journal::LeaderHint;
 use super::network::PeerService;
+use super::observe::Security;
 use super::{NodeId, NodeInfo, Raft};
 
 /// Longest a new node may take to catch up as a learner before ADD gives up (it stays a
@@ -42,6 +43,8 @@ pub struct Admin {
     raft: Raft,
     hint: LeaderHint,
     service: PeerService,
+    /// What STATUS's extension digests.
+    security: Security,
 }
 
 fn refused(message: impl Into<String>) -> Response {
@@ -66,12 +69,13 @@ fn unavailable(message: impl Into<String>) -> Response {
 }
 
 impl Admin {
-    /// The administration of `raft`, node `me`.
-    pub fn new(raft: Raft, service: PeerService) -> Admin {
+    /// The administration of `raft`, node `service.me`, whose STATUS digests `security`.
+    pub fn new(raft: Raft, service: PeerService, security: Security) -> Admin {
         Admin {
             hint: LeaderHint::new(raft.clone(), service.me),
             raft,
             service,
+            security,
         }
     }
 
@@ -83,7 +87,13 @@ impl Admin {
         let admin = self.clone();
         let task = tokio::spawn(async move {
             match request {
-                Request::ClusterStatus => Response::Cluster(admin.status()),
+                Request::ClusterStatus { extended } => {
+                    let mut status = admin.status();
+                    if extended {
+                        status.extension = Some(Box::new(admin.extension()));
+                    }
+                    Response::Cluster(status)
+                }
                 Request::ClusterInit { members } => admin.init(members).await,
                 Request::ClusterAdd { member } => admin.add(member).await,
                 Request::ClusterRemove { id } => admin.remove(id).await,
@@ -96,7 +106,14 @@ impl Admin {
         }
     }
 
-    /// This node's view of its cluster.
+    /// STATUS's extension: this node's digests and last contact now.
+    pub fn extension(&self) -> StatusExtension {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        super::observe::extension(&m, &self.security, &self.service.catch_up)
+    }
+
+    /// This node's view of its cluster, without the extension.
     pub fn status(&self) -> Status {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
@@ -111,19 +128,14 @@ impl Admin {
             .and_then(|id| Some((id, membership.get_node(&id)?)));
         Status {
             node_id: m.id,
-            role: match m.state {
-                ServerState::Learner => Role::Learner,
-                ServerState::Follower => Role::Follower,
-                ServerState::Candidate => Role::Candidate,
-                ServerState::Leader => Role::Leader,
-                ServerState::Shutdown => Role::Shutdown,
-            },
+            role: super::observe::role_of(m.state),
             term: m.current_term,
             leader_id: leader.map_or(0, |(id, _)| id),
             leader_addr: leader.map_or(String::new(), |(_, n)| n.client_addr.clone()),
             last_log_index: m.last_log_index.unwrap_or(0),
             last_applied_index: m.last_applied.map_or(0, |l| l.index),
             members,
+            extension: None,
         }
     }
 

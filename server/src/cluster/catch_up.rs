@@ -28,6 +28,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use openraft::raft::AppendEntriesRequest;
 
@@ -42,7 +43,16 @@ pub struct CatchUp {
     guarding: AtomicBool,
     /// The commit index to apply before the guard lifts, once a leader named one.
     target: AtomicU64,
+    /// When the guard was made: the origin of `last_append_ms`.
+    started: Instant,
+    /// Milliseconds after `started` of the last AppendEntries this node received, or
+    /// [`NO_APPEND`]: kept here, where every append already passes, for CLUSTER STATUS's
+    /// last contact and the metrics.
+    last_append_ms: AtomicU64,
 }
+
+/// `last_append_ms` before any AppendEntries arrived.
+const NO_APPEND: u64 = u64::MAX;
 
 impl CatchUp {
     /// A guard that is up (`fresh`: the node started with an empty data directory) or not.
@@ -50,6 +60,8 @@ impl CatchUp {
         Arc::new(CatchUp {
             guarding: AtomicBool::new(fresh),
             target: AtomicU64::new(NO_TARGET),
+            started: Instant::now(),
+            last_append_ms: AtomicU64::new(NO_APPEND),
         })
     }
 
@@ -61,6 +73,8 @@ impl CatchUp {
     /// Takes the catch-up target from a leader's AppendEntries, if it is the first that can
     /// name one: its commit index is of the leader's own term.
     pub fn note_append(&self, rpc: &AppendEntriesRequest<TypeConfig>) {
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NO_APPEND - 1);
+        self.last_append_ms.store(now_ms, Ordering::Relaxed);
         if !self.refuses_votes() || self.target.load(Ordering::Acquire) != NO_TARGET {
             return;
         }
@@ -74,6 +88,14 @@ impl CatchUp {
                 );
             }
         }
+    }
+
+    /// Milliseconds since this node last received an AppendEntries (a heartbeat counts);
+    /// `None` if it has not since it started.
+    pub fn since_append_ms(&self) -> Option<u64> {
+        let at = self.last_append_ms.load(Ordering::Relaxed);
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        (at != NO_APPEND).then(|| now_ms.saturating_sub(at))
     }
 
     /// Lifts the guard: this node votes and may stand for election again.

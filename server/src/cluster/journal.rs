@@ -27,6 +27,7 @@ use super::{Batch, NodeId, Raft};
 use crate::journal::{
     Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, NOT_LEADER,
 };
+use crate::metrics::Histogram;
 use crate::wal::{record, WalError};
 
 /// Most encoded record bytes waiting for the batcher; past it, appends are refused
@@ -115,11 +116,14 @@ pub struct RaftJournal {
     /// Held by the batcher while it checks for failure and proposes, so that once
     /// [`RaftJournal::fence`] returns no proposal of this journal can still reach Raft.
     proposing: tokio::sync::Mutex<()>,
+    /// Each committed batch's time from proposal to commit (the node's, across leaders).
+    commit: Arc<Histogram>,
 }
 
 impl RaftJournal {
-    /// A journal proposing to `raft`, with its batcher and completer tasks running.
-    pub fn start(raft: Raft, hint: LeaderHint) -> Arc<RaftJournal> {
+    /// A journal proposing to `raft`, with its batcher and completer tasks running; each
+    /// batch's time to commit goes to `commit`.
+    pub fn start(raft: Raft, hint: LeaderHint, commit: Arc<Histogram>) -> Arc<RaftJournal> {
         let (progress_tx, _) = watch::channel(Progress::default());
         let journal = Arc::new(RaftJournal {
             queue: Mutex::new(Queue::default()),
@@ -131,6 +135,7 @@ impl RaftJournal {
             bytes: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
             proposing: tokio::sync::Mutex::new(()),
+            commit,
         });
         let (tx, rx) = mpsc::channel(IN_FLIGHT_MAX);
         // The tasks hold the journal; `fail` (called when leadership ends) aborts them, which
@@ -236,13 +241,18 @@ async fn batch_loop(journal: Arc<RaftJournal>, raft: Raft, tx: mpsc::Sender<InFl
                 if journal.queue.lock().expect("poisoned").failed {
                     return;
                 }
-                let give_up = tokio::time::Instant::now() + COMMIT_PATIENCE;
+                let proposed_at = tokio::time::Instant::now();
+                let give_up = proposed_at + COMMIT_PATIENCE;
                 let proposed = raft.client_write_ff(Batch { records }).await;
                 drop(gate);
+                let commit = Arc::clone(&journal.commit);
                 match proposed {
                     Ok(rx) => Box::pin(async move {
                         match tokio::time::timeout_at(give_up, rx).await {
-                            Ok(Ok(Ok(_))) => Ok(()),
+                            Ok(Ok(Ok(_))) => {
+                                commit.observe_duration(proposed_at.elapsed());
+                                Ok(())
+                            }
                             Ok(Ok(Err(e))) => Err(e.to_string()),
                             Ok(Err(_)) => Err("the Raft core dropped the write".to_string()),
                             Err(_) => Err(format!(

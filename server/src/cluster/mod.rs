@@ -17,6 +17,8 @@
 //!   commit of WAL records as Raft entries, read confirmation through `ensure_linearizable`;
 //!   and the follower's journal, which refuses everything with `NOT_LEADER`.
 //! - [`admin`]: CLUSTER STATUS, INIT, ADD and REMOVE from the client port.
+//! - [`observe`]: what makes a node watchable: the digests of its identities and trust set,
+//!   its `tenure_cluster_*` series, and `/readyz`'s answer.
 //! - [`bootstrap`]: `--initial-cluster`: the lowest id initialises, once every node
 //!   answers that it is fresh.
 //! - [`node`]: [`ClusterNode`], one node: Raft, the peer listener, the client listener, and
@@ -29,6 +31,7 @@ pub mod journal;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod observe;
 pub mod peer_check;
 pub mod peer_tls;
 pub mod state;

@@ -39,6 +39,7 @@ use super::catch_up::{self, CatchUp};
 use super::journal::{FollowerJournal, LeaderHint, RaftJournal};
 use super::log_store::LogStore;
 use super::network::{serve_peers, Dialer, PeerNetwork, PeerService};
+use super::observe::{count_leader_changes, Counters, NodeScrape, Security};
 use super::peer_tls::{PeerTls, PeerTlsFiles};
 use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
@@ -157,6 +158,7 @@ pub async fn run(
     options: ClusterOptions,
     clients: TcpListener,
     peers: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ClusterError> {
     config.validate().map_err(ClusterError::Config)?;
@@ -172,6 +174,9 @@ pub async fn run(
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
+    let http_stop = CancellationToken::new();
+    let http =
+        metrics.map(|l| tokio::spawn(crate::http::serve(l, node.scrape(), http_stop.clone())));
     tracing::info!(node_id, %addr, "cluster node ready");
     let died = node.died.clone();
     let why = tokio::select! {
@@ -179,6 +184,10 @@ pub async fn run(
         _ = died.cancelled() => Some(node.raft.metrics().borrow().running_state.clone()),
     };
     tracing::info!("shutting down");
+    http_stop.cancel();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     node.kill().await;
     tracing::info!("stopped");
     match why {
@@ -207,14 +216,18 @@ pub struct ClusterNode {
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// What `/metrics` and `/readyz` read (see [`super::observe`]).
+    scrape: crate::metrics::Scrape,
 }
 
 /// What new client connections are given: the executor, and the token that ends them (the
 /// node's, or the leader's term's: connections served as leader close when it ends).
 #[derive(Clone)]
-struct Serving {
-    executor: Arc<Executor>,
-    stop: CancellationToken,
+pub(super) struct Serving {
+    /// The executor.
+    pub(super) executor: Arc<Executor>,
+    /// Ends the connections it serves.
+    pub(super) stop: CancellationToken,
 }
 
 impl ClusterNode {
@@ -246,6 +259,7 @@ impl ClusterNode {
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
         let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
+        let snapshots = machine.snapshot_metrics();
         let isolated = Arc::new(AtomicBool::new(false));
         let source = peers.local_addr()?.ip();
         let peer_tls = options.peer_tls()?;
@@ -277,7 +291,9 @@ impl ClusterNode {
             refusals: Arc::default(),
         };
         let hint = LeaderHint::new(raft.clone(), id);
-        let admin = Admin::new(raft.clone(), service.clone());
+        let security = Security::new(identities.clone(), client_tls.clone());
+        let admin = Admin::new(raft.clone(), service.clone(), security.clone());
+        let counters = Arc::new(Counters::default());
         let mut follower = Executor::new(
             config.clone(),
             Clock::start(),
@@ -297,6 +313,14 @@ impl ClusterNode {
         };
         let current = Arc::new(RwLock::new(follower.clone()));
         let died = CancellationToken::new();
+        let scrape = crate::metrics::Scrape::of_cluster(Arc::new(NodeScrape {
+            raft: raft.clone(),
+            current: Arc::clone(&current),
+            security,
+            counters: Arc::clone(&counters),
+            catch_up: Arc::clone(&service.catch_up),
+            snapshots,
+        }));
         let life = Life {
             died: died.clone(),
             raft: raft.clone(),
@@ -306,6 +330,7 @@ impl ClusterNode {
             admin,
             current: Arc::clone(&current),
             follower,
+            commit: Arc::clone(&counters.commit),
         };
         let mut tasks = vec![
             tokio::spawn(serve_peers(
@@ -323,6 +348,7 @@ impl ClusterNode {
                 stop.clone(),
             )),
             tokio::spawn(life.run(stop.clone())),
+            tokio::spawn(count_leader_changes(raft.clone(), counters)),
         ];
         if let Some(members) = options.initial_cluster {
             let bootstrap =
@@ -339,7 +365,14 @@ impl ClusterNode {
             current,
             stop,
             tasks,
+            scrape,
         })
+    }
+
+    /// What `/metrics`, `/healthz` and `/readyz` serve for this node
+    /// ([`crate::http::serve`]).
+    pub fn scrape(&self) -> crate::metrics::Scrape {
+        self.scrape.clone()
     }
 
     /// Makes `members` the cluster's first membership (once, on one node).
@@ -454,6 +487,8 @@ struct Life {
     admin: Admin,
     current: Arc<RwLock<Serving>>,
     follower: Serving,
+    /// Where each leader's journal times its commits.
+    commit: Arc<crate::metrics::Histogram>,
 }
 
 /// The executor of a term this node leads.
@@ -545,7 +580,11 @@ impl Life {
             .expect("replica state poisoned")
             .live
             .clone();
-        let journal = RaftJournal::start(self.raft.clone(), self.hint.clone());
+        let journal = RaftJournal::start(
+            self.raft.clone(),
+            self.hint.clone(),
+            Arc::clone(&self.commit),
+        );
         let executor = self.executor_from(&live, Arc::clone(&journal));
         let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
         if let Some(why) = takeover_failure(reserved.await) {

@@ -19,6 +19,7 @@ use openraft::{
 
 use super::log_store::{blocking, write_atomically};
 use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
+use crate::metrics::Histogram;
 use crate::wal::record::{self, Record};
 use crate::wal::recovery::LeaseReplay;
 
@@ -113,6 +114,25 @@ impl ReplicaState {
 pub struct StateMachine {
     state: Arc<Mutex<ReplicaState>>,
     snapshots: Arc<SnapshotFile>,
+    metrics: Arc<SnapshotMetrics>,
+}
+
+/// How long this node's snapshots took to build and to install, for `/metrics`.
+#[derive(Debug)]
+pub struct SnapshotMetrics {
+    /// Each snapshot built here, from the replicated state to its file synced.
+    pub built: Histogram,
+    /// Each snapshot installed here from a leader, from its bytes to its file synced.
+    pub installed: Histogram,
+}
+
+impl Default for SnapshotMetrics {
+    fn default() -> Self {
+        SnapshotMetrics {
+            built: Histogram::latency_seconds(),
+            installed: Histogram::latency_seconds(),
+        }
+    }
 }
 
 /// The latest snapshot, in memory and in `raft.snapshot`; the builder and the state machine
@@ -160,7 +180,16 @@ impl StateMachine {
             dir: dir.to_path_buf(),
             current: Mutex::new(current),
         });
-        Ok(StateMachine { state, snapshots })
+        Ok(StateMachine {
+            state,
+            snapshots,
+            metrics: Arc::default(),
+        })
+    }
+
+    /// The snapshot timings this state machine fills.
+    pub fn snapshot_metrics(&self) -> Arc<SnapshotMetrics> {
+        Arc::clone(&self.metrics)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
@@ -190,10 +219,12 @@ fn sm_error(verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageE
 pub struct SnapshotBuilder {
     state: Arc<Mutex<ReplicaState>>,
     snapshots: Arc<SnapshotFile>,
+    metrics: Arc<SnapshotMetrics>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let started = std::time::Instant::now();
         let (meta, records) = {
             let state = self.state.lock().expect("replica state poisoned");
             let last = state.last_applied;
@@ -212,6 +243,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         blocking(move || snapshots.save(saved.0, saved.1))
             .await
             .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
+        self.metrics.built.observe_duration(started.elapsed());
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(records)),
@@ -256,6 +288,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder {
             state: Arc::clone(&self.state),
             snapshots: Arc::clone(&self.snapshots),
+            metrics: Arc::clone(&self.metrics),
         }
     }
 
@@ -268,6 +301,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<NodeId, NodeInfo>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        let started = std::time::Instant::now();
         let records = snapshot.into_inner();
         let installed = ReplicaState::from_snapshot(meta, &records)
             .map_err(|e| sm_error(ErrorVerb::Read, &e))?;
@@ -276,6 +310,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
         *self.lock() = installed;
+        self.metrics.installed.observe_duration(started.elapsed());
         Ok(())
     }
 

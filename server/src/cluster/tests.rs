@@ -319,6 +319,25 @@ async fn a_deposed_leader_answers_its_waiter_not_leader_and_closes() {
 }
 
 /// Keys and tokens of the leases a node's replicated state holds.
+/// What `/metrics` would serve for `node` now (OpenMetrics text).
+fn scrape(node: &ClusterNode) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(node.scrape()));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+/// The value of the sample `series` (its name and labels exactly) in `text`.
+fn sample(text: &str, series: &str) -> f64 {
+    let line = text.lines().find(|l| {
+        l.strip_prefix(series)
+            .is_some_and(|rest| rest.starts_with(' '))
+    });
+    let line = line.unwrap_or_else(|| panic!("no sample {series} in:\n{text}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
 fn leases(node: &ClusterNode) -> BTreeMap<Vec<u8>, u64> {
     let replica = node.replica();
     replica
@@ -375,11 +394,27 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
         .expect("no purge in time")
         .unwrap();
 
+    let text = scrape(&nodes[first].node);
+    let built = sample(
+        &text,
+        "tenure_cluster_snapshot_build_duration_seconds_count",
+    );
+    assert!(built >= 1.0, "{text}");
+    let snapshot_index = applied.unwrap().index as f64;
+    assert!(sample(&text, "tenure_cluster_snapshot_index") >= snapshot_index);
+    assert!(sample(&text, "tenure_cluster_purged_index") >= snapshot_index);
+
     let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
     let clients = TcpListener::bind(&info.client_addr).await.unwrap();
     let back = start_on(gone_id, peers, clients).await;
     caught_up(&back.node, &nodes[first].node).await;
     assert!(back.node.raft().metrics().borrow().snapshot.is_some());
+    let text = scrape(&back.node);
+    let installed = sample(
+        &text,
+        "tenure_cluster_snapshot_install_duration_seconds_count",
+    );
+    assert_eq!(installed, 1.0, "{text}");
     let expected = leases(&nodes[first].node);
     assert_eq!(expected.len(), 10, "{expected:?}");
     assert_eq!(leases(&back.node), expected);

@@ -383,8 +383,8 @@ fn permit(identity: &Identity, request: &Request) -> Result<(), Response> {
     let key = match request {
         Request::Ping | Request::Auth { .. } => return Ok(()),
         // Only a cluster node asks (a single node answers these "not in cluster mode").
-        Request::ClusterStatus if identity.stats || identity.admin => return Ok(()),
-        Request::ClusterStatus => {
+        Request::ClusterStatus { .. } if identity.stats || identity.admin => return Ok(()),
+        Request::ClusterStatus { .. } => {
             let message = format!(
                 "identity `{}` may not use CLUSTER STATUS (stats or admin)",
                 identity.name

@@ -111,7 +111,7 @@ impl Conn {
         }
         let request = match request {
             Request::Auth { name, secret } => return self.on_auth(id, name, secret),
-            Request::ClusterStatus
+            Request::ClusterStatus { .. }
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
             | Request::ClusterRemove { .. } => return self.on_cluster(id, request),
@@ -254,7 +254,7 @@ impl Conn {
                 return self.push(id, response, TICKET_NOW);
             }
         }
-        let changes_membership = !matches!(request, Request::ClusterStatus);
+        let changes_membership = !matches!(request, Request::ClusterStatus { .. });
         if changes_membership
             && self.executor.identities.is_none()
             && !self.ctx.peer.ip().is_loopback()

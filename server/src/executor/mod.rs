@@ -270,7 +270,7 @@ impl Executor {
             // The connection answers AUTH itself (it must verify off the async workers).
             Request::Auth { .. } => error(ErrorCode::BadArgs, "AUTH is not served here"),
             // And the cluster requests (they wait on Raft).
-            Request::ClusterStatus
+            Request::ClusterStatus { .. }
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
             | Request::ClusterRemove { .. } => {

@@ -2,6 +2,8 @@
 //! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
 //!   loopback-only default;
 //! - `cluster`: three `tenured --cluster` daemons, `cluster-init`, `kill -9` of the leader;
+//! - `cluster_metrics`: `/metrics`, `/readyz` and the deploy files on cluster nodes, the
+//!   security digests in CLUSTER STATUS and the metrics;
 //! - `cluster_security`: identities, quotas, TLS and the admin permission on a cluster;
 //! - `e2e`: console and binary protocol over real TCP, hand-off, expiry, limits, restarts,
 //!   and `kill -9` and SIGTERM of the real `tenured` binary;
@@ -25,6 +27,7 @@
 
 mod auth;
 mod cluster;
+mod cluster_metrics;
 mod cluster_security;
 mod e2e;
 mod faults;

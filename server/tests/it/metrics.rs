@@ -94,7 +94,7 @@ impl Server {
     }
 }
 
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
     http_raw(addr, &request).await
 }
@@ -165,7 +165,7 @@ fn lease_of(reply: &str) -> &str {
 }
 
 /// The value of the sample `series` (name plus labels exactly as exported).
-fn sample(text: &str, series: &str) -> f64 {
+pub(crate) fn sample(text: &str, series: &str) -> f64 {
     let line = text.lines().find(|l| {
         l.strip_prefix(series)
             .is_some_and(|rest| rest.starts_with(' '))
@@ -175,7 +175,7 @@ fn sample(text: &str, series: &str) -> f64 {
 }
 
 /// Feeds `input` to `promtool` with `args`; panics (never skips) if promtool is missing.
-fn promtool(args: &[&str], input: &str) -> std::process::Output {
+pub(crate) fn promtool(args: &[&str], input: &str) -> std::process::Output {
     let mut child = Command::new("promtool")
         .args(args)
         .stdin(Stdio::piped())

@@ -21,13 +21,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Every example name PROTOCOL.md may use, each with its setup in [`run_scenario`].
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "hello-version-9",
     "acquire",
     "granted",
     "watching",
     "auth",
     "cluster-remove",
+    "cluster-status-extended",
     "session",
     "escapes-and-refusals",
 ];
@@ -476,7 +477,9 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
     };
     match name {
         "hello-version-9" => hello_refused(&server, &examples, tables).await,
-        "acquire" | "auth" | "cluster-remove" => exchange(&server, &examples, tables).await,
+        "acquire" | "auth" | "cluster-remove" | "cluster-status-extended" => {
+            exchange(&server, &examples, tables).await
+        }
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
         "session" | "escapes-and-refusals" => console_session(&server, examples[0]).await,
         other => panic!("no scenario {other}"),

@@ -129,7 +129,7 @@ async fn execute(
         // The client authenticates on connect (--identity and TENURE_SECRET), so that a
         // reconnect authenticates again; a typed AUTH would hold for one connection only.
         Request::Auth { .. } => anyhow::bail!("use --identity NAME and TENURE_SECRET, not AUTH"),
-        request @ (Request::ClusterStatus
+        request @ (Request::ClusterStatus { .. }
         | Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
         | Request::ClusterRemove { .. }) => crate::cluster::console(client, out, request).await?,
