@@ -417,9 +417,11 @@ async fn recover(
         let clock = Clock::start();
         let now_ms = clock.now_ms();
         // In token-only mode held locks were not logged, so any of them may still be in use:
-        // wait out the longest lease this server grants before granting again.
+        // wait out the longest lease this server grants before granting again. Any segment or
+        // floor file means a server ran here, even if a disk lost every record it wrote.
+        let log_existed = recovered.segments > 0 || recovered.token_floor > 0;
         let refused_until_ms = match config.durability {
-            Durability::Tokens if recovered.records > 0 => now_ms + u64::from(config.ttl_ms_max),
+            Durability::Tokens if log_existed => now_ms + u64::from(config.ttl_ms_max),
             _ => 0,
         };
         let leases = recovered.leases.len();

@@ -373,7 +373,9 @@ fn replay_segment(
             return Err(corrupt(0, reason));
         }
         Err(e) if is_last && header_torn(&e, &data) => {
-            tracing::warn!(path = %path.display(), error = %e, "WAL: removing newest segment, its header was torn");
+            // A crash while creating the segment, or a disk that lost synced bytes: then the
+            // grants and releases the segment held are gone (tokens stay safe, see `floor`).
+            tracing::error!(path = %path.display(), error = %e, "WAL: removing newest segment, its header was torn; locks it recorded (if any) are lost");
             storage.remove(&name).map_err(io_error)?;
             return Ok(SegmentEnd::Removed);
         }

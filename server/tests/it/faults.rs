@@ -1574,6 +1574,36 @@ fn lost_header_of_a_segment_rotated_in_just_before_the_crash_never_reissues_a_to
     }
 }
 
+/// A token-only restart refuses grants for the longest TTL whenever a server ran on the
+/// directory before, even if a disk lost every record of the log (a cut at any byte of the
+/// only segment, its header included): locks granted before may still be in use.
+#[test]
+fn a_token_only_restart_after_any_cut_refuses_grants_at_first() {
+    const WINDOW_TTL_MS: u32 = 60_000;
+    let config = |dir: &Path| Config {
+        durability: tenure_server::config::Durability::Tokens,
+        ttl_ms_max: WINDOW_TTL_MS,
+        ..Config::for_tests(dir)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_once(config(dir.path()), |conn| {
+        let reply = conn.cmd("ACQUIRE held 60000").unwrap();
+        assert!(reply.starts_with("OK "), "{reply}");
+    });
+    let files = segment_files(dir.path());
+    let newest = std::fs::read(files.last().unwrap()).unwrap();
+    for cut in 0..=newest.len() {
+        let copy = copy_with_newest_cut(&files, cut);
+        let reply = run_once(config(copy.path()), |conn| {
+            conn.cmd("ACQUIRE held 60000").unwrap()
+        });
+        assert!(
+            reply.starts_with("ERR RECOVERING"),
+            "cut to {cut} bytes: {reply}"
+        );
+    }
+}
+
 /// In token-only mode the log holds only reservations, so the newest segment's last record
 /// is the reservation of the block the last tokens came from: losing it must not bring those
 /// tokens back.
