@@ -29,8 +29,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::WatchEvent;
 use crate::error::{Error, Result};
+use crate::outcome::WatchEvent;
 use crate::tls::TlsOptions;
 
 /// Most frames the writer encodes into one buffer before writing it.

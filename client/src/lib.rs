@@ -97,20 +97,24 @@ pub mod election;
 pub mod error;
 pub mod fence;
 pub mod lease;
+mod options;
+mod outcome;
+mod router;
 pub mod tls;
+mod watch;
 
 pub use bytes::Bytes;
-pub use client::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, ClientOptions, Credentials,
-    KeyState, LockedBy, ReleaseOutcome, RenewOutcome, Watch, WatchEvent,
-};
+pub use client::Client;
 pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
-pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
+pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
+pub use watch::Watch;
 
 #[cfg(test)]
 mod fake;
