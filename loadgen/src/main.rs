@@ -50,16 +50,20 @@ mod args;
 mod cluster;
 mod conn;
 mod etcd;
+mod op;
 mod procfs;
 mod progress;
+mod proto;
 mod report;
 mod resp;
 mod run;
 mod scenario;
+mod socket;
 mod stats;
 mod target;
 mod tls;
 mod wire;
+mod world;
 
 use std::process::ExitCode;
 
@@ -69,30 +73,6 @@ use clap::Parser;
 // histograms churn at start and end; it matches the server's allocator so both sides compare.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Long help text: the crate docs' overview in brief.
-pub const ABOUT: &str = "Load generator for the tenure lock server (and Redis, for comparison).
-
-Scenarios:
-  estimate    open loop at --rate acquires/s; each lock held --hold, renewed every
-              --renew-every with --ttl, then released; ramp of --hold, --warmup, then
-              --duration measured. Defaults: 50000/s, 10s hold, 30s TTL, renew 10s
-              (500K locks held, 150K ops/s). Latency counts from intended send times.
-  max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
-  contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
-              hand-off latency and fairness (Jain's index)
-  healthy     a cluster: wait until every member answers and one serves
-  failover    a cluster: kill -9 the leader (--pids, in address order), time until a
-              grant is served by the rest (attempts bounded by --attempt-timeout)
-
-Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
-compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token) or etcd://HOST:PORT
-(v3 JSON gateway: lease grant + create-if-absent txn, keep-alive, revoke). A,B,C names a
-cluster's members (tenure: the serving one is found; etcd: spread over). Loopback only
-unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
-tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
---tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
-TENURE_SECRET. The report gives each connection's setup cost (connect to ready).";
 
 fn main() -> ExitCode {
     let args = match args::Args::parse().resolve() {

@@ -11,8 +11,8 @@ pub mod contention;
 pub mod estimate;
 
 use crate::conn::Conn;
+use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
-use crate::wire::{Op, OpKind, Outcome};
 
 /// What a scenario sees of the world while it acts.
 pub struct Ctx<'a> {
