@@ -8,6 +8,7 @@
 //! - `cluster`: `tenure cluster status|add|remove` against in-process cluster nodes;
 //! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
 //!   and a request sent mid-election;
+//! - `layout`: the import rules of `client/src` (which module may use which);
 //! - `readme`: README.md's console and command-line examples, read from it and run in order.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
@@ -23,6 +24,7 @@ mod cli;
 mod cluster;
 mod e2e;
 mod failover;
+mod layout;
 mod readme;
 
 use std::time::Duration;
