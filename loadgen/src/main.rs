@@ -38,13 +38,32 @@
 //! ```
 //!
 //! # Layout
-//! - `args`: flags, defaults per scenario, limits.
-//! - `target`: target parsing, the loopback rule, connecting, handshakes and AUTH; `tls`: TLS.
-//! - `wire`: ops, outcomes, tenure frame encoding; `resp`: the RESP2 side and Redis recipes.
-//! - `conn`: one pipelined connection (reader and writer tasks, in-flight slab, backlog).
-//! - `etcd`: etcd's lock cycle over HTTP/1.1; `cluster`: finding a leader, health, fail-over.
-//! - `scenario`: the workloads; `run`: the driver and measured window.
-//! - `stats`, `progress`, `report`, `procfs`: figures, the live line, the report, RSS and CPU.
+//! Each module's job and the modules it may import, lowest layer first. The table is kept by
+//! a test (`loadgen/tests/it/layout.rs`) that reads every module's `crate::` paths and fails
+//! on an import not listed here, on a listed one nobody uses, and on a cycle.
+//!
+//! | module | its job | may import |
+//! |--------|---------|------------|
+//! | `op` | the shared vocabulary: ops, outcomes, key names | — |
+//! | `procfs` | RSS and CPU ticks of a process, from `/proc` | — |
+//! | `tls` | TLS to a tenure target: roots, client certificate | — |
+//! | `wire` | tenure's codec: hand-written request frames, replies to outcomes, limits | `op` |
+//! | `resp` | the Redis codec: RESP2 and the lock recipes | `op` |
+//! | `etcd` | the etcd codec: the lock cycle over the v3 JSON gateway (HTTP/1.1) | `op` |
+//! | `proto` | the dispatcher: one connection's protocol, over the three codecs | `etcd`, `op`, `resp`, `wire` |
+//! | `stats` | counters and HDR histograms per op kind | `op` |
+//! | `report` | the report, as text or JSON | `op`, `stats` |
+//! | `args` | flags, defaults per scenario, limits, the long help | `wire` |
+//! | `target` | target parsing, the loopback rule, connecting, handshakes and AUTH | `etcd`, `proto`, `resp`, `tls` |
+//! | `conn` | one pipelined connection's state: in-flight slab, backlog, output buffer | `op`, `proto` |
+//! | `scenario` | the workloads: what to send and when | `args`, `conn`, `op`, `report`, `stats` |
+//! | `world` | the state a run's tasks share, and how bytes, ticks and the start move it | `conn`, `scenario`, `stats` |
+//! | `socket` | each connection's reader and writer tasks | `conn`, `world` |
+//! | `progress` | the once-a-second line on stderr | `op`, `world` |
+//! | `cluster` | finding a leader, health, fail-over timing | `args`, `etcd`, `op`, `target` |
+//! | `run` | the driver: connect, place the measured window, report | `args`, `cluster`, `conn`, `procfs`, `progress`, `report`, `scenario`, `socket`, `stats`, `target`, `tls`, `world` |
+//!
+//! `main` parses the flags and calls `run` (or `cluster` for `healthy` and `failover`).
 
 mod args;
 mod cluster;
