@@ -1,7 +1,7 @@
 //! The `tenure` crate's import rules: which module may use which, written down in
 //! [`ALLOWED`] (as etcd keeps `server/.import-restrictions`) and kept by reading the
-//! `crate::` paths of every module under `client/src` (the `tenure` command line in
-//! `src/bin/` is a crate of its own and is left out). The test fails on an import the table
+//! `crate::` paths of every module under `client/src`; the `tenure` command line in
+//! `src/bin/tenure/` is a crate of its own, with its own table ([`CLI_ALLOWED`]). The test fails on an import the table
 //! does not allow, on an allowed import nobody uses (so the table stays the truth), on a
 //! module missing from the table, on a cycle, and when `lib.rs`'s `# Layout` table says
 //! otherwise.
@@ -40,6 +40,23 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// Modules compiled only for tests: they may import anything and nothing may import them.
 const TEST_ONLY: &[&str] = &["fake"];
 
+/// The same for the `tenure` command line (`src/bin/tenure/`, a crate of its own whose
+/// `main.rs` dispatches to the others and is imported by none).
+const CLI_ALLOWED: &[(&str, &[&str])] = &[
+    ("exit", &[]),
+    ("output", &["exit"]),
+    ("cluster", &["exit", "output"]),
+    ("cli", &["cluster"]),
+    ("legacy", &["cli"]),
+    ("requests", &["exit", "output"]),
+    ("run", &["cli", "exit", "output", "requests"]),
+    ("elect", &["cli", "exit", "output", "run"]),
+    (
+        "console",
+        &["cluster", "exit", "legacy", "output", "requests"],
+    ),
+];
+
 #[test]
 fn every_module_imports_only_what_the_layout_allows() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -49,6 +66,19 @@ fn every_module_imports_only_what_the_layout_allows() {
     assert!(
         problems.is_empty(),
         "the import rules of client/src are broken:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn every_module_of_the_command_line_imports_only_what_its_layout_allows() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/tenure");
+    let found = imports::read_crate(&src, &[]);
+    let main = std::fs::read_to_string(src.join("main.rs")).expect("read main.rs");
+    let problems = imports::check(CLI_ALLOWED, &[], &found, &main);
+    assert!(
+        problems.is_empty(),
+        "the import rules of client/src/bin/tenure are broken:\n  {}",
         problems.join("\n  ")
     );
 }

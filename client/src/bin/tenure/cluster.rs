@@ -8,8 +8,8 @@ use tenure::cluster::{Member, Status};
 use tenure::Client;
 use tenure_protocol::Request;
 
+use crate::exit::EXIT_OK;
 use crate::output::{stdout_line, Line, Out};
-use crate::EXIT_OK;
 
 /// One `tenure cluster` subcommand.
 #[derive(Subcommand, Debug)]
