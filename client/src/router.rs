@@ -216,6 +216,7 @@ impl Router {
         }
     }
 
+    /// The current connection, unless it has closed.
     fn live(&self) -> Option<Arc<Conn>> {
         let current = self.inner.current.lock().expect("client mutex poisoned");
         current.as_ref().filter(|conn| !conn.is_closed()).cloned()
@@ -223,7 +224,6 @@ impl Router {
 
     /// The live connection, opening a new one if needed (after the backoff delay, if the last
     /// attempt failed).
-
     pub(crate) async fn connection(&self) -> Result<Arc<Conn>> {
         if let Some(conn) = self.live() {
             return Ok(conn);
@@ -280,6 +280,7 @@ impl Router {
         }
     }
 
+    /// How many endpoints there are: a whole round of failed attempts is that many.
     fn endpoint_count(&self) -> u32 {
         u32::try_from(self.inner.endpoints.len()).unwrap_or(u32::MAX)
     }
