@@ -29,8 +29,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::WatchEvent;
 use crate::error::{Error, Result};
+use crate::outcome::WatchEvent;
 use crate::tls::TlsOptions;
 
 /// Most frames the writer encodes into one buffer before writing it.
@@ -201,53 +201,76 @@ impl Shared {
                 events,
                 overflow,
             }) => {
-                if matches!(response, Ok(Response::Watching { .. })) {
-                    let entry = Entry::Watch {
-                        key,
-                        started: None,
-                        events,
-                        overflow,
-                    };
-                    pending.entries.insert(id, entry);
-                } else {
-                    pending.unindex_watch(id, &key);
-                }
+                pending.watch_answered(id, key, events, overflow, &response);
                 let _ = tx.send(response);
                 None
             }
             Some(entry @ Entry::Watch { .. }) => {
-                // An answer to a running watch can only be the server ending it (WATCH_LIMIT:
-                // its event queue for this connection overflowed). It comes after every event
-                // of that watch, and ends the server's one watch of the key, which every local
-                // watch of the key shares, this one included.
-                let Entry::Watch { key, .. } = &entry else {
-                    unreachable!("matched a watch")
-                };
-                let key = key.clone();
-                pending.entries.insert(id, entry);
-                let error = match response {
-                    Ok(Response::Error { code, message }) => Error::Server { code, message },
-                    Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
-                    Err(e) => e,
-                };
-                pending.end_watches(&key, &error);
+                pending.watch_ended_by_server(id, entry, response);
                 None
             }
-            None => match response {
-                Ok(Response::Error { code, message }) if pending.retired.contains_key(&id) => {
-                    let key = pending.retired.remove(&id).expect("checked");
-                    pending.end_watches(&key, &Error::Server { code, message });
-                    None
-                }
-                Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
-                // A late reply to a request that gave up.
-                _ => None,
-            },
+            None => pending.unclaimed(id, response),
         }
     }
 }
 
 impl Pending {
+    /// The reply to a WATCH: WATCHING starts it (its entry goes back, now for events); any
+    /// other answer refuses it, and its id leaves the key's index.
+    fn watch_answered(
+        &mut self,
+        id: u64,
+        key: Bytes,
+        events: mpsc::Sender<Result<WatchEvent>>,
+        overflow: Arc<AtomicBool>,
+        response: &Result<Response>,
+    ) {
+        if matches!(response, Ok(Response::Watching { .. })) {
+            let entry = Entry::Watch {
+                key,
+                started: None,
+                events,
+                overflow,
+            };
+            self.entries.insert(id, entry);
+        } else {
+            self.unindex_watch(id, &key);
+        }
+    }
+
+    /// An answer to a running watch can only be the server ending it (WATCH_LIMIT: its event
+    /// queue for this connection overflowed). It comes after every event of that watch, and
+    /// ends the server's one watch of the key, which every local watch of the key shares,
+    /// this one included.
+    fn watch_ended_by_server(&mut self, id: u64, entry: Entry, response: Result<Response>) {
+        let Entry::Watch { key, .. } = &entry else {
+            unreachable!("called for a watch")
+        };
+        let key = key.clone();
+        self.entries.insert(id, entry);
+        let error = match response {
+            Ok(Response::Error { code, message }) => Error::Server { code, message },
+            Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
+            Err(e) => e,
+        };
+        self.end_watches(&key, &error);
+    }
+
+    /// A frame for an id nobody waits for: the end of a watch named by a dropped watch's id
+    /// (it reaches the others of its key), an ERROR closing the connection (its message is
+    /// returned), or a late reply to a request that gave up (ignored).
+    fn unclaimed(&mut self, id: u64, response: Result<Response>) -> Option<String> {
+        match response {
+            Ok(Response::Error { code, message }) if self.retired.contains_key(&id) => {
+                let key = self.retired.remove(&id).expect("checked");
+                self.end_watches(&key, &Error::Server { code, message });
+                None
+            }
+            Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
+            _ => None,
+        }
+    }
+
     fn unindex_watch(&mut self, id: u64, key: &[u8]) {
         if let Some(ids) = self.watchers.get_mut(key) {
             ids.retain(|&other| other != id);
