@@ -724,6 +724,42 @@ mod tests {
         stream.write_all(&out).await.unwrap();
     }
 
+    /// A server that closes a connection right after its handshake says why in an ERROR of
+    /// request id 0, often in the same segment as the handshake's answer (mutual TLS over an
+    /// identity's connections-max). The bytes read past the answer used to be dropped, and
+    /// the frame after them was read from its middle: "frame of 1635269152 bytes".
+    #[tokio::test]
+    async fn an_error_sent_right_behind_the_handshake_is_read_whole() {
+        use tenure_protocol::handshake::ServerLimits;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = async {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
+            stream.read_exact(&mut hello).await.unwrap();
+            let mut out = bytes::BytesMut::new();
+            let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
+            HelloAck {
+                version: VERSION,
+                limits,
+            }
+            .encode(&mut out);
+            let refusal = Response::Error {
+                code: ErrorCode::ConnectionsLimit,
+                message: "connections-max: identity `orders` has 3 connections already".into(),
+            };
+            tenure_protocol::frame::encode_response(0, &refusal, &mut out);
+            stream.write_all(&out).await.unwrap();
+            // Then closes, as the server does.
+        };
+        let ((), connected) = tokio::join!(server, Client::connect(&*addr));
+        let client = connected.expect("the handshake itself succeeded");
+        let answer = client.ping().await;
+        let text = format!("{answer:?}");
+        assert!(text.contains("connections-max"), "{text}");
+        assert!(!text.contains("bytes is over the limit"), "{text}");
+    }
+
     #[tokio::test]
     async fn a_refused_handshake_is_the_servers_error() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -351,15 +351,16 @@ impl Pending {
 }
 
 /// Sends the hello and reads the answer; the requests in flight allowed are the lower of the
-/// server's cap and `in_flight_max`.
+/// server's cap and `in_flight_max`. Also returns what was read past the answer: frames the
+/// server sent right behind it (an ERROR with request id 0 that closes the connection, say).
 async fn handshake(
     stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     in_flight_max: u32,
-) -> Result<(HelloAck, usize)> {
+) -> Result<(HelloAck, usize, BytesMut)> {
     let mut hello = BytesMut::new();
     Hello { version: VERSION }.encode(&mut hello);
     stream.write_all(&hello).await?;
-    let ack = read_ack(stream).await?;
+    let (ack, rest) = read_ack(stream).await?;
     if ack.version != VERSION {
         return Err(Error::VersionMismatch {
             server: ack.version,
@@ -373,16 +374,17 @@ async fn handshake(
         ));
     }
     let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
-    Ok((ack, in_flight))
+    Ok((ack, in_flight, rest))
 }
 
-/// Reads the server's answer to the hello; its length is in its header. A refusal becomes
-/// [`Error::VersionMismatch`] when the server speaks another version, else [`Error::Server`].
-async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<HelloAck> {
+/// Reads the server's answer to the hello (its length is in its header) and returns it with
+/// the bytes read past it. A refusal becomes [`Error::VersionMismatch`] when the server
+/// speaks another version, else [`Error::Server`].
+async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<(HelloAck, BytesMut)> {
     let mut input = BytesMut::with_capacity(64);
     loop {
         match HelloAck::decode(&mut input) {
-            Ok(Some(ack)) => return Ok(ack),
+            Ok(Some(ack)) => return Ok((ack, input)),
             Ok(None) => {}
             Err(ProtocolError::HandshakeRefused { version, .. }) if version != VERSION => {
                 return Err(Error::VersionMismatch {
@@ -419,15 +421,15 @@ impl Conn {
         // stream behind a lock, so it is used only where it is needed.
         match tls {
             None => {
-                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (ack, in_flight, rest) = handshake(&mut stream, in_flight_max).await?;
                 let (read, write) = stream.into_split();
-                Ok(Self::spawn(read, write, ack, in_flight))
+                Ok(Self::spawn(read, write, ack, in_flight, rest))
             }
             Some(tls) => {
                 let mut stream = tls.connect(addr, stream).await?;
-                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (ack, in_flight, rest) = handshake(&mut stream, in_flight_max).await?;
                 let (read, write) = tokio::io::split(stream);
-                Ok(Self::spawn(read, write, ack, in_flight))
+                Ok(Self::spawn(read, write, ack, in_flight, rest))
             }
         }
     }
@@ -438,10 +440,11 @@ impl Conn {
         write: impl AsyncWrite + Unpin + Send + 'static,
         ack: HelloAck,
         in_flight: usize,
+        rest: BytesMut,
     ) -> Arc<Conn> {
         let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_loop(read, Arc::clone(&shared)));
+        tokio::spawn(read_loop(read, rest, Arc::clone(&shared)));
         tokio::spawn(write_loop(write, rx, Arc::clone(&shared)));
         Arc::new(Conn {
             tx,
@@ -526,8 +529,10 @@ impl Drop for Conn {
     }
 }
 
-async fn read_loop(read: impl AsyncRead + Unpin + Send, shared: Arc<Shared>) {
+/// Reads frames until the connection ends; `rest` is what the handshake read past its answer.
+async fn read_loop(read: impl AsyncRead + Unpin + Send, rest: BytesMut, shared: Arc<Shared>) {
     let mut frames = FramedRead::new(read, ClientCodec);
+    frames.read_buffer_mut().extend_from_slice(&rest);
     let mut notice = None;
     let reason = loop {
         let item = tokio::select! {
