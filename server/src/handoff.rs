@@ -11,9 +11,9 @@ use tokio::sync::oneshot;
 
 use crate::executor::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
+use crate::record::FreeReason;
 use crate::stats::Stats;
 use crate::table::{self, Event, Handoff, LockTable};
-use crate::wal::FreeReason;
 
 /// What a waiter is eventually told.
 #[derive(Debug)]

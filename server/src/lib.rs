@@ -49,6 +49,7 @@ pub mod log_limit;
 pub mod memory;
 pub mod metrics;
 pub mod per_core;
+pub mod record;
 pub mod server;
 pub mod stats;
 pub mod table;

@@ -47,7 +47,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::journal::Journal;
-use crate::wal::recovery::LeaseReplay;
+use crate::record::LeaseReplay;
 
 /// Pause before a leader tries a failed takeover again.
 const TAKEOVER_RETRY: Duration = Duration::from_millis(200);

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::executor::Executor;
 use crate::identity::Usage;
-use crate::wal::FreeReason;
+use crate::record::FreeReason;
 use crate::watch::{WatchEvent, WatchSink};
 
 /// Per-connection facts the executor needs, and what the connection must undo on close.

@@ -10,9 +10,9 @@ use super::{clamp_ms, Executor, Outcome};
 use crate::conn::ConnCtx;
 use crate::handoff::WaitSlot;
 use crate::journal::{Change, Lease, Undo, TICKET_NOW};
+use crate::record::FreeReason;
 use crate::stats::Stats;
 use crate::table::{self, Acquire, AcquireArgs, LockTable};
-use crate::wal::FreeReason;
 
 impl Executor {
     pub(super) fn acquire(

@@ -27,10 +27,10 @@ use crate::config::Config;
 use crate::conn::ConnCtx;
 use crate::handoff::{WaitResult, WaitSlot};
 use crate::journal::{Change, Journal, Lease, Ticket, Undo, TICKET_NOW};
+use crate::record::RecoveredLease;
 use crate::stats::Stats;
 use crate::table::{self, LockTable, Quotas, TableLimits};
 use crate::tokens::Tokens;
-use crate::wal::RecoveredLease;
 use crate::watch::Watches;
 
 /// What the connection does with a request after the executor ran it.

@@ -9,9 +9,9 @@ use tenure_protocol::{ErrorCode, LeaseId, Response};
 use super::{clamp_ms, error, Executor, Outcome};
 use crate::conn::ConnCtx;
 use crate::journal::{Undo, TICKET_NOW};
+use crate::record::FreeReason;
 use crate::stats::Stats;
 use crate::table;
-use crate::wal::FreeReason;
 
 impl Executor {
     pub(super) fn release(

@@ -9,8 +9,8 @@ use tenure_protocol::{ErrorCode, EventKind, LeaseId, Response};
 use super::{Progress, Ticket};
 use crate::conn::ConnCtx;
 use crate::executor::Executor;
+use crate::record::FreeReason;
 use crate::table;
-use crate::wal::FreeReason;
 
 /// How to take back a change whose record never became durable.
 #[derive(Debug)]
