@@ -10,7 +10,7 @@
 //! - [`per_core`]: the per-core runtime model ([`run_per_core`]): a thread, a current-thread
 //!   runtime and an `SO_REUSEPORT` listener per core.
 //! - [`error`]: [`ServerError`], why `run` could not start or stop cleanly.
-//! - [`conn`]: one connection, binary or console, its reply queue and its [`conn::ConnCtx`].
+//! - [`conn`]: one connection, binary or console, its reply queue and its [`conn::Session`].
 //! - [`console`]: the text console's grammar, line in and line out.
 //! - [`executor`]: request in, table call, outcome out; the one executor both surfaces call.
 //!   `executor::sim` (tests only): a seeded simulation of executor, journal and restarts.
@@ -41,7 +41,6 @@ pub mod conn;
 pub mod console;
 pub mod error;
 pub mod executor;
-pub mod handoff;
 pub mod http;
 pub mod identity;
 pub mod journal;
@@ -54,9 +53,7 @@ pub mod server;
 pub mod stats;
 pub mod table;
 pub mod tls;
-pub mod tokens;
 pub mod wal;
-pub mod watch;
 pub mod wheel;
 
 pub use config::{Config, Durability};

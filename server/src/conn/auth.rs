@@ -8,12 +8,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Request, Response, Secret};
 
-use super::ctx::{Auth, Credential};
 use super::requests::Later;
 use super::Conn;
 use crate::admission::Evicted;
 use crate::console;
 use crate::executor::Outcome;
+use crate::executor::{Auth, Credential};
 use crate::identity::{
     try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
 };
@@ -351,7 +351,7 @@ impl Conn {
         let outcome = self.execute(id, request, received_ms);
         // Unless a grant kept it or a waiter holds it, the held place is given back here.
         self.ctx.held_place = None;
-        // The waiter place stays taken while the acquire waits; `ConnCtx` gives it back.
+        // The waiter place stays taken while the acquire waits; `Session` gives it back.
         if waits && !matches!(outcome, Outcome::Wait { .. }) {
             usage.give_back_waiter();
         }

@@ -26,18 +26,17 @@
 //! - `surface`: binary frames and console lines, in and out.
 //! - `requests`: running requests, and the answers that come later (waiters, token retries).
 //! - `reply`: the reply queue, held until the journal is durable, and watch events.
-//! - `ctx`: [`ConnCtx`], what the connection must take back when it closes.
+//! - `ctx`: [`Session`], what the connection must take back when it closes.
 //! - `auth`: AUTH, and each request checked against the connection's identity.
 //! - `transport`: plain TCP or TLS underneath.
 
 mod auth;
-mod ctx;
 mod reply;
 mod requests;
 mod surface;
 mod transport;
 
-pub use ctx::{Auth, ConnCtx, Credential};
+pub use crate::executor::{Auth, Credential, Session};
 pub use transport::Transport;
 
 use std::collections::VecDeque;
@@ -56,10 +55,10 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{Evicted, PendingPlace};
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
+use crate::executor::WatchEvent;
 use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
 use crate::metrics::{self, Timing};
-use crate::watch::WatchEvent;
 use reply::PendingReply;
 use requests::Later;
 use surface::{Fatal, Surface};
@@ -122,7 +121,7 @@ pub async fn serve(
             return;
         }
     };
-    let mut ctx = ConnCtx::with_peer(conn_id, peer);
+    let mut ctx = Session::with_peer(conn_id, peer);
     let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
     let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
     ctx.auth = auth;
@@ -294,7 +293,7 @@ struct Conn {
     /// Entries of `queue` that answer no request (events, and the errors ending watches):
     /// they do not count against the in-flight maximum.
     events_queued: usize,
-    ctx: ConnCtx,
+    ctx: Session,
     closing: bool,
     /// Closing because the peer broke the framing; its unread input is still arriving.
     fatal: bool,

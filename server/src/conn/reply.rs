@@ -8,9 +8,10 @@ use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Response};
 
 use super::Conn;
-use crate::journal::{self, Progress, Settled, Ticket, Undo, TICKET_NOW};
+use crate::executor::Undo;
+use crate::executor::WatchEvent;
+use crate::journal::{self, Progress, Settled, Ticket, TICKET_NOW};
 use crate::metrics::Timing;
-use crate::watch::WatchEvent;
 
 /// A reply waiting for the journal to be durable up to `ticket`.
 pub(super) struct PendingReply {
@@ -175,7 +176,7 @@ impl Conn {
                 // The journal cut the record off; take the change back here too, so that
                 // "nothing changed" holds now as well as after a restart.
                 Settled::Lost(why) => {
-                    journal::answer_lost(&self.executor, &mut self.ctx, undo, &why)
+                    crate::executor::answer_lost(&self.executor, &mut self.ctx, undo, &why)
                 }
                 Settled::Durable | Settled::Waiting => response,
             };

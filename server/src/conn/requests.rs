@@ -12,8 +12,9 @@ use super::surface::{Fatal, Input, Surface};
 use super::Conn;
 use crate::console;
 use crate::executor::Outcome;
-use crate::handoff::WaitResult;
-use crate::journal::{Undo, TICKET_NOW};
+use crate::executor::Undo;
+use crate::executor::WaitResult;
+use crate::journal::TICKET_NOW;
 use crate::metrics::Timing;
 
 /// Something a connection waits for besides its socket: a queued acquire's answer, or a

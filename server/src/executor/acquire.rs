@@ -6,10 +6,11 @@ use std::sync::Arc;
 use tenure_protocol::{EventKind, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
+use super::Session;
+use super::Undo;
 use super::{clamp_ms, Executor, Outcome};
-use crate::conn::ConnCtx;
-use crate::handoff::WaitSlot;
-use crate::journal::{Change, Lease, Undo, TICKET_NOW};
+use crate::executor::WaitSlot;
+use crate::journal::{Change, Lease, TICKET_NOW};
 use crate::record::FreeReason;
 use crate::stats::Stats;
 use crate::table::{self, Acquire, AcquireArgs, LockTable};
@@ -17,7 +18,7 @@ use crate::table::{self, Acquire, AcquireArgs, LockTable};
 impl Executor {
     pub(super) fn acquire(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         now_ms: u64,
         received_ms: u64,
         request: Request,
@@ -89,7 +90,7 @@ impl Executor {
     /// or takes it back if it cannot be logged.
     fn granted(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         shard: &mut LockTable<WaitSlot>,
         now_ms: u64,
         request: &Request,

@@ -6,15 +6,20 @@
 //! lock (so the journal orders changes to a key exactly as the table made them), and leaves.
 //! The reply then waits, on the connection, until the journal is durable past the change's
 //! ticket: what "durable" means, and what is logged at all, is the journal's business.
-//! Hand-offs to waiters are in [`crate::handoff`], token reservations in [`crate::tokens`],
-//! watch registration in [`crate::watch`], undo in [`crate::journal`]. Here: the dispatch;
+//! Hand-offs to waiters are in [`handoff`], token reservations in [`tokens`],
+//! watch registration in [`watch`], undo in [`crate::journal`]. Here: the dispatch;
 //! `acquire`, `release` and `refuse` (the error replies) hold the longer requests.
 
 mod acquire;
+mod handoff;
 mod refuse;
 mod release;
+mod session;
 #[cfg(test)]
 mod sim;
+mod tokens;
+mod undo;
+mod watch;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -24,14 +29,15 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::conn::ConnCtx;
-use crate::handoff::{WaitResult, WaitSlot};
-use crate::journal::{Change, Journal, Lease, Ticket, Undo, TICKET_NOW};
+use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
 use crate::record::RecoveredLease;
 use crate::stats::Stats;
 use crate::table::{self, LockTable, Quotas, TableLimits};
-use crate::tokens::Tokens;
-use crate::watch::Watches;
+pub use handoff::{WaitResult, WaitSlot};
+pub use session::{Auth, Credential, Session};
+pub use tokens::Tokens;
+pub use undo::{answer_lost, Undo};
+pub use watch::{WatchEvent, WatchSink, Watches};
 
 /// What the connection does with a request after the executor ran it.
 pub enum Outcome {
@@ -182,7 +188,7 @@ impl Executor {
     /// Runs one request. Never blocks on I/O: anything slow is handed back as an [`Outcome`].
     pub fn execute(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
     ) -> Outcome {
@@ -196,7 +202,7 @@ impl Executor {
     /// the client counts its lease from before it sent the request, not from this retry.
     pub fn execute_again(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
         received_ms: u64,
@@ -207,7 +213,7 @@ impl Executor {
 
     fn run(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
         received_ms: u64,

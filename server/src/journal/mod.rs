@@ -42,9 +42,9 @@
 
 #[cfg(test)]
 pub mod mem;
+mod settle;
 #[cfg(test)]
 mod tests;
-mod undo;
 mod wal;
 
 use std::sync::Arc;
@@ -52,7 +52,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
-pub use self::undo::{answer_lost, settle, Settled, Undo};
+pub use self::settle::{settle, Settled};
 pub use self::wal::WalJournal;
 pub use crate::config::Durability;
 pub use crate::record::{Change, Lease};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tenure_protocol::{ErrorCode, EventKind, LeaseId};
 use tokio::sync::oneshot;
 
-use crate::executor::{clamp_ms, Executor};
+use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
 use crate::record::FreeReason;
 use crate::stats::Stats;
