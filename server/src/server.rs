@@ -27,9 +27,9 @@ use crate::executor::Executor;
 use crate::http;
 use crate::identity::Identities;
 use crate::journal::{Journal, WalJournal};
-use crate::metrics::Scrape;
+use crate::obs::stats::Stats;
 use crate::per_core::{Cores, Serving};
-use crate::stats::Stats;
+use crate::scrape::Scrape;
 use crate::tls::{self, Tls};
 use crate::wal::{self, SyncMode, WalOptions};
 

@@ -217,7 +217,7 @@ pub struct ClusterNode {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     /// What `/metrics` and `/readyz` read (see [`super::observe`]).
-    scrape: crate::metrics::Scrape,
+    scrape: crate::scrape::Scrape,
 }
 
 /// What new client connections are given: the executor, and the token that ends them (the
@@ -313,7 +313,7 @@ impl ClusterNode {
         };
         let current = Arc::new(RwLock::new(follower.clone()));
         let died = CancellationToken::new();
-        let scrape = crate::metrics::Scrape::of_cluster(Arc::new(NodeScrape {
+        let scrape = crate::scrape::Scrape::of_cluster(Arc::new(NodeScrape {
             raft: raft.clone(),
             current: Arc::clone(&current),
             security,
@@ -371,7 +371,7 @@ impl ClusterNode {
 
     /// What `/metrics`, `/healthz` and `/readyz` serve for this node
     /// ([`crate::http::serve`]).
-    pub fn scrape(&self) -> crate::metrics::Scrape {
+    pub fn scrape(&self) -> crate::scrape::Scrape {
         self.scrape.clone()
     }
 
@@ -488,7 +488,7 @@ struct Life {
     current: Arc<RwLock<Serving>>,
     follower: Serving,
     /// Where each leader's journal times its commits.
-    commit: Arc<crate::metrics::Histogram>,
+    commit: Arc<crate::obs::metrics::Histogram>,
 }
 
 /// The executor of a term this node leads.

@@ -19,7 +19,7 @@ use openraft::{
 
 use super::log_store::{blocking, write_atomically};
 use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
-use crate::metrics::Histogram;
+use crate::obs::metrics::Histogram;
 use crate::record::LeaseReplay;
 use crate::record::{self, Record};
 

@@ -18,7 +18,7 @@ use crate::identity::{
     try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
 };
 use crate::journal::TICKET_NOW;
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
 
 /// Failed AUTHs after which the connection is closed.
 pub(super) const AUTH_FAILURES_MAX: u32 = 5;

@@ -58,7 +58,7 @@ use crate::executor::Executor;
 use crate::executor::WatchEvent;
 use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
-use crate::metrics::{self, Timing};
+use crate::obs::metrics::{self, Timing};
 use reply::PendingReply;
 use requests::Later;
 use surface::{Fatal, Surface};
@@ -330,7 +330,7 @@ impl Conn {
             if let Err(Fatal(last)) = self.handle_input() {
                 if last.is_some() {
                     // A broken frame or over-long line is malformed input, as in STATS `errors`.
-                    crate::stats::Stats::bump(&self.executor.stats.errors);
+                    crate::obs::stats::Stats::bump(&self.executor.stats.errors);
                 }
                 self.fatal_error = last;
                 self.closing = true;

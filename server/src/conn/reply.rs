@@ -11,7 +11,7 @@ use super::Conn;
 use crate::executor::Undo;
 use crate::executor::WatchEvent;
 use crate::journal::{self, Progress, Settled, Ticket, TICKET_NOW};
-use crate::metrics::Timing;
+use crate::obs::metrics::Timing;
 
 /// A reply waiting for the journal to be durable up to `ticket`.
 pub(super) struct PendingReply {
@@ -147,7 +147,7 @@ impl Conn {
     pub(super) fn flush_ready(&mut self, progress: &Progress) {
         // One clock read and one tally for the replies flushed together (see `metrics`).
         let mut now = None;
-        let mut tally = crate::metrics::ReplyTally::default();
+        let mut tally = crate::obs::metrics::ReplyTally::default();
         while let Some(front) = self.queue.front() {
             let settled = journal::settle(front.ticket, progress);
             if let Settled::Waiting = settled {

@@ -15,7 +15,7 @@ use crate::executor::Outcome;
 use crate::executor::Undo;
 use crate::executor::WaitResult;
 use crate::journal::TICKET_NOW;
-use crate::metrics::Timing;
+use crate::obs::metrics::Timing;
 
 /// Something a connection waits for besides its socket: a queued acquire's answer, or a
 /// token reservation before an acquire can run again.
@@ -69,7 +69,7 @@ impl Conn {
                     self.on_request(id, request, None, at)
                 }
                 Input::Bad(id, e) => {
-                    crate::stats::Stats::bump(&self.executor.stats.errors);
+                    crate::obs::stats::Stats::bump(&self.executor.stats.errors);
                     let (code, message) = (e.code, e.message);
                     self.push(id, Response::Error { code, message }, TICKET_NOW);
                 }
@@ -98,7 +98,7 @@ impl Conn {
             let max = self.executor.config.in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
             let code = ErrorCode::TooManyInFlight;
-            crate::stats::Stats::bump(&self.executor.stats.errors);
+            crate::obs::stats::Stats::bump(&self.executor.stats.errors);
             self.push(id, Response::Error { code, message }, TICKET_NOW);
             return;
         }
@@ -246,7 +246,7 @@ impl Conn {
         self.executor.stats.count_op(&request);
         let Some(admin) = self.executor.cluster.clone() else {
             // Counted as the unknown opcode it is to a server older than cluster mode.
-            crate::stats::Stats::bump(&self.executor.stats.errors);
+            crate::obs::stats::Stats::bump(&self.executor.stats.errors);
             let (code, message) = (ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER.into());
             return self.push(id, Response::Error { code, message }, TICKET_NOW);
         };

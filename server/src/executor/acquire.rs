@@ -11,8 +11,8 @@ use super::Undo;
 use super::{clamp_ms, Executor, Outcome};
 use crate::executor::WaitSlot;
 use crate::journal::{Change, Lease, TICKET_NOW};
+use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::stats::Stats;
 use crate::table::{self, Acquire, AcquireArgs, LockTable};
 
 impl Executor {

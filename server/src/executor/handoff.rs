@@ -11,8 +11,8 @@ use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
+use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::stats::Stats;
 use crate::table::{self, Event, Handoff, LockTable};
 
 /// What a waiter is eventually told.

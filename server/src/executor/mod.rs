@@ -17,6 +17,7 @@ mod release;
 mod session;
 #[cfg(test)]
 mod sim;
+mod stats_reply;
 mod tokens;
 mod undo;
 mod watch;
@@ -30,11 +31,12 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
+use crate::obs::stats::Stats;
 use crate::record::RecoveredLease;
-use crate::stats::Stats;
 use crate::table::{self, LockTable, Quotas, TableLimits};
 pub use handoff::{WaitResult, WaitSlot};
 pub use session::{Auth, Credential, Session};
+pub use stats_reply::stats_pairs;
 pub use tokens::Tokens;
 pub use undo::{answer_lost, Undo};
 pub use watch::{WatchEvent, WatchSink, Watches};
@@ -266,7 +268,7 @@ impl Executor {
             },
             Request::Stats => match self.refuse_if_not_leader() {
                 Some(refusal) => refusal,
-                None => Response::Stats(crate::stats::stats_pairs(self)),
+                None => Response::Stats(stats_pairs(self)),
             },
             Request::Watch { key } => match self.refuse_if_not_leader() {
                 Some(refusal) => refusal,

@@ -10,8 +10,8 @@ use super::Session;
 use super::Undo;
 use super::{clamp_ms, error, Executor, Outcome};
 use crate::journal::TICKET_NOW;
+use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::stats::Stats;
 use crate::table;
 
 impl Executor {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use super::Session;
 use super::{error, holder, Executor};
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
 use tenure_protocol::{ErrorCode, Response};
 
 /// One change pushed to a watching connection.

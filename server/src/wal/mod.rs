@@ -218,7 +218,7 @@ pub struct WalOptions {
     /// in the module docs. 0 trusts the log's tail.
     pub token_floor_margin: u64,
     /// Where the syncer records fsync latency and batch sizes, for `/metrics`.
-    pub metrics: std::sync::Arc<crate::metrics::WalMetrics>,
+    pub metrics: std::sync::Arc<crate::obs::metrics::WalMetrics>,
 }
 
 impl Default for WalOptions {

@@ -482,7 +482,7 @@ impl Wal {
     }
 
     /// The syncer's fsync latency and batch-size histograms.
-    pub fn metrics(&self) -> &crate::metrics::WalMetrics {
+    pub fn metrics(&self) -> &crate::obs::metrics::WalMetrics {
         &self.shared.options.metrics
     }
 
