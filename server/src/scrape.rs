@@ -23,13 +23,13 @@ pub fn not_ready(shared: Option<&Arc<Executor>>) -> Option<String> {
     let Some(shared) = shared else {
         return Some("not ready: recovering from the WAL".into());
     };
-    if let Some(why) = shared.journal.progress().borrow().failed.clone() {
+    if let Some(why) = shared.journal().progress().borrow().failed.clone() {
         return Some(format!("not ready: the WAL failed: {why}"));
     }
     let left_ms = shared
-        .stats
+        .stats()
         .metrics
-        .recovering_ms_left(shared.clock.now_ms());
+        .recovering_ms_left(shared.clock().now_ms());
     if left_ms > 0 {
         return Some(format!(
             "not ready: restarted in token-only durability, no grants for {left_ms} ms more"
@@ -125,9 +125,9 @@ impl Collector for Scrape {
             help,
             f64::from(u8::from(ready)),
         )?;
-        encode_requests(&mut encoder, &shared.stats.metrics)?;
+        encode_requests(&mut encoder, &shared.stats().metrics)?;
         encode_table(&mut encoder, &shared)?;
-        encode_connections(&mut encoder, &shared.stats)?;
+        encode_connections(&mut encoder, &shared.stats())?;
         encode_wal(&mut encoder, &shared)?;
         match self.cluster.get() {
             Some(cluster) => cluster.encode(&mut encoder),
@@ -171,7 +171,7 @@ fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
 
 /// Held locks, waiters, grants, hand-offs, expirations, tokens, recovery.
 fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult {
-    let s = &shared.stats;
+    let s = &shared.stats();
     let pairs = crate::executor::stats_pairs(shared);
     let pair = |name: &str| pairs.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     gauge(
@@ -192,7 +192,7 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         "Keys watched now",
         pair("watches") as f64,
     )?;
-    if let Some(identities) = &shared.identities {
+    if let Some(identities) = &shared.identities() {
         encode_identities(encoder, identities)?;
     }
     counter(
@@ -235,7 +235,7 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
     let recovery = m.recovery_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
     let help = "Seconds the last start spent replaying the WAL";
     gauge(encoder, "tenure_recovery_duration_seconds", help, recovery)?;
-    let left = m.recovering_ms_left(shared.clock.now_ms()) as f64 / 1000.0;
+    let left = m.recovering_ms_left(shared.clock().now_ms()) as f64 / 1000.0;
     let help = "Seconds left in which a token-only restart still refuses grants";
     gauge(encoder, "tenure_recovering_seconds_left", help, left)?;
     let help = "Bytes the lock table holds in memory";
@@ -250,7 +250,7 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         encoder,
         "tenure_uptime_seconds",
         help,
-        shared.clock.now_ms() as f64 / 1000.0,
+        shared.clock().now_ms() as f64 / 1000.0,
     )
 }
 
@@ -320,8 +320,8 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
 /// WAL health, fsync latency and batch size, bytes, segments, snapshots.
 fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult {
     // A cluster follower's journal refuses everything by design: "failed", but no WAL did.
-    let failed = executor.journal.progress().borrow().failed.is_some()
-        && executor.journal.not_leader().is_none();
+    let failed = executor.journal().progress().borrow().failed.is_some()
+        && executor.journal().not_leader().is_none();
     let help = "1 once a WAL write or fsync failed (changes are refused until a restart)";
     gauge(
         encoder,
@@ -329,7 +329,7 @@ fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult
         help,
         f64::from(u8::from(failed)),
     )?;
-    let journal = executor.journal.stats();
+    let journal = executor.journal().stats();
     counter(
         encoder,
         "tenure_wal_records",
@@ -344,7 +344,7 @@ fn encode_wal(encoder: &mut DescriptorEncoder, executor: &Executor) -> FmtResult
         "WAL fdatasync calls",
         journal.fsyncs,
     )?;
-    let Some(wal) = executor.journal.wal() else {
+    let Some(wal) = executor.journal().wal() else {
         return Ok(()); // a journal that is not a local WAL has no fsyncs or segments
     };
     let (stats, m) = (wal.stats(), wal.metrics());

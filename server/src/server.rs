@@ -23,7 +23,7 @@ use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::conn;
 use crate::error::ServerError;
-use crate::executor::Executor;
+use crate::executor::{Executor, ExecutorParts};
 use crate::http;
 use crate::identity::Identities;
 use crate::journal::{Journal, WalJournal};
@@ -194,11 +194,10 @@ async fn serve(
     let addr = listeners.local_addr()?;
     let identities = load_identities(&config, addr)?;
     let tls = load_tls(&config)?;
-    let mut executor = recover(config, storage, dir_lock).await?;
-    executor.identities = identities;
+    let executor = recover(config, storage, dir_lock, identities).await?;
     let shared = Arc::new(executor);
     shared
-        .tokens
+        .tokens()
         .reserve()
         .await
         .map_err(ServerError::FirstReservation)?;
@@ -215,7 +214,7 @@ async fn serve(
     let (runtime, listeners_count) = listeners.model();
     let accepting = Accepting::start(listeners, &serving).await?;
     // `addr` as before (`Some(..)`): log readers may match it.
-    let (addr, durability) = (Some(addr), shared.config.durability);
+    let (addr, durability) = (Some(addr), shared.config().durability);
     tracing::info!(
         ?addr,
         ?durability,
@@ -225,11 +224,15 @@ async fn serve(
     );
     let snapshots = TaskTracker::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
-    spawn_reloader(shared.identities.clone(), serving.tls.clone(), stop.clone())?;
+    spawn_reloader(
+        shared.identities().clone(),
+        serving.tls.clone(),
+        stop.clone(),
+    )?;
     let cores = accepting.until(&serving, shutdown).await;
     stop.cancel();
     tracker.close();
-    if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
+    if tokio::time::timeout(shared.config().shutdown_grace, tracker.wait())
         .await
         .is_err()
     {
@@ -245,7 +248,7 @@ async fn serve(
     snapshots.close();
     snapshots.wait().await;
     shared
-        .journal
+        .journal()
         .sync_and_stop()
         .map_err(ServerError::FinalSync)?;
     tracing::info!("stopped");
@@ -392,6 +395,7 @@ async fn recover(
     config: Config,
     storage: Arc<dyn wal::Storage>,
     dir_lock: Option<std::fs::File>,
+    identities: Option<Arc<Identities>>,
 ) -> Result<Executor, ServerError> {
     let options = WalOptions {
         sync_mode: if config.fsync {
@@ -426,15 +430,13 @@ async fn recover(
         };
         let leases = recovered.leases.len();
         let journal: Arc<dyn Journal> = Arc::new(WalJournal::new(wal, config.durability, dir_lock));
-        let shared = Executor::new(
-            config,
-            clock,
-            journal,
-            recovered.token_floor,
-            refused_until_ms,
-        );
+        let shared = Executor::new(ExecutorParts {
+            grants_refused_until_ms: refused_until_ms,
+            identities,
+            ..ExecutorParts::new(config, clock, journal, recovered.token_floor)
+        });
         shared
-            .stats
+            .stats()
             .metrics
             .recovered(started.elapsed(), refused_until_ms);
         shared.restore(now_ms, recovered.leases);
@@ -493,7 +495,7 @@ pub(crate) async fn accept_loop(
     serving: impl Fn() -> (Arc<Executor>, CancellationToken),
 ) {
     // Every executor of a process shares its configuration.
-    let accept = AcceptShared::new(&serving().0.config);
+    let accept = AcceptShared::new(&serving().0.config());
     accept_loop_shared(listener, tls, tracker, serving, &accept).await;
 }
 
@@ -550,32 +552,32 @@ pub(crate) async fn accept_loop_shared(
         let conn_id = accept.conn_id_last.fetch_add(1, Ordering::Relaxed) + 1;
         let (shared, stop) = serving();
         let Ok(permit) = Arc::clone(&accept.permits).try_acquire_owned() else {
-            Stats::bump(&shared.stats.connections_refused);
+            Stats::bump(&shared.stats().connections_refused);
             // A plain-text refusal would read as a broken handshake to a TLS client, and a
             // TLS handshake is work the server is out of room for: a TLS port just closes.
             if tls.is_none() {
-                tracker.spawn(refuse(stream, shared.config.connections_max));
+                tracker.spawn(refuse(stream, shared.config().connections_max));
             }
             continue;
         };
-        Stats::bump(&shared.stats.connections_total);
+        Stats::bump(&shared.stats().connections_total);
         // From here on a silent socket has the handshake limit in all, TLS, opening and AUTH
         // together, and an unauthenticated one holds a bounded place (see `admission`).
         let opening = conn::Opening {
-            deadline: tokio::time::Instant::now() + shared.config.handshake_timeout,
+            deadline: tokio::time::Instant::now() + shared.config().handshake_timeout,
             pending: accept
                 .admission
                 .as_ref()
                 .map(|a| a.admit(conn_id, peer.ip())),
         };
-        if let Err(e) = set_keepalive(&stream, &shared.config) {
+        if let Err(e) = set_keepalive(&stream, &shared.config()) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
         }
         // Small replies must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let tls = tls.clone();
         tracker.spawn(async move {
-            Stats::bump(&shared.stats.connections);
+            Stats::bump(&shared.stats().connections);
             let accepted = Accepted {
                 stream,
                 peer,
@@ -584,7 +586,7 @@ pub(crate) async fn accept_loop_shared(
             };
             serve_accepted(Arc::clone(&shared), tls, accepted, stop).await;
             shared
-                .stats
+                .stats()
                 .connections
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             drop(permit);
@@ -616,7 +618,7 @@ async fn serve_accepted(
     let Some(tls) = tls else {
         return conn::serve(executor, stream, peer, None, conn_id, stop, opening).await;
     };
-    let limit = executor.config.handshake_timeout;
+    let limit = executor.config().handshake_timeout;
     let handshake = tokio::select! {
         done = tls.accept(stream, limit) => Some(done),
         _ = stop.cancelled() => Some(None),
@@ -627,8 +629,8 @@ async fn serve_accepted(
         Some(Some(tls::Accepted { stream, peer_name })) => {
             conn::serve(executor, stream, peer, peer_name, conn_id, stop, opening).await
         }
-        Some(None) => executor.stats.metrics.tls_refused(),
-        None => executor.stats.metrics.evicted(),
+        Some(None) => executor.stats().metrics.tls_refused(),
+        None => executor.stats().metrics.evicted(),
     }
 }
 
@@ -663,26 +665,26 @@ async fn refuse(mut stream: TcpStream, connections_max: usize) {
 /// Expires leases and times out waiters, every `tick_interval`, bounded per shard per pass.
 /// Snapshots run on blocking threads tracked by `snapshots`.
 pub(crate) async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: TaskTracker) {
-    let mut interval = tokio::time::interval(shared.config.tick_interval);
+    let mut interval = tokio::time::interval(shared.config().tick_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let budget = shared.config.expirations_per_tick_max;
+    let budget = shared.config().expirations_per_tick_max;
     let mut events = Vec::new();
     let snapshotting = Arc::new(AtomicBool::new(false));
     while !stop.is_cancelled() {
         interval.tick().await;
-        let now_ms = shared.clock.now_ms();
+        let now_ms = shared.clock().now_ms();
         for shard in shared.shards() {
             let mut shard = shard.lock().expect("shard poisoned");
             // Whatever the budget leaves is picked up on the next tick.
-            shard.advance(now_ms, budget, &shared.tokens.allocator, &mut events);
+            shard.advance(now_ms, budget, &shared.tokens().allocator, &mut events);
             shared.apply_events(&mut shard, now_ms, &mut events);
         }
         // The copy takes a while at a million locks: run it on a blocking thread, one at a
         // time, so neither the ticker nor a runtime worker waits for it.
-        if shared.journal.snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {
+        if shared.journal().snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {
             let (shared, snapshotting) = (Arc::clone(&shared), Arc::clone(&snapshotting));
             snapshots.spawn_blocking(move || {
-                shared.journal.snapshot(&*shared);
+                shared.journal().snapshot(&*shared);
                 snapshotting.store(false, Ordering::Release);
             });
         }

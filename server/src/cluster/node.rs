@@ -45,7 +45,7 @@ use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::executor::Executor;
+use crate::executor::{Executor, ExecutorParts};
 use crate::journal::Journal;
 use crate::record::LeaseReplay;
 
@@ -294,16 +294,16 @@ impl ClusterNode {
         let security = Security::new(identities.clone(), client_tls.clone());
         let admin = Admin::new(raft.clone(), service.clone(), security.clone());
         let counters = Arc::new(Counters::default());
-        let mut follower = Executor::new(
-            config.clone(),
-            Clock::start(),
-            Arc::new(FollowerJournal::new(hint.clone())),
-            1,
-            0,
-        );
-        follower.cluster = Some(admin.clone());
-        follower.identities = identities.clone();
-        let follower = Arc::new(follower);
+        let follower = Arc::new(Executor::new(ExecutorParts {
+            identities: identities.clone(),
+            cluster: Some(Arc::new(admin.clone())),
+            ..ExecutorParts::new(
+                config.clone(),
+                Clock::start(),
+                Arc::new(FollowerJournal::new(hint.clone())),
+                1,
+            )
+        }));
         let stop = CancellationToken::new();
         crate::server::spawn_reloader(identities, client_tls.clone(), stop.clone())
             .map_err(refused)?;
@@ -419,7 +419,7 @@ impl ClusterNode {
     /// Whether this node leads and serves clients (its takeover is complete).
     pub fn serving(&self) -> bool {
         let serving = self.current.read().expect("poisoned");
-        serving.executor.journal.not_leader().is_none()
+        serving.executor.journal().not_leader().is_none()
     }
 
     /// Stops everything at once, as a crash would as far as the peers can tell: the
@@ -427,7 +427,7 @@ impl ClusterNode {
     pub async fn kill(self) {
         self.stop.cancel();
         let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
-        let _ = executor.journal.sync_and_stop();
+        let _ = executor.journal().sync_and_stop();
         for task in &self.tasks {
             task.abort();
         }
@@ -586,7 +586,7 @@ impl Life {
             Arc::clone(&self.commit),
         );
         let executor = self.executor_from(&live, Arc::clone(&journal));
-        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
+        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens().reserve());
         if let Some(why) = takeover_failure(reserved.await) {
             tracing::warn!(term, %why, "takeover abandoned: no token block");
             journal.fail();
@@ -621,15 +621,18 @@ impl Life {
         let clock = Clock::start();
         let now_ms = clock.now_ms();
         let journal = journal as Arc<dyn Journal>;
-        let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
-        executor.cluster = Some(self.admin.clone());
-        executor.identities = self.follower.executor.identities.clone();
-        if let Some(identities) = &executor.identities {
+        let identities = self.follower.executor.identities().clone();
+        if let Some(identities) = &identities {
             // The replicated leases count against no identity, as after a restart.
             identities.forget_held();
         }
-        // The follower's executor lives as long as the node: STATS' uptime is the node's.
-        executor.uptime_offset_ms = self.follower.executor.clock.now_ms();
+        let executor = Executor::new(ExecutorParts {
+            identities,
+            cluster: Some(Arc::new(self.admin.clone())),
+            // The follower's executor lives as long as the node: STATS' uptime is the node's.
+            uptime_offset_ms: self.follower.executor.clock().now_ms(),
+            ..ExecutorParts::new(self.config.clone(), clock, journal, live.token_floor)
+        });
         executor.restore(now_ms, live.to_recovered());
         Arc::new(executor)
     }

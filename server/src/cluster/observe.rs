@@ -206,7 +206,7 @@ impl ClusterSource for NodeScrape {
     fn readiness(&self) -> Result<String, String> {
         let m = self.raft.metrics().borrow().clone();
         let executor = self.executor();
-        let serving = executor.journal.not_leader().is_none();
+        let serving = executor.journal().not_leader().is_none();
         readiness(&m, serving)?;
         // A follower's journal refuses everything by design; the leader's may have failed.
         if let Some(why) = serving

@@ -108,7 +108,7 @@ pub async fn serve(
         }
         _ = shutdown.cancelled() => Ok(None),
         _ = evicted(&pending) => {
-            executor.stats.metrics.evicted();
+            executor.stats().metrics.evicted();
             Err("evicted before its opening; closed")
         }
     };
@@ -116,7 +116,7 @@ pub async fn serve(
         Ok(Some(surface)) => surface,
         Ok(None) => return,
         Err(why) => {
-            let limit = executor.config.handshake_timeout;
+            let limit = executor.config().handshake_timeout;
             tracing::debug!(conn_id, %peer, ?limit, "{why}");
             return;
         }
@@ -131,8 +131,8 @@ pub async fn serve(
         Surface::Binary => metrics::Surface::Binary,
         Surface::Console { .. } => metrics::Surface::Console,
     };
-    executor.stats.metrics.connection(kind, true);
-    let identity_changes = executor.identities.as_ref().map(|i| i.subscribe());
+    executor.stats().metrics.connection(kind, true);
+    let identity_changes = executor.identities().as_ref().map(|i| i.subscribe());
     let mut conn = Conn {
         executor,
         stream,
@@ -163,7 +163,7 @@ pub async fn serve(
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
     }
     conn.finish();
-    conn.executor.stats.metrics.connection(kind, false);
+    conn.executor.stats().metrics.connection(kind, false);
 }
 
 /// A new connection's standing: authenticated as the identity its client certificate names
@@ -174,7 +174,7 @@ fn start_auth(
     peer_name: Option<String>,
     conn_id: u64,
 ) -> (Auth, Result<Option<ConnectionPlace>, String>) {
-    let Some(identities) = &executor.identities else {
+    let Some(identities) = &executor.identities() else {
         return (Auth::Open, Ok(None));
     };
     let identity = peer_name.and_then(|name| identities.get(&name));
@@ -246,7 +246,7 @@ async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut Bytes
     };
     let mut out = BytesMut::new();
     let Some(message) = refusal else {
-        let config = &executor.config;
+        let config = &executor.config();
         let limits = ServerLimits::with(config.in_flight_max, config.ttl_ms_max);
         HelloAck {
             version: VERSION,
@@ -322,7 +322,7 @@ struct Conn {
 
 impl Conn {
     async fn run(&mut self, shutdown: &CancellationToken) -> std::io::Result<()> {
-        let mut progress = self.executor.journal.progress();
+        let mut progress = self.executor.journal().progress();
         // Made once, not per pass: each `cancelled()` registers with the token's notifier.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
@@ -330,7 +330,7 @@ impl Conn {
             if let Err(Fatal(last)) = self.handle_input() {
                 if last.is_some() {
                     // A broken frame or over-long line is malformed input, as in STATS `errors`.
-                    crate::obs::stats::Stats::bump(&self.executor.stats.errors);
+                    crate::obs::stats::Stats::bump(&self.executor.stats().errors);
                 }
                 self.fatal_error = last;
                 self.closing = true;

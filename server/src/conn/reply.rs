@@ -81,7 +81,7 @@ impl Conn {
         let mut ended: Vec<(Bytes, u64)> = self.ctx.watches.drain().collect();
         ended.sort_unstable_by_key(|&(_, id)| id);
         for (key, watch_id) in ended {
-            self.executor.watches.remove(&key, self.ctx.conn_id);
+            self.executor.watches().remove(&key, self.ctx.conn_id);
             let message = "events were not read fast enough; every watch on this connection ended"
                 .to_string();
             let code = ErrorCode::WatchLimit;
@@ -182,11 +182,11 @@ impl Conn {
             };
             if let Some(timing) = timing {
                 let at = *now.get_or_insert_with(std::time::Instant::now);
-                let metrics = &self.executor.stats.metrics;
+                let metrics = &self.executor.stats().metrics;
                 metrics.tally(&mut tally, timing, &response, at);
             }
             self.surface.encode(id, &response, &mut self.wbuf);
         }
-        self.executor.stats.metrics.add_tally(&mut tally);
+        self.executor.stats().metrics.add_tally(&mut tally);
     }
 }

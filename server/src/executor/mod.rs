@@ -25,11 +25,13 @@ mod watch;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use tenure_protocol::{ErrorCode, Holder, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::identity::Identities;
 use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::RecoveredLease;
@@ -75,35 +77,86 @@ pub enum Outcome {
     },
 }
 
-/// Everything the tasks share: the table's shards and the services around it.
+/// Everything the tasks share: the table's shards and the services around it. Built once,
+/// from [`ExecutorParts`], by [`Executor::new`]; nothing is set on it afterwards.
 pub struct Executor {
     /// The limits in force.
-    pub config: Config,
+    config: Config,
     /// The monotonic clock; the only one the server reads.
-    pub clock: Clock,
+    clock: Clock,
     shards: Box<[Mutex<LockTable<WaitSlot>>]>,
     /// Held locks and waiters over all shards, against the server-wide limits.
-    pub(crate) quotas: Arc<Quotas>,
+    quotas: Arc<Quotas>,
     /// Fencing tokens, below a durable limit, and their reservation.
-    pub tokens: Arc<Tokens>,
+    tokens: Arc<Tokens>,
     /// Where changes are made durable.
-    pub journal: Arc<dyn Journal>,
+    journal: Arc<dyn Journal>,
     /// Counters.
-    pub stats: Stats,
+    stats: Stats,
     /// Who watches which key.
-    pub watches: Watches,
+    watches: Watches,
     /// In token-only durability, grants are refused until this `now_ms` after a restart.
     grants_refused_until_ms: u64,
     /// The identities in force; `None`: none configured, every connection may do anything
     /// (and the request path checks nothing else).
-    pub identities: Option<Arc<crate::identity::Identities>>,
+    identities: Option<Arc<Identities>>,
     /// Cluster mode: the node's cluster administration (CLUSTER requests); `None` on a
-    /// single-node server, which answers them [`crate::cluster::NOT_CLUSTER`].
-    pub cluster: Option<crate::cluster::admin::Admin>,
+    /// single-node server, which answers them [`NOT_CLUSTER`].
+    cluster: Option<Arc<dyn ClusterAdmin>>,
     /// Added to the clock's reading for STATS `uptime_ms`: 0 on a single node; a cluster
     /// leader's executor, whose clock starts at its takeover, carries its node's uptime then.
+    uptime_offset_ms: u64,
+}
+
+/// What an [`Executor`] is built from: the one way to make one.
+pub struct ExecutorParts {
+    /// The limits in force.
+    pub config: Config,
+    /// The clock the executor reads.
+    pub clock: Clock,
+    /// A recovered journal.
+    pub journal: Arc<dyn Journal>,
+    /// Tokens start here (the journal's recovered floor).
+    pub token_floor: u64,
+    /// In token-only durability, grants are refused until this `now_ms` after a restart.
+    pub grants_refused_until_ms: u64,
+    /// The identities in force, if any.
+    pub identities: Option<Arc<Identities>>,
+    /// Cluster mode: the node's cluster administration.
+    pub cluster: Option<Arc<dyn ClusterAdmin>>,
+    /// Added to the clock's reading for STATS `uptime_ms`.
     pub uptime_offset_ms: u64,
 }
+
+impl ExecutorParts {
+    /// The parts of a single-node executor without identities: `journal` with tokens from
+    /// `token_floor`, grants allowed at once.
+    pub fn new(config: Config, clock: Clock, journal: Arc<dyn Journal>, token_floor: u64) -> Self {
+        ExecutorParts {
+            config,
+            clock,
+            journal,
+            token_floor,
+            grants_refused_until_ms: 0,
+            identities: None,
+            cluster: None,
+            uptime_offset_ms: 0,
+        }
+    }
+}
+
+/// A node's cluster administration, as the executor holds it for its connections: CLUSTER
+/// requests are answered by it (implemented in `cluster::admin`, so neither the executor
+/// nor the connection imports the cluster).
+pub trait ClusterAdmin: Send + Sync + 'static {
+    /// Answers a CLUSTER request once Raft has done it.
+    fn serve(&self, request: Request) -> BoxFuture<'_, Response>;
+}
+
+/// Why a single-node server refuses a CLUSTER request (with `UNKNOWN_COMMAND`, as a server
+/// older than them would).
+pub const NOT_CLUSTER: &str =
+    "not in cluster mode: this is a single-node server (start it with --cluster)";
 
 /// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
 const CANCELS_PER_LOCK_MAX: usize = 256;
@@ -120,14 +173,18 @@ pub(crate) fn clamp_ms(ms: u64) -> u32 {
 }
 
 impl Executor {
-    /// Builds the executor around a recovered journal whose tokens start at `token_floor`.
-    pub fn new(
-        config: Config,
-        clock: Clock,
-        journal: Arc<dyn Journal>,
-        token_floor: u64,
-        grants_refused_until_ms: u64,
-    ) -> Executor {
+    /// Builds the executor from its parts; the journal's tokens start at `token_floor`.
+    pub fn new(parts: ExecutorParts) -> Executor {
+        let ExecutorParts {
+            config,
+            clock,
+            journal,
+            token_floor,
+            grants_refused_until_ms,
+            identities,
+            cluster,
+            uptime_offset_ms,
+        } = parts;
         // One count for all shards: a limit split per shard is not the limit that was set.
         let quotas = Arc::new(Quotas::new(TableLimits {
             held_max: config.held_max,
@@ -154,10 +211,55 @@ impl Executor {
             stats: Stats::default(),
             watches: Watches::default(),
             grants_refused_until_ms,
-            identities: None,
-            cluster: None,
-            uptime_offset_ms: 0,
+            identities,
+            cluster,
+            uptime_offset_ms,
         }
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The clock the executor reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Fencing tokens and their reservation.
+    pub fn tokens(&self) -> &Arc<Tokens> {
+        &self.tokens
+    }
+
+    /// Where changes are made durable.
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.journal
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Who watches which key.
+    pub fn watches(&self) -> &Watches {
+        &self.watches
+    }
+
+    /// The identities in force, if any are configured.
+    pub fn identities(&self) -> &Option<Arc<Identities>> {
+        &self.identities
+    }
+
+    /// Cluster mode: the node's cluster administration.
+    pub fn cluster(&self) -> &Option<Arc<dyn ClusterAdmin>> {
+        &self.cluster
+    }
+
+    /// What STATS adds to the clock for `uptime_ms`.
+    pub fn uptime_offset_ms(&self) -> u64 {
+        self.uptime_offset_ms
     }
 
     /// The shard that owns `key`.
@@ -281,9 +383,7 @@ impl Executor {
             Request::ClusterStatus { .. }
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
-            | Request::ClusterRemove { .. } => {
-                error(ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER)
-            }
+            | Request::ClusterRemove { .. } => error(ErrorCode::UnknownOpcode, NOT_CLUSTER),
         };
         if is_read {
             return self.confirmed(response, ticket);

@@ -12,13 +12,18 @@ use crate::config::Config;
 use crate::executor::answer_lost;
 use crate::executor::Session;
 use crate::executor::WaitResult;
-use crate::executor::{Executor, Outcome};
+use crate::executor::{Executor, ExecutorParts, Outcome};
 
 async fn executor(journal: &Arc<MemJournal>) -> Arc<Executor> {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
     let journal: Arc<dyn Journal> = Arc::clone(journal) as Arc<dyn Journal>;
-    let executor = Arc::new(Executor::new(config, Clock::start(), journal, 1, 0));
-    executor.tokens.reserve().await.unwrap();
+    let executor = Arc::new(Executor::new(ExecutorParts::new(
+        config,
+        Clock::start(),
+        journal,
+        1,
+    )));
+    executor.tokens().reserve().await.unwrap();
     executor
 }
 
@@ -148,8 +153,13 @@ async fn undo_of_a_release_whose_handoff_waits_for_tokens_does_not_panic() {
     let mut config = Config::for_tests(std::path::Path::new("/nonexistent"));
     config.token_block = 2;
     let as_journal: Arc<dyn Journal> = Arc::clone(&journal) as Arc<dyn Journal>;
-    let executor = Arc::new(Executor::new(config, Clock::start(), as_journal, 1, 0));
-    executor.tokens.reserve().await.unwrap();
+    let executor = Arc::new(Executor::new(ExecutorParts::new(
+        config,
+        Clock::start(),
+        as_journal,
+        1,
+    )));
+    executor.tokens().reserve().await.unwrap();
     let mut holder = Session::new(1);
     let Outcome::Changed { response, .. } = executor.execute(&mut holder, 1, acquire("k")) else {
         panic!("granted");
@@ -436,11 +446,11 @@ async fn a_handoff_refused_by_a_deposed_leader_is_answered_not_leader() {
     };
     journal.fail(super::NOT_LEADER);
     tokio::time::advance(std::time::Duration::from_millis(200)).await;
-    let now_ms = executor.clock.now_ms();
+    let now_ms = executor.clock().now_ms();
     let mut events = Vec::new();
     for shard in executor.shards() {
         let mut shard = shard.lock().expect("shard poisoned");
-        shard.advance(now_ms, 1_000, &executor.tokens.allocator, &mut events);
+        shard.advance(now_ms, 1_000, &executor.tokens().allocator, &mut events);
         executor.apply_events(&mut shard, now_ms, &mut events);
     }
     match rx.try_recv() {

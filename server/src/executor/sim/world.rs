@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::executor::Session;
 use crate::executor::Undo;
 use crate::executor::WaitResult;
-use crate::executor::{Executor, Outcome};
+use crate::executor::{Executor, ExecutorParts, Outcome};
 use crate::journal::mem::MemJournal;
 use crate::journal::{Journal, Ticket, TICKET_NOW};
 
@@ -617,13 +617,12 @@ fn is_nothing_changed(response: &Response) -> bool {
 
 async fn start_executor(config: &Config, journal: &Arc<MemJournal>, floor: u64) -> Arc<Executor> {
     let journal = Arc::clone(journal) as Arc<dyn Journal>;
-    let exec = Arc::new(Executor::new(
+    let exec = Arc::new(Executor::new(ExecutorParts::new(
         config.clone(),
         Clock::start(),
         journal,
         floor,
-        0,
-    ));
+    )));
     exec.tokens.reserve().await.expect("first reservation");
     exec
 }
