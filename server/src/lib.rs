@@ -33,6 +33,7 @@
 //! - [`metrics`]: Prometheus instruments and the scrape; [`http`]: `/metrics`, `/healthz`,
 //!   `/readyz` on `--metrics-listen`.
 
+pub mod accept;
 pub mod admission;
 pub mod clock;
 pub mod cluster;
@@ -44,13 +45,14 @@ pub mod executor;
 pub mod http;
 pub mod identity;
 pub mod journal;
+pub mod linger;
 pub mod log_limit;
 pub mod memory;
 pub mod obs;
-pub mod per_core;
 pub mod record;
 pub mod scrape;
-pub mod server;
+pub mod serve;
+pub mod startup;
 pub mod table;
 pub mod tls;
 pub mod wal;
@@ -58,4 +60,5 @@ pub mod wheel;
 
 pub use config::{Config, Durability};
 pub use error::ServerError;
-pub use server::{run, run_per_core, run_with_metrics, run_with_storage};
+pub use serve::per_core;
+pub use serve::{run, run_per_core, run_with_metrics, run_with_storage};

@@ -170,7 +170,7 @@ pub async fn run(
         return Err(ClusterError::Config(why.to_string()));
     }
     let addr = clients.local_addr()?;
-    let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
+    let _dir_lock = crate::startup::lock_data_dir(&config.data_dir)
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
@@ -253,8 +253,8 @@ impl ClusterNode {
         // non-loopback address without identities, and the same SIGHUP reload.
         let refused = |e: crate::error::ServerError| ClusterError::Config(e.to_string());
         let identities =
-            crate::server::load_identities(&config, clients.local_addr()?).map_err(refused)?;
-        let client_tls = crate::server::load_tls(&config).map_err(refused)?;
+            crate::startup::load_identities(&config, clients.local_addr()?).map_err(refused)?;
+        let client_tls = crate::startup::load_tls(&config).map_err(refused)?;
         let raft_config = Arc::new(options.raft_config()?);
         let log = LogStore::open(&options.data_dir)?;
         let state = Arc::new(Mutex::new(ReplicaState::default()));
@@ -305,7 +305,7 @@ impl ClusterNode {
             )
         }));
         let stop = CancellationToken::new();
-        crate::server::spawn_reloader(identities, client_tls.clone(), stop.clone())
+        crate::startup::spawn_reloader(identities, client_tls.clone(), stop.clone())
             .map_err(refused)?;
         let follower = Serving {
             executor: follower,
@@ -459,7 +459,7 @@ async fn accept_clients(
     };
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = crate::server::accept_loop(&listener, tls, &tracker, serving) => {}
+        _ = crate::accept::accept_loop(&listener, tls, &tracker, serving) => {}
     }
     tracker.close();
     tracker.wait().await;
@@ -593,7 +593,7 @@ impl Life {
             return None;
         }
         let term_stop = self.follower.stop.child_token();
-        tokio::spawn(crate::server::tick(
+        tokio::spawn(crate::executor::tick(
             Arc::clone(&executor),
             term_stop.clone(),
             TaskTracker::new(),

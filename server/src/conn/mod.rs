@@ -49,7 +49,7 @@ use futures_util::FutureExt;
 use tenure_protocol::frame::REQUEST_ID_NONE;
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
 use tenure_protocol::{ErrorCode, Response};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Evicted, PendingPlace};
@@ -58,15 +58,11 @@ use crate::executor::Executor;
 use crate::executor::WatchEvent;
 use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
+use crate::linger::linger;
 use crate::obs::metrics::{self, Timing};
 use reply::PendingReply;
 use requests::Later;
 use surface::{Fatal, Surface};
-
-/// Most bytes discarded from a peer after a fatal error, while its error reply drains.
-const LINGER_BYTES_MAX: usize = 4 << 20;
-/// Longest wait for that peer to close after a fatal error.
-const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How an accepted connection starts: the time limit on its opening and AUTH, and its place
 /// among the connections that have not authenticated yet.
@@ -262,24 +258,6 @@ async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut Bytes
         linger(stream).await;
     }
     None
-}
-
-/// Closing a socket with unread input makes the kernel send a reset, which can destroy
-/// the error reply just written. So: send FIN, then read and discard for a short, bounded
-/// while, giving the peer time to read the reason before the connection goes.
-pub(crate) async fn linger(stream: &mut (impl AsyncRead + AsyncWrite + Unpin)) {
-    let _ = stream.shutdown().await;
-    let drain = async {
-        let mut scratch = vec![0u8; 16 * 1024];
-        let mut drained = 0usize;
-        while drained < LINGER_BYTES_MAX {
-            match stream.read(&mut scratch).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
 }
 
 struct Conn {

@@ -18,6 +18,7 @@ mod session;
 #[cfg(test)]
 mod sim;
 mod stats_reply;
+mod ticker;
 mod tokens;
 mod undo;
 mod watch;
@@ -39,6 +40,7 @@ use crate::table::{self, LockTable, Quotas, TableLimits};
 pub use handoff::{WaitResult, WaitSlot};
 pub use session::{Auth, Credential, Session};
 pub use stats_reply::stats_pairs;
+pub use ticker::tick;
 pub use tokens::Tokens;
 pub use undo::{answer_lost, Undo};
 pub use watch::{WatchEvent, WatchSink, Watches};
