@@ -62,3 +62,6 @@ pub use config::{Config, Durability};
 pub use error::ServerError;
 pub use serve::per_core;
 pub use serve::{run, run_per_core, run_with_metrics, run_with_storage};
+
+#[cfg(test)]
+mod layout_tests;
