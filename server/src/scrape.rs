@@ -195,6 +195,12 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
     if let Some(identities) = &shared.identities() {
         encode_identities(encoder, identities)?;
     }
+    encode_counters(encoder, s)?;
+    encode_tokens_and_time(encoder, shared, &pair)
+}
+
+/// The event counters: grants, hand-offs, LOCKED answers, expirations, errors.
+fn encode_counters(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
     counter(
         encoder,
         "tenure_grants",
@@ -216,7 +222,16 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         "tenure_errors",
         "Requests answered ERROR",
         Stats::get(&s.errors),
-    )?;
+    )
+}
+
+/// Tokens, recovery, table memory and uptime; `pair` reads one STATS pair.
+fn encode_tokens_and_time(
+    encoder: &mut DescriptorEncoder,
+    shared: &Executor,
+    pair: &dyn Fn(&str) -> u64,
+) -> FmtResult {
+    let m = &shared.stats().metrics;
     let help = "Next fencing token to be granted (the high-water mark)";
     gauge(
         encoder,
@@ -231,7 +246,6 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         help,
         pair("token_limit") as f64,
     )?;
-    let m = &s.metrics;
     let recovery = m.recovery_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
     let help = "Seconds the last start spent replaying the WAL";
     gauge(encoder, "tenure_recovery_duration_seconds", help, recovery)?;

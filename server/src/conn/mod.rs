@@ -97,18 +97,8 @@ pub async fn serve(
 ) {
     let mut stream = stream.into();
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
-    let Opening { deadline, pending } = opening;
-    let opened = tokio::select! {
-        opened = tokio::time::timeout_at(deadline, open(&executor, &mut stream, &mut rbuf)) => {
-            opened.map_err(|_| "no handshake or first line in time; closed")
-        }
-        _ = shutdown.cancelled() => Ok(None),
-        _ = evicted(&pending) => {
-            executor.stats().metrics.evicted();
-            Err("evicted before its opening; closed")
-        }
-    };
-    let surface = match opened {
+    let opened = open_in_time(&executor, &mut stream, &mut rbuf, &opening, &shutdown);
+    let surface = match opened.await {
         Ok(Some(surface)) => surface,
         Ok(None) => return,
         Err(why) => {
@@ -117,6 +107,7 @@ pub async fn serve(
             return;
         }
     };
+    let Opening { deadline, pending } = opening;
     let mut ctx = Session::with_peer(conn_id, peer);
     let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
     let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
@@ -160,6 +151,27 @@ pub async fn serve(
     }
     conn.finish();
     conn.executor.stats().metrics.connection(kind, false);
+}
+
+/// The connection's opening (a binary handshake or a first console line) within its
+/// deadline: `Ok(None)` on shutdown or a refused handshake, `Err` with why it was closed.
+async fn open_in_time(
+    executor: &Arc<Executor>,
+    stream: &mut Transport,
+    rbuf: &mut BytesMut,
+    opening: &Opening,
+    shutdown: &CancellationToken,
+) -> Result<Option<Surface>, &'static str> {
+    tokio::select! {
+        opened = tokio::time::timeout_at(opening.deadline, open(executor, stream, rbuf)) => {
+            opened.map_err(|_| "no handshake or first line in time; closed")
+        }
+        _ = shutdown.cancelled() => Ok(None),
+        _ = evicted(&opening.pending) => {
+            executor.stats().metrics.evicted();
+            Err("evicted before its opening; closed")
+        }
+    }
 }
 
 /// A new connection's standing: authenticated as the identity its client certificate names
@@ -305,28 +317,7 @@ impl Conn {
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
         loop {
-            if let Err(Fatal(last)) = self.handle_input() {
-                if last.is_some() {
-                    // A broken frame or over-long line is malformed input, as in STATS `errors`.
-                    crate::obs::stats::Stats::bump(&self.executor.stats().errors);
-                }
-                self.fatal_error = last;
-                self.closing = true;
-                self.fatal = true;
-            }
-            if self.fatal || self.stopping {
-                // Their answers (an error each) arrive through `later` like any other.
-                self.ctx.cancel_waits(&self.executor);
-            }
-            if self.later.is_empty() {
-                if let Some((code, message)) = self.fatal_error.take() {
-                    self.push(
-                        REQUEST_ID_NONE,
-                        Response::Error { code, message },
-                        TICKET_NOW,
-                    );
-                }
-            }
+            self.take_input();
             // A copy, not the borrow: a reply the journal lost is answered through the
             // journal (`not_leader`, `failed` read its progress again), and a read lock taken
             // twice on one thread deadlocks once the journal's writer waits between the two
@@ -372,6 +363,33 @@ impl Conn {
                     self.on_evicted(why)
                 }
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
+            }
+        }
+    }
+
+    /// Handles what was read; after a fatal input error or on a stop, cancels this
+    /// connection's waits and, once nothing else is pending, queues the fatal error's reply.
+    fn take_input(&mut self) {
+        if let Err(Fatal(last)) = self.handle_input() {
+            if last.is_some() {
+                // A broken frame or over-long line is malformed input, as in STATS `errors`.
+                crate::obs::stats::Stats::bump(&self.executor.stats().errors);
+            }
+            self.fatal_error = last;
+            self.closing = true;
+            self.fatal = true;
+        }
+        if self.fatal || self.stopping {
+            // Their answers (an error each) arrive through `later` like any other.
+            self.ctx.cancel_waits(&self.executor);
+        }
+        if self.later.is_empty() {
+            if let Some((code, message)) = self.fatal_error.take() {
+                self.push(
+                    REQUEST_ID_NONE,
+                    Response::Error { code, message },
+                    TICKET_NOW,
+                );
             }
         }
     }

@@ -352,20 +352,7 @@ impl Executor {
                 other => return other,
             },
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
-            Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
-                None => Response::Free,
-                Some(Holder {
-                    token,
-                    ttl_left_ms,
-                    waiters,
-                    meta,
-                }) => Response::Held {
-                    token,
-                    ttl_left_ms,
-                    waiters,
-                    meta,
-                },
-            },
+            Request::Inspect { key } => self.inspect(now_ms, &key),
             Request::Check { key, token } => match self.shard(&key).check(now_ms, &key, token) {
                 table::Check::Current => Response::Current,
                 table::Check::Stale => Response::Stale,
@@ -427,6 +414,24 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 }
 
 impl Executor {
+    /// INSPECT: the key's holder, or FREE.
+    fn inspect(&self, now_ms: u64, key: &[u8]) -> Response {
+        match holder(self.shard(key).inspect(now_ms, key)) {
+            None => Response::Free,
+            Some(Holder {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            }) => Response::Held {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            },
+        }
+    }
+
     /// RENEW. One to a TTL longer than the lease's last journal record is logged and
     /// answered once durable, so a restart gives the lease at least that TTL again; any
     /// other is answered at once (see the table's "Renewals and the journal").

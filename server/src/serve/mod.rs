@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::accept::accept_loop;
 use crate::config::Config;
 use crate::error::ServerError;
-use crate::executor::tick;
+use crate::executor::{tick, Executor};
 use crate::http;
 use crate::scrape::Scrape;
 use crate::startup::{load_identities, load_tls, lock_data_dir, spawn_reloader};
@@ -225,29 +225,63 @@ async fn serve(
         stop.clone(),
     )?;
     let cores = accepting.until(&serving, shutdown).await;
-    stop.cancel();
-    tracker.close();
-    if tokio::time::timeout(shared.config().shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after the grace period; closing them");
+    let stopping = Stopping {
+        shared,
+        stop,
+        tracker,
+        cores,
+        ticker,
+        snapshots,
+    };
+    stopping.shut_down().await
+}
+
+/// What `serve` stops, in order, once `shutdown` came.
+struct Stopping {
+    shared: Arc<Executor>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    cores: Option<Cores>,
+    ticker: tokio::task::JoinHandle<()>,
+    snapshots: TaskTracker,
+}
+
+impl Stopping {
+    /// Stops accepting, lets connections finish within the grace period, stops the ticker
+    /// and any snapshot, then syncs and closes the journal.
+    async fn shut_down(self) -> Result<(), ServerError> {
+        let Stopping {
+            shared,
+            stop,
+            tracker,
+            cores,
+            ticker,
+            snapshots,
+        } = self;
+        stop.cancel();
+        tracker.close();
+        if tokio::time::timeout(shared.config().shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the grace period; closing them");
+        }
+        if let Some(cores) = cores {
+            cores.halt().await;
+        }
+        ticker.abort();
+        let _ = ticker.await;
+        // A snapshot still copying on its blocking thread would append after the final sync and
+        // keep the data directory locked after `run` returned: let it finish first.
+        snapshots.close();
+        snapshots.wait().await;
+        shared
+            .journal()
+            .sync_and_stop()
+            .map_err(ServerError::FinalSync)?;
+        tracing::info!("stopped");
+        Ok(())
     }
-    if let Some(cores) = cores {
-        cores.halt().await;
-    }
-    ticker.abort();
-    let _ = ticker.await;
-    // A snapshot still copying on its blocking thread would append after the final sync and
-    // keep the data directory locked after `run` returned: let it finish first.
-    snapshots.close();
-    snapshots.wait().await;
-    shared
-        .journal()
-        .sync_and_stop()
-        .map_err(ServerError::FinalSync)?;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// The client port being served, in either runtime model.

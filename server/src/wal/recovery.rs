@@ -1,12 +1,13 @@
 //! Recovery: read every segment in order, cut a torn tail, refuse corruption, replay.
 //!
 //! The rules for telling a torn tail from corruption are in the [module docs](super).
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::record::{self, DecodeError, HeaderError, Record, SEGMENT_HEADER_LEN};
 use super::storage::Storage;
 use super::{parse_segment_name, segment_name, WalError, SEGMENT_SIZE_LIMIT};
-use crate::record::{LeaseReplay, RecoveredLease};
+use crate::record::{Held, LeaseReplay, RecoveredLease};
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Default)]
@@ -129,6 +130,29 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         .live
         .token_floor
         .max(super::floor::read_floor(storage)?);
+    check_orphan_end(storage, &replay)?;
+    let token_floor = replay.live.token_floor;
+    let (leases, live_bytes) = recovered_leases(replay.live.leases);
+    let recovered = Recovered {
+        token_floor,
+        leases,
+        records: replay.records,
+        segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
+        torn_tail_truncated: torn,
+        header_removed,
+    };
+    let snapshot_complete_seq = replay.snapshot_complete;
+    Ok(Replayed {
+        recovered,
+        segments,
+        snapshot_complete_seq,
+        live_bytes,
+    })
+}
+
+/// A snapshot end whose beginning was deleted needs a later complete snapshot: segments
+/// are only deleted once a snapshot after them is durable, so without one some are missing.
+fn check_orphan_end(storage: &dyn Storage, replay: &Replay) -> Result<(), WalError> {
     if let Some((seq, offset)) = replay.orphan_end {
         // Segments are only deleted once a snapshot after them is durable.
         if replay.snapshot_complete.is_none() {
@@ -141,10 +165,13 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
             });
         }
     }
+    Ok(())
+}
+
+/// The replayed leases as recovery reports them, and their size as Grant records.
+fn recovered_leases(leases: HashMap<Vec<u8>, Held>) -> (Vec<RecoveredLease>, u64) {
     let mut live_bytes = 0u64;
-    let leases: Vec<RecoveredLease> = replay
-        .live
-        .leases
+    let leases: Vec<RecoveredLease> = leases
         .into_iter()
         .map(|(key, held)| {
             let lease = RecoveredLease {
@@ -159,21 +186,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
             lease
         })
         .collect();
-    let recovered = Recovered {
-        token_floor: replay.live.token_floor,
-        leases,
-        records: replay.records,
-        segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
-        torn_tail_truncated: torn,
-        header_removed,
-    };
-    let snapshot_complete_seq = replay.snapshot_complete;
-    Ok(Replayed {
-        recovered,
-        segments,
-        snapshot_complete_seq,
-        live_bytes,
-    })
+    (leases, live_bytes)
 }
 
 fn grant_len(lease: &RecoveredLease) -> usize {
