@@ -32,7 +32,7 @@ pub(crate) async fn accept_loop(
     serving: impl Fn() -> (Arc<Executor>, CancellationToken),
 ) {
     // Every executor of a process shares its configuration.
-    let accept = AcceptShared::new(&serving().0.config());
+    let accept = AcceptShared::new(serving().0.config());
     accept_loop_shared(listener, tls, tracker, serving, &accept).await;
 }
 
@@ -107,7 +107,7 @@ pub(crate) async fn accept_loop_shared(
                 .as_ref()
                 .map(|a| a.admit(conn_id, peer.ip())),
         };
-        if let Err(e) = set_keepalive(&stream, &shared.config()) {
+        if let Err(e) = set_keepalive(&stream, shared.config()) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
         }
         // Small replies must not wait for Nagle's algorithm.

@@ -190,7 +190,7 @@ fn binary_modules(src: &Path) -> BTreeSet<String> {
     let main = std::fs::read_to_string(src.join("main.rs")).expect("read main.rs");
     main.lines()
         .filter_map(|line| line.trim().strip_prefix("mod "))
-        .map(|rest| ident(rest))
+        .map(ident)
         .collect()
 }
 

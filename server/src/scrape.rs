@@ -127,7 +127,7 @@ impl Collector for Scrape {
         )?;
         encode_requests(&mut encoder, &shared.stats().metrics)?;
         encode_table(&mut encoder, &shared)?;
-        encode_connections(&mut encoder, &shared.stats())?;
+        encode_connections(&mut encoder, shared.stats())?;
         encode_wal(&mut encoder, &shared)?;
         match self.cluster.get() {
             Some(cluster) => cluster.encode(&mut encoder),
@@ -171,7 +171,7 @@ fn encode_requests(encoder: &mut DescriptorEncoder, m: &Metrics) -> FmtResult {
 
 /// Held locks, waiters, grants, hand-offs, expirations, tokens, recovery.
 fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult {
-    let s = &shared.stats();
+    let s = shared.stats();
     let pairs = crate::executor::stats_pairs(shared);
     let pair = |name: &str| pairs.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
     gauge(

@@ -149,7 +149,7 @@ impl Conn {
             self.later.clear();
             self.authenticating = false;
         }
-        let config = &self.executor.config();
+        let config = self.executor.config();
         let message = match why {
             Evicted::Address => format!(
                 "closed: {} connections from {} had not authenticated, its limit \

@@ -254,7 +254,7 @@ async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut Bytes
     };
     let mut out = BytesMut::new();
     let Some(message) = refusal else {
-        let config = &executor.config();
+        let config = executor.config();
         let limits = ServerLimits::with(config.in_flight_max, config.ttl_ms_max);
         HelloAck {
             version: VERSION,

@@ -179,7 +179,7 @@ impl Conn {
                 received_ms,
             } => {
                 self.timing = None; // the retry times itself
-                let tokens = Arc::clone(&self.executor.tokens());
+                let tokens = Arc::clone(self.executor.tokens());
                 self.later.push(Box::pin(async move {
                     let reserved = tokens.reserve().await.map_err(|e| e.to_string());
                     Later::Retry {

@@ -125,7 +125,7 @@ impl Cores {
         listeners: Vec<std::net::TcpListener>,
         serving: &Serving,
     ) -> io::Result<Cores> {
-        let accept = Arc::new(AcceptShared::new(&serving.shared.config()));
+        let accept = Arc::new(AcceptShared::new(serving.shared.config()));
         let mut cores = Cores {
             threads: Vec::with_capacity(listeners.len()),
             stop: serving.stop.clone(),
