@@ -6,10 +6,7 @@ use std::sync::Arc;
 use tenure_protocol::{EventKind, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
-use super::Session;
-use super::Undo;
-use super::{clamp_ms, Executor, Outcome};
-use crate::executor::WaitSlot;
+use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitSlot};
 use crate::journal::{Change, Lease, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::FreeReason;

@@ -6,9 +6,11 @@
 //! lock (so the journal orders changes to a key exactly as the table made them), and leaves.
 //! The reply then waits, on the connection, until the journal is durable past the change's
 //! ticket: what "durable" means, and what is logged at all, is the journal's business.
-//! Hand-offs to waiters are in [`handoff`], token reservations in [`tokens`],
-//! watch registration in [`watch`], undo in [`crate::journal`]. Here: the dispatch;
-//! `acquire`, `release` and `refuse` (the error replies) hold the longer requests.
+//! The executor owns everything a request changes besides the table: hand-offs to waiters
+//! (`handoff`), token reservations (`tokens`), watch registration (`watch`), taking back a
+//! change that never became durable (`undo`), each connection's [`Session`], the STATS
+//! reply (`stats_reply`) and the expiry ticker (`ticker`). Here: the dispatch; `acquire`,
+//! `release` and `refuse` (the error replies) hold the longer requests.
 
 mod acquire;
 mod handoff;

@@ -5,7 +5,7 @@
 //! handed to the [`Journal`] while the table's shard lock is still held, so the journal
 //! orders changes to a key exactly as the table made them. The journal answers with a
 //! [`Ticket`]; the change's reply waits until the journal's [`Progress`] passes that
-//! ticket. If the journal fails first, a grant or release is taken back ([`Undo`]) and the
+//! ticket. If the journal fails first, a grant or release is taken back (`executor::Undo`) and the
 //! requester told "not durable, nothing changed" (a renewal stays, and its requester is
 //! told it may be lost); once it has failed, new changes are refused before the table is
 //! touched ([`Journal::failed`]).
@@ -42,7 +42,6 @@
 
 #[cfg(test)]
 pub mod mem;
-mod settle;
 #[cfg(test)]
 mod tests;
 mod wal;
@@ -52,7 +51,6 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
-pub use self::settle::{settle, Settled};
 pub use self::wal::WalJournal;
 pub use crate::config::Durability;
 pub use crate::record::{Change, Lease};
@@ -173,4 +171,25 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// When some appended change is not durable.
     fn sync_and_stop(&self) -> Result<(), JournalError>;
+}
+
+/// What becomes of a reply that waited on a ticket.
+pub enum Settled {
+    /// Not yet decided: keep waiting.
+    Waiting,
+    /// Durable (or it never needed the journal): send the reply.
+    Durable,
+    /// The journal failed before the ticket became durable, for this reason.
+    Lost(Arc<str>),
+}
+
+/// Where a reply waiting on `ticket` stands, given the journal's `progress`.
+pub fn settle(ticket: Ticket, progress: &Progress) -> Settled {
+    if ticket <= progress.lsn {
+        return Settled::Durable;
+    }
+    match &progress.failed {
+        Some(why) => Settled::Lost(Arc::clone(why)),
+        None => Settled::Waiting,
+    }
 }

@@ -242,7 +242,7 @@ pub enum Surface {
 
 pub(crate) const SURFACES: [&str; 2] = ["binary", "console"];
 
-/// The instruments bumped while serving; one per server, inside [`Stats`].
+/// The instruments bumped while serving; one per server, inside [`Stats`](super::stats::Stats).
 #[derive(Debug)]
 pub struct Metrics {
     /// Requests by `[op][outcome]`.

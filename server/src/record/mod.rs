@@ -1,6 +1,6 @@
 //! The shared vocabulary of durability: what a change is ([`Change`], [`Lease`],
 //! [`FreeReason`]), its byte format ([`Record`] and the segment header, in `codec`), how far
-//! a log is durable ([`Lsn`], [`DurableState`]) and the replay rules ([`LeaseReplay`]) that
+//! a log is durable ([`Lsn`], [`DurableState`]) and the replay rules (`LeaseReplay`) that
 //! turn records back into held leases ([`RecoveredLease`]).
 //!
 //! The executor describes changes in these words, the journal hands them on, the WAL and

@@ -7,7 +7,7 @@
 //! stays shared: the lock table's shards (each behind its own mutex), the journal, the
 //! token allocator and the counters, so a waiter on one thread is handed a lock released on
 //! another exactly as before. The accept loops share one connection limit and one sequence
-//! of connection ids ([`AcceptShared`]).
+//! of connection ids (`accept::AcceptShared`).
 //!
 //! The runtime that calls [`crate::run_per_core`] keeps the rest: the one expiry
 //! ticker, signals, reloads and the HTTP endpoint.
