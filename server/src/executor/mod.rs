@@ -222,46 +222,55 @@ impl Executor {
     }
 
     /// The limits in force.
+    #[inline]
     pub fn config(&self) -> &Config {
         &self.config
     }
 
     /// The clock the executor reads.
+    #[inline]
     pub fn clock(&self) -> &Clock {
         &self.clock
     }
 
     /// Fencing tokens and their reservation.
+    #[inline]
     pub fn tokens(&self) -> &Arc<Tokens> {
         &self.tokens
     }
 
     /// Where changes are made durable.
+    #[inline]
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.journal
     }
 
     /// The counters.
+    #[inline]
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
 
     /// Who watches which key.
+    #[inline]
     pub fn watches(&self) -> &Watches {
         &self.watches
     }
 
     /// The identities in force, if any are configured.
+    #[inline]
     pub fn identities(&self) -> &Option<Arc<Identities>> {
         &self.identities
     }
 
     /// Cluster mode: the node's cluster administration.
+    #[inline]
     pub fn cluster(&self) -> &Option<Arc<dyn ClusterAdmin>> {
         &self.cluster
     }
 
     /// What STATS adds to the clock for `uptime_ms`.
+    #[inline]
     pub fn uptime_offset_ms(&self) -> u64 {
         self.uptime_offset_ms
     }
