@@ -50,7 +50,7 @@ use tenure_protocol::limits::{CLUSTER_ADDR_LEN_MAX, CLUSTER_MEMBERS_MAX};
 
 use super::network::{PeerReply, PeerRequest};
 use super::{Entry, LogId, NodeId, NodeInfo};
-use crate::wal::record::{self, Record};
+use crate::record::{self, Record};
 
 /// Highest term a peer frame may carry (see the module docs for why this one).
 pub const TERM_MAX: u64 = 1 << 48;
