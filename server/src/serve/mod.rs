@@ -206,6 +206,13 @@ async fn serve(
         tracker: tracker.clone(),
         stop: stop.clone(),
     };
+    // Before "ready": a SIGHUP sent once the server says it is ready must find its handler
+    // (the signal's default action would end the process).
+    spawn_reloader(
+        shared.identities().clone(),
+        serving.tls.clone(),
+        stop.clone(),
+    )?;
     let (runtime, listeners_count) = listeners.model();
     let accepting = Accepting::start(listeners, &serving).await?;
     // `addr` as before (`Some(..)`): log readers may match it.
@@ -219,11 +226,6 @@ async fn serve(
     );
     let snapshots = TaskTracker::new();
     let ticker = tokio::spawn(tick(Arc::clone(&shared), stop.clone(), snapshots.clone()));
-    spawn_reloader(
-        shared.identities().clone(),
-        serving.tls.clone(),
-        stop.clone(),
-    )?;
     let cores = accepting.until(&serving, shutdown).await;
     let stopping = Stopping {
         shared,
