@@ -114,9 +114,11 @@ async fn silent_connections_are_closed_after_the_handshake_limit() {
         let answer = read_to_close(&mut stream).await;
         assert!(answer.is_empty(), "{opening:?} got {answer:02x?}");
         // Virtual time: closed at the limit, counted from the accept just before `started`
-        // (the test's timer heartbeat lets virtual time run a few milliseconds past it).
+        // (the test's timer heartbeat lets virtual time run a few milliseconds past it, and
+        // on a loaded machine a paused clock may also jump ahead while a real socket event
+        // is still on its way: seen once at 1.5 limits with other builds running).
         assert!(
-            started.elapsed() <= limit + limit / 2,
+            started.elapsed() <= 3 * limit,
             "{opening:?}: {:?}",
             started.elapsed()
         );
