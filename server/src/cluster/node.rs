@@ -41,6 +41,7 @@ use super::log_store::LogStore;
 use super::network::{serve_peers, Dialer, PeerNetwork, PeerService};
 use super::observe::{count_leader_changes, Counters, NodeScrape, Security};
 use super::peer_tls::{PeerTls, PeerTlsFiles};
+use super::prevote::{self, PreVote, Timing};
 use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
@@ -76,6 +77,9 @@ pub struct ClusterOptions {
     pub initial_cluster: Option<BTreeMap<NodeId, NodeInfo>>,
     /// Mutual TLS on the peer port ([`super::peer_tls`]); `None`: plain TCP (loopback).
     pub peer_tls: Option<PeerTlsFiles>,
+    /// Whether elections wait for a quorum's pre-vote ([`super::prevote`]); `false` leaves
+    /// them to openraft's own timer, as before pre-vote (for tests that show the difference).
+    pub pre_vote: bool,
 }
 
 /// Default leader heartbeat period, in milliseconds (openraft's).
@@ -99,6 +103,7 @@ impl ClusterOptions {
             election_timeout_ms: (ELECTION_TIMEOUT_MS_DEFAULT, 2 * ELECTION_TIMEOUT_MS_DEFAULT),
             initial_cluster: None,
             peer_tls: None,
+            pre_vote: true,
         }
     }
 
@@ -120,6 +125,8 @@ impl ClusterOptions {
             // Each entry is a batch of up to `journal::QUEUE_BYTES_MAX`: this many fit a
             // peer frame (`network::FRAME_LEN_MAX`) with room to spare.
             max_payload_entries: 8,
+            // With pre-vote, prevote.rs decides when an election starts.
+            enable_elect: !self.pre_vote,
             ..openraft::Config::default()
         };
         config
@@ -274,7 +281,12 @@ impl ClusterNode {
         }
         let dialer = Dialer::new(source, peer_tls);
         let network = PeerNetwork::new(Arc::clone(&isolated), dialer.clone());
-        let raft = Raft::new(id, raft_config, network, log, machine)
+        let timing = Timing {
+            timeout_min_ms: options.election_timeout_ms.0,
+            timeout_max_ms: options.election_timeout_ms.1,
+        };
+        let prevote = PreVote::new(id, timing, log.clone());
+        let raft = Raft::new(id, raft_config, network.clone(), log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         // A node with neither log nor vote may be a voter whose data was wiped: it neither
@@ -289,6 +301,7 @@ impl ClusterNode {
             dialer,
             snapshots: Arc::default(),
             refusals: Arc::default(),
+            prevote: Arc::clone(&prevote),
         };
         let hint = LeaderHint::new(raft.clone(), id);
         let security = Security::new(identities.clone(), client_tls.clone());
@@ -350,6 +363,11 @@ impl ClusterNode {
             tokio::spawn(life.run(stop.clone())),
             tokio::spawn(count_leader_changes(raft.clone(), counters)),
         ];
+        if options.pre_vote {
+            let catch_up = Arc::clone(&service.catch_up);
+            let elections = prevote::run(raft.clone(), prevote, network, catch_up, stop.clone());
+            tasks.push(tokio::spawn(elections));
+        }
         if let Some(members) = options.initial_cluster {
             let bootstrap =
                 super::bootstrap::run(raft.clone(), service.clone(), members, stop.clone());
