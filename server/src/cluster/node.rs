@@ -333,6 +333,7 @@ impl ClusterNode {
             counters: Arc::clone(&counters),
             catch_up: Arc::clone(&service.catch_up),
             snapshots,
+            prevote: Arc::clone(&prevote),
         }));
         let life = Life {
             died: died.clone(),

@@ -27,6 +27,7 @@ use prometheus_client::metrics::MetricType;
 use tenure_protocol::cluster::{Digest, Role, StatusExtension};
 
 use super::catch_up::CatchUp;
+use super::prevote::PreVote;
 use super::node::Serving;
 use super::state::SnapshotMetrics;
 use super::{NodeId, NodeInfo, Raft};
@@ -195,6 +196,8 @@ pub struct NodeScrape {
     pub(super) catch_up: Arc<CatchUp>,
     /// Snapshot build and install timings.
     pub(super) snapshots: Arc<SnapshotMetrics>,
+    /// Pre-vote rounds run and pre-votes refused.
+    pub(super) prevote: Arc<PreVote>,
 }
 
 impl ClusterSource for NodeScrape {
@@ -242,6 +245,7 @@ impl ClusterSource for NodeScrape {
         let won = self.counters.elections_won.load(Ordering::Relaxed);
         let help = "Terms in which this node won its election and led";
         counter(encoder, "tenure_cluster_elections_won", help, won)?;
+        encode_prevote(encoder, &self.prevote)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
         histogram(encoder, name, help, &self.counters.commit)?;
@@ -253,6 +257,18 @@ impl ClusterSource for NodeScrape {
         histogram(encoder, name, help, &self.snapshots.installed)?;
         encode_digests(encoder, &self.security)
     }
+}
+
+fn encode_prevote(encoder: &mut DescriptorEncoder, prevote: &PreVote) -> FmtResult {
+    let rounds = prevote.rounds.load(Ordering::Relaxed);
+    let help = "Pre-vote rounds this node ran: its election timer fired and it asked the voters";
+    counter(encoder, "tenure_cluster_prevote_rounds", help, rounds)?;
+    let granted = prevote.granted_rounds.load(Ordering::Relaxed);
+    let help = "Pre-vote rounds a quorum granted, after which this node stood for election";
+    counter(encoder, "tenure_cluster_prevote_rounds_granted", help, granted)?;
+    let refused = prevote.refused.load(Ordering::Relaxed);
+    let help = "Pre-votes this node refused (it heard a leader, leads, or has a longer log)";
+    counter(encoder, "tenure_cluster_prevotes_refused", help, refused)
 }
 
 fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histogram) -> FmtResult {

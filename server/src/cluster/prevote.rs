@@ -248,6 +248,9 @@ impl PreVote {
 struct Timer {
     /// Whether this node may stand: a voter, not the leader, its vote guard down.
     may_stand: bool,
+    /// Whether it is the only voter: no lease to wait for, nobody to ask (openraft elects a
+    /// sole voter at once too).
+    sole: bool,
     /// How long ago it last heard from a leader of its term, or voted (openraft's vote
     /// time), and whether the lease applies (its vote is committed).
     since_vote: Option<Duration>,
@@ -264,9 +267,11 @@ async fn read_timer(raft: &Raft, me: NodeId, catch_up: &CatchUp) -> Option<Timer
         .ok()?;
     let m = raft.metrics().borrow().clone();
     let voter = m.membership_config.voter_ids().any(|id| id == me);
+    let sole = voter && m.membership_config.voter_ids().count() == 1;
     let may_stand = voter && m.state != ServerState::Leader && !catch_up.refuses_votes();
     Some(Timer {
         may_stand,
+        sole,
         since_vote,
         committed,
     })
@@ -298,7 +303,13 @@ pub async fn run(
             let since_vote = timer.since_vote.unwrap_or_else(|| started.elapsed());
             let wait_vote = (lease + timeout).saturating_sub(since_vote);
             let wait_round = timeout.saturating_sub(last_round.elapsed());
-            let wait = wait_vote.max(wait_round);
+            // A sole voter still waits a timeout between rounds: its election takes a
+            // moment, and a second one would only raise the term again.
+            let wait = if timer.sole {
+                wait_round
+            } else {
+                wait_vote.max(wait_round)
+            };
             if timer.may_stand && wait.is_zero() {
                 break;
             }

@@ -75,17 +75,36 @@ async fn start_with(
     dir: tempfile::TempDir,
     peer_tls: Option<super::peer_tls::PeerTlsFiles>,
 ) -> Started {
-    start_full(id, peers, clients, dir, peer_tls, true).await
+    start_full(id, peers, clients, dir, peer_tls, Tuning::default()).await
 }
 
-/// As [`start_with`], with pre-vote on or off.
+/// How a test's nodes differ from the harness's defaults.
+#[derive(Clone, Copy, Debug)]
+struct Tuning {
+    /// Pre-vote on (as shipped) or off (openraft's own election timer, as before it).
+    pre_vote: bool,
+    /// The shipped timing (heartbeat 50 ms, election timeouts 150-300 ms) rather than the
+    /// harness's generous one.
+    shipped_timing: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            pre_vote: true,
+            shipped_timing: false,
+        }
+    }
+}
+
+/// As [`start_with`], tuned.
 async fn start_full(
     id: NodeId,
     peers: TcpListener,
     clients: TcpListener,
     dir: tempfile::TempDir,
     peer_tls: Option<super::peer_tls::PeerTlsFiles>,
-    pre_vote: bool,
+    tuning: Tuning,
 ) -> Started {
     let info = NodeInfo {
         peer_addr: peers.local_addr().unwrap().to_string(),
@@ -96,7 +115,12 @@ async fn start_full(
     options.heartbeat_ms = 100;
     options.election_timeout_ms = (800, 1600);
     options.peer_tls = peer_tls;
-    options.pre_vote = pre_vote;
+    options.pre_vote = tuning.pre_vote;
+    if tuning.shipped_timing {
+        let shipped = ClusterOptions::new(id, dir.path().to_path_buf());
+        options.heartbeat_ms = shipped.heartbeat_ms;
+        options.election_timeout_ms = shipped.election_timeout_ms;
+    }
     let config = Config {
         token_block: 1000,
         ..Config::default()
@@ -160,17 +184,17 @@ fn field<'a>(reply: &'a str, name: &str) -> &'a str {
 
 /// Three nodes, initialised.
 async fn start_cluster() -> Vec<Started> {
-    start_cluster_pre_vote(true).await
+    start_cluster_tuned(Tuning::default()).await
 }
 
-/// Three nodes with pre-vote on or off, initialised.
-async fn start_cluster_pre_vote(pre_vote: bool) -> Vec<Started> {
+/// Three nodes, tuned, initialised.
+async fn start_cluster_tuned(tuning: Tuning) -> Vec<Started> {
     let mut nodes = Vec::new();
     for id in 1..=3 {
         let peers = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        nodes.push(start_full(id, peers, clients, dir, None, pre_vote).await);
+        nodes.push(start_full(id, peers, clients, dir, None, tuning).await);
     }
     let members: BTreeMap<NodeId, NodeInfo> = nodes
         .iter()
@@ -1432,12 +1456,75 @@ async fn an_isolated_follower_healed_changes_no_leader_and_no_term() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_pre_vote_an_isolated_follower_raises_its_term_and_deposes_the_leader() {
     let _watchdog = watchdog("without_pre_vote_an_isolated_follower_raises_its_term");
-    let nodes = start_cluster_pre_vote(false).await;
+    let tuning = Tuning {
+        pre_vote: false,
+        ..Tuning::default()
+    };
+    let nodes = start_cluster_tuned(tuning).await;
     let (seen, term, follower_term) = partition_follower(&nodes, 1).await;
     assert!(follower_term > term, "term {follower_term} after {term}");
     assert!(
         seen.iter().any(|pairs| pairs.iter().any(|(t, _)| *t > term)),
         "{seen:?}"
+    );
+    kill_all(nodes).await;
+}
+
+/// Leader kills of the fail-over test.
+const KILLS: usize = 10;
+/// Longest a fail-over may take in that test: far above the shipped timing's 0.45-0.6 s to
+/// the election (CLUSTER.md, "Timing"), so a loaded machine does not fail it; what it
+/// guards against is elections that never start.
+const FAIL_OVER_MAX: Duration = Duration::from_secs(10);
+
+/// Pre-vote must not keep a dead leader from being replaced: at the shipped timing, the
+/// leader is cut off and killed [`KILLS`] times (restarted on its data each time), and
+/// another node serves each time, within [`FAIL_OVER_MAX`]. Prints the fail-over times
+/// (`--nocapture`); `TENURE_TEST_PRE_VOTE=off` measures openraft's own timer instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_at_the_shipped_timing() {
+    let _watchdog = watchdog("a_killed_leader_is_replaced_at_the_shipped_timing");
+    let tuning = Tuning {
+        pre_vote: std::env::var("TENURE_TEST_PRE_VOTE").as_deref() != Ok("off"),
+        shipped_timing: true,
+    };
+    let mut nodes = start_cluster_tuned(tuning).await;
+    let mut took = Vec::new();
+    for _ in 0..KILLS {
+        let first = serving_leader(&nodes).await;
+        for i in 0..3 {
+            caught_up(&nodes[i].node, &nodes[first].node).await;
+        }
+        let Started { node, info, dir } = nodes.remove(first);
+        let id = node.id();
+        // Cut off first: to its peers the leader is gone at once, as after a kill -9.
+        node.set_isolated(true);
+        let lost = tokio::time::Instant::now();
+        let found = async {
+            loop {
+                if nodes.iter().any(|n| n.node.serving()) {
+                    return lost.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let (fail_over, ()) = tokio::join!(
+            tokio::time::timeout(FAIL_OVER_MAX, found),
+            node.kill()
+        );
+        let fail_over = fail_over.expect("no new leader in time");
+        took.push(fail_over);
+        let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+        let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+        nodes.insert(first, start_full(id, peers, clients, dir, None, tuning).await);
+    }
+    took.sort();
+    let ms: Vec<u128> = took.iter().map(|d| d.as_millis()).collect();
+    println!(
+        "fail-over (pre-vote {}) over {KILLS} kills: p50 {} ms, max {} ms, all {ms:?}",
+        tuning.pre_vote,
+        ms[ms.len() / 2],
+        ms[ms.len() - 1]
     );
     kill_all(nodes).await;
 }
