@@ -68,9 +68,9 @@ pub struct ClusterOptions {
     pub data_dir: PathBuf,
     /// Leader heartbeat period, in milliseconds.
     pub heartbeat_ms: u64,
-    /// openraft's election timeout range (min, max): each node draws its timeout from it
-    /// once, at start. A follower that stops hearing its leader starts an election after
-    /// openraft's leader lease (the max) plus its timeout (server/CLUSTER.md, "Timing").
+    /// The election timeout range (min, max): a follower that stops hearing its leader asks
+    /// for pre-votes after openraft's leader lease (the max) plus a timeout drawn from it
+    /// for each round (server/CLUSTER.md, "Timing").
     pub election_timeout_ms: (u64, u64),
     /// `--initial-cluster`: the first membership, which the lowest id initialises by
     /// itself (see [`super::bootstrap`]); `None`: an operator initialises.
@@ -85,11 +85,11 @@ pub struct ClusterOptions {
 /// Default leader heartbeat period, in milliseconds (openraft's).
 pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
 /// Default least election timeout, in milliseconds (openraft's); the most is twice it.
-/// A trade-off: a kill -9 of the leader is served again after about 0.6 s, but a follower
-/// starved of CPU for that long starts an election. With all three nodes and the load
-/// generator on one 2-core machine the sizing estimate deposed the leader at 150 ms (and
-/// 200, 250 now and then) and held at 300, where a fail-over took 1.1 s (BENCHMARKS.md):
-/// nodes sharing a small machine want `--election-timeout-ms 300`.
+/// A trade-off: a kill -9 of the leader is served again after about 0.6 s. Before
+/// pre-vote a follower starved of CPU for that long deposed the leader (the sizing estimate
+/// did at 150 ms on one 2-core machine, BENCHMARKS.md); now the leader and the other
+/// follower refuse it, but that load case is still to be measured again, so README still
+/// advises `--election-timeout-ms 300` for nodes sharing a small machine.
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
 
 impl ClusterOptions {
