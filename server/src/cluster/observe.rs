@@ -27,8 +27,8 @@ use prometheus_client::metrics::MetricType;
 use tenure_protocol::cluster::{Digest, Role, StatusExtension};
 
 use super::catch_up::CatchUp;
-use super::prevote::PreVote;
 use super::node::Serving;
+use super::prevote::PreVote;
 use super::state::SnapshotMetrics;
 use super::{NodeId, NodeInfo, Raft};
 use crate::executor::Executor;
@@ -265,7 +265,12 @@ fn encode_prevote(encoder: &mut DescriptorEncoder, prevote: &PreVote) -> FmtResu
     counter(encoder, "tenure_cluster_prevote_rounds", help, rounds)?;
     let granted = prevote.granted_rounds.load(Ordering::Relaxed);
     let help = "Pre-vote rounds a quorum granted, after which this node stood for election";
-    counter(encoder, "tenure_cluster_prevote_rounds_granted", help, granted)?;
+    counter(
+        encoder,
+        "tenure_cluster_prevote_rounds_granted",
+        help,
+        granted,
+    )?;
     let refused = prevote.refused.load(Ordering::Relaxed);
     let help = "Pre-votes this node refused (it heard a leader, leads, or has a longer log)";
     counter(encoder, "tenure_cluster_prevotes_refused", help, refused)

@@ -742,7 +742,10 @@ mod tests {
                 term,
                 last_log_id: None,
             });
-            assert!(check_request(&pre_vote, &known()).is_err(), "pre-vote {term}");
+            assert!(
+                check_request(&pre_vote, &known()).is_err(),
+                "pre-vote {term}"
+            );
             let reply = PeerReply::PreVote(crate::cluster::prevote::PreVoteReply {
                 granted: false,
                 term,

@@ -320,10 +320,9 @@ pub async fn run(
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        if round(&raft, &prevote, &network).await {
-            if raft.trigger().elect().await.is_err() {
-                return;
-            }
+        // openraft elects at once, or ignores it if this node leads by now.
+        if round(&raft, &prevote, &network).await && raft.trigger().elect().await.is_err() {
+            return;
         }
         last_round = tokio::time::Instant::now();
     }
@@ -362,7 +361,11 @@ async fn round(raft: &Raft, prevote: &PreVote, network: &PeerNetwork) -> bool {
         };
         match joined {
             Ok((id, Ok(reply))) if reply.granted => drop(granted.insert(id)),
-            Ok((_, Ok(reply))) => drop(prevote.highest_seen.fetch_max(reply.term, Ordering::Relaxed)),
+            Ok((_, Ok(reply))) => drop(
+                prevote
+                    .highest_seen
+                    .fetch_max(reply.term, Ordering::Relaxed),
+            ),
             Ok((id, Err(why))) => tracing::debug!(peer = id, %why, "no pre-vote answer"),
             Err(_) => {}
         }
@@ -371,7 +374,11 @@ async fn round(raft: &Raft, prevote: &PreVote, network: &PeerNetwork) -> bool {
     let won = is_quorum(&membership, &granted);
     if won {
         prevote.granted_rounds.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(term = request.term, ?granted, "pre-vote granted: standing for election");
+        tracing::info!(
+            term = request.term,
+            ?granted,
+            "pre-vote granted: standing for election"
+        );
     } else {
         tracing::debug!(term = request.term, ?granted, "pre-vote refused");
     }
@@ -477,7 +484,10 @@ mod tests {
         let set = |ids: &[NodeId]| ids.iter().copied().collect::<BTreeSet<_>>();
         assert!(!is_quorum(&three, &set(&[1])));
         assert!(is_quorum(&three, &set(&[1, 3])));
-        assert!(!is_quorum(&three, &set(&[1, 4, 5])), "non-voters do not count");
+        assert!(
+            !is_quorum(&three, &set(&[1, 4, 5])),
+            "non-voters do not count"
+        );
         let four = membership(vec![vec![1, 2, 3, 4]]);
         assert!(!is_quorum(&four, &set(&[1, 2])), "half is not a majority");
         // Joint consensus: {1,2,3} to {3,4,5} needs a majority of both.

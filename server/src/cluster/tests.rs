@@ -1400,7 +1400,11 @@ const ISOLATION: Duration = Duration::from_secs(6);
 async fn partition_follower(
     nodes: &[Started],
     rounds: usize,
-) -> (Vec<std::collections::BTreeSet<(u64, Option<NodeId>)>>, u64, u64) {
+) -> (
+    Vec<std::collections::BTreeSet<(u64, Option<NodeId>)>>,
+    u64,
+    u64,
+) {
     let first = serving_leader(nodes).await;
     let follower = (first + 1) % 3;
     for i in 0..3 {
@@ -1464,7 +1468,8 @@ async fn without_pre_vote_an_isolated_follower_raises_its_term_and_deposes_the_l
     let (seen, term, follower_term) = partition_follower(&nodes, 1).await;
     assert!(follower_term > term, "term {follower_term} after {term}");
     assert!(
-        seen.iter().any(|pairs| pairs.iter().any(|(t, _)| *t > term)),
+        seen.iter()
+            .any(|pairs| pairs.iter().any(|(t, _)| *t > term)),
         "{seen:?}"
     );
     kill_all(nodes).await;
@@ -1508,15 +1513,15 @@ async fn a_killed_leader_is_replaced_at_the_shipped_timing() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
-        let (fail_over, ()) = tokio::join!(
-            tokio::time::timeout(FAIL_OVER_MAX, found),
-            node.kill()
-        );
+        let (fail_over, ()) = tokio::join!(tokio::time::timeout(FAIL_OVER_MAX, found), node.kill());
         let fail_over = fail_over.expect("no new leader in time");
         took.push(fail_over);
         let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
         let clients = TcpListener::bind(&info.client_addr).await.unwrap();
-        nodes.insert(first, start_full(id, peers, clients, dir, None, tuning).await);
+        nodes.insert(
+            first,
+            start_full(id, peers, clients, dir, None, tuning).await,
+        );
     }
     took.sort();
     let ms: Vec<u128> = took.iter().map(|d| d.as_millis()).collect();

@@ -109,7 +109,10 @@ async fn a_follower_partitioned_and_healed_changes_no_leader() {
     let history = History::default();
     let first = load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await;
     assert!(first.is_some(), "the cluster never granted");
-    assert!(cluster.wait_settled(SERVE_WAIT_MAX).await, "no settled leader");
+    assert!(
+        cluster.wait_settled(SERVE_WAIT_MAX).await,
+        "no settled leader"
+    );
     let leader = cluster.wait_leader(SERVE_WAIT_MAX).await.expect("a leader");
     let term = cluster.term(leader).await.expect("the leader's term");
     for round in 0..PARTITIONS {
@@ -117,16 +120,30 @@ async fn a_follower_partitioned_and_healed_changes_no_leader() {
         cluster.proxy.isolate(follower);
         tokio::time::sleep(PARTITION).await;
         let served = load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await;
-        assert!(served.is_some(), "round {round}: no grant while node {follower} was cut off");
+        assert!(
+            served.is_some(),
+            "round {round}: no grant while node {follower} was cut off"
+        );
         cluster.proxy.heal();
         // Links are made again within the peers' retry pause (at most 100 ms).
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        assert!(cluster.wait_settled(SERVE_WAIT_MAX).await, "round {round}: not settled");
-        assert_eq!(cluster.leader().await, Some(leader), "round {round}: the leader changed");
+        assert!(
+            cluster.wait_settled(SERVE_WAIT_MAX).await,
+            "round {round}: not settled"
+        );
+        assert_eq!(
+            cluster.leader().await,
+            Some(leader),
+            "round {round}: the leader changed"
+        );
         for i in 0..NODES {
             let now = cluster.term(i).await;
-            assert_eq!(now, Some(term), "round {round}: node {i}'s term moved (logs: {})",
-                cluster.logs().display());
+            assert_eq!(
+                now,
+                Some(term),
+                "round {round}: node {i}'s term moved (logs: {})",
+                cluster.logs().display()
+            );
         }
     }
     let violations = tenure_testkit::nemesis::checker::check(&history.snapshot());
