@@ -320,8 +320,12 @@ pub async fn run(
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        // openraft elects at once, or ignores it if this node leads by now.
-        if round(&raft, &prevote, &network).await && raft.trigger().elect().await.is_err() {
+        // A vote that moved during the round (a leader elected meanwhile, a vote granted)
+        // makes its grants stale: standing now would only depose whoever won.
+        let vote = raft.metrics().borrow().vote;
+        let won = round(&raft, &prevote, &network).await;
+        let unmoved = raft.metrics().borrow().vote == vote;
+        if won && unmoved && raft.trigger().elect().await.is_err() {
             return;
         }
         last_round = tokio::time::Instant::now();
