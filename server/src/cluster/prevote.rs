@@ -191,6 +191,11 @@ impl PreVote {
         })
     }
 
+    /// openraft's leader lease on this node (the largest election timeout).
+    pub fn lease(&self) -> Duration {
+        self.timing.lease()
+    }
+
     /// The last log id, read off the async threads: the store's lock is held during an
     /// append's fsync.
     async fn last_log_id(&self) -> Option<LogId> {
