@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tenure_protocol::LeaseId;
+use tenure_server::table::TokenAllocator;
 use tenure_server::table::{
     Acquire, AcquireArgs, Event, LockTable, Release, Renew, TableLimits, WaiterSink,
 };
-use tenure_server::tokens::TokenAllocator;
 
 /// Held-lock populations benchmarked.
 const POPULATIONS: [u64; 3] = [1_000, 100_000, 1_000_000];

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use tenure_protocol::LeaseId;
+use tenure_server::table::TokenAllocator;
 use tenure_server::table::{Acquire, AcquireArgs, LockTable, TableLimits, WaiterSink};
-use tenure_server::tokens::TokenAllocator;
 
 /// Waiters queued on the one key, per benchmark.
 const WAITER_POPULATIONS: [u64; 2] = [10_000, 100_000];

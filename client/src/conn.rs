@@ -29,8 +29,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::WatchEvent;
 use crate::error::{Error, Result};
+use crate::outcome::WatchEvent;
 use crate::tls::TlsOptions;
 
 /// Most frames the writer encodes into one buffer before writing it.
@@ -201,53 +201,76 @@ impl Shared {
                 events,
                 overflow,
             }) => {
-                if matches!(response, Ok(Response::Watching { .. })) {
-                    let entry = Entry::Watch {
-                        key,
-                        started: None,
-                        events,
-                        overflow,
-                    };
-                    pending.entries.insert(id, entry);
-                } else {
-                    pending.unindex_watch(id, &key);
-                }
+                pending.watch_answered(id, key, events, overflow, &response);
                 let _ = tx.send(response);
                 None
             }
             Some(entry @ Entry::Watch { .. }) => {
-                // An answer to a running watch can only be the server ending it (WATCH_LIMIT:
-                // its event queue for this connection overflowed). It comes after every event
-                // of that watch, and ends the server's one watch of the key, which every local
-                // watch of the key shares, this one included.
-                let Entry::Watch { key, .. } = &entry else {
-                    unreachable!("matched a watch")
-                };
-                let key = key.clone();
-                pending.entries.insert(id, entry);
-                let error = match response {
-                    Ok(Response::Error { code, message }) => Error::Server { code, message },
-                    Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
-                    Err(e) => e,
-                };
-                pending.end_watches(&key, &error);
+                pending.watch_ended_by_server(id, entry, response);
                 None
             }
-            None => match response {
-                Ok(Response::Error { code, message }) if pending.retired.contains_key(&id) => {
-                    let key = pending.retired.remove(&id).expect("checked");
-                    pending.end_watches(&key, &Error::Server { code, message });
-                    None
-                }
-                Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
-                // A late reply to a request that gave up.
-                _ => None,
-            },
+            None => pending.unclaimed(id, response),
         }
     }
 }
 
 impl Pending {
+    /// The reply to a WATCH: WATCHING starts it (its entry goes back, now for events); any
+    /// other answer refuses it, and its id leaves the key's index.
+    fn watch_answered(
+        &mut self,
+        id: u64,
+        key: Bytes,
+        events: mpsc::Sender<Result<WatchEvent>>,
+        overflow: Arc<AtomicBool>,
+        response: &Result<Response>,
+    ) {
+        if matches!(response, Ok(Response::Watching { .. })) {
+            let entry = Entry::Watch {
+                key,
+                started: None,
+                events,
+                overflow,
+            };
+            self.entries.insert(id, entry);
+        } else {
+            self.unindex_watch(id, &key);
+        }
+    }
+
+    /// An answer to a running watch can only be the server ending it (WATCH_LIMIT: its event
+    /// queue for this connection overflowed). It comes after every event of that watch, and
+    /// ends the server's one watch of the key, which every local watch of the key shares,
+    /// this one included.
+    fn watch_ended_by_server(&mut self, id: u64, entry: Entry, response: Result<Response>) {
+        let Entry::Watch { key, .. } = &entry else {
+            unreachable!("called for a watch")
+        };
+        let key = key.clone();
+        self.entries.insert(id, entry);
+        let error = match response {
+            Ok(Response::Error { code, message }) => Error::Server { code, message },
+            Ok(other) => Error::Protocol(format!("unexpected reply {other:?} to WATCH")),
+            Err(e) => e,
+        };
+        self.end_watches(&key, &error);
+    }
+
+    /// A frame for an id nobody waits for: the end of a watch named by a dropped watch's id
+    /// (it reaches the others of its key), an ERROR closing the connection (its message is
+    /// returned), or a late reply to a request that gave up (ignored).
+    fn unclaimed(&mut self, id: u64, response: Result<Response>) -> Option<String> {
+        match response {
+            Ok(Response::Error { code, message }) if self.retired.contains_key(&id) => {
+                let key = self.retired.remove(&id).expect("checked");
+                self.end_watches(&key, &Error::Server { code, message });
+                None
+            }
+            Ok(Response::Error { code, message }) => Some(format!("{code}: {message}")),
+            _ => None,
+        }
+    }
+
     fn unindex_watch(&mut self, id: u64, key: &[u8]) {
         if let Some(ids) = self.watchers.get_mut(key) {
             ids.retain(|&other| other != id);
@@ -328,15 +351,16 @@ impl Pending {
 }
 
 /// Sends the hello and reads the answer; the requests in flight allowed are the lower of the
-/// server's cap and `in_flight_max`.
+/// server's cap and `in_flight_max`. Also returns what was read past the answer: frames the
+/// server sent right behind it (an ERROR with request id 0 that closes the connection, say).
 async fn handshake(
     stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     in_flight_max: u32,
-) -> Result<(HelloAck, usize)> {
+) -> Result<(HelloAck, usize, BytesMut)> {
     let mut hello = BytesMut::new();
     Hello { version: VERSION }.encode(&mut hello);
     stream.write_all(&hello).await?;
-    let ack = read_ack(stream).await?;
+    let (ack, rest) = read_ack(stream).await?;
     if ack.version != VERSION {
         return Err(Error::VersionMismatch {
             server: ack.version,
@@ -350,16 +374,17 @@ async fn handshake(
         ));
     }
     let in_flight = usize::try_from(in_flight).expect("u32 fits in usize");
-    Ok((ack, in_flight))
+    Ok((ack, in_flight, rest))
 }
 
-/// Reads the server's answer to the hello; its length is in its header. A refusal becomes
-/// [`Error::VersionMismatch`] when the server speaks another version, else [`Error::Server`].
-async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<HelloAck> {
+/// Reads the server's answer to the hello (its length is in its header) and returns it with
+/// the bytes read past it. A refusal becomes [`Error::VersionMismatch`] when the server
+/// speaks another version, else [`Error::Server`].
+async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<(HelloAck, BytesMut)> {
     let mut input = BytesMut::with_capacity(64);
     loop {
         match HelloAck::decode(&mut input) {
-            Ok(Some(ack)) => return Ok(ack),
+            Ok(Some(ack)) => return Ok((ack, input)),
             Ok(None) => {}
             Err(ProtocolError::HandshakeRefused { version, .. }) if version != VERSION => {
                 return Err(Error::VersionMismatch {
@@ -396,15 +421,15 @@ impl Conn {
         // stream behind a lock, so it is used only where it is needed.
         match tls {
             None => {
-                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (ack, in_flight, rest) = handshake(&mut stream, in_flight_max).await?;
                 let (read, write) = stream.into_split();
-                Ok(Self::spawn(read, write, ack, in_flight))
+                Ok(Self::spawn(read, write, ack, in_flight, rest))
             }
             Some(tls) => {
                 let mut stream = tls.connect(addr, stream).await?;
-                let (ack, in_flight) = handshake(&mut stream, in_flight_max).await?;
+                let (ack, in_flight, rest) = handshake(&mut stream, in_flight_max).await?;
                 let (read, write) = tokio::io::split(stream);
-                Ok(Self::spawn(read, write, ack, in_flight))
+                Ok(Self::spawn(read, write, ack, in_flight, rest))
             }
         }
     }
@@ -415,10 +440,11 @@ impl Conn {
         write: impl AsyncWrite + Unpin + Send + 'static,
         ack: HelloAck,
         in_flight: usize,
+        rest: BytesMut,
     ) -> Arc<Conn> {
         let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_loop(read, Arc::clone(&shared)));
+        tokio::spawn(read_loop(read, rest, Arc::clone(&shared)));
         tokio::spawn(write_loop(write, rx, Arc::clone(&shared)));
         Arc::new(Conn {
             tx,
@@ -503,8 +529,10 @@ impl Drop for Conn {
     }
 }
 
-async fn read_loop(read: impl AsyncRead + Unpin + Send, shared: Arc<Shared>) {
+/// Reads frames until the connection ends; `rest` is what the handshake read past its answer.
+async fn read_loop(read: impl AsyncRead + Unpin + Send, rest: BytesMut, shared: Arc<Shared>) {
     let mut frames = FramedRead::new(read, ClientCodec);
+    frames.read_buffer_mut().extend_from_slice(&rest);
     let mut notice = None;
     let reason = loop {
         let item = tokio::select! {

@@ -28,9 +28,12 @@ use tenure_protocol::limits::WAIT_MS_MAX;
 use tenure_protocol::EventKind;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{AcquireOptions, AcquireOutcome, Client, KeyState, Watch};
+use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::lease::{KeepAliveOptions, LeaseGuard, LossReason};
+use crate::lease::{AcquireOutcome, KeepAliveOptions, LeaseGuard, LossReason};
+use crate::options::AcquireOptions;
+use crate::outcome::KeyState;
+use crate::watch::Watch;
 
 /// Pause before an observer subscribes again after its watch failed.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_millis(100);

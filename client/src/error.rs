@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_protocol::{ErrorCode, FrameError};
+use tenure_protocol::{ErrorCode, FrameError, Response};
 use thiserror::Error;
 
 /// Why a request got no answer, or got an answer that is a failure.
@@ -88,6 +88,15 @@ impl Error {
             ),
             _ => false,
         }
+    }
+}
+
+/// The error for an answer that fits no outcome of `request` (a request's name, for the
+/// message): the server's own ERROR as [`Error::Server`], anything else as a protocol error.
+pub(crate) fn unexpected(request: &str, response: Response) -> Error {
+    match response {
+        Response::Error { code, message } => Error::Server { code, message },
+        other => Error::Protocol(format!("unexpected reply {other:?} to {request}")),
     }
 }
 

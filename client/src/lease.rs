@@ -1,5 +1,6 @@
 //! [`Lease`]: one grant of a lock, with a local deadline that never over-estimates; and
-//! [`LeaseGuard`]: a lease renewed in the background that reports its loss at once.
+//! [`LeaseGuard`]: a lease renewed in the background that reports its loss at once; and
+//! [`AcquireOutcome`], the answer to an acquire.
 //!
 //! # The local deadline
 //! The server starts a lease's clock when it grants (or renews) it, which is after the client
@@ -45,9 +46,10 @@ use tenure_protocol::{LeaseId, Request};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{renew_outcome, Client, ReleaseOutcome, RenewOutcome};
 use crate::conn::Shared;
 use crate::error::{Error, Result};
+use crate::outcome::{renew_outcome, LockedBy, ReleaseOutcome, RenewOutcome};
+use crate::router::Router;
 
 /// One grant of a lock: the key, its fencing token, its lease id and a local deadline.
 ///
@@ -55,7 +57,7 @@ use crate::error::{Error, Result};
 /// release the lock. For background renewal turn it into a [`LeaseGuard`] with
 /// [`Lease::keep_alive`].
 pub struct Lease {
-    client: Client,
+    router: Router,
     key: Bytes,
     token: u64,
     lease_id: LeaseId,
@@ -77,6 +79,28 @@ impl fmt::Debug for Lease {
             .field("waited", &self.waited)
             .field("time_left", &self.time_left())
             .finish()
+    }
+}
+
+/// The answer to an acquire: the lock (as a [`Lease`] or [`LeaseGuard`]), or who holds it.
+///
+/// It lives here rather than with the other outcomes because its default payload is a
+/// [`Lease`].
+#[derive(Debug)]
+pub enum AcquireOutcome<T = Lease> {
+    /// The lock is yours.
+    Granted(T),
+    /// Someone else holds the lock (and the wait, if any, ran out).
+    Locked(LockedBy),
+}
+
+impl<T> AcquireOutcome<T> {
+    /// The lease, if granted.
+    pub fn granted(self) -> Option<T> {
+        match self {
+            AcquireOutcome::Granted(lease) => Some(lease),
+            AcquireOutcome::Locked(_) => None,
+        }
     }
 }
 
@@ -117,7 +141,7 @@ impl Lease {
     /// lease started `granted.waited` after its receipt of the request, so it ends no earlier
     /// than `sent_at + waited + ttl` less the server's rounding ([`local_deadline`]).
     pub(crate) fn new(
-        client: Client,
+        router: Router,
         key: Bytes,
         granted: Granted,
         sent_at: Instant,
@@ -130,7 +154,7 @@ impl Lease {
             waited,
         } = granted;
         Lease {
-            client,
+            router,
             key,
             token,
             lease_id,
@@ -194,7 +218,7 @@ impl Lease {
     /// Renews for the same TTL; see [`Lease::renew_for`].
     ///
     /// # Errors
-    /// As [`Client::renew`].
+    /// As [`Client::renew`](crate::Client::renew).
     pub async fn renew(&mut self) -> Result<RenewOutcome> {
         self.renew_for(self.ttl).await
     }
@@ -204,7 +228,7 @@ impl Lease {
     /// LOST it moves to the past.
     ///
     /// # Errors
-    /// As [`Client::renew`]; the deadline is left alone.
+    /// As [`Client::renew`](crate::Client::renew); the deadline is left alone.
     pub async fn renew_for(&mut self, ttl: Duration) -> Result<RenewOutcome> {
         let request = Request::Renew {
             key: self.key.clone(),
@@ -212,7 +236,7 @@ impl Lease {
             ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
         };
         // From before the send that got the answer (a re-send after NOT_LEADER, maybe).
-        let (outcome, sent_at) = self.client.renew_sent_at(request).await?;
+        let (outcome, sent_at) = self.router.renew_sent_at(request).await?;
         match outcome {
             RenewOutcome::Renewed { ttl } => {
                 self.ttl = ttl;
@@ -226,9 +250,9 @@ impl Lease {
     /// Releases the lock.
     ///
     /// # Errors
-    /// As [`Client::release`].
+    /// As [`Client::release`](crate::Client::release).
     pub async fn release(self) -> Result<ReleaseOutcome> {
-        self.client.release(&self.key, self.lease_id).await
+        self.router.release(&self.key, self.lease_id).await
     }
 
     /// Starts renewing in the background with default [`KeepAliveOptions`].
@@ -352,7 +376,7 @@ impl GuardState {
 /// the lease), but not after [`LossReason::Revoked`] or [`LossReason::Disconnected`].
 pub struct LeaseGuard {
     state: Arc<GuardState>,
-    client: Client,
+    router: Router,
     stop: CancellationToken,
 }
 
@@ -394,14 +418,14 @@ impl LeaseGuard {
         state.extend(lease.deadline);
         let stop = CancellationToken::new();
         tokio::spawn(keep_alive(
-            lease.client.clone(),
+            lease.router.clone(),
             Arc::clone(&state),
             lease.tied_to,
             stop.clone(),
         ));
         LeaseGuard {
             state,
-            client: lease.client,
+            router: lease.router,
             stop,
         }
     }
@@ -473,12 +497,12 @@ impl LeaseGuard {
     /// [`LossReason::Released`] (so work still watching it stops).
     ///
     /// # Errors
-    /// As [`Client::release`].
+    /// As [`Client::release`](crate::Client::release).
     pub async fn release(self) -> Result<ReleaseOutcome> {
         self.state.release_on_stop.store(false, Ordering::Release);
         self.state.fire(LossReason::Released);
         self.stop.cancel();
-        self.client
+        self.router
             .release(&self.state.key, self.state.lease_id)
             .await
     }
@@ -494,13 +518,13 @@ impl Drop for LeaseGuard {
         let unconfirmed = matches!(self.state.reason.get(), Some(LossReason::Expired { .. }));
         if unconfirmed && self.state.release_on_stop.load(Ordering::Acquire) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let (client, key, lease_id) = (
-                    self.client.clone(),
+                let (router, key, lease_id) = (
+                    self.router.clone(),
                     self.state.key.clone(),
                     self.state.lease_id,
                 );
                 runtime.spawn(async move {
-                    let _ = client.release(&key, lease_id).await;
+                    let _ = router.release(&key, lease_id).await;
                 });
             }
         }
@@ -510,17 +534,17 @@ impl Drop for LeaseGuard {
 /// The renewal task: renews until the lease is lost or the guard stops, then (when the guard
 /// was dropped) fires [`LossReason::Released`] and releases the lock.
 async fn keep_alive(
-    client: Client,
+    router: Router,
     state: Arc<GuardState>,
     tied_to: Option<Arc<Shared>>,
     stop: CancellationToken,
 ) {
-    renew_until_lost(&client, &state, tied_to, &stop).await;
+    renew_until_lost(&router, &state, tied_to, &stop).await;
     if stop.is_cancelled() && state.release_on_stop.load(Ordering::Acquire) {
         let was_lost = state.lost.load(Ordering::Acquire);
         state.fire(LossReason::Released);
         if !was_lost {
-            let _ = client.release(&state.key, state.lease_id).await;
+            let _ = router.release(&state.key, state.lease_id).await;
         }
     }
 }
@@ -552,7 +576,7 @@ enum Renewal {
 }
 
 async fn renew_until_lost(
-    client: &Client,
+    router: &Router,
     state: &GuardState,
     tied_to: Option<Arc<Shared>>,
     stop: &CancellationToken,
@@ -593,7 +617,7 @@ async fn renew_until_lost(
             }
             Wake::Renew => {}
         }
-        match renew_once(client, state, stop, give_up_at).await {
+        match renew_once(router, state, stop, give_up_at).await {
             Renewal::Confirmed { sent_at, ttl, conn } => {
                 state.extend(local_deadline(sent_at, Duration::ZERO, ttl));
                 next_renew = sent_at + state.renew_every;
@@ -618,9 +642,9 @@ async fn renew_until_lost(
 /// longer than the time between renewals, so that a hung node (the client then moves to
 /// another endpoint) leaves time to retry elsewhere before the give-up point. With one
 /// endpoint there is nowhere else to go, and a slow answer is still worth waiting for.
-fn attempt_timeout(client: &Client, state: &GuardState) -> Duration {
-    let timeout = client.config().request_timeout;
-    if client.endpoints().len() > 1 {
+fn attempt_timeout(router: &Router, state: &GuardState) -> Duration {
+    let timeout = router.config().request_timeout;
+    if router.endpoints().len() > 1 {
         timeout.min(state.renew_every)
     } else {
         timeout
@@ -630,7 +654,7 @@ fn attempt_timeout(client: &Client, state: &GuardState) -> Duration {
 /// Sends one renewal and waits for it, racing the give-up timer so that a stuck renewal cannot
 /// delay the loss signal.
 async fn renew_once(
-    client: &Client,
+    router: &Router,
     state: &GuardState,
     stop: &CancellationToken,
     give_up_at: Instant,
@@ -644,7 +668,7 @@ async fn renew_once(
         biased;
         _ = stop.cancelled() => return Renewal::Stopped,
         _ = tokio::time::sleep_until(give_up_at) => return Renewal::GaveUp,
-        renewal = client.call(request, attempt_timeout(client, state)) => renewal,
+        renewal = router.call(request, attempt_timeout(router, state)) => renewal,
     };
     // `sent_at` is taken before the send that got the answer (the last, after NOT_LEADER),
     // so the new deadline never over-estimates the server's.
@@ -663,7 +687,7 @@ async fn renew_once(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{AcquireOptions, AcquireOutcome};
+    use crate::client::{AcquireOptions, AcquireOutcome, Client};
     use crate::fake::{self, Script};
     use tenure_protocol::handshake::VERSION;
     use tenure_protocol::Response;

@@ -51,16 +51,30 @@
 //! without waiting for them.
 //!
 //! # Layout
-//! - [`client`]: [`Client`], one pipelined connection shared by many tasks; typed outcomes;
-//!   [`Watch`] streams; reconnection with backoff; [`ClientOptions`] with [`Credentials`].
-//! - [`cluster`]: cluster administration: status, init, add and remove a node.
-//! - `conn` (private): the connection's handshake, writer task and reader task.
-//! - [`lease`]: [`Lease`] with a local deadline that never over-estimates, and [`LeaseGuard`]
-//!   renewing in the background and reporting loss.
-//! - [`fence`]: [`Fence`] and [`SequencedFence`], the resource-side check, with the SQL pattern.
-//! - [`election`]: [`Election`], [`Leadership`] and [`Observer`] on top of one lock per group;
-//!   [`Client::campaign`] and [`Client::observe`] are the short forms.
-//! - [`error`]: [`Error`], every way a request can fail.
+//! Each module's job and the modules it may import, lowest layer first. The table is kept by
+//! a test (`client/tests/it/layout.rs`) that reads every module's `crate::` paths and fails
+//! on an import not listed here, on a listed one nobody uses, and on a cycle; public types
+//! are re-exported here (and from [`client`], where they lived before) from the module that
+//! owns them.
+//!
+//! | module | its job | may import |
+//! |--------|---------|------------|
+//! | `error` | [`Error`], every way a request can fail | — |
+//! | `fence` | [`Fence`] and [`SequencedFence`], the resource-side check, with the SQL pattern | — |
+//! | `cluster` | the cluster's vocabulary (members, status) and a membership change's time-out | — |
+//! | `tls` | [`TlsOptions`]: roots, client certificate, server name | `error` |
+//! | `options` | [`ClientConfig`] with [`Credentials`], [`AcquireOptions`]: what requests are made with | `tls` |
+//! | `outcome` | what answers mean: [`RenewOutcome`], [`KeyState`], [`WatchEvent`], ... | `error` |
+//! | `conn` | one connection: handshake, writer and reader tasks, request ids, watch routing | `error`, `outcome`, `tls` |
+//! | `router` | the connection manager: endpoints, reconnection, `NOT_LEADER` redirects, time-outs | `conn`, `error`, `options`, `outcome` |
+//! | `lease` | [`Lease`] with a local deadline that never over-estimates, [`LeaseGuard`], [`AcquireOutcome`] | `conn`, `error`, `outcome`, `router` |
+//! | `watch` | [`Watch`], the stream of one key's changes | `conn`, `error`, `outcome`, `router` |
+//! | `client` | [`Client`]: the typed requests (acquire, lock, renew, watch, cluster admin) | `cluster`, `error`, `lease`, `options`, `outcome`, `router`, `watch` |
+//! | `election` | [`Election`], [`Leadership`], [`Observer`]; [`Client::campaign`] and [`Client::observe`] | `client`, `error`, `lease`, `options`, `outcome`, `watch` |
+//!
+//! A request goes down the table: [`Client`] builds it, `router` picks the connection and
+//! follows redirects, `conn` frames it and matches the reply, and the answer comes back up as
+//! an `outcome` (or a [`Lease`], which keeps a `router` handle to renew and release). Also:
 //! - [`duration`]: `30s`/`500ms`/`2m` parsing, re-exported from `tenure_protocol`: one parser
 //!   for every command line of the project.
 //! - `fake` (tests only): a scripted stand-in server for behaviour a real one will not show
@@ -97,20 +111,24 @@ pub mod election;
 pub mod error;
 pub mod fence;
 pub mod lease;
+mod options;
+mod outcome;
+mod router;
 pub mod tls;
+mod watch;
 
 pub use bytes::Bytes;
-pub use client::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, ClientOptions, Credentials,
-    KeyState, LockedBy, ReleaseOutcome, RenewOutcome, Watch, WatchEvent,
-};
+pub use client::Client;
 pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
-pub use lease::{KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
+pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
+pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
+pub use watch::Watch;
 
 #[cfg(test)]
 mod fake;

@@ -16,6 +16,30 @@ pub const PIPELINE_MAX: usize = 4096;
 /// Most clients in the contention scenario.
 pub const CLIENTS_MAX: usize = 100_000;
 
+/// Long help text: the crate docs' overview in brief.
+pub const ABOUT: &str = "Load generator for the tenure lock server (and Redis, for comparison).
+
+Scenarios:
+  estimate    open loop at --rate acquires/s; each lock held --hold, renewed every
+              --renew-every with --ttl, then released; ramp of --hold, --warmup, then
+              --duration measured. Defaults: 50000/s, 10s hold, 30s TTL, renew 10s
+              (500K locks held, 150K ops/s). Latency counts from intended send times.
+  max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
+  contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
+              hand-off latency and fairness (Jain's index)
+  healthy     a cluster: wait until every member answers and one serves
+  failover    a cluster: kill -9 the leader (--pids, in address order), time until a
+              grant is served by the rest (attempts bounded by --attempt-timeout)
+
+Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
+compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token) or etcd://HOST:PORT
+(v3 JSON gateway: lease grant + create-if-absent txn, keep-alive, revoke). A,B,C names a
+cluster's members (tenure: the serving one is found; etcd: spread over). Loopback only
+unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
+tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
+--tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
+TENURE_SECRET. The report gives each connection's setup cost (connect to ready).";
+
 /// Which workload to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -48,7 +72,7 @@ pub enum MaxOp {
 
 /// Load generator for tenure and, for comparison, Redis.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = crate::ABOUT)]
+#[command(version, about, long_about = ABOUT)]
 pub struct Args {
     /// Server to load: tenure://HOST:PORT or redis://HOST:PORT.
     #[arg(long, default_value = "tenure://127.0.0.1:7878")]
@@ -175,6 +199,26 @@ impl Args {
     /// # Errors
     /// For a flag out of range.
     pub fn resolve(mut self) -> anyhow::Result<Args> {
+        self.fill_defaults();
+        self.check_counts()?;
+        self.check_times()?;
+        if self.scenario == Scenario::Failover {
+            ensure!(!self.pids.is_empty(), "--scenario failover needs --pids");
+        }
+        ensure!(
+            self.tick >= Duration::from_micros(10) && self.tick <= Duration::from_millis(100),
+            "--tick must be 10us..=100ms"
+        );
+        self.check_estimate()?;
+        crate::wire::validate_limits(
+            millis_u32(self.ttl, "--ttl")?,
+            millis_u32(self.wait, "--wait")?,
+        )?;
+        Ok(self)
+    }
+
+    /// The defaults that depend on the scenario: hold, key space and measured window.
+    fn fill_defaults(&mut self) {
         let (hold, keys, duration) = match self.scenario {
             Scenario::Estimate => (10_000, 1 << 40, 30),
             Scenario::Max => (0, 1_000_000, 10),
@@ -184,6 +228,10 @@ impl Args {
         self.hold.get_or_insert(Duration::from_millis(hold));
         self.keys.get_or_insert(keys);
         self.duration.get_or_insert(Duration::from_secs(duration));
+    }
+
+    /// Connections, pipeline depth, clients and keys within their named maximums.
+    fn check_counts(&self) -> anyhow::Result<()> {
         ensure!(
             (1..=CONNECTIONS_MAX).contains(&self.connections),
             "--connections must be 1..={CONNECTIONS_MAX}"
@@ -200,6 +248,11 @@ impl Args {
             self.keys() >= 1 && self.keys() <= 1 << 62,
             "--keys must be 1..=2^62"
         );
+        Ok(())
+    }
+
+    /// Every duration bounded, so that every run stops by itself.
+    fn check_times(&self) -> anyhow::Result<()> {
         ensure!(
             self.duration() <= DURATION_MAX,
             "--duration is over {DURATION_MAX:?}"
@@ -222,13 +275,11 @@ impl Args {
                 && self.attempt_timeout <= Duration::from_secs(60),
             "--attempt-timeout must be 1ms..=60s"
         );
-        if self.scenario == Scenario::Failover {
-            ensure!(!self.pids.is_empty(), "--scenario failover needs --pids");
-        }
-        ensure!(
-            self.tick >= Duration::from_micros(10) && self.tick <= Duration::from_millis(100),
-            "--tick must be 10us..=100ms"
-        );
+        Ok(())
+    }
+
+    /// The open loop's rate and renewals within what one run can send.
+    fn check_estimate(&self) -> anyhow::Result<()> {
         if self.scenario == Scenario::Estimate {
             ensure!(
                 self.rate > 0.0 && self.rate <= 10_000_000.0,
@@ -243,11 +294,7 @@ impl Args {
                 "--hold / --renew-every is over 64 renews per lock"
             );
         }
-        crate::wire::validate_limits(
-            millis_u32(self.ttl, "--ttl")?,
-            millis_u32(self.wait, "--wait")?,
-        )?;
-        Ok(self)
+        Ok(())
     }
 
     /// `--hold` after [`Args::resolve`].

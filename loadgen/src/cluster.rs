@@ -20,8 +20,8 @@ use tokio::net::TcpStream;
 
 use crate::args::{millis_u32, Args, Scenario};
 use crate::etcd::{self, EtcdState, HttpReply};
+use crate::op::{Op, OpKind, Outcome, KEY_PREFIX};
 use crate::target::{tenure_ask, Kind, Target};
-use crate::wire::{Op, OpKind, Outcome, KEY_PREFIX};
 
 /// Pause after an attempt that failed at once (refused connection, `leader=unknown`), so a
 /// cluster without a leader is not spun on; it bounds how late a success is seen.

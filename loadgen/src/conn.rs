@@ -1,35 +1,34 @@
-//! One pipelined connection: a shared state, a reader task and a writer task.
+//! One pipelined connection's state: its protocol, its output buffer, the ops in flight and
+//! the backlog. The socket tasks that move its bytes are in `crate::socket`.
 //!
 //! Everything runs on one thread, so the state of all connections and the scenario sit in one
-//! `Rc<RefCell<World>>`. A scenario *submits* an op: it is encoded at once into the connection's
-//! output buffer if fewer than `pipeline_max` requests are in flight, or queued in the backlog
-//! (keeping its intended send time, so the wait counts as latency). The writer task swaps the
-//! output buffer for its spare and writes it whole, which batches every op submitted since its
-//! last write into one `write` call. The reader task reads whatever has arrived and hands it to
-//! [`crate::run::World::on_bytes`], which decodes every complete reply, matches it to its op and
-//! lets the scenario react.
+//! `Rc<RefCell<World>>` (`crate::world`). A scenario *submits* an op: it is encoded at once into
+//! the connection's output buffer if fewer than `pipeline_max` requests are in flight, or queued
+//! in the backlog (keeping its intended send time, so the wait counts as latency). The writer
+//! task swaps the output buffer for its spare and writes it whole, which batches every op
+//! submitted since its last write into one `write` call. The reader task reads whatever has
+//! arrived and hands it to `World::on_bytes`, which decodes every complete reply, matches it to
+//! its op here ([`Conn::take`]) and lets the scenario react.
 //!
 //! In-flight ops live in a slab whose index is the tenure request id (replies may come back out
 //! of order there: blocking acquires); for Redis, which answers in order, a queue of slab
 //! indices in send order finds the op instead.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
 use anyhow::{bail, Context};
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::run::World;
-use crate::wire::{Op, Proto};
+use crate::op::Op;
+use crate::proto::Proto;
 
 /// Most ops one connection may hold back for lack of pipeline room before the run is declared
 /// overloaded: past this the target is not keeping up and the backlog would only eat memory.
 pub const BACKLOG_MAX: usize = 2_000_000;
-/// Read buffer growth step, in bytes.
-const READ_CHUNK: usize = 64 * 1024;
+/// Read buffer growth step, and the output buffer's first size, in bytes.
+pub const READ_CHUNK: usize = 64 * 1024;
 
 /// The state of one connection shared by its tasks and the scenario.
 pub struct Conn {
@@ -152,54 +151,10 @@ impl Conn {
     }
 }
 
-/// Reads replies for connection `index` until the stream ends or breaks. `half` is a TCP
-/// socket's owned read half (no lock shared with the writer) or a TLS stream's split half.
-pub async fn reader<R: AsyncRead + Unpin>(world: Rc<RefCell<World>>, index: usize, mut half: R) {
-    let mut input = BytesMut::with_capacity(READ_CHUNK);
-    loop {
-        if input.capacity() - input.len() < READ_CHUNK / 4 {
-            input.reserve(READ_CHUNK);
-        }
-        let why = match half.read_buf(&mut input).await {
-            Ok(0) => "the server closed the connection".to_owned(),
-            Err(e) => format!("read failed: {e}"),
-            Ok(_) => match world.borrow_mut().on_bytes(index, &mut input) {
-                Ok(()) => continue,
-                Err(e) => format!("bad reply stream: {e:#}"),
-            },
-        };
-        world.borrow_mut().conns[index].failed = Some(why);
-        return;
-    }
-}
-
-/// Writes whatever the scenario encoded for connection `index`, one batch per wake-up.
-pub async fn writer<W: AsyncWrite + Unpin>(world: Rc<RefCell<World>>, index: usize, mut half: W) {
-    let notify = world.borrow().conns[index].notify.clone();
-    let mut spare = BytesMut::with_capacity(READ_CHUNK);
-    loop {
-        notify.notified().await;
-        std::mem::swap(&mut spare, &mut world.borrow_mut().conns[index].out);
-        if spare.is_empty() {
-            continue;
-        }
-        // TLS may keep the tail of a batch in its buffer until flushed; TCP's flush does nothing.
-        let written = match half.write_all(&spare).await {
-            Ok(()) => half.flush().await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            world.borrow_mut().conns[index].failed = Some(format!("write failed: {e}"));
-            return;
-        }
-        spare.clear();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::OpKind;
+    use crate::op::OpKind;
 
     fn ping(tag: u64) -> Op {
         Op {

@@ -22,7 +22,7 @@ use anyhow::{bail, ensure, Context};
 use bytes::{Buf, BufMut, BytesMut};
 use serde_json::Value;
 
-use crate::wire::{decimal, Op, OpKind, Outcome, KEY_PREFIX};
+use crate::op::{decimal, Op, OpKind, Outcome, KEY_PREFIX};
 
 /// Longest response head (status line and headers) accepted, in bytes.
 const HEAD_BYTES_MAX: usize = 16 * 1024;

@@ -38,28 +38,51 @@
 //! ```
 //!
 //! # Layout
-//! - `args`: flags, defaults per scenario, limits.
-//! - `target`: target parsing, the loopback rule, connecting, handshakes and AUTH; `tls`: TLS.
-//! - `wire`: ops, outcomes, tenure frame encoding; `resp`: the RESP2 side and Redis recipes.
-//! - `conn`: one pipelined connection (reader and writer tasks, in-flight slab, backlog).
-//! - `etcd`: etcd's lock cycle over HTTP/1.1; `cluster`: finding a leader, health, fail-over.
-//! - `scenario`: the workloads; `run`: the driver and measured window.
-//! - `stats`, `progress`, `report`, `procfs`: figures, the live line, the report, RSS and CPU.
+//! Each module's job and the modules it may import, lowest layer first. The table is kept by
+//! a test (`loadgen/tests/it/layout.rs`) that reads every module's `crate::` paths and fails
+//! on an import not listed here, on a listed one nobody uses, and on a cycle.
+//!
+//! | module | its job | may import |
+//! |--------|---------|------------|
+//! | `op` | the shared vocabulary: ops, outcomes, key names | — |
+//! | `procfs` | RSS and CPU ticks of a process, from `/proc` | — |
+//! | `tls` | TLS to a tenure target: roots, client certificate | — |
+//! | `wire` | tenure's codec: hand-written request frames, replies to outcomes, limits | `op` |
+//! | `resp` | the Redis codec: RESP2 and the lock recipes | `op` |
+//! | `etcd` | the etcd codec: the lock cycle over the v3 JSON gateway (HTTP/1.1) | `op` |
+//! | `proto` | the dispatcher: one connection's protocol, over the three codecs | `etcd`, `op`, `resp`, `wire` |
+//! | `stats` | counters and HDR histograms per op kind | `op` |
+//! | `report` | the report, as text or JSON | `op`, `stats` |
+//! | `args` | flags, defaults per scenario, limits, the long help | `wire` |
+//! | `target` | target parsing, the loopback rule, connecting, handshakes and AUTH | `etcd`, `proto`, `resp`, `tls` |
+//! | `conn` | one pipelined connection's state: in-flight slab, backlog, output buffer | `op`, `proto` |
+//! | `scenario` | the workloads: what to send and when | `args`, `conn`, `op`, `report`, `stats` |
+//! | `world` | the state a run's tasks share, and how bytes, ticks and the start move it | `conn`, `scenario`, `stats` |
+//! | `socket` | each connection's reader and writer tasks | `conn`, `world` |
+//! | `progress` | the once-a-second line on stderr | `op`, `world` |
+//! | `cluster` | finding a leader, health, fail-over timing | `args`, `etcd`, `op`, `target` |
+//! | `run` | the driver: connect, place the measured window, report | `args`, `cluster`, `conn`, `procfs`, `progress`, `report`, `scenario`, `socket`, `stats`, `target`, `tls`, `world` |
+//!
+//! `main` parses the flags and calls `run` (or `cluster` for `healthy` and `failover`).
 
 mod args;
 mod cluster;
 mod conn;
 mod etcd;
+mod op;
 mod procfs;
 mod progress;
+mod proto;
 mod report;
 mod resp;
 mod run;
 mod scenario;
+mod socket;
 mod stats;
 mod target;
 mod tls;
 mod wire;
+mod world;
 
 use std::process::ExitCode;
 
@@ -69,30 +92,6 @@ use clap::Parser;
 // histograms churn at start and end; it matches the server's allocator so both sides compare.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Long help text: the crate docs' overview in brief.
-pub const ABOUT: &str = "Load generator for the tenure lock server (and Redis, for comparison).
-
-Scenarios:
-  estimate    open loop at --rate acquires/s; each lock held --hold, renewed every
-              --renew-every with --ttl, then released; ramp of --hold, --warmup, then
-              --duration measured. Defaults: 50000/s, 10s hold, 30s TTL, renew 10s
-              (500K locks held, 150K ops/s). Latency counts from intended send times.
-  max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
-  contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
-              hand-off latency and fairness (Jain's index)
-  healthy     a cluster: wait until every member answers and one serves
-  failover    a cluster: kill -9 the leader (--pids, in address order), time until a
-              grant is served by the rest (attempts bounded by --attempt-timeout)
-
-Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
-compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token) or etcd://HOST:PORT
-(v3 JSON gateway: lease grant + create-if-absent txn, keep-alive, revoke). A,B,C names a
-cluster's members (tenure: the serving one is found; etcd: spread over). Loopback only
-unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
-tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
---tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
-TENURE_SECRET. The report gives each connection's setup cost (connect to ready).";
 
 fn main() -> ExitCode {
     let args = match args::Args::parse().resolve() {

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::run::World;
-use crate::wire::OpKind;
+use crate::op::OpKind;
+use crate::world::World;
 
 /// Writes progress lines unless quiet.
 pub struct Progress {

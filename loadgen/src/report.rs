@@ -4,8 +4,8 @@ use std::fmt::Write;
 
 use serde_json::json;
 
+use crate::op::{OpKind, Outcome};
 use crate::stats::Stats;
-use crate::wire::{OpKind, Outcome};
 
 /// A scalar in the report.
 #[derive(Clone, Debug)]

@@ -18,7 +18,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::wire::{decimal, Op, OpKind, Outcome, FENCE_PREFIX, KEY_PREFIX};
+use crate::op::{decimal, Op, OpKind, Outcome, FENCE_PREFIX, KEY_PREFIX};
 
 /// Release only if the caller's lease still holds the key.
 pub const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \

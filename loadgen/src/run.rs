@@ -13,19 +13,23 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tokio::sync::Notify;
 
 use crate::args::{millis_u32, Args, Scenario as Which};
-use crate::conn::{self, Conn};
+use crate::cluster;
+use crate::conn::Conn;
 use crate::procfs;
+use crate::progress::Progress;
 use crate::report::{self, Report, Value};
-use crate::scenario::{closed, contention, estimate, Ctx, Rng, Scenario};
+use crate::scenario::{closed, contention, estimate, Rng, Scenario};
+use crate::socket;
 use crate::stats::Stats;
 use crate::target::{Credentials, Kind, Security, SetupTimes, Stream, Target};
 use crate::tls::{Tls, TlsFlags};
+use crate::world::World;
 
 /// Longest time setup (connecting aside) may take before the run gives up.
 const SETUP_MAX: Duration = Duration::from_secs(120);
@@ -61,96 +65,6 @@ impl Ticker {
 impl Drop for Ticker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Everything the tasks of a run share.
-pub struct World {
-    /// One entry per connection.
-    pub conns: Vec<Conn>,
-    /// Counters and histograms.
-    pub stats: Stats,
-    /// The workload.
-    pub scenario: Box<dyn Scenario>,
-    /// The window has closed.
-    pub stopping: bool,
-    start: Instant,
-}
-
-impl World {
-    fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    /// Decodes every complete reply in `input` for connection `index` and lets the scenario act.
-    ///
-    /// # Errors
-    /// When the stream is broken or a reply matches no request.
-    pub fn on_bytes(&mut self, index: usize, input: &mut bytes::BytesMut) -> anyhow::Result<()> {
-        let now_ns = self.now_ns();
-        let World {
-            conns,
-            stats,
-            scenario,
-            stopping,
-            ..
-        } = self;
-        let mut ctx = Ctx {
-            now_ns,
-            conns,
-            stopping: *stopping,
-        };
-        while let Some((id, decoded)) = ctx.conns[index].proto.decode(input)? {
-            let conn = &mut ctx.conns[index];
-            let op = conn.take(id)?;
-            let outcome = conn.proto.outcome(&op, decoded);
-            stats.record(&op, &outcome, now_ns);
-            scenario.on_reply(&mut ctx, &op, &outcome);
-            ctx.conns[index].refill(now_ns);
-        }
-        ctx.conns.iter().for_each(Conn::flush);
-        Ok(())
-    }
-
-    fn tick(&mut self) {
-        let now_ns = self.now_ns();
-        let mut ctx = Ctx {
-            now_ns,
-            conns: &mut self.conns,
-            stopping: self.stopping,
-        };
-        self.scenario.tick(&mut ctx);
-        ctx.conns.iter().for_each(Conn::flush);
-    }
-
-    fn start_scenario(&mut self) {
-        let mut ctx = Ctx {
-            now_ns: self.now_ns(),
-            conns: &mut self.conns,
-            stopping: false,
-        };
-        self.scenario.start(&mut ctx);
-        ctx.conns.iter().for_each(Conn::flush);
-    }
-
-    fn outstanding(&self) -> usize {
-        self.conns.iter().map(|c| c.in_flight() + c.backlog()).sum()
-    }
-
-    fn check_health(&self) -> anyhow::Result<()> {
-        for (i, conn) in self.conns.iter().enumerate() {
-            if let Some(why) = &conn.failed {
-                bail!("connection {i}: {why}");
-            }
-            if conn.overloaded {
-                bail!(
-                    "connection {i}: over {} ops waiting for pipeline room; the target is not \
-                     keeping up with the offered load (lower --rate or raise --pipeline)",
-                    conn::BACKLOG_MAX
-                );
-            }
-        }
-        Ok(())
     }
 }
 
@@ -234,7 +148,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let mut target = Target::parse(&args.target, args.allow_remote).await?;
     if target.kind == Kind::Tenure && target.addrs.len() > 1 {
         // A tenure cluster: only its leader serves, so every connection goes there.
-        target.addr = crate::cluster::tenure_leader(&target.addrs, LEADER_WAIT_MAX).await?;
+        target.addr = cluster::tenure_leader(&target.addrs, LEADER_WAIT_MAX).await?;
     }
     let redis = target.kind != Kind::Tenure;
     let server_rss_start = args.server_pid.and_then(procfs::rss_bytes);
@@ -270,13 +184,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
         setups.push(connected.setup);
     }
     let scenario = build_scenario(&args, args.connections, pipeline, redis)?;
-    let world = Rc::new(RefCell::new(World {
-        conns: conns.into_iter().map(|p| Conn::new(p, pipeline)).collect(),
-        stats: Stats::default(),
-        scenario,
-        stopping: false,
-        start: Instant::now(),
-    }));
+    let conns = conns.into_iter().map(|p| Conn::new(p, pipeline)).collect();
+    let world = Rc::new(RefCell::new(World::new(conns, Stats::default(), scenario)));
     for (index, stream) in streams.into_iter().enumerate() {
         spawn_tasks(&world, index, stream);
     }
@@ -336,13 +245,13 @@ fn spawn_tasks(world: &Rc<RefCell<World>>, index: usize, stream: Stream) {
     match stream {
         Stream::Plain(stream) => {
             let (read, write) = stream.into_split();
-            tokio::task::spawn_local(conn::reader(world.clone(), index, read));
-            tokio::task::spawn_local(conn::writer(world.clone(), index, write));
+            tokio::task::spawn_local(socket::reader(world.clone(), index, read));
+            tokio::task::spawn_local(socket::writer(world.clone(), index, write));
         }
         Stream::Tls(stream) => {
             let (read, write) = tokio::io::split(*stream);
-            tokio::task::spawn_local(conn::reader(world.clone(), index, read));
-            tokio::task::spawn_local(conn::writer(world.clone(), index, write));
+            tokio::task::spawn_local(socket::reader(world.clone(), index, read));
+            tokio::task::spawn_local(socket::writer(world.clone(), index, write));
         }
     }
 }
@@ -432,7 +341,7 @@ async fn drive(world: &Rc<RefCell<World>>, args: &Args) -> anyhow::Result<(Snaps
     let mut begin: Option<Snapshot> = None;
     let mut end: Option<Snapshot> = None;
     let mut next_progress_ns = 1_000_000_000;
-    let mut progress = crate::progress::Progress::new(args.quiet);
+    let mut progress = Progress::new(args.quiet);
     loop {
         ticker.notify.notified().await;
         let mut w = world.borrow_mut();

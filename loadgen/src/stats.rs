@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 
-use crate::wire::{Op, OpKind, Outcome};
+use crate::op::{Op, OpKind, Outcome};
 
 /// Largest latency a histogram tracks, in nanoseconds (longer ones are clamped to it).
 const LATENCY_NS_MAX: u64 = 3_600 * 1_000_000_000;

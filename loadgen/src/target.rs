@@ -15,9 +15,9 @@ use std::net::SocketAddr;
 
 use crate::etcd::EtcdState;
 
+use crate::proto::Proto;
 use crate::resp;
 use crate::tls::Tls;
-use crate::wire::Proto;
 
 /// Request id of the AUTH sent during setup (ids of the run's requests start afresh at 1 on
 /// the connection afterwards; the server only echoes ids).

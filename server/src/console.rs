@@ -10,7 +10,7 @@
 //! [`Request`] the binary protocol carries, and a [`Response`] becomes a line. The connection
 //! code runs both surfaces through one executor, so they cannot drift apart.
 
-use tenure_protocol::{EventKind, Response};
+use tenure_protocol::{EventKind, Holder, Response};
 
 pub use tenure_protocol::console::{parse, Command, HELP};
 
@@ -124,18 +124,11 @@ pub fn format(response: &Response, out: &mut String) {
         Response::Current => out.write_str("CURRENT"),
         Response::Stale => out.write_str("STALE"),
         Response::Stats(pairs) => {
-            out.push_str("OK");
-            for (name, value) in pairs {
-                let _ = write!(out, " {name}={value}");
-            }
+            format_stats(pairs, out);
             Ok(())
         }
         Response::Watching { holder } => {
-            out.push_str("OK watching ");
-            match holder {
-                None => out.push_str("FREE"),
-                Some(h) => format_held(h.token, h.ttl_left_ms, h.waiters, &h.meta, out),
-            }
+            format_watching(holder.as_ref(), out);
             Ok(())
         }
         Response::Unwatched => out.write_str("OK"),
@@ -154,30 +147,60 @@ pub fn format(response: &Response, out: &mut String) {
             token,
             meta,
         } => {
-            let kind = match kind {
-                EventKind::Granted => "GRANTED",
-                EventKind::Released => "RELEASED",
-                EventKind::Expired => "EXPIRED",
-            };
-            let _ = write!(out, "EVENT {kind} key=");
-            escape(key, out);
-            let _ = write!(out, " token={token}");
-            if !meta.is_empty() {
-                out.push_str(" meta=");
-                escape(meta, out);
-            }
+            format_event(*kind, key, *token, meta, out);
             Ok(())
         }
         Response::Error { code, message } => {
-            // The reason is free text but must stay on one line.
-            let message: String = message
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect();
-            write!(out, "ERR {} {message}", code.name())
+            format_error(code.name(), message, out);
+            Ok(())
         }
     };
     out.push('\n');
+}
+
+/// An error line: `ERR <code> <reason>`, the free-text reason kept on one line.
+fn format_error(code: &str, message: &str, out: &mut String) {
+    use std::fmt::Write;
+    let message: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let _ = write!(out, "ERR {code} {message}");
+}
+
+/// WATCH's reply: `OK watching` and the key's holder, or `FREE`.
+fn format_watching(holder: Option<&Holder>, out: &mut String) {
+    out.push_str("OK watching ");
+    match holder {
+        None => out.push_str("FREE"),
+        Some(h) => format_held(h.token, h.ttl_left_ms, h.waiters, &h.meta, out),
+    }
+}
+
+/// STATS' reply: `OK` and its `name=value` pairs.
+fn format_stats(pairs: &[(String, u64)], out: &mut String) {
+    use std::fmt::Write;
+    out.push_str("OK");
+    for (name, value) in pairs {
+        let _ = write!(out, " {name}={value}");
+    }
+}
+
+/// An event line: `EVENT <kind> key=<key> token=<token>`, and `meta=` if it has any.
+fn format_event(kind: EventKind, key: &[u8], token: u64, meta: &[u8], out: &mut String) {
+    use std::fmt::Write;
+    let kind = match kind {
+        EventKind::Granted => "GRANTED",
+        EventKind::Released => "RELEASED",
+        EventKind::Expired => "EXPIRED",
+    };
+    let _ = write!(out, "EVENT {kind} key=");
+    escape(key, out);
+    let _ = write!(out, " token={token}");
+    if !meta.is_empty() {
+        out.push_str(" meta=");
+        escape(meta, out);
+    }
 }
 
 #[cfg(test)]

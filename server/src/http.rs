@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
-use crate::metrics::Scrape;
+use crate::scrape::Scrape;
 
 /// Most HTTP connections at once; scrapers and probes need a handful.
 pub const CONNECTIONS_MAX: usize = 16;

@@ -149,7 +149,7 @@ async fn refuse_plaintext(mut stream: TcpStream, first: u8) {
     }
     tracing::debug!("refused a plain-text connection to the TLS port");
     if stream.write_all(&out).await.is_ok() {
-        crate::conn::linger(&mut stream).await;
+        crate::linger::linger(&mut stream).await;
     }
 }
 

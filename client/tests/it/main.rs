@@ -8,6 +8,8 @@
 //! - `cluster`: `tenure cluster status|add|remove` against in-process cluster nodes;
 //! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
 //!   and a request sent mid-election;
+//! - `api_paths`: every public path of the crate still resolves (a compile-time guard);
+//! - `layout`: the import rules of `client/src` (which module may use which);
 //! - `readme`: README.md's console and command-line examples, read from it and run in order.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
@@ -18,11 +20,13 @@
 //! crash would) or run the `tenure` binary (a process of its own, on the real clock) run in
 //! real time, with bounds in seconds.
 
+mod api_paths;
 mod auth;
 mod cli;
 mod cluster;
 mod e2e;
 mod failover;
+mod layout;
 mod readme;
 
 use std::time::Duration;

@@ -11,9 +11,9 @@
 //! - `ping`: round trips that touch no lock.
 
 use crate::args::MaxOp;
+use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
 use crate::scenario::{key_base, op, Ctx, Rng, Scenario};
-use crate::wire::{Op, OpKind, Outcome};
 
 /// Settings of a closed-loop run.
 pub struct Settings {

@@ -13,10 +13,10 @@ use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
 
+use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
 use crate::scenario::{key_base, op, Ctx, Rng, Scenario};
 use crate::stats::{histogram, jain_index};
-use crate::wire::{Op, OpKind, Outcome};
 
 /// Settings of the contention workload.
 pub struct Settings {

@@ -20,9 +20,9 @@
 
 use std::collections::VecDeque;
 
+use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
 use crate::scenario::{key_base, op, Ctx, Rng, Scenario};
-use crate::wire::{Op, OpKind, Outcome};
 
 /// Settings of the estimate workload.
 pub struct Settings {

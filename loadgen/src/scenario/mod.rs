@@ -1,5 +1,6 @@
 //! Workloads. Each one decides what to send and when; the driver in [`crate::run`] owns the
-//! clock, the connections, the measured window and the report.
+//! clock, the measured window and the report, and [`crate::world`] holds the connections a
+//! scenario sends on (through [`Ctx`]).
 //!
 //! # Layout
 //! - [`estimate`]: open loop at a constant acquire rate with hold, renew and release.
@@ -11,8 +12,8 @@ pub mod contention;
 pub mod estimate;
 
 use crate::conn::Conn;
+use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
-use crate::wire::{Op, OpKind, Outcome};
 
 /// What a scenario sees of the world while it acts.
 pub struct Ctx<'a> {

@@ -288,3 +288,10 @@ fn info(member: &Member) -> NodeInfo {
         client_addr: member.client_addr.clone(),
     }
 }
+
+/// The executor reaches the administration through this, and so never imports the cluster.
+impl crate::executor::ClusterAdmin for Admin {
+    fn serve(&self, request: Request) -> futures_util::future::BoxFuture<'_, Response> {
+        Box::pin(Admin::serve(self, request))
+    }
+}

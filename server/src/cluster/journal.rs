@@ -27,7 +27,7 @@ use super::{Batch, NodeId, Raft};
 use crate::journal::{
     Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, NOT_LEADER,
 };
-use crate::metrics::Histogram;
+use crate::obs::metrics::Histogram;
 use crate::wal::{record, WalError};
 
 /// Most encoded record bytes waiting for the batcher; past it, appends are refused

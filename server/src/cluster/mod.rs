@@ -53,10 +53,7 @@ pub use node::{
 };
 pub use state::ReplicaState;
 
-/// Why a single-node server refuses a CLUSTER request (with `UNKNOWN_COMMAND`, as a server
-/// older than them would).
-pub const NOT_CLUSTER: &str =
-    "not in cluster mode: this is a single-node server (start it with --cluster)";
+pub use crate::executor::NOT_CLUSTER;
 
 /// A node's id in the cluster.
 pub type NodeId = u64;

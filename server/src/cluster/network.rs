@@ -755,6 +755,7 @@ impl PeerClient {
             return Err(CallError::Unreachable(e));
         }
         let deadline = tokio::time::Instant::now() + ttl;
+        let sent_term = peer_check::request_term(&request);
         let frame = encode_frame(&request).map_err(CallError::Network)?;
         let pooled = self.stream.take();
         let was_pooled = pooled.is_some();
@@ -762,10 +763,14 @@ impl PeerClient {
             Some(stream) => stream,
             None => self.connect(deadline).await?,
         };
-        let mut result = self.exchange(&mut stream, &frame, deadline).await;
+        let mut result = self
+            .exchange(&mut stream, &frame, sent_term, deadline)
+            .await;
         if result.is_err() && was_pooled && tokio::time::Instant::now() < deadline {
             stream = self.connect(deadline).await?;
-            result = self.exchange(&mut stream, &frame, deadline).await;
+            result = self
+                .exchange(&mut stream, &frame, sent_term, deadline)
+                .await;
         }
         let reply = result.map_err(CallError::Network)?;
         self.stream = Some(stream);
@@ -776,6 +781,7 @@ impl PeerClient {
         &self,
         stream: &mut PeerStream,
         frame: &[u8],
+        sent_term: Option<u64>,
         deadline: tokio::time::Instant,
     ) -> std::io::Result<PeerReply> {
         let exchange = async {
@@ -784,7 +790,7 @@ impl PeerClient {
                 .await?
                 .ok_or_else(|| std::io::Error::other("peer closed the connection"))?;
             // A reply out of bounds (a term past TERM_MAX, say) is as good as none.
-            peer_check::check_reply(&reply).map_err(std::io::Error::other)?;
+            peer_check::check_reply(&reply, sent_term).map_err(std::io::Error::other)?;
             Ok(reply)
         };
         match tokio::time::timeout_at(deadline, exchange).await {

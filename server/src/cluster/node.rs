@@ -46,9 +46,9 @@ use super::state::{ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::executor::Executor;
+use crate::executor::{Executor, ExecutorParts};
 use crate::journal::Journal;
-use crate::wal::recovery::LeaseReplay;
+use crate::record::LeaseReplay;
 
 /// Pause before a leader tries a failed takeover again.
 const TAKEOVER_RETRY: Duration = Duration::from_millis(200);
@@ -177,7 +177,7 @@ pub async fn run(
         return Err(ClusterError::Config(why.to_string()));
     }
     let addr = clients.local_addr()?;
-    let _dir_lock = crate::server::lock_data_dir(&config.data_dir)
+    let _dir_lock = crate::startup::lock_data_dir(&config.data_dir)
         .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
@@ -224,7 +224,7 @@ pub struct ClusterNode {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     /// What `/metrics` and `/readyz` read (see [`super::observe`]).
-    scrape: crate::metrics::Scrape,
+    scrape: crate::scrape::Scrape,
 }
 
 /// What new client connections are given: the executor, and the token that ends them (the
@@ -250,75 +250,34 @@ impl ClusterNode {
         clients: TcpListener,
     ) -> Result<ClusterNode, ClusterError> {
         let id = options.node_id;
-        if let Some(members) = &options.initial_cluster {
-            if !members.contains_key(&id) {
-                let why = format!("--initial-cluster does not list this node ({id})");
-                return Err(ClusterError::Config(why));
-            }
-        }
         // The client port is the single node's: the same identities, TLS and rules for a
         // non-loopback address without identities, and the same SIGHUP reload.
         let refused = |e: crate::error::ServerError| ClusterError::Config(e.to_string());
         let identities =
-            crate::server::load_identities(&config, clients.local_addr()?).map_err(refused)?;
-        let client_tls = crate::server::load_tls(&config).map_err(refused)?;
-        let raft_config = Arc::new(options.raft_config()?);
-        let log = LogStore::open(&options.data_dir)?;
-        let state = Arc::new(Mutex::new(ReplicaState::default()));
-        let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
-        let snapshots = machine.snapshot_metrics();
-        let isolated = Arc::new(AtomicBool::new(false));
-        let source = peers.local_addr()?.ip();
-        let peer_tls = options.peer_tls()?;
-        if let Some(tls) = &peer_tls {
-            if tls.own_id != id {
-                let why = format!(
-                    "the peer TLS certificate names node {}, this is node {id}",
-                    tls.own_id
-                );
-                return Err(ClusterError::Config(why));
-            }
-        }
-        let dialer = Dialer::new(source, peer_tls);
-        let network = PeerNetwork::new(Arc::clone(&isolated), dialer.clone());
-        let timing = Timing {
-            timeout_min_ms: options.election_timeout_ms.0,
-            timeout_max_ms: options.election_timeout_ms.1,
-        };
-        let prevote = PreVote::new(id, timing, log.clone());
-        let raft = Raft::new(id, raft_config, network.clone(), log, machine)
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        // A node with neither log nor vote may be a voter whose data was wiped: it neither
-        // votes nor stands for election until it has caught up (catch_up.rs says why).
-        let fresh = !raft
-            .is_initialized()
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let service = PeerService {
-            me: id,
-            catch_up: CatchUp::new(fresh),
+            crate::startup::load_identities(&config, clients.local_addr()?).map_err(refused)?;
+        let client_tls = crate::startup::load_tls(&config).map_err(refused)?;
+        let RaftParts {
+            raft,
+            state,
+            snapshots,
+            isolated,
             dialer,
-            snapshots: Arc::default(),
-            refusals: Arc::default(),
-            prevote: Arc::clone(&prevote),
-        };
-        let hint = LeaderHint::new(raft.clone(), id);
+            fresh,
+            network,
+            prevote,
+        } = open_raft(&options, &peers).await?;
         let security = Security::new(identities.clone(), client_tls.clone());
-        let admin = Admin::new(raft.clone(), service.clone(), security.clone());
-        let counters = Arc::new(Counters::default());
-        let mut follower = Executor::new(
-            config.clone(),
-            Clock::start(),
-            Arc::new(FollowerJournal::new(hint.clone())),
-            1,
-            0,
+        let (service, hint, admin, follower) = front_parts(
+            &config,
+            &identities,
+            &security,
+            &raft,
+            id,
+            (dialer, fresh, prevote),
         );
-        follower.cluster = Some(admin.clone());
-        follower.identities = identities.clone();
-        let follower = Arc::new(follower);
+        let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
-        crate::server::spawn_reloader(identities, client_tls.clone(), stop.clone())
+        crate::startup::spawn_reloader(identities, client_tls.clone(), stop.clone())
             .map_err(refused)?;
         let follower = Serving {
             executor: follower,
@@ -326,15 +285,7 @@ impl ClusterNode {
         };
         let current = Arc::new(RwLock::new(follower.clone()));
         let died = CancellationToken::new();
-        let scrape = crate::metrics::Scrape::of_cluster(Arc::new(NodeScrape {
-            raft: raft.clone(),
-            current: Arc::clone(&current),
-            security,
-            counters: Arc::clone(&counters),
-            catch_up: Arc::clone(&service.catch_up),
-            snapshots,
-            prevote: Arc::clone(&prevote),
-        }));
+        let scrape = node_scrape(&raft, &current, security, &counters, &service, snapshots);
         let life = Life {
             died: died.clone(),
             raft: raft.clone(),
@@ -346,34 +297,15 @@ impl ClusterNode {
             follower,
             commit: Arc::clone(&counters.commit),
         };
-        let mut tasks = vec![
-            tokio::spawn(serve_peers(
-                peers,
-                raft.clone(),
-                stop.clone(),
-                Arc::clone(&isolated),
-                service.clone(),
-            )),
-            tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
-            tokio::spawn(accept_clients(
-                clients,
-                client_tls,
-                Arc::clone(&current),
-                stop.clone(),
-            )),
-            tokio::spawn(life.run(stop.clone())),
-            tokio::spawn(count_leader_changes(raft.clone(), counters)),
-        ];
-        if options.pre_vote {
-            let catch_up = Arc::clone(&service.catch_up);
-            let elections = prevote::run(raft.clone(), prevote, network, catch_up, stop.clone());
-            tasks.push(tokio::spawn(elections));
-        }
-        if let Some(members) = options.initial_cluster {
-            let bootstrap =
-                super::bootstrap::run(raft.clone(), service.clone(), members, stop.clone());
-            tasks.push(tokio::spawn(bootstrap));
-        }
+        let ports = Ports {
+            peers,
+            clients,
+            client_tls,
+            isolated: Arc::clone(&isolated),
+            current: Arc::clone(&current),
+            network,
+        };
+        let tasks = spawn_tasks(ports, &raft, &service, life, counters, options, &stop);
         Ok(ClusterNode {
             id,
             died,
@@ -390,7 +322,7 @@ impl ClusterNode {
 
     /// What `/metrics`, `/healthz` and `/readyz` serve for this node
     /// ([`crate::http::serve`]).
-    pub fn scrape(&self) -> crate::metrics::Scrape {
+    pub fn scrape(&self) -> crate::scrape::Scrape {
         self.scrape.clone()
     }
 
@@ -438,7 +370,7 @@ impl ClusterNode {
     /// Whether this node leads and serves clients (its takeover is complete).
     pub fn serving(&self) -> bool {
         let serving = self.current.read().expect("poisoned");
-        serving.executor.journal.not_leader().is_none()
+        serving.executor.journal().not_leader().is_none()
     }
 
     /// Stops everything at once, as a crash would as far as the peers can tell: the
@@ -446,7 +378,7 @@ impl ClusterNode {
     pub async fn kill(self) {
         self.stop.cancel();
         let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
-        let _ = executor.journal.sync_and_stop();
+        let _ = executor.journal().sync_and_stop();
         for task in &self.tasks {
             task.abort();
         }
@@ -478,7 +410,7 @@ async fn accept_clients(
     };
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = crate::server::accept_loop(&listener, tls, &tracker, serving) => {}
+        _ = crate::accept::accept_loop(&listener, tls, &tracker, serving) => {}
     }
     tracker.close();
     tracker.wait().await;
@@ -507,7 +439,7 @@ struct Life {
     current: Arc<RwLock<Serving>>,
     follower: Serving,
     /// Where each leader's journal times its commits.
-    commit: Arc<crate::metrics::Histogram>,
+    commit: Arc<crate::obs::metrics::Histogram>,
 }
 
 /// The executor of a term this node leads.
@@ -605,14 +537,14 @@ impl Life {
             Arc::clone(&self.commit),
         );
         let executor = self.executor_from(&live, Arc::clone(&journal));
-        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens.reserve());
+        let reserved = tokio::time::timeout(TAKEOVER_RESERVE_TIMEOUT, executor.tokens().reserve());
         if let Some(why) = takeover_failure(reserved.await) {
             tracing::warn!(term, %why, "takeover abandoned: no token block");
             journal.fail();
             return None;
         }
         let term_stop = self.follower.stop.child_token();
-        tokio::spawn(crate::server::tick(
+        tokio::spawn(crate::executor::tick(
             Arc::clone(&executor),
             term_stop.clone(),
             TaskTracker::new(),
@@ -640,15 +572,18 @@ impl Life {
         let clock = Clock::start();
         let now_ms = clock.now_ms();
         let journal = journal as Arc<dyn Journal>;
-        let mut executor = Executor::new(self.config.clone(), clock, journal, live.token_floor, 0);
-        executor.cluster = Some(self.admin.clone());
-        executor.identities = self.follower.executor.identities.clone();
-        if let Some(identities) = &executor.identities {
+        let identities = self.follower.executor.identities().clone();
+        if let Some(identities) = &identities {
             // The replicated leases count against no identity, as after a restart.
             identities.forget_held();
         }
-        // The follower's executor lives as long as the node: STATS' uptime is the node's.
-        executor.uptime_offset_ms = self.follower.executor.clock.now_ms();
+        let executor = Executor::new(ExecutorParts {
+            identities,
+            cluster: Some(Arc::new(self.admin.clone())),
+            // The follower's executor lives as long as the node: STATS' uptime is the node's.
+            uptime_offset_ms: self.follower.executor.clock().now_ms(),
+            ..ExecutorParts::new(self.config.clone(), clock, journal, live.token_floor)
+        });
         executor.restore(now_ms, live.to_recovered());
         Arc::new(executor)
     }
@@ -661,4 +596,181 @@ impl Life {
         leading.journal.fence().await;
         leading.term_stop.cancel();
     }
+}
+
+/// A node's Raft half: its log and state machine opened, the peer network dialling with
+/// the node's peer TLS, and whether it starts fresh (neither log nor vote).
+struct RaftParts {
+    raft: Raft,
+    state: Arc<Mutex<ReplicaState>>,
+    snapshots: Arc<super::state::SnapshotMetrics>,
+    isolated: Arc<AtomicBool>,
+    dialer: Dialer,
+    fresh: bool,
+    /// The peer network, which the pre-vote rounds use too.
+    network: PeerNetwork,
+    prevote: Arc<PreVote>,
+}
+
+/// Checks the options against this node and opens its Raft half.
+async fn open_raft(
+    options: &ClusterOptions,
+    peers: &TcpListener,
+) -> Result<RaftParts, ClusterError> {
+    let id = options.node_id;
+    if let Some(members) = &options.initial_cluster {
+        if !members.contains_key(&id) {
+            let why = format!("--initial-cluster does not list this node ({id})");
+            return Err(ClusterError::Config(why));
+        }
+    }
+    let raft_config = Arc::new(options.raft_config()?);
+    let log = LogStore::open(&options.data_dir)?;
+    let state = Arc::new(Mutex::new(ReplicaState::default()));
+    let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
+    let snapshots = machine.snapshot_metrics();
+    let isolated = Arc::new(AtomicBool::new(false));
+    let source = peers.local_addr()?.ip();
+    let peer_tls = options.peer_tls()?;
+    if let Some(tls) = &peer_tls {
+        if tls.own_id != id {
+            let why = format!(
+                "the peer TLS certificate names node {}, this is node {id}",
+                tls.own_id
+            );
+            return Err(ClusterError::Config(why));
+        }
+    }
+    let dialer = Dialer::new(source, peer_tls);
+    let network = PeerNetwork::new(Arc::clone(&isolated), dialer.clone());
+    let timing = Timing {
+        timeout_min_ms: options.election_timeout_ms.0,
+        timeout_max_ms: options.election_timeout_ms.1,
+    };
+    let prevote = PreVote::new(id, timing, log.clone());
+    let raft = Raft::new(id, raft_config, network.clone(), log, machine)
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    // A node with neither log nor vote may be a voter whose data was wiped: it neither
+    // votes nor stands for election until it has caught up (catch_up.rs says why).
+    let fresh = !raft
+        .is_initialized()
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    Ok(RaftParts {
+        raft,
+        state,
+        snapshots,
+        isolated,
+        dialer,
+        fresh,
+        network,
+        prevote,
+    })
+}
+
+/// What a node serves its peers and clients with before any leader is known: its peer
+/// service, the leader hint, the cluster administration and the follower's executor.
+fn front_parts(
+    config: &Config,
+    identities: &Option<Arc<crate::identity::Identities>>,
+    security: &Security,
+    raft: &Raft,
+    id: NodeId,
+    (dialer, fresh, prevote): (Dialer, bool, Arc<PreVote>),
+) -> (PeerService, LeaderHint, Admin, Arc<Executor>) {
+    let service = PeerService {
+        me: id,
+        catch_up: CatchUp::new(fresh),
+        dialer,
+        snapshots: Arc::default(),
+        refusals: Arc::default(),
+        prevote,
+    };
+    let hint = LeaderHint::new(raft.clone(), service.me);
+    let admin = Admin::new(raft.clone(), service.clone(), security.clone());
+    let follower = Arc::new(Executor::new(ExecutorParts {
+        identities: identities.clone(),
+        cluster: Some(Arc::new(admin.clone())),
+        ..ExecutorParts::new(
+            config.clone(),
+            Clock::start(),
+            Arc::new(FollowerJournal::new(hint.clone())),
+            1,
+        )
+    }));
+    (service, hint, admin, follower)
+}
+
+/// The ports a node serves and what their loops share.
+struct Ports {
+    peers: TcpListener,
+    clients: TcpListener,
+    client_tls: Option<Arc<crate::tls::Tls>>,
+    isolated: Arc<AtomicBool>,
+    current: Arc<RwLock<Serving>>,
+    /// For the pre-vote rounds.
+    network: PeerNetwork,
+}
+
+/// Starts the node's tasks: the peer port, catch-up, the client port, its life, the
+/// leader-change counter, and the bootstrap if `options` has an initial cluster.
+fn spawn_tasks(
+    ports: Ports,
+    raft: &Raft,
+    service: &PeerService,
+    life: Life,
+    counters: Arc<Counters>,
+    options: ClusterOptions,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn(serve_peers(
+            ports.peers,
+            raft.clone(),
+            stop.clone(),
+            ports.isolated,
+            service.clone(),
+        )),
+        tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
+        tokio::spawn(accept_clients(
+            ports.clients,
+            ports.client_tls,
+            ports.current,
+            stop.clone(),
+        )),
+        tokio::spawn(life.run(stop.clone())),
+        tokio::spawn(count_leader_changes(raft.clone(), counters)),
+    ];
+    if options.pre_vote {
+        let catch_up = Arc::clone(&service.catch_up);
+        let prevote = Arc::clone(&service.prevote);
+        let rounds = prevote::run(raft.clone(), prevote, ports.network, catch_up, stop.clone());
+        tasks.push(tokio::spawn(rounds));
+    }
+    if let Some(members) = options.initial_cluster {
+        let bootstrap = super::bootstrap::run(raft.clone(), service.clone(), members, stop.clone());
+        tasks.push(tokio::spawn(bootstrap));
+    }
+    tasks
+}
+
+/// What `/metrics` and `/readyz` read of a cluster node.
+fn node_scrape(
+    raft: &Raft,
+    current: &Arc<RwLock<Serving>>,
+    security: Security,
+    counters: &Arc<Counters>,
+    service: &PeerService,
+    snapshots: Arc<super::state::SnapshotMetrics>,
+) -> crate::scrape::Scrape {
+    crate::scrape::Scrape::of_cluster(Arc::new(NodeScrape {
+        raft: raft.clone(),
+        current: Arc::clone(current),
+        security,
+        counters: Arc::clone(counters),
+        catch_up: Arc::clone(&service.catch_up),
+        snapshots,
+        prevote: Arc::clone(&service.prevote),
+    }))
 }

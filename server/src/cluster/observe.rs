@@ -33,7 +33,8 @@ use super::state::SnapshotMetrics;
 use super::{NodeId, NodeInfo, Raft};
 use crate::executor::Executor;
 use crate::identity::Identities;
-use crate::metrics::{counter, gauge, ClusterSource, FmtResult, Histogram};
+use crate::obs::metrics::{counter, gauge, FmtResult, Histogram};
+use crate::scrape::ClusterSource;
 use crate::tls::Tls;
 
 /// A node's security configuration, as the digests are taken over.
@@ -232,11 +233,11 @@ impl ClusterSource for NodeScrape {
     fn readiness(&self) -> Result<String, String> {
         let m = self.metrics();
         let executor = self.executor();
-        let serving = executor.journal.not_leader().is_none();
+        let serving = executor.journal().not_leader().is_none();
         readiness(&m, serving)?;
         // A follower's journal refuses everything by design; the leader's may have failed.
         if let Some(why) = serving
-            .then(|| crate::metrics::not_ready(Some(&executor)))
+            .then(|| crate::scrape::not_ready(Some(&executor)))
             .flatten()
         {
             return Err(why);

@@ -10,6 +10,11 @@
 //! - every term is at most [`TERM_MAX`] and every log index at most [`LOG_INDEX_MAX`]:
 //!   far above any real cluster's (2^48 elections at one a millisecond take 8 900 years),
 //!   far enough below `u64::MAX` that `term + 1` and `index + 1` never overflow;
+//! - a request's term is at most [`TERM_STEP_MAX`] above this node's own current term
+//!   (unless the node is fresh: no term, no log). Without it one frame of term `TERM_MAX`
+//!   was accepted, and the next election's `TERM_MAX + 1` was refused by every node: no
+//!   leader ever again, and nodes that refused to restart over their saved votes. With it,
+//!   reaching `TERM_MAX` takes 2^32 accepted frames, each of which deposes a leader;
 //! - a vote names a node (id at least 1) and a leader's vote (AppendEntries, snapshot) is
 //!   committed; a candidate's last log id is not of a later term than its vote;
 //! - an append carries at most [`APPEND_ENTRIES_MAX`] entries, numbered one after another
@@ -46,10 +51,15 @@ use tenure_protocol::limits::{CLUSTER_ADDR_LEN_MAX, CLUSTER_MEMBERS_MAX};
 use super::network::{PeerReply, PeerRequest};
 use super::prevote::PreVoteRequest;
 use super::{Entry, LogId, NodeId, NodeInfo};
-use crate::wal::record::{self, Record};
+use crate::record::{self, Record};
 
 /// Highest term a peer frame may carry (see the module docs for why this one).
 pub const TERM_MAX: u64 = 1 << 48;
+/// Most a request's term may exceed the receiving node's current term: elections raise the
+/// term by one each, and with pre-vote only when a leader is gone, so a node that missed
+/// 65 536 elections is far beyond any real outage (start it empty: a fresh node takes any
+/// term up to [`TERM_MAX`]).
+pub const TERM_STEP_MAX: u64 = 1 << 16;
 /// Highest log index a peer frame may carry.
 pub const LOG_INDEX_MAX: u64 = 1 << 48;
 /// Most entries an append may carry: openraft sends at most the node's
@@ -93,6 +103,8 @@ pub struct Known {
     pub last_log_index: Option<u64>,
     /// The last log id it applied: committed, so every honest leader has it.
     pub last_applied: Option<LogId>,
+    /// Its current term (0 before any vote).
+    pub current_term: u64,
 }
 
 impl Known {
@@ -106,7 +118,22 @@ impl Known {
                 .collect(),
             last_log_index: metrics.last_log_index,
             last_applied: metrics.last_applied,
+            current_term: metrics.current_term,
         }
+    }
+
+    /// A term a request may carry: at most [`TERM_STEP_MAX`] above this node's, unless the
+    /// node is fresh (a wiped node rejoining learns the cluster's term from its leader).
+    fn check_step(&self, term: u64, what: &str) -> Result<(), Refused> {
+        let fresh = self.current_term == 0 && self.last_log_index.is_none();
+        let most = self.current_term.saturating_add(TERM_STEP_MAX);
+        if !fresh && term > most {
+            let now = self.current_term;
+            return refuse(format!(
+                "{what}: term {term} more than TERM_STEP_MAX ({TERM_STEP_MAX}) above this node's {now}"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -156,6 +183,7 @@ pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<Node
     match request {
         PeerRequest::Vote(rpc) => {
             let sender = check_sender_vote(&rpc.vote, "vote request")?;
+            known.check_step(rpc.vote.leader_id().term, "vote request")?;
             check_log_id(rpc.last_log_id.as_ref(), "vote request's last log id")?;
             if term_of(rpc.last_log_id.as_ref()) > rpc.vote.leader_id().term {
                 return refuse("vote request: last log id of a later term than the vote".into());
@@ -168,6 +196,7 @@ pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<Node
         PeerRequest::Append(rpc) => {
             let sender = check_leader_vote(&rpc.vote, "append")?;
             let term = rpc.vote.leader_id().term;
+            known.check_step(term, "append")?;
             check_log_id(rpc.leader_commit.as_ref(), "append's commit index")?;
             if term_of(rpc.leader_commit.as_ref()) > term {
                 return refuse("append: commit index of a later term than the leader's".into());
@@ -179,6 +208,7 @@ pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<Node
         }
         PeerRequest::Snapshot(rpc) => {
             let sender = check_leader_vote(&rpc.vote, "snapshot")?;
+            known.check_step(rpc.vote.leader_id().term, "snapshot")?;
             let meta = &rpc.meta;
             check_log_id(meta.last_log_id.as_ref(), "snapshot's last log id")?;
             check_log_id(
@@ -216,6 +246,7 @@ fn check_pre_vote(rpc: &PreVoteRequest, known: &Known) -> Result<NodeId, Refused
         return refuse("pre-vote request: node id 0".into());
     }
     check_term(rpc.term, "pre-vote request")?;
+    known.check_step(rpc.term, "pre-vote request")?;
     check_log_id(rpc.last_log_id.as_ref(), "pre-vote request's last log id")?;
     if term_of(rpc.last_log_id.as_ref()) > rpc.term {
         return refuse("pre-vote request: last log id of a later term than asked for".into());
@@ -393,8 +424,17 @@ fn check_append_sender(
 ///
 /// # Errors
 /// [`Refused`], saying what is out of bounds.
-pub fn check_reply(reply: &PeerReply) -> Result<(), Refused> {
+pub fn check_reply(reply: &PeerReply, sent_term: Option<u64>) -> Result<(), Refused> {
     use openraft::raft::AppendEntriesResponse as A;
+    if let (Some(sent), Some(term)) = (sent_term, reply_term(reply)) {
+        // A node far ahead (back from a long isolation, or lying) must not depose a leader
+        // into a term its other followers refuse: the reply is as good as none.
+        if term > sent.saturating_add(TERM_STEP_MAX) {
+            return refuse(format!(
+                "reply of term {term}: more than TERM_STEP_MAX ({TERM_STEP_MAX}) above the request's {sent}"
+            ));
+        }
+    }
     match reply {
         PeerReply::Vote(Ok(vote)) => {
             check_vote(&vote.vote, "vote reply")?;
@@ -406,6 +446,28 @@ pub fn check_reply(reply: &PeerReply) -> Result<(), Refused> {
         // The term names where the next request starts: bounded, so that `+ 1` holds.
         PeerReply::PreVote(reply) => check_term(reply.term, "pre-vote reply"),
         _ => Ok(()),
+    }
+}
+
+/// The term of the vote a request carries, if it carries one.
+pub fn request_term(request: &PeerRequest) -> Option<u64> {
+    match request {
+        PeerRequest::Vote(rpc) => Some(rpc.vote.leader_id().term),
+        PeerRequest::Append(rpc) => Some(rpc.vote.leader_id().term),
+        PeerRequest::Snapshot(rpc) => Some(rpc.vote.leader_id().term),
+        PeerRequest::PreVote(rpc) => Some(rpc.term),
+        PeerRequest::Initialize(_) | PeerRequest::Probe | PeerRequest::Bootstrap => None,
+    }
+}
+
+fn reply_term(reply: &PeerReply) -> Option<u64> {
+    use openraft::raft::AppendEntriesResponse as A;
+    match reply {
+        PeerReply::Vote(Ok(vote)) => Some(vote.vote.leader_id().term),
+        PeerReply::Append(Ok(A::HigherVote(vote))) => Some(vote.leader_id().term),
+        PeerReply::Snapshot(Ok(reply)) => Some(reply.vote.leader_id().term),
+        PeerReply::PreVote(reply) => Some(reply.term),
+        _ => None,
     }
 }
 
@@ -582,6 +644,7 @@ mod tests {
             members: [1, 2, 3].into_iter().collect(),
             last_log_index: Some(20),
             last_applied: Some(log_id(6, 8)),
+            current_term: 6,
         }
     }
 
@@ -694,7 +757,7 @@ mod tests {
                 }
             }
             let outcome = std::panic::catch_unwind(|| {
-                let _ = postcard::from_bytes::<PeerReply>(&frame).map(|r| check_reply(&r));
+                let _ = postcard::from_bytes::<PeerReply>(&frame).map(|r| check_reply(&r, Some(7)));
                 let request = postcard::from_bytes::<PeerRequest>(&frame).ok()?;
                 let ok = check_request(&request, &known()).is_ok();
                 if ok {
@@ -736,7 +799,7 @@ mod tests {
             let reply = PeerReply::Append(Ok(openraft::raft::AppendEntriesResponse::HigherVote(
                 Vote::new_committed(term, 2),
             )));
-            assert!(check_reply(&reply).is_err(), "reply term {term}");
+            assert!(check_reply(&reply, None).is_err(), "reply term {term}");
             let pre_vote = PeerRequest::PreVote(PreVoteRequest {
                 candidate: 2,
                 term,
@@ -750,7 +813,10 @@ mod tests {
                 granted: false,
                 term,
             });
-            assert!(check_reply(&reply).is_err(), "pre-vote reply term {term}");
+            assert!(
+                check_reply(&reply, None).is_err(),
+                "pre-vote reply term {term}"
+            );
         }
     }
 
@@ -774,6 +840,52 @@ mod tests {
         }
         let from = check_request(&ask(3, 8, Some(log_id(8, 2))), &known());
         assert_eq!(from, Ok(Some(3)), "the candidate is the sender");
+    }
+
+    /// A term far above this node's (a forged frame of the last term) is refused, one just
+    /// within the step is taken, and a fresh node takes any term up to TERM_MAX.
+    #[test]
+    fn terms_far_above_the_nodes_own_are_refused_unless_it_is_fresh() {
+        let vote = |term| PeerRequest::Vote(VoteRequest::new(Vote::new(term, 1), None));
+        let heartbeat = |term| {
+            PeerRequest::Append(AppendEntriesRequest {
+                vote: Vote::new_committed(term, 1),
+                prev_log_id: Some(log_id(6, 20)),
+                entries: Vec::new(),
+                leader_commit: None,
+            })
+        };
+        let known = known();
+        for request in [
+            vote(TERM_MAX),
+            heartbeat(TERM_MAX),
+            heartbeat(6 + TERM_STEP_MAX + 1),
+        ] {
+            assert!(check_request(&request, &known).is_err(), "{request:?}");
+        }
+        let higher = |term| {
+            PeerReply::Append(Ok(openraft::raft::AppendEntriesResponse::HigherVote(
+                Vote::new_committed(term, 2),
+            )))
+        };
+        assert!(check_reply(&higher(6 + TERM_STEP_MAX + 1), Some(6)).is_err());
+        assert_eq!(check_reply(&higher(6 + TERM_STEP_MAX), Some(6)), Ok(()));
+        for request in [vote(6 + TERM_STEP_MAX), heartbeat(6 + TERM_STEP_MAX)] {
+            assert_eq!(check_request(&request, &known), Ok(Some(1)), "{request:?}");
+        }
+        let fresh = Known {
+            last_log_index: None,
+            last_applied: None,
+            current_term: 0,
+            ..known
+        };
+        let rejoin = PeerRequest::Append(AppendEntriesRequest {
+            vote: Vote::new_committed(TERM_MAX, 1),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        });
+        assert_eq!(check_request(&rejoin, &fresh), Ok(Some(1)));
     }
 
     /// Each bound on an append, a vote and a snapshot, one field at a time.

@@ -19,9 +19,9 @@ use openraft::{
 
 use super::log_store::{blocking, write_atomically};
 use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
-use crate::metrics::Histogram;
-use crate::wal::record::{self, Record};
-use crate::wal::recovery::LeaseReplay;
+use crate::obs::metrics::Histogram;
+use crate::record::LeaseReplay;
+use crate::record::{self, Record};
 
 const SNAPSHOT_FILE: &str = "raft.snapshot";
 

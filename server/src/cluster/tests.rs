@@ -1033,8 +1033,9 @@ async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<
 
 /// A forged heartbeat of term `u64::MAX` (issue 22, item 2) used to be taken: the vote
 /// saved at that term, the next election overflowed it and both survivors' Raft cores
-/// panicked, again after every restart. It is refused unanswered now; the leader's loss is
-/// then an ordinary fail-over and the lock held before it stays exclusive.
+/// panicked, again after every restart. One of term `TERM_MAX` was taken too, and no
+/// election could follow it. Both are refused unanswered now; the leader's loss is then an
+/// ordinary fail-over and the lock held before it stays exclusive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works() {
     use super::network::PeerRequest;
@@ -1047,18 +1048,32 @@ async fn a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works() {
     let held = holder.ask("ACQUIRE held 60000").await;
     assert!(held.starts_with("OK token="), "{held}");
     let leader_id = nodes[first].node.id();
+    // u64::MAX overflowed; TERM_MAX itself, with the node's own last log id (as an outside
+    // test sent it), was taken, and the next election's TERM_MAX + 1 refused by every node.
+    let last_term = super::peer_check::TERM_MAX;
     for started in &nodes {
-        for forged_leader in [leader_id, 99] {
+        let applied = started.node.raft().metrics().borrow().last_applied;
+        for (term, forged_leader) in [
+            (u64::MAX, leader_id),
+            (u64::MAX, 99),
+            (last_term, leader_id),
+        ] {
             let heartbeat = PeerRequest::Append(AppendEntriesRequest {
-                vote: Vote::new_committed(u64::MAX, forged_leader),
-                prev_log_id: None,
+                vote: Vote::new_committed(term, forged_leader),
+                prev_log_id: applied,
                 entries: Vec::new(),
-                leader_commit: None,
+                leader_commit: applied,
             });
-            assert_eq!(forge(&started.info.peer_addr, &heartbeat).await, None);
+            assert_eq!(
+                forge(&started.info.peer_addr, &heartbeat).await,
+                None,
+                "{term}"
+            );
         }
-        let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(u64::MAX, leader_id), None));
-        assert_eq!(forge(&started.info.peer_addr, &vote).await, None);
+        for term in [u64::MAX, last_term] {
+            let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(term, leader_id), applied));
+            assert_eq!(forge(&started.info.peer_addr, &vote).await, None, "{term}");
+        }
     }
     drop(holder);
     let old = nodes.remove(first);
@@ -1068,7 +1083,7 @@ async fn a_forged_heartbeat_of_the_last_term_is_refused_and_fail_over_works() {
     for started in &nodes {
         assert!(!started.node.died().is_cancelled(), "a Raft core stopped");
         let term = started.node.raft().metrics().borrow().current_term;
-        assert!(term < super::peer_check::TERM_MAX, "term {term}");
+        assert!(term < super::peer_check::TERM_STEP_MAX, "term {term}");
     }
     let mut leader = Console::connect(&nodes[second].info.client_addr).await;
     let taken = leader.ask("ACQUIRE held 30000").await;

@@ -8,17 +8,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Request, Response, Secret};
 
-use super::ctx::{Auth, Credential};
 use super::requests::Later;
 use super::Conn;
 use crate::admission::Evicted;
 use crate::console;
 use crate::executor::Outcome;
+use crate::executor::{Auth, Credential};
 use crate::identity::{
     try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
 };
 use crate::journal::TICKET_NOW;
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
 
 /// Failed AUTHs after which the connection is closed.
 pub(super) const AUTH_FAILURES_MAX: u32 = 5;
@@ -48,9 +48,9 @@ impl Conn {
     /// Starts verifying an AUTH off the async workers; the answer arrives as [`Later::Auth`].
     /// Nothing after it is read until it is answered.
     pub(super) fn on_auth(&mut self, id: u64, name: Bytes, secret: Secret) {
-        let Some(identities) = self.executor.identities.clone() else {
+        let Some(identities) = self.executor.identities().clone() else {
             let message = "this server has no identities configured; AUTH is not needed";
-            Stats::bump(&self.executor.stats.errors);
+            Stats::bump(&self.executor.stats().errors);
             self.push(id, error(ErrorCode::BadArgs, message), TICKET_NOW);
             return;
         };
@@ -67,7 +67,7 @@ impl Conn {
             }
             _ => {
                 let message = "this connection is already authenticated";
-                Stats::bump(&self.executor.stats.errors);
+                Stats::bump(&self.executor.stats().errors);
                 self.push(id, error(ErrorCode::BadArgs, message), TICKET_NOW);
                 return;
             }
@@ -93,7 +93,7 @@ impl Conn {
     pub(super) fn on_auth_done(&mut self, id: u64, name: Bytes, verified: Option<Arc<Identity>>) {
         self.authenticating = false;
         let (Some(identities), Auth::Pending { failures }) =
-            (self.executor.identities.as_ref(), &self.ctx.auth)
+            (self.executor.identities().as_ref(), &self.ctx.auth)
         else {
             return; // `on_auth` answered every other case
         };
@@ -144,12 +144,12 @@ impl Conn {
     /// the handshake limit.
     pub(super) fn on_evicted(&mut self, why: Evicted) {
         self.pending = None;
-        self.executor.stats.metrics.evicted();
+        self.executor.stats().metrics.evicted();
         if self.authenticating {
             self.later.clear();
             self.authenticating = false;
         }
-        let config = &self.executor.config;
+        let config = self.executor.config();
         let message = match why {
             Evicted::Address => format!(
                 "closed: {} connections from {} had not authenticated, its limit \
@@ -182,7 +182,7 @@ impl Conn {
             self.later.clear();
             self.authenticating = false;
         }
-        let limit = self.executor.config.handshake_timeout.as_millis();
+        let limit = self.executor.config().handshake_timeout.as_millis();
         let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
         tracing::debug!(conn_id, %peer, "no AUTH within the handshake limit; closing");
         let message = format!("no AUTH within {limit} ms; closing");
@@ -195,7 +195,7 @@ impl Conn {
     /// proved it, or the session ends; its waits and watches must still be allowed, or they
     /// end.
     pub(super) fn recheck_identity(&mut self) {
-        let Some(identities) = self.executor.identities.clone() else {
+        let Some(identities) = self.executor.identities().clone() else {
             return;
         };
         let Auth::As {
@@ -228,7 +228,7 @@ impl Conn {
         self.ctx.auth = Auth::Pending { failures: 0 };
         self.identity_place = None;
         self.auth_deadline =
-            Some(tokio::time::Instant::now() + self.executor.config.handshake_timeout);
+            Some(tokio::time::Instant::now() + self.executor.config().handshake_timeout);
     }
 
     /// Ends the waits and watches `identity` no longer allows (a prefix or the WATCH
@@ -270,7 +270,7 @@ impl Conn {
         watches.sort_unstable_by_key(|&(_, id)| id);
         for (key, watch_id) in watches {
             self.ctx.watches.remove(&key);
-            self.executor.watches.remove(&key, self.ctx.conn_id);
+            self.executor.watches().remove(&key, self.ctx.conn_id);
             let message = reason.to_owned();
             self.push_pushed(watch_id, Response::Error { code, message });
         }
@@ -351,7 +351,7 @@ impl Conn {
         let outcome = self.execute(id, request, received_ms);
         // Unless a grant kept it or a waiter holds it, the held place is given back here.
         self.ctx.held_place = None;
-        // The waiter place stays taken while the acquire waits; `ConnCtx` gives it back.
+        // The waiter place stays taken while the acquire waits; `Session` gives it back.
         if waits && !matches!(outcome, Outcome::Wait { .. }) {
             usage.give_back_waiter();
         }

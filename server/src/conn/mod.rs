@@ -26,18 +26,17 @@
 //! - `surface`: binary frames and console lines, in and out.
 //! - `requests`: running requests, and the answers that come later (waiters, token retries).
 //! - `reply`: the reply queue, held until the journal is durable, and watch events.
-//! - `ctx`: [`ConnCtx`], what the connection must take back when it closes.
+//! - `ctx`: [`Session`], what the connection must take back when it closes.
 //! - `auth`: AUTH, and each request checked against the connection's identity.
 //! - `transport`: plain TCP or TLS underneath.
 
 mod auth;
-mod ctx;
 mod reply;
 mod requests;
 mod surface;
 mod transport;
 
-pub use ctx::{Auth, ConnCtx, Credential};
+pub use crate::executor::{Auth, Credential, Session};
 pub use transport::Transport;
 
 use std::collections::VecDeque;
@@ -50,24 +49,20 @@ use futures_util::FutureExt;
 use tenure_protocol::frame::REQUEST_ID_NONE;
 use tenure_protocol::handshake::{Hello, HelloAck, ServerLimits, HELLO_LEN, VERSION};
 use tenure_protocol::{ErrorCode, Response};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Evicted, PendingPlace};
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
+use crate::executor::WatchEvent;
 use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
-use crate::metrics::{self, Timing};
-use crate::watch::WatchEvent;
+use crate::linger::linger;
+use crate::obs::metrics::{self, Timing};
 use reply::PendingReply;
 use requests::Later;
 use surface::{Fatal, Surface};
-
-/// Most bytes discarded from a peer after a fatal error, while its error reply drains.
-const LINGER_BYTES_MAX: usize = 4 << 20;
-/// Longest wait for that peer to close after a fatal error.
-const LINGER_TIME_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How an accepted connection starts: the time limit on its opening and AUTH, and its place
 /// among the connections that have not authenticated yet.
@@ -102,27 +97,18 @@ pub async fn serve(
 ) {
     let mut stream = stream.into();
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
-    let Opening { deadline, pending } = opening;
-    let opened = tokio::select! {
-        opened = tokio::time::timeout_at(deadline, open(&executor, &mut stream, &mut rbuf)) => {
-            opened.map_err(|_| "no handshake or first line in time; closed")
-        }
-        _ = shutdown.cancelled() => Ok(None),
-        _ = evicted(&pending) => {
-            executor.stats.metrics.evicted();
-            Err("evicted before its opening; closed")
-        }
-    };
-    let surface = match opened {
+    let opened = open_in_time(&executor, &mut stream, &mut rbuf, &opening, &shutdown);
+    let surface = match opened.await {
         Ok(Some(surface)) => surface,
         Ok(None) => return,
         Err(why) => {
-            let limit = executor.config.handshake_timeout;
+            let limit = executor.config().handshake_timeout;
             tracing::debug!(conn_id, %peer, ?limit, "{why}");
             return;
         }
     };
-    let mut ctx = ConnCtx::with_peer(conn_id, peer);
+    let Opening { deadline, pending } = opening;
+    let mut ctx = Session::with_peer(conn_id, peer);
     let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
     let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
     ctx.auth = auth;
@@ -132,8 +118,8 @@ pub async fn serve(
         Surface::Binary => metrics::Surface::Binary,
         Surface::Console { .. } => metrics::Surface::Console,
     };
-    executor.stats.metrics.connection(kind, true);
-    let identity_changes = executor.identities.as_ref().map(|i| i.subscribe());
+    executor.stats().metrics.connection(kind, true);
+    let identity_changes = executor.identities().as_ref().map(|i| i.subscribe());
     let mut conn = Conn {
         executor,
         stream,
@@ -164,7 +150,28 @@ pub async fn serve(
         tracing::debug!(conn_id, error = %e, "connection ended with an I/O error");
     }
     conn.finish();
-    conn.executor.stats.metrics.connection(kind, false);
+    conn.executor.stats().metrics.connection(kind, false);
+}
+
+/// The connection's opening (a binary handshake or a first console line) within its
+/// deadline: `Ok(None)` on shutdown or a refused handshake, `Err` with why it was closed.
+async fn open_in_time(
+    executor: &Arc<Executor>,
+    stream: &mut Transport,
+    rbuf: &mut BytesMut,
+    opening: &Opening,
+    shutdown: &CancellationToken,
+) -> Result<Option<Surface>, &'static str> {
+    tokio::select! {
+        opened = tokio::time::timeout_at(opening.deadline, open(executor, stream, rbuf)) => {
+            opened.map_err(|_| "no handshake or first line in time; closed")
+        }
+        _ = shutdown.cancelled() => Ok(None),
+        _ = evicted(&opening.pending) => {
+            executor.stats().metrics.evicted();
+            Err("evicted before its opening; closed")
+        }
+    }
 }
 
 /// A new connection's standing: authenticated as the identity its client certificate names
@@ -175,7 +182,7 @@ fn start_auth(
     peer_name: Option<String>,
     conn_id: u64,
 ) -> (Auth, Result<Option<ConnectionPlace>, String>) {
-    let Some(identities) = &executor.identities else {
+    let Some(identities) = &executor.identities() else {
         return (Auth::Open, Ok(None));
     };
     let identity = peer_name.and_then(|name| identities.get(&name));
@@ -247,7 +254,7 @@ async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut Bytes
     };
     let mut out = BytesMut::new();
     let Some(message) = refusal else {
-        let config = &executor.config;
+        let config = executor.config();
         let limits = ServerLimits::with(config.in_flight_max, config.ttl_ms_max);
         HelloAck {
             version: VERSION,
@@ -265,24 +272,6 @@ async fn handshake(executor: &Executor, stream: &mut Transport, rbuf: &mut Bytes
     None
 }
 
-/// Closing a socket with unread input makes the kernel send a reset, which can destroy
-/// the error reply just written. So: send FIN, then read and discard for a short, bounded
-/// while, giving the peer time to read the reason before the connection goes.
-pub(crate) async fn linger(stream: &mut (impl AsyncRead + AsyncWrite + Unpin)) {
-    let _ = stream.shutdown().await;
-    let drain = async {
-        let mut scratch = vec![0u8; 16 * 1024];
-        let mut drained = 0usize;
-        while drained < LINGER_BYTES_MAX {
-            match stream.read(&mut scratch).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(LINGER_TIME_MAX, drain).await;
-}
-
 struct Conn {
     executor: Arc<Executor>,
     stream: Transport,
@@ -294,7 +283,7 @@ struct Conn {
     /// Entries of `queue` that answer no request (events, and the errors ending watches):
     /// they do not count against the in-flight maximum.
     events_queued: usize,
-    ctx: ConnCtx,
+    ctx: Session,
     closing: bool,
     /// Closing because the peer broke the framing; its unread input is still arriving.
     fatal: bool,
@@ -323,33 +312,12 @@ struct Conn {
 
 impl Conn {
     async fn run(&mut self, shutdown: &CancellationToken) -> std::io::Result<()> {
-        let mut progress = self.executor.journal.progress();
+        let mut progress = self.executor.journal().progress();
         // Made once, not per pass: each `cancelled()` registers with the token's notifier.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
         loop {
-            if let Err(Fatal(last)) = self.handle_input() {
-                if last.is_some() {
-                    // A broken frame or over-long line is malformed input, as in STATS `errors`.
-                    crate::stats::Stats::bump(&self.executor.stats.errors);
-                }
-                self.fatal_error = last;
-                self.closing = true;
-                self.fatal = true;
-            }
-            if self.fatal || self.stopping {
-                // Their answers (an error each) arrive through `later` like any other.
-                self.ctx.cancel_waits(&self.executor);
-            }
-            if self.later.is_empty() {
-                if let Some((code, message)) = self.fatal_error.take() {
-                    self.push(
-                        REQUEST_ID_NONE,
-                        Response::Error { code, message },
-                        TICKET_NOW,
-                    );
-                }
-            }
+            self.take_input();
             // A copy, not the borrow: a reply the journal lost is answered through the
             // journal (`not_leader`, `failed` read its progress again), and a read lock taken
             // twice on one thread deadlocks once the journal's writer waits between the two
@@ -395,6 +363,33 @@ impl Conn {
                     self.on_evicted(why)
                 }
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
+            }
+        }
+    }
+
+    /// Handles what was read; after a fatal input error or on a stop, cancels this
+    /// connection's waits and, once nothing else is pending, queues the fatal error's reply.
+    fn take_input(&mut self) {
+        if let Err(Fatal(last)) = self.handle_input() {
+            if last.is_some() {
+                // A broken frame or over-long line is malformed input, as in STATS `errors`.
+                crate::obs::stats::Stats::bump(&self.executor.stats().errors);
+            }
+            self.fatal_error = last;
+            self.closing = true;
+            self.fatal = true;
+        }
+        if self.fatal || self.stopping {
+            // Their answers (an error each) arrive through `later` like any other.
+            self.ctx.cancel_waits(&self.executor);
+        }
+        if self.later.is_empty() {
+            if let Some((code, message)) = self.fatal_error.take() {
+                self.push(
+                    REQUEST_ID_NONE,
+                    Response::Error { code, message },
+                    TICKET_NOW,
+                );
             }
         }
     }

@@ -8,9 +8,10 @@ use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Response};
 
 use super::Conn;
-use crate::journal::{self, Progress, Settled, Ticket, Undo, TICKET_NOW};
-use crate::metrics::Timing;
-use crate::watch::WatchEvent;
+use crate::executor::Undo;
+use crate::executor::WatchEvent;
+use crate::journal::{self, Progress, Settled, Ticket, TICKET_NOW};
+use crate::obs::metrics::Timing;
 
 /// A reply waiting for the journal to be durable up to `ticket`.
 pub(super) struct PendingReply {
@@ -80,7 +81,7 @@ impl Conn {
         let mut ended: Vec<(Bytes, u64)> = self.ctx.watches.drain().collect();
         ended.sort_unstable_by_key(|&(_, id)| id);
         for (key, watch_id) in ended {
-            self.executor.watches.remove(&key, self.ctx.conn_id);
+            self.executor.watches().remove(&key, self.ctx.conn_id);
             let message = "events were not read fast enough; every watch on this connection ended"
                 .to_string();
             let code = ErrorCode::WatchLimit;
@@ -146,7 +147,7 @@ impl Conn {
     pub(super) fn flush_ready(&mut self, progress: &Progress) {
         // One clock read and one tally for the replies flushed together (see `metrics`).
         let mut now = None;
-        let mut tally = crate::metrics::ReplyTally::default();
+        let mut tally = crate::obs::metrics::ReplyTally::default();
         while let Some(front) = self.queue.front() {
             let settled = journal::settle(front.ticket, progress);
             if let Settled::Waiting = settled {
@@ -175,17 +176,17 @@ impl Conn {
                 // The journal cut the record off; take the change back here too, so that
                 // "nothing changed" holds now as well as after a restart.
                 Settled::Lost(why) => {
-                    journal::answer_lost(&self.executor, &mut self.ctx, undo, &why)
+                    crate::executor::answer_lost(&self.executor, &mut self.ctx, undo, &why)
                 }
                 Settled::Durable | Settled::Waiting => response,
             };
             if let Some(timing) = timing {
                 let at = *now.get_or_insert_with(std::time::Instant::now);
-                let metrics = &self.executor.stats.metrics;
+                let metrics = &self.executor.stats().metrics;
                 metrics.tally(&mut tally, timing, &response, at);
             }
             self.surface.encode(id, &response, &mut self.wbuf);
         }
-        self.executor.stats.metrics.add_tally(&mut tally);
+        self.executor.stats().metrics.add_tally(&mut tally);
     }
 }

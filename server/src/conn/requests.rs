@@ -12,9 +12,10 @@ use super::surface::{Fatal, Input, Surface};
 use super::Conn;
 use crate::console;
 use crate::executor::Outcome;
-use crate::handoff::WaitResult;
-use crate::journal::{Undo, TICKET_NOW};
-use crate::metrics::Timing;
+use crate::executor::Undo;
+use crate::executor::WaitResult;
+use crate::journal::TICKET_NOW;
+use crate::obs::metrics::Timing;
 
 /// Something a connection waits for besides its socket: a queued acquire's answer, or a
 /// token reservation before an acquire can run again.
@@ -68,7 +69,7 @@ impl Conn {
                     self.on_request(id, request, None, at)
                 }
                 Input::Bad(id, e) => {
-                    crate::stats::Stats::bump(&self.executor.stats.errors);
+                    crate::obs::stats::Stats::bump(&self.executor.stats().errors);
                     let (code, message) = (e.code, e.message);
                     self.push(id, Response::Error { code, message }, TICKET_NOW);
                 }
@@ -93,11 +94,11 @@ impl Conn {
     /// retry.
     fn on_request(&mut self, id: u64, request: Request, received_ms: Option<u64>, at: Instant) {
         self.timing = Some(Timing::start(&request, at));
-        if self.in_flight() >= self.executor.config.in_flight_max as usize {
-            let max = self.executor.config.in_flight_max;
+        if self.in_flight() >= self.executor.config().in_flight_max as usize {
+            let max = self.executor.config().in_flight_max;
             let message = format!("{max} requests already in flight on this connection");
             let code = ErrorCode::TooManyInFlight;
-            crate::stats::Stats::bump(&self.executor.stats.errors);
+            crate::obs::stats::Stats::bump(&self.executor.stats().errors);
             self.push(id, Response::Error { code, message }, TICKET_NOW);
             return;
         }
@@ -107,7 +108,7 @@ impl Conn {
         }
         if let Request::Auth { .. } = &request {
             // Counted here: AUTH never reaches the executor, which counts the rest.
-            self.executor.stats.count_op(&request);
+            self.executor.stats().count_op(&request);
         }
         let request = match request {
             Request::Auth { name, secret } => return self.on_auth(id, name, secret),
@@ -117,7 +118,7 @@ impl Conn {
             | Request::ClusterRemove { .. } => return self.on_cluster(id, request),
             request => request,
         };
-        let outcome = match self.executor.identities.clone() {
+        let outcome = match self.executor.identities().clone() {
             None => self.execute(id, request, received_ms),
             Some(identities) => self.execute_as(&identities, id, request, received_ms),
         };
@@ -178,7 +179,7 @@ impl Conn {
                 received_ms,
             } => {
                 self.timing = None; // the retry times itself
-                let tokens = Arc::clone(&self.executor.tokens);
+                let tokens = Arc::clone(self.executor.tokens());
                 self.later.push(Box::pin(async move {
                     let reserved = tokens.reserve().await.map_err(|e| e.to_string());
                     Later::Retry {
@@ -242,21 +243,24 @@ impl Conn {
     /// A CLUSTER request: answered by the node's cluster administration once Raft has done
     /// it (beside the socket, as a waiter is), or at once on a single-node server.
     fn on_cluster(&mut self, id: u64, request: Request) {
-        self.executor.stats.count_op(&request);
-        let Some(admin) = self.executor.cluster.clone() else {
+        self.executor.stats().count_op(&request);
+        let Some(admin) = self.executor.cluster().clone() else {
             // Counted as the unknown opcode it is to a server older than cluster mode.
-            crate::stats::Stats::bump(&self.executor.stats.errors);
-            let (code, message) = (ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER.into());
+            crate::obs::stats::Stats::bump(&self.executor.stats().errors);
+            let (code, message) = (
+                ErrorCode::UnknownOpcode,
+                crate::executor::NOT_CLUSTER.into(),
+            );
             return self.push(id, Response::Error { code, message }, TICKET_NOW);
         };
-        if let Some(identities) = self.executor.identities.clone() {
+        if let Some(identities) = self.executor.identities().clone() {
             if let Err(response) = self.identity_for(&identities, &request) {
                 return self.push(id, response, TICKET_NOW);
             }
         }
         let changes_membership = !matches!(request, Request::ClusterStatus { .. });
         if changes_membership
-            && self.executor.identities.is_none()
+            && self.executor.identities().is_none()
             && !self.ctx.peer.ip().is_loopback()
         {
             // With identities, only an `admin` identity gets here (`auth::permit`). Without
@@ -325,7 +329,7 @@ impl Conn {
             return Response::Error { code, message };
         }
         // Cluster mode: the connection ends because its node no longer leads.
-        if let Some(leader) = self.executor.journal.not_leader() {
+        if let Some(leader) = self.executor.journal().not_leader() {
             return Response::Error {
                 code: ErrorCode::NotLeader,
                 message: leader.to_string(),

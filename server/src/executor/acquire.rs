@@ -6,18 +6,16 @@ use std::sync::Arc;
 use tenure_protocol::{EventKind, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
-use super::{clamp_ms, Executor, Outcome};
-use crate::conn::ConnCtx;
-use crate::handoff::WaitSlot;
-use crate::journal::{Change, Lease, Undo, TICKET_NOW};
-use crate::stats::Stats;
+use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitSlot};
+use crate::journal::{Change, Lease, TICKET_NOW};
+use crate::obs::stats::Stats;
+use crate::record::FreeReason;
 use crate::table::{self, Acquire, AcquireArgs, LockTable};
-use crate::wal::FreeReason;
 
 impl Executor {
     pub(super) fn acquire(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         now_ms: u64,
         received_ms: u64,
         request: Request,
@@ -89,7 +87,7 @@ impl Executor {
     /// or takes it back if it cannot be logged.
     fn granted(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         shard: &mut LockTable<WaitSlot>,
         now_ms: u64,
         request: &Request,

@@ -6,32 +6,46 @@
 //! lock (so the journal orders changes to a key exactly as the table made them), and leaves.
 //! The reply then waits, on the connection, until the journal is durable past the change's
 //! ticket: what "durable" means, and what is logged at all, is the journal's business.
-//! Hand-offs to waiters are in [`crate::handoff`], token reservations in [`crate::tokens`],
-//! watch registration in [`crate::watch`], undo in [`crate::journal`]. Here: the dispatch;
-//! `acquire`, `release` and `refuse` (the error replies) hold the longer requests.
+//! The executor owns everything a request changes besides the table: hand-offs to waiters
+//! (`handoff`), token reservations (`tokens`), watch registration (`watch`), taking back a
+//! change that never became durable (`undo`), each connection's [`Session`], the STATS
+//! reply (`stats_reply`) and the expiry ticker (`ticker`). Here: the dispatch; `acquire`,
+//! `release` and `refuse` (the error replies) hold the longer requests.
 
 mod acquire;
+mod handoff;
 mod refuse;
 mod release;
+mod session;
 #[cfg(test)]
 mod sim;
+mod stats_reply;
+mod ticker;
+mod tokens;
+mod undo;
+mod watch;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use tenure_protocol::{ErrorCode, Holder, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::conn::ConnCtx;
-use crate::handoff::{WaitResult, WaitSlot};
-use crate::journal::{Change, Journal, Lease, Ticket, Undo, TICKET_NOW};
-use crate::stats::Stats;
+use crate::identity::Identities;
+use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
+use crate::obs::stats::Stats;
+use crate::record::RecoveredLease;
 use crate::table::{self, LockTable, Quotas, TableLimits};
-use crate::tokens::Tokens;
-use crate::wal::RecoveredLease;
-use crate::watch::Watches;
+pub use handoff::{WaitResult, WaitSlot};
+pub use session::{Auth, Credential, Session};
+pub use stats_reply::stats_pairs;
+pub use ticker::tick;
+pub use tokens::Tokens;
+pub use undo::{answer_lost, Undo};
+pub use watch::{WatchEvent, WatchSink, Watches};
 
 /// What the connection does with a request after the executor ran it.
 pub enum Outcome {
@@ -67,35 +81,86 @@ pub enum Outcome {
     },
 }
 
-/// Everything the tasks share: the table's shards and the services around it.
+/// Everything the tasks share: the table's shards and the services around it. Built once,
+/// from [`ExecutorParts`], by [`Executor::new`]; nothing is set on it afterwards.
 pub struct Executor {
     /// The limits in force.
-    pub config: Config,
+    config: Config,
     /// The monotonic clock; the only one the server reads.
-    pub clock: Clock,
+    clock: Clock,
     shards: Box<[Mutex<LockTable<WaitSlot>>]>,
     /// Held locks and waiters over all shards, against the server-wide limits.
-    pub(crate) quotas: Arc<Quotas>,
+    quotas: Arc<Quotas>,
     /// Fencing tokens, below a durable limit, and their reservation.
-    pub tokens: Arc<Tokens>,
+    tokens: Arc<Tokens>,
     /// Where changes are made durable.
-    pub journal: Arc<dyn Journal>,
+    journal: Arc<dyn Journal>,
     /// Counters.
-    pub stats: Stats,
+    stats: Stats,
     /// Who watches which key.
-    pub watches: Watches,
+    watches: Watches,
     /// In token-only durability, grants are refused until this `now_ms` after a restart.
     grants_refused_until_ms: u64,
     /// The identities in force; `None`: none configured, every connection may do anything
     /// (and the request path checks nothing else).
-    pub identities: Option<Arc<crate::identity::Identities>>,
+    identities: Option<Arc<Identities>>,
     /// Cluster mode: the node's cluster administration (CLUSTER requests); `None` on a
-    /// single-node server, which answers them [`crate::cluster::NOT_CLUSTER`].
-    pub cluster: Option<crate::cluster::admin::Admin>,
+    /// single-node server, which answers them [`NOT_CLUSTER`].
+    cluster: Option<Arc<dyn ClusterAdmin>>,
     /// Added to the clock's reading for STATS `uptime_ms`: 0 on a single node; a cluster
     /// leader's executor, whose clock starts at its takeover, carries its node's uptime then.
+    uptime_offset_ms: u64,
+}
+
+/// What an [`Executor`] is built from: the one way to make one.
+pub struct ExecutorParts {
+    /// The limits in force.
+    pub config: Config,
+    /// The clock the executor reads.
+    pub clock: Clock,
+    /// A recovered journal.
+    pub journal: Arc<dyn Journal>,
+    /// Tokens start here (the journal's recovered floor).
+    pub token_floor: u64,
+    /// In token-only durability, grants are refused until this `now_ms` after a restart.
+    pub grants_refused_until_ms: u64,
+    /// The identities in force, if any.
+    pub identities: Option<Arc<Identities>>,
+    /// Cluster mode: the node's cluster administration.
+    pub cluster: Option<Arc<dyn ClusterAdmin>>,
+    /// Added to the clock's reading for STATS `uptime_ms`.
     pub uptime_offset_ms: u64,
 }
+
+impl ExecutorParts {
+    /// The parts of a single-node executor without identities: `journal` with tokens from
+    /// `token_floor`, grants allowed at once.
+    pub fn new(config: Config, clock: Clock, journal: Arc<dyn Journal>, token_floor: u64) -> Self {
+        ExecutorParts {
+            config,
+            clock,
+            journal,
+            token_floor,
+            grants_refused_until_ms: 0,
+            identities: None,
+            cluster: None,
+            uptime_offset_ms: 0,
+        }
+    }
+}
+
+/// A node's cluster administration, as the executor holds it for its connections: CLUSTER
+/// requests are answered by it (implemented in `cluster::admin`, so neither the executor
+/// nor the connection imports the cluster).
+pub trait ClusterAdmin: Send + Sync + 'static {
+    /// Answers a CLUSTER request once Raft has done it.
+    fn serve(&self, request: Request) -> BoxFuture<'_, Response>;
+}
+
+/// Why a single-node server refuses a CLUSTER request (with `UNKNOWN_COMMAND`, as a server
+/// older than them would).
+pub const NOT_CLUSTER: &str =
+    "not in cluster mode: this is a single-node server (start it with --cluster)";
 
 /// Most queued acquires of a closing connection cancelled under one hold of a shard's mutex.
 const CANCELS_PER_LOCK_MAX: usize = 256;
@@ -112,14 +177,18 @@ pub(crate) fn clamp_ms(ms: u64) -> u32 {
 }
 
 impl Executor {
-    /// Builds the executor around a recovered journal whose tokens start at `token_floor`.
-    pub fn new(
-        config: Config,
-        clock: Clock,
-        journal: Arc<dyn Journal>,
-        token_floor: u64,
-        grants_refused_until_ms: u64,
-    ) -> Executor {
+    /// Builds the executor from its parts; the journal's tokens start at `token_floor`.
+    pub fn new(parts: ExecutorParts) -> Executor {
+        let ExecutorParts {
+            config,
+            clock,
+            journal,
+            token_floor,
+            grants_refused_until_ms,
+            identities,
+            cluster,
+            uptime_offset_ms,
+        } = parts;
         // One count for all shards: a limit split per shard is not the limit that was set.
         let quotas = Arc::new(Quotas::new(TableLimits {
             held_max: config.held_max,
@@ -146,10 +215,64 @@ impl Executor {
             stats: Stats::default(),
             watches: Watches::default(),
             grants_refused_until_ms,
-            identities: None,
-            cluster: None,
-            uptime_offset_ms: 0,
+            identities,
+            cluster,
+            uptime_offset_ms,
         }
+    }
+
+    /// The limits in force.
+    #[inline]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The clock the executor reads.
+    #[inline]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Fencing tokens and their reservation.
+    #[inline]
+    pub fn tokens(&self) -> &Arc<Tokens> {
+        &self.tokens
+    }
+
+    /// Where changes are made durable.
+    #[inline]
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.journal
+    }
+
+    /// The counters.
+    #[inline]
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Who watches which key.
+    #[inline]
+    pub fn watches(&self) -> &Watches {
+        &self.watches
+    }
+
+    /// The identities in force, if any are configured.
+    #[inline]
+    pub fn identities(&self) -> &Option<Arc<Identities>> {
+        &self.identities
+    }
+
+    /// Cluster mode: the node's cluster administration.
+    #[inline]
+    pub fn cluster(&self) -> &Option<Arc<dyn ClusterAdmin>> {
+        &self.cluster
+    }
+
+    /// What STATS adds to the clock for `uptime_ms`.
+    #[inline]
+    pub fn uptime_offset_ms(&self) -> u64 {
+        self.uptime_offset_ms
     }
 
     /// The shard that owns `key`.
@@ -182,7 +305,7 @@ impl Executor {
     /// Runs one request. Never blocks on I/O: anything slow is handed back as an [`Outcome`].
     pub fn execute(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
     ) -> Outcome {
@@ -196,7 +319,7 @@ impl Executor {
     /// the client counts its lease from before it sent the request, not from this retry.
     pub fn execute_again(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
         received_ms: u64,
@@ -207,7 +330,7 @@ impl Executor {
 
     fn run(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         request_id: u64,
         request: Request,
         received_ms: u64,
@@ -240,27 +363,14 @@ impl Executor {
                 other => return other,
             },
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
-            Request::Inspect { key } => match holder(self.shard(&key).inspect(now_ms, &key)) {
-                None => Response::Free,
-                Some(Holder {
-                    token,
-                    ttl_left_ms,
-                    waiters,
-                    meta,
-                }) => Response::Held {
-                    token,
-                    ttl_left_ms,
-                    waiters,
-                    meta,
-                },
-            },
+            Request::Inspect { key } => self.inspect(now_ms, &key),
             Request::Check { key, token } => match self.shard(&key).check(now_ms, &key, token) {
                 table::Check::Current => Response::Current,
                 table::Check::Stale => Response::Stale,
             },
             Request::Stats => match self.refuse_if_not_leader() {
                 Some(refusal) => refusal,
-                None => Response::Stats(crate::stats::stats_pairs(self)),
+                None => Response::Stats(stats_pairs(self)),
             },
             Request::Watch { key } => match self.refuse_if_not_leader() {
                 Some(refusal) => refusal,
@@ -273,9 +383,7 @@ impl Executor {
             Request::ClusterStatus { .. }
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
-            | Request::ClusterRemove { .. } => {
-                error(ErrorCode::UnknownOpcode, crate::cluster::NOT_CLUSTER)
-            }
+            | Request::ClusterRemove { .. } => error(ErrorCode::UnknownOpcode, NOT_CLUSTER),
         };
         if is_read {
             return self.confirmed(response, ticket);
@@ -317,6 +425,24 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 }
 
 impl Executor {
+    /// INSPECT: the key's holder, or FREE.
+    fn inspect(&self, now_ms: u64, key: &[u8]) -> Response {
+        match holder(self.shard(key).inspect(now_ms, key)) {
+            None => Response::Free,
+            Some(Holder {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            }) => Response::Held {
+                token,
+                ttl_left_ms,
+                waiters,
+                meta,
+            },
+        }
+    }
+
     /// RENEW. One to a TTL longer than the lease's last journal record is logged and
     /// answered once durable, so a restart gives the lease at least that TTL again; any
     /// other is answered at once (see the table's "Renewals and the journal").

@@ -5,7 +5,7 @@ use tenure_protocol::{ErrorCode, Response};
 
 use super::{error, Executor};
 use crate::journal::JournalError;
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
 use crate::table;
 
 impl Executor {

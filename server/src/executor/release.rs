@@ -6,17 +6,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, LeaseId, Response};
 
+use super::Session;
+use super::Undo;
 use super::{clamp_ms, error, Executor, Outcome};
-use crate::conn::ConnCtx;
-use crate::journal::{Undo, TICKET_NOW};
-use crate::stats::Stats;
+use crate::journal::TICKET_NOW;
+use crate::obs::stats::Stats;
+use crate::record::FreeReason;
 use crate::table;
-use crate::wal::FreeReason;
 
 impl Executor {
     pub(super) fn release(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         now_ms: u64,
         key: Bytes,
         lease_id: LeaseId,

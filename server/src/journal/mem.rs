@@ -98,7 +98,7 @@ impl MemJournal {
         let mut kept = self.kept.lock().expect("poisoned");
         let ticket = kept.len() as Ticket + 1;
         let mut bytes = Vec::new();
-        crate::wal::record::encode(record, &mut bytes);
+        crate::record::encode(record, &mut bytes);
         kept.push(Kept {
             ticket,
             record: bytes,

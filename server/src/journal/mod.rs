@@ -5,7 +5,7 @@
 //! handed to the [`Journal`] while the table's shard lock is still held, so the journal
 //! orders changes to a key exactly as the table made them. The journal answers with a
 //! [`Ticket`]; the change's reply waits until the journal's [`Progress`] passes that
-//! ticket. If the journal fails first, a grant or release is taken back ([`Undo`]) and the
+//! ticket. If the journal fails first, a grant or release is taken back (`executor::Undo`) and the
 //! requester told "not durable, nothing changed" (a renewal stays, and its requester is
 //! told it may be lost); once it has failed, new changes are refused before the table is
 //! touched ([`Journal::failed`]).
@@ -44,102 +44,28 @@
 pub mod mem;
 #[cfg(test)]
 mod tests;
-mod undo;
 mod wal;
 
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use tenure_protocol::LeaseId;
 use tokio::sync::watch;
 
-pub use self::undo::{answer_lost, settle, Settled, Undo};
 pub use self::wal::WalJournal;
 pub use crate::config::Durability;
-use crate::wal::{FreeReason, Record, WalError, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+pub use crate::record::{Change, Lease};
+use crate::wal::WalError;
 
 /// A position in the journal: a change is durable once [`Progress::lsn`] reaches its
 /// ticket. [`TICKET_NOW`] (0) is durable from the start: a reply that needs no wait.
-pub type Ticket = crate::wal::Lsn;
+pub type Ticket = crate::record::Lsn;
 
 /// The ticket of a reply that waits for nothing.
 pub const TICKET_NOW: Ticket = 0;
 
 /// How far the journal is durable (`lsn`: every ticket up to it), and `failed` once it
 /// failed, after which `lsn` never moves again. A second implementation publishes the same.
-pub use crate::wal::DurableState as Progress;
-
-/// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
-#[derive(Clone, Copy, Debug)]
-pub struct Lease<'a> {
-    /// The lock.
-    pub key: &'a [u8],
-    /// The lease.
-    pub lease_id: LeaseId,
-    /// Its fencing token.
-    pub token: u64,
-    /// Its length, in milliseconds.
-    pub ttl_ms: u32,
-    /// Whether it is released when its connection closes.
-    pub release_on_disconnect: bool,
-    /// Holder metadata.
-    pub meta: &'a [u8],
-}
-
-/// One change to the durable state.
-#[derive(Clone, Copy, Debug)]
-pub enum Change<'a> {
-    /// A lease was granted.
-    Grant(Lease<'a>),
-    /// The lease holding `key` with `token` ended.
-    Free {
-        /// The lock.
-        key: &'a [u8],
-        /// The ended lease's token.
-        token: u64,
-        /// Why it ended.
-        reason: FreeReason,
-    },
-    /// Fencing tokens below `token_limit` may be handed out.
-    Reserve {
-        /// The new limit.
-        token_limit: u64,
-    },
-    /// The lease holding `key` with `token` was renewed to `ttl_ms`, longer than its last
-    /// record said: a restart must give it that much.
-    Renew {
-        /// The lock.
-        key: &'a [u8],
-        /// The renewed lease's token.
-        token: u64,
-        /// Its new length, in milliseconds.
-        ttl_ms: u32,
-    },
-}
-
-impl<'a> Change<'a> {
-    /// The WAL record of this change: the one builder of Grant, Free, Reserve and Renew
-    /// records.
-    pub fn record(&self) -> Record<'a> {
-        match *self {
-            Change::Grant(lease) => Record::Grant {
-                key: lease.key,
-                lease_id: lease.lease_id.0,
-                token: lease.token,
-                ttl_ms: lease.ttl_ms,
-                flags: if lease.release_on_disconnect {
-                    GRANT_FLAG_RELEASE_ON_DISCONNECT
-                } else {
-                    0
-                },
-                meta: lease.meta,
-            },
-            Change::Free { key, token, reason } => Record::Free { key, token, reason },
-            Change::Reserve { token_limit } => Record::Reserve { token_limit },
-            Change::Renew { key, token, ttl_ms } => Record::Renew { key, token, ttl_ms },
-        }
-    }
-}
+pub use crate::record::DurableState as Progress;
 
 /// The failure reason a replicated journal publishes in [`Progress::failed`] when its node
 /// lost leadership: replies still waiting are then answered `NOT_LEADER`, not `UNAVAILABLE`.
@@ -245,4 +171,25 @@ pub trait Journal: Send + Sync + 'static {
     /// # Errors
     /// When some appended change is not durable.
     fn sync_and_stop(&self) -> Result<(), JournalError>;
+}
+
+/// What becomes of a reply that waited on a ticket.
+pub enum Settled {
+    /// Not yet decided: keep waiting.
+    Waiting,
+    /// Durable (or it never needed the journal): send the reply.
+    Durable,
+    /// The journal failed before the ticket became durable, for this reason.
+    Lost(Arc<str>),
+}
+
+/// Where a reply waiting on `ticket` stands, given the journal's `progress`.
+pub fn settle(ticket: Ticket, progress: &Progress) -> Settled {
+    if ticket <= progress.lsn {
+        return Settled::Durable;
+    }
+    match &progress.failed {
+        Some(why) => Settled::Lost(Arc::clone(why)),
+        None => Settled::Waiting,
+    }
 }

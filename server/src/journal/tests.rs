@@ -6,18 +6,24 @@ use bytes::Bytes;
 use tenure_protocol::{ErrorCode, Request, Response};
 
 use super::mem::MemJournal;
-use super::{answer_lost, settle, Journal, Settled};
+use super::{settle, Journal, Settled};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::conn::ConnCtx;
-use crate::executor::{Executor, Outcome};
-use crate::handoff::WaitResult;
+use crate::executor::answer_lost;
+use crate::executor::Session;
+use crate::executor::WaitResult;
+use crate::executor::{Executor, ExecutorParts, Outcome};
 
 async fn executor(journal: &Arc<MemJournal>) -> Arc<Executor> {
     let config = Config::for_tests(std::path::Path::new("/nonexistent"));
     let journal: Arc<dyn Journal> = Arc::clone(journal) as Arc<dyn Journal>;
-    let executor = Arc::new(Executor::new(config, Clock::start(), journal, 1, 0));
-    executor.tokens.reserve().await.unwrap();
+    let executor = Arc::new(Executor::new(ExecutorParts::new(
+        config,
+        Clock::start(),
+        journal,
+        1,
+    )));
+    executor.tokens().reserve().await.unwrap();
     executor
 }
 
@@ -31,7 +37,7 @@ fn acquire(key: &str) -> Request {
     }
 }
 
-fn inspect(executor: &Arc<Executor>, ctx: &mut ConnCtx, key: &str) -> Response {
+fn inspect(executor: &Arc<Executor>, ctx: &mut Session, key: &str) -> Response {
     let request = Request::Inspect {
         key: Bytes::copy_from_slice(key.as_bytes()),
     };
@@ -45,7 +51,7 @@ fn inspect(executor: &Arc<Executor>, ctx: &mut ConnCtx, key: &str) -> Response {
 async fn a_snapshot_writes_the_same_grant_record_as_the_live_grant() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     let Outcome::Changed { ticket, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
         panic!("a grant in full durability waits for its ticket");
     };
@@ -59,7 +65,7 @@ async fn a_snapshot_writes_the_same_grant_record_as_the_live_grant() {
 async fn a_failed_journal_refuses_a_grant_before_the_table_changes() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     journal.fail("injected");
     let Outcome::Reply(Response::Error { code, message }, _) =
         executor.execute(&mut ctx, 1, acquire("k"))
@@ -75,7 +81,7 @@ async fn a_failed_journal_refuses_a_grant_before_the_table_changes() {
 async fn a_grant_lost_to_a_journal_failure_is_undone() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
         panic!("a grant in full durability waits for its ticket");
     };
@@ -103,7 +109,7 @@ async fn a_grant_lost_to_a_journal_failure_is_undone() {
 async fn a_durable_grant_settles_and_token_mode_logs_no_lease() {
     let full = MemJournal::new(true);
     let executor_full = executor(&full).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     let Outcome::Changed { ticket, .. } = executor_full.execute(&mut ctx, 1, acquire("k")) else {
         panic!("waits for its ticket");
     };
@@ -147,16 +153,21 @@ async fn undo_of_a_release_whose_handoff_waits_for_tokens_does_not_panic() {
     let mut config = Config::for_tests(std::path::Path::new("/nonexistent"));
     config.token_block = 2;
     let as_journal: Arc<dyn Journal> = Arc::clone(&journal) as Arc<dyn Journal>;
-    let executor = Arc::new(Executor::new(config, Clock::start(), as_journal, 1, 0));
-    executor.tokens.reserve().await.unwrap();
-    let mut holder = ConnCtx::new(1);
+    let executor = Arc::new(Executor::new(ExecutorParts::new(
+        config,
+        Clock::start(),
+        as_journal,
+        1,
+    )));
+    executor.tokens().reserve().await.unwrap();
+    let mut holder = Session::new(1);
     let Outcome::Changed { response, .. } = executor.execute(&mut holder, 1, acquire("k")) else {
         panic!("granted");
     };
     let Response::Granted { lease_id, .. } = response else {
         panic!("granted");
     };
-    let mut waiter = ConnCtx::new(2);
+    let mut waiter = Session::new(2);
     let mut blocking = acquire("k");
     if let Request::Acquire { wait_ms, .. } = &mut blocking {
         *wait_ms = 60_000;
@@ -197,7 +208,7 @@ async fn held(
     journal: &MemJournal,
     key: &str,
 ) -> tenure_protocol::LeaseId {
-    let mut ctx = ConnCtx::new(7);
+    let mut ctx = Session::new(7);
     let response = match executor.execute(&mut ctx, 1, acquire(key)) {
         Outcome::Changed { response, .. } | Outcome::Reply(response, _) => response,
         _ => panic!("granted at once"),
@@ -221,7 +232,7 @@ fn renew(
         lease_id,
         ttl_ms,
     };
-    match executor.execute(&mut ConnCtx::new(8), 1, request) {
+    match executor.execute(&mut Session::new(8), 1, request) {
         Outcome::Reply(response, ticket) => (response, ticket),
         _ => panic!("RENEW answers with a reply"),
     }
@@ -302,7 +313,7 @@ async fn a_longer_renewal_that_cannot_be_logged_changes_nothing() {
     };
     assert_eq!((code, ticket), (ErrorCode::Unavailable, 0));
     assert!(message.contains("nothing changed"), "{message}");
-    let Response::Held { ttl_left_ms, .. } = inspect(&executor, &mut ConnCtx::new(1), "k") else {
+    let Response::Held { ttl_left_ms, .. } = inspect(&executor, &mut Session::new(1), "k") else {
         panic!("still held");
     };
     assert!(
@@ -339,7 +350,7 @@ async fn a_release_put_back_keeps_the_logged_ttl_of_its_lease() {
     journal.make_durable();
     // Time passes: the lease has less left than either TTL when it is put back.
     tokio::time::advance(std::time::Duration::from_millis(10)).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     let release = Request::Release {
         key: Bytes::from_static(b"k"),
         lease_id,
@@ -366,7 +377,7 @@ async fn a_release_put_back_keeps_the_logged_ttl_of_its_lease() {
 async fn a_grant_lost_to_a_leadership_loss_is_undone_and_answered_not_leader() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     let Outcome::Changed { ticket, undo, .. } = executor.execute(&mut ctx, 1, acquire("k")) else {
         panic!("a grant in full durability waits for its ticket");
     };
@@ -390,11 +401,11 @@ async fn a_grant_lost_to_a_leadership_loss_is_undone_and_answered_not_leader() {
 async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut ctx = ConnCtx::new(1);
+    let mut ctx = Session::new(1);
     // Another connection's grant lands between a read's ticket and its reply.
     let other = Arc::clone(&executor);
     journal.confirm_then(move || {
-        let _ = other.execute(&mut ConnCtx::new(2), 1, acquire("k"));
+        let _ = other.execute(&mut Session::new(2), 1, acquire("k"));
     });
     let request = Request::Inspect {
         key: Bytes::from_static(b"k"),
@@ -416,7 +427,7 @@ async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
 async fn a_handoff_refused_by_a_deposed_leader_is_answered_not_leader() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal).await;
-    let mut holder = ConnCtx::new(1);
+    let mut holder = Session::new(1);
     let mut short = acquire("k");
     if let Request::Acquire { ttl_ms, .. } = &mut short {
         *ttl_ms = 100;
@@ -429,17 +440,17 @@ async fn a_handoff_refused_by_a_deposed_leader_is_answered_not_leader() {
     if let Request::Acquire { wait_ms, .. } = &mut blocking {
         *wait_ms = 60_000;
     }
-    let mut waiter = ConnCtx::new(2);
+    let mut waiter = Session::new(2);
     let Outcome::Wait { mut rx, .. } = executor.execute(&mut waiter, 1, blocking) else {
         panic!("queued");
     };
     journal.fail(super::NOT_LEADER);
     tokio::time::advance(std::time::Duration::from_millis(200)).await;
-    let now_ms = executor.clock.now_ms();
+    let now_ms = executor.clock().now_ms();
     let mut events = Vec::new();
     for shard in executor.shards() {
         let mut shard = shard.lock().expect("shard poisoned");
-        shard.advance(now_ms, 1_000, &executor.tokens.allocator, &mut events);
+        shard.advance(now_ms, 1_000, &executor.tokens().allocator, &mut events);
         executor.apply_events(&mut shard, now_ms, &mut events);
     }
     match rx.try_recv() {

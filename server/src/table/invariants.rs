@@ -39,6 +39,32 @@ impl<W: WaiterSink> LockTable<W> {
             self.check_queue(number, &timers, &mut waiter_ids);
         }
         assert_eq!(used, self.index.len(), "slots in use vs index entries");
+        self.check_counts(used, &free);
+        assert_eq!(waiter_ids.len(), self.waiters_count, "waiters_count is off");
+        waiter_ids.sort_unstable();
+        assert!(
+            waiter_ids.windows(2).all(|pair| pair[0] != pair[1]),
+            "a waiter id is queued twice"
+        );
+        // Other shards may share the quotas, so this table's counts are at most theirs.
+        assert!(
+            self.waiters_count <= self.quotas.waiters.count(),
+            "waiters not counted in the quota"
+        );
+        assert!(
+            self.index.len() <= self.quotas.held.count(),
+            "held locks not counted in the quota"
+        );
+        let slab_len = self.slots.len();
+        assert!(
+            self.deferred.iter().all(|&slot| (slot as usize) < slab_len),
+            "deferred slot out of range"
+        );
+    }
+
+    /// Long keys, extras and index entries agree with the `used` slots in use; `free` marks
+    /// the slots on the free list.
+    fn check_counts(&self, used: usize, free: &[bool]) {
         let long = self
             .slots
             .iter()
@@ -66,26 +92,6 @@ impl<W: WaiterSink> LockTable<W> {
         assert!(
             indexed.iter().all(|&slot| !free[slot as usize]),
             "index points at a free slot"
-        );
-        assert_eq!(waiter_ids.len(), self.waiters_count, "waiters_count is off");
-        waiter_ids.sort_unstable();
-        assert!(
-            waiter_ids.windows(2).all(|pair| pair[0] != pair[1]),
-            "a waiter id is queued twice"
-        );
-        // Other shards may share the quotas, so this table's counts are at most theirs.
-        assert!(
-            self.waiters_count <= self.quotas.waiters.count(),
-            "waiters not counted in the quota"
-        );
-        assert!(
-            self.index.len() <= self.quotas.held.count(),
-            "held locks not counted in the quota"
-        );
-        let slab_len = self.slots.len();
-        assert!(
-            self.deferred.iter().all(|&slot| (slot as usize) < slab_len),
-            "deferred slot out of range"
         );
     }
 

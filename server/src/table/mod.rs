@@ -87,6 +87,7 @@ mod quota;
 pub(crate) mod sim;
 mod slab;
 mod slot;
+mod tokens;
 mod upkeep;
 
 use std::sync::Arc;
@@ -94,7 +95,6 @@ use std::sync::Arc;
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 use tenure_protocol::LeaseId;
 
-use crate::tokens::TokenAllocator;
 use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
 use index::{hash_key, KeyIndex};
 use keys::KeyArena;
@@ -108,7 +108,8 @@ use slot::Extra;
 pub use slot::LoggedTtl;
 #[cfg(test)]
 use slot::Queued;
-use slot::{Slot, Timer}; // size checked in the tests
+use slot::{Slot, Timer};
+pub use tokens::TokenAllocator; // size checked in the tests
 
 /// The waiters' wheel is compacted (stale timers dropped) once it holds more than twice the
 /// live waiters plus this many; compaction is O(timers), so this keeps it amortized O(1) per

@@ -29,11 +29,11 @@ use std::sync::Arc;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tenure_protocol::LeaseId;
 
+use crate::table::TokenAllocator;
 use crate::table::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, Inspect, Limit, LockTable, Quotas, Release,
     Renew, TableLimits, WaiterSink,
 };
-use crate::tokens::TokenAllocator;
 
 /// Seeds run by default.
 const SEEDS_DEFAULT: u64 = 128;

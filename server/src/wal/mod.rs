@@ -153,7 +153,6 @@
 //! [`SEGMENT_SIZE_LIMIT`]); [`Wal::should_snapshot`] then asks the server for its snapshot,
 //! which rotates, straight away.
 mod floor;
-pub mod record;
 pub mod recovery;
 pub mod storage;
 mod syncer;
@@ -165,14 +164,17 @@ mod tests;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use record::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
-pub use recovery::{Recovered, RecoveredLease};
+/// The record format lives in [`crate::record`], shared with the journal and the cluster;
+/// `wal::record` keeps its old path.
+pub use crate::record;
+pub use crate::record::{
+    DurableState, FreeReason, Lsn, Record, RecoveredLease, GRANT_FLAG_RELEASE_ON_DISCONNECT,
+};
+pub use recovery::Recovered;
 pub use storage::{
     FaultPlan, Faults, FaultyStorage, FileWrapper, FsStorage, SegmentFile, Storage, WrapFiles,
 };
-pub use writer::{
-    open, open_with_storage, wait_durable_on, DurableState, Lsn, SnapshotGuard, Wal, WalStats,
-};
+pub use writer::{open, open_with_storage, wait_durable_on, SnapshotGuard, Wal, WalStats};
 
 /// Default for [`WalOptions::segment_size_max`]: 64 MiB.
 pub const SEGMENT_SIZE_MAX_DEFAULT: u64 = 64 << 20;
@@ -216,7 +218,7 @@ pub struct WalOptions {
     /// in the module docs. 0 trusts the log's tail.
     pub token_floor_margin: u64,
     /// Where the syncer records fsync latency and batch sizes, for `/metrics`.
-    pub metrics: std::sync::Arc<crate::metrics::WalMetrics>,
+    pub metrics: std::sync::Arc<crate::obs::metrics::WalMetrics>,
 }
 
 impl Default for WalOptions {

@@ -4,51 +4,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use tenure_protocol::LeaseId;
-
-use super::record::{
-    self, DecodeError, HeaderError, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT, SEGMENT_HEADER_LEN,
-};
+use super::record::{self, DecodeError, HeaderError, Record, SEGMENT_HEADER_LEN};
 use super::storage::Storage;
 use super::{parse_segment_name, segment_name, WalError, SEGMENT_SIZE_LIMIT};
-use crate::journal::{Change, Lease};
-
-/// A lease that was granted and not freed when the server stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecoveredLease {
-    /// The locked key.
-    pub key: Vec<u8>,
-    /// The lease id the holder presents.
-    pub lease_id: LeaseId,
-    /// The lease's fencing token.
-    pub token: u64,
-    /// Lease length as granted; the server counts it again from restart.
-    pub ttl_ms: u32,
-    /// Grant flags (`GRANT_FLAG_*`) as recorded.
-    pub flags: u8,
-    /// Holder metadata.
-    pub meta: Vec<u8>,
-}
-
-impl RecoveredLease {
-    /// The lease as the journal records it: a snapshot of it writes
-    /// `Change::Grant(lease.as_lease()).record()`, the one Grant builder.
-    pub fn as_lease(&self) -> Lease<'_> {
-        Lease {
-            key: &self.key,
-            lease_id: self.lease_id,
-            token: self.token,
-            ttl_ms: self.ttl_ms,
-            release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
-            meta: &self.meta,
-        }
-    }
-
-    /// The Grant record that brings this lease back: what a snapshot of it writes.
-    pub fn as_grant(&self) -> Record<'_> {
-        Change::Grant(self.as_lease()).record()
-    }
-}
+use crate::record::{Held, LeaseReplay, RecoveredLease};
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Default)]
@@ -94,93 +53,6 @@ struct Replay {
     /// Grants are copies of leases whose later records follow), but a newer complete snapshot
     /// must follow, or the deleted segments held state that is now lost.
     orphan_end: Option<(u64, usize)>,
-}
-
-/// The held leases and the token floor that Reserve, Grant and Free records build up, by the
-/// replay rules of the [module docs](super): WAL recovery and the cluster's replicated
-/// state apply records through this one function.
-#[derive(Default, Clone, Debug)]
-pub(crate) struct LeaseReplay {
-    /// The held leases by key.
-    pub leases: HashMap<Vec<u8>, Held>,
-    /// Every token the records mention is below this.
-    pub token_floor: u64,
-}
-
-/// A held lease, as the records left it.
-#[derive(Clone, Debug)]
-pub(crate) struct Held {
-    pub lease_id: LeaseId,
-    pub token: u64,
-    pub ttl_ms: u32,
-    pub flags: u8,
-    pub meta: Vec<u8>,
-}
-
-impl LeaseReplay {
-    /// Applies a Reserve, Grant, Free or Renew record; `false` for any other record, which is the
-    /// caller's to handle.
-    pub fn apply(&mut self, record: &Record<'_>) -> bool {
-        match *record {
-            Record::Reserve { token_limit } => self.token_floor = self.token_floor.max(token_limit),
-            Record::Grant {
-                key,
-                lease_id,
-                token,
-                ttl_ms,
-                flags,
-                meta,
-            } => {
-                self.raise_floor(token);
-                let held = Held {
-                    lease_id: LeaseId(lease_id),
-                    token,
-                    ttl_ms,
-                    flags,
-                    meta: meta.to_vec(),
-                };
-                match self.leases.get_mut(key) {
-                    Some(slot) => *slot = held,
-                    None => {
-                        self.leases.insert(key.to_vec(), held);
-                    }
-                }
-            }
-            Record::Free { key, token, .. } => {
-                self.raise_floor(token);
-                if self.leases.get(key).is_some_and(|held| held.token == token) {
-                    self.leases.remove(key);
-                }
-            }
-            Record::Renew { key, token, ttl_ms } => {
-                self.raise_floor(token);
-                if let Some(held) = self.leases.get_mut(key).filter(|held| held.token == token) {
-                    held.ttl_ms = ttl_ms;
-                }
-            }
-            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => return false,
-        }
-        true
-    }
-
-    fn raise_floor(&mut self, token: u64) {
-        self.token_floor = self.token_floor.max(token.saturating_add(1));
-    }
-
-    /// The held leases as recovery reports them.
-    pub fn to_recovered(&self) -> Vec<RecoveredLease> {
-        self.leases
-            .iter()
-            .map(|(key, held)| RecoveredLease {
-                key: key.clone(),
-                lease_id: held.lease_id,
-                token: held.token,
-                ttl_ms: held.ttl_ms,
-                flags: held.flags,
-                meta: held.meta.clone(),
-            })
-            .collect()
-    }
 }
 
 impl Replay {
@@ -258,6 +130,29 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         .live
         .token_floor
         .max(super::floor::read_floor(storage)?);
+    check_orphan_end(storage, &replay)?;
+    let token_floor = replay.live.token_floor;
+    let (leases, live_bytes) = recovered_leases(replay.live.leases);
+    let recovered = Recovered {
+        token_floor,
+        leases,
+        records: replay.records,
+        segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
+        torn_tail_truncated: torn,
+        header_removed,
+    };
+    let snapshot_complete_seq = replay.snapshot_complete;
+    Ok(Replayed {
+        recovered,
+        segments,
+        snapshot_complete_seq,
+        live_bytes,
+    })
+}
+
+/// A snapshot end whose beginning was deleted needs a later complete snapshot: segments
+/// are only deleted once a snapshot after them is durable, so without one some are missing.
+fn check_orphan_end(storage: &dyn Storage, replay: &Replay) -> Result<(), WalError> {
     if let Some((seq, offset)) = replay.orphan_end {
         // Segments are only deleted once a snapshot after them is durable.
         if replay.snapshot_complete.is_none() {
@@ -270,10 +165,13 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
             });
         }
     }
+    Ok(())
+}
+
+/// The replayed leases as recovery reports them, and their size as Grant records.
+fn recovered_leases(leases: HashMap<Vec<u8>, Held>) -> (Vec<RecoveredLease>, u64) {
     let mut live_bytes = 0u64;
-    let leases: Vec<RecoveredLease> = replay
-        .live
-        .leases
+    let leases: Vec<RecoveredLease> = leases
         .into_iter()
         .map(|(key, held)| {
             let lease = RecoveredLease {
@@ -288,21 +186,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
             lease
         })
         .collect();
-    let recovered = Recovered {
-        token_floor: replay.live.token_floor,
-        leases,
-        records: replay.records,
-        segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
-        torn_tail_truncated: torn,
-        header_removed,
-    };
-    let snapshot_complete_seq = replay.snapshot_complete;
-    Ok(Replayed {
-        recovered,
-        segments,
-        snapshot_complete_seq,
-        live_bytes,
-    })
+    (leases, live_bytes)
 }
 
 fn grant_len(lease: &RecoveredLease) -> usize {
@@ -454,6 +338,7 @@ mod tests {
     use super::*;
     use crate::wal::record::{encode, encode_segment_header, FreeReason, SegmentHeader};
     use crate::wal::storage::FsStorage;
+    use tenure_protocol::LeaseId;
 
     fn grant<'a>(key: &'a [u8], token: u64) -> Record<'a> {
         Record::Grant {

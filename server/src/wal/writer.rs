@@ -21,11 +21,12 @@ use std::thread::JoinHandle;
 use tokio::sync::watch;
 
 use super::record::{self, Record, SegmentHeader, SEGMENT_HEADER_LEN};
-use super::recovery::{self, Recovered, RecoveredLease};
+use super::recovery::{self, Recovered};
 use super::storage::{FsStorage, SegmentFile, Storage};
 use super::syncer::{self, create_segment, delete_segments_before};
 use super::{segment_name, SyncMode, WalError, WalOptions};
-use crate::journal::Change;
+use crate::record::{Change, RecoveredLease};
+use crate::record::{DurableState, Lsn};
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
 const CHUNK_BYTES_MAX: usize = 256 << 10;
@@ -43,19 +44,6 @@ const OPEN_SNAPSHOT_SEGMENTS_MIN: usize = 2;
 pub(super) const WRITE_AHEAD_BYTES_MIN: usize = 64 << 10;
 /// Emptied chunk buffers kept for reuse, so steady-state appends allocate nothing.
 pub(super) const SPARE_CHUNKS_MAX: usize = 64;
-
-/// Log sequence number: the position of a record among those appended since `open`
-/// (1 for the first; 0 means "nothing", always durable). Only meaningful within one process.
-pub type Lsn = u64;
-
-/// What the syncer publishes after every batch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DurableState {
-    /// Every record up to and including this LSN is durable.
-    pub lsn: Lsn,
-    /// Set once a write or fsync failed; `lsn` then never moves again.
-    pub failed: Option<Arc<str>>,
-}
 
 /// Counters for STATS and benchmarks; `records / fsyncs` is the group-commit factor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -494,7 +482,7 @@ impl Wal {
     }
 
     /// The syncer's fsync latency and batch-size histograms.
-    pub fn metrics(&self) -> &crate::metrics::WalMetrics {
+    pub fn metrics(&self) -> &crate::obs::metrics::WalMetrics {
         &self.shared.options.metrics
     }
 

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from . import _wire as w
 from ._conn import Connection, WatchQueue
@@ -60,6 +60,7 @@ from .results import (
 )
 
 log = logging.getLogger("tenure")
+T = TypeVar("T")
 
 #: Redirects one request may follow (NOT_LEADER) beyond one per address.
 REDIRECTS_EXTRA = 3
@@ -160,13 +161,30 @@ def _seconds(value: Any, what: str) -> float:
 
 
 def _ms(value: Any, what: str, low_ms: int, high_ms: int) -> int:
-    """A duration in seconds as whole milliseconds (rounded, as sent), within the limits; the
-    error quotes the limits in seconds, the unit the caller passed."""
-    scaled = _seconds(value, what) * 1000.0
-    ms = int(round(scaled)) if math.isfinite(scaled) else high_ms + 1
-    if not low_ms <= ms <= high_ms:
+    """A duration in seconds as the whole milliseconds sent. The value passed must itself be
+    within the limits, compared in seconds (the unit the caller wrote): 3600.0005 is over a
+    3600 s maximum, not rounded into it, and 0.0099 under a 0.01 s minimum. A value within
+    them is sent rounded to the nearest millisecond (halves up), which stays within them.
+    The error quotes the limits in seconds."""
+    seconds = _seconds(value, what)
+    if not low_ms / 1000 <= seconds <= high_ms / 1000:
         raise InvalidArgument(f"{what} must be {low_ms / 1000:g} to {high_ms / 1000:g} seconds, not {value!r}")
-    return ms
+    # The clamp only absorbs binary rounding of a limit itself (e.g. 0.01 * 1000).
+    return min(high_ms, max(low_ms, math.floor(seconds * 1000.0 + 0.5)))
+
+
+def _timeout(value: Any, what: str = "timeout") -> Optional[float]:
+    """How long a wait for something to happen may last (`watch.next(timeout)`,
+    `observer.next(timeout)`, `lease.wait_lost(timeout)`): None or `math.inf` for no limit,
+    else seconds, 0 meaning "only what is there now". Negative, NaN or not a number is
+    refused, as every duration is, rather than quietly taken as 0 or as no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidArgument(f"{what} must be a number of seconds or None, not {value!r}")
+    if value < 0:
+        raise InvalidArgument(f"{what} must not be negative, not {value!r} seconds")
+    return None if math.isinf(value) else float(value)
 
 
 def parse_addresses(addrs: Union[str, List[str]]) -> List[Tuple[str, int]]:
@@ -452,6 +470,27 @@ class AsyncClient:
         self._advance_from(self._next)
         await asyncio.sleep(ELECTION_PAUSE_S)
 
+    async def _checked(self, build: Callable[[], T], timeout: float) -> Tuple[T, float]:
+        """`build()` (a request's body, made by the argument checks) checked against the limits
+        of the server it goes to, and what is left of `timeout` for the request.
+
+        Without an open connection (a lazy client's first request, or one after
+        `disconnect()` or a failure) those limits are not known: the connection is opened
+        first, as the request would open it anyway, and the arguments checked again, so that
+        a lazy client refuses what an eager one refuses, with the same `InvalidArgument`,
+        before anything is sent. The first check, before connecting, refuses without a
+        connection attempt what no server would take (a type, a negative value, a value past
+        the protocol's limits).
+        """
+        built = build()
+        if self.is_connected():
+            return built, timeout
+        if _DIRECT.get() is not None:
+            raise UseLoop("not connected: the server's limits are not known yet")
+        started = time.monotonic()
+        await self._connection(started + timeout)
+        return build(), max(0.0, timeout - (time.monotonic() - started))
+
     def _limits(self) -> Tuple[int, int, int, int]:
         limits = self.server_limits
         if limits is None:
@@ -512,12 +551,15 @@ class AsyncClient:
     async def _acquire(
         self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
     ) -> Tuple[AcquireResult, Connection]:
-        body = self._acquire_args(key, ttl, wait, meta, release_on_disconnect)
+        timeout = self.timeout + _seconds(wait, "wait")
+        body, timeout = await self._checked(
+            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect), timeout
+        )
         key_b = w.Reader(body).bytes16()
         # Taken before the answered send (the last, after NOT_LEADER redirects): the server
         # takes the request up later, so the deadline counted from it is never later than
         # the server's.
-        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, self.timeout + float(wait))
+        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, timeout)
         r = w.Reader(reply)
         if opcode == w.GRANTED:
             token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
@@ -531,7 +573,11 @@ class AsyncClient:
 
         Returns `Renewed` (with the new local deadline) or `Lost`.
         """
-        result, _ = await self._renew(lease.key, lease.lease_id, lease.ttl_ms if ttl is None else self._ttl_ms(ttl))
+        if ttl is None:
+            result, _ = await self._renew(lease.key, lease.lease_id, lease.ttl_ms)
+            return result
+        ttl_ms, timeout = await self._checked(lambda: self._ttl_ms(ttl), self.timeout)
+        result, _ = await self._renew(lease.key, lease.lease_id, ttl_ms, timeout)
         return result
 
     async def _renew(
@@ -552,15 +598,17 @@ class AsyncClient:
 
         `lease` is a `Granted`, a (key, lease id) pair, or a lease guard (`lock()`'s, or a
         leadership): the guard stops renewing and ends as released (`loss_reason` "released
-        by its owner"; its `async with` exit then sends nothing), and `NotOwner` is returned
-        if it no longer held the lease.
+        by its owner"). A guard whose lease is known gone (a RELEASE of it answered, or a
+        renewal answered LOST) sends nothing and is `NotOwner`, the server's answer; after a
+        RELEASE that failed, the RELEASE is sent again.
         """
         if isinstance(lease, AsyncLeadership):
             lease = lease.guard
         if isinstance(lease, AsyncLeaseGuard):
             return await lease._k().finish(release=True, quiet=False) or NotOwner()
         key, lease_id = _lease_parts(lease)
-        opcode, _, _ = await self._call(w.RELEASE, w.release_body(self._key(key), _lease_id(lease_id)))
+        body, timeout = await self._checked(lambda: w.release_body(self._key(key), _lease_id(lease_id)), self.timeout)
+        opcode, _, _ = await self._call(w.RELEASE, body, timeout)
         if opcode == w.NOT_OWNER:
             return NotOwner()
         _expect(opcode, w.RELEASED)
@@ -568,7 +616,8 @@ class AsyncClient:
 
     async def inspect(self, key: Key) -> KeyState:
         """The key's state now: `Free`, or `Held` with the holder's token, time left, waiters, meta."""
-        opcode, reply, _ = await self._call(w.INSPECT, w.bytes16(self._key(key)))
+        body, timeout = await self._checked(lambda: w.bytes16(self._key(key)), self.timeout)
+        opcode, reply, _ = await self._call(w.INSPECT, body, timeout)
         if opcode == w.FREE:
             return Free()
         _expect(opcode, w.HELD)
@@ -576,7 +625,8 @@ class AsyncClient:
 
     async def check(self, key: Key, token: int) -> CheckResult:
         """`Current` if `token` is the token of the lease holding `key` now, else `Stale`."""
-        opcode, _, _ = await self._call(w.CHECK, w.check_body(self._key(key), _u64(token)))
+        body, timeout = await self._checked(lambda: w.check_body(self._key(key), _u64(token)), self.timeout)
+        opcode, _, _ = await self._call(w.CHECK, body, timeout)
         if opcode == w.STALE:
             return Stale()
         _expect(opcode, w.CURRENT)
@@ -590,9 +640,9 @@ class AsyncClient:
 
     async def watch(self, key: Key) -> "AsyncWatch":
         """Subscribes to `key`: the state now, then an `Event` for every later change."""
-        key_b = self._key(key)
+        key_b, timeout = await self._checked(lambda: self._key(key), self.timeout)
         queue = WatchQueue(key_b)
-        opcode, reply, conn = await self._call(w.WATCH, w.bytes16(key_b), watch=queue)
+        opcode, reply, conn = await self._call(w.WATCH, w.bytes16(key_b), timeout, watch=queue)
         _expect(opcode, w.WATCHING)
         conn.watching(key_b, queue)
         r = w.Reader(reply)
@@ -702,12 +752,14 @@ class AsyncWatch:
         self._queue = queue
 
     async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
-        """The next event; None if `timeout` passed first or the watch was closed by `close()`.
+        """The next event; None if `timeout` seconds passed first (no limit when it is None) or
+        the watch was closed by `close()`.
 
         Raises the error that ended the watch (ConnectionLost, WatchLimit, ...).
         """
+        limit = _timeout(timeout)
         try:
-            await asyncio.wait_for(self._queue.wait(), timeout)
+            await asyncio.wait_for(self._queue.wait(), limit)
         except asyncio.TimeoutError:
             return None
         if self._queue.events:
@@ -803,6 +855,9 @@ class _Keeper:
         #: The call that starts the renewal task (see `begin`), until it ran or was cancelled.
         self._timer: Optional[asyncio.TimerHandle] = None
         self.task: Optional[asyncio.Task] = None
+        #: A RELEASE of the lease was answered (RELEASED or NOT_OWNER): the lease is gone at the
+        #: server, so a later release sends nothing and is NOT_OWNER, the server's own answer.
+        self.release_answered = False
 
     def begin(self) -> None:
         """On the loop: arranges the renewals (none if the guard ended before this ran).
@@ -973,11 +1028,13 @@ class _Keeper:
 
     def release_target(self) -> Optional[Granted]:
         """Ends the guard as released by its owner; the lease to send RELEASE for, or None when
-        there is none to send: already released, or answered LOST (gone at the server). A lease
-        lost to a connection failure or an unconfirmed deadline may still exist (a restarted
-        server restores it), so it is released too."""
+        the lease is known to be gone at the server: a RELEASE of it was answered (see
+        `release_answered`), or a renewal was answered LOST. A lease lost to a connection
+        failure or an unconfirmed deadline may still exist (a restarted server restores it),
+        and so may one whose RELEASE failed (a lost connection, a time-out): it is released
+        (again; a RELEASE is safe to repeat)."""
         before = self.fire(LOSS_RELEASED)
-        return None if before in (LOSS_RELEASED, LOSS_REVOKED) else self.lease
+        return None if self.release_answered or before == LOSS_REVOKED else self.lease
 
     async def finish(self, release: bool, quiet: bool = True) -> Optional[ReleaseResult]:
         """Stops renewing; releases the lock unless it was already lost or released. `quiet`
@@ -989,12 +1046,14 @@ class _Keeper:
         if not release or lease is None:
             return None
         try:
-            return await self.client.release(lease)
+            result = await self.client.release(lease)
         except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
             if not quiet:
                 raise
             log.debug("tenure: release on exit failed: %s", e)
-        return None
+            return None
+        self.release_answered = True
+        return result
 
 
 class _GuardView:

@@ -32,6 +32,7 @@ from .aio import (
     Meta,
     TlsOptions,
     _GuardView,
+    _timeout,
 )
 from ._sync import SyncConnection
 from .errors import ConnectionLost, RequestTimeout, ServerError
@@ -157,14 +158,20 @@ class _Handoff:
 
 #: The I/O threads not stopped yet (a client that was never closed keeps its own running).
 _RUNNING: "weakref.WeakSet[_IoThread]" = weakref.WeakSet()
+#: The clients not closed yet, for their direct sockets (which no I/O thread owns).
+_OPEN: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
 @atexit.register
 def _stop_at_exit() -> None:
-    """Stops the I/O threads of clients never closed. Their loops run in daemon threads, which
-    the interpreter would freeze mid-way and then destroy with the tasks still pending (read
-    loops, renewals), printing asyncio's "Task was destroyed but it is pending!" at exit.
-    Stopped here, the tasks are cancelled and the connections closed, as by `close()`."""
+    """Closes the connections of clients never closed and stops their I/O threads. Their
+    loops run in daemon threads, which the interpreter would freeze mid-way and then destroy
+    with the tasks still pending (read loops, renewals), printing asyncio's "Task was
+    destroyed but it is pending!"; their direct sockets would be collected open, each a
+    `ResourceWarning` under `python -X dev`. Stopped here, the tasks are cancelled and the
+    connections closed, as by `close()` (guards are not told: the program is ending)."""
+    for client in list(_OPEN):
+        client._drop_direct()
     for io in list(_RUNNING):
         io.stop()
 
@@ -221,6 +228,21 @@ class Client:
         except BaseException:
             self._io.stop()
             raise
+        _OPEN.add(self)
+
+    def __del__(self) -> None:
+        # Dropped without close(): the collector would close the direct socket with a
+        # ResourceWarning; closed here, the same happens quietly. The I/O thread keeps running
+        # until exit, as it did, for renewals of leases whose guards were dropped too.
+        self._drop_direct()
+
+    def _drop_direct(self) -> None:
+        """Closes the direct socket without waiting for `_sync_lock`: only at exit (a daemon
+        thread using it is about to be frozen) or when nothing can reach this client."""
+        sync = getattr(self, "_sync", None)
+        if sync is not None:
+            self._sync = None
+            sync.close()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._io.run(coro)
@@ -312,6 +334,7 @@ class Client:
         """Closes the connection and stops the I/O thread. Later calls raise ConnectionLost;
         iterations over a watch or an observer of this client end."""
         self._closed = True
+        _OPEN.discard(self)
         if self._io.stopped:
             return
         with self._sync_lock:
@@ -364,8 +387,9 @@ class Client:
     def release(self, lease: Union[Granted, Tuple[Key, bytes], "LeaseGuard"]) -> ReleaseResult:
         """`Released` or `NotOwner`. `lease` is a `Granted`, a (key, lease id) pair, or a lease
         guard (`lock()`'s, or a leadership): the guard stops renewing and ends as released
-        (`loss_reason` "released by its owner"; its `with` exit then sends nothing), and
-        `NotOwner` is returned if it no longer held the lease."""
+        (`loss_reason` "released by its owner"). A guard whose lease is known gone (a RELEASE
+        of it answered, or a renewal answered LOST) sends nothing and is `NotOwner`, the
+        server's answer; after a RELEASE that failed, the RELEASE is sent again."""
         if isinstance(lease, LeaseGuard):
             return lease._release(quiet=False) or NotOwner()
         return self._fast(lambda: self.aio.release(lease))
@@ -491,16 +515,19 @@ class LeaseGuard(_GuardView):
         if lease is None:
             return None
         try:
-            return self._client.release(lease)
+            result = self._client.release(lease)
         except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
             if not quiet:
                 raise
             log.debug("tenure: release on exit failed: %s", e)
-        return None
+            return None
+        self._k().release_answered = True
+        return result
 
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[str]:
-        """Blocks until the lease is lost (the reason) or `timeout` passes (None)."""
-        return self.loss_reason if self.lost.wait(timeout) else None
+        """Blocks until the lease is lost (the reason) or `timeout` seconds pass (None; no
+        limit when `timeout` is None)."""
+        return self.loss_reason if self.lost.wait(_timeout(timeout)) else None
 
     def __enter__(self) -> "LeaseGuard":
         return self.acquire()
@@ -519,8 +546,10 @@ class Watch:
         self.initial = inner.initial
 
     def next(self, timeout: Optional[float] = None) -> Optional[Event]:
-        """The next event, or None after `timeout`. Raises the error that ended the watch."""
-        return self._client._run(self._inner.next(timeout))
+        """The next event, or None after `timeout` seconds (no limit when it is None). Raises
+        the error that ended the watch."""
+        limit = _timeout(timeout)  # refused here, before a hand-off to the I/O thread
+        return self._client._run(self._inner.next(limit))
 
     def __iter__(self) -> Iterator[Event]:
         """Events until the watch or its client is closed; raises the error that ended it
@@ -590,10 +619,12 @@ class Observer:
         self._inner = inner
 
     def next(self, timeout: Optional[float] = None) -> Optional[Leader]:
-        """The next new leader; None if `timeout` passed first. Raises a failed watch's error."""
+        """The next new leader; None if `timeout` seconds passed first (no limit when it is
+        None). Raises a failed watch's error."""
+        limit = _timeout(timeout)
         coro: Awaitable[Leader] = self._inner.next()
         try:
-            return self._client._run(asyncio.wait_for(coro, timeout))
+            return self._client._run(asyncio.wait_for(coro, limit))
         except asyncio.TimeoutError:
             return None
 

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use tenure::duration::parse_duration_or_bare;
 use tenure::LeaseId;
 
-/// The `Exit codes:` section of `--help`; the codes are the `EXIT_*` constants in `main.rs`.
+/// The `Exit codes:` section of `--help`; the codes are the `EXIT_*` constants in `exit.rs`.
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success (run/elect: the command's own status; 128+N if signal N killed it)

@@ -15,8 +15,8 @@ use tenure::cluster::{Member, Status, StatusExtension};
 use tenure::{Client, ClientConfig};
 use tenure_protocol::Request;
 
+use crate::exit::EXIT_OK;
 use crate::output::{stdout_line, Line, Out};
-use crate::EXIT_OK;
 
 /// One `tenure cluster` subcommand.
 #[derive(Subcommand, Debug)]

@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 
 use tenure_protocol::console::{self as grammar, Command as ConsoleCommand, COMMANDS};
 
+use crate::exit::EXIT_OK;
 use crate::legacy::parse_legacy;
 use crate::output::{Line, Out};
 use crate::requests::{self, watching_line};
-use crate::EXIT_OK;
 
 /// Runs console lines read from stdin until end of input or QUIT.
 pub async fn console(client: Client, out: &Out) -> anyhow::Result<u8> {

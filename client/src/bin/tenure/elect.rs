@@ -4,9 +4,9 @@
 use tenure::{Client, Election, ElectionOptions};
 
 use crate::cli::ElectArgs;
+use crate::exit::EXIT_OK;
 use crate::output::{kv_value, Line, Out};
 use crate::run::supervise;
-use crate::EXIT_OK;
 
 /// `tenure elect`: campaigns until leading, then runs the command while leadership lasts.
 pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result<u8> {

@@ -1,15 +1,33 @@
-//! `tenure`: the command line of the tenure lock server. This file owns the exit codes and
-//! the dispatch from a parsed command line to the module that runs it.
+//! `tenure`: the command line of the tenure lock server. This file is the dispatch from a
+//! parsed command line to the module that runs it.
 //!
 //! It parses arguments ([`cli`]), makes one [`tenure::Client`] request ([`requests`]), holds a
 //! lock while a command runs ([`run`], [`elect`]) or reads console lines ([`console`],
 //! [`legacy`]), and maps each answer to one output line ([`output`]) and an exit code. The
 //! exit codes are listed in `--help` and in the crate docs.
+//!
+//! # Layout
+//! Each module's job and the modules it may import, lowest first; `main.rs` dispatches to
+//! them and none imports it. Kept by a test (`client/tests/it/layout.rs`) that fails on an
+//! import not listed here, on a listed one nobody uses, and on a cycle.
+//!
+//! | module | its job | may import |
+//! |--------|---------|------------|
+//! | `exit` | the exit codes | — |
+//! | `output` | one `key=value` (or JSON) line per answer, on stdout or stderr | `exit` |
+//! | `cluster` | `tenure cluster status/init/add/remove`, and the console's cluster requests | `exit`, `output` |
+//! | `cli` | the flags and commands (clap) | `cluster` |
+//! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
+//! | `requests` | one request per command, its answer printed | `exit`, `output` |
+//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `output`, `requests` |
+//! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `output`, `run` |
+//! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |
 
 mod cli;
 mod cluster;
 mod console;
 mod elect;
+mod exit;
 mod legacy;
 mod output;
 mod requests;
@@ -22,20 +40,8 @@ use clap::Parser;
 use tenure::{AcquireOptions, Bytes, Client, ClientConfig, TlsOptions};
 
 use crate::cli::{Cli, Command};
+use crate::exit::{EXIT_ERROR, EXIT_OK};
 use crate::output::Out;
-
-/// Exit code for success.
-const EXIT_OK: u8 = 0;
-/// Exit code for errors: I/O, server errors, bad arguments.
-const EXIT_ERROR: u8 = 1;
-/// Exit code when someone else holds the lock.
-const EXIT_LOCKED: u8 = 3;
-/// Exit code when the lease is gone.
-const EXIT_LOST: u8 = 4;
-/// Exit code when a release names a lease that does not hold the lock.
-const EXIT_NOT_OWNER: u8 = 5;
-/// Exit code when a token does not belong to the live holder.
-const EXIT_STALE: u8 = 6;
 
 /// The environment variable holding the secret of `--identity`.
 const SECRET_VAR: &str = "TENURE_SECRET";

@@ -116,13 +116,13 @@ pub fn stdout_line(text: &str) {
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(i32::from(crate::EXIT_OK));
+            std::process::exit(i32::from(crate::exit::EXIT_OK));
         }
         eprintln!(
             "error={}",
             kv_value(&format!("cannot write to stdout: {e}"))
         );
-        std::process::exit(i32::from(crate::EXIT_ERROR));
+        std::process::exit(i32::from(crate::exit::EXIT_ERROR));
     }
 }
 

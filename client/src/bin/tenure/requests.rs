@@ -8,8 +8,8 @@ use tenure::{
     ReleaseOutcome, RenewOutcome,
 };
 
+use crate::exit::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
 use crate::output::{ms, Line, Out};
-use crate::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
 
 /// Takes `key`; prints GRANTED with the token and lease, or LOCKED with the holder's token.
 pub async fn acquire(

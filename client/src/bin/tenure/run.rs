@@ -9,9 +9,9 @@ use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Lease, LeaseGuard, L
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
+use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
-use crate::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
 
 /// `tenure run`: takes the lock (waiting if asked), runs the command under it, releases.
 pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8> {

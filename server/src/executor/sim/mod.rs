@@ -1,6 +1,6 @@
 //! Seeded simulation of the executor and the journal, in the spirit of TigerBeetle's VOPR.
 //!
-//! One seed drives a few simulated connections (each a [`ConnCtx`]) against a real
+//! One seed drives a few simulated connections (each a [`Session`]) against a real
 //! [`Executor`] over a [`MemJournal`], in virtual time: the sim runs on a current-thread
 //! tokio runtime whose clock is paused and only moves by `tokio::time::advance`. The
 //! connections acquire (at once and blocking, with and without release-on-disconnect),

@@ -16,11 +16,12 @@ use super::disk::Disk;
 use super::model::{Model, CLIENT_SLACK_MS};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::conn::ConnCtx;
-use crate::executor::{Executor, Outcome};
-use crate::handoff::WaitResult;
+use crate::executor::Session;
+use crate::executor::Undo;
+use crate::executor::WaitResult;
+use crate::executor::{Executor, ExecutorParts, Outcome};
 use crate::journal::mem::MemJournal;
-use crate::journal::{Journal, Ticket, Undo, TICKET_NOW};
+use crate::journal::{Journal, Ticket, TICKET_NOW};
 
 /// Simulated connections (clients).
 const CONNS: usize = 5;
@@ -129,7 +130,7 @@ enum Waiting {
 
 /// One simulated connection.
 struct Conn {
-    ctx: ConnCtx,
+    ctx: Session,
     next_id: u64,
     pending: Vec<Pending>,
 }
@@ -189,7 +190,7 @@ impl World {
     fn new_conn(&mut self) -> Conn {
         self.next_conn_id += 1;
         Conn {
-            ctx: ConnCtx::new(self.next_conn_id),
+            ctx: Session::new(self.next_conn_id),
             next_id: 1,
             pending: Vec::new(),
         }
@@ -263,7 +264,7 @@ impl World {
 
     /// The token holding `key` as INSPECT tells it, or `None` if free.
     fn holder_token(&mut self, key: &Bytes) -> Option<u64> {
-        let mut ctx = ConnCtx::new(0);
+        let mut ctx = Session::new(0);
         let request = Request::Inspect { key: key.clone() };
         match self.exec.execute(&mut ctx, 0, request) {
             Outcome::Reply(Response::Held { token, .. }, _) => Some(token),
@@ -616,13 +617,12 @@ fn is_nothing_changed(response: &Response) -> bool {
 
 async fn start_executor(config: &Config, journal: &Arc<MemJournal>, floor: u64) -> Arc<Executor> {
     let journal = Arc::clone(journal) as Arc<dyn Journal>;
-    let exec = Arc::new(Executor::new(
+    let exec = Arc::new(Executor::new(ExecutorParts::new(
         config.clone(),
         Clock::start(),
         journal,
         floor,
-        0,
-    ));
+    )));
     exec.tokens.reserve().await.expect("first reservation");
     exec
 }

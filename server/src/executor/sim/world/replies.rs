@@ -6,8 +6,9 @@ use tenure_protocol::Response;
 
 use super::{is_nothing_changed, Asked, Pending, Waiting, World, CONNS};
 use crate::executor::sim::model::{Belief, CLIENT_SLACK_MS};
-use crate::handoff::WaitResult;
-use crate::journal::{answer_lost, settle, Journal, Settled, Undo, TICKET_NOW};
+use crate::executor::WaitResult;
+use crate::executor::{answer_lost, Undo};
+use crate::journal::{settle, Journal, Settled, TICKET_NOW};
 
 impl World {
     /// Answers whatever became answerable: waiters told of a grant or a time-out, replies

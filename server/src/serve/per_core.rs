@@ -7,9 +7,9 @@
 //! stays shared: the lock table's shards (each behind its own mutex), the journal, the
 //! token allocator and the counters, so a waiter on one thread is handed a lock released on
 //! another exactly as before. The accept loops share one connection limit and one sequence
-//! of connection ids ([`AcceptShared`]).
+//! of connection ids (`accept::AcceptShared`).
 //!
-//! The runtime that calls [`crate::server::run_per_core`] keeps the rest: the one expiry
+//! The runtime that calls [`crate::run_per_core`] keeps the rest: the one expiry
 //! ticker, signals, reloads and the HTTP endpoint.
 //!
 //! ```text
@@ -31,8 +31,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accept::{accept_loop_shared, AcceptShared};
 use crate::executor::Executor;
-use crate::server::{accept_loop_shared, AcceptShared};
 use crate::tls::Tls;
 
 /// The listen backlog of each per-core listener, as tokio's `TcpListener::bind` uses.
@@ -125,7 +125,7 @@ impl Cores {
         listeners: Vec<std::net::TcpListener>,
         serving: &Serving,
     ) -> io::Result<Cores> {
-        let accept = Arc::new(AcceptShared::new(&serving.shared.config));
+        let accept = Arc::new(AcceptShared::new(serving.shared.config()));
         let mut cores = Cores {
             threads: Vec::with_capacity(listeners.len()),
             stop: serving.stop.clone(),

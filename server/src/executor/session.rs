@@ -1,4 +1,4 @@
-//! [`ConnCtx`]: what one connection leaves in the shared state, so it can take it all back
+//! [`Session`]: what one connection leaves in the shared state, so it can take it all back
 //! when it closes: the leases to release on disconnect, its waiters, and its watches (the
 //! event queue and the watched keys).
 
@@ -9,13 +9,13 @@ use bytes::Bytes;
 use tenure_protocol::LeaseId;
 use tokio::sync::mpsc;
 
-use crate::executor::Executor;
+use super::watch::{WatchEvent, WatchSink};
+use super::Executor;
 use crate::identity::Usage;
-use crate::wal::FreeReason;
-use crate::watch::{WatchEvent, WatchSink};
+use crate::record::FreeReason;
 
 /// Per-connection facts the executor needs, and what the connection must undo on close.
-pub struct ConnCtx {
+pub struct Session {
     /// Server-unique connection number.
     pub conn_id: u64,
     /// The peer's address, for logs and the failed-AUTH throttle.
@@ -90,15 +90,15 @@ impl Auth {
     }
 }
 
-impl ConnCtx {
+impl Session {
     /// A context for a new connection.
-    pub fn new(conn_id: u64) -> ConnCtx {
-        ConnCtx::with_peer(conn_id, std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
+    pub fn new(conn_id: u64) -> Session {
+        Session::with_peer(conn_id, std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
     /// A context for a new connection from `peer`.
-    pub fn with_peer(conn_id: u64, peer: std::net::SocketAddr) -> ConnCtx {
-        ConnCtx {
+    pub fn with_peer(conn_id: u64, peer: std::net::SocketAddr) -> Session {
+        Session {
             conn_id,
             peer,
             owned: Vec::new(),

@@ -1,6 +1,6 @@
 //! Record and segment-header encoding: pure functions over byte slices, no I/O.
 //!
-//! The layout is drawn in the [module docs](super). Decoding checks the announced length
+//! The layout is drawn in the [WAL's module docs](crate::wal). Decoding checks the announced length
 //! against [`PAYLOAD_LEN_MAX`] before looking at (or allocating for) the payload, so a
 //! corrupt length costs nothing.
 use std::fmt;

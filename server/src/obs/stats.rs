@@ -1,11 +1,9 @@
-//! STATS: the counters (relaxed atomics bumped on the request path) and the reply's pairs,
-//! gathered on demand from the counters, the shards, the tokens and the journal.
+//! STATS' counters: relaxed atomics bumped on the request path. The reply's pairs are
+//! gathered by the executor (`executor::stats_pairs`), which owns what they count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tenure_protocol::Request;
-
-use crate::executor::Executor;
 
 /// Server-wide counters. Held locks and waiters are not kept here: they are read from the
 /// shards, which own the truth.
@@ -30,7 +28,7 @@ pub struct Stats {
     /// Requests answered with an ERROR.
     pub errors: AtomicU64,
     /// Latency, outcomes and the rest `/metrics` exports beyond these counters.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: super::metrics::Metrics,
 }
 
 /// The request kinds counted, in the order STATS reports them.
@@ -65,53 +63,6 @@ impl Stats {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
-}
-
-/// Every STATS pair: held locks, waiters, connections, requests by kind, journal counters.
-///
-/// `held` counts lock slots in use: held leases, and leases past their deadline the ticker
-/// has not reaped yet (the quota counts those until they are freed).
-pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
-    let held = executor.quotas.held.count() as u64;
-    let waiters = executor.quotas.waiters.count() as u64;
-    let mut table_bytes = 0u64;
-    for shard in executor.shards() {
-        table_bytes += shard.lock().expect("shard poisoned").memory_bytes() as u64;
-    }
-    let s = &executor.stats;
-    let tokens = &executor.tokens.allocator;
-    let journal = executor.journal.stats();
-    let mut pairs = vec![
-        ("held".to_string(), held),
-        ("waiters".to_string(), waiters),
-        ("connections".to_string(), Stats::get(&s.connections)),
-        ("watches".to_string(), executor.watches.len() as u64),
-        ("grants".to_string(), Stats::get(&s.grants)),
-        ("handoffs".to_string(), Stats::get(&s.handoffs)),
-        ("locked".to_string(), Stats::get(&s.locked)),
-        ("expirations".to_string(), Stats::get(&s.expirations)),
-        ("errors".to_string(), Stats::get(&s.errors)),
-        (
-            "connections_total".to_string(),
-            Stats::get(&s.connections_total),
-        ),
-        (
-            "connections_refused".to_string(),
-            Stats::get(&s.connections_refused),
-        ),
-        ("token_next".to_string(), tokens.next_token()),
-        ("token_limit".to_string(), tokens.limit()),
-        ("wal_records".to_string(), journal.records),
-        ("wal_fsyncs".to_string(), journal.fsyncs),
-        ("wal_bytes".to_string(), journal.bytes),
-        ("table_bytes".to_string(), table_bytes),
-        (
-            "uptime_ms".to_string(),
-            executor.clock.now_ms() + executor.uptime_offset_ms,
-        ),
-    ];
-    pairs.extend(s.op_pairs());
-    pairs
 }
 
 /// The request's place in [`OP_KINDS`]: the index of its counter here and of its series in

@@ -12,7 +12,7 @@
 //! connection sends before it reports the watches ended.
 //!
 //! WATCH and UNWATCH themselves are here too (`Executor::watch`); the connection's side of
-//! its watches (its queue, its watched keys) is its [`ConnCtx`].
+//! its watches (its queue, its watched keys) is its [`Session`].
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,9 +22,9 @@ use dashmap::DashMap;
 use tenure_protocol::EventKind;
 use tokio::sync::mpsc;
 
-use crate::conn::ConnCtx;
-use crate::executor::{error, holder, Executor};
-use crate::stats::Stats;
+use super::Session;
+use super::{error, holder, Executor};
+use crate::obs::stats::Stats;
 use tenure_protocol::{ErrorCode, Response};
 
 /// One change pushed to a watching connection.
@@ -161,7 +161,7 @@ impl Executor {
     /// the reply; every change before it is in the state or in an event before the reply.
     pub(crate) fn watch(
         self: &Arc<Self>,
-        ctx: &mut ConnCtx,
+        ctx: &mut Session,
         now_ms: u64,
         request_id: u64,
         key: Bytes,
@@ -189,7 +189,7 @@ impl Executor {
     }
 
     /// Ends this connection's watch of `key`, if it has one.
-    pub(crate) fn unwatch(&self, ctx: &mut ConnCtx, key: &[u8]) -> Response {
+    pub(crate) fn unwatch(&self, ctx: &mut Session, key: &[u8]) -> Response {
         if ctx.watches.remove(key).is_some() {
             self.watches.remove(key, ctx.conn_id);
         }

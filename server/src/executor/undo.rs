@@ -6,11 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, EventKind, LeaseId, Response};
 
-use super::{Progress, Ticket};
-use crate::conn::ConnCtx;
-use crate::executor::Executor;
+use super::{Executor, Session};
+use crate::journal::NOT_LEADER;
+use crate::record::FreeReason;
 use crate::table;
-use crate::wal::FreeReason;
 
 /// How to take back a change whose record never became durable.
 #[derive(Debug)]
@@ -40,33 +39,12 @@ pub enum Undo {
     },
 }
 
-/// What becomes of a reply that waited on a ticket.
-pub enum Settled {
-    /// Not yet decided: keep waiting.
-    Waiting,
-    /// Durable (or it never needed the journal): send the reply.
-    Durable,
-    /// The journal failed before the ticket became durable, for this reason.
-    Lost(Arc<str>),
-}
-
-/// Where a reply waiting on `ticket` stands, given the journal's `progress`.
-pub fn settle(ticket: Ticket, progress: &Progress) -> Settled {
-    if ticket <= progress.lsn {
-        return Settled::Durable;
-    }
-    match &progress.failed {
-        Some(why) => Settled::Lost(Arc::clone(why)),
-        None => Settled::Waiting,
-    }
-}
-
 /// The answer to a change lost to a journal failure (`why`), after taking it back with
 /// `undo` where there is one: a grant is revoked (and no longer released on `ctx`'s close),
 /// a release put back.
 pub fn answer_lost(
     executor: &Arc<Executor>,
-    ctx: &mut ConnCtx,
+    ctx: &mut Session,
     undo: Option<Undo>,
     why: &str,
 ) -> Response {
@@ -79,7 +57,7 @@ pub fn answer_lost(
         }
         None => false,
     };
-    if why == super::NOT_LEADER {
+    if why == NOT_LEADER {
         let leader = executor.journal.not_leader();
         let message = leader.as_deref().unwrap_or("leader=unknown").to_string();
         return Response::Error {

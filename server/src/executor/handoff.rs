@@ -9,11 +9,11 @@ use std::sync::Arc;
 use tenure_protocol::{ErrorCode, EventKind, LeaseId};
 use tokio::sync::oneshot;
 
-use crate::executor::{clamp_ms, Executor};
+use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
-use crate::stats::Stats;
+use crate::obs::stats::Stats;
+use crate::record::FreeReason;
 use crate::table::{self, Event, Handoff, LockTable};
-use crate::wal::FreeReason;
 
 /// What a waiter is eventually told.
 #[derive(Debug)]

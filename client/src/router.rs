@@ -1,0 +1,501 @@
+//! Which connection a request goes over: the endpoints, the live [`Conn`], reconnection with
+//! backoff, `NOT_LEADER` redirects, leaving a hung node, and the time-out of each request.
+//!
+//! [`Router`] is the engine under [`Client`](crate::Client) and under every lease guard: it
+//! sends untyped [`Request`]s and hands back the [`Answer`], so that leases can renew and
+//! release without the client type (which builds leases) and the client module holds only
+//! the typed, public requests. The behaviour is described for users in the client module's
+//! documentation (reconnection, several endpoints).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use tenure_protocol::handshake::ServerLimits;
+use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tokio::time::Instant;
+
+use crate::conn::Conn;
+use crate::error::{unexpected, Error, Result};
+use crate::options::{ClientConfig, Credentials};
+use crate::outcome::{renew_outcome, ReleaseOutcome, RenewOutcome};
+
+/// Redirects a request may follow beyond one per endpoint (`NOT_LEADER` answers) in one
+/// round; after a round that found no leader the client pauses before the next.
+const REDIRECTS_EXTRA: usize = 3;
+/// Longest a request keeps looking for a leader (rounds of redirects, with pauses) before the
+/// last `NOT_LEADER` is returned as it is, if its own time-out is not shorter: an election
+/// with default timings takes well under a second, and a request sent mid-election should
+/// be served by the new leader rather than fail.
+const LEADER_SEARCH_MAX: Duration = Duration::from_secs(10);
+/// Share of a request's time-out the leader search may use: the rest is left for its last
+/// exchange, so that a search that found no leader ends with that `NOT_LEADER` (which says
+/// why, e.g. a node removed from the cluster) rather than a bare time-out.
+const LEADER_SEARCH_SHARE: f64 = 0.8;
+/// Pause between rounds of redirects that found no leader (nodes that name a dead leader
+/// or none), doubled per round up to [`ROUND_PAUSE_MAX`].
+const ROUND_PAUSE_MIN: Duration = Duration::from_millis(50);
+/// See [`ROUND_PAUSE_MIN`].
+const ROUND_PAUSE_MAX: Duration = Duration::from_millis(400);
+/// Pause before trying the next endpoint while no leader is known (an election under way).
+const ELECTION_PAUSE: Duration = Duration::from_millis(100);
+
+/// A request's answer, the connection it came over, and an instant taken before the send
+/// that got it (the last one, when NOT_LEADER made the client send it again): local
+/// deadlines count from there (PROTOCOL.md 3.3), not from a first send that a slow follower
+/// may have held for seconds.
+pub(crate) struct Answer {
+    pub(crate) response: Response,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) sent_at: Instant,
+}
+
+/// A handle to the connection manager, cheap to clone: the [`Client`](crate::Client) and
+/// every lease and guard hold one, so the connection lives as long as any of them.
+#[derive(Clone)]
+pub(crate) struct Router {
+    inner: Arc<Inner>,
+}
+
+/// The state every clone of a [`Router`] shares.
+struct Inner {
+    /// The address(es) as given: `host:port`, or several separated by commas (a cluster).
+    addr: String,
+    /// Every address to try, in order.
+    endpoints: Vec<String>,
+    /// The address the next connection goes to: the leader a follower named, else the
+    /// endpoint after the one that last failed.
+    next: Mutex<String>,
+    config: ClientConfig,
+    /// The live connection, and the address it went to.
+    current: Mutex<Option<Arc<Conn>>>,
+    current_addr: Mutex<String>,
+    reconnect: tokio::sync::Mutex<Backoff>,
+}
+
+/// Moves the next connection to the endpoint after `target` when dropped armed: a connect
+/// abandoned by its caller.
+struct MoveOnIfDropped<'a> {
+    router: &'a Router,
+    target: &'a str,
+    armed: bool,
+}
+
+impl Drop for MoveOnIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.router.advance_from(self.target);
+        }
+    }
+}
+
+/// Reconnect state: failed attempts in a row and when the next one may start.
+struct Backoff {
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// Sends AUTH on a new connection, before anything else; closes it if refused.
+async fn authenticate(conn: &Arc<Conn>, credentials: &Credentials) -> Result<()> {
+    let request = Request::Auth {
+        name: Bytes::copy_from_slice(credentials.name.as_bytes()),
+        secret: tenure_protocol::Secret(credentials.secret.clone()),
+    };
+    request.validate().map_err(Error::invalid)?;
+    match conn.call(request).await? {
+        Response::Authenticated { .. } => Ok(()),
+        other => {
+            conn.shared.fail("authentication refused");
+            Err(unexpected("AUTH", other))
+        }
+    }
+}
+
+impl Router {
+    /// Parses `addr` (one or several comma-separated endpoints) and connects to the first
+    /// that answers, each tried once.
+    ///
+    /// # Errors
+    /// As [`Client::connect`](crate::Client::connect).
+    pub(crate) async fn connect(addr: impl Into<String>, config: ClientConfig) -> Result<Router> {
+        let addr = addr.into();
+        let endpoints: Vec<String> = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let Some(first) = endpoints.first().cloned() else {
+            return Err(Error::Invalid {
+                code: ErrorCode::BadArgs,
+                message: format!("no server address in {addr:?}"),
+            });
+        };
+        let router = Router {
+            inner: Arc::new(Inner {
+                addr,
+                endpoints,
+                next: Mutex::new(first),
+                config,
+                current: Mutex::new(None),
+                current_addr: Mutex::new(String::new()),
+                reconnect: tokio::sync::Mutex::new(Backoff {
+                    failures: 0,
+                    retry_at: None,
+                }),
+            }),
+        };
+        // Each endpoint once, at once: a cluster with one node down still connects.
+        let mut last = None;
+        for _ in 0..router.inner.endpoints.len() {
+            match router.connection().await {
+                Ok(_) => return Ok(router),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one endpoint was tried"))
+    }
+
+    /// The address(es) as given.
+    pub(crate) fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Every address to try, in order.
+    pub(crate) fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// The configuration the client was made with.
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// The address the next connection goes to.
+    fn next_target(&self) -> String {
+        self.inner
+            .next
+            .lock()
+            .expect("client mutex poisoned")
+            .clone()
+    }
+
+    /// Makes the next connection go to the endpoint after `failed` in the list (to the first
+    /// if `failed` is not in it, as a leader's address named by a follower may not be).
+    fn advance_from(&self, failed: &str) {
+        let endpoints = &self.inner.endpoints;
+        let at = endpoints.iter().position(|e| e == failed);
+        let next = at.map_or(0, |i| (i + 1) % endpoints.len());
+        *self.inner.next.lock().expect("client mutex poisoned") = endpoints[next].clone();
+    }
+
+    /// there is no connection.
+    pub(crate) fn server_limits(&self) -> Option<ServerLimits> {
+        let current = self.inner.current.lock().expect("client mutex poisoned");
+        current.as_ref().map(|conn| conn.limits)
+    }
+
+    /// True while the client has a live connection.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.live().is_some()
+    }
+
+    /// Closes the connection at once, as a crash would: requests in flight fail with
+    /// [`Error::ConnectionLost`], locks taken with `release_on_disconnect` are freed by the
+    /// server, and lease guards hear about it. The next request reconnects.
+    pub(crate) fn disconnect(&self) {
+        let conn = self
+            .inner
+            .current
+            .lock()
+            .expect("client mutex poisoned")
+            .take();
+        if let Some(conn) = conn {
+            conn.shared.fail("disconnected by the client");
+        }
+    }
+
+    /// The current connection, unless it has closed.
+    fn live(&self) -> Option<Arc<Conn>> {
+        let current = self.inner.current.lock().expect("client mutex poisoned");
+        current.as_ref().filter(|conn| !conn.is_closed()).cloned()
+    }
+
+    /// The live connection, opening a new one if needed (after the backoff delay, if the last
+    /// attempt failed).
+    pub(crate) async fn connection(&self) -> Result<Arc<Conn>> {
+        if let Some(conn) = self.live() {
+            return Ok(conn);
+        }
+        let mut backoff = self.inner.reconnect.lock().await;
+        if let Some(conn) = self.live() {
+            return Ok(conn);
+        }
+        if let Some(retry_at) = backoff.retry_at {
+            tokio::time::sleep_until(retry_at).await;
+        }
+        let config = &self.inner.config;
+        let target = self.next_target();
+        // A caller that stops waiting mid-connect (its own time-out, shorter than
+        // connect_timeout) must not leave the next attempt aimed at the same hung node.
+        let mut moved_on = MoveOnIfDropped {
+            router: self,
+            target: &target,
+            armed: self.inner.endpoints.len() > 1,
+        };
+        let opened = tokio::time::timeout(config.connect_timeout, async {
+            let conn = Conn::open(&target, config.in_flight_max, config.tls.as_ref()).await?;
+            if let Some(credentials) = &config.credentials {
+                authenticate(&conn, credentials).await?;
+            }
+            Ok(conn)
+        })
+        .await
+        .unwrap_or(Err(Error::Timeout(config.connect_timeout)));
+        moved_on.armed = false;
+        match opened {
+            Ok(conn) => {
+                backoff.failures = 0;
+                backoff.retry_at = None;
+                *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
+                *self
+                    .inner
+                    .current_addr
+                    .lock()
+                    .expect("client mutex poisoned") = target.clone();
+                Ok(conn)
+            }
+            Err(e) => {
+                backoff.failures = backoff.failures.saturating_add(1);
+                self.advance_from(&target);
+                // With several endpoints the next one is tried at once; the delay comes
+                // after a whole round of them has failed.
+                let rounds = backoff.failures / self.endpoint_count();
+                let round_done = backoff.failures % self.endpoint_count() == 0;
+                backoff.retry_at =
+                    round_done.then(|| Instant::now() + self.reconnect_delay(rounds));
+                Err(e)
+            }
+        }
+    }
+
+    /// How many endpoints there are: a whole round of failed attempts is that many.
+    fn endpoint_count(&self) -> u32 {
+        u32::try_from(self.inner.endpoints.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Exponential backoff with "equal jitter": a random delay in `[d/2, d]`, where `d`
+    /// doubles per failure from the minimum up to the maximum.
+    fn reconnect_delay(&self, failures: u32) -> Duration {
+        let config = &self.inner.config;
+        let doublings = failures.saturating_sub(1).min(20);
+        let delay = config
+            .reconnect_delay_min
+            .saturating_mul(1 << doublings)
+            .min(config.reconnect_delay_max);
+        let half = delay / 2;
+        half + half.mul_f64(rand::rng().random::<f64>())
+    }
+
+    /// Sends `request` and waits up to `timeout` for the answer; returns the connection it
+    /// went over and when the send that got it started. An ERROR reply is returned as a
+    /// response, not an error.
+    pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
+        let waiting_on = Mutex::new(None);
+        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &waiting_on));
+        answer.await.unwrap_or_else(|_| {
+            let hung = waiting_on.lock().expect("client mutex poisoned").take();
+            if let Some(conn) = hung {
+                self.leave_hung(&conn, timeout);
+            }
+            Err(Error::Timeout(timeout))
+        })
+    }
+
+    /// [`Router::call`] without its time-out: `waiting_on` holds the connection a send is
+    /// waiting on, for the caller to leave if its time-out strikes then.
+    async fn call_on(
+        &self,
+        request: Request,
+        timeout: Duration,
+        waiting_on: &Mutex<Option<Arc<Conn>>>,
+    ) -> Result<Answer> {
+        request.validate().map_err(Error::invalid)?;
+        let search_until =
+            Instant::now() + timeout.mul_f64(LEADER_SEARCH_SHARE).min(LEADER_SEARCH_MAX);
+        {
+            let mut redirects = 0;
+            let mut pause = ROUND_PAUSE_MIN;
+            loop {
+                let conn = match self.connection().await {
+                    Ok(conn) => conn,
+                    // A cluster's node that cannot be reached (often the dead leader the
+                    // others still name): `connection` moved on to the next endpoint, and
+                    // backs off after a whole round of them failed.
+                    Err(Error::Io(_) | Error::Timeout(_))
+                        if self.inner.endpoints.len() > 1 && Instant::now() < search_until =>
+                    {
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let sent_at = Instant::now();
+                *waiting_on.lock().expect("client mutex poisoned") = Some(Arc::clone(&conn));
+                let response = conn.call(request.clone()).await?;
+                *waiting_on.lock().expect("client mutex poisoned") = None;
+                let Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message,
+                } = &response
+                else {
+                    return Ok(Answer {
+                        response,
+                        conn,
+                        sent_at,
+                    });
+                };
+                // A follower executes nothing, so the request is sent again to the leader.
+                redirects += 1;
+                if redirects > self.inner.endpoints.len() + REDIRECTS_EXTRA {
+                    // A round found no leader: an election is under way, or the nodes still
+                    // name one that died. Pause, then look again while time is left.
+                    if Instant::now() + pause >= search_until {
+                        return Ok(Answer {
+                            response,
+                            conn,
+                            sent_at,
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ROUND_PAUSE_MAX);
+                    redirects = 0;
+                }
+                self.follow(&conn, message).await;
+            }
+        }
+    }
+
+    /// After a request on `conn` got no answer within `timeout`: with several endpoints the
+    /// node may be hung (a stopped process still accepts connections and never answers), so
+    /// the connection is closed and the next one goes to the next endpoint; a live leader is
+    /// found again through NOT_LEADER. With one endpoint there is nowhere else to go, and
+    /// the connection stays (a slow answer is not a dead server).
+    fn leave_hung(&self, conn: &Arc<Conn>, timeout: Duration) {
+        if self.inner.endpoints.len() < 2 {
+            return;
+        }
+        {
+            let mut current = self.inner.current.lock().expect("client mutex poisoned");
+            if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                return; // already replaced: someone else dealt with it
+            }
+            *current = None;
+        }
+        let addr = self
+            .inner
+            .current_addr
+            .lock()
+            .expect("client mutex poisoned")
+            .clone();
+        tracing::debug!(%addr, ?timeout, "no answer in time; trying the next endpoint");
+        conn.shared
+            .fail(&format!("{addr}: no answer within {timeout:?}"));
+        self.advance_from(&addr);
+    }
+
+    /// Sends an ACQUIRE and waits up to `timeout` for its answer, as [`Router::call`], except
+    /// that the request runs on a task of its own that outlives the caller: if the caller
+    /// stops waiting (the time-out passed, or its future was dropped) and the answer turns
+    /// out to be a grant, that task releases it. Otherwise a grant nobody will ever hear of
+    /// would block the key for its whole TTL.
+    pub(crate) async fn call_acquire(
+        &self,
+        request: Request,
+        key: Bytes,
+        timeout: Duration,
+    ) -> Result<Answer> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let router = self.clone();
+        let waiting_on = Arc::new(Mutex::new(None));
+        let sending = Arc::clone(&waiting_on);
+        tokio::spawn(async move {
+            // No time-out here: the connection's life bounds the wait.
+            let answer = router.call_on(request, Duration::MAX, &sending).await;
+            if let Err(Ok(Answer {
+                response: Response::Granted { lease_id, .. },
+                ..
+            })) = tx.send(answer)
+            {
+                tracing::debug!("releasing a grant that arrived after its caller gave up");
+                let _ = router.release(&key, lease_id).await;
+            }
+        });
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::ConnectionLost("the acquire's task ended".into())),
+            Err(_) => {
+                // The server answers a blocking acquire (LOCKED) when its wait ends, so no
+                // answer by now means a hung node; a grant it still sends is unknown anyway.
+                let hung = waiting_on.lock().expect("client mutex poisoned").take();
+                if let Some(conn) = hung {
+                    self.leave_hung(&conn, timeout);
+                }
+                Err(Error::Timeout(timeout))
+            }
+        }
+    }
+
+    /// After `NOT_LEADER` from `conn`: closes it and points the next connection at the
+    /// leader it named, or, while no leader is known (an election), at the next endpoint
+    /// after a short pause.
+    async fn follow(&self, conn: &Arc<Conn>, message: &str) {
+        {
+            let mut current = self.inner.current.lock().expect("client mutex poisoned");
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                *current = None;
+            }
+        }
+        conn.shared.fail("not the leader");
+        let target = self.next_target();
+        match tenure_protocol::error::leader_hint(message) {
+            // A node may name itself: one taking over (it will serve in a moment), or a
+            // leader cut off from its followers that openraft still calls leader. Asking it
+            // again could go on as long as the partition does while the majority elected
+            // someone else, so it counts as "no leader known": the next endpoint is asked.
+            Some(Some(leader)) if leader != target => {
+                *self.inner.next.lock().expect("client mutex poisoned") = leader.to_owned();
+            }
+            _ => {
+                self.advance_from(&target);
+                tokio::time::sleep(ELECTION_PAUSE).await;
+            }
+        }
+    }
+
+    /// Sends `request` with the configured time-out and returns the answer alone.
+    pub(crate) async fn call_plain(&self, request: Request) -> Result<Response> {
+        let timeout = self.inner.config.request_timeout;
+        Ok(self.call(request, timeout).await?.response)
+    }
+
+    /// Sends RENEW `request`; returns its outcome and when the send that got it started.
+    pub(crate) async fn renew_sent_at(&self, request: Request) -> Result<(RenewOutcome, Instant)> {
+        let timeout = self.inner.config.request_timeout;
+        let answer = self.call(request, timeout).await?;
+        Ok((renew_outcome(answer.response)?, answer.sent_at))
+    }
+
+    /// Sends a RELEASE of `key` by `lease_id` and reads its outcome.
+    pub(crate) async fn release(&self, key: &[u8], lease_id: LeaseId) -> Result<ReleaseOutcome> {
+        let request = Request::Release {
+            key: Bytes::copy_from_slice(key),
+            lease_id,
+        };
+        match self.call_plain(request).await? {
+            Response::Released => Ok(ReleaseOutcome::Released),
+            Response::NotOwner => Ok(ReleaseOutcome::NotOwner),
+            other => Err(unexpected("RELEASE", other)),
+        }
+    }
+}

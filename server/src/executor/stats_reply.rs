@@ -1,0 +1,52 @@
+//! The STATS reply: its pairs, gathered on demand from the counters, the shards, the tokens
+//! and the journal.
+
+use super::Executor;
+use crate::obs::stats::Stats;
+
+/// Every STATS pair: held locks, waiters, connections, requests by kind, journal counters.
+///
+/// `held` counts lock slots in use: held leases, and leases past their deadline the ticker
+/// has not reaped yet (the quota counts those until they are freed).
+pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
+    let held = executor.quotas.held.count() as u64;
+    let waiters = executor.quotas.waiters.count() as u64;
+    let mut table_bytes = 0u64;
+    for shard in executor.shards() {
+        table_bytes += shard.lock().expect("shard poisoned").memory_bytes() as u64;
+    }
+    let s = &executor.stats;
+    let tokens = &executor.tokens.allocator;
+    let journal = executor.journal.stats();
+    let mut pairs = vec![
+        ("held".to_string(), held),
+        ("waiters".to_string(), waiters),
+        ("connections".to_string(), Stats::get(&s.connections)),
+        ("watches".to_string(), executor.watches.len() as u64),
+        ("grants".to_string(), Stats::get(&s.grants)),
+        ("handoffs".to_string(), Stats::get(&s.handoffs)),
+        ("locked".to_string(), Stats::get(&s.locked)),
+        ("expirations".to_string(), Stats::get(&s.expirations)),
+        ("errors".to_string(), Stats::get(&s.errors)),
+        (
+            "connections_total".to_string(),
+            Stats::get(&s.connections_total),
+        ),
+        (
+            "connections_refused".to_string(),
+            Stats::get(&s.connections_refused),
+        ),
+        ("token_next".to_string(), tokens.next_token()),
+        ("token_limit".to_string(), tokens.limit()),
+        ("wal_records".to_string(), journal.records),
+        ("wal_fsyncs".to_string(), journal.fsyncs),
+        ("wal_bytes".to_string(), journal.bytes),
+        ("table_bytes".to_string(), table_bytes),
+        (
+            "uptime_ms".to_string(),
+            executor.clock.now_ms() + executor.uptime_offset_ms,
+        ),
+    ];
+    pairs.extend(s.op_pairs());
+    pairs
+}

@@ -1,0 +1,77 @@
+//! [`Change`]: one change to the durable state, as the executor describes it to a journal,
+//! and the one builder of its [`Record`].
+use tenure_protocol::LeaseId;
+
+use super::codec::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+
+/// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct Lease<'a> {
+    /// The lock.
+    pub key: &'a [u8],
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its fencing token.
+    pub token: u64,
+    /// Its length, in milliseconds.
+    pub ttl_ms: u32,
+    /// Whether it is released when its connection closes.
+    pub release_on_disconnect: bool,
+    /// Holder metadata.
+    pub meta: &'a [u8],
+}
+
+/// One change to the durable state.
+#[derive(Clone, Copy, Debug)]
+pub enum Change<'a> {
+    /// A lease was granted.
+    Grant(Lease<'a>),
+    /// The lease holding `key` with `token` ended.
+    Free {
+        /// The lock.
+        key: &'a [u8],
+        /// The ended lease's token.
+        token: u64,
+        /// Why it ended.
+        reason: FreeReason,
+    },
+    /// Fencing tokens below `token_limit` may be handed out.
+    Reserve {
+        /// The new limit.
+        token_limit: u64,
+    },
+    /// The lease holding `key` with `token` was renewed to `ttl_ms`, longer than its last
+    /// record said: a restart must give it that much.
+    Renew {
+        /// The lock.
+        key: &'a [u8],
+        /// The renewed lease's token.
+        token: u64,
+        /// Its new length, in milliseconds.
+        ttl_ms: u32,
+    },
+}
+
+impl<'a> Change<'a> {
+    /// The WAL record of this change: the one builder of Grant, Free, Reserve and Renew
+    /// records.
+    pub fn record(&self) -> Record<'a> {
+        match *self {
+            Change::Grant(lease) => Record::Grant {
+                key: lease.key,
+                lease_id: lease.lease_id.0,
+                token: lease.token,
+                ttl_ms: lease.ttl_ms,
+                flags: if lease.release_on_disconnect {
+                    GRANT_FLAG_RELEASE_ON_DISCONNECT
+                } else {
+                    0
+                },
+                meta: lease.meta,
+            },
+            Change::Free { key, token, reason } => Record::Free { key, token, reason },
+            Change::Reserve { token_limit } => Record::Reserve { token_limit },
+            Change::Renew { key, token, ttl_ms } => Record::Renew { key, token, ttl_ms },
+        }
+    }
+}
