@@ -123,9 +123,9 @@ impl Admin {
             .nodes()
             .map(|(&id, info)| (member(id, info), voters.contains(&id)))
             .collect();
-        let leader = m
-            .current_leader
-            .and_then(|id| Some((id, membership.get_node(&id)?)));
+        let known =
+            super::observe::known_leader(&m, &self.service.catch_up, self.service.prevote.lease());
+        let leader = known.and_then(|id| Some((id, membership.get_node(&id)?)));
         Status {
             node_id: m.id,
             role: super::observe::role_of(m.state),

@@ -101,7 +101,11 @@ impl CatchUp {
     /// Lifts the guard: this node votes and may stand for election again.
     pub fn lift(&self, raft: &Raft, why: &str) {
         if self.guarding.swap(false, Ordering::AcqRel) {
-            raft.runtime_config().elect(true);
+            // With pre-vote, openraft never elects on its own: the pre-vote timer, which
+            // reads this guard, decides.
+            if raft.config().enable_elect {
+                raft.runtime_config().elect(true);
+            }
             tracing::info!(why, "vote guard lifted");
         }
     }

@@ -13,6 +13,8 @@
 //!   connection slots.
 //! - [`peer_check`]: the bounds every peer frame is checked against before openraft sees it.
 //! - [`peer_tls`]: mutual TLS on the peer port, certificates naming node ids.
+//! - [`prevote`]: when a node asks openraft to start an election: only after a quorum said,
+//!   over the peer port, that it would vote for it.
 //! - [`journal`]: [`RaftJournal`], the leader's [`Journal`](crate::journal::Journal): group
 //!   commit of WAL records as Raft entries, read confirmation through `ensure_linearizable`;
 //!   and the follower's journal, which refuses everything with `NOT_LEADER`.
@@ -34,6 +36,7 @@ pub mod node;
 pub mod observe;
 pub mod peer_check;
 pub mod peer_tls;
+pub mod prevote;
 pub mod state;
 #[cfg(test)]
 mod tests;

@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 use super::catch_up::CatchUp;
 use super::peer_check::{self, Known, Refused};
 use super::peer_tls::PeerTls;
+use super::prevote::{PreVote, PreVoteReply, PreVoteRequest};
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame either side sends or accepts, in bytes: an append of the most entries the
@@ -62,6 +63,10 @@ pub enum PeerRequest {
     /// guard ([`super::catch_up`]) so that it can vote in the first election. Answered as
     /// [`PeerRequest::Probe`] is.
     Bootstrap,
+    /// A voter asks whether this node would vote for it ([`super::prevote`]). Last, so the
+    /// earlier variants keep their postcard tags; a node of a version without it closes
+    /// the connection, which the asker counts as a refusal.
+    PreVote(PreVoteRequest),
 }
 
 /// A peer's answer, as its Raft gave it.
@@ -80,6 +85,8 @@ pub enum PeerReply {
     Probe(Result<bool, String>),
     /// To [`PeerRequest::Bootstrap`]: as to a probe.
     Bootstrap(Result<bool, String>),
+    /// To [`PeerRequest::PreVote`].
+    PreVote(PreVoteReply),
 }
 
 /// What the peer port serves besides Raft: the vote guard, and where initialisation asks
@@ -97,6 +104,8 @@ pub struct PeerService {
     pub snapshots: Arc<peer_check::SnapshotProgress>,
     /// The rate limit on log lines about refused frames.
     pub refusals: Arc<peer_check::RefusalLog>,
+    /// What this node answers pre-votes with.
+    pub prevote: Arc<PreVote>,
 }
 
 /// A peer connection's bytes: TCP, or TLS over TCP.
@@ -545,6 +554,11 @@ async fn answer(
             return Err(std::io::Error::other("vote guard up"));
         }
         PeerRequest::Vote(rpc) => PeerReply::Vote(raft.vote(rpc).await),
+        // As a vote: a node catching up must not help anyone stand.
+        PeerRequest::PreVote(_) if service.catch_up.refuses_votes() => {
+            return Err(std::io::Error::other("vote guard up"));
+        }
+        PeerRequest::PreVote(rpc) => PeerReply::PreVote(service.prevote.answer(raft, &rpc).await),
         PeerRequest::Append(rpc) => {
             service.catch_up.note_append(&rpc);
             PeerReply::Append(raft.append_entries(rpc).await)
@@ -601,6 +615,28 @@ impl PeerNetwork {
             idle: Idle::default(),
             isolated,
             dialer,
+        }
+    }
+}
+
+impl PeerNetwork {
+    /// Asks node `target` (at `node`) for a pre-vote within `ttl`, on a pooled connection,
+    /// as openraft's calls are (an isolated node reaches nobody).
+    ///
+    /// # Errors
+    /// When the node could not be reached or answered something else in time.
+    pub async fn ask_pre_vote(
+        &mut self,
+        target: NodeId,
+        node: &NodeInfo,
+        request: PreVoteRequest,
+        ttl: Duration,
+    ) -> Result<PreVoteReply, String> {
+        let mut client = self.new_client(target, node).await;
+        match client.call(PeerRequest::PreVote(request), ttl).await {
+            Ok(PeerReply::PreVote(reply)) => Ok(reply),
+            Ok(_) => Err("the peer answered a different request".to_string()),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e.to_string()),
         }
     }
 }

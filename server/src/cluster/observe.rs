@@ -28,6 +28,7 @@ use tenure_protocol::cluster::{Digest, Role, StatusExtension};
 
 use super::catch_up::CatchUp;
 use super::node::Serving;
+use super::prevote::PreVote;
 use super::state::SnapshotMetrics;
 use super::{NodeId, NodeInfo, Raft};
 use crate::executor::Executor;
@@ -196,6 +197,32 @@ pub struct NodeScrape {
     pub(super) catch_up: Arc<CatchUp>,
     /// Snapshot build and install timings.
     pub(super) snapshots: Arc<SnapshotMetrics>,
+    /// Pre-vote rounds run and pre-votes refused.
+    pub(super) prevote: Arc<PreVote>,
+}
+
+/// The leader node `m` knows, as CLUSTER STATUS, `/readyz` and `tenure_cluster_leader_id`
+/// report it. A follower keeps naming its last leader however long it has not heard from it
+/// (with pre-vote a cut-off follower no longer stands for election, which used to clear
+/// it): past the leader lease (`lease`) without an AppendEntries, it knows no leader.
+pub fn known_leader(
+    m: &RaftMetrics<NodeId, NodeInfo>,
+    catch_up: &CatchUp,
+    lease: std::time::Duration,
+) -> Option<NodeId> {
+    let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+    let follows = m.state != ServerState::Leader && m.current_leader != Some(m.id);
+    let silent = catch_up.since_append_ms().is_none_or(|ms| ms > lease_ms);
+    m.current_leader.filter(|_| !(follows && silent))
+}
+
+impl NodeScrape {
+    /// openraft's metrics, with the leader this node knows ([`known_leader`]).
+    fn metrics(&self) -> RaftMetrics<NodeId, NodeInfo> {
+        let mut m = self.raft.metrics().borrow().clone();
+        m.current_leader = known_leader(&m, &self.catch_up, self.prevote.lease());
+        m
+    }
 }
 
 impl ClusterSource for NodeScrape {
@@ -204,7 +231,7 @@ impl ClusterSource for NodeScrape {
     }
 
     fn readiness(&self) -> Result<String, String> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.metrics();
         let executor = self.executor();
         let serving = executor.journal().not_leader().is_none();
         readiness(&m, serving)?;
@@ -223,7 +250,7 @@ impl ClusterSource for NodeScrape {
     }
 
     fn encode(&self, encoder: &mut DescriptorEncoder) -> FmtResult {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.metrics();
         encode_state(encoder, &m)?;
         encode_log(encoder, &m)?;
         encode_replication(encoder, &m)?;
@@ -243,6 +270,7 @@ impl ClusterSource for NodeScrape {
         let won = self.counters.elections_won.load(Ordering::Relaxed);
         let help = "Terms in which this node won its election and led";
         counter(encoder, "tenure_cluster_elections_won", help, won)?;
+        encode_prevote(encoder, &self.prevote)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
         histogram(encoder, name, help, &self.counters.commit)?;
@@ -254,6 +282,23 @@ impl ClusterSource for NodeScrape {
         histogram(encoder, name, help, &self.snapshots.installed)?;
         encode_digests(encoder, &self.security)
     }
+}
+
+fn encode_prevote(encoder: &mut DescriptorEncoder, prevote: &PreVote) -> FmtResult {
+    let rounds = prevote.rounds.load(Ordering::Relaxed);
+    let help = "Pre-vote rounds this node ran: its election timer fired and it asked the voters";
+    counter(encoder, "tenure_cluster_prevote_rounds", help, rounds)?;
+    let granted = prevote.granted_rounds.load(Ordering::Relaxed);
+    let help = "Pre-vote rounds a quorum granted, after which this node stood for election";
+    counter(
+        encoder,
+        "tenure_cluster_prevote_rounds_granted",
+        help,
+        granted,
+    )?;
+    let refused = prevote.refused.load(Ordering::Relaxed);
+    let help = "Pre-votes this node refused (it heard a leader, leads, or has a longer log)";
+    counter(encoder, "tenure_cluster_prevotes_refused", help, refused)
 }
 
 fn histogram(encoder: &mut DescriptorEncoder, name: &str, help: &str, h: &Histogram) -> FmtResult {

@@ -49,6 +49,7 @@ use openraft::{EntryPayload, Membership, RaftMetrics, Vote};
 use tenure_protocol::limits::{CLUSTER_ADDR_LEN_MAX, CLUSTER_MEMBERS_MAX};
 
 use super::network::{PeerReply, PeerRequest};
+use super::prevote::PreVoteRequest;
 use super::{Entry, LogId, NodeId, NodeInfo};
 use crate::record::{self, Record};
 
@@ -232,7 +233,28 @@ pub fn check_request(request: &PeerRequest, known: &Known) -> Result<Option<Node
             Ok(None)
         }
         PeerRequest::Probe | PeerRequest::Bootstrap => Ok(None),
+        PeerRequest::PreVote(rpc) => check_pre_vote(rpc, known).map(Some),
     }
+}
+
+/// A pre-vote request, bounded as a vote request is: its candidate names a node of this
+/// node's membership, its term and last log id are within bounds, the log id of no later
+/// term than the one it would stand in.
+fn check_pre_vote(rpc: &PreVoteRequest, known: &Known) -> Result<NodeId, Refused> {
+    let sender = rpc.candidate;
+    if sender == 0 {
+        return refuse("pre-vote request: node id 0".into());
+    }
+    check_term(rpc.term, "pre-vote request")?;
+    known.check_step(rpc.term, "pre-vote request")?;
+    check_log_id(rpc.last_log_id.as_ref(), "pre-vote request's last log id")?;
+    if term_of(rpc.last_log_id.as_ref()) > rpc.term {
+        return refuse("pre-vote request: last log id of a later term than asked for".into());
+    }
+    if !known.members.is_empty() && !known.members.contains(&sender) {
+        return refuse(format!("pre-vote request from node {sender}, not a member"));
+    }
+    Ok(sender)
 }
 
 fn check_leader_vote(vote: &Vote<NodeId>, what: &str) -> Result<NodeId, Refused> {
@@ -421,6 +443,8 @@ pub fn check_reply(reply: &PeerReply, sent_term: Option<u64>) -> Result<(), Refu
         PeerReply::Append(Ok(A::HigherVote(vote))) => check_vote(vote, "append reply"),
         PeerReply::Append(Ok(A::PartialSuccess(id))) => check_log_id(id.as_ref(), "append reply"),
         PeerReply::Snapshot(Ok(reply)) => check_vote(&reply.vote, "snapshot reply"),
+        // The term names where the next request starts: bounded, so that `+ 1` holds.
+        PeerReply::PreVote(reply) => check_term(reply.term, "pre-vote reply"),
         _ => Ok(()),
     }
 }
@@ -431,6 +455,7 @@ pub fn request_term(request: &PeerRequest) -> Option<u64> {
         PeerRequest::Vote(rpc) => Some(rpc.vote.leader_id().term),
         PeerRequest::Append(rpc) => Some(rpc.vote.leader_id().term),
         PeerRequest::Snapshot(rpc) => Some(rpc.vote.leader_id().term),
+        PeerRequest::PreVote(rpc) => Some(rpc.term),
         PeerRequest::Initialize(_) | PeerRequest::Probe | PeerRequest::Bootstrap => None,
     }
 }
@@ -441,6 +466,7 @@ fn reply_term(reply: &PeerReply) -> Option<u64> {
         PeerReply::Vote(Ok(vote)) => Some(vote.vote.leader_id().term),
         PeerReply::Append(Ok(A::HigherVote(vote))) => Some(vote.leader_id().term),
         PeerReply::Snapshot(Ok(reply)) => Some(reply.vote.leader_id().term),
+        PeerReply::PreVote(reply) => Some(reply.term),
         _ => None,
     }
 }
@@ -605,6 +631,11 @@ mod tests {
             PeerRequest::Initialize(members),
             PeerRequest::Probe,
             PeerRequest::Bootstrap,
+            PeerRequest::PreVote(PreVoteRequest {
+                candidate: 2,
+                term: 8,
+                last_log_id: Some(log_id(6, 13)),
+            }),
         ]
     }
 
@@ -643,6 +674,14 @@ mod tests {
                     .iter()
                     .map(|id| (id.leader_id.term, id.index));
                 last.chain([(rpc.vote.leader_id().term, 0)]).collect()
+            }
+            PeerRequest::PreVote(rpc) => {
+                assert!(rpc.candidate != 0, "{request:?}");
+                let last = rpc
+                    .last_log_id
+                    .iter()
+                    .map(|id| (id.leader_id.term, id.index));
+                last.chain([(rpc.term, 0)]).collect()
             }
             _ => Vec::new(),
         };
@@ -761,7 +800,46 @@ mod tests {
                 Vote::new_committed(term, 2),
             )));
             assert!(check_reply(&reply, None).is_err(), "reply term {term}");
+            let pre_vote = PeerRequest::PreVote(PreVoteRequest {
+                candidate: 2,
+                term,
+                last_log_id: None,
+            });
+            assert!(
+                check_request(&pre_vote, &known()).is_err(),
+                "pre-vote {term}"
+            );
+            let reply = PeerReply::PreVote(crate::cluster::prevote::PreVoteReply {
+                granted: false,
+                term,
+            });
+            assert!(
+                check_reply(&reply, None).is_err(),
+                "pre-vote reply term {term}"
+            );
         }
+    }
+
+    /// A pre-vote from node 0, from a stranger, or with a log of a later term than asked.
+    #[test]
+    fn pre_votes_out_of_range_are_refused() {
+        let ask = |candidate, term, last: Option<LogId>| {
+            PeerRequest::PreVote(PreVoteRequest {
+                candidate,
+                term,
+                last_log_id: last,
+            })
+        };
+        for bad in [
+            ask(0, 8, None),
+            ask(9, 8, None),
+            ask(2, 8, Some(log_id(9, 13))),
+            ask(2, 8, Some(log_id(6, LOG_INDEX_MAX + 1))),
+        ] {
+            assert!(check_request(&bad, &known()).is_err(), "{bad:?}");
+        }
+        let from = check_request(&ask(3, 8, Some(log_id(8, 2))), &known());
+        assert_eq!(from, Ok(Some(3)), "the candidate is the sender");
     }
 
     /// A term far above this node's (a forged frame of the last term) is refused, one just

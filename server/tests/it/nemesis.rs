@@ -89,3 +89,63 @@ async fn a_follower_restarted_wiped_catches_up_and_counts_in_the_quorum() {
     let violations = tenure_testkit::nemesis::checker::check(&history.snapshot());
     assert!(violations.is_empty(), "{violations:?}");
 }
+
+/// How long the partition-heal case cuts a follower off: over 15 election timeouts at the
+/// shipped timing (150-300 ms, after openraft's 300 ms lease).
+const PARTITION: std::time::Duration = std::time::Duration::from_secs(5);
+/// Times it cuts one off, each follower in turn.
+const PARTITIONS: usize = 3;
+
+/// Issue 24: a follower whose peer links are all cut for [`PARTITION`], then healed, used to
+/// depose the leader on its return (7 of 7), having raised its term while cut off. With
+/// pre-vote nobody answers it, so it never stands: the cluster grants throughout, and after
+/// each heal the same node leads, at the same term on every node (zero leader changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_partitioned_and_healed_changes_no_leader() {
+    use tenure_testkit::nemesis::{cluster::Cluster, cluster::NODES, history::History, load};
+
+    let cluster = Cluster::start(tenured_bin()).await;
+    let addrs: Vec<String> = (0..NODES).map(|i| cluster.addr_list(i)).collect();
+    let history = History::default();
+    let first = load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await;
+    assert!(first.is_some(), "the cluster never granted");
+    assert!(
+        cluster.wait_settled(SERVE_WAIT_MAX).await,
+        "no settled leader"
+    );
+    let leader = cluster.wait_leader(SERVE_WAIT_MAX).await.expect("a leader");
+    let term = cluster.term(leader).await.expect("the leader's term");
+    for round in 0..PARTITIONS {
+        let follower = (leader + 1 + round % (NODES - 1)) % NODES;
+        cluster.proxy.isolate(follower);
+        tokio::time::sleep(PARTITION).await;
+        let served = load::probe_grant(&addrs, &history, SERVE_WAIT_MAX).await;
+        assert!(
+            served.is_some(),
+            "round {round}: no grant while node {follower} was cut off"
+        );
+        cluster.proxy.heal();
+        // Links are made again within the peers' retry pause (at most 100 ms).
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert!(
+            cluster.wait_settled(SERVE_WAIT_MAX).await,
+            "round {round}: not settled"
+        );
+        assert_eq!(
+            cluster.leader().await,
+            Some(leader),
+            "round {round}: the leader changed"
+        );
+        for i in 0..NODES {
+            let now = cluster.term(i).await;
+            assert_eq!(
+                now,
+                Some(term),
+                "round {round}: node {i}'s term moved (logs: {})",
+                cluster.logs().display()
+            );
+        }
+    }
+    let violations = tenure_testkit::nemesis::checker::check(&history.snapshot());
+    assert!(violations.is_empty(), "{violations:?}");
+}

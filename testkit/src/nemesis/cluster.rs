@@ -235,10 +235,21 @@ impl Cluster {
 
     /// The last index node `i` applied, from its CLUSTER STATUS.
     async fn applied(&self, i: usize) -> Option<u64> {
+        self.status_number(i, "last_applied_index").await
+    }
+
+    /// Node `i`'s current term, from its CLUSTER STATUS.
+    pub async fn term(&self, i: usize) -> Option<u64> {
+        self.status_number(i, "term").await
+    }
+
+    /// The number `name=` of node `i`'s CLUSTER STATUS.
+    async fn status_number(&self, i: usize, name: &str) -> Option<u64> {
         let reply = ask(self.nodes[i].client, "CLUSTER STATUS").await?;
+        let prefix = format!("{name}=");
         let value = reply
             .split_whitespace()
-            .find_map(|word| word.strip_prefix("last_applied_index="))?;
+            .find_map(|word| word.strip_prefix(prefix.as_str()))?;
         value.parse().ok()
     }
 
