@@ -8,10 +8,12 @@
 //!   and a checker of the client-side history.
 //! - [`console`]: text-console clients, async ([`Console`]) and blocking ([`LineConn`]).
 //! - [`raw`]: a bare binary-protocol client ([`Raw`]) and request builders.
+//! - [`imports`]: the reader and checker behind each crate's import-rules test.
 //! - [`reply`]: `key=value` parsing of console and command-line output ([`field`], [`token`]).
 
 pub mod console;
 pub mod daemon;
+pub mod imports;
 pub mod nemesis;
 pub mod raw;
 pub mod reply;
