@@ -10,7 +10,8 @@
 //! TLS: then its certificate's node id is the only sender its Raft frames may name. Every
 //! request and reply is checked ([`super::peer_check`]) before openraft sees it; a frame
 //! that fails closes its connection. The listener's slots keep strangers from taking the
-//! places members need ([`serve_peers`]).
+//! places members need ([`serve_peers`]). Every connection opens, before any frame, with
+//! the exchange of cluster ids ([`super::cluster_id`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::catch_up::CatchUp;
+use super::cluster_id::{self, ClusterId};
 use super::peer_check::{self, Known, Refused};
 use super::peer_tls::PeerTls;
 use super::prevote::{PreVote, PreVoteReply, PreVoteRequest};
@@ -114,12 +116,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
 /// A peer connection, either way.
 pub type PeerStream = Box<dyn PeerIo>;
 
-/// How a node reaches its peers: from which address (the peer listener's), and with which
-/// TLS (`None`: plain TCP, loopback clusters only).
+/// How a node reaches its peers: from which address (the peer listener's), with which
+/// TLS (`None`: plain TCP, loopback clusters only), saying which cluster id.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
     source: Option<IpAddr>,
     tls: Option<Arc<PeerTls>>,
+    ids: Arc<ClusterId>,
 }
 
 impl Dialer {
@@ -130,7 +133,19 @@ impl Dialer {
         Dialer {
             source: (!source.is_unspecified()).then_some(source),
             tls,
+            ids: Arc::default(),
         }
+    }
+
+    /// This dialer saying the cluster id `ids` holds (a node's own: the peer port's
+    /// acceptor checks against it too). Without it, a dialer says none.
+    pub fn with_cluster_id(self, ids: Arc<ClusterId>) -> Dialer {
+        Dialer { ids, ..self }
+    }
+
+    /// The cluster id this dialer says.
+    pub fn cluster_id(&self) -> &Arc<ClusterId> {
+        &self.ids
     }
 
     /// The peer TLS this node uses, if any.
@@ -138,18 +153,20 @@ impl Dialer {
         self.tls.as_ref()
     }
 
-    /// Connects to node `target` at `addr`, the TLS handshake included (whose certificate
-    /// must name `target`).
+    /// Connects to node `target` at `addr`, the TLS handshake (whose certificate must name
+    /// `target`) and the cluster ids' exchange included.
     ///
     /// # Errors
-    /// When the connection or the handshake fails.
+    /// When the connection or the handshake fails, or the node is of another cluster.
     pub async fn dial(&self, target: NodeId, addr: &str) -> std::io::Result<PeerStream> {
         let tcp = connect_from(self.source, addr).await?;
         let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => Ok(Box::new(tcp)),
-            Some(tls) => Ok(Box::new(tls.connect(tcp, target).await?)),
-        }
+        let mut stream: PeerStream = match &self.tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(tls.connect(tcp, target).await?),
+        };
+        cluster_id::greet(&mut stream, &self.ids, addr).await?;
+        Ok(stream)
     }
 }
 
@@ -259,17 +276,23 @@ pub async fn serve_peers(
                 let peer = stream
                     .peer_addr()
                     .map_or("?".to_string(), |a| a.to_string());
-                let (stream, certified) = match open_stream(stream, &service, &slot).await {
+                let opened = match open_stream(stream, &service, &slot).await {
                     Ok(opened) => opened,
                     Err(why) => {
                         service.refusals.refused(now_ms(), &peer, &why);
                         return Ok(());
                     }
                 };
+                // Refusals here are logged by the cluster id's own log.
+                let Ok((stream, cluster)) = open_cluster(opened.0, &service, &slot, &peer).await
+                else {
+                    return Ok(());
+                };
                 let conn = Conn {
                     peer,
                     slot,
-                    sender: certified,
+                    sender: opened.1,
+                    cluster,
                 };
                 serve_peer(stream, conn, raft, isolated, service).await
             };
@@ -467,6 +490,26 @@ async fn open_stream(
     }
 }
 
+/// The cluster ids' exchange on an opened connection, within [`PEER_OPENING_TIMEOUT`]:
+/// the stream and the id the dialer said.
+async fn open_cluster(
+    mut stream: PeerStream,
+    service: &PeerService,
+    slot: &Slot,
+    peer: &str,
+) -> Result<(PeerStream, Option<u128>), Refused> {
+    let ids = service.dialer.cluster_id();
+    let exchange = cluster_id::answer(&mut stream, ids, peer);
+    match tokio::time::timeout(PEER_OPENING_TIMEOUT, exchange).await {
+        Ok(Ok(cluster)) => {
+            slot.talked();
+            Ok((stream, cluster))
+        }
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err(Refused("no opening in time".into())),
+    }
+}
+
 /// One served peer connection: where it comes from, its slot, and the node it speaks for.
 struct Conn {
     /// The remote address, for the log.
@@ -476,6 +519,8 @@ struct Conn {
     /// frame: every Raft frame on it must be from that node (a node sends its own votes and
     /// appends on its connections, nobody else's).
     sender: Option<NodeId>,
+    /// The cluster id its opening said: its Raft frames are admitted by it.
+    cluster: Option<u128>,
 }
 
 async fn serve_peer(
@@ -495,8 +540,9 @@ async fn serve_peer(
             return Ok(());
         }
         let slot = &mut conn.slot;
-        let admitted =
-            admit(&request, &raft, &service, &mut conn.sender).and_then(|member| match member {
+        let admitted = admit(&request, &raft, &service, &mut conn.sender)
+            .and_then(|member| admit_cluster(&request, &service, conn.cluster).map(|()| member))
+            .and_then(|member| match member {
                 Some(member) if !slot.is_member() => slot.promote(member),
                 _ => Ok(()),
             });
@@ -540,6 +586,23 @@ fn admit(
     }
     let member = |id: &NodeId| known.members.is_empty() || known.members.contains(id);
     Ok(from.filter(member))
+}
+
+/// Whether `request` may come on a connection whose opening said `cluster`: a Raft frame
+/// only of this node's cluster ([`ClusterId::admit_raft`], which a fresh node joins by);
+/// probes and the initialisation (whose sender has no id yet) from any.
+fn admit_cluster(
+    request: &PeerRequest,
+    service: &PeerService,
+    cluster: Option<u128>,
+) -> Result<(), Refused> {
+    match request {
+        PeerRequest::Probe | PeerRequest::Bootstrap | PeerRequest::Initialize(_) => Ok(()),
+        PeerRequest::Vote(_)
+        | PeerRequest::Append(_)
+        | PeerRequest::Snapshot(_)
+        | PeerRequest::PreVote(_) => service.dialer.cluster_id().admit_raft(cluster),
+    }
 }
 
 /// What this node answers to `request`; `Err` to close the connection unanswered.

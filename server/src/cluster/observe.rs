@@ -199,6 +199,8 @@ pub struct NodeScrape {
     pub(super) snapshots: Arc<SnapshotMetrics>,
     /// Pre-vote rounds run and pre-votes refused.
     pub(super) prevote: Arc<PreVote>,
+    /// Peer connections refused for another cluster's id.
+    pub(super) cluster_id: Arc<super::cluster_id::ClusterId>,
 }
 
 /// The leader node `m` knows, as CLUSTER STATUS, `/readyz` and `tenure_cluster_leader_id`
@@ -271,6 +273,10 @@ impl ClusterSource for NodeScrape {
         let help = "Terms in which this node won its election and led";
         counter(encoder, "tenure_cluster_elections_won", help, won)?;
         encode_prevote(encoder, &self.prevote)?;
+        let refused = self.cluster_id.refused();
+        let help = "Peer connections refused because they were of another cluster (cluster id)";
+        let name = "tenure_cluster_peer_connections_refused_cluster";
+        counter(encoder, name, help, refused)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
         histogram(encoder, name, help, &self.counters.commit)?;

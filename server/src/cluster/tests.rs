@@ -1013,13 +1013,31 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
 }
 
 /// Sends `request` to the peer port at `addr` as any stranger could, and returns the first
-/// bytes of the answer: `None` if the node closed the connection without answering.
+/// bytes of the answer: `None` if the node closed the connection without answering. The
+/// connection opens with the node's own cluster id, which is no secret (any opening is
+/// answered with it), so that what refuses the frame is the frame's check.
 async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<u8>> {
+    use super::cluster_id::{encode, OPENING_LEN};
     use tokio::io::AsyncReadExt;
+    let theirs = learn_cluster_id(addr).await;
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let frame = super::network::encode_frame(request).unwrap();
-    if stream.write_all(&frame).await.is_err() {
+    let mut bytes = encode(theirs).to_vec();
+    bytes.extend(super::network::encode_frame(request).unwrap());
+    if stream.write_all(&bytes).await.is_err() {
         return None;
+    }
+    let mut first = [0u8; OPENING_LEN];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut first))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    match read {
+        Ok(0) | Err(_) => return None,
+        Ok(n) if first[0] != super::cluster_id::MAGIC[0] => return Some(first[..n].to_vec()),
+        Ok(n) => {
+            if stream.read_exact(&mut first[n..]).await.is_err() {
+                return None;
+            }
+        }
     }
     let mut header = [0u8; 4];
     let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut header))
@@ -1029,6 +1047,19 @@ async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<
         Ok(0) | Err(_) => None,
         Ok(n) => Some(header[..n].to_vec()),
     }
+}
+
+/// The cluster id the plain peer port at `addr` answers an opening with (none if it does
+/// not answer one).
+async fn learn_cluster_id(addr: &str) -> Option<u128> {
+    use super::cluster_id::{decode, encode, OPENING_LEN};
+    use tokio::io::AsyncReadExt;
+    let mut stream = TcpStream::connect(addr).await.ok()?;
+    stream.write_all(&encode(None)).await.ok()?;
+    let mut reply = [0u8; OPENING_LEN];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read_exact(&mut reply)).await;
+    read.ok()?.ok()?;
+    decode(&reply).ok().flatten()
 }
 
 /// A forged heartbeat of term `u64::MAX` (issue 22, item 2) used to be taken: the vote
@@ -1339,7 +1370,8 @@ async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node(
         "node 2's certificate spoke as node 3: {refused:?}"
     );
     let as_2 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
-    let answered = ask_over(&ca.dialer(2), 1, &addr, &as_2).await;
+    let own = dialer_of_cluster(&ca, 2, nodes[0].node.cluster_id());
+    let answered = ask_over(&own, 1, &addr, &as_2).await;
     assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
     // Without any client certificate.
     let bare = bare_tls_probe(&ca, &addr).await;
@@ -1350,6 +1382,203 @@ async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node(
     }
     serving_leader(&nodes).await;
     kill_all(nodes).await;
+}
+
+/// The dialer `ca.dialer(id)` saying cluster id `cluster`.
+fn dialer_of_cluster(ca: &PeerCa, id: NodeId, cluster: Option<u128>) -> Dialer {
+    let ids = super::cluster_id::ClusterId::unstored(cluster);
+    ca.dialer(id).with_cluster_id(std::sync::Arc::new(ids))
+}
+
+/// Connections refused for another cluster's id, as `node`'s metrics count them.
+fn refused_for_cluster(node: &ClusterNode) -> f64 {
+    sample(
+        &scrape(node),
+        "tenure_cluster_peer_connections_refused_cluster_total",
+    )
+}
+
+/// A valid certificate of the cluster's CA, for a member, with another cluster's id: the
+/// opening is refused, no frame of it taken, and counted; a connection that said no id
+/// may probe but not speak Raft; the cluster's own id is answered. The cluster serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_certificate_with_another_cluster_id_is_refused() {
+    use super::network::{PeerReply, PeerRequest};
+    use openraft::raft::VoteRequest;
+    use openraft::Vote;
+    let _watchdog = watchdog("a_valid_certificate_with_another_cluster_id_is_refused");
+    let ca = PeerCa::new();
+    let nodes = start_tls_cluster(&ca).await;
+    serving_leader(&nodes).await;
+    let cluster = nodes[0]
+        .node
+        .cluster_id()
+        .expect("an initialised node has an id");
+    for started in &nodes {
+        assert_eq!(
+            started.node.cluster_id(),
+            Some(cluster),
+            "one id per cluster"
+        );
+    }
+    let addr = nodes[0].info.peer_addr.clone();
+    let term = nodes[0].node.raft().metrics().borrow().current_term;
+    let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
+
+    let stranger = dialer_of_cluster(&ca, 2, Some(cluster ^ 1));
+    let refused = ask_over(&stranger, 1, &addr, &PeerRequest::Probe).await;
+    assert!(
+        refused.is_err(),
+        "another cluster's node was answered: {refused:?}"
+    );
+    let refused = ask_over(&stranger, 1, &addr, &vote).await;
+    assert!(
+        refused.is_err(),
+        "another cluster's vote was answered: {refused:?}"
+    );
+    assert!(refused_for_cluster(&nodes[0].node) >= 2.0);
+    assert!(
+        stranger.cluster_id().refused() >= 2,
+        "the dialer refuses too"
+    );
+
+    let none = dialer_of_cluster(&ca, 2, None);
+    let probed = ask_over(&none, 1, &addr, &PeerRequest::Probe).await;
+    assert!(
+        matches!(probed, Ok(PeerReply::Probe(Ok(true)))),
+        "{probed:?}"
+    );
+    let refused = ask_over(&none, 1, &addr, &vote).await;
+    assert!(
+        refused.is_err(),
+        "a vote from no cluster was answered: {refused:?}"
+    );
+
+    let own = dialer_of_cluster(&ca, 2, Some(cluster));
+    let answered = ask_over(&own, 1, &addr, &vote).await;
+    assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
+
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled());
+        assert_eq!(
+            started.node.cluster_id(),
+            Some(cluster),
+            "the id never changes"
+        );
+    }
+    let leader = serving_leader(&nodes).await;
+    let mut holder = Console::connect(&nodes[leader].info.client_addr).await;
+    let held = holder.ask("ACQUIRE held 60000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let mut other = Console::connect(&nodes[leader].info.client_addr).await;
+    let again = other.ask("ACQUIRE held 30000").await;
+    assert!(again.starts_with("LOCKED "), "{again}");
+    kill_all(nodes).await;
+}
+
+/// Two clusters from one CA, the second started with a node at a peer address the first
+/// still lists (its node of the same id, stopped): the first's leader reaches the
+/// newcomer, whose certificate it accepts, but the cluster ids refuse the connection, so
+/// neither cluster takes the other's frames. Each keeps its membership, its locks and a
+/// serving leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_at_reused_addresses_never_mix() {
+    let _watchdog = watchdog("two_clusters_at_reused_addresses_never_mix");
+    let ca = PeerCa::new();
+    let mut first = start_tls_cluster(&ca).await;
+    let leader = serving_leader(&first).await;
+    let mut holder = Console::connect(&first[leader].info.client_addr).await;
+    let held = holder.ask("ACQUIRE shared-name 120000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let lease = field(&held, "lease").to_string();
+    let gone = first.remove((leader + 1) % 3);
+    let (gone_id, gone_peer) = (gone.node.id(), gone.info.peer_addr.clone());
+    gone.node.kill().await;
+    // Cut off while the second cluster forms: a fresh node at an address a cluster lists
+    // is that cluster's to take (as a wiped member rejoins), and the second cluster's
+    // initialisation is then refused, which mixes nothing either; this test is of two
+    // clusters that both formed.
+    first.iter().for_each(|n| n.node.set_isolated(true));
+
+    let mut second = Vec::new();
+    for id in 1..=3 {
+        let peers = if id == gone_id {
+            TcpListener::bind(&gone_peer).await.unwrap()
+        } else {
+            TcpListener::bind("127.0.0.1:0").await.unwrap()
+        };
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        second.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = second
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    let init_at = &second[0].info.peer_addr;
+    super::network::initialize_remote(&ca.dialer(1), init_at, members.clone())
+        .await
+        .unwrap();
+    let second_leader = serving_leader(&second).await;
+    first.iter().for_each(|n| n.node.set_isolated(false));
+    serving_leader(&first).await;
+    // The first cluster's leader keeps replicating to the address it lists: give it time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let ids = (first[0].node.cluster_id(), second[0].node.cluster_id());
+    assert!(
+        ids.0.is_some() && ids.1.is_some() && ids.0 != ids.1,
+        "{ids:?}"
+    );
+    let newcomer = second.iter().find(|n| n.node.id() == gone_id).unwrap();
+    assert_eq!(newcomer.node.cluster_id(), ids.1);
+    let membership = newcomer
+        .node
+        .raft()
+        .metrics()
+        .borrow()
+        .membership_config
+        .clone();
+    let seen: BTreeMap<NodeId, NodeInfo> = membership
+        .nodes()
+        .map(|(id, info)| (*id, info.clone()))
+        .collect();
+    assert_eq!(
+        seen, members,
+        "the newcomer took the first cluster's membership"
+    );
+    let refused: f64 = first
+        .iter()
+        .chain(&second)
+        .map(|n| refused_for_cluster(&n.node))
+        .sum();
+    assert!(
+        refused >= 1.0,
+        "no connection was refused for its cluster id"
+    );
+
+    let leader = serving_leader(&first).await;
+    let mut client = Console::connect(&first[leader].info.client_addr).await;
+    let taken = client.ask("ACQUIRE shared-name 30000").await;
+    assert!(
+        taken.starts_with("LOCKED "),
+        "the first cluster lost its lock: {taken}"
+    );
+    let renewed = client
+        .ask(&format!("RENEW shared-name {lease} 120000"))
+        .await;
+    assert!(renewed.starts_with("OK"), "{renewed}");
+    let mut other = Console::connect(&second[second_leader].info.client_addr).await;
+    let own = other.ask("ACQUIRE shared-name 30000").await;
+    assert!(
+        own.starts_with("OK token="),
+        "the second cluster has its own locks: {own}"
+    );
+    for started in first.iter().chain(&second) {
+        assert!(!started.node.died().is_cancelled());
+    }
+    kill_all(first).await;
+    kill_all(second).await;
 }
 
 /// A TLS connection trusting the cluster's CA but presenting no certificate, and a probe
