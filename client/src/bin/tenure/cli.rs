@@ -137,6 +137,10 @@ pub enum Command {
     /// Cluster mode: a node's status, and the membership (init, add, remove).
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
+    /// Make a development CA and certificates for a secure cluster: one per node for peer
+    /// TLS (node-<id>.tenure), and with --server one for the client ports. Connects to
+    /// nothing.
+    Certs(crate::certs::CertsArgs),
 }
 
 /// Flags of `tenure run`.
