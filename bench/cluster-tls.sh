@@ -18,8 +18,7 @@
 # node-N.tenure from a throwaway CA), client TLS (an ECDSA P-256 certificate for 127.0.0.1
 # from the same CA) and `--identities` (the load generator's connections each send AUTH
 # as `bench`, a random secret). Certificates are made with openssl. Both clusters run for
-# the whole script; each run's target lists its cluster's three client addresses (the
-# load generator finds the leader). Runs: for each depth (1, then 16), PAIRS pairs of
+# the whole script; each run targets its cluster's leader, found at the start. Runs: for each depth (1, then 16), PAIRS pairs of
 # mixed acquire/renew/release cycles, plain then secure in odd pairs, secure then plain in
 # even ones. Every process started is stopped by PID on exit. About 2 min at the defaults.
 set -euo pipefail
@@ -98,12 +97,6 @@ members() {
     done
     echo "$list"
 }
-# target CLUSTER: the load generator's --target for it.
-target() {
-    local n list=""
-    for n in 1 2 3; do list+="${list:+,}127.0.0.1:$((CLIENT_BASE[$1] + n))"; done
-    echo "tenure://$list"
-}
 for c in plain secure; do
     for n in 1 2 3; do
         flags=(--cluster --node-id "$n" --data-dir "$WORK/$c$n"
@@ -122,33 +115,42 @@ for c in plain secure; do
     for n in 1 2 3; do wait_port $((CLIENT_BASE[$c] + n)) "log: $WORK/$c$n.log"; done
 done
 
-# loadgen CLUSTER ARGS...: the load generator against CLUSTER, with its TLS and identity.
+# loadgen CLUSTER PORT ARGS...: the load generator against CLUSTER's node at PORT, with the
+# cluster's TLS and identity.
 loadgen() {
-    local c=$1
-    shift
+    local c=$1 port=$2
+    shift 2
     if [[ $c == secure ]]; then
-        TENURE_SECRET=$SECRET "$LOADGEN" --target "$(target "$c")" --tls-ca "$WORK/ca.pem" \
-            --identity bench "$@"
+        TENURE_SECRET=$SECRET "$LOADGEN" --target "tenure://127.0.0.1:$port" \
+            --tls-ca "$WORK/ca.pem" --identity bench "$@"
     else
-        "$LOADGEN" --target "$(target "$c")" "$@"
+        "$LOADGEN" --target "tenure://127.0.0.1:$port" "$@"
     fi
 }
-# up CLUSTER: waits (60 s at most) until a short run against it succeeds (the health probe
-# of the load generator speaks neither TLS nor AUTH, so the secure cluster is asked by a
-# run of its own).
-up() {
-    local _
-    for _ in $(seq 30); do
-        loadgen "$1" --scenario max --op mixed --connections 1 --duration 1s --quiet \
-            >/dev/null 2>&1 && return 0
+# leader CLUSTER: waits (60 s at most) until one of its nodes serves a short run on its
+# own, and prints that node's client port. (The load generator's leader finding speaks
+# neither TLS nor AUTH, so each run targets the leader's address alone, both clusters
+# alike; a fail-over during the runs would show as failed cycles.)
+leader() {
+    local _ n port
+    for _ in $(seq 20); do
+        for n in 1 2 3; do
+            port=$((CLIENT_BASE[$1] + n))
+            if loadgen "$1" "$port" --scenario max --op mixed --connections 1 --pipeline 1 \
+                --duration 200ms --warmup 0s --json --quiet >"$WORK/probe.json" 2>/dev/null \
+                && [[ $(field "$WORK/probe.json" summary cycles_failed) == 0 ]]; then
+                echo "$port"
+                return 0
+            fi
+        done
         sleep 1
     done
     echo "the $1 cluster did not serve in 60 s; logs in $WORK" >&2
     tail -5 "$WORK/$1"*.log >&2
     exit 1
 }
-up plain
-up secure
+declare -A LEADER=([plain]=$(leader plain) [secure]=$(leader secure))
+echo "leaders: plain 127.0.0.1:${LEADER[plain]}, secure 127.0.0.1:${LEADER[secure]}" >&2
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for pipe in 1 16; do
@@ -157,7 +159,7 @@ for pipe in 1 16; do
         ((pair % 2 == 0)) && order=(secure plain)
         for c in "${order[@]}"; do
             echo "== mixed p$pipe pair $pair on $c" >&2
-            loadgen "$c" --scenario max --op mixed --connections "$CONNECTIONS" \
+            loadgen "$c" "${LEADER[$c]}" --scenario max --op mixed --connections "$CONNECTIONS" \
                 --pipeline "$pipe" --duration "$DURATION" --warmup 1s --json --quiet \
                 >"$WORK/p$pipe.$pair.$c.json"
         done

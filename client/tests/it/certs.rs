@@ -203,7 +203,7 @@ async fn the_openssl_recipe_of_cluster_md_makes_a_cluster_that_elects_and_serves
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../server/CLUSTER.md"))
         .unwrap();
     let start = doc
-        .find("Certificates with openssl")
+        .find("The same with openssl")
         .expect("CLUSTER.md has the openssl recipe");
     let block = &doc[start..];
     let block = &block[block.find("```text\n").unwrap() + 8..];
