@@ -273,26 +273,8 @@ pub async fn serve_peers(
         tracker.spawn(async move {
             let _permit = permit;
             let serve = async {
-                let peer = stream
-                    .peer_addr()
-                    .map_or("?".to_string(), |a| a.to_string());
-                let opened = match open_stream(stream, &service, &slot).await {
-                    Ok(opened) => opened,
-                    Err(why) => {
-                        service.refusals.refused(now_ms(), &peer, &why);
-                        return Ok(());
-                    }
-                };
-                // Refusals here are logged by the cluster id's own log.
-                let Ok((stream, cluster)) = open_cluster(opened.0, &service, &slot, &peer).await
-                else {
+                let Some((stream, conn)) = open_conn(stream, &service, slot).await else {
                     return Ok(());
-                };
-                let conn = Conn {
-                    peer,
-                    slot,
-                    sender: opened.1,
-                    cluster,
                 };
                 serve_peer(stream, conn, raft, isolated, service).await
             };
@@ -488,6 +470,32 @@ async fn open_stream(
             "peer TLS handshake took over {PEER_HANDSHAKE_TIMEOUT:?}"
         ))),
     }
+}
+
+/// An accepted connection opened: the TLS handshake ([`open_stream`]) and the cluster ids'
+/// exchange ([`open_cluster`]); `None` if either refused it (logged).
+async fn open_conn(
+    tcp: TcpStream,
+    service: &PeerService,
+    slot: Slot,
+) -> Option<(PeerStream, Conn)> {
+    let peer = tcp.peer_addr().map_or("?".to_string(), |a| a.to_string());
+    let (stream, sender) = match open_stream(tcp, service, &slot).await {
+        Ok(opened) => opened,
+        Err(why) => {
+            service.refusals.refused(now_ms(), &peer, &why);
+            return None;
+        }
+    };
+    // Refusals here are logged by the cluster id's own log.
+    let (stream, cluster) = open_cluster(stream, service, &slot, &peer).await.ok()?;
+    let conn = Conn {
+        peer,
+        slot,
+        sender,
+        cluster,
+    };
+    Some((stream, conn))
 }
 
 /// The cluster ids' exchange on an opened connection, within [`PEER_OPENING_TIMEOUT`]:

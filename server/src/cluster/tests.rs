@@ -1466,14 +1466,54 @@ async fn a_valid_certificate_with_another_cluster_id_is_refused() {
             "the id never changes"
         );
     }
-    let leader = serving_leader(&nodes).await;
+    serves_one_holder(&nodes, "held").await;
+    kill_all(nodes).await;
+}
+
+/// Once a leader of `nodes` serves: `key` is granted to one client, and refused to another.
+async fn serves_one_holder(nodes: &[Started], key: &str) {
+    let leader = serving_leader(nodes).await;
     let mut holder = Console::connect(&nodes[leader].info.client_addr).await;
-    let held = holder.ask("ACQUIRE held 60000").await;
+    let held = holder.ask(&format!("ACQUIRE {key} 60000")).await;
     assert!(held.starts_with("OK token="), "{held}");
     let mut other = Console::connect(&nodes[leader].info.client_addr).await;
-    let again = other.ask("ACQUIRE held 30000").await;
+    let again = other.ask(&format!("ACQUIRE {key} 30000")).await;
     assert!(again.starts_with("LOCKED "), "{again}");
-    kill_all(nodes).await;
+}
+
+/// The members `node` knows, with their addresses.
+fn membership_of(node: &ClusterNode) -> BTreeMap<NodeId, NodeInfo> {
+    let membership = node.raft().metrics().borrow().membership_config.clone();
+    membership
+        .nodes()
+        .map(|(id, info)| (*id, info.clone()))
+        .collect()
+}
+
+/// Three fresh nodes with peer TLS from `ca`, node `reused` on the peer address `addr`,
+/// initialised as a cluster: the nodes and their membership.
+async fn start_tls_cluster_reusing(
+    ca: &PeerCa,
+    reused: NodeId,
+    addr: &str,
+) -> (Vec<Started>, BTreeMap<NodeId, NodeInfo>) {
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let at = if id == reused { addr } else { "127.0.0.1:0" };
+        let peers = TcpListener::bind(at).await.unwrap();
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        nodes.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    let init_at = &nodes[0].info.peer_addr;
+    super::network::initialize_remote(&ca.dialer(1), init_at, members.clone())
+        .await
+        .unwrap();
+    (nodes, members)
 }
 
 /// Two clusters from one CA, the second started with a node at a peer address the first
@@ -1500,25 +1540,7 @@ async fn two_clusters_at_reused_addresses_never_mix() {
     // clusters that both formed.
     first.iter().for_each(|n| n.node.set_isolated(true));
 
-    let mut second = Vec::new();
-    for id in 1..=3 {
-        let peers = if id == gone_id {
-            TcpListener::bind(&gone_peer).await.unwrap()
-        } else {
-            TcpListener::bind("127.0.0.1:0").await.unwrap()
-        };
-        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        second.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
-    }
-    let members: BTreeMap<NodeId, NodeInfo> = second
-        .iter()
-        .map(|n| (n.node.id(), n.info.clone()))
-        .collect();
-    let init_at = &second[0].info.peer_addr;
-    super::network::initialize_remote(&ca.dialer(1), init_at, members.clone())
-        .await
-        .unwrap();
+    let (second, members) = start_tls_cluster_reusing(&ca, gone_id, &gone_peer).await;
     let second_leader = serving_leader(&second).await;
     first.iter().for_each(|n| n.node.set_isolated(false));
     serving_leader(&first).await;
@@ -1532,19 +1554,9 @@ async fn two_clusters_at_reused_addresses_never_mix() {
     );
     let newcomer = second.iter().find(|n| n.node.id() == gone_id).unwrap();
     assert_eq!(newcomer.node.cluster_id(), ids.1);
-    let membership = newcomer
-        .node
-        .raft()
-        .metrics()
-        .borrow()
-        .membership_config
-        .clone();
-    let seen: BTreeMap<NodeId, NodeInfo> = membership
-        .nodes()
-        .map(|(id, info)| (*id, info.clone()))
-        .collect();
     assert_eq!(
-        seen, members,
+        membership_of(&newcomer.node),
+        members,
         "the newcomer took the first cluster's membership"
     );
     let refused: f64 = first
