@@ -168,6 +168,14 @@ impl ClusterId {
     }
 }
 
+/// Whether `error` (from [`greet`], through a dial) says the other side is of another
+/// cluster, rather than that it could not be reached.
+pub fn is_refusal(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<Refused>().is_some())
+}
+
 /// An id as it is logged and stored: 32 hex digits.
 pub fn hex(id: u128) -> String {
     format!("{id:032x}")
@@ -338,6 +346,7 @@ mod tests {
                 answer(&mut b, &accepting, "dialer")
             );
             assert_eq!(greeted.is_ok(), ok, "{dialer:?} to {acceptor:?}");
+            assert_eq!(greeted.as_ref().is_err_and(is_refusal), !ok);
             assert_eq!(answered.is_ok(), ok, "{dialer:?} to {acceptor:?}");
             assert_eq!(
                 dialing.refused() + accepting.refused(),

@@ -912,6 +912,35 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
     kill_all(nodes).await;
 }
 
+/// ADD of a node of another cluster (a single node initialised on its own) is refused at
+/// once, saying so: every connection to it would be refused at the opening, and the learner
+/// would never catch up. Neither cluster changes, and the first serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_of_another_cluster_is_refused() {
+    let _watchdog = watchdog("adding_a_node_of_another_cluster_is_refused");
+    let nodes = start_cluster_by_console().await;
+    let first = serving_leader(&nodes).await;
+    let stranger = start(4).await;
+    let alone = BTreeMap::from([(4, stranger.info.clone())]);
+    stranger.node.initialize(alone).await.unwrap();
+    let its_id = stranger.node.cluster_id();
+    assert!(its_id.is_some() && its_id != nodes[0].node.cluster_id());
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let info = &stranger.info;
+    let add = format!("CLUSTER ADD 4 {}/{}", info.peer_addr, info.client_addr);
+    let added = leader.ask(&add).await;
+    assert!(
+        added.starts_with("ERR ") && added.contains("belongs to another cluster"),
+        "{added}"
+    );
+    let status = leader.ask("CLUSTER STATUS").await;
+    assert!(!field(&status, "learners").contains("4="), "{status}");
+    assert_eq!(stranger.node.cluster_id(), its_id);
+    serves_one_holder(&nodes, "after-add").await;
+    stranger.node.kill().await;
+    kill_all(nodes).await;
+}
+
 /// ADD of another id at a member's own addresses made that member answer for two voters:
 /// with four voters of whom two were one process, losing it left no quorum. Addresses that
 /// are not `host:port` made a learner nobody could reach, after a 30 s wait. Both are
