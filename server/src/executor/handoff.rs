@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+use tenure_protocol::{AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
 use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor};
@@ -47,6 +47,8 @@ pub struct WaitSlot {
     /// The waiting identity's held-locks place (identities only): kept by the lease if the
     /// lock is handed over, given back when the slot goes otherwise.
     pub(crate) held_place: Option<crate::identity::PlaceCell>,
+    /// The ACQUIRE's acquire id, if it had one: the lease handed over answers it.
+    pub(crate) acquire_id: Option<AcquireId>,
 }
 
 impl WaitSlot {
@@ -61,6 +63,7 @@ impl WaitSlot {
             release_on_disconnect,
             received_ms,
             held_place: None,
+            acquire_id: None,
         }
     }
 }
@@ -89,6 +92,7 @@ impl Executor {
             table::Release::NotOwner => None,
             table::Release::Released { token, handoff } => {
                 self.lease_ended(token);
+                shard.acquire_id_ended(now_ms, key, token, ended_how(reason));
                 let ticket = self.journal.append(&Change::Free { key, token, reason });
                 let kind = if reason == FreeReason::Expired {
                     EventKind::Expired
@@ -126,6 +130,7 @@ impl Executor {
             release_on_disconnect,
             received_ms,
             held_place,
+            acquire_id,
         } = waiter;
         let lease = Lease {
             key: &key,
@@ -134,6 +139,7 @@ impl Executor {
             ttl_ms: grant.ttl_ms,
             release_on_disconnect,
             meta: &meta,
+            acquire_id,
         };
         let logged = self.journal.append(&Change::Grant(lease));
         let message = match &logged {
@@ -155,6 +161,9 @@ impl Executor {
             ),
         };
         if tx.send(message).is_ok() && logged.is_ok() {
+            if let (Some(acquire_id), Ok(ticket)) = (acquire_id, &logged) {
+                shard.note_acquire_id(grant.token, acquire_id, *ticket);
+            }
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
             self.hold(grant.token, held_place.as_ref());
@@ -201,6 +210,7 @@ impl Executor {
                 } => {
                     Stats::bump(&self.stats.expirations);
                     self.lease_ended(token);
+                    shard.acquire_id_ended(now_ms, &key, token, EndedHow::Expired);
                     self.stats.metrics.expired(lease_id);
                     // Not waited for: an expiry lost in a crash comes back as a held lease
                     // whose TTL runs again, which is the safe direction.
@@ -230,5 +240,14 @@ impl Executor {
                 }
             }
         }
+    }
+}
+
+/// How a repeat of the ACQUIRE of a lease that ended for `reason` is told it ended.
+pub(crate) fn ended_how(reason: FreeReason) -> EndedHow {
+    match reason {
+        FreeReason::Released => EndedHow::Released,
+        FreeReason::Expired => EndedHow::Expired,
+        FreeReason::Disconnected => EndedHow::Disconnected,
     }
 }

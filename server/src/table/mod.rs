@@ -75,6 +75,7 @@
 //! `upkeep`: ticker, recovery, snapshot and disconnect entry points. `index`: key -> slot.
 //! `quota`: server-wide counts. `outcome`: the public vocabulary. `invariants`: self-checks.
 
+mod acquire_ids;
 mod extras;
 mod index;
 mod invariants;
@@ -102,6 +103,7 @@ pub use outcome::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, HeldLock, Inspect, Limit, Release, Renew,
     TableLimits, WaiterSink,
 };
+pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
 pub use quota::{Quota, Quotas};
 use slab::Slab;
 use slot::Extra;
@@ -178,6 +180,8 @@ pub struct LockTable<W> {
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
+    /// Which live leases answered an ACQUIRE with an acquire id, and recently ended ones.
+    acquire_ids: acquire_ids::AcquireIds,
 }
 
 impl<W: WaiterSink> LockTable<W> {
@@ -229,6 +233,7 @@ impl<W: WaiterSink> LockTable<W> {
             cancel_steps: 0,
             renewal_lsn_max: 0,
             now_ms: 0,
+            acquire_ids: acquire_ids::AcquireIds::default(),
         }
     }
 
