@@ -13,7 +13,7 @@ use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
 use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::table::{self, Event, Handoff, LockTable};
+use crate::table::{self, Event, Handoff, LockTable, Repeat};
 
 /// What a waiter is eventually told.
 #[derive(Debug)]
@@ -36,6 +36,14 @@ pub enum WaitResult {
     },
     /// The hand-over could not be made durable.
     Failed(ErrorCode, String),
+    /// The waiter repeats an ACQUIRE (same key, same acquire id) whose lease was granted to
+    /// an earlier send of it and has ended since: nothing was granted to it.
+    Ended {
+        /// How that lease ended.
+        how: EndedHow,
+        /// That lease's fencing token.
+        token: u64,
+    },
 }
 
 /// A waiter's way back to its connection: the table's [`table::WaiterSink`].
@@ -132,6 +140,17 @@ impl Executor {
             held_place,
             acquire_id,
         } = waiter;
+        if let Some(acquire_id) = acquire_id {
+            // A second send of an ACQUIRE that queued beside the first: by its turn the first
+            // send's lease has ended (it held the key the second waited for), so it hears
+            // that, and the lock goes on to the next in line.
+            if let Repeat::Ended { how, token } = shard.repeat_of(now_ms, &key, acquire_id) {
+                Stats::bump(&self.stats.repeats);
+                let _ = tx.send(WaitResult::Ended { how, token });
+                self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+                return;
+            }
+        }
         let lease = Lease {
             key: &key,
             lease_id: grant.lease_id,

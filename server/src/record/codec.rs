@@ -535,7 +535,7 @@ mod tests {
                 ttl_ms: u32::MAX,
                 flags: 0xff,
                 meta: meta_max,
-                acquire_id: None,
+                acquire_id: Some([0xee; 16]),
             },
             Record::Free {
                 key: b"jobs/42",

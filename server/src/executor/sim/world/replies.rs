@@ -86,6 +86,11 @@ impl World {
                         ticket: TICKET_NOW,
                         undo: None,
                     },
+                    WaitResult::Ended { how, token } => Waiting::Durable {
+                        response: Response::AcquireEnded { how, token },
+                        ticket: TICKET_NOW,
+                        undo: None,
+                    },
                 };
             }
         }
