@@ -188,6 +188,13 @@ impl<W: WaiterSink> LockTable<W> {
 }
 
 impl AcquireIds {
+    /// Bytes held, by capacity (a map's entries and control bytes, the queue's entries).
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.live.capacity() * (size_of::<(u64, Live)>() + 1)
+            + self.ended.capacity() * (size_of::<(AcquireId, Ended)>() + 1)
+            + self.ended_order.capacity() * size_of::<(AcquireId, u64)>()
+    }
+
     /// Drops ended ids over the count limit or older than the time limit, oldest first.
     fn forget_old(&mut self, now_ms: u64) {
         while let Some(&(acquire_id, token)) = self.ended_order.front() {
@@ -295,6 +302,38 @@ mod tests {
             t.repeat_of(0, b"k", AcquireId::from_u128(20)),
             Repeat::Ended { .. }
         ));
+    }
+
+    /// What an acquire id costs a held lock, by capacity, at 100K held locks: printed for
+    /// BENCHMARKS.md, and bounded so that a change that makes it grow is noticed.
+    #[test]
+    fn an_acquire_id_costs_a_held_lock_one_map_entry() {
+        const HELD: u64 = 100_000;
+        let limits = TableLimits {
+            held_max: HELD as usize,
+            waiters_max: 1,
+            waiters_per_key_max: 1,
+        };
+        let tokens = TokenAllocator::new(1, u64::MAX);
+        let mut bytes = [0usize; 2];
+        for (with_ids, bytes) in [false, true].into_iter().zip(&mut bytes) {
+            let mut t: LockTable<Never> = LockTable::with_quotas(Arc::new(Quotas::new(limits)), 7);
+            for i in 0..HELD {
+                let key = format!("job:{i:019}");
+                let token = grant(&mut t, &tokens, key.as_bytes(), 0);
+                if with_ids {
+                    t.note_acquire_id(token, AcquireId::from_u128(i.into()), 0);
+                }
+            }
+            *bytes = t.memory_bytes();
+        }
+        let per_lock = (bytes[1] - bytes[0]) as f64 / HELD as f64;
+        eprintln!(
+            "{HELD} held: {:.1} B per lock without acquire ids, {:.1} more with",
+            bytes[0] as f64 / HELD as f64,
+            per_lock
+        );
+        assert!(per_lock <= 80.0, "{per_lock} B per lock for its acquire id");
     }
 
     #[test]

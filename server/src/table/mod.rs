@@ -256,6 +256,7 @@ impl<W: WaiterSink> LockTable<W> {
             + self.free_slots.capacity() * size_of::<u32>()
             + self.wait_timers.memory_bytes()
             + self.extras.capacity() * size_of::<(u32, Extra<W>)>()
+            + self.acquire_ids.memory_bytes()
     }
 
     /// The holder's metadata of a slot in use.
