@@ -59,7 +59,9 @@ impl Proto {
     /// When the stream is broken (bad length, bad RESP type): the connection must close.
     pub fn decode(&mut self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
         match self {
-            Proto::Tenure | Proto::TenureIds => Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r)))),
+            Proto::Tenure | Proto::TenureIds => {
+                Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r))))
+            }
             Proto::Redis { .. } => Ok(resp::decode(src)?.map(|r| (None, Decoded::Redis(r)))),
             Proto::Etcd(state) => Ok(state.decode(src)?.map(|r| (None, Decoded::Etcd(r)))),
         }

@@ -195,7 +195,13 @@ async fn a_grant_undone_is_not_repeated() {
     // like any while the journal is failed.
     let (again, _) = run(&executor, acquire("k", 60_000, Some(7)));
     assert!(
-        matches!(&again, Response::Error { code: ErrorCode::Unavailable, .. }),
+        matches!(
+            &again,
+            Response::Error {
+                code: ErrorCode::Unavailable,
+                ..
+            }
+        ),
         "{again:?}"
     );
     for shard in executor.shards() {

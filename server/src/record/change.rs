@@ -2,9 +2,7 @@
 //! and the one builder of its [`Record`].
 use tenure_protocol::{AcquireId, LeaseId};
 
-use super::codec::{
-    FreeReason, Record, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT,
-};
+use super::codec::{FreeReason, Record, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 
 /// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
 #[derive(Clone, Copy, Debug)]

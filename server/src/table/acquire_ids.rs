@@ -98,7 +98,10 @@ impl<W: WaiterSink> LockTable<W> {
         if self.acquire_ids.live.is_empty() {
             return None;
         }
-        self.acquire_ids.live.get(&token).map(|live| live.acquire_id)
+        self.acquire_ids
+            .live
+            .get(&token)
+            .map(|live| live.acquire_id)
     }
 
     /// The lease of `key` with fencing token `token` ended, `how`: its acquire id, if it had

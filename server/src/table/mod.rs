@@ -97,13 +97,13 @@ use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN,
 use tenure_protocol::LeaseId;
 
 use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
+pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
 use index::{hash_key, KeyIndex};
 use keys::KeyArena;
 pub use outcome::{
     Acquire, AcquireArgs, Check, Event, Grant, Handoff, HeldLock, Inspect, Limit, Release, Renew,
     TableLimits, WaiterSink,
 };
-pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
 pub use quota::{Quota, Quotas};
 use slab::Slab;
 use slot::Extra;

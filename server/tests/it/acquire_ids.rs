@@ -71,7 +71,10 @@ fn a_retry_after_kill_9_with_the_reply_unread_holds_the_key_once() {
         daemon = Daemon::start(tenured(dir.path(), logs.path()));
         let mut c = conn(&daemon);
         let retry = c.cmd(&acquire).unwrap();
-        assert!(retry.starts_with("OK token="), "held by the caller: {retry}");
+        assert!(
+            retry.starts_with("OK token="),
+            "held by the caller: {retry}"
+        );
         let held = c.cmd(&format!("INSPECT {key}")).unwrap();
         assert_eq!(token(&held), token(&retry), "no ghost holds {key}: {held}");
         // A second retry is a repeat of whichever grant the caller holds.

@@ -98,7 +98,10 @@ fn an_acquire_repeated_after_the_leaders_kill_9_gets_the_same_grant() {
     daemons[index].kill9();
     let rest: Vec<SocketAddr> = clients.iter().copied().filter(|&c| c != leader).collect();
     let (_, again) = at_leader(&rest, acquire);
-    assert!(again.ends_with(" repeat"), "the new leader's answer: {again}");
+    assert!(
+        again.ends_with(" repeat"),
+        "the new leader's answer: {again}"
+    );
     assert_eq!(field(&again, "token"), field(&first, "token"));
     assert_eq!(field(&again, "lease"), field(&first, "lease"));
     // The lease is the caller's, at the new leader: it releases with its id.

@@ -376,7 +376,11 @@ async fn exchange_twice(server: &Server, examples: &[&Example], tables: &Tables)
         .find(|e| matches!(e.role, Role::Receive(_)))
         .expect("a receive example");
     assert_received(receive, tables, &again);
-    assert_eq!(got[21..37], again[21..37], "the repeat names the first lease id");
+    assert_eq!(
+        got[21..37],
+        again[21..37],
+        "the repeat names the first lease id"
+    );
 }
 
 /// The handshake refusal: bytes out, bytes back, then the close.

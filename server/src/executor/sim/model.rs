@@ -133,7 +133,10 @@ impl Model {
         let tied = self.tied.contains(&belief.lease_id);
         if let Some((key, token, lease_id)) = self.id_grants.get(&id) {
             if *token == belief.token {
-                assert_eq!(*lease_id, belief.lease_id, "REGRANTED with another lease id");
+                assert_eq!(
+                    *lease_id, belief.lease_id,
+                    "REGRANTED with another lease id"
+                );
                 assert_eq!(*key, belief.key);
             }
         }
