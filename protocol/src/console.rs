@@ -241,6 +241,28 @@ mod tests {
                 acquire_id: None,
             }
         );
+        let id = "5E11c3a709d2446b8f310c7de295b81f";
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 id={id}")),
+            Request::Acquire {
+                acquire_id: Some(a),
+                wait_ms: 0,
+                ..
+            } if a == AcquireId::from_u128(0x5e11c3a709d2446b8f310c7de295b81f)
+        ));
+        // The wait comes first, as before.
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 ID={id} 5")),
+            ErrorCode::BadArgs
+        );
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 5 ID={id}")),
+            Request::Acquire {
+                acquire_id: Some(_),
+                wait_ms: 5,
+                ..
+            }
+        ));
         let lease = "000102030405060708090a0b0c0d0e0f";
         assert!(matches!(
             request(&format!("RENEW k {lease} 100")),
@@ -273,6 +295,11 @@ mod tests {
         assert_eq!(err("ACQUIRE k"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k ten"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k 1000 5 6"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1000 ID=123"), ErrorCode::BadArgs);
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 ID={}", "g".repeat(32))),
+            ErrorCode::BadArgs
+        );
         assert_eq!(err("ACQUIRE k 99999999999"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k 1"), ErrorCode::BadTtl);
         assert_eq!(err("ACQUIRE k 1000 4000000000"), ErrorCode::BadWait);

@@ -471,6 +471,35 @@ fn unknown_opcode_and_flags() {
     assert_eq!(err.code, ErrorCode::BadFrame);
 }
 
+/// ACQUIRE's flag bit 1 announces a 16-byte acquire id after `meta`: one byte short of it, or
+/// one byte more, is malformed; without the flag the id's bytes are trailing garbage.
+#[test]
+fn an_acquire_id_is_exactly_sixteen_bytes_after_meta() {
+    let body = |flags: u8, id_len: usize| {
+        let mut body = BytesMut::new();
+        body.put_u16(1);
+        body.put_u8(b'k');
+        body.put_u32(1000);
+        body.put_u32(0);
+        body.put_u8(flags);
+        body.put_u16(0);
+        body.put_slice(&vec![0xab; id_len]);
+        body.freeze()
+    };
+    let Request::Acquire { acquire_id, .. } = decode_request(0x02, body(0x02, 16)).unwrap() else {
+        panic!("an ACQUIRE");
+    };
+    assert_eq!(acquire_id, Some(tenure_protocol::AcquireId([0xab; 16])));
+    for (flags, id_len) in [(0x02, 15), (0x02, 17), (0x02, 0), (0x00, 16)] {
+        let err = decode_request(0x02, body(flags, id_len)).unwrap_err();
+        assert_eq!(
+            err.code,
+            ErrorCode::BadFrame,
+            "flags {flags:#x}, {id_len} bytes"
+        );
+    }
+}
+
 #[test]
 fn error_codes_round_trip_and_unknown_maps_to_unknown() {
     for code in ErrorCode::ALL {
