@@ -20,12 +20,17 @@ impl Executor {
         key: &[u8],
         acquire_id: AcquireId,
     ) -> Option<Outcome> {
-        // A lease past its deadline ends first, so its repeat hears "expired", not "granted".
-        let mut events = Vec::new();
-        shard.settle_key(now_ms, key, &self.tokens.allocator, &mut events);
-        self.apply_events(shard, now_ms, &mut events);
-        let response = match shard.repeat_of(now_ms, key, acquire_id) {
+        let mut repeat = shard.repeat_of(now_ms, key, acquire_id);
+        if repeat == Repeat::Unsettled {
+            // Its lease is past its deadline: it ends first, so the repeat hears "expired".
+            let mut events = Vec::new();
+            shard.settle_key(now_ms, key, &self.tokens.allocator, &mut events);
+            self.apply_events(shard, now_ms, &mut events);
+            repeat = shard.repeat_of(now_ms, key, acquire_id);
+        }
+        let response = match repeat {
             Repeat::New => return None,
+            Repeat::Unsettled => unreachable!("a settled key's lease is not past its deadline"),
             Repeat::Live {
                 token,
                 lease_id,

@@ -3,31 +3,42 @@
 //! outcome instead of a second grant (PROTOCOL.md "Acquire ids").
 //!
 //! Beside the slots, not in them: a slot is most of a held lock's memory and most leases
-//! have no acquire id, so a plain lease pays nothing (a grant, a free and a plain ACQUIRE
-//! touch none of this; a free only checks that the live map is not empty). A lease with
-//! one costs an entry of the live map, keyed by its fencing token (unique across keys, so
-//! the key need not be stored: the key's holder names the token).
+//! have no acquire id, so a plain lease pays nothing (a plain ACQUIRE touches none of this;
+//! a free only checks that the live map is not empty). A lease with one costs an entry of
+//! the live map, keyed by its fencing token (unique across keys, so the key need not be
+//! stored: the key's holder names the token), hashed by one multiplication (tokens are the
+//! server's own numbers).
 //!
-//! Ended ones are remembered for at most [`ENDED_KEEP_MS`] and at most [`ENDED_PER_SHARD_MAX`]
-//! per shard, oldest forgotten first; a repeat after that is a new ACQUIRE.
+//! Ended ones go into a fixed table of [`ENDED_PER_SHARD_MAX`] entries per shard (made on a
+//! shard's first ended id), at the place a seeded hash of the id picks: an end replaces
+//! whatever was there. So an ended id is remembered until another end lands on its place,
+//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. One
+//! cache line per end and per lookup, no allocation, a bounded size, and no order to keep:
+//! an ACQUIRE with an acquire id costs a plain one little more (BENCHMARKS.md). The seed is
+//! the shard's, so a client cannot pick ids that evict another's on purpose.
 //!
 //! The caller (the executor) keeps the live map in step with the table: it notes an id
 //! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
 //! end. Time arrives as `now_ms`, as everywhere in the table.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use tenure_protocol::{AcquireId, EndedHow, LeaseId};
 
+use super::extras::SlotHasher;
 use super::index::hash_key;
 use super::{LockTable, WaiterSink};
 
 /// Longest an ended lease's acquire id is remembered, in milliseconds: the longest wait plus
 /// ten minutes of retries, longer than a client retries one ACQUIRE (its wait plus its
-/// time-outs), so a retry inside it meets the answer.
+/// time-outs), so a retry inside it meets the answer (unless the shard's table of ended ids
+/// has reused the place meanwhile).
 pub const ENDED_KEEP_MS: u64 = tenure_protocol::limits::WAIT_MS_MAX as u64 + 600_000;
-/// Most ended acquire ids remembered per shard (about 100 bytes each); the oldest goes first.
+/// Places for ended acquire ids per shard (48 bytes each, made on first use): the most
+/// remembered at once.
 pub const ENDED_PER_SHARD_MAX: usize = 4096;
+const _: () = assert!(ENDED_PER_SHARD_MAX.is_power_of_two());
 
 /// A live lease granted to an ACQUIRE with an acquire id.
 #[derive(Clone, Copy, Debug)]
@@ -37,25 +48,26 @@ struct Live {
     ticket: u64,
 }
 
-/// An ended lease of an ACQUIRE with an acquire id.
-#[derive(Clone, Copy, Debug)]
+/// An ended lease of an ACQUIRE with an acquire id; a free place has token 0.
+#[derive(Clone, Copy, Debug, Default)]
 struct Ended {
+    acquire_id: AcquireId,
     /// The key's hash under the shard's seed, so a repeat on another key is not taken for it.
     key_hash: u64,
     token: u64,
-    how: EndedHow,
     ended_ms: u64,
+    how: Option<EndedHow>,
 }
 
 /// A shard's acquire ids; see the module docs.
 #[derive(Debug, Default)]
 pub(super) struct AcquireIds {
     /// Live leases with an acquire id, by fencing token.
-    live: HashMap<u64, Live>,
-    ended: HashMap<AcquireId, Ended>,
-    /// Ended ids, oldest first, for forgetting them (an id may also be in here for an entry
-    /// of `ended` that was replaced: the token tells).
-    ended_order: VecDeque<(AcquireId, u64)>,
+    live: HashMap<u64, Live, BuildHasherDefault<SlotHasher>>,
+    /// Ended ones, by place; empty until the shard's first.
+    ended: Vec<Ended>,
+    /// Places of `ended` in use.
+    ended_count: usize,
 }
 
 /// What a repeat of an ACQUIRE meets ([`LockTable::repeat_of`]).
@@ -79,6 +91,9 @@ pub enum Repeat {
         /// Its fencing token.
         token: u64,
     },
+    /// The key's lease is past its deadline but not ended yet: settle the key
+    /// (`settle_key`) and ask again.
+    Unsettled,
     /// Nothing is known of it: a first send, or one forgotten.
     New,
 }
@@ -90,7 +105,6 @@ impl<W: WaiterSink> LockTable<W> {
         self.acquire_ids
             .live
             .insert(token, Live { acquire_id, ticket });
-        self.acquire_ids.ended.remove(&acquire_id);
     }
 
     /// The acquire id of the live lease with fencing token `token`, if it had one.
@@ -107,23 +121,43 @@ impl<W: WaiterSink> LockTable<W> {
     /// The lease of `key` with fencing token `token` ended, `how`: its acquire id, if it had
     /// one, is remembered as ended. Cheap for leases without: one emptiness check while no
     /// lease of the shard has an id.
+    #[inline]
     pub fn acquire_id_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
         if self.acquire_ids.live.is_empty() {
             return;
         }
+        self.remember_ended(now_ms, key, token, how);
+    }
+
+    fn remember_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
         let Some(live) = self.acquire_ids.live.remove(&token) else {
             return;
         };
-        let ended = Ended {
-            key_hash: hash_key(self.hash_seed, key),
-            token,
-            how,
-            ended_ms: now_ms,
-        };
+        let place = self.ended_place(live.acquire_id);
+        let key_hash = hash_key(self.hash_seed, key);
         let ids = &mut self.acquire_ids;
-        ids.ended.insert(live.acquire_id, ended);
-        ids.ended_order.push_back((live.acquire_id, token));
-        ids.forget_old(now_ms);
+        if ids.ended.is_empty() {
+            ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
+        }
+        if ids.ended[place].token == 0 {
+            ids.ended_count += 1;
+        }
+        ids.ended[place] = Ended {
+            acquire_id: live.acquire_id,
+            key_hash,
+            token,
+            ended_ms: now_ms,
+            how: Some(how),
+        };
+    }
+
+    /// Where `acquire_id` goes in the table of ended ids: a hash under the shard's seed.
+    fn ended_place(&self, acquire_id: AcquireId) -> usize {
+        let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
+            .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
+        let mixed = (a ^ self.hash_seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
+        let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1)
     }
 
     /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
@@ -134,30 +168,41 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// What a repeat of `acquire_id` on `key` meets at `now_ms`. Call it on a settled key
-    /// (`settle_key` first), so a lease past its deadline has ended and is reported so.
+    /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
     pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
         let now_ms = self.observe(now_ms);
         if let Some(slot) = self.find(key) {
             let lock = &self.slots[slot];
             let live = self.acquire_ids.live.get(&lock.token);
             if let Some(live) = live.filter(|live| live.acquire_id == acquire_id) {
-                if lock.deadline_ms > now_ms {
-                    return Repeat::Live {
-                        token: lock.token,
-                        lease_id: lock.lease_id,
-                        ttl_left_ms: lock.deadline_ms - now_ms,
-                        ticket: live.ticket,
-                    };
+                if lock.deadline_ms <= now_ms {
+                    return Repeat::Unsettled;
                 }
+                return Repeat::Live {
+                    token: lock.token,
+                    lease_id: lock.lease_id,
+                    ttl_left_ms: lock.deadline_ms - now_ms,
+                    ticket: live.ticket,
+                };
             }
         }
-        self.acquire_ids.forget_old(now_ms);
-        match self.acquire_ids.ended.get(&acquire_id) {
-            Some(ended) if ended.key_hash == hash_key(self.hash_seed, key) => Repeat::Ended {
-                how: ended.how,
-                token: ended.token,
-            },
+        let ids = &self.acquire_ids;
+        if ids.ended.is_empty() {
+            return Repeat::New;
+        }
+        let ended = ids.ended[self.ended_place(acquire_id)];
+        let fresh = now_ms.saturating_sub(ended.ended_ms) <= ENDED_KEEP_MS;
+        match ended.how {
+            Some(how)
+                if ended.acquire_id == acquire_id
+                    && fresh
+                    && ended.key_hash == hash_key(self.hash_seed, key) =>
+            {
+                Repeat::Ended {
+                    how,
+                    token: ended.token,
+                }
+            }
             _ => Repeat::New,
         }
     }
@@ -168,9 +213,9 @@ impl<W: WaiterSink> LockTable<W> {
         (lock.token != 0 && lock.lease_id == lease_id).then_some(lock.token)
     }
 
-    /// Leases with an acquire id, and ended ids remembered, for STATS.
+    /// Leases with an acquire id, and places of ended ids in use, for STATS.
     pub fn acquire_ids_count(&self) -> (usize, usize) {
-        (self.acquire_ids.live.len(), self.acquire_ids.ended.len())
+        (self.acquire_ids.live.len(), self.acquire_ids.ended_count)
     }
 
     /// Checks the acquire ids against the table: every live one names a held lease.
@@ -186,31 +231,16 @@ impl<W: WaiterSink> LockTable<W> {
                 "acquire id noted for token {token}, which no slot holds"
             );
         }
-        assert!(self.acquire_ids.ended.len() <= ENDED_PER_SHARD_MAX);
+        let used = self.acquire_ids.ended.iter().filter(|e| e.token != 0);
+        assert_eq!(used.count(), self.acquire_ids.ended_count);
     }
 }
 
 impl AcquireIds {
-    /// Bytes held, by capacity (a map's entries and control bytes, the queue's entries).
+    /// Bytes held, by capacity (the live map's entries and control bytes, the ended table).
     pub(super) fn memory_bytes(&self) -> usize {
         self.live.capacity() * (size_of::<(u64, Live)>() + 1)
-            + self.ended.capacity() * (size_of::<(AcquireId, Ended)>() + 1)
-            + self.ended_order.capacity() * size_of::<(AcquireId, u64)>()
-    }
-
-    /// Drops ended ids over the count limit or older than the time limit, oldest first.
-    fn forget_old(&mut self, now_ms: u64) {
-        while let Some(&(acquire_id, token)) = self.ended_order.front() {
-            let entry = self.ended.get(&acquire_id).filter(|e| e.token == token);
-            let stale = entry.is_none_or(|e| now_ms.saturating_sub(e.ended_ms) > ENDED_KEEP_MS);
-            if !stale && self.ended_order.len() <= ENDED_PER_SHARD_MAX {
-                return;
-            }
-            self.ended_order.pop_front();
-            if entry.is_some() {
-                self.ended.remove(&acquire_id);
-            }
-        }
+            + self.ended.capacity() * size_of::<Ended>()
     }
 }
 
@@ -222,6 +252,14 @@ mod tests {
 
     #[derive(Debug)]
     struct Never;
+
+    impl LockTable<Never> {
+        /// `repeat_of` without moving the table's time.
+        fn acquire_ids_peek(&mut self, key: &[u8], id: AcquireId) -> Repeat {
+            let now_ms = self.now_ms;
+            self.repeat_of(now_ms, key, id)
+        }
+    }
     impl WaiterSink for Never {
         fn is_live(&self) -> bool {
             false
@@ -281,13 +319,18 @@ mod tests {
         );
         assert_eq!(t.repeat_of(300, b"other", id), Repeat::New);
         assert_eq!(t.repeat_of(200 + ENDED_KEEP_MS + 1, b"k", id), Repeat::New);
-        assert_eq!(t.acquire_ids_count(), (0, 0));
+        assert_eq!(
+            t.acquire_ids_count(),
+            (0, 1),
+            "forgotten by time, its place still used"
+        );
     }
 
     #[test]
     fn ended_ids_are_bounded_by_count() {
         let mut t = table();
-        for i in 0..ENDED_PER_SHARD_MAX as u64 + 10 {
+        let ids = 4 * ENDED_PER_SHARD_MAX as u64;
+        for i in 0..ids {
             let id = AcquireId::from_u128(i.into());
             t.acquire_ids.live.insert(
                 i + 1,
@@ -298,13 +341,22 @@ mod tests {
             );
             t.acquire_id_ended(0, b"k", i + 1, EndedHow::Expired);
         }
-        assert_eq!(t.acquire_ids_count(), (0, ENDED_PER_SHARD_MAX));
-        // The oldest went first.
-        assert_eq!(t.repeat_of(0, b"k", AcquireId::from_u128(0)), Repeat::New);
-        assert!(matches!(
-            t.repeat_of(0, b"k", AcquireId::from_u128(20)),
-            Repeat::Ended { .. }
-        ));
+        let (live, ended) = t.acquire_ids_count();
+        assert_eq!(live, 0);
+        assert!(ended <= ENDED_PER_SHARD_MAX, "{ended}");
+        // The newest are remembered (nothing ended after them), most older ones were replaced.
+        let mut remembered = |from: u64, to: u64| {
+            (from..to)
+                .filter(|&i| {
+                    let id = AcquireId::from_u128(i.into());
+                    matches!(t.acquire_ids_peek(b"k", id), Repeat::Ended { .. })
+                })
+                .count()
+        };
+        let newest = remembered(ids - 100, ids);
+        let oldest = remembered(0, 100);
+        assert!(newest >= 95, "{newest} of the newest 100 remembered");
+        assert!(oldest <= 5, "{oldest} of the oldest 100 remembered");
     }
 
     /// What an acquire id costs a held lock, by capacity, at 100K held locks: printed for
