@@ -35,9 +35,11 @@ use super::{LockTable, WaiterSink};
 /// time-outs), so a retry inside it meets the answer (unless the shard's table of ended ids
 /// has reused the place meanwhile).
 pub const ENDED_KEEP_MS: u64 = tenure_protocol::limits::WAIT_MS_MAX as u64 + 600_000;
-/// Places for ended acquire ids per shard (48 bytes each, made on first use): the most
-/// remembered at once.
-pub const ENDED_PER_SHARD_MAX: usize = 4096;
+/// Places for ended acquire ids per shard (24 bytes each, made on first use): the most
+/// remembered at once. Small on purpose: the table is touched by every end and every
+/// ACQUIRE with an id, and one of 4 096 places (48 bytes each then) over 64 shards cost a
+/// third more server CPU per mixed-cycle op in cache misses (BENCHMARKS.md).
+pub const ENDED_PER_SHARD_MAX: usize = 1024;
 const _: () = assert!(ENDED_PER_SHARD_MAX.is_power_of_two());
 
 /// A live lease granted to an ACQUIRE with an acquire id.
@@ -48,16 +50,29 @@ struct Live {
     ticket: u64,
 }
 
-/// An ended lease of an ACQUIRE with an acquire id; a free place has token 0.
+/// An ended lease of an ACQUIRE with an acquire id; a free place has token 0. 24 bytes.
 #[derive(Clone, Copy, Debug, Default)]
 struct Ended {
-    acquire_id: AcquireId,
-    /// The key's hash under the shard's seed, so a repeat on another key is not taken for it.
-    key_hash: u64,
+    /// A 64-bit hash of the acquire id and the key under the shard's seed, so a repeat on
+    /// another key is not taken for it. (Two pairs meeting on one fingerprint and one place:
+    /// one chance in 2^64 per lookup; then a first send would hear ACQUIRE_ENDED.)
+    fingerprint: u64,
     token: u64,
-    ended_ms: u64,
-    how: Option<EndedHow>,
+    /// When it ended, in the low 56 bits; how, in the top byte.
+    ended_ms_how: u64,
 }
+
+const HOW_SHIFT: u32 = 56;
+
+impl Ended {
+    fn how(&self) -> Option<EndedHow> {
+        EndedHow::from_u8((self.ended_ms_how >> HOW_SHIFT) as u8)
+    }
+    fn ended_ms(&self) -> u64 {
+        self.ended_ms_how & ((1 << HOW_SHIFT) - 1)
+    }
+}
+const _: () = assert!(size_of::<Ended>() == 24);
 
 /// A shard's acquire ids; see the module docs.
 #[derive(Debug, Default)]
@@ -133,8 +148,7 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(live) = self.acquire_ids.live.remove(&token) else {
             return;
         };
-        let place = self.ended_place(live.acquire_id);
-        let key_hash = hash_key(self.hash_seed, key);
+        let (place, fingerprint) = self.ended_place(live.acquire_id, key);
         let ids = &mut self.acquire_ids;
         if ids.ended.is_empty() {
             ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
@@ -142,22 +156,25 @@ impl<W: WaiterSink> LockTable<W> {
         if ids.ended[place].token == 0 {
             ids.ended_count += 1;
         }
+        assert!(now_ms < 1 << HOW_SHIFT, "now_ms {now_ms} out of range");
         ids.ended[place] = Ended {
-            acquire_id: live.acquire_id,
-            key_hash,
+            fingerprint,
             token,
-            ended_ms: now_ms,
-            how: Some(how),
+            ended_ms_how: now_ms | u64::from(how as u8) << HOW_SHIFT,
         };
     }
 
-    /// Where `acquire_id` goes in the table of ended ids: a hash under the shard's seed.
-    fn ended_place(&self, acquire_id: AcquireId) -> usize {
+    /// Where `acquire_id` on `key` goes in the table of ended ids, and its fingerprint there:
+    /// hashes under the shard's seed (the place from the id alone).
+    fn ended_place(&self, acquire_id: AcquireId, key: &[u8]) -> (usize, u64) {
         let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
             .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
         let mixed = (a ^ self.hash_seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
         let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1)
+        let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
+        let fingerprint =
+            (mixed ^ hash_key(self.hash_seed, key)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        (place, fingerprint)
     }
 
     /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
@@ -190,14 +207,11 @@ impl<W: WaiterSink> LockTable<W> {
         if ids.ended.is_empty() {
             return Repeat::New;
         }
-        let ended = ids.ended[self.ended_place(acquire_id)];
-        let fresh = now_ms.saturating_sub(ended.ended_ms) <= ENDED_KEEP_MS;
-        match ended.how {
-            Some(how)
-                if ended.acquire_id == acquire_id
-                    && fresh
-                    && ended.key_hash == hash_key(self.hash_seed, key) =>
-            {
+        let (place, fingerprint) = self.ended_place(acquire_id, key);
+        let ended = ids.ended[place];
+        let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
+        match ended.how() {
+            Some(how) if ended.fingerprint == fingerprint && fresh && ended.token != 0 => {
                 Repeat::Ended {
                     how,
                     token: ended.token,
