@@ -6,7 +6,10 @@
 #   bench/ab-builds.sh OLD/tenured NEW/tenured            # PAIRS=5, DURATION=5s by default
 #   PAIRS=7 TENURED_ARGS="--durability tokens --no-fsync --threads 1" bench/ab-builds.sh A B
 #
-# The load generator is LOADGEN (default target/release/tenure-loadgen), the same for both.
+# The load generator is LOADGEN (default target/release/tenure-loadgen), the same for both;
+# B_LOADGEN_ARGS are more load generator flags for B's runs only, so one build against itself
+# measures a client-side choice:
+#   B_LOADGEN_ARGS=--acquire-ids bench/ab-builds.sh target/release/tenured target/release/tenured
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -18,16 +21,19 @@ DURATION=${DURATION:-5s}
 LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
 PORT=${PORT:-17931}
 read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
+read -r -a B_EXTRA <<<"${B_LOADGEN_ARGS:-}"
 
-# one BIN PIPELINE: mixed cycles' ops/s of one run on a fresh server of BIN.
+# one BIN PIPELINE [LOADGEN_ARGS...]: mixed cycles' ops/s of one run on a fresh server of BIN.
 one() {
     local bin=$1 pipeline=$2 dir pid json
+    shift 2
     dir=$(mktemp -d)
     "$bin" --listen "127.0.0.1:$PORT" --data-dir "$dir" "${EXTRA[@]}" >/dev/null 2>&1 &
     pid=$!
     wait_port "$PORT" "$bin"
     json=$("$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
-        --connections 50 --pipeline "$pipeline" --duration "$DURATION" --warmup 1s --quiet --json)
+        --connections 50 --pipeline "$pipeline" --duration "$DURATION" --warmup 1s --quiet --json \
+        "$@")
     kill -TERM "$pid"
     wait "$pid" || true
     rm -rf "$dir"
@@ -42,8 +48,8 @@ for pipeline in 1 16; do
     a_all=() b_all=() ratios=()
     for pair in $(seq "$PAIRS"); do
         # Alternate which build goes first, so neither always runs on a warmer machine.
-        if ((pair % 2)); then a=$(one "$A" "$pipeline"); b=$(one "$B" "$pipeline")
-        else b=$(one "$B" "$pipeline"); a=$(one "$A" "$pipeline"); fi
+        if ((pair % 2)); then a=$(one "$A" "$pipeline"); b=$(one "$B" "$pipeline" "${B_EXTRA[@]}")
+        else b=$(one "$B" "$pipeline" "${B_EXTRA[@]}"); a=$(one "$A" "$pipeline"); fi
         ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
         echo "pipeline $pipeline pair $pair: A $a  B $b  B/A $ratio"
         a_all+=("$a") b_all+=("$b") ratios+=("$ratio")

@@ -128,6 +128,9 @@ pub struct Args {
     /// Redis: acquire with the fenced script (SET NX PX + INCR of a per-key counter).
     #[arg(long)]
     pub redis_fenced: bool,
+    /// tenure: every ACQUIRE carries an acquire id (PROTOCOL.md 3.9), to measure its cost.
+    #[arg(long)]
+    pub acquire_ids: bool,
     /// Process id of the server when it runs on this machine: RSS and CPU are reported.
     #[arg(long)]
     pub server_pid: Option<u32>,

@@ -15,6 +15,8 @@ use crate::wire;
 pub enum Proto {
     /// tenure's binary protocol: replies carry the request id and may come out of order.
     Tenure,
+    /// tenure's, every ACQUIRE carrying an acquire id (`--acquire-ids`, PROTOCOL.md 3.9).
+    TenureIds,
     /// Redis RESP2 with the usual lock recipes: replies come in request order.
     Redis {
         /// SHA1s of the loaded scripts.
@@ -32,10 +34,19 @@ impl Proto {
         matches!(self, Proto::Redis { .. } | Proto::Etcd(_))
     }
 
+    /// This protocol with acquire ids on every ACQUIRE, if it is tenure's.
+    pub fn with_acquire_ids(self) -> Proto {
+        match self {
+            Proto::Tenure => Proto::TenureIds,
+            other => other,
+        }
+    }
+
     /// Appends the request for `op`, tagged `id` where the protocol has ids.
     pub fn encode(&mut self, id: u64, op: &Op, dst: &mut BytesMut) {
         match self {
-            Proto::Tenure => wire::encode(id, op, dst),
+            Proto::Tenure => wire::encode(id, op, false, dst),
+            Proto::TenureIds => wire::encode(id, op, true, dst),
             Proto::Redis { scripts, fenced } => resp::encode_op(scripts, *fenced, op, dst),
             Proto::Etcd(state) => state.encode(op, dst),
         }
@@ -48,7 +59,9 @@ impl Proto {
     /// When the stream is broken (bad length, bad RESP type): the connection must close.
     pub fn decode(&mut self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
         match self {
-            Proto::Tenure => Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r)))),
+            Proto::Tenure | Proto::TenureIds => {
+                Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r))))
+            }
             Proto::Redis { .. } => Ok(resp::decode(src)?.map(|r| (None, Decoded::Redis(r)))),
             Proto::Etcd(state) => Ok(state.decode(src)?.map(|r| (None, Decoded::Etcd(r)))),
         }

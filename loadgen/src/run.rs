@@ -180,7 +180,11 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .with_context(|| format!("no setup with {addr} within {CONNECT_MAX:?}"))??;
         pipeline = pipeline.min(connected.in_flight_max);
         streams.push(connected.stream);
-        conns.push(connected.proto);
+        conns.push(if args.acquire_ids {
+            connected.proto.with_acquire_ids()
+        } else {
+            connected.proto
+        });
         setups.push(connected.setup);
     }
     let scenario = build_scenario(&args, args.connections, pipeline, redis)?;
@@ -319,6 +323,9 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
     }
     if redis {
         settings.push(("redis_fenced", Value::Str(args.redis_fenced.to_string())));
+    }
+    if args.acquire_ids {
+        settings.push(("acquire_ids", Value::Str("true".to_owned())));
     }
     let transport = match (&args.tls_ca, &args.tls_client_cert) {
         (None, _) => "tcp",

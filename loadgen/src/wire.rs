@@ -7,7 +7,7 @@
 
 use anyhow::{bail, Context};
 use bytes::{BufMut, BytesMut};
-use tenure_protocol::frame::{decode_response, op, split_frame};
+use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_ACQUIRE_ID};
 use tenure_protocol::{LeaseId, Response};
 
 use crate::op::{decimal, Op, OpKind, Outcome, KEY_PREFIX};
@@ -57,7 +57,9 @@ fn put_key16(dst: &mut BytesMut, key: u64) {
 }
 
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
-pub fn encode(id: u64, op: &Op, dst: &mut BytesMut) {
+/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per op: its key and the
+/// instant it was meant for.
+pub fn encode(id: u64, op: &Op, acquire_id: bool, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
     let opcode = match op.kind {
@@ -73,8 +75,13 @@ pub fn encode(id: u64, op: &Op, dst: &mut BytesMut) {
             put_key16(dst, op.key);
             dst.put_u32(op.ttl_ms);
             dst.put_u32(op.wait_ms);
-            dst.put_u8(0); // flags: the lock outlives the connection
+            // flags: the lock outlives the connection; an acquire id or none
+            dst.put_u8(if acquire_id { FLAG_ACQUIRE_ID } else { 0 });
             dst.put_u16(0); // no holder metadata
+            if acquire_id {
+                dst.put_u64(op.key);
+                dst.put_u64(op.intended_ns ^ id.rotate_left(48));
+            }
         }
         OpKind::Renew => {
             put_key16(dst, op.key);
@@ -140,6 +147,7 @@ mod tests {
                     wait_ms: 250,
                     release_on_disconnect: false,
                     meta: Bytes::new(),
+                    acquire_id: None,
                 },
             ),
             (
@@ -155,10 +163,27 @@ mod tests {
         ];
         for (kind, request) in cases {
             let mut ours = BytesMut::new();
-            encode(77, &op(kind), &mut ours);
+            encode(77, &op(kind), false, &mut ours);
             let mut theirs = BytesMut::new();
             encode_request(77, &request, &mut theirs);
             assert_eq!(ours, theirs, "{kind:?}");
         }
+        // An ACQUIRE with an acquire id: the op's key, then its instant mixed with the id.
+        let mut ours = BytesMut::new();
+        encode(77, &op(OpKind::Acquire), true, &mut ours);
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&1_234_567u64.to_be_bytes());
+        id[8..].copy_from_slice(&77u64.rotate_left(48).to_be_bytes());
+        let request = Request::Acquire {
+            key: Bytes::from_static(b"job:1234567"),
+            ttl_ms: 30_000,
+            wait_ms: 250,
+            release_on_disconnect: false,
+            meta: Bytes::new(),
+            acquire_id: Some(tenure_protocol::AcquireId(id)),
+        };
+        let mut theirs = BytesMut::new();
+        encode_request(77, &request, &mut theirs);
+        assert_eq!(ours, theirs, "with an acquire id");
     }
 }

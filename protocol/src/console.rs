@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
-use crate::{ErrorCode, FrameError, LeaseId, Request};
+use crate::{AcquireId, ErrorCode, FrameError, LeaseId, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
 const QUOTED_CHARS_MAX: usize = 32;
@@ -16,7 +16,8 @@ const QUOTED_CHARS_MAX: usize = 32;
 /// The command list, once, for both [`COMMANDS`] and [`HELP`] (`concat!` takes literals only).
 macro_rules! command_list {
     () => {
-        "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] | \
+        "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
+         [ID=<32 hex>] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
@@ -68,7 +69,8 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("ACQUIRE", [key, ttl, rest @ ..]) => parse_acquire(key, ttl, rest)?,
         ("ACQUIRE", _) => {
             return Err(usage(
-                "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT]",
+                "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
+                 [ID=<32 hex>]",
             ))
         }
         ("RENEW", [key, lease, ttl]) => Request::Renew {
@@ -145,10 +147,15 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut wait_ms = 0;
     let mut meta = Bytes::new();
     let mut release_on_disconnect = false;
+    let mut acquire_id = None;
     for (i, word) in rest.iter().enumerate() {
         let upper = word.to_ascii_uppercase();
         if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
             meta = Bytes::copy_from_slice(value.as_bytes());
+        } else if let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) {
+            let id = AcquireId::from_hex(value)
+                .ok_or_else(|| bad_args(format!("ID={} is not 32 hex digits", truncate(value))))?;
+            acquire_id = Some(id);
         } else if upper == "RELEASE_ON_DISCONNECT" {
             release_on_disconnect = true;
         } else if i == 0 {
@@ -166,6 +173,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         wait_ms,
         release_on_disconnect,
         meta,
+        acquire_id,
     })
 }
 
@@ -218,7 +226,8 @@ mod tests {
                 ttl_ms: 30000,
                 wait_ms: 0,
                 release_on_disconnect: false,
-                meta: Bytes::new()
+                meta: Bytes::new(),
+                acquire_id: None,
             }
         );
         assert_eq!(
@@ -228,9 +237,32 @@ mod tests {
                 ttl_ms: 1000,
                 wait_ms: 500,
                 release_on_disconnect: true,
-                meta: Bytes::from_static(b"10.0.0.1:80")
+                meta: Bytes::from_static(b"10.0.0.1:80"),
+                acquire_id: None,
             }
         );
+        let id = "5E11c3a709d2446b8f310c7de295b81f";
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 id={id}")),
+            Request::Acquire {
+                acquire_id: Some(a),
+                wait_ms: 0,
+                ..
+            } if a == AcquireId::from_u128(0x5e11c3a709d2446b8f310c7de295b81f)
+        ));
+        // The wait comes first, as before.
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 ID={id} 5")),
+            ErrorCode::BadArgs
+        );
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 5 ID={id}")),
+            Request::Acquire {
+                acquire_id: Some(_),
+                wait_ms: 5,
+                ..
+            }
+        ));
         let lease = "000102030405060708090a0b0c0d0e0f";
         assert!(matches!(
             request(&format!("RENEW k {lease} 100")),
@@ -263,6 +295,11 @@ mod tests {
         assert_eq!(err("ACQUIRE k"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k ten"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k 1000 5 6"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1000 ID=123"), ErrorCode::BadArgs);
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 ID={}", "g".repeat(32))),
+            ErrorCode::BadArgs
+        );
         assert_eq!(err("ACQUIRE k 99999999999"), ErrorCode::BadArgs);
         assert_eq!(err("ACQUIRE k 1"), ErrorCode::BadTtl);
         assert_eq!(err("ACQUIRE k 1000 4000000000"), ErrorCode::BadWait);

@@ -19,7 +19,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::cluster::{Member, Status};
 use crate::error::{ErrorCode, FrameError, ProtocolError};
-use crate::lease::LeaseId;
+use crate::lease::{AcquireId, LeaseId};
 use crate::limits::*;
 
 /// Request opcodes (client to server).
@@ -89,6 +89,12 @@ pub mod rop {
     pub const AUTHENTICATED: u8 = 0x8F;
     /// The answering node's view of its cluster: answers every CLUSTER_* request.
     pub const CLUSTER: u8 = 0x90;
+    /// ACQUIRE with an acquire id: a repeat of an ACQUIRE whose lease still runs, answered
+    /// with that lease. Only a request that carries an acquire id is ever answered with it.
+    pub const REGRANTED: u8 = 0x91;
+    /// ACQUIRE with an acquire id: a repeat of an ACQUIRE whose lease has ended, and how.
+    /// Only a request that carries an acquire id is ever answered with it.
+    pub const ACQUIRE_ENDED: u8 = 0x92;
     /// A pushed watch event, carrying the WATCH request's id.
     pub const EVENT: u8 = 0xA0;
     /// The request failed; see the error code.
@@ -97,8 +103,10 @@ pub mod rop {
 
 /// ACQUIRE flag: free the lock the moment the acquiring connection closes.
 pub const FLAG_RELEASE_ON_DISCONNECT: u8 = 0x01;
+/// ACQUIRE flag: a 16-byte acquire id follows `meta` (PROTOCOL.md "Acquire ids").
+pub const FLAG_ACQUIRE_ID: u8 = 0x02;
 /// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
-pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT;
+pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_ACQUIRE_ID;
 
 /// The request id no request may carry: frames with it answer no request (an error about the
 /// connection as a whole), so a client can always tell them apart.
@@ -126,6 +134,10 @@ pub enum Request {
         release_on_disconnect: bool,
         /// Holder metadata readable by INSPECT and watchers (for example a leader's address).
         meta: Bytes,
+        /// The client's name for this ACQUIRE, the same in every retry of it: a repeat is
+        /// answered with the first one's outcome ([`Response::Regranted`],
+        /// [`Response::AcquireEnded`]) instead of being granted again.
+        acquire_id: Option<AcquireId>,
     },
     /// Extend the lease `lease_id` on `key` to `ttl_ms` from now.
     Renew {
@@ -221,6 +233,38 @@ pub enum EventKind {
     Expired = 3,
 }
 
+/// How the lease of a repeated ACQUIRE ended ([`Response::AcquireEnded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndedHow {
+    /// Its holder released it.
+    Released = 1,
+    /// Its TTL ran out.
+    Expired = 2,
+    /// Its connection closed and it was to be released then.
+    Disconnected = 3,
+}
+
+impl EndedHow {
+    /// The wire byte's meaning, if it has one.
+    pub fn from_u8(value: u8) -> Option<EndedHow> {
+        match value {
+            1 => Some(EndedHow::Released),
+            2 => Some(EndedHow::Expired),
+            3 => Some(EndedHow::Disconnected),
+            _ => None,
+        }
+    }
+
+    /// The console's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndedHow::Released => "released",
+            EndedHow::Expired => "expired",
+            EndedHow::Disconnected => "disconnected",
+        }
+    }
+}
+
 /// A key's holder, as a WATCHING reply reports it (the same fields as [`Response::Held`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
@@ -252,6 +296,25 @@ pub enum Response {
         /// of the server's monotonic clock, from taking the request up to the grant: 0 for
         /// an immediate grant, the time in line for a blocking acquire.
         waited_ms: u32,
+    },
+    /// A repeat of an ACQUIRE (same key, same acquire id) whose lease still runs: that lease,
+    /// unchanged. It runs `ttl_left_ms` from the server's receipt of the repeat (count it
+    /// from an instant taken before sending the repeat).
+    Regranted {
+        /// The lease's fencing token, as first granted.
+        token: u64,
+        /// The lease's id, as first granted.
+        lease_id: LeaseId,
+        /// Time left on the lease, in milliseconds.
+        ttl_left_ms: u32,
+    },
+    /// A repeat of an ACQUIRE whose lease was granted and has ended since: nothing was
+    /// granted now.
+    AcquireEnded {
+        /// How it ended.
+        how: EndedHow,
+        /// The ended lease's fencing token.
+        token: u64,
     },
     /// Someone else holds the lock.
     Locked {
@@ -357,16 +420,23 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             wait_ms,
             release_on_disconnect,
             meta,
+            acquire_id,
         } => put_frame(dst, op::ACQUIRE, id, |b| {
             put_bytes16(b, key);
             b.put_u32(*ttl_ms);
             b.put_u32(*wait_ms);
-            b.put_u8(if *release_on_disconnect {
-                FLAG_RELEASE_ON_DISCONNECT
-            } else {
-                0
-            });
+            let mut flags = 0;
+            if *release_on_disconnect {
+                flags |= FLAG_RELEASE_ON_DISCONNECT;
+            }
+            if acquire_id.is_some() {
+                flags |= FLAG_ACQUIRE_ID;
+            }
+            b.put_u8(flags);
             put_bytes16(b, meta);
+            if let Some(acquire_id) = acquire_id {
+                b.put_slice(&acquire_id.0);
+            }
         }),
         Request::Renew {
             key,
@@ -424,6 +494,19 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_slice(&lease_id.0);
             b.put_u32(*ttl_ms);
             b.put_u32(*waited_ms);
+        }),
+        Response::Regranted {
+            token,
+            lease_id,
+            ttl_left_ms,
+        } => put_frame(dst, rop::REGRANTED, id, |b| {
+            b.put_u64(*token);
+            b.put_slice(&lease_id.0);
+            b.put_u32(*ttl_left_ms);
+        }),
+        Response::AcquireEnded { how, token } => put_frame(dst, rop::ACQUIRE_ENDED, id, |b| {
+            b.put_u8(*how as u8);
+            b.put_u64(*token);
         }),
         Response::Locked { token, ttl_left_ms } => put_frame(dst, rop::LOCKED, id, |b| {
             b.put_u64(*token);
@@ -609,6 +692,12 @@ impl Body {
         self.bytes.copy_to_slice(&mut id);
         Ok(LeaseId(id))
     }
+    fn acquire_id(&mut self) -> Result<AcquireId, FrameError> {
+        self.need(AcquireId::LEN, "acquire id")?;
+        let mut id = [0u8; AcquireId::LEN];
+        self.bytes.copy_to_slice(&mut id);
+        Ok(AcquireId(id))
+    }
     fn finish(self) -> Result<(), FrameError> {
         if self.bytes.has_remaining() {
             return Err(FrameError::new(
@@ -642,12 +731,18 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
                 ));
             }
             let release_on_disconnect = flags & FLAG_RELEASE_ON_DISCONNECT != 0;
+            let acquire_id = if flags & FLAG_ACQUIRE_ID != 0 {
+                Some(b.acquire_id()?)
+            } else {
+                None
+            };
             Request::Acquire {
                 key,
                 ttl_ms,
                 wait_ms,
                 release_on_disconnect,
                 meta,
+                acquire_id,
             }
         }
         op::RENEW => Request::Renew {
@@ -715,6 +810,21 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             ttl_ms: b.u32("ttl_ms")?,
             waited_ms: b.u32("waited_ms")?,
         },
+        rop::REGRANTED => Response::Regranted {
+            token: b.u64("token")?,
+            lease_id: b.lease_id()?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+        },
+        rop::ACQUIRE_ENDED => {
+            let byte = b.u8("how")?;
+            let how = EndedHow::from_u8(byte).ok_or_else(|| {
+                FrameError::new(ErrorCode::BadFrame, format!("unknown ended outcome {byte}"))
+            })?;
+            Response::AcquireEnded {
+                how,
+                token: b.u64("token")?,
+            }
+        }
         rop::LOCKED => Response::Locked {
             token: b.u64("token")?,
             ttl_left_ms: b.u32("ttl_left_ms")?,

@@ -44,6 +44,39 @@ impl fmt::Debug for LeaseId {
     }
 }
 
+/// An acquire id: 128 bits a client chooses at random for one ACQUIRE and sends again, unchanged,
+/// with every retry of it, so the server can tell a retry from a new request (PROTOCOL.md
+/// "Acquire ids"). It names one ACQUIRE of one key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct AcquireId(pub [u8; 16]);
+
+impl AcquireId {
+    /// Width of an acquire id on the wire, in bytes.
+    pub const LEN: usize = 16;
+
+    /// Builds an acquire id from a 128-bit number (big-endian byte order).
+    pub fn from_u128(value: u128) -> Self {
+        AcquireId(value.to_be_bytes())
+    }
+
+    /// Parses the 32-digit hex form used by the console (as [`LeaseId::from_hex`]).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        LeaseId::from_hex(text).map(|id| AcquireId(id.0))
+    }
+}
+
+impl fmt::Display for AcquireId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", LeaseId(self.0))
+    }
+}
+
+impl fmt::Debug for AcquireId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AcquireId({self})")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,5 +33,5 @@ pub mod limits;
 
 pub use codec::{ClientCodec, ServerCodec};
 pub use error::{ErrorCode, FrameError, ProtocolError};
-pub use frame::{EventKind, Holder, Request, Response, Secret};
-pub use lease::LeaseId;
+pub use frame::{EndedHow, EventKind, Holder, Request, Response, Secret};
+pub use lease::{AcquireId, LeaseId};

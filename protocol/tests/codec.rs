@@ -25,6 +25,7 @@ fn sample_requests() -> Vec<Request> {
             wait_ms: 0,
             release_on_disconnect: false,
             meta: Bytes::new(),
+            acquire_id: None,
         },
         Request::Acquire {
             key: key(KEY_LEN_MAX),
@@ -32,6 +33,15 @@ fn sample_requests() -> Vec<Request> {
             wait_ms: WAIT_MS_MAX,
             release_on_disconnect: true,
             meta: Bytes::from(vec![7u8; META_LEN_MAX]),
+            acquire_id: None,
+        },
+        Request::Acquire {
+            key: key(3),
+            ttl_ms: 1000,
+            wait_ms: 5,
+            release_on_disconnect: true,
+            meta: Bytes::from_static(b"m"),
+            acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabc)),
         },
         Request::Renew {
             key: key(5),
@@ -418,6 +428,7 @@ fn field_limits_are_enforced() {
                 wait_ms: WAIT_MS_MAX + 1,
                 release_on_disconnect: false,
                 meta: Bytes::new(),
+                acquire_id: None,
             },
             ErrorCode::BadWait,
         ),
@@ -428,6 +439,7 @@ fn field_limits_are_enforced() {
                 wait_ms: 0,
                 release_on_disconnect: false,
                 meta: Bytes::from(vec![0; META_LEN_MAX + 1]),
+                acquire_id: None,
             },
             ErrorCode::MetaTooLong,
         ),
@@ -457,6 +469,35 @@ fn unknown_opcode_and_flags() {
     body.put_u16(0);
     let err = decode_request(0x02, body.freeze()).unwrap_err();
     assert_eq!(err.code, ErrorCode::BadFrame);
+}
+
+/// ACQUIRE's flag bit 1 announces a 16-byte acquire id after `meta`: one byte short of it, or
+/// one byte more, is malformed; without the flag the id's bytes are trailing garbage.
+#[test]
+fn an_acquire_id_is_exactly_sixteen_bytes_after_meta() {
+    let body = |flags: u8, id_len: usize| {
+        let mut body = BytesMut::new();
+        body.put_u16(1);
+        body.put_u8(b'k');
+        body.put_u32(1000);
+        body.put_u32(0);
+        body.put_u8(flags);
+        body.put_u16(0);
+        body.put_slice(&vec![0xab; id_len]);
+        body.freeze()
+    };
+    let Request::Acquire { acquire_id, .. } = decode_request(0x02, body(0x02, 16)).unwrap() else {
+        panic!("an ACQUIRE");
+    };
+    assert_eq!(acquire_id, Some(tenure_protocol::AcquireId([0xab; 16])));
+    for (flags, id_len) in [(0x02, 15), (0x02, 17), (0x02, 0), (0x00, 16)] {
+        let err = decode_request(0x02, body(flags, id_len)).unwrap_err();
+        assert_eq!(
+            err.code,
+            ErrorCode::BadFrame,
+            "flags {flags:#x}, {id_len} bytes"
+        );
+    }
 }
 
 #[test]

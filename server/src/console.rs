@@ -104,6 +104,19 @@ pub fn format(response: &Response, out: &mut String) {
                 "OK token={token} lease={lease_id} ttl_ms={ttl_ms} waited_ms={waited_ms}"
             )
         }
+        // A grant's fields in a grant's order (a script reading them by position reads a
+        // repeat as the grant it is), then the word that marks it.
+        Response::Regranted {
+            token,
+            lease_id,
+            ttl_left_ms,
+        } => write!(
+            out,
+            "OK token={token} lease={lease_id} ttl_ms={ttl_left_ms} waited_ms=0 repeat"
+        ),
+        Response::AcquireEnded { how, token } => {
+            write!(out, "ENDED {} token={token}", how.as_str())
+        }
         Response::Locked { token, ttl_left_ms } => {
             write!(out, "LOCKED token={token} ttl_ms={ttl_left_ms}")
         }

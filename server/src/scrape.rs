@@ -217,6 +217,8 @@ fn encode_counters(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
         "Leases that ran out",
         Stats::get(&s.expirations),
     )?;
+    let help = "ACQUIREs answered as a repeat of an earlier one with the same acquire id";
+    counter(encoder, "tenure_repeats", help, Stats::get(&s.repeats))?;
     counter(
         encoder,
         "tenure_errors",

@@ -576,6 +576,7 @@ mod tests {
             ttl_ms: 30_000,
             flags: 0,
             meta: b"m",
+            acquire_id: None,
         };
         let free = Record::Free {
             key: b"k",

@@ -317,6 +317,7 @@ impl Conn {
                 ttl_left_ms: u32::try_from(ttl_left_ms).unwrap_or(u32::MAX),
             },
             Ok(WaitResult::Failed(code, message)) => Response::Error { code, message },
+            Ok(WaitResult::Ended { how, token }) => Response::AcquireEnded { how, token },
             Err(()) => self.wait_cancelled(id),
         };
         self.push(id, response, TICKET_NOW);

@@ -26,6 +26,7 @@ impl Executor {
             wait_ms,
             release_on_disconnect,
             meta,
+            acquire_id,
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
@@ -37,6 +38,7 @@ impl Executor {
         let waiter = (*wait_ms > 0).then(|| {
             let mut slot = WaitSlot::new(tx, *release_on_disconnect, received_ms);
             slot.held_place = ctx.held_place.clone();
+            slot.acquire_id = *acquire_id;
             slot
         });
         let args = AcquireArgs {
@@ -49,6 +51,13 @@ impl Executor {
         };
         let mut shard = self.shard(key);
         let mut events = Vec::new();
+        if let Some(acquire_id) = acquire_id {
+            // Under the same hold of the shard as the grant below, so two sends of one
+            // ACQUIRE cannot both be granted.
+            if let Some(answer) = self.repeat(&mut shard, now_ms, key, *acquire_id) {
+                return answer;
+            }
+        }
         let outcome = shard.acquire(now_ms, args, &self.tokens.allocator, &mut events);
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
@@ -98,6 +107,7 @@ impl Executor {
             key,
             release_on_disconnect,
             meta,
+            acquire_id,
             ..
         } = request
         else {
@@ -115,6 +125,7 @@ impl Executor {
             ttl_ms,
             release_on_disconnect: *release_on_disconnect,
             meta,
+            acquire_id: *acquire_id,
         };
         let ticket = match self.journal.append(&Change::Grant(lease)) {
             Ok(ticket) => ticket,
@@ -124,6 +135,9 @@ impl Executor {
                 return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
             }
         };
+        if let Some(acquire_id) = acquire_id {
+            shard.note_acquire_id(token, *acquire_id, ticket);
+        }
         Stats::bump(&self.stats.grants);
         self.hold(token, ctx.held_place.as_ref());
         self.watches.notify(key, EventKind::Granted, token, meta);

@@ -6,14 +6,14 @@
 
 use std::sync::Arc;
 
-use tenure_protocol::{ErrorCode, EventKind, LeaseId};
+use tenure_protocol::{AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
 use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
 use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::table::{self, Event, Handoff, LockTable};
+use crate::table::{self, Event, Handoff, LockTable, Repeat};
 
 /// What a waiter is eventually told.
 #[derive(Debug)]
@@ -36,6 +36,14 @@ pub enum WaitResult {
     },
     /// The hand-over could not be made durable.
     Failed(ErrorCode, String),
+    /// The waiter repeats an ACQUIRE (same key, same acquire id) whose lease was granted to
+    /// an earlier send of it and has ended since: nothing was granted to it.
+    Ended {
+        /// How that lease ended.
+        how: EndedHow,
+        /// That lease's fencing token.
+        token: u64,
+    },
 }
 
 /// A waiter's way back to its connection: the table's [`table::WaiterSink`].
@@ -47,6 +55,8 @@ pub struct WaitSlot {
     /// The waiting identity's held-locks place (identities only): kept by the lease if the
     /// lock is handed over, given back when the slot goes otherwise.
     pub(crate) held_place: Option<crate::identity::PlaceCell>,
+    /// The ACQUIRE's acquire id, if it had one: the lease handed over answers it.
+    pub(crate) acquire_id: Option<AcquireId>,
 }
 
 impl WaitSlot {
@@ -61,6 +71,7 @@ impl WaitSlot {
             release_on_disconnect,
             received_ms,
             held_place: None,
+            acquire_id: None,
         }
     }
 }
@@ -89,6 +100,7 @@ impl Executor {
             table::Release::NotOwner => None,
             table::Release::Released { token, handoff } => {
                 self.lease_ended(token);
+                shard.acquire_id_ended(now_ms, key, token, ended_how(reason));
                 let ticket = self.journal.append(&Change::Free { key, token, reason });
                 let kind = if reason == FreeReason::Expired {
                     EventKind::Expired
@@ -126,7 +138,19 @@ impl Executor {
             release_on_disconnect,
             received_ms,
             held_place,
+            acquire_id,
         } = waiter;
+        if let Some(acquire_id) = acquire_id {
+            // A second send of an ACQUIRE that queued beside the first: by its turn the first
+            // send's lease has ended (it held the key the second waited for), so it hears
+            // that, and the lock goes on to the next in line.
+            if let Repeat::Ended { how, token } = shard.repeat_of(now_ms, &key, acquire_id) {
+                Stats::bump(&self.stats.repeats);
+                let _ = tx.send(WaitResult::Ended { how, token });
+                self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+                return;
+            }
+        }
         let lease = Lease {
             key: &key,
             lease_id: grant.lease_id,
@@ -134,6 +158,7 @@ impl Executor {
             ttl_ms: grant.ttl_ms,
             release_on_disconnect,
             meta: &meta,
+            acquire_id,
         };
         let logged = self.journal.append(&Change::Grant(lease));
         let message = match &logged {
@@ -155,6 +180,9 @@ impl Executor {
             ),
         };
         if tx.send(message).is_ok() && logged.is_ok() {
+            if let (Some(acquire_id), Ok(ticket)) = (acquire_id, &logged) {
+                shard.note_acquire_id(grant.token, acquire_id, *ticket);
+            }
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
             self.hold(grant.token, held_place.as_ref());
@@ -201,6 +229,7 @@ impl Executor {
                 } => {
                     Stats::bump(&self.stats.expirations);
                     self.lease_ended(token);
+                    shard.acquire_id_ended(now_ms, &key, token, EndedHow::Expired);
                     self.stats.metrics.expired(lease_id);
                     // Not waited for: an expiry lost in a crash comes back as a held lease
                     // whose TTL runs again, which is the safe direction.
@@ -230,5 +259,14 @@ impl Executor {
                 }
             }
         }
+    }
+}
+
+/// How a repeat of the ACQUIRE of a lease that ended for `reason` is told it ended.
+pub(crate) fn ended_how(reason: FreeReason) -> EndedHow {
+    match reason {
+        FreeReason::Released => EndedHow::Released,
+        FreeReason::Expired => EndedHow::Expired,
+        FreeReason::Disconnected => EndedHow::Disconnected,
     }
 }

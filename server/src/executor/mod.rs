@@ -16,6 +16,7 @@ mod acquire;
 mod handoff;
 mod refuse;
 mod release;
+mod repeat;
 mod session;
 #[cfg(test)]
 mod sim;
@@ -294,6 +295,10 @@ impl Executor {
                 lease.ttl_ms,
                 &lease.meta,
             );
+            if let Some(acquire_id) = lease.acquire_id {
+                self.shard(&lease.key)
+                    .note_acquire_id(lease.token, acquire_id, TICKET_NOW);
+            }
         }
     }
 
@@ -522,6 +527,7 @@ impl crate::journal::LeaseSource for Executor {
                 // connection it belonged to is gone after a restart).
                 release_on_disconnect: false,
                 meta: held.meta,
+                acquire_id: shard.acquire_id_of(held.token),
             })
         });
     }

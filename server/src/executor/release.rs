@@ -39,7 +39,9 @@ impl Executor {
                 },
                 Some(logged),
             ) if self.journal.logs_leases() => {
-                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta), logged))
+                let acquire_id = shard.acquire_id_of(token);
+                let meta = Bytes::copy_from_slice(meta);
+                Some((token, ttl_left_ms, meta, logged, acquire_id))
             }
             _ => None,
         };
@@ -54,7 +56,7 @@ impl Executor {
         ctx.disown(&key, lease_id);
         match ticket {
             Ok(ticket) => match before {
-                Some((token, ttl_left_ms, meta, logged)) => Outcome::Changed {
+                Some((token, ttl_left_ms, meta, logged, acquire_id)) => Outcome::Changed {
                     response: Response::Released,
                     ticket,
                     undo: Undo::Release {
@@ -64,6 +66,7 @@ impl Executor {
                         ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
                         logged,
                         meta,
+                        acquire_id,
                     },
                 },
                 None => Outcome::Reply(Response::Released, ticket),

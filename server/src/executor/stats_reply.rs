@@ -11,9 +11,13 @@ use crate::obs::stats::Stats;
 pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
     let held = executor.quotas.held.count() as u64;
     let waiters = executor.quotas.waiters.count() as u64;
-    let mut table_bytes = 0u64;
+    let (mut table_bytes, mut acquire_ids, mut acquire_ids_ended) = (0u64, 0u64, 0u64);
     for shard in executor.shards() {
-        table_bytes += shard.lock().expect("shard poisoned").memory_bytes() as u64;
+        let shard = shard.lock().expect("shard poisoned");
+        table_bytes += shard.memory_bytes() as u64;
+        let (live, ended) = shard.acquire_ids_count();
+        acquire_ids += live as u64;
+        acquire_ids_ended += ended as u64;
     }
     let s = &executor.stats;
     let tokens = &executor.tokens.allocator;
@@ -28,6 +32,9 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
         ("locked".to_string(), Stats::get(&s.locked)),
         ("expirations".to_string(), Stats::get(&s.expirations)),
         ("errors".to_string(), Stats::get(&s.errors)),
+        ("acquire_ids".to_string(), acquire_ids),
+        ("acquire_ids_ended".to_string(), acquire_ids_ended),
+        ("repeats".to_string(), Stats::get(&s.repeats)),
         (
             "connections_total".to_string(),
             Stats::get(&s.connections_total),

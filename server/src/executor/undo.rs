@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, EventKind, LeaseId, Response};
+use tenure_protocol::{AcquireId, ErrorCode, EventKind, LeaseId, Response};
 
 use super::{Executor, Session};
 use crate::journal::NOT_LEADER;
@@ -36,6 +36,8 @@ pub enum Undo {
         logged: table::LoggedTtl,
         /// Its holder metadata.
         meta: Bytes,
+        /// The acquire id it answered, if any: it answers it again once put back.
+        acquire_id: Option<AcquireId>,
     },
 }
 
@@ -84,6 +86,10 @@ impl Executor {
         match undo {
             Undo::Grant { key, lease_id } => {
                 let mut shard = self.shard(&key);
+                // A grant that never was answers no repeat: one is a new ACQUIRE.
+                if let Some(token) = shard.token_of(&key, lease_id) {
+                    shard.forget_acquire_id(token);
+                }
                 self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
                 true
             }
@@ -94,6 +100,7 @@ impl Executor {
                 ttl_ms,
                 logged,
                 meta,
+                acquire_id,
             } => {
                 let mut shard = self.shard(&key);
                 // No grant can be made once the journal failed, so the key is free unless a
@@ -104,6 +111,9 @@ impl Executor {
                 if free && !shard.has_slot(&key) {
                     shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
                     shard.restore_logged_ttl(&key, token, logged);
+                    if let Some(acquire_id) = acquire_id {
+                        shard.note_acquire_id(token, acquire_id, crate::journal::TICKET_NOW);
+                    }
                     // Watchers were told of the release; they learn the lease is back.
                     self.watches.notify(&key, EventKind::Granted, token, &meta);
                     true

@@ -43,6 +43,8 @@
 #[cfg(test)]
 pub mod mem;
 #[cfg(test)]
+mod repeat_tests;
+#[cfg(test)]
 mod tests;
 mod wal;
 

@@ -25,6 +25,9 @@ pub struct Stats {
     pub locked: AtomicU64,
     /// Leases that ran out.
     pub expirations: AtomicU64,
+    /// ACQUIREs answered as repeats of an earlier one with the same acquire id (REGRANTED or
+    /// ACQUIRE_ENDED).
+    pub repeats: AtomicU64,
     /// Requests answered with an ERROR.
     pub errors: AtomicU64,
     /// Latency, outcomes and the rest `/metrics` exports beyond these counters.

@@ -1,8 +1,8 @@
 //! [`Change`]: one change to the durable state, as the executor describes it to a journal,
 //! and the one builder of its [`Record`].
-use tenure_protocol::LeaseId;
+use tenure_protocol::{AcquireId, LeaseId};
 
-use super::codec::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+use super::codec::{FreeReason, Record, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 
 /// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +19,8 @@ pub struct Lease<'a> {
     pub release_on_disconnect: bool,
     /// Holder metadata.
     pub meta: &'a [u8],
+    /// The ACQUIRE's acquire id, if it had one: a repeat of it is answered with this lease.
+    pub acquire_id: Option<AcquireId>,
 }
 
 /// One change to the durable state.
@@ -62,16 +64,24 @@ impl<'a> Change<'a> {
                 lease_id: lease.lease_id.0,
                 token: lease.token,
                 ttl_ms: lease.ttl_ms,
-                flags: if lease.release_on_disconnect {
-                    GRANT_FLAG_RELEASE_ON_DISCONNECT
-                } else {
-                    0
-                },
+                flags: grant_flags(&lease),
                 meta: lease.meta,
+                acquire_id: lease.acquire_id.map(|id| id.0),
             },
             Change::Free { key, token, reason } => Record::Free { key, token, reason },
             Change::Reserve { token_limit } => Record::Reserve { token_limit },
             Change::Renew { key, token, ttl_ms } => Record::Renew { key, token, ttl_ms },
         }
     }
+}
+
+fn grant_flags(lease: &Lease<'_>) -> u8 {
+    let mut flags = 0;
+    if lease.release_on_disconnect {
+        flags |= GRANT_FLAG_RELEASE_ON_DISCONNECT;
+    }
+    if lease.acquire_id.is_some() {
+        flags |= GRANT_FLAG_ACQUIRE_ID;
+    }
+    flags
 }

@@ -17,7 +17,7 @@ pub const KEY_LEN_MAX: usize = tenure_protocol::limits::KEY_LEN_MAX;
 pub const META_LEN_MAX: usize = tenure_protocol::limits::META_LEN_MAX;
 
 /// Payload of the largest possible grant: key and meta at their limits.
-const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX;
+const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 16;
 const _: () = assert!(GRANT_PAYLOAD_LEN_MAX <= PAYLOAD_LEN_MAX);
 // Key and meta lengths are stored as u16.
 const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
@@ -35,6 +35,10 @@ const SEGMENT_HEADER_CHECKED_LEN: usize = SEGMENT_HEADER_LEN - 4;
 
 /// Grant flag bit: release the lease when the holder's connection closes.
 pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
+/// Grant flag bit: the ACQUIRE carried an acquire id, whose 16 bytes follow `meta`. (A build
+/// without acquire ids refuses such a record as malformed: it cannot read a WAL made with
+/// them.)
+pub const GRANT_FLAG_ACQUIRE_ID: u8 = 0b0000_0010;
 
 const TYPE_RESERVE: u8 = 1;
 const TYPE_GRANT: u8 = 2;
@@ -87,6 +91,9 @@ pub enum Record<'a> {
         flags: u8,
         /// Holder metadata, at most [`META_LEN_MAX`] bytes.
         meta: &'a [u8],
+        /// The ACQUIRE's acquire id, if it had one; present exactly when `flags` has
+        /// [`GRANT_FLAG_ACQUIRE_ID`].
+        acquire_id: Option<[u8; 16]>,
     },
     /// `key` is no longer held, if it is still held with exactly `token`.
     Free {
@@ -139,7 +146,15 @@ impl Record<'_> {
     fn payload_len(&self) -> usize {
         match self {
             Record::Reserve { .. } | Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 8,
-            Record::Grant { key, meta, .. } => 2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len(),
+            Record::Grant {
+                key,
+                meta,
+                acquire_id,
+                ..
+            } => {
+                let id_len = if acquire_id.is_some() { 16 } else { 0 };
+                2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len() + id_len
+            }
             Record::Free { key, .. } => 2 + key.len() + 8 + 1,
             Record::Renew { key, .. } => 2 + key.len() + 8 + 4,
         }
@@ -172,15 +187,24 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             ttl_ms,
             flags,
             meta,
+            acquire_id,
         } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
             assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
+            assert_eq!(
+                flags & GRANT_FLAG_ACQUIRE_ID != 0,
+                acquire_id.is_some(),
+                "grant flags disagree with its acquire id"
+            );
             put_bytes16(out, key);
             out.extend_from_slice(&lease_id);
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(&ttl_ms.to_be_bytes());
             out.push(flags);
             put_bytes16(out, meta);
+            if let Some(acquire_id) = acquire_id {
+                out.extend_from_slice(&acquire_id);
+            }
         }
         Record::Free { key, token, reason } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
@@ -298,14 +322,28 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         TYPE_RESERVE => Record::Reserve {
             token_limit: r.u64()?,
         },
-        TYPE_GRANT => Record::Grant {
-            key: r.bytes16(KEY_LEN_MAX, "key too long")?,
-            lease_id: r.array()?,
-            token: r.u64()?,
-            ttl_ms: r.u32()?,
-            flags: r.u8()?,
-            meta: r.bytes16(META_LEN_MAX, "meta too long")?,
-        },
+        TYPE_GRANT => {
+            let key = r.bytes16(KEY_LEN_MAX, "key too long")?;
+            let lease_id = r.array()?;
+            let token = r.u64()?;
+            let ttl_ms = r.u32()?;
+            let flags = r.u8()?;
+            let meta = r.bytes16(META_LEN_MAX, "meta too long")?;
+            let acquire_id = if flags & GRANT_FLAG_ACQUIRE_ID != 0 {
+                Some(r.array()?)
+            } else {
+                None
+            };
+            Record::Grant {
+                key,
+                lease_id,
+                token,
+                ttl_ms,
+                flags,
+                meta,
+                acquire_id,
+            }
+        }
         TYPE_FREE => Record::Free {
             key: r.bytes16(KEY_LEN_MAX, "key too long")?,
             token: r.u64()?,
@@ -479,6 +517,7 @@ mod tests {
                 ttl_ms: 30_000,
                 flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
                 meta: b"host-a pid 12",
+                acquire_id: None,
             },
             Record::Grant {
                 key: b"",
@@ -487,6 +526,7 @@ mod tests {
                 ttl_ms: 0,
                 flags: 0,
                 meta: b"",
+                acquire_id: None,
             },
             Record::Grant {
                 key: key_max,
@@ -495,6 +535,7 @@ mod tests {
                 ttl_ms: u32::MAX,
                 flags: 0xff,
                 meta: meta_max,
+                acquire_id: Some([0xee; 16]),
             },
             Record::Free {
                 key: b"jobs/42",

@@ -3,7 +3,7 @@
 //! reports ([`RecoveredLease`]).
 use std::collections::HashMap;
 
-use tenure_protocol::LeaseId;
+use tenure_protocol::{AcquireId, LeaseId};
 
 use super::change::{Change, Lease};
 use super::codec::{Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
@@ -23,6 +23,8 @@ pub struct RecoveredLease {
     pub flags: u8,
     /// Holder metadata.
     pub meta: Vec<u8>,
+    /// The ACQUIRE's acquire id, if it had one.
+    pub acquire_id: Option<AcquireId>,
 }
 
 impl RecoveredLease {
@@ -36,6 +38,7 @@ impl RecoveredLease {
             ttl_ms: self.ttl_ms,
             release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
             meta: &self.meta,
+            acquire_id: self.acquire_id,
         }
     }
 
@@ -64,6 +67,7 @@ pub(crate) struct Held {
     pub ttl_ms: u32,
     pub flags: u8,
     pub meta: Vec<u8>,
+    pub acquire_id: Option<AcquireId>,
 }
 
 impl LeaseReplay {
@@ -79,6 +83,7 @@ impl LeaseReplay {
                 ttl_ms,
                 flags,
                 meta,
+                acquire_id,
             } => {
                 self.raise_floor(token);
                 let held = Held {
@@ -87,6 +92,7 @@ impl LeaseReplay {
                     ttl_ms,
                     flags,
                     meta: meta.to_vec(),
+                    acquire_id: acquire_id.map(AcquireId),
                 };
                 match self.leases.get_mut(key) {
                     Some(slot) => *slot = held,
@@ -127,6 +133,7 @@ impl LeaseReplay {
                 ttl_ms: held.ttl_ms,
                 flags: held.flags,
                 meta: held.meta.clone(),
+                acquire_id: held.acquire_id,
             })
             .collect()
     }

@@ -13,6 +13,7 @@ impl<W: WaiterSink> LockTable<W> {
     /// lease wheel at or before its deadline; every waiter has its timer; waiter ids are unique; queues only on keys with
     /// a slot; reserved keys have waiters and are on the deferred list.
     pub fn check_invariants(&self) {
+        self.check_acquire_ids();
         let timers = self.timers_sorted();
         self.check_lease_timers();
         let mut free = vec![false; self.slots.len()];

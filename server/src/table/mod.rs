@@ -75,6 +75,7 @@
 //! `upkeep`: ticker, recovery, snapshot and disconnect entry points. `index`: key -> slot.
 //! `quota`: server-wide counts. `outcome`: the public vocabulary. `invariants`: self-checks.
 
+mod acquire_ids;
 mod extras;
 mod index;
 mod invariants;
@@ -96,6 +97,7 @@ use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN,
 use tenure_protocol::LeaseId;
 
 use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
+pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
 use index::{hash_key, KeyIndex};
 use keys::KeyArena;
 pub use outcome::{
@@ -178,6 +180,8 @@ pub struct LockTable<W> {
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
+    /// Which live leases answered an ACQUIRE with an acquire id, and recently ended ones.
+    acquire_ids: acquire_ids::AcquireIds,
 }
 
 impl<W: WaiterSink> LockTable<W> {
@@ -229,6 +233,7 @@ impl<W: WaiterSink> LockTable<W> {
             cancel_steps: 0,
             renewal_lsn_max: 0,
             now_ms: 0,
+            acquire_ids: acquire_ids::AcquireIds::default(),
         }
     }
 
@@ -251,6 +256,7 @@ impl<W: WaiterSink> LockTable<W> {
             + self.free_slots.capacity() * size_of::<u32>()
             + self.wait_timers.memory_bytes()
             + self.extras.capacity() * size_of::<(u32, Extra<W>)>()
+            + self.acquire_ids.memory_bytes()
     }
 
     /// The holder's metadata of a slot in use.

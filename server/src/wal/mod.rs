@@ -58,13 +58,18 @@
 //! ```text
 //!  1 Reserve        token_limit u64
 //!  2 Grant          key bytes16 (<= 1024) | lease_id 16 B | token u64 | ttl_ms u32
-//!                   | flags u8 (bit 0: release on disconnect) | meta bytes16 (<= 1024)
+//!                   | flags u8 (bit 0: release on disconnect, bit 1: acquire id)
+//!                   | meta bytes16 (<= 1024) | acquire_id 16 B (only with flag bit 1)
 //!  3 Free           key bytes16 | token u64 | reason u8 (0 released, 1 expired,
 //!                   2 disconnected)
 //!  4 SnapshotBegin  segment_seq u64   (always the first record of that segment)
 //!  5 SnapshotEnd    segment_seq u64   (names the segment of its SnapshotBegin)
 //!  6 Renew          key bytes16 | token u64 | ttl_ms u32
 //! ```
+//!
+//! The acquire id (flag bit 1) came later too, within format version 2: a Grant without the
+//! flag reads as before, and a build that predates it refuses a Grant with it as malformed
+//! (trailing bytes), rather than forget which ACQUIRE the lease answered.
 //!
 //! Renew records came after the other five, within format version 2: a log without them
 //! reads as before, and a build that predates them refuses a log holding one ("unknown record

@@ -181,6 +181,7 @@ fn recovered_leases(leases: HashMap<Vec<u8>, Held>) -> (Vec<RecoveredLease>, u64
                 ttl_ms: held.ttl_ms,
                 flags: held.flags,
                 meta: held.meta,
+                acquire_id: held.acquire_id,
             };
             live_bytes += grant_len(&lease) as u64;
             lease
@@ -348,6 +349,7 @@ mod tests {
             ttl_ms: 5_000,
             flags: 0,
             meta: b"m",
+            acquire_id: None,
         }
     }
 

@@ -37,12 +37,12 @@ fn acquire_at_leader(clients: &[SocketAddr], key: &str) -> (SocketAddr, String) 
     panic!("no node granted {key} within {ELECTED_WAIT_MAX:?}");
 }
 
-#[test]
-fn three_daemons_elect_a_leader_and_survive_its_kill_9() {
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+/// Three `tenured --cluster` daemons with their data in `dirs`, initialised as one cluster;
+/// the daemons and their client addresses.
+fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
     let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
-    let mut daemons: Vec<Daemon> = (0..3)
+    let daemons: Vec<Daemon> = (0..3)
         .map(|i| {
             let (id, peer) = ((i + 1).to_string(), peers[i].to_string());
             let args = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
@@ -64,6 +64,57 @@ fn three_daemons_elect_a_leader_and_survive_its_kill_9() {
         .output()
         .unwrap();
     assert!(init.status.success(), "{init:?}");
+    (daemons, clients)
+}
+
+/// The first answer to `command` from one of `clients` that is not a refusal by a follower
+/// (or an election under way), retried until one is; with the node that answered.
+fn at_leader(clients: &[SocketAddr], command: &str) -> (SocketAddr, String) {
+    let deadline = Instant::now() + ELECTED_WAIT_MAX;
+    while Instant::now() < deadline {
+        for &addr in clients {
+            let Ok(mut conn) = LineConn::connect(addr, REPLY_WAIT_MAX) else {
+                continue;
+            };
+            match conn.cmd(command) {
+                Ok(reply) if !reply.starts_with("ERR NOT_LEADER") => return (addr, reply),
+                _ => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no leader answered {command} within {ELECTED_WAIT_MAX:?}");
+}
+
+#[test]
+fn an_acquire_repeated_after_the_leaders_kill_9_gets_the_same_grant() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (mut daemons, clients) = three_daemons(&dirs);
+    let acquire = "ACQUIRE job:1 60000 ID=5e11c3a709d2446b8f310c7de295b81f";
+    // Granted (so committed), and then the reply counts as lost: the leader dies.
+    let (leader, first) = at_leader(&clients, acquire);
+    assert!(first.starts_with("OK token="), "{first}");
+    let index = clients.iter().position(|&c| c == leader).unwrap();
+    daemons[index].kill9();
+    let rest: Vec<SocketAddr> = clients.iter().copied().filter(|&c| c != leader).collect();
+    let (_, again) = at_leader(&rest, acquire);
+    assert!(
+        again.ends_with(" repeat"),
+        "the new leader's answer: {again}"
+    );
+    assert_eq!(field(&again, "token"), field(&first, "token"));
+    assert_eq!(field(&again, "lease"), field(&first, "lease"));
+    // The lease is the caller's, at the new leader: it releases with its id.
+    let release = format!("RELEASE job:1 {}", field(&first, "lease"));
+    assert_eq!(at_leader(&rest, &release).1, "OK");
+    let (_, ended) = at_leader(&rest, acquire);
+    assert!(ended.starts_with("ENDED released token="), "{ended}");
+}
+
+#[test]
+fn three_daemons_elect_a_leader_and_survive_its_kill_9() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (mut daemons, clients) = three_daemons(&dirs);
 
     let (leader, held) = acquire_at_leader(&clients, "held");
     let token = field(&held, "token").to_string();

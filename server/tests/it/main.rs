@@ -1,4 +1,6 @@
 //! The server's integration tests, one test binary (one link, one process start per run):
+//! - `acquire_ids`: an ACQUIRE's reply lost to `kill -9` of the real `tenured`, retried with
+//!   its acquire id after the restart;
 //! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
 //!   loopback-only default;
 //! - `cluster`: three `tenured --cluster` daemons, `cluster-init`, `kill -9` of the leader;
@@ -25,6 +27,7 @@
 //! ([`tenure_testkit::Server::start_virtual`]); the rest run in real time with bounds in
 //! seconds.
 
+mod acquire_ids;
 mod auth;
 mod cluster;
 mod cluster_metrics;

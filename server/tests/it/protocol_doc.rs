@@ -21,9 +21,11 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Every example name PROTOCOL.md may use, each with its setup in [`run_scenario`].
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 11] = [
     "hello-version-9",
     "acquire",
+    "acquire-id",
+    "acquire-id-console",
     "granted",
     "watching",
     "auth",
@@ -355,6 +357,32 @@ async fn exchange(server: &Server, examples: &[&Example], tables: &Tables) {
     }
 }
 
+/// An ACQUIRE with an acquire id sent twice on one connection: the first answer is the send
+/// example's, the second the receive example that follows it (a repeat).
+async fn exchange_twice(server: &Server, examples: &[&Example], tables: &Tables) {
+    let mut raw = Raw::connect(server.addr).await.0;
+    let send = examples
+        .iter()
+        .find(|e| matches!(e.role, Role::SendAnswer(..)))
+        .expect("a send example with its answer");
+    let (bytes, _) = hex_bytes(send, &tables.requests);
+    raw.send_bytes(&bytes).await;
+    let got = read_frame(raw.stream()).await;
+    assert_answer(send, tables, &bytes, &got);
+    raw.send_bytes(&bytes).await;
+    let again = read_frame(raw.stream()).await;
+    let receive = examples
+        .iter()
+        .find(|e| matches!(e.role, Role::Receive(_)))
+        .expect("a receive example");
+    assert_received(receive, tables, &again);
+    assert_eq!(
+        got[21..37],
+        again[21..37],
+        "the repeat names the first lease id"
+    );
+}
+
 /// The handshake refusal: bytes out, bytes back, then the close.
 async fn hello_refused(server: &Server, examples: &[&Example], tables: &Tables) {
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
@@ -393,7 +421,8 @@ async fn answer_only(server: &Server, example: &Example, tables: &Tables) {
 fn console_words(line: &str, leases: &mut HashMap<String, String>, learn: Option<&str>) -> String {
     let time_left = ["HELD", "LOCKED", "OK watching HELD"]
         .iter()
-        .any(|p| line.starts_with(p));
+        .any(|p| line.starts_with(p))
+        || line.ends_with(" repeat");
     let mut words = Vec::new();
     for (i, word) in line.split(' ').enumerate() {
         if let Some(value) = word.strip_prefix("ttl_ms=").filter(|_| time_left) {
@@ -480,8 +509,11 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
         "acquire" | "auth" | "cluster-remove" | "cluster-status-extended" => {
             exchange(&server, &examples, tables).await
         }
+        "acquire-id" => exchange_twice(&server, &examples, tables).await,
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
-        "session" | "escapes-and-refusals" => console_session(&server, examples[0]).await,
+        "session" | "escapes-and-refusals" | "acquire-id-console" => {
+            console_session(&server, examples[0]).await
+        }
         other => panic!("no scenario {other}"),
     }
     server.stop().await;

@@ -94,6 +94,9 @@ async fn execute(
             wait_ms,
             release_on_disconnect,
             meta,
+            // Not sent yet: the client crate does not carry acquire ids (issue 25's client
+            // half); the server's own console takes ID=.
+            acquire_id: _,
         } => {
             let options = AcquireOptions {
                 wait: ms(wait_ms),

@@ -19,6 +19,13 @@
 //! holds a token is told CURRENT; `check_invariants` holds on every shard. After a restart,
 //! every lease a client still believes it holds is back, with its token.
 //!
+//! Some ACQUIREs carry an acquire id, and some are sent again with an id sent before (a
+//! retry), against the naive rule of PROTOCOL.md 3.9: while the lease a client was told of
+//! for an id holds the key, every send of that id is answered REGRANTED with that lease
+//! (after restarts too); a REGRANTED names the key's holder and never a grant answered
+//! "nothing changed"; an ACQUIRE_ENDED never names the holder. A repeat's REGRANTED becomes
+//! a belief like a grant's (counted from the repeat's send), so exclusion covers it.
+//!
 //! `TENURE_SIM_SEEDS=n` runs n seeds (default [`SEEDS_DEFAULT`]); `TENURE_SIM_SEED=s` runs
 //! only seed s. A failure names the seed and the step.
 

@@ -2,9 +2,9 @@
 //! view of who holds what (from the replies they actually got), the tokens they saw, the
 //! releases they were told of, and the changes they were told never happened.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use tenure_protocol::LeaseId;
+use tenure_protocol::{AcquireId, LeaseId, Response};
 
 /// Milliseconds a client counts its lease short: the server's clock resolution
 /// (PROTOCOL.md §3.3).
@@ -40,6 +40,10 @@ pub(super) struct Model {
     pub released: HashSet<LeaseId>,
     /// Grants answered UNAVAILABLE "nothing changed": they must never be seen.
     pub refused: HashSet<LeaseId>,
+    /// The latest grant a client was told of for each acquire id: key, token, lease id.
+    pub id_grants: HashMap<AcquireId, (Vec<u8>, u64, LeaseId)>,
+    /// Leases granted with release on disconnect.
+    pub tied: HashSet<LeaseId>,
 }
 
 impl Model {
@@ -70,7 +74,77 @@ impl Model {
             "a released lease granted again"
         );
         seen.push((belief.token, step));
+        if belief.release_on_disconnect {
+            self.tied.insert(belief.lease_id);
+        }
         self.beliefs.push(belief);
+    }
+
+    /// A grant to an ACQUIRE with acquire id `id` was acknowledged.
+    pub fn id_granted(&mut self, id: AcquireId, key: &[u8], token: u64, lease_id: LeaseId) {
+        self.id_grants.insert(id, (key.to_vec(), token, lease_id));
+    }
+
+    /// The answer to a send of acquire id `id` on `key`, taken up while `before` held the
+    /// key, against the naive rule: while the lease a client was told of for `id` holds
+    /// the key, every send of `id` is answered with that lease; a REGRANTED names the
+    /// holder, never a grant that was undone; an ACQUIRE_ENDED never names the holder.
+    pub fn check_repeat(&self, key: &[u8], id: AcquireId, before: Option<u64>, answer: &Response) {
+        if let Response::Error { .. } = answer {
+            return; // refused (a failed journal): nothing to compare
+        }
+        if let Some((k, token, lease_id)) = self.id_grants.get(&id) {
+            if k.as_slice() == key && before == Some(*token) {
+                assert_eq!(
+                    answer,
+                    &Response::Regranted {
+                        token: *token,
+                        lease_id: *lease_id,
+                        ttl_left_ms: match answer {
+                            Response::Regranted { ttl_left_ms, .. } => *ttl_left_ms,
+                            _ => 0,
+                        },
+                    },
+                    "a send of {id:?} while its lease holds the key"
+                );
+            }
+        }
+        match answer {
+            Response::Regranted {
+                token, lease_id, ..
+            } => {
+                assert_eq!(before, Some(*token), "REGRANTED names a lease not holding");
+                assert!(
+                    !self.refused.contains(lease_id),
+                    "REGRANTED names a grant answered 'nothing changed'"
+                );
+            }
+            Response::AcquireEnded { token, .. } => {
+                assert_ne!(before, Some(*token), "ACQUIRE_ENDED names the holder");
+            }
+            _ => {}
+        }
+    }
+
+    /// A repeat of acquire id `id` was answered REGRANTED: the client holds that lease too
+    /// (one belief per lease), if it is the one it was told of for `id` and not tied to a
+    /// connection (the sim does not follow whose). Its id and token must be the ones told.
+    pub fn regrant_acked(&mut self, id: AcquireId, belief: Belief) {
+        let tied = self.tied.contains(&belief.lease_id);
+        if let Some((key, token, lease_id)) = self.id_grants.get(&id) {
+            if *token == belief.token {
+                assert_eq!(
+                    *lease_id, belief.lease_id,
+                    "REGRANTED with another lease id"
+                );
+                assert_eq!(*key, belief.key);
+            }
+        }
+        let known = self.id_grants.get(&id).is_some_and(|g| g.1 == belief.token);
+        let believed = self.beliefs.iter().any(|b| b.lease_id == belief.lease_id);
+        if known && !tied && !believed {
+            self.beliefs.push(belief);
+        }
     }
 
     /// The client stops believing in `lease_id` (release sent, LOST, disconnect).

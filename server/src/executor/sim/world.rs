@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, ErrorCode, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -35,6 +35,8 @@ const EXPIRATIONS_PER_TICK_MAX: usize = 4;
 const FAULT_CHANCE: f64 = 0.02;
 /// Shards of the executor's table.
 const SHARDS: usize = 3;
+/// Acquire ids the clients remember, to send again as retries.
+const ACQUIRE_IDS_KEPT: usize = 16;
 
 /// Counts of what a run exercised: each must happen somewhere in the default run, or the
 /// simulation checks less than it claims.
@@ -52,6 +54,10 @@ pub(super) struct Coverage {
     pub undone: usize,
     /// Acquires refused "nothing changed" at once.
     pub refused: usize,
+    /// Repeats of an ACQUIRE answered with its lease (REGRANTED).
+    pub regranted: usize,
+    /// Repeats of an ACQUIRE answered with how its lease ended (ACQUIRE_ENDED).
+    pub ended: usize,
 }
 
 impl Coverage {
@@ -63,6 +69,8 @@ impl Coverage {
         self.renewals_logged += other.renewals_logged;
         self.undone += other.undone;
         self.refused += other.refused;
+        self.regranted += other.regranted;
+        self.ended += other.ended;
     }
 
     /// Panics unless every count is above zero.
@@ -74,6 +82,8 @@ impl Coverage {
             renewals_logged,
             undone,
             refused,
+            regranted,
+            ended,
         } = *self;
         for (what, count) in [
             ("grants", grants),
@@ -82,6 +92,8 @@ impl Coverage {
             ("renewals answered once durable", renewals_logged),
             ("undone changes", undone),
             ("refused acquires", refused),
+            ("repeats answered with their lease", regranted),
+            ("repeats answered with their lease's end", ended),
         ] {
             assert!(count > 0, "the simulation never exercised {what}: {self:?}");
         }
@@ -95,6 +107,8 @@ struct Pending {
     asked: Asked,
     /// An ACQUIRE's release-on-disconnect flag.
     release_on_disconnect: bool,
+    /// An ACQUIRE's acquire id.
+    acquire_id: Option<AcquireId>,
     /// Sim time it was sent at, and the step.
     sent_ms: u64,
     sent_step: u64,
@@ -111,7 +125,9 @@ enum Asked {
     Renew(LeaseId),
 }
 
-/// What a pending request waits for.
+/// What a pending request waits for. (Its variants differ in size: a few dozen of them live
+/// at a time in the simulation, so boxing one would buy nothing.)
+#[allow(clippy::large_enum_variant)]
 enum Waiting {
     /// A queued acquire: its place in line (`order`) and its wait's end on the executor's
     /// clock.
@@ -152,6 +168,8 @@ pub(super) struct World {
     next_conn_id: u64,
     /// What happened, to check that the run exercised it.
     coverage: Coverage,
+    /// Acquire ids sent, with their key, newest last, to send again as retries.
+    acquire_ids: Vec<(Bytes, AcquireId)>,
 }
 
 impl World {
@@ -174,6 +192,7 @@ impl World {
             queued: 0,
             next_conn_id: 0,
             coverage: Coverage::default(),
+            acquire_ids: Vec::new(),
         };
         for _ in 0..CONNS {
             let conn = world.new_conn();
@@ -273,8 +292,31 @@ impl World {
         }
     }
 
+    /// An acquire id for the next ACQUIRE on `key`: none, a new one, or now and then one
+    /// sent before (a retry of it, on its own key).
+    fn acquire_id(&mut self, key: &mut Bytes) -> Option<AcquireId> {
+        match self.rng.random_range(0..10) {
+            0..3 => {
+                let id = AcquireId::from_u128(self.rng.random());
+                if self.acquire_ids.len() == ACQUIRE_IDS_KEPT {
+                    self.acquire_ids.remove(0);
+                }
+                self.acquire_ids.push((key.clone(), id));
+                Some(id)
+            }
+            3..6 if !self.acquire_ids.is_empty() => {
+                let i = self.rng.random_range(0..self.acquire_ids.len());
+                let (retry_key, id) = self.acquire_ids[i].clone();
+                *key = retry_key;
+                Some(id)
+            }
+            _ => None,
+        }
+    }
+
     async fn acquire(&mut self, c: usize, blocking: bool) {
-        let key = self.key();
+        let mut key = self.key();
+        let acquire_id = self.acquire_id(&mut key);
         let ttl_ms = self.ttl_ms();
         let wait_ms = if blocking {
             self.rng.random_range(50..=800)
@@ -288,6 +330,7 @@ impl World {
             wait_ms,
             release_on_disconnect,
             meta: Bytes::from_static(b"sim"),
+            acquire_id,
         };
         let before = self.holder_token(&key);
         let sent_ms = self.now_ms();
@@ -309,6 +352,9 @@ impl World {
             }
             outcome => reply_of(outcome),
         };
+        if let (Some(id), Waiting::Durable { response, .. }) = (acquire_id, &state) {
+            self.model.check_repeat(&key, id, before, response);
+        }
         if let Waiting::Durable {
             response,
             ticket: TICKET_NOW,
@@ -324,6 +370,7 @@ impl World {
             key,
             asked: Asked::Acquire,
             release_on_disconnect,
+            acquire_id,
             sent_ms,
             sent_step: self.step,
             state,
@@ -371,6 +418,7 @@ impl World {
             key,
             asked: Asked::Renew(lease_id),
             release_on_disconnect: false,
+            acquire_id: None,
             sent_ms,
             sent_step: self.step,
             state,
@@ -408,6 +456,7 @@ impl World {
             key,
             asked: Asked::Release(lease_id),
             release_on_disconnect: false,
+            acquire_id: None,
             sent_ms,
             sent_step: self.step,
             state,
@@ -565,6 +614,9 @@ impl World {
             let mut shard = self.exec.shard(&lease.key);
             let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
             shard.restore(exec_now_ms, &lease.key, id, token, ttl_ms, &lease.meta);
+            if let Some(acquire_id) = lease.acquire_id {
+                shard.note_acquire_id(token, acquire_id, TICKET_NOW);
+            }
         }
         for c in 0..CONNS {
             self.conns[c] = self.new_conn();

@@ -86,6 +86,11 @@ impl World {
                         ticket: TICKET_NOW,
                         undo: None,
                     },
+                    WaitResult::Ended { how, token } => Waiting::Durable {
+                        response: Response::AcquireEnded { how, token },
+                        ticket: TICKET_NOW,
+                        undo: None,
+                    },
                 };
             }
         }
@@ -142,8 +147,34 @@ impl World {
                     deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
                         - CLIENT_SLACK_MS,
                 };
+                if let Some(id) = pending.acquire_id {
+                    self.model.id_granted(id, &pending.key, token, lease_id);
+                }
                 self.model.grant_acked(belief, self.step, pending.sent_step);
             }
+            (
+                Response::Regranted {
+                    token,
+                    lease_id,
+                    ttl_left_ms,
+                },
+                Asked::Acquire,
+            ) => {
+                self.coverage.regranted += 1;
+                let belief = Belief {
+                    client: c,
+                    key: pending.key.to_vec(),
+                    lease_id,
+                    token,
+                    renew_sent_step: 0,
+                    release_on_disconnect: false,
+                    // Counted from the repeat's send, as a RENEW's (PROTOCOL.md 3.9).
+                    deadline_ms: pending.sent_ms + u64::from(ttl_left_ms) - CLIENT_SLACK_MS,
+                };
+                let id = pending.acquire_id.expect("only a repeat is REGRANTED");
+                self.model.regrant_acked(id, belief);
+            }
+            (Response::AcquireEnded { .. }, Asked::Acquire) => self.coverage.ended += 1,
             (Response::Released, Asked::Release(lease_id)) => {
                 self.model.released.insert(lease_id);
             }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# What an acquire id costs (issue 25): mixed cycles (acquire, renew, release) at 50
+# connections, 16 deep, against one tenured build, with and without --acquire-ids, in
+# interleaved pairs (order alternating), each run on a fresh server. Prints each run's ops/s
+# and the server's CPU per op (from /proc, so other load on the machine moves it less than
+# it moves throughput), and the medians of the per-pair ratios ids/plain.
+#
+#   bench/acquire-id-cost.sh                       # PAIRS=5, DURATION=5s, PIPELINE=16
+#   TENURED=target/release/tenured LOADGEN=target/release/tenure-loadgen bench/acquire-id-cost.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+
+PAIRS=${PAIRS:-5}
+DURATION=${DURATION:-5s}
+PIPELINE=${PIPELINE:-16}
+TENURED=${TENURED:-target/release/tenured}
+LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
+PORT=${PORT:-17941}
+read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
+
+# one [LOADGEN_ARGS...]: "ops/s cpu_us_per_op" of one run on a fresh server.
+one() {
+    local dir pid json ops cpu
+    dir=$(mktemp -d)
+    "$TENURED" --listen "127.0.0.1:$PORT" --data-dir "$dir" "${EXTRA[@]}" >/dev/null 2>&1 &
+    pid=$!
+    wait_port "$PORT" "$TENURED"
+    json=$("$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
+        --connections 50 --pipeline "$PIPELINE" --duration "$DURATION" --warmup 1s --quiet \
+        --json --server-pid "$pid" "$@")
+    kill -TERM "$pid"
+    wait "$pid" || true
+    rm -rf "$dir"
+    ops=$(grep -o '"ops_in_completed_cycles_per_s":[0-9.]*' <<<"$json" | cut -d: -f2)
+    cpu=$(grep -o '"server_cpu_pct_of_core":[0-9.]*' <<<"$json" | cut -d: -f2)
+    awk -v o="$ops" -v c="$cpu" 'BEGIN { printf "%.0f %.3f\n", o, c / 100 / o * 1e6 }'
+}
+
+median() {
+    printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+
+ops_ratios=() cpu_ratios=()
+for pair in $(seq "$PAIRS"); do
+    if ((pair % 2)); then a=$(one); b=$(one --acquire-ids)
+    else b=$(one --acquire-ids); a=$(one); fi
+    read -r a_ops a_cpu <<<"$a"
+    read -r b_ops b_cpu <<<"$b"
+    ops_ratio=$(awk -v a="$a_ops" -v b="$b_ops" 'BEGIN { printf "%.3f", b / a }')
+    cpu_ratio=$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { printf "%.3f", b / a }')
+    echo "pair $pair: plain $a_ops ops/s ${a_cpu} us/op  ids $b_ops ops/s ${b_cpu} us/op" \
+        " ops ids/plain $ops_ratio  cpu/op ids/plain $cpu_ratio"
+    ops_ratios+=("$ops_ratio") cpu_ratios+=("$cpu_ratio")
+done
+echo "pipeline $PIPELINE: median ops ids/plain $(median "${ops_ratios[@]}")," \
+    "median server CPU per op ids/plain $(median "${cpu_ratios[@]}")"

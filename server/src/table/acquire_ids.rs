@@ -1,0 +1,420 @@
+//! Acquire ids: which live lease answered which ACQUIRE, and how recently ended ones ended,
+//! so a repeat of an ACQUIRE (same key, same acquire id) is answered with the first one's
+//! outcome instead of a second grant (PROTOCOL.md "Acquire ids").
+//!
+//! Beside the slots, not in them: a slot is most of a held lock's memory and most leases
+//! have no acquire id, so a plain lease pays nothing (a plain ACQUIRE touches none of this;
+//! a free only checks that the live map is not empty). A lease with one costs an entry of
+//! the live map, keyed by its fencing token (unique across keys, so the key need not be
+//! stored: the key's holder names the token), hashed by one multiplication (tokens are the
+//! server's own numbers).
+//!
+//! Ended ones go into a fixed table of [`ENDED_PER_SHARD_MAX`] entries per shard (made on a
+//! shard's first ended id), at the place a seeded hash of the id picks: an end replaces
+//! whatever was there. So an ended id is remembered until another end lands on its place,
+//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. One
+//! cache line per end and per lookup, no allocation, a bounded size, and no order to keep:
+//! an ACQUIRE with an acquire id costs a plain one little more (BENCHMARKS.md). The seed is
+//! the shard's, so a client cannot pick ids that evict another's on purpose.
+//!
+//! The caller (the executor) keeps the live map in step with the table: it notes an id
+//! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
+//! end. Time arrives as `now_ms`, as everywhere in the table.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use tenure_protocol::{AcquireId, EndedHow, LeaseId};
+
+use super::extras::SlotHasher;
+use super::index::hash_key;
+use super::{LockTable, WaiterSink};
+
+/// Longest an ended lease's acquire id is remembered, in milliseconds: the longest wait plus
+/// ten minutes of retries, longer than a client retries one ACQUIRE (its wait plus its
+/// time-outs), so a retry inside it meets the answer (unless the shard's table of ended ids
+/// has reused the place meanwhile).
+pub const ENDED_KEEP_MS: u64 = tenure_protocol::limits::WAIT_MS_MAX as u64 + 600_000;
+/// Places for ended acquire ids per shard (24 bytes each, made on first use): the most
+/// remembered at once. Small on purpose: the table is touched by every end and every
+/// ACQUIRE with an id, and one of 4 096 places (48 bytes each then) over 64 shards cost a
+/// third more server CPU per mixed-cycle op in cache misses (BENCHMARKS.md).
+pub const ENDED_PER_SHARD_MAX: usize = 1024;
+const _: () = assert!(ENDED_PER_SHARD_MAX.is_power_of_two());
+
+/// A live lease granted to an ACQUIRE with an acquire id.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    acquire_id: AcquireId,
+    /// The journal ticket of its grant: a repeat's reply waits for it like the first one's.
+    ticket: u64,
+}
+
+/// An ended lease of an ACQUIRE with an acquire id; a free place has token 0. 24 bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ended {
+    /// A 64-bit hash of the acquire id and the key under the shard's seed, so a repeat on
+    /// another key is not taken for it. (Two pairs meeting on one fingerprint and one place:
+    /// one chance in 2^64 per lookup; then a first send would hear ACQUIRE_ENDED.)
+    fingerprint: u64,
+    token: u64,
+    /// When it ended, in the low 56 bits; how, in the top byte.
+    ended_ms_how: u64,
+}
+
+const HOW_SHIFT: u32 = 56;
+
+impl Ended {
+    fn how(&self) -> Option<EndedHow> {
+        EndedHow::from_u8((self.ended_ms_how >> HOW_SHIFT) as u8)
+    }
+    fn ended_ms(&self) -> u64 {
+        self.ended_ms_how & ((1 << HOW_SHIFT) - 1)
+    }
+}
+const _: () = assert!(size_of::<Ended>() == 24);
+
+/// A shard's acquire ids; see the module docs.
+#[derive(Debug, Default)]
+pub(super) struct AcquireIds {
+    /// Live leases with an acquire id, by fencing token.
+    live: HashMap<u64, Live, BuildHasherDefault<SlotHasher>>,
+    /// Ended ones, by place; empty until the shard's first.
+    ended: Vec<Ended>,
+    /// Places of `ended` in use.
+    ended_count: usize,
+}
+
+/// What a repeat of an ACQUIRE meets ([`LockTable::repeat_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeat {
+    /// The key's holder is the lease this acquire id was granted.
+    Live {
+        /// Its fencing token.
+        token: u64,
+        /// Its lease id.
+        lease_id: LeaseId,
+        /// Time left on it at `now_ms`.
+        ttl_left_ms: u64,
+        /// The journal ticket of its grant.
+        ticket: u64,
+    },
+    /// Its lease ended (recently enough to be remembered).
+    Ended {
+        /// How.
+        how: EndedHow,
+        /// Its fencing token.
+        token: u64,
+    },
+    /// The key's lease is past its deadline but not ended yet: settle the key
+    /// (`settle_key`) and ask again.
+    Unsettled,
+    /// Nothing is known of it: a first send, or one forgotten.
+    New,
+}
+
+impl<W: WaiterSink> LockTable<W> {
+    /// Remembers that the lease with fencing token `token` answered `acquire_id`, its grant
+    /// logged with `ticket` (0 for a lease brought back by recovery, durable already).
+    pub fn note_acquire_id(&mut self, token: u64, acquire_id: AcquireId, ticket: u64) {
+        self.acquire_ids
+            .live
+            .insert(token, Live { acquire_id, ticket });
+    }
+
+    /// The acquire id of the live lease with fencing token `token`, if it had one.
+    pub fn acquire_id_of(&self, token: u64) -> Option<AcquireId> {
+        if self.acquire_ids.live.is_empty() {
+            return None;
+        }
+        self.acquire_ids
+            .live
+            .get(&token)
+            .map(|live| live.acquire_id)
+    }
+
+    /// The lease of `key` with fencing token `token` ended, `how`: its acquire id, if it had
+    /// one, is remembered as ended. Cheap for leases without: one emptiness check while no
+    /// lease of the shard has an id.
+    #[inline]
+    pub fn acquire_id_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
+        if self.acquire_ids.live.is_empty() {
+            return;
+        }
+        self.remember_ended(now_ms, key, token, how);
+    }
+
+    fn remember_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
+        let Some(live) = self.acquire_ids.live.remove(&token) else {
+            return;
+        };
+        let (place, fingerprint) = self.ended_place(live.acquire_id, key);
+        let ids = &mut self.acquire_ids;
+        if ids.ended.is_empty() {
+            ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
+        }
+        if ids.ended[place].token == 0 {
+            ids.ended_count += 1;
+        }
+        assert!(now_ms < 1 << HOW_SHIFT, "now_ms {now_ms} out of range");
+        ids.ended[place] = Ended {
+            fingerprint,
+            token,
+            ended_ms_how: now_ms | u64::from(how as u8) << HOW_SHIFT,
+        };
+    }
+
+    /// Where `acquire_id` on `key` goes in the table of ended ids, and its fingerprint there:
+    /// hashes under the shard's seed (the place from the id alone).
+    fn ended_place(&self, acquire_id: AcquireId, key: &[u8]) -> (usize, u64) {
+        let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
+            .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
+        let mixed = (a ^ self.hash_seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
+        let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
+        let fingerprint =
+            (mixed ^ hash_key(self.hash_seed, key)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        (place, fingerprint)
+    }
+
+    /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
+    /// grant taken back because it never became durable (a repeat is then a new ACQUIRE).
+    pub fn forget_acquire_id(&mut self, token: u64) {
+        if !self.acquire_ids.live.is_empty() {
+            self.acquire_ids.live.remove(&token);
+        }
+    }
+
+    /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
+    pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
+        let now_ms = self.observe(now_ms);
+        if let Some(slot) = self.find(key) {
+            let lock = &self.slots[slot];
+            let live = self.acquire_ids.live.get(&lock.token);
+            if let Some(live) = live.filter(|live| live.acquire_id == acquire_id) {
+                if lock.deadline_ms <= now_ms {
+                    return Repeat::Unsettled;
+                }
+                return Repeat::Live {
+                    token: lock.token,
+                    lease_id: lock.lease_id,
+                    ttl_left_ms: lock.deadline_ms - now_ms,
+                    ticket: live.ticket,
+                };
+            }
+        }
+        let ids = &self.acquire_ids;
+        if ids.ended.is_empty() {
+            return Repeat::New;
+        }
+        let (place, fingerprint) = self.ended_place(acquire_id, key);
+        let ended = ids.ended[place];
+        let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
+        match ended.how() {
+            Some(how) if ended.fingerprint == fingerprint && fresh && ended.token != 0 => {
+                Repeat::Ended {
+                    how,
+                    token: ended.token,
+                }
+            }
+            _ => Repeat::New,
+        }
+    }
+
+    /// The fencing token of `key`'s holder if `lease_id` is its lease.
+    pub fn token_of(&self, key: &[u8], lease_id: LeaseId) -> Option<u64> {
+        let lock = &self.slots[self.find(key)?];
+        (lock.token != 0 && lock.lease_id == lease_id).then_some(lock.token)
+    }
+
+    /// Leases with an acquire id, and places of ended ids in use, for STATS.
+    pub fn acquire_ids_count(&self) -> (usize, usize) {
+        (self.acquire_ids.live.len(), self.acquire_ids.ended_count)
+    }
+
+    /// Checks the acquire ids against the table: every live one names a held lease.
+    pub(super) fn check_acquire_ids(&self) {
+        if self.acquire_ids.live.is_empty() {
+            return;
+        }
+        let held: std::collections::HashSet<u64> =
+            self.slots.iter().map(|lock| lock.token).collect();
+        for token in self.acquire_ids.live.keys() {
+            assert!(
+                held.contains(token),
+                "acquire id noted for token {token}, which no slot holds"
+            );
+        }
+        let used = self.acquire_ids.ended.iter().filter(|e| e.token != 0);
+        assert_eq!(used.count(), self.acquire_ids.ended_count);
+    }
+}
+
+impl AcquireIds {
+    /// Bytes held, by capacity (the live map's entries and control bytes, the ended table).
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.live.capacity() * (size_of::<(u64, Live)>() + 1)
+            + self.ended.capacity() * size_of::<Ended>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{Acquire, AcquireArgs, Quotas, TableLimits, TokenAllocator};
+    use std::sync::Arc;
+
+    #[derive(Debug)]
+    struct Never;
+
+    impl LockTable<Never> {
+        /// `repeat_of` without moving the table's time.
+        fn acquire_ids_peek(&mut self, key: &[u8], id: AcquireId) -> Repeat {
+            let now_ms = self.now_ms;
+            self.repeat_of(now_ms, key, id)
+        }
+    }
+    impl WaiterSink for Never {
+        fn is_live(&self) -> bool {
+            false
+        }
+    }
+
+    fn table() -> LockTable<Never> {
+        let limits = TableLimits {
+            held_max: 100,
+            waiters_max: 100,
+            waiters_per_key_max: 10,
+        };
+        LockTable::with_quotas(Arc::new(Quotas::new(limits)), 7)
+    }
+
+    fn grant(t: &mut LockTable<Never>, tokens: &TokenAllocator, key: &[u8], now: u64) -> u64 {
+        let args = AcquireArgs {
+            key,
+            lease_id: LeaseId::from_u128(now.into()),
+            ttl_ms: 1000,
+            wait_ms: 0,
+            waiter: None,
+            meta: b"",
+        };
+        match t.acquire(now, args, tokens, &mut Vec::new()) {
+            Acquire::Granted(grant) => grant.token,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn live_then_ended_then_forgotten() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(42);
+        let token = grant(&mut t, &tokens, b"k", 0);
+        assert_eq!(t.repeat_of(0, b"k", id), Repeat::New);
+        t.note_acquire_id(token, id, 9);
+        t.check_acquire_ids();
+        assert!(matches!(
+            t.repeat_of(100, b"k", id),
+            Repeat::Live { token: tk, ttl_left_ms: 900, ticket: 9, .. } if tk == token
+        ));
+        // Another key, another id: not a repeat.
+        assert_eq!(t.repeat_of(100, b"other", id), Repeat::New);
+        assert_eq!(
+            t.repeat_of(100, b"k", AcquireId::from_u128(43)),
+            Repeat::New
+        );
+        t.acquire_id_ended(200, b"k", token, EndedHow::Released);
+        assert_eq!(
+            t.repeat_of(300, b"k", id),
+            Repeat::Ended {
+                how: EndedHow::Released,
+                token
+            }
+        );
+        assert_eq!(t.repeat_of(300, b"other", id), Repeat::New);
+        assert_eq!(t.repeat_of(200 + ENDED_KEEP_MS + 1, b"k", id), Repeat::New);
+        assert_eq!(
+            t.acquire_ids_count(),
+            (0, 1),
+            "forgotten by time, its place still used"
+        );
+    }
+
+    #[test]
+    fn ended_ids_are_bounded_by_count() {
+        let mut t = table();
+        let ids = 4 * ENDED_PER_SHARD_MAX as u64;
+        for i in 0..ids {
+            let id = AcquireId::from_u128(i.into());
+            t.acquire_ids.live.insert(
+                i + 1,
+                Live {
+                    acquire_id: id,
+                    ticket: 0,
+                },
+            );
+            t.acquire_id_ended(0, b"k", i + 1, EndedHow::Expired);
+        }
+        let (live, ended) = t.acquire_ids_count();
+        assert_eq!(live, 0);
+        assert!(ended <= ENDED_PER_SHARD_MAX, "{ended}");
+        // The newest are remembered (nothing ended after them), most older ones were replaced.
+        let mut remembered = |from: u64, to: u64| {
+            (from..to)
+                .filter(|&i| {
+                    let id = AcquireId::from_u128(i.into());
+                    matches!(t.acquire_ids_peek(b"k", id), Repeat::Ended { .. })
+                })
+                .count()
+        };
+        let newest = remembered(ids - 100, ids);
+        let oldest = remembered(0, 100);
+        assert!(newest >= 95, "{newest} of the newest 100 remembered");
+        assert!(oldest <= 5, "{oldest} of the oldest 100 remembered");
+    }
+
+    /// What an acquire id costs a held lock, by capacity, at 100K held locks: printed for
+    /// BENCHMARKS.md, and bounded so that a change that makes it grow is noticed.
+    #[test]
+    fn an_acquire_id_costs_a_held_lock_one_map_entry() {
+        const HELD: u64 = 100_000;
+        let limits = TableLimits {
+            held_max: HELD as usize,
+            waiters_max: 1,
+            waiters_per_key_max: 1,
+        };
+        let tokens = TokenAllocator::new(1, u64::MAX);
+        let mut bytes = [0usize; 2];
+        for (with_ids, bytes) in [false, true].into_iter().zip(&mut bytes) {
+            let mut t: LockTable<Never> = LockTable::with_quotas(Arc::new(Quotas::new(limits)), 7);
+            for i in 0..HELD {
+                let key = format!("job:{i:019}");
+                let token = grant(&mut t, &tokens, key.as_bytes(), 0);
+                if with_ids {
+                    t.note_acquire_id(token, AcquireId::from_u128(i.into()), 0);
+                }
+            }
+            *bytes = t.memory_bytes();
+        }
+        let per_lock = (bytes[1] - bytes[0]) as f64 / HELD as f64;
+        eprintln!(
+            "{HELD} held: {:.1} B per lock without acquire ids, {:.1} more with",
+            bytes[0] as f64 / HELD as f64,
+            per_lock
+        );
+        assert!(per_lock <= 80.0, "{per_lock} B per lock for its acquire id");
+    }
+
+    #[test]
+    fn forgotten_grant_is_new() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(7);
+        let token = grant(&mut t, &tokens, b"k", 0);
+        t.note_acquire_id(token, id, 0);
+        t.forget_acquire_id(token);
+        assert_eq!(t.repeat_of(1, b"k", id), Repeat::New);
+        t.acquire_id_ended(2, b"k", token, EndedHow::Released);
+        assert_eq!(t.repeat_of(3, b"k", id), Repeat::New);
+    }
+}
