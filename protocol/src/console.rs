@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
-use crate::{ErrorCode, FrameError, LeaseId, Request};
+use crate::{ErrorCode, FrameError, LeaseId, LeaseKind, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
 const QUOTED_CHARS_MAX: usize = 32;
@@ -16,7 +16,8 @@ const QUOTED_CHARS_MAX: usize = 32;
 /// The command list, once, for both [`COMMANDS`] and [`HELP`] (`concat!` takes literals only).
 macro_rules! command_list {
     () => {
-        "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] | \
+        "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
+         [SHARED | PERMITS=[<count>/]<limit>] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
@@ -67,9 +68,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("QUIT", []) => return Ok(Command::Quit),
         ("ACQUIRE", [key, ttl, rest @ ..]) => parse_acquire(key, ttl, rest)?,
         ("ACQUIRE", _) => {
-            return Err(usage(
-                "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT]",
-            ))
+            return Err(usage(ACQUIRE_USAGE))
         }
         ("RENEW", [key, lease, ttl]) => Request::Renew {
             key: parse_key(key)?,
@@ -120,6 +119,10 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
     Ok(Command::Request(request))
 }
 
+/// ACQUIRE's form, for its usage error.
+const ACQUIRE_USAGE: &str = "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] \
+     [RELEASE_ON_DISCONNECT] [SHARED | PERMITS=[<count>/]<limit>]";
+
 /// The CLUSTER forms, for its usage error.
 const CLUSTER_USAGE: &str = "CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
      CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id>";
@@ -145,12 +148,18 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut wait_ms = 0;
     let mut meta = Bytes::new();
     let mut release_on_disconnect = false;
+    let mut kind = LeaseKind::Exclusive;
     for (i, word) in rest.iter().enumerate() {
         let upper = word.to_ascii_uppercase();
         if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
             meta = Bytes::copy_from_slice(value.as_bytes());
         } else if upper == "RELEASE_ON_DISCONNECT" {
             release_on_disconnect = true;
+        } else if upper == "SHARED" || upper.starts_with("PERMITS=") {
+            if !kind.is_exclusive() {
+                return Err(bad_args("give one of SHARED and PERMITS= once".into()));
+            }
+            kind = parse_kind(&upper)?;
         } else if i == 0 {
             wait_ms = parse_u32("wait_ms", word)?;
         } else {
@@ -166,7 +175,20 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         wait_ms,
         release_on_disconnect,
         meta,
+        kind,
     })
+}
+
+/// `SHARED`, `PERMITS=<limit>` (one permit) or `PERMITS=<count>/<limit>`, upper-cased.
+fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
+    let Some(value) = upper.strip_prefix("PERMITS=") else {
+        return Ok(LeaseKind::Shared);
+    };
+    let (count, limit) = match value.split_once('/') {
+        Some((count, limit)) => (parse_u32("count", count)?, parse_u32("limit", limit)?),
+        None => (1, parse_u32("limit", value)?),
+    };
+    Ok(LeaseKind::Permits { count, limit })
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -218,7 +240,8 @@ mod tests {
                 ttl_ms: 30000,
                 wait_ms: 0,
                 release_on_disconnect: false,
-                meta: Bytes::new()
+                meta: Bytes::new(),
+                kind: LeaseKind::Exclusive,
             }
         );
         assert_eq!(
@@ -228,9 +251,28 @@ mod tests {
                 ttl_ms: 1000,
                 wait_ms: 500,
                 release_on_disconnect: true,
-                meta: Bytes::from_static(b"10.0.0.1:80")
+                meta: Bytes::from_static(b"10.0.0.1:80"),
+                kind: LeaseKind::Exclusive,
             }
         );
+        let kind = |line: &str| match request(line) {
+            Request::Acquire { kind, .. } => kind,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind("ACQUIRE k 1000 shared"), LeaseKind::Shared);
+        assert_eq!(
+            kind("ACQUIRE k 1000 5 PERMITS=4"),
+            LeaseKind::Permits { count: 1, limit: 4 }
+        );
+        assert_eq!(
+            kind("ACQUIRE k 1000 permits=2/4 META=x"),
+            LeaseKind::Permits { count: 2, limit: 4 }
+        );
+        assert_eq!(err("ACQUIRE k 1000 SHARED PERMITS=4"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=5/4"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=0"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=4097"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=x"), ErrorCode::BadArgs);
         let lease = "000102030405060708090a0b0c0d0e0f";
         assert!(matches!(
             request(&format!("RENEW k {lease} 100")),

@@ -98,7 +98,10 @@ pub mod rop {
 /// ACQUIRE flag: free the lock the moment the acquiring connection closes.
 pub const FLAG_RELEASE_ON_DISCONNECT: u8 = 0x01;
 /// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
-pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT;
+pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_KIND;
+/// ACQUIRE flag: a `kind` byte (and, for permits, `count [4] limit [4]`) follows the other
+/// fields: a shared (read) lease or semaphore permits; see [`crate::kind`].
+pub const FLAG_KIND: u8 = 0x08;
 
 /// The request id no request may carry: frames with it answer no request (an error about the
 /// connection as a whole), so a client can always tell them apart.
@@ -126,6 +129,8 @@ pub enum Request {
         release_on_disconnect: bool,
         /// Holder metadata readable by INSPECT and watchers (for example a leader's address).
         meta: Bytes,
+        /// Exclusive (no flag bit 3 on the wire), shared, or semaphore permits.
+        kind: crate::LeaseKind,
     },
     /// Extend the lease `lease_id` on `key` to `ttl_ms` from now.
     Renew {
@@ -344,6 +349,34 @@ fn put_bytes16(dst: &mut BytesMut, bytes: &[u8]) {
     dst.put_slice(bytes);
 }
 
+/// Appends an ACQUIRE's kind fields (nothing for an exclusive lease).
+fn put_kind(b: &mut BytesMut, kind: crate::LeaseKind) {
+    match kind {
+        crate::LeaseKind::Exclusive => {}
+        crate::LeaseKind::Shared => b.put_u8(crate::kind::KIND_SHARED),
+        crate::LeaseKind::Permits { count, limit } => {
+            b.put_u8(crate::kind::KIND_PERMITS);
+            b.put_u32(count);
+            b.put_u32(limit);
+        }
+    }
+}
+
+/// Reads an ACQUIRE's kind fields (flag bit 3 was set).
+fn get_kind(b: &mut Body) -> Result<crate::LeaseKind, FrameError> {
+    match b.u8("kind")? {
+        crate::kind::KIND_SHARED => Ok(crate::LeaseKind::Shared),
+        crate::kind::KIND_PERMITS => Ok(crate::LeaseKind::Permits {
+            count: b.u32("count")?,
+            limit: b.u32("limit")?,
+        }),
+        other => Err(FrameError::new(
+            ErrorCode::BadPermits,
+            format!("unknown acquire kind {other}"),
+        )),
+    }
+}
+
 /// Appends one request frame to `dst`.
 ///
 /// # Panics
@@ -357,16 +390,21 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             wait_ms,
             release_on_disconnect,
             meta,
+            kind,
         } => put_frame(dst, op::ACQUIRE, id, |b| {
             put_bytes16(b, key);
             b.put_u32(*ttl_ms);
             b.put_u32(*wait_ms);
-            b.put_u8(if *release_on_disconnect {
-                FLAG_RELEASE_ON_DISCONNECT
-            } else {
-                0
-            });
+            let mut flags = 0;
+            if *release_on_disconnect {
+                flags |= FLAG_RELEASE_ON_DISCONNECT;
+            }
+            if !kind.is_exclusive() {
+                flags |= FLAG_KIND;
+            }
+            b.put_u8(flags);
             put_bytes16(b, meta);
+            put_kind(b, *kind);
         }),
         Request::Renew {
             key,
@@ -642,12 +680,18 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
                 ));
             }
             let release_on_disconnect = flags & FLAG_RELEASE_ON_DISCONNECT != 0;
+            let kind = if flags & FLAG_KIND != 0 {
+                get_kind(&mut b)?
+            } else {
+                crate::LeaseKind::Exclusive
+            };
             Request::Acquire {
                 key,
                 ttl_ms,
                 wait_ms,
                 release_on_disconnect,
                 meta,
+                kind,
             }
         }
         op::RENEW => Request::Renew {
@@ -884,10 +928,12 @@ impl Request {
                 ttl_ms,
                 wait_ms,
                 meta,
+                kind,
                 ..
             } => {
                 validate_key(key)?;
                 validate_ttl(*ttl_ms)?;
+                kind.validate()?;
                 if *wait_ms > WAIT_MS_MAX {
                     return Err(FrameError::new(
                         ErrorCode::BadWait,

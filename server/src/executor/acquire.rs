@@ -26,6 +26,7 @@ impl Executor {
             wait_ms,
             release_on_disconnect,
             meta,
+            kind,
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
@@ -49,7 +50,7 @@ impl Executor {
         };
         let mut shard = self.shard(key);
         let mut events = Vec::new();
-        let outcome = shard.acquire(now_ms, args, &self.tokens.allocator, &mut events);
+        let outcome = shard.acquire_kind(now_ms, args, *kind, &self.tokens.allocator, &mut events);
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
         match outcome {
@@ -72,6 +73,10 @@ impl Executor {
                 release_on_disconnect: *release_on_disconnect,
             },
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
+            Acquire::KindMismatch { key_limit } => {
+                drop(shard);
+                Outcome::Reply(self.kind_mismatch(*kind, key_limit), TICKET_NOW)
+            }
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
                 self.tokens.reserve_ahead();
@@ -98,6 +103,7 @@ impl Executor {
             key,
             release_on_disconnect,
             meta,
+            kind,
             ..
         } = request
         else {
@@ -115,6 +121,7 @@ impl Executor {
             ttl_ms,
             release_on_disconnect: *release_on_disconnect,
             meta,
+            kind: *kind,
         };
         let ticket = match self.journal.append(&Change::Grant(lease)) {
             Ok(ticket) => ticket,
@@ -125,6 +132,7 @@ impl Executor {
             }
         };
         Stats::bump(&self.stats.grants);
+        self.stats.count_kind_grant(*kind);
         self.hold(token, ctx.held_place.as_ref());
         self.watches.notify(key, EventKind::Granted, token, meta);
         if *release_on_disconnect {

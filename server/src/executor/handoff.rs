@@ -119,6 +119,7 @@ impl Executor {
             grant,
             key,
             meta,
+            kind,
             ..
         } = handoff;
         let WaitSlot {
@@ -134,6 +135,7 @@ impl Executor {
             ttl_ms: grant.ttl_ms,
             release_on_disconnect,
             meta: &meta,
+            kind,
         };
         let logged = self.journal.append(&Change::Grant(lease));
         let message = match &logged {
@@ -157,6 +159,7 @@ impl Executor {
         if tx.send(message).is_ok() && logged.is_ok() {
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
+            self.stats.count_kind_grant(kind);
             self.hold(grant.token, held_place.as_ref());
             self.watches
                 .notify(&key, EventKind::Granted, grant.token, &meta);

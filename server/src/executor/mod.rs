@@ -286,12 +286,13 @@ impl Executor {
     /// Puts back the leases a journal recovered, each running again from `now_ms`.
     pub fn restore(&self, now_ms: u64, leases: impl IntoIterator<Item = RecoveredLease>) {
         for lease in leases {
-            self.shard(&lease.key).restore(
+            self.shard(&lease.key).restore_kind(
                 now_ms,
                 &lease.key,
                 lease.lease_id,
                 lease.token,
                 lease.ttl_ms,
+                lease.kind,
                 &lease.meta,
             );
         }
@@ -522,6 +523,7 @@ impl crate::journal::LeaseSource for Executor {
                 // connection it belonged to is gone after a restart).
                 release_on_disconnect: false,
                 meta: held.meta,
+                kind: held.kind,
             })
         });
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, LeaseId, Response};
+use tenure_protocol::{ErrorCode, LeaseId, LeaseKind, Response};
 
 use super::Session;
 use super::Undo;
@@ -28,20 +28,33 @@ impl Executor {
         let mut shard = self.shard(&key);
         // What the lease looked like, to put it back if the release never becomes durable
         // (only logged changes can fail to become durable).
-        let logged = shard.logged_ttl(&key);
-        let before = match (shard.inspect(now_ms, &key), logged) {
-            (
-                table::Inspect::Held {
+        let before = if !self.journal.logs_leases() {
+            None
+        } else if shard.is_shared(&key) {
+            shard
+                .shared_lease(now_ms, &key, lease_id)
+                .map(|(token, ttl_left_ms, logged, kind, meta)| {
+                    (token, ttl_left_ms, Bytes::copy_from_slice(meta), logged, kind)
+                })
+        } else {
+            match (shard.inspect(now_ms, &key), shard.logged_ttl(&key)) {
+                (
+                    table::Inspect::Held {
+                        token,
+                        ttl_left_ms,
+                        meta,
+                        ..
+                    },
+                    Some(logged),
+                ) => Some((
                     token,
                     ttl_left_ms,
-                    meta,
-                    ..
-                },
-                Some(logged),
-            ) if self.journal.logs_leases() => {
-                Some((token, ttl_left_ms, Bytes::copy_from_slice(meta), logged))
+                    Bytes::copy_from_slice(meta),
+                    logged,
+                    LeaseKind::Exclusive,
+                )),
+                _ => None,
             }
-            _ => None,
         };
         let Some(ticket) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released)
         else {
@@ -54,7 +67,7 @@ impl Executor {
         ctx.disown(&key, lease_id);
         match ticket {
             Ok(ticket) => match before {
-                Some((token, ttl_left_ms, meta, logged)) => Outcome::Changed {
+                Some((token, ttl_left_ms, meta, logged, kind)) => Outcome::Changed {
                     response: Response::Released,
                     ticket,
                     undo: Undo::Release {
@@ -64,6 +77,7 @@ impl Executor {
                         ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
                         logged,
                         meta,
+                        kind,
                     },
                 },
                 None => Outcome::Reply(Response::Released, ticket),

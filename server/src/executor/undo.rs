@@ -36,6 +36,9 @@ pub enum Undo {
         logged: table::LoggedTtl,
         /// Its holder metadata.
         meta: Bytes,
+        /// What it held (a shared or permit lease is put back only if its key has no
+        /// other holder or waiter left).
+        kind: tenure_protocol::LeaseKind,
     },
 }
 
@@ -94,6 +97,7 @@ impl Executor {
                 ttl_ms,
                 logged,
                 meta,
+                kind,
             } => {
                 let mut shard = self.shard(&key);
                 // No grant can be made once the journal failed, so the key is free unless a
@@ -102,7 +106,7 @@ impl Executor {
                 // slot); then the release stands here, and a restart brings the lease back.
                 let free = matches!(shard.inspect(now_ms, &key), table::Inspect::Free);
                 if free && !shard.has_slot(&key) {
-                    shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    shard.restore_kind(now_ms, &key, lease_id, token, ttl_ms, kind, &meta);
                     shard.restore_logged_ttl(&key, token, logged);
                     // Watchers were told of the release; they learn the lease is back.
                     self.watches.notify(&key, EventKind::Granted, token, &meta);

@@ -1,6 +1,6 @@
 //! [`Change`]: one change to the durable state, as the executor describes it to a journal,
 //! and the one builder of its [`Record`].
-use tenure_protocol::LeaseId;
+use tenure_protocol::{LeaseId, LeaseKind};
 
 use super::codec::{FreeReason, Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 
@@ -19,6 +19,8 @@ pub struct Lease<'a> {
     pub release_on_disconnect: bool,
     /// Holder metadata.
     pub meta: &'a [u8],
+    /// What it holds: the key alone, a shared (read) lease, or semaphore permits.
+    pub kind: LeaseKind,
 }
 
 /// One change to the durable state.
@@ -68,6 +70,7 @@ impl<'a> Change<'a> {
                     0
                 },
                 meta: lease.meta,
+                kind: lease.kind,
             },
             Change::Free { key, token, reason } => Record::Free { key, token, reason },
             Change::Reserve { token_limit } => Record::Reserve { token_limit },

@@ -16,8 +16,8 @@ pub const KEY_LEN_MAX: usize = tenure_protocol::limits::KEY_LEN_MAX;
 /// Longest holder metadata a record may carry, in bytes (the wire limit).
 pub const META_LEN_MAX: usize = tenure_protocol::limits::META_LEN_MAX;
 
-/// Payload of the largest possible grant: key and meta at their limits.
-const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX;
+/// Payload of the largest possible grant: key and meta at their limits, permit counts.
+const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 8;
 const _: () = assert!(GRANT_PAYLOAD_LEN_MAX <= PAYLOAD_LEN_MAX);
 // Key and meta lengths are stored as u16.
 const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
@@ -35,6 +35,15 @@ const SEGMENT_HEADER_CHECKED_LEN: usize = SEGMENT_HEADER_LEN - 4;
 
 /// Grant flag bit: release the lease when the holder's connection closes.
 pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
+/// Grant flag bit: a shared (read) lease, one of several holders of its key.
+pub const GRANT_FLAG_SHARED: u8 = 0b0000_1000;
+/// Grant flag bit: semaphore permits; `count (u32)` and `limit (u32)` follow `meta`.
+pub const GRANT_FLAG_PERMITS: u8 = 0b0001_0000;
+/// The flag bits that say a grant's kind: kept out of [`Record::Grant`]'s `flags` field,
+/// which says them in its `kind`.
+const GRANT_FLAGS_KIND: u8 = GRANT_FLAG_SHARED | GRANT_FLAG_PERMITS;
+
+use tenure_protocol::LeaseKind;
 
 const TYPE_RESERVE: u8 = 1;
 const TYPE_GRANT: u8 = 2;
@@ -83,10 +92,14 @@ pub enum Record<'a> {
         token: u64,
         /// Lease length; recovery counts it again from restart.
         ttl_ms: u32,
-        /// Bit set of `GRANT_FLAG_*`.
+        /// Bit set of `GRANT_FLAG_*`, the kind bits aside.
         flags: u8,
         /// Holder metadata, at most [`META_LEN_MAX`] bytes.
         meta: &'a [u8],
+        /// What the lease holds. An exclusive grant is written as before the kinds existed
+        /// and replaces the key's holders; a shared or permits grant (flag bit 3 or 4) joins
+        /// them.
+        kind: LeaseKind,
     },
     /// `key` is no longer held, if it is still held with exactly `token`.
     Free {
@@ -139,7 +152,16 @@ impl Record<'_> {
     fn payload_len(&self) -> usize {
         match self {
             Record::Reserve { .. } | Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 8,
-            Record::Grant { key, meta, .. } => 2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len(),
+            Record::Grant {
+                key, meta, kind, ..
+            } => {
+                let permits = if matches!(kind, LeaseKind::Permits { .. }) {
+                    8
+                } else {
+                    0
+                };
+                2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len() + permits
+            }
             Record::Free { key, .. } => 2 + key.len() + 8 + 1,
             Record::Renew { key, .. } => 2 + key.len() + 8 + 4,
         }
@@ -172,15 +194,26 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             ttl_ms,
             flags,
             meta,
+            kind,
         } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
             assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
+            assert!(flags & GRANT_FLAGS_KIND == 0, "kind bits in a grant's flags");
             put_bytes16(out, key);
             out.extend_from_slice(&lease_id);
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(&ttl_ms.to_be_bytes());
-            out.push(flags);
+            let kind_bits = match kind {
+                LeaseKind::Exclusive => 0,
+                LeaseKind::Shared => GRANT_FLAG_SHARED,
+                LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
+            };
+            out.push(flags | kind_bits);
             put_bytes16(out, meta);
+            if let LeaseKind::Permits { count, limit } = kind {
+                out.extend_from_slice(&count.to_be_bytes());
+                out.extend_from_slice(&limit.to_be_bytes());
+            }
         }
         Record::Free { key, token, reason } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
@@ -298,14 +331,7 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         TYPE_RESERVE => Record::Reserve {
             token_limit: r.u64()?,
         },
-        TYPE_GRANT => Record::Grant {
-            key: r.bytes16(KEY_LEN_MAX, "key too long")?,
-            lease_id: r.array()?,
-            token: r.u64()?,
-            ttl_ms: r.u32()?,
-            flags: r.u8()?,
-            meta: r.bytes16(META_LEN_MAX, "meta too long")?,
-        },
+        TYPE_GRANT => decode_grant(&mut r)?,
         TYPE_FREE => Record::Free {
             key: r.bytes16(KEY_LEN_MAX, "key too long")?,
             token: r.u64()?,
@@ -329,6 +355,37 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         return Err(DecodeError::Malformed("trailing bytes after payload"));
     }
     Ok(record)
+}
+
+/// A Grant payload: the fields of every grant, then a semaphore's counts if flagged.
+fn decode_grant<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, DecodeError> {
+    let key = r.bytes16(KEY_LEN_MAX, "key too long")?;
+    let lease_id = r.array()?;
+    let token = r.u64()?;
+    let ttl_ms = r.u32()?;
+    let flags = r.u8()?;
+    let meta = r.bytes16(META_LEN_MAX, "meta too long")?;
+    let kind = match flags & GRANT_FLAGS_KIND {
+        0 => LeaseKind::Exclusive,
+        GRANT_FLAG_SHARED => LeaseKind::Shared,
+        GRANT_FLAG_PERMITS => LeaseKind::Permits {
+            count: r.u32()?,
+            limit: r.u32()?,
+        },
+        _ => return Err(DecodeError::Malformed("grant both shared and permits")),
+    };
+    if kind.validate().is_err() {
+        return Err(DecodeError::Malformed("grant's permit counts out of range"));
+    }
+    Ok(Record::Grant {
+        key,
+        lease_id,
+        token,
+        ttl_ms,
+        flags: flags & !GRANT_FLAGS_KIND,
+        meta,
+        kind,
+    })
 }
 
 /// Cursor over a payload; every read fails cleanly on a short buffer.
