@@ -20,6 +20,7 @@ fn grant(n: u64, key: &[u8; 14]) -> Record<'_> {
         ttl_ms: 30_000,
         flags: 0,
         meta: &[],
+        kind: Default::default(),
     }
 }
 

@@ -17,6 +17,7 @@ pub fn acquire(n: u64) -> Request {
         wait_ms: 0,
         release_on_disconnect: false,
         meta: Bytes::new(),
+        kind: Default::default(),
     }
 }
 

@@ -167,6 +167,7 @@ impl Client {
             wait_ms,
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
+            kind: Default::default(),
         };
         let timeout = self.router.config().request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));

@@ -269,6 +269,7 @@ async fn tenure_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
         wait_ms: 0,
         release_on_disconnect: false,
         meta: Bytes::new(),
+        kind: Default::default(),
     };
     Ok(match tenure_ask(addr, &request).await? {
         Response::Granted { .. } => Answer::Granted,

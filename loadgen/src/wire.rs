@@ -140,6 +140,7 @@ mod tests {
                     wait_ms: 250,
                     release_on_disconnect: false,
                     meta: Bytes::new(),
+                    kind: Default::default(),
                 },
             ),
             (

@@ -25,6 +25,7 @@ fn sample_requests() -> Vec<Request> {
             wait_ms: 0,
             release_on_disconnect: false,
             meta: Bytes::new(),
+            kind: Default::default(),
         },
         Request::Acquire {
             key: key(KEY_LEN_MAX),
@@ -32,6 +33,7 @@ fn sample_requests() -> Vec<Request> {
             wait_ms: WAIT_MS_MAX,
             release_on_disconnect: true,
             meta: Bytes::from(vec![7u8; META_LEN_MAX]),
+            kind: Default::default(),
         },
         Request::Renew {
             key: key(5),
@@ -418,6 +420,7 @@ fn field_limits_are_enforced() {
                 wait_ms: WAIT_MS_MAX + 1,
                 release_on_disconnect: false,
                 meta: Bytes::new(),
+                kind: Default::default(),
             },
             ErrorCode::BadWait,
         ),
@@ -428,6 +431,7 @@ fn field_limits_are_enforced() {
                 wait_ms: 0,
                 release_on_disconnect: false,
                 meta: Bytes::from(vec![0; META_LEN_MAX + 1]),
+                kind: Default::default(),
             },
             ErrorCode::MetaTooLong,
         ),

@@ -118,6 +118,7 @@ pub fn acquire_meta(key: &str, ttl_ms: u32, wait_ms: u32, meta: &str) -> Request
         wait_ms,
         release_on_disconnect: false,
         meta: bytes(meta),
+        kind: Default::default(),
     }
 }
 

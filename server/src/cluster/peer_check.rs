@@ -576,6 +576,7 @@ mod tests {
             ttl_ms: 30_000,
             flags: 0,
             meta: b"m",
+            kind: Default::default(),
         };
         let free = Record::Free {
             key: b"k",

@@ -336,6 +336,7 @@ mod tests {
             ttl_ms: 1000,
             flags: 0,
             meta: b"m",
+            kind: Default::default(),
         };
         record::encode(&record, &mut out);
         out

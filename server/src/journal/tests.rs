@@ -34,6 +34,7 @@ fn acquire(key: &str) -> Request {
         wait_ms: 0,
         release_on_disconnect: false,
         meta: Bytes::from_static(b"meta"),
+        kind: Default::default(),
     }
 }
 

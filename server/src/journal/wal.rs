@@ -206,6 +206,7 @@ mod tests {
                     ttl_ms: 60_000,
                     release_on_disconnect: false,
                     meta: b"",
+                    kind: Default::default(),
                 });
             }
         }

@@ -536,6 +536,7 @@ mod tests {
                 ttl_ms: 30_000,
                 flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
                 meta: b"host-a pid 12",
+                kind: Default::default(),
             },
             Record::Grant {
                 key: b"",
@@ -544,6 +545,7 @@ mod tests {
                 ttl_ms: 0,
                 flags: 0,
                 meta: b"",
+                kind: Default::default(),
             },
             Record::Grant {
                 key: key_max,
@@ -552,6 +554,7 @@ mod tests {
                 ttl_ms: u32::MAX,
                 flags: 0xff,
                 meta: meta_max,
+                kind: Default::default(),
             },
             Record::Free {
                 key: b"jobs/42",

@@ -349,6 +349,7 @@ mod tests {
             ttl_ms: 5_000,
             flags: 0,
             meta: b"m",
+            kind: Default::default(),
         }
     }
 

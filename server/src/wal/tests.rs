@@ -24,6 +24,7 @@ fn grant(key: &[u8], token: u64) -> Record<'_> {
         ttl_ms: 1_000,
         flags: 0,
         meta: b"meta",
+        kind: Default::default(),
     }
 }
 
@@ -77,6 +78,7 @@ fn appended_records_come_back_after_reopen() {
         ttl_ms: 9_000,
         flags: crate::wal::GRANT_FLAG_RELEASE_ON_DISCONNECT,
         meta: b"holder",
+        kind: Default::default(),
     });
     assert_eq!(wal.flush().unwrap(), last.unwrap());
     assert_eq!(wal.durable_lsn(), 5);
@@ -95,6 +97,7 @@ fn appended_records_come_back_after_reopen() {
         ttl_ms: 9_000,
         flags: 1,
         meta: b"holder".to_vec(),
+        kind: Default::default(),
     };
     assert_eq!(c, &expect);
     assert_eq!(
@@ -462,6 +465,7 @@ fn backlog_is_refused_not_buffered_without_bound() {
             ttl_ms: 1,
             flags: 0,
             meta: &big,
+            kind: Default::default(),
         };
         match wal.append(&record) {
             Ok(_) => accepted += 1,
@@ -489,6 +493,7 @@ fn open_snapshots_a_log_of_several_segments_and_deletes_the_rest() {
         ttl_ms: 2_000,
         flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
         meta: b"who",
+        kind: Default::default(),
     };
     wal.append(&flagged).unwrap();
     wal.append(&grant(b"gone", 8)).unwrap();

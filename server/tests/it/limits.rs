@@ -97,6 +97,7 @@ impl Waiting for Raw {
                 wait_ms,
                 release_on_disconnect: false,
                 meta: Default::default(),
+                kind: Default::default(),
             };
             encode_request(*id, &request, &mut out);
         }

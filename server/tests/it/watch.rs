@@ -256,6 +256,7 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
         wait_ms: 0,
         release_on_disconnect: true,
         meta: Bytes::new(),
+        kind: Default::default(),
     };
     assert!(matches!(
         watcher.call(2, watch("d")).await,

@@ -94,7 +94,13 @@ async fn execute(
             wait_ms,
             release_on_disconnect,
             meta,
+            kind,
         } => {
+            if !kind.is_exclusive() {
+                // The client library has no shared or permit leases yet; sending a plain
+                // ACQUIRE instead would take the key exclusively, which is not what was typed.
+                anyhow::bail!("SHARED and PERMITS= are not supported by this console yet");
+            }
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,

@@ -41,6 +41,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             wait_ms: ms_u32(wait)?,
             release_on_disconnect: false,
             meta: Bytes::from(meta.unwrap_or_default()),
+            kind: Default::default(),
         },
         Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),

@@ -288,6 +288,7 @@ impl World {
             wait_ms,
             release_on_disconnect,
             meta: Bytes::from_static(b"sim"),
+            kind: Default::default(),
         };
         let before = self.holder_token(&key);
         let sent_ms = self.now_ms();

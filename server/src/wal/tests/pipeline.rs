@@ -161,6 +161,7 @@ fn grant_with_bulk_meta(key: &[u8]) -> Record<'_> {
         ttl_ms: 1_000,
         flags: 0,
         meta: &BULK_META,
+        kind: Default::default(),
     }
 }
 
