@@ -521,6 +521,46 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn grant_kinds_are_flag_bits_3_and_4() {
+        let grant = |kind| Record::Grant {
+            key: b"k",
+            lease_id: [1; 16],
+            token: 5,
+            ttl_ms: 100,
+            flags: 0,
+            meta: b"",
+            kind,
+        };
+        let mut plain = Vec::new();
+        encode(&grant(LeaseKind::Exclusive), &mut plain);
+        let mut permits = Vec::new();
+        encode(&grant(LeaseKind::Permits { count: 2, limit: 4 }), &mut permits);
+        // The flags byte sits after the key (2 + 1), lease id, token and TTL.
+        let flags_at = RECORD_HEADER_LEN + 3 + 16 + 8 + 4;
+        assert_eq!(plain[flags_at], 0, "a plain grant is written as before");
+        assert_eq!(permits[flags_at], GRANT_FLAG_PERMITS);
+        assert_eq!(&permits[permits.len() - 8..], &[0, 0, 0, 2, 0, 0, 0, 4]);
+        let mut shared = Vec::new();
+        encode(&grant(LeaseKind::Shared), &mut shared);
+        assert_eq!(shared[flags_at], GRANT_FLAG_SHARED);
+        assert_eq!(shared.len(), plain.len());
+        // Both kind bits, or counts out of range, are corruption, not a lease.
+        for (at, value) in [(flags_at, GRANT_FLAG_SHARED | GRANT_FLAG_PERMITS)] {
+            let mut bad = shared.clone();
+            bad[at] = value;
+            let sum = crc32fast::hash(&bad[8..]);
+            bad[4..8].copy_from_slice(&sum.to_be_bytes());
+            assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
+        }
+        let mut bad = permits.clone();
+        let len = bad.len();
+        bad[len - 8..len - 4].copy_from_slice(&5u32.to_be_bytes()); // 5 of 4
+        let sum = crc32fast::hash(&bad[8..]);
+        bad[4..8].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
+    }
+
     fn samples() -> Vec<Record<'static>> {
         let key_max: &'static [u8] = Box::leak(vec![b'k'; KEY_LEN_MAX].into_boxed_slice());
         let meta_max: &'static [u8] = Box::leak(vec![7u8; META_LEN_MAX].into_boxed_slice());
@@ -552,9 +592,30 @@ mod tests {
                 lease_id: [0xff; 16],
                 token: u64::MAX,
                 ttl_ms: u32::MAX,
-                flags: 0xff,
+                flags: 0xff & !GRANT_FLAGS_KIND,
                 meta: meta_max,
                 kind: Default::default(),
+            },
+            Record::Grant {
+                key: b"readers",
+                lease_id: [3; 16],
+                token: 18,
+                ttl_ms: 1_000,
+                flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
+                meta: b"r",
+                kind: LeaseKind::Shared,
+            },
+            Record::Grant {
+                key: key_max,
+                lease_id: [0xfe; 16],
+                token: u64::MAX - 1,
+                ttl_ms: u32::MAX,
+                flags: 0xff & !GRANT_FLAGS_KIND,
+                meta: meta_max,
+                kind: LeaseKind::Permits {
+                    count: 3,
+                    limit: tenure_protocol::limits::PERMITS_MAX,
+                },
             },
             Record::Free {
                 key: b"jobs/42",

@@ -85,6 +85,8 @@ mod queue;
 mod quota;
 mod shared;
 #[cfg(test)]
+mod shared_tests;
+#[cfg(test)]
 pub(crate) mod sim;
 mod slab;
 mod slot;

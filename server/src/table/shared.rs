@@ -170,6 +170,12 @@ impl<W> SharedKeys<W> {
         self.ids.is_empty()
     }
 
+    /// Whether the ticker has anything to do here: entries, timers (stale ones too, which
+    /// must be drained) or stalled queues.
+    pub(super) fn has_work(&self) -> bool {
+        !self.ids.is_empty() || !self.timers.is_empty() || !self.stalled.is_empty()
+    }
+
     /// The entry number of `key`, if it is shared.
     #[inline]
     pub(super) fn find(&self, key: &[u8]) -> Option<u32> {
@@ -679,7 +685,10 @@ impl<W: WaiterSink> LockTable<W> {
             stalled.sort_unstable();
             stalled.dedup();
             for number in stalled {
-                if spent >= budget || self.shared.entries[number as usize].is_none() {
+                if self.shared.entries[number as usize].is_none() {
+                    continue; // gone since (a stale number)
+                }
+                if spent >= budget {
                     self.shared.stalled.push(number);
                     continue;
                 }

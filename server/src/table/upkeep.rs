@@ -94,7 +94,7 @@ impl<W: WaiterSink> LockTable<W> {
             self.fire_wait(timer, now_ms, tokens, out);
         }
         self.fired = fired;
-        if !self.shared.is_empty() {
+        if self.shared.has_work() {
             self.advance_shared(now_ms, budget.saturating_sub(spent), tokens, out);
         }
         self.next_due_ms().is_some_and(|due_ms| due_ms <= now_ms)

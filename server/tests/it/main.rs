@@ -38,6 +38,7 @@ mod nemesis;
 mod per_core;
 mod protocol_doc;
 mod settings;
+mod shared;
 mod tls;
 mod watch;
 

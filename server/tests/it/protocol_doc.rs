@@ -21,9 +21,11 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Every example name PROTOCOL.md may use, each with its setup in [`run_scenario`].
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 11] = [
     "hello-version-9",
     "acquire",
+    "acquire-permits",
+    "semaphore",
     "granted",
     "watching",
     "auth",
@@ -477,11 +479,11 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
     };
     match name {
         "hello-version-9" => hello_refused(&server, &examples, tables).await,
-        "acquire" | "auth" | "cluster-remove" | "cluster-status-extended" => {
+        "acquire" | "acquire-permits" | "auth" | "cluster-remove" | "cluster-status-extended" => {
             exchange(&server, &examples, tables).await
         }
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
-        "session" | "escapes-and-refusals" => console_session(&server, examples[0]).await,
+        "session" | "semaphore" | "escapes-and-refusals" => console_session(&server, examples[0]).await,
         other => panic!("no scenario {other}"),
     }
     server.stop().await;

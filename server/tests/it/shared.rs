@@ -1,0 +1,157 @@
+//! Read/write locks and semaphores end to end (PROTOCOL.md 3.9): the console and the wire
+//! against a real server, the FIFO rules across connections, and holders surviving a
+//! `kill -9` and restart of the daemon.
+
+use tenure_protocol::{LeaseId, LeaseKind, Request, Response};
+use tenure_testkit::console::Console;
+use tenure_testkit::daemon::{Daemon, Tenured};
+use tenure_testkit::raw::{bytes, Raw};
+use tenure_testkit::reply::field;
+use tenure_testkit::Server;
+
+use super::tenured_bin;
+
+fn acquire(key: &str, wait_ms: u32, kind: LeaseKind) -> Request {
+    Request::Acquire {
+        key: bytes(key),
+        ttl_ms: 30_000,
+        wait_ms,
+        release_on_disconnect: false,
+        meta: bytes(""),
+        kind,
+    }
+}
+
+fn granted(response: Response) -> (u64, LeaseId) {
+    match response {
+        Response::Granted {
+            token, lease_id, ..
+        } => (token, lease_id),
+        other => panic!("expected GRANTED, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_semaphore_over_the_console_holds_its_limit_and_refuses_mismatches() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let first = c.cmd("ACQUIRE pool 30000 PERMITS=2/3").await;
+    assert!(first.starts_with("OK token="), "{first}");
+    let second = c.cmd("ACQUIRE pool 30000 PERMITS=3").await;
+    assert!(second.starts_with("OK token="), "{second}");
+    assert!(c.cmd("ACQUIRE pool 30000 PERMITS=3").await.starts_with("LOCKED "));
+    let wrong = c.cmd("ACQUIRE pool 30000 PERMITS=4").await;
+    assert!(wrong.starts_with("ERR KIND_MISMATCH "), "{wrong}");
+    assert!(c.cmd("ACQUIRE pool 30000").await.starts_with("ERR KIND_MISMATCH "));
+    assert!(c.cmd("ACQUIRE pool 30000 SHARED").await.starts_with("ERR KIND_MISMATCH "));
+    assert!(c.cmd("ACQUIRE pool 30000 PERMITS=0").await.starts_with("ERR BAD_PERMITS "));
+    // Both permit tokens are current; a release frees its permits at once.
+    let (t1, t2) = (field(&first, "token"), field(&second, "token"));
+    assert_eq!(c.cmd(&format!("CHECK pool {t1}")).await, "CURRENT");
+    assert_eq!(c.cmd(&format!("CHECK pool {t2}")).await, "CURRENT");
+    let lease = field(&first, "lease").to_string();
+    assert_eq!(c.cmd(&format!("RELEASE pool {lease}")).await, "OK");
+    assert_eq!(c.cmd(&format!("CHECK pool {t1}")).await, "STALE");
+    let third = c.cmd("ACQUIRE pool 30000 PERMITS=2/3").await;
+    assert!(third.starts_with("OK token="), "{third}");
+    let stats = c.cmd("STATS").await;
+    assert_eq!(field(&stats, "shared_held"), "2", "{stats}");
+    assert_eq!(field(&stats, "permit_grants"), "3", "{stats}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_writer_waits_for_readers_and_stops_new_ones_then_hands_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let (mut a, _) = Raw::connect(server.addr).await;
+    let (mut b, _) = Raw::connect(server.addr).await;
+    let (mut c, _) = Raw::connect(server.addr).await;
+    let (r1, r1_lease) = granted(a.call(1, acquire("doc", 0, LeaseKind::Shared)).await);
+    let (r2, r2_lease) = granted(a.call(2, acquire("doc", 0, LeaseKind::Shared)).await);
+    // The writer queues behind the readers, and a reader after it queues behind it.
+    b.send(10, &acquire("doc", 20_000, LeaseKind::Exclusive)).await;
+    assert!(matches!(
+        b.call(11, Request::Ping).await,
+        Response::Pong
+    ));
+    c.send(20, &acquire("doc", 20_000, LeaseKind::Shared)).await;
+    assert!(matches!(c.call(21, Request::Ping).await, Response::Pong));
+    let locked = a.call(3, acquire("doc", 0, LeaseKind::Shared)).await;
+    assert!(matches!(locked, Response::Locked { token, .. } if token == r2), "{locked:?}");
+    let release = |lease_id| Request::Release {
+        key: bytes("doc"),
+        lease_id,
+    };
+    assert_eq!(a.call(4, release(r1_lease)).await, Response::Released);
+    assert_eq!(a.call(5, release(r2_lease)).await, Response::Released);
+    let (id, writer) = b.frame().await;
+    let (w, w_lease) = granted(writer);
+    assert_eq!(id, 10);
+    assert!(w > r2 && r2 > r1, "a writer's token is above every reader's");
+    assert_eq!(check(&mut a, r2).await, Response::Stale);
+    assert_eq!(check(&mut a, w).await, Response::Current);
+    assert_eq!(b.call(12, release(w_lease)).await, Response::Released);
+    let (id, reader) = c.frame().await;
+    let (r3, _) = granted(reader);
+    assert_eq!(id, 20);
+    assert!(r3 > w);
+    assert_eq!(check(&mut a, r3).await, Response::Current);
+    server.stop().await;
+}
+
+async fn check(raw: &mut Raw, token: u64) -> Response {
+    raw.call(1000 + token, Request::Check {
+        key: bytes("doc"),
+        token,
+    })
+    .await
+}
+
+#[test]
+fn holders_kinds_and_limits_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let what = Tenured {
+        bin: tenured_bin(),
+        dir: dir.path(),
+        logs: None,
+        args: &[],
+    };
+    let mut daemon = Daemon::start(what);
+    let mut conn = tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE)
+        .unwrap();
+    let a = conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap();
+    let b = conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap();
+    let r = conn.cmd("ACQUIRE doc 60000 SHARED").unwrap();
+    for line in [&a, &b, &r] {
+        assert!(line.starts_with("OK token="), "{line}");
+    }
+    daemon.kill9();
+    let mut daemon = Daemon::start_on(what, daemon.addr);
+    let mut conn = tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE)
+        .unwrap();
+    for (key, line) in [("pool", &a), ("pool", &b), ("doc", &r)] {
+        let check = conn.cmd(&format!("CHECK {key} {}", field(line, "token"))).unwrap();
+        assert_eq!(check, "CURRENT", "{key} {line} after kill -9");
+    }
+    // The limit came back with the permits: the key is full, and still a semaphore of 2.
+    assert!(conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap().starts_with("LOCKED "));
+    assert!(conn
+        .cmd("ACQUIRE pool 60000 PERMITS=3")
+        .unwrap()
+        .starts_with("ERR KIND_MISMATCH "));
+    // A second reader joins the recovered one; a writer does not; tokens went on rising.
+    let r2 = conn.cmd("ACQUIRE doc 60000 SHARED").unwrap();
+    assert!(
+        field(&r2, "token").parse::<u64>().unwrap() > field(&r, "token").parse().unwrap(),
+        "{r2}"
+    );
+    assert!(conn.cmd("ACQUIRE doc 60000").unwrap().starts_with("LOCKED "));
+    // A recovered permit is released by its own lease id, and only its own.
+    let lease = field(&a, "lease");
+    assert_eq!(conn.cmd(&format!("RELEASE pool {lease}")).unwrap(), "OK");
+    assert_eq!(conn.cmd(&format!("RELEASE pool {lease}")).unwrap(), "NOT_OWNER");
+    assert!(conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap().starts_with("OK token="));
+    daemon.kill9();
+}
