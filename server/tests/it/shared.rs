@@ -144,7 +144,7 @@ fn holders_kinds_and_limits_survive_kill_9() {
     // A second reader joins the recovered one; a writer does not; tokens went on rising.
     let r2 = conn.cmd("ACQUIRE doc 60000 SHARED").unwrap();
     assert!(
-        field(&r2, "token").parse::<u64>().unwrap() > field(&r, "token").parse().unwrap(),
+        field(&r2, "token").parse::<u64>().unwrap() > field(&r, "token").parse::<u64>().unwrap(),
         "{r2}"
     );
     assert!(conn.cmd("ACQUIRE doc 60000").unwrap().starts_with("LOCKED "));

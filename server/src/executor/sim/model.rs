@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use tenure_protocol::LeaseId;
+use tenure_protocol::{LeaseId, LeaseKind};
 
 /// Milliseconds a client counts its lease short: the server's clock resolution
 /// (PROTOCOL.md §3.3).
@@ -19,6 +19,8 @@ pub(super) struct Belief {
     pub token: u64,
     /// Whether it is released when the acquiring connection closes.
     pub release_on_disconnect: bool,
+    /// What it holds: the key alone, a read lease, or permits.
+    pub kind: LeaseKind,
     /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`, or a
     /// renewal's `sent + ttl - slack`.
     pub deadline_ms: u64,
@@ -104,17 +106,34 @@ impl Model {
         self.beliefs.retain(|b| b.client != client);
     }
 
-    /// Forgets beliefs whose deadline passed, then checks mutual exclusion: no two clients
-    /// inside their local deadlines for one key at `now_ms`.
+    /// Forgets beliefs whose deadline passed, then checks exclusion among the clients
+    /// inside their local deadlines at `now_ms`, per key: an exclusive (write) lease alone;
+    /// read leases only beside read leases; permits adding up to at most their limit.
     pub fn check_exclusion(&mut self, now_ms: u64) {
         self.beliefs.retain(|b| b.deadline_ms > now_ms);
-        let mut by_key: BTreeMap<&[u8], &Belief> = BTreeMap::new();
+        let mut by_key: BTreeMap<&[u8], Vec<&Belief>> = BTreeMap::new();
         for belief in &self.beliefs {
-            if let Some(other) = by_key.insert(&belief.key, belief) {
-                panic!(
-                    "two clients inside their deadlines at {now_ms} ms: {other:?} and {belief:?}"
-                );
-            }
+            by_key.entry(&belief.key).or_default().push(belief);
+        }
+        for inside in by_key.values().filter(|inside| inside.len() > 1) {
+            let fine = match inside[0].kind {
+                LeaseKind::Exclusive => false,
+                LeaseKind::Shared => inside.iter().all(|b| b.kind == LeaseKind::Shared),
+                LeaseKind::Permits { limit, .. } => {
+                    let mut held = 0;
+                    for belief in inside {
+                        match belief.kind {
+                            LeaseKind::Permits { count, limit: l } if l == limit => held += count,
+                            _ => held = u32::MAX,
+                        }
+                    }
+                    held <= limit
+                }
+            };
+            assert!(
+                fine,
+                "clients inside their deadlines at {now_ms} ms beyond exclusion: {inside:?}"
+            );
         }
     }
 

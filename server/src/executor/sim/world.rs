@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tenure_protocol::{ErrorCode, LeaseId, Request, Response};
+use tenure_protocol::{ErrorCode, LeaseId, LeaseKind, Request, Response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -26,7 +26,13 @@ use crate::journal::{Journal, Ticket, TICKET_NOW};
 /// Simulated connections (clients).
 const CONNS: usize = 5;
 /// The key space: few keys, so requests collide.
-const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-key-longer-than-the-inline-limit"];
+const KEYS: [&[u8]; 5] = [b"a", b"b", b"c", b"a-key-longer-than-the-inline-limit", b"s"];
+/// Keys acquired now and then as read leases (else exclusively: their write side): a plain
+/// lock on them turns into a read/write key when a reader comes.
+const READ_WRITE_KEYS: [&[u8]; 2] = [b"a", b"b"];
+/// The semaphore key, and its number of permits.
+const SEMAPHORE_KEY: &[u8] = b"s";
+const SEMAPHORE_LIMIT: u32 = 2;
 /// Tokens per reservation: small, so reservations (and the restart margin) happen often.
 const TOKEN_BLOCK: u64 = 16;
 /// Most expiries per shard per tick, as the ticker's budget.
@@ -95,6 +101,8 @@ struct Pending {
     asked: Asked,
     /// An ACQUIRE's release-on-disconnect flag.
     release_on_disconnect: bool,
+    /// An ACQUIRE's kind.
+    kind: LeaseKind,
     /// Sim time it was sent at, and the step.
     sent_ms: u64,
     sent_step: u64,
@@ -234,6 +242,22 @@ impl World {
         Bytes::from_static(KEYS[self.rng.random_range(0..KEYS.len())])
     }
 
+    /// What an ACQUIRE of `key` asks for: permits of the semaphore key, a read lease now and
+    /// then on a read/write key, else the key alone.
+    fn kind_for(&mut self, key: &[u8]) -> LeaseKind {
+        if key == SEMAPHORE_KEY {
+            let count = self.rng.random_range(1..=SEMAPHORE_LIMIT);
+            return LeaseKind::Permits {
+                count,
+                limit: SEMAPHORE_LIMIT,
+            };
+        }
+        if READ_WRITE_KEYS.contains(&key) && self.rng.random_bool(0.5) {
+            return LeaseKind::Shared;
+        }
+        LeaseKind::Exclusive
+    }
+
     fn ttl_ms(&mut self) -> u32 {
         self.rng.random_range(100..=500)
     }
@@ -282,13 +306,14 @@ impl World {
             0
         };
         let release_on_disconnect = self.rng.random_bool(0.5);
+        let kind = self.kind_for(&key);
         let request = Request::Acquire {
             key: key.clone(),
             ttl_ms,
             wait_ms,
             release_on_disconnect,
             meta: Bytes::from_static(b"sim"),
-            kind: Default::default(),
+            kind,
         };
         let before = self.holder_token(&key);
         let sent_ms = self.now_ms();
@@ -325,6 +350,7 @@ impl World {
             key,
             asked: Asked::Acquire,
             release_on_disconnect,
+            kind,
             sent_ms,
             sent_step: self.step,
             state,
@@ -371,6 +397,7 @@ impl World {
         let pending = Pending {
             key,
             asked: Asked::Renew(lease_id),
+            kind: LeaseKind::Exclusive,
             release_on_disconnect: false,
             sent_ms,
             sent_step: self.step,
@@ -408,6 +435,7 @@ impl World {
         let pending = Pending {
             key,
             asked: Asked::Release(lease_id),
+            kind: LeaseKind::Exclusive,
             release_on_disconnect: false,
             sent_ms,
             sent_step: self.step,
@@ -440,11 +468,16 @@ impl World {
         if belief.deadline_ms <= now_ms + CLIENT_SLACK_MS {
             return; // at the edge: the server may have ended it a moment sooner
         }
-        assert_eq!(
-            token,
-            Some(belief.token),
-            "a believed lease is not the holder"
-        );
+        if belief.kind.is_exclusive() {
+            assert_eq!(
+                token,
+                Some(belief.token),
+                "a believed lease is not the holder"
+            );
+        } else {
+            // Several hold: INSPECT names the newest, at or above this one.
+            assert!(token >= Some(belief.token), "a believed reader's key is free");
+        }
         let request = Request::Check {
             key,
             token: belief.token,
@@ -536,7 +569,10 @@ impl World {
         let now_ms = self.now_ms();
         self.model.check_exclusion(now_ms);
         for belief in &self.model.beliefs {
-            let back = recovered.leases.iter().find(|l| l.key == belief.key);
+            let back = recovered
+                .leases
+                .iter()
+                .find(|l| l.key == belief.key && l.lease_id == belief.lease_id);
             assert!(
                 back.is_some_and(|l| l.lease_id == belief.lease_id && l.token == belief.token),
                 "an acknowledged lease did not come back: {belief:?}, found {back:?}"
@@ -565,7 +601,7 @@ impl World {
         for lease in recovered.leases {
             let mut shard = self.exec.shard(&lease.key);
             let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
-            shard.restore(exec_now_ms, &lease.key, id, token, ttl_ms, &lease.meta);
+            shard.restore_kind(exec_now_ms, &lease.key, id, token, ttl_ms, lease.kind, &lease.meta);
         }
         for c in 0..CONNS {
             self.conns[c] = self.new_conn();

@@ -139,6 +139,7 @@ impl World {
                     token,
                     renew_sent_step: 0,
                     release_on_disconnect: pending.release_on_disconnect,
+                    kind: pending.kind,
                     deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
                         - CLIENT_SLACK_MS,
                 };
