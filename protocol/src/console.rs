@@ -67,9 +67,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("HELP", []) => return Ok(Command::Help),
         ("QUIT", []) => return Ok(Command::Quit),
         ("ACQUIRE", [key, ttl, rest @ ..]) => parse_acquire(key, ttl, rest)?,
-        ("ACQUIRE", _) => {
-            return Err(usage(ACQUIRE_USAGE))
-        }
+        ("ACQUIRE", _) => return Err(usage(ACQUIRE_USAGE)),
         ("RENEW", [key, lease, ttl]) => Request::Renew {
             key: parse_key(key)?,
             lease_id: parse_lease(lease)?,

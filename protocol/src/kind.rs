@@ -44,7 +44,9 @@ impl LeaseKind {
             if !(1..=PERMITS_MAX).contains(&limit) || !(1..=limit).contains(&count) {
                 return Err(FrameError::new(
                     ErrorCode::BadPermits,
-                    format!("permits {count} of {limit}: need 1 <= count <= limit <= {PERMITS_MAX}"),
+                    format!(
+                        "permits {count} of {limit}: need 1 <= count <= limit <= {PERMITS_MAX}"
+                    ),
                 ));
             }
         }

@@ -31,11 +31,17 @@ impl Executor {
         let before = if !self.journal.logs_leases() {
             None
         } else if shard.is_shared(&key) {
-            shard
-                .shared_lease(now_ms, &key, lease_id)
-                .map(|(token, ttl_left_ms, logged, kind, meta)| {
-                    (token, ttl_left_ms, Bytes::copy_from_slice(meta), logged, kind)
-                })
+            shard.shared_lease(now_ms, &key, lease_id).map(
+                |(token, ttl_left_ms, logged, kind, meta)| {
+                    (
+                        token,
+                        ttl_left_ms,
+                        Bytes::copy_from_slice(meta),
+                        logged,
+                        kind,
+                    )
+                },
+            )
         } else {
             match (shard.inspect(now_ms, &key), shard.logged_ttl(&key)) {
                 (

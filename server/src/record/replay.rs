@@ -177,9 +177,10 @@ impl LeaseReplay {
 
     /// Every held lease, taken.
     pub fn into_held(self) -> impl Iterator<Item = (Vec<u8>, Held)> {
-        let shared = self.shared.into_iter().flat_map(|(key, holders)| {
-            holders.into_iter().map(move |held| (key.clone(), held))
-        });
+        let shared = self
+            .shared
+            .into_iter()
+            .flat_map(|(key, holders)| holders.into_iter().map(move |held| (key.clone(), held)));
         self.leases.into_iter().chain(shared)
     }
 

@@ -404,7 +404,9 @@ impl<W: WaiterSink> LockTable<W> {
         let mut moved = VecDeque::new();
         if let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) {
             for queued in extra.queue.drain(..) {
-                let Some(waiter) = queued.waiter else { continue };
+                let Some(waiter) = queued.waiter else {
+                    continue;
+                };
                 moved.push_back(Waiting {
                     waiter,
                     waiter_id: queued.waiter_id,
@@ -697,7 +699,10 @@ impl<W: WaiterSink> LockTable<W> {
             }
         }
         let mut fired = Vec::new();
-        spent += self.shared.timers.poll(now_ms, budget - spent.min(budget), &mut fired);
+        spent += self
+            .shared
+            .timers
+            .poll(now_ms, budget - spent.min(budget), &mut fired);
         for (number, stamp) in fired {
             let live = self.shared.entries[number as usize]
                 .as_ref()
@@ -712,7 +717,10 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Whether the shared part has due work at `now_ms`.
     pub(super) fn shared_due(&self, now_ms: u64, tokens: &TokenAllocator) -> bool {
-        self.shared.timers.next_due_ms().is_some_and(|due| due <= now_ms)
+        self.shared
+            .timers
+            .next_due_ms()
+            .is_some_and(|due| due <= now_ms)
             || (tokens.remaining() > 0 && !self.shared.stalled.is_empty())
     }
 
@@ -936,7 +944,10 @@ impl<W: WaiterSink> LockTable<W> {
             LeaseKind::Permits { limit, .. } => Some(limit),
             _ => None,
         };
-        assert!(self.find(key).is_none(), "restore: a plain lock and a shared one");
+        assert!(
+            self.find(key).is_none(),
+            "restore: a plain lock and a shared one"
+        );
         let number = match self.shared.find(key) {
             Some(number) => number,
             None => self.shared.open(key, limit),
@@ -985,10 +996,17 @@ impl<W: WaiterSink> LockTable<W> {
         let (mut holders, mut waiters) = (0, 0);
         for (number, entry) in shared.entries.iter().enumerate() {
             let Some(entry) = entry else {
-                assert!(shared.vacant.contains(&(number as u32)), "lost entry {number}");
+                assert!(
+                    shared.vacant.contains(&(number as u32)),
+                    "lost entry {number}"
+                );
                 continue;
             };
-            assert_eq!(shared.ids.get(&entry.key), Some(&(number as u32)), "entry index");
+            assert_eq!(
+                shared.ids.get(&entry.key),
+                Some(&(number as u32)),
+                "entry index"
+            );
             assert!(self.find(&entry.key).is_none(), "key both plain and shared");
             assert!(
                 !entry.holders.is_empty() || !entry.queue.is_empty(),
@@ -1007,7 +1025,12 @@ impl<W: WaiterSink> LockTable<W> {
 /// One entry's holders fit together and its tokens are distinct.
 fn check_entry<W>(entry: &Entry<W>) {
     for holder in &entry.holders {
-        assert!(entry.admits(holder.kind), "holder kind {:?} in {:?}", holder.kind, entry.limit);
+        assert!(
+            entry.admits(holder.kind),
+            "holder kind {:?} in {:?}",
+            holder.kind,
+            entry.limit
+        );
         assert!(holder.token != 0, "token 0");
     }
     let writers = entry
@@ -1026,5 +1049,9 @@ fn check_entry<W>(entry: &Entry<W>) {
     let mut tokens: Vec<u64> = entry.holders.iter().map(|h| h.token).collect();
     tokens.sort_unstable();
     tokens.dedup();
-    assert_eq!(tokens.len(), entry.holders.len(), "two holders share a token");
+    assert_eq!(
+        tokens.len(),
+        entry.holders.len(),
+        "two holders share a token"
+    );
 }

@@ -60,7 +60,14 @@ impl T {
         }
     }
 
-    fn acquire(&mut self, now: u64, key: &[u8], id: u128, wait: u32, kind: LeaseKind) -> Acquire<W> {
+    fn acquire(
+        &mut self,
+        now: u64,
+        key: &[u8],
+        id: u128,
+        wait: u32,
+        kind: LeaseKind,
+    ) -> Acquire<W> {
         let a = args(key, id, 100, wait);
         let out = self
             .table
@@ -106,23 +113,50 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
     let r1 = t.granted(0, b"k", 1, SHARED);
     let r2 = t.granted(0, b"k", 2, SHARED);
     assert!(r2 > r1);
-    assert!(matches!(t.acquire(0, b"k", 3, 0, WRITE), Acquire::Locked { token, .. } if token == r2));
-    assert!(matches!(t.acquire(0, b"k", 3, 500, WRITE), Acquire::Queued { .. }));
+    assert!(
+        matches!(t.acquire(0, b"k", 3, 0, WRITE), Acquire::Locked { token, .. } if token == r2)
+    );
+    assert!(matches!(
+        t.acquire(0, b"k", 3, 500, WRITE),
+        Acquire::Queued { .. }
+    ));
     // A writer in line stops new readers, with or without a wait.
-    assert!(matches!(t.acquire(1, b"k", 4, 0, SHARED), Acquire::Locked { .. }));
-    assert!(matches!(t.acquire(1, b"k", 4, 500, SHARED), Acquire::Queued { .. }));
-    assert!(matches!(t.acquire(1, b"k", 5, 500, SHARED), Acquire::Queued { .. }));
+    assert!(matches!(
+        t.acquire(1, b"k", 4, 0, SHARED),
+        Acquire::Locked { .. }
+    ));
+    assert!(matches!(
+        t.acquire(1, b"k", 4, 500, SHARED),
+        Acquire::Queued { .. }
+    ));
+    assert!(matches!(
+        t.acquire(1, b"k", 5, 500, SHARED),
+        Acquire::Queued { .. }
+    ));
     assert_eq!(t.table.check(1, b"k", r1), Check::Current);
-    assert!(matches!(t.release(2, b"k", 1), Release::Released { handoff: None, .. }));
-    let Release::Released { handoff: Some(w), .. } = t.release(2, b"k", 2) else {
+    assert!(matches!(
+        t.release(2, b"k", 1),
+        Release::Released { handoff: None, .. }
+    ));
+    let Release::Released {
+        handoff: Some(w), ..
+    } = t.release(2, b"k", 2)
+    else {
         panic!("the last reader's release hands the key to the writer")
     };
-    assert!(w.grant.token > r2, "a writer's token is above every reader's");
+    assert!(
+        w.grant.token > r2,
+        "a writer's token is above every reader's"
+    );
     assert_eq!(w.kind, WRITE);
     assert_eq!(t.table.check(2, b"k", r1), Check::Stale);
     assert_eq!(t.table.check(2, b"k", w.grant.token), Check::Current);
     // The writer's release grants both readers queued behind it, at once.
-    let Release::Released { handoff: Some(first), .. } = t.release(3, b"k", 3) else {
+    let Release::Released {
+        handoff: Some(first),
+        ..
+    } = t.release(3, b"k", 3)
+    else {
         panic!("the writer's release hands off")
     };
     let rest = t.handed();
@@ -135,7 +169,10 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
 #[test]
 fn a_plain_lock_becomes_a_read_write_key_when_a_reader_asks() {
     let mut t = T::new();
-    let plain = match t.table.acquire(0, args(b"k", 1, 100, 0), &t.tokens, &mut t.events) {
+    let plain = match t
+        .table
+        .acquire(0, args(b"k", 1, 100, 0), &t.tokens, &mut t.events)
+    {
         Acquire::Granted(g) => g.token,
         other => panic!("{other:?}"),
     };
@@ -145,17 +182,31 @@ fn a_plain_lock_becomes_a_read_write_key_when_a_reader_asks() {
     else {
         panic!("a plain waiter queues")
     };
-    assert!(matches!(t.acquire(1, b"k", 3, 500, SHARED), Acquire::Queued { .. }));
+    assert!(matches!(
+        t.acquire(1, b"k", 3, 500, SHARED),
+        Acquire::Queued { .. }
+    ));
     assert!(t.table.is_shared(b"k"));
     assert_eq!(t.table.check(1, b"k", plain), Check::Current);
     // The moved plain waiter keeps its id and its place ahead of the reader.
-    let Release::Released { handoff: Some(h), .. } = t.release(2, b"k", 1) else {
+    let Release::Released {
+        handoff: Some(h), ..
+    } = t.release(2, b"k", 1)
+    else {
         panic!("the writer's release hands off")
     };
     assert_eq!((h.waiter_id, h.kind), (waiter_id, WRITE));
-    assert!(t.handed().is_empty(), "the reader waits for the second writer");
-    assert!(matches!(t.release(3, b"k", 2), Release::Released { handoff: Some(r), .. } if r.kind == SHARED));
-    assert!(matches!(t.release(4, b"k", 3), Release::Released { handoff: None, .. }));
+    assert!(
+        t.handed().is_empty(),
+        "the reader waits for the second writer"
+    );
+    assert!(
+        matches!(t.release(3, b"k", 2), Release::Released { handoff: Some(r), .. } if r.kind == SHARED)
+    );
+    assert!(matches!(
+        t.release(4, b"k", 3),
+        Release::Released { handoff: None, .. }
+    ));
     assert!(!t.table.has_slot(b"k"), "an idle entry is dropped");
 }
 
@@ -163,21 +214,42 @@ fn a_plain_lock_becomes_a_read_write_key_when_a_reader_asks() {
 fn semaphore_counts_permits_fifo_and_fixes_its_limit() {
     let mut t = T::new();
     let a = t.granted(0, b"s", 1, permits(2, 3));
-    assert!(matches!(t.acquire(0, b"s", 2, 500, permits(2, 3)), Acquire::Queued { .. }));
+    assert!(matches!(
+        t.acquire(0, b"s", 2, 500, permits(2, 3)),
+        Acquire::Queued { .. }
+    ));
     // One permit is free, but the head wants two: nobody overtakes it.
-    assert!(matches!(t.acquire(0, b"s", 3, 0, permits(1, 3)), Acquire::Locked { token, .. } if token == a));
-    assert!(matches!(t.acquire(0, b"s", 3, 500, permits(1, 3)), Acquire::Queued { .. }));
+    assert!(
+        matches!(t.acquire(0, b"s", 3, 0, permits(1, 3)), Acquire::Locked { token, .. } if token == a)
+    );
+    assert!(matches!(
+        t.acquire(0, b"s", 3, 500, permits(1, 3)),
+        Acquire::Queued { .. }
+    ));
     assert!(matches!(
         t.acquire(0, b"s", 4, 0, permits(1, 4)),
         Acquire::KindMismatch { key_limit: Some(3) }
     ));
-    assert!(matches!(t.acquire(0, b"s", 4, 0, SHARED), Acquire::KindMismatch { key_limit: Some(3) }));
-    assert!(matches!(t.acquire(0, b"s", 4, 0, WRITE), Acquire::KindMismatch { key_limit: Some(3) }));
-    let Release::Released { handoff: Some(h), .. } = t.release(1, b"s", 1) else {
+    assert!(matches!(
+        t.acquire(0, b"s", 4, 0, SHARED),
+        Acquire::KindMismatch { key_limit: Some(3) }
+    ));
+    assert!(matches!(
+        t.acquire(0, b"s", 4, 0, WRITE),
+        Acquire::KindMismatch { key_limit: Some(3) }
+    ));
+    let Release::Released {
+        handoff: Some(h), ..
+    } = t.release(1, b"s", 1)
+    else {
         panic!("a release hands off")
     };
     assert_eq!(h.kind, permits(2, 3));
-    assert_eq!(t.handed().len(), 1, "the one-permit waiter fits beside the two");
+    assert_eq!(
+        t.handed().len(),
+        1,
+        "the one-permit waiter fits beside the two"
+    );
     let kinds = t.table.inspect_kinds(1, b"s").unwrap();
     assert_eq!((kinds.limit, kinds.holders, kinds.in_use), (3, 2, 3));
     // A PERMITS acquire of a plain lock is refused; the lock is untouched.
@@ -194,9 +266,15 @@ fn semaphore_counts_permits_fifo_and_fixes_its_limit() {
 fn expired_permits_return_at_once_and_hand_off() {
     let mut t = T::new();
     t.granted(0, b"s", 1, permits(1, 1));
-    assert!(matches!(t.acquire(0, b"s", 2, 1000, permits(1, 1)), Acquire::Queued { .. }));
+    assert!(matches!(
+        t.acquire(0, b"s", 2, 1000, permits(1, 1)),
+        Acquire::Queued { .. }
+    ));
     // At the deadline the permit is back: the next acquire settles the key first.
-    assert!(matches!(t.acquire(100, b"s", 3, 0, permits(1, 1)), Acquire::Locked { .. }));
+    assert!(matches!(
+        t.acquire(100, b"s", 3, 0, permits(1, 1)),
+        Acquire::Locked { .. }
+    ));
     let expired = t
         .events
         .iter()
@@ -216,16 +294,31 @@ fn renew_snapshot_restore_and_tokens_exhausted() {
     let mut t = T::new();
     let r = t.granted(0, b"k", 1, SHARED);
     let id = LeaseId::from_u128(1);
-    assert!(matches!(t.table.renew(50, b"k", id, 100, || 0), Renew::Renewed { .. }));
-    assert!(matches!(t.table.renew(50, b"k", id, 200, || 0), Renew::Unlogged { token } if token == r));
+    assert!(matches!(
+        t.table.renew(50, b"k", id, 100, || 0),
+        Renew::Renewed { .. }
+    ));
+    assert!(
+        matches!(t.table.renew(50, b"k", id, 200, || 0), Renew::Unlogged { token } if token == r)
+    );
     t.table.renew_logged(50, b"k", r, 200, 0);
     t.granted(60, b"s", 2, permits(2, 5));
     let mut held = Vec::new();
-    t.table.for_each_held(70, |h| held.push((h.key.to_vec(), h.token, h.ttl_ms, h.kind)));
+    t.table.for_each_held(70, |h| {
+        held.push((h.key.to_vec(), h.token, h.ttl_ms, h.kind))
+    });
     assert_eq!(held.len(), 2);
     let mut again: LockTable<W> = LockTable::with_hash_seed(LIMITS, 8);
     for (key, token, ttl, kind) in &held {
-        again.restore_kind(0, key, LeaseId::from_u128(*token as u128), *token, *ttl, *kind, b"");
+        again.restore_kind(
+            0,
+            key,
+            LeaseId::from_u128(*token as u128),
+            *token,
+            *ttl,
+            *kind,
+            b"",
+        );
     }
     again.check_invariants();
     assert_eq!(again.check(0, b"k", r), Check::Current);
@@ -257,10 +350,12 @@ fn fits(holders: &[(u128, u64, u64, LeaseKind)], now: u64, kind: LeaseKind) -> b
         LeaseKind::Exclusive => live.is_empty(),
         LeaseKind::Shared => live.iter().all(|h| h.3 == SHARED),
         LeaseKind::Permits { count, limit } => {
-            live.iter().map(|h| match h.3 {
-                LeaseKind::Permits { count, .. } => count,
-                _ => unreachable!(),
-            }).sum::<u32>()
+            live.iter()
+                .map(|h| match h.3 {
+                    LeaseKind::Permits { count, .. } => count,
+                    _ => unreachable!(),
+                })
+                .sum::<u32>()
                 + count
                 <= limit
         }
@@ -272,10 +367,18 @@ impl Model {
     fn absorb(&mut self, key_of: &HashMap<Vec<u8>, u8>, now: u64, events: Vec<Event<W>>) {
         for event in events {
             match event {
-                Event::Expired { key, token, handoff, .. } => {
+                Event::Expired {
+                    key,
+                    token,
+                    handoff,
+                    ..
+                } => {
                     let k = key_of[&key[..]];
                     let hs = self.holders.get_mut(&k).unwrap();
-                    let at = hs.iter().position(|h| h.1 == token).expect("expired a holder");
+                    let at = hs
+                        .iter()
+                        .position(|h| h.1 == token)
+                        .expect("expired a holder");
                     assert!(hs[at].2 <= now, "expired early");
                     hs.remove(at);
                     if let Some(h) = handoff {
@@ -298,14 +401,20 @@ impl Model {
         let q = self.queues.get_mut(&k).unwrap();
         let dead = &self.dead;
         // Waiters nobody listens to any more are skipped at the head.
-        while q.front().is_some_and(|w| w.0 != h.waiter_id && dead.contains(&w.0)) {
+        while q
+            .front()
+            .is_some_and(|w| w.0 != h.waiter_id && dead.contains(&w.0))
+        {
             q.pop_front();
         }
         let head = q.pop_front().expect("a hand-off with nobody queued");
         assert_eq!(head.0, h.waiter_id, "strict FIFO: only the head is granted");
         assert_eq!(head.3, h.kind);
         let hs = self.holders.entry(k).or_default();
-        assert!(fits(hs, now, h.kind), "a hand-off beside an incompatible holder");
+        assert!(
+            fits(hs, now, h.kind),
+            "a hand-off beside an incompatible holder"
+        );
         self.grant(k, head.1, h.grant.token, now + 100, h.kind);
     }
 
@@ -313,7 +422,10 @@ impl Model {
         let last = self.last_token.entry(k).or_default();
         assert!(token > *last, "tokens strictly increase per key");
         *last = token;
-        self.holders.entry(k).or_default().push((id, token, deadline, kind));
+        self.holders
+            .entry(k)
+            .or_default()
+            .push((id, token, deadline, kind));
     }
 
     fn alive(&self, waiter_id: u64) -> bool {
@@ -326,8 +438,13 @@ impl Model {
         for (k, hs) in &self.holders {
             let live: Vec<_> = hs.iter().filter(|h| h.2 > now).collect();
             let writers = live.iter().filter(|h| h.3 == WRITE).count();
-            assert!(writers == 0 || live.len() == 1, "key {k}: a writer beside a holder");
-            let Some(q) = self.queues.get(k) else { continue };
+            assert!(
+                writers == 0 || live.len() == 1,
+                "key {k}: a writer beside a holder"
+            );
+            let Some(q) = self.queues.get(k) else {
+                continue;
+            };
             if let Some(head) = q.front().filter(|_| q.iter().all(|w| self.alive(w.0))) {
                 assert!(!fits(hs, now, head.3), "key {k}: the head fits but waits");
             }
@@ -373,7 +490,11 @@ fn simulate(seed: u64, steps: usize) {
                 } else {
                     WRITE
                 };
-                let wait = if rng.random_bool(0.6) { rng.random_range(1..300) } else { 0 };
+                let wait = if rng.random_bool(0.6) {
+                    rng.random_range(1..300)
+                } else {
+                    0
+                };
                 next_id += 1;
                 let flag = Rc::new(Cell::new(true));
                 let a = AcquireArgs {
@@ -393,7 +514,10 @@ fn simulate(seed: u64, steps: usize) {
                     Acquire::Granted(g) => {
                         // Only past waiters whose connection went, which the table dropped.
                         let q = model.queues.entry(k).or_default();
-                        assert!(q.iter().all(|w| model.dead.contains(&w.0)), "granted past a queue");
+                        assert!(
+                            q.iter().all(|w| model.dead.contains(&w.0)),
+                            "granted past a queue"
+                        );
                         q.clear();
                         assert!(fits(&model.holders[&k], now, kind), "granted beside {hs:?}");
                         model.grant(k, next_id, g.token, now + 100, kind);
@@ -420,7 +544,9 @@ fn simulate(seed: u64, steps: usize) {
                 let hs = model.holders.get(&k).cloned().unwrap_or_default();
                 if let Some(h) = hs.get(rng.random_range(0..hs.len().max(1))) {
                     let mut events = Vec::new();
-                    let out = t.table.release(now, key, LeaseId::from_u128(h.0), &t.tokens, &mut events);
+                    let out =
+                        t.table
+                            .release(now, key, LeaseId::from_u128(h.0), &t.tokens, &mut events);
                     match out {
                         Release::Released { token, handoff } => {
                             assert!(h.2 > now, "released an expired lease");
@@ -434,8 +560,9 @@ fn simulate(seed: u64, steps: usize) {
                     }
                     // Expiries reported by the release's settling come before its hand-offs
                     // in time, but are independent of them here.
-                    let (expired, rest): (Vec<_>, Vec<_>) =
-                        events.into_iter().partition(|e| !matches!(e, Event::HandedOff(_)));
+                    let (expired, rest): (Vec<_>, Vec<_>) = events
+                        .into_iter()
+                        .partition(|e| !matches!(e, Event::HandedOff(_)));
                     model.absorb(&key_of, now, expired);
                     model.absorb(&key_of, now, rest);
                 }
@@ -461,3 +588,47 @@ fn simulate(seed: u64, steps: usize) {
     }
 }
 
+/// The table's own bytes per held permit (its accounting, `memory_bytes`: holders, queues,
+/// entries, timers, the key index): under 100 B like a plain lock's while a key holds many,
+/// and what a key with few holders costs. `--nocapture` prints the figures.
+#[test]
+fn memory_per_held_permit() {
+    let per = |keys: u32, per_key: u32| {
+        let limits = TableLimits {
+            held_max: 100_000,
+            waiters_max: 10,
+            waiters_per_key_max: 10,
+        };
+        let mut table: LockTable<W> = LockTable::with_hash_seed(limits, 1);
+        let tokens = TokenAllocator::new(1, u64::MAX / 2);
+        let before = table.memory_bytes();
+        let mut events = Vec::new();
+        let mut id = 0u128;
+        for k in 0..keys {
+            let key = format!("job:{k:019}");
+            for _ in 0..per_key {
+                id += 1;
+                let a = AcquireArgs {
+                    key: key.as_bytes(),
+                    lease_id: LeaseId::from_u128(id),
+                    ttl_ms: 30_000,
+                    wait_ms: 0,
+                    waiter: None,
+                    meta: b"",
+                };
+                let kind = permits(1, PERMITS_MAX_FOR_TEST);
+                assert!(matches!(
+                    table.acquire_kind(0, a, kind, &tokens, &mut events),
+                    Acquire::Granted(_)
+                ));
+            }
+        }
+        (table.memory_bytes() - before) as f64 / f64::from(keys * per_key)
+    };
+    let many = per(4, 4096);
+    let few = per(2000, 4);
+    eprintln!("table bytes per permit: {many:.1} (4 keys x 4096), {few:.1} (2000 keys x 4)");
+    assert!(many < 100.0, "{many} bytes per permit");
+}
+
+const PERMITS_MAX_FOR_TEST: u32 = tenure_protocol::limits::PERMITS_MAX;

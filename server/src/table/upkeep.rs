@@ -127,7 +127,10 @@ impl<W: WaiterSink> LockTable<W> {
         );
         assert!(token != 0, "restore: token 0");
         assert!(self.find(key).is_none(), "restore: key restored twice");
-        assert!(!self.is_shared(key), "restore: a plain lock on a shared key");
+        assert!(
+            !self.is_shared(key),
+            "restore: a plain lock on a shared key"
+        );
         assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
         let now_ms = self.observe(now_ms);
         self.quotas.held.take_anyway();
@@ -170,7 +173,10 @@ impl<W: WaiterSink> LockTable<W> {
             (TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms),
             "restore: ttl_ms {ttl_ms}"
         );
-        assert!(token != 0 && kind.validate().is_ok(), "restore: {token} {kind:?}");
+        assert!(
+            token != 0 && kind.validate().is_ok(),
+            "restore: {token} {kind:?}"
+        );
         let now_ms = self.observe(now_ms);
         let grant = Grant {
             token,

@@ -168,9 +168,7 @@ fn check_orphan_end(storage: &dyn Storage, replay: &Replay) -> Result<(), WalErr
 }
 
 /// The replayed leases as recovery reports them, and their size as Grant records.
-fn recovered_leases(
-    leases: impl Iterator<Item = (Vec<u8>, Held)>,
-) -> (Vec<RecoveredLease>, u64) {
+fn recovered_leases(leases: impl Iterator<Item = (Vec<u8>, Held)>) -> (Vec<RecoveredLease>, u64) {
     let mut live_bytes = 0u64;
     let leases: Vec<RecoveredLease> = leases
         .map(|(key, held)| {

@@ -483,7 +483,9 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
             exchange(&server, &examples, tables).await
         }
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
-        "session" | "semaphore" | "escapes-and-refusals" => console_session(&server, examples[0]).await,
+        "session" | "semaphore" | "escapes-and-refusals" => {
+            console_session(&server, examples[0]).await
+        }
         other => panic!("no scenario {other}"),
     }
     server.stop().await;

@@ -40,12 +40,24 @@ async fn a_semaphore_over_the_console_holds_its_limit_and_refuses_mismatches() {
     assert!(first.starts_with("OK token="), "{first}");
     let second = c.cmd("ACQUIRE pool 30000 PERMITS=3").await;
     assert!(second.starts_with("OK token="), "{second}");
-    assert!(c.cmd("ACQUIRE pool 30000 PERMITS=3").await.starts_with("LOCKED "));
+    assert!(c
+        .cmd("ACQUIRE pool 30000 PERMITS=3")
+        .await
+        .starts_with("LOCKED "));
     let wrong = c.cmd("ACQUIRE pool 30000 PERMITS=4").await;
     assert!(wrong.starts_with("ERR KIND_MISMATCH "), "{wrong}");
-    assert!(c.cmd("ACQUIRE pool 30000").await.starts_with("ERR KIND_MISMATCH "));
-    assert!(c.cmd("ACQUIRE pool 30000 SHARED").await.starts_with("ERR KIND_MISMATCH "));
-    assert!(c.cmd("ACQUIRE pool 30000 PERMITS=0").await.starts_with("ERR BAD_PERMITS "));
+    assert!(c
+        .cmd("ACQUIRE pool 30000")
+        .await
+        .starts_with("ERR KIND_MISMATCH "));
+    assert!(c
+        .cmd("ACQUIRE pool 30000 SHARED")
+        .await
+        .starts_with("ERR KIND_MISMATCH "));
+    assert!(c
+        .cmd("ACQUIRE pool 30000 PERMITS=0")
+        .await
+        .starts_with("ERR BAD_PERMITS "));
     // Both permit tokens are current; a release frees its permits at once.
     let (t1, t2) = (field(&first, "token"), field(&second, "token"));
     assert_eq!(c.cmd(&format!("CHECK pool {t1}")).await, "CURRENT");
@@ -71,15 +83,16 @@ async fn a_writer_waits_for_readers_and_stops_new_ones_then_hands_back() {
     let (r1, r1_lease) = granted(a.call(1, acquire("doc", 0, LeaseKind::Shared)).await);
     let (r2, r2_lease) = granted(a.call(2, acquire("doc", 0, LeaseKind::Shared)).await);
     // The writer queues behind the readers, and a reader after it queues behind it.
-    b.send(10, &acquire("doc", 20_000, LeaseKind::Exclusive)).await;
-    assert!(matches!(
-        b.call(11, Request::Ping).await,
-        Response::Pong
-    ));
+    b.send(10, &acquire("doc", 20_000, LeaseKind::Exclusive))
+        .await;
+    assert!(matches!(b.call(11, Request::Ping).await, Response::Pong));
     c.send(20, &acquire("doc", 20_000, LeaseKind::Shared)).await;
     assert!(matches!(c.call(21, Request::Ping).await, Response::Pong));
     let locked = a.call(3, acquire("doc", 0, LeaseKind::Shared)).await;
-    assert!(matches!(locked, Response::Locked { token, .. } if token == r2), "{locked:?}");
+    assert!(
+        matches!(locked, Response::Locked { token, .. } if token == r2),
+        "{locked:?}"
+    );
     let release = |lease_id| Request::Release {
         key: bytes("doc"),
         lease_id,
@@ -89,7 +102,10 @@ async fn a_writer_waits_for_readers_and_stops_new_ones_then_hands_back() {
     let (id, writer) = b.frame().await;
     let (w, w_lease) = granted(writer);
     assert_eq!(id, 10);
-    assert!(w > r2 && r2 > r1, "a writer's token is above every reader's");
+    assert!(
+        w > r2 && r2 > r1,
+        "a writer's token is above every reader's"
+    );
     assert_eq!(check(&mut a, r2).await, Response::Stale);
     assert_eq!(check(&mut a, w).await, Response::Current);
     assert_eq!(b.call(12, release(w_lease)).await, Response::Released);
@@ -102,10 +118,13 @@ async fn a_writer_waits_for_readers_and_stops_new_ones_then_hands_back() {
 }
 
 async fn check(raw: &mut Raw, token: u64) -> Response {
-    raw.call(1000 + token, Request::Check {
-        key: bytes("doc"),
-        token,
-    })
+    raw.call(
+        1000 + token,
+        Request::Check {
+            key: bytes("doc"),
+            token,
+        },
+    )
     .await
 }
 
@@ -119,8 +138,8 @@ fn holders_kinds_and_limits_survive_kill_9() {
         args: &[],
     };
     let mut daemon = Daemon::start(what);
-    let mut conn = tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE)
-        .unwrap();
+    let mut conn =
+        tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE).unwrap();
     let a = conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap();
     let b = conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap();
     let r = conn.cmd("ACQUIRE doc 60000 SHARED").unwrap();
@@ -129,14 +148,19 @@ fn holders_kinds_and_limits_survive_kill_9() {
     }
     daemon.kill9();
     let mut daemon = Daemon::start_on(what, daemon.addr);
-    let mut conn = tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE)
-        .unwrap();
+    let mut conn =
+        tenure_testkit::console::LineConn::connect(daemon.addr, tenure_testkit::PATIENCE).unwrap();
     for (key, line) in [("pool", &a), ("pool", &b), ("doc", &r)] {
-        let check = conn.cmd(&format!("CHECK {key} {}", field(line, "token"))).unwrap();
+        let check = conn
+            .cmd(&format!("CHECK {key} {}", field(line, "token")))
+            .unwrap();
         assert_eq!(check, "CURRENT", "{key} {line} after kill -9");
     }
     // The limit came back with the permits: the key is full, and still a semaphore of 2.
-    assert!(conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap().starts_with("LOCKED "));
+    assert!(conn
+        .cmd("ACQUIRE pool 60000 PERMITS=2")
+        .unwrap()
+        .starts_with("LOCKED "));
     assert!(conn
         .cmd("ACQUIRE pool 60000 PERMITS=3")
         .unwrap()
@@ -147,11 +171,106 @@ fn holders_kinds_and_limits_survive_kill_9() {
         field(&r2, "token").parse::<u64>().unwrap() > field(&r, "token").parse::<u64>().unwrap(),
         "{r2}"
     );
-    assert!(conn.cmd("ACQUIRE doc 60000").unwrap().starts_with("LOCKED "));
+    assert!(conn
+        .cmd("ACQUIRE doc 60000")
+        .unwrap()
+        .starts_with("LOCKED "));
     // A recovered permit is released by its own lease id, and only its own.
     let lease = field(&a, "lease");
     assert_eq!(conn.cmd(&format!("RELEASE pool {lease}")).unwrap(), "OK");
-    assert_eq!(conn.cmd(&format!("RELEASE pool {lease}")).unwrap(), "NOT_OWNER");
-    assert!(conn.cmd("ACQUIRE pool 60000 PERMITS=2").unwrap().starts_with("OK token="));
+    assert_eq!(
+        conn.cmd(&format!("RELEASE pool {lease}")).unwrap(),
+        "NOT_OWNER"
+    );
+    assert!(conn
+        .cmd("ACQUIRE pool 60000 PERMITS=2")
+        .unwrap()
+        .starts_with("OK token="));
     daemon.kill9();
+}
+
+/// Longest an election and a takeover may take here, on a loaded machine.
+const ELECTED_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Sends `command` to each of `clients` until one answers other than NOT_LEADER (or
+/// UNAVAILABLE while a leader takes over); that node and its answer.
+fn at_leader(clients: &[std::net::SocketAddr], command: &str) -> (std::net::SocketAddr, String) {
+    let deadline = std::time::Instant::now() + ELECTED_WAIT_MAX;
+    while std::time::Instant::now() < deadline {
+        for &addr in clients {
+            let Ok(mut conn) = tenure_testkit::LineConn::connect(addr, tenure_testkit::PATIENCE)
+            else {
+                continue;
+            };
+            match conn.cmd(command) {
+                Ok(reply)
+                    if !reply.starts_with("ERR NOT_LEADER")
+                        && !reply.starts_with("ERR UNAVAILABLE")
+                        && !reply.starts_with("ERR RECOVERING") =>
+                {
+                    return (addr, reply)
+                }
+                _ => {}
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("no leader answered {command:?} within {ELECTED_WAIT_MAX:?}");
+}
+
+#[test]
+fn permits_and_read_leases_survive_a_leader_kill_9() {
+    use std::net::SocketAddr;
+    let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let peers: Vec<SocketAddr> = (0..3)
+        .map(|_| loopback(tenure_testkit::free_port()))
+        .collect();
+    let clients: Vec<SocketAddr> = (0..3)
+        .map(|_| loopback(tenure_testkit::free_port()))
+        .collect();
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|i| {
+            let (id, peer) = ((i + 1).to_string(), peers[i].to_string());
+            let args = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
+            let what = Tenured {
+                bin: tenured_bin(),
+                dir: dirs[i].path(),
+                logs: None,
+                args: &args,
+            };
+            Daemon::start_on(what, clients[i])
+        })
+        .collect();
+    let nodes: Vec<String> = (0..3)
+        .map(|i| format!("{}={}/{}", i + 1, peers[i], clients[i]))
+        .collect();
+    let init = std::process::Command::new(tenured_bin())
+        .args(["cluster-init", "--peer", &peers[0].to_string()])
+        .args(["--nodes", &nodes.join(",")])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+
+    let (leader, a) = at_leader(&clients, "ACQUIRE pool 60000 PERMITS=2");
+    let (_, b) = at_leader(&clients, "ACQUIRE pool 60000 PERMITS=2");
+    let (_, r) = at_leader(&clients, "ACQUIRE doc 60000 SHARED");
+    for line in [&a, &b, &r] {
+        assert!(line.starts_with("OK token="), "{line}");
+    }
+    let index = clients.iter().position(|&c| c == leader).unwrap();
+    daemons[index].kill9();
+    let rest: Vec<SocketAddr> = clients.iter().copied().filter(|&c| c != leader).collect();
+    for (key, line) in [("pool", &a), ("pool", &b), ("doc", &r)] {
+        let (_, check) = at_leader(&rest, &format!("CHECK {key} {}", field(line, "token")));
+        assert_eq!(check, "CURRENT", "{key} {line} after the leader's kill -9");
+    }
+    let (_, full) = at_leader(&rest, "ACQUIRE pool 60000 PERMITS=2");
+    assert!(full.starts_with("LOCKED "), "{full}");
+    let (_, wrong) = at_leader(&rest, "ACQUIRE pool 60000 PERMITS=3");
+    assert!(wrong.starts_with("ERR KIND_MISMATCH "), "{wrong}");
+    let (_, reader) = at_leader(&rest, "ACQUIRE doc 60000 SHARED");
+    assert!(reader.starts_with("OK token="), "{reader}");
+    let (_, writer) = at_leader(&rest, "ACQUIRE doc 60000");
+    assert!(writer.starts_with("LOCKED "), "{writer}");
 }

@@ -26,7 +26,13 @@ use crate::journal::{Journal, Ticket, TICKET_NOW};
 /// Simulated connections (clients).
 const CONNS: usize = 5;
 /// The key space: few keys, so requests collide.
-const KEYS: [&[u8]; 5] = [b"a", b"b", b"c", b"a-key-longer-than-the-inline-limit", b"s"];
+const KEYS: [&[u8]; 5] = [
+    b"a",
+    b"b",
+    b"c",
+    b"a-key-longer-than-the-inline-limit",
+    b"s",
+];
 /// Keys acquired now and then as read leases (else exclusively: their write side): a plain
 /// lock on them turns into a read/write key when a reader comes.
 const READ_WRITE_KEYS: [&[u8]; 2] = [b"a", b"b"];
@@ -476,7 +482,10 @@ impl World {
             );
         } else {
             // Several hold: INSPECT names the newest, at or above this one.
-            assert!(token >= Some(belief.token), "a believed reader's key is free");
+            assert!(
+                token >= Some(belief.token),
+                "a believed reader's key is free"
+            );
         }
         let request = Request::Check {
             key,
@@ -601,7 +610,15 @@ impl World {
         for lease in recovered.leases {
             let mut shard = self.exec.shard(&lease.key);
             let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
-            shard.restore_kind(exec_now_ms, &lease.key, id, token, ttl_ms, lease.kind, &lease.meta);
+            shard.restore_kind(
+                exec_now_ms,
+                &lease.key,
+                id,
+                token,
+                ttl_ms,
+                lease.kind,
+                &lease.meta,
+            );
         }
         for c in 0..CONNS {
             self.conns[c] = self.new_conn();
