@@ -260,6 +260,7 @@ impl Client {
     pub async fn inspect(&self, key: impl AsRef<[u8]>) -> Result<KeyState> {
         let request = Request::Inspect {
             key: Bytes::copy_from_slice(key.as_ref()),
+            kinds: Default::default(),
         };
         match self.router.call_plain(request).await? {
             Response::Free => Ok(KeyState::Free),

@@ -18,7 +18,7 @@ macro_rules! command_list {
     () => {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
          [SHARED | PERMITS=[<count>/]<limit>] | \
-         RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
+         RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> [KINDS] | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
          CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | HELP | QUIT"
@@ -81,8 +81,13 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("RELEASE", _) => return Err(usage("RELEASE <key> <lease>")),
         ("INSPECT", [key]) => Request::Inspect {
             key: parse_key(key)?,
+            kinds: false,
         },
-        ("INSPECT", _) => return Err(usage("INSPECT <key>")),
+        ("INSPECT", [key, flag]) if flag.eq_ignore_ascii_case("KINDS") => Request::Inspect {
+            key: parse_key(key)?,
+            kinds: true,
+        },
+        ("INSPECT", _) => return Err(usage("INSPECT <key> [KINDS]")),
         ("CHECK", [key, token]) => Request::Check {
             key: parse_key(key)?,
             token: parse_u64("token", token)?,

@@ -74,6 +74,8 @@ pub mod rop {
     pub const FREE: u8 = 0x88;
     /// INSPECT: the key is held.
     pub const HELD: u8 = 0x89;
+    /// INSPECT with the kinds flag of a read/write or semaphore key: HELD and its kinds.
+    pub const HELD_KINDS: u8 = 0x96;
     /// CHECK: the token belongs to the live holder.
     pub const CURRENT: u8 = 0x8A;
     /// CHECK: the token does not belong to the live holder.
@@ -152,6 +154,9 @@ pub enum Request {
     Inspect {
         /// The lock's name.
         key: Bytes,
+        /// Ask for HELD_KINDS (holders and waiters by kind) on a read/write or semaphore
+        /// key: INSPECT `flags` bit 0; without it the answer is FREE or HELD as always.
+        kinds: bool,
     },
     /// Ask whether `token` belongs to the live holder of `key`.
     Check {
@@ -289,6 +294,20 @@ pub enum Response {
         /// The holder's metadata.
         meta: Bytes,
     },
+    /// A read/write or semaphore key is held (INSPECT asked for kinds): HELD's fields of
+    /// the newest holder, and the key's holders and waiters by kind.
+    HeldKinds {
+        /// The newest holder's fencing token.
+        token: u64,
+        /// Time until the first holder's lease ends, in milliseconds.
+        ttl_left_ms: u32,
+        /// Acquires waiting in line, of every kind.
+        waiters: u32,
+        /// The newest holder's metadata.
+        meta: Bytes,
+        /// Holders and waiters by kind.
+        kinds: crate::kind::HolderKinds,
+    },
     /// The token belongs to the live holder.
     Current,
     /// The token does not belong to the live holder.
@@ -347,6 +366,21 @@ fn put_bytes16(dst: &mut BytesMut, bytes: &[u8]) {
     let len = u16::try_from(bytes.len()).expect("field longer than u16 passed to encoder");
     dst.put_u16(len);
     dst.put_slice(bytes);
+}
+
+/// INSPECT's optional `flags` byte: whether it asks for kinds.
+fn get_inspect_flags(b: &mut Body) -> Result<bool, FrameError> {
+    if b.bytes.is_empty() {
+        return Ok(false);
+    }
+    let flags = b.u8("flags")?;
+    if flags & !crate::kind::INSPECT_FLAG_KINDS != 0 {
+        return Err(FrameError::new(
+            ErrorCode::BadFrame,
+            format!("unknown inspect flags {flags:#04x}"),
+        ));
+    }
+    Ok(flags != 0)
 }
 
 /// Appends an ACQUIRE's kind fields (nothing for an exclusive lease).
@@ -419,7 +453,12 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             put_bytes16(b, key);
             b.put_slice(&lease_id.0);
         }),
-        Request::Inspect { key } => put_frame(dst, op::INSPECT, id, |b| put_bytes16(b, key)),
+        Request::Inspect { key, kinds } => put_frame(dst, op::INSPECT, id, |b| {
+            put_bytes16(b, key);
+            if *kinds {
+                b.put_u8(crate::kind::INSPECT_FLAG_KINDS);
+            }
+        }),
         Request::Check { key, token } => put_frame(dst, op::CHECK, id, |b| {
             put_bytes16(b, key);
             b.put_u64(*token);
@@ -482,6 +521,24 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_u32(*ttl_left_ms);
             b.put_u32(*waiters);
             put_bytes16(b, meta);
+        }),
+        Response::HeldKinds {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+            kinds,
+        } => put_frame(dst, rop::HELD_KINDS, id, |b| {
+            b.put_u64(*token);
+            b.put_u32(*ttl_left_ms);
+            b.put_u32(*waiters);
+            put_bytes16(b, meta);
+            b.put_u32(kinds.limit);
+            b.put_u32(kinds.holders);
+            b.put_u32(kinds.in_use);
+            b.put_u8(u8::from(kinds.writer));
+            b.put_u32(kinds.waiting_shared);
+            b.put_u32(kinds.waiting_exclusive);
         }),
         Response::Current => put_frame(dst, rop::CURRENT, id, |_| {}),
         Response::Stale => put_frame(dst, rop::STALE, id, |_| {}),
@@ -705,6 +762,7 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
         },
         op::INSPECT => Request::Inspect {
             key: b.bytes16("key")?,
+            kinds: get_inspect_flags(&mut b)?,
         },
         op::CHECK => Request::Check {
             key: b.bytes16("key")?,
@@ -775,6 +833,20 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             ttl_left_ms: b.u32("ttl_left_ms")?,
             waiters: b.u32("waiters")?,
             meta: b.bytes16("meta")?,
+        },
+        rop::HELD_KINDS => Response::HeldKinds {
+            token: b.u64("token")?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+            waiters: b.u32("waiters")?,
+            meta: b.bytes16("meta")?,
+            kinds: crate::kind::HolderKinds {
+                limit: b.u32("limit")?,
+                holders: b.u32("holders")?,
+                in_use: b.u32("in_use")?,
+                writer: b.u8("writer")? != 0,
+                waiting_shared: b.u32("waiting_shared")?,
+                waiting_exclusive: b.u32("waiting_exclusive")?,
+            },
         },
         rop::CURRENT => Response::Current,
         rop::STALE => Response::Stale,
@@ -953,7 +1025,7 @@ impl Request {
                 validate_ttl(*ttl_ms)
             }
             Request::Release { key, .. }
-            | Request::Inspect { key }
+            | Request::Inspect { key, kinds: _ }
             | Request::Check { key, .. }
             | Request::Watch { key }
             | Request::Unwatch { key } => validate_key(key),

@@ -53,3 +53,23 @@ impl LeaseKind {
         Ok(())
     }
 }
+
+/// INSPECT `flags` bit: answer a read/write or semaphore key with HELD_KINDS.
+pub const INSPECT_FLAG_KINDS: u8 = 0x01;
+
+/// What HELD_KINDS adds to HELD: a shared key's holders and waiters by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HolderKinds {
+    /// A semaphore's number of permits; 0 for a read/write key.
+    pub limit: u32,
+    /// Unexpired leases holding the key.
+    pub holders: u32,
+    /// Permits held (a semaphore) or read leases (a read/write key).
+    pub in_use: u32,
+    /// Whether an exclusive (write) lease holds the key.
+    pub writer: bool,
+    /// Waiters for a read lease or permits.
+    pub waiting_shared: u32,
+    /// Waiters for the key alone (writers).
+    pub waiting_exclusive: u32,
+}

@@ -44,7 +44,33 @@ fn sample_requests() -> Vec<Request> {
             key: key(5),
             lease_id,
         },
-        Request::Inspect { key: key(3) },
+        Request::Inspect {
+            key: key(3),
+            kinds: Default::default(),
+        },
+        Request::Inspect {
+            key: key(3),
+            kinds: true,
+        },
+        Request::Acquire {
+            key: key(KEY_LEN_MAX),
+            ttl_ms: TTL_MS_MAX,
+            wait_ms: WAIT_MS_MAX,
+            release_on_disconnect: true,
+            meta: Bytes::from(vec![7u8; META_LEN_MAX]),
+            kind: tenure_protocol::LeaseKind::Permits {
+                count: tenure_protocol::limits::PERMITS_MAX,
+                limit: tenure_protocol::limits::PERMITS_MAX,
+            },
+        },
+        Request::Acquire {
+            key: key(3),
+            ttl_ms: TTL_MS_MAX,
+            wait_ms: 0,
+            release_on_disconnect: false,
+            meta: Bytes::new(),
+            kind: tenure_protocol::LeaseKind::Shared,
+        },
         Request::Check {
             key: key(3),
             token: u64::MAX,
@@ -129,6 +155,20 @@ fn sample_responses() -> Vec<Response> {
         Response::Released,
         Response::NotOwner,
         Response::Free,
+        Response::HeldKinds {
+            token: 9,
+            ttl_left_ms: 250,
+            waiters: 3,
+            meta: Bytes::from_static(b"m"),
+            kinds: tenure_protocol::kind::HolderKinds {
+                limit: 4,
+                holders: 2,
+                in_use: 3,
+                writer: false,
+                waiting_shared: 2,
+                waiting_exclusive: 1,
+            },
+        },
         Response::Held {
             token: 9,
             ttl_left_ms: 100,
@@ -298,6 +338,15 @@ fn every_truncated_body_is_a_frame_error() {
                 assert_eq!(plain, Request::ClusterStatus { extended: false });
                 continue;
             }
+            // Likewise INSPECT's flags byte: cut before it, the plain INSPECT of that key.
+            if let Request::Inspect { key, kinds: true } = &request {
+                if cut == body.len() - 1 {
+                    let plain = decode_request(opcode, body.slice(..cut)).unwrap();
+                    let key = key.clone();
+                    assert_eq!(plain, Request::Inspect { key, kinds: false });
+                    continue;
+                }
+            }
             let err = decode_request(opcode, body.slice(..cut)).unwrap_err();
             assert_eq!(
                 err.code,
@@ -390,10 +439,17 @@ fn over_limit_length_prefix_is_fatal_before_buffering() {
 fn field_limits_are_enforced() {
     let lease_id = LeaseId::default();
     let cases: Vec<(Request, ErrorCode)> = vec![
-        (Request::Inspect { key: key(0) }, ErrorCode::BadKey),
+        (
+            Request::Inspect {
+                key: key(0),
+                kinds: Default::default(),
+            },
+            ErrorCode::BadKey,
+        ),
         (
             Request::Inspect {
                 key: key(KEY_LEN_MAX + 1),
+                kinds: Default::default(),
             },
             ErrorCode::BadKey,
         ),

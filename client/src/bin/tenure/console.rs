@@ -118,7 +118,7 @@ async fn execute(
         Request::Release { key, lease_id } => {
             requests::release(client, out, name(&key), lease_id).await?;
         }
-        Request::Inspect { key } => {
+        Request::Inspect { key, kinds: _ } => {
             requests::inspect(client, out, name(&key)).await?;
         }
         Request::Check { key, token } => {

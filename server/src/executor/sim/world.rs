@@ -295,7 +295,10 @@ impl World {
     /// The token holding `key` as INSPECT tells it, or `None` if free.
     fn holder_token(&mut self, key: &Bytes) -> Option<u64> {
         let mut ctx = Session::new(0);
-        let request = Request::Inspect { key: key.clone() };
+        let request = Request::Inspect {
+            key: key.clone(),
+            kinds: Default::default(),
+        };
         match self.exec.execute(&mut ctx, 0, request) {
             Outcome::Reply(Response::Held { token, .. }, _) => Some(token),
             Outcome::Reply(Response::Free, _) => None,
