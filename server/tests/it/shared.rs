@@ -67,6 +67,21 @@ async fn a_semaphore_over_the_console_holds_its_limit_and_refuses_mismatches() {
     assert_eq!(c.cmd(&format!("CHECK pool {t1}")).await, "STALE");
     let third = c.cmd("ACQUIRE pool 30000 PERMITS=2/3").await;
     assert!(third.starts_with("OK token="), "{third}");
+    let kinds = c.cmd("INSPECT pool KINDS").await;
+    assert!(kinds.starts_with("HELD token="), "{kinds}");
+    for (name, value) in [
+        ("limit", "3"),
+        ("holders", "2"),
+        ("in_use", "3"),
+        ("writer", "0"),
+    ] {
+        assert_eq!(field(&kinds, name), value, "{kinds}");
+    }
+    let plain = c.cmd("INSPECT pool").await;
+    assert!(
+        !plain.contains("limit="),
+        "INSPECT without KINDS is HELD as before: {plain}"
+    );
     let stats = c.cmd("STATS").await;
     assert_eq!(field(&stats, "shared_held"), "2", "{stats}");
     assert_eq!(field(&stats, "permit_grants"), "3", "{stats}");
