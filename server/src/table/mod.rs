@@ -67,8 +67,22 @@
 //! twice, and was up to twice as slow at 1M held locks, for the same memory at the
 //! estimate's 23-byte keys.)
 //!
+//! # Read/write and semaphore keys
+//!
+//! A key asked for as a shared (read) lease or as semaphore permits ([`LeaseKind`], through
+//! [`LockTable::acquire_kind`]) has several holders, each a lease of its own (lease id,
+//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab: every request
+//! first asks `shared` whether the key is there (`is_empty()`, then a hash lookup only while
+//! the shard has such keys), so a plain lock keeps its 72-byte slot and its speed. A plain
+//! ACQUIRE of a read/write key is its write side; a SHARED ACQUIRE of a plain lock moves
+//! the key (holder and waiters, in order) into `shared`. Queues there are strictly FIFO:
+//! nobody overtakes the head, so a waiting writer stops later readers and a large permit
+//! request is never overtaken by smaller later ones. `shared`'s docs give the exact rules;
+//! PROTOCOL.md 3.9 gives them to clients.
+//!
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
+//! `shared`: read/write and semaphore keys (`shared_tests`: their tests and simulation).
 //! `slot`: the slab entry, its extras, queued acquires, waiter timers. `slab`: slots in
 //! chunks. `keys`: the key arena. `lease`: a lease's life
 //! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).
