@@ -578,6 +578,29 @@ fn simulate(seed: u64, steps: usize) {
                     }
                 }
             }
+            8 if rng.random_bool(0.1) => {
+                // A restart: the held leases come back from a snapshot, each with its kind
+                // and its TTL counted again from now; waiters are gone with their
+                // connections.
+                let mut held = Vec::new();
+                t.table.for_each_held(now, |h| {
+                    held.push((h.key.to_vec(), h.lease_id, h.token, h.ttl_ms, h.kind))
+                });
+                t.table = LockTable::with_hash_seed(LIMITS, seed);
+                for (key, lease_id, token, ttl_ms, kind) in held {
+                    t.table
+                        .restore_kind(now, &key, lease_id, token, ttl_ms, kind, b"");
+                }
+                t.table.check_invariants();
+                model.queues.clear();
+                live.clear();
+                for holders in model.holders.values_mut() {
+                    holders.retain(|h| h.2 > now);
+                    for holder in holders.iter_mut() {
+                        holder.2 = now + 100;
+                    }
+                }
+            }
             _ => now += rng.random_range(1..80),
         }
         let mut events = Vec::new();
