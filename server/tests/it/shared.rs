@@ -289,3 +289,30 @@ fn permits_and_read_leases_survive_a_leader_kill_9() {
     let (_, writer) = at_leader(&rest, "ACQUIRE doc 60000");
     assert!(writer.starts_with("LOCKED "), "{writer}");
 }
+
+/// An identity's prefixes apply to read and permit leases, and its `held-max` (3) and
+/// `waiters-max` (2) count each of them once.
+#[tokio::test]
+async fn identity_quotas_count_every_permit_and_read_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = super::auth::identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| config.identities = Some(identities)).await;
+    let mut c = Console::connect(server.addr).await;
+    assert!(c.cmd("AUTH orders orders-secret").await.starts_with("OK "));
+    let outside = c.cmd("ACQUIRE pool 30000 PERMITS=5").await;
+    assert!(outside.starts_with("ERR FORBIDDEN "), "{outside}");
+    for _ in 0..2 {
+        let permit = c.cmd("ACQUIRE jobs/pool 30000 PERMITS=5").await;
+        assert!(permit.starts_with("OK token="), "{permit}");
+    }
+    let reader = c.cmd("ACQUIRE orders/doc 30000 SHARED").await;
+    assert!(reader.starts_with("OK token="), "{reader}");
+    // Three leases held: a fourth permit is over the quota although the key has room.
+    let over = c.cmd("ACQUIRE jobs/pool 30000 PERMITS=5").await;
+    assert!(over.starts_with("ERR QUOTA "), "{over}");
+    let lease = field(&reader, "lease").to_string();
+    assert_eq!(c.cmd(&format!("RELEASE orders/doc {lease}")).await, "OK");
+    let again = c.cmd("ACQUIRE jobs/pool 30000 PERMITS=5").await;
+    assert!(again.starts_with("OK token="), "{again}");
+    server.stop().await;
+}
