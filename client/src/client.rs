@@ -168,6 +168,7 @@ impl Client {
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
             acquire_id: None,
+            kind: Default::default(),
         };
         let timeout = self.router.config().request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
@@ -260,6 +261,7 @@ impl Client {
     pub async fn inspect(&self, key: impl AsRef<[u8]>) -> Result<KeyState> {
         let request = Request::Inspect {
             key: Bytes::copy_from_slice(key.as_ref()),
+            kinds: Default::default(),
         };
         match self.router.call_plain(request).await? {
             Response::Free => Ok(KeyState::Free),

@@ -337,6 +337,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            kind: Default::default(),
         };
         record::encode(&record, &mut out);
         out

@@ -419,7 +419,7 @@ fn permit(identity: &Identity, request: &Request) -> Result<(), Response> {
         Request::Acquire { key, .. }
         | Request::Renew { key, .. }
         | Request::Release { key, .. }
-        | Request::Inspect { key }
+        | Request::Inspect { key, kinds: _ }
         | Request::Check { key, .. }
         | Request::Watch { key }
         | Request::Unwatch { key } => key,

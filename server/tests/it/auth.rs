@@ -381,6 +381,7 @@ async fn auth_on_the_binary_protocol() {
     };
     let inspect = Request::Inspect {
         key: Bytes::from_static(b"orders/1"),
+        kinds: Default::default(),
     };
     let code = |r: Response| match r {
         Response::Error { code, .. } => code,
@@ -695,6 +696,7 @@ async fn requests_pipelined_behind_auth_are_answered_in_order_as_its_identity() 
     let server = with_identities(dir.path()).await;
     let inspect = Request::Inspect {
         key: Bytes::from_static(b"orders/1"),
+        kinds: Default::default(),
     };
     let replies = pipelined(server.addr, &[auth("orders", "nope"), Request::Ping]).await;
     let ids: Vec<u64> = replies.iter().map(|(id, _)| *id).collect();

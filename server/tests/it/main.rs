@@ -41,6 +41,7 @@ mod nemesis;
 mod per_core;
 mod protocol_doc;
 mod settings;
+mod shared;
 mod tls;
 mod watch;
 
