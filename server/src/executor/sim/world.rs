@@ -68,6 +68,8 @@ pub(super) struct Coverage {
     pub refused: usize,
     /// Repeats of an ACQUIRE answered with its lease (REGRANTED).
     pub regranted: usize,
+    /// Of those, repeats of a read lease or a permit lease.
+    pub regranted_shared: usize,
     /// Repeats of an ACQUIRE answered with how its lease ended (ACQUIRE_ENDED).
     pub ended: usize,
 }
@@ -82,6 +84,7 @@ impl Coverage {
         self.undone += other.undone;
         self.refused += other.refused;
         self.regranted += other.regranted;
+        self.regranted_shared += other.regranted_shared;
         self.ended += other.ended;
     }
 
@@ -95,6 +98,7 @@ impl Coverage {
             undone,
             refused,
             regranted,
+            regranted_shared,
             ended,
         } = *self;
         for (what, count) in [
@@ -105,6 +109,10 @@ impl Coverage {
             ("undone changes", undone),
             ("refused acquires", refused),
             ("repeats answered with their lease", regranted),
+            (
+                "repeats of read or permit leases regranted",
+                regranted_shared,
+            ),
             ("repeats answered with their lease's end", ended),
         ] {
             assert!(count > 0, "the simulation never exercised {what}: {self:?}");

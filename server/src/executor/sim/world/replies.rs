@@ -145,6 +145,9 @@ impl World {
                 Asked::Acquire,
             ) => {
                 self.coverage.regranted += 1;
+                if !pending.kind.is_exclusive() {
+                    self.coverage.regranted_shared += 1;
+                }
                 let belief = Belief {
                     client: c,
                     key: pending.key.to_vec(),
