@@ -686,6 +686,7 @@ fn front_parts(
         snapshots: Arc::default(),
         refusals: Arc::default(),
         prevote,
+        appends: Arc::default(),
     };
     let hint = LeaderHint::new(raft.clone(), service.me);
     let admin = Admin::new(raft.clone(), service.clone(), security.clone());
@@ -772,5 +773,6 @@ fn node_scrape(
         catch_up: Arc::clone(&service.catch_up),
         snapshots,
         prevote: Arc::clone(&service.prevote),
+        appends: Arc::clone(&service.appends),
     }))
 }
