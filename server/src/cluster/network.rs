@@ -108,6 +108,8 @@ pub struct PeerService {
     pub refusals: Arc<peer_check::RefusalLog>,
     /// What this node answers pre-votes with.
     pub prevote: Arc<PreVote>,
+    /// How long AppendEntries take here and how far apart they come (`/metrics`).
+    pub appends: Arc<super::observe::AppendTimes>,
 }
 
 /// A peer connection's bytes: TCP, or TLS over TCP.
@@ -632,7 +634,10 @@ async fn answer(
         PeerRequest::PreVote(rpc) => PeerReply::PreVote(service.prevote.answer(raft, &rpc).await),
         PeerRequest::Append(rpc) => {
             service.catch_up.note_append(&rpc);
-            PeerReply::Append(raft.append_entries(rpc).await)
+            let (arrived, heartbeat) = (service.appends.arrived(), rpc.entries.is_empty());
+            let reply = raft.append_entries(rpc).await;
+            service.appends.answered(arrived, heartbeat);
+            PeerReply::Append(reply)
         }
         PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
         PeerRequest::Initialize(members) => {
