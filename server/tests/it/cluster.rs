@@ -307,10 +307,10 @@ fn three_daemons_with_peer_tls_need_a_certificate_to_init_and_survive_a_kill_9()
             .output()
             .unwrap()
     };
-    assert!(
-        !init(&[]).status.success(),
-        "initialised without a certificate"
-    );
+    let plain = init(&[]);
+    assert!(!plain.status.success(), "initialised without a certificate");
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(said.contains("--peer-tls"), "{said}");
     let (cert, key) = (
         files[1].cert.to_str().unwrap(),
         files[1].key.to_str().unwrap(),
