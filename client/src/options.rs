@@ -15,7 +15,9 @@ use crate::tls::TlsOptions;
 pub struct ClientConfig {
     /// Longest wait for the answer to one request; a blocking acquire adds its `wait`.
     pub request_timeout: Duration,
-    /// Longest wait to open a connection and finish the handshake.
+    /// Longest wait for one address to connect and open (TCP, TLS handshake, the protocol's
+    /// handshake and AUTH); past it the next address is tried (no request has been sent on
+    /// that connection yet). A request's own `request_timeout` bounds it too.
     pub connect_timeout: Duration,
     /// Delay before the attempt that follows a first failed reconnect.
     pub reconnect_delay_min: Duration,

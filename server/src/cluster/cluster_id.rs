@@ -244,8 +244,7 @@ pub async fn greet(
 ) -> std::io::Result<Option<u128>> {
     let mine = ids.get();
     stream.write_all(&encode(mine)).await?;
-    let mut reply = [0u8; OPENING_LEN];
-    stream.read_exact(&mut reply).await?;
+    let reply = read_reply(stream, peer).await?;
     let refused = |why| std::io::Error::other(ids.refuse(peer, why));
     let theirs = decode(&reply).map_err(refused)?;
     if !compatible(mine, theirs) {
@@ -278,6 +277,40 @@ pub async fn answer(
     Ok(theirs)
 }
 
+/// The acceptor's opening, read by the dialer. A peer port with peer TLS answers a plain
+/// opening with a TLS record (an alert) or by closing: said as such, since a dialer without
+/// `--peer-tls-*` (`tenured cluster-init`, say) would otherwise report a bare end of file.
+async fn read_reply(
+    stream: &mut (impl AsyncRead + Unpin),
+    peer: &str,
+) -> std::io::Result<[u8; OPENING_LEN]> {
+    let mut reply = [0u8; OPENING_LEN];
+    let mut got = 0;
+    while got < OPENING_LEN {
+        match stream.read(&mut reply[got..]).await? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    // A TLS record: content type 21 (alert) or 22 (handshake), then version 3.x.
+    if got >= 2 && matches!(reply[0], 0x15 | 0x16) && reply[1] == 0x03 {
+        return Err(std::io::Error::other(format!(
+            "the peer port at {peer} speaks TLS: give --peer-tls-cert, --peer-tls-key and \
+             --peer-tls-ca"
+        )));
+    }
+    if got < OPENING_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the peer port at {peer} closed the opening after {got} bytes (a node with \
+                 peer TLS closes a plain connection: does it need --peer-tls-*?)"
+            ),
+        ));
+    }
+    Ok(reply)
+}
+
 /// Milliseconds since the Unix epoch, for the refusal log's rate limit.
 fn now_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
@@ -287,6 +320,24 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dialer without peer TLS at a port with it hears a TLS alert (or nothing): it says
+    /// the port speaks TLS instead of an end of file.
+    #[tokio::test]
+    async fn a_tls_answer_to_the_opening_is_named() {
+        let ids = ClusterId::default();
+        let (mut dialer, mut acceptor) = tokio::io::duplex(1 << 10);
+        let alert = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32];
+        acceptor.write_all(&alert).await.unwrap();
+        acceptor.shutdown().await.unwrap();
+        let refused = greet(&mut dialer, &ids, "n1").await.unwrap_err();
+        assert!(refused.to_string().contains("speaks TLS"), "{refused}");
+        let (mut dialer, mut acceptor) = tokio::io::duplex(1 << 10);
+        acceptor.shutdown().await.unwrap();
+        let closed = greet(&mut dialer, &ids, "n1").await.unwrap_err();
+        drop(acceptor);
+        assert!(closed.to_string().contains("--peer-tls"), "{closed}");
+    }
 
     #[test]
     fn openings_round_trip_and_anything_else_is_refused() {

@@ -108,6 +108,8 @@ pub struct PeerService {
     pub refusals: Arc<peer_check::RefusalLog>,
     /// What this node answers pre-votes with.
     pub prevote: Arc<PreVote>,
+    /// How long AppendEntries take here and how far apart they come (`/metrics`).
+    pub appends: Arc<super::observe::AppendTimes>,
 }
 
 /// A peer connection's bytes: TCP, or TLS over TCP.
@@ -196,7 +198,7 @@ async fn read_frame<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
 ) -> std::io::Result<Option<T>> {
     match read_len(stream).await? {
-        Some(len) => read_body(stream, len).await.map(Some),
+        Some(len) => read_body(stream, len, None).await.map(Some),
         None => Ok(None),
     }
 }
@@ -218,14 +220,101 @@ async fn read_len(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Opti
     Ok(Some(len))
 }
 
-/// Reads a frame's `len` bytes of body and decodes them.
+/// Reads a frame's `len` bytes of body and decodes them. The buffer grows as bytes arrive
+/// (doubling from [`FRAME_READ_CHUNK`], never past `len`), so memory follows what was sent,
+/// not what was announced; on the peer port each growth is first taken from the node's
+/// [`FrameBudget`] (`budget`: it, and whether the connection is a member's).
 async fn read_body<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
     len: usize,
+    budget: Option<(&FrameBudget, bool)>,
 ) -> std::io::Result<T> {
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).await?;
-    postcard::from_bytes(&body).map_err(std::io::Error::other)
+    let mut body: Vec<u8> = Vec::new();
+    let mut held = Vec::new();
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let grow = body.capacity().max(FRAME_READ_CHUNK).min(len - body.len());
+            if let Some((budget, member)) = budget {
+                held.push(budget.take(grow, member).await?);
+            }
+            body.reserve_exact(grow);
+        }
+        let room = (body.capacity() - body.len()).min(len - body.len());
+        let read = (&mut *stream).take(room as u64).read_buf(&mut body).await?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    let decoded = postcard::from_bytes(&body).map_err(std::io::Error::other);
+    drop((body, held));
+    decoded
+}
+
+/// Bytes a frame's buffer first grows by, and the least it grows by after.
+const FRAME_READ_CHUNK: usize = 64 << 10;
+/// Most bytes the buffers of not-yet-complete peer frames hold at once, over all of a
+/// node's peer connections: what a flood of announced-but-unsent frames can make it use.
+pub const PEER_PENDING_BYTES_MAX: usize = 256 << 20;
+/// Of [`PEER_PENDING_BYTES_MAX`], the most that connections not yet a member's (opening:
+/// strangers, probes, a node's connection before its first frame) hold together; the rest
+/// is the members' alone.
+pub const PEER_OPENING_PENDING_BYTES_MAX: usize = 64 << 20;
+
+const _: () = assert!(
+    PEER_OPENING_PENDING_BYTES_MAX + 2 * FRAME_LEN_MAX <= PEER_PENDING_BYTES_MAX,
+    "past any flood of opening connections, members must have room for two largest frames"
+);
+const _: () =
+    assert!(FRAME_READ_CHUNK <= FRAME_LEN_MAX && FRAME_LEN_MAX <= PEER_OPENING_PENDING_BYTES_MAX);
+
+/// The peer port's budget of bytes buffered by incomplete frames (see [`read_body`]). An
+/// opening connection that finds its share spent is closed at once; a member's connection
+/// waits for room (within [`PEER_BODY_TIMEOUT`]): members' traffic first.
+struct FrameBudget {
+    total: Arc<tokio::sync::Semaphore>,
+    opening: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for FrameBudget {
+    fn default() -> FrameBudget {
+        FrameBudget {
+            total: Arc::new(tokio::sync::Semaphore::new(PEER_PENDING_BYTES_MAX)),
+            opening: Arc::new(tokio::sync::Semaphore::new(PEER_OPENING_PENDING_BYTES_MAX)),
+        }
+    }
+}
+
+/// Bytes taken from a [`FrameBudget`], given back when dropped.
+type Held = (
+    tokio::sync::OwnedSemaphorePermit,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
+
+impl FrameBudget {
+    /// Takes `bytes` for a frame's buffer: a member waits for them, an opening connection
+    /// gets them now or an error (its connection is closed).
+    async fn take(&self, bytes: usize, member: bool) -> std::io::Result<Held> {
+        let n = u32::try_from(bytes).expect("a frame's growth is under FRAME_LEN_MAX");
+        let total = Arc::clone(&self.total);
+        if member {
+            let held = total.acquire_many_owned(n).await;
+            return Ok((held.expect("the frame budget is never closed"), None));
+        }
+        let spent = || {
+            let why = "opening peer connections' share of PEER_PENDING_BYTES_MAX is spent";
+            std::io::Error::other(why)
+        };
+        let opening = Arc::clone(&self.opening).try_acquire_many_owned(n);
+        let opening = opening.map_err(|_| spent())?;
+        let held = total.try_acquire_many_owned(n).map_err(|_| spent())?;
+        Ok((held, Some(opening)))
+    }
+
+    /// Bytes held by incomplete frames now.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        PEER_PENDING_BYTES_MAX - self.total.available_permits()
+    }
 }
 
 /// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
@@ -318,6 +407,8 @@ const _: () = assert!(IDLE_PER_PEER_MAX * 4 <= PEER_CONNECTIONS_PER_NODE_MAX);
 #[derive(Default)]
 struct Slots {
     inner: Mutex<SlotsInner>,
+    /// What the connections' incomplete frames may hold.
+    budget: FrameBudget,
 }
 
 #[derive(Default)]
@@ -430,7 +521,8 @@ async fn read_request(
         return Ok(None);
     };
     slot.talked();
-    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len)).await {
+    let budget = Some((&slot.slots.budget, slot.is_member()));
+    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len, budget)).await {
         Ok(body) => body.map(Some),
         Err(_) => Err(timed_out(format!(
             "a {len}-byte peer frame took over {PEER_BODY_TIMEOUT:?}"
@@ -632,7 +724,10 @@ async fn answer(
         PeerRequest::PreVote(rpc) => PeerReply::PreVote(service.prevote.answer(raft, &rpc).await),
         PeerRequest::Append(rpc) => {
             service.catch_up.note_append(&rpc);
-            PeerReply::Append(raft.append_entries(rpc).await)
+            let (arrived, heartbeat) = (service.appends.arrived(), rpc.entries.is_empty());
+            let reply = raft.append_entries(rpc).await;
+            service.appends.answered(arrived, heartbeat);
+            PeerReply::Append(reply)
         }
         PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
         PeerRequest::Initialize(members) => {
@@ -1146,6 +1241,52 @@ mod tests {
         drop((over, members, opened));
         let inner = slots.lock();
         assert!(inner.members.is_empty() && inner.opening.len() <= PEER_OPENING_MAX);
+    }
+
+    /// A frame announced at the largest length holds a buffer of about what was sent, taken
+    /// from the budget; opening connections share their part of it and are refused past
+    /// it, while members keep the rest and wait for room rather than fail.
+    #[tokio::test]
+    async fn frame_buffers_follow_bytes_sent_within_the_budget() {
+        let budget = Arc::new(FrameBudget::default());
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let reading = Arc::clone(&budget);
+        let reader = tokio::spawn(async move {
+            read_body::<Vec<u8>>(&mut b, FRAME_LEN_MAX, Some((&reading, false))).await
+        });
+        a.write_all(&[7u8; 1 << 20]).await.unwrap();
+        while budget.held() < 1 << 20 {
+            tokio::task::yield_now().await;
+        }
+        assert!(budget.held() <= 2 << 20, "held {}", budget.held());
+        drop(a);
+        assert!(reader.await.unwrap().is_err(), "the frame was cut short");
+        assert_eq!(budget.held(), 0, "given back");
+
+        let openings = budget
+            .take(PEER_OPENING_PENDING_BYTES_MAX, false)
+            .await
+            .unwrap();
+        assert!(
+            budget.take(1, false).await.is_err(),
+            "the openings' part is spent"
+        );
+        let members = [
+            budget.take(FRAME_LEN_MAX, true).await.unwrap(),
+            budget.take(FRAME_LEN_MAX, true).await.unwrap(),
+        ];
+        let rest = PEER_PENDING_BYTES_MAX - budget.held();
+        let full = budget.take(rest, true).await.unwrap();
+        let waiting = budget.take(1, true);
+        tokio::pin!(waiting);
+        let wait = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(wait, &mut waiting).await.is_err(),
+            "it waits"
+        );
+        drop(full);
+        let _room = waiting.await.unwrap();
+        drop((openings, members));
     }
 
     #[tokio::test]

@@ -693,6 +693,7 @@ fn front_parts(
         snapshots: Arc::default(),
         refusals: Arc::default(),
         prevote,
+        appends: Arc::default(),
     };
     let hint = LeaderHint::new(raft.clone(), service.me);
     let admin = Admin::new(raft.clone(), service.clone(), security.clone());
@@ -780,5 +781,6 @@ fn node_scrape(
         snapshots,
         prevote: Arc::clone(&service.prevote),
         cluster_id: Arc::clone(service.dialer.cluster_id()),
+        appends: Arc::clone(&service.appends),
     }))
 }

@@ -1041,6 +1041,63 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
     kill_all(nodes).await;
 }
 
+/// Check-quorum: a leader that stops hearing a quorum fails its journal once the leader
+/// lease (2 E) and a confirmation's patience (1 s) have passed without a quorum's
+/// acknowledgement (1.3 s at default timing, 2.6 s at these tests' timing), so a write
+/// waiting there, and one sent after, are answered `NOT_LEADER` before the commit bound
+/// (5 s); without the check the write took the whole bound. The bound asserted is the
+/// commit bound itself, so a slow machine does not fail it; the figure is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_hears_no_quorum_stops_serving_within_the_lease() {
+    let _watchdog = watchdog("a_leader_that_hears_no_quorum_stops_serving_within_the_lease");
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    assert!(leader.ask("ACQUIRE before 60000").await.starts_with("OK "));
+    for (i, started) in nodes.iter().enumerate() {
+        if i != first {
+            started.node.set_isolated(true);
+        }
+    }
+    let asked = tokio::time::Instant::now();
+    let reply = leader.ask("ACQUIRE after 60000").await;
+    let waited = asked.elapsed();
+    println!("a write on a leader cut off from its quorum was answered after {waited:?}");
+    assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
+    assert!(waited < super::journal::COMMIT_PATIENCE, "{waited:?}");
+    // The journal failed, not one request: a new connection is refused too. One made
+    // while the node steps down may be closed with the ended term instead: then again.
+    let asked = tokio::time::Instant::now();
+    let reply = loop {
+        let mut stream = TcpStream::connect(&nodes[first].info.client_addr)
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        if stream.write_all(b"ACQUIRE later 60000\n").await.is_ok() {
+            let mut lines = BufReader::new(stream);
+            let read = tokio::time::timeout(STEP_TIMEOUT, lines.read_line(&mut reply)).await;
+            if let Ok(n) = read.expect("no reply in time") {
+                if n > 0 {
+                    break reply.trim_end().to_string();
+                }
+            }
+        }
+        // Closed: again, while the bound lasts.
+        assert!(
+            asked.elapsed() < super::journal::COMMIT_PATIENCE,
+            "only closed connections"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
+    assert!(
+        asked.elapsed() < super::journal::COMMIT_PATIENCE,
+        "{:?}",
+        asked.elapsed()
+    );
+    kill_all(nodes).await;
+}
+
 /// Sends `request` to the peer port at `addr` as any stranger could, and returns the first
 /// bytes of the answer: `None` if the node closed the connection without answering. The
 /// connection opens with the node's own cluster id, which is no secret (any opening is

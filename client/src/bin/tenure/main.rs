@@ -87,8 +87,9 @@ async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
     }
     let mut config = ClientConfig {
         request_timeout: cli.timeout,
-        // Connecting includes the TLS handshake and AUTH, which a busy server can slow.
-        connect_timeout: cli.timeout,
+        // Per address: a node that accepts and never opens (stopped, hung) must not take
+        // the whole --timeout when another address would answer.
+        connect_timeout: cli.connect_timeout.min(cli.timeout),
         ..ClientConfig::default()
     };
     if let Some(name) = &cli.identity {
