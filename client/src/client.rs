@@ -25,13 +25,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::WAIT_MS_MAX;
-use tenure_protocol::{LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, LeaseId, Request, Response};
 use tokio::time::Instant;
 
 use crate::cluster::{Member, Status, CHANGE_TIMEOUT_MIN};
 use crate::error::{unexpected, Error, Result};
 use crate::lease::{Granted, KeepAliveOptions, Lease, LeaseGuard};
-use crate::router::{Answer, Router};
+use crate::router::{AcquireAnswer, Answer, Router};
 
 // Re-exported so that the paths `tenure::client::X` written before these types moved to
 // their own modules keep working.
@@ -140,19 +140,35 @@ impl Client {
 
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
     ///
-    /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// request was sent (before the last send, if `NOT_LEADER` made the client send it again
-    /// to the leader), plus the time the server says the request waited in line before the
-    /// grant, plus the TTL, so it is never later than the server's.
+    /// # Exactly once
+    /// The ACQUIRE carries a fresh random acquire id (128 bits from `rand`'s thread-local
+    /// CSPRNG, seeded by the operating system; PROTOCOL.md 3.9). When its outcome is unknown (the connection was lost or
+    /// reset, no answer came in time, a leader stepping down answered `NOT_LEADER`, the
+    /// server is shutting down or restarting), the same ACQUIRE with the same acquire id is
+    /// sent again (on a new connection, to the new leader in a cluster) until
+    /// `options.wait` plus [`ClientConfig::acquire_retry_for`] after the first send. The server
+    /// answers a repeat of a grant with that grant, so the caller sees one grant or one
+    /// refusal, never a second lease or an orphan. A blocking ACQUIRE sent again waits only
+    /// what is left of `options.wait`. If the first send was granted and that lease has
+    /// ended by the time a repeat reaches the server, the answer is
+    /// [`Error::AcquireEnded`].
     ///
-    /// A grant that arrives after the caller stopped waiting (the time-out passed, or the
+    /// # The local deadline
+    /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
+    /// ACQUIRE's *first* send, plus the time the server says the request waited in line
+    /// before the grant, plus the TTL, so it is never later than the server's. A grant found
+    /// by a repeat (REGRANTED) keeps the earlier of that and the repeat's own count (an
+    /// instant before the repeat was sent, plus the time the server said was left).
+    ///
+    /// A grant that arrives after the caller stopped waiting (the retries ran out, or the
     /// future was dropped) is released by the client, so a key is not left held by a lease
     /// nobody knows of.
     ///
     /// # Errors
     /// [`Error::Invalid`] for an empty or over-long key, a TTL outside
-    /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata; otherwise
-    /// any [`Error`] a request can meet.
+    /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata;
+    /// [`Error::AcquireEnded`] as above; otherwise the last error of the retries (any
+    /// [`Error`] a request can meet).
     pub async fn acquire(
         &self,
         key: impl AsRef<[u8]>,
@@ -167,19 +183,40 @@ impl Client {
             wait_ms,
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
-            acquire_id: None,
+            acquire_id: Some(AcquireId::from_u128(rand::random())),
         };
-        let timeout = self.router.config().request_timeout
-            + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
-        let Answer {
-            response,
-            conn,
-            sent_at,
-        } = self
+        // Checked before the first send, so a bad argument is not retried.
+        request.validate().map_err(Error::invalid)?;
+        let config = self.router.config();
+        let wait = Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
+        let now = Instant::now();
+        let give_up_at = now + wait + config.acquire_retry_for.max(config.request_timeout);
+        let answer = self
             .router
-            .call_acquire(request, key.clone(), timeout)
+            .call_acquire(request, key.clone(), now + wait, give_up_at)
             .await?;
-        match response {
+        self.acquired(key, ttl, options.release_on_disconnect, answer)
+    }
+
+    /// The outcome an ACQUIRE's settling answer means.
+    fn acquired(
+        &self,
+        key: Bytes,
+        ttl: Duration,
+        release_on_disconnect: bool,
+        answer: AcquireAnswer,
+    ) -> Result<AcquireOutcome> {
+        let AcquireAnswer {
+            answer:
+                Answer {
+                    response,
+                    conn,
+                    sent_at,
+                },
+            first_sent_at,
+            first_conn,
+        } = answer;
+        let (granted, tied_to, repeat_deadline) = match response {
             Response::Granted {
                 token,
                 lease_id,
@@ -192,16 +229,47 @@ impl Client {
                     ttl: Duration::from_millis(u64::from(ttl_ms)),
                     waited: Duration::from_millis(u64::from(waited_ms)),
                 };
-                let tied_to = options.release_on_disconnect.then(|| conn.shared.clone());
-                let lease = Lease::new(self.router.clone(), key, granted, sent_at, tied_to);
-                Ok(AcquireOutcome::Granted(lease))
+                (granted, Some(conn), None)
             }
-            Response::Locked { token, ttl_left_ms } => Ok(AcquireOutcome::Locked(LockedBy {
+            Response::Regranted {
                 token,
-                ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
-            })),
-            other => Err(unexpected("ACQUIRE", other)),
+                lease_id,
+                ttl_left_ms,
+            } => {
+                // The grant happened between the first send and the repeat's arrival, so the
+                // lease ends no earlier than the first send plus the TTL: no wait is added.
+                let granted = Granted {
+                    token,
+                    lease_id,
+                    ttl,
+                    waited: Duration::ZERO,
+                };
+                let left = Duration::from_millis(u64::from(ttl_left_ms));
+                let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
+                // Tied to the connection of a send no later than the granted one.
+                (granted, first_conn, Some(repeat))
+            }
+            Response::Locked { token, ttl_left_ms } => {
+                return Ok(AcquireOutcome::Locked(LockedBy {
+                    token,
+                    ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
+                }))
+            }
+            Response::AcquireEnded { how, token } => {
+                return Err(Error::AcquireEnded { how, token });
+            }
+            other => return Err(unexpected("ACQUIRE", other)),
+        };
+        let tied_to = tied_to
+            .filter(|_| release_on_disconnect)
+            .map(|conn| conn.shared.clone());
+        let mut lease = Lease::new(self.router.clone(), key, granted, first_sent_at, tied_to);
+        if let Some(repeat) = repeat_deadline {
+            // Time in line is not known for a repeat's answer; the grant came at most this
+            // long after the first send (reported, never counted in the deadline).
+            lease.found_by_repeat(repeat, sent_at.saturating_duration_since(first_sent_at));
         }
+        Ok(AcquireOutcome::Granted(lease))
     }
 
     /// Acquires like [`Client::acquire`] and starts renewing the lease in the background
@@ -475,8 +543,10 @@ mod tests {
         });
         // Every answer comes 3 s late; the client waits 1 s.
         let server = fake::start_delayed(VERSION, 16, script, Duration::from_secs(3)).await;
+        // No time to send it again: the caller gives up after the first time-out.
         let config = ClientConfig {
             request_timeout: Duration::from_secs(1),
+            acquire_retry_for: Duration::ZERO,
             ..ClientConfig::default()
         };
         let client = Client::connect_with(server.addr.clone(), config)
@@ -493,6 +563,101 @@ mod tests {
             vec![(Bytes::from_static(b"k"), lease_id)],
             "the late grant is given back, once"
         );
+    }
+
+    /// The ACQUIREs a script saw: acquire id and wait of each.
+    type Seen = Arc<Mutex<Vec<(Option<AcquireId>, u32)>>>;
+
+    /// A server that never answers the first ACQUIRE (its reply lost) and answers every
+    /// later one with `repeat`.
+    fn losing_first_reply(seen: Seen, repeat: Response) -> fake::Script {
+        Arc::new(move |request| match request {
+            Request::Acquire {
+                acquire_id,
+                wait_ms,
+                ..
+            } => {
+                let mut seen = seen.lock().unwrap();
+                seen.push((*acquire_id, *wait_ms));
+                (seen.len() > 1).then(|| repeat.clone())
+            }
+            _ => Some(Response::Released),
+        })
+    }
+
+    async fn retrying_client(addr: &str) -> Client {
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        Client::connect_with(addr, config).await.unwrap()
+    }
+
+    /// The first reply is lost; the client sends the same ACQUIRE with the same acquire id
+    /// again, and the REGRANTED answer is the caller's one grant, counted from the first
+    /// send.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_whose_reply_is_lost_is_sent_again_with_its_acquire_id() {
+        let seen = Seen::default();
+        let regranted = Response::Regranted {
+            token: 9,
+            lease_id: LeaseId::from_u128(77),
+            ttl_left_ms: 50_000,
+        };
+        let server = fake::start(VERSION, 16, losing_first_reply(seen.clone(), regranted)).await;
+        let client = retrying_client(&server.addr).await;
+        let ttl = Duration::from_secs(60);
+        let started = Instant::now();
+        let options = AcquireOptions::wait(Duration::from_secs(3));
+        let lease = client.acquire("k", ttl, options).await.unwrap();
+        let lease = lease.granted().expect("the repeat's grant");
+        assert_eq!(
+            (lease.fencing_token(), lease.lease_id()),
+            (9, LeaseId::from_u128(77))
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[0].0.is_some(), "every ACQUIRE carries an acquire id");
+        assert_eq!(seen[0].0, seen[1].0, "the same acquire id, sent again");
+        assert_eq!(seen[0].1, 3000);
+        assert!(seen[1].1 < 3000, "the retry waits what is left: {seen:?}");
+        let from_first = started + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() <= from_first,
+            "not later than the first send's count"
+        );
+        // Sent again after about 4 s (1 s + the 3 s wait) with 50 s left: that count is earlier.
+        assert!(lease.deadline() < from_first - Duration::from_secs(3));
+        // Another acquire has another acquire id.
+        let again = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(again.is_ok(), "{again:?}");
+    }
+
+    /// The repeat finds the caller's lease already ended: a definite, non-transient error.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_of_an_ended_grant_is_reported_as_ended() {
+        let ended = Response::AcquireEnded {
+            how: tenure_protocol::EndedHow::Expired,
+            token: 4,
+        };
+        let server = fake::start(VERSION, 16, losing_first_reply(Seen::default(), ended)).await;
+        let client = retrying_client(&server.addr).await;
+        let err = client
+            .acquire("k", Duration::from_secs(2), AcquireOptions::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::AcquireEnded {
+                    how: tenure_protocol::EndedHow::Expired,
+                    token: 4
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_transient());
+        assert!(err.to_string().contains("expired"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -608,7 +773,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_deadline_counts_from_the_re_send_not_the_first_send() {
+    async fn an_acquire_counts_from_its_first_send_a_renew_from_the_re_send() {
         let ttl = Duration::from_secs(10);
         let slow_addr = Arc::new(Mutex::new(String::new()));
         let leader = fake::start(VERSION, 16, granting_leader(Arc::clone(&slow_addr))).await;
@@ -628,9 +793,12 @@ mod tests {
             .unwrap()
             .granted()
             .unwrap();
-        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
-        assert!(
-            lease.deadline() >= least,
+        // An ACQUIRE counts from its first send (PROTOCOL.md 3.9: its answer may be a grant
+        // of an earlier send), the slow follower's 3 s included.
+        let from_first = started + ttl - crate::lease::deadline_margin(ttl);
+        assert_eq!(
+            lease.deadline(),
+            from_first,
             "acquire: counted from the first send"
         );
         // RENEW: the leader sends it to the slow node, which sends it back 3 s later.
@@ -656,8 +824,10 @@ mod tests {
             .await
             .unwrap();
         let ttl = Duration::from_secs(10);
+        // The first send times out on the hung node; the same ACQUIRE is sent again to the
+        // next one, which grants it.
         let first = client.acquire("k", ttl, AcquireOptions::default()).await;
-        assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+        assert!(matches!(first, Ok(AcquireOutcome::Granted(_))), "{first:?}");
         let second = client.acquire("k", ttl, AcquireOptions::default()).await;
         assert!(
             matches!(second, Ok(AcquireOutcome::Granted(_))),

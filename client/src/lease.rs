@@ -165,6 +165,15 @@ impl Lease {
         }
     }
 
+    /// For a grant a repeat found (REGRANTED): moves the local deadline to `deadline`, the
+    /// repeat's own count, if that is earlier (the lease is counted both from the first send
+    /// and from the repeat, PROTOCOL.md 3.9), and reports `waited_at_most` as the wait: the
+    /// time from the first send to the repeat's, within which the grant came.
+    pub(crate) fn found_by_repeat(&mut self, deadline: Instant, waited_at_most: Duration) {
+        self.deadline = self.deadline.min(deadline);
+        self.waited = waited_at_most;
+    }
+
     /// The lock's name.
     pub fn key(&self) -> &[u8] {
         &self.key
@@ -187,7 +196,9 @@ impl Lease {
     }
 
     /// How long the acquire waited in line on the server before it was granted (zero for an
-    /// immediate grant), by the server's clock.
+    /// immediate grant), by the server's clock. For a grant that a repeat of the ACQUIRE found
+    /// (its first answer lost, PROTOCOL.md 3.9), the server does not say: it is the time from
+    /// the first send to the repeat's, by the client's clock, an upper bound.
     pub fn waited(&self) -> Duration {
         self.waited
     }

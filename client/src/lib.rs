@@ -123,10 +123,12 @@ pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
-pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
+pub use options::{
+    AcquireOptions, ClientConfig, ClientOptions, Credentials, ACQUIRE_RETRY_FOR_DEFAULT,
+};
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use tenure_protocol::handshake::ServerLimits;
-pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
+pub use tenure_protocol::{duration, AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
 pub use watch::Watch;
 
