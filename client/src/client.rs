@@ -81,8 +81,8 @@ impl Client {
     /// request's time-out or 10 s, whichever is shorter, then the last NOT_LEADER is
     /// returned ([`Error::Server`], transient). A leader
     /// that loses its leadership mid-request answers NOT_LEADER too, and then the request may
-    /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
-    /// grant (LOCKED) until its TTL runs out.
+    /// have taken effect: an ACQUIRE is sent again with its acquire id, so a grant it got is
+    /// found again rather than orphaned (see [`Client::acquire`]).
     ///
     /// A node that takes a request and never answers (a stopped process) is left once the
     /// request times out: the connection is closed and the next request starts at the next
@@ -154,11 +154,13 @@ impl Client {
     /// [`Error::AcquireEnded`].
     ///
     /// # The local deadline
-    /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// ACQUIRE's *first* send, plus the time the server says the request waited in line
-    /// before the grant, plus the TTL, so it is never later than the server's. A grant found
-    /// by a repeat (REGRANTED) keeps the earlier of that and the repeat's own count (an
-    /// instant before the repeat was sent, plus the time the server said was left).
+    /// A GRANTED answer means the answering server knew no live grant of this acquire id, so
+    /// the returned [`Lease`]'s local deadline is counted from an instant taken before the
+    /// send that got it, plus the time the server says that send waited in line, plus the
+    /// TTL: never later than the server's. A grant that a repeat found (REGRANTED) was made
+    /// to an earlier send, no earlier than the first: it counts from before the *first* send
+    /// plus the TTL, or from before the repeat plus the time the server said was left,
+    /// whichever is earlier.
     ///
     /// A grant that arrives after the caller stopped waiting (the retries ran out, or the
     /// future was dropped) is released by the client, so a key is not left held by a lease
@@ -216,7 +218,11 @@ impl Client {
             first_sent_at,
             first_conn,
         } = answer;
-        let (granted, tied_to, repeat_deadline) = match response {
+        // GRANTED: the answering server knew no live grant of this acquire id, so its lease
+        // began after the send that got the answer (a blocking one re-sent after 50 s in
+        // line must not look expired on arrival). REGRANTED: granted to an earlier send,
+        // no earlier than the first.
+        let (granted, tied_to, counted_from, repeat_deadline) = match response {
             Response::Granted {
                 token,
                 lease_id,
@@ -229,7 +235,7 @@ impl Client {
                     ttl: Duration::from_millis(u64::from(ttl_ms)),
                     waited: Duration::from_millis(u64::from(waited_ms)),
                 };
-                (granted, Some(conn), None)
+                (granted, Some(conn), sent_at, None)
             }
             Response::Regranted {
                 token,
@@ -247,7 +253,7 @@ impl Client {
                 let left = Duration::from_millis(u64::from(ttl_left_ms));
                 let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
                 // Tied to the connection of a send no later than the granted one.
-                (granted, first_conn, Some(repeat))
+                (granted, first_conn, first_sent_at, Some(repeat))
             }
             Response::Locked { token, ttl_left_ms } => {
                 return Ok(AcquireOutcome::Locked(LockedBy {
@@ -263,7 +269,7 @@ impl Client {
         let tied_to = tied_to
             .filter(|_| release_on_disconnect)
             .map(|conn| conn.shared.clone());
-        let mut lease = Lease::new(self.router.clone(), key, granted, first_sent_at, tied_to);
+        let mut lease = Lease::new(self.router.clone(), key, granted, counted_from, tied_to);
         if let Some(repeat) = repeat_deadline {
             // Time in line is not known for a repeat's answer; the grant came at most this
             // long after the first send (reported, never counted in the deadline).
@@ -773,7 +779,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_acquire_counts_from_its_first_send_a_renew_from_the_re_send() {
+    async fn a_deadline_counts_from_the_re_send_not_the_first_send() {
         let ttl = Duration::from_secs(10);
         let slow_addr = Arc::new(Mutex::new(String::new()));
         let leader = fake::start(VERSION, 16, granting_leader(Arc::clone(&slow_addr))).await;
@@ -793,13 +799,12 @@ mod tests {
             .unwrap()
             .granted()
             .unwrap();
-        // An ACQUIRE counts from its first send (PROTOCOL.md 3.9: its answer may be a grant
-        // of an earlier send), the slow follower's 3 s included.
-        let from_first = started + ttl - crate::lease::deadline_margin(ttl);
-        assert_eq!(
-            lease.deadline(),
-            from_first,
-            "acquire: counted from the first send"
+        // GRANTED (not REGRANTED): the leader knew no earlier grant of this acquire id, so
+        // the lease counts from the send it answered, after the slow follower's 3 s.
+        let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() >= least,
+            "acquire: counted from the re-send"
         );
         // RENEW: the leader sends it to the slow node, which sends it back 3 s later.
         let started = Instant::now();

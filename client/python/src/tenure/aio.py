@@ -605,10 +605,12 @@ class AsyncClient:
         answered with that grant, so the caller sees one grant or one refusal, never an
         orphan; if that lease has already ended, `AcquireEnded` is raised.
 
-        The lease's local deadline counts from an instant taken before the *first* send,
-        plus the server's `waited_ms`, plus the TTL, less the margin (2 ms, or 0.1 % of a span
-        over 2 s): never later than the server's. A grant found by a repeat keeps the earlier
-        of that and the repeat's own count (its send plus the time the server said was left).
+        A GRANTED lease's local deadline counts from an instant taken before the send that
+        got it (the answering server knew no earlier grant of this acquire id), plus the
+        server's `waited_ms`, plus the TTL, less the margin (2 ms, or 0.1 % of a span over
+        2 s): never later than the server's. A grant a repeat found (REGRANTED) was made to an
+        earlier send: it counts from before the *first* send plus the TTL, or from before the
+        repeat plus the time the server said was left, whichever is earlier.
         """
         lease, _ = await self._acquire(key, ttl, wait, meta, release_on_disconnect)
         return lease
@@ -702,7 +704,9 @@ class AsyncClient:
         if opcode == w.GRANTED:
             retry.kept = True
             token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
-            deadline = local_deadline(first, waited_ms, granted_ttl_ms)
+            # The answering server knew no live grant of this acquire id: the lease began
+            # after this send (a re-sent blocking one must not look expired on arrival).
+            deadline = local_deadline(sent_at, waited_ms, granted_ttl_ms)
             return Granted(key_b, token, lease_id, granted_ttl_ms, waited_ms, deadline, release_on_disconnect)
         if opcode == w.REGRANTED:
             retry.kept = True
