@@ -7,7 +7,8 @@
 //!
 //! # Reconnection
 //! When the connection dies, every request in flight fails with [`Error::ConnectionLost`]
-//! and every lease guard hears about it at once. The client does not reconnect by itself: the
+//! (except an ACQUIRE, which is sent again with its acquire id: see [`Client::acquire`]) and
+//! every lease guard hears about it at once. The client does not reconnect by itself: the
 //! next request does. A failed attempt makes the following one wait an exponentially growing,
 //! jittered delay (from [`ClientConfig::reconnect_delay_min`] up to
 //! [`ClientConfig::reconnect_delay_max`]); the first success resets it.
