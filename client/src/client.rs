@@ -272,9 +272,7 @@ impl Client {
             .map(|conn| conn.shared.clone());
         let mut lease = Lease::new(self.router.clone(), key, granted, counted_from, tied_to);
         if let Some(repeat) = repeat_deadline {
-            // Time in line is not known for a repeat's answer; the grant came at most this
-            // long after the first send (reported, never counted in the deadline).
-            lease.found_by_repeat(repeat, sent_at.saturating_duration_since(first_sent_at));
+            lease.keep_earlier_deadline(repeat);
         }
         Ok(AcquireOutcome::Granted(lease))
     }

@@ -165,13 +165,10 @@ impl Lease {
         }
     }
 
-    /// For a grant a repeat found (REGRANTED): moves the local deadline to `deadline`, the
-    /// repeat's own count, if that is earlier (the lease is counted both from the first send
-    /// and from the repeat, PROTOCOL.md 3.9), and reports `waited_at_most` as the wait: the
-    /// time from the first send to the repeat's, within which the grant came.
-    pub(crate) fn found_by_repeat(&mut self, deadline: Instant, waited_at_most: Duration) {
+    /// Moves the local deadline to `deadline` if that is earlier: a grant that a repeat found
+    /// (REGRANTED) is counted both from the first send and from the repeat (PROTOCOL.md 3.9).
+    pub(crate) fn keep_earlier_deadline(&mut self, deadline: Instant) {
         self.deadline = self.deadline.min(deadline);
-        self.waited = waited_at_most;
     }
 
     /// The lock's name.
@@ -196,9 +193,9 @@ impl Lease {
     }
 
     /// How long the acquire waited in line on the server before it was granted (zero for an
-    /// immediate grant), by the server's clock. For a grant that a repeat of the ACQUIRE found
-    /// (its first answer lost, PROTOCOL.md 3.9), the server does not say: it is the time from
-    /// the first send to the repeat's, by the client's clock, an upper bound.
+    /// immediate grant), by the server's clock. Zero for a grant that a repeat of the ACQUIRE
+    /// found (its first answer lost, PROTOCOL.md 3.9): the server reports no wait then, and a
+    /// deadline counted from the first send with no wait is never later than the server's.
     pub fn waited(&self) -> Duration {
         self.waited
     }

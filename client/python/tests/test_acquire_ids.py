@@ -187,6 +187,7 @@ def test_a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant(tenured_bin: st
             thread, out = _acquire_in_thread(client, "job:1")
             token, lease_id = trap.dropped.get(timeout=STEP_S)
             leader.kill()  # committed (the leader replies only then), then killed
+            proxies[0].listener.close()  # refused from now on, as the node is
             trap.cut.set()
             thread.join(STEP_S)
             [lease] = out

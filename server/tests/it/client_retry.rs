@@ -40,10 +40,13 @@ struct Trap {
 /// A proxy on a port of its own that forwards every connection to `upstream` (connecting
 /// anew each time, so it reaches a restarted server) and, while the trap is armed, drops the
 /// first GRANTED reply, reports it, and closes that connection when told to.
-async fn proxy(upstream: SocketAddr, trap: Arc<Trap>) -> String {
+///
+/// Aborting the returned task closes its port, so that new connections are refused as a
+/// killed node's are.
+async fn proxy(upstream: SocketAddr, trap: Arc<Trap>) -> (String, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
+    let accepting = tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let trap = Arc::clone(&trap);
             tokio::spawn(async move {
@@ -60,7 +63,7 @@ async fn proxy(upstream: SocketAddr, trap: Arc<Trap>) -> String {
             });
         }
     });
-    addr
+    (addr, accepting)
 }
 
 /// Copies the server's handshake answer, then its frames one by one, dropping a GRANTED
@@ -139,7 +142,7 @@ async fn a_single_nodes_grant_lost_to_kill_9_is_the_callers_one_grant_after_the_
     let mut daemon = Daemon::start(single(dir.path()));
     let upstream = daemon.addr;
     let (trap, mut dropped) = trap();
-    let addr = proxy(upstream, Arc::clone(&trap)).await;
+    let (addr, _accepting) = proxy(upstream, Arc::clone(&trap)).await;
     let client = tenure::Client::connect_with(addr, config()).await.unwrap();
     let ttl = Duration::from_secs(60);
 
@@ -214,8 +217,11 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
     order.sort_by_key(|&c| c != leader);
     let (trap, mut dropped) = trap();
     let mut proxies = Vec::new();
+    let mut accepting = Vec::new();
     for &node in &order {
-        proxies.push(proxy(node, Arc::clone(&trap)).await);
+        let (addr, task) = proxy(node, Arc::clone(&trap)).await;
+        proxies.push(addr);
+        accepting.push(task);
     }
     let client = tenure::Client::connect_with(proxies.join(","), config())
         .await
@@ -234,6 +240,7 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
     // The grant was committed (the leader replies only then); the leader dies with it.
     let leader = clients.iter().position(|&c| c == leader).unwrap();
     tokio::task::block_in_place(|| daemons[leader].kill9());
+    accepting[0].abort(); // the leader's proxy (first): refused from now on, as the node is
     trap.cut.notify_one();
     let lease = acquiring
         .await

@@ -715,8 +715,9 @@ class AsyncClient:
             # Granted between the first send and the repeat: no wait is counted, and the
             # repeat's own count is kept if it is earlier.
             deadline = min(local_deadline(first, 0, ttl_ms), local_deadline(sent_at, 0, ttl_left_ms))
-            waited_ms = int((sent_at - first) * 1000)  # an upper bound: the server does not say
-            return Granted(key_b, token, lease_id, ttl_ms, waited_ms, deadline, release_on_disconnect)
+            # The server reports no wait for a repeat: 0, so that `first + waited + ttl` (the
+            # rule of PROTOCOL.md 3.3) stays no later than the server's deadline.
+            return Granted(key_b, token, lease_id, ttl_ms, 0, deadline, release_on_disconnect)
         retry.gave_up = True
         if opcode == w.ACQUIRE_ENDED:
             how, token = r.u8(), r.u64()
