@@ -570,6 +570,34 @@ mod tests {
         );
     }
 
+    /// The caller drops its acquire (its own time-out, shorter than the client's retries):
+    /// the grant that arrives later is given back, once.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_that_arrives_after_its_caller_dropped_the_acquire_is_released() {
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&released);
+        let script: fake::Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 7,
+                lease_id: LeaseId::from_u128(43),
+                ttl_ms: 60_000,
+                waited_ms: 0,
+            }),
+            Request::Release { lease_id, .. } => {
+                seen.lock().unwrap().push(*lease_id);
+                Some(Response::Released)
+            }
+            _ => Some(Response::Pong),
+        });
+        let server = fake::start_delayed(VERSION, 16, script, Duration::from_secs(3)).await;
+        let client = Client::connect(server.addr.clone()).await.unwrap();
+        let acquire = client.acquire("k", Duration::from_secs(60), AcquireOptions::default());
+        let dropped = tokio::time::timeout(Duration::from_secs(1), acquire).await;
+        assert!(dropped.is_err(), "the caller stopped waiting");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(*released.lock().unwrap(), vec![LeaseId::from_u128(43)]);
+    }
+
     /// The ACQUIREs a script saw: acquire id and wait of each.
     type Seen = Arc<Mutex<Vec<(Option<AcquireId>, u32)>>>;
 

@@ -151,23 +151,106 @@ fn is_unknown_answer(response: &Response) -> bool {
         && unexpected("ACQUIRE", response.clone()).is_transient()
 }
 
-/// The caller kept `response`; grants still in the channel are the same lease (one acquire
-/// id, one grant), and later ones too, so nothing is released.
-fn settle_kept(
-    settle: &Mutex<Settle>,
-    response: &Response,
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Result<Answer>>,
-) {
-    let granted = matches!(
-        response,
-        Response::Granted { .. } | Response::Regranted { .. }
-    );
-    *settle.lock().expect("client mutex poisoned") = if granted {
-        Settle::Kept
-    } else {
-        Settle::GaveUp { released: None }
-    };
-    rx.close();
+/// What the caller of an ACQUIRE heard next from its sends.
+enum Step {
+    /// An answer that settles it: a grant, LOCKED, ACQUIRE_ENDED or a definite ERROR.
+    Settled(Answer),
+    /// A failure that is no unknown outcome: sending again would not help.
+    Failed(Error),
+    /// Every send out failed with an unknown outcome; the last one's error.
+    Unknown(Error),
+    /// The newest send got no answer in time.
+    NoAnswer,
+}
+
+/// The caller's end of one ACQUIRE's sends. Dropped before the ACQUIRE settled (the caller's
+/// future was dropped), it counts as giving up: grants already here and still to come are
+/// released.
+struct Waiting {
+    router: Router,
+    key: Bytes,
+    settle: Arc<Mutex<Settle>>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<Answer>>,
+    /// Sends whose result has not arrived.
+    in_flight: usize,
+}
+
+impl Waiting {
+    /// Waits until `until` for what settles the ACQUIRE or shows its outcome unknown.
+    async fn next(&mut self, until: Instant) -> Step {
+        loop {
+            let result = match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Err(_) => return Step::NoAnswer,
+                Ok(None) => unreachable!("the caller holds a sender"),
+                Ok(Some(result)) => result,
+            };
+            let error = match result {
+                Ok(answer) if !is_unknown_answer(&answer.response) => return Step::Settled(answer),
+                Ok(answer) => unexpected("ACQUIRE", answer.response),
+                Err(e) => e,
+            };
+            self.in_flight -= 1;
+            if !error.is_transient() {
+                return Step::Failed(error);
+            }
+            if self.in_flight == 0 {
+                return Step::Unknown(error);
+            }
+            // An older send failed while a newer one is still out: wait for that one.
+        }
+    }
+
+    /// The caller keeps `response`: a grant still to come is the same lease (one acquire id,
+    /// one grant), so nothing is released; after any other answer, grants are released.
+    fn kept(&mut self, response: &Response) {
+        let granted = matches!(
+            response,
+            Response::Granted { .. } | Response::Regranted { .. }
+        );
+        *self.settle.lock().expect("client mutex poisoned") = if granted {
+            Settle::Kept
+        } else {
+            Settle::GaveUp { released: None }
+        };
+        self.rx.close();
+    }
+
+    /// The caller gave up: grants already here are released, and every send still out
+    /// releases its grant when it arrives.
+    async fn gave_up(&mut self) {
+        *self.settle.lock().expect("client mutex poisoned") = Settle::GaveUp { released: None };
+        self.rx.close();
+        while let Ok(result) = self.rx.try_recv() {
+            if let Ok(answer) = result {
+                release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        {
+            let mut settle = self.settle.lock().expect("client mutex poisoned");
+            if !matches!(*settle, Settle::Open) {
+                return;
+            }
+            *settle = Settle::GaveUp { released: None };
+        }
+        self.rx.close();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        while let Ok(result) = self.rx.try_recv() {
+            if let Ok(answer) = result {
+                let (router, key) = (self.router.clone(), self.key.clone());
+                let settle = Arc::clone(&self.settle);
+                runtime.spawn(async move {
+                    release_unkept(&router, &settle, &key, &answer.response).await;
+                });
+            }
+        }
+    }
 }
 
 /// Releases the lease in `response` if it is a grant the caller did not keep, once per
@@ -565,10 +648,15 @@ impl Router {
         give_up_at: Instant,
     ) -> Result<AcquireAnswer> {
         let first_sent_at = Instant::now();
-        let settle = Arc::new(Mutex::new(Settle::Open));
         let first_conn = Arc::new(OnceLock::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut in_flight = 0usize;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiting = Waiting {
+            router: self.clone(),
+            key: key.clone(),
+            settle: Arc::new(Mutex::new(Settle::Open)),
+            rx,
+            in_flight: 0,
+        };
         let mut pause = RETRY_PAUSE_MIN;
         let mut hung = Vec::new();
         let failure = loop {
@@ -582,52 +670,39 @@ impl Router {
                 router: self.clone(),
                 request: with_wait(&request, wait_ms),
                 key: key.clone(),
-                settle: Arc::clone(&settle),
+                settle: Arc::clone(&waiting.settle),
                 sending: Arc::clone(&sending),
             };
             tokio::spawn(attempt.run(tx.clone()));
-            in_flight += 1;
+            waiting.in_flight += 1;
             let answer_by = now + self.inner.config.request_timeout + ms(wait_ms);
-            let failure = loop {
-                match tokio::time::timeout_at(answer_by.min(give_up_at), rx.recv()).await {
-                    Ok(Some(Ok(answer))) if !is_unknown_answer(&answer.response) => {
-                        settle_kept(&settle, &answer.response, &mut rx);
-                        let first_conn = first_conn.get().cloned();
-                        return Ok(AcquireAnswer {
-                            answer,
-                            first_sent_at,
-                            first_conn,
-                        });
-                    }
-                    Ok(Some(result)) => {
-                        in_flight -= 1;
-                        let e = result.map_or_else(|e| e, |a| unexpected("ACQUIRE", a.response));
-                        if !e.is_transient() {
-                            break Err(e);
-                        }
-                        if in_flight == 0 {
-                            break Ok(e);
-                        }
-                        // An older send failed while a newer one is still out: wait for it.
-                    }
-                    Ok(None) => unreachable!("the sender is held here"),
-                    Err(_) => {
-                        hung.push(sending);
-                        break Ok(Error::Timeout(answer_by.saturating_duration_since(now)));
-                    }
+            let failure = match waiting.next(answer_by.min(give_up_at)).await {
+                Step::Settled(answer) => {
+                    waiting.kept(&answer.response);
+                    let first_conn = first_conn.get().cloned();
+                    return Ok(AcquireAnswer {
+                        answer,
+                        first_sent_at,
+                        first_conn,
+                    });
+                }
+                Step::Failed(e) => break e,
+                Step::Unknown(e) => e,
+                Step::NoAnswer => {
+                    hung.push(sending);
+                    Error::Timeout(answer_by.saturating_duration_since(now))
                 }
             };
-            match failure {
-                Err(e) => break e,
-                Ok(e) if Instant::now() + pause >= give_up_at => break e,
-                Ok(e) => tracing::debug!(error = %e, "ACQUIRE outcome unknown; sending it again"),
+            if Instant::now() + pause >= give_up_at {
+                break failure;
             }
+            tracing::debug!(error = %failure, "ACQUIRE outcome unknown; sending it again");
             self.leave_all_hung(hung.drain(..));
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(RETRY_PAUSE_MAX);
         };
         self.leave_all_hung(hung.drain(..));
-        self.settle_gave_up(&settle, &key, &mut rx).await;
+        waiting.gave_up().await;
         Err(failure)
     }
 
@@ -636,23 +711,6 @@ impl Router {
         for sending in hung {
             if let Some(conn) = sending.take() {
                 self.leave_hung(&conn, self.inner.config.request_timeout);
-            }
-        }
-    }
-
-    /// The caller gave up: grants already received and not yet read are released, and every
-    /// send still out releases its grant when it arrives.
-    async fn settle_gave_up(
-        &self,
-        settle: &Mutex<Settle>,
-        key: &[u8],
-        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Result<Answer>>,
-    ) {
-        *settle.lock().expect("client mutex poisoned") = Settle::GaveUp { released: None };
-        rx.close();
-        while let Ok(result) = rx.try_recv() {
-            if let Ok(answer) = result {
-                release_unkept(self, settle, key, &answer.response).await;
             }
         }
     }
