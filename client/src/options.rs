@@ -10,6 +10,10 @@ use tenure_protocol::limits::IN_FLIGHT_MAX_DEFAULT;
 
 use crate::tls::TlsOptions;
 
+/// The default [`ClientConfig::acquire_retry_for`]: a restart of a loaded single node or a
+/// cluster's election with a slow takeover fits in it.
+pub const ACQUIRE_RETRY_FOR_DEFAULT: Duration = Duration::from_secs(15);
+
 /// How a [`Client`](crate::Client) talks to the server.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -31,6 +35,12 @@ pub struct ClientConfig {
     pub credentials: Option<Credentials>,
     /// TLS to the server; `None`: plain TCP.
     pub tls: Option<TlsOptions>,
+    /// How long, past its wait, an ACQUIRE whose outcome is unknown (connection lost, no
+    /// answer in time, `NOT_LEADER` or `SHUTTING_DOWN` mid-write, a restart) keeps being sent
+    /// again with its acquire id, counted from its first send; never less than
+    /// `request_timeout`. Long enough for a fail-over or a restart, and far inside the
+    /// server's memory of ended acquire ids (70 minutes, PROTOCOL.md 3.9).
+    pub acquire_retry_for: Duration,
 }
 
 /// [`ClientConfig`] by another name: the options a [`Client`](crate::Client) is made with.
@@ -81,6 +91,7 @@ impl Default for ClientConfig {
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             credentials: None,
             tls: None,
+            acquire_retry_for: ACQUIRE_RETRY_FOR_DEFAULT,
         }
     }
 }

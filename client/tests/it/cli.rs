@@ -755,7 +755,8 @@ async fn cli_run_queues_again_after_a_server_restart() {
         .expect("tenure runs");
     let err = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{err}");
-    assert!(err.contains("queueing again"), "{err}");
+    // The crate sent the ACQUIRE again itself (its outcome was unknown), with its acquire id
+    // and what was left of the wait: `run` saw one grant.
     assert!(err.contains("result=GRANTED"), "{err}");
     server.stop().await;
 }

@@ -39,7 +39,7 @@ fn acquire_at_leader(clients: &[SocketAddr], key: &str) -> (SocketAddr, String) 
 
 /// Three `tenured --cluster` daemons with their data in `dirs`, initialised as one cluster;
 /// the daemons and their client addresses.
-fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
+pub(super) fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
     let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let daemons: Vec<Daemon> = (0..3)
@@ -69,7 +69,7 @@ fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
 
 /// The first answer to `command` from one of `clients` that is not a refusal by a follower
 /// (or an election under way), retried until one is; with the node that answered.
-fn at_leader(clients: &[SocketAddr], command: &str) -> (SocketAddr, String) {
+pub(super) fn at_leader(clients: &[SocketAddr], command: &str) -> (SocketAddr, String) {
     let deadline = Instant::now() + ELECTED_WAIT_MAX;
     while Instant::now() < deadline {
         for &addr in clients {

@@ -40,6 +40,10 @@ async fn a_cluster_under_faults_keeps_every_lease_and_token_promise() {
     let report = nemesis::run(tenured_bin(), config).await;
     println!("{report}");
     assert!(report.violations.is_empty(), "{report}");
+    // The load's clients send acquire ids and retry with them (the `tenure` crate): every
+    // grant reaches the client that asked, none holds a key unknown to all.
+    assert!(report.orphans.is_empty(), "{report}");
+    assert_eq!(report.acquires_unknown, 0, "{report}");
     assert!(
         report.kinds().len() == 4 || report.faults.len() < 4,
         "{report}"

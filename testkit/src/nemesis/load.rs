@@ -65,6 +65,9 @@ async fn connect_probe(addrs: &str) -> Option<Client> {
     let config = ClientConfig {
         request_timeout: PROBE_REQUEST_TIMEOUT,
         connect_timeout: PROBE_REQUEST_TIMEOUT,
+        // A probe's ACQUIRE is sent again (with its acquire id) only within its own time-out:
+        // the probe loop, not the client's retries, measures how long serving takes.
+        acquire_retry_for: PROBE_REQUEST_TIMEOUT,
         ..config()
     };
     Client::connect_with(addrs.to_owned(), config).await.ok()
