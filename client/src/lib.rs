@@ -38,6 +38,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Semaphores and read/write locks
+//! [`Client::semaphore`] takes one permit of a counting semaphore (at most N holders at
+//! once), [`Client::read_lock`] a read lease beside other readers and [`Client::write_lock`]
+//! the key alone. Each permit and read lease is a lease of its own in the same
+//! [`LeaseGuard`]: its own renewal, loss signal and fencing token. How a resource fences
+//! reads as well as writes with those tokens is in [`rwlock`]; the kinds on the wire are
+//! [`LeaseKind`] ([`Client::acquire_kind`]).
+//!
 //! A server with identities wants credentials, sent as AUTH on every (re)connect:
 //! `Client::connect_with(addr, ClientOptions::default().with_credentials("orders", secret))`.
 //!
@@ -70,6 +78,8 @@
 //! | `lease` | [`Lease`] with a local deadline that never over-estimates, [`LeaseGuard`], [`AcquireOutcome`] | `conn`, `error`, `outcome`, `router` |
 //! | `watch` | [`Watch`], the stream of one key's changes | `conn`, `error`, `outcome`, `router` |
 //! | `client` | [`Client`]: the typed requests (acquire, lock, renew, watch, cluster admin) | `cluster`, `error`, `lease`, `options`, `outcome`, `router`, `watch` |
+//! | `semaphore` | [`Client::semaphore`], [`Client::inspect_kinds`] and [`KindsState`]: permits of a counting semaphore | `client`, `error`, `lease`, `options`, `outcome` |
+//! | `rwlock` | [`Client::read_lock`] and [`Client::write_lock`], and how a resource fences reads and writes | `client`, `error`, `lease`, `options` |
 //! | `election` | [`Election`], [`Leadership`], [`Observer`]; [`Client::campaign`] and [`Client::observe`] | `client`, `error`, `lease`, `options`, `outcome`, `watch` |
 //!
 //! A request goes down the table: [`Client`] builds it, `router` picks the connection and
@@ -114,6 +124,8 @@ pub mod lease;
 mod options;
 mod outcome;
 mod router;
+pub mod rwlock;
+pub mod semaphore;
 pub mod tls;
 mod watch;
 
@@ -124,6 +136,8 @@ pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
 pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
+pub use semaphore::KindsState;
+pub use tenure_protocol::kind::{HolderKinds, LeaseKind};
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};

@@ -35,13 +35,14 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             ttl,
             wait,
             meta,
+            kind,
         } => Request::Acquire {
             key: Bytes::from(key),
             ttl_ms: ms_u32(ttl)?,
             wait_ms: ms_u32(wait)?,
             release_on_disconnect: false,
             meta: Bytes::from(meta.unwrap_or_default()),
-            kind: Default::default(),
+            kind: kind.kind(),
         },
         Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),
