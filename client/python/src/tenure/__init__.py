@@ -37,7 +37,9 @@ from .errors import (
     ConnectionLost,
     Forbidden,
     HandshakeError,
+    BadPermits,
     InvalidArgument,
+    KindMismatch,
     LeaseLost,
     LimitReached,
     NotAcquired,
@@ -53,6 +55,7 @@ from .errors import (
     Unavailable,
     WatchLimit,
 )
+from .semaphore import HeldKinds
 from .fence import Fence, Rejected, SequencedFence, fenced_update
 from .results import (
     AcquireResult,
@@ -79,7 +82,7 @@ from .results import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AcquireResult", "AsyncClient", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
+    "AcquireResult", "AsyncClient", "BadPermits", "HeldKinds", "KindMismatch", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
     "AsyncObserver", "AsyncWatch", "BadRequest", "CannotConnect", "CheckResult", "Client", "ClusterRefused", "ConnectionLost",
     "Credentials", "Current", "Election", "Event", "EventKind", "Fence", "Forbidden", "Free",
     "Granted", "HandshakeError", "Held", "InvalidArgument", "KeyState", "Leader", "Leadership",
