@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
-use tenure_protocol::limits::WAIT_MS_MAX;
 use tenure_protocol::kind::LeaseKind;
+use tenure_protocol::limits::WAIT_MS_MAX;
 use tenure_protocol::{LeaseId, Request, Response};
 use tokio::time::Instant;
 

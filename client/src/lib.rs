@@ -97,7 +97,9 @@
 //! `127.0.0.1:7878`. Commands: `acquire`, `renew`, `release`, `inspect`, `check`, `stats`,
 //! `ping`, `run` (hold a lock while a command runs), `elect` (run a command while leading),
 //! `observe` (print each new leader) and `console` (the server's text-console grammar, read
-//! from stdin). Output is one line of `key=value` pairs per answer, with the text console's
+//! from stdin, `SHARED`, `PERMITS=` and `INSPECT <key> KINDS` included); `acquire` and `run`
+//! take `--permits [COUNT/]LIMIT` (semaphore permits) or `--shared` (a read lease), and
+//! `inspect --kinds` shows a key's holders and waiters by kind. Output is one line of `key=value` pairs per answer, with the text console's
 //! field names (`token`, `lease`, `ttl_ms`, `waited_ms`), or JSON with `--json`. Durations
 //! need a unit (`30s`, `500ms`; see [`duration`]). The command line is the `cli` feature, on
 //! by default; depend on the library with `default-features = false` to leave it out.
@@ -136,10 +138,10 @@ pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
 pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
-pub use semaphore::KindsState;
-pub use tenure_protocol::kind::{HolderKinds, LeaseKind};
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
+pub use semaphore::KindsState;
 pub use tenure_protocol::handshake::ServerLimits;
+pub use tenure_protocol::kind::{HolderKinds, LeaseKind};
 pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
 pub use watch::Watch;

@@ -84,6 +84,7 @@ impl Client {
         ttl: Duration,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome<LeaseGuard>> {
-        self.lock_kind(key, ttl, LeaseKind::Exclusive, options).await
+        self.lock_kind(key, ttl, LeaseKind::Exclusive, options)
+            .await
     }
 }

@@ -5,9 +5,7 @@
 
 use std::time::Duration;
 
-use tenure::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, Error, LeaseGuard, LossReason,
-};
+use tenure::{AcquireOptions, AcquireOutcome, CheckOutcome, Client, Error, LeaseGuard, LossReason};
 use tenure_testkit::{field, ms, Server, ThreadServer as TestServer, PATIENCE};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
@@ -57,7 +55,12 @@ async fn a_semaphore_holds_n_permits_and_hands_one_to_the_next_on_release() {
     let kinds = client.inspect_kinds("pool").await.expect("inspect");
     let by_kind = kinds.kinds.expect("a semaphore answers HELD_KINDS");
     assert_eq!(
-        (by_kind.limit, by_kind.holders, by_kind.in_use, by_kind.writer),
+        (
+            by_kind.limit,
+            by_kind.holders,
+            by_kind.in_use,
+            by_kind.writer
+        ),
         (3, 3, 3, false)
     );
 
@@ -68,16 +71,20 @@ async fn a_semaphore_holds_n_permits_and_hands_one_to_the_next_on_release() {
     assert!(!fourth.is_finished(), "a fourth permit beside three");
     assert!(held.iter().all(LeaseGuard::is_valid));
     held.remove(0).release().await.expect("release");
-    let fourth = timeout(PATIENCE, fourth).await.expect("handed a permit").unwrap();
+    let fourth = timeout(PATIENCE, fourth)
+        .await
+        .expect("handed a permit")
+        .unwrap();
     assert!(fourth.fencing_token() > tokens[2], "tokens rise");
     let by_kind = client.inspect_kinds("pool").await.unwrap().kinds.unwrap();
     assert_eq!((by_kind.in_use, by_kind.waiting_shared), (3, 0));
 
     // Two permits at once wait for two to be free, and nobody smaller overtakes them.
     let client2 = client.clone();
-    let pair = tokio::spawn(async move {
-        guard(client2.semaphore_permits("pool", 2, 3, TTL, wait()).await)
-    });
+    let pair =
+        tokio::spawn(
+            async move { guard(client2.semaphore_permits("pool", 2, 3, TTL, wait()).await) },
+        );
     wait_for_waiters(&client, "pool", 1).await;
     let single = waiting_permit(&client, "pool", 3);
     wait_for_waiters(&client, "pool", 2).await;
@@ -91,7 +98,10 @@ async fn a_semaphore_holds_n_permits_and_hands_one_to_the_next_on_release() {
     let pair = timeout(PATIENCE, pair).await.expect("the pair").unwrap();
     assert!(pair.fencing_token() > fourth.fencing_token());
     fourth.release().await.expect("release");
-    let single = timeout(PATIENCE, single).await.expect("the single").unwrap();
+    let single = timeout(PATIENCE, single)
+        .await
+        .expect("the single")
+        .unwrap();
     assert!(single.fencing_token() > pair.fencing_token());
 }
 
@@ -130,7 +140,10 @@ async fn readers_share_a_writer_waits_and_readers_behind_it_wait_too() {
     tokio::time::sleep(ms(100)).await;
     assert!(!writer.is_finished(), "a writer beside a reader");
     r2.release().await.unwrap();
-    let writer = timeout(PATIENCE, writer).await.expect("the writer").unwrap();
+    let writer = timeout(PATIENCE, writer)
+        .await
+        .expect("the writer")
+        .unwrap();
     assert!(writer.fencing_token() > read_token);
     assert_eq!(
         client.check("doc", read_token).await.unwrap(),
@@ -185,7 +198,10 @@ async fn a_kind_that_does_not_fit_is_a_typed_error() {
     assert!(matches!(read, Err(Error::KindMismatch(_))), "{read:?}");
     let _write = guard(client.write_lock("fit/rw", TTL, now()).await);
     let permits = client.semaphore("fit/rw", 2, TTL, now()).await;
-    assert!(matches!(permits, Err(Error::KindMismatch(_))), "{permits:?}");
+    assert!(
+        matches!(permits, Err(Error::KindMismatch(_))),
+        "{permits:?}"
+    );
     for (count, limit) in [(0, 2), (3, 2), (1, 0), (1, 4097)] {
         let bad = client
             .semaphore_permits("fit/bad", count, limit, TTL, now())
@@ -199,21 +215,46 @@ async fn a_kind_that_does_not_fit_is_a_typed_error() {
 async fn cli_run_with_permits_holds_one_and_waits_for_the_next() {
     let server = TestServer::start();
     let addr = server.addr.as_str();
-    let (code, out, _) = cli(addr, &["acquire", "cli/pool", "--ttl", "30s", "--permits", "2"]).await;
+    let (code, out, _) = cli(
+        addr,
+        &["acquire", "cli/pool", "--ttl", "30s", "--permits", "2"],
+    )
+    .await;
     assert_eq!((code, field(&out, "result")), (0, "GRANTED"), "{out}");
     let first: u64 = field(&out, "token").parse().unwrap();
     let run = [
-        "run", "--permits", "2", "--ttl", "5s", "cli/pool", "--", "sh", "-c",
+        "run",
+        "--permits",
+        "2",
+        "--ttl",
+        "5s",
+        "cli/pool",
+        "--",
+        "sh",
+        "-c",
         "echo $TENURE_FENCING_TOKEN",
     ];
     let (code, out, err) = cli(addr, &run).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.trim().parse::<u64>().unwrap() > first, "{out}");
     // Both permits held: the second `acquire` gets one, `run` finds none.
-    let (code, out, _) = cli(addr, &["acquire", "cli/pool", "--ttl", "30s", "--permits", "2"]).await;
+    let (code, out, _) = cli(
+        addr,
+        &["acquire", "cli/pool", "--ttl", "30s", "--permits", "2"],
+    )
+    .await;
     assert_eq!(code, 0, "{out}");
     let lease = field(&out, "lease").to_owned();
-    let busy = ["run", "--permits", "2", "--ttl", "5s", "cli/pool", "--", "true"];
+    let busy = [
+        "run",
+        "--permits",
+        "2",
+        "--ttl",
+        "5s",
+        "cli/pool",
+        "--",
+        "true",
+    ];
     assert_eq!(cli(addr, &busy).await.0, 3, "LOCKED");
     let mismatch = ["acquire", "cli/pool", "--ttl", "5s", "--permits", "3"];
     let (code, out, _) = cli(addr, &mismatch).await;
@@ -229,7 +270,16 @@ async fn cli_run_with_permits_holds_one_and_waits_for_the_next() {
 
     // A waiting `run` gets the permit released.
     let waiting = [
-        "run", "--permits", "2", "--ttl", "5s", "--wait", "20s", "cli/pool", "--", "true",
+        "run",
+        "--permits",
+        "2",
+        "--ttl",
+        "5s",
+        "--wait",
+        "20s",
+        "cli/pool",
+        "--",
+        "true",
     ];
     let addr_owned = addr.to_owned();
     let waiter = tokio::spawn(async move { cli(&addr_owned, &waiting).await });
@@ -246,13 +296,21 @@ async fn cli_run_shared_beside_a_reader_and_locked_by_a_writer() {
     let server = TestServer::start();
     let addr = server.addr.as_str();
     let client = server.client().await;
-    let reader = guard(client.read_lock("cli/doc", Duration::from_secs(30), now()).await);
+    let reader = guard(
+        client
+            .read_lock("cli/doc", Duration::from_secs(30), now())
+            .await,
+    );
     let shared = ["run", "--shared", "--ttl", "5s", "cli/doc", "--", "true"];
     assert_eq!(cli(addr, &shared).await.0, 0, "a reader beside a reader");
     let plain = ["run", "--ttl", "5s", "cli/doc", "--", "true"];
     assert_eq!(cli(addr, &plain).await.0, 3, "a writer beside a reader");
     reader.release().await.unwrap();
-    let writer = guard(client.write_lock("cli/doc", Duration::from_secs(30), now()).await);
+    let writer = guard(
+        client
+            .write_lock("cli/doc", Duration::from_secs(30), now())
+            .await,
+    );
     assert_eq!(cli(addr, &shared).await.0, 3, "a reader beside a writer");
     writer.release().await.unwrap();
 }

@@ -299,7 +299,15 @@ mod tests {
     #[test]
     fn run_takes_the_key_as_an_argument_and_a_kind() {
         let cli = Cli::try_parse_from([
-            "tenure", "run", "--permits", "2/4", "--ttl", "1s", "pool", "--", "true",
+            "tenure",
+            "run",
+            "--permits",
+            "2/4",
+            "--ttl",
+            "1s",
+            "pool",
+            "--",
+            "true",
         ])
         .expect("valid command line");
         match cli.command {
@@ -311,15 +319,28 @@ mod tests {
             }
             other => panic!("parsed as {other:?}"),
         }
-        let shared = ["tenure", "run", "--shared", "--ttl", "1s", "doc", "--", "true"];
+        let shared = [
+            "tenure", "run", "--shared", "--ttl", "1s", "doc", "--", "true",
+        ];
         match Cli::try_parse_from(shared).expect("valid").command {
             Command::Run(args) => assert_eq!(args.kind.kind(), LeaseKind::Shared),
             other => panic!("parsed as {other:?}"),
         }
         let refused: [&[&str]; 5] = [
             &["tenure", "run", "--ttl", "1s", "--", "true"],
-            &["tenure", "run", "--key", "a", "--ttl", "1s", "b", "--", "true"],
-            &["tenure", "acquire", "k", "--ttl", "1s", "--shared", "--permits", "2"],
+            &[
+                "tenure", "run", "--key", "a", "--ttl", "1s", "b", "--", "true",
+            ],
+            &[
+                "tenure",
+                "acquire",
+                "k",
+                "--ttl",
+                "1s",
+                "--shared",
+                "--permits",
+                "2",
+            ],
             &["tenure", "acquire", "k", "--ttl", "1s", "--permits", "0"],
             &["tenure", "acquire", "k", "--ttl", "1s", "--permits", "5/4"],
         ];
