@@ -23,7 +23,7 @@
 //! A reader paused past its lease, after which a writer was granted and wrote, holds a token
 //! below the writer's: its read finds no row, and it knows its lease is gone. In memory,
 //! [`Fence::try_accept`](crate::Fence::try_accept) with the write tokens is the `UPDATE`, and
-//! [`Fence::highest`](crate::Fence::highest) below the read token is the `SELECT`'s test. A
+//! [`Fence::check_read`](crate::Fence::check_read) with the read token the `SELECT`'s test. A
 //! resource that cannot store a fence asks [`Client::check`]: CURRENT while the reader's token
 //! names an unexpired holder, that is while no writer was granted after it (racy, as CHECK
 //! always is: the answer can be out of date when it arrives).

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use tenure::{AcquireOptions, AcquireOutcome, CheckOutcome, Client, Error, LeaseGuard, LossReason};
+use tenure::{
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, Error, Fence, LeaseGuard, LossReason,
+};
 use tenure_testkit::{field, ms, Server, ThreadServer as TestServer, PATIENCE};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
@@ -150,6 +152,11 @@ async fn readers_share_a_writer_waits_and_readers_behind_it_wait_too() {
         CheckOutcome::Stale,
         "a reader's token is stale once a writer was granted"
     );
+    // At the resource: the writer's write fences off the earlier reader's late read.
+    let fence = Fence::new();
+    assert!(fence.check_read("doc", read_token).is_ok());
+    fence.try_accept("doc", writer.fencing_token()).unwrap();
+    assert!(fence.check_read("doc", read_token).is_err());
     tokio::time::sleep(ms(100)).await;
     assert!(!r3.is_finished(), "a reader beside the writer");
     writer.release().await.unwrap();
