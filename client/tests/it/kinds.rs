@@ -274,8 +274,12 @@ async fn cli_run_with_permits_holds_one_and_waits_for_the_next() {
         ("2", "2"),
         "{out}"
     );
+    waiting_run_gets_the_permit_released(&server, &lease).await;
+}
 
-    // A waiting `run` gets the permit released.
+/// Both permits of `cli/pool` held, one by `lease`: a waiting `run` gets it once released.
+async fn waiting_run_gets_the_permit_released(server: &TestServer, lease: &str) {
+    let addr = server.addr.as_str();
     let waiting = [
         "run",
         "--permits",
@@ -292,7 +296,7 @@ async fn cli_run_with_permits_holds_one_and_waits_for_the_next() {
     let waiter = tokio::spawn(async move { cli(&addr_owned, &waiting).await });
     let client = server.client().await;
     wait_for_waiters(&client, "cli/pool", 1).await;
-    assert_eq!(cli(addr, &["release", "cli/pool", &lease]).await.0, 0);
+    assert_eq!(cli(addr, &["release", "cli/pool", lease]).await.0, 0);
     let (code, _, err) = timeout(PATIENCE, waiter).await.expect("granted").unwrap();
     assert_eq!(code, 0, "{err}");
     assert_eq!(field(&err, "result"), "GRANTED");
