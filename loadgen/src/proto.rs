@@ -4,6 +4,7 @@
 //! that knows all three.
 
 use bytes::BytesMut;
+use tenure_protocol::LeaseKind;
 
 use crate::etcd::{self, EtcdState, HttpReply};
 use crate::op::{Op, Outcome};
@@ -14,7 +15,10 @@ use crate::wire;
 #[derive(Clone, Debug)]
 pub enum Proto {
     /// tenure's binary protocol: replies carry the request id and may come out of order.
-    Tenure,
+    Tenure {
+        /// What every ACQUIRE asks for (`--permits`, `--shared`; the key alone by default).
+        kind: LeaseKind,
+    },
     /// Redis RESP2 with the usual lock recipes: replies come in request order.
     Redis {
         /// SHA1s of the loaded scripts.
@@ -32,10 +36,19 @@ impl Proto {
         matches!(self, Proto::Redis { .. } | Proto::Etcd(_))
     }
 
+    /// This connection's protocol with every tenure ACQUIRE asking for `kind`; the other
+    /// targets have no kinds (`Args::resolve` refuses `--permits` and `--shared` for them).
+    pub fn with_kind(self, kind: LeaseKind) -> Proto {
+        match self {
+            Proto::Tenure { .. } => Proto::Tenure { kind },
+            other => other,
+        }
+    }
+
     /// Appends the request for `op`, tagged `id` where the protocol has ids.
     pub fn encode(&mut self, id: u64, op: &Op, dst: &mut BytesMut) {
         match self {
-            Proto::Tenure => wire::encode(id, op, dst),
+            Proto::Tenure { kind } => wire::encode(id, op, *kind, dst),
             Proto::Redis { scripts, fenced } => resp::encode_op(scripts, *fenced, op, dst),
             Proto::Etcd(state) => state.encode(op, dst),
         }
@@ -48,7 +61,9 @@ impl Proto {
     /// When the stream is broken (bad length, bad RESP type): the connection must close.
     pub fn decode(&mut self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
         match self {
-            Proto::Tenure => Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r)))),
+            Proto::Tenure { .. } => {
+                Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r))))
+            }
             Proto::Redis { .. } => Ok(resp::decode(src)?.map(|r| (None, Decoded::Redis(r)))),
             Proto::Etcd(state) => Ok(state.decode(src)?.map(|r| (None, Decoded::Etcd(r)))),
         }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use tenure_protocol::LeaseKind;
 use tokio::sync::Notify;
 
 use crate::args::{millis_u32, Args, Scenario as Which};
@@ -180,7 +181,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .with_context(|| format!("no setup with {addr} within {CONNECT_MAX:?}"))??;
         pipeline = pipeline.min(connected.in_flight_max);
         streams.push(connected.stream);
-        conns.push(connected.proto);
+        conns.push(connected.proto.with_kind(args.lease_kind()));
         setups.push(connected.setup);
     }
     let scenario = build_scenario(&args, args.connections, pipeline, redis)?;
@@ -319,6 +320,14 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
     }
     if redis {
         settings.push(("redis_fenced", Value::Str(args.redis_fenced.to_string())));
+    }
+    match args.lease_kind() {
+        LeaseKind::Exclusive => {}
+        LeaseKind::Shared => settings.push(("lease_kind", Value::Str("shared".to_owned()))),
+        LeaseKind::Permits { count, limit } => {
+            let permits = format!("permits={count}/{limit}");
+            settings.push(("lease_kind", Value::Str(permits)));
+        }
     }
     let transport = match (&args.tls_ca, &args.tls_client_cert) {
         (None, _) => "tcp",

@@ -7,7 +7,7 @@ use anyhow::{bail, ensure, Context};
 use bytes::{Bytes, BytesMut};
 use tenure_protocol::frame::{decode_response, encode_request, split_frame, Secret};
 use tenure_protocol::handshake::{Hello, HelloAck, VERSION};
-use tenure_protocol::{Request, Response};
+use tenure_protocol::{LeaseKind, Request, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{lookup_host, TcpStream};
 
@@ -210,7 +210,9 @@ impl Target {
         setup.total_ns = elapsed_ns(start);
         Ok(Connected {
             stream,
-            proto: Proto::Tenure,
+            proto: Proto::Tenure {
+                kind: LeaseKind::Exclusive,
+            },
             in_flight_max,
             setup,
         })

@@ -1,4 +1,5 @@
-//! tenure's binary protocol for the four ops the load generator sends.
+//! tenure's binary protocol for the four ops the load generator sends (an ACQUIRE of the
+//! run's kind: the key alone, a read lease or semaphore permits).
 //!
 //! The frames are written by hand straight into the connection's output buffer, so a request
 //! costs no allocation; a unit test proves the bytes equal what
@@ -7,8 +8,9 @@
 
 use anyhow::{bail, Context};
 use bytes::{BufMut, BytesMut};
-use tenure_protocol::frame::{decode_response, op, split_frame};
-use tenure_protocol::{LeaseId, Response};
+use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_KIND};
+use tenure_protocol::kind::{KIND_PERMITS, KIND_SHARED};
+use tenure_protocol::{LeaseId, LeaseKind, Response};
 
 use crate::op::{decimal, Op, OpKind, Outcome, KEY_PREFIX};
 
@@ -57,7 +59,7 @@ fn put_key16(dst: &mut BytesMut, key: u64) {
 }
 
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
-pub fn encode(id: u64, op: &Op, dst: &mut BytesMut) {
+pub fn encode(id: u64, op: &Op, kind: LeaseKind, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
     let opcode = match op.kind {
@@ -73,8 +75,18 @@ pub fn encode(id: u64, op: &Op, dst: &mut BytesMut) {
             put_key16(dst, op.key);
             dst.put_u32(op.ttl_ms);
             dst.put_u32(op.wait_ms);
-            dst.put_u8(0); // flags: the lock outlives the connection
+            // Flags: the lock outlives the connection; bit 3 when a kind follows the meta.
+            dst.put_u8(if kind.is_exclusive() { 0 } else { FLAG_KIND });
             dst.put_u16(0); // no holder metadata
+            match kind {
+                LeaseKind::Exclusive => {}
+                LeaseKind::Shared => dst.put_u8(KIND_SHARED),
+                LeaseKind::Permits { count, limit } => {
+                    dst.put_u8(KIND_PERMITS);
+                    dst.put_u32(count);
+                    dst.put_u32(limit);
+                }
+            }
         }
         OpKind::Renew => {
             put_key16(dst, op.key);
@@ -156,10 +168,40 @@ mod tests {
         ];
         for (kind, request) in cases {
             let mut ours = BytesMut::new();
-            encode(77, &op(kind), &mut ours);
+            encode(77, &op(kind), LeaseKind::Exclusive, &mut ours);
             let mut theirs = BytesMut::new();
             encode_request(77, &request, &mut theirs);
             assert_eq!(ours, theirs, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn an_acquire_of_a_kind_matches_the_protocol_crate() {
+        let kinds = [
+            LeaseKind::Shared,
+            LeaseKind::Permits { count: 1, limit: 4 },
+            LeaseKind::Permits { count: 3, limit: 7 },
+        ];
+        for kind in kinds {
+            let request = Request::Acquire {
+                key: Bytes::from_static(b"job:1234567"),
+                ttl_ms: 30_000,
+                wait_ms: 250,
+                release_on_disconnect: false,
+                meta: Bytes::new(),
+                kind,
+            };
+            let mut ours = BytesMut::new();
+            encode(77, &op(OpKind::Acquire), kind, &mut ours);
+            let mut theirs = BytesMut::new();
+            encode_request(77, &request, &mut theirs);
+            assert_eq!(ours, theirs, "{kind:?}");
+            // Only ACQUIRE carries the kind.
+            let mut renew = BytesMut::new();
+            encode(77, &op(OpKind::Renew), kind, &mut renew);
+            let mut plain = BytesMut::new();
+            encode(77, &op(OpKind::Renew), LeaseKind::Exclusive, &mut plain);
+            assert_eq!(renew, plain);
         }
     }
 }
