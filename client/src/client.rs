@@ -186,6 +186,7 @@ impl Client {
             .map_err(Error::of_kind)
     }
 
+    /// The ACQUIRE itself, its errors untyped: [`Client::acquire_kind`] types them.
     async fn acquire_request(
         &self,
         key: impl AsRef<[u8]>,
