@@ -6,6 +6,9 @@
 //! `tenure_protocol::frame::encode_request` writes. Replies are decoded by the protocol crate
 //! and mapped onto [`Outcome`]s; they carry the request id, so they may come out of order.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
 use anyhow::{bail, Context};
 use bytes::{BufMut, BytesMut};
 use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_ACQUIRE_ID, FLAG_KIND};
@@ -58,9 +61,24 @@ fn put_key16(dst: &mut BytesMut, key: u64) {
     dst.put_slice(digits);
 }
 
+/// This process's acquire ids: a random half chosen once (so a second run against the same
+/// server repeats none of the first's ids, which it remembers as ended) and a count, one more
+/// per ACQUIRE. Key, instant and request id do not make one unique: lanes on two connections
+/// send the same request id for the same key in the same tick, and a repeated id is answered
+/// REGRANTED with the other lane's lease.
+fn next_acquire_id() -> [u8; 16] {
+    static SALT: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let salt = *SALT.get_or_init(rand::random);
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&salt.to_be_bytes());
+    id[8..].copy_from_slice(&COUNT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    id
+}
+
 /// Appends an ACQUIRE's fields after its request id: the optional fields after the meta in
 /// increasing flag-bit order (PROTOCOL.md 3.1), the acquire id (bit 1) before the kind (bit 3).
-fn put_acquire(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
+fn put_acquire(op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
     put_key16(dst, op.key);
     dst.put_u32(op.ttl_ms);
     dst.put_u32(op.wait_ms);
@@ -75,8 +93,7 @@ fn put_acquire(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut By
     dst.put_u8(flags);
     dst.put_u16(0); // no holder metadata
     if acquire_id {
-        dst.put_u64(op.key);
-        dst.put_u64(op.intended_ns ^ id.rotate_left(48));
+        dst.put_slice(&next_acquire_id());
     }
     match kind {
         LeaseKind::Exclusive => {}
@@ -90,8 +107,8 @@ fn put_acquire(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut By
 }
 
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
-/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per op: its key and the
-/// instant it was meant for. An ACQUIRE asks for `kind`; the other requests have no kind.
+/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per ACQUIRE in this process
+/// and random across processes. An ACQUIRE asks for `kind`; the other requests have no kind.
 pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
@@ -104,7 +121,7 @@ pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut Byt
     dst.put_u8(opcode);
     dst.put_u64(id);
     match op.kind {
-        OpKind::Acquire => put_acquire(id, op, acquire_id, kind, dst),
+        OpKind::Acquire => put_acquire(op, acquire_id, kind, dst),
         OpKind::Renew => {
             put_key16(dst, op.key);
             dst.put_slice(&LeaseId::from_u128(op.lease).0);
@@ -191,18 +208,14 @@ mod tests {
             encode_request(77, &request, &mut theirs);
             assert_eq!(ours, theirs, "{kind:?}");
         }
-        // An ACQUIRE with an acquire id: the op's key, then its instant mixed with the id.
+        // An ACQUIRE with an acquire id, a new one for each ACQUIRE of the same op.
+        let exclusive = LeaseKind::Exclusive;
         let mut ours = BytesMut::new();
-        encode(
-            77,
-            &op(OpKind::Acquire),
-            true,
-            LeaseKind::Exclusive,
-            &mut ours,
-        );
-        let mut id = [0u8; 16];
-        id[..8].copy_from_slice(&1_234_567u64.to_be_bytes());
-        id[8..].copy_from_slice(&77u64.rotate_left(48).to_be_bytes());
+        encode(77, &op(OpKind::Acquire), true, exclusive, &mut ours);
+        let id = acquire_id_of(&ours);
+        let mut again = BytesMut::new();
+        encode(77, &op(OpKind::Acquire), true, exclusive, &mut again);
+        assert_ne!(acquire_id_of(&again), id, "an acquire id is never repeated");
         let request = Request::Acquire {
             key: Bytes::from_static(b"job:1234567"),
             ttl_ms: 30_000,
@@ -217,6 +230,13 @@ mod tests {
         assert_eq!(ours, theirs, "with an acquire id");
     }
 
+    /// The acquire id of an ACQUIRE frame for `op()` without meta: after length, opcode,
+    /// request id, key (2 + 11 bytes), TTL, wait, flags and the meta's length.
+    fn acquire_id_of(frame: &[u8]) -> [u8; 16] {
+        let at = 4 + 1 + 8 + 2 + 11 + 4 + 4 + 1 + 2;
+        frame[at..at + 16].try_into().expect("16 bytes")
+    }
+
     #[test]
     fn an_acquire_of_a_kind_matches_the_protocol_crate() {
         let kinds = [
@@ -225,11 +245,11 @@ mod tests {
             LeaseKind::Permits { count: 3, limit: 7 },
         ];
         // With and without an acquire id: the id (flag bit 1) goes before the kind (bit 3).
-        let mut id = [0u8; 16];
-        id[..8].copy_from_slice(&1_234_567u64.to_be_bytes());
-        id[8..].copy_from_slice(&77u64.rotate_left(48).to_be_bytes());
         for kind in kinds {
-            for acquire_id in [None, Some(tenure_protocol::AcquireId(id))] {
+            for with_id in [false, true] {
+                let mut ours = BytesMut::new();
+                encode(77, &op(OpKind::Acquire), with_id, kind, &mut ours);
+                let acquire_id = with_id.then(|| tenure_protocol::AcquireId(acquire_id_of(&ours)));
                 let request = Request::Acquire {
                     key: Bytes::from_static(b"job:1234567"),
                     ttl_ms: 30_000,
@@ -239,14 +259,6 @@ mod tests {
                     acquire_id,
                     kind,
                 };
-                let mut ours = BytesMut::new();
-                encode(
-                    77,
-                    &op(OpKind::Acquire),
-                    acquire_id.is_some(),
-                    kind,
-                    &mut ours,
-                );
                 let mut theirs = BytesMut::new();
                 encode_request(77, &request, &mut theirs);
                 assert_eq!(ours, theirs, "{kind:?}, {acquire_id:?}");
