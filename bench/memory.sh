@@ -30,7 +30,7 @@ set -euo pipefail
 
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
 esac
 
