@@ -8,21 +8,29 @@
 #   500K held: 50 000 acquires/s, each held 10 s, TTL 30 s, renewed every 10 s (the estimate)
 #   5M held:   100 000 acquires/s, each held 50 s, TTL 120 s, not renewed
 #
-# Keys are the load generator's (`job:` and 18-19 digits, 22-23 bytes).
+#   200k held: 20 000 acquires/s, each held 10 s, TTL 30 s, renewed every 10 s
+#
+# Keys are the load generator's (`job:` and 18-19 digits, 22-23 bytes). Each population is
+# measured for every kind of KINDS (issue 26): `plain` locks, semaphore permit leases
+# (`permits:[COUNT/]LIMIT`, the load generator's `--permits`) or read leases (`shared`), the
+# last two optionally on a small key space (`permits:4096@64`: 64 keys, each held by up to
+# 4 096 leases; without `@KEYS` nearly every lease has a key of its own). "B/lock" is then
+# bytes per held lease.
 #
 # Usage: bench/memory.sh
 # Environment:
-#   POPULATIONS="500k 5m"  which runs
+#   POPULATIONS="500k 5m"  which runs (500k, 5m, 200k)
+#   KINDS=plain            which kinds, e.g. "plain permits:4096@64 shared@64 permits:4"
 #   TENURED_ARGS=          more tenured flags (e.g. "--runtime shared --threads 1")
 #   NO_BUILD=1             use target/release as it is
 #
 # tenured (--durability tokens) listens on 127.0.0.1:17881 only and is stopped by PID after
-# each run. About 30 s for 500K and 70 s for 5M.
+# each run. About 30 s for 500K, 25 s for 200K and 70 s for 5M, per kind.
 set -euo pipefail
 
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
 esac
 
@@ -66,6 +74,19 @@ stat() {
     tr ' ' '\n' <<<"$reply" | awk -F= -v n="$1" '$1 == n { print $2 }'
 }
 
+# kind_flags KIND: the load generator's flags for KIND (plain, permits:..[@KEYS], shared[@KEYS]).
+kind_flags() {
+    local kind=${1%@*} keys=
+    [[ $1 == *@* ]] && keys="--keys ${1#*@}"
+    case $kind in
+        plain) [[ -z $keys ]] || { echo "plain locks take no @KEYS" >&2; exit 2; } ;;
+        shared) echo --shared $keys ;;
+        permits:*) echo --permits "${kind#permits:}" $keys ;;
+        *) echo "unknown kind $1 (plain, permits:[COUNT/]LIMIT[@KEYS], shared[@KEYS])" >&2
+            exit 2 ;;
+    esac
+}
+
 # measure NAME LOADGEN-ARGS...: one row.
 measure() {
     local name=$1
@@ -77,9 +98,9 @@ measure() {
     PID=$!
     wait_port "$PORT"
     "$LOADGEN" --target "tenure://127.0.0.1:$PORT" --server-pid "$PID" --json --quiet \
-        --scenario estimate "$@" >"$WORK/$name.json"
+        --scenario estimate "$@" >"$WORK/run.json"
     local start end peak held table
-    start=$(field "$WORK/$name.json" resources server_rss_start_bytes)
+    start=$(field "$WORK/run.json" resources server_rss_start_bytes)
     end=$(( $(status_kib VmRSS) * 1024 ))
     peak=$(( $(status_kib VmHWM) * 1024 ))
     held=$(stat held)
@@ -87,19 +108,25 @@ measure() {
     kill "$PID" && wait "$PID" 2>/dev/null || true
     PID=
     awk -v n="$name" -v s="$start" -v e="$end" -v p="$peak" -v h="$held" -v t="$table" 'BEGIN {
-        printf "%-6s %9d %10.1f %10.1f %8.0f %8.0f %6.2f\n", n, h, (e - s) / h, t / h,
+        printf "%-22s %9d %10.1f %10.1f %8.0f %8.0f %6.2f\n", n, h, (e - s) / h, t / h,
             e / 1048576, p / 1048576, p / e }'
 }
 
 echo "tenured --durability tokens ${TENURED_ARGS:-}; $(nproc) cores"
-printf "%-6s %9s %10s %10s %8s %8s %6s\n" run held "B/lock" "table B" "end MiB" "peak MiB" peak/end
+printf "%-22s %9s %10s %10s %8s %8s %6s\n" run held "B/lock" "table B" "end MiB" "peak MiB" peak/end
 for population in ${POPULATIONS:-500k 5m}; do
-    case $population in
-        500k) measure 500k --duration 10s --warmup 2s ;;
-        5m) measure 5m --rate 100000 --hold 50s --ttl 120s --renew-every 60s \
-            --duration 5s --warmup 2s ;;
-        *) echo "unknown population $population (500k or 5m)" >&2; exit 2 ;;
-    esac
+    for kind in ${KINDS:-plain}; do
+        read -r -a flags <<<"$(kind_flags "$kind")"
+        name=$population
+        [[ $kind == plain ]] || name+=" $kind"
+        case $population in
+            500k) measure "$name" --duration 10s --warmup 2s "${flags[@]}" ;;
+            200k) measure "$name" --rate 20000 --duration 10s --warmup 2s "${flags[@]}" ;;
+            5m) measure "$name" --rate 100000 --hold 50s --ttl 120s --renew-every 60s \
+                --duration 5s --warmup 2s "${flags[@]}" ;;
+            *) echo "unknown population $population (500k, 200k or 5m)" >&2; exit 2 ;;
+        esac
+    done
 done
-echo "B/lock: RSS growth per held lock (end minus before connecting); table B: STATS table_bytes per lock"
+echo "B/lock: RSS growth per held lock or lease (end minus before connecting); table B: STATS table_bytes per lock"
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"
