@@ -318,6 +318,21 @@ impl Conn {
             },
             Ok(WaitResult::Failed(code, message)) => Response::Error { code, message },
             Ok(WaitResult::Ended { how, token }) => Response::AcquireEnded { how, token },
+            Ok(WaitResult::Regranted {
+                token,
+                lease_id,
+                ttl_left_ms,
+                ticket,
+            }) => {
+                let ttl_left_ms = u32::try_from(ttl_left_ms).unwrap_or(u32::MAX);
+                let response = Response::Regranted {
+                    token,
+                    lease_id,
+                    ttl_left_ms,
+                };
+                self.push(id, response, ticket);
+                return;
+            }
             Err(()) => self.wait_cancelled(id),
         };
         self.push(id, response, TICKET_NOW);

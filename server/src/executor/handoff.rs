@@ -36,6 +36,18 @@ pub enum WaitResult {
     },
     /// The hand-over could not be made durable.
     Failed(ErrorCode, String),
+    /// The waiter repeats an ACQUIRE (same key, same acquire id) whose earlier send holds
+    /// the key now (its wait ran out behind its own lease): that lease, unchanged.
+    Regranted {
+        /// Its fencing token.
+        token: u64,
+        /// Its lease id.
+        lease_id: LeaseId,
+        /// Time left on it.
+        ttl_left_ms: u64,
+        /// The journal ticket of its grant: the reply waits for it, as the first one did.
+        ticket: Ticket,
+    },
     /// The waiter repeats an ACQUIRE (same key, same acquire id) whose lease was granted to
     /// an earlier send of it and has ended since: nothing was granted to it.
     Ended {
@@ -247,18 +259,59 @@ impl Executor {
                 Event::HandedOff(handoff) => self.hand_off(shard, now_ms, handoff),
                 Event::WaitTimedOut {
                     waiter,
+                    key,
                     holder_token,
                     ttl_left_ms,
                     ..
                 } => {
-                    Stats::bump(&self.stats.locked);
-                    let _ = waiter.tx.send(WaitResult::TimedOut {
+                    let repeat = waiter
+                        .acquire_id
+                        .and_then(|id| repeat_at_wait_end(shard, now_ms, &key, id, holder_token));
+                    let result = repeat.unwrap_or(WaitResult::TimedOut {
                         token: holder_token,
                         ttl_left_ms,
                     });
+                    let counter = match result {
+                        WaitResult::TimedOut { .. } => &self.stats.locked,
+                        _ => &self.stats.repeats,
+                    };
+                    Stats::bump(counter);
+                    let _ = waiter.tx.send(result);
                 }
             }
         }
+    }
+}
+
+/// What a waiting repeat of an ACQUIRE is told when its wait runs out, if the earlier send
+/// of it was granted: LOCKED would read as "not granted" and orphan that lease (PROTOCOL.md
+/// "Acquire ids"). `None` if nothing is known of it (then it is LOCKED as any waiter).
+fn repeat_at_wait_end(
+    shard: &mut LockTable<WaitSlot>,
+    now_ms: u64,
+    key: &[u8],
+    acquire_id: AcquireId,
+    holder_token: u64,
+) -> Option<WaitResult> {
+    match shard.repeat_of(now_ms, key, acquire_id) {
+        Repeat::New => None,
+        Repeat::Live {
+            token,
+            lease_id,
+            ttl_left_ms,
+            ticket,
+        } => Some(WaitResult::Regranted {
+            token,
+            lease_id,
+            ttl_left_ms,
+            ticket,
+        }),
+        Repeat::Ended { how, token } => Some(WaitResult::Ended { how, token }),
+        // Its own lease, past its deadline but not reaped yet: a repeat hears "expired".
+        Repeat::Unsettled => Some(WaitResult::Ended {
+            how: EndedHow::Expired,
+            token: holder_token,
+        }),
     }
 }
 

@@ -83,3 +83,61 @@ fn a_retry_after_kill_9_with_the_reply_unread_holds_the_key_once() {
         assert_eq!(token(&again), token(&retry));
     }
 }
+
+/// Polls INSPECT until `key` has `waiters` waiters in line.
+fn until_waiters(c: &mut LineConn, key: &str, waiters: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let want = format!("waiters={waiters}");
+    loop {
+        let held = c.cmd(&format!("INSPECT {key}")).unwrap();
+        if held.ends_with(&want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {held}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A repeat that queued behind its own first send (two connections, the first one waiting
+/// longer) is never told LOCKED: when its wait runs out while the first send's lease holds
+/// the key it is answered REGRANTED with that lease; when its turn comes after that lease
+/// ended, ACQUIRE_ENDED (PROTOCOL.md 3.9).
+#[test]
+fn a_repeat_waiting_behind_its_own_grant_is_never_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(tenured(dir.path(), logs.path()));
+    let mut holder = conn(&daemon);
+    for (round, release_first) in [(200u32, false), (201, true)] {
+        let key = format!("qr:{round}");
+        let held = holder.cmd(&format!("ACQUIRE {key} 30000")).unwrap();
+        let id = acquire_id(round);
+        let (mut first, mut repeat) = (conn(&daemon), conn(&daemon));
+        first
+            .send(&format!("ACQUIRE {key} 30000 20000 ID={id}\n"))
+            .unwrap();
+        until_waiters(&mut holder, &key, 1);
+        let repeat_wait_ms = if release_first { 20_000 } else { 1_500 };
+        let again = format!("ACQUIRE {key} 30000 {repeat_wait_ms} ID={id}\n");
+        repeat.send(&again).unwrap();
+        until_waiters(&mut holder, &key, 2);
+        let release = format!("RELEASE {key} {}", field(&held, "lease"));
+        assert_eq!(holder.cmd(&release).unwrap(), "OK");
+        let granted = first.line().unwrap();
+        assert!(granted.starts_with("OK token="), "{granted}");
+        assert!(!granted.ends_with(" repeat"), "{granted}");
+        if release_first {
+            // Its turn comes once the first send's lease is over.
+            let release = format!("RELEASE {key} {}", field(&granted, "lease"));
+            assert_eq!(first.cmd(&release).unwrap(), "OK");
+            let ended = repeat.line().unwrap();
+            assert_eq!(ended, format!("ENDED released token={}", token(&granted)));
+        } else {
+            // Its wait runs out while that lease holds the key.
+            let answer = repeat.line().unwrap();
+            assert!(answer.ends_with(" repeat"), "REGRANTED, not {answer:?}");
+            assert_eq!(token(&answer), token(&granted), "{answer}");
+            assert_eq!(field(&answer, "lease"), field(&granted, "lease"));
+        }
+    }
+}

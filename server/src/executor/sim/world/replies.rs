@@ -91,6 +91,20 @@ impl World {
                         ticket: TICKET_NOW,
                         undo: None,
                     },
+                    WaitResult::Regranted {
+                        token,
+                        lease_id,
+                        ticket,
+                        ..
+                    } => Waiting::Durable {
+                        response: Response::Regranted {
+                            token,
+                            lease_id,
+                            ttl_left_ms: 0,
+                        },
+                        ticket,
+                        undo: None,
+                    },
                 };
             }
         }
