@@ -994,10 +994,19 @@ impl Request {
                 ttl_ms,
                 wait_ms,
                 meta,
+                acquire_id,
                 ..
             } => {
                 validate_key(key)?;
                 validate_ttl(*ttl_ms)?;
+                if acquire_id.is_some_and(|id| id.0 == [0; 16]) {
+                    // Not random: every client that forgot to pick one would share it, and
+                    // a repeat of it hands over the first send's lease (PROTOCOL.md 3.9).
+                    return Err(FrameError::new(
+                        ErrorCode::BadArgs,
+                        "acquire id is all zero: pick 128 random bits".into(),
+                    ));
+                }
                 if *wait_ms > WAIT_MS_MAX {
                     return Err(FrameError::new(
                         ErrorCode::BadWait,
