@@ -14,6 +14,7 @@
 #                      up to openraft's 500 ms replication back-off, and a leader killed then
 #                      leaves a lagging node that campaigns in vain; 0 measures those too
 #   NO_BUILD=1         use the binaries in target/release as they are
+#   TENURED=PATH       the tenured binary (default target/release/tenured), for before/after runs
 #   TENURE_ARGS="..."  more flags for every tenured (e.g. --election-timeout-ms 200), unquoted
 #   TENURE_LOG=warn    RUST_LOG of the tenure nodes (their logs are kept with OUT)
 #   OUT=DIR            keep every run's JSON report, the fail-over lines and the nodes' logs in DIR
@@ -52,7 +53,7 @@ case "$SETTLE" in ''|*[!0-9]*) echo "SETTLE must be whole seconds, got: $SETTLE"
 (( KILLS >= 1 && KILLS <= 1000 )) || { echo "KILLS=$KILLS is outside 1..1000" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LOADGEN=$ROOT/target/release/tenure-loadgen
-TENURED=$ROOT/target/release/tenured
+TENURED=${TENURED:-$ROOT/target/release/tenured}
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 

@@ -7,7 +7,8 @@
 //!
 //! # Reconnection
 //! When the connection dies, every request in flight fails with [`Error::ConnectionLost`]
-//! and every lease guard hears about it at once. The client does not reconnect by itself: the
+//! (except an ACQUIRE, which is sent again with its acquire id: see [`Client::acquire`]) and
+//! every lease guard hears about it at once. The client does not reconnect by itself: the
 //! next request does. A failed attempt makes the following one wait an exponentially growing,
 //! jittered delay (from [`ClientConfig::reconnect_delay_min`] up to
 //! [`ClientConfig::reconnect_delay_max`]); the first success resets it.
@@ -25,13 +26,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::WAIT_MS_MAX;
-use tenure_protocol::{LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, LeaseId, Request, Response};
 use tokio::time::Instant;
 
 use crate::cluster::{Member, Status, CHANGE_TIMEOUT_MIN};
 use crate::error::{unexpected, Error, Result};
 use crate::lease::{Granted, KeepAliveOptions, Lease, LeaseGuard};
-use crate::router::{Answer, Router};
+use crate::router::{AcquireAnswer, Answer, Router};
 
 // Re-exported so that the paths `tenure::client::X` written before these types moved to
 // their own modules keep working.
@@ -81,8 +82,8 @@ impl Client {
     /// request's time-out or 10 s, whichever is shorter, then the last NOT_LEADER is
     /// returned ([`Error::Server`], transient). A leader
     /// that loses its leadership mid-request answers NOT_LEADER too, and then the request may
-    /// have taken effect: an ACQUIRE sent again may find the key held by that first, unknown
-    /// grant (LOCKED) until its TTL runs out.
+    /// have taken effect: an ACQUIRE is sent again with its acquire id, so a grant it got is
+    /// found again rather than orphaned (see [`Client::acquire`]).
     ///
     /// A node that takes a request and never answers (a stopped process) is left once the
     /// request times out: the connection is closed and the next request starts at the next
@@ -140,19 +141,37 @@ impl Client {
 
     /// Asks for `key` for `ttl`, waiting in line up to `options.wait` if it is held.
     ///
-    /// The returned [`Lease`]'s local deadline is counted from an instant taken before the
-    /// request was sent (before the last send, if `NOT_LEADER` made the client send it again
-    /// to the leader), plus the time the server says the request waited in line before the
-    /// grant, plus the TTL, so it is never later than the server's.
+    /// # Exactly once
+    /// The ACQUIRE carries a fresh random acquire id (128 bits from `rand`'s thread-local
+    /// CSPRNG, seeded by the operating system; PROTOCOL.md 3.9). When its outcome is unknown (the connection was lost or
+    /// reset, no answer came in time, a leader stepping down answered `NOT_LEADER`, the
+    /// server is shutting down or restarting), the same ACQUIRE with the same acquire id is
+    /// sent again (on a new connection, to the new leader in a cluster) until
+    /// `options.wait` plus [`ClientConfig::acquire_retry_for`] after the first send. The server
+    /// answers a repeat of a grant with that grant, so the caller sees one grant or one
+    /// refusal, never a second lease or an orphan. A blocking ACQUIRE sent again waits only
+    /// what is left of `options.wait`. If the first send was granted and that lease has
+    /// ended by the time a repeat reaches the server, the answer is
+    /// [`Error::AcquireEnded`].
     ///
-    /// A grant that arrives after the caller stopped waiting (the time-out passed, or the
+    /// # The local deadline
+    /// A GRANTED answer means the answering server knew no live grant of this acquire id, so
+    /// the returned [`Lease`]'s local deadline is counted from an instant taken before the
+    /// send that got it, plus the time the server says that send waited in line, plus the
+    /// TTL: never later than the server's. A grant that a repeat found (REGRANTED) was made
+    /// to an earlier send, no earlier than the first: it counts from before the *first* send
+    /// plus the TTL, or from before the repeat plus the time the server said was left,
+    /// whichever is earlier.
+    ///
+    /// A grant that arrives after the caller stopped waiting (the retries ran out, or the
     /// future was dropped) is released by the client, so a key is not left held by a lease
     /// nobody knows of.
     ///
     /// # Errors
     /// [`Error::Invalid`] for an empty or over-long key, a TTL outside
-    /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata; otherwise
-    /// any [`Error`] a request can meet.
+    /// `TTL_MS_MIN..=TTL_MS_MAX`, a wait over `WAIT_MS_MAX` or over-long metadata;
+    /// [`Error::AcquireEnded`] as above; otherwise the last error of the retries (any
+    /// [`Error`] a request can meet).
     pub async fn acquire(
         &self,
         key: impl AsRef<[u8]>,
@@ -167,19 +186,45 @@ impl Client {
             wait_ms,
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
-            acquire_id: None,
+            acquire_id: Some(AcquireId::from_u128(rand::random())),
+            kind: Default::default(),
         };
-        let timeout = self.router.config().request_timeout
-            + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
-        let Answer {
-            response,
-            conn,
-            sent_at,
-        } = self
+        // Checked before the first send, so a bad argument is not retried.
+        request.validate().map_err(Error::invalid)?;
+        let config = self.router.config();
+        let wait = Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));
+        let now = Instant::now();
+        let give_up_at = now + wait + config.acquire_retry_for.max(config.request_timeout);
+        let answer = self
             .router
-            .call_acquire(request, key.clone(), timeout)
+            .call_acquire(request, key.clone(), now + wait, give_up_at)
             .await?;
-        match response {
+        self.acquired(key, ttl, options.release_on_disconnect, answer)
+    }
+
+    /// The outcome an ACQUIRE's settling answer means.
+    fn acquired(
+        &self,
+        key: Bytes,
+        ttl: Duration,
+        release_on_disconnect: bool,
+        answer: AcquireAnswer,
+    ) -> Result<AcquireOutcome> {
+        let AcquireAnswer {
+            answer:
+                Answer {
+                    response,
+                    conn,
+                    sent_at,
+                },
+            first_sent_at,
+            first_conn,
+        } = answer;
+        // GRANTED: the answering server knew no live grant of this acquire id, so its lease
+        // began after the send that got the answer (a blocking one re-sent after 50 s in
+        // line must not look expired on arrival). REGRANTED: granted to an earlier send,
+        // no earlier than the first.
+        let (granted, tied_to, counted_from, repeat_deadline) = match response {
             Response::Granted {
                 token,
                 lease_id,
@@ -192,16 +237,45 @@ impl Client {
                     ttl: Duration::from_millis(u64::from(ttl_ms)),
                     waited: Duration::from_millis(u64::from(waited_ms)),
                 };
-                let tied_to = options.release_on_disconnect.then(|| conn.shared.clone());
-                let lease = Lease::new(self.router.clone(), key, granted, sent_at, tied_to);
-                Ok(AcquireOutcome::Granted(lease))
+                (granted, Some(conn), sent_at, None)
             }
-            Response::Locked { token, ttl_left_ms } => Ok(AcquireOutcome::Locked(LockedBy {
+            Response::Regranted {
                 token,
-                ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
-            })),
-            other => Err(unexpected("ACQUIRE", other)),
+                lease_id,
+                ttl_left_ms,
+            } => {
+                // The grant happened between the first send and the repeat's arrival, so the
+                // lease ends no earlier than the first send plus the TTL: no wait is added.
+                let granted = Granted {
+                    token,
+                    lease_id,
+                    ttl,
+                    waited: Duration::ZERO,
+                };
+                let left = Duration::from_millis(u64::from(ttl_left_ms));
+                let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
+                // Tied to the connection of a send no later than the granted one.
+                (granted, first_conn, first_sent_at, Some(repeat))
+            }
+            Response::Locked { token, ttl_left_ms } => {
+                return Ok(AcquireOutcome::Locked(LockedBy {
+                    token,
+                    ttl_left: Duration::from_millis(u64::from(ttl_left_ms)),
+                }))
+            }
+            Response::AcquireEnded { how, token } => {
+                return Err(Error::AcquireEnded { how, token });
+            }
+            other => return Err(unexpected("ACQUIRE", other)),
+        };
+        let tied_to = tied_to
+            .filter(|_| release_on_disconnect)
+            .map(|conn| conn.shared.clone());
+        let mut lease = Lease::new(self.router.clone(), key, granted, counted_from, tied_to);
+        if let Some(repeat) = repeat_deadline {
+            lease.keep_earlier_deadline(repeat);
         }
+        Ok(AcquireOutcome::Granted(lease))
     }
 
     /// Acquires like [`Client::acquire`] and starts renewing the lease in the background
@@ -260,6 +334,7 @@ impl Client {
     pub async fn inspect(&self, key: impl AsRef<[u8]>) -> Result<KeyState> {
         let request = Request::Inspect {
             key: Bytes::copy_from_slice(key.as_ref()),
+            kinds: Default::default(),
         };
         match self.router.call_plain(request).await? {
             Response::Free => Ok(KeyState::Free),
@@ -475,8 +550,10 @@ mod tests {
         });
         // Every answer comes 3 s late; the client waits 1 s.
         let server = fake::start_delayed(VERSION, 16, script, Duration::from_secs(3)).await;
+        // No time to send it again: the caller gives up after the first time-out.
         let config = ClientConfig {
             request_timeout: Duration::from_secs(1),
+            acquire_retry_for: Duration::ZERO,
             ..ClientConfig::default()
         };
         let client = Client::connect_with(server.addr.clone(), config)
@@ -493,6 +570,129 @@ mod tests {
             vec![(Bytes::from_static(b"k"), lease_id)],
             "the late grant is given back, once"
         );
+    }
+
+    /// The caller drops its acquire (its own time-out, shorter than the client's retries):
+    /// the grant that arrives later is given back, once.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_that_arrives_after_its_caller_dropped_the_acquire_is_released() {
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&released);
+        let script: fake::Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 7,
+                lease_id: LeaseId::from_u128(43),
+                ttl_ms: 60_000,
+                waited_ms: 0,
+            }),
+            Request::Release { lease_id, .. } => {
+                seen.lock().unwrap().push(*lease_id);
+                Some(Response::Released)
+            }
+            _ => Some(Response::Pong),
+        });
+        let server = fake::start_delayed(VERSION, 16, script, Duration::from_secs(3)).await;
+        let client = Client::connect(server.addr.clone()).await.unwrap();
+        let acquire = client.acquire("k", Duration::from_secs(60), AcquireOptions::default());
+        let dropped = tokio::time::timeout(Duration::from_secs(1), acquire).await;
+        assert!(dropped.is_err(), "the caller stopped waiting");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(*released.lock().unwrap(), vec![LeaseId::from_u128(43)]);
+    }
+
+    /// The ACQUIREs a script saw: acquire id and wait of each.
+    type Seen = Arc<Mutex<Vec<(Option<AcquireId>, u32)>>>;
+
+    /// A server that never answers the first ACQUIRE (its reply lost) and answers every
+    /// later one with `repeat`.
+    fn losing_first_reply(seen: Seen, repeat: Response) -> fake::Script {
+        Arc::new(move |request| match request {
+            Request::Acquire {
+                acquire_id,
+                wait_ms,
+                ..
+            } => {
+                let mut seen = seen.lock().unwrap();
+                seen.push((*acquire_id, *wait_ms));
+                (seen.len() > 1).then(|| repeat.clone())
+            }
+            _ => Some(Response::Released),
+        })
+    }
+
+    async fn retrying_client(addr: &str) -> Client {
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..ClientConfig::default()
+        };
+        Client::connect_with(addr, config).await.unwrap()
+    }
+
+    /// The first reply is lost; the client sends the same ACQUIRE with the same acquire id
+    /// again, and the REGRANTED answer is the caller's one grant, counted from the first
+    /// send.
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_whose_reply_is_lost_is_sent_again_with_its_acquire_id() {
+        let seen = Seen::default();
+        let regranted = Response::Regranted {
+            token: 9,
+            lease_id: LeaseId::from_u128(77),
+            ttl_left_ms: 50_000,
+        };
+        let server = fake::start(VERSION, 16, losing_first_reply(seen.clone(), regranted)).await;
+        let client = retrying_client(&server.addr).await;
+        let ttl = Duration::from_secs(60);
+        let started = Instant::now();
+        let options = AcquireOptions::wait(Duration::from_secs(3));
+        let lease = client.acquire("k", ttl, options).await.unwrap();
+        let lease = lease.granted().expect("the repeat's grant");
+        assert_eq!(
+            (lease.fencing_token(), lease.lease_id()),
+            (9, LeaseId::from_u128(77))
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[0].0.is_some(), "every ACQUIRE carries an acquire id");
+        assert_eq!(seen[0].0, seen[1].0, "the same acquire id, sent again");
+        assert_eq!(seen[0].1, 3000);
+        assert!(seen[1].1 < 3000, "the retry waits what is left: {seen:?}");
+        let from_first = started + ttl - crate::lease::deadline_margin(ttl);
+        assert!(
+            lease.deadline() <= from_first,
+            "not later than the first send's count"
+        );
+        // Sent again after about 4 s (1 s + the 3 s wait) with 50 s left: that count is earlier.
+        assert!(lease.deadline() < from_first - Duration::from_secs(3));
+        // Another acquire has another acquire id.
+        let again = client.acquire("k", ttl, AcquireOptions::default()).await;
+        assert!(again.is_ok(), "{again:?}");
+    }
+
+    /// The repeat finds the caller's lease already ended: a definite, non-transient error.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_of_an_ended_grant_is_reported_as_ended() {
+        let ended = Response::AcquireEnded {
+            how: tenure_protocol::EndedHow::Expired,
+            token: 4,
+        };
+        let server = fake::start(VERSION, 16, losing_first_reply(Seen::default(), ended)).await;
+        let client = retrying_client(&server.addr).await;
+        let err = client
+            .acquire("k", Duration::from_secs(2), AcquireOptions::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::AcquireEnded {
+                    how: tenure_protocol::EndedHow::Expired,
+                    token: 4
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_transient());
+        assert!(err.to_string().contains("expired"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -628,10 +828,12 @@ mod tests {
             .unwrap()
             .granted()
             .unwrap();
+        // GRANTED (not REGRANTED): the leader knew no earlier grant of this acquire id, so
+        // the lease counts from the send it answered, after the slow follower's 3 s.
         let least = started + delay + ttl - crate::lease::deadline_margin(ttl);
         assert!(
             lease.deadline() >= least,
-            "acquire: counted from the first send"
+            "acquire: counted from the re-send"
         );
         // RENEW: the leader sends it to the slow node, which sends it back 3 s later.
         let started = Instant::now();
@@ -656,8 +858,10 @@ mod tests {
             .await
             .unwrap();
         let ttl = Duration::from_secs(10);
+        // The first send times out on the hung node; the same ACQUIRE is sent again to the
+        // next one, which grants it.
         let first = client.acquire("k", ttl, AcquireOptions::default()).await;
-        assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+        assert!(matches!(first, Ok(AcquireOutcome::Granted(_))), "{first:?}");
         let second = client.acquire("k", ttl, AcquireOptions::default()).await;
         assert!(
             matches!(second, Ok(AcquireOutcome::Granted(_))),

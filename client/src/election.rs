@@ -94,8 +94,11 @@ const CAMPAIGN_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Whether a campaign should queue again after `error`: the server went away or is restarting
 /// (connection lost, connection refused, SHUTTING_DOWN, RECOVERING...). Not after a time-out:
 /// the first request may still be queued on the server, and a second one would queue behind it.
+/// And after [`Error::AcquireEnded`]: the campaign was granted while its answer was lost and
+/// that leadership is over, so the candidate stands again.
 fn retry_campaign(error: &Error) -> bool {
-    error.is_transient() && !matches!(error, Error::Timeout(_))
+    let ended = matches!(error, Error::AcquireEnded { .. });
+    ended || (error.is_transient() && !matches!(error, Error::Timeout(_)))
 }
 
 impl Election {

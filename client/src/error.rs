@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_protocol::{ErrorCode, FrameError, Response};
+use tenure_protocol::{EndedHow, ErrorCode, FrameError, Response};
 use thiserror::Error;
 
 /// Why a request got no answer, or got an answer that is a failure.
@@ -61,6 +61,21 @@ pub enum Error {
     /// certificate the server refused). Not transient: retrying will fail the same way.
     #[error("TLS: {0}")]
     Tls(String),
+    /// An ACQUIRE whose first answer was lost was sent again with its acquire id, and the
+    /// server says that it had granted this very ACQUIRE and the lease has ended since
+    /// (released, expired, or its release-on-disconnect connection closed). Nothing is held
+    /// now and nothing was granted twice: acquire again (a new ACQUIRE) to take the lock.
+    /// Not transient: sending the same ACQUIRE again gets the same answer.
+    #[error(
+        "the acquire was granted (token {token}) and that lease has already ended: {}",
+        .how.as_str()
+    )]
+    AcquireEnded {
+        /// How the lease ended.
+        how: EndedHow,
+        /// The ended lease's fencing token.
+        token: u64,
+    },
 }
 
 impl Error {

@@ -165,6 +165,12 @@ impl Lease {
         }
     }
 
+    /// Moves the local deadline to `deadline` if that is earlier: a grant that a repeat found
+    /// (REGRANTED) is counted both from the first send and from the repeat (PROTOCOL.md 3.9).
+    pub(crate) fn keep_earlier_deadline(&mut self, deadline: Instant) {
+        self.deadline = self.deadline.min(deadline);
+    }
+
     /// The lock's name.
     pub fn key(&self) -> &[u8] {
         &self.key
@@ -187,7 +193,9 @@ impl Lease {
     }
 
     /// How long the acquire waited in line on the server before it was granted (zero for an
-    /// immediate grant), by the server's clock.
+    /// immediate grant), by the server's clock. Zero for a grant that a repeat of the ACQUIRE
+    /// found (its first answer lost, PROTOCOL.md 3.9): the server reports no wait then, and a
+    /// deadline counted from the first send with no wait is never later than the server's.
     pub fn waited(&self) -> Duration {
         self.waited
     }

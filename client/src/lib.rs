@@ -38,6 +38,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Exactly-once ACQUIRE
+//! Every ACQUIRE this crate sends ([`Client::acquire`], [`Client::lock`], elections, the
+//! command line) carries a fresh random acquire id. When its answer is lost (connection lost
+//! or reset, no answer in time, `NOT_LEADER` from a leader stepping down, `SHUTTING_DOWN`, a
+//! restart), the same ACQUIRE with the same id is sent again, to the new leader in a cluster,
+//! until its wait plus [`ClientConfig::acquire_retry_for`] after the first send. The caller
+//! sees one grant (a repeat's grant counted from before the first send), LOCKED, or
+//! [`Error::AcquireEnded`] when that one grant has already ended: never a second lease, and
+//! no orphan holding the key for its TTL (PROTOCOL.md 3.9).
+//!
 //! A server with identities wants credentials, sent as AUTH on every (re)connect:
 //! `Client::connect_with(addr, ClientOptions::default().with_credentials("orders", secret))`.
 //!
@@ -123,10 +133,12 @@ pub use election::{Election, ElectionOptions, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use fence::{Fence, Rejected, SequenceRejected, SequencedFence};
 pub use lease::{AcquireOutcome, KeepAliveOptions, Lease, LeaseGuard, LossReason};
-pub use options::{AcquireOptions, ClientConfig, ClientOptions, Credentials};
+pub use options::{
+    AcquireOptions, ClientConfig, ClientOptions, Credentials, ACQUIRE_RETRY_FOR_DEFAULT,
+};
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use tenure_protocol::handshake::ServerLimits;
-pub use tenure_protocol::{duration, ErrorCode, EventKind, LeaseId};
+pub use tenure_protocol::{duration, AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
 pub use watch::Watch;
 

@@ -10,12 +10,18 @@ use tenure_protocol::limits::IN_FLIGHT_MAX_DEFAULT;
 
 use crate::tls::TlsOptions;
 
+/// The default [`ClientConfig::acquire_retry_for`]: a restart of a loaded single node or a
+/// cluster's election with a slow takeover fits in it.
+pub const ACQUIRE_RETRY_FOR_DEFAULT: Duration = Duration::from_secs(15);
+
 /// How a [`Client`](crate::Client) talks to the server.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// Longest wait for the answer to one request; a blocking acquire adds its `wait`.
     pub request_timeout: Duration,
-    /// Longest wait to open a connection and finish the handshake.
+    /// Longest wait for one address to connect and open (TCP, TLS handshake, the protocol's
+    /// handshake and AUTH); past it the next address is tried (no request has been sent on
+    /// that connection yet). A request's own `request_timeout` bounds it too.
     pub connect_timeout: Duration,
     /// Delay before the attempt that follows a first failed reconnect.
     pub reconnect_delay_min: Duration,
@@ -29,6 +35,12 @@ pub struct ClientConfig {
     pub credentials: Option<Credentials>,
     /// TLS to the server; `None`: plain TCP.
     pub tls: Option<TlsOptions>,
+    /// How long, past its wait, an ACQUIRE whose outcome is unknown (connection lost, no
+    /// answer in time, `NOT_LEADER` or `SHUTTING_DOWN` mid-write, a restart) keeps being sent
+    /// again with its acquire id, counted from its first send; never less than
+    /// `request_timeout`. Long enough for a fail-over or a restart, and far inside the
+    /// server's memory of ended acquire ids (70 minutes, PROTOCOL.md 3.9).
+    pub acquire_retry_for: Duration,
 }
 
 /// [`ClientConfig`] by another name: the options a [`Client`](crate::Client) is made with.
@@ -79,6 +91,7 @@ impl Default for ClientConfig {
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             credentials: None,
             tls: None,
+            acquire_retry_for: ACQUIRE_RETRY_FOR_DEFAULT,
         }
     }
 }

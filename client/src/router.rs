@@ -7,7 +7,7 @@
 //! the typed, public requests. The behaviour is described for users in the client module's
 //! documentation (reconnection, several endpoints).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,6 +49,228 @@ pub(crate) struct Answer {
     pub(crate) response: Response,
     pub(crate) conn: Arc<Conn>,
     pub(crate) sent_at: Instant,
+}
+
+/// What [`Router::call_acquire`] returns: the answer that settled the ACQUIRE, an instant
+/// taken before its first send (a lease counts from there too, PROTOCOL.md 3.9), and the
+/// connection of its first send (a release-on-disconnect lease a repeat found stays tied to
+/// the connection of the send that was granted, which is no later than the first one sent).
+pub(crate) struct AcquireAnswer {
+    pub(crate) answer: Answer,
+    pub(crate) first_sent_at: Instant,
+    pub(crate) first_conn: Option<Arc<Conn>>,
+}
+
+/// Pause before an ACQUIRE whose outcome is unknown is sent again, doubled per retry up to
+/// [`RETRY_PAUSE_MAX`]: a fail-over takes an election (about a second), a restart longer.
+const RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
+/// See [`RETRY_PAUSE_MIN`].
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
+
+/// Whether the caller of an ACQUIRE still waits for its answer, kept what it got, or gave up
+/// (and which grant was released since, so that it is released once).
+enum Settle {
+    Open,
+    Kept,
+    GaveUp { released: Option<LeaseId> },
+}
+
+/// The connection a send waits on (for its caller to leave if it hangs), and the first
+/// connection any send of the same request went out on.
+#[derive(Default)]
+struct Sending {
+    waiting_on: Mutex<Option<Arc<Conn>>>,
+    first: Arc<OnceLock<Arc<Conn>>>,
+}
+
+impl Sending {
+    /// Notes that a send is waiting on `conn` (or on nothing, `None`).
+    fn waiting(&self, conn: Option<&Arc<Conn>>) {
+        if let Some(conn) = conn {
+            let _ = self.first.set(Arc::clone(conn));
+        }
+        *self.waiting_on.lock().expect("client mutex poisoned") = conn.cloned();
+    }
+
+    /// Takes the connection a send is waiting on.
+    fn take(&self) -> Option<Arc<Conn>> {
+        self.waiting_on
+            .lock()
+            .expect("client mutex poisoned")
+            .take()
+    }
+}
+
+/// One send of an ACQUIRE, on a task of its own.
+struct Attempt {
+    router: Router,
+    request: Request,
+    key: Bytes,
+    settle: Arc<Mutex<Settle>>,
+    /// The connection the send waits on, for the caller to leave if it hangs.
+    sending: Arc<Sending>,
+}
+
+impl Attempt {
+    /// Sends the ACQUIRE (no time-out here: the connection's life bounds the wait) and hands
+    /// the result to the caller; releases a grant the caller no longer waits for.
+    async fn run(self, tx: tokio::sync::mpsc::UnboundedSender<Result<Answer>>) {
+        let result = self
+            .router
+            .call_on(self.request.clone(), Duration::MAX, &self.sending)
+            .await;
+        if let Err(tokio::sync::mpsc::error::SendError(Ok(answer))) = tx.send(result) {
+            release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
+        }
+    }
+}
+
+/// The request with its wait set to `wait_ms` (a retry waits only what is left).
+fn with_wait(request: &Request, wait_ms: u32) -> Request {
+    let mut request = request.clone();
+    if let Request::Acquire { wait_ms: wait, .. } = &mut request {
+        *wait = wait_ms;
+    }
+    request
+}
+
+/// Whole milliseconds from `now` until `until`, zero once it passed.
+fn millis_until(until: Instant, now: Instant) -> u32 {
+    let left = until.saturating_duration_since(now).as_millis();
+    u32::try_from(left).unwrap_or(u32::MAX)
+}
+
+fn ms(value: u32) -> Duration {
+    Duration::from_millis(u64::from(value))
+}
+
+/// An answer that leaves the ACQUIRE's outcome unknown: a transient ERROR (`NOT_LEADER` from
+/// a leader that lost its leadership mid-write, `SHUTTING_DOWN`, `UNAVAILABLE`, ...).
+fn is_unknown_answer(response: &Response) -> bool {
+    matches!(response, Response::Error { .. })
+        && unexpected("ACQUIRE", response.clone()).is_transient()
+}
+
+/// What the caller of an ACQUIRE heard next from its sends.
+enum Step {
+    /// An answer that settles it: a grant, LOCKED, ACQUIRE_ENDED or a definite ERROR.
+    Settled(Answer),
+    /// A failure that is no unknown outcome: sending again would not help.
+    Failed(Error),
+    /// Every send out failed with an unknown outcome; the last one's error.
+    Unknown(Error),
+    /// The newest send got no answer in time.
+    NoAnswer,
+}
+
+/// The caller's end of one ACQUIRE's sends. Dropped before the ACQUIRE settled (the caller's
+/// future was dropped), it counts as giving up: grants already here and still to come are
+/// released.
+struct Waiting {
+    router: Router,
+    key: Bytes,
+    settle: Arc<Mutex<Settle>>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<Answer>>,
+    /// Sends whose result has not arrived.
+    in_flight: usize,
+}
+
+impl Waiting {
+    /// Waits until `until` for what settles the ACQUIRE or shows its outcome unknown.
+    async fn next(&mut self, until: Instant) -> Step {
+        loop {
+            let result = match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Err(_) => return Step::NoAnswer,
+                Ok(None) => unreachable!("the caller holds a sender"),
+                Ok(Some(result)) => result,
+            };
+            let error = match result {
+                Ok(answer) if !is_unknown_answer(&answer.response) => return Step::Settled(answer),
+                Ok(answer) => unexpected("ACQUIRE", answer.response),
+                Err(e) => e,
+            };
+            self.in_flight -= 1;
+            if !error.is_transient() {
+                return Step::Failed(error);
+            }
+            if self.in_flight == 0 {
+                return Step::Unknown(error);
+            }
+            // An older send failed while a newer one is still out: wait for that one.
+        }
+    }
+
+    /// The caller keeps `response`: a grant still to come is the same lease (one acquire id,
+    /// one grant), so nothing is released; after any other answer, grants are released.
+    fn kept(&mut self, response: &Response) {
+        let granted = matches!(
+            response,
+            Response::Granted { .. } | Response::Regranted { .. }
+        );
+        *self.settle.lock().expect("client mutex poisoned") = if granted {
+            Settle::Kept
+        } else {
+            Settle::GaveUp { released: None }
+        };
+        self.rx.close();
+    }
+
+    /// The caller gave up: grants already here are released, and every send still out
+    /// releases its grant when it arrives.
+    async fn gave_up(&mut self) {
+        *self.settle.lock().expect("client mutex poisoned") = Settle::GaveUp { released: None };
+        self.rx.close();
+        while let Ok(result) = self.rx.try_recv() {
+            if let Ok(answer) = result {
+                release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        {
+            let mut settle = self.settle.lock().expect("client mutex poisoned");
+            if !matches!(*settle, Settle::Open) {
+                return;
+            }
+            *settle = Settle::GaveUp { released: None };
+        }
+        self.rx.close();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        while let Ok(result) = self.rx.try_recv() {
+            if let Ok(answer) = result {
+                let (router, key) = (self.router.clone(), self.key.clone());
+                let settle = Arc::clone(&self.settle);
+                runtime.spawn(async move {
+                    release_unkept(&router, &settle, &key, &answer.response).await;
+                });
+            }
+        }
+    }
+}
+
+/// Releases the lease in `response` if it is a grant the caller did not keep, once per
+/// lease id.
+async fn release_unkept(router: &Router, settle: &Mutex<Settle>, key: &[u8], response: &Response) {
+    let lease_id = match response {
+        Response::Granted { lease_id, .. } | Response::Regranted { lease_id, .. } => *lease_id,
+        _ => return,
+    };
+    {
+        let mut settle = settle.lock().expect("client mutex poisoned");
+        match &mut *settle {
+            Settle::GaveUp { released } if *released != Some(lease_id) => {
+                *released = Some(lease_id);
+            }
+            _ => return,
+        }
+    }
+    tracing::debug!("releasing a grant that arrived after its caller gave up");
+    let _ = router.release(key, lease_id).await;
 }
 
 /// A handle to the connection manager, cheap to clone: the [`Client`](crate::Client) and
@@ -302,10 +524,10 @@ impl Router {
     /// went over and when the send that got it started. An ERROR reply is returned as a
     /// response, not an error.
     pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
-        let waiting_on = Mutex::new(None);
-        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &waiting_on));
+        let sending = Sending::default();
+        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &sending));
         answer.await.unwrap_or_else(|_| {
-            let hung = waiting_on.lock().expect("client mutex poisoned").take();
+            let hung = sending.take();
             if let Some(conn) = hung {
                 self.leave_hung(&conn, timeout);
             }
@@ -313,13 +535,13 @@ impl Router {
         })
     }
 
-    /// [`Router::call`] without its time-out: `waiting_on` holds the connection a send is
+    /// [`Router::call`] without its time-out: `sending` holds the connection a send is
     /// waiting on, for the caller to leave if its time-out strikes then.
     async fn call_on(
         &self,
         request: Request,
         timeout: Duration,
-        waiting_on: &Mutex<Option<Arc<Conn>>>,
+        sending: &Sending,
     ) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until =
@@ -341,9 +563,9 @@ impl Router {
                     Err(e) => return Err(e),
                 };
                 let sent_at = Instant::now();
-                *waiting_on.lock().expect("client mutex poisoned") = Some(Arc::clone(&conn));
+                sending.waiting(Some(&conn));
                 let response = conn.call(request.clone()).await?;
-                *waiting_on.lock().expect("client mutex poisoned") = None;
+                sending.waiting(None);
                 let Response::Error {
                     code: ErrorCode::NotLeader,
                     message,
@@ -404,44 +626,91 @@ impl Router {
         self.advance_from(&addr);
     }
 
-    /// Sends an ACQUIRE and waits up to `timeout` for its answer, as [`Router::call`], except
-    /// that the request runs on a task of its own that outlives the caller: if the caller
-    /// stops waiting (the time-out passed, or its future was dropped) and the answer turns
-    /// out to be a grant, that task releases it. Otherwise a grant nobody will ever hear of
-    /// would block the key for its whole TTL.
+    /// Sends an ACQUIRE that carries an acquire id and, while its outcome is unknown (the
+    /// connection lost, no answer in time, a transient ERROR such as `NOT_LEADER` or
+    /// `SHUTTING_DOWN`), sends the same ACQUIRE with the same acquire id again, on a new
+    /// connection and to the new leader, until `give_up_at` (PROTOCOL.md 3.9). A blocking
+    /// ACQUIRE is sent again with the wait it has left (`wait_until`), never the whole wait.
+    ///
+    /// Each send runs on a task of its own that outlives the caller: a grant that arrives
+    /// after the caller stopped waiting (it gave up, or its future was dropped) is released
+    /// by that task, once per lease id, unless it is the grant the caller kept. Otherwise a
+    /// grant nobody will ever hear of would block the key for its whole TTL.
+    ///
+    /// # Errors
+    /// The last unknown outcome's error once `give_up_at` has passed, or the first error
+    /// that is not transient.
     pub(crate) async fn call_acquire(
         &self,
         request: Request,
         key: Bytes,
-        timeout: Duration,
-    ) -> Result<Answer> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let router = self.clone();
-        let waiting_on = Arc::new(Mutex::new(None));
-        let sending = Arc::clone(&waiting_on);
-        tokio::spawn(async move {
-            // No time-out here: the connection's life bounds the wait.
-            let answer = router.call_on(request, Duration::MAX, &sending).await;
-            if let Err(Ok(Answer {
-                response: Response::Granted { lease_id, .. },
-                ..
-            })) = tx.send(answer)
-            {
-                tracing::debug!("releasing a grant that arrived after its caller gave up");
-                let _ = router.release(&key, lease_id).await;
-            }
-        });
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Error::ConnectionLost("the acquire's task ended".into())),
-            Err(_) => {
-                // The server answers a blocking acquire (LOCKED) when its wait ends, so no
-                // answer by now means a hung node; a grant it still sends is unknown anyway.
-                let hung = waiting_on.lock().expect("client mutex poisoned").take();
-                if let Some(conn) = hung {
-                    self.leave_hung(&conn, timeout);
+        wait_until: Instant,
+        give_up_at: Instant,
+    ) -> Result<AcquireAnswer> {
+        let first_sent_at = Instant::now();
+        let first_conn = Arc::new(OnceLock::new());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiting = Waiting {
+            router: self.clone(),
+            key: key.clone(),
+            settle: Arc::new(Mutex::new(Settle::Open)),
+            rx,
+            in_flight: 0,
+        };
+        let mut pause = RETRY_PAUSE_MIN;
+        let mut hung = Vec::new();
+        let failure = loop {
+            let now = Instant::now();
+            let wait_ms = millis_until(wait_until, now);
+            let sending = Arc::new(Sending {
+                waiting_on: Mutex::new(None),
+                first: Arc::clone(&first_conn),
+            });
+            let attempt = Attempt {
+                router: self.clone(),
+                request: with_wait(&request, wait_ms),
+                key: key.clone(),
+                settle: Arc::clone(&waiting.settle),
+                sending: Arc::clone(&sending),
+            };
+            tokio::spawn(attempt.run(tx.clone()));
+            waiting.in_flight += 1;
+            let answer_by = now + self.inner.config.request_timeout + ms(wait_ms);
+            let failure = match waiting.next(answer_by.min(give_up_at)).await {
+                Step::Settled(answer) => {
+                    waiting.kept(&answer.response);
+                    let first_conn = first_conn.get().cloned();
+                    return Ok(AcquireAnswer {
+                        answer,
+                        first_sent_at,
+                        first_conn,
+                    });
                 }
-                Err(Error::Timeout(timeout))
+                Step::Failed(e) => break e,
+                Step::Unknown(e) => e,
+                Step::NoAnswer => {
+                    hung.push(sending);
+                    Error::Timeout(answer_by.saturating_duration_since(now))
+                }
+            };
+            if Instant::now() + pause >= give_up_at {
+                break failure;
+            }
+            tracing::debug!(error = %failure, "ACQUIRE outcome unknown; sending it again");
+            self.leave_all_hung(hung.drain(..));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_PAUSE_MAX);
+        };
+        self.leave_all_hung(hung.drain(..));
+        waiting.gave_up().await;
+        Err(failure)
+    }
+
+    /// Leaves the connection each of `hung` sends still waits on (see [`Router::leave_hung`]).
+    fn leave_all_hung(&self, hung: impl Iterator<Item = Arc<Sending>>) {
+        for sending in hung {
+            if let Some(conn) = sending.take() {
+                self.leave_hung(&conn, self.inner.config.request_timeout);
             }
         }
     }

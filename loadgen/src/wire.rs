@@ -148,6 +148,7 @@ mod tests {
                     release_on_disconnect: false,
                     meta: Bytes::new(),
                     acquire_id: None,
+                    kind: Default::default(),
                 },
             ),
             (
@@ -181,6 +182,7 @@ mod tests {
             release_on_disconnect: false,
             meta: Bytes::new(),
             acquire_id: Some(tenure_protocol::AcquireId(id)),
+            kind: Default::default(),
         };
         let mut theirs = BytesMut::new();
         encode_request(77, &request, &mut theirs);

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
-use crate::{AcquireId, ErrorCode, FrameError, LeaseId, Request};
+use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
 const QUOTED_CHARS_MAX: usize = 32;
@@ -17,8 +17,8 @@ const QUOTED_CHARS_MAX: usize = 32;
 macro_rules! command_list {
     () => {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
-         [ID=<32 hex>] | \
-         RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
+         [ID=<32 hex>] [SHARED | PERMITS=[<count>/]<limit>] | \
+         RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> [KINDS] | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
          CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | HELP | QUIT"
@@ -67,12 +67,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("HELP", []) => return Ok(Command::Help),
         ("QUIT", []) => return Ok(Command::Quit),
         ("ACQUIRE", [key, ttl, rest @ ..]) => parse_acquire(key, ttl, rest)?,
-        ("ACQUIRE", _) => {
-            return Err(usage(
-                "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
-                 [ID=<32 hex>]",
-            ))
-        }
+        ("ACQUIRE", _) => return Err(usage(ACQUIRE_USAGE)),
         ("RENEW", [key, lease, ttl]) => Request::Renew {
             key: parse_key(key)?,
             lease_id: parse_lease(lease)?,
@@ -86,8 +81,13 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("RELEASE", _) => return Err(usage("RELEASE <key> <lease>")),
         ("INSPECT", [key]) => Request::Inspect {
             key: parse_key(key)?,
+            kinds: false,
         },
-        ("INSPECT", _) => return Err(usage("INSPECT <key>")),
+        ("INSPECT", [key, flag]) if flag.eq_ignore_ascii_case("KINDS") => Request::Inspect {
+            key: parse_key(key)?,
+            kinds: true,
+        },
+        ("INSPECT", _) => return Err(usage("INSPECT <key> [KINDS]")),
         ("CHECK", [key, token]) => Request::Check {
             key: parse_key(key)?,
             token: parse_u64("token", token)?,
@@ -122,6 +122,10 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
     Ok(Command::Request(request))
 }
 
+/// ACQUIRE's form, for its usage error.
+const ACQUIRE_USAGE: &str = "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] \
+     [RELEASE_ON_DISCONNECT] [ID=<32 hex>] [SHARED | PERMITS=[<count>/]<limit>]";
+
 /// The CLUSTER forms, for its usage error.
 const CLUSTER_USAGE: &str = "CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
      CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id>";
@@ -148,6 +152,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut meta = Bytes::new();
     let mut release_on_disconnect = false;
     let mut acquire_id = None;
+    let mut kind = LeaseKind::Exclusive;
     // Each option at most once: a doubled one is a mistake to point out, not guess at.
     let mut seen = [false; 3];
     let mut once = |option: usize, name: &str| {
@@ -174,6 +179,11 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         } else if upper == "RELEASE_ON_DISCONNECT" {
             once(2, "RELEASE_ON_DISCONNECT")?;
             release_on_disconnect = true;
+        } else if upper == "SHARED" || upper.starts_with("PERMITS=") {
+            if !kind.is_exclusive() {
+                return Err(bad_args("give one of SHARED and PERMITS= once".into()));
+            }
+            kind = parse_kind(&upper)?;
         } else if i == 0 {
             wait_ms = parse_u32("wait_ms", word)?;
         } else {
@@ -190,7 +200,20 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         release_on_disconnect,
         meta,
         acquire_id,
+        kind,
     })
+}
+
+/// `SHARED`, `PERMITS=<limit>` (one permit) or `PERMITS=<count>/<limit>`, upper-cased.
+fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
+    let Some(value) = upper.strip_prefix("PERMITS=") else {
+        return Ok(LeaseKind::Shared);
+    };
+    let (count, limit) = match value.split_once('/') {
+        Some((count, limit)) => (parse_u32("count", count)?, parse_u32("limit", limit)?),
+        None => (1, parse_u32("limit", value)?),
+    };
+    Ok(LeaseKind::Permits { count, limit })
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -250,6 +273,7 @@ mod tests {
                 release_on_disconnect: false,
                 meta: Bytes::new(),
                 acquire_id: None,
+                kind: LeaseKind::Exclusive,
             }
         );
         assert_eq!(
@@ -260,6 +284,7 @@ mod tests {
                 wait_ms: 500,
                 release_on_disconnect: true,
                 meta: Bytes::from_static(b"10.0.0.1:80"),
+                kind: LeaseKind::Exclusive,
                 acquire_id: None,
             }
         );
@@ -285,6 +310,41 @@ mod tests {
                 ..
             }
         ));
+        // Both options together, in either order.
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 SHARED ID={id}")),
+            Request::Acquire {
+                acquire_id: Some(_),
+                kind: LeaseKind::Shared,
+                ..
+            }
+        ));
+        assert!(matches!(
+            request(&format!("ACQUIRE k 1000 ID={id} PERMITS=2/4")),
+            Request::Acquire {
+                acquire_id: Some(_),
+                kind: LeaseKind::Permits { count: 2, limit: 4 },
+                ..
+            }
+        ));
+        let kind = |line: &str| match request(line) {
+            Request::Acquire { kind, .. } => kind,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind("ACQUIRE k 1000 shared"), LeaseKind::Shared);
+        assert_eq!(
+            kind("ACQUIRE k 1000 5 PERMITS=4"),
+            LeaseKind::Permits { count: 1, limit: 4 }
+        );
+        assert_eq!(
+            kind("ACQUIRE k 1000 permits=2/4 META=x"),
+            LeaseKind::Permits { count: 2, limit: 4 }
+        );
+        assert_eq!(err("ACQUIRE k 1000 SHARED PERMITS=4"), ErrorCode::BadArgs);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=5/4"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=0"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=4097"), ErrorCode::BadPermits);
+        assert_eq!(err("ACQUIRE k 1000 PERMITS=x"), ErrorCode::BadArgs);
         let lease = "000102030405060708090a0b0c0d0e0f";
         assert!(matches!(
             request(&format!("RENEW k {lease} 100")),

@@ -64,6 +64,13 @@ pub enum ErrorCode {
     /// already, the id is present with other addresses, it is the last voter, ...); the
     /// message says why. Nothing changed.
     ClusterRefused = 24,
+    /// An ACQUIRE's kind does not fit the key: a semaphore ACQUIRE on a key held or awaited
+    /// as a plain or read/write lock (or the other way round), or a semaphore ACQUIRE naming
+    /// another limit than the key's holders and waiters have. The message says which.
+    KindMismatch = 30,
+    /// An ACQUIRE's permit counts are out of range (`1 <= count <= limit <= PERMITS_MAX`), or
+    /// its kind byte is unknown.
+    BadPermits = 31,
 }
 
 /// Where a [`ErrorCode::NotLeader`] message says the leader is: `Some(Some(addr))` for a
@@ -81,7 +88,7 @@ pub fn leader_hint(message: &str) -> Option<Option<&str>> {
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -107,6 +114,8 @@ impl ErrorCode {
         ErrorCode::Quota,
         ErrorCode::NotLeader,
         ErrorCode::ClusterRefused,
+        ErrorCode::KindMismatch,
+        ErrorCode::BadPermits,
     ];
 
     /// The code for a wire value; values this version does not know map to `Unknown`.
@@ -146,6 +155,8 @@ impl ErrorCode {
             ErrorCode::Quota => "QUOTA",
             ErrorCode::NotLeader => "NOT_LEADER",
             ErrorCode::ClusterRefused => "CLUSTER_REFUSED",
+            ErrorCode::KindMismatch => "KIND_MISMATCH",
+            ErrorCode::BadPermits => "BAD_PERMITS",
         }
     }
 }

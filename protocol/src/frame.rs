@@ -74,6 +74,8 @@ pub mod rop {
     pub const FREE: u8 = 0x88;
     /// INSPECT: the key is held.
     pub const HELD: u8 = 0x89;
+    /// INSPECT with the kinds flag of a read/write or semaphore key: HELD and its kinds.
+    pub const HELD_KINDS: u8 = 0x96;
     /// CHECK: the token belongs to the live holder.
     pub const CURRENT: u8 = 0x8A;
     /// CHECK: the token does not belong to the live holder.
@@ -105,8 +107,11 @@ pub mod rop {
 pub const FLAG_RELEASE_ON_DISCONNECT: u8 = 0x01;
 /// ACQUIRE flag: a 16-byte acquire id follows `meta` (PROTOCOL.md "Acquire ids").
 pub const FLAG_ACQUIRE_ID: u8 = 0x02;
+/// ACQUIRE flag: a `kind` byte (and, for permits, `count [4] limit [4]`) follows the other
+/// fields: a shared (read) lease or semaphore permits; see [`crate::kind`].
+pub const FLAG_KIND: u8 = 0x08;
 /// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
-pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_ACQUIRE_ID;
+pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_ACQUIRE_ID | FLAG_KIND;
 
 /// The request id no request may carry: frames with it answer no request (an error about the
 /// connection as a whole), so a client can always tell them apart.
@@ -138,6 +143,8 @@ pub enum Request {
         /// answered with the first one's outcome ([`Response::Regranted`],
         /// [`Response::AcquireEnded`]) instead of being granted again.
         acquire_id: Option<AcquireId>,
+        /// Exclusive (no flag bit 3 on the wire), shared, or semaphore permits.
+        kind: crate::LeaseKind,
     },
     /// Extend the lease `lease_id` on `key` to `ttl_ms` from now.
     Renew {
@@ -159,6 +166,9 @@ pub enum Request {
     Inspect {
         /// The lock's name.
         key: Bytes,
+        /// Ask for HELD_KINDS (holders and waiters by kind) on a read/write or semaphore
+        /// key: INSPECT `flags` bit 0; without it the answer is FREE or HELD as always.
+        kinds: bool,
     },
     /// Ask whether `token` belongs to the live holder of `key`.
     Check {
@@ -347,6 +357,20 @@ pub enum Response {
         /// The holder's metadata.
         meta: Bytes,
     },
+    /// A read/write or semaphore key is held (INSPECT asked for kinds): HELD's fields of
+    /// the newest holder, and the key's holders and waiters by kind.
+    HeldKinds {
+        /// The newest holder's fencing token.
+        token: u64,
+        /// Time until the first holder's lease ends, in milliseconds.
+        ttl_left_ms: u32,
+        /// Acquires waiting in line, of every kind.
+        waiters: u32,
+        /// The newest holder's metadata.
+        meta: Bytes,
+        /// Holders and waiters by kind.
+        kinds: crate::kind::HolderKinds,
+    },
     /// The token belongs to the live holder.
     Current,
     /// The token does not belong to the live holder.
@@ -407,6 +431,49 @@ fn put_bytes16(dst: &mut BytesMut, bytes: &[u8]) {
     dst.put_slice(bytes);
 }
 
+/// INSPECT's optional `flags` byte: whether it asks for kinds.
+fn get_inspect_flags(b: &mut Body) -> Result<bool, FrameError> {
+    if b.bytes.is_empty() {
+        return Ok(false);
+    }
+    let flags = b.u8("flags")?;
+    if flags & !crate::kind::INSPECT_FLAG_KINDS != 0 {
+        return Err(FrameError::new(
+            ErrorCode::BadFrame,
+            format!("unknown inspect flags {flags:#04x}"),
+        ));
+    }
+    Ok(flags != 0)
+}
+
+/// Appends an ACQUIRE's kind fields (nothing for an exclusive lease).
+fn put_kind(b: &mut BytesMut, kind: crate::LeaseKind) {
+    match kind {
+        crate::LeaseKind::Exclusive => {}
+        crate::LeaseKind::Shared => b.put_u8(crate::kind::KIND_SHARED),
+        crate::LeaseKind::Permits { count, limit } => {
+            b.put_u8(crate::kind::KIND_PERMITS);
+            b.put_u32(count);
+            b.put_u32(limit);
+        }
+    }
+}
+
+/// Reads an ACQUIRE's kind fields (flag bit 3 was set).
+fn get_kind(b: &mut Body) -> Result<crate::LeaseKind, FrameError> {
+    match b.u8("kind")? {
+        crate::kind::KIND_SHARED => Ok(crate::LeaseKind::Shared),
+        crate::kind::KIND_PERMITS => Ok(crate::LeaseKind::Permits {
+            count: b.u32("count")?,
+            limit: b.u32("limit")?,
+        }),
+        other => Err(FrameError::new(
+            ErrorCode::BadPermits,
+            format!("unknown acquire kind {other}"),
+        )),
+    }
+}
+
 /// Appends one request frame to `dst`.
 ///
 /// # Panics
@@ -421,6 +488,7 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             release_on_disconnect,
             meta,
             acquire_id,
+            kind,
         } => put_frame(dst, op::ACQUIRE, id, |b| {
             put_bytes16(b, key);
             b.put_u32(*ttl_ms);
@@ -432,11 +500,16 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             if acquire_id.is_some() {
                 flags |= FLAG_ACQUIRE_ID;
             }
+            if !kind.is_exclusive() {
+                flags |= FLAG_KIND;
+            }
             b.put_u8(flags);
             put_bytes16(b, meta);
+            // Optional fields follow `meta` in increasing flag-bit order: bit 1, then bit 3.
             if let Some(acquire_id) = acquire_id {
                 b.put_slice(&acquire_id.0);
             }
+            put_kind(b, *kind);
         }),
         Request::Renew {
             key,
@@ -451,7 +524,12 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             put_bytes16(b, key);
             b.put_slice(&lease_id.0);
         }),
-        Request::Inspect { key } => put_frame(dst, op::INSPECT, id, |b| put_bytes16(b, key)),
+        Request::Inspect { key, kinds } => put_frame(dst, op::INSPECT, id, |b| {
+            put_bytes16(b, key);
+            if *kinds {
+                b.put_u8(crate::kind::INSPECT_FLAG_KINDS);
+            }
+        }),
         Request::Check { key, token } => put_frame(dst, op::CHECK, id, |b| {
             put_bytes16(b, key);
             b.put_u64(*token);
@@ -527,6 +605,24 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_u32(*ttl_left_ms);
             b.put_u32(*waiters);
             put_bytes16(b, meta);
+        }),
+        Response::HeldKinds {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+            kinds,
+        } => put_frame(dst, rop::HELD_KINDS, id, |b| {
+            b.put_u64(*token);
+            b.put_u32(*ttl_left_ms);
+            b.put_u32(*waiters);
+            put_bytes16(b, meta);
+            b.put_u32(kinds.limit);
+            b.put_u32(kinds.holders);
+            b.put_u32(kinds.in_use);
+            b.put_u8(u8::from(kinds.writer));
+            b.put_u32(kinds.waiting_shared);
+            b.put_u32(kinds.waiting_exclusive);
         }),
         Response::Current => put_frame(dst, rop::CURRENT, id, |_| {}),
         Response::Stale => put_frame(dst, rop::STALE, id, |_| {}),
@@ -736,6 +832,11 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
             } else {
                 None
             };
+            let kind = if flags & FLAG_KIND != 0 {
+                get_kind(&mut b)?
+            } else {
+                crate::LeaseKind::Exclusive
+            };
             Request::Acquire {
                 key,
                 ttl_ms,
@@ -743,6 +844,7 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
                 release_on_disconnect,
                 meta,
                 acquire_id,
+                kind,
             }
         }
         op::RENEW => Request::Renew {
@@ -756,6 +858,7 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
         },
         op::INSPECT => Request::Inspect {
             key: b.bytes16("key")?,
+            kinds: get_inspect_flags(&mut b)?,
         },
         op::CHECK => Request::Check {
             key: b.bytes16("key")?,
@@ -841,6 +944,20 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             ttl_left_ms: b.u32("ttl_left_ms")?,
             waiters: b.u32("waiters")?,
             meta: b.bytes16("meta")?,
+        },
+        rop::HELD_KINDS => Response::HeldKinds {
+            token: b.u64("token")?,
+            ttl_left_ms: b.u32("ttl_left_ms")?,
+            waiters: b.u32("waiters")?,
+            meta: b.bytes16("meta")?,
+            kinds: crate::kind::HolderKinds {
+                limit: b.u32("limit")?,
+                holders: b.u32("holders")?,
+                in_use: b.u32("in_use")?,
+                writer: b.u8("writer")? != 0,
+                waiting_shared: b.u32("waiting_shared")?,
+                waiting_exclusive: b.u32("waiting_exclusive")?,
+            },
         },
         rop::CURRENT => Response::Current,
         rop::STALE => Response::Stale,
@@ -995,18 +1112,12 @@ impl Request {
                 wait_ms,
                 meta,
                 acquire_id,
+                kind,
                 ..
             } => {
                 validate_key(key)?;
                 validate_ttl(*ttl_ms)?;
-                if acquire_id.is_some_and(|id| id.0 == [0; 16]) {
-                    // Not random: every client that forgot to pick one would share it, and
-                    // a repeat of it hands over the first send's lease (PROTOCOL.md 3.9).
-                    return Err(FrameError::new(
-                        ErrorCode::BadArgs,
-                        "acquire id is all zero: pick 128 random bits".into(),
-                    ));
-                }
+                kind.validate()?;
                 if *wait_ms > WAIT_MS_MAX {
                     return Err(FrameError::new(
                         ErrorCode::BadWait,
@@ -1019,6 +1130,14 @@ impl Request {
                         format!("meta is {} bytes, limit {META_LEN_MAX}", meta.len()),
                     ));
                 }
+                if acquire_id.is_some_and(|id| id.0 == [0; 16]) {
+                    // Not random: every client that forgot to pick one would share it, and
+                    // a repeat of it hands over the first send's lease (PROTOCOL.md 3.9).
+                    return Err(FrameError::new(
+                        ErrorCode::BadArgs,
+                        "acquire id is all zero: pick 128 random bits".into(),
+                    ));
+                }
                 Ok(())
             }
             Request::Renew { key, ttl_ms, .. } => {
@@ -1026,7 +1145,7 @@ impl Request {
                 validate_ttl(*ttl_ms)
             }
             Request::Release { key, .. }
-            | Request::Inspect { key }
+            | Request::Inspect { key, kinds: _ }
             | Request::Check { key, .. }
             | Request::Watch { key }
             | Request::Unwatch { key } => validate_key(key),

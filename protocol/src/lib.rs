@@ -20,6 +20,7 @@
 //! - [`error`]: wire error codes, per-frame errors and stream errors.
 //! - [`duration`]: `30s`/`500ms`/`1m30s` parsing, shared by every command line of the project.
 //! - [`LeaseId`]: the 128-bit name of one grant.
+//! - [`kind`]: [`LeaseKind`], exclusive, shared (read) or semaphore permits.
 
 pub mod cluster;
 pub mod codec;
@@ -28,10 +29,12 @@ pub mod duration;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod kind;
 mod lease;
 pub mod limits;
 
 pub use codec::{ClientCodec, ServerCodec};
 pub use error::{ErrorCode, FrameError, ProtocolError};
 pub use frame::{EndedHow, EventKind, Holder, Request, Response, Secret};
+pub use kind::LeaseKind;
 pub use lease::{AcquireId, LeaseId};

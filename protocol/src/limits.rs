@@ -40,8 +40,12 @@ pub const CLUSTER_MEMBERS_MAX: usize = 9;
 /// Longest peer or client address of a cluster member, in bytes (`host:port`).
 pub const CLUSTER_ADDR_LEN_MAX: usize = 128;
 
-/// The largest request body: ACQUIRE with a maximal key and maximal metadata.
-pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX;
+/// Most permits a semaphore key may have, and most readers holding one key at once.
+pub const PERMITS_MAX: u32 = 4096;
+/// The largest request body: ACQUIRE with a maximal key, maximal metadata and a semaphore's
+/// kind fields (`kind`, `count`, `limit`).
+pub const ACQUIRE_LEN_MAX: usize =
+    FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX + 1 + 4 + 4;
 /// The largest reply: a full STATS frame.
 pub const STATS_LEN_MAX: usize = FRAME_LEN_MIN + 2 + STATS_COUNT_MAX * (1 + STAT_NAME_LEN_MAX + 8);
 /// The largest CLUSTER reply (INIT's body is smaller: no per-member voter byte, no header),

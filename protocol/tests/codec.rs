@@ -26,6 +26,7 @@ fn sample_requests() -> Vec<Request> {
             release_on_disconnect: false,
             meta: Bytes::new(),
             acquire_id: None,
+            kind: Default::default(),
         },
         Request::Acquire {
             key: key(KEY_LEN_MAX),
@@ -34,6 +35,7 @@ fn sample_requests() -> Vec<Request> {
             release_on_disconnect: true,
             meta: Bytes::from(vec![7u8; META_LEN_MAX]),
             acquire_id: None,
+            kind: Default::default(),
         },
         Request::Acquire {
             key: key(3),
@@ -42,6 +44,16 @@ fn sample_requests() -> Vec<Request> {
             release_on_disconnect: true,
             meta: Bytes::from_static(b"m"),
             acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabc)),
+            kind: Default::default(),
+        },
+        Request::Acquire {
+            key: key(3),
+            ttl_ms: 1000,
+            wait_ms: 5,
+            release_on_disconnect: false,
+            meta: Bytes::from_static(b"m"),
+            acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabd)),
+            kind: tenure_protocol::LeaseKind::Permits { count: 2, limit: 5 },
         },
         Request::Renew {
             key: key(5),
@@ -52,7 +64,35 @@ fn sample_requests() -> Vec<Request> {
             key: key(5),
             lease_id,
         },
-        Request::Inspect { key: key(3) },
+        Request::Inspect {
+            key: key(3),
+            kinds: Default::default(),
+        },
+        Request::Inspect {
+            key: key(3),
+            kinds: true,
+        },
+        Request::Acquire {
+            key: key(KEY_LEN_MAX),
+            ttl_ms: TTL_MS_MAX,
+            wait_ms: WAIT_MS_MAX,
+            release_on_disconnect: true,
+            meta: Bytes::from(vec![7u8; META_LEN_MAX]),
+            acquire_id: None,
+            kind: tenure_protocol::LeaseKind::Permits {
+                count: tenure_protocol::limits::PERMITS_MAX,
+                limit: tenure_protocol::limits::PERMITS_MAX,
+            },
+        },
+        Request::Acquire {
+            key: key(3),
+            ttl_ms: TTL_MS_MAX,
+            wait_ms: 0,
+            release_on_disconnect: false,
+            meta: Bytes::new(),
+            acquire_id: Some(tenure_protocol::AcquireId::from_u128(7)),
+            kind: tenure_protocol::LeaseKind::Shared,
+        },
         Request::Check {
             key: key(3),
             token: u64::MAX,
@@ -137,6 +177,20 @@ fn sample_responses() -> Vec<Response> {
         Response::Released,
         Response::NotOwner,
         Response::Free,
+        Response::HeldKinds {
+            token: 9,
+            ttl_left_ms: 250,
+            waiters: 3,
+            meta: Bytes::from_static(b"m"),
+            kinds: tenure_protocol::kind::HolderKinds {
+                limit: 4,
+                holders: 2,
+                in_use: 3,
+                writer: false,
+                waiting_shared: 2,
+                waiting_exclusive: 1,
+            },
+        },
         Response::Held {
             token: 9,
             ttl_left_ms: 100,
@@ -306,6 +360,15 @@ fn every_truncated_body_is_a_frame_error() {
                 assert_eq!(plain, Request::ClusterStatus { extended: false });
                 continue;
             }
+            // Likewise INSPECT's flags byte: cut before it, the plain INSPECT of that key.
+            if let Request::Inspect { key, kinds: true } = &request {
+                if cut == body.len() - 1 {
+                    let plain = decode_request(opcode, body.slice(..cut)).unwrap();
+                    let key = key.clone();
+                    assert_eq!(plain, Request::Inspect { key, kinds: false });
+                    continue;
+                }
+            }
             let err = decode_request(opcode, body.slice(..cut)).unwrap_err();
             assert_eq!(
                 err.code,
@@ -398,10 +461,17 @@ fn over_limit_length_prefix_is_fatal_before_buffering() {
 fn field_limits_are_enforced() {
     let lease_id = LeaseId::default();
     let cases: Vec<(Request, ErrorCode)> = vec![
-        (Request::Inspect { key: key(0) }, ErrorCode::BadKey),
+        (
+            Request::Inspect {
+                key: key(0),
+                kinds: Default::default(),
+            },
+            ErrorCode::BadKey,
+        ),
         (
             Request::Inspect {
                 key: key(KEY_LEN_MAX + 1),
+                kinds: Default::default(),
             },
             ErrorCode::BadKey,
         ),
@@ -429,6 +499,7 @@ fn field_limits_are_enforced() {
                 release_on_disconnect: false,
                 meta: Bytes::new(),
                 acquire_id: None,
+                kind: Default::default(),
             },
             ErrorCode::BadWait,
         ),
@@ -440,6 +511,7 @@ fn field_limits_are_enforced() {
                 release_on_disconnect: false,
                 meta: Bytes::from(vec![0; META_LEN_MAX + 1]),
                 acquire_id: None,
+                kind: Default::default(),
             },
             ErrorCode::MetaTooLong,
         ),
@@ -514,6 +586,37 @@ fn an_acquire_id_is_exactly_sixteen_bytes_after_meta() {
             "flags {flags:#x}, {id_len} bytes"
         );
     }
+}
+
+/// With both flag bits 1 and 3 set, the acquire id comes first after `meta`, then the kind
+/// fields (increasing flag-bit order, PROTOCOL.md 3.2), byte for byte.
+#[test]
+fn an_acquire_id_comes_before_the_kind_fields() {
+    let request = Request::Acquire {
+        key: Bytes::from_static(b"k"),
+        ttl_ms: 1000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId([0xab; 16])),
+        kind: tenure_protocol::LeaseKind::Permits { count: 2, limit: 5 },
+    };
+    let mut buf = BytesMut::new();
+    encode_request(9, &request, &mut buf);
+    let (opcode, _, body) = split_frame(&mut buf).unwrap().unwrap();
+    let mut expected = BytesMut::new();
+    expected.put_u16(1);
+    expected.put_u8(b'k');
+    expected.put_u32(1000);
+    expected.put_u32(0);
+    expected.put_u8(0x0a);
+    expected.put_u16(0);
+    expected.put_slice(&[0xab; 16]);
+    expected.put_u8(tenure_protocol::kind::KIND_PERMITS);
+    expected.put_u32(2);
+    expected.put_u32(5);
+    assert_eq!(&body[..], &expected[..]);
+    assert_eq!(decode_request(opcode, body).unwrap(), request);
 }
 
 #[test]

@@ -134,6 +134,25 @@ pub fn format(response: &Response, out: &mut String) {
             format_held(*token, *ttl_left_ms, *waiters, meta, out);
             Ok(())
         }
+        Response::HeldKinds {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+            kinds,
+        } => {
+            format_held(*token, *ttl_left_ms, *waiters, meta, out);
+            write!(
+                out,
+                " limit={} holders={} in_use={} writer={} waiting_shared={} waiting_exclusive={}",
+                kinds.limit,
+                kinds.holders,
+                kinds.in_use,
+                u8::from(kinds.writer),
+                kinds.waiting_shared,
+                kinds.waiting_exclusive
+            )
+        }
         Response::Current => out.write_str("CURRENT"),
         Response::Stale => out.write_str("STALE"),
         Response::Stats(pairs) => {

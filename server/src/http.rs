@@ -7,7 +7,9 @@
 //! One more connection than the maximum closes the *oldest* open one rather than being
 //! turned away: an answer takes milliseconds, so the oldest is almost always a socket left
 //! idle, and refusing the newcomer would let a few idle sockets, refilled as they time out,
-//! keep every probe of `/healthz` out for good (the eviction is [`crate::admission`]'s). It starts before recovery, so a load balancer sees the
+//! keep every probe of `/healthz` out for good. A connection that has sent nothing yet goes
+//! before one that has sent bytes of its request ([`Open`]): a probe halfway through its
+//! request line is not the one a flood of refilled idle sockets closes. It starts before recovery, so a load balancer sees the
 //! process alive (`/healthz` 200) but not ready (`/readyz` 503) while the WAL replays.
 
 use std::convert::Infallible;
@@ -24,7 +26,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
 use crate::scrape::Scrape;
 
 /// Most HTTP connections at once; scrapers and probes need a handful.
@@ -44,7 +45,7 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape.clone()));
     let registry = Arc::new(registry);
-    let open = Arc::new(Admission::new(CONNECTIONS_MAX, CONNECTIONS_MAX));
+    let open = Arc::new(Open::default());
     let mut accepted_count: u64 = 0;
     let tracker = TaskTracker::new();
     loop {
@@ -62,9 +63,20 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
         };
         // Over the limit the oldest connection goes (see the module docs).
         accepted_count += 1;
-        let place = open.admit(accepted_count, std::net::Ipv4Addr::UNSPECIFIED.into());
+        let (place, evicted) = Open::admit(&open, accepted_count);
         let (registry, scrape, stop) = (Arc::clone(&registry), scrape.clone(), stop.clone());
         tracker.spawn(async move {
+            // Sent something: no longer the first to make way (bounded by the head timeout).
+            let mut byte = [0u8];
+            let first_byte = tokio::time::timeout(HEADER_READ_TIMEOUT, stream.peek(&mut byte));
+            tokio::select! {
+                sent = first_byte => match sent {
+                    Ok(Ok(n)) if n > 0 => place.talked(),
+                    _ => return, // silent past the head timeout, closed, or failed
+                },
+                () = stop.cancelled() => return,
+                () = evicted.cancelled() => return,
+            }
             let service = hyper::service::service_fn(move |request| {
                 let answer = answer(&request, &registry, &scrape);
                 async move { Ok::<_, Infallible>(answer) }
@@ -78,7 +90,7 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
             tokio::select! {
                 _ = tokio::time::timeout(CONNECTION_TIME_MAX, connection) => {}
                 () = stop.cancelled() => {}
-                _ = place.evicted() => {}
+                () = evicted.cancelled() => {}
             }
             drop(place);
         });
@@ -86,6 +98,65 @@ pub async fn serve(listener: TcpListener, scrape: Scrape, stop: CancellationToke
     // Each connection ends at `stop` too; none outlives the server's state.
     tracker.close();
     tracker.wait().await;
+}
+
+/// The open connections by age, each with what closes it and whether it has sent bytes.
+/// Past [`CONNECTIONS_MAX`], a newcomer closes the oldest silent one, or else the oldest.
+#[derive(Default)]
+struct Open {
+    inner: std::sync::Mutex<std::collections::BTreeMap<u64, (CancellationToken, bool)>>,
+}
+
+/// A connection's entry in [`Open`], removed when dropped.
+struct OpenPlace {
+    open: Arc<Open>,
+    id: u64,
+}
+
+impl Open {
+    /// Connection `id`'s place and what closes it; makes room first if all are taken.
+    fn admit(open: &Arc<Open>, id: u64) -> (OpenPlace, CancellationToken) {
+        let mut inner = open.inner.lock().expect("metrics connections poisoned");
+        if inner.len() >= CONNECTIONS_MAX {
+            let silent = inner.iter().find(|(_, (_, talked))| !talked);
+            let victim = silent.or(inner.iter().next()).map(|(id, _)| *id);
+            if let Some((token, _)) = victim.and_then(|id| inner.remove(&id)) {
+                token.cancel();
+            }
+        }
+        let token = CancellationToken::new();
+        inner.insert(id, (token.clone(), false));
+        let place = OpenPlace {
+            open: Arc::clone(open),
+            id,
+        };
+        (place, token)
+    }
+}
+
+impl OpenPlace {
+    /// Notes that the connection has sent bytes.
+    fn talked(&self) {
+        let mut inner = self
+            .open
+            .inner
+            .lock()
+            .expect("metrics connections poisoned");
+        if let Some((_, talked)) = inner.get_mut(&self.id) {
+            *talked = true;
+        }
+    }
+}
+
+impl Drop for OpenPlace {
+    fn drop(&mut self) {
+        let mut inner = self
+            .open
+            .inner
+            .lock()
+            .expect("metrics connections poisoned");
+        inner.remove(&self.id);
+    }
 }
 
 fn answer(

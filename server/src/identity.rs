@@ -47,6 +47,11 @@ pub const VERIFIES_AT_ONCE_MAX: usize = 4;
 /// spacing (see `throttle`) makes it wait, so a guesser's waiting AUTHs leave the places to
 /// its neighbours at that address.
 pub const PEER_VERIFIES_MAX: usize = 2;
+/// An AUTH refused at once: its (peer address, name) has recent failures, and the turns
+/// it spaces out are taken up to `throttle::SPACED_WAIT_MAX` ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spaced;
+
 /// Most memory, in KiB, a secret hash may ask argon2 for (`m=`): 64 MiB, over three times
 /// what `tenured hash-secret` uses (19 MiB); [`VERIFIES_AT_ONCE_MAX`] verifications at once
 /// then take at most 256 MiB.
@@ -320,16 +325,22 @@ impl Identities {
 
     /// Verifies an AUTH from `peer`, as [`Identities::verify_bounded`], after waiting its
     /// turn. A (peer address, name) with recent failures has its verifications spaced out
-    /// (see `throttle`); the wait holds nothing, so it slows only the guesser's own AUTHs for
-    /// that name. Then at most [`PEER_VERIFIES_MAX`] AUTHs of one address are verified at
-    /// once, so a burst from one address cannot take every verification place. A failure is
-    /// remembered against the (address, name); a success changes nothing.
+    /// (see `throttle`): each AUTH is given a turn as it arrives, and one whose turn would be
+    /// more than `throttle::SPACED_WAIT_MAX` away is refused at once (`Err(Spaced)`), so no
+    /// AUTH queues behind every guess of its bucket. The wait holds nothing, so it slows
+    /// only the AUTHs of that address for that name. Then at most [`PEER_VERIFIES_MAX`]
+    /// AUTHs of one address are verified at once, so a burst from one address cannot take
+    /// every verification place. A failure is remembered against the (address, name); a
+    /// success changes nothing.
+    ///
+    /// # Errors
+    /// [`Spaced`] when the bucket's turns are taken up to the wait bound.
     pub async fn verify_from(
         self: Arc<Self>,
         peer: std::net::IpAddr,
         name: bytes::Bytes,
         secret: bytes::Bytes,
-    ) -> Option<Arc<Identity>> {
+    ) -> Result<Option<Arc<Identity>>, Spaced> {
         let bucket = self.bucket(peer, &name);
         let turn = Arc::clone(
             self.peers_verifying
@@ -338,23 +349,28 @@ impl Identities {
                 .entry(peer)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
         );
-        // A start is asked for with a place in hand, so that AUTHs of one bucket arriving
-        // together are spaced as soon as the first of them failed; but a wait is sat out
-        // without the place, which the neighbours need.
-        let permit = loop {
-            let permit = turn.acquire().await.ok()?;
-            let wait = self.verify_delay(&bucket);
-            if wait.is_zero() {
-                break permit;
+        let verified = async {
+            // A turn is asked for with a place in hand, so that AUTHs of one bucket arriving
+            // together are spaced as soon as the first of them failed; but a wait is sat out
+            // without the place, which the neighbours need.
+            let mut permit = turn.acquire().await.ok();
+            match self.verify_delay(&bucket) {
+                throttle::Start::Now => {}
+                throttle::Start::Full => return Err(Spaced),
+                throttle::Start::After(wait) => {
+                    drop(permit.take());
+                    tokio::time::sleep(wait).await;
+                    permit = turn.acquire().await.ok();
+                }
+            }
+            let verified = Arc::clone(&self).verify_bounded(name, secret).await;
+            if verified.is_none() {
+                self.failed_from(bucket);
             }
             drop(permit);
-            tokio::time::sleep(wait).await;
-        };
-        let verified = Arc::clone(&self).verify_bounded(name, secret).await;
-        if verified.is_none() {
-            self.failed_from(bucket);
+            Ok(verified)
         }
-        drop(permit);
+        .await;
         let mut peers = self.peers_verifying.lock().expect("peers lock poisoned");
         // The map only holds addresses with an AUTH in progress.
         if Arc::strong_count(&turn) == 2 && turn.available_permits() == PEER_VERIFIES_MAX {
@@ -372,10 +388,9 @@ impl Identities {
         (peer, known.unwrap_or_default().to_string())
     }
 
-    /// Zero if an AUTH of `bucket` may be verified now, else how long to wait before asking
-    /// again: nothing for a bucket with no recent failures; otherwise its verifications are
-    /// spaced out, one after another.
-    fn verify_delay(&self, bucket: &throttle::Bucket) -> std::time::Duration {
+    /// When an AUTH of `bucket` may be verified: now for a bucket with no recent failures;
+    /// otherwise at its turn, its verifications spaced out one after another.
+    fn verify_delay(&self, bucket: &throttle::Bucket) -> throttle::Start {
         let now = std::time::Instant::now();
         self.failures
             .lock()

@@ -52,7 +52,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // What both modes build a server from.
     ("scrape", &["executor", "identity", "obs"]),
-    ("http", &["admission", "scrape"]),
+    ("http", &["scrape"]),
     ("startup", &["config", "error", "identity", "tls"]),
     (
         "accept",

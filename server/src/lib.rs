@@ -38,8 +38,7 @@
 //!   (CLUSTER requests go to the executor's [`executor::ClusterAdmin`]).
 //! - [`scrape`]: `/metrics`' series and `/readyz`, read from the executor serving now.
 //!   Imports `executor`, `identity`, `obs`.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz` on `--metrics-listen`. Imports `admission`,
-//!   `scrape`.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz` on `--metrics-listen`. Imports `scrape`.
 //! - [`startup`]: what serving needs in both modes: the data directory's lock, TLS files,
 //!   identities and their SIGHUP reload. Imports `config`, `error`, `identity`, `tls`.
 //! - [`accept`]: the one accept loop of both modes. Imports `admission`, `config`, `conn`,

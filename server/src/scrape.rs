@@ -192,6 +192,12 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         "Keys watched now",
         pair("watches") as f64,
     )?;
+    gauge(
+        encoder,
+        "tenure_shared_held_leases",
+        "Read and permit leases held now, on read/write and semaphore keys",
+        pair("shared_held") as f64,
+    )?;
     if let Some(identities) = &shared.identities() {
         encode_identities(encoder, identities)?;
     }
@@ -219,6 +225,20 @@ fn encode_counters(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
     )?;
     let help = "ACQUIREs answered as a repeat of an earlier one with the same acquire id";
     counter(encoder, "tenure_repeats", help, Stats::get(&s.repeats))?;
+    let help = "Grants of read leases, hand-offs included";
+    counter(
+        encoder,
+        "tenure_shared_grants",
+        help,
+        Stats::get(&s.shared_grants),
+    )?;
+    let help = "Grants of semaphore permit leases, hand-offs included";
+    counter(
+        encoder,
+        "tenure_permit_grants",
+        help,
+        Stats::get(&s.permit_grants),
+    )?;
     counter(
         encoder,
         "tenure_errors",

@@ -51,6 +51,9 @@ class Tenured:
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        #: Single-node tests run with --no-fsync for speed; a test of what survives kill -9
+        #: sets this False.
+        self.no_fsync = True
 
     @property
     def addr(self) -> str:
@@ -68,7 +71,7 @@ class Tenured:
         log = open(self.log_path, "ab")
         # --no-fsync speeds the single-node tests; a cluster node refuses it (its Raft log is
         # always fsynced).
-        no_fsync = [] if "--cluster" in self.args else ["--no-fsync"]
+        no_fsync = [] if "--cluster" in self.args or not self.no_fsync else ["--no-fsync"]
         cmd = [self.binary, "--listen", f"127.0.0.1:{port}", "--data-dir", str(self.data_dir), *no_fsync, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         log.close()

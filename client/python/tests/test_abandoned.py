@@ -38,7 +38,8 @@ def test_a_cancelled_asyncio_wait_does_not_leave_the_lock_held(server):
 
 
 def test_a_blocking_acquire_that_timed_out_releases_its_late_grant(server):
-    c = tenure.Client(server.addr, timeout=0.3)
+    # No time to send it again (acquire_retry_for=0): the caller gives up at the time-out.
+    c = tenure.Client(server.addr, timeout=0.3, acquire_retry_for=0)
     observer = tenure.Client(server.addr, timeout=5)
     try:
         c.inspect("warm-up")  # the direct connection is open before the server stops

@@ -411,10 +411,10 @@ async fn watch_reports_grants_releases_and_expiries() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_lost_connection_fails_requests_in_flight_and_the_next_request_reconnects() {
+async fn a_lost_connection_sends_an_acquire_in_flight_again_and_the_next_request_reconnects() {
     let server = Server::start_virtual().await;
     let client = server.client().await;
-    let _held = granted(&client, "busy", Duration::from_secs(5)).await;
+    let held = granted(&client, "busy", Duration::from_secs(60)).await;
     let waiting = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -427,17 +427,56 @@ async fn a_lost_connection_fails_requests_in_flight_and_the_next_request_reconne
     // Virtual time (paused clock): costs no real time.
     tokio::time::sleep(ms(100)).await;
     client.disconnect();
+    // The blocking ACQUIRE's outcome was unknown: the client sent it again, with its acquire
+    // id, on a new connection, waiting what was left of its 5 s, and LOCKED is its one answer.
     let result = timeout(PATIENCE, waiting)
         .await
-        .expect("fails promptly")
+        .expect("answered")
         .expect("task");
     assert!(
-        matches!(result, Err(Error::ConnectionLost(_))),
+        matches!(result, Ok(AcquireOutcome::Locked(ref by)) if by.token == held.fencing_token()),
         "{result:?}"
     );
+    client.disconnect();
     assert!(!client.is_connected());
     client.ping().await.expect("the next request reconnects");
     assert!(client.is_connected());
+}
+
+/// A blocking ACQUIRE sent again after a lost connection, and granted after waiting in line
+/// again: its lease counts from the send that was granted (the server's `waited_ms` is that
+/// send's), so a wait longer than the TTL before the connection was lost does not make it
+/// look expired on arrival.
+#[tokio::test(start_paused = true)]
+async fn a_blocking_acquire_sent_again_counts_its_lease_from_the_send_that_won() {
+    let server = Server::start_virtual().await;
+    let holder = server.client().await;
+    let client = server.client().await;
+    let _held = granted(&holder, "line", Duration::from_secs(5)).await;
+    let ttl = Duration::from_secs(1);
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let options = AcquireOptions::wait(Duration::from_secs(30));
+            client.acquire("line", ttl, options).await
+        })
+    };
+    // Three seconds in line (three TTLs), then the connection goes; the holder's lease
+    // runs out two seconds after that and the re-sent ACQUIRE is granted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    client.disconnect();
+    let lease = timeout(PATIENCE, waiting)
+        .await
+        .expect("answered")
+        .expect("task")
+        .expect("granted")
+        .granted()
+        .expect("the key came free");
+    assert!(lease.waited() < Duration::from_secs(3), "{lease:?}");
+    assert!(
+        lease.time_left() > ttl / 2,
+        "not expired on arrival: {lease:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

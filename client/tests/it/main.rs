@@ -6,6 +6,7 @@
 //!   `tenure console`;
 //! - `auth`: credentials sent on every (re)connect, and `tenure --identity` with `TENURE_SECRET`;
 //! - `cluster`: `tenure cluster status|add|remove` against in-process cluster nodes;
+//! - `certs`: `tenure certs` and CLUSTER.md's openssl recipe make a secure cluster that serves;
 //! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
 //!   and a request sent mid-election;
 //! - `api_paths`: every public path of the crate still resolves (a compile-time guard);
@@ -22,6 +23,7 @@
 
 mod api_paths;
 mod auth;
+mod certs;
 mod cli;
 mod cluster;
 mod e2e;

@@ -11,6 +11,10 @@
 //! stand for the same lease), a value `...` for anything, and the time left (`ttl_ms=` of a
 //! `HELD` line, which counts down) for any number. Tokens are compared exactly: the
 //! examples run on one fresh server, whose first token is 1.
+//!
+//! `<!-- example NAME: shell -->` marks commands a user types in a shell (a trailing `\`
+//! continues a line): README's secure cluster, run on its own
+//! ([`readme_secure_cluster_runs_as_written`]).
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -30,6 +34,7 @@ fn readme() -> String {
 enum Kind {
     Console,
     Cli,
+    Shell,
 }
 
 /// One marked example: its name, kind and the lines inside its fence.
@@ -56,6 +61,7 @@ fn examples(doc: &str) -> Vec<Example> {
         let kind = match kind {
             "console" => Kind::Console,
             "cli" => Kind::Cli,
+            "shell" => Kind::Shell,
             other => panic!("example {name}: unknown kind {other:?}"),
         };
         assert!(
@@ -230,7 +236,143 @@ async fn readme_console_and_cli_examples_run_in_order_as_written() {
         match example.kind {
             Kind::Console => console_example(&server.addr, example, &mut leases).await,
             Kind::Cli => cli_example(&server.addr, example, &mut leases).await,
+            Kind::Shell => {}
         }
+    }
+}
+
+/// A shell example's commands, continuation lines joined.
+fn shell_commands(example: &Example) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in &example.lines {
+        match line.trim_end().strip_suffix('\\') {
+            Some(part) => current.push_str(part),
+            None => {
+                current.push_str(line);
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    commands
+}
+
+/// `text` with each `127.0.0.1:PORT` moved to a free port, the same one for the same port
+/// throughout (`ports` remembers).
+fn on_free_ports(text: &str, ports: &mut HashMap<String, String>) -> String {
+    const HOST: &str = "127.0.0.1:";
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(HOST) {
+        out.push_str(&rest[..at + HOST.len()]);
+        rest = &rest[at + HOST.len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let free = ports.entry(rest[..digits].to_string()).or_insert_with(|| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port().to_string()
+        });
+        out.push_str(free);
+        rest = &rest[digits..];
+    }
+    out + rest
+}
+
+/// Waits (60 s at most) until the cluster that the client command `words` reaches has a
+/// leader that serves: the same command's addresses and TLS, acquiring a key of the test's
+/// own with a longer time limit (a debug build on a loaded machine can take longer than the
+/// command's 5 s for its first commit).
+async fn wait_until_served(
+    tenure: &std::path::Path,
+    words: &[&str],
+    dir: &std::path::Path,
+    n: usize,
+) {
+    let subcommand = words
+        .iter()
+        .position(|w| *w == "acquire")
+        .expect("an acquire");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let output = tokio::process::Command::new(tenure)
+            .args(&words[1..subcommand])
+            .args(["--timeout", "20s", "acquire", "readme-probe", "--ttl", "1s"])
+            .current_dir(dir)
+            .kill_on_drop(true)
+            .output();
+        let output = timeout(PATIENCE * 2, output)
+            .await
+            .expect("tenure finishes");
+        let output = output.expect("tenure runs");
+        if output.status.success() {
+            return;
+        }
+        let logs: Vec<String> = (0..n)
+            .map(|i| std::fs::read_to_string(dir.join(format!("n{i}.log"))).unwrap())
+            .collect();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader served in 60 s: {}\n{logs:#?}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// README's secure cluster, typed as written in a fresh directory (on free ports, so that
+/// it cannot meet another run's): `tenure certs`, three `tenured` nodes with peer TLS and
+/// client TLS (left running, as with `&`), then, once the cluster serves, the client. `tenured` is the one built beside `tenure` (`cargo test
+/// --workspace` builds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_secure_cluster_runs_as_written() {
+    let example = examples(&readme())
+        .into_iter()
+        .find(|e| e.kind == Kind::Shell && e.name == "secure-cluster")
+        .expect("README marks its secure cluster `secure-cluster: shell`");
+    let tenure = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tenure"));
+    let tenured = tenure.with_file_name("tenured");
+    assert!(
+        tenured.exists(),
+        "{} is not built: cargo build -p tenure-server --bin tenured",
+        tenured.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut ports = HashMap::new();
+    let mut daemons = Vec::new();
+    for command in shell_commands(&example) {
+        let command = on_free_ports(&command, &mut ports);
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let program = match words[0] {
+            "tenure" => &tenure,
+            "tenured" => &tenured,
+            other => panic!("secure-cluster: {other} is neither tenure nor tenured"),
+        };
+        let mut process = tokio::process::Command::new(program);
+        process.args(&words[1..]).current_dir(dir.path());
+        if words[0] == "tenured" {
+            let log = std::fs::File::create(dir.path().join(format!("n{}.log", daemons.len())));
+            let log = log.unwrap();
+            process.stdout(Stdio::null()).stderr(log).kill_on_drop(true);
+            daemons.push(process.spawn().expect("tenured runs"));
+            continue;
+        }
+        if !daemons.is_empty() {
+            wait_until_served(&tenure, &words, dir.path(), daemons.len()).await;
+        }
+        let output = timeout(PATIENCE, process.output())
+            .await
+            .expect("tenure finishes")
+            .expect("tenure runs");
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        // `tenure certs` prints OK, the acquire GRANTED.
+        let done = ["result=OK ", "result=GRANTED "]
+            .iter()
+            .any(|r| printed.starts_with(r));
+        assert!(output.status.success() && done, "{command}\n{printed}");
+    }
+    assert_eq!(daemons.len(), 3, "three nodes");
+    for daemon in &mut daemons {
+        assert!(daemon.try_wait().unwrap().is_none(), "a node exited");
     }
 }
 

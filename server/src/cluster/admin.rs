@@ -25,6 +25,8 @@ use super::network::PeerService;
 use super::observe::Security;
 use super::{NodeId, NodeInfo, Raft};
 
+/// How long ADD waits for the new node's opening ([`Admin::refuse_if_of_another_cluster`]).
+const ADD_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a new node may take to catch up as a learner before ADD gives up (it stays a
 /// learner: ADD it again once it runs, or REMOVE it).
 pub const CATCH_UP_TIMEOUT: Duration = if cfg!(test) {
@@ -190,6 +192,9 @@ impl Admin {
         if let Err(e) = tenure_protocol::cluster::validate_distinct(&member, others) {
             return refused(e.message);
         }
+        if let Err(why) = self.refuse_if_of_another_cluster(&member).await {
+            return refused(why);
+        }
         tracing::info!(node = member.id, peer = %member.peer_addr, "adding a node as a learner");
         let give_up = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
         let learner = self.raft.add_learner(member.id, info(&member), true);
@@ -217,6 +222,21 @@ impl Admin {
         tracing::info!(node = member.id, "learner caught up: making it a voter");
         let change = ChangeMembers::AddVoterIds(BTreeSet::from([member.id]));
         self.change(change).await
+    }
+
+    /// Refuses to add a node whose peer port answers with another cluster's id: every
+    /// connection to it would be refused and it would never catch up. A node that cannot be
+    /// reached now is added (it becomes a learner, and catches up once it runs).
+    async fn refuse_if_of_another_cluster(&self, member: &Member) -> Result<(), String> {
+        let dial = self.service.dialer.dial(member.id, &member.peer_addr);
+        match tokio::time::timeout(ADD_PROBE_TIMEOUT, dial).await {
+            Ok(Err(e)) if super::cluster_id::is_refusal(&e) => Err(format!(
+                "node {} at {} belongs to another cluster ({e}): a node joins one cluster \
+                 only; wipe its data directory to make it fresh",
+                member.id, member.peer_addr
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// REMOVE: node `id` leaves the membership.

@@ -96,8 +96,8 @@ pub async fn run(
 
 /// Makes `members` the first membership, from this node (`cluster-init`, CLUSTER INIT,
 /// `--initial-cluster`): only if every other member answers that it is fresh, which lifts
-/// its vote guard for the first election ([`super::catch_up`]); then this node's own guard
-/// lifts and openraft initialises.
+/// its vote guard for the first election ([`super::catch_up`]); then this node makes the
+/// cluster id ([`super::cluster_id`]), its own guard lifts and openraft initialises.
 ///
 /// # Errors
 /// Why not: a member is initialised already (the cluster exists: a wiped node rejoins by
@@ -133,6 +133,10 @@ pub async fn initialize(
             }
         }
     }
+    // The cluster's id, stored before the first vote request can carry it.
+    let ids = service.dialer.cluster_id();
+    ids.mint()
+        .map_err(|e| format!("cannot store the cluster id: {e}"))?;
     service.catch_up.lift(raft, "initialising a new cluster");
     raft.initialize(members).await.map_err(|e| e.to_string())
 }

@@ -50,6 +50,9 @@ const CONFIRM_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_milli
 /// for want of a quorum). Its waiting replies are then answered NOT_LEADER (outcome unknown)
 /// and, if openraft still says it leads, a new executor takes over once a barrier commits.
 pub const COMMIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often a leader's journal looks at how long ago a quorum last acknowledged it
+/// (check-quorum, [`check_quorum`]).
+pub const QUORUM_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// Names the leader for `NOT_LEADER` replies, from openraft's metrics.
 #[derive(Clone)]
@@ -138,15 +141,17 @@ impl RaftJournal {
             commit,
         });
         let (tx, rx) = mpsc::channel(IN_FLIGHT_MAX);
+        let raft_for_check = raft.clone();
         // The tasks hold the journal; `fail` (called when leadership ends) aborts them, which
         // breaks the cycle.
         let batcher = tokio::spawn(batch_loop(Arc::clone(&journal), raft, tx));
         let completer = tokio::spawn(complete_loop(Arc::clone(&journal), rx));
+        let checker = tokio::spawn(check_quorum(Arc::clone(&journal), raft_for_check));
         journal
             .tasks
             .lock()
             .expect("poisoned")
-            .extend([batcher, completer]);
+            .extend([batcher, completer, checker]);
         journal
     }
 
@@ -284,6 +289,45 @@ async fn confirm(raft: Raft) -> Result<(), String> {
                 tokio::time::sleep(CONFIRM_RETRY_PAUSE).await;
             }
             Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Check-quorum: fails the journal once no quorum has acknowledged this leader for the
+/// leader lease (openraft's largest election timeout, 2 E: the followers' lease, before
+/// which no rival can be elected) and [`CONFIRM_PATIENCE`] on top, the patience a read's
+/// confirmation round gets: a busy moment must not end a leadership (on this 2-core machine
+/// under the sizing estimate, a quorum's acknowledgement came 350 ms late with the lease
+/// alone, and every client of the leader saw its requests refused). Nothing it would serve
+/// could be served anyway (a grant waits for its commit, a read for a confirmation round,
+/// both needing that quorum); what it bounds is the wait: the requests queued here are
+/// answered `NOT_LEADER` after about 1.3 s at default timing instead of
+/// [`COMMIT_PATIENCE`], so clients look for the new leader while it is elected. openraft's
+/// figure is refreshed on each pass of its core (at least every tick); a core blocked on
+/// I/O reports an older, smaller one, so a stalled leader is failed later, never sooner.
+/// (CLUSTER.md, "Check-quorum".)
+async fn check_quorum(journal: Arc<RaftJournal>, raft: Raft) {
+    let lease_ms = raft.config().election_timeout_max;
+    let patience_ms = u64::try_from(CONFIRM_PATIENCE.as_millis()).unwrap_or(u64::MAX);
+    let silence_max_ms = lease_ms.saturating_add(patience_ms);
+    let metrics = raft.metrics();
+    loop {
+        tokio::time::sleep(QUORUM_CHECK_PERIOD).await;
+        let silent_ms = {
+            let m = metrics.borrow();
+            let leads = m.state == openraft::ServerState::Leader;
+            m.millis_since_quorum_ack.filter(|_| leads)
+        };
+        if let Some(silent_ms) = silent_ms.filter(|&ms| ms > silence_max_ms) {
+            tracing::warn!(
+                silent_ms,
+                silence_max_ms,
+                "check-quorum: no quorum acknowledged this leader within the lease and a \
+                 confirmation's patience; \
+                 its journal fails and its requests are answered NOT_LEADER"
+            );
+            journal.fail();
+            return;
         }
     }
 }

@@ -22,9 +22,16 @@
 //! records (a temporary file renamed over), so a crash in between leaves records that are
 //! dropped again on open.
 //!
-//! openraft's calls run the file I/O on a blocking thread ([`blocking`]) and wait for it, so
-//! an fsync never stalls a runtime worker; openraft makes one storage call at a time, so
-//! they stay in order.
+//! Every write to `raft.log` (appends, truncations, the purge's rewrite) goes to one writer
+//! thread per log, in the order the calls were made, and the in-memory index is updated at
+//! the call, so it is always the file's future. openraft's `append` returns once its records
+//! are queued, and the writer reports them durable through openraft's `LogFlushed` callback
+//! after their `fdatasync`: the Raft core does not wait for the disk, so while one append is
+//! written and synced it goes on answering heartbeats, votes and pre-votes, ticking, and (on
+//! the leader) sending heartbeats; before, each append's write and fsync stalled all of it
+//! (CLUSTER.md, "Heartbeats and bulk appends"). Truncations and purges wait for the writer
+//! (their file work follows every append queued before them), on a blocking thread
+//! ([`blocking`]), as vote saves do; openraft makes one storage call at a time.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -32,7 +39,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogState, RaftLogReader, Vote};
@@ -67,7 +75,8 @@ pub struct LogStore {
 
 struct Inner {
     dir: PathBuf,
-    file: File,
+    /// Where the file work goes, in order ([`start_writer`]).
+    writer: mpsc::Sender<Job>,
     /// Entries by index, with the file offset each record starts at.
     entries: BTreeMap<u64, (Entry, u64)>,
     /// Where the next record goes.
@@ -76,8 +85,64 @@ struct Inner {
     /// Whether `open` cut a torn tail off, and where: for the log, and tests.
     torn_tail_at: Option<u64>,
     /// A write or sync failed: the file may hold part of a record, and whether the kernel
-    /// kept the rest is unknown ("fsyncgate"), so nothing is written again.
-    failed: bool,
+    /// kept the rest is unknown ("fsyncgate"), so nothing is written again. Set by the
+    /// writer thread.
+    failed: Arc<AtomicBool>,
+}
+
+/// One piece of file work for the writer thread; it gets the file (which it may replace).
+type Job = Box<dyn FnOnce(&mut File) + Send>;
+
+/// Starts the writer thread of one log: it owns `raft.log` and does its jobs in the order
+/// sent. It ends when every [`LogStore`] clone is gone, after the jobs already sent.
+fn start_writer(file: File) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("raft-log".into())
+        .spawn(move || {
+            let mut file = file;
+            for job in rx {
+                job(&mut file);
+            }
+        })?;
+    Ok(tx)
+}
+
+/// Runs `work` on the writer thread after every job sent before, and returns its result
+/// through `done`; `failed` is set if it fails.
+fn file_job(
+    writer: &mpsc::Sender<Job>,
+    failed: &Arc<AtomicBool>,
+    work: impl FnOnce(&mut File) -> std::io::Result<()> + Send + 'static,
+    done: impl FnOnce(std::io::Result<()>) + Send + 'static,
+) {
+    let failed_flag = Arc::clone(failed);
+    let job: Job = Box::new(move |file| {
+        let result = if failed_flag.load(Ordering::Acquire) {
+            Err(unusable())
+        } else {
+            work(file)
+        };
+        if result.is_err() {
+            failed_flag.store(true, Ordering::Release);
+        }
+        done(result);
+    });
+    if let Err(mpsc::SendError(job)) = writer.send(job) {
+        // The thread is gone (it panicked): nothing can be written any more.
+        failed.store(true, Ordering::Release);
+        drop(job);
+    }
+}
+
+fn unusable() -> std::io::Error {
+    std::io::Error::other("an earlier write to the Raft log failed; it takes no more")
+}
+
+/// Waits for the result a [`file_job`] sends on `rx`. Blocking.
+fn wait_job(rx: &mpsc::Receiver<std::io::Result<()>>) -> std::io::Result<()> {
+    rx.recv()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the Raft log's writer thread ended")))
 }
 
 /// The term a saved vote over [`TERM_MAX`] is lowered to when the node starts: far above
@@ -191,12 +256,12 @@ impl LogStore {
         let store = LogStore {
             inner: Arc::new(Mutex::new(Inner {
                 dir: dir.to_path_buf(),
-                file,
+                writer: start_writer(file)?,
                 entries,
                 end,
                 persisted,
                 torn_tail_at,
-                failed: false,
+                failed: Arc::new(AtomicBool::new(false)),
             })),
         };
         if let Some(lowered) = lowered {
@@ -225,6 +290,21 @@ impl LogStore {
     /// # Errors
     /// When the write or the sync fails; nothing appended since is to be trusted then.
     pub fn append_sync(&self, entries: impl IntoIterator<Item = Entry>) -> std::io::Result<()> {
+        let (tx, rx) = mpsc::channel();
+        self.append_then(entries, move |result| drop(tx.send(result)))?;
+        wait_job(&rx)
+    }
+
+    /// Appends `entries`: in memory at once, and to the file by the writer thread, which
+    /// calls `flushed` once they are written and synced (or failed). Does not block on I/O.
+    ///
+    /// # Errors
+    /// When an earlier write failed or an entry cannot be encoded (`flushed` is not called).
+    pub fn append_then(
+        &self,
+        entries: impl IntoIterator<Item = Entry>,
+        flushed: impl FnOnce(std::io::Result<()>) + Send + 'static,
+    ) -> std::io::Result<()> {
         let mut inner = self.lock();
         inner.usable()?;
         let mut buf = Vec::new();
@@ -234,18 +314,13 @@ impl LogStore {
             encode(&entry, &mut buf)?;
             added.push((entry, at));
         }
-        let written = inner
-            .file
-            .write_all(&buf)
-            .and_then(|()| inner.file.sync_data());
-        if let Err(e) = written {
-            inner.failed = true;
-            return Err(e);
-        }
         inner.end += buf.len() as u64;
         for (entry, at) in added {
             inner.entries.insert(entry.log_id.index, (entry, at));
         }
+        // Sent under the lock: the writer's order is the order the index changed in.
+        let write = move |file: &mut File| file.write_all(&buf).and_then(|()| file.sync_data());
+        file_job(&inner.writer, &inner.failed, write, flushed);
         Ok(())
     }
 
@@ -269,14 +344,13 @@ impl LogStore {
         let Some(&(_, at)) = inner.entries.range(index..).next().map(|(_, v)| v) else {
             return Ok(());
         };
-        let cut = inner.file.set_len(at).and_then(|()| inner.file.sync_all());
-        if let Err(e) = cut {
-            inner.failed = true;
-            return Err(e);
-        }
         inner.end = at;
         let _ = inner.entries.split_off(&index);
-        Ok(())
+        let (tx, rx) = mpsc::channel();
+        let cut = move |file: &mut File| file.set_len(at).and_then(|()| file.sync_all());
+        file_job(&inner.writer, &inner.failed, cut, move |r| drop(tx.send(r)));
+        drop(inner);
+        wait_job(&rx)
     }
 
     /// Drops every entry up to `log_id`: the purge point is saved first, then the file is
@@ -299,23 +373,24 @@ impl LogStore {
             encode(&entry, &mut buf)?;
             entries.insert(index, (entry, at));
         }
-        let rewritten = write_atomically(&inner.dir, LOG_FILE, &buf).and_then(|()| {
-            OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(inner.dir.join(LOG_FILE))
-        });
         // The entries kept are out of `inner.entries` now: on failure the store is done.
-        inner.file = match rewritten {
-            Ok(file) => file,
-            Err(e) => {
-                inner.failed = true;
-                return Err(e);
-            }
-        };
         inner.entries = entries;
         inner.end = buf.len() as u64;
-        Ok(())
+        let dir = inner.dir.clone();
+        let rewrite = move |file: &mut File| {
+            write_atomically(&dir, LOG_FILE, &buf)?;
+            *file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(dir.join(LOG_FILE))?;
+            Ok(())
+        };
+        let (tx, rx) = mpsc::channel();
+        file_job(&inner.writer, &inner.failed, rewrite, move |r| {
+            drop(tx.send(r))
+        });
+        drop(inner);
+        wait_job(&rx)
     }
 
     /// Saves `vote` atomically. Blocking.
@@ -354,10 +429,8 @@ impl LogStore {
 
 impl Inner {
     fn usable(&self) -> std::io::Result<()> {
-        if self.failed {
-            return Err(std::io::Error::other(
-                "an earlier write to the Raft log failed; it takes no more",
-            ));
+        if self.failed.load(Ordering::Acquire) {
+            return Err(unusable());
         }
         Ok(())
     }
@@ -498,18 +571,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let (store, entries) = (self.clone(), entries.into_iter().collect::<Vec<_>>());
-        match blocking(move || store.append_sync(entries)).await {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                let error = log_error(ErrorVerb::Write, &e);
-                callback.log_io_completed(Err(e));
-                Err(error)
-            }
-        }
+        // Queued, not waited for: the writer thread tells openraft when the records are
+        // durable (module docs), and the core goes on meanwhile.
+        self.append_then(entries, move |result| callback.log_io_completed(result))
+            .map_err(|e| log_error(ErrorVerb::Write, &e))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {

@@ -13,6 +13,8 @@
 //!   connection slots.
 //! - [`peer_check`]: the bounds every peer frame is checked against before openraft sees it.
 //! - [`peer_tls`]: mutual TLS on the peer port, certificates naming node ids.
+//! - [`cluster_id`]: the cluster id, stored with the log, and the opening of every peer
+//!   connection that carries it: nodes of two clusters never talk.
 //! - [`prevote`]: when a node asks openraft to start an election: only after a quorum said,
 //!   over the peer port, that it would vote for it.
 //! - [`journal`]: [`RaftJournal`], the leader's [`Journal`](crate::journal::Journal): group
@@ -29,6 +31,7 @@
 pub mod admin;
 pub mod bootstrap;
 pub mod catch_up;
+pub mod cluster_id;
 pub mod journal;
 pub mod log_store;
 pub mod network;

@@ -10,7 +10,8 @@
 //! TLS: then its certificate's node id is the only sender its Raft frames may name. Every
 //! request and reply is checked ([`super::peer_check`]) before openraft sees it; a frame
 //! that fails closes its connection. The listener's slots keep strangers from taking the
-//! places members need ([`serve_peers`]).
+//! places members need ([`serve_peers`]). Every connection opens, before any frame, with
+//! the exchange of cluster ids ([`super::cluster_id`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::catch_up::CatchUp;
+use super::cluster_id::{self, ClusterId};
 use super::peer_check::{self, Known, Refused};
 use super::peer_tls::PeerTls;
 use super::prevote::{PreVote, PreVoteReply, PreVoteRequest};
@@ -106,6 +108,8 @@ pub struct PeerService {
     pub refusals: Arc<peer_check::RefusalLog>,
     /// What this node answers pre-votes with.
     pub prevote: Arc<PreVote>,
+    /// How long AppendEntries take here and how far apart they come (`/metrics`).
+    pub appends: Arc<super::observe::AppendTimes>,
 }
 
 /// A peer connection's bytes: TCP, or TLS over TCP.
@@ -114,12 +118,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
 /// A peer connection, either way.
 pub type PeerStream = Box<dyn PeerIo>;
 
-/// How a node reaches its peers: from which address (the peer listener's), and with which
-/// TLS (`None`: plain TCP, loopback clusters only).
+/// How a node reaches its peers: from which address (the peer listener's), with which
+/// TLS (`None`: plain TCP, loopback clusters only), saying which cluster id.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
     source: Option<IpAddr>,
     tls: Option<Arc<PeerTls>>,
+    ids: Arc<ClusterId>,
 }
 
 impl Dialer {
@@ -130,7 +135,19 @@ impl Dialer {
         Dialer {
             source: (!source.is_unspecified()).then_some(source),
             tls,
+            ids: Arc::default(),
         }
+    }
+
+    /// This dialer saying the cluster id `ids` holds (a node's own: the peer port's
+    /// acceptor checks against it too). Without it, a dialer says none.
+    pub fn with_cluster_id(self, ids: Arc<ClusterId>) -> Dialer {
+        Dialer { ids, ..self }
+    }
+
+    /// The cluster id this dialer says.
+    pub fn cluster_id(&self) -> &Arc<ClusterId> {
+        &self.ids
     }
 
     /// The peer TLS this node uses, if any.
@@ -138,18 +155,20 @@ impl Dialer {
         self.tls.as_ref()
     }
 
-    /// Connects to node `target` at `addr`, the TLS handshake included (whose certificate
-    /// must name `target`).
+    /// Connects to node `target` at `addr`, the TLS handshake (whose certificate must name
+    /// `target`) and the cluster ids' exchange included.
     ///
     /// # Errors
-    /// When the connection or the handshake fails.
+    /// When the connection or the handshake fails, or the node is of another cluster.
     pub async fn dial(&self, target: NodeId, addr: &str) -> std::io::Result<PeerStream> {
         let tcp = connect_from(self.source, addr).await?;
         let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => Ok(Box::new(tcp)),
-            Some(tls) => Ok(Box::new(tls.connect(tcp, target).await?)),
-        }
+        let mut stream: PeerStream = match &self.tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(tls.connect(tcp, target).await?),
+        };
+        cluster_id::greet(&mut stream, &self.ids, addr).await?;
+        Ok(stream)
     }
 }
 
@@ -179,7 +198,7 @@ async fn read_frame<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
 ) -> std::io::Result<Option<T>> {
     match read_len(stream).await? {
-        Some(len) => read_body(stream, len).await.map(Some),
+        Some(len) => read_body(stream, len, None).await.map(Some),
         None => Ok(None),
     }
 }
@@ -201,14 +220,101 @@ async fn read_len(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Opti
     Ok(Some(len))
 }
 
-/// Reads a frame's `len` bytes of body and decodes them.
+/// Reads a frame's `len` bytes of body and decodes them. The buffer grows as bytes arrive
+/// (doubling from [`FRAME_READ_CHUNK`], never past `len`), so memory follows what was sent,
+/// not what was announced; on the peer port each growth is first taken from the node's
+/// [`FrameBudget`] (`budget`: it, and whether the connection is a member's).
 async fn read_body<T: DeserializeOwned>(
     stream: &mut (impl AsyncRead + Unpin),
     len: usize,
+    budget: Option<(&FrameBudget, bool)>,
 ) -> std::io::Result<T> {
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).await?;
-    postcard::from_bytes(&body).map_err(std::io::Error::other)
+    let mut body: Vec<u8> = Vec::new();
+    let mut held = Vec::new();
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let grow = body.capacity().max(FRAME_READ_CHUNK).min(len - body.len());
+            if let Some((budget, member)) = budget {
+                held.push(budget.take(grow, member).await?);
+            }
+            body.reserve_exact(grow);
+        }
+        let room = (body.capacity() - body.len()).min(len - body.len());
+        let read = (&mut *stream).take(room as u64).read_buf(&mut body).await?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    let decoded = postcard::from_bytes(&body).map_err(std::io::Error::other);
+    drop((body, held));
+    decoded
+}
+
+/// Bytes a frame's buffer first grows by, and the least it grows by after.
+const FRAME_READ_CHUNK: usize = 64 << 10;
+/// Most bytes the buffers of not-yet-complete peer frames hold at once, over all of a
+/// node's peer connections: what a flood of announced-but-unsent frames can make it use.
+pub const PEER_PENDING_BYTES_MAX: usize = 256 << 20;
+/// Of [`PEER_PENDING_BYTES_MAX`], the most that connections not yet a member's (opening:
+/// strangers, probes, a node's connection before its first frame) hold together; the rest
+/// is the members' alone.
+pub const PEER_OPENING_PENDING_BYTES_MAX: usize = 64 << 20;
+
+const _: () = assert!(
+    PEER_OPENING_PENDING_BYTES_MAX + 2 * FRAME_LEN_MAX <= PEER_PENDING_BYTES_MAX,
+    "past any flood of opening connections, members must have room for two largest frames"
+);
+const _: () =
+    assert!(FRAME_READ_CHUNK <= FRAME_LEN_MAX && FRAME_LEN_MAX <= PEER_OPENING_PENDING_BYTES_MAX);
+
+/// The peer port's budget of bytes buffered by incomplete frames (see [`read_body`]). An
+/// opening connection that finds its share spent is closed at once; a member's connection
+/// waits for room (within [`PEER_BODY_TIMEOUT`]): members' traffic first.
+struct FrameBudget {
+    total: Arc<tokio::sync::Semaphore>,
+    opening: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for FrameBudget {
+    fn default() -> FrameBudget {
+        FrameBudget {
+            total: Arc::new(tokio::sync::Semaphore::new(PEER_PENDING_BYTES_MAX)),
+            opening: Arc::new(tokio::sync::Semaphore::new(PEER_OPENING_PENDING_BYTES_MAX)),
+        }
+    }
+}
+
+/// Bytes taken from a [`FrameBudget`], given back when dropped.
+type Held = (
+    tokio::sync::OwnedSemaphorePermit,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
+
+impl FrameBudget {
+    /// Takes `bytes` for a frame's buffer: a member waits for them, an opening connection
+    /// gets them now or an error (its connection is closed).
+    async fn take(&self, bytes: usize, member: bool) -> std::io::Result<Held> {
+        let n = u32::try_from(bytes).expect("a frame's growth is under FRAME_LEN_MAX");
+        let total = Arc::clone(&self.total);
+        if member {
+            let held = total.acquire_many_owned(n).await;
+            return Ok((held.expect("the frame budget is never closed"), None));
+        }
+        let spent = || {
+            let why = "opening peer connections' share of PEER_PENDING_BYTES_MAX is spent";
+            std::io::Error::other(why)
+        };
+        let opening = Arc::clone(&self.opening).try_acquire_many_owned(n);
+        let opening = opening.map_err(|_| spent())?;
+        let held = total.try_acquire_many_owned(n).map_err(|_| spent())?;
+        Ok((held, Some(opening)))
+    }
+
+    /// Bytes held by incomplete frames now.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        PEER_PENDING_BYTES_MAX - self.total.available_permits()
+    }
 }
 
 /// Serves the peer port on `listener` for `raft` until `stop`; while `isolated` is set,
@@ -256,20 +362,8 @@ pub async fn serve_peers(
         tracker.spawn(async move {
             let _permit = permit;
             let serve = async {
-                let peer = stream
-                    .peer_addr()
-                    .map_or("?".to_string(), |a| a.to_string());
-                let (stream, certified) = match open_stream(stream, &service, &slot).await {
-                    Ok(opened) => opened,
-                    Err(why) => {
-                        service.refusals.refused(now_ms(), &peer, &why);
-                        return Ok(());
-                    }
-                };
-                let conn = Conn {
-                    peer,
-                    slot,
-                    sender: certified,
+                let Some((stream, conn)) = open_conn(stream, &service, slot).await else {
+                    return Ok(());
                 };
                 serve_peer(stream, conn, raft, isolated, service).await
             };
@@ -313,6 +407,8 @@ const _: () = assert!(IDLE_PER_PEER_MAX * 4 <= PEER_CONNECTIONS_PER_NODE_MAX);
 #[derive(Default)]
 struct Slots {
     inner: Mutex<SlotsInner>,
+    /// What the connections' incomplete frames may hold.
+    budget: FrameBudget,
 }
 
 #[derive(Default)]
@@ -425,7 +521,8 @@ async fn read_request(
         return Ok(None);
     };
     slot.talked();
-    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len)).await {
+    let budget = Some((&slot.slots.budget, slot.is_member()));
+    match tokio::time::timeout(PEER_BODY_TIMEOUT, read_body(stream, len, budget)).await {
         Ok(body) => body.map(Some),
         Err(_) => Err(timed_out(format!(
             "a {len}-byte peer frame took over {PEER_BODY_TIMEOUT:?}"
@@ -467,6 +564,52 @@ async fn open_stream(
     }
 }
 
+/// An accepted connection opened: the TLS handshake ([`open_stream`]) and the cluster ids'
+/// exchange ([`open_cluster`]); `None` if either refused it (logged).
+async fn open_conn(
+    tcp: TcpStream,
+    service: &PeerService,
+    slot: Slot,
+) -> Option<(PeerStream, Conn)> {
+    let peer = tcp.peer_addr().map_or("?".to_string(), |a| a.to_string());
+    let (stream, sender) = match open_stream(tcp, service, &slot).await {
+        Ok(opened) => opened,
+        Err(why) => {
+            service.refusals.refused(now_ms(), &peer, &why);
+            return None;
+        }
+    };
+    // Refusals here are logged by the cluster id's own log.
+    let (stream, cluster) = open_cluster(stream, service, &slot, &peer).await.ok()?;
+    let conn = Conn {
+        peer,
+        slot,
+        sender,
+        cluster,
+    };
+    Some((stream, conn))
+}
+
+/// The cluster ids' exchange on an opened connection, within [`PEER_OPENING_TIMEOUT`]:
+/// the stream and the id the dialer said.
+async fn open_cluster(
+    mut stream: PeerStream,
+    service: &PeerService,
+    slot: &Slot,
+    peer: &str,
+) -> Result<(PeerStream, Option<u128>), Refused> {
+    let ids = service.dialer.cluster_id();
+    let exchange = cluster_id::answer(&mut stream, ids, peer);
+    match tokio::time::timeout(PEER_OPENING_TIMEOUT, exchange).await {
+        Ok(Ok(cluster)) => {
+            slot.talked();
+            Ok((stream, cluster))
+        }
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err(Refused("no opening in time".into())),
+    }
+}
+
 /// One served peer connection: where it comes from, its slot, and the node it speaks for.
 struct Conn {
     /// The remote address, for the log.
@@ -476,6 +619,8 @@ struct Conn {
     /// frame: every Raft frame on it must be from that node (a node sends its own votes and
     /// appends on its connections, nobody else's).
     sender: Option<NodeId>,
+    /// The cluster id its opening said: its Raft frames are admitted by it.
+    cluster: Option<u128>,
 }
 
 async fn serve_peer(
@@ -495,8 +640,9 @@ async fn serve_peer(
             return Ok(());
         }
         let slot = &mut conn.slot;
-        let admitted =
-            admit(&request, &raft, &service, &mut conn.sender).and_then(|member| match member {
+        let admitted = admit(&request, &raft, &service, &mut conn.sender)
+            .and_then(|member| admit_cluster(&request, &service, conn.cluster).map(|()| member))
+            .and_then(|member| match member {
                 Some(member) if !slot.is_member() => slot.promote(member),
                 _ => Ok(()),
             });
@@ -542,6 +688,23 @@ fn admit(
     Ok(from.filter(member))
 }
 
+/// Whether `request` may come on a connection whose opening said `cluster`: a Raft frame
+/// only of this node's cluster ([`ClusterId::admit_raft`], which a fresh node joins by);
+/// probes and the initialisation (whose sender has no id yet) from any.
+fn admit_cluster(
+    request: &PeerRequest,
+    service: &PeerService,
+    cluster: Option<u128>,
+) -> Result<(), Refused> {
+    match request {
+        PeerRequest::Probe | PeerRequest::Bootstrap | PeerRequest::Initialize(_) => Ok(()),
+        PeerRequest::Vote(_)
+        | PeerRequest::Append(_)
+        | PeerRequest::Snapshot(_)
+        | PeerRequest::PreVote(_) => service.dialer.cluster_id().admit_raft(cluster),
+    }
+}
+
 /// What this node answers to `request`; `Err` to close the connection unanswered.
 async fn answer(
     request: PeerRequest,
@@ -561,7 +724,10 @@ async fn answer(
         PeerRequest::PreVote(rpc) => PeerReply::PreVote(service.prevote.answer(raft, &rpc).await),
         PeerRequest::Append(rpc) => {
             service.catch_up.note_append(&rpc);
-            PeerReply::Append(raft.append_entries(rpc).await)
+            let (arrived, heartbeat) = (service.appends.arrived(), rpc.entries.is_empty());
+            let reply = raft.append_entries(rpc).await;
+            service.appends.answered(arrived, heartbeat);
+            PeerReply::Append(reply)
         }
         PeerRequest::Snapshot(rpc) => PeerReply::Snapshot(raft.install_snapshot(rpc).await),
         PeerRequest::Initialize(members) => {
@@ -1075,6 +1241,52 @@ mod tests {
         drop((over, members, opened));
         let inner = slots.lock();
         assert!(inner.members.is_empty() && inner.opening.len() <= PEER_OPENING_MAX);
+    }
+
+    /// A frame announced at the largest length holds a buffer of about what was sent, taken
+    /// from the budget; opening connections share their part of it and are refused past
+    /// it, while members keep the rest and wait for room rather than fail.
+    #[tokio::test]
+    async fn frame_buffers_follow_bytes_sent_within_the_budget() {
+        let budget = Arc::new(FrameBudget::default());
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let reading = Arc::clone(&budget);
+        let reader = tokio::spawn(async move {
+            read_body::<Vec<u8>>(&mut b, FRAME_LEN_MAX, Some((&reading, false))).await
+        });
+        a.write_all(&[7u8; 1 << 20]).await.unwrap();
+        while budget.held() < 1 << 20 {
+            tokio::task::yield_now().await;
+        }
+        assert!(budget.held() <= 2 << 20, "held {}", budget.held());
+        drop(a);
+        assert!(reader.await.unwrap().is_err(), "the frame was cut short");
+        assert_eq!(budget.held(), 0, "given back");
+
+        let openings = budget
+            .take(PEER_OPENING_PENDING_BYTES_MAX, false)
+            .await
+            .unwrap();
+        assert!(
+            budget.take(1, false).await.is_err(),
+            "the openings' part is spent"
+        );
+        let members = [
+            budget.take(FRAME_LEN_MAX, true).await.unwrap(),
+            budget.take(FRAME_LEN_MAX, true).await.unwrap(),
+        ];
+        let rest = PEER_PENDING_BYTES_MAX - budget.held();
+        let full = budget.take(rest, true).await.unwrap();
+        let waiting = budget.take(1, true);
+        tokio::pin!(waiting);
+        let wait = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(wait, &mut waiting).await.is_err(),
+            "it waits"
+        );
+        drop(full);
+        let _room = waiting.await.unwrap();
+        drop((openings, members));
     }
 
     #[tokio::test]

@@ -326,6 +326,12 @@ impl ClusterNode {
         self.scrape.clone()
     }
 
+    /// The cluster id this node has: none until it initialises a cluster or joins one
+    /// ([`super::cluster_id`]).
+    pub fn cluster_id(&self) -> Option<u128> {
+        self.service.dialer.cluster_id().get()
+    }
+
     /// Makes `members` the cluster's first membership (once, on one node).
     ///
     /// # Errors
@@ -641,7 +647,8 @@ async fn open_raft(
             return Err(ClusterError::Config(why));
         }
     }
-    let dialer = Dialer::new(source, peer_tls);
+    let ids = super::cluster_id::ClusterId::open(&options.data_dir)?;
+    let dialer = Dialer::new(source, peer_tls).with_cluster_id(Arc::new(ids));
     let network = PeerNetwork::new(Arc::clone(&isolated), dialer.clone());
     let timing = Timing {
         timeout_min_ms: options.election_timeout_ms.0,
@@ -686,6 +693,7 @@ fn front_parts(
         snapshots: Arc::default(),
         refusals: Arc::default(),
         prevote,
+        appends: Arc::default(),
     };
     let hint = LeaderHint::new(raft.clone(), service.me);
     let admin = Admin::new(raft.clone(), service.clone(), security.clone());
@@ -772,5 +780,7 @@ fn node_scrape(
         catch_up: Arc::clone(&service.catch_up),
         snapshots,
         prevote: Arc::clone(&service.prevote),
+        cluster_id: Arc::clone(service.dialer.cluster_id()),
+        appends: Arc::clone(&service.appends),
     }))
 }

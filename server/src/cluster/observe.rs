@@ -92,6 +92,70 @@ fn digest<'a>(domain: &[u8], parts: impl Iterator<Item = &'a [u8]>) -> Digest {
     Digest(out)
 }
 
+/// How long this node's Raft core took over its leader's AppendEntries, and how far apart
+/// they came: what a follower's leader lease (and so pre-vote) sees. A heartbeat sent while
+/// an append is on its way waits on the leader for that append's answer (one replication
+/// stream per follower), so the gaps show the wait; the durations show what it waits for.
+#[derive(Debug)]
+pub struct AppendTimes {
+    /// Seconds from the arrival of an AppendEntries carrying entries to its answer: the
+    /// entries written and fsynced.
+    pub with_entries: Histogram,
+    /// Seconds from the arrival of an empty AppendEntries (a heartbeat) to its answer.
+    pub heartbeats: Histogram,
+    /// Seconds between two AppendEntries arriving here, of either kind.
+    pub gaps: Histogram,
+    /// When the last one arrived.
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Default for AppendTimes {
+    fn default() -> Self {
+        AppendTimes {
+            with_entries: Histogram::latency_seconds(),
+            heartbeats: Histogram::latency_seconds(),
+            gaps: Histogram::latency_seconds(),
+            last: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl AppendTimes {
+    /// Notes an AppendEntries' arrival; returns the instant its duration counts from.
+    pub fn arrived(&self) -> std::time::Instant {
+        let now = std::time::Instant::now();
+        if let Some(last) = self.last.lock().expect("poisoned").replace(now) {
+            self.gaps
+                .observe_duration(now.saturating_duration_since(last));
+        }
+        now
+    }
+
+    /// Notes the answer to an AppendEntries that arrived at `arrived`.
+    pub fn answered(&self, arrived: std::time::Instant, heartbeat: bool) {
+        let histogram = if heartbeat {
+            &self.heartbeats
+        } else {
+            &self.with_entries
+        };
+        histogram.observe_duration(arrived.elapsed());
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> FmtResult {
+        let help = "Seconds this node took to answer an AppendEntries carrying entries \
+                    (written and fsynced), as follower";
+        let name = "tenure_cluster_append_duration_seconds";
+        histogram(encoder, name, help, &self.with_entries)?;
+        let help = "Seconds this node took to answer an empty AppendEntries (a heartbeat)";
+        let name = "tenure_cluster_heartbeat_duration_seconds";
+        histogram(encoder, name, help, &self.heartbeats)?;
+        let help = "Seconds between two AppendEntries arriving at this node (its leader \
+                    lease runs out when one gap exceeds it)";
+        let name = "tenure_cluster_append_gap_seconds";
+        histogram(encoder, name, help, &self.gaps)
+    }
+}
+
 /// What a node counts about its cluster beyond openraft's metrics.
 #[derive(Debug)]
 pub struct Counters {
@@ -199,6 +263,10 @@ pub struct NodeScrape {
     pub(super) snapshots: Arc<SnapshotMetrics>,
     /// Pre-vote rounds run and pre-votes refused.
     pub(super) prevote: Arc<PreVote>,
+    /// Peer connections refused for another cluster's id.
+    pub(super) cluster_id: Arc<super::cluster_id::ClusterId>,
+    /// AppendEntries durations and gaps, as follower.
+    pub(super) appends: Arc<AppendTimes>,
 }
 
 /// The leader node `m` knows, as CLUSTER STATUS, `/readyz` and `tenure_cluster_leader_id`
@@ -271,6 +339,10 @@ impl ClusterSource for NodeScrape {
         let help = "Terms in which this node won its election and led";
         counter(encoder, "tenure_cluster_elections_won", help, won)?;
         encode_prevote(encoder, &self.prevote)?;
+        let refused = self.cluster_id.refused();
+        let help = "Peer connections refused because they were of another cluster (cluster id)";
+        let name = "tenure_cluster_peer_connections_refused_cluster";
+        counter(encoder, name, help, refused)?;
         let help = "Seconds from proposing a batch of records to its commit, as leader";
         let name = "tenure_cluster_commit_duration_seconds";
         histogram(encoder, name, help, &self.counters.commit)?;
@@ -280,6 +352,7 @@ impl ClusterSource for NodeScrape {
         let help = "Seconds each snapshot installed here from a leader took, file synced";
         let name = "tenure_cluster_snapshot_install_duration_seconds";
         histogram(encoder, name, help, &self.snapshots.installed)?;
+        self.appends.encode(encoder)?;
         encode_digests(encoder, &self.security)
     }
 }

@@ -577,6 +577,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            kind: Default::default(),
         };
         let free = Record::Free {
             key: b"k",

@@ -215,6 +215,21 @@ fn sm_error(verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageE
     storage_error(ErrorSubject::StateMachine, verb, e)
 }
 
+/// The meta and records of a snapshot of `state`.
+fn snapshot_of(state: &ReplicaState) -> (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>) {
+    let last = state.last_applied;
+    let snapshot_id = match last {
+        Some(id) => format!("{}-{}", id.leader_id.term, id.index),
+        None => "empty".to_string(),
+    };
+    let meta = SnapshotMeta {
+        last_log_id: last,
+        last_membership: state.membership.clone(),
+        snapshot_id,
+    };
+    (meta, state.snapshot_records())
+}
+
 /// Builds a snapshot of the state as it is when asked.
 pub struct SnapshotBuilder {
     state: Arc<Mutex<ReplicaState>>,
@@ -225,24 +240,22 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let started = std::time::Instant::now();
-        let (meta, records) = {
-            let state = self.state.lock().expect("replica state poisoned");
-            let last = state.last_applied;
-            let snapshot_id = match last {
-                Some(id) => format!("{}-{}", id.leader_id.term, id.index),
-                None => "empty".to_string(),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: last,
-                last_membership: state.membership.clone(),
-                snapshot_id,
-            };
-            (meta, state.snapshot_records())
-        };
-        let (snapshots, saved) = (Arc::clone(&self.snapshots), (meta.clone(), records.clone()));
-        blocking(move || snapshots.save(saved.0, saved.1))
-            .await
-            .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
+        // Encoding every lease takes a while at hundreds of thousands (and holds the state,
+        // which `apply` waits for): on a blocking thread, never on a runtime worker. Done on
+        // one, it held that worker while `apply`, blocked on the state, held the other, and
+        // the node sent no heartbeat for as long (CLUSTER.md, "Heartbeats and bulk appends").
+        let (state, snapshots) = (Arc::clone(&self.state), Arc::clone(&self.snapshots));
+        let built = Arc::new(Mutex::new(None));
+        let out = Arc::clone(&built);
+        blocking(move || {
+            let (meta, records) = snapshot_of(&state.lock().expect("replica state poisoned"));
+            snapshots.save(meta.clone(), records.clone())?;
+            *out.lock().expect("poisoned") = Some((meta, records));
+            Ok(())
+        })
+        .await
+        .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
+        let (meta, records) = built.lock().expect("poisoned").take().expect("built");
         self.metrics.built.observe_duration(started.elapsed());
         Ok(Snapshot {
             meta,
@@ -337,6 +350,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            kind: Default::default(),
         };
         record::encode(&record, &mut out);
         out

@@ -912,6 +912,35 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
     kill_all(nodes).await;
 }
 
+/// ADD of a node of another cluster (a single node initialised on its own) is refused at
+/// once, saying so: every connection to it would be refused at the opening, and the learner
+/// would never catch up. Neither cluster changes, and the first serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_of_another_cluster_is_refused() {
+    let _watchdog = watchdog("adding_a_node_of_another_cluster_is_refused");
+    let nodes = start_cluster_by_console().await;
+    let first = serving_leader(&nodes).await;
+    let stranger = start(4).await;
+    let alone = BTreeMap::from([(4, stranger.info.clone())]);
+    stranger.node.initialize(alone).await.unwrap();
+    let its_id = stranger.node.cluster_id();
+    assert!(its_id.is_some() && its_id != nodes[0].node.cluster_id());
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let info = &stranger.info;
+    let add = format!("CLUSTER ADD 4 {}/{}", info.peer_addr, info.client_addr);
+    let added = leader.ask(&add).await;
+    assert!(
+        added.starts_with("ERR ") && added.contains("belongs to another cluster"),
+        "{added}"
+    );
+    let status = leader.ask("CLUSTER STATUS").await;
+    assert!(!field(&status, "learners").contains("4="), "{status}");
+    assert_eq!(stranger.node.cluster_id(), its_id);
+    serves_one_holder(&nodes, "after-add").await;
+    stranger.node.kill().await;
+    kill_all(nodes).await;
+}
+
 /// ADD of another id at a member's own addresses made that member answer for two voters:
 /// with four voters of whom two were one process, losing it left no quorum. Addresses that
 /// are not `host:port` made a learner nobody could reach, after a 30 s wait. Both are
@@ -1012,14 +1041,89 @@ async fn a_leader_without_a_quorum_answers_its_writes_in_bounded_time() {
     kill_all(nodes).await;
 }
 
+/// Check-quorum: a leader that stops hearing a quorum fails its journal once the leader
+/// lease (2 E) and a confirmation's patience (1 s) have passed without a quorum's
+/// acknowledgement (1.3 s at default timing, 2.6 s at these tests' timing), so a write
+/// waiting there, and one sent after, are answered `NOT_LEADER` before the commit bound
+/// (5 s); without the check the write took the whole bound. The bound asserted is the
+/// commit bound itself, so a slow machine does not fail it; the figure is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_hears_no_quorum_stops_serving_within_the_lease() {
+    let _watchdog = watchdog("a_leader_that_hears_no_quorum_stops_serving_within_the_lease");
+    let nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    assert!(leader.ask("ACQUIRE before 60000").await.starts_with("OK "));
+    for (i, started) in nodes.iter().enumerate() {
+        if i != first {
+            started.node.set_isolated(true);
+        }
+    }
+    let asked = tokio::time::Instant::now();
+    let reply = leader.ask("ACQUIRE after 60000").await;
+    let waited = asked.elapsed();
+    println!("a write on a leader cut off from its quorum was answered after {waited:?}");
+    assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
+    assert!(waited < super::journal::COMMIT_PATIENCE, "{waited:?}");
+    // The journal failed, not one request: a new connection is refused too. One made
+    // while the node steps down may be closed with the ended term instead: then again.
+    let asked = tokio::time::Instant::now();
+    let reply = loop {
+        let mut stream = TcpStream::connect(&nodes[first].info.client_addr)
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        if stream.write_all(b"ACQUIRE later 60000\n").await.is_ok() {
+            let mut lines = BufReader::new(stream);
+            let read = tokio::time::timeout(STEP_TIMEOUT, lines.read_line(&mut reply)).await;
+            if let Ok(n) = read.expect("no reply in time") {
+                if n > 0 {
+                    break reply.trim_end().to_string();
+                }
+            }
+        }
+        // Closed: again, while the bound lasts.
+        assert!(
+            asked.elapsed() < super::journal::COMMIT_PATIENCE,
+            "only closed connections"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(reply.starts_with("ERR NOT_LEADER"), "{reply}");
+    assert!(
+        asked.elapsed() < super::journal::COMMIT_PATIENCE,
+        "{:?}",
+        asked.elapsed()
+    );
+    kill_all(nodes).await;
+}
+
 /// Sends `request` to the peer port at `addr` as any stranger could, and returns the first
-/// bytes of the answer: `None` if the node closed the connection without answering.
+/// bytes of the answer: `None` if the node closed the connection without answering. The
+/// connection opens with the node's own cluster id, which is no secret (any opening is
+/// answered with it), so that what refuses the frame is the frame's check.
 async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<u8>> {
+    use super::cluster_id::{encode, OPENING_LEN};
     use tokio::io::AsyncReadExt;
+    let theirs = learn_cluster_id(addr).await;
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let frame = super::network::encode_frame(request).unwrap();
-    if stream.write_all(&frame).await.is_err() {
+    let mut bytes = encode(theirs).to_vec();
+    bytes.extend(super::network::encode_frame(request).unwrap());
+    if stream.write_all(&bytes).await.is_err() {
         return None;
+    }
+    let mut first = [0u8; OPENING_LEN];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut first))
+        .await
+        .expect("the peer port neither answered nor closed the connection");
+    match read {
+        Ok(0) | Err(_) => return None,
+        Ok(n) if first[0] != super::cluster_id::MAGIC[0] => return Some(first[..n].to_vec()),
+        Ok(n) => {
+            if stream.read_exact(&mut first[n..]).await.is_err() {
+                return None;
+            }
+        }
     }
     let mut header = [0u8; 4];
     let read = tokio::time::timeout(STEP_TIMEOUT, stream.read(&mut header))
@@ -1029,6 +1133,19 @@ async fn forge(addr: &str, request: &super::network::PeerRequest) -> Option<Vec<
         Ok(0) | Err(_) => None,
         Ok(n) => Some(header[..n].to_vec()),
     }
+}
+
+/// The cluster id the plain peer port at `addr` answers an opening with (none if it does
+/// not answer one).
+async fn learn_cluster_id(addr: &str) -> Option<u128> {
+    use super::cluster_id::{decode, encode, OPENING_LEN};
+    use tokio::io::AsyncReadExt;
+    let mut stream = TcpStream::connect(addr).await.ok()?;
+    stream.write_all(&encode(None)).await.ok()?;
+    let mut reply = [0u8; OPENING_LEN];
+    let read = tokio::time::timeout(STEP_TIMEOUT, stream.read_exact(&mut reply)).await;
+    read.ok()?.ok()?;
+    decode(&reply).ok().flatten()
 }
 
 /// A forged heartbeat of term `u64::MAX` (issue 22, item 2) used to be taken: the vote
@@ -1339,7 +1456,8 @@ async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node(
         "node 2's certificate spoke as node 3: {refused:?}"
     );
     let as_2 = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
-    let answered = ask_over(&ca.dialer(2), 1, &addr, &as_2).await;
+    let own = dialer_of_cluster(&ca, 2, nodes[0].node.cluster_id());
+    let answered = ask_over(&own, 1, &addr, &as_2).await;
     assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
     // Without any client certificate.
     let bare = bare_tls_probe(&ca, &addr).await;
@@ -1350,6 +1468,215 @@ async fn peer_tls_refuses_strangers_and_a_certificate_speaking_for_another_node(
     }
     serving_leader(&nodes).await;
     kill_all(nodes).await;
+}
+
+/// The dialer `ca.dialer(id)` saying cluster id `cluster`.
+fn dialer_of_cluster(ca: &PeerCa, id: NodeId, cluster: Option<u128>) -> Dialer {
+    let ids = super::cluster_id::ClusterId::unstored(cluster);
+    ca.dialer(id).with_cluster_id(std::sync::Arc::new(ids))
+}
+
+/// Connections refused for another cluster's id, as `node`'s metrics count them.
+fn refused_for_cluster(node: &ClusterNode) -> f64 {
+    sample(
+        &scrape(node),
+        "tenure_cluster_peer_connections_refused_cluster_total",
+    )
+}
+
+/// A valid certificate of the cluster's CA, for a member, with another cluster's id: the
+/// opening is refused, no frame of it taken, and counted; a connection that said no id
+/// may probe but not speak Raft; the cluster's own id is answered. The cluster serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_certificate_with_another_cluster_id_is_refused() {
+    use super::network::{PeerReply, PeerRequest};
+    use openraft::raft::VoteRequest;
+    use openraft::Vote;
+    let _watchdog = watchdog("a_valid_certificate_with_another_cluster_id_is_refused");
+    let ca = PeerCa::new();
+    let nodes = start_tls_cluster(&ca).await;
+    serving_leader(&nodes).await;
+    let cluster = nodes[0]
+        .node
+        .cluster_id()
+        .expect("an initialised node has an id");
+    for started in &nodes {
+        assert_eq!(
+            started.node.cluster_id(),
+            Some(cluster),
+            "one id per cluster"
+        );
+    }
+    let addr = nodes[0].info.peer_addr.clone();
+    let term = nodes[0].node.raft().metrics().borrow().current_term;
+    let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(term, 2), None));
+
+    let stranger = dialer_of_cluster(&ca, 2, Some(cluster ^ 1));
+    let refused = ask_over(&stranger, 1, &addr, &PeerRequest::Probe).await;
+    assert!(
+        refused.is_err(),
+        "another cluster's node was answered: {refused:?}"
+    );
+    let refused = ask_over(&stranger, 1, &addr, &vote).await;
+    assert!(
+        refused.is_err(),
+        "another cluster's vote was answered: {refused:?}"
+    );
+    assert!(refused_for_cluster(&nodes[0].node) >= 2.0);
+    assert!(
+        stranger.cluster_id().refused() >= 2,
+        "the dialer refuses too"
+    );
+
+    let none = dialer_of_cluster(&ca, 2, None);
+    let probed = ask_over(&none, 1, &addr, &PeerRequest::Probe).await;
+    assert!(
+        matches!(probed, Ok(PeerReply::Probe(Ok(true)))),
+        "{probed:?}"
+    );
+    let refused = ask_over(&none, 1, &addr, &vote).await;
+    assert!(
+        refused.is_err(),
+        "a vote from no cluster was answered: {refused:?}"
+    );
+
+    let own = dialer_of_cluster(&ca, 2, Some(cluster));
+    let answered = ask_over(&own, 1, &addr, &vote).await;
+    assert!(matches!(answered, Ok(PeerReply::Vote(_))), "{answered:?}");
+
+    for started in &nodes {
+        assert!(!started.node.died().is_cancelled());
+        assert_eq!(
+            started.node.cluster_id(),
+            Some(cluster),
+            "the id never changes"
+        );
+    }
+    serves_one_holder(&nodes, "held").await;
+    kill_all(nodes).await;
+}
+
+/// Once a leader of `nodes` serves: `key` is granted to one client, and refused to another.
+async fn serves_one_holder(nodes: &[Started], key: &str) {
+    let leader = serving_leader(nodes).await;
+    let mut holder = Console::connect(&nodes[leader].info.client_addr).await;
+    let held = holder.ask(&format!("ACQUIRE {key} 60000")).await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let mut other = Console::connect(&nodes[leader].info.client_addr).await;
+    let again = other.ask(&format!("ACQUIRE {key} 30000")).await;
+    assert!(again.starts_with("LOCKED "), "{again}");
+}
+
+/// The members `node` knows, with their addresses.
+fn membership_of(node: &ClusterNode) -> BTreeMap<NodeId, NodeInfo> {
+    let membership = node.raft().metrics().borrow().membership_config.clone();
+    membership
+        .nodes()
+        .map(|(id, info)| (*id, info.clone()))
+        .collect()
+}
+
+/// Three fresh nodes with peer TLS from `ca`, node `reused` on the peer address `addr`,
+/// initialised as a cluster: the nodes and their membership.
+async fn start_tls_cluster_reusing(
+    ca: &PeerCa,
+    reused: NodeId,
+    addr: &str,
+) -> (Vec<Started>, BTreeMap<NodeId, NodeInfo>) {
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let at = if id == reused { addr } else { "127.0.0.1:0" };
+        let peers = TcpListener::bind(at).await.unwrap();
+        let clients = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        nodes.push(start_with(id, peers, clients, dir, Some(ca.files(id))).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.node.id(), n.info.clone()))
+        .collect();
+    let init_at = &nodes[0].info.peer_addr;
+    super::network::initialize_remote(&ca.dialer(1), init_at, members.clone())
+        .await
+        .unwrap();
+    (nodes, members)
+}
+
+/// Two clusters from one CA, the second started with a node at a peer address the first
+/// still lists (its node of the same id, stopped): the first's leader reaches the
+/// newcomer, whose certificate it accepts, but the cluster ids refuse the connection, so
+/// neither cluster takes the other's frames. Each keeps its membership, its locks and a
+/// serving leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_at_reused_addresses_never_mix() {
+    let _watchdog = watchdog("two_clusters_at_reused_addresses_never_mix");
+    let ca = PeerCa::new();
+    let mut first = start_tls_cluster(&ca).await;
+    let leader = serving_leader(&first).await;
+    let mut holder = Console::connect(&first[leader].info.client_addr).await;
+    let held = holder.ask("ACQUIRE shared-name 120000").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let lease = field(&held, "lease").to_string();
+    let gone = first.remove((leader + 1) % 3);
+    let (gone_id, gone_peer) = (gone.node.id(), gone.info.peer_addr.clone());
+    gone.node.kill().await;
+    // Cut off while the second cluster forms: a fresh node at an address a cluster lists
+    // is that cluster's to take (as a wiped member rejoins), and the second cluster's
+    // initialisation is then refused, which mixes nothing either; this test is of two
+    // clusters that both formed.
+    first.iter().for_each(|n| n.node.set_isolated(true));
+
+    let (second, members) = start_tls_cluster_reusing(&ca, gone_id, &gone_peer).await;
+    let second_leader = serving_leader(&second).await;
+    first.iter().for_each(|n| n.node.set_isolated(false));
+    serving_leader(&first).await;
+    // The first cluster's leader keeps replicating to the address it lists: give it time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let ids = (first[0].node.cluster_id(), second[0].node.cluster_id());
+    assert!(
+        ids.0.is_some() && ids.1.is_some() && ids.0 != ids.1,
+        "{ids:?}"
+    );
+    let newcomer = second.iter().find(|n| n.node.id() == gone_id).unwrap();
+    assert_eq!(newcomer.node.cluster_id(), ids.1);
+    assert_eq!(
+        membership_of(&newcomer.node),
+        members,
+        "the newcomer took the first cluster's membership"
+    );
+    let refused: f64 = first
+        .iter()
+        .chain(&second)
+        .map(|n| refused_for_cluster(&n.node))
+        .sum();
+    assert!(
+        refused >= 1.0,
+        "no connection was refused for its cluster id"
+    );
+
+    let leader = serving_leader(&first).await;
+    let mut client = Console::connect(&first[leader].info.client_addr).await;
+    let taken = client.ask("ACQUIRE shared-name 30000").await;
+    assert!(
+        taken.starts_with("LOCKED "),
+        "the first cluster lost its lock: {taken}"
+    );
+    let renewed = client
+        .ask(&format!("RENEW shared-name {lease} 120000"))
+        .await;
+    assert!(renewed.starts_with("OK"), "{renewed}");
+    let mut other = Console::connect(&second[second_leader].info.client_addr).await;
+    let own = other.ask("ACQUIRE shared-name 30000").await;
+    assert!(
+        own.starts_with("OK token="),
+        "the second cluster has its own locks: {own}"
+    );
+    for started in first.iter().chain(&second) {
+        assert!(!started.node.died().is_cancelled());
+    }
+    kill_all(first).await;
+    kill_all(second).await;
 }
 
 /// A TLS connection trusting the cluster's CA but presenting no certificate, and a probe

@@ -15,7 +15,7 @@ use crate::console;
 use crate::executor::Outcome;
 use crate::executor::{Auth, Credential};
 use crate::identity::{
-    try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Usage,
+    try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Spaced, Usage,
 };
 use crate::journal::TICKET_NOW;
 use crate::obs::stats::Stats;
@@ -28,6 +28,11 @@ const AUTH_FAILURE_DELAY_BASE: Duration = Duration::from_millis(100);
 const AUTH_FAILURE_DELAY_MAX: Duration = Duration::from_secs(2);
 /// The one reply to every failed AUTH, whatever failed: the name or the secret.
 const AUTH_FAILED: &str = "authentication failed";
+/// The reply to an AUTH refused unverified: its (address, name) recently failed AUTHs, and
+/// the turns those space out are taken for the next seconds. Said whether or not the name
+/// exists (unknown names share one such bucket per address).
+pub(super) const AUTH_SPACED: &str =
+    "too many AUTHs for this name from this address after failed ones; not verified, retry later";
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     Response::Error {
@@ -77,7 +82,7 @@ impl Conn {
         self.authenticating = true;
         self.later.push(Box::pin(async move {
             let verified = identities.verify_from(peer, name.clone(), secret.0).await;
-            if verified.is_none() {
+            if !matches!(verified, Ok(Some(_))) {
                 tokio::time::sleep(failure_delay(failures + 1)).await;
             }
             Later::Auth {
@@ -90,7 +95,12 @@ impl Conn {
     }
 
     /// Answers an AUTH once verified; after `AUTH_FAILURES_MAX` failures the connection closes.
-    pub(super) fn on_auth_done(&mut self, id: u64, name: Bytes, verified: Option<Arc<Identity>>) {
+    pub(super) fn on_auth_done(
+        &mut self,
+        id: u64,
+        name: Bytes,
+        verified: Result<Option<Arc<Identity>>, Spaced>,
+    ) {
         self.authenticating = false;
         let (Some(identities), Auth::Pending { failures }) =
             (self.executor.identities().as_ref(), &self.ctx.auth)
@@ -98,18 +108,22 @@ impl Conn {
             return; // `on_auth` answered every other case
         };
         let failures = *failures;
-        let Some(verified) = verified else {
+        // Refused unverified counts as a failure on this connection (closed after the
+        // fifth), so that it cannot spin; not against the (address, name), which no
+        // verification failed.
+        let reply = if verified.is_err() {
+            AUTH_SPACED
+        } else {
+            AUTH_FAILED
+        };
+        let Ok(Some(verified)) = verified else {
             let mut shown = String::new();
             console::escape(&name, &mut shown); // the name only: never the secret
             let failures = failures + 1;
             let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
-            tracing::warn!(conn_id, %peer, name = %shown, failures, "authentication failed");
+            tracing::warn!(conn_id, %peer, name = %shown, failures, "{reply}");
             self.ctx.auth = Auth::Pending { failures };
-            self.push(
-                id,
-                error(ErrorCode::Unauthenticated, AUTH_FAILED),
-                TICKET_NOW,
-            );
+            self.push(id, error(ErrorCode::Unauthenticated, reply), TICKET_NOW);
             if failures >= AUTH_FAILURES_MAX {
                 tracing::warn!(conn_id, %peer, failures, "closing after too many failed AUTHs");
                 self.closing = true;
@@ -448,7 +462,7 @@ fn permit(identity: &Identity, request: &Request) -> Result<(), Response> {
         Request::Acquire { key, .. }
         | Request::Renew { key, .. }
         | Request::Release { key, .. }
-        | Request::Inspect { key }
+        | Request::Inspect { key, kinds: _ }
         | Request::Check { key, .. }
         | Request::Watch { key }
         | Request::Unwatch { key } => key,

@@ -41,11 +41,12 @@ pub(super) enum Later {
         response: Response,
         timing: Option<Timing>,
     },
-    /// An AUTH verified (`verified`: the identity's name) or not.
+    /// An AUTH verified (`verified`: the identity's name) or not, or refused unverified
+    /// because its (address, name) has spaced-out turns up to the wait bound.
     Auth {
         id: u64,
         name: Bytes,
-        verified: Option<Arc<crate::identity::Identity>>,
+        verified: Result<Option<Arc<crate::identity::Identity>>, crate::identity::Spaced>,
         /// The AUTH's metrics timing, for its reply.
         timing: Option<Timing>,
     },

@@ -27,13 +27,15 @@ impl Executor {
             release_on_disconnect,
             meta,
             acquire_id,
+            kind,
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
         };
         let mut shard = self.shard(key);
         // Under the same hold of the shard as the grant below, so two sends of one ACQUIRE
-        // cannot both be granted.
+        // cannot both be granted. A repeat of a shared (read) or permits lease is found
+        // among its key's holders the same way (`repeat_of`).
         let early = self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id);
         if let Some(answer) = early {
             return answer;
@@ -54,7 +56,7 @@ impl Executor {
             meta,
         };
         let mut events = Vec::new();
-        let outcome = shard.acquire(now_ms, args, &self.tokens.allocator, &mut events);
+        let outcome = shard.acquire_kind(now_ms, args, *kind, &self.tokens.allocator, &mut events);
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
         match outcome {
@@ -77,6 +79,10 @@ impl Executor {
                 release_on_disconnect: *release_on_disconnect,
             },
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
+            Acquire::KindMismatch { key_limit } => {
+                drop(shard);
+                Outcome::Reply(self.kind_mismatch(*kind, key_limit), TICKET_NOW)
+            }
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
                 self.tokens.reserve_ahead();
@@ -129,6 +135,7 @@ impl Executor {
             release_on_disconnect,
             meta,
             acquire_id,
+            kind,
             ..
         } = request
         else {
@@ -147,6 +154,7 @@ impl Executor {
             release_on_disconnect: *release_on_disconnect,
             meta,
             acquire_id: *acquire_id,
+            kind: *kind,
         };
         let ticket = match self.journal.append(&Change::Grant(lease)) {
             Ok(ticket) => ticket,
@@ -160,6 +168,7 @@ impl Executor {
             shard.note_acquire_id(token, *acquire_id, ticket);
         }
         Stats::bump(&self.stats.grants);
+        self.stats.count_kind_grant(*kind);
         self.hold(token, ctx.held_place.as_ref());
         self.watches.notify(key, EventKind::Granted, token, meta);
         if *release_on_disconnect {

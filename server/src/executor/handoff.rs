@@ -36,18 +36,6 @@ pub enum WaitResult {
     },
     /// The hand-over could not be made durable.
     Failed(ErrorCode, String),
-    /// The waiter repeats an ACQUIRE (same key, same acquire id) whose earlier send holds
-    /// the key now (its wait ran out behind its own lease): that lease, unchanged.
-    Regranted {
-        /// Its fencing token.
-        token: u64,
-        /// Its lease id.
-        lease_id: LeaseId,
-        /// Time left on it.
-        ttl_left_ms: u64,
-        /// The journal ticket of its grant: the reply waits for it, as the first one did.
-        ticket: Ticket,
-    },
     /// The waiter repeats an ACQUIRE (same key, same acquire id) whose lease was granted to
     /// an earlier send of it and has ended since: nothing was granted to it.
     Ended {
@@ -55,6 +43,21 @@ pub enum WaitResult {
         how: EndedHow,
         /// That lease's fencing token.
         token: u64,
+    },
+    /// The waiter repeats an ACQUIRE whose lease, granted to another send of it, still
+    /// holds the key: beside the one this waiter would have got (a read lease or permits,
+    /// granted in the same pass over the queue: whichever hand-off was made first holds), or
+    /// when this waiter's wait ran out behind it. It is answered REGRANTED with that lease
+    /// once `ticket` (that lease's grant) is durable; nothing is granted to it.
+    Regranted {
+        /// That lease's fencing token.
+        token: u64,
+        /// That lease's id.
+        lease_id: LeaseId,
+        /// Time left on it.
+        ttl_left_ms: u64,
+        /// The journal ticket of its grant.
+        ticket: Ticket,
     },
 }
 
@@ -143,6 +146,7 @@ impl Executor {
             grant,
             key,
             meta,
+            kind,
             ..
         } = handoff;
         let WaitSlot {
@@ -153,12 +157,9 @@ impl Executor {
             acquire_id,
         } = waiter;
         if let Some(acquire_id) = acquire_id {
-            // A second send of an ACQUIRE that queued beside the first: by its turn the first
-            // send's lease has ended (it held the key the second waited for), so it hears
-            // that, and the lock goes on to the next in line.
-            if let Repeat::Ended { how, token } = shard.repeat_of(now_ms, &key, acquire_id) {
+            if let Some(answer) = self.repeat_in_line(shard, now_ms, &key, acquire_id) {
                 Stats::bump(&self.stats.repeats);
-                let _ = tx.send(WaitResult::Ended { how, token });
+                let _ = tx.send(answer);
                 self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
                 return;
             }
@@ -171,6 +172,7 @@ impl Executor {
             release_on_disconnect,
             meta: &meta,
             acquire_id,
+            kind,
         };
         let logged = self.journal.append(&Change::Grant(lease));
         let message = match &logged {
@@ -197,6 +199,7 @@ impl Executor {
             }
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
+            self.stats.count_kind_grant(kind);
             self.hold(grant.token, held_place.as_ref());
             self.watches
                 .notify(&key, EventKind::Granted, grant.token, &meta);

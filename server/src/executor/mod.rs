@@ -287,12 +287,13 @@ impl Executor {
     /// Puts back the leases a journal recovered, each running again from `now_ms`.
     pub fn restore(&self, now_ms: u64, leases: impl IntoIterator<Item = RecoveredLease>) {
         for lease in leases {
-            self.shard(&lease.key).restore(
+            self.shard(&lease.key).restore_kind(
                 now_ms,
                 &lease.key,
                 lease.lease_id,
                 lease.token,
                 lease.ttl_ms,
+                lease.kind,
                 &lease.meta,
             );
             if let Some(acquire_id) = lease.acquire_id {
@@ -368,7 +369,7 @@ impl Executor {
                 other => return other,
             },
             Request::Release { key, lease_id } => return self.release(ctx, now_ms, key, lease_id),
-            Request::Inspect { key } => self.inspect(now_ms, &key),
+            Request::Inspect { key, kinds } => self.inspect(now_ms, &key, kinds),
             Request::Check { key, token } => match self.shard(&key).check(now_ms, &key, token) {
                 table::Check::Current => Response::Current,
                 table::Check::Stale => Response::Stale,
@@ -431,15 +432,34 @@ pub(crate) fn holder(inspect: table::Inspect<'_>) -> Option<Holder> {
 
 impl Executor {
     /// INSPECT: the key's holder, or FREE.
-    fn inspect(&self, now_ms: u64, key: &[u8]) -> Response {
-        match holder(self.shard(key).inspect(now_ms, key)) {
-            None => Response::Free,
-            Some(Holder {
-                token,
-                ttl_left_ms,
-                waiters,
-                meta,
-            }) => Response::Held {
+    fn inspect(&self, now_ms: u64, key: &[u8], kinds: bool) -> Response {
+        let shard = self.shard(key);
+        let shared = kinds.then(|| shard.inspect_kinds(now_ms, key)).flatten();
+        match (holder(shard.inspect(now_ms, key)), shared) {
+            (None, _) => Response::Free,
+            (Some(h), Some(view)) => Response::HeldKinds {
+                token: h.token,
+                ttl_left_ms: h.ttl_left_ms,
+                waiters: h.waiters,
+                meta: h.meta,
+                kinds: tenure_protocol::kind::HolderKinds {
+                    limit: view.limit,
+                    holders: view.holders,
+                    in_use: view.in_use,
+                    writer: view.writer,
+                    waiting_shared: view.waiting_shared,
+                    waiting_exclusive: view.waiting_exclusive,
+                },
+            },
+            (
+                Some(Holder {
+                    token,
+                    ttl_left_ms,
+                    waiters,
+                    meta,
+                }),
+                None,
+            ) => Response::Held {
                 token,
                 ttl_left_ms,
                 waiters,
@@ -528,6 +548,7 @@ impl crate::journal::LeaseSource for Executor {
                 release_on_disconnect: false,
                 meta: held.meta,
                 acquire_id: shard.acquire_id_of(held.token),
+                kind: held.kind,
             })
         });
     }

@@ -36,6 +36,28 @@ impl Executor {
     }
 
     /// The refusal for a limit the table hit, naming the limit and its setting.
+    /// The answer to an ACQUIRE whose kind does not fit its key (see `table::shared`).
+    pub(super) fn kind_mismatch(
+        &self,
+        asked: tenure_protocol::LeaseKind,
+        key_limit: Option<u32>,
+    ) -> Response {
+        Stats::bump(&self.stats.errors);
+        let message = match (key_limit, asked) {
+            (Some(limit), tenure_protocol::LeaseKind::Permits { limit: asked, .. }) => {
+                format!("the key is a semaphore of {limit} permits, not {asked}")
+            }
+            (Some(limit), _) => format!(
+                "the key is a semaphore of {limit} permits: acquire it with PERMITS={limit}"
+            ),
+            (None, _) => "the key is a lock (plain or read/write), not a semaphore".to_string(),
+        };
+        Response::Error {
+            code: ErrorCode::KindMismatch,
+            message,
+        }
+    }
+
     pub(super) fn full_error(&self, limit: table::Limit) -> Response {
         Stats::bump(&self.stats.errors);
         let config = &self.config;

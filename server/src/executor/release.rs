@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, LeaseId, Response};
+use tenure_protocol::{ErrorCode, LeaseId, LeaseKind, Response};
 
 use super::Session;
 use super::Undo;
@@ -28,22 +28,10 @@ impl Executor {
         let mut shard = self.shard(&key);
         // What the lease looked like, to put it back if the release never becomes durable
         // (only logged changes can fail to become durable).
-        let logged = shard.logged_ttl(&key);
-        let before = match (shard.inspect(now_ms, &key), logged) {
-            (
-                table::Inspect::Held {
-                    token,
-                    ttl_left_ms,
-                    meta,
-                    ..
-                },
-                Some(logged),
-            ) if self.journal.logs_leases() => {
-                let acquire_id = shard.acquire_id_of(token);
-                let meta = Bytes::copy_from_slice(meta);
-                Some((token, ttl_left_ms, meta, logged, acquire_id))
-            }
-            _ => None,
+        let before = if self.journal.logs_leases() {
+            lease_before(&shard, now_ms, &key, lease_id)
+        } else {
+            None
         };
         let Some(ticket) = self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released)
         else {
@@ -56,7 +44,7 @@ impl Executor {
         ctx.disown(&key, lease_id);
         match ticket {
             Ok(ticket) => match before {
-                Some((token, ttl_left_ms, meta, logged, acquire_id)) => Outcome::Changed {
+                Some((token, ttl_left_ms, meta, logged, kind, acquire_id)) => Outcome::Changed {
                     response: Response::Released,
                     ticket,
                     undo: Undo::Release {
@@ -66,6 +54,7 @@ impl Executor {
                         ttl_ms: clamp_ms(ttl_left_ms).max(tenure_protocol::limits::TTL_MS_MIN),
                         logged,
                         meta,
+                        kind,
                         acquire_id,
                     },
                 },
@@ -84,3 +73,50 @@ impl Executor {
         }
     }
 }
+
+/// What the lease `lease_id` on `key` looks like before its release, for [`Undo::Release`]:
+/// token, time left, metadata, logged TTL, kind and acquire id; `None` if it does not hold
+/// the key (nothing to put back).
+fn lease_before(
+    shard: &table::LockTable<super::WaitSlot>,
+    now_ms: u64,
+    key: &[u8],
+    lease_id: LeaseId,
+) -> Option<Before> {
+    let (token, ttl_left_ms, meta, logged, kind) = if shard.is_shared(key) {
+        let (token, ttl_left_ms, logged, kind, meta) = shard.shared_lease(now_ms, key, lease_id)?;
+        (token, ttl_left_ms, meta, logged, kind)
+    } else {
+        match (shard.inspect(now_ms, key), shard.logged_ttl(key)) {
+            (
+                table::Inspect::Held {
+                    token,
+                    ttl_left_ms,
+                    meta,
+                    ..
+                },
+                Some(logged),
+            ) => (token, ttl_left_ms, meta, logged, LeaseKind::Exclusive),
+            _ => return None,
+        }
+    };
+    let acquire_id = shard.acquire_id_of(token);
+    Some((
+        token,
+        ttl_left_ms,
+        Bytes::copy_from_slice(meta),
+        logged,
+        kind,
+        acquire_id,
+    ))
+}
+
+/// A lease as [`lease_before`] saw it.
+type Before = (
+    u64,
+    u64,
+    Bytes,
+    table::LoggedTtl,
+    LeaseKind,
+    Option<tenure_protocol::AcquireId>,
+);

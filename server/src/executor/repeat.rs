@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tenure_protocol::{AcquireId, Response};
 
-use super::{clamp_ms, Executor, Outcome, WaitSlot};
+use super::{clamp_ms, Executor, Outcome, WaitResult, WaitSlot};
 use crate::obs::stats::Stats;
 use crate::table::{LockTable, Repeat};
 
@@ -51,5 +51,36 @@ impl Executor {
         };
         Stats::bump(&self.stats.repeats);
         Some(self.confirmed(response, crate::journal::TICKET_NOW))
+    }
+
+    /// What a waiter with `acquire_id`, handed `key`, is told instead of a grant if it
+    /// repeats an ACQUIRE already granted: `None` for a first send (then it is granted).
+    /// A second send that queued beside the first meets its lease ended by its turn on a
+    /// plain key (it held the key the second waited for): ACQUIRE_ENDED. On a read/write
+    /// or semaphore key another send's lease may still hold beside this grant (both
+    /// granted in one pass over the queue; the hand-offs are made in no promised order):
+    /// REGRANTED with it.
+    pub(super) fn repeat_in_line(
+        &self,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        key: &[u8],
+        acquire_id: AcquireId,
+    ) -> Option<WaitResult> {
+        match shard.repeat_of(now_ms, key, acquire_id) {
+            Repeat::Ended { how, token } => Some(WaitResult::Ended { how, token }),
+            Repeat::Live {
+                token,
+                lease_id,
+                ttl_left_ms,
+                ticket,
+            } => Some(WaitResult::Regranted {
+                token,
+                lease_id,
+                ttl_left_ms,
+                ticket,
+            }),
+            Repeat::New | Repeat::Unsettled => None,
+        }
     }
 }

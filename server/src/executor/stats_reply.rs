@@ -12,12 +12,14 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
     let held = executor.quotas.held.count() as u64;
     let waiters = executor.quotas.waiters.count() as u64;
     let (mut table_bytes, mut acquire_ids, mut acquire_ids_ended) = (0u64, 0u64, 0u64);
+    let mut shared_held = 0u64;
     for shard in executor.shards() {
         let shard = shard.lock().expect("shard poisoned");
         table_bytes += shard.memory_bytes() as u64;
         let (live, ended) = shard.acquire_ids_count();
         acquire_ids += live as u64;
         acquire_ids_ended += ended as u64;
+        shared_held += shard.shared_holders_count() as u64;
     }
     let s = &executor.stats;
     let tokens = &executor.tokens.allocator;
@@ -55,5 +57,11 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
         ),
     ];
     pairs.extend(s.op_pairs());
+    // After the request counts, so the pairs before them keep their places.
+    pairs.extend([
+        ("shared_held".to_string(), shared_held),
+        ("shared_grants".to_string(), Stats::get(&s.shared_grants)),
+        ("permit_grants".to_string(), Stats::get(&s.permit_grants)),
+    ]);
     pairs
 }

@@ -38,6 +38,9 @@ pub enum Undo {
         meta: Bytes,
         /// The acquire id it answered, if any: it answers it again once put back.
         acquire_id: Option<AcquireId>,
+        /// What it held (a shared or permit lease is put back only if its key has no
+        /// other holder or waiter left).
+        kind: tenure_protocol::LeaseKind,
     },
 }
 
@@ -101,6 +104,7 @@ impl Executor {
                 logged,
                 meta,
                 acquire_id,
+                kind,
             } => {
                 let mut shard = self.shard(&key);
                 // No grant can be made once the journal failed, so the key is free unless a
@@ -109,7 +113,7 @@ impl Executor {
                 // slot); then the release stands here, and a restart brings the lease back.
                 let free = matches!(shard.inspect(now_ms, &key), table::Inspect::Free);
                 if free && !shard.has_slot(&key) {
-                    shard.restore(now_ms, &key, lease_id, token, ttl_ms, &meta);
+                    shard.restore_kind(now_ms, &key, lease_id, token, ttl_ms, kind, &meta);
                     shard.restore_logged_ttl(&key, token, logged);
                     if let Some(acquire_id) = acquire_id {
                         shard.note_acquire_id(token, acquire_id, crate::journal::TICKET_NOW);

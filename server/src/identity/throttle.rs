@@ -10,6 +10,12 @@
 //! address. Every name the identities file does not hold shares one bucket per address
 //! (the empty name, which no identity has): spraying made-up names neither escapes the
 //! spacing nor fills the table.
+//!
+//! Each AUTH of a spaced bucket is given its turn when it arrives (turns are handed out in
+//! arrival order, one gap apart), and one whose turn would come more than
+//! [`SPACED_WAIT_MAX`] later is refused at once instead of queueing ([`Start::Full`]): the
+//! wait of every AUTH stays bounded, far under the handshake limit, however many guessers
+//! share its bucket, and the guessers still get one verification per gap between them.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,6 +25,9 @@ use std::time::{Duration, Instant};
 const SPACING_BASE: Duration = Duration::from_millis(100);
 /// Largest gap between two verifications of one bucket.
 const SPACING_MAX: Duration = Duration::from_secs(2);
+/// Longest an AUTH of a spaced bucket waits for its turn; past it the AUTH is refused at
+/// once. Room for the turn after a verification running now and one more.
+pub const SPACED_WAIT_MAX: Duration = Duration::from_secs(3);
 /// A bucket without a failure for this long is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 /// Most buckets remembered; past it the one whose last failure is oldest is forgotten.
@@ -36,6 +45,22 @@ struct Peer {
     next_at: Instant,
 }
 
+const _: () = assert!(
+    SPACED_WAIT_MAX.as_millis() >= SPACING_MAX.as_millis(),
+    "an AUTH must always be able to take the turn after the current one"
+);
+
+/// When an AUTH of a bucket may be verified ([`Throttle::try_start`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Now.
+    Now,
+    /// After this wait: its turn is kept for it.
+    After(Duration),
+    /// Not at all: its turn would be more than [`SPACED_WAIT_MAX`] away.
+    Full,
+}
+
 /// Recent failures by bucket.
 #[derive(Debug, Default)]
 pub struct Throttle {
@@ -48,24 +73,29 @@ fn spacing(failures: u32) -> Duration {
 }
 
 impl Throttle {
-    /// Asks to start a verification of `bucket` at `now`: zero if it may start now (and then
-    /// the bucket's next one may start only one gap later), else how long to wait before
-    /// asking again. A bucket without recent failures starts at once, and records nothing.
-    /// Starts are granted one at a time, each gap computed from the failures known then, so
-    /// a burst of guesses waiting together is spaced by gaps that keep doubling.
-    pub fn try_start(&mut self, bucket: &Bucket, now: Instant) -> Duration {
+    /// Asks to start a verification of `bucket` at `now`: at once for a bucket without
+    /// recent failures (recording nothing); otherwise the bucket's next turn, the one after
+    /// it set one gap later (from the failures known now), or [`Start::Full`] when that
+    /// turn is more than [`SPACED_WAIT_MAX`] away (and nothing is taken).
+    pub fn try_start(&mut self, bucket: &Bucket, now: Instant) -> Start {
         let Some(p) = self.peers.get_mut(bucket) else {
-            return Duration::ZERO;
+            return Start::Now;
         };
         if now.saturating_duration_since(p.last_failure) > FORGET_AFTER {
             self.peers.remove(bucket);
-            return Duration::ZERO;
+            return Start::Now;
         }
-        if p.next_at > now {
-            return p.next_at - now;
+        let turn = p.next_at.max(now);
+        let wait = turn - now;
+        if wait > SPACED_WAIT_MAX {
+            return Start::Full;
         }
-        p.next_at = now + spacing(p.failures);
-        Duration::ZERO
+        p.next_at = turn + spacing(p.failures);
+        if wait.is_zero() {
+            Start::Now
+        } else {
+            Start::After(wait)
+        }
     }
 
     /// Records a failed AUTH from `peer` at `now`.
@@ -107,37 +137,67 @@ mod tests {
         (IpAddr::from(n.to_be_bytes()), "orders".to_string())
     }
 
+    fn after(ms: u64) -> Start {
+        Start::After(Duration::from_millis(ms))
+    }
+
     #[test]
     fn a_peer_without_failures_waits_for_nothing() {
         let mut t = Throttle::default();
         let now = Instant::now();
         t.failed(ip(1), now);
-        assert_eq!(t.try_start(&ip(2), now), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(2), now), Start::Now);
     }
 
     #[test]
-    fn a_failing_peer_s_verifications_are_spaced_one_after_another() {
+    fn a_failing_peer_s_verifications_take_turns_one_gap_apart() {
         let mut t = Throttle::default();
         let now = Instant::now();
         t.failed(ip(1), now);
-        // Many AUTHs at once from that peer: one starts, the others wait one gap.
-        let waits: Vec<_> = (0..3).map(|_| t.try_start(&ip(1), now)).collect();
-        assert_eq!(waits, [0, 100, 100].map(Duration::from_millis));
-        let later = now + Duration::from_millis(100);
-        assert!(t.try_start(&ip(1), later).is_zero());
+        // Many AUTHs at once from that peer: one starts, the next ones get turns a gap
+        // apart, in the order they came.
+        let starts: Vec<_> = (0..3).map(|_| t.try_start(&ip(1), now)).collect();
+        assert_eq!(starts, [Start::Now, after(100), after(200)]);
+        let later = now + Duration::from_millis(300);
+        assert_eq!(t.try_start(&ip(1), later), Start::Now);
         // Its gap is the one the failures known when it started give.
         t.failed(ip(1), later);
-        let gap = t.try_start(&ip(1), later);
-        assert_eq!(gap, Duration::from_millis(100), "set when it started");
-        let after = later + gap;
-        assert!(t.try_start(&ip(1), after).is_zero());
-        assert_eq!(t.try_start(&ip(1), after), Duration::from_millis(200));
+        assert_eq!(
+            t.try_start(&ip(1), later),
+            after(100),
+            "set when it started"
+        );
+        assert_eq!(t.try_start(&ip(1), later), after(300));
         for _ in 0..10 {
-            t.failed(ip(1), after);
+            t.failed(ip(1), later);
         }
-        let next = after + Duration::from_millis(200);
-        assert!(t.try_start(&ip(1), next).is_zero());
-        assert_eq!(t.try_start(&ip(1), next), SPACING_MAX);
+        let next = later + Duration::from_millis(500);
+        assert_eq!(t.try_start(&ip(1), next), Start::Now);
+        assert_eq!(t.try_start(&ip(1), next), Start::After(SPACING_MAX));
+    }
+
+    /// However many AUTHs share a bucket, none waits longer than `SPACED_WAIT_MAX`: the
+    /// ones past it are refused at once, and take no turn.
+    #[test]
+    fn turns_past_the_wait_bound_are_refused_at_once() {
+        let mut t = Throttle::default();
+        let now = Instant::now();
+        for _ in 0..10 {
+            t.failed(ip(1), now);
+        }
+        let starts: Vec<_> = (0..20).map(|_| t.try_start(&ip(1), now)).collect();
+        let waits = |s: &Start| match s {
+            Start::Now => Some(Duration::ZERO),
+            Start::After(wait) => Some(*wait),
+            Start::Full => None,
+        };
+        let taken: Vec<Duration> = starts.iter().filter_map(waits).collect();
+        assert_eq!(taken, [Duration::ZERO, SPACING_MAX], "{starts:?}");
+        assert!(taken.iter().all(|wait| *wait <= SPACED_WAIT_MAX));
+        // Once the turns have passed, the next AUTH gets one again.
+        let later = now + SPACING_MAX * 2;
+        assert_eq!(t.try_start(&ip(1), later), Start::Now);
+        assert_eq!(t.try_start(&ip(1), later), Start::After(SPACING_MAX));
     }
 
     #[test]
@@ -146,14 +206,14 @@ mod tests {
         let start = Instant::now();
         t.failed(ip(1), start);
         let later = start + FORGET_AFTER + Duration::from_secs(1);
-        assert_eq!(t.try_start(&ip(1), later), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(1), later), Start::Now);
         assert_eq!(t.len(), 0);
         for n in 0..(BUCKETS_MAX as u32 + 10) {
             t.failed(ip(n), start + Duration::from_millis(u64::from(n)));
         }
         assert_eq!(t.len(), BUCKETS_MAX);
         // The oldest went first.
-        assert_eq!(t.try_start(&ip(0), start), Duration::ZERO);
+        assert_eq!(t.try_start(&ip(0), start), Start::Now);
     }
 
     #[test]
@@ -165,14 +225,16 @@ mod tests {
         for _ in 0..10 {
             t.failed(guessed.clone(), now);
         }
-        assert!(t.try_start(&guessed, now).is_zero());
-        assert!(
-            !t.try_start(&guessed, now).is_zero(),
+        assert_eq!(t.try_start(&guessed, now), Start::Now);
+        assert_ne!(
+            t.try_start(&guessed, now),
+            Start::Now,
             "the guessed name is spaced"
         );
-        assert!(t.try_start(&neighbour, now).is_zero());
-        assert!(
-            t.try_start(&neighbour, now).is_zero(),
+        assert_eq!(t.try_start(&neighbour, now), Start::Now);
+        assert_eq!(
+            t.try_start(&neighbour, now),
+            Start::Now,
             "its neighbour is not"
         );
     }

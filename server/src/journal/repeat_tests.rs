@@ -33,6 +33,7 @@ fn acquire(key: &str, ttl_ms: u32, id: Option<u128>) -> Request {
         release_on_disconnect: false,
         meta: Bytes::from_static(b"m"),
         acquire_id: id.map(AcquireId::from_u128),
+        kind: Default::default(),
     }
 }
 
@@ -216,4 +217,86 @@ async fn a_grant_undone_is_not_repeated() {
         run(&after_restart, acquire("k", 60_000, Some(7))).0,
         Response::Granted { .. }
     ));
+}
+
+fn acquire_kind(key: &str, id: Option<u128>, kind: tenure_protocol::LeaseKind) -> Request {
+    match acquire(key, 60_000, id) {
+        Request::Acquire {
+            key,
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta,
+            acquire_id,
+            ..
+        } => Request::Acquire {
+            key,
+            ttl_ms,
+            wait_ms,
+            release_on_disconnect,
+            meta,
+            acquire_id,
+            kind,
+        },
+        other => unreachable!("{other:?}"),
+    }
+}
+
+/// A read lease and a permit lease granted to ACQUIREs with acquire ids, beside other
+/// holders of their keys, answer repeats with themselves after a restart and after a
+/// snapshot: the Grant record carries the id and the kind together.
+#[tokio::test]
+async fn repeats_of_read_and_permit_leases_survive_a_restart_and_a_snapshot() {
+    use tenure_protocol::LeaseKind;
+    let permits = LeaseKind::Permits { count: 1, limit: 3 };
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let read = granted(&run(&executor, acquire_kind("doc", Some(7), LeaseKind::Shared)).0);
+    granted(&run(&executor, acquire_kind("doc", None, LeaseKind::Shared)).0);
+    granted(&run(&executor, acquire_kind("pool", None, permits)).0);
+    let permit = granted(&run(&executor, acquire_kind("pool", Some(8), permits)).0);
+    journal.make_durable();
+    let regranted = |executor: &Arc<Executor>, key, id, kind| {
+        let (answer, _) = run(executor, acquire_kind(key, Some(id), kind));
+        match answer {
+            Response::Regranted {
+                token, lease_id, ..
+            } => (token, lease_id),
+            other => panic!("{key}: expected REGRANTED, got {other:?}"),
+        }
+    };
+    let (after_restart, fresh) = restarted(&journal).await;
+    assert_eq!(regranted(&after_restart, "doc", 7, LeaseKind::Shared), read);
+    assert_eq!(regranted(&after_restart, "pool", 8, permits), permit);
+    fresh.snapshot(&*after_restart);
+    let (twice, _) = restarted(&fresh).await;
+    assert_eq!(regranted(&twice, "doc", 7, LeaseKind::Shared), read);
+    assert_eq!(regranted(&twice, "pool", 8, permits), permit);
+    for shard in twice.shards() {
+        shard.lock().unwrap().check_invariants();
+    }
+}
+
+/// A read lease whose grant never became durable answers no repeat: the id is forgotten
+/// with it (the shared key's holders are searched for it as a plain key's slot is).
+#[tokio::test]
+async fn an_undone_read_lease_is_not_repeated() {
+    use tenure_protocol::LeaseKind;
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let request = acquire_kind("doc", Some(7), LeaseKind::Shared);
+    let outcome = executor.execute(&mut Session::new(1), 1, request);
+    let Outcome::Changed { ticket, undo, .. } = outcome else {
+        panic!("waits for its ticket");
+    };
+    journal.fail("injected");
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    answer_lost(&executor, &mut Session::new(1), Some(undo), &why);
+    for shard in executor.shards() {
+        let shard = shard.lock().unwrap();
+        shard.check_invariants();
+        assert_eq!(shard.acquire_ids_count(), (0, 0));
+    }
 }

@@ -35,12 +35,14 @@ fn acquire(key: &str) -> Request {
         release_on_disconnect: false,
         meta: Bytes::from_static(b"meta"),
         acquire_id: None,
+        kind: Default::default(),
     }
 }
 
 fn inspect(executor: &Arc<Executor>, ctx: &mut Session, key: &str) -> Response {
     let request = Request::Inspect {
         key: Bytes::copy_from_slice(key.as_bytes()),
+        kinds: Default::default(),
     };
     match executor.execute(ctx, 99, request) {
         Outcome::Reply(response, _) => response,
@@ -410,6 +412,7 @@ async fn a_read_never_shows_a_change_its_ticket_does_not_cover() {
     });
     let request = Request::Inspect {
         key: Bytes::from_static(b"k"),
+        kinds: Default::default(),
     };
     let Outcome::Reply(response, ticket) = executor.execute(&mut ctx, 1, request) else {
         panic!("INSPECT answers with a reply");

@@ -207,6 +207,7 @@ mod tests {
                     release_on_disconnect: false,
                     meta: b"",
                     acquire_id: None,
+                    kind: Default::default(),
                 });
             }
         }

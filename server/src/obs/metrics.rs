@@ -458,6 +458,7 @@ mod tests {
             Request::Stats,
             Request::Inspect {
                 key: b"k".to_vec().into(),
+                kinds: Default::default(),
             },
         ];
         let responses = [Response::Pong, Response::Free, Response::Stale];

@@ -21,6 +21,10 @@ pub struct Stats {
     pub grants: AtomicU64,
     /// Grants handed straight to a waiter on release or expiry.
     pub handoffs: AtomicU64,
+    /// Grants of shared (read) leases, hand-offs included.
+    pub shared_grants: AtomicU64,
+    /// Grants of semaphore permit leases, hand-offs included.
+    pub permit_grants: AtomicU64,
     /// Acquires answered LOCKED (at once or after their wait ran out).
     pub locked: AtomicU64,
     /// Leases that ran out.
@@ -55,6 +59,15 @@ impl Stats {
                 n.load(Ordering::Relaxed),
             )
         })
+    }
+
+    /// Counts a grant of `kind` beyond `grants` (shared and permit grants have their own).
+    pub fn count_kind_grant(&self, kind: tenure_protocol::LeaseKind) {
+        match kind {
+            tenure_protocol::LeaseKind::Exclusive => {}
+            tenure_protocol::LeaseKind::Shared => Self::bump(&self.shared_grants),
+            tenure_protocol::LeaseKind::Permits { .. } => Self::bump(&self.permit_grants),
+        }
     }
 
     /// Adds one to `counter`.

@@ -1,6 +1,6 @@
 //! [`Change`]: one change to the durable state, as the executor describes it to a journal,
 //! and the one builder of its [`Record`].
-use tenure_protocol::{AcquireId, LeaseId};
+use tenure_protocol::{AcquireId, LeaseId, LeaseKind};
 
 use super::codec::{FreeReason, Record, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT};
 
@@ -21,6 +21,8 @@ pub struct Lease<'a> {
     pub meta: &'a [u8],
     /// The ACQUIRE's acquire id, if it had one: a repeat of it is answered with this lease.
     pub acquire_id: Option<AcquireId>,
+    /// What it holds: the key alone, a shared (read) lease, or semaphore permits.
+    pub kind: LeaseKind,
 }
 
 /// One change to the durable state.
@@ -67,6 +69,7 @@ impl<'a> Change<'a> {
                 flags: grant_flags(&lease),
                 meta: lease.meta,
                 acquire_id: lease.acquire_id.map(|id| id.0),
+                kind: lease.kind,
             },
             Change::Free { key, token, reason } => Record::Free { key, token, reason },
             Change::Reserve { token_limit } => Record::Reserve { token_limit },

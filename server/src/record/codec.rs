@@ -16,8 +16,9 @@ pub const KEY_LEN_MAX: usize = tenure_protocol::limits::KEY_LEN_MAX;
 /// Longest holder metadata a record may carry, in bytes (the wire limit).
 pub const META_LEN_MAX: usize = tenure_protocol::limits::META_LEN_MAX;
 
-/// Payload of the largest possible grant: key and meta at their limits.
-const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 16;
+/// Payload of the largest possible grant: key and meta at their limits, an acquire id and
+/// permit counts.
+const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 16 + 8;
 const _: () = assert!(GRANT_PAYLOAD_LEN_MAX <= PAYLOAD_LEN_MAX);
 // Key and meta lengths are stored as u16.
 const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
@@ -39,6 +40,16 @@ pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
 /// without acquire ids refuses such a record as malformed: it cannot read a WAL made with
 /// them.)
 pub const GRANT_FLAG_ACQUIRE_ID: u8 = 0b0000_0010;
+/// Grant flag bit: a shared (read) lease, one of several holders of its key.
+pub const GRANT_FLAG_SHARED: u8 = 0b0000_1000;
+/// Grant flag bit: semaphore permits; `count (u32)` and `limit (u32)` follow `meta` (and the
+/// acquire id, if any: optional fields come in increasing flag-bit order).
+pub const GRANT_FLAG_PERMITS: u8 = 0b0001_0000;
+/// The flag bits that say a grant's kind: kept out of [`Record::Grant`]'s `flags` field,
+/// which says them in its `kind`.
+const GRANT_FLAGS_KIND: u8 = GRANT_FLAG_SHARED | GRANT_FLAG_PERMITS;
+
+use tenure_protocol::LeaseKind;
 
 const TYPE_RESERVE: u8 = 1;
 const TYPE_GRANT: u8 = 2;
@@ -87,13 +98,17 @@ pub enum Record<'a> {
         token: u64,
         /// Lease length; recovery counts it again from restart.
         ttl_ms: u32,
-        /// Bit set of `GRANT_FLAG_*`.
+        /// Bit set of `GRANT_FLAG_*`, the kind bits aside.
         flags: u8,
         /// Holder metadata, at most [`META_LEN_MAX`] bytes.
         meta: &'a [u8],
         /// The ACQUIRE's acquire id, if it had one; present exactly when `flags` has
         /// [`GRANT_FLAG_ACQUIRE_ID`].
         acquire_id: Option<[u8; 16]>,
+        /// What the lease holds. An exclusive grant is written as before the kinds existed
+        /// and replaces the key's holders; a shared or permits grant (flag bit 3 or 4) joins
+        /// them.
+        kind: LeaseKind,
     },
     /// `key` is no longer held, if it is still held with exactly `token`.
     Free {
@@ -150,10 +165,16 @@ impl Record<'_> {
                 key,
                 meta,
                 acquire_id,
+                kind,
                 ..
             } => {
                 let id_len = if acquire_id.is_some() { 16 } else { 0 };
-                2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len() + id_len
+                let permits = if matches!(kind, LeaseKind::Permits { .. }) {
+                    8
+                } else {
+                    0
+                };
+                2 + key.len() + 16 + 8 + 4 + 1 + 2 + meta.len() + id_len + permits
             }
             Record::Free { key, .. } => 2 + key.len() + 8 + 1,
             Record::Renew { key, .. } => 2 + key.len() + 8 + 4,
@@ -188,6 +209,7 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             flags,
             meta,
             acquire_id,
+            kind,
         } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
             assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
@@ -196,14 +218,27 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
                 acquire_id.is_some(),
                 "grant flags disagree with its acquire id"
             );
+            assert!(
+                flags & GRANT_FLAGS_KIND == 0,
+                "kind bits in a grant's flags"
+            );
             put_bytes16(out, key);
             out.extend_from_slice(&lease_id);
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(&ttl_ms.to_be_bytes());
-            out.push(flags);
+            let kind_bits = match kind {
+                LeaseKind::Exclusive => 0,
+                LeaseKind::Shared => GRANT_FLAG_SHARED,
+                LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
+            };
+            out.push(flags | kind_bits);
             put_bytes16(out, meta);
             if let Some(acquire_id) = acquire_id {
                 out.extend_from_slice(&acquire_id);
+            }
+            if let LeaseKind::Permits { count, limit } = kind {
+                out.extend_from_slice(&count.to_be_bytes());
+                out.extend_from_slice(&limit.to_be_bytes());
             }
         }
         Record::Free { key, token, reason } => {
@@ -322,28 +357,7 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         TYPE_RESERVE => Record::Reserve {
             token_limit: r.u64()?,
         },
-        TYPE_GRANT => {
-            let key = r.bytes16(KEY_LEN_MAX, "key too long")?;
-            let lease_id = r.array()?;
-            let token = r.u64()?;
-            let ttl_ms = r.u32()?;
-            let flags = r.u8()?;
-            let meta = r.bytes16(META_LEN_MAX, "meta too long")?;
-            let acquire_id = if flags & GRANT_FLAG_ACQUIRE_ID != 0 {
-                Some(r.array()?)
-            } else {
-                None
-            };
-            Record::Grant {
-                key,
-                lease_id,
-                token,
-                ttl_ms,
-                flags,
-                meta,
-                acquire_id,
-            }
-        }
+        TYPE_GRANT => decode_grant(&mut r)?,
         TYPE_FREE => Record::Free {
             key: r.bytes16(KEY_LEN_MAX, "key too long")?,
             token: r.u64()?,
@@ -367,6 +381,43 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
         return Err(DecodeError::Malformed("trailing bytes after payload"));
     }
     Ok(record)
+}
+
+/// A Grant payload: the fields of every grant, then a semaphore's counts if flagged.
+fn decode_grant<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, DecodeError> {
+    let key = r.bytes16(KEY_LEN_MAX, "key too long")?;
+    let lease_id = r.array()?;
+    let token = r.u64()?;
+    let ttl_ms = r.u32()?;
+    let flags = r.u8()?;
+    let meta = r.bytes16(META_LEN_MAX, "meta too long")?;
+    let acquire_id = if flags & GRANT_FLAG_ACQUIRE_ID != 0 {
+        Some(r.array()?)
+    } else {
+        None
+    };
+    let kind = match flags & GRANT_FLAGS_KIND {
+        0 => LeaseKind::Exclusive,
+        GRANT_FLAG_SHARED => LeaseKind::Shared,
+        GRANT_FLAG_PERMITS => LeaseKind::Permits {
+            count: r.u32()?,
+            limit: r.u32()?,
+        },
+        _ => return Err(DecodeError::Malformed("grant both shared and permits")),
+    };
+    if kind.validate().is_err() {
+        return Err(DecodeError::Malformed("grant's permit counts out of range"));
+    }
+    Ok(Record::Grant {
+        key,
+        lease_id,
+        token,
+        ttl_ms,
+        flags: flags & !GRANT_FLAGS_KIND,
+        meta,
+        acquire_id,
+        kind,
+    })
 }
 
 /// Cursor over a payload; every read fails cleanly on a short buffer.
@@ -502,6 +553,48 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn grant_kinds_are_flag_bits_3_and_4() {
+        let grant = |kind| Record::Grant {
+            key: b"k",
+            lease_id: [1; 16],
+            token: 5,
+            ttl_ms: 100,
+            flags: 0,
+            meta: b"",
+            acquire_id: None,
+            kind,
+        };
+        let mut plain = Vec::new();
+        encode(&grant(LeaseKind::Exclusive), &mut plain);
+        let mut permits = Vec::new();
+        encode(
+            &grant(LeaseKind::Permits { count: 2, limit: 4 }),
+            &mut permits,
+        );
+        // The flags byte sits after the key (2 + 1), lease id, token and TTL.
+        let flags_at = RECORD_HEADER_LEN + 3 + 16 + 8 + 4;
+        assert_eq!(plain[flags_at], 0, "a plain grant is written as before");
+        assert_eq!(permits[flags_at], GRANT_FLAG_PERMITS);
+        assert_eq!(&permits[permits.len() - 8..], &[0, 0, 0, 2, 0, 0, 0, 4]);
+        let mut shared = Vec::new();
+        encode(&grant(LeaseKind::Shared), &mut shared);
+        assert_eq!(shared[flags_at], GRANT_FLAG_SHARED);
+        assert_eq!(shared.len(), plain.len());
+        // Both kind bits, or counts out of range, are corruption, not a lease.
+        let mut bad = shared.clone();
+        bad[flags_at] = GRANT_FLAG_SHARED | GRANT_FLAG_PERMITS;
+        let sum = crc32fast::hash(&bad[8..]);
+        bad[4..8].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
+        let mut bad = permits.clone();
+        let len = bad.len();
+        bad[len - 8..len - 4].copy_from_slice(&5u32.to_be_bytes()); // 5 of 4
+        let sum = crc32fast::hash(&bad[8..]);
+        bad[4..8].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
+    }
+
     fn samples() -> Vec<Record<'static>> {
         let key_max: &'static [u8] = Box::leak(vec![b'k'; KEY_LEN_MAX].into_boxed_slice());
         let meta_max: &'static [u8] = Box::leak(vec![7u8; META_LEN_MAX].into_boxed_slice());
@@ -518,6 +611,7 @@ mod tests {
                 flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
                 meta: b"host-a pid 12",
                 acquire_id: None,
+                kind: Default::default(),
             },
             Record::Grant {
                 key: b"",
@@ -527,15 +621,40 @@ mod tests {
                 flags: 0,
                 meta: b"",
                 acquire_id: None,
+                kind: Default::default(),
             },
             Record::Grant {
                 key: key_max,
                 lease_id: [0xff; 16],
                 token: u64::MAX,
                 ttl_ms: u32::MAX,
-                flags: 0xff,
+                flags: !GRANT_FLAGS_KIND,
                 meta: meta_max,
                 acquire_id: Some([0xee; 16]),
+                kind: Default::default(),
+            },
+            Record::Grant {
+                key: b"readers",
+                lease_id: [3; 16],
+                token: 18,
+                ttl_ms: 1_000,
+                flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
+                meta: b"r",
+                acquire_id: None,
+                kind: LeaseKind::Shared,
+            },
+            Record::Grant {
+                key: key_max,
+                lease_id: [0xfe; 16],
+                token: u64::MAX - 1,
+                ttl_ms: u32::MAX,
+                flags: !GRANT_FLAGS_KIND,
+                meta: meta_max,
+                acquire_id: Some([0xed; 16]),
+                kind: LeaseKind::Permits {
+                    count: 3,
+                    limit: tenure_protocol::limits::PERMITS_MAX,
+                },
             },
             Record::Free {
                 key: b"jobs/42",

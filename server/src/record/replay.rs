@@ -3,7 +3,7 @@
 //! reports ([`RecoveredLease`]).
 use std::collections::HashMap;
 
-use tenure_protocol::{AcquireId, LeaseId};
+use tenure_protocol::{AcquireId, LeaseId, LeaseKind};
 
 use super::change::{Change, Lease};
 use super::codec::{Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
@@ -25,6 +25,8 @@ pub struct RecoveredLease {
     pub meta: Vec<u8>,
     /// The ACQUIRE's acquire id, if it had one.
     pub acquire_id: Option<AcquireId>,
+    /// What the lease holds (several shared or permit leases may hold one key).
+    pub kind: LeaseKind,
 }
 
 impl RecoveredLease {
@@ -39,6 +41,7 @@ impl RecoveredLease {
             release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
             meta: &self.meta,
             acquire_id: self.acquire_id,
+            kind: self.kind,
         }
     }
 
@@ -53,8 +56,12 @@ impl RecoveredLease {
 /// state apply records through this one function.
 #[derive(Default, Clone, Debug)]
 pub(crate) struct LeaseReplay {
-    /// The held leases by key.
+    /// The held exclusive leases by key.
     pub leases: HashMap<Vec<u8>, Held>,
+    /// The held shared (read) and permit leases by key, several per key. A key is in at
+    /// most one of the two maps: an exclusive grant replaces the key's shared holders, a
+    /// shared one its exclusive holder (the table grants either only once the other ended).
+    pub shared: HashMap<Vec<u8>, Vec<Held>>,
     /// Every token the records mention is below this.
     pub token_floor: u64,
 }
@@ -68,6 +75,16 @@ pub(crate) struct Held {
     pub flags: u8,
     pub meta: Vec<u8>,
     pub acquire_id: Option<AcquireId>,
+    pub kind: LeaseKind,
+}
+
+/// Whether two leases may hold one key together: both shared, or permits of one limit.
+fn same_family(a: LeaseKind, b: LeaseKind) -> bool {
+    match (a, b) {
+        (LeaseKind::Shared, LeaseKind::Shared) => true,
+        (LeaseKind::Permits { limit: x, .. }, LeaseKind::Permits { limit: y, .. }) => x == y,
+        _ => false,
+    }
 }
 
 impl LeaseReplay {
@@ -84,6 +101,7 @@ impl LeaseReplay {
                 flags,
                 meta,
                 acquire_id,
+                kind,
             } => {
                 self.raise_floor(token);
                 let held = Held {
@@ -93,23 +111,35 @@ impl LeaseReplay {
                     flags,
                     meta: meta.to_vec(),
                     acquire_id: acquire_id.map(AcquireId),
+                    kind,
                 };
-                match self.leases.get_mut(key) {
-                    Some(slot) => *slot = held,
-                    None => {
-                        self.leases.insert(key.to_vec(), held);
-                    }
+                if kind.is_exclusive() {
+                    self.grant_exclusive(key, held);
+                } else {
+                    self.grant_shared(key, held);
                 }
             }
             Record::Free { key, token, .. } => {
                 self.raise_floor(token);
                 if self.leases.get(key).is_some_and(|held| held.token == token) {
                     self.leases.remove(key);
+                } else if let Some(holders) = self.shared.get_mut(key) {
+                    holders.retain(|held| held.token != token);
+                    if holders.is_empty() {
+                        self.shared.remove(key);
+                    }
                 }
             }
             Record::Renew { key, token, ttl_ms } => {
                 self.raise_floor(token);
-                if let Some(held) = self.leases.get_mut(key).filter(|held| held.token == token) {
+                let shared = self.shared.get_mut(key).into_iter().flatten();
+                if let Some(held) = self
+                    .leases
+                    .get_mut(key)
+                    .into_iter()
+                    .chain(shared)
+                    .find(|held| held.token == token)
+                {
                     held.ttl_ms = ttl_ms;
                 }
             }
@@ -118,14 +148,55 @@ impl LeaseReplay {
         true
     }
 
+    /// An exclusive grant: the key's only holder from now on.
+    fn grant_exclusive(&mut self, key: &[u8], held: Held) {
+        if !self.shared.is_empty() {
+            self.shared.remove(key);
+        }
+        match self.leases.get_mut(key) {
+            Some(slot) => *slot = held,
+            None => {
+                self.leases.insert(key.to_vec(), held);
+            }
+        }
+    }
+
+    /// A shared or permit grant: one more holder of the key (a snapshot's copy of one it
+    /// has replaces it).
+    fn grant_shared(&mut self, key: &[u8], held: Held) {
+        self.leases.remove(key);
+        let holders = self.shared.entry(key.to_vec()).or_default();
+        // A holder of another family (another limit) must have ended unseen: the table never
+        // mixes them on one key.
+        holders.retain(|other| other.token != held.token && same_family(other.kind, held.kind));
+        holders.push(held);
+    }
+
+    /// Every held lease, exclusive and shared, by key.
+    pub fn held(&self) -> impl Iterator<Item = (&Vec<u8>, &Held)> {
+        let shared = self
+            .shared
+            .iter()
+            .flat_map(|(key, holders)| holders.iter().map(move |held| (key, held)));
+        self.leases.iter().chain(shared)
+    }
+
+    /// Every held lease, taken.
+    pub fn into_held(self) -> impl Iterator<Item = (Vec<u8>, Held)> {
+        let shared = self
+            .shared
+            .into_iter()
+            .flat_map(|(key, holders)| holders.into_iter().map(move |held| (key.clone(), held)));
+        self.leases.into_iter().chain(shared)
+    }
+
     fn raise_floor(&mut self, token: u64) {
         self.token_floor = self.token_floor.max(token.saturating_add(1));
     }
 
     /// The held leases as recovery reports them.
     pub fn to_recovered(&self) -> Vec<RecoveredLease> {
-        self.leases
-            .iter()
+        self.held()
             .map(|(key, held)| RecoveredLease {
                 key: key.clone(),
                 lease_id: held.lease_id,
@@ -134,6 +205,7 @@ impl LeaseReplay {
                 flags: held.flags,
                 meta: held.meta.clone(),
                 acquire_id: held.acquire_id,
+                kind: held.kind,
             })
             .collect()
     }

@@ -88,7 +88,8 @@ pub(super) struct AcquireIds {
 /// What a repeat of an ACQUIRE meets ([`LockTable::repeat_of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Repeat {
-    /// The key's holder is the lease this acquire id was granted.
+    /// The key's holder (or, on a read/write or semaphore key, one of its holders) is the
+    /// lease this acquire id was granted.
     Live {
         /// Its fencing token.
         token: u64,
@@ -111,6 +112,29 @@ pub enum Repeat {
     Unsettled,
     /// Nothing is known of it: a first send, or one forgotten.
     New,
+}
+
+/// A held lease found for a repeat ([`LockTable::repeat_of`]).
+struct LiveLease {
+    token: u64,
+    lease_id: LeaseId,
+    deadline_ms: u64,
+    ticket: u64,
+}
+
+impl LiveLease {
+    /// What a repeat meets at `now_ms`: this lease, or (past its deadline) `Unsettled`.
+    fn at(&self, now_ms: u64) -> Repeat {
+        if self.deadline_ms <= now_ms {
+            return Repeat::Unsettled;
+        }
+        Repeat::Live {
+            token: self.token,
+            lease_id: self.lease_id,
+            ttl_left_ms: self.deadline_ms - now_ms,
+            ticket: self.ticket,
+        }
+    }
 }
 
 impl<W: WaiterSink> LockTable<W> {
@@ -188,20 +212,8 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
     pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
         let now_ms = self.observe(now_ms);
-        if let Some(slot) = self.find(key) {
-            let lock = &self.slots[slot];
-            let live = self.acquire_ids.live.get(&lock.token);
-            if let Some(live) = live.filter(|live| live.acquire_id == acquire_id) {
-                if lock.deadline_ms <= now_ms {
-                    return Repeat::Unsettled;
-                }
-                return Repeat::Live {
-                    token: lock.token,
-                    lease_id: lock.lease_id,
-                    ttl_left_ms: lock.deadline_ms - now_ms,
-                    ticket: live.ticket,
-                };
-            }
+        if let Some(live) = self.live_lease_of(key, acquire_id) {
+            return live.at(now_ms);
         }
         let ids = &self.acquire_ids;
         if ids.ended.is_empty() {
@@ -221,8 +233,44 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// The fencing token of `key`'s holder if `lease_id` is its lease.
+    /// The lease of `key` granted to `acquire_id`, if it still holds the key (expired or
+    /// not): the plain lock's holder, or one of a read/write or semaphore key's holders
+    /// (module `shared`), whose lease answers a repeat the same way: REGRANTED with it.
+    fn live_lease_of(&self, key: &[u8], acquire_id: AcquireId) -> Option<LiveLease> {
+        let live = &self.acquire_ids.live;
+        if live.is_empty() {
+            return None;
+        }
+        let answers = |token: &u64| {
+            (live.get(token))
+                .filter(|live| live.acquire_id == acquire_id)
+                .map(|live| live.ticket)
+        };
+        if let Some(mut holders) = self.shared_holders(key) {
+            return holders.find_map(|(token, lease_id, deadline_ms)| {
+                Some(LiveLease {
+                    ticket: answers(&token)?,
+                    token,
+                    lease_id,
+                    deadline_ms,
+                })
+            });
+        }
+        let lock = &self.slots[self.find(key)?];
+        Some(LiveLease {
+            ticket: answers(&lock.token)?,
+            token: lock.token,
+            lease_id: lock.lease_id,
+            deadline_ms: lock.deadline_ms,
+        })
+    }
+
+    /// The fencing token of `key`'s holder (or one of a shared key's) if `lease_id` is its
+    /// lease.
     pub fn token_of(&self, key: &[u8], lease_id: LeaseId) -> Option<u64> {
+        if let Some(mut holders) = self.shared_holders(key) {
+            return holders.find(|h| h.1 == lease_id).map(|h| h.0);
+        }
         let lock = &self.slots[self.find(key)?];
         (lock.token != 0 && lock.lease_id == lease_id).then_some(lock.token)
     }
@@ -237,8 +285,9 @@ impl<W: WaiterSink> LockTable<W> {
         if self.acquire_ids.live.is_empty() {
             return;
         }
-        let held: std::collections::HashSet<u64> =
-            self.slots.iter().map(|lock| lock.token).collect();
+        let held: std::collections::HashSet<u64> = (self.slots.iter().map(|lock| lock.token))
+            .chain(self.shared_tokens())
+            .collect();
         for token in self.acquire_ids.live.keys() {
             assert!(
                 held.contains(token),

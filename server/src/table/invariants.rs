@@ -49,13 +49,14 @@ impl<W: WaiterSink> LockTable<W> {
         );
         // Other shards may share the quotas, so this table's counts are at most theirs.
         assert!(
-            self.waiters_count <= self.quotas.waiters.count(),
+            self.waiters_count + self.shared.waiters_count() <= self.quotas.waiters.count(),
             "waiters not counted in the quota"
         );
         assert!(
-            self.index.len() <= self.quotas.held.count(),
+            self.index.len() + self.shared.holders_count() <= self.quotas.held.count(),
             "held locks not counted in the quota"
         );
+        self.check_shared_invariants();
         let slab_len = self.slots.len();
         assert!(
             self.deferred.iter().all(|&slot| (slot as usize) < slab_len),

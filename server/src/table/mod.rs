@@ -67,8 +67,22 @@
 //! twice, and was up to twice as slow at 1M held locks, for the same memory at the
 //! estimate's 23-byte keys.)
 //!
+//! # Read/write and semaphore keys
+//!
+//! A key asked for as a shared (read) lease or as semaphore permits ([`LeaseKind`], through
+//! [`LockTable::acquire_kind`]) has several holders, each a lease of its own (lease id,
+//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab: every request
+//! first asks `shared` whether the key is there (`is_empty()`, then a hash lookup only while
+//! the shard has such keys), so a plain lock keeps its 72-byte slot and its speed. A plain
+//! ACQUIRE of a read/write key is its write side; a SHARED ACQUIRE of a plain lock moves
+//! the key (holder and waiters, in order) into `shared`. Queues there are strictly FIFO:
+//! nobody overtakes the head, so a waiting writer stops later readers and a large permit
+//! request is never overtaken by smaller later ones. `shared`'s docs give the exact rules;
+//! PROTOCOL.md 3.10 gives them to clients.
+//!
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
+//! `shared`: read/write and semaphore keys (`shared_tests`: their tests and simulation).
 //! `slot`: the slab entry, its extras, queued acquires, waiter timers. `slab`: slots in
 //! chunks. `keys`: the key arena. `lease`: a lease's life
 //! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).
@@ -84,6 +98,9 @@ mod lease;
 mod outcome;
 mod queue;
 mod quota;
+mod shared;
+#[cfg(test)]
+mod shared_tests;
 #[cfg(test)]
 pub(crate) mod sim;
 mod slab;
@@ -94,7 +111,7 @@ mod upkeep;
 use std::sync::Arc;
 
 use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
-use tenure_protocol::LeaseId;
+use tenure_protocol::{LeaseId, LeaseKind};
 
 use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
 pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
@@ -105,6 +122,7 @@ pub use outcome::{
     TableLimits, WaiterSink,
 };
 pub use quota::{Quota, Quotas};
+pub use shared::SharedInspect;
 use slab::Slab;
 use slot::Extra;
 pub use slot::LoggedTtl;
@@ -182,6 +200,8 @@ pub struct LockTable<W> {
     now_ms: u64,
     /// Which live leases answered an ACQUIRE with an acquire id, and recently ended ones.
     acquire_ids: acquire_ids::AcquireIds,
+    /// Read/write and semaphore keys, with several holders each (`shared`).
+    shared: shared::SharedKeys<W>,
 }
 
 impl<W: WaiterSink> LockTable<W> {
@@ -234,6 +254,7 @@ impl<W: WaiterSink> LockTable<W> {
             renewal_lsn_max: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
+            shared: shared::SharedKeys::default(),
         }
     }
 
@@ -242,9 +263,19 @@ impl<W: WaiterSink> LockTable<W> {
         self.index.len()
     }
 
+    /// Leases held on read/write and semaphore keys (each permit lease counts once).
+    pub fn shared_holders_count(&self) -> usize {
+        self.shared.holders_count()
+    }
+
+    /// Read/write and semaphore keys with holders or waiters.
+    pub fn shared_keys_count(&self) -> usize {
+        self.shared.keys_count()
+    }
+
     /// Waiters queued over all keys (some may have timed out but not been reaped yet).
     pub fn waiters_count(&self) -> usize {
-        self.waiters_count
+        self.waiters_count + self.shared.waiters_count()
     }
 
     /// Heap bytes reserved by the slab, the keys, the index, the free list and the waiters'
@@ -257,6 +288,7 @@ impl<W: WaiterSink> LockTable<W> {
             + self.wait_timers.memory_bytes()
             + self.extras.capacity() * size_of::<(u32, Extra<W>)>()
             + self.acquire_ids.memory_bytes()
+            + self.shared.memory_bytes()
     }
 
     /// The holder's metadata of a slot in use.
@@ -271,13 +303,14 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// A lower bound on when `advance` will next have timers to process (`None`: no timers).
     pub fn next_due_ms(&self) -> Option<u64> {
-        match (
+        [
             self.lease_timers.next_due_ms(),
             self.wait_timers.next_due_ms(),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+            self.shared_next_due_ms(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Tries to lock `args.key`. The key is settled first (see the module docs); events from
@@ -298,6 +331,13 @@ impl<W: WaiterSink> LockTable<W> {
     ) -> Acquire<W> {
         assert_acquire_args(&args);
         let now_ms = self.observe(now_ms);
+        if let Some(number) = self.shared.find(args.key) {
+            // The write side of a read/write key (or a mismatch on a semaphore's).
+            self.settle_shared(number, now_ms, tokens, events);
+            if self.shared.find(args.key).is_some() {
+                return self.acquire_shared(now_ms, args, LeaseKind::Exclusive, tokens, events);
+            }
+        }
         let Some(slot) = self.find(args.key) else {
             return self.grant_free(now_ms, args, tokens);
         };
@@ -321,6 +361,29 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
+    /// Like [`LockTable::acquire`], for a lease of `kind`: a shared (read) lease or semaphore
+    /// permits go to the key's multi-holder entry (module `shared`), an exclusive one to
+    /// `acquire`.
+    ///
+    /// # Panics
+    /// As `acquire`, and if `kind`'s permit counts are out of range.
+    pub fn acquire_kind(
+        &mut self,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Acquire<W> {
+        if kind.is_exclusive() {
+            return self.acquire(now_ms, args, tokens, events);
+        }
+        assert_acquire_args(&args);
+        assert!(kind.validate().is_ok(), "acquire_kind: {kind:?}");
+        let now_ms = self.observe(now_ms);
+        self.acquire_shared(now_ms, args, kind, tokens, events)
+    }
+
     /// Extends the lease to `now_ms + ttl_ms` if `lease_id` holds the key unexpired, unless
     /// `ttl_ms` is longer than the lease's last journal record says: then nothing changes and
     /// the caller logs the renewal first ([`Renew::Unlogged`]). `durable_lsn` tells how far
@@ -342,6 +405,9 @@ impl<W: WaiterSink> LockTable<W> {
             "ttl_ms {ttl_ms} out of range"
         );
         let now_ms = self.observe(now_ms);
+        if let Some(number) = self.shared.find(key) {
+            return self.renew_shared(number, now_ms, lease_id, ttl_ms, durable_lsn);
+        }
         let Some(slot) = self.find(key) else {
             return Renew::Lost;
         };
@@ -374,6 +440,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// shard's lock as the `renew`.
     pub fn renew_logged(&mut self, now_ms: u64, key: &[u8], token: u64, ttl_ms: u32, lsn: u64) {
         let now_ms = self.observe(now_ms);
+        if let Some(number) = self.shared.find(key) {
+            return self.renew_logged_shared(number, now_ms, token, ttl_ms, lsn);
+        }
         let slot = self
             .find(key)
             .filter(|&slot| {
@@ -413,6 +482,9 @@ impl<W: WaiterSink> LockTable<W> {
         events: &mut Vec<Event<W>>,
     ) -> Release<W> {
         let now_ms = self.observe(now_ms);
+        if let Some(number) = self.shared.find(key) {
+            return self.release_shared(number, now_ms, lease_id, tokens, events);
+        }
         let Some(slot) = self.find(key) else {
             return Release::NotOwner;
         };
@@ -439,7 +511,9 @@ impl<W: WaiterSink> LockTable<W> {
         events: &mut Vec<Event<W>>,
     ) {
         let now_ms = self.observe(now_ms);
-        if let Some(slot) = self.find(key) {
+        if let Some(number) = self.shared.find(key) {
+            self.settle_shared(number, now_ms, tokens, events);
+        } else if let Some(slot) = self.find(key) {
             self.settle(slot, now_ms, tokens, events);
         }
     }
@@ -447,6 +521,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// The key's state as of `now_ms`, without settling it.
     pub fn inspect(&self, now_ms: u64, key: &[u8]) -> Inspect<'_> {
         let now_ms = now_ms.max(self.now_ms);
+        if let Some(number) = self.shared.find(key) {
+            return self.inspect_shared(number, now_ms);
+        }
         let Some(slot) = self.find(key) else {
             return Inspect::Free;
         };
@@ -465,6 +542,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// Whether `token` is the fencing token of the unexpired lease on `key`.
     pub fn check(&self, now_ms: u64, key: &[u8], token: u64) -> Check {
         let now_ms = now_ms.max(self.now_ms);
+        if let Some(number) = self.shared.find(key) {
+            return self.check_shared(number, now_ms, token);
+        }
         match self.find(key) {
             Some(slot)
                 if self.slots[slot].deadline_ms > now_ms && self.slots[slot].token == token =>
@@ -479,7 +559,7 @@ impl<W: WaiterSink> LockTable<W> {
     /// needs a key without one, and the simulation sees a reserved key being freed by
     /// `advance`, the one change that yields no event.
     pub(crate) fn has_slot(&self, key: &[u8]) -> bool {
-        self.find(key).is_some()
+        self.find(key).is_some() || self.shared.find(key).is_some()
     }
 }
 

@@ -3,7 +3,7 @@
 //! Outcomes such as `Locked`, `Lost` and `NotOwner` are answers, not errors, so they are
 //! variants here rather than `Err` values.
 
-use tenure_protocol::LeaseId;
+use tenure_protocol::{LeaseId, LeaseKind};
 
 /// A parked request that the table can hand the lock to.
 pub trait WaiterSink {
@@ -83,6 +83,11 @@ pub enum Acquire<W> {
     },
     /// A table limit refused the request; nothing changed.
     Full(Limit),
+    /// The request's kind does not fit the key (see `shared`); nothing changed.
+    KindMismatch {
+        /// The key's semaphore limit, or `None` if it is a plain or read/write lock.
+        key_limit: Option<u32>,
+    },
     /// The lock is (or would be) free but no durable token is available; nothing changed.
     /// The waiter is handed back so the server can retry after reserving tokens.
     TokensExhausted {
@@ -142,6 +147,8 @@ pub struct Handoff<W> {
     pub key: Box<[u8]>,
     /// The waiter's holder metadata, now the lock's.
     pub meta: Box<[u8]>,
+    /// What the new lease holds (exclusive for a plain lock's hand-off).
+    pub kind: LeaseKind,
 }
 
 /// The outcome of [`LockTable::inspect`](super::LockTable::inspect).
@@ -218,4 +225,6 @@ pub struct HeldLock<'a> {
     pub ttl_left_ms: u64,
     /// The holder's metadata.
     pub meta: &'a [u8],
+    /// What the lease holds.
+    pub kind: LeaseKind,
 }

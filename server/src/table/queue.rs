@@ -145,6 +145,7 @@ impl<W: WaiterSink> LockTable<W> {
             grant,
             key,
             meta: queued.meta,
+            kind: tenure_protocol::LeaseKind::Exclusive,
         })
     }
 

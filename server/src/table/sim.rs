@@ -621,6 +621,7 @@ impl Sim {
             Acquire::Locked { token, ttl_left_ms } => Acquired::Locked { token, ttl_left_ms },
             Acquire::Queued { waiter_id } => Acquired::Queued(waiter_id),
             Acquire::Full(limit) => Acquired::Full(limit),
+            Acquire::KindMismatch { .. } => unreachable!("this simulation asks for plain locks"),
             Acquire::TokensExhausted { waiter } => Acquired::Exhausted {
                 waiter_returned: waiter.is_some(),
             },

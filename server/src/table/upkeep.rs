@@ -15,6 +15,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// once when they outnumber the live ones. So a connection leaving with n waiters costs
     /// O(n log n), wherever in the queues they stood.
     pub fn cancel_waiter(&mut self, key: &[u8], waiter_id: u64) -> bool {
+        if let Some(number) = self.shared.find(key) {
+            return self.cancel_shared(number, waiter_id);
+        }
         let Some(slot) = self.find(key) else {
             return false;
         };
@@ -91,8 +94,12 @@ impl<W: WaiterSink> LockTable<W> {
             self.fire_wait(timer, now_ms, tokens, out);
         }
         self.fired = fired;
+        if self.shared.has_work() {
+            self.advance_shared(now_ms, budget.saturating_sub(spent), tokens, out);
+        }
         self.next_due_ms().is_some_and(|due_ms| due_ms <= now_ms)
             || (tokens.remaining() > 0 && !self.deferred.is_empty())
+            || self.shared_due(now_ms, tokens)
     }
 
     /// Inserts a held lock during WAL recovery; its TTL counts from `now_ms`. Recovered locks
@@ -120,6 +127,10 @@ impl<W: WaiterSink> LockTable<W> {
         );
         assert!(token != 0, "restore: token 0");
         assert!(self.find(key).is_none(), "restore: key restored twice");
+        assert!(
+            !self.is_shared(key),
+            "restore: a plain lock on a shared key"
+        );
         assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
         let now_ms = self.observe(now_ms);
         self.quotas.held.take_anyway();
@@ -133,6 +144,46 @@ impl<W: WaiterSink> LockTable<W> {
             },
             meta.into(),
         );
+    }
+
+    /// Like [`LockTable::restore`] for a lease of any kind: a shared (read) lease or permits
+    /// join the key's entry (several per key), an exclusive one takes the key's slot.
+    ///
+    /// # Panics
+    /// As `restore`, and if the lease does not fit the key's other restored leases.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore_kind(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        token: u64,
+        ttl_ms: u32,
+        kind: LeaseKind,
+        meta: &[u8],
+    ) {
+        if kind.is_exclusive() {
+            return self.restore(now_ms, key, lease_id, token, ttl_ms, meta);
+        }
+        assert!(
+            key.len() <= KEY_LEN_MAX && meta.len() <= META_LEN_MAX,
+            "restore: too long"
+        );
+        assert!(
+            (TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms),
+            "restore: ttl_ms {ttl_ms}"
+        );
+        assert!(
+            token != 0 && kind.validate().is_ok(),
+            "restore: {token} {kind:?}"
+        );
+        let now_ms = self.observe(now_ms);
+        let grant = Grant {
+            token,
+            lease_id,
+            ttl_ms,
+        };
+        self.restore_shared(now_ms, key, grant, kind, meta);
     }
 
     /// The logged TTL of `key`'s lease, if it has one: what a lease put back by
@@ -149,6 +200,9 @@ impl<W: WaiterSink> LockTable<W> {
     /// # Panics
     /// If `token` does not hold `key`.
     pub fn restore_logged_ttl(&mut self, key: &[u8], token: u64, logged: LoggedTtl) {
+        if let Some(number) = self.shared.find(key) {
+            return self.restore_logged_ttl_shared(number, token, logged);
+        }
         let slot = self
             .find(key)
             .filter(|&slot| self.slots[slot].token == token)
@@ -172,7 +226,9 @@ impl<W: WaiterSink> LockTable<W> {
                 ttl_ms: lock.logged.ttl_ms(),
                 ttl_left_ms: lock.deadline_ms - now_ms,
                 meta: self.meta(slot),
+                kind: LeaseKind::Exclusive,
             });
         }
+        self.for_each_shared(now_ms, &mut visit);
     }
 }

@@ -58,8 +58,10 @@
 //! ```text
 //!  1 Reserve        token_limit u64
 //!  2 Grant          key bytes16 (<= 1024) | lease_id 16 B | token u64 | ttl_ms u32
-//!                   | flags u8 (bit 0: release on disconnect, bit 1: acquire id)
-//!                   | meta bytes16 (<= 1024) | acquire_id 16 B (only with flag bit 1)
+//!                   | flags u8 (bit 0: release on disconnect, bit 1: acquire id, bit 3:
+//!                   shared (read) lease, bit 4: semaphore permits) | meta bytes16 (<= 1024)
+//!                   | with bit 1: acquire_id 16 B
+//!                   | with bit 4: count u32 | limit u32 (1 <= count <= limit <= 4096)
 //!  3 Free           key bytes16 | token u64 | reason u8 (0 released, 1 expired,
 //!                   2 disconnected)
 //!  4 SnapshotBegin  segment_seq u64   (always the first record of that segment)
@@ -71,6 +73,13 @@
 //! flag reads as before, and a build that predates it refuses a Grant with it as malformed
 //! (trailing bytes), rather than forget which ACQUIRE the lease answered.
 //!
+//! Flag bits 3 and 4 (read/write locks and semaphores, PROTOCOL.md 3.10) came later within
+//! version 2 too: a Grant without them is written and read exactly as before; both set, or
+//! counts out of range, are corruption. A build that predates them keeps bit 3 as an unknown
+//! flag (bringing a read lease back as an exclusive one) and refuses a bit-4 Grant's trailing
+//! counts, so a log holding them should not be opened by an older build. Optional fields
+//! follow `meta` in increasing flag-bit order: the acquire id, then the permit counts.
+//!
 //! Renew records came after the other five, within format version 2: a log without them
 //! reads as before, and a build that predates them refuses a log holding one ("unknown record
 //! type 6", reported as corruption) rather than bring leases back shorter than renewed.
@@ -80,6 +89,10 @@
 //! key's lease (overwriting) and Grant and Free raise the floor above their token; Free
 //! removes the key's lease only if it holds exactly that token; Renew sets the TTL of the
 //! key's lease, again only if it holds exactly that token (and raises the floor like Free).
+//! A shared or permit Grant (bit 3 or 4) *joins* the key's other shared or permit leases
+//! instead (replacing one with its own token, and dropping an exclusive holder or leases of
+//! another limit, which the table never keeps beside it); an exclusive Grant drops the key's
+//! shared leases. Free and Renew name one of several leases by its token.
 //! The server writes a Renew only for a renewal to a longer TTL than the lease's last record
 //! says, so a lease comes back with at least the longest TTL it was acknowledged with
 //! (the server answers such a renewal once its record is durable). Replaying a

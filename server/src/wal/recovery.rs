@@ -1,7 +1,6 @@
 //! Recovery: read every segment in order, cut a torn tail, refuse corruption, replay.
 //!
 //! The rules for telling a torn tail from corruption are in the [module docs](super).
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::record::{self, DecodeError, HeaderError, Record, SEGMENT_HEADER_LEN};
@@ -132,7 +131,7 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         .max(super::floor::read_floor(storage)?);
     check_orphan_end(storage, &replay)?;
     let token_floor = replay.live.token_floor;
-    let (leases, live_bytes) = recovered_leases(replay.live.leases);
+    let (leases, live_bytes) = recovered_leases(replay.live.into_held());
     let recovered = Recovered {
         token_floor,
         leases,
@@ -169,10 +168,9 @@ fn check_orphan_end(storage: &dyn Storage, replay: &Replay) -> Result<(), WalErr
 }
 
 /// The replayed leases as recovery reports them, and their size as Grant records.
-fn recovered_leases(leases: HashMap<Vec<u8>, Held>) -> (Vec<RecoveredLease>, u64) {
+fn recovered_leases(leases: impl Iterator<Item = (Vec<u8>, Held)>) -> (Vec<RecoveredLease>, u64) {
     let mut live_bytes = 0u64;
     let leases: Vec<RecoveredLease> = leases
-        .into_iter()
         .map(|(key, held)| {
             let lease = RecoveredLease {
                 key,
@@ -182,6 +180,7 @@ fn recovered_leases(leases: HashMap<Vec<u8>, Held>) -> (Vec<RecoveredLease>, u64
                 flags: held.flags,
                 meta: held.meta,
                 acquire_id: held.acquire_id,
+                kind: held.kind,
             };
             live_bytes += grant_len(&lease) as u64;
             lease
@@ -350,6 +349,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            kind: Default::default(),
         }
     }
 

@@ -39,7 +39,7 @@ fn acquire_at_leader(clients: &[SocketAddr], key: &str) -> (SocketAddr, String) 
 
 /// Three `tenured --cluster` daemons with their data in `dirs`, initialised as one cluster;
 /// the daemons and their client addresses.
-fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
+pub(super) fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
     let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let daemons: Vec<Daemon> = (0..3)
@@ -69,7 +69,7 @@ fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
 
 /// The first answer to `command` from one of `clients` that is not a refusal by a follower
 /// (or an election under way), retried until one is; with the node that answered.
-fn at_leader(clients: &[SocketAddr], command: &str) -> (SocketAddr, String) {
+pub(super) fn at_leader(clients: &[SocketAddr], command: &str) -> (SocketAddr, String) {
     let deadline = Instant::now() + ELECTED_WAIT_MAX;
     while Instant::now() < deadline {
         for &addr in clients {
@@ -358,10 +358,10 @@ fn three_daemons_with_peer_tls_need_a_certificate_to_init_and_survive_a_kill_9()
             .output()
             .unwrap()
     };
-    assert!(
-        !init(&[]).status.success(),
-        "initialised without a certificate"
-    );
+    let plain = init(&[]);
+    assert!(!plain.status.success(), "initialised without a certificate");
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(said.contains("--peer-tls"), "{said}");
     let (cert, key) = (
         files[1].cert.to_str().unwrap(),
         files[1].key.to_str().unwrap(),
@@ -385,4 +385,74 @@ fn three_daemons_with_peer_tls_need_a_certificate_to_init_and_survive_a_kill_9()
     let (_, fresh) = acquire_at_leader(&rest, "fresh");
     let fresh_token: u64 = field(&fresh, "token").parse().unwrap();
     assert!(fresh_token > token, "{fresh}");
+}
+
+/// The resident memory of process `pid`, in bytes (Linux's `/proc`).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+/// Finding 1 of the outside attack: 32 connections to a peer port each announce the
+/// largest frame (64 MiB) and send 2.2 MB of it. The node's memory follows the bytes sent,
+/// and the opening connections' budget (`PEER_OPENING_PENDING_BYTES_MAX`, 64 MiB) closes
+/// those past it: far from the 2 GiB that reserving announced lengths took.
+#[test]
+fn announced_peer_frames_hold_no_more_memory_than_their_budget() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let peer = loopback(free_port());
+    let args = [
+        "--cluster",
+        "--node-id",
+        "1",
+        "--peer-listen",
+        &peer.to_string(),
+    ];
+    let what = Tenured {
+        bin: tenured_bin(),
+        dir: dir.path(),
+        logs: None,
+        args: &args,
+    };
+    let daemon = Daemon::start_on(what, loopback(free_port()));
+    let before = rss_bytes(daemon.pid());
+    // The opening of a dialer that has no cluster id yet: magic, version 1, no id.
+    let mut opening = b"TNRC".to_vec();
+    opening.extend([1u8, 0]);
+    opening.extend([0u8; 16]);
+    let body = vec![0u8; 2_200_000];
+    // Rounds, as the attacker refreshed its connections: freed buffers reused and zeroed
+    // again count as much as new ones.
+    let mut grown_max = 0;
+    for _ in 0..3 {
+        let mut held = Vec::new();
+        for _ in 0..32 {
+            let mut conn = std::net::TcpStream::connect(peer).unwrap();
+            conn.set_write_timeout(Some(REPLY_WAIT_MAX)).unwrap();
+            conn.set_read_timeout(Some(REPLY_WAIT_MAX)).unwrap();
+            conn.write_all(&opening).unwrap();
+            let mut answer = [0u8; 22];
+            conn.read_exact(&mut answer).unwrap();
+            // Past the budget the node closes the connection: the writes may fail.
+            let _ = conn.write_all(&(64u32 << 20).to_be_bytes());
+            let _ = conn.write_all(&body);
+            held.push(conn);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        grown_max = grown_max.max(rss_bytes(daemon.pid()).saturating_sub(before));
+        drop(held);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "peer flood: the node grew by {} MiB at most",
+        grown_max >> 20
+    );
+    assert!(
+        grown_max < 400 << 20,
+        "the node grew by {} MiB for 70 MB sent at a time",
+        grown_max >> 20
+    );
 }

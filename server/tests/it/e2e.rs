@@ -295,7 +295,16 @@ async fn binary_pipelines_and_answers_blocking_acquires_out_of_order() {
         assert_eq!(w.call(200 + i, Request::Ping).await, Response::Pong);
         waiters.push(w);
     }
-    match a.call(2, Request::Inspect { key: "hot".into() }).await {
+    match a
+        .call(
+            2,
+            Request::Inspect {
+                key: "hot".into(),
+                kinds: Default::default(),
+            },
+        )
+        .await
+    {
         Response::Held { waiters, token, .. } => assert_eq!((waiters, token), (3, t1)),
         other => panic!("{other:?}"),
     }
@@ -352,8 +361,15 @@ async fn waiter_that_disconnects_or_times_out_leaves_the_queue() {
     drop(gone);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Response::Held { waiters: 1, .. } =
-            a.call(2, Request::Inspect { key: "q".into() }).await
+        if let Response::Held { waiters: 1, .. } = a
+            .call(
+                2,
+                Request::Inspect {
+                    key: "q".into(),
+                    kinds: Default::default(),
+                },
+            )
+            .await
         {
             break;
         }
@@ -946,6 +962,7 @@ async fn until_waiters(raw: &mut Raw, key: &str, count: u32) {
     for id in 1000.. {
         let inspect = Request::Inspect {
             key: key.as_bytes().to_vec().into(),
+            kinds: Default::default(),
         };
         if let Response::Held { waiters, .. } = raw.call(id, inspect).await {
             if waiters == count {

@@ -237,6 +237,7 @@ async fn shutdown_answers_waiters_and_every_request_received() {
 fn inspect(key: &str) -> Request {
     Request::Inspect {
         key: key.as_bytes().to_vec().into(),
+        kinds: Default::default(),
     }
 }
 

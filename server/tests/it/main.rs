@@ -1,6 +1,8 @@
 //! The server's integration tests, one test binary (one link, one process start per run):
 //! - `acquire_ids`: an ACQUIRE's reply lost to `kill -9` of the real `tenured`, retried with
 //!   its acquire id after the restart;
+//! - `client_retry`: the Rust client's ACQUIRE retried with its acquire id after a reply
+//!   lost to `kill -9` (single node and cluster leader), through a proxy that drops it;
 //! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
 //!   loopback-only default;
 //! - `cluster`: three `tenured --cluster` daemons, `cluster-init`, `kill -9` of the leader;
@@ -29,6 +31,7 @@
 
 mod acquire_ids;
 mod auth;
+mod client_retry;
 mod cluster;
 mod cluster_metrics;
 mod cluster_security;
@@ -41,6 +44,7 @@ mod nemesis;
 mod per_core;
 mod protocol_doc;
 mod settings;
+mod shared;
 mod tls;
 mod watch;
 

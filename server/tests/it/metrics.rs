@@ -471,6 +471,35 @@ async fn idle_http_connections_cannot_starve_healthz() {
     server.stop().await;
 }
 
+/// Issue 24, finding 4: a probe that has sent part of its request is not the one a flood
+/// of refilled idle sockets closes: the silent ones make way first.
+#[tokio::test]
+async fn a_probe_mid_request_outlives_a_flood_of_idle_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(config(dir.path()), None).await;
+    let mut idle = Vec::new();
+    for _ in 0..tenure_server::http::CONNECTIONS_MAX {
+        idle.push(TcpStream::connect(server.metrics).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut probe = TcpStream::connect(server.metrics).await.unwrap();
+    probe.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Four times the limit of newer idle sockets, each of which makes room for itself.
+    for _ in 0..4 * tenure_server::http::CONNECTIONS_MAX {
+        idle.push(TcpStream::connect(server.metrics).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    probe.write_all(b"Host: x\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(EVICTED_WAIT_MAX, probe.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    drop(idle);
+    server.stop().await;
+}
+
 /// Every `tenure_*` series the dashboard and the alerts use is one the server exports, and
 /// the rules pass `promtool check rules`.
 #[tokio::test]

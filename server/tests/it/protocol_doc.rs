@@ -21,11 +21,13 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Every example name PROTOCOL.md may use, each with its setup in [`run_scenario`].
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 13] = [
     "hello-version-9",
     "acquire",
     "acquire-id",
     "acquire-id-console",
+    "acquire-permits",
+    "semaphore",
     "granted",
     "watching",
     "auth",
@@ -506,12 +508,12 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
     };
     match name {
         "hello-version-9" => hello_refused(&server, &examples, tables).await,
-        "acquire" | "auth" | "cluster-remove" | "cluster-status-extended" => {
+        "acquire" | "acquire-permits" | "auth" | "cluster-remove" | "cluster-status-extended" => {
             exchange(&server, &examples, tables).await
         }
         "acquire-id" => exchange_twice(&server, &examples, tables).await,
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
-        "session" | "escapes-and-refusals" | "acquire-id-console" => {
+        "session" | "semaphore" | "escapes-and-refusals" | "acquire-id-console" => {
             console_session(&server, examples[0]).await
         }
         other => panic!("no scenario {other}"),

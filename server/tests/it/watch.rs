@@ -237,7 +237,16 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
     };
     // The waiter is queued once INSPECT counts it.
     for _ in 0..100 {
-        match first.call(2, Request::Inspect { key: bytes("h") }).await {
+        match first
+            .call(
+                2,
+                Request::Inspect {
+                    key: bytes("h"),
+                    kinds: Default::default(),
+                },
+            )
+            .await
+        {
             Response::Held { waiters: 1, .. } => break,
             // Real time, polling until the server has read the waiter (no lease runs out here).
             _ => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -257,6 +266,7 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
         release_on_disconnect: true,
         meta: Bytes::new(),
         acquire_id: None,
+        kind: Default::default(),
     };
     assert!(matches!(
         watcher.call(2, watch("d")).await,
@@ -280,7 +290,10 @@ async fn request_id_0_is_refused_as_a_bad_frame() {
         other => panic!("expected BAD_FRAME for id 0, got {other:?}"),
     }
     // Nothing ran: the key is free, and the connection goes on.
-    let inspect = Request::Inspect { key: bytes("zero") };
+    let inspect = Request::Inspect {
+        key: bytes("zero"),
+        kinds: Default::default(),
+    };
     assert_eq!(client.call(1, inspect).await, Response::Free);
     server.stop().await;
 }
@@ -342,6 +355,7 @@ async fn renew_and_release_work_from_any_connection_given_the_lease_id() {
     assert_eq!(other.call(2, release).await, Response::Released);
     let inspect = Request::Inspect {
         key: bytes("shared"),
+        kinds: Default::default(),
     };
     assert_eq!(owner.call(2, inspect).await, Response::Free);
     server.stop().await;
@@ -411,7 +425,16 @@ async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
         } => assert_eq!((t, &meta[..]), (token, &b"m"[..])),
         other => panic!("expected the lease back, got {other:?}"),
     }
-    match holder.call(3, Request::Inspect { key: bytes("k") }).await {
+    match holder
+        .call(
+            3,
+            Request::Inspect {
+                key: bytes("k"),
+                kinds: Default::default(),
+            },
+        )
+        .await
+    {
         Response::Held { token: t, .. } => assert_eq!(t, token),
         other => panic!("{other:?}"),
     }

@@ -240,6 +240,31 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
     violations
 }
 
+/// Orphaned grants: a token the history shows holding a key (an INSPECT's HELD, an ACQUIRE's
+/// LOCKED) that no ACQUIRE of the history was answered GRANTED with, so no client knew its
+/// lease id: a grant whose answer was lost, holding the key for its TTL. The harness's probes
+/// use keys nobody reads, so this counts the load's. One line per (key, token).
+pub fn orphans(ops: &[Op]) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let granted: BTreeSet<(&str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Granted { token, .. } => Some((op.key.as_str(), token)),
+            _ => None,
+        })
+        .collect();
+    let seen: BTreeSet<(&str, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Held { token } | Outcome::Locked { token } => Some((op.key.as_str(), token)),
+            _ => None,
+        })
+        .collect();
+    seen.difference(&granted)
+        .map(|(key, token)| format!("{key:?} held by token {token}, granted to no client"))
+        .collect()
+}
+
 /// Tokens: distinct per key, and ordered by real time (`list` sorted by answer).
 fn check_tokens(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     let mut seen: HashMap<u64, LeaseId> = HashMap::new();

@@ -65,6 +65,9 @@ async fn connect_probe(addrs: &str) -> Option<Client> {
     let config = ClientConfig {
         request_timeout: PROBE_REQUEST_TIMEOUT,
         connect_timeout: PROBE_REQUEST_TIMEOUT,
+        // A probe's ACQUIRE is sent again (with its acquire id) only within its own time-out:
+        // the probe loop, not the client's retries, measures how long serving takes.
+        acquire_retry_for: PROBE_REQUEST_TIMEOUT,
         ..config()
     };
     Client::connect_with(addrs.to_owned(), config).await.ok()
@@ -353,4 +356,106 @@ pub async fn inspect_all(addrs: &str, history: &History, keys: usize) {
             outcome,
         });
     }
+}
+
+/// TTL of the steady load's grants: long enough to outlive a fail-over's re-sends.
+const STEADY_TTL_MS: u32 = 5000;
+/// The first client id of the steady load in the history (the mixed load's are below).
+pub const STEADY_CLIENT_FIRST: usize = 1000;
+
+/// Starts the steady load: `tasks` closed loops, each acquiring a key of its own (never
+/// asked for before, so it is free) and releasing it at once, as fast as the cluster
+/// answers, until `stop`; every operation goes into `history`. It keeps the leader's log,
+/// replication and fsyncs busy while the faults strike, and its grants show how long the
+/// cluster did not serve.
+pub fn spawn_steady(
+    addrs: Vec<String>,
+    history: History,
+    tasks: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..tasks)
+        .map(|i| {
+            let (addrs, history, stop) = (addrs.clone(), history.clone(), stop.clone());
+            tokio::spawn(steady(STEADY_CLIENT_FIRST + i, addrs, history, stop))
+        })
+        .collect()
+}
+
+async fn steady(id: usize, addrs: Vec<String>, history: History, stop: Arc<AtomicBool>) -> usize {
+    let mut client: Option<Client> = None;
+    let (mut endpoint, mut cycles) = (id, 0usize);
+    let ttl = Duration::from_millis(u64::from(STEADY_TTL_MS));
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = client.clone() else {
+            client = connect(&addrs[endpoint % addrs.len()]).await;
+            endpoint += 1;
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            continue;
+        };
+        let key = format!("s{id}/{cycles}");
+        cycles += 1;
+        let kind = Kind::Acquire {
+            ttl_ms: STEADY_TTL_MS,
+            wait_ms: 0,
+        };
+        let sent = Instant::now();
+        let outcome = match c.acquire(&key, ttl, AcquireOptions::default()).await {
+            Ok(AcquireOutcome::Granted(lease)) => Outcome::Granted {
+                token: lease.fencing_token(),
+                lease: lease.lease_id(),
+                ttl_ms: STEADY_TTL_MS,
+                waited_ms: u32::try_from(lease.waited().as_millis()).unwrap_or(u32::MAX),
+            },
+            Ok(AcquireOutcome::Locked(by)) => Outcome::Locked { token: by.token },
+            Err(e) => Outcome::from_error(&e),
+        };
+        let answered = Instant::now();
+        let lease = match &outcome {
+            Outcome::Granted { lease, .. } => Some(*lease),
+            _ => None,
+        };
+        let unknown = matches!(outcome, Outcome::Unknown(_));
+        history.record(Op {
+            client: id,
+            key: key.clone(),
+            kind,
+            sent,
+            answered,
+            outcome,
+        });
+        if let Some(lease) = lease {
+            steady_release(&c, id, key, lease, &history).await;
+        } else if unknown {
+            client = None;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    cycles
+}
+
+/// The steady load's release of the `lease` it was just granted on `key`, recorded.
+async fn steady_release(
+    client: &Client,
+    id: usize,
+    key: String,
+    lease: LeaseId,
+    history: &History,
+) {
+    let sent = Instant::now();
+    let outcome = match client.release(&key, lease).await {
+        Ok(ReleaseOutcome::Released) => Outcome::Released,
+        Ok(ReleaseOutcome::NotOwner) => Outcome::NotOwner,
+        Err(e) => Outcome::from_error(&e),
+    };
+    history.record(Op {
+        client: id,
+        key,
+        kind: Kind::Release { lease },
+        sent,
+        answered: Instant::now(),
+        outcome,
+    });
 }

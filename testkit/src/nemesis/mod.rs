@@ -107,6 +107,13 @@ pub struct Report {
     pub ops: BTreeMap<String, usize>,
     /// Every broken invariant; must be empty.
     pub violations: Vec<Violation>,
+    /// Grants seen holding a key that no client was answered ([`checker::orphans`]): with
+    /// acquire ids, which the `tenure` crate sends and retries with, there are none.
+    pub orphans: Vec<String>,
+    /// The load's ACQUIREs that ended with an unknown outcome: with acquire ids the crate
+    /// sends them again until one answer settles them, so there are none while the cluster
+    /// serves again within its retry window.
+    pub acquires_unknown: usize,
     /// Wall time of the run.
     pub elapsed: Duration,
     /// Where the daemons' logs and the history were saved, when there were violations.
@@ -168,12 +175,22 @@ pub async fn run(bin: &Path, config: Config) -> Report {
     }
     let ops = history.snapshot();
     violations.extend(checker::check(&ops));
-    let saved = (!violations.is_empty()).then(|| save(&cluster, &ops, &faults, started, &config));
+    let orphans = checker::orphans(&ops);
+    let acquires_unknown = ops
+        .iter()
+        .filter(|op| op.client != history::PROBE_CLIENT)
+        .filter(|op| matches!(op.kind, history::Kind::Acquire { .. }))
+        .filter(|op| matches!(op.outcome, history::Outcome::Unknown(_)))
+        .count();
+    let failed = !violations.is_empty() || !orphans.is_empty() || acquires_unknown > 0;
+    let saved = failed.then(|| save(&cluster, &ops, &faults, started, &config));
     Report {
         config,
         faults,
         ops: count_ops(&ops),
         violations,
+        orphans,
+        acquires_unknown,
         elapsed: started.elapsed(),
         saved,
     }
@@ -399,6 +416,15 @@ impl fmt::Display for Report {
         }
         for v in self.violations.iter().take(20) {
             writeln!(f, "  {v}")?;
+        }
+        writeln!(
+            f,
+            "orphaned grants: {}; the load's ACQUIREs with an unknown outcome: {}",
+            self.orphans.len(),
+            self.acquires_unknown
+        )?;
+        for orphan in self.orphans.iter().take(20) {
+            writeln!(f, "  {orphan}")?;
         }
         Ok(())
     }

@@ -31,6 +31,7 @@ from .aio import (
 )
 from .client import Client, Election, Leadership, LeaseGuard, Observer, Watch
 from .errors import (
+    AcquireEnded,
     BadRequest,
     CannotConnect,
     ClusterRefused,
@@ -79,7 +80,7 @@ from .results import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AcquireResult", "AsyncClient", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
+    "AcquireEnded", "AcquireResult", "AsyncClient", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
     "AsyncObserver", "AsyncWatch", "BadRequest", "CannotConnect", "CheckResult", "Client", "ClusterRefused", "ConnectionLost",
     "Credentials", "Current", "Election", "Event", "EventKind", "Fence", "Forbidden", "Free",
     "Granted", "HandshakeError", "Held", "InvalidArgument", "KeyState", "Leader", "Leadership",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl as ssl_module
-from typing import Deque, Dict, List, Optional, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
 from . import _wire as w
 from .errors import CannotConnect, ConnectionLost, HandshakeError, ServerError, server_error, WatchLimit
@@ -89,7 +89,9 @@ class Connection:
         self._watches: Dict[int, WatchQueue] = {}
         #: ACQUIREs whose caller stopped waiting (time-out, cancellation), by request id, with
         #: their keys: a grant that still comes is released, not left held by no one.
-        self._abandoned: Dict[int, bytes] = {}
+        #: Requests nobody waits for any more: an ACQUIRE's key and the retry state of its
+        #: acquire id (None without one), or b"" for a RELEASE of a late grant.
+        self._abandoned: Dict[int, Tuple[bytes, Any]] = {}
         self._next_id = 1
         self._slots = asyncio.Semaphore(max(1, min(in_flight_max, limits.in_flight_max)))
         loop = asyncio.get_running_loop()
@@ -142,9 +144,17 @@ class Connection:
                 return rid
 
     async def call(
-        self, opcode: int, body: bytes, timeout: Optional[float], watch: Optional[WatchQueue] = None
+        self,
+        opcode: int,
+        body: bytes,
+        timeout: Optional[float],
+        watch: Optional[WatchQueue] = None,
+        owner: Any = None,
     ) -> Reply:
-        """Sends one request and waits for its reply: (opcode, body). ERROR is a reply too."""
+        """Sends one request and waits for its reply: (opcode, body). ERROR is a reply too.
+
+        `owner` is an ACQUIRE's retry state (`aio._AcquireRetry`): a late grant of a send its
+        caller stopped waiting for is handed to it rather than released while it retries."""
         if self.error is not None:
             raise self.error
         async with self._slots:
@@ -167,7 +177,7 @@ class Connection:
                 if watch is not None:
                     self._watches.pop(rid, None)
                 if opcode == w.ACQUIRE and not _answered(reply) and self.error is None:
-                    self._abandoned[rid] = w.Reader(body).bytes16()
+                    self._abandoned[rid] = (w.Reader(body).bytes16(), owner)
                 raise
             finally:
                 self._pending.pop(rid, None)
@@ -252,13 +262,16 @@ class Connection:
             if not reply.done():
                 reply.set_result((opcode, body))
             return
-        key = self._abandoned.pop(rid, None)
-        if key is not None:
-            if opcode == w.GRANTED:
-                # Nobody waits for this grant any more: give it back (its answer is dropped).
+        abandoned = self._abandoned.pop(rid, None)
+        if abandoned is not None:
+            key, owner = abandoned
+            if key and opcode in (w.GRANTED, w.REGRANTED):
                 lease_id = body[8:24]
+                if owner is not None and not owner.late_grant(key, lease_id):
+                    return  # its caller still retries (or kept it): a repeat will find it
+                # Nobody waits for this grant any more: give it back (its answer is dropped).
                 release_id = self._new_id()
-                self._abandoned[release_id] = b""
+                self._abandoned[release_id] = (b"", None)
                 self._send(w.frame(w.RELEASE, release_id, w.release_body(key, lease_id)))
             return
         watch = self._watches.pop(rid, None)

@@ -12,7 +12,7 @@ import select
 import socket
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import _wire as w
 from .errors import ConnectionLost, HandshakeError, RequestTimeout, server_error
@@ -96,15 +96,15 @@ class SyncConnection:
         except OSError as e:
             raise ConnectionLost(f"{self.address}: {e}") from e
 
-    def abandon_acquire(self, body: bytes) -> None:
+    def abandon_acquire(self, body: bytes, owner: Any = None) -> None:
         """The last call, an ACQUIRE with `body`, timed out: a thread waits a while longer for
         its answer on this socket, releases it if it is a grant (a grant nobody knows of would
         keep the key for its whole TTL), and closes the socket."""
         rid = self._next_id - 1
         key = w.Reader(body).bytes16()
-        threading.Thread(target=self._reap, args=(rid, key), name="tenure-reap", daemon=True).start()
+        threading.Thread(target=self._reap, args=(rid, key, owner), name="tenure-reap", daemon=True).start()
 
-    def _reap(self, rid: int, key: bytes) -> None:
+    def _reap(self, rid: int, key: bytes, owner: Any) -> None:
         deadline = time.monotonic() + ABANDONED_ACQUIRE_WAIT_S
         try:
             while time.monotonic() < deadline:
@@ -115,7 +115,8 @@ class SyncConnection:
                 data = self._read_exact(length)
                 if int.from_bytes(data[1:9], "big") != rid:
                     continue
-                if data[0] == w.GRANTED:
+                lease_id = data[9 + 8 : 9 + 24]
+                if data[0] == w.GRANTED and (owner is None or owner.late_grant(key, lease_id)):
                     self.call(w.RELEASE, w.release_body(key, data[9 + 8 : 9 + 24]), ABANDONED_ACQUIRE_WAIT_S)
                 return
         except (OSError, RequestTimeout, ConnectionLost):

@@ -69,6 +69,14 @@ ERROR = 0xFF
 
 #: ACQUIRE flag: free the lock when the acquiring connection closes.
 FLAG_RELEASE_ON_DISCONNECT = 0x01
+#: ACQUIRE flag: a 16-byte acquire id follows `meta` (PROTOCOL.md 3.9).
+FLAG_ACQUIRE_ID = 0x02
+#: A repeated ACQUIRE's lease, still running: token, lease id, time left (PROTOCOL.md 3.9).
+REGRANTED = 0x91
+#: A repeated ACQUIRE's lease has ended: how (1 released, 2 expired, 3 disconnected), token.
+ACQUIRE_ENDED = 0x92
+#: ACQUIRE_ENDED's `how`, by number.
+ENDED_HOW = {1: "released", 2: "expired", 3: "disconnected"}
 
 _HEADER = struct.Struct(">IBQ")
 
@@ -99,8 +107,20 @@ def frame(opcode: int, request_id: int, body: bytes = b"") -> bytes:
     return _HEADER.pack(FRAME_LEN_MIN + len(body), opcode, request_id) + body
 
 
-def acquire_body(key: bytes, ttl_ms: int, wait_ms: int, flags: int, meta: bytes) -> bytes:
-    return bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta)
+def acquire_body(
+    key: bytes, ttl_ms: int, wait_ms: int, flags: int, meta: bytes, acquire_id: bytes = b""
+) -> bytes:
+    """An ACQUIRE's body; with `acquire_id` (16 bytes) flag bit 1 is set and the id follows."""
+    if acquire_id:
+        assert len(acquire_id) == 16, "an acquire id is 16 bytes"
+        flags |= FLAG_ACQUIRE_ID
+    return bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta) + acquire_id
+
+
+def with_wait(body: bytes, wait_ms: int) -> bytes:
+    """An ACQUIRE body with its `wait_ms` replaced (a retry waits only what is left)."""
+    at = 2 + int.from_bytes(body[:2], "big") + 4
+    return body[:at] + struct.pack(">I", wait_ms) + body[at + 4 :]
 
 
 def renew_body(key: bytes, lease_id: bytes, ttl_ms: int) -> bytes:

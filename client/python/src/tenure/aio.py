@@ -13,6 +13,7 @@ import contextvars
 import logging
 import math
 import random
+import secrets
 import ssl as ssl_module
 import sys
 import threading
@@ -24,6 +25,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Ty
 from . import _wire as w
 from ._conn import Connection, WatchQueue
 from .errors import (
+    AcquireEnded,
     CannotConnect,
     ConnectionLost,
     InvalidArgument,
@@ -33,6 +35,7 @@ from .errors import (
     ProtocolError,
     RequestTimeout,
     ServerError,
+    TenureError,
     is_transient,
     server_error,
 )
@@ -91,6 +94,10 @@ DirectCall = Callable[[int, bytes, float], Tuple[int, bytes]]
 #: Set by the blocking `Client` in its calling thread while it drives a call without the event
 #: loop (see `Client._fast`); unset on the loop, so guards and watches never use it.
 _DIRECT: "contextvars.ContextVar[Optional[DirectCall]]" = contextvars.ContextVar("tenure_direct", default=None)
+#: The retry state of the ACQUIRE being sent, for the direct path's handling of a time-out.
+_SENDING_ACQUIRE: "contextvars.ContextVar[Optional[_AcquireRetry]]" = contextvars.ContextVar(
+    "tenure_sending_acquire", default=None
+)
 
 
 #: Hands a call to the client's loop from another thread, to run there by the given instant
@@ -204,6 +211,42 @@ def parse_addresses(addrs: Union[str, List[str]]) -> List[Tuple[str, int]]:
     return out
 
 
+#: Pause before an ACQUIRE whose outcome is unknown is sent again, doubled per retry up to
+#: RETRY_PAUSE_MAX_S: a fail-over takes an election (about a second), a restart longer.
+RETRY_PAUSE_MIN_S = 0.05
+RETRY_PAUSE_MAX_S = 0.8
+#: Default `acquire_retry_for`, seconds: a loaded node's restart or a slow fail-over fits.
+ACQUIRE_RETRY_FOR_DEFAULT_S = 15.0
+
+
+class _AcquireRetry:
+    """One ACQUIRE's acquire id and first send, kept across its retries, and what became of
+    grants that arrived for sends nobody waited for any more."""
+
+    __slots__ = ("acquire_id", "first_sent", "kept", "gave_up", "late", "released")
+
+    def __init__(self) -> None:
+        self.acquire_id = secrets.token_bytes(16)
+        self.first_sent: Optional[float] = None
+        self.kept = False
+        self.gave_up = False
+        #: A late grant seen while the caller still retried: (key, lease id).
+        self.late: Optional[Tuple[bytes, bytes]] = None
+        #: The lease id given back since the caller gave up (every send has the same lease).
+        self.released: Optional[bytes] = None
+
+    def late_grant(self, key: bytes, lease_id: bytes) -> bool:
+        """A grant for a send nobody waits for: True if it is to be released now (the caller
+        gave up); else it is kept (a repeat will find the same lease) or noted for a
+        release should the caller give up."""
+        if self.gave_up:
+            first, self.released = self.released != lease_id, lease_id
+            return first
+        if not self.kept:
+            self.late = (key, lease_id)
+        return False
+
+
 class AsyncClient:
     """A tenure client for asyncio: one pipelined connection, reconnected when it fails.
 
@@ -224,9 +267,13 @@ class AsyncClient:
         in_flight_max: int = 4096,
         credentials: Optional[Union[Credentials, Tuple[str, Union[str, bytes]]]] = None,
         tls: Optional[Union[TlsOptions, ssl_module.SSLContext]] = None,
+        acquire_retry_for: float = ACQUIRE_RETRY_FOR_DEFAULT_S,
     ) -> None:
         self.endpoints = parse_addresses(addrs)
         self.timeout = _seconds(timeout, "timeout")
+        #: How long past its wait an ACQUIRE whose outcome is unknown keeps being sent again
+        #: with its acquire id, from its first send (never less than `timeout`).
+        self.acquire_retry_for = _seconds(acquire_retry_for, "acquire_retry_for")
         self.connect_timeout = _seconds(connect_timeout, "connect_timeout")
         self.reconnect_delay_min = _seconds(reconnect_delay_min, "reconnect_delay_min")
         self.reconnect_delay_max = _seconds(reconnect_delay_max, "reconnect_delay_max")
@@ -390,6 +437,7 @@ class AsyncClient:
         body: bytes,
         timeout: Optional[float] = None,
         watch: Optional[WatchQueue] = None,
+        owner: Any = None,
     ) -> Tuple[int, bytes, Connection, float]:
         """`_call`, and the monotonic instant taken just before the send that was answered
         (the last one, after NOT_LEADER redirects): a lease counted from it is counted from
@@ -410,7 +458,7 @@ class AsyncClient:
                 raise RequestTimeout(f"no answer within {timeout:.3f} s")
             sent_at = time.monotonic()
             try:
-                opcode_in, reply = await conn.call(opcode, body, left, watch)
+                opcode_in, reply = await conn.call(opcode, body, left, watch, owner)
             except asyncio.TimeoutError:
                 self.leave_hung(conn, f"no answer within {timeout:.3f} s")
                 raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
@@ -507,7 +555,13 @@ class AsyncClient:
         return _ms(ttl, "ttl", w.TTL_MS_MIN, self._limits()[2])
 
     def _acquire_args(
-        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+        self,
+        key: Key,
+        ttl: float,
+        wait: float,
+        meta: Meta,
+        release_on_disconnect: bool,
+        acquire_id: bytes = b"",
     ) -> bytes:
         """The ACQUIRE body for these arguments, every one checked: the one validation of
         `acquire()`, `lock()` and elections, blocking and asyncio alike."""
@@ -518,7 +572,7 @@ class AsyncClient:
         if len(meta_b) > self._limits()[1]:
             raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes, not {len(meta_b)}")
         flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
-        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
+        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, acquire_id)
 
     # -- operations -------------------------------------------------------------------
 
@@ -540,33 +594,145 @@ class AsyncClient:
     ) -> AcquireResult:
         """Asks for `key` for `ttl` seconds, waiting in line up to `wait` seconds if it is held.
 
-        Returns `Granted` (the lease) or `Locked` (the holder's token and time left). The
-        lease's local deadline counts from an instant taken before sending, plus the server's
-        `waited_ms`, plus the TTL, less the margin (2 ms, or 0.1 % of a span over 2 s): never
-        later than the server's.
+        Returns `Granted` (the lease) or `Locked` (the holder's token and time left).
+
+        Exactly once: the ACQUIRE carries a fresh random acquire id (16 bytes from `secrets`,
+        PROTOCOL.md 3.9). While its outcome is unknown (the connection lost, no answer in
+        time, `NOT_LEADER` from a leader stepping down, a server shutting down or
+        restarting), the same ACQUIRE with the same acquire id is sent again, on a new
+        connection and to the new leader, until `wait` plus `acquire_retry_for` after the
+        first send; a blocking one waits only what is left of `wait`. A repeat of a grant is
+        answered with that grant, so the caller sees one grant or one refusal, never an
+        orphan; if that lease has already ended, `AcquireEnded` is raised.
+
+        A GRANTED lease's local deadline counts from an instant taken before the send that
+        got it (the answering server knew no earlier grant of this acquire id), plus the
+        server's `waited_ms`, plus the TTL, less the margin (2 ms, or 0.1 % of a span over
+        2 s): never later than the server's. A grant a repeat found (REGRANTED) was made to an
+        earlier send: it counts from before the *first* send plus the TTL, or from before the
+        repeat plus the time the server said was left, whichever is earlier.
         """
         lease, _ = await self._acquire(key, ttl, wait, meta, release_on_disconnect)
         return lease
 
     async def _acquire(
-        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+        self,
+        key: Key,
+        ttl: float,
+        wait: float,
+        meta: Meta,
+        release_on_disconnect: bool,
+        retry: Optional["_AcquireRetry"] = None,
     ) -> Tuple[AcquireResult, Connection]:
-        timeout = self.timeout + _seconds(wait, "wait")
-        body, timeout = await self._checked(
-            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect), timeout
+        """`acquire`, and the connection that answered. `retry` carries the acquire id and
+        the first send's instant across a move from the blocking client's direct path to the
+        loop (which calls this again)."""
+        retry = retry if retry is not None else _AcquireRetry()
+        wait_s = _seconds(wait, "wait")
+        body, _ = await self._checked(
+            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect, retry.acquire_id),
+            self.timeout + wait_s,
         )
         key_b = w.Reader(body).bytes16()
-        # Taken before the answered send (the last, after NOT_LEADER redirects): the server
-        # takes the request up later, so the deadline counted from it is never later than
-        # the server's.
-        opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, body, timeout)
+        if retry.first_sent is None:
+            retry.first_sent = time.monotonic()
+        try:
+            return await self._acquire_sends(key_b, ttl, release_on_disconnect, retry, body, wait_s)
+        except UseLoop:
+            raise  # sent again from the loop, with this same retry state
+        except BaseException:
+            if not retry.kept:
+                # Cancelled, or an error raised: a grant arriving from now on is given back,
+                # and one that already arrived is given back now.
+                retry.gave_up = True
+                if retry.late is not None:
+                    asyncio.ensure_future(self._gave_up(retry))
+            raise
+
+    async def _acquire_sends(
+        self,
+        key_b: bytes,
+        ttl: float,
+        release_on_disconnect: bool,
+        retry: "_AcquireRetry",
+        body: bytes,
+        wait_s: float,
+    ) -> Tuple[AcquireResult, Connection]:
+        """The sends of one ACQUIRE, the same body each time but for what is left of its wait,
+        until one settles it or `acquire_retry_for` past the wait is spent."""
+        first = retry.first_sent
+        assert first is not None
+        give_up_at = first + wait_s + max(self.timeout, self.acquire_retry_for)
+        pause = RETRY_PAUSE_MIN_S
+        while True:
+            now = time.monotonic()
+            wait_left = max(0.0, first + wait_s - now)
+            attempt = w.with_wait(body, int(wait_left * 1000))
+            try:
+                timeout = max(0.001, min(self.timeout + wait_left, give_up_at - now))
+                reset = _SENDING_ACQUIRE.set(retry)
+                try:
+                    opcode, reply, conn, sent_at = await self._call_sent(w.ACQUIRE, attempt, timeout, owner=retry)
+                finally:
+                    _SENDING_ACQUIRE.reset(reset)
+            except TenureError as e:
+                unknown = is_transient(e) or isinstance(e, RequestTimeout)
+                if not unknown or time.monotonic() + pause >= give_up_at:
+                    raise
+                if _DIRECT.get() is not None:
+                    raise UseLoop(f"ACQUIRE outcome unknown ({e}): sent again on the loop") from e
+                log.debug("tenure: ACQUIRE outcome unknown (%s); sending it again", e)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+                continue
+            return self._acquired(key_b, ttl, release_on_disconnect, retry, opcode, reply, sent_at), conn
+
+    def _acquired(
+        self,
+        key_b: bytes,
+        ttl: float,
+        release_on_disconnect: bool,
+        retry: "_AcquireRetry",
+        opcode: int,
+        reply: bytes,
+        sent_at: float,
+    ) -> AcquireResult:
+        """What the ACQUIRE's settling answer means."""
+        first = retry.first_sent
+        assert first is not None
         r = w.Reader(reply)
         if opcode == w.GRANTED:
+            retry.kept = True
             token, lease_id, granted_ttl_ms, waited_ms = r.u64(), r.take(16), r.u32(), r.u32()
+            # The answering server knew no live grant of this acquire id: the lease began
+            # after this send (a re-sent blocking one must not look expired on arrival).
             deadline = local_deadline(sent_at, waited_ms, granted_ttl_ms)
-            return Granted(key_b, token, lease_id, granted_ttl_ms, waited_ms, deadline, release_on_disconnect), conn
+            return Granted(key_b, token, lease_id, granted_ttl_ms, waited_ms, deadline, release_on_disconnect)
+        if opcode == w.REGRANTED:
+            retry.kept = True
+            token, lease_id, ttl_left_ms = r.u64(), r.take(16), r.u32()
+            ttl_ms = self._ttl_ms(ttl)
+            # Granted between the first send and the repeat: no wait is counted, and the
+            # repeat's own count is kept if it is earlier.
+            deadline = min(local_deadline(first, 0, ttl_ms), local_deadline(sent_at, 0, ttl_left_ms))
+            # The server reports no wait for a repeat: 0, so that `first + waited + ttl` (the
+            # rule of PROTOCOL.md 3.3) stays no later than the server's deadline.
+            return Granted(key_b, token, lease_id, ttl_ms, 0, deadline, release_on_disconnect)
+        retry.gave_up = True
+        if opcode == w.ACQUIRE_ENDED:
+            how, token = r.u8(), r.u64()
+            raise AcquireEnded(w.ENDED_HOW.get(how, f"how {how}"), token)
         _expect(opcode, w.LOCKED)
-        return Locked(r.u64(), r.u32()), conn
+        return Locked(r.u64(), r.u32())
+
+    async def _gave_up(self, retry: "_AcquireRetry") -> None:
+        """The caller gave up: a grant that arrived late meanwhile is given back."""
+        late, retry.late = retry.late, None
+        if late is not None and retry.late_grant(*late):
+            try:
+                await self.release(late)
+            except TenureError as e:
+                log.debug("tenure: releasing a late grant failed: %s", e)
 
     async def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
         """Extends `lease` to `ttl` seconds (default: its granted TTL) from now, if it still holds.
@@ -1169,9 +1335,9 @@ class AsyncLeaseGuard(_GuardView):
         self._start(self._granted(result), conn)
         return self
 
-    async def _acquire_call(self) -> Tuple[AcquireResult, Optional[Connection]]:
+    async def _acquire_call(self, retry: Optional[_AcquireRetry] = None) -> Tuple[AcquireResult, Optional[Connection]]:
         key, ttl, wait, meta, rod = self._args
-        return await self._client._acquire(key, ttl, wait, meta, rod)
+        return await self._client._acquire(key, ttl, wait, meta, rod, retry)
 
     def _granted(self, result: AcquireResult) -> Granted:
         if isinstance(result, Locked):
@@ -1276,6 +1442,10 @@ class AsyncElection:
                 result, conn = await self.client._acquire(
                     self.key, self.ttl, self.wait_max, value, self.release_on_disconnect
                 )
+            except AcquireEnded as e:
+                # Granted while the answer was lost, and over since: campaign again.
+                log.debug("tenure: campaign's grant ended before it was seen (%s)", e)
+                continue
             except (ConnectionLost, ServerError) as e:
                 # The server restarted (or is restarting) under the standby: queue again. Not
                 # after a timeout: the first request may still be queued on the server.

@@ -28,6 +28,9 @@ from .aio import (
     Credentials,
     UseLoop,
     _DIRECT,
+    _AcquireRetry,
+    _SENDING_ACQUIRE,
+    ACQUIRE_RETRY_FOR_DEFAULT_S,
     Key,
     Meta,
     TlsOptions,
@@ -201,6 +204,7 @@ class Client:
         credentials: Optional[Union[Credentials, Tuple[str, Union[str, bytes]]]] = None,
         tls: Optional[Union[TlsOptions, Any]] = None,
         lazy: bool = False,
+        acquire_retry_for: float = ACQUIRE_RETRY_FOR_DEFAULT_S,
     ) -> None:
         self._closed = False
         self._io = _IoThread()
@@ -219,6 +223,7 @@ class Client:
                 in_flight_max=in_flight_max,
                 credentials=credentials,
                 tls=tls,
+                acquire_retry_for=acquire_retry_for,
             )
 
         try:
@@ -284,7 +289,9 @@ class Client:
             self._sync = None
             self._leave_hung(self.aio._conn, str(e))
             if opcode == w.ACQUIRE:
-                conn.abandon_acquire(body)  # drains and closes it, releasing a late grant
+                # Drains and closes it, releasing a late grant unless the ACQUIRE, sent again
+                # with its acquire id on the loop, is still retried or kept it.
+                conn.abandon_acquire(body, _SENDING_ACQUIRE.get())
             else:
                 conn.close()
             raise
@@ -378,7 +385,15 @@ class Client:
         self, key: Key, ttl: float, *, wait: float = 0.0, meta: Meta = b"", release_on_disconnect: bool = False
     ) -> AcquireResult:
         """`Granted` (the lease) or `Locked`; see `AsyncClient.acquire`."""
-        return self._fast(lambda: self.aio.acquire(key, ttl, wait=wait, meta=meta, release_on_disconnect=release_on_disconnect))
+        # One retry state for both paths: a move from the direct path to the loop sends the
+        # same ACQUIRE (same acquire id, deadline from the same first send).
+        retry = _AcquireRetry()
+
+        async def call() -> AcquireResult:
+            result, _ = await self.aio._acquire(key, ttl, wait, meta, release_on_disconnect, retry)
+            return result
+
+        return self._fast(call)
 
     def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
         """`Renewed` (with the new local deadline) or `Lost`."""
@@ -496,7 +511,8 @@ class LeaseGuard(_GuardView):
         if inner._args[4]:  # release_on_disconnect
             self._client._run(inner.acquire())
             return self
-        result, conn = self._client._fast(inner._acquire_call)
+        retry = _AcquireRetry()
+        result, conn = self._client._fast(lambda: inner._acquire_call(retry))
         client = self._client
         inner._start(inner._granted(result), conn, loop=client._io.loop, post=client._handoff.post)
         return self

@@ -53,6 +53,20 @@ class NotAcquired(TenureError):
         self.ttl_left_ms = ttl_left_ms
 
 
+class AcquireEnded(TenureError):
+    """An ACQUIRE whose first answer was lost was sent again with its acquire id, and the
+    server says it had granted this very ACQUIRE and that lease has ended since (`how`:
+    "released", "expired" or "disconnected"). Nothing is held now and nothing was granted
+    twice: acquire again to take the lock. Not transient."""
+
+    def __init__(self, how: str, token: int) -> None:
+        super().__init__(f"the acquire was granted (token {token}) and that lease has already ended: {how}")
+        #: How the lease ended.
+        self.how = how
+        #: The ended lease's fencing token.
+        self.token = token
+
+
 class LeaseLost(TenureError):
     """A lease guard no longer holds its lock; `reason` says why."""
 

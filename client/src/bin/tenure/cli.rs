@@ -33,10 +33,14 @@ pub struct Cli {
     /// Print JSON objects instead of key=value lines.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Longest wait for one answer (a blocking acquire adds its wait), and for connecting
-    /// (TLS handshake and AUTH included).
+    /// Longest wait for one answer (a blocking acquire adds its wait), connecting included.
     #[arg(long, global = true, value_parser = duration_flag, default_value = "5s")]
     pub timeout: Duration,
+    /// Longest wait for one address to connect and open (TCP, TLS handshake, the protocol's
+    /// opening and AUTH), at most --timeout: past it the next address is tried. Nothing has
+    /// been sent then, so a stopped or hung node costs this, not the whole --timeout.
+    #[arg(long, global = true, value_parser = duration_flag, default_value = "1s")]
+    pub connect_timeout: Duration,
     /// Authenticate as this identity; the secret is read from the TENURE_SECRET environment
     /// variable (never from the command line, which other users can read).
     #[arg(long, global = true, env = "TENURE_IDENTITY")]
@@ -137,6 +141,10 @@ pub enum Command {
     /// Cluster mode: a node's status, and the membership (init, add, remove).
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
+    /// Make a development CA and certificates for a secure cluster: one per node for peer
+    /// TLS (node-<id>.tenure), and with --server one for the client ports. Connects to
+    /// nothing.
+    Certs(crate::certs::CertsArgs),
 }
 
 /// Flags of `tenure run`.

@@ -97,7 +97,13 @@ async fn execute(
             // Not sent yet: the client crate does not carry acquire ids (issue 25's client
             // half); the server's own console takes ID=.
             acquire_id: _,
+            kind,
         } => {
+            if !kind.is_exclusive() {
+                // The client library has no shared or permit leases yet; sending a plain
+                // ACQUIRE instead would take the key exclusively, which is not what was typed.
+                anyhow::bail!("SHARED and PERMITS= are not supported by this console yet");
+            }
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,
@@ -115,7 +121,7 @@ async fn execute(
         Request::Release { key, lease_id } => {
             requests::release(client, out, name(&key), lease_id).await?;
         }
-        Request::Inspect { key } => {
+        Request::Inspect { key, kinds: _ } => {
             requests::inspect(client, out, name(&key)).await?;
         }
         Request::Check { key, token } => {

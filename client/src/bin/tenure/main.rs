@@ -16,13 +16,15 @@
 //! | `exit` | the exit codes | — |
 //! | `output` | one `key=value` (or JSON) line per answer, on stdout or stderr | `exit` |
 //! | `cluster` | `tenure cluster status/init/add/remove`, and the console's cluster requests | `exit`, `output` |
-//! | `cli` | the flags and commands (clap) | `cluster` |
+//! | `certs` | `tenure certs`: a development CA and node certificates (rcgen) | `exit`, `output` |
+//! | `cli` | the flags and commands (clap) | `certs`, `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
 //! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `output`, `requests` |
 //! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `output`, `run` |
 //! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |
 
+mod certs;
 mod cli;
 mod cluster;
 mod console;
@@ -79,10 +81,15 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli, out: &Out) -> anyhow::Result<u8> {
+    // Makes files, talks to no server.
+    if let Command::Certs(args) = cli.command {
+        return certs::certs(out, args);
+    }
     let mut config = ClientConfig {
         request_timeout: cli.timeout,
-        // Connecting includes the TLS handshake and AUTH, which a busy server can slow.
-        connect_timeout: cli.timeout,
+        // Per address: a node that accepts and never opens (stopped, hung) must not take
+        // the whole --timeout when another address would answer.
+        connect_timeout: cli.connect_timeout.min(cli.timeout),
         ..ClientConfig::default()
     };
     if let Some(name) = &cli.identity {
@@ -146,5 +153,6 @@ async fn execute(client: Client, out: &Out, command: Command) -> anyhow::Result<
         Command::Observe { group } => elect::observe(client, out, group).await,
         Command::Console => console::console(client, out).await,
         Command::Cluster(command) => cluster::cluster(&client, out, command).await,
+        Command::Certs(args) => certs::certs(out, args),
     }
 }

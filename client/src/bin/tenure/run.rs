@@ -57,7 +57,12 @@ async fn acquire_through_restarts(
     loop {
         match client.acquire(key, ttl, options.clone()).await {
             Ok(outcome) => return Ok(outcome),
-            Err(e) if e.is_transient() && !matches!(e, tenure::Error::Timeout(_)) => {
+            // A grant whose answer was lost and that has ended since (AcquireEnded) is queued
+            // for again too: the command has not run under it.
+            Err(e)
+                if matches!(e, tenure::Error::AcquireEnded { .. })
+                    || (e.is_transient() && !matches!(e, tenure::Error::Timeout(_))) =>
+            {
                 let left = wait_until.saturating_duration_since(Instant::now());
                 if left <= REQUEUE_PAUSE {
                     return Err(e.into());

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use tenure_protocol::{AcquireId, LeaseId, Response};
+use tenure_protocol::{AcquireId, LeaseId, LeaseKind, Response};
 
 /// Milliseconds a client counts its lease short: the server's clock resolution
 /// (PROTOCOL.md §3.3).
@@ -19,6 +19,8 @@ pub(super) struct Belief {
     pub token: u64,
     /// Whether it is released when the acquiring connection closes.
     pub release_on_disconnect: bool,
+    /// What it holds: the key alone, a read lease, or permits.
+    pub kind: LeaseKind,
     /// Sim time the client stops acting as holder: `sent + waited + ttl - slack`, or a
     /// renewal's `sent + ttl - slack`.
     pub deadline_ms: u64,
@@ -85,16 +87,17 @@ impl Model {
         self.id_grants.insert(id, (key.to_vec(), token, lease_id));
     }
 
-    /// The answer to a send of acquire id `id` on `key`, taken up while `before` held the
-    /// key, against the naive rule: while the lease a client was told of for `id` holds
-    /// the key, every send of `id` is answered with that lease; a REGRANTED names the
-    /// holder, never a grant that was undone; an ACQUIRE_ENDED never names the holder.
-    pub fn check_repeat(&self, key: &[u8], id: AcquireId, before: Option<u64>, answer: &Response) {
+    /// The answer to a send of acquire id `id` on `key`, taken up while the leases with the
+    /// tokens `holders` held the key (several on a read/write or semaphore key), against the
+    /// naive rule: while the lease a client was told of for `id` holds the key, every send
+    /// of `id` is answered with that lease; a REGRANTED names a holder, never a grant that
+    /// was undone; an ACQUIRE_ENDED never names a holder.
+    pub fn check_repeat(&self, key: &[u8], id: AcquireId, holders: &[u64], answer: &Response) {
         if let Response::Error { .. } = answer {
             return; // refused (a failed journal): nothing to compare
         }
         if let Some((k, token, lease_id)) = self.id_grants.get(&id) {
-            if k.as_slice() == key && before == Some(*token) {
+            if k.as_slice() == key && holders.contains(token) {
                 assert_eq!(
                     answer,
                     &Response::Regranted {
@@ -113,14 +116,17 @@ impl Model {
             Response::Regranted {
                 token, lease_id, ..
             } => {
-                assert_eq!(before, Some(*token), "REGRANTED names a lease not holding");
+                assert!(
+                    holders.contains(token),
+                    "REGRANTED names a lease not holding"
+                );
                 assert!(
                     !self.refused.contains(lease_id),
                     "REGRANTED names a grant answered 'nothing changed'"
                 );
             }
             Response::AcquireEnded { token, .. } => {
-                assert_ne!(before, Some(*token), "ACQUIRE_ENDED names the holder");
+                assert!(!holders.contains(token), "ACQUIRE_ENDED names a holder");
             }
             _ => {}
         }
@@ -178,17 +184,34 @@ impl Model {
         self.beliefs.retain(|b| b.client != client);
     }
 
-    /// Forgets beliefs whose deadline passed, then checks mutual exclusion: no two clients
-    /// inside their local deadlines for one key at `now_ms`.
+    /// Forgets beliefs whose deadline passed, then checks exclusion among the clients
+    /// inside their local deadlines at `now_ms`, per key: an exclusive (write) lease alone;
+    /// read leases only beside read leases; permits adding up to at most their limit.
     pub fn check_exclusion(&mut self, now_ms: u64) {
         self.beliefs.retain(|b| b.deadline_ms > now_ms);
-        let mut by_key: BTreeMap<&[u8], &Belief> = BTreeMap::new();
+        let mut by_key: BTreeMap<&[u8], Vec<&Belief>> = BTreeMap::new();
         for belief in &self.beliefs {
-            if let Some(other) = by_key.insert(&belief.key, belief) {
-                panic!(
-                    "two clients inside their deadlines at {now_ms} ms: {other:?} and {belief:?}"
-                );
-            }
+            by_key.entry(&belief.key).or_default().push(belief);
+        }
+        for inside in by_key.values().filter(|inside| inside.len() > 1) {
+            let fine = match inside[0].kind {
+                LeaseKind::Exclusive => false,
+                LeaseKind::Shared => inside.iter().all(|b| b.kind == LeaseKind::Shared),
+                LeaseKind::Permits { limit, .. } => {
+                    let mut held = 0;
+                    for belief in inside {
+                        match belief.kind {
+                            LeaseKind::Permits { count, limit: l } if l == limit => held += count,
+                            _ => held = u32::MAX,
+                        }
+                    }
+                    held <= limit
+                }
+            };
+            assert!(
+                fine,
+                "clients inside their deadlines at {now_ms} ms beyond exclusion: {inside:?}"
+            );
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use tenure_protocol::{AcquireId, ErrorCode, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, ErrorCode, LeaseId, LeaseKind, Request, Response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -26,7 +26,19 @@ use crate::journal::{Journal, Ticket, TICKET_NOW};
 /// Simulated connections (clients).
 const CONNS: usize = 5;
 /// The key space: few keys, so requests collide.
-const KEYS: [&[u8]; 4] = [b"a", b"b", b"c", b"a-key-longer-than-the-inline-limit"];
+const KEYS: [&[u8]; 5] = [
+    b"a",
+    b"b",
+    b"c",
+    b"a-key-longer-than-the-inline-limit",
+    b"s",
+];
+/// Keys acquired now and then as read leases (else exclusively: their write side): a plain
+/// lock on them turns into a read/write key when a reader comes.
+const READ_WRITE_KEYS: [&[u8]; 2] = [b"a", b"b"];
+/// The semaphore key, and its number of permits.
+const SEMAPHORE_KEY: &[u8] = b"s";
+const SEMAPHORE_LIMIT: u32 = 2;
 /// Tokens per reservation: small, so reservations (and the restart margin) happen often.
 const TOKEN_BLOCK: u64 = 16;
 /// Most expiries per shard per tick, as the ticker's budget.
@@ -56,6 +68,8 @@ pub(super) struct Coverage {
     pub refused: usize,
     /// Repeats of an ACQUIRE answered with its lease (REGRANTED).
     pub regranted: usize,
+    /// Of those, repeats of a read lease or a permit lease.
+    pub regranted_shared: usize,
     /// Repeats of an ACQUIRE answered with how its lease ended (ACQUIRE_ENDED).
     pub ended: usize,
 }
@@ -70,6 +84,7 @@ impl Coverage {
         self.undone += other.undone;
         self.refused += other.refused;
         self.regranted += other.regranted;
+        self.regranted_shared += other.regranted_shared;
         self.ended += other.ended;
     }
 
@@ -83,6 +98,7 @@ impl Coverage {
             undone,
             refused,
             regranted,
+            regranted_shared,
             ended,
         } = *self;
         for (what, count) in [
@@ -93,6 +109,10 @@ impl Coverage {
             ("undone changes", undone),
             ("refused acquires", refused),
             ("repeats answered with their lease", regranted),
+            (
+                "repeats of read or permit leases regranted",
+                regranted_shared,
+            ),
             ("repeats answered with their lease's end", ended),
         ] {
             assert!(count > 0, "the simulation never exercised {what}: {self:?}");
@@ -109,6 +129,8 @@ struct Pending {
     release_on_disconnect: bool,
     /// An ACQUIRE's acquire id.
     acquire_id: Option<AcquireId>,
+    /// An ACQUIRE's kind.
+    kind: LeaseKind,
     /// Sim time it was sent at, and the step.
     sent_ms: u64,
     sent_step: u64,
@@ -169,7 +191,7 @@ pub(super) struct World {
     /// What happened, to check that the run exercised it.
     coverage: Coverage,
     /// Acquire ids sent, with their key, newest last, to send again as retries.
-    acquire_ids: Vec<(Bytes, AcquireId)>,
+    acquire_ids: Vec<(Bytes, AcquireId, LeaseKind)>,
 }
 
 impl World {
@@ -253,6 +275,22 @@ impl World {
         Bytes::from_static(KEYS[self.rng.random_range(0..KEYS.len())])
     }
 
+    /// What an ACQUIRE of `key` asks for: permits of the semaphore key, a read lease now and
+    /// then on a read/write key, else the key alone.
+    fn kind_for(&mut self, key: &[u8]) -> LeaseKind {
+        if key == SEMAPHORE_KEY {
+            let count = self.rng.random_range(1..=SEMAPHORE_LIMIT);
+            return LeaseKind::Permits {
+                count,
+                limit: SEMAPHORE_LIMIT,
+            };
+        }
+        if READ_WRITE_KEYS.contains(&key) && self.rng.random_bool(0.5) {
+            return LeaseKind::Shared;
+        }
+        LeaseKind::Exclusive
+    }
+
     fn ttl_ms(&mut self) -> u32 {
         self.rng.random_range(100..=500)
     }
@@ -284,7 +322,10 @@ impl World {
     /// The token holding `key` as INSPECT tells it, or `None` if free.
     fn holder_token(&mut self, key: &Bytes) -> Option<u64> {
         let mut ctx = Session::new(0);
-        let request = Request::Inspect { key: key.clone() };
+        let request = Request::Inspect {
+            key: key.clone(),
+            kinds: Default::default(),
+        };
         match self.exec.execute(&mut ctx, 0, request) {
             Outcome::Reply(Response::Held { token, .. }, _) => Some(token),
             Outcome::Reply(Response::Free, _) => None,
@@ -292,31 +333,46 @@ impl World {
         }
     }
 
-    /// An acquire id for the next ACQUIRE on `key`: none, a new one, or now and then one
-    /// sent before (a retry of it, on its own key).
-    fn acquire_id(&mut self, key: &mut Bytes) -> Option<AcquireId> {
+    /// An acquire id for the next ACQUIRE on `key`, and its kind: none, a new one, or now
+    /// and then one sent before (a retry of it, on its own key, of the same kind: a client
+    /// sends the same ACQUIRE again).
+    fn acquire_id(&mut self, key: &mut Bytes) -> (Option<AcquireId>, LeaseKind) {
         match self.rng.random_range(0..10) {
             0..3 => {
                 let id = AcquireId::from_u128(self.rng.random());
+                let kind = self.kind_for(key);
                 if self.acquire_ids.len() == ACQUIRE_IDS_KEPT {
                     self.acquire_ids.remove(0);
                 }
-                self.acquire_ids.push((key.clone(), id));
-                Some(id)
+                self.acquire_ids.push((key.clone(), id, kind));
+                (Some(id), kind)
             }
             3..6 if !self.acquire_ids.is_empty() => {
                 let i = self.rng.random_range(0..self.acquire_ids.len());
-                let (retry_key, id) = self.acquire_ids[i].clone();
+                let (retry_key, id, kind) = self.acquire_ids[i].clone();
                 *key = retry_key;
-                Some(id)
+                (Some(id), kind)
             }
-            _ => None,
+            _ => (None, self.kind_for(key)),
         }
+    }
+
+    /// The tokens of every unexpired lease on `key` (several on a read/write or semaphore
+    /// key), read from the table directly.
+    fn holder_tokens(&self, key: &[u8]) -> Vec<u64> {
+        let now_ms = self.exec.clock.now_ms();
+        let mut tokens = Vec::new();
+        self.exec.shard(key).for_each_held(now_ms, |held| {
+            if held.key == key {
+                tokens.push(held.token);
+            }
+        });
+        tokens
     }
 
     async fn acquire(&mut self, c: usize, blocking: bool) {
         let mut key = self.key();
-        let acquire_id = self.acquire_id(&mut key);
+        let (acquire_id, kind) = self.acquire_id(&mut key);
         let ttl_ms = self.ttl_ms();
         let wait_ms = if blocking {
             self.rng.random_range(50..=800)
@@ -331,8 +387,10 @@ impl World {
             release_on_disconnect,
             meta: Bytes::from_static(b"sim"),
             acquire_id,
+            kind,
         };
         let before = self.holder_token(&key);
+        let holders_before = self.holder_tokens(&key);
         let sent_ms = self.now_ms();
         let outcome = self.execute(c, request).await;
         let state = match outcome {
@@ -353,7 +411,7 @@ impl World {
             outcome => reply_of(outcome),
         };
         if let (Some(id), Waiting::Durable { response, .. }) = (acquire_id, &state) {
-            self.model.check_repeat(&key, id, before, response);
+            self.model.check_repeat(&key, id, &holders_before, response);
         }
         if let Waiting::Durable {
             response,
@@ -371,6 +429,7 @@ impl World {
             asked: Asked::Acquire,
             release_on_disconnect,
             acquire_id,
+            kind,
             sent_ms,
             sent_step: self.step,
             state,
@@ -417,6 +476,7 @@ impl World {
         let pending = Pending {
             key,
             asked: Asked::Renew(lease_id),
+            kind: LeaseKind::Exclusive,
             release_on_disconnect: false,
             acquire_id: None,
             sent_ms,
@@ -455,6 +515,7 @@ impl World {
         let pending = Pending {
             key,
             asked: Asked::Release(lease_id),
+            kind: LeaseKind::Exclusive,
             release_on_disconnect: false,
             acquire_id: None,
             sent_ms,
@@ -488,11 +549,19 @@ impl World {
         if belief.deadline_ms <= now_ms + CLIENT_SLACK_MS {
             return; // at the edge: the server may have ended it a moment sooner
         }
-        assert_eq!(
-            token,
-            Some(belief.token),
-            "a believed lease is not the holder"
-        );
+        if belief.kind.is_exclusive() {
+            assert_eq!(
+                token,
+                Some(belief.token),
+                "a believed lease is not the holder"
+            );
+        } else {
+            // Several hold: INSPECT names the newest, at or above this one.
+            assert!(
+                token >= Some(belief.token),
+                "a believed reader's key is free"
+            );
+        }
         let request = Request::Check {
             key,
             token: belief.token,
@@ -584,7 +653,10 @@ impl World {
         let now_ms = self.now_ms();
         self.model.check_exclusion(now_ms);
         for belief in &self.model.beliefs {
-            let back = recovered.leases.iter().find(|l| l.key == belief.key);
+            let back = recovered
+                .leases
+                .iter()
+                .find(|l| l.key == belief.key && l.lease_id == belief.lease_id);
             assert!(
                 back.is_some_and(|l| l.lease_id == belief.lease_id && l.token == belief.token),
                 "an acknowledged lease did not come back: {belief:?}, found {back:?}"
@@ -613,7 +685,15 @@ impl World {
         for lease in recovered.leases {
             let mut shard = self.exec.shard(&lease.key);
             let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
-            shard.restore(exec_now_ms, &lease.key, id, token, ttl_ms, &lease.meta);
+            shard.restore_kind(
+                exec_now_ms,
+                &lease.key,
+                id,
+                token,
+                ttl_ms,
+                lease.kind,
+                &lease.meta,
+            );
             if let Some(acquire_id) = lease.acquire_id {
                 shard.note_acquire_id(token, acquire_id, TICKET_NOW);
             }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use tenure::LeaseId;
 
-use super::{check, Rule};
+use super::{check, orphans, Rule};
 use crate::nemesis::history::{Kind, Op, Outcome};
 
 const TTL_MS: u32 = 1000;
@@ -230,4 +230,28 @@ fn a_shorter_renewal_sent_while_a_read_waits_is_counted() {
     };
     s.op(3, (160, 265), wait, early);
     assert!(s.rules().contains(&Rule::LostGrant));
+}
+
+#[test]
+fn a_holder_token_no_client_was_granted_is_an_orphan() {
+    let mut s = consistent();
+    assert!(
+        orphans(&s.ops).is_empty(),
+        "every token seen held was granted"
+    );
+    // A grant whose answer was lost: the key is seen held by a token nobody was told.
+    let kind = Kind::Acquire {
+        ttl_ms: TTL_MS,
+        wait_ms: 0,
+    };
+    s.op(
+        3,
+        (5000, 5010),
+        kind,
+        Outcome::Unknown("connection lost".into()),
+    );
+    s.inspect((5020, 5030), Outcome::Held { token: 99 });
+    let found = orphans(&s.ops);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("token 99"), "{found:?}");
 }

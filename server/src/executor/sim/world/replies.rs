@@ -73,38 +73,7 @@ impl World {
                             undo: Some(undo),
                         }
                     }
-                    WaitResult::TimedOut { token, .. } => Waiting::Durable {
-                        response: Response::Locked {
-                            token,
-                            ttl_left_ms: 0,
-                        },
-                        ticket: TICKET_NOW,
-                        undo: None,
-                    },
-                    WaitResult::Failed(code, message) => Waiting::Durable {
-                        response: Response::Error { code, message },
-                        ticket: TICKET_NOW,
-                        undo: None,
-                    },
-                    WaitResult::Ended { how, token } => Waiting::Durable {
-                        response: Response::AcquireEnded { how, token },
-                        ticket: TICKET_NOW,
-                        undo: None,
-                    },
-                    WaitResult::Regranted {
-                        token,
-                        lease_id,
-                        ticket,
-                        ..
-                    } => Waiting::Durable {
-                        response: Response::Regranted {
-                            token,
-                            lease_id,
-                            ttl_left_ms: 0,
-                        },
-                        ticket,
-                        undo: None,
-                    },
+                    other => answered_in_line(other),
                 };
             }
         }
@@ -158,6 +127,7 @@ impl World {
                     token,
                     renew_sent_step: 0,
                     release_on_disconnect: pending.release_on_disconnect,
+                    kind: pending.kind,
                     deadline_ms: pending.sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
                         - CLIENT_SLACK_MS,
                 };
@@ -175,6 +145,9 @@ impl World {
                 Asked::Acquire,
             ) => {
                 self.coverage.regranted += 1;
+                if !pending.kind.is_exclusive() {
+                    self.coverage.regranted_shared += 1;
+                }
                 let belief = Belief {
                     client: c,
                     key: pending.key.to_vec(),
@@ -182,6 +155,8 @@ impl World {
                     token,
                     renew_sent_step: 0,
                     release_on_disconnect: false,
+                    // The sim repeats an ACQUIRE with its first send's kind.
+                    kind: pending.kind,
                     // Counted from the repeat's send, as a RENEW's (PROTOCOL.md 3.9).
                     deadline_ms: pending.sent_ms + u64::from(ttl_left_ms) - CLIENT_SLACK_MS,
                 };
@@ -225,5 +200,44 @@ impl World {
             }
             _ => {}
         }
+    }
+}
+
+/// What a waiter hears in place of a grant: LOCKED, an error, or a repeat's answer.
+fn answered_in_line(result: WaitResult) -> Waiting {
+    match result {
+        WaitResult::TimedOut { token, .. } => Waiting::Durable {
+            response: Response::Locked {
+                token,
+                ttl_left_ms: 0,
+            },
+            ticket: TICKET_NOW,
+            undo: None,
+        },
+        WaitResult::Failed(code, message) => Waiting::Durable {
+            response: Response::Error { code, message },
+            ticket: TICKET_NOW,
+            undo: None,
+        },
+        WaitResult::Ended { how, token } => Waiting::Durable {
+            response: Response::AcquireEnded { how, token },
+            ticket: TICKET_NOW,
+            undo: None,
+        },
+        WaitResult::Regranted {
+            token,
+            lease_id,
+            ttl_left_ms,
+            ticket,
+        } => Waiting::Durable {
+            response: Response::Regranted {
+                token,
+                lease_id,
+                ttl_left_ms: u32::try_from(ttl_left_ms).unwrap_or(u32::MAX),
+            },
+            ticket,
+            undo: None,
+        },
+        WaitResult::Granted { .. } => unreachable!("a grant is taken up by poll_lines"),
     }
 }

@@ -1,0 +1,184 @@
+//! `tenure certs`: a development CA and the certificates a secure cluster needs, made with
+//! rcgen: one per node for peer TLS, naming it as `node-<id>.tenure` (the DNS name
+//! `tenured`'s peer TLS reads the node id from, server/CLUSTER.md "Peer TLS"), and
+//! optionally one for the client ports. Keys are ECDSA P-256 (PKCS#8 PEM), written 0600;
+//! nothing is overwritten without `--force`. The openssl commands in CLUSTER.md make the
+//! same files.
+
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use clap::Args;
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use crate::output::{Line, Out};
+
+/// The name of a node's certificate: `tenured`'s peer TLS takes the node id from it.
+fn node_name(id: u64) -> String {
+    format!("node-{id}.tenure")
+}
+
+/// How long the CA is valid, from a day ago.
+const CA_VALID: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// How long a node's or the client port's certificate is valid, from a day ago: 825 days,
+/// the longest some TLS clients accept.
+const LEAF_VALID: Duration = Duration::from_secs(825 * 24 * 3600);
+/// How far back validity starts: a node whose clock is a little behind still accepts.
+const BACKDATE: Duration = Duration::from_secs(24 * 3600);
+/// Most node certificates one command makes (a cluster has at most 9 members; ids of
+/// replaced nodes grow beyond).
+const NODES_MAX: usize = 64;
+
+/// Flags of `tenure certs`.
+#[derive(Args, Debug)]
+pub struct CertsArgs {
+    /// Where the files go (created if missing): cluster-ca.pem and .key, node-<id>.pem and
+    /// .key per node, server.pem and .key with --server.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The node ids to make peer certificates for, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub nodes: Vec<u64>,
+    /// Host names or IP addresses the certificates also carry as subject alternative
+    /// names (the addresses the nodes are reached at); repeatable.
+    #[arg(long = "host", default_values = ["127.0.0.1", "localhost"])]
+    pub hosts: Vec<String>,
+    /// Also make server.pem/server.key for the client ports (--tls-cert/--tls-key), for
+    /// the --host names, signed by the same CA (clients use --tls-ca cluster-ca.pem).
+    #[arg(long)]
+    pub server: bool,
+    /// Replace files that exist (a new CA: every node needs its new certificate).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs `tenure certs`: prints one line naming the files.
+///
+/// # Errors
+/// A bad node id, a file that exists without `--force`, or one that cannot be written.
+pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
+    anyhow::ensure!(
+        !args.nodes.is_empty() && args.nodes.len() <= NODES_MAX,
+        "--nodes takes 1 to {NODES_MAX} ids"
+    );
+    anyhow::ensure!(args.nodes.iter().all(|id| *id >= 1), "node ids start at 1");
+    let mut names = vec!["cluster-ca".to_string()];
+    names.extend(args.nodes.iter().map(|id| format!("node-{id}")));
+    if args.server {
+        names.push("server".to_string());
+    }
+    let files: Vec<PathBuf> = names
+        .iter()
+        .flat_map(|name| ["pem", "key"].map(|ext| args.dir.join(format!("{name}.{ext}"))))
+        .collect();
+    if !args.force {
+        if let Some(exists) = files.iter().find(|file| file.exists()) {
+            anyhow::bail!("{} exists (--force replaces it)", exists.display());
+        }
+    }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let (ca, ca_key) = make_ca()?;
+    write_pair(&args.dir, "cluster-ca", &ca, &ca_key)?;
+    for id in &args.nodes {
+        let mut sans = vec![node_name(*id)];
+        sans.extend(args.hosts.iter().cloned());
+        let purposes = [
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let (cert, key) = make_leaf(&node_name(*id), sans, &purposes, (&ca, &ca_key))?;
+        write_pair(&args.dir, &format!("node-{id}"), &cert, &key)?;
+    }
+    if args.server {
+        let purposes = [ExtendedKeyUsagePurpose::ServerAuth];
+        let (cert, key) = make_leaf("tenured", args.hosts.clone(), &purposes, (&ca, &ca_key))?;
+        write_pair(&args.dir, "server", &cert, &key)?;
+    }
+    let nodes: Vec<String> = args.nodes.iter().map(u64::to_string).collect();
+    let mut line = Line::new("OK")
+        .text("dir", args.dir.display().to_string())
+        .text("nodes", nodes.join(","));
+    if args.server {
+        line = line.text("server", "server.pem");
+    }
+    out.print(line);
+    Ok(crate::exit::EXIT_OK)
+}
+
+fn make_ca() -> anyhow::Result<(Certificate, KeyPair)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "tenure development CA");
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    set_validity(&mut params, CA_VALID);
+    Ok((params.self_signed(&key)?, key))
+}
+
+fn make_leaf(
+    common_name: &str,
+    sans: Vec<String>,
+    purposes: &[ExtendedKeyUsagePurpose],
+    (ca, ca_key): (&Certificate, &KeyPair),
+) -> anyhow::Result<(Certificate, KeyPair)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(sans).context("a --host is not a valid name")?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = purposes.to_vec();
+    set_validity(&mut params, LEAF_VALID);
+    Ok((params.signed_by(&key, ca, ca_key)?, key))
+}
+
+fn set_validity(params: &mut CertificateParams, valid: Duration) {
+    let start = SystemTime::now() - BACKDATE;
+    params.not_before = start.into();
+    params.not_after = (start + valid).into();
+}
+
+/// Writes `dir/name.pem` (0644) and `dir/name.key` (0600).
+fn write_pair(dir: &Path, name: &str, cert: &Certificate, key: &KeyPair) -> anyhow::Result<()> {
+    write_file(
+        &dir.join(format!("{name}.pem")),
+        cert.pem().as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &dir.join(format!("{name}.key")),
+        key.serialize_pem().as_bytes(),
+        0o600,
+    )
+}
+
+/// Writes `bytes` to `path` with `mode`: created so (a key is never readable by others,
+/// not even for a moment), and set so when `--force` replaces a file.
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(path)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    };
+    write().with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,1078 @@
+//! Keys with several holders at once: read/write locks and counting semaphores.
+//!
+//! A plain lock lives in its 72-byte slot. A key that some ACQUIRE asked for as
+//! [`LeaseKind::Shared`] or [`LeaseKind::Permits`] lives here instead, as an [`Entry`]: its
+//! holders (each a lease of its own: lease id, fencing token, deadline, logged TTL, metadata)
+//! and one FIFO queue of waiters of every kind. The table reaches it by one check per request
+//! (`SharedKeys::is_empty`, then a hash lookup only while some key of the shard is here), so
+//! plain locks keep their slot and their speed.
+//!
+//! # Two kinds of entry
+//! - A **read/write** entry (`limit == None`): any number of [`LeaseKind::Shared`] holders
+//!   (up to `PERMITS_MAX`) while no exclusive one, or one [`LeaseKind::Exclusive`] holder
+//!   alone. A plain ACQUIRE of the key is the write side. A SHARED ACQUIRE of a key held as a
+//!   plain lock moves the key here: its holder becomes the entry's writer and its waiters the
+//!   entry's first exclusive waiters, in order and under their waiter ids.
+//! - A **semaphore** entry (`limit == Some(n)`): holders of [`LeaseKind::Permits`] whose
+//!   counts add up to at most `n`. Every ACQUIRE of the key must name the same limit while
+//!   the entry exists (anyone holds or waits); any other kind or limit is refused
+//!   ([`Acquire::KindMismatch`]), as is a PERMITS ACQUIRE of a key held as a plain or
+//!   read/write lock. The entry goes when its last holder and waiter do, so the next
+//!   ACQUIRE may name a new limit.
+//!
+//! # Strict FIFO
+//! A request is granted at once only if no live waiter is queued on the key and it fits
+//! beside the holders; otherwise it queues (or, with no wait, is answered LOCKED). Whenever
+//! a holder ends (release, expiry, disconnect) or a waiter leaves, the queue is served from
+//! its head: each head that fits is granted, with a fresh token, and the next one is looked
+//! at; the first that does not fit stops the pass. Nobody overtakes the head: a writer in line
+//! stops every reader behind it, a waiter asking for more permits than are free stops smaller
+//! requests behind it, and one writer's end grants every reader queued in a row behind it.
+//!
+//! # Tokens
+//! Every holder's token comes from the shard's [`TokenAllocator`], strictly increasing per key
+//! (and table-wide), so a writer granted after readers has a token above every one of
+//! theirs. CHECK answers CURRENT for a reader's token exactly while that read lease holds the
+//! key unexpired, which is also exactly while no write lease was granted after it: a writer
+//! is granted only once no reader holds.
+//!
+//! # Timers
+//! Each entry has at most one live timer in `timers`, at or before its earliest holder or
+//! waiter deadline (a stamp tells it from stale ones). When it fires the entry is settled:
+//! expired holders end, timed-out waiters leave, the queue is served, and the timer is filed
+//! again at the new earliest deadline. A renewal that shortens a lease re-files it at once.
+//! Stale timers are compacted away once they outnumber the entries.
+//!
+//! # Memory
+//! A holder is a 64-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
+//! quotas; the entry (key, vectors, timer) is paid once per key.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+
+use tenure_protocol::limits::PERMITS_MAX;
+use tenure_protocol::{LeaseId, LeaseKind};
+
+use super::slot::LoggedTtl;
+use super::*;
+
+/// The stale timers the shared wheel keeps before compaction, beyond one per entry.
+const SHARED_TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 1024 };
+
+/// The keys of one shard that have (or may have) several holders; see the module docs.
+#[derive(Debug)]
+pub(super) struct SharedKeys<W> {
+    /// Key to entry number. Randomly seeded: clients choose keys.
+    ids: HashMap<Box<[u8]>, u32, RandomState>,
+    /// Entries by number; `None` on the free list.
+    entries: Vec<Option<Entry<W>>>,
+    /// Numbers of vacant entries.
+    vacant: Vec<u32>,
+    /// Entry timers: (entry number, stamp), live while the entry's `armed` has that stamp.
+    timers: TimerWheel<(u32, u32)>,
+    /// The next timer stamp.
+    next_stamp: u32,
+    /// Entries whose queue could not be served for want of tokens (may repeat or be stale).
+    stalled: Vec<u32>,
+    /// Holders over all entries.
+    holders_count: usize,
+    /// Waiters over all entries.
+    waiters_count: usize,
+}
+
+/// One shared key: its holders and its queue.
+#[derive(Debug)]
+pub(super) struct Entry<W> {
+    /// The key.
+    key: Box<[u8]>,
+    /// A semaphore's number of permits; `None` for a read/write key.
+    limit: Option<u32>,
+    /// Holders, in grant order (so tokens increase along it).
+    holders: Vec<Holder>,
+    /// Waiters, first come first served.
+    queue: VecDeque<Waiting<W>>,
+    /// The deadline and stamp of the entry's live timer.
+    armed: Option<(u64, u32)>,
+}
+
+/// One lease on a shared key. 64 bytes.
+#[derive(Debug, Clone)]
+pub(super) struct Holder {
+    /// The lease id its holder presents.
+    pub(super) lease_id: LeaseId,
+    /// Its fencing token.
+    pub(super) token: u64,
+    /// It is over once `now_ms >= deadline_ms`.
+    pub(super) deadline_ms: u64,
+    /// The TTL of its last journal record.
+    pub(super) logged: LoggedTtl,
+    /// What it holds.
+    pub(super) kind: LeaseKind,
+    /// Its metadata.
+    pub(super) meta: Box<[u8]>,
+}
+
+/// A queued acquire on a shared key.
+#[derive(Debug)]
+struct Waiting<W> {
+    /// Where to deliver the outcome.
+    waiter: W,
+    /// Unique within the table.
+    waiter_id: u64,
+    /// The lease id it will hold under.
+    lease_id: LeaseId,
+    /// The TTL it asked for.
+    ttl_ms: u32,
+    /// It gives up once `now_ms >= deadline_ms`.
+    deadline_ms: u64,
+    /// What it asks for.
+    kind: LeaseKind,
+    /// Its metadata.
+    meta: Box<[u8]>,
+}
+
+/// What INSPECT tells of a shared key beyond HELD's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedInspect {
+    /// A semaphore's limit; 0 for a read/write key.
+    pub limit: u32,
+    /// Unexpired holders.
+    pub holders: u32,
+    /// Permits held (a semaphore), or readers (a read/write key).
+    pub in_use: u32,
+    /// Whether an exclusive (write) lease holds it.
+    pub writer: bool,
+    /// Waiting for a shared lease or permits.
+    pub waiting_shared: u32,
+    /// Waiting for the key alone (writers).
+    pub waiting_exclusive: u32,
+}
+
+impl<W> Default for SharedKeys<W> {
+    fn default() -> Self {
+        SharedKeys {
+            ids: HashMap::default(),
+            entries: Vec::new(),
+            vacant: Vec::new(),
+            timers: TimerWheel::new(),
+            next_stamp: 0,
+            stalled: Vec::new(),
+            holders_count: 0,
+            waiters_count: 0,
+        }
+    }
+}
+
+impl<W> SharedKeys<W> {
+    /// Whether no key of the shard is shared: the one check a plain request pays.
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Whether the ticker has anything to do here: entries, timers (stale ones too, which
+    /// must be drained) or stalled queues.
+    pub(super) fn has_work(&self) -> bool {
+        !self.ids.is_empty() || !self.timers.is_empty() || !self.stalled.is_empty()
+    }
+
+    /// The entry number of `key`, if it is shared.
+    #[inline]
+    pub(super) fn find(&self, key: &[u8]) -> Option<u32> {
+        if self.is_empty() {
+            return None;
+        }
+        self.ids.get(key).copied()
+    }
+
+    /// Holders over all entries.
+    pub(super) fn holders_count(&self) -> usize {
+        self.holders_count
+    }
+
+    /// Waiters over all entries.
+    pub(super) fn waiters_count(&self) -> usize {
+        self.waiters_count
+    }
+
+    /// Keys with an entry.
+    pub(super) fn keys_count(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Heap bytes of the entries and their holders and queues (keys and metadata aside).
+    pub(super) fn memory_bytes(&self) -> usize {
+        let entries = self.entries.capacity() * size_of::<Option<Entry<W>>>();
+        let inside: usize = self
+            .entries
+            .iter()
+            .flatten()
+            .map(|e| {
+                e.holders.capacity() * size_of::<Holder>()
+                    + e.queue.capacity() * size_of::<Waiting<W>>()
+            })
+            .sum();
+        entries + inside + self.timers.memory_bytes() + self.ids.capacity() * 24
+    }
+
+    fn entry(&self, number: u32) -> &Entry<W> {
+        self.entries[number as usize]
+            .as_ref()
+            .expect("a live entry number")
+    }
+
+    fn entry_mut(&mut self, number: u32) -> &mut Entry<W> {
+        self.entries[number as usize]
+            .as_mut()
+            .expect("a live entry number")
+    }
+
+    /// A new, empty entry for `key`.
+    fn open(&mut self, key: &[u8], limit: Option<u32>) -> u32 {
+        let entry = Entry {
+            key: key.into(),
+            limit,
+            holders: Vec::new(),
+            queue: VecDeque::new(),
+            armed: None,
+        };
+        let number = match self.vacant.pop() {
+            Some(number) => {
+                self.entries[number as usize] = Some(entry);
+                number
+            }
+            None => {
+                self.entries.push(Some(entry));
+                u32::try_from(self.entries.len() - 1).expect("entries bounded by held_max")
+            }
+        };
+        self.ids.insert(key.into(), number);
+        number
+    }
+
+    /// Drops an entry with no holder and no waiter.
+    fn close(&mut self, number: u32) {
+        let entry = self.entries[number as usize].take().expect("a live entry");
+        assert!(entry.holders.is_empty() && entry.queue.is_empty());
+        self.ids.remove(&entry.key);
+        self.vacant.push(number);
+    }
+}
+
+impl<W> Entry<W> {
+    /// Whether `kind` may hold beside the holders now.
+    fn fits(&self, kind: LeaseKind) -> bool {
+        match kind {
+            LeaseKind::Exclusive => self.holders.is_empty(),
+            LeaseKind::Shared => {
+                self.holders.len() < PERMITS_MAX as usize
+                    && self.holders.iter().all(|h| h.kind == LeaseKind::Shared)
+            }
+            LeaseKind::Permits { count, limit } => {
+                let in_use: u32 = self.holders.iter().map(|h| permits(h.kind)).sum();
+                in_use + count <= limit
+            }
+        }
+    }
+
+    /// Whether `kind` may ever be asked of this entry (its kind and limit).
+    fn admits(&self, kind: LeaseKind) -> bool {
+        match (self.limit, kind) {
+            (Some(limit), LeaseKind::Permits { limit: asked, .. }) => limit == asked,
+            (None, LeaseKind::Exclusive | LeaseKind::Shared) => true,
+            _ => false,
+        }
+    }
+
+    /// The earliest holder or waiter deadline.
+    fn next_deadline_ms(&self) -> Option<u64> {
+        let holders = self.holders.iter().map(|h| h.deadline_ms);
+        let waiters = self.queue.iter().map(|w| w.deadline_ms);
+        holders.chain(waiters).min()
+    }
+
+    /// The newest holder's token and the time until the first holder's lease ends.
+    fn locked(&self, now_ms: u64) -> (u64, u64) {
+        let token = self.holders.iter().map(|h| h.token).max().unwrap_or(0);
+        let left = self
+            .holders
+            .iter()
+            .map(|h| h.deadline_ms.saturating_sub(now_ms))
+            .min()
+            .unwrap_or(0);
+        (token, left)
+    }
+
+    fn holder(&self, lease_id: LeaseId, now_ms: u64) -> Option<usize> {
+        self.holders
+            .iter()
+            .position(|h| h.lease_id == lease_id && h.deadline_ms > now_ms)
+    }
+}
+
+/// The permits a lease of `kind` holds of a semaphore.
+fn permits(kind: LeaseKind) -> u32 {
+    match kind {
+        LeaseKind::Permits { count, .. } => count,
+        _ => 0,
+    }
+}
+
+impl<W: WaiterSink> LockTable<W> {
+    /// ACQUIRE of a shared key, or of any key with a shared kind (`args.kind`).
+    pub(super) fn acquire_shared(
+        &mut self,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Acquire<W> {
+        let number = match self.shared.find(args.key) {
+            Some(number) => {
+                self.settle_shared(number, now_ms, tokens, events);
+                self.shared.find(args.key)
+            }
+            None => None,
+        };
+        let number = match number {
+            Some(number) => number,
+            None => match self.open_shared(now_ms, &args, kind, tokens, events) {
+                Ok(number) => number,
+                Err(refused) => return refused,
+            },
+        };
+        let entry = self.shared.entry(number);
+        if !entry.admits(kind) {
+            let key_limit = entry.limit;
+            self.close_if_idle(number);
+            return Acquire::KindMismatch { key_limit };
+        }
+        if entry.queue.is_empty() && entry.fits(kind) {
+            let outcome = self.grant_shared_now(number, now_ms, args, kind, tokens);
+            self.close_if_idle(number);
+            return outcome;
+        }
+        if args.wait_ms == 0 {
+            let (token, ttl_left_ms) = entry.locked(now_ms);
+            self.close_if_idle(number);
+            return Acquire::Locked { token, ttl_left_ms };
+        }
+        self.enqueue_shared(number, now_ms, args, kind)
+    }
+
+    /// An entry for a key that has none: new, or the key's plain lock moved here. `Err`
+    /// with the answer if the key is a plain lock and the request cannot join it.
+    fn open_shared(
+        &mut self,
+        now_ms: u64,
+        args: &AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Result<u32, Acquire<W>> {
+        let limit = match kind {
+            LeaseKind::Permits { limit, .. } => Some(limit),
+            _ => None,
+        };
+        let Some(slot) = self.find(args.key) else {
+            return Ok(self.shared.open(args.key, limit));
+        };
+        self.settle(slot, now_ms, tokens, events);
+        let Some(slot) = self.find(args.key) else {
+            return Ok(self.shared.open(args.key, limit));
+        };
+        if limit.is_some() {
+            return Err(Acquire::KindMismatch { key_limit: None });
+        }
+        Ok(self.move_to_shared(slot))
+    }
+
+    /// Moves a plain lock (its holder and waiters) into a new read/write entry.
+    fn move_to_shared(&mut self, slot: usize) -> u32 {
+        let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
+        let number = self.shared.open(&key, None);
+        let lock = &self.slots[slot];
+        let holder = (lock.deadline_ms != 0).then(|| Holder {
+            lease_id: lock.lease_id,
+            token: lock.token,
+            deadline_ms: lock.deadline_ms,
+            logged: lock.logged,
+            kind: LeaseKind::Exclusive,
+            meta: self.meta(slot).into(),
+        });
+        let mut moved = VecDeque::new();
+        if let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) {
+            for queued in extra.queue.drain(..) {
+                let Some(waiter) = queued.waiter else {
+                    continue;
+                };
+                moved.push_back(Waiting {
+                    waiter,
+                    waiter_id: queued.waiter_id,
+                    lease_id: queued.lease_id,
+                    ttl_ms: queued.ttl_ms,
+                    deadline_ms: queued.deadline_ms,
+                    kind: LeaseKind::Exclusive,
+                    meta: queued.meta,
+                });
+            }
+            extra.live = 0;
+        }
+        // The waiters keep their quota units; only this table's count moves.
+        self.waiters_count -= moved.len();
+        self.shared.waiters_count += moved.len();
+        // The holder keeps its held unit: take one before `free` gives the slot's back.
+        self.quotas.held.take_anyway();
+        self.free(slot);
+        let entry = self.shared.entry_mut(number);
+        entry.queue = moved;
+        if let Some(holder) = holder {
+            entry.holders.push(holder);
+            self.shared.holders_count += 1;
+        } else {
+            self.quotas.held.give_back(1);
+        }
+        self.arm_shared(number);
+        number
+    }
+
+    /// Grants a request that fits now.
+    fn grant_shared_now(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        tokens: &TokenAllocator,
+    ) -> Acquire<W> {
+        if !self.quotas.held.try_take() {
+            return Acquire::Full(Limit::HeldLocks);
+        }
+        let Some(token) = tokens.try_next() else {
+            self.quotas.held.give_back(1);
+            return Acquire::TokensExhausted {
+                waiter: args.waiter,
+            };
+        };
+        let grant = Grant {
+            token,
+            lease_id: args.lease_id,
+            ttl_ms: args.ttl_ms,
+        };
+        self.add_holder(number, now_ms, grant, kind, args.meta.into());
+        Acquire::Granted(grant)
+    }
+
+    /// Makes `grant` a holder of the entry (its held unit already taken).
+    fn add_holder(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        grant: Grant,
+        kind: LeaseKind,
+        meta: Box<[u8]>,
+    ) {
+        let entry = self.shared.entry_mut(number);
+        entry.holders.push(Holder {
+            lease_id: grant.lease_id,
+            token: grant.token,
+            deadline_ms: now_ms + u64::from(grant.ttl_ms),
+            logged: LoggedTtl::settled(grant.ttl_ms),
+            kind,
+            meta,
+        });
+        self.shared.holders_count += 1;
+        self.arm_shared(number);
+    }
+
+    /// Queues a request on a shared key.
+    fn enqueue_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+    ) -> Acquire<W> {
+        if self.shared.entry(number).queue.len() >= self.quotas.waiters_per_key_max {
+            self.close_if_idle(number);
+            return Acquire::Full(Limit::WaitersPerKey);
+        }
+        if !self.quotas.waiters.try_take() {
+            self.close_if_idle(number);
+            return Acquire::Full(Limit::Waiters);
+        }
+        let waiter_id = self.next_waiter_id;
+        self.next_waiter_id += 1;
+        let entry = self.shared.entry_mut(number);
+        entry.queue.push_back(Waiting {
+            waiter: args.waiter.expect("checked: waiting needs a waiter"),
+            waiter_id,
+            lease_id: args.lease_id,
+            ttl_ms: args.ttl_ms,
+            deadline_ms: now_ms + u64::from(args.wait_ms),
+            kind,
+            meta: args.meta.into(),
+        });
+        self.shared.waiters_count += 1;
+        self.arm_shared(number);
+        Acquire::Queued { waiter_id }
+    }
+
+    /// Brings an entry up to date: ends expired holders, times out waiters, serves the
+    /// queue, and drops the entry if nothing is left.
+    pub(super) fn settle_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) {
+        let entry = self.shared.entry_mut(number);
+        let mut ended = 0;
+        let key = entry.key.clone();
+        entry.holders.retain(|holder| {
+            if holder.deadline_ms > now_ms {
+                return true;
+            }
+            ended += 1;
+            events.push(Event::Expired {
+                key: key.clone(),
+                token: holder.token,
+                lease_id: holder.lease_id,
+                handoff: None,
+            });
+            false
+        });
+        self.shared.holders_count -= ended;
+        self.quotas.held.give_back(ended);
+        self.time_out_shared(number, now_ms, events);
+        self.serve_shared(number, now_ms, tokens, events);
+        if !self.close_if_idle(number) {
+            self.arm_shared(number);
+        }
+    }
+
+    /// Removes the entry's waiters whose wait ran out, reporting each.
+    fn time_out_shared(&mut self, number: u32, now_ms: u64, events: &mut Vec<Event<W>>) {
+        let entry = self.shared.entry_mut(number);
+        if entry.queue.iter().all(|w| w.deadline_ms > now_ms) {
+            return;
+        }
+        let (holder_token, ttl_left_ms) = entry.locked(now_ms);
+        let mut kept = VecDeque::with_capacity(entry.queue.len());
+        let mut gone = 0;
+        for waiting in entry.queue.drain(..) {
+            if waiting.deadline_ms > now_ms {
+                kept.push_back(waiting);
+                continue;
+            }
+            gone += 1;
+            events.push(Event::WaitTimedOut {
+                waiter: waiting.waiter,
+                waiter_id: waiting.waiter_id,
+                key: entry.key.clone(),
+                holder_token,
+                ttl_left_ms,
+            });
+        }
+        entry.queue = kept;
+        self.shared_waiters_left(gone);
+    }
+
+    fn shared_waiters_left(&mut self, n: usize) {
+        self.shared.waiters_count -= n;
+        self.quotas.waiters.give_back(n);
+    }
+
+    /// Grants queued requests from the head while they fit (strict FIFO), each as a
+    /// [`Event::HandedOff`]. Out of tokens, the entry waits in `stalled` for `advance`.
+    fn serve_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) {
+        loop {
+            let entry = self.shared.entry_mut(number);
+            let mut dead = 0;
+            while entry.queue.front().is_some_and(|w| !w.waiter.is_live()) {
+                entry.queue.pop_front();
+                dead += 1;
+            }
+            self.shared_waiters_left(dead);
+            let entry = self.shared.entry_mut(number);
+            let Some(head) = entry.queue.front() else {
+                return;
+            };
+            if !entry.fits(head.kind) {
+                return;
+            }
+            let Some(token) = tokens.try_next() else {
+                self.shared.stalled.push(number);
+                return;
+            };
+            let waiting = entry.queue.pop_front().expect("a head");
+            let key = entry.key.clone();
+            self.shared_waiters_left(1);
+            // A waiter was admitted with room in the waiters' quota; it becomes a holder
+            // whatever the held count is now, like a plain lock's hand-off.
+            self.quotas.held.take_anyway();
+            let grant = Grant {
+                token,
+                lease_id: waiting.lease_id,
+                ttl_ms: waiting.ttl_ms,
+            };
+            self.add_holder(number, now_ms, grant, waiting.kind, waiting.meta.clone());
+            events.push(Event::HandedOff(Handoff {
+                waiter: waiting.waiter,
+                waiter_id: waiting.waiter_id,
+                grant,
+                key,
+                meta: waiting.meta,
+                kind: waiting.kind,
+            }));
+        }
+    }
+
+    /// Drops the entry if it has no holder and no waiter; returns whether it did.
+    fn close_if_idle(&mut self, number: u32) -> bool {
+        let entry = self.shared.entry(number);
+        if !entry.holders.is_empty() || !entry.queue.is_empty() {
+            return false;
+        }
+        self.shared.close(number);
+        true
+    }
+
+    /// Files the entry's timer at its earliest deadline unless one is filed at or before it.
+    fn arm_shared(&mut self, number: u32) {
+        let entry = self.shared.entry(number);
+        let Some(due_ms) = entry.next_deadline_ms() else {
+            self.shared.entry_mut(number).armed = None;
+            return;
+        };
+        if entry.armed.is_some_and(|(armed_ms, _)| armed_ms <= due_ms) {
+            return;
+        }
+        let shared = &mut self.shared;
+        let live_max = 2 * shared.ids.len() + SHARED_TIMERS_STALE_MIN;
+        if shared.timers.len() >= live_max {
+            let entries = &shared.entries;
+            shared.timers.retain(|_, &(number, stamp)| {
+                entries[number as usize]
+                    .as_ref()
+                    .is_some_and(|e| e.armed.is_some_and(|(_, s)| s == stamp))
+            });
+        }
+        let stamp = shared.next_stamp;
+        shared.next_stamp = shared.next_stamp.wrapping_add(1);
+        shared.timers.insert(due_ms, (number, stamp));
+        shared.entry_mut(number).armed = Some((due_ms, stamp));
+    }
+
+    /// The ticker's share for shared keys: stalled queues, then due timers, within `budget`.
+    /// Returns the items processed.
+    pub(super) fn advance_shared(
+        &mut self,
+        now_ms: u64,
+        budget: usize,
+        tokens: &TokenAllocator,
+        out: &mut Vec<Event<W>>,
+    ) -> usize {
+        let mut spent = 0;
+        if tokens.remaining() > 0 && !self.shared.stalled.is_empty() {
+            let mut stalled = std::mem::take(&mut self.shared.stalled);
+            stalled.sort_unstable();
+            stalled.dedup();
+            for number in stalled {
+                if self.shared.entries[number as usize].is_none() {
+                    continue; // gone since (a stale number)
+                }
+                if spent >= budget {
+                    self.shared.stalled.push(number);
+                    continue;
+                }
+                spent += 1;
+                self.settle_shared(number, now_ms, tokens, out);
+            }
+        }
+        let mut fired = Vec::new();
+        spent += self
+            .shared
+            .timers
+            .poll(now_ms, budget - spent.min(budget), &mut fired);
+        for (number, stamp) in fired {
+            let live = self.shared.entries[number as usize]
+                .as_ref()
+                .is_some_and(|e| e.armed.is_some_and(|(_, s)| s == stamp));
+            if live {
+                self.shared.entry_mut(number).armed = None;
+                self.settle_shared(number, now_ms, tokens, out);
+            }
+        }
+        spent
+    }
+
+    /// Whether the shared part has due work at `now_ms`.
+    pub(super) fn shared_due(&self, now_ms: u64, tokens: &TokenAllocator) -> bool {
+        self.shared
+            .timers
+            .next_due_ms()
+            .is_some_and(|due| due <= now_ms)
+            || (tokens.remaining() > 0 && !self.shared.stalled.is_empty())
+    }
+
+    /// When the shared wheel next has a timer due.
+    pub(super) fn shared_next_due_ms(&self) -> Option<u64> {
+        self.shared.timers.next_due_ms()
+    }
+
+    /// RENEW of a lease on a shared key (same rules as a plain lease's).
+    pub(super) fn renew_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        lease_id: LeaseId,
+        ttl_ms: u32,
+        durable_lsn: impl FnOnce() -> u64,
+    ) -> Renew {
+        let renewal_lsn_max = self.renewal_lsn_max;
+        let entry = self.shared.entry_mut(number);
+        let Some(at) = entry.holder(lease_id, now_ms) else {
+            return Renew::Lost;
+        };
+        let holder = &mut entry.holders[at];
+        if ttl_ms > holder.logged.ttl_ms() {
+            return Renew::Unlogged {
+                token: holder.token,
+            };
+        }
+        let mut wait_lsn = 0;
+        if holder.logged.is_pending() {
+            if durable_lsn() >= renewal_lsn_max {
+                holder.logged = LoggedTtl::settled(holder.logged.ttl_ms());
+            } else {
+                wait_lsn = renewal_lsn_max;
+            }
+        }
+        self.extend_shared(number, at, now_ms, ttl_ms);
+        Renew::Renewed { ttl_ms, wait_lsn }
+    }
+
+    /// `renew_logged` of a lease on a shared key.
+    pub(super) fn renew_logged_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        token: u64,
+        ttl_ms: u32,
+        lsn: u64,
+    ) {
+        let entry = self.shared.entry_mut(number);
+        let at = entry
+            .holders
+            .iter()
+            .position(|h| h.token == token && h.deadline_ms > now_ms)
+            .expect("renew_logged: the lease that renew answered Unlogged is gone");
+        entry.holders[at].logged = if lsn == 0 {
+            LoggedTtl::settled(ttl_ms)
+        } else {
+            LoggedTtl::pending(ttl_ms)
+        };
+        self.renewal_lsn_max = self.renewal_lsn_max.max(lsn);
+        self.extend_shared(number, at, now_ms, ttl_ms);
+    }
+
+    fn extend_shared(&mut self, number: u32, at: usize, now_ms: u64, ttl_ms: u32) {
+        let holder = &mut self.shared.entry_mut(number).holders[at];
+        holder.deadline_ms = now_ms + u64::from(ttl_ms);
+        // A shorter lease may be due before the filed timer: `arm_shared` files it earlier.
+        self.arm_shared(number);
+    }
+
+    /// RELEASE of a lease on a shared key: it ends, and the queue is served. The first
+    /// grant is the answer's `handoff`, the rest go to `events`.
+    pub(super) fn release_shared(
+        &mut self,
+        number: u32,
+        now_ms: u64,
+        lease_id: LeaseId,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Release<W> {
+        let entry = self.shared.entry_mut(number);
+        let Some(at) = entry.holder(lease_id, now_ms) else {
+            return Release::NotOwner;
+        };
+        let token = entry.holders.remove(at).token;
+        self.shared.holders_count -= 1;
+        self.quotas.held.give_back(1);
+        let mark = events.len();
+        self.settle_shared(number, now_ms, tokens, events);
+        // The first hand-off of this release rides in its answer, as a plain lock's does.
+        let first = events[mark..]
+            .iter()
+            .position(|e| matches!(e, Event::HandedOff(_)))
+            .map(|at| mark + at);
+        let handoff = first.map(|at| match events.remove(at) {
+            Event::HandedOff(handoff) => handoff,
+            _ => unreachable!("found as HandedOff"),
+        });
+        Release::Released { token, handoff }
+    }
+
+    /// Removes a queued waiter of a shared key; false if it is not queued there.
+    pub(super) fn cancel_shared(&mut self, number: u32, waiter_id: u64) -> bool {
+        let entry = self.shared.entry_mut(number);
+        let Some(at) = entry.queue.iter().position(|w| w.waiter_id == waiter_id) else {
+            return false;
+        };
+        entry.queue.remove(at);
+        self.shared_waiters_left(1);
+        // A head that left may let the next ones in: the ticker serves the key soon.
+        self.shared.stalled.push(number);
+        self.close_if_idle(number);
+        true
+    }
+
+    /// CHECK on a shared key: whether `token` names an unexpired holder.
+    pub(super) fn check_shared(&self, number: u32, now_ms: u64, token: u64) -> Check {
+        let entry = self.shared.entry(number);
+        if entry
+            .holders
+            .iter()
+            .any(|h| h.token == token && h.deadline_ms > now_ms)
+        {
+            Check::Current
+        } else {
+            Check::Stale
+        }
+    }
+
+    /// INSPECT on a shared key, in HELD's words: the newest holder's token and metadata,
+    /// the time until the first lease ends, the waiters.
+    pub(super) fn inspect_shared(&self, number: u32, now_ms: u64) -> Inspect<'_> {
+        let entry = self.shared.entry(number);
+        let newest = entry
+            .holders
+            .iter()
+            .filter(|h| h.deadline_ms > now_ms)
+            .max_by_key(|h| h.token);
+        let Some(newest) = newest else {
+            return Inspect::Free;
+        };
+        let ttl_left_ms = entry
+            .holders
+            .iter()
+            .filter(|h| h.deadline_ms > now_ms)
+            .map(|h| h.deadline_ms - now_ms)
+            .min()
+            .expect("one holder at least");
+        Inspect::Held {
+            token: newest.token,
+            ttl_left_ms,
+            waiters: u32::try_from(entry.queue.len()).expect("bounded by limits"),
+            meta: &newest.meta,
+        }
+    }
+
+    /// What a shared key's holders and waiters are, as of `now_ms`.
+    pub fn inspect_kinds(&self, now_ms: u64, key: &[u8]) -> Option<SharedInspect> {
+        let now_ms = now_ms.max(self.now_ms);
+        let entry = self.shared.entry(self.shared.find(key)?);
+        let live = entry.holders.iter().filter(|h| h.deadline_ms > now_ms);
+        let mut out = SharedInspect {
+            limit: entry.limit.unwrap_or(0),
+            ..SharedInspect::default()
+        };
+        for holder in live {
+            out.holders += 1;
+            match holder.kind {
+                LeaseKind::Exclusive => out.writer = true,
+                LeaseKind::Shared => out.in_use += 1,
+                LeaseKind::Permits { count, .. } => out.in_use += count,
+            }
+        }
+        for waiting in &entry.queue {
+            if waiting.kind == LeaseKind::Exclusive {
+                out.waiting_exclusive += 1;
+            } else {
+                out.waiting_shared += 1;
+            }
+        }
+        Some(out)
+    }
+
+    /// The unexpired lease `lease_id` on a shared key: its token, time left, logged TTL,
+    /// kind and metadata (what undoing its release needs).
+    pub fn shared_lease(
+        &self,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+    ) -> Option<(u64, u64, LoggedTtl, LeaseKind, &[u8])> {
+        let now_ms = now_ms.max(self.now_ms);
+        let entry = self.shared.entry(self.shared.find(key)?);
+        let holder = &entry.holders[entry.holder(lease_id, now_ms)?];
+        Some((
+            holder.token,
+            holder.deadline_ms - now_ms,
+            holder.logged,
+            holder.kind,
+            &holder.meta,
+        ))
+    }
+
+    /// The holders of `key` if it is a shared key, unexpired or not: (token, lease id,
+    /// deadline) each, in grant order. For the acquire-id lookups (`repeat_of`), which find
+    /// a repeat's lease among a read/write or semaphore key's holders by its token.
+    pub(super) fn shared_holders(
+        &self,
+        key: &[u8],
+    ) -> Option<impl Iterator<Item = (u64, LeaseId, u64)> + '_> {
+        let entry = self.shared.entry(self.shared.find(key)?);
+        Some(
+            entry
+                .holders
+                .iter()
+                .map(|h| (h.token, h.lease_id, h.deadline_ms)),
+        )
+    }
+
+    /// The fencing tokens of every holder of every shared key (for the invariant checks).
+    pub(super) fn shared_tokens(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.shared.entries.iter().flatten()).flat_map(|e| e.holders.iter().map(|h| h.token))
+    }
+
+    /// Whether `key` is a shared key (has an entry).
+    pub fn is_shared(&self, key: &[u8]) -> bool {
+        self.shared.find(key).is_some()
+    }
+
+    /// Puts a recovered (or un-released) lease of a shared kind back; see
+    /// [`LockTable::restore_kind`].
+    pub(super) fn restore_shared(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        grant: Grant,
+        kind: LeaseKind,
+        meta: &[u8],
+    ) {
+        let limit = match kind {
+            LeaseKind::Permits { limit, .. } => Some(limit),
+            _ => None,
+        };
+        assert!(
+            self.find(key).is_none(),
+            "restore: a plain lock and a shared one"
+        );
+        let number = match self.shared.find(key) {
+            Some(number) => number,
+            None => self.shared.open(key, limit),
+        };
+        let entry = self.shared.entry(number);
+        assert!(
+            entry.admits(kind) && entry.holders.iter().all(|h| h.token != grant.token),
+            "restore: lease {kind:?} does not fit key's {:?}",
+            entry.limit
+        );
+        self.quotas.held.take_anyway();
+        self.add_holder(number, now_ms, grant, kind, meta.into());
+    }
+
+    /// `restore_logged_ttl` of a lease on a shared key.
+    pub(super) fn restore_logged_ttl_shared(&mut self, number: u32, token: u64, logged: LoggedTtl) {
+        let entry = self.shared.entry_mut(number);
+        let holder = entry
+            .holders
+            .iter_mut()
+            .find(|h| h.token == token)
+            .expect("restore_logged_ttl: the lease was not restored");
+        holder.logged = logged;
+    }
+
+    /// Calls `visit` for every unexpired lease on a shared key.
+    pub(super) fn for_each_shared(&self, now_ms: u64, visit: &mut impl FnMut(HeldLock<'_>)) {
+        for entry in self.shared.entries.iter().flatten() {
+            for holder in entry.holders.iter().filter(|h| h.deadline_ms > now_ms) {
+                visit(HeldLock {
+                    key: &entry.key,
+                    lease_id: holder.lease_id,
+                    token: holder.token,
+                    ttl_ms: holder.logged.ttl_ms(),
+                    ttl_left_ms: holder.deadline_ms - now_ms,
+                    meta: &holder.meta,
+                    kind: holder.kind,
+                });
+            }
+        }
+    }
+
+    /// The shared part's invariants (see `check_invariants`).
+    pub(super) fn check_shared_invariants(&self) {
+        let shared = &self.shared;
+        let (mut holders, mut waiters) = (0, 0);
+        for (number, entry) in shared.entries.iter().enumerate() {
+            let Some(entry) = entry else {
+                assert!(
+                    shared.vacant.contains(&(number as u32)),
+                    "lost entry {number}"
+                );
+                continue;
+            };
+            assert_eq!(
+                shared.ids.get(&entry.key),
+                Some(&(number as u32)),
+                "entry index"
+            );
+            assert!(self.find(&entry.key).is_none(), "key both plain and shared");
+            assert!(
+                !entry.holders.is_empty() || !entry.queue.is_empty(),
+                "idle entry {number} kept"
+            );
+            holders += entry.holders.len();
+            waiters += entry.queue.len();
+            check_entry(entry);
+        }
+        assert_eq!(holders, shared.holders_count, "shared holders count");
+        assert_eq!(waiters, shared.waiters_count, "shared waiters count");
+        assert_eq!(shared.ids.len() + shared.vacant.len(), shared.entries.len());
+    }
+}
+
+/// One entry's holders fit together and its tokens are distinct.
+fn check_entry<W>(entry: &Entry<W>) {
+    for holder in &entry.holders {
+        assert!(
+            entry.admits(holder.kind),
+            "holder kind {:?} in {:?}",
+            holder.kind,
+            entry.limit
+        );
+        assert!(holder.token != 0, "token 0");
+    }
+    let writers = entry
+        .holders
+        .iter()
+        .filter(|h| h.kind == LeaseKind::Exclusive)
+        .count();
+    assert!(
+        writers == 0 || entry.holders.len() == 1,
+        "a writer beside another holder"
+    );
+    if let Some(limit) = entry.limit {
+        let in_use: u32 = entry.holders.iter().map(|h| permits(h.kind)).sum();
+        assert!(in_use <= limit, "{in_use} permits of {limit}");
+    }
+    let mut tokens: Vec<u64> = entry.holders.iter().map(|h| h.token).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(
+        tokens.len(),
+        entry.holders.len(),
+        "two holders share a token"
+    );
+}
