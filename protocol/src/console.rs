@@ -8,6 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
+use crate::limits::PERMITS_MAX;
 use crate::{ErrorCode, FrameError, LeaseId, LeaseKind, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
@@ -188,10 +189,25 @@ fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
         return Ok(LeaseKind::Shared);
     };
     let (count, limit) = match value.split_once('/') {
-        Some((count, limit)) => (parse_u32("count", count)?, parse_u32("limit", limit)?),
-        None => (1, parse_u32("limit", value)?),
+        Some((count, limit)) => (
+            parse_permits("count", count)?,
+            parse_permits("limit", limit)?,
+        ),
+        None => (1, parse_permits("limit", value)?),
     };
     Ok(LeaseKind::Permits { count, limit })
+}
+
+/// A PERMITS= number: decimal digits only (no sign; `str::parse` would take a leading '+').
+/// A number of digits out of range parses (saturated) so that its range check answers
+/// `BAD_PERMITS`, naming the real bounds.
+fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad_args(format!(
+            "PERMITS= {name} must be a whole number from 1 to {PERMITS_MAX}"
+        )));
+    }
+    Ok(word.parse().unwrap_or(u32::MAX))
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -213,8 +229,14 @@ fn parse_u64(name: &str, word: &str) -> Result<u64, FrameError> {
         .map_err(|_| bad_args(format!("{name} must be a whole number up to {}", u64::MAX)))
 }
 
+/// `text` for a message, cut to [`QUOTED_CHARS_MAX`] characters, and then ending in `...`
+/// so the cut is not read as the whole argument.
 fn truncate(text: &str) -> String {
-    text.chars().take(QUOTED_CHARS_MAX).collect()
+    let mut quoted: String = text.chars().take(QUOTED_CHARS_MAX).collect();
+    if quoted.len() < text.len() {
+        quoted.push_str("...");
+    }
+    quoted
 }
 
 #[cfg(test)]
@@ -299,6 +321,48 @@ mod tests {
         assert_eq!(parse(b"help").unwrap(), Command::Help);
         assert_eq!(parse(b"QUIT").unwrap(), Command::Quit);
         assert_eq!(parse(b"   ").unwrap(), Command::Empty);
+    }
+
+    fn refusal(line: &str) -> FrameError {
+        parse(line.as_bytes()).expect_err(line)
+    }
+
+    #[test]
+    fn permits_counts_are_plain_digits_and_the_message_names_the_real_bounds() {
+        for line in [
+            "ACQUIRE k 1000 PERMITS=+1/2",
+            "ACQUIRE k 1000 PERMITS=1/+2",
+            "ACQUIRE k 1000 PERMITS=+2",
+            "ACQUIRE k 1000 PERMITS=-1/2",
+            "ACQUIRE k 1000 PERMITS=/2",
+            "ACQUIRE k 1000 PERMITS=",
+        ] {
+            let e = refusal(line);
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            let bounds = format!("from 1 to {PERMITS_MAX}");
+            assert!(e.message.ends_with(&bounds), "{line}: {}", e.message);
+        }
+        // Digits out of range are counts out of range, however many.
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=99999999999").code,
+            ErrorCode::BadPermits
+        );
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=5000/4096").code,
+            ErrorCode::BadPermits
+        );
+    }
+
+    #[test]
+    fn a_quoted_argument_cut_short_says_so() {
+        let e = refusal(&format!("ACQUIRE k 1000 5 {}", "x".repeat(40)));
+        assert!(
+            e.message.contains(&format!("{}...", "x".repeat(32))),
+            "{}",
+            e.message
+        );
+        let e = refusal("ACQUIRE k 1000 5 short");
+        assert!(e.message.contains("\"short\""), "{}", e.message);
     }
 
     #[test]
