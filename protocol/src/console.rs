@@ -8,6 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
+use crate::limits::PERMITS_MAX;
 use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
@@ -210,10 +211,25 @@ fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
         return Ok(LeaseKind::Shared);
     };
     let (count, limit) = match value.split_once('/') {
-        Some((count, limit)) => (parse_u32("count", count)?, parse_u32("limit", limit)?),
-        None => (1, parse_u32("limit", value)?),
+        Some((count, limit)) => (
+            parse_permits("count", count)?,
+            parse_permits("limit", limit)?,
+        ),
+        None => (1, parse_permits("limit", value)?),
     };
     Ok(LeaseKind::Permits { count, limit })
+}
+
+/// A PERMITS= number: decimal digits only (no sign; `str::parse` would take a leading '+').
+/// A number of digits out of range parses (saturated) so that its range check answers
+/// `BAD_PERMITS`, naming the real bounds.
+fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad_args(format!(
+            "PERMITS= {name} must be a whole number from 1 to {PERMITS_MAX}"
+        )));
+    }
+    Ok(word.parse().unwrap_or(u32::MAX))
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -387,6 +403,32 @@ mod tests {
             assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
             assert!(e.message.ends_with("given twice"), "{line}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn permits_counts_are_plain_digits_and_the_message_names_the_real_bounds() {
+        for line in [
+            "ACQUIRE k 1000 PERMITS=+1/2",
+            "ACQUIRE k 1000 PERMITS=1/+2",
+            "ACQUIRE k 1000 PERMITS=+2",
+            "ACQUIRE k 1000 PERMITS=-1/2",
+            "ACQUIRE k 1000 PERMITS=/2",
+            "ACQUIRE k 1000 PERMITS=",
+        ] {
+            let e = refusal(line);
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            let bounds = format!("from 1 to {PERMITS_MAX}");
+            assert!(e.message.ends_with(&bounds), "{line}: {}", e.message);
+        }
+        // Digits out of range are counts out of range, however many.
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=99999999999").code,
+            ErrorCode::BadPermits
+        );
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=5000/4096").code,
+            ErrorCode::BadPermits
+        );
     }
 
     #[test]

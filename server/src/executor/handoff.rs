@@ -124,7 +124,14 @@ impl Executor {
                 };
                 self.watches.notify(key, kind, token, b"");
                 if let Some(handoff) = handoff {
-                    events.push(Event::HandedOff(handoff));
+                    // The head of the line was granted first: its hand-off (and GRANTED
+                    // event) goes before those of any waiters granted after it by this
+                    // release (a shared key's), so events keep grant order (PROTOCOL.md 3.4).
+                    let at = events
+                        .iter()
+                        .position(|e| matches!(e, Event::HandedOff(_)))
+                        .unwrap_or(events.len());
+                    events.insert(at, Event::HandedOff(handoff));
                 }
                 Some(ticket)
             }
