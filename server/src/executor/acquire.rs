@@ -66,11 +66,7 @@ impl Executor {
             }
             Acquire::Locked { token, ttl_left_ms } => {
                 drop(shard);
-                Stats::bump(&self.stats.locked);
-                let ttl_left_ms = clamp_ms(ttl_left_ms);
-                // A read of the table: vouched for like INSPECT (a leader cut off from its
-                // quorum must not report a holder the majority may have let go).
-                self.confirmed(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
+                self.locked(token, ttl_left_ms)
             }
             Acquire::Queued { waiter_id } => Outcome::Wait {
                 rx,
@@ -92,6 +88,15 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// LOCKED with the holder's `token` and the time left on its lease.
+    fn locked(&self, token: u64, ttl_left_ms: u64) -> Outcome {
+        Stats::bump(&self.stats.locked);
+        let ttl_left_ms = clamp_ms(ttl_left_ms);
+        // A read of the table: vouched for like INSPECT (a leader cut off from its quorum
+        // must not report a holder the majority may have let go).
+        self.confirmed(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
     }
 
     /// The answer to an ACQUIRE before the table is asked: a repeat's (first: a repeat is
