@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
+use tenure_protocol::kind::LeaseKind;
 use tenure_protocol::limits::WAIT_MS_MAX;
 use tenure_protocol::{AcquireId, LeaseId, Request, Response};
 use tokio::time::Instant;
@@ -178,6 +179,40 @@ impl Client {
         ttl: Duration,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome> {
+        self.acquire_kind(key, ttl, LeaseKind::Exclusive, options)
+            .await
+    }
+
+    /// Asks for `key` as [`Client::acquire`] does, for a lease of `kind` (PROTOCOL.md 3.10):
+    /// the key alone ([`LeaseKind::Exclusive`], a plain lock or a write lease), a read lease
+    /// beside other readers ([`LeaseKind::Shared`]), or permits of a semaphore
+    /// ([`LeaseKind::Permits`]). [`Client::semaphore`], [`Client::read_lock`] and
+    /// [`Client::write_lock`] are this with a guard.
+    ///
+    /// # Errors
+    /// As [`Client::acquire`]; and [`Error::KindMismatch`] when the key is held or awaited
+    /// as another kind (or a semaphore of another limit), [`Error::BadPermits`] for permit
+    /// counts out of range (checked before sending).
+    pub async fn acquire_kind(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        kind: LeaseKind,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome> {
+        self.acquire_request(key, ttl, kind, options)
+            .await
+            .map_err(Error::of_kind)
+    }
+
+    /// The ACQUIRE itself, its errors untyped: [`Client::acquire_kind`] types them.
+    async fn acquire_request(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        kind: LeaseKind,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome> {
         let key = Bytes::copy_from_slice(key.as_ref());
         let wait_ms = duration_ms(options.wait);
         let request = Request::Acquire {
@@ -187,7 +222,7 @@ impl Client {
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
             acquire_id: Some(AcquireId::from_u128(rand::random())),
-            kind: Default::default(),
+            kind,
         };
         // Checked before the first send, so a bad argument is not retried.
         request.validate().map_err(Error::invalid)?;
@@ -293,6 +328,24 @@ impl Client {
             AcquireOutcome::Granted(lease) => {
                 AcquireOutcome::Granted(lease.keep_alive_with(KeepAliveOptions::default()))
             }
+            AcquireOutcome::Locked(by) => AcquireOutcome::Locked(by),
+        })
+    }
+
+    /// Acquires like [`Client::acquire_kind`] and starts renewing the lease in the background
+    /// with default [`KeepAliveOptions`], as [`Client::lock`] does.
+    ///
+    /// # Errors
+    /// As [`Client::acquire_kind`].
+    pub async fn lock_kind(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        kind: LeaseKind,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome<LeaseGuard>> {
+        Ok(match self.acquire_kind(key, ttl, kind, options).await? {
+            AcquireOutcome::Granted(lease) => AcquireOutcome::Granted(lease.keep_alive()),
             AcquireOutcome::Locked(by) => AcquireOutcome::Locked(by),
         })
     }
@@ -467,6 +520,12 @@ impl Client {
     pub async fn cluster_remove(&self, id: u64) -> Result<Status> {
         let request = Request::ClusterRemove { id };
         self.cluster_call(request, self.change_timeout()).await
+    }
+
+    /// Sends `request` and returns the answer, for the requests of the modules built on the
+    /// client (`semaphore`).
+    pub(crate) async fn call_plain(&self, request: Request) -> Result<Response> {
+        self.router.call_plain(request).await
     }
 
     fn change_timeout(&self) -> Duration {

@@ -76,6 +76,15 @@ pub enum Error {
         /// The ended lease's fencing token.
         token: u64,
     },
+    /// The key is held or awaited as another kind than the acquire asked for (PROTOCOL.md
+    /// 3.10): permits of a plain or read/write key, a plain or read lease of a semaphore, or a
+    /// semaphore of another limit. The message (the server's) says which; nothing changed.
+    #[error("kind mismatch: {0}")]
+    KindMismatch(String),
+    /// Permit counts out of range: a count of 0 or over the limit, or a limit outside
+    /// `1..=PERMITS_MAX`. Checked before sending, so the request was not sent.
+    #[error("bad permits: {0}")]
+    BadPermits(String),
 }
 
 impl Error {
@@ -84,6 +93,26 @@ impl Error {
         Error::Invalid {
             code: frame.code,
             message: frame.message,
+        }
+    }
+
+    /// The typed errors of a lease's kind ([`Error::KindMismatch`], [`Error::BadPermits`]) for
+    /// the server's (or the local check's) codes 30 and 31; any other error as it is.
+    pub(crate) fn of_kind(self) -> Error {
+        match self {
+            Error::Server {
+                code: ErrorCode::KindMismatch,
+                message,
+            } => Error::KindMismatch(message),
+            Error::Server {
+                code: ErrorCode::BadPermits,
+                message,
+            }
+            | Error::Invalid {
+                code: ErrorCode::BadPermits,
+                message,
+            } => Error::BadPermits(message),
+            other => other,
         }
     }
 

@@ -94,6 +94,23 @@ impl Fence {
         }
     }
 
+    /// Whether a read under a read lease of `token` (a read/write key, PROTOCOL.md 3.10) may be
+    /// answered: only while no write with a greater token has been accepted for `resource`.
+    /// A writer is granted only once no reader holds, with a greater token than every reader
+    /// before it, so a reader paused past its lease, after which a writer wrote, is refused.
+    /// Records nothing. Do the read only after this returns `Ok`, while still holding whatever
+    /// serializes writes to the resource (the SQL form is `WHERE fence < :token`; see
+    /// [`crate::rwlock`]).
+    ///
+    /// # Errors
+    /// [`Rejected`] with the highest accepted token when a newer write came first.
+    pub fn check_read(&self, resource: &str, token: u64) -> Result<(), Rejected> {
+        match self.highest(resource) {
+            Some(highest) if highest > token => Err(Rejected { highest }),
+            _ => Ok(()),
+        }
+    }
+
     /// The highest token accepted for `resource`, if any.
     pub fn highest(&self, resource: &str) -> Option<u64> {
         let highest = self.highest.lock().expect("fence mutex poisoned");
@@ -168,6 +185,22 @@ mod tests {
         // Resources are independent.
         assert_eq!(fence.try_accept("other", 1), Ok(()));
         assert_eq!(fence.highest("other"), Some(1));
+    }
+
+    #[test]
+    fn a_read_is_refused_once_a_newer_write_was_accepted() {
+        let fence = Fence::new();
+        assert_eq!(fence.check_read("db", 5), Ok(()), "nothing written yet");
+        assert_eq!(fence.try_accept("db", 4), Ok(()));
+        assert_eq!(fence.check_read("db", 5), Ok(()), "the write came before");
+        assert_eq!(fence.try_accept("db", 6), Ok(()));
+        assert_eq!(fence.check_read("db", 5), Err(Rejected { highest: 6 }));
+        assert_eq!(
+            fence.check_read("db", 7),
+            Ok(()),
+            "a reader after the writer"
+        );
+        assert_eq!(fence.highest("db"), Some(6), "reads record nothing");
     }
 
     #[test]

@@ -48,6 +48,14 @@
 //! [`Error::AcquireEnded`] when that one grant has already ended: never a second lease, and
 //! no orphan holding the key for its TTL (PROTOCOL.md 3.9).
 //!
+//! # Semaphores and read/write locks
+//! [`Client::semaphore`] takes one permit of a counting semaphore (at most N holders at
+//! once), [`Client::read_lock`] a read lease beside other readers and [`Client::write_lock`]
+//! the key alone. Each permit and read lease is a lease of its own in the same
+//! [`LeaseGuard`]: its own renewal, loss signal and fencing token. How a resource fences
+//! reads as well as writes with those tokens is in [`rwlock`]; the kinds on the wire are
+//! [`LeaseKind`] ([`Client::acquire_kind`]).
+//!
 //! A server with identities wants credentials, sent as AUTH on every (re)connect:
 //! `Client::connect_with(addr, ClientOptions::default().with_credentials("orders", secret))`.
 //!
@@ -80,6 +88,8 @@
 //! | `lease` | [`Lease`] with a local deadline that never over-estimates, [`LeaseGuard`], [`AcquireOutcome`] | `conn`, `error`, `outcome`, `router` |
 //! | `watch` | [`Watch`], the stream of one key's changes | `conn`, `error`, `outcome`, `router` |
 //! | `client` | [`Client`]: the typed requests (acquire, lock, renew, watch, cluster admin) | `cluster`, `error`, `lease`, `options`, `outcome`, `router`, `watch` |
+//! | `semaphore` | [`Client::semaphore`], [`Client::inspect_kinds`] and [`KindsState`]: permits of a counting semaphore | `client`, `error`, `lease`, `options`, `outcome` |
+//! | `rwlock` | [`Client::read_lock`] and [`Client::write_lock`], and how a resource fences reads and writes | `client`, `error`, `lease`, `options` |
 //! | `election` | [`Election`], [`Leadership`], [`Observer`]; [`Client::campaign`] and [`Client::observe`] | `client`, `error`, `lease`, `options`, `outcome`, `watch` |
 //!
 //! A request goes down the table: [`Client`] builds it, `router` picks the connection and
@@ -97,7 +107,9 @@
 //! `127.0.0.1:7878`. Commands: `acquire`, `renew`, `release`, `inspect`, `check`, `stats`,
 //! `ping`, `run` (hold a lock while a command runs), `elect` (run a command while leading),
 //! `observe` (print each new leader) and `console` (the server's text-console grammar, read
-//! from stdin). Output is one line of `key=value` pairs per answer, with the text console's
+//! from stdin, `SHARED`, `PERMITS=` and `INSPECT <key> KINDS` included); `acquire` and `run`
+//! take `--permits [COUNT/]LIMIT` (semaphore permits) or `--shared` (a read lease), and
+//! `inspect --kinds` shows a key's holders and waiters by kind. Output is one line of `key=value` pairs per answer, with the text console's
 //! field names (`token`, `lease`, `ttl_ms`, `waited_ms`), or JSON with `--json`. Durations
 //! need a unit (`30s`, `500ms`; see [`duration`]). The command line is the `cli` feature, on
 //! by default; depend on the library with `default-features = false` to leave it out.
@@ -124,6 +136,8 @@ pub mod lease;
 mod options;
 mod outcome;
 mod router;
+pub mod rwlock;
+pub mod semaphore;
 pub mod tls;
 mod watch;
 
@@ -137,7 +151,9 @@ pub use options::{
     AcquireOptions, ClientConfig, ClientOptions, Credentials, ACQUIRE_RETRY_FOR_DEFAULT,
 };
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
+pub use semaphore::KindsState;
 pub use tenure_protocol::handshake::ServerLimits;
+pub use tenure_protocol::kind::{HolderKinds, LeaseKind};
 pub use tenure_protocol::{duration, AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
 pub use tls::TlsOptions;
 pub use watch::Watch;

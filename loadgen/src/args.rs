@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context};
 use clap::{Parser, ValueEnum};
 use tenure_protocol::duration::parse_duration_or_bare;
+use tenure_protocol::LeaseKind;
 
 /// Longest measured window a run accepts: every run stops by itself.
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
@@ -168,6 +169,32 @@ pub struct Args {
     /// secret is read from the environment variable TENURE_SECRET, never from a flag.
     #[arg(long, value_name = "NAME")]
     pub identity: Option<String>,
+    /// tenure: every ACQUIRE asks for permits of a counting semaphore of LIMIT permits, one
+    /// (`--permits 4`) or COUNT (`--permits 2/4`), instead of the key alone (PROTOCOL.md 3.10).
+    #[arg(long, value_name = "[COUNT/]LIMIT", value_parser = parse_permits)]
+    pub permits: Option<LeaseKind>,
+    /// tenure: every ACQUIRE asks for a read lease, beside other readers.
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+}
+
+/// Parses `--permits`: `LIMIT` (one permit of LIMIT) or `COUNT/LIMIT`, in the protocol's range.
+///
+/// # Errors
+/// For anything else.
+pub fn parse_permits(text: &str) -> anyhow::Result<LeaseKind> {
+    let number = |part: &str| {
+        part.trim()
+            .parse::<u32>()
+            .with_context(|| format!("{text:?} is not LIMIT or COUNT/LIMIT"))
+    };
+    let (count, limit) = match text.split_once('/') {
+        Some((count, limit)) => (number(count)?, number(limit)?),
+        None => (1, number(text)?),
+    };
+    let kind = LeaseKind::Permits { count, limit };
+    kind.validate().map_err(|e| anyhow::anyhow!(e.message))?;
+    Ok(kind)
 }
 
 /// Parses a duration flag: `250us`, `1.5ms`, `10s`, `2m` ([`tenure_protocol::duration`]).
@@ -197,6 +224,16 @@ pub fn millis_u32(d: Duration, flag: &str) -> anyhow::Result<u32> {
 }
 
 impl Args {
+    /// The kind every tenure ACQUIRE of the run asks for: `--permits`, `--shared`, or the key
+    /// alone.
+    pub fn lease_kind(&self) -> LeaseKind {
+        match (self.permits, self.shared) {
+            (Some(permits), _) => permits,
+            (None, true) => LeaseKind::Shared,
+            (None, false) => LeaseKind::Exclusive,
+        }
+    }
+
     /// Checks ranges and fills per-scenario defaults.
     ///
     /// # Errors
@@ -205,6 +242,10 @@ impl Args {
         self.fill_defaults();
         self.check_counts()?;
         self.check_times()?;
+        ensure!(
+            self.lease_kind().is_exclusive() || self.target.starts_with("tenure://"),
+            "--permits and --shared are for tenure:// targets only"
+        );
         if self.scenario == Scenario::Failover {
             ensure!(!self.pids.is_empty(), "--scenario failover needs --pids");
         }

@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn pipeline_limit_backlog_and_out_of_order_replies() {
-        let mut conn = Conn::new(Proto::Tenure, 2);
+        let mut conn = Conn::new(Proto::tenure(), 2);
         for tag in 0..5 {
             conn.submit(ping(tag), 0);
         }

@@ -4,6 +4,7 @@
 //! that knows all three.
 
 use bytes::BytesMut;
+use tenure_protocol::LeaseKind;
 
 use crate::etcd::{self, EtcdState, HttpReply};
 use crate::op::{Op, Outcome};
@@ -14,9 +15,12 @@ use crate::wire;
 #[derive(Clone, Debug)]
 pub enum Proto {
     /// tenure's binary protocol: replies carry the request id and may come out of order.
-    Tenure,
-    /// tenure's, every ACQUIRE carrying an acquire id (`--acquire-ids`, PROTOCOL.md 3.9).
-    TenureIds,
+    Tenure {
+        /// What every ACQUIRE asks for (`--permits`, `--shared`; the key alone by default).
+        kind: LeaseKind,
+        /// Every ACQUIRE carries an acquire id (`--acquire-ids`, PROTOCOL.md 3.9).
+        acquire_ids: bool,
+    },
     /// Redis RESP2 with the usual lock recipes: replies come in request order.
     Redis {
         /// SHA1s of the loaded scripts.
@@ -34,10 +38,31 @@ impl Proto {
         matches!(self, Proto::Redis { .. } | Proto::Etcd(_))
     }
 
-    /// This protocol with acquire ids on every ACQUIRE, if it is tenure's.
-    pub fn with_acquire_ids(self) -> Proto {
+    /// tenure's binary protocol for a plain lock, no acquire ids: what a connection starts as.
+    pub fn tenure() -> Proto {
+        Proto::Tenure {
+            kind: LeaseKind::Exclusive,
+            acquire_ids: false,
+        }
+    }
+
+    /// This protocol with acquire ids on every ACQUIRE (or not), if it is tenure's; the
+    /// other targets have none.
+    pub fn with_acquire_ids(self, on: bool) -> Proto {
         match self {
-            Proto::Tenure => Proto::TenureIds,
+            Proto::Tenure { kind, .. } => Proto::Tenure {
+                kind,
+                acquire_ids: on,
+            },
+            other => other,
+        }
+    }
+
+    /// This connection's protocol with every tenure ACQUIRE asking for `kind`; the other
+    /// targets have no kinds (`Args::resolve` refuses `--permits` and `--shared` for them).
+    pub fn with_kind(self, kind: LeaseKind) -> Proto {
+        match self {
+            Proto::Tenure { acquire_ids, .. } => Proto::Tenure { kind, acquire_ids },
             other => other,
         }
     }
@@ -45,8 +70,7 @@ impl Proto {
     /// Appends the request for `op`, tagged `id` where the protocol has ids.
     pub fn encode(&mut self, id: u64, op: &Op, dst: &mut BytesMut) {
         match self {
-            Proto::Tenure => wire::encode(id, op, false, dst),
-            Proto::TenureIds => wire::encode(id, op, true, dst),
+            Proto::Tenure { kind, acquire_ids } => wire::encode(id, op, *acquire_ids, *kind, dst),
             Proto::Redis { scripts, fenced } => resp::encode_op(scripts, *fenced, op, dst),
             Proto::Etcd(state) => state.encode(op, dst),
         }
@@ -59,7 +83,7 @@ impl Proto {
     /// When the stream is broken (bad length, bad RESP type): the connection must close.
     pub fn decode(&mut self, src: &mut BytesMut) -> anyhow::Result<Option<(Option<u64>, Decoded)>> {
         match self {
-            Proto::Tenure | Proto::TenureIds => {
+            Proto::Tenure { .. } => {
                 Ok(wire::decode(src)?.map(|(id, r)| (Some(id), Decoded::Tenure(r))))
             }
             Proto::Redis { .. } => Ok(resp::decode(src)?.map(|r| (None, Decoded::Redis(r)))),

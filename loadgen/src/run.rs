@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use tenure_protocol::LeaseKind;
 use tokio::sync::Notify;
 
 use crate::args::{millis_u32, Args, Scenario as Which};
@@ -180,11 +181,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .with_context(|| format!("no setup with {addr} within {CONNECT_MAX:?}"))??;
         pipeline = pipeline.min(connected.in_flight_max);
         streams.push(connected.stream);
-        conns.push(if args.acquire_ids {
-            connected.proto.with_acquire_ids()
-        } else {
-            connected.proto
-        });
+        let proto = connected.proto.with_acquire_ids(args.acquire_ids);
+        conns.push(proto.with_kind(args.lease_kind()));
         setups.push(connected.setup);
     }
     let scenario = build_scenario(&args, args.connections, pipeline, redis)?;
@@ -326,6 +324,14 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
     }
     if args.acquire_ids {
         settings.push(("acquire_ids", Value::Str("true".to_owned())));
+    }
+    match args.lease_kind() {
+        LeaseKind::Exclusive => {}
+        LeaseKind::Shared => settings.push(("lease_kind", Value::Str("shared".to_owned()))),
+        LeaseKind::Permits { count, limit } => {
+            let permits = format!("permits={count}/{limit}");
+            settings.push(("lease_kind", Value::Str(permits)));
+        }
     }
     let transport = match (&args.tls_ca, &args.tls_client_cert) {
         (None, _) => "tcp",

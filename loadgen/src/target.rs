@@ -210,7 +210,7 @@ impl Target {
         setup.total_ns = elapsed_ns(start);
         Ok(Connected {
             stream,
-            proto: Proto::Tenure,
+            proto: Proto::tenure(),
             in_flight_max,
             setup,
         })

@@ -1,14 +1,19 @@
-//! tenure's binary protocol for the four ops the load generator sends.
+//! tenure's binary protocol for the four ops the load generator sends (an ACQUIRE of the
+//! run's kind: the key alone, a read lease or semaphore permits).
 //!
 //! The frames are written by hand straight into the connection's output buffer, so a request
 //! costs no allocation; a unit test proves the bytes equal what
 //! `tenure_protocol::frame::encode_request` writes. Replies are decoded by the protocol crate
 //! and mapped onto [`Outcome`]s; they carry the request id, so they may come out of order.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
 use anyhow::{bail, Context};
 use bytes::{BufMut, BytesMut};
-use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_ACQUIRE_ID};
-use tenure_protocol::{LeaseId, Response};
+use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_ACQUIRE_ID, FLAG_KIND};
+use tenure_protocol::kind::{KIND_PERMITS, KIND_SHARED};
+use tenure_protocol::{LeaseId, LeaseKind, Response};
 
 use crate::op::{decimal, Op, OpKind, Outcome, KEY_PREFIX};
 
@@ -56,10 +61,55 @@ fn put_key16(dst: &mut BytesMut, key: u64) {
     dst.put_slice(digits);
 }
 
+/// This process's acquire ids: a random half chosen once (so a second run against the same
+/// server repeats none of the first's ids, which it remembers as ended) and a count, one more
+/// per ACQUIRE. Key, instant and request id do not make one unique: lanes on two connections
+/// send the same request id for the same key in the same tick, and a repeated id is answered
+/// REGRANTED with the other lane's lease.
+fn next_acquire_id() -> [u8; 16] {
+    static SALT: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let salt = *SALT.get_or_init(rand::random);
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&salt.to_be_bytes());
+    id[8..].copy_from_slice(&COUNT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    id
+}
+
+/// Appends an ACQUIRE's fields after its request id: the optional fields after the meta in
+/// increasing flag-bit order (PROTOCOL.md 3.1), the acquire id (bit 1) before the kind (bit 3).
+fn put_acquire(op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
+    put_key16(dst, op.key);
+    dst.put_u32(op.ttl_ms);
+    dst.put_u32(op.wait_ms);
+    // Flags: the lock outlives the connection; bit 1 with an acquire id, bit 3 with a kind.
+    let mut flags = 0;
+    if acquire_id {
+        flags |= FLAG_ACQUIRE_ID;
+    }
+    if !kind.is_exclusive() {
+        flags |= FLAG_KIND;
+    }
+    dst.put_u8(flags);
+    dst.put_u16(0); // no holder metadata
+    if acquire_id {
+        dst.put_slice(&next_acquire_id());
+    }
+    match kind {
+        LeaseKind::Exclusive => {}
+        LeaseKind::Shared => dst.put_u8(KIND_SHARED),
+        LeaseKind::Permits { count, limit } => {
+            dst.put_u8(KIND_PERMITS);
+            dst.put_u32(count);
+            dst.put_u32(limit);
+        }
+    }
+}
+
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
-/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per op: its key and the
-/// instant it was meant for.
-pub fn encode(id: u64, op: &Op, acquire_id: bool, dst: &mut BytesMut) {
+/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per ACQUIRE in this process
+/// and random across processes. An ACQUIRE asks for `kind`; the other requests have no kind.
+pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
     let opcode = match op.kind {
@@ -71,18 +121,7 @@ pub fn encode(id: u64, op: &Op, acquire_id: bool, dst: &mut BytesMut) {
     dst.put_u8(opcode);
     dst.put_u64(id);
     match op.kind {
-        OpKind::Acquire => {
-            put_key16(dst, op.key);
-            dst.put_u32(op.ttl_ms);
-            dst.put_u32(op.wait_ms);
-            // flags: the lock outlives the connection; an acquire id or none
-            dst.put_u8(if acquire_id { FLAG_ACQUIRE_ID } else { 0 });
-            dst.put_u16(0); // no holder metadata
-            if acquire_id {
-                dst.put_u64(op.key);
-                dst.put_u64(op.intended_ns ^ id.rotate_left(48));
-            }
-        }
+        OpKind::Acquire => put_acquire(op, acquire_id, kind, dst),
         OpKind::Renew => {
             put_key16(dst, op.key);
             dst.put_slice(&LeaseId::from_u128(op.lease).0);
@@ -164,17 +203,19 @@ mod tests {
         ];
         for (kind, request) in cases {
             let mut ours = BytesMut::new();
-            encode(77, &op(kind), false, &mut ours);
+            encode(77, &op(kind), false, LeaseKind::Exclusive, &mut ours);
             let mut theirs = BytesMut::new();
             encode_request(77, &request, &mut theirs);
             assert_eq!(ours, theirs, "{kind:?}");
         }
-        // An ACQUIRE with an acquire id: the op's key, then its instant mixed with the id.
+        // An ACQUIRE with an acquire id, a new one for each ACQUIRE of the same op.
+        let exclusive = LeaseKind::Exclusive;
         let mut ours = BytesMut::new();
-        encode(77, &op(OpKind::Acquire), true, &mut ours);
-        let mut id = [0u8; 16];
-        id[..8].copy_from_slice(&1_234_567u64.to_be_bytes());
-        id[8..].copy_from_slice(&77u64.rotate_left(48).to_be_bytes());
+        encode(77, &op(OpKind::Acquire), true, exclusive, &mut ours);
+        let id = acquire_id_of(&ours);
+        let mut again = BytesMut::new();
+        encode(77, &op(OpKind::Acquire), true, exclusive, &mut again);
+        assert_ne!(acquire_id_of(&again), id, "an acquire id is never repeated");
         let request = Request::Acquire {
             key: Bytes::from_static(b"job:1234567"),
             ttl_ms: 30_000,
@@ -187,5 +228,53 @@ mod tests {
         let mut theirs = BytesMut::new();
         encode_request(77, &request, &mut theirs);
         assert_eq!(ours, theirs, "with an acquire id");
+    }
+
+    /// The acquire id of an ACQUIRE frame for `op()` without meta: after length, opcode,
+    /// request id, key (2 + 11 bytes), TTL, wait, flags and the meta's length.
+    fn acquire_id_of(frame: &[u8]) -> [u8; 16] {
+        let at = 4 + 1 + 8 + 2 + 11 + 4 + 4 + 1 + 2;
+        frame[at..at + 16].try_into().expect("16 bytes")
+    }
+
+    #[test]
+    fn an_acquire_of_a_kind_matches_the_protocol_crate() {
+        let kinds = [
+            LeaseKind::Shared,
+            LeaseKind::Permits { count: 1, limit: 4 },
+            LeaseKind::Permits { count: 3, limit: 7 },
+        ];
+        // With and without an acquire id: the id (flag bit 1) goes before the kind (bit 3).
+        for kind in kinds {
+            for with_id in [false, true] {
+                let mut ours = BytesMut::new();
+                encode(77, &op(OpKind::Acquire), with_id, kind, &mut ours);
+                let acquire_id = with_id.then(|| tenure_protocol::AcquireId(acquire_id_of(&ours)));
+                let request = Request::Acquire {
+                    key: Bytes::from_static(b"job:1234567"),
+                    ttl_ms: 30_000,
+                    wait_ms: 250,
+                    release_on_disconnect: false,
+                    meta: Bytes::new(),
+                    acquire_id,
+                    kind,
+                };
+                let mut theirs = BytesMut::new();
+                encode_request(77, &request, &mut theirs);
+                assert_eq!(ours, theirs, "{kind:?}, {acquire_id:?}");
+            }
+            // Only ACQUIRE carries the kind or an acquire id.
+            let mut renew = BytesMut::new();
+            encode(77, &op(OpKind::Renew), true, kind, &mut renew);
+            let mut plain = BytesMut::new();
+            encode(
+                77,
+                &op(OpKind::Renew),
+                false,
+                LeaseKind::Exclusive,
+                &mut plain,
+            );
+            assert_eq!(renew, plain);
+        }
     }
 }

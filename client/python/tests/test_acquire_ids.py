@@ -201,3 +201,45 @@ def test_a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant(tenured_bin: st
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_a_permit_or_read_leases_lost_grant_is_the_callers_one_grant(tenured_bin: str, tmp_path: Path) -> None:
+    # A semaphore permit and a read lease carry an acquire id with their kind: the retry
+    # after the GRANTED reply was lost finds that lease (REGRANTED), not a second permit.
+    node = Tenured(tenured_bin, tmp_path / "data", []).start()
+    trap = Trap()
+    proxy = trap.proxy(node.addr)
+    client = tenure.Client(proxy.addr, timeout=5.0, acquire_retry_for=STEP_S)
+    direct = tenure.Client(node.addr, timeout=5.0, lazy=True)
+    try:
+        guards = {
+            "pool": lambda: client.semaphore("pool", permits=2, ttl=60),
+            "doc": lambda: client.read_lock("doc", ttl=60),
+        }
+        for key, guard in guards.items():
+            out: List = []
+
+            def run() -> None:
+                try:
+                    out.append(guard().acquire())
+                except Exception as e:  # noqa: BLE001 - handed to the test
+                    out.append(e)
+
+            trap.arm()
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            token, _ = trap.dropped.get(timeout=STEP_S)
+            trap.cut.set()
+            thread.join(STEP_S)
+            [held] = out
+            assert isinstance(held, tenure.LeaseGuard), held
+            assert held.token == token
+            kinds = direct.inspect_kinds(key)
+            assert isinstance(kinds, tenure.HeldKinds) and kinds.holders == 1, kinds
+            assert direct.stats()["repeats"] >= 1
+            held.release()
+            assert isinstance(direct.inspect(key), tenure.Free)
+    finally:
+        client.close()
+        direct.close()
+        node.kill()

@@ -20,7 +20,7 @@ fn tenure_cli(addr: &str) -> tokio::process::Command {
 }
 
 /// Runs the CLI with `args`; returns exit code, stdout and stderr.
-async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn cli(addr: &str, args: &[&str]) -> (i32, String, String) {
     let output = timeout(PATIENCE, tenure_cli(addr).args(args).output())
         .await
         .expect("tenure finishes")
@@ -499,14 +499,14 @@ async fn cli_reads_a_bare_duration_as_milliseconds_with_a_deprecation_note() {
 }
 
 /// A `tenure console` child with its stdin and stdout at hand, answering line by line.
-struct Console {
+pub(crate) struct Console {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
 
 impl Console {
-    fn start(addr: &str) -> Console {
+    pub(crate) fn start(addr: &str) -> Console {
         let mut child = tenure_cli(addr)
             .arg("console")
             .stdin(Stdio::piped())
@@ -534,7 +534,7 @@ impl Console {
     }
 
     /// Sends `line` and returns the answer.
-    async fn ask(&mut self, line: &str) -> String {
+    pub(crate) async fn ask(&mut self, line: &str) -> String {
         use tokio::io::AsyncWriteExt;
         let sent = format!("{line}\n");
         self.stdin.write_all(sent.as_bytes()).await.expect("write");

@@ -34,6 +34,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "semaphore",
+        &["client", "error", "lease", "options", "outcome"],
+    ),
+    ("rwlock", &["client", "error", "lease", "options"]),
+    (
         "election",
         &["client", "error", "lease", "options", "outcome", "watch"],
     ),

@@ -9,6 +9,8 @@
 //! - `certs`: `tenure certs` and CLUSTER.md's openssl recipe make a secure cluster that serves;
 //! - `failover`: lease guards and elections riding through a three-node cluster's fail-over,
 //!   and a request sent mid-election;
+//! - `kinds`: semaphores and read/write locks through the library, `tenure run --permits` /
+//!   `--shared` and the console;
 //! - `api_paths`: every public path of the crate still resolves (a compile-time guard);
 //! - `layout`: the import rules of `client/src` (which module may use which);
 //! - `readme`: README.md's console and command-line examples, read from it and run in order.
@@ -28,6 +30,7 @@ mod cli;
 mod cluster;
 mod e2e;
 mod failover;
+mod kinds;
 mod layout;
 mod readme;
 

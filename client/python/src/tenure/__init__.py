@@ -38,7 +38,9 @@ from .errors import (
     ConnectionLost,
     Forbidden,
     HandshakeError,
+    BadPermits,
     InvalidArgument,
+    KindMismatch,
     LeaseLost,
     LimitReached,
     NotAcquired,
@@ -54,6 +56,7 @@ from .errors import (
     Unavailable,
     WatchLimit,
 )
+from .semaphore import HeldKinds
 from .fence import Fence, Rejected, SequencedFence, fenced_update
 from .results import (
     AcquireResult,
@@ -80,7 +83,8 @@ from .results import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AcquireEnded", "AcquireResult", "AsyncClient", "AsyncElection", "AsyncLeadership", "AsyncLeaseGuard",
+    "AcquireEnded", "AcquireResult", "AsyncClient", "BadPermits", "HeldKinds", "KindMismatch", "AsyncElection",
+    "AsyncLeadership", "AsyncLeaseGuard",
     "AsyncObserver", "AsyncWatch", "BadRequest", "CannotConnect", "CheckResult", "Client", "ClusterRefused", "ConnectionLost",
     "Credentials", "Current", "Election", "Event", "EventKind", "Fence", "Forbidden", "Free",
     "Granted", "HandshakeError", "Held", "InvalidArgument", "KeyState", "Leader", "Leadership",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from . import _wire as w
+from . import semaphore as _kinds
 from ._conn import Connection, WatchQueue
 from .errors import (
     AcquireEnded,
@@ -562,6 +563,7 @@ class AsyncClient:
         meta: Meta,
         release_on_disconnect: bool,
         acquire_id: bytes = b"",
+        kind: bytes = b"",
     ) -> bytes:
         """The ACQUIRE body for these arguments, every one checked: the one validation of
         `acquire()`, `lock()` and elections, blocking and asyncio alike."""
@@ -572,7 +574,9 @@ class AsyncClient:
         if len(meta_b) > self._limits()[1]:
             raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes, not {len(meta_b)}")
         flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
-        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, acquire_id)
+        if kind:  # a read lease or permits (semaphore.py): flag bit 3, after the acquire id (bit 1)
+            flags |= _kinds.FLAG_KIND
+        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, acquire_id) + kind
 
     # -- operations -------------------------------------------------------------------
 
@@ -623,14 +627,16 @@ class AsyncClient:
         meta: Meta,
         release_on_disconnect: bool,
         retry: Optional["_AcquireRetry"] = None,
+        kind: bytes = b"",
     ) -> Tuple[AcquireResult, Connection]:
         """`acquire`, and the connection that answered. `retry` carries the acquire id and
         the first send's instant across a move from the blocking client's direct path to the
-        loop (which calls this again)."""
+        loop (which calls this again); `kind` is the ACQUIRE's kind bytes (semaphore.py),
+        empty for the key alone."""
         retry = retry if retry is not None else _AcquireRetry()
         wait_s = _seconds(wait, "wait")
         body, _ = await self._checked(
-            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect, retry.acquire_id),
+            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect, retry.acquire_id, kind),
             self.timeout + wait_s,
         )
         key_b = w.Reader(body).bytes16()
@@ -848,6 +854,32 @@ class AsyncClient:
             renew_every=renew_every,
             margin=margin,
         )
+
+    def semaphore(
+        self, key: Key, permits: int, ttl: float = _kinds.DEFAULT_TTL, *, count: int = 1, **options: Any
+    ) -> "AsyncLeaseGuard":
+        """`async with client.semaphore("partner-api", permits=4, wait=10) as permit:`: `count`
+        (default one) of the `permits` permits of semaphore `key`, as a guard like `lock()`'s
+        (same keywords, loss signals, renewal and `token`). `KindMismatch` when the key is a
+        plain or read/write lock or a semaphore of another number of permits; `BadPermits`
+        for counts out of range (raised here, before anything is sent)."""
+        return AsyncLeaseGuard(self, key, ttl, kind=_kinds.permits(count, permits), **options)
+
+    def read_lock(self, key: Key, ttl: float = _kinds.DEFAULT_TTL, **options: Any) -> "AsyncLeaseGuard":
+        """A read lease on `key` beside other readers, as a guard like `lock()`'s; it waits
+        (up to `wait`) while a writer holds the key or waits before it (FIFO)."""
+        return AsyncLeaseGuard(self, key, ttl, kind=_kinds.SHARED, **options)
+
+    def write_lock(self, key: Key, ttl: float = _kinds.DEFAULT_TTL, **options: Any) -> "AsyncLeaseGuard":
+        """The write side of read/write lock `key`: the key alone, `lock()` itself."""
+        return AsyncLeaseGuard(self, key, ttl, **options)
+
+    async def inspect_kinds(self, key: Key) -> "Union[Free, Held, _kinds.HeldKinds]":
+        """The key's state with its holders and waiters by kind: `HeldKinds` for a held
+        read/write or semaphore key, else `Free` or `Held` as `inspect()` answers."""
+        body, timeout = await self._checked(lambda: _kinds.inspect_body(self._key(key)), self.timeout)
+        opcode, reply, _ = await self._call(w.INSPECT, body, timeout)
+        return _kinds.parse_inspect(opcode, reply)
 
     def election(
         self,
@@ -1298,13 +1330,16 @@ class AsyncLeaseGuard(_GuardView):
         cancel_on_loss: bool = False,
         renew_every: Optional[float] = None,
         margin: Optional[float] = None,
+        kind: bytes = b"",
     ) -> None:
         # Every argument is checked here, before anything is acquired, by the checks
         # `acquire()` makes: the same errors from `lock()` and `acquire()`.
-        client._acquire_args(key, ttl, wait, meta, release_on_disconnect)
+        client._acquire_args(key, ttl, wait, meta, release_on_disconnect, kind=kind)
         _guard_timing(float(ttl), renew_every, margin)
         self._client = client
         self._args = (key, ttl, wait, meta, release_on_disconnect)
+        # The ACQUIRE's kind bytes (semaphore.py): empty for a plain (or write) lock.
+        self._kind = kind
         self._on_lost = [on_lost] if on_lost is not None else []
         self._cancel_on_loss = cancel_on_loss
         self._renew_every = renew_every
@@ -1337,7 +1372,7 @@ class AsyncLeaseGuard(_GuardView):
 
     async def _acquire_call(self, retry: Optional[_AcquireRetry] = None) -> Tuple[AcquireResult, Optional[Connection]]:
         key, ttl, wait, meta, rod = self._args
-        return await self._client._acquire(key, ttl, wait, meta, rod, retry)
+        return await self._client._acquire(key, ttl, wait, meta, rod, retry, self._kind)
 
     def _granted(self, result: AcquireResult) -> Granted:
         if isinstance(result, Locked):

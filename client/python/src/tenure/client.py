@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _wire as w
+from . import semaphore as _kinds
 from .aio import (
     AsyncClient,
     AsyncElection,
@@ -456,6 +457,31 @@ class Client:
             renew_every=renew_every,
             margin=margin,
         )
+        return guard
+
+    def semaphore(
+        self, key: Key, permits: int, ttl: float = _kinds.DEFAULT_TTL, *, count: int = 1, **options: Any
+    ) -> "LeaseGuard":
+        """`with client.semaphore("partner-api", permits=4, wait=10) as permit:`: `count`
+        (default one) of the `permits` permits of semaphore `key`, as a guard like `lock()`'s
+        (same keywords, loss signals, renewal and `token`); see `AsyncClient.semaphore`."""
+        return self._kind_guard(key, ttl, _kinds.permits(count, permits), options)
+
+    def read_lock(self, key: Key, ttl: float = _kinds.DEFAULT_TTL, **options: Any) -> "LeaseGuard":
+        """A read lease on `key` beside other readers, as a guard like `lock()`'s."""
+        return self._kind_guard(key, ttl, _kinds.SHARED, options)
+
+    def write_lock(self, key: Key, ttl: float = _kinds.DEFAULT_TTL, **options: Any) -> "LeaseGuard":
+        """The write side of read/write lock `key`: the key alone, `lock()` itself."""
+        return self.lock(key, ttl, **options)
+
+    def inspect_kinds(self, key: Key) -> "Union[KeyState, _kinds.HeldKinds]":
+        """`HeldKinds` for a held read/write or semaphore key, else `Free` or `Held`."""
+        return self._fast(lambda: self.aio.inspect_kinds(key))
+
+    def _kind_guard(self, key: Key, ttl: float, kind: bytes, options: Dict[str, Any]) -> "LeaseGuard":
+        guard = LeaseGuard(self)
+        guard._inner = AsyncLeaseGuard(self.aio, key, ttl, kind=kind, **options)
         return guard
 
     def election(

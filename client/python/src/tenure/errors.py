@@ -111,6 +111,8 @@ ERROR_NAMES: Dict[int, str] = {
     22: "QUOTA",
     23: "NOT_LEADER",
     24: "CLUSTER_REFUSED",
+    30: "KIND_MISMATCH",
+    31: "BAD_PERMITS",
 }
 
 
@@ -158,6 +160,17 @@ class ClusterRefused(ServerError):
     """CLUSTER_REFUSED: a cluster INIT, ADD or REMOVE was refused; the message says why."""
 
 
+class KindMismatch(ServerError):
+    """KIND_MISMATCH: the key is held or awaited as another kind (PROTOCOL.md 3.10): permits of
+    a plain or read/write key, a plain or read lease of a semaphore, or a semaphore of another
+    number of permits. The message says which; nothing changed."""
+
+
+class BadPermits(BadRequest):
+    """BAD_PERMITS: permit counts out of range (1 <= count <= permits <= 4096). Raised before
+    sending for counts the client can check itself."""
+
+
 _BY_CODE: Dict[int, Type[ServerError]] = {
     1: BadRequest,
     3: BadRequest,
@@ -179,6 +192,8 @@ _BY_CODE: Dict[int, Type[ServerError]] = {
     22: Quota,
     23: NotLeader,
     24: ClusterRefused,
+    30: KindMismatch,
+    31: BadPermits,
 }
 
 

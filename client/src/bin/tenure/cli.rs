@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tenure::duration::parse_duration_or_bare;
-use tenure::LeaseId;
+use tenure::{LeaseId, LeaseKind};
 
 /// The `Exit codes:` section of `--help`; the codes are the `EXIT_*` constants in `exit.rs`.
 const EXIT_CODES_HELP: &str = "\
@@ -89,6 +89,9 @@ pub enum Command {
         /// Holder metadata shown by inspect and watchers.
         #[arg(long)]
         meta: Option<String>,
+        /// A read lease or semaphore permits instead of the key alone.
+        #[command(flatten)]
+        kind: KindArgs,
     },
     /// Extend a lease.
     Renew {
@@ -113,6 +116,10 @@ pub enum Command {
     Inspect {
         /// The lock's name.
         key: String,
+        /// For a read/write or semaphore key, add its limit, holders, permits in use, writer
+        /// and waiters by kind.
+        #[arg(long)]
+        kinds: bool,
     },
     /// Ask whether a fencing token belongs to the live holder.
     Check {
@@ -150,9 +157,16 @@ pub enum Command {
 /// Flags of `tenure run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The lock's name.
-    #[arg(long)]
-    pub key: String,
+    /// The lock's name (or give it as KEY, before `--`).
+    #[arg(long = "key", value_name = "KEY")]
+    pub key_flag: Option<String>,
+    /// The lock's name, as --key gives it.
+    #[arg(
+        value_name = "KEY",
+        conflicts_with = "key_flag",
+        required_unless_present = "key_flag"
+    )]
+    pub key_arg: Option<String>,
     /// Lease length; renewed every third of it while the command runs.
     #[arg(long, value_parser = duration_flag)]
     pub ttl: Duration,
@@ -162,6 +176,9 @@ pub struct RunArgs {
     /// Holder metadata shown by inspect and watchers.
     #[arg(long)]
     pub meta: Option<String>,
+    /// A read lease or semaphore permits instead of the key alone.
+    #[command(flatten)]
+    pub kind: KindArgs,
     /// Time between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
@@ -169,6 +186,57 @@ pub struct RunArgs {
     /// TENURE_LEASE_ID and TENURE_KEY in its environment.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+impl RunArgs {
+    /// The lock's name, from --key or KEY (clap makes sure there is exactly one).
+    pub fn key(&self) -> &str {
+        self.key_flag
+            .as_deref()
+            .or(self.key_arg.as_deref())
+            .expect("clap requires --key or KEY")
+    }
+}
+
+/// `--permits` and `--shared` of `acquire` and `run` (PROTOCOL.md 3.10).
+#[derive(Args, Debug, Default, Clone, Copy)]
+pub struct KindArgs {
+    /// Take permits of a counting semaphore of LIMIT permits: one (`--permits 4`) or COUNT of
+    /// them as one lease (`--permits 2/4`). At most LIMIT permits are held at once.
+    #[arg(long, value_name = "[COUNT/]LIMIT", value_parser = parse_permits)]
+    pub permits: Option<LeaseKind>,
+    /// Take a read lease: readers hold the key together; a plain acquire of it is the
+    /// writer, alone.
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+}
+
+impl KindArgs {
+    /// The lease kind the flags ask for: permits, shared, or the key alone.
+    pub fn kind(self) -> LeaseKind {
+        match (self.permits, self.shared) {
+            (Some(permits), _) => permits,
+            (None, true) => LeaseKind::Shared,
+            (None, false) => LeaseKind::Exclusive,
+        }
+    }
+}
+
+/// Parses `--permits`: `LIMIT` (one permit of LIMIT) or `COUNT/LIMIT`, checked against the
+/// protocol's range.
+pub fn parse_permits(text: &str) -> Result<LeaseKind, String> {
+    let number = |part: &str| {
+        part.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{text:?} is not LIMIT or COUNT/LIMIT (whole numbers)"))
+    };
+    let (count, limit) = match text.split_once('/') {
+        Some((count, limit)) => (number(count)?, number(limit)?),
+        None => (1, number(text)?),
+    };
+    let kind = LeaseKind::Permits { count, limit };
+    kind.validate().map_err(|e| e.message)?;
+    Ok(kind)
 }
 
 /// Flags of `tenure elect`.
@@ -225,6 +293,8 @@ mod tests {
         .expect("valid command line");
         match cli.command {
             Command::Run(args) => {
+                assert_eq!(args.key(), "k");
+                assert_eq!(args.kind.kind(), LeaseKind::Exclusive);
                 assert_eq!(args.ttl, Duration::from_millis(300));
                 assert_eq!(args.command, ["sh", "-c", "exit 7"]);
             }
@@ -232,6 +302,59 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["tenure", "acquire", "k", "--ttl", "10q"]).is_err());
         assert!(Cli::try_parse_from(["tenure", "release", "k", "not-hex"]).is_err());
+    }
+
+    #[test]
+    fn run_takes_the_key_as_an_argument_and_a_kind() {
+        let cli = Cli::try_parse_from([
+            "tenure",
+            "run",
+            "--permits",
+            "2/4",
+            "--ttl",
+            "1s",
+            "pool",
+            "--",
+            "true",
+        ])
+        .expect("valid command line");
+        match cli.command {
+            Command::Run(args) => {
+                assert_eq!(args.key(), "pool");
+                let kind = LeaseKind::Permits { count: 2, limit: 4 };
+                assert_eq!(args.kind.kind(), kind);
+                assert_eq!(args.command, ["true"]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let shared = [
+            "tenure", "run", "--shared", "--ttl", "1s", "doc", "--", "true",
+        ];
+        match Cli::try_parse_from(shared).expect("valid").command {
+            Command::Run(args) => assert_eq!(args.kind.kind(), LeaseKind::Shared),
+            other => panic!("parsed as {other:?}"),
+        }
+        let refused: [&[&str]; 5] = [
+            &["tenure", "run", "--ttl", "1s", "--", "true"],
+            &[
+                "tenure", "run", "--key", "a", "--ttl", "1s", "b", "--", "true",
+            ],
+            &[
+                "tenure",
+                "acquire",
+                "k",
+                "--ttl",
+                "1s",
+                "--shared",
+                "--permits",
+                "2",
+            ],
+            &["tenure", "acquire", "k", "--ttl", "1s", "--permits", "0"],
+            &["tenure", "acquire", "k", "--ttl", "1s", "--permits", "5/4"],
+        ];
+        for line in refused {
+            assert!(Cli::try_parse_from(line).is_err(), "{line:?}");
+        }
     }
 
     #[test]

@@ -99,17 +99,12 @@ async fn execute(
             acquire_id: _,
             kind,
         } => {
-            if !kind.is_exclusive() {
-                // The client library has no shared or permit leases yet; sending a plain
-                // ACQUIRE instead would take the key exclusively, which is not what was typed.
-                anyhow::bail!("SHARED and PERMITS= are not supported by this console yet");
-            }
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,
                 release_on_disconnect,
             };
-            requests::acquire(client, out, name(&key), ms(ttl_ms), options).await?;
+            requests::acquire(client, out, name(&key), ms(ttl_ms), kind, options).await?;
         }
         Request::Renew {
             key,
@@ -121,8 +116,8 @@ async fn execute(
         Request::Release { key, lease_id } => {
             requests::release(client, out, name(&key), lease_id).await?;
         }
-        Request::Inspect { key, kinds: _ } => {
-            requests::inspect(client, out, name(&key)).await?;
+        Request::Inspect { key, kinds } => {
+            requests::inspect(client, out, name(&key), kinds).await?;
         }
         Request::Check { key, token } => {
             requests::check(client, out, name(&key), token).await?;

@@ -35,6 +35,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             ttl,
             wait,
             meta,
+            kind,
         } => Request::Acquire {
             key: Bytes::from(key),
             ttl_ms: ms_u32(ttl)?,
@@ -42,7 +43,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             release_on_disconnect: false,
             meta: Bytes::from(meta.unwrap_or_default()),
             acquire_id: None,
-            kind: Default::default(),
+            kind: kind.kind(),
         },
         Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),

@@ -134,17 +134,18 @@ async fn execute(client: Client, out: &Out, command: Command) -> anyhow::Result<
             ttl,
             wait,
             meta,
+            kind,
         } => {
             let options = AcquireOptions {
                 wait,
                 meta: Bytes::from(meta.unwrap_or_default()),
                 release_on_disconnect: false,
             };
-            requests::acquire(&client, out, key, ttl, options).await
+            requests::acquire(&client, out, key, ttl, kind.kind(), options).await
         }
         Command::Renew { key, lease, ttl } => requests::renew(&client, out, key, lease, ttl).await,
         Command::Release { key, lease } => requests::release(&client, out, key, lease).await,
-        Command::Inspect { key } => requests::inspect(&client, out, key).await,
+        Command::Inspect { key, kinds } => requests::inspect(&client, out, key, kinds).await,
         Command::Check { key, token } => requests::check(&client, out, key, token).await,
         Command::Stats => requests::stats(&client, out).await,
         Command::Ping => requests::ping(&client, out).await,

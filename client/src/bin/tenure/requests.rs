@@ -4,22 +4,24 @@
 use std::time::Duration;
 
 use tenure::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LockedBy,
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LeaseKind, LockedBy,
     ReleaseOutcome, RenewOutcome,
 };
 
 use crate::exit::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
 use crate::output::{ms, Line, Out};
 
-/// Takes `key`; prints GRANTED with the token and lease, or LOCKED with the holder's token.
+/// Takes `key` (alone, shared or as permits: `kind`); prints GRANTED with the token and
+/// lease, or LOCKED with the holder's token.
 pub async fn acquire(
     client: &Client,
     out: &Out,
     key: String,
     ttl: Duration,
+    kind: LeaseKind,
     options: AcquireOptions,
 ) -> anyhow::Result<u8> {
-    match client.acquire(&key, ttl, options).await? {
+    match client.acquire_kind(&key, ttl, kind, options).await? {
         AcquireOutcome::Granted(lease) => {
             out.print(
                 Line::new("GRANTED")
@@ -85,13 +87,26 @@ pub async fn release(
     Ok(code)
 }
 
-/// Prints FREE, or HELD with the holder's token, time left, waiters and metadata.
-pub async fn inspect(client: &Client, out: &Out, key: String) -> anyhow::Result<u8> {
-    let state = client.inspect(&key).await?;
-    out.print(holder_fields(
-        Line::new(state_name(&state)).text("key", key),
-        &state,
-    ));
+/// Prints FREE, or HELD with the holder's token, time left, waiters and metadata; with
+/// `kinds`, a read/write or semaphore key's holders and waiters by kind after them.
+pub async fn inspect(client: &Client, out: &Out, key: String, kinds: bool) -> anyhow::Result<u8> {
+    let (state, by_kind) = if kinds {
+        let answer = client.inspect_kinds(&key).await?;
+        (answer.state, answer.kinds)
+    } else {
+        (client.inspect(&key).await?, None)
+    };
+    let line = holder_fields(Line::new(state_name(&state)).text("key", key), &state);
+    out.print(match by_kind {
+        None => line,
+        Some(k) => line
+            .number("limit", u64::from(k.limit))
+            .number("holders", u64::from(k.holders))
+            .number("in_use", u64::from(k.in_use))
+            .number("writer", u64::from(k.writer))
+            .number("waiting_shared", u64::from(k.waiting_shared))
+            .number("waiting_exclusive", u64::from(k.waiting_exclusive)),
+    });
     Ok(EXIT_OK)
 }
 

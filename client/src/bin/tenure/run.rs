@@ -5,7 +5,9 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Lease, LeaseGuard, LossReason};
+use tenure::{
+    AcquireOptions, AcquireOutcome, Bytes, Client, Lease, LeaseGuard, LeaseKind, LossReason,
+};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
@@ -15,21 +17,23 @@ use crate::requests::print_locked;
 
 /// `tenure run`: takes the lock (waiting if asked), runs the command under it, releases.
 pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8> {
+    let key = args.key().to_owned();
+    let kind = args.kind.kind();
     let options = AcquireOptions {
         wait: args.wait,
         meta: Bytes::from(args.meta.unwrap_or_default()),
         release_on_disconnect: false,
     };
-    let lease = match acquire_through_restarts(client, &args.key, args.ttl, options).await? {
+    let lease = match acquire_through_restarts(client, &key, args.ttl, kind, options).await? {
         AcquireOutcome::Granted(lease) => lease,
         AcquireOutcome::Locked(by) => {
-            print_locked(out, &args.key, &by);
+            print_locked(out, &key, &by);
             return Ok(EXIT_LOCKED);
         }
     };
     out.print(
         Line::new("GRANTED")
-            .text("key", args.key.as_str())
+            .text("key", key.as_str())
             .number("token", lease.fencing_token())
             .text("lease", lease.lease_id().to_string())
             .number("ttl_ms", ms(lease.ttl()))
@@ -37,7 +41,7 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
             .number("waited_ms", ms(lease.waited())),
     );
     let guard = lease.keep_alive();
-    supervise(guard, out, &args.key, &args.command, args.grace).await
+    supervise(guard, out, &key, &args.command, args.grace).await
 }
 
 /// Pause before queueing again after a wait was cut short by a server restart, on top of the
@@ -51,11 +55,12 @@ async fn acquire_through_restarts(
     client: &Client,
     key: &str,
     ttl: Duration,
+    kind: LeaseKind,
     mut options: AcquireOptions,
 ) -> anyhow::Result<AcquireOutcome<Lease>> {
     let wait_until = Instant::now() + options.wait;
     loop {
-        match client.acquire(key, ttl, options.clone()).await {
+        match client.acquire_kind(key, ttl, kind, options.clone()).await {
             Ok(outcome) => return Ok(outcome),
             // A grant whose answer was lost and that has ended since (AcquireEnded) is queued
             // for again too: the command has not run under it.
