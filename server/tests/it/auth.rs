@@ -288,63 +288,6 @@ async fn until(c: &mut Console, line: &str, want: &str) -> String {
     }
 }
 
-/// A repeat of an ACQUIRE (same key, same acquire id) is not a new hold: at the identity's
-/// held-max it is still answered REGRANTED, after its lease's release ACQUIRE_ENDED, on any
-/// connection, and also when the quota is filled by the identity's waiters; a new ACQUIRE
-/// still gets QUOTA (PROTOCOL.md 3.7, 3.9).
-#[tokio::test]
-async fn a_repeat_at_the_identitys_quota_is_answered_not_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = with_identities(dir.path()).await;
-    let mut a = Console::authed(server.addr, "orders", "orders-secret").await;
-    let mut b = Console::authed(server.addr, "orders", "orders-secret").await;
-    let h1 = a.cmd("ACQUIRE orders/q1 60000").await;
-    assert!(a.cmd("ACQUIRE orders/q2 60000").await.starts_with("OK"));
-    let id = "5e11c3a709d2446b8f310c7de295b81f";
-    let acquire = format!("ACQUIRE orders/q3 60000 ID={id}");
-    let first = a.cmd(&acquire).await;
-    assert!(first.starts_with("OK token="), "{first}");
-    assert_eq!(code_of(&a.cmd("ACQUIRE orders/q4 60000").await), "QUOTA");
-    for c in [&mut a, &mut b] {
-        let again = c.cmd(&acquire).await;
-        assert!(
-            again.ends_with(" repeat"),
-            "REGRANTED at the quota: {again}"
-        );
-        assert_eq!(lease_of(&again), lease_of(&first));
-        // With a wait too (the waiter quota is not taken by a repeat either).
-        let waits = c
-            .cmd(&format!("ACQUIRE orders/q3 60000 5000 ID={id}"))
-            .await;
-        assert!(waits.ends_with(" repeat"), "{waits}");
-    }
-    let release = format!("RELEASE orders/q3 {}", lease_of(&first));
-    assert_eq!(a.cmd(&release).await, "OK");
-    // The quota filled again by a new grant: the repeat hears how its lease ended.
-    assert!(b.cmd("ACQUIRE orders/q5 60000").await.starts_with("OK"));
-    let ended = b.cmd(&acquire).await;
-    assert!(ended.starts_with("ENDED released token="), "{ended}");
-    // Filled by waiters instead: q1 released, two waiters queued behind another holder.
-    assert_eq!(
-        a.cmd(&format!("RELEASE orders/q1 {}", lease_of(&h1))).await,
-        "OK"
-    );
-    let mut admin = Console::authed(server.addr, "admin", "admin-secret").await;
-    assert!(admin
-        .cmd("ACQUIRE orders/busy 60000")
-        .await
-        .starts_with("OK"));
-    let mut w = Console::authed(server.addr, "orders", "orders-secret").await;
-    w.writer
-        .write_all(b"ACQUIRE orders/busy 60000 8000\n")
-        .await
-        .unwrap();
-    // Probed without taking a place: LOCKED until the waiter fills the quota, then QUOTA.
-    until(&mut a, "ACQUIRE orders/busy 60000", "ERR QUOTA").await;
-    let ended = a.cmd(&acquire).await;
-    assert!(ended.starts_with("ENDED released token="), "{ended}");
-}
-
 #[tokio::test]
 async fn held_quota_counts_grants_and_gives_back_on_release_expiry_and_disconnect() {
     let dir = tempfile::tempdir().unwrap();
