@@ -8,6 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
+use crate::limits::PERMITS_MAX;
 use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request};
 
 /// Longest piece of an unknown command quoted back in its error.
@@ -153,15 +154,31 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut release_on_disconnect = false;
     let mut acquire_id = None;
     let mut kind = LeaseKind::Exclusive;
+    // Each option at most once: a doubled one is a mistake to point out, not guess at.
+    let mut seen = [false; 3];
+    let mut once = |option: usize, name: &str| {
+        if std::mem::replace(&mut seen[option], true) {
+            return Err(bad_args(format!("{name} given twice")));
+        }
+        Ok(())
+    };
     for (i, word) in rest.iter().enumerate() {
         let upper = word.to_ascii_uppercase();
         if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
+            once(0, "META=")?;
             meta = Bytes::copy_from_slice(value.as_bytes());
         } else if let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) {
-            let id = AcquireId::from_hex(value)
-                .ok_or_else(|| bad_args(format!("ID={} is not 32 hex digits", truncate(value))))?;
+            once(1, "ID=")?;
+            let id = AcquireId::from_hex(value).ok_or_else(|| {
+                let chars = value.chars().count();
+                let quoted = truncate(value);
+                bad_args(format!(
+                    "ID= must be 32 hex digits, got {chars} characters: ID={quoted}"
+                ))
+            })?;
             acquire_id = Some(id);
         } else if upper == "RELEASE_ON_DISCONNECT" {
+            once(2, "RELEASE_ON_DISCONNECT")?;
             release_on_disconnect = true;
         } else if upper == "SHARED" || upper.starts_with("PERMITS=") {
             if !kind.is_exclusive() {
@@ -194,10 +211,25 @@ fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
         return Ok(LeaseKind::Shared);
     };
     let (count, limit) = match value.split_once('/') {
-        Some((count, limit)) => (parse_u32("count", count)?, parse_u32("limit", limit)?),
-        None => (1, parse_u32("limit", value)?),
+        Some((count, limit)) => (
+            parse_permits("count", count)?,
+            parse_permits("limit", limit)?,
+        ),
+        None => (1, parse_permits("limit", value)?),
     };
     Ok(LeaseKind::Permits { count, limit })
+}
+
+/// A PERMITS= number: decimal digits only (no sign; `str::parse` would take a leading '+').
+/// A number of digits out of range parses (saturated) so that its range check answers
+/// `BAD_PERMITS`, naming the real bounds.
+fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad_args(format!(
+            "PERMITS= {name} must be a whole number from 1 to {PERMITS_MAX}"
+        )));
+    }
+    Ok(word.parse().unwrap_or(u32::MAX))
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -219,8 +251,14 @@ fn parse_u64(name: &str, word: &str) -> Result<u64, FrameError> {
         .map_err(|_| bad_args(format!("{name} must be a whole number up to {}", u64::MAX)))
 }
 
+/// `text` for a message, cut to [`QUOTED_CHARS_MAX`] characters, and then ending in `...`
+/// so the cut is not read as the whole argument.
 fn truncate(text: &str) -> String {
-    text.chars().take(QUOTED_CHARS_MAX).collect()
+    let mut quoted: String = text.chars().take(QUOTED_CHARS_MAX).collect();
+    if quoted.len() < text.len() {
+        quoted.push_str("...");
+    }
+    quoted
 }
 
 #[cfg(test)]
@@ -346,6 +384,78 @@ mod tests {
         assert_eq!(parse(b"help").unwrap(), Command::Help);
         assert_eq!(parse(b"QUIT").unwrap(), Command::Quit);
         assert_eq!(parse(b"   ").unwrap(), Command::Empty);
+    }
+
+    fn refusal(line: &str) -> FrameError {
+        parse(line.as_bytes()).expect_err(line)
+    }
+
+    #[test]
+    fn a_doubled_acquire_option_is_bad_args() {
+        let id = "5e11c3a709d2446b8f310c7de295b81f";
+        for line in [
+            format!("ACQUIRE k 1000 ID={id} ID={id}"),
+            format!("ACQUIRE k 1000 5 id={id} META=x ID=00000000000000000000000000000001"),
+            "ACQUIRE k 1000 META=a META=b".to_string(),
+            "ACQUIRE k 1000 0 RELEASE_ON_DISCONNECT release_on_disconnect".to_string(),
+        ] {
+            let e = refusal(&line);
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            assert!(e.message.ends_with("given twice"), "{line}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn permits_counts_are_plain_digits_and_the_message_names_the_real_bounds() {
+        for line in [
+            "ACQUIRE k 1000 PERMITS=+1/2",
+            "ACQUIRE k 1000 PERMITS=1/+2",
+            "ACQUIRE k 1000 PERMITS=+2",
+            "ACQUIRE k 1000 PERMITS=-1/2",
+            "ACQUIRE k 1000 PERMITS=/2",
+            "ACQUIRE k 1000 PERMITS=",
+        ] {
+            let e = refusal(line);
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            let bounds = format!("from 1 to {PERMITS_MAX}");
+            assert!(e.message.ends_with(&bounds), "{line}: {}", e.message);
+        }
+        // Digits out of range are counts out of range, however many.
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=99999999999").code,
+            ErrorCode::BadPermits
+        );
+        assert_eq!(
+            refusal("ACQUIRE k 1000 PERMITS=5000/4096").code,
+            ErrorCode::BadPermits
+        );
+    }
+
+    #[test]
+    fn a_quoted_argument_cut_short_says_so() {
+        let e = refusal(&format!("ACQUIRE k 1000 ID={}", "a".repeat(33)));
+        assert_eq!(e.code, ErrorCode::BadArgs);
+        let cut = format!("got 33 characters: ID={}...", "a".repeat(32));
+        assert!(e.message.ends_with(&cut), "{}", e.message);
+        let e = refusal("ACQUIRE k 1000 ID=abc");
+        assert!(
+            e.message.ends_with("got 3 characters: ID=abc"),
+            "{}",
+            e.message
+        );
+        let e = refusal(&format!("ACQUIRE k 1000 5 {}", "x".repeat(40)));
+        assert!(
+            e.message.contains(&format!("{}...", "x".repeat(32))),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_all_zero_acquire_id_is_refused() {
+        let e = refusal(&format!("ACQUIRE k 1000 ID={}", "0".repeat(32)));
+        assert_eq!(e.code, ErrorCode::BadArgs);
+        assert!(e.message.contains("all zero"), "{}", e.message);
     }
 
     #[test]

@@ -1111,6 +1111,7 @@ impl Request {
                 ttl_ms,
                 wait_ms,
                 meta,
+                acquire_id,
                 kind,
                 ..
             } => {
@@ -1127,6 +1128,14 @@ impl Request {
                     return Err(FrameError::new(
                         ErrorCode::MetaTooLong,
                         format!("meta is {} bytes, limit {META_LEN_MAX}", meta.len()),
+                    ));
+                }
+                if acquire_id.is_some_and(|id| id.0 == [0; 16]) {
+                    // Not random: every client that forgot to pick one would share it, and
+                    // a repeat of it hands over the first send's lease (PROTOCOL.md 3.9).
+                    return Err(FrameError::new(
+                        ErrorCode::BadArgs,
+                        "acquire id is all zero: pick 128 random bits".into(),
                     ));
                 }
                 Ok(())

@@ -543,6 +543,22 @@ fn unknown_opcode_and_flags() {
     assert_eq!(err.code, ErrorCode::BadFrame);
 }
 
+/// The all-zero acquire id is not 128 random bits (every client that forgot to pick one would
+/// share it): BAD_ARGS, as a field out of range.
+#[test]
+fn the_all_zero_acquire_id_is_bad_args() {
+    let mut body = BytesMut::new();
+    body.put_u16(1);
+    body.put_u8(b'k');
+    body.put_u32(1000);
+    body.put_u32(0);
+    body.put_u8(0x02);
+    body.put_u16(0);
+    body.put_slice(&[0; 16]);
+    let err = decode_request(0x02, body.freeze()).unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadArgs);
+}
+
 /// ACQUIRE's flag bit 1 announces a 16-byte acquire id after `meta`: one byte short of it, or
 /// one byte more, is malformed; without the flag the id's bytes are trailing garbage.
 #[test]

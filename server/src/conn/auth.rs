@@ -350,7 +350,7 @@ impl Conn {
                 "held-max: identity `{}` holds (or waits for) {max} locks already",
                 identity.name
             );
-            return reply(error(ErrorCode::Quota, message));
+            return self.refuse_unless_repeat(id, request, received_ms, message);
         };
         let waits = wait_ms > 0;
         if waits && !usage.try_take_waiter(identity.waiters_max) {
@@ -359,7 +359,8 @@ impl Conn {
                 "waiters-max: identity `{}` has {max} acquires waiting already",
                 identity.name
             );
-            return reply(error(ErrorCode::Quota, message));
+            drop(place); // a refused acquire or a repeat holds no new place
+            return self.refuse_unless_repeat(id, request, received_ms, message);
         }
         self.ctx.held_place = Some(Arc::new(Mutex::new(Some(place))));
         let outcome = self.execute(id, request, received_ms);
@@ -369,6 +370,34 @@ impl Conn {
         if waits && !matches!(outcome, Outcome::Wait { .. }) {
             usage.give_back_waiter();
         }
+        outcome
+    }
+}
+
+impl Conn {
+    /// Refuses an ACQUIRE over its identity's quota with `QUOTA` (`message`), unless it has
+    /// an acquire id and is a repeat: then it is answered as one (a repeat is not a new
+    /// hold; PROTOCOL.md 3.7), holding no place of the quota.
+    fn refuse_unless_repeat(
+        &mut self,
+        id: u64,
+        request: Request,
+        received_ms: Option<u64>,
+        message: String,
+    ) -> Outcome {
+        let refusal = error(ErrorCode::Quota, message);
+        if !matches!(
+            request,
+            Request::Acquire {
+                acquire_id: Some(_),
+                ..
+            }
+        ) {
+            return reply(refusal);
+        }
+        self.ctx.refusal_unless_repeat = Some(refusal);
+        let outcome = self.execute(id, request, received_ms);
+        self.ctx.refusal_unless_repeat = None;
         outcome
     }
 }

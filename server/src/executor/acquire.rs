@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tenure_protocol::{EventKind, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, EventKind, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitSlot};
@@ -32,8 +32,13 @@ impl Executor {
         else {
             unreachable!("acquire called with {request:?}")
         };
-        if let Some(refusal) = self.refuse_acquire(now_ms, *ttl_ms) {
-            return Outcome::Reply(refusal, TICKET_NOW);
+        let mut shard = self.shard(key);
+        // Under the same hold of the shard as the grant below, so two sends of one ACQUIRE
+        // cannot both be granted. A repeat of a shared (read) or permits lease is found
+        // among its key's holders the same way (`repeat_of`).
+        let early = self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id);
+        if let Some(answer) = early {
+            return answer;
         }
         let (tx, rx) = oneshot::channel();
         let waiter = (*wait_ms > 0).then(|| {
@@ -50,16 +55,7 @@ impl Executor {
             waiter,
             meta,
         };
-        let mut shard = self.shard(key);
         let mut events = Vec::new();
-        if let Some(acquire_id) = acquire_id {
-            // Under the same hold of the shard as the grant below, so two sends of one
-            // ACQUIRE cannot both be granted. A repeat of a shared (read) or permits lease
-            // is found among its key's holders the same way (`repeat_of`).
-            if let Some(answer) = self.repeat(&mut shard, now_ms, key, *acquire_id) {
-                return answer;
-            }
-        }
         let outcome = shard.acquire_kind(now_ms, args, *kind, &self.tokens.allocator, &mut events);
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
@@ -70,11 +66,7 @@ impl Executor {
             }
             Acquire::Locked { token, ttl_left_ms } => {
                 drop(shard);
-                Stats::bump(&self.stats.locked);
-                let ttl_left_ms = clamp_ms(ttl_left_ms);
-                // A read of the table: vouched for like INSPECT (a leader cut off from its
-                // quorum must not report a holder the majority may have let go).
-                self.confirmed(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
+                self.locked(token, ttl_left_ms)
             }
             Acquire::Queued { waiter_id } => Outcome::Wait {
                 rx,
@@ -96,6 +88,40 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// LOCKED with the holder's `token` and the time left on its lease.
+    fn locked(&self, token: u64, ttl_left_ms: u64) -> Outcome {
+        Stats::bump(&self.stats.locked);
+        let ttl_left_ms = clamp_ms(ttl_left_ms);
+        // A read of the table: vouched for like INSPECT (a leader cut off from its quorum
+        // must not report a holder the majority may have let go).
+        self.confirmed(Response::Locked { token, ttl_left_ms }, TICKET_NOW)
+    }
+
+    /// The answer to an ACQUIRE before the table is asked: a repeat's (first: a repeat is
+    /// not a new hold, so no quota or limit refuses it), else a refusal, if any.
+    fn repeat_or_refusal(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        key: &[u8],
+        ttl_ms: u32,
+        acquire_id: Option<AcquireId>,
+    ) -> Option<Outcome> {
+        if let Some(acquire_id) = acquire_id {
+            // A node that does not lead cannot vouch for a lease.
+            if let Some(refusal) = self.refuse_if_not_leader() {
+                return Some(Outcome::Reply(refusal, TICKET_NOW));
+            }
+            if let Some(answer) = self.repeat(shard, now_ms, key, acquire_id) {
+                return Some(answer);
+            }
+        }
+        let refusal = ctx.refusal_unless_repeat.take();
+        let refusal = refusal.or_else(|| self.refuse_acquire(now_ms, ttl_ms))?;
+        Some(Outcome::Reply(refusal, TICKET_NOW))
     }
 
     /// Logs a grant the table just made (still under its shard's lock) and builds its reply,

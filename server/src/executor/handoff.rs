@@ -13,7 +13,7 @@ use super::{clamp_ms, Executor};
 use crate::journal::{Change, JournalError, Lease, Ticket};
 use crate::obs::stats::Stats;
 use crate::record::FreeReason;
-use crate::table::{self, Event, Handoff, LockTable};
+use crate::table::{self, Event, Handoff, LockTable, Repeat};
 
 /// What a waiter is eventually told.
 #[derive(Debug)]
@@ -45,8 +45,9 @@ pub enum WaitResult {
         token: u64,
     },
     /// The waiter repeats an ACQUIRE whose lease, granted to another send of it, still
-    /// holds the key beside the one this waiter would have got: a read lease or permits,
-    /// granted in the same pass over the queue (whichever hand-off was made first holds). It is answered REGRANTED with that lease
+    /// holds the key: beside the one this waiter would have got (a read lease or permits,
+    /// granted in the same pass over the queue: whichever hand-off was made first holds), or
+    /// when this waiter's wait ran out behind it. It is answered REGRANTED with that lease
     /// once `ticket` (that lease's grant) is durable; nothing is granted to it.
     Regranted {
         /// That lease's fencing token.
@@ -123,7 +124,14 @@ impl Executor {
                 };
                 self.watches.notify(key, kind, token, b"");
                 if let Some(handoff) = handoff {
-                    events.push(Event::HandedOff(handoff));
+                    // The head of the line was granted first: its hand-off (and GRANTED
+                    // event) goes before those of any waiters granted after it by this
+                    // release (a shared key's), so events keep grant order (PROTOCOL.md 3.4).
+                    let at = events
+                        .iter()
+                        .position(|e| matches!(e, Event::HandedOff(_)))
+                        .unwrap_or(events.len());
+                    events.insert(at, Event::HandedOff(handoff));
                 }
                 Some(ticket)
             }
@@ -261,18 +269,59 @@ impl Executor {
                 Event::HandedOff(handoff) => self.hand_off(shard, now_ms, handoff),
                 Event::WaitTimedOut {
                     waiter,
+                    key,
                     holder_token,
                     ttl_left_ms,
                     ..
                 } => {
-                    Stats::bump(&self.stats.locked);
-                    let _ = waiter.tx.send(WaitResult::TimedOut {
+                    let repeat = waiter
+                        .acquire_id
+                        .and_then(|id| repeat_at_wait_end(shard, now_ms, &key, id, holder_token));
+                    let result = repeat.unwrap_or(WaitResult::TimedOut {
                         token: holder_token,
                         ttl_left_ms,
                     });
+                    let counter = match result {
+                        WaitResult::TimedOut { .. } => &self.stats.locked,
+                        _ => &self.stats.repeats,
+                    };
+                    Stats::bump(counter);
+                    let _ = waiter.tx.send(result);
                 }
             }
         }
+    }
+}
+
+/// What a waiting repeat of an ACQUIRE is told when its wait runs out, if the earlier send
+/// of it was granted: LOCKED would read as "not granted" and orphan that lease (PROTOCOL.md
+/// "Acquire ids"). `None` if nothing is known of it (then it is LOCKED as any waiter).
+fn repeat_at_wait_end(
+    shard: &mut LockTable<WaitSlot>,
+    now_ms: u64,
+    key: &[u8],
+    acquire_id: AcquireId,
+    holder_token: u64,
+) -> Option<WaitResult> {
+    match shard.repeat_of(now_ms, key, acquire_id) {
+        Repeat::New => None,
+        Repeat::Live {
+            token,
+            lease_id,
+            ttl_left_ms,
+            ticket,
+        } => Some(WaitResult::Regranted {
+            token,
+            lease_id,
+            ttl_left_ms,
+            ticket,
+        }),
+        Repeat::Ended { how, token } => Some(WaitResult::Ended { how, token }),
+        // Its own lease, past its deadline but not reaped yet: a repeat hears "expired".
+        Repeat::Unsettled => Some(WaitResult::Ended {
+            how: EndedHow::Expired,
+            token: holder_token,
+        }),
     }
 }
 

@@ -65,15 +65,15 @@ impl Executor {
             table::Limit::HeldLocks => (
                 ErrorCode::HeldLimit,
                 format!(
-                    "the server holds {} locks, its limit (--held-max)",
-                    config.held_max
+                    "the server holds {}, its limit (--held-max)",
+                    count_of(self.quotas.held.count(), config.held_max, "locks")
                 ),
             ),
             table::Limit::Waiters => (
                 ErrorCode::WaitersLimit,
                 format!(
-                    "the server has {} waiters, its limit (--waiters-max)",
-                    config.waiters_max
+                    "the server has {}, its limit (--waiters-max)",
+                    count_of(self.quotas.waiters.count(), config.waiters_max, "waiters")
                 ),
             ),
             table::Limit::WaitersPerKey => (
@@ -116,5 +116,17 @@ impl Executor {
         let leader = self.journal.not_leader()?;
         Stats::bump(&self.stats.errors);
         Some(error(ErrorCode::NotLeader, leader.as_ref()))
+    }
+}
+
+/// "`count` `things`" for a limit's refusal, `count` being the real count: at least `max` (it
+/// was reached), and above it when more are held than the limit lets in now (leases brought
+/// back by a restart with a lower limit, or several waiters handed a key at once), then
+/// "`count` `things`, over `max`".
+fn count_of(count: usize, max: usize, things: &str) -> String {
+    if count > max {
+        format!("{count} {things}, over {max}")
+    } else {
+        format!("{max} {things}")
     }
 }

@@ -38,6 +38,10 @@ pub struct Session {
     pub auth: Auth,
     /// The held-locks place of the acquire being run (identities only): a grant keeps it.
     pub held_place: Option<crate::identity::PlaceCell>,
+    /// The identity's quota refusal of the acquire being run, given only if it is not a
+    /// repeat: a repeat is not a new hold, so it is answered before any quota (PROTOCOL.md
+    /// 3.7, "Which refusal comes first").
+    pub refusal_unless_repeat: Option<tenure_protocol::Response>,
 }
 
 /// A connection's standing when identities are configured.
@@ -109,6 +113,7 @@ impl Session {
             drained: Vec::new(),
             auth: Auth::Open,
             held_place: None,
+            refusal_unless_repeat: None,
         }
     }
 

@@ -83,3 +83,147 @@ fn a_retry_after_kill_9_with_the_reply_unread_holds_the_key_once() {
         assert_eq!(token(&again), token(&retry));
     }
 }
+
+/// Polls INSPECT until `key` has `waiters` waiters in line.
+fn until_waiters(c: &mut LineConn, key: &str, waiters: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let want = format!("waiters={waiters}");
+    loop {
+        let held = c.cmd(&format!("INSPECT {key}")).unwrap();
+        if held.ends_with(&want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {held}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A repeat that queued behind its own first send (two connections, the first one waiting
+/// longer) is never told LOCKED: when its wait runs out while the first send's lease holds
+/// the key it is answered REGRANTED with that lease; when its turn comes after that lease
+/// ended, ACQUIRE_ENDED (PROTOCOL.md 3.9).
+#[test]
+fn a_repeat_waiting_behind_its_own_grant_is_never_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(tenured(dir.path(), logs.path()));
+    let mut holder = conn(&daemon);
+    for (round, release_first) in [(200u32, false), (201, true)] {
+        let key = format!("qr:{round}");
+        let held = holder.cmd(&format!("ACQUIRE {key} 30000")).unwrap();
+        let id = acquire_id(round);
+        let (mut first, mut repeat) = (conn(&daemon), conn(&daemon));
+        first
+            .send(&format!("ACQUIRE {key} 30000 20000 ID={id}\n"))
+            .unwrap();
+        until_waiters(&mut holder, &key, 1);
+        let repeat_wait_ms = if release_first { 20_000 } else { 1_500 };
+        let again = format!("ACQUIRE {key} 30000 {repeat_wait_ms} ID={id}\n");
+        repeat.send(&again).unwrap();
+        until_waiters(&mut holder, &key, 2);
+        let release = format!("RELEASE {key} {}", field(&held, "lease"));
+        assert_eq!(holder.cmd(&release).unwrap(), "OK");
+        let granted = first.line().unwrap();
+        assert!(granted.starts_with("OK token="), "{granted}");
+        assert!(!granted.ends_with(" repeat"), "{granted}");
+        if release_first {
+            // Its turn comes once the first send's lease is over.
+            let release = format!("RELEASE {key} {}", field(&granted, "lease"));
+            assert_eq!(first.cmd(&release).unwrap(), "OK");
+            let ended = repeat.line().unwrap();
+            assert_eq!(ended, format!("ENDED released token={}", token(&granted)));
+        } else {
+            // Its wait runs out while that lease holds the key.
+            let answer = repeat.line().unwrap();
+            assert!(answer.ends_with(" repeat"), "REGRANTED, not {answer:?}");
+            assert_eq!(token(&answer), token(&granted), "{answer}");
+            assert_eq!(field(&answer, "lease"), field(&granted, "lease"));
+        }
+    }
+}
+
+/// A console session authenticated as `name`.
+fn authed(daemon: &Daemon, name: &str, secret: &str) -> LineConn {
+    let mut c = conn(daemon);
+    assert_eq!(
+        c.cmd(&format!("AUTH {name} {secret}")).unwrap(),
+        format!("OK authenticated {name}")
+    );
+    c
+}
+
+/// Polls `line` until its reply starts with `want`.
+fn until_reply(c: &mut LineConn, line: &str, want: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = c.cmd(line).unwrap();
+        if reply.starts_with(want) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{line}: still {reply}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A repeat of an ACQUIRE (same key, same acquire id) is not a new hold: at the identity's
+/// held-max it is still answered REGRANTED, after its lease's release ACQUIRE_ENDED, on any
+/// connection, and also when the quota is filled by the identity's waiters; a new ACQUIRE
+/// still gets QUOTA (PROTOCOL.md 3.7, 3.9). A process of its own: AUTH's argon2 work would
+/// skew the timing of the AUTH-throttling tests in this one.
+#[test]
+fn a_repeat_at_the_identitys_quota_is_answered_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let identities = crate::auth::identities_file(dir.path());
+    let identities = identities.to_str().unwrap();
+    let daemon = Daemon::start(Tenured {
+        args: &["--identities", identities],
+        ..tenured(dir.path(), logs.path())
+    });
+    let mut a = authed(&daemon, "orders", "orders-secret");
+    let mut b = authed(&daemon, "orders", "orders-secret");
+    let h1 = a.cmd("ACQUIRE orders/q1 60000").unwrap();
+    let h2 = a.cmd("ACQUIRE orders/q2 60000").unwrap();
+    let id = "5e11c3a709d2446b8f310c7de295b81f";
+    let acquire = format!("ACQUIRE orders/q3 60000 ID={id}");
+    let first = a.cmd(&acquire).unwrap();
+    assert!(first.starts_with("OK token="), "{first}");
+    let refused = a.cmd("ACQUIRE orders/q4 60000").unwrap();
+    assert!(refused.starts_with("ERR QUOTA"), "{refused}");
+    for c in [&mut a, &mut b] {
+        let again = c.cmd(&acquire).unwrap();
+        assert!(
+            again.ends_with(" repeat"),
+            "REGRANTED at the quota: {again}"
+        );
+        assert_eq!(field(&again, "lease"), field(&first, "lease"));
+        // With a wait too (the waiter quota is not taken by a repeat either).
+        let waits = c
+            .cmd(&format!("ACQUIRE orders/q3 60000 5000 ID={id}"))
+            .unwrap();
+        assert!(waits.ends_with(" repeat"), "{waits}");
+    }
+    let release = format!("RELEASE orders/q3 {}", field(&first, "lease"));
+    assert_eq!(a.cmd(&release).unwrap(), "OK");
+    // The quota filled again by a new grant: the repeat hears how its lease ended.
+    assert!(b.cmd("ACQUIRE orders/q5 60000").unwrap().starts_with("OK"));
+    let ended = b.cmd(&acquire).unwrap();
+    assert!(ended.starts_with("ENDED released token="), "{ended}");
+    // Filled by a waiter instead: q1 and q2 released, `orders/busy` held, b waits for it.
+    for (key, held) in [("orders/q1", &h1), ("orders/q2", &h2)] {
+        let release = format!("RELEASE {key} {}", field(held, "lease"));
+        assert_eq!(a.cmd(&release).unwrap(), "OK");
+    }
+    assert!(a
+        .cmd("ACQUIRE orders/busy 60000")
+        .unwrap()
+        .starts_with("OK"));
+    b.send("ACQUIRE orders/busy 60000 8000\n").unwrap();
+    // Probed without taking a place: LOCKED until the waiter fills the quota, then QUOTA.
+    until_reply(&mut a, "ACQUIRE orders/busy 60000", "ERR QUOTA");
+    let ended = a.cmd(&acquire).unwrap();
+    assert!(ended.starts_with("ENDED released token="), "{ended}");
+}

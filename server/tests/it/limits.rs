@@ -267,3 +267,24 @@ async fn rewatching_a_key_counts_once() {
     assert_eq!(c.stat("watches").await, 2);
     server.stop().await;
 }
+
+/// HELD_LIMIT names the real count of held locks: after a restart with a lower `--held-max`
+/// the leases brought back stay held, more than the new limit, and the refusal says how many.
+#[tokio::test]
+async fn held_limit_names_the_real_count_when_over_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_in(dir.path(), |config| config.held_max = 10).await;
+    let mut c = Console::connect(server.addr).await;
+    for i in 0..5 {
+        let granted = c.cmd(&format!("ACQUIRE over{i} 600000")).await;
+        assert!(granted.starts_with("OK token="), "{granted}");
+    }
+    drop(c);
+    server.stop().await;
+    let server = Server::start_in(dir.path(), |config| config.held_max = 3).await;
+    let mut c = Console::connect(server.addr).await;
+    assert_eq!(
+        c.cmd("ACQUIRE another 600000").await,
+        "ERR HELD_LIMIT the server holds 5 locks, over 3, its limit (--held-max)"
+    );
+}

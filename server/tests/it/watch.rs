@@ -468,3 +468,69 @@ async fn a_repeated_watch_sends_every_earlier_event_before_its_reply() {
     assert_eq!(watcher.call(3, Request::Ping).await, Response::Pong);
     server.stop().await;
 }
+
+/// Polls INSPECT until `key` has `waiters` waiters in line.
+async fn until_waiters(c: &mut Console, key: &str, waiters: usize) {
+    let want = format!("waiters={waiters}");
+    for _ in 0..500 {
+        if c.cmd(&format!("INSPECT {key}")).await.contains(&want) {
+            return;
+        }
+        // Real time, polling until the server has read the waiter (no lease runs out here).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{key} never had {waiters} waiters");
+}
+
+/// One release that hands a key to several waiters at once (read leases behind a plain
+/// lock, permits behind a full semaphore) shows as RELEASED, then one GRANTED per waiter in
+/// the order they were granted, the head of the line first (PROTOCOL.md 3.4: a key's events
+/// arrive in the order its changes happened).
+#[tokio::test]
+async fn a_hand_off_to_several_waiters_shows_their_grants_in_grant_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    for (key, hold, wait) in [("rw", "", "SHARED"), ("sem", "PERMITS=4/4", "PERMITS=1/4")] {
+        let mut watcher = Console::connect(server.addr).await;
+        assert_eq!(
+            watcher.cmd(&format!("WATCH {key}")).await,
+            "OK watching FREE"
+        );
+        let mut holder = Console::connect(server.addr).await;
+        let held = holder.cmd(&format!("ACQUIRE {key} 30000 {hold}")).await;
+        assert!(held.starts_with("OK token="), "{held}");
+        let mut waiters = Vec::new();
+        for n in 1..=4 {
+            let mut waiter = Console::connect(server.addr).await;
+            waiter
+                .send(&format!("ACQUIRE {key} 30000 20000 {wait}\n"))
+                .await;
+            until_waiters(&mut holder, key, n).await;
+            waiters.push(waiter);
+        }
+        let lease = tenure_testkit::field(&held, "lease").to_string();
+        assert_eq!(holder.cmd(&format!("RELEASE {key} {lease}")).await, "OK");
+        let mut granted = Vec::new();
+        for waiter in &mut waiters {
+            let reply = waiter.line().await;
+            granted.push(tenure_testkit::token(&reply));
+        }
+        let t0 = tenure_testkit::token(&held);
+        assert!(granted.windows(2).all(|w| w[0] < w[1]), "FIFO: {granted:?}");
+        let mut events = Vec::new();
+        for _ in 0..6 {
+            events.push(watcher.line().await);
+        }
+        let mut want = vec![
+            format!("EVENT GRANTED key={key} token={t0}"),
+            format!("EVENT RELEASED key={key} token={t0}"),
+        ];
+        want.extend(
+            granted
+                .iter()
+                .map(|t| format!("EVENT GRANTED key={key} token={t}")),
+        );
+        assert_eq!(events, want);
+    }
+    server.stop().await;
+}
