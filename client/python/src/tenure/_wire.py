@@ -47,6 +47,9 @@ STATS = 0x07
 WATCH = 0x08
 UNWATCH = 0x09
 AUTH = 0x0A
+SESSION_OPEN = 0x0F
+SESSION_KEEPALIVE = 0x10
+SESSION_CLOSE = 0x11
 
 # Response opcodes (bit 7 set).
 PONG = 0x81
@@ -64,11 +67,19 @@ STATS_REPLY = 0x8C
 WATCHING = 0x8D
 UNWATCHED = 0x8E
 AUTHENTICATED = 0x8F
+SESSION = 0x93
+SESSION_CLOSED = 0x94
 EVENT = 0xA0
 ERROR = 0xFF
 
 #: ACQUIRE flag: free the lock when the acquiring connection closes.
 FLAG_RELEASE_ON_DISCONNECT = 0x01
+#: ACQUIRE flag: a 16-byte session id follows `meta` (and the acquire id); the lease lives
+#: while that session does (PROTOCOL.md 3.10).
+FLAG_SESSION = 0x04
+
+#: ERROR code: the session id names no live session.
+NO_SESSION = 25
 
 _HEADER = struct.Struct(">IBQ")
 
@@ -99,8 +110,15 @@ def frame(opcode: int, request_id: int, body: bytes = b"") -> bytes:
     return _HEADER.pack(FRAME_LEN_MIN + len(body), opcode, request_id) + body
 
 
-def acquire_body(key: bytes, ttl_ms: int, wait_ms: int, flags: int, meta: bytes) -> bytes:
-    return bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta)
+def acquire_body(key: bytes, ttl_ms: int, wait_ms: int, flags: int, meta: bytes, session: bytes = b"") -> bytes:
+    """ACQUIRE's body; a `session` id (16 bytes) sets FLAG_SESSION and follows `meta`."""
+    if session:
+        flags |= FLAG_SESSION
+    return bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta) + session
+
+
+def session_open_body(ttl_ms: int) -> bytes:
+    return struct.pack(">I", ttl_ms)
 
 
 def renew_body(key: bytes, lease_id: bytes, ttl_ms: int) -> bytes:

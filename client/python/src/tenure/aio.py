@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Ty
 
 from . import _wire as w
 from ._conn import Connection, WatchQueue
+from .session import AsyncSession
 from .errors import (
     CannotConnect,
     ConnectionLost,
@@ -507,18 +508,19 @@ class AsyncClient:
         return _ms(ttl, "ttl", w.TTL_MS_MIN, self._limits()[2])
 
     def _acquire_args(
-        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool, session: bytes = b""
     ) -> bytes:
         """The ACQUIRE body for these arguments, every one checked: the one validation of
-        `acquire()`, `lock()` and elections, blocking and asyncio alike."""
+        `acquire()`, `lock()`, elections and session locks, blocking and asyncio alike. A
+        session lock (`session` names it) has no TTL of its own: its `ttl_ms` is 0."""
         key_b = self._key(key)
-        ttl_ms = self._ttl_ms(ttl)
+        ttl_ms = 0 if session else self._ttl_ms(ttl)
         wait_ms = _ms(wait, "wait", 0, self._limits()[3])
         meta_b = _as_bytes(meta, "meta")
         if len(meta_b) > self._limits()[1]:
             raise InvalidArgument(f"meta must be at most {self._limits()[1]} bytes, not {len(meta_b)}")
         flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
-        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b)
+        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, session)
 
     # -- operations -------------------------------------------------------------------
 
@@ -682,6 +684,13 @@ class AsyncClient:
             renew_every=renew_every,
             margin=margin,
         )
+
+    def session(
+        self, ttl: float, *, keep_alive_every: Optional[float] = None, margin: Optional[float] = None
+    ) -> "AsyncSession":
+        """`async with client.session(ttl=10) as s:` opens a session whose one keep-alive (every
+        third of `ttl`) keeps every `s.lock(key)` in it; see `tenure.session`."""
+        return AsyncSession(self, ttl, keep_alive_every, margin)
 
     def election(
         self,
