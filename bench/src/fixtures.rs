@@ -18,6 +18,7 @@ pub fn acquire(n: u64) -> Request {
         release_on_disconnect: false,
         meta: Bytes::new(),
         acquire_id: None,
+        session_id: None,
     }
 }
 

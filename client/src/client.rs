@@ -168,6 +168,7 @@ impl Client {
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
             acquire_id: None,
+            session_id: None,
         };
         let timeout = self.router.config().request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));

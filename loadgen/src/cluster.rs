@@ -270,6 +270,7 @@ async fn tenure_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
         release_on_disconnect: false,
         meta: Bytes::new(),
         acquire_id: None,
+        session_id: None,
     };
     Ok(match tenure_ask(addr, &request).await? {
         Response::Granted { .. } => Answer::Granted,

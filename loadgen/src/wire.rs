@@ -148,6 +148,7 @@ mod tests {
                     release_on_disconnect: false,
                     meta: Bytes::new(),
                     acquire_id: None,
+                    session_id: None,
                 },
             ),
             (
@@ -181,6 +182,7 @@ mod tests {
             release_on_disconnect: false,
             meta: Bytes::new(),
             acquire_id: Some(tenure_protocol::AcquireId(id)),
+            session_id: None,
         };
         let mut theirs = BytesMut::new();
         encode_request(77, &request, &mut theirs);

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use crate::frame::validate_key;
-use crate::{AcquireId, ErrorCode, FrameError, LeaseId, Request};
+use crate::{AcquireId, ErrorCode, FrameError, LeaseId, Request, SessionId};
 
 /// Longest piece of an unknown command quoted back in its error.
 const QUOTED_CHARS_MAX: usize = 32;
@@ -17,11 +17,12 @@ const QUOTED_CHARS_MAX: usize = 32;
 macro_rules! command_list {
     () => {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
-         [ID=<32 hex>] | \
+         [ID=<32 hex>] [SESSION=<32 hex>] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
-         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | HELP | QUIT"
+         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | SESSION_OPEN <ttl_ms> | \
+         SESSION_KEEPALIVE <session> | SESSION_CLOSE <session> | HELP | QUIT"
     };
 }
 
@@ -70,7 +71,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("ACQUIRE", _) => {
             return Err(usage(
                 "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
-                 [ID=<32 hex>]",
+                 [ID=<32 hex>] [SESSION=<32 hex>]",
             ))
         }
         ("RENEW", [key, lease, ttl]) => Request::Renew {
@@ -108,6 +109,18 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("AUTH", _) => return Err(usage("AUTH <name> <secret>")),
         ("CLUSTER", [sub, rest @ ..]) => parse_cluster(sub, rest)?,
         ("CLUSTER", _) => return Err(usage(CLUSTER_USAGE)),
+        ("SESSION_OPEN", [ttl]) => Request::SessionOpen {
+            ttl_ms: parse_u32("ttl_ms", ttl)?,
+        },
+        ("SESSION_OPEN", _) => return Err(usage("SESSION_OPEN <ttl_ms>")),
+        ("SESSION_KEEPALIVE", [id]) => Request::SessionKeepalive {
+            session_id: parse_session("session", id)?,
+        },
+        ("SESSION_KEEPALIVE", _) => return Err(usage("SESSION_KEEPALIVE <session>")),
+        ("SESSION_CLOSE", [id]) => Request::SessionClose {
+            session_id: parse_session("session", id)?,
+        },
+        ("SESSION_CLOSE", _) => return Err(usage("SESSION_CLOSE <session>")),
         ("PING" | "STATS" | "HELP" | "QUIT", _) => {
             return Err(bad_args(format!("{name} takes no arguments")))
         }
@@ -148,9 +161,12 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut meta = Bytes::new();
     let mut release_on_disconnect = false;
     let mut acquire_id = None;
+    let mut session_id = None;
     for (i, word) in rest.iter().enumerate() {
         let upper = word.to_ascii_uppercase();
-        if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
+        if let Some(value) = word.get(8..).filter(|_| upper.starts_with("SESSION=")) {
+            session_id = Some(parse_session("SESSION=", value)?);
+        } else if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
             meta = Bytes::copy_from_slice(value.as_bytes());
         } else if let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) {
             let id = AcquireId::from_hex(value)
@@ -174,7 +190,13 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         release_on_disconnect,
         meta,
         acquire_id,
+        session_id,
     })
+}
+
+fn parse_session(name: &str, word: &str) -> Result<SessionId, FrameError> {
+    SessionId::from_hex(word)
+        .ok_or_else(|| bad_args(format!("{name} {} is not 32 hex digits", truncate(word))))
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -228,6 +250,7 @@ mod tests {
                 release_on_disconnect: false,
                 meta: Bytes::new(),
                 acquire_id: None,
+                session_id: None,
             }
         );
         assert_eq!(
@@ -239,6 +262,7 @@ mod tests {
                 release_on_disconnect: true,
                 meta: Bytes::from_static(b"10.0.0.1:80"),
                 acquire_id: None,
+                session_id: None,
             }
         );
         let id = "5E11c3a709d2446b8f310c7de295b81f";
@@ -286,6 +310,59 @@ mod tests {
         assert_eq!(parse(b"help").unwrap(), Command::Help);
         assert_eq!(parse(b"QUIT").unwrap(), Command::Quit);
         assert_eq!(parse(b"   ").unwrap(), Command::Empty);
+    }
+
+    #[test]
+    fn parses_the_session_commands() {
+        let id = "5E11c3a709d2446b8f310c7de295b81f";
+        let session = SessionId::from_u128(0x5e11c3a709d2446b8f310c7de295b81f);
+        assert_eq!(
+            request("session_open 10000"),
+            Request::SessionOpen { ttl_ms: 10000 }
+        );
+        assert_eq!(
+            request(&format!("SESSION_KEEPALIVE {id}")),
+            Request::SessionKeepalive {
+                session_id: session
+            }
+        );
+        assert_eq!(
+            request(&format!("SESSION_CLOSE {id}")),
+            Request::SessionClose {
+                session_id: session
+            }
+        );
+        assert!(matches!(
+            request(&format!("ACQUIRE k 0 250 session={id} ID={id}")),
+            Request::Acquire {
+                ttl_ms: 0,
+                wait_ms: 250,
+                session_id: Some(s),
+                acquire_id: Some(_),
+                ..
+            } if s == session
+        ));
+        for bad in [
+            "SESSION_OPEN",
+            "SESSION_OPEN ten",
+            "SESSION_OPEN 10 20",
+            "SESSION_KEEPALIVE",
+            "SESSION_KEEPALIVE 123",
+            "SESSION_CLOSE nothex",
+            "ACQUIRE k 0 SESSION=123",
+        ] {
+            assert_eq!(err(bad), ErrorCode::BadArgs, "{bad}");
+        }
+        assert_eq!(err("SESSION_OPEN 5"), ErrorCode::BadTtl);
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 SESSION={id}")),
+            ErrorCode::BadTtl
+        );
+        assert_eq!(
+            err(&format!("ACQUIRE k 0 SESSION={id} RELEASE_ON_DISCONNECT")),
+            ErrorCode::BadFrame
+        );
+        assert_eq!(err("ACQUIRE k 0"), ErrorCode::BadTtl);
     }
 
     #[test]

@@ -34,4 +34,4 @@ pub mod limits;
 pub use codec::{ClientCodec, ServerCodec};
 pub use error::{ErrorCode, FrameError, ProtocolError};
 pub use frame::{EndedHow, EventKind, Holder, Request, Response, Secret};
-pub use lease::{AcquireId, LeaseId};
+pub use lease::{AcquireId, LeaseId, SessionId};

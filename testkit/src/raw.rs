@@ -119,6 +119,7 @@ pub fn acquire_meta(key: &str, ttl_ms: u32, wait_ms: u32, meta: &str) -> Request
         release_on_disconnect: false,
         meta: bytes(meta),
         acquire_id: None,
+        session_id: None,
     }
 }
 

@@ -27,6 +27,7 @@ impl Executor {
             release_on_disconnect,
             meta,
             acquire_id,
+            ..
         } = &request
         else {
             unreachable!("acquire called with {request:?}")

@@ -33,6 +33,7 @@ fn acquire(key: &str, ttl_ms: u32, id: Option<u128>) -> Request {
         release_on_disconnect: false,
         meta: Bytes::from_static(b"m"),
         acquire_id: id.map(AcquireId::from_u128),
+        session_id: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn acquire(key: &str) -> Request {
         release_on_disconnect: false,
         meta: Bytes::from_static(b"meta"),
         acquire_id: None,
+        session_id: None,
     }
 }
 

@@ -98,6 +98,7 @@ impl Waiting for Raw {
                 release_on_disconnect: false,
                 meta: Default::default(),
                 acquire_id: None,
+                session_id: None,
             };
             encode_request(*id, &request, &mut out);
         }

@@ -40,6 +40,7 @@ mod metrics;
 mod nemesis;
 mod per_core;
 mod protocol_doc;
+mod sessions;
 mod settings;
 mod tls;
 mod watch;

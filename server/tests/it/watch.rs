@@ -257,6 +257,7 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
         release_on_disconnect: true,
         meta: Bytes::new(),
         acquire_id: None,
+        session_id: None,
     };
     assert!(matches!(
         watcher.call(2, watch("d")).await,

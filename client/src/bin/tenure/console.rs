@@ -97,7 +97,12 @@ async fn execute(
             // Not sent yet: the client crate does not carry acquire ids (issue 25's client
             // half); the server's own console takes ID=.
             acquire_id: _,
+            // Likewise sessions (the client half of issue 25's sessions).
+            session_id,
         } => {
+            if session_id.is_some() {
+                anyhow::bail!("SESSION= is not in the command line's console yet");
+            }
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,
@@ -136,6 +141,11 @@ async fn execute(
         | Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
         | Request::ClusterRemove { .. }) => crate::cluster::console(client, out, request).await?,
+        Request::SessionOpen { .. }
+        | Request::SessionKeepalive { .. }
+        | Request::SessionClose { .. } => {
+            anyhow::bail!("sessions are not in the command line's console yet")
+        }
     }
     Ok(())
 }

@@ -42,6 +42,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             release_on_disconnect: false,
             meta: Bytes::from(meta.unwrap_or_default()),
             acquire_id: None,
+            session_id: None,
         },
         Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),

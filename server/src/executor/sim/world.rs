@@ -331,6 +331,7 @@ impl World {
             release_on_disconnect,
             meta: Bytes::from_static(b"sim"),
             acquire_id,
+            session_id: None,
         };
         let before = self.holder_token(&key);
         let sent_ms = self.now_ms();

@@ -1,0 +1,96 @@
+//! Sessions end to end (PROTOCOL.md 3.10), over the console on a server in this process with
+//! a paused clock: one keep-alive keeps every lease of a session, a session's end frees
+//! them all (each watcher sees it), a keep-alive after the deadline revives nothing, and
+//! RENEW of a session lease is refused.
+
+use std::time::Duration;
+
+use tenure_testkit::server::Heartbeat;
+use tenure_testkit::{field, token, Console, Server};
+
+async fn open(c: &mut Console, ttl_ms: u32) -> String {
+    let reply = c.cmd(&format!("SESSION_OPEN {ttl_ms}")).await;
+    assert!(reply.starts_with("OK session="), "{reply}");
+    assert!(reply.ends_with(&format!(" ttl_ms={ttl_ms}")), "{reply}");
+    field(&reply, "session").to_string()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_keep_alive_keeps_every_lease_and_the_deadline_frees_them_all() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 1000).await;
+    let mut leases = Vec::new();
+    for key in ["a", "b", "c"] {
+        let grant = c.cmd(&format!("ACQUIRE {key} 0 SESSION={session}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+        leases.push(field(&grant, "lease").to_string());
+    }
+    let mut watcher = Console::connect(server.addr).await;
+    assert!(watcher.cmd("WATCH b").await.starts_with("OK watching HELD"));
+    // Kept alive three times across more than the TTL: every lease still holds.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+        assert_eq!(kept, format!("OK session={session} ttl_ms=1000"));
+    }
+    for key in ["a", "b", "c"] {
+        let held = c.cmd(&format!("INSPECT {key}")).await;
+        assert!(held.starts_with("HELD"), "{key}: {held}");
+    }
+    // A session lease is not renewed alone.
+    let renew = c.cmd(&format!("RENEW a {} 1000", leases[0])).await;
+    assert!(renew.starts_with("ERR SESSION_LEASE"), "{renew}");
+    // Missed: at the deadline every lease is free, the watcher told, and nothing revives it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for key in ["a", "b", "c"] {
+        assert_eq!(c.cmd(&format!("INSPECT {key}")).await, "FREE", "{key}");
+    }
+    let event = watcher.line().await;
+    assert!(event.starts_with("EVENT EXPIRED key=b"), "{event}");
+    let late = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let late = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let stats = c.cmd("STATS").await;
+    assert_eq!(field(&stats, "sessions"), "0", "{stats}");
+    assert_eq!(field(&stats, "sessions_expired"), "1", "{stats}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn close_frees_every_lease_at_once_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let mut tokens = Vec::new();
+    for key in ["x", "y"] {
+        let grant = c.cmd(&format!("ACQUIRE {key} 0 SESSION={session}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+        tokens.push(token(&grant));
+    }
+    let mut other = Console::connect(server.addr).await;
+    let locked = other.cmd("ACQUIRE x 1000").await;
+    assert!(locked.starts_with("LOCKED"), "{locked}");
+    let stats = c.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "2", "{stats}");
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=2"
+    );
+    let grant = other.cmd("ACQUIRE x 1000").await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    assert!(token(&grant) > tokens[1], "tokens still rise: {grant}");
+    assert_eq!(c.cmd("INSPECT y").await, "FREE");
+    let again = c.cmd(&format!("SESSION_CLOSE {session}")).await;
+    assert!(again.starts_with("ERR NO_SESSION"), "{again}");
+    // Bad input: a TTL out of range, a session lease with a TTL, an id that is not hex.
+    assert!(c.cmd("SESSION_OPEN 5").await.starts_with("ERR BAD_TTL"));
+    let with_ttl = c.cmd(&format!("ACQUIRE z 1000 SESSION={session}")).await;
+    assert!(with_ttl.starts_with("ERR BAD_TTL"), "{with_ttl}");
+    let bad = c.cmd("SESSION_KEEPALIVE 123").await;
+    assert!(bad.starts_with("ERR BAD_ARGS"), "{bad}");
+    server.stop().await;
+}
