@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::limits::WAIT_MS_MAX;
-use tenure_protocol::{LeaseId, Request, Response};
+use tenure_protocol::{LeaseId, Request, Response, SessionId};
 use tokio::time::Instant;
 
 use crate::cluster::{Member, Status, CHANGE_TIMEOUT_MIN};
@@ -114,6 +114,11 @@ impl Client {
         self.router.endpoints()
     }
 
+    /// The connection manager, for the modules that build on the client (sessions).
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+
     /// The configuration this client was made with.
     pub fn config(&self) -> &ClientConfig {
         self.router.config()
@@ -159,6 +164,18 @@ impl Client {
         ttl: Duration,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome> {
+        self.acquire_in(key, ttl, options, None).await
+    }
+
+    /// [`Client::acquire`], in `session` when one is named (the lease then lives while the
+    /// session does; see [`crate::session`]).
+    pub(crate) async fn acquire_in(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        options: AcquireOptions,
+        session: Option<SessionId>,
+    ) -> Result<AcquireOutcome> {
         let key = Bytes::copy_from_slice(key.as_ref());
         let wait_ms = duration_ms(options.wait);
         let request = Request::Acquire {
@@ -168,7 +185,7 @@ impl Client {
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
             acquire_id: None,
-            session_id: None,
+            session_id: session,
         };
         let timeout = self.router.config().request_timeout
             + Duration::from_millis(u64::from(wait_ms.min(WAIT_MS_MAX)));

@@ -830,3 +830,58 @@ async fn cli_speaks_tls_with_a_ca_and_mutual_tls_with_a_client_certificate() {
         "{out} {err}"
     );
 }
+
+#[tokio::test]
+async fn cli_run_holds_its_lock_in_a_session_unless_told_not_to() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("session");
+    // The command outlives three session TTLs: only the session's keep-alives hold the lock.
+    let script = format!("echo $TENURE_SESSION_ID > {}; sleep 1.5", file.display());
+    let args = [
+        "run",
+        "--key",
+        "cli/session",
+        "--ttl",
+        "400ms",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let (code, _, err) = cli(addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+    assert_eq!(written.trim(), field(&err, "session"), "{err}");
+    assert_eq!(written.trim().len(), 32, "{written:?}");
+    let client = server.client().await;
+    assert_eq!(
+        client.inspect("cli/session").await.expect("inspect"),
+        KeyState::Free,
+        "the session's close freed it"
+    );
+    let stats = client.stats().await.expect("stats");
+    let renewals = stats
+        .iter()
+        .find(|(n, _)| n == "ops_renew")
+        .expect("ops_renew");
+    assert_eq!(renewals.1, 0, "kept by keep-alives, not renewals");
+
+    let plain = [
+        "run",
+        "--key",
+        "cli/plain",
+        "--ttl",
+        "1s",
+        "--no-session",
+        "--",
+        "true",
+    ];
+    let (code, _, err) = cli(addr, &plain).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("result=GRANTED") && !err.contains("session="),
+        "{err}"
+    );
+}

@@ -37,6 +37,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "election",
         &["client", "error", "lease", "options", "outcome", "watch"],
     ),
+    (
+        "session",
+        &["client", "error", "lease", "options", "outcome", "router"],
+    ),
 ];
 
 /// Modules compiled only for tests: they may import anything and nothing may import them.
@@ -51,8 +55,9 @@ const CLI_ALLOWED: &[(&str, &[&str])] = &[
     ("cli", &["cluster"]),
     ("legacy", &["cli"]),
     ("requests", &["exit", "output"]),
-    ("run", &["cli", "exit", "output", "requests"]),
-    ("elect", &["cli", "exit", "output", "run"]),
+    ("hold", &[]),
+    ("run", &["cli", "exit", "hold", "output", "requests"]),
+    ("elect", &["cli", "exit", "hold", "output", "run"]),
     (
         "console",
         &["cluster", "exit", "legacy", "output", "requests"],

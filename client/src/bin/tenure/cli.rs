@@ -121,9 +121,11 @@ pub enum Command {
     Stats,
     /// Measure a round trip.
     Ping,
-    /// Hold a lock while a command runs; kill the command if the lock is lost.
+    /// Hold a lock (in a session of its own) while a command runs; kill the command if the
+    /// lock is lost.
     Run(RunArgs),
-    /// Run a command only while leading an election group.
+    /// Run a command only while leading an election group (in a session of its own, so
+    /// leadership rides through a cluster's fail-over).
     Elect(ElectArgs),
     /// Print every new leader of an election group.
     Observe {
@@ -145,7 +147,8 @@ pub struct RunArgs {
     /// The lock's name.
     #[arg(long)]
     pub key: String,
-    /// Lease length; renewed every third of it while the command runs.
+    /// TTL of the session the lock is held in (one keep-alive every third of it while the
+    /// command runs); with --no-session, the lease length, renewed every third of it.
     #[arg(long, value_parser = duration_flag)]
     pub ttl: Duration,
     /// How long to wait in line if the lock is held.
@@ -157,8 +160,13 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
+    /// Hold a lease renewed alone instead of a lock in a session of its own (as before
+    /// sessions; also what happens, with a warning, against a server without sessions).
+    #[arg(long)]
+    pub no_session: bool,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN,
-    /// TENURE_LEASE_ID and TENURE_KEY in its environment.
+    /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when the
+    /// lock is held in a session.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
@@ -171,14 +179,20 @@ pub struct ElectArgs {
     /// This candidate's value (for example its address), shown to observers.
     #[arg(long)]
     pub value: String,
-    /// Leader lease length.
+    /// TTL of the leader's session (a hung or cut-off leader leads at most this long
+    /// unconfirmed); with --no-session, the leader's lease length.
     #[arg(long, value_parser = duration_flag, default_value = "10s")]
     pub ttl: Duration,
+    /// Lead with a lease renewed alone instead of a lock in a session (as before sessions:
+    /// tied to its connection with one --addr, so it does not survive a fail-over).
+    #[arg(long)]
+    pub no_session: bool,
     /// Time between SIGTERM and SIGKILL when leadership is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN (the term),
-    /// TENURE_LEASE_ID and TENURE_KEY in its environment.
+    /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when
+    /// leading in a session.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }

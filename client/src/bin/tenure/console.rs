@@ -97,18 +97,28 @@ async fn execute(
             // Not sent yet: the client crate does not carry acquire ids (issue 25's client
             // half); the server's own console takes ID=.
             acquire_id: _,
-            // Likewise sessions (the client half of issue 25's sessions).
             session_id,
         } => {
-            if session_id.is_some() {
-                anyhow::bail!("SESSION= is not in the command line's console yet");
-            }
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,
                 release_on_disconnect,
             };
-            requests::acquire(client, out, name(&key), ms(ttl_ms), options).await?;
+            match session_id {
+                None => requests::acquire(client, out, name(&key), ms(ttl_ms), options).await?,
+                Some(id) => {
+                    requests::acquire_in_session(client, out, name(&key), id, options).await?
+                }
+            };
+        }
+        Request::SessionOpen { ttl_ms } => {
+            requests::session_open(client, out, ms(ttl_ms)).await?;
+        }
+        Request::SessionKeepalive { session_id } => {
+            requests::session_keepalive(client, out, session_id).await?;
+        }
+        Request::SessionClose { session_id } => {
+            requests::session_close(client, out, session_id).await?;
         }
         Request::Renew {
             key,
@@ -141,11 +151,6 @@ async fn execute(
         | Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
         | Request::ClusterRemove { .. }) => crate::cluster::console(client, out, request).await?,
-        Request::SessionOpen { .. }
-        | Request::SessionKeepalive { .. }
-        | Request::SessionClose { .. } => {
-            anyhow::bail!("sessions are not in the command line's console yet")
-        }
     }
     Ok(())
 }

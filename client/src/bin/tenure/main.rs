@@ -19,8 +19,9 @@
 //! | `cli` | the flags and commands (clap) | `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
-//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `output`, `requests` |
-//! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `output`, `run` |
+//! | `hold` | what `run` and `elect` hold: a lock in a session of its own, or a lease renewed alone | — |
+//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `hold`, `output`, `requests` |
+//! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `hold`, `output`, `run` |
 //! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |
 
 mod cli;
@@ -28,6 +29,7 @@ mod cluster;
 mod console;
 mod elect;
 mod exit;
+mod hold;
 mod legacy;
 mod output;
 mod requests;
