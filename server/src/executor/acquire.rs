@@ -27,7 +27,7 @@ impl Executor {
             release_on_disconnect,
             meta,
             acquire_id,
-            ..
+            session_id,
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
@@ -80,6 +80,7 @@ impl Executor {
                 key: key.clone(),
                 waiter_id,
                 release_on_disconnect: *release_on_disconnect,
+                session_id: *session_id,
             },
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
             Acquire::TokensExhausted { .. } => {

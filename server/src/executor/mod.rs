@@ -64,6 +64,8 @@ pub enum Outcome {
         waiter_id: u64,
         /// Whether a grant should be released when this connection closes.
         release_on_disconnect: bool,
+        /// The session a grant is to join ([`Executor::join_session`]), if any.
+        session_id: Option<tenure_protocol::SessionId>,
     },
     /// No durable fencing tokens are left: reserve more, then run the request again with
     /// [`Executor::execute_again`].

@@ -410,6 +410,64 @@ impl Executor {
         Outcome::Reply(Response::SessionClosed { released }, ticket)
     }
 
+    /// A waiter of session `id` was handed `grant` (on another task, outside the session
+    /// table's lock, for the session's time left when it queued): it joins the session now,
+    /// renewed to the session's time left, or, if the session ended meanwhile, is freed at
+    /// once (its key handed on) and answered `NO_SESSION`.
+    ///
+    /// # Errors
+    /// The error to answer the waiter with.
+    pub fn join_session(
+        self: &Arc<Self>,
+        ctx: &Session,
+        id: SessionId,
+        key: &Bytes,
+        mut grant: table::Grant,
+        ticket: Ticket,
+    ) -> Result<(table::Grant, Ticket), (ErrorCode, String)> {
+        let now_ms = self.clock.now_ms();
+        let mut sessions = self.sessions.lock();
+        let joined = match sessions.room(now_ms, id, owner(ctx)) {
+            Ok(left_ms) => {
+                let left_ms = clamp_ms(left_ms).max(1);
+                match self.renew_in_session(now_ms, key, grant.lease_id, left_ms) {
+                    Some(Ok(renewed)) => {
+                        sessions.attach(id, grant.lease_id, key.clone());
+                        grant.ttl_ms = left_ms;
+                        Ok((grant, ticket.max(renewed)))
+                    }
+                    Some(Err(Response::Error { code, message })) => Err((code, message)),
+                    Some(Err(other)) => unreachable!("a renewal refused with {other:?}"),
+                    None => Err((
+                        ErrorCode::NoSession,
+                        "the lease ended before it joined".into(),
+                    )),
+                }
+            }
+            Err(r) => match refusal(r, id) {
+                Response::Error { code, message } => Err((code, message)),
+                other => unreachable!("a refusal answered {other:?}"),
+            },
+        };
+        self.sessions
+            .leases
+            .store(sessions.leases_len(), Ordering::Relaxed);
+        drop(sessions);
+        if joined.is_err() {
+            // Not the session's: it must not outlive it. Freed as a release (the waiter is
+            // never told of the grant).
+            let mut shard = self.shard(key);
+            let _ = self.free(
+                &mut shard,
+                now_ms,
+                key,
+                grant.lease_id,
+                FreeReason::Released,
+            );
+        }
+        joined
+    }
+
     /// ACQUIRE naming a session: run as an ACQUIRE of the session's time left, under the
     /// session table's lock, and a grant joins the session.
     pub(super) fn acquire_in_session(
@@ -422,7 +480,6 @@ impl Executor {
         let Request::Acquire {
             key,
             ttl_ms,
-            wait_ms,
             session_id: Some(id),
             ..
         } = &mut request
@@ -430,12 +487,6 @@ impl Executor {
             unreachable!("acquire_in_session called with {request:?}")
         };
         let (id, key) = (*id, key.clone());
-        if *wait_ms > 0 {
-            // A hand-off happens on another task, outside this lock, and could not join the
-            // session in step with a keep-alive: not implemented yet.
-            let message = "a session ACQUIRE cannot wait in line yet (wait_ms must be 0)";
-            return Outcome::Reply(error(ErrorCode::BadWait, message), TICKET_NOW);
-        }
         let mut sessions = self.sessions.lock();
         let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => left_ms,

@@ -8,6 +8,17 @@ use std::time::Duration;
 use tenure_testkit::server::Heartbeat;
 use tenure_testkit::{field, token, Console, Server};
 
+/// Waits (a bounded while) until the server has `n` waiters in line.
+async fn waiters(probe: &mut Console, n: u32) {
+    for _ in 0..500 {
+        if field(&probe.cmd("STATS").await, "waiters") == n.to_string() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never {n} waiters");
+}
+
 async fn open(c: &mut Console, ttl_ms: u32) -> String {
     let reply = c.cmd(&format!("SESSION_OPEN {ttl_ms}")).await;
     assert!(reply.starts_with("OK session="), "{reply}");
@@ -92,5 +103,62 @@ async fn close_frees_every_lease_at_once_and_counts_them() {
     assert!(with_ttl.starts_with("ERR BAD_TTL"), "{with_ttl}");
     let bad = c.cmd("SESSION_KEEPALIVE 123").await;
     assert!(bad.starts_with("ERR BAD_ARGS"), "{bad}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn waiters_in_sessions_are_handed_the_keys_in_order_when_a_session_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut holder = Console::connect(server.addr).await;
+    let held = open(&mut holder, 60_000).await;
+    for key in ["p", "q"] {
+        let grant = holder.cmd(&format!("ACQUIRE {key} 0 SESSION={held}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+    }
+    // Two waiters for p, each in its own session, in this order (each queued before the
+    // next is sent); one for q whose session is closed while it waits.
+    let mut probe = Console::connect(server.addr).await;
+    let mut first = Console::connect(server.addr).await;
+    let s1 = open(&mut first, 60_000).await;
+    first
+        .send(&format!("ACQUIRE p 0 30000 SESSION={s1}\n"))
+        .await;
+    waiters(&mut probe, 1).await;
+    let mut second = Console::connect(server.addr).await;
+    let s2 = open(&mut second, 60_000).await;
+    second
+        .send(&format!("ACQUIRE p 0 30000 SESSION={s2}\n"))
+        .await;
+    waiters(&mut probe, 2).await;
+    let mut gone = Console::connect(server.addr).await;
+    let s3 = open(&mut gone, 60_000).await;
+    gone.send(&format!("ACQUIRE q 0 30000 SESSION={s3}\n"))
+        .await;
+    waiters(&mut probe, 3).await;
+    assert_eq!(
+        probe.cmd(&format!("SESSION_CLOSE {s3}")).await,
+        "OK released=0"
+    );
+    assert_eq!(
+        holder.cmd(&format!("SESSION_CLOSE {held}")).await,
+        "OK released=2"
+    );
+    let grant = first.line().await;
+    assert!(grant.starts_with("OK token="), "first in line: {grant}");
+    let refused = gone.line().await;
+    assert!(refused.starts_with("ERR NO_SESSION"), "{refused}");
+    // q is free again: the grant its waiter's ended session was handed did not stay.
+    assert_eq!(probe.cmd("INSPECT q").await, "FREE");
+    // p is first's, in its session; closing that hands it to second.
+    let stats = probe.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "1", "{stats}");
+    assert_eq!(
+        first.cmd(&format!("SESSION_CLOSE {s1}")).await,
+        "OK released=1"
+    );
+    let grant2 = second.line().await;
+    assert!(grant2.starts_with("OK token="), "{grant2}");
+    assert!(token(&grant2) > token(&grant));
     server.stop().await;
 }
