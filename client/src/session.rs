@@ -20,8 +20,8 @@
 //!   |<──ttl/3──>|                             give_up_at ──┘ (deadline - margin)
 //! ```
 //! The session fires its loss signal ([`Session::lost`], [`Session::cancellation_token`],
-//! [`Session::is_valid`]) at the first of: a keep-alive answered "session ended" (the server
-//! let it expire, or it was closed); `give_up_at` passing without a confirmed keep-alive; the
+//! [`Session::is_valid`]) at the first of: a keep-alive answered NO_SESSION (the server let
+//! it expire, or it was closed: [`LossReason::SessionEnded`]); `give_up_at` passing without a confirmed keep-alive; the
 //! owner closing or dropping it. Every [`SessionGuard`] of the session fires with it.
 
 use std::fmt;
@@ -353,7 +353,7 @@ impl Session {
             Ok(AcquireOutcome::Locked(by)) => Ok(AcquireOutcome::Locked(by)),
             Err(e) => {
                 if is_session_ended(&e) {
-                    self.state.fire(LossReason::Revoked);
+                    self.state.fire(LossReason::SessionEnded);
                 }
                 Err(e)
             }
@@ -528,7 +528,7 @@ async fn keep_alive(client: Client, state: Arc<SessionState>, stop: Cancellation
     keep_alive_until_lost(client.router(), &state, &stop).await;
     if stop.is_cancelled() && state.close_on_stop.load(Ordering::Acquire) {
         // A session given up unconfirmed may still live on the server: close it anyway.
-        let ended = matches!(state.reason.get(), Some(LossReason::Revoked));
+        let ended = matches!(state.reason.get(), Some(LossReason::SessionEnded));
         state.fire(LossReason::Released);
         if !ended {
             let _ = close(&client, state.id).await;
@@ -574,7 +574,7 @@ async fn keep_alive_until_lost(router: &Router, state: &SessionState, stop: &Can
                 next_at = sent_at + state.every;
                 last_error = None;
             }
-            KeepAlive::Ended => return state.fire(LossReason::Revoked),
+            KeepAlive::Ended => return state.fire(LossReason::SessionEnded),
             KeepAlive::Failed(error) => {
                 tracing::debug!(%error, "session keep-alive failed; retrying");
                 last_error = Some(error);
@@ -713,8 +713,8 @@ mod tests {
         let b = session.lock("b").await.unwrap().granted().unwrap();
         let started = Instant::now();
         let reason = tokio::time::timeout(ttl(), a.lost()).await.unwrap();
-        assert_eq!(reason, LossReason::Revoked);
-        assert_eq!(b.lost().await, LossReason::Revoked);
+        assert_eq!(reason, LossReason::SessionEnded);
+        assert_eq!(b.lost().await, LossReason::SessionEnded);
         assert!(
             started.elapsed() <= ttl() / 3 + ms(10),
             "{:?}",

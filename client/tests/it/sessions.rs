@@ -159,7 +159,7 @@ async fn a_lock_taken_after_its_session_ended_is_refused() {
         ),
         "{refused:?}"
     );
-    assert_eq!(session.loss_reason(), Some(LossReason::Revoked));
+    assert_eq!(session.loss_reason(), Some(LossReason::SessionEnded));
 }
 
 /// SESSION_CLOSE over the text console, as another program holding the session id would.
