@@ -153,6 +153,7 @@ def test_asyncio_sessions_and_bad_arguments(server) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.xfail(strict=True, reason="sessions are not replicated yet: a fail-over ends them (server side of issue 25)")
 def test_a_session_rides_through_the_leaders_kill(tenured_bin: str, tmp_path: Path) -> None:
     ttl_s, every_s = 6.0, 0.5
     nodes = start_cluster(tenured_bin, tmp_path)
