@@ -371,7 +371,16 @@ impl Executor {
                 session_id: Some(_),
                 ..
             } => return self.acquire_in_session(ctx, now_ms, received_ms, request),
-            Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
+            Request::Acquire { acquire_id, .. } => {
+                let repeatable = acquire_id.is_some();
+                let outcome = self.acquire(ctx, now_ms, received_ms, request);
+                if repeatable {
+                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
+                        return refusal;
+                    }
+                }
+                return outcome;
+            }
             Request::SessionOpen { ttl_ms } => self.session_open(ctx, now_ms, ttl_ms),
             Request::SessionKeepalive { session_id } => {
                 return match self.refuse_if_not_leader() {

@@ -183,6 +183,11 @@ impl SessionTable {
         self.by_lease.contains_key(&lease_id)
     }
 
+    /// The session `lease_id` is in, if any.
+    pub fn session_of(&self, lease_id: LeaseId) -> Option<SessionId> {
+        self.by_lease.get(&lease_id).copied()
+    }
+
     /// Forgets sessions past their deadline at `now_ms`, at most `max`; returns how many.
     /// (Their leases have the same deadline, so the table's expiry ends them.)
     pub fn reap(&mut self, now_ms: u64, max: usize) -> usize {
@@ -291,6 +296,41 @@ fn refusal(refusal: Refusal, id: SessionId) -> Response {
             ErrorCode::SessionLeasesLimit,
             format!("session {id} holds {SESSION_LEASES_MAX} leases (session-leases-max)"),
         ),
+    }
+}
+
+/// `SESSION_MISMATCH` if `outcome` answers a repeat (REGRANTED) of a lease that is not in
+/// `expected` (the session the repeat named, or none).
+pub(super) fn mismatch(
+    outcome: &Outcome,
+    expected: Option<SessionId>,
+    sessions: &SessionTable,
+) -> Option<Outcome> {
+    let Outcome::Reply(Response::Regranted { lease_id, .. }, _) = outcome else {
+        return None;
+    };
+    let actual = sessions.session_of(*lease_id);
+    if actual == expected {
+        return None;
+    }
+    let message = match actual {
+        Some(actual) => format!("the first send's lease is in session {actual}"),
+        None => "the first send's lease is in no session".to_string(),
+    };
+    Some(Outcome::Reply(
+        error(ErrorCode::SessionMismatch, message),
+        TICKET_NOW,
+    ))
+}
+
+impl Sessions {
+    /// [`mismatch`] for a repeat that named no session; without the lock when there are no
+    /// session leases.
+    pub(super) fn mismatch_without_session(&self, outcome: &Outcome) -> Option<Outcome> {
+        if self.leases.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        mismatch(outcome, None, &self.lock())
     }
 }
 
@@ -494,6 +534,9 @@ impl Executor {
         };
         *ttl_ms = clamp_ms(left_ms);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
+        if let Some(refusal) = mismatch(&outcome, Some(id), &sessions) {
+            return refusal;
+        }
         if let Outcome::Reply(Response::Granted { lease_id, .. }, _)
         | Outcome::Changed {
             response: Response::Granted { lease_id, .. },

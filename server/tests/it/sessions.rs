@@ -162,3 +162,70 @@ async fn waiters_in_sessions_are_handed_the_keys_in_order_when_a_session_closes(
     assert!(token(&grant2) > token(&grant));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_repeat_must_name_the_session_its_first_send_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let other = open(&mut c, 60_000).await;
+    let id = "5e11c3a709d2446b8f310c7de295b81f";
+    let first = c
+        .cmd(&format!("ACQUIRE k 0 SESSION={session} ID={id}"))
+        .await;
+    assert!(first.starts_with("OK token="), "{first}");
+    let again = c
+        .cmd(&format!("ACQUIRE k 0 SESSION={session} ID={id}"))
+        .await;
+    assert!(again.ends_with(" repeat"), "{again}");
+    assert_eq!(field(&again, "lease"), field(&first, "lease"));
+    let elsewhere = c.cmd(&format!("ACQUIRE k 0 SESSION={other} ID={id}")).await;
+    assert!(elsewhere.starts_with("ERR SESSION_MISMATCH"), "{elsewhere}");
+    let without = c.cmd(&format!("ACQUIRE k 1000 ID={id}")).await;
+    assert!(without.starts_with("ERR SESSION_MISMATCH"), "{without}");
+    // Nothing changed: the lease is still the session's.
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=1"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_session_hands_each_key_to_its_next_waiter_in_order() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut holder = Console::connect(server.addr).await;
+    let session = open(&mut holder, 500).await;
+    let grant = holder.cmd(&format!("ACQUIRE k 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let mut probe = Console::connect(server.addr).await;
+    let mut plain = Console::connect(server.addr).await;
+    plain.send("ACQUIRE k 10000 5000\n").await;
+    waiters(&mut probe, 1).await;
+    let mut later = Console::connect(server.addr).await;
+    let theirs = open(&mut later, 60_000).await;
+    later
+        .send(&format!("ACQUIRE k 0 5000 SESSION={theirs}\n"))
+        .await;
+    waiters(&mut probe, 2).await;
+    // A keep-alive just before the deadline keeps it; none after: it runs out.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let kept = holder.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(kept.starts_with("OK session="), "{kept}");
+    assert!(probe.cmd("INSPECT k").await.starts_with("HELD"));
+    let first = plain.line().await;
+    assert!(first.starts_with("OK token="), "the first waiter: {first}");
+    assert!(token(&first) > token(&grant));
+    let late = holder.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let release = format!("RELEASE k {}", field(&first, "lease"));
+    assert_eq!(plain.cmd(&release).await, "OK");
+    let second = later.line().await;
+    assert!(second.starts_with("OK token="), "the session's waiter: {second}");
+    assert!(token(&second) > token(&first));
+    let stats = probe.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "1", "{stats}");
+    server.stop().await;
+}
