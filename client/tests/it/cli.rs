@@ -885,3 +885,29 @@ async fn cli_run_holds_its_lock_in_a_session_unless_told_not_to() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn cli_console_speaks_the_session_requests() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let opened = console.ask("SESSION_OPEN 30000").await;
+    assert_eq!(field(&opened, "result"), "SESSION", "{opened}");
+    assert_eq!(field(&opened, "ttl_ms"), "30000", "{opened}");
+    let id = field(&opened, "session").to_owned();
+    let kept = console.ask(&format!("SESSION_KEEPALIVE {id}")).await;
+    assert_eq!(field(&kept, "session"), id, "{kept}");
+    let granted = console.ask(&format!("ACQUIRE con/s 0 SESSION={id}")).await;
+    assert_eq!(field(&granted, "result"), "GRANTED", "{granted}");
+    let renewed = console
+        .ask(&format!("RENEW con/s {} 1000", field(&granted, "lease")))
+        .await;
+    assert!(renewed.contains("SESSION_LEASE"), "{renewed}");
+    let closed = console.ask(&format!("SESSION_CLOSE {id}")).await;
+    assert_eq!(field(&closed, "result"), "SESSION_CLOSED", "{closed}");
+    assert_eq!(field(&closed, "released"), "1", "{closed}");
+    let ended = console.ask(&format!("SESSION_KEEPALIVE {id}")).await;
+    assert!(ended.contains("NO_SESSION"), "{ended}");
+    let free = console.ask("INSPECT con/s").await;
+    assert_eq!(field(&free, "result"), "FREE", "{free}");
+    quit(console).await;
+}
