@@ -67,6 +67,20 @@ def test_closing_frees_every_lock_and_the_waiters_get_them(client, server) -> No
             a.check()
 
 
+def test_a_session_lock_waits_in_line_or_is_refused(client, server) -> None:
+    with tenure.Client(server.addr) as other:
+        held = other.acquire("w/k", ttl=0.5)
+        assert isinstance(held, Granted)
+        with client.session(ttl=TTL_S) as s:
+            with pytest.raises(tenure.NotAcquired) as refused:
+                s.lock("w/k").acquire()
+            assert refused.value.token == held.token
+            with s.lock("w/k", wait=10) as lock:  # granted when the other lease runs out
+                assert lock.token > held.token and lock.is_valid()
+                assert isinstance(other.acquire("w/k", ttl=1), Locked)
+        assert wait_until(lambda: isinstance(other.acquire("w/k", ttl=1), Granted))
+
+
 class FreezingProxy:
     """A TCP proxy whose forwarding can be frozen: bytes are held and connections stay open,
     as for a client process that was stopped (SIGSTOP)."""

@@ -551,11 +551,12 @@ class AsyncClient:
         return lease
 
     async def _acquire(
-        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool
+        self, key: Key, ttl: float, wait: float, meta: Meta, release_on_disconnect: bool, session: bytes = b""
     ) -> Tuple[AcquireResult, Connection]:
+        """ACQUIRE, in `session` when one is named (then `ttl` is not sent: the lease has none)."""
         timeout = self.timeout + _seconds(wait, "wait")
         body, timeout = await self._checked(
-            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect), timeout
+            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect, session), timeout
         )
         key_b = w.Reader(body).bytes16()
         # Taken before the answered send (the last, after NOT_LEADER redirects): the server

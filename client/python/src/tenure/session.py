@@ -40,7 +40,7 @@ from .errors import (
     RequestTimeout,
     ServerError,
 )
-from .results import deadline_margin_s, local_deadline
+from .results import Locked, deadline_margin_s, local_deadline
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
@@ -215,33 +215,30 @@ class AsyncSessionLock:
 
     def __init__(self, session: AsyncSession, key: Any, wait: float, meta: Any) -> None:
         self.session = session
-        self._body = session.client._acquire_args(key, 0, wait, meta, False, session=session.id)
-        self._wait = wait
-        self.key = w.Reader(self._body).bytes16()
+        # Checked here, in the caller's thread, as `lock()` checks its arguments.
+        body = session.client._acquire_args(key, 0, wait, meta, False, session=session.id)
+        self._args = (key, wait, meta)
+        self.key = w.Reader(body).bytes16()
         self.token = 0
         self.lease_id = b""
         self._released = False
 
     async def acquire(self) -> "AsyncSessionLock":
         """Takes the lock; raises `NotAcquired` if the wait ran out, `NoSession` (a
-        `ServerError`) if the session has ended."""
-        from .aio import _seconds
-
+        `ServerError`) if the session has ended. The ACQUIRE takes the client's one path
+        (`AsyncClient._acquire`), as `lock()` does."""
         session = self.session
         session.check()
-        timeout = session.client.timeout + _seconds(self._wait, "wait")
+        key, wait, meta = self._args
         try:
-            opcode, reply, _ = await session.client._call(w.ACQUIRE, self._body, timeout)
+            result, _ = await session.client._acquire(key, 0, wait, meta, False, session=session.id)
         except ServerError as e:
             if e.code == w.NO_SESSION:
                 session._fire(LOSS_ENDED)
             raise
-        r = w.Reader(reply)
-        if opcode == w.LOCKED:
-            raise NotAcquired(self.key, r.u64(), r.u32())
-        if opcode != w.GRANTED:
-            raise ProtocolError(f"reply opcode 0x{opcode:02x} to ACQUIRE")
-        self.token, self.lease_id = r.u64(), r.take(16)
+        if isinstance(result, Locked):
+            raise NotAcquired(self.key, result.token, result.ttl_left_ms)
+        self.token, self.lease_id = result.token, result.lease_id
         return self
 
     @property
