@@ -207,6 +207,7 @@ impl Executor {
         let shards = (0..config.shards)
             .map(|_| Mutex::new(LockTable::with_quotas(Arc::clone(&quotas), hash_seed)))
             .collect();
+        let sessions = Sessions::new(config.sessions_max, config.session_leases_max);
         let tokens = Arc::new(Tokens::new(
             token_floor,
             config.token_block,
@@ -221,7 +222,7 @@ impl Executor {
             journal,
             stats: Stats::default(),
             watches: Watches::default(),
-            sessions: Sessions::default(),
+            sessions,
             grants_refused_until_ms,
             identities,
             cluster,

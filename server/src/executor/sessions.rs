@@ -26,13 +26,12 @@ use crate::journal::{Ticket, TICKET_NOW};
 use crate::record::FreeReason;
 use crate::table;
 
-/// Most live sessions on one server (PROTOCOL.md 3.10 `--sessions-max`'s default).
-pub const SESSIONS_MAX: usize = 65_536;
-/// Most leases one session holds (PROTOCOL.md 3.10 `--session-leases-max`'s default).
-pub const SESSION_LEASES_MAX: usize = 65_536;
+/// Most live sessions opened on one connection (PROTOCOL.md 3.10), so one connection cannot
+/// take the server's whole `--sessions-max`.
+pub const SESSIONS_PER_CONNECTION_MAX: u32 = 64;
 /// Most ended sessions the ticker forgets per pass, so an expiry storm cannot starve requests.
 pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
-const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0 && SESSION_REAPS_PER_TICK_MAX <= SESSIONS_MAX);
+const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
 
 /// One live session.
 #[derive(Debug)]
@@ -43,17 +42,25 @@ struct Entry {
     deadline_ms: u64,
     /// The identity that opened it (`None` without identities): only it may use the session.
     owner: Option<String>,
+    /// The connection that opened it, counted against [`SESSIONS_PER_CONNECTION_MAX`].
+    conn_id: u64,
     /// Its leases: lease id to key.
     leases: HashMap<LeaseId, Bytes>,
 }
 
 /// Every live session, by id, with their deadlines in order and which session each session
 /// lease belongs to.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SessionTable {
+    /// Most live sessions (`--sessions-max`).
+    sessions_max: usize,
+    /// Most leases per session (`--session-leases-max`).
+    leases_max: usize,
     by_id: HashMap<SessionId, Entry>,
     deadlines: BTreeSet<(u64, SessionId)>,
     by_lease: HashMap<LeaseId, SessionId>,
+    /// Live sessions by the connection that opened them.
+    by_conn: HashMap<u64, u32>,
 }
 
 /// Why a session request was refused.
@@ -63,30 +70,51 @@ pub enum Refusal {
     NoSession,
     /// As many sessions are live as the server allows.
     SessionsFull,
+    /// This connection opened as many live sessions as one may.
+    ConnectionFull,
     /// The session holds as many leases as it may.
     LeasesFull,
 }
 
 impl SessionTable {
-    /// Opens session `id` of `ttl_ms` at `now_ms`.
+    /// An empty table with these limits.
+    pub fn new(sessions_max: usize, leases_max: usize) -> SessionTable {
+        SessionTable {
+            sessions_max,
+            leases_max,
+            by_id: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            by_lease: HashMap::new(),
+            by_conn: HashMap::new(),
+        }
+    }
+
+    /// Opens session `id` of `ttl_ms` at `now_ms`, for connection `conn_id`.
     ///
     /// # Errors
-    /// [`Refusal::SessionsFull`] at [`SESSIONS_MAX`] live sessions.
+    /// [`Refusal::SessionsFull`] at `sessions_max` live sessions,
+    /// [`Refusal::ConnectionFull`] at [`SESSIONS_PER_CONNECTION_MAX`] of this connection's.
     pub fn open(
         &mut self,
         now_ms: u64,
         id: SessionId,
         ttl_ms: u32,
-        owner: Option<String>,
+        (owner, conn_id): (Option<String>, u64),
     ) -> Result<(), Refusal> {
-        if self.by_id.len() >= SESSIONS_MAX {
+        if self.by_id.len() >= self.sessions_max {
             return Err(Refusal::SessionsFull);
         }
+        let opened = self.by_conn.entry(conn_id).or_insert(0);
+        if *opened >= SESSIONS_PER_CONNECTION_MAX {
+            return Err(Refusal::ConnectionFull);
+        }
+        *opened += 1;
         let deadline_ms = now_ms + u64::from(ttl_ms);
         let entry = Entry {
             ttl_ms,
             deadline_ms,
             owner,
+            conn_id,
             leases: HashMap::new(),
         };
         assert!(
@@ -112,7 +140,7 @@ impl SessionTable {
     /// more leases.
     pub fn room(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Result<u64, Refusal> {
         let entry = self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
-        if entry.leases.len() >= SESSION_LEASES_MAX {
+        if entry.leases.len() >= self.leases_max {
             return Err(Refusal::LeasesFull);
         }
         Ok(entry.deadline_ms - now_ms)
@@ -156,6 +184,14 @@ impl SessionTable {
     fn remove(&mut self, id: SessionId) -> Entry {
         let entry = self.by_id.remove(&id).expect("a session to remove");
         self.deadlines.remove(&(entry.deadline_ms, id));
+        let opened = self
+            .by_conn
+            .get_mut(&entry.conn_id)
+            .expect("counted at open");
+        *opened -= 1;
+        if *opened == 0 {
+            self.by_conn.remove(&entry.conn_id);
+        }
         for lease_id in entry.leases.keys() {
             self.by_lease.remove(lease_id);
         }
@@ -225,6 +261,8 @@ impl SessionTable {
         for (deadline_ms, id) in &self.deadlines {
             assert_eq!(self.by_id[id].deadline_ms, *deadline_ms);
         }
+        let opened: u32 = self.by_conn.values().sum();
+        assert_eq!(opened as usize, self.by_id.len());
         let leases: usize = self.by_id.values().map(|e| e.leases.len()).sum();
         assert_eq!(leases, self.by_lease.len());
         for (lease_id, id) in &self.by_lease {
@@ -234,7 +272,6 @@ impl SessionTable {
 }
 
 /// The executor's sessions: the table under its lock, and counters for STATS.
-#[derive(Default)]
 pub struct Sessions {
     table: Mutex<SessionTable>,
     /// Session leases, read without the lock so plain RENEW and RELEASE skip it.
@@ -246,6 +283,16 @@ pub struct Sessions {
 }
 
 impl Sessions {
+    /// No sessions yet, with these limits.
+    pub fn new(sessions_max: usize, leases_max: usize) -> Sessions {
+        Sessions {
+            table: Mutex::new(SessionTable::new(sessions_max, leases_max)),
+            leases: AtomicUsize::new(0),
+            closed: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
     /// The table, locked.
     pub fn lock(&self) -> MutexGuard<'_, SessionTable> {
         self.table
@@ -285,16 +332,29 @@ impl Sessions {
     }
 }
 
-fn refusal(refusal: Refusal, id: SessionId) -> Response {
+fn refusal(refusal: Refusal, id: SessionId, config: &crate::config::Config) -> Response {
     match refusal {
         Refusal::NoSession => error(ErrorCode::NoSession, format!("no live session {id}")),
         Refusal::SessionsFull => error(
             ErrorCode::SessionsLimit,
-            format!("the server has {SESSIONS_MAX} live sessions (sessions-max)"),
+            format!(
+                "the server has {} live sessions, its limit (--sessions-max)",
+                config.sessions_max
+            ),
+        ),
+        Refusal::ConnectionFull => error(
+            ErrorCode::SessionsLimit,
+            format!(
+                "this connection opened {SESSIONS_PER_CONNECTION_MAX} live sessions, the \
+                 limit per connection"
+            ),
         ),
         Refusal::LeasesFull => error(
             ErrorCode::SessionLeasesLimit,
-            format!("session {id} holds {SESSION_LEASES_MAX} leases (session-leases-max)"),
+            format!(
+                "session {id} holds {} leases, its limit (--session-leases-max)",
+                config.session_leases_max
+            ),
         ),
     }
 }
@@ -349,13 +409,13 @@ impl Executor {
             return self.ttl_too_long(ttl_ms);
         }
         let id = SessionId::from_u128(rand::random());
-        let owner = owner(ctx).map(str::to_string);
-        match self.sessions.lock().open(now_ms, id, ttl_ms, owner) {
+        let opener = (owner(ctx).map(str::to_string), ctx.conn_id);
+        match self.sessions.lock().open(now_ms, id, ttl_ms, opener) {
             Ok(()) => Response::Session {
                 session_id: id,
                 ttl_ms,
             },
-            Err(r) => refusal(r, id),
+            Err(r) => refusal(r, id, &self.config),
         }
     }
 
@@ -365,7 +425,7 @@ impl Executor {
         let mut sessions = self.sessions.lock();
         let (ttl_ms, leases) = match sessions.keep(now_ms, id, owner(ctx)) {
             Ok(kept) => kept,
-            Err(r) => return Outcome::Reply(refusal(r, id), TICKET_NOW),
+            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
         };
         let mut ticket = TICKET_NOW;
         for (lease_id, key) in leases {
@@ -428,7 +488,7 @@ impl Executor {
                 .store(sessions.leases_len(), Ordering::Relaxed);
             match leases {
                 Ok(leases) => leases,
-                Err(r) => return Outcome::Reply(refusal(r, id), TICKET_NOW),
+                Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
             }
         };
         self.sessions.closed.fetch_add(1, Ordering::Relaxed);
@@ -484,7 +544,7 @@ impl Executor {
                     )),
                 }
             }
-            Err(r) => match refusal(r, id) {
+            Err(r) => match refusal(r, id, &self.config) {
                 Response::Error { code, message } => Err((code, message)),
                 other => unreachable!("a refusal answered {other:?}"),
             },
@@ -530,7 +590,7 @@ impl Executor {
         let mut sessions = self.sessions.lock();
         let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => left_ms,
-            Err(r) => return Outcome::Reply(refusal(r, id), TICKET_NOW),
+            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
         };
         *ttl_ms = clamp_ms(left_ms);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
@@ -564,9 +624,9 @@ mod tests {
 
     #[test]
     fn a_keep_alive_moves_the_deadline_and_an_ended_session_is_not_revived() {
-        let mut t = SessionTable::default();
+        let mut t = SessionTable::new(1000, 1000);
         let id = SessionId::from_u128(1);
-        t.open(1000, id, 500, None).unwrap();
+        t.open(1000, id, 500, (None, 1)).unwrap();
         assert_eq!(t.room(1000, id, None), Ok(500));
         t.attach(id, lease(7), Bytes::from_static(b"a"));
         t.check_invariants();
@@ -585,9 +645,9 @@ mod tests {
 
     #[test]
     fn close_returns_every_lease_and_forgets_them() {
-        let mut t = SessionTable::default();
+        let mut t = SessionTable::new(1000, 1000);
         let id = SessionId::from_u128(2);
-        t.open(0, id, 1000, Some("orders".into())).unwrap();
+        t.open(0, id, 1000, (Some("orders".into()), 1)).unwrap();
         for n in 0..5 {
             t.attach(id, lease(n), Bytes::from(format!("k{n}")));
         }
@@ -612,10 +672,30 @@ mod tests {
     }
 
     #[test]
+    fn one_connection_opens_at_most_its_share_and_an_end_gives_a_place_back() {
+        let mut t = SessionTable::new(1000, 10);
+        for n in 0..SESSIONS_PER_CONNECTION_MAX {
+            t.open(0, SessionId::from_u128(n.into()), 100, (None, 7))
+                .unwrap();
+        }
+        let one_more = SessionId::from_u128(1 << 100);
+        assert_eq!(
+            t.open(0, one_more, 100, (None, 7)),
+            Err(Refusal::ConnectionFull)
+        );
+        // Another connection may; and a session that ends gives its place back.
+        t.open(0, one_more, 100, (None, 8)).unwrap();
+        t.close(0, SessionId::from_u128(0), None).unwrap();
+        t.open(0, SessionId::from_u128(1 << 101), 100, (None, 7))
+            .unwrap();
+        t.check_invariants();
+    }
+
+    #[test]
     fn reaping_is_bounded_per_pass_and_in_deadline_order() {
-        let mut t = SessionTable::default();
+        let mut t = SessionTable::new(1000, 1000);
         for n in 0..10u128 {
-            t.open(n as u64, SessionId::from_u128(n), 100, None)
+            t.open(n as u64, SessionId::from_u128(n), 100, (None, 1))
                 .unwrap();
         }
         assert_eq!(t.reap(200, 3), 3);
@@ -632,12 +712,21 @@ mod tests {
     }
 
     #[test]
-    fn the_server_wide_limit_refuses_one_more_session() {
-        let mut t = SessionTable::default();
-        for n in 0..SESSIONS_MAX as u128 {
-            t.open(0, SessionId::from_u128(n), 100, None).unwrap();
+    fn the_limits_refuse_one_more_session_and_one_more_lease() {
+        let mut t = SessionTable::new(3, 2);
+        for n in 0..3 {
+            t.open(0, SessionId::from_u128(n), 100, (None, 1)).unwrap();
         }
+        t.attach(SessionId::from_u128(0), lease(1), Bytes::from_static(b"a"));
+        t.attach(SessionId::from_u128(0), lease(2), Bytes::from_static(b"b"));
+        assert_eq!(
+            t.room(0, SessionId::from_u128(0), None),
+            Err(Refusal::LeasesFull)
+        );
         let one_more = SessionId::from_u128(u128::MAX);
-        assert_eq!(t.open(0, one_more, 100, None), Err(Refusal::SessionsFull));
+        assert_eq!(
+            t.open(0, one_more, 100, (None, 2)),
+            Err(Refusal::SessionsFull)
+        );
     }
 }

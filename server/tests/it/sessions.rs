@@ -223,9 +223,39 @@ async fn an_expired_session_hands_each_key_to_its_next_waiter_in_order() {
     let release = format!("RELEASE k {}", field(&first, "lease"));
     assert_eq!(plain.cmd(&release).await, "OK");
     let second = later.line().await;
-    assert!(second.starts_with("OK token="), "the session's waiter: {second}");
+    assert!(
+        second.starts_with("OK token="),
+        "the session's waiter: {second}"
+    );
     assert!(token(&second) > token(&first));
     let stats = probe.cmd("STATS").await;
     assert_eq!(field(&stats, "session_leases"), "1", "{stats}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_session_limits_refuse_one_more_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_in(dir.path(), |config| {
+        config.sessions_max = 1;
+        config.session_leases_max = 1;
+    })
+    .await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let full = c.cmd("SESSION_OPEN 60000").await;
+    assert!(full.starts_with("ERR SESSIONS_LIMIT"), "{full}");
+    assert!(full.contains("--sessions-max"), "{full}");
+    let grant = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let full = c.cmd(&format!("ACQUIRE b 0 SESSION={session}")).await;
+    assert!(full.starts_with("ERR SESSION_LEASES_LIMIT"), "{full}");
+    assert_eq!(c.cmd("INSPECT b").await, "FREE");
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=1"
+    );
+    // Its place is free again.
+    open(&mut c, 60_000).await;
     server.stop().await;
 }
