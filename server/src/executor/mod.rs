@@ -382,7 +382,11 @@ impl Executor {
                 }
                 return outcome;
             }
-            Request::SessionOpen { ttl_ms } => self.session_open(ctx, now_ms, ttl_ms),
+            // A follower's executor (its journal refuses everything) opens no session either.
+            Request::SessionOpen { ttl_ms } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => self.session_open(ctx, now_ms, ttl_ms),
+            },
             Request::SessionKeepalive { session_id } => {
                 return match self.refuse_if_not_leader() {
                     Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
@@ -392,9 +396,10 @@ impl Executor {
                     },
                 }
             }
-            Request::SessionClose { session_id } => {
-                return self.session_close(ctx, now_ms, session_id)
-            }
+            Request::SessionClose { session_id } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => return self.session_close(ctx, now_ms, session_id),
+            },
             Request::Renew {
                 key,
                 lease_id,
