@@ -465,7 +465,12 @@ impl SessionGuard {
         let loss = self.loss.clone();
         async move {
             loss.cancelled().await;
-            state.reason.get().cloned().unwrap_or(LossReason::Released)
+            // The session's signal cancels this one too; this one alone means a release.
+            if state.loss.is_cancelled() {
+                state.reason()
+            } else {
+                LossReason::Released
+            }
         }
     }
 
@@ -735,6 +740,45 @@ mod tests {
         assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
         let late = Instant::now() - give_up_at;
         assert!(late <= ms(2), "fired {late:?} after the give-up instant");
+    }
+
+    /// The leader keeps the session alive until `moved` is set, then answers NOT_LEADER
+    /// naming `next` (a fail-over); the keep-alives follow it there.
+    #[tokio::test(start_paused = true)]
+    async fn keep_alives_follow_the_leader_and_the_session_goes_on_there() {
+        let seen_there = Arc::new(Mutex::new(Vec::new()));
+        let next = fake::start(VERSION, 16, script(kept(), Arc::clone(&seen_there))).await;
+        let moved = Arc::new(AtomicBool::new(false));
+        let (moved_here, next_addr) = (Arc::clone(&moved), next.addr.clone());
+        let inner = script(kept(), Arc::default());
+        let first: Script = Arc::new(move |request| {
+            if moved_here.load(Ordering::Relaxed) {
+                return Some(Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message: format!("leader={next_addr}"),
+                });
+            }
+            inner(request)
+        });
+        let first = fake::start(VERSION, 16, first).await;
+        let addrs = format!("{},{}", first.addr, next.addr);
+        let client = Client::connect(addrs).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let guard = session.lock("k").await.unwrap().granted().unwrap();
+        tokio::time::sleep(ttl()).await;
+        moved.store(true, Ordering::Relaxed);
+        let moved_at = Instant::now();
+        tokio::time::sleep(ttl() * 3).await;
+        assert!(
+            session.is_valid() && guard.is_valid(),
+            "{:?}",
+            guard.loss_reason()
+        );
+        assert!(
+            session.deadline() > moved_at + ttl(),
+            "kept alive at the new leader"
+        );
+        assert!(seen_there.lock().unwrap().len() >= 8);
     }
 
     #[tokio::test(start_paused = true)]
