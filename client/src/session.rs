@@ -319,7 +319,8 @@ impl Session {
     /// `options.release_on_disconnect` must be false: a session outlives connections.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a bad key, wait or metadata, or `release_on_disconnect`; the
+    /// [`Error::Invalid`] for a bad key, wait or metadata, `release_on_disconnect`, or a
+    /// session this client already counts as lost (code `NO_SESSION`, nothing sent); the
     /// server's refusal ([`Error::Server`]: the session ended, too many locks in it);
     /// otherwise any [`Error`] a request can meet. A refusal because the session ended also
     /// fires the session's loss signal.
@@ -332,6 +333,17 @@ impl Session {
             return Err(Error::Invalid {
                 code: ErrorCode::BadFrame,
                 message: "a session's lock cannot be released on disconnect".into(),
+            });
+        }
+        if !self.is_valid() {
+            // Not sent: a grant in a session this client counts as lost would be invalid on
+            // arrival, and would hold the key until the server's end of the session.
+            let reason = self
+                .loss_reason()
+                .map_or("its deadline passed".into(), |r| r.to_string());
+            return Err(Error::Invalid {
+                code: ErrorCode::NoSession,
+                message: format!("the session is lost: {reason}"),
             });
         }
         let key = Bytes::copy_from_slice(key.as_ref());
@@ -740,6 +752,18 @@ mod tests {
         assert!(matches!(reason, LossReason::Expired { .. }), "{reason:?}");
         let late = Instant::now() - give_up_at;
         assert!(late <= ms(2), "fired {late:?} after the give-up instant");
+        // A session counted lost takes no more locks: nothing is sent.
+        let refused = session.lock("other").await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Error::Invalid {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
     }
 
     /// The leader keeps the session alive until `moved` is set, then answers NOT_LEADER

@@ -281,6 +281,10 @@ async fn session_options_that_leave_no_time_are_refused() {
         matches!(refused, tenure::Error::Invalid { .. }),
         "{refused:?}"
     );
+    let closed = client.session(TTL).await.expect("open");
+    let closed_lost = closed.lost();
+    drop(closed);
+    assert_eq!(closed_lost.await, LossReason::Released);
     let session = client.session(TTL).await.expect("open");
     let tied = AcquireOptions {
         release_on_disconnect: true,
