@@ -264,7 +264,7 @@ impl Client {
     ) -> Result<AcquireOutcome> {
         self.acquire_in(key, Duration::ZERO, kind, options, Some(id))
             .await
-            .map_err(crate::Error::of_kind)
+            .map_err(Error::of_kind)
     }
 }
 
