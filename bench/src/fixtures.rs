@@ -19,6 +19,7 @@ pub fn acquire(n: u64) -> Request {
         meta: Bytes::new(),
         acquire_id: None,
         kind: Default::default(),
+        session_id: None,
     }
 }
 

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use tenure_protocol::handshake::ServerLimits;
 use tenure_protocol::kind::LeaseKind;
 use tenure_protocol::limits::WAIT_MS_MAX;
-use tenure_protocol::{AcquireId, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, LeaseId, Request, Response, SessionId};
 use tokio::time::Instant;
 
 use crate::cluster::{Member, Status, CHANGE_TIMEOUT_MIN};
@@ -116,6 +116,11 @@ impl Client {
         self.router.endpoints()
     }
 
+    /// The connection manager, for the modules that build on the client (sessions).
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+
     /// The configuration this client was made with.
     pub fn config(&self) -> &ClientConfig {
         self.router.config()
@@ -200,18 +205,21 @@ impl Client {
         kind: LeaseKind,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome> {
-        self.acquire_request(key, ttl, kind, options)
+        self.acquire_in(key, ttl, kind, options, None)
             .await
             .map_err(Error::of_kind)
     }
 
-    /// The ACQUIRE itself, its errors untyped: [`Client::acquire_kind`] types them.
-    async fn acquire_request(
+    /// The ACQUIRE itself, its errors untyped ([`Client::acquire_kind`] types them), in
+    /// `session` when one is named (the lease then lives while the session does; see
+    /// [`crate::session`]).
+    pub(crate) async fn acquire_in(
         &self,
         key: impl AsRef<[u8]>,
         ttl: Duration,
         kind: LeaseKind,
         options: AcquireOptions,
+        session: Option<SessionId>,
     ) -> Result<AcquireOutcome> {
         let key = Bytes::copy_from_slice(key.as_ref());
         let wait_ms = duration_ms(options.wait);
@@ -223,6 +231,7 @@ impl Client {
             meta: options.meta,
             acquire_id: Some(AcquireId::from_u128(rand::random())),
             kind,
+            session_id: session,
         };
         // Checked before the first send, so a bad argument is not retried.
         request.validate().map_err(Error::invalid)?;

@@ -309,6 +309,9 @@ pub enum LossReason {
     },
     /// The guard was released or dropped by its owner.
     Released,
+    /// The lock was held in a [`crate::Session`] and the server said the session has ended
+    /// (a keep-alive or an acquire answered NO_SESSION: it expired, or was closed).
+    SessionEnded,
 }
 
 impl fmt::Display for LossReason {
@@ -321,6 +324,7 @@ impl fmt::Display for LossReason {
                 last_error: Some(e),
             } => write!(f, "lease ran out unconfirmed (last renewal: {e})"),
             LossReason::Released => f.write_str("released by its owner"),
+            LossReason::SessionEnded => f.write_str("session ended at the server (NO_SESSION)"),
         }
     }
 }

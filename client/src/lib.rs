@@ -55,6 +55,31 @@
 //! [`LeaseGuard`]: its own renewal, loss signal and fencing token. How a resource fences
 //! reads as well as writes with those tokens is in [`rwlock`]; the kinds on the wire are
 //! [`LeaseKind`] ([`Client::acquire_kind`]).
+//! # Sessions
+//! One [`Session`] keeps many locks with one background keep-alive (every third of its TTL),
+//! and its end frees them all; a [`SessionGuard`] needs no renewal and reports the session's
+//! loss (PROTOCOL.md 3.11). The session is server state, not a connection: in a cluster its
+//! keep-alive follows the leader and the session goes on there.
+//! ```no_run
+//! # use std::time::Duration;
+//! # use tenure::{AcquireOutcome, Client};
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::connect("127.0.0.1:7878").await?;
+//! let session = client.session(Duration::from_secs(10)).await?;
+//! let (Some(a), Some(b)) = (
+//!     session.lock("jobs/a").await?.granted(),
+//!     session.lock("jobs/b").await?.granted(),
+//! ) else {
+//!     return Err("held by someone else".into());
+//! };
+//! tokio::select! {
+//!     _ = async { /* work fenced by a.fencing_token() and b.fencing_token() */ } => {}
+//!     reason = session.lost() => return Err(format!("session lost: {reason}").into()),
+//! }
+//! drop((a, b));
+//! session.close().await?; // frees whatever is still held in it
+//! # Ok(()) }
+//! ```
 //!
 //! A server with identities wants credentials, sent as AUTH on every (re)connect:
 //! `Client::connect_with(addr, ClientOptions::default().with_credentials("orders", secret))`.
@@ -91,6 +116,7 @@
 //! | `semaphore` | [`Client::semaphore`], [`Client::inspect_kinds`] and [`KindsState`]: permits of a counting semaphore | `client`, `error`, `lease`, `options`, `outcome` |
 //! | `rwlock` | [`Client::read_lock`] and [`Client::write_lock`], and how a resource fences reads and writes | `client`, `error`, `lease`, `options` |
 //! | `election` | [`Election`], [`Leadership`], [`Observer`]; [`Client::campaign`] and [`Client::observe`] | `client`, `error`, `lease`, `options`, `outcome`, `watch` |
+//! | `session` | [`Session`]: one keep-alive for many locks, [`SessionGuard`]; [`Client::session`] | `client`, `error`, `lease`, `options`, `outcome`, `router` |
 //!
 //! A request goes down the table: [`Client`] builds it, `router` picks the connection and
 //! follows redirects, `conn` frames it and matches the reply, and the answer comes back up as
@@ -138,6 +164,7 @@ mod outcome;
 mod router;
 pub mod rwlock;
 pub mod semaphore;
+pub mod session;
 pub mod tls;
 mod watch;
 
@@ -152,9 +179,12 @@ pub use options::{
 };
 pub use outcome::{CheckOutcome, KeyState, LockedBy, ReleaseOutcome, RenewOutcome, WatchEvent};
 pub use semaphore::KindsState;
+pub use session::{Session, SessionGuard, SessionOptions};
 pub use tenure_protocol::handshake::ServerLimits;
 pub use tenure_protocol::kind::{HolderKinds, LeaseKind};
-pub use tenure_protocol::{duration, AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
+pub use tenure_protocol::{
+    duration, AcquireId, EndedHow, ErrorCode, EventKind, LeaseId, SessionId,
+};
 pub use tls::TlsOptions;
 pub use watch::Watch;
 

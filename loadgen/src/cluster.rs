@@ -271,6 +271,7 @@ async fn tenure_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
         meta: Bytes::new(),
         acquire_id: None,
         kind: Default::default(),
+        session_id: None,
     };
     Ok(match tenure_ask(addr, &request).await? {
         Response::Granted { .. } => Answer::Granted,

@@ -188,6 +188,7 @@ mod tests {
                     meta: Bytes::new(),
                     acquire_id: None,
                     kind: Default::default(),
+                    session_id: None,
                 },
             ),
             (
@@ -224,6 +225,7 @@ mod tests {
             meta: Bytes::new(),
             acquire_id: Some(tenure_protocol::AcquireId(id)),
             kind: Default::default(),
+            session_id: None,
         };
         let mut theirs = BytesMut::new();
         encode_request(77, &request, &mut theirs);
@@ -258,6 +260,7 @@ mod tests {
                     meta: Bytes::new(),
                     acquire_id,
                     kind,
+                    session_id: None,
                 };
                 let mut theirs = BytesMut::new();
                 encode_request(77, &request, &mut theirs);

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::frame::validate_key;
 use crate::limits::PERMITS_MAX;
-use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request};
+use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request, SessionId};
 
 /// Longest piece of an unknown command quoted back in its error.
 const QUOTED_CHARS_MAX: usize = 32;
@@ -18,11 +18,12 @@ const QUOTED_CHARS_MAX: usize = 32;
 macro_rules! command_list {
     () => {
         "PING | ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] [RELEASE_ON_DISCONNECT] \
-         [ID=<32 hex>] [SHARED | PERMITS=[<count>/]<limit>] | \
+         [ID=<32 hex>] [SESSION=<32 hex>] [SHARED | PERMITS=[<count>/]<limit>] | \
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> [KINDS] | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
-         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | HELP | QUIT"
+         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | SESSION_OPEN <ttl_ms> | \
+         SESSION_KEEPALIVE <session> | SESSION_CLOSE <session> | HELP | QUIT"
     };
 }
 
@@ -109,6 +110,18 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("AUTH", _) => return Err(usage("AUTH <name> <secret>")),
         ("CLUSTER", [sub, rest @ ..]) => parse_cluster(sub, rest)?,
         ("CLUSTER", _) => return Err(usage(CLUSTER_USAGE)),
+        ("SESSION_OPEN", [ttl]) => Request::SessionOpen {
+            ttl_ms: parse_u32("ttl_ms", ttl)?,
+        },
+        ("SESSION_OPEN", _) => return Err(usage("SESSION_OPEN <ttl_ms>")),
+        ("SESSION_KEEPALIVE", [id]) => Request::SessionKeepalive {
+            session_id: parse_session("session", id)?,
+        },
+        ("SESSION_KEEPALIVE", _) => return Err(usage("SESSION_KEEPALIVE <session>")),
+        ("SESSION_CLOSE", [id]) => Request::SessionClose {
+            session_id: parse_session("session", id)?,
+        },
+        ("SESSION_CLOSE", _) => return Err(usage("SESSION_CLOSE <session>")),
         ("PING" | "STATS" | "HELP" | "QUIT", _) => {
             return Err(bad_args(format!("{name} takes no arguments")))
         }
@@ -125,7 +138,8 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
 
 /// ACQUIRE's form, for its usage error.
 const ACQUIRE_USAGE: &str = "ACQUIRE <key> <ttl_ms> [<wait_ms>] [META=<text>] \
-     [RELEASE_ON_DISCONNECT] [ID=<32 hex>] [SHARED | PERMITS=[<count>/]<limit>]";
+     [RELEASE_ON_DISCONNECT] [ID=<32 hex>] [SESSION=<32 hex>] \
+     [SHARED | PERMITS=[<count>/]<limit>]";
 
 /// The CLUSTER forms, for its usage error.
 const CLUSTER_USAGE: &str = "CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
@@ -154,8 +168,9 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     let mut release_on_disconnect = false;
     let mut acquire_id = None;
     let mut kind = LeaseKind::Exclusive;
+    let mut session_id = None;
     // Each option at most once: a doubled one is a mistake to point out, not guess at.
-    let mut seen = [false; 3];
+    let mut seen = [false; 4];
     let mut once = |option: usize, name: &str| {
         if std::mem::replace(&mut seen[option], true) {
             return Err(bad_args(format!("{name} given twice")));
@@ -164,7 +179,10 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
     };
     for (i, word) in rest.iter().enumerate() {
         let upper = word.to_ascii_uppercase();
-        if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
+        if let Some(value) = word.get(8..).filter(|_| upper.starts_with("SESSION=")) {
+            once(3, "SESSION=")?;
+            session_id = Some(parse_session("SESSION=", value)?);
+        } else if let Some(value) = word.get(5..).filter(|_| upper.starts_with("META=")) {
             once(0, "META=")?;
             meta = Bytes::copy_from_slice(value.as_bytes());
         } else if let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) {
@@ -201,6 +219,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         release_on_disconnect,
         meta,
         acquire_id,
+        session_id,
         kind,
     })
 }
@@ -230,6 +249,12 @@ fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
         )));
     }
     Ok(word.parse().unwrap_or(u32::MAX))
+}
+
+/// A SESSION= id: 32 hex digits.
+fn parse_session(name: &str, word: &str) -> Result<SessionId, FrameError> {
+    SessionId::from_hex(word)
+        .ok_or_else(|| bad_args(format!("{name} {} is not 32 hex digits", truncate(word))))
 }
 
 fn parse_key(word: &str) -> Result<Bytes, FrameError> {
@@ -290,6 +315,7 @@ mod tests {
                 meta: Bytes::new(),
                 acquire_id: None,
                 kind: LeaseKind::Exclusive,
+                session_id: None,
             }
         );
         assert_eq!(
@@ -302,6 +328,7 @@ mod tests {
                 meta: Bytes::from_static(b"10.0.0.1:80"),
                 kind: LeaseKind::Exclusive,
                 acquire_id: None,
+                session_id: None,
             }
         );
         let id = "5E11c3a709d2446b8f310c7de295b81f";
@@ -456,6 +483,59 @@ mod tests {
         let e = refusal(&format!("ACQUIRE k 1000 ID={}", "0".repeat(32)));
         assert_eq!(e.code, ErrorCode::BadArgs);
         assert!(e.message.contains("all zero"), "{}", e.message);
+    }
+
+    #[test]
+    fn parses_the_session_commands() {
+        let id = "5E11c3a709d2446b8f310c7de295b81f";
+        let session = SessionId::from_u128(0x5e11c3a709d2446b8f310c7de295b81f);
+        assert_eq!(
+            request("session_open 10000"),
+            Request::SessionOpen { ttl_ms: 10000 }
+        );
+        assert_eq!(
+            request(&format!("SESSION_KEEPALIVE {id}")),
+            Request::SessionKeepalive {
+                session_id: session
+            }
+        );
+        assert_eq!(
+            request(&format!("SESSION_CLOSE {id}")),
+            Request::SessionClose {
+                session_id: session
+            }
+        );
+        assert!(matches!(
+            request(&format!("ACQUIRE k 0 250 session={id} ID={id}")),
+            Request::Acquire {
+                ttl_ms: 0,
+                wait_ms: 250,
+                session_id: Some(s),
+                acquire_id: Some(_),
+                ..
+            } if s == session
+        ));
+        for bad in [
+            "SESSION_OPEN",
+            "SESSION_OPEN ten",
+            "SESSION_OPEN 10 20",
+            "SESSION_KEEPALIVE",
+            "SESSION_KEEPALIVE 123",
+            "SESSION_CLOSE nothex",
+            "ACQUIRE k 0 SESSION=123",
+        ] {
+            assert_eq!(err(bad), ErrorCode::BadArgs, "{bad}");
+        }
+        assert_eq!(err("SESSION_OPEN 5"), ErrorCode::BadTtl);
+        assert_eq!(
+            err(&format!("ACQUIRE k 1000 SESSION={id}")),
+            ErrorCode::BadTtl
+        );
+        assert_eq!(
+            err(&format!("ACQUIRE k 0 SESSION={id} RELEASE_ON_DISCONNECT")),
+            ErrorCode::BadFrame
+        );
+        assert_eq!(err("ACQUIRE k 0"), ErrorCode::BadTtl);
     }
 
     #[test]

@@ -64,6 +64,18 @@ pub enum ErrorCode {
     /// already, the id is present with other addresses, it is the last voter, ...); the
     /// message says why. Nothing changed.
     ClusterRefused = 24,
+    /// The session id names no live session: never opened, closed, expired, opened by another
+    /// identity, or lost to a restart (PROTOCOL.md 3.11). Nothing changed.
+    NoSession = 25,
+    /// The server or this connection has as many live sessions as it may; the message names
+    /// which.
+    SessionsLimit = 26,
+    /// The session holds and waits for as many leases as it may.
+    SessionLeasesLimit = 27,
+    /// RENEW of a lease held in a session: keep the session alive instead. Nothing changed.
+    SessionLease = 28,
+    /// A repeated ACQUIRE names another session than its first send did. Nothing changed.
+    SessionMismatch = 29,
     /// An ACQUIRE's kind does not fit the key: a semaphore ACQUIRE on a key held or awaited
     /// as a plain or read/write lock (or the other way round), or a semaphore ACQUIRE naming
     /// another limit than the key's holders and waiters have. The message says which.
@@ -88,7 +100,7 @@ pub fn leader_hint(message: &str) -> Option<Option<&str>> {
 
 impl ErrorCode {
     /// Every code, for tables and tests.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::Unknown,
         ErrorCode::BadFrame,
         ErrorCode::FrameTooLarge,
@@ -114,6 +126,11 @@ impl ErrorCode {
         ErrorCode::Quota,
         ErrorCode::NotLeader,
         ErrorCode::ClusterRefused,
+        ErrorCode::NoSession,
+        ErrorCode::SessionsLimit,
+        ErrorCode::SessionLeasesLimit,
+        ErrorCode::SessionLease,
+        ErrorCode::SessionMismatch,
         ErrorCode::KindMismatch,
         ErrorCode::BadPermits,
     ];
@@ -155,6 +172,11 @@ impl ErrorCode {
             ErrorCode::Quota => "QUOTA",
             ErrorCode::NotLeader => "NOT_LEADER",
             ErrorCode::ClusterRefused => "CLUSTER_REFUSED",
+            ErrorCode::NoSession => "NO_SESSION",
+            ErrorCode::SessionsLimit => "SESSIONS_LIMIT",
+            ErrorCode::SessionLeasesLimit => "SESSION_LEASES_LIMIT",
+            ErrorCode::SessionLease => "SESSION_LEASE",
+            ErrorCode::SessionMismatch => "SESSION_MISMATCH",
             ErrorCode::KindMismatch => "KIND_MISMATCH",
             ErrorCode::BadPermits => "BAD_PERMITS",
         }

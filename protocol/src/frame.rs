@@ -19,7 +19,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::cluster::{Member, Status};
 use crate::error::{ErrorCode, FrameError, ProtocolError};
-use crate::lease::{AcquireId, LeaseId};
+use crate::lease::{AcquireId, LeaseId, SessionId};
 use crate::limits::*;
 
 /// Request opcodes (client to server).
@@ -52,6 +52,12 @@ pub mod op {
     pub const CLUSTER_ADD: u8 = 0x0D;
     /// Cluster mode: remove a node from the membership; the leader only.
     pub const CLUSTER_REMOVE: u8 = 0x0E;
+    /// Open a session of a TTL: one keep-alive for many leases (PROTOCOL.md 3.11).
+    pub const SESSION_OPEN: u8 = 0x0F;
+    /// Renew a session, and with it every lease in it.
+    pub const SESSION_KEEPALIVE: u8 = 0x10;
+    /// End a session, freeing every lease in it.
+    pub const SESSION_CLOSE: u8 = 0x11;
 }
 
 /// Response opcodes (server to client). Bit 7 is set on every one of them.
@@ -97,6 +103,10 @@ pub mod rop {
     /// ACQUIRE with an acquire id: a repeat of an ACQUIRE whose lease has ended, and how.
     /// Only a request that carries an acquire id is ever answered with it.
     pub const ACQUIRE_ENDED: u8 = 0x92;
+    /// SESSION_OPEN or SESSION_KEEPALIVE: the session is live for its TTL from the request.
+    pub const SESSION: u8 = 0x93;
+    /// SESSION_CLOSE: the session ended, and how many leases that freed.
+    pub const SESSION_CLOSED: u8 = 0x94;
     /// A pushed watch event, carrying the WATCH request's id.
     pub const EVENT: u8 = 0xA0;
     /// The request failed; see the error code.
@@ -110,8 +120,11 @@ pub const FLAG_ACQUIRE_ID: u8 = 0x02;
 /// ACQUIRE flag: a `kind` byte (and, for permits, `count [4] limit [4]`) follows the other
 /// fields: a shared (read) lease or semaphore permits; see [`crate::kind`].
 pub const FLAG_KIND: u8 = 0x08;
+/// ACQUIRE flag: a 16-byte session id follows (after the acquire id, if any): the lease lives
+/// while that session lives (PROTOCOL.md 3.11).
+pub const FLAG_SESSION: u8 = 0x04;
 /// Every ACQUIRE flag this version understands; others are rejected so they can gain meaning later.
-pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_ACQUIRE_ID | FLAG_KIND;
+pub const FLAGS_KNOWN: u8 = FLAG_RELEASE_ON_DISCONNECT | FLAG_ACQUIRE_ID | FLAG_SESSION | FLAG_KIND;
 
 /// The request id no request may carry: frames with it answer no request (an error about the
 /// connection as a whole), so a client can always tell them apart.
@@ -145,6 +158,9 @@ pub enum Request {
         acquire_id: Option<AcquireId>,
         /// Exclusive (no flag bit 3 on the wire), shared, or semaphore permits.
         kind: crate::LeaseKind,
+        /// The session the lease is to live in (then `ttl_ms` is 0 and
+        /// `release_on_disconnect` false): it has no TTL of its own.
+        session_id: Option<SessionId>,
     },
     /// Extend the lease `lease_id` on `key` to `ttl_ms` from now.
     Renew {
@@ -219,6 +235,21 @@ pub enum Request {
         /// The node's id.
         id: u64,
     },
+    /// Open a session that lives `ttl_ms` from each keep-alive.
+    SessionOpen {
+        /// The session's TTL, in milliseconds (a lease TTL's range).
+        ttl_ms: u32,
+    },
+    /// Renew session `session_id`, and every lease in it, for its TTL from now.
+    SessionKeepalive {
+        /// The session.
+        session_id: SessionId,
+    },
+    /// End session `session_id`, freeing every lease in it.
+    SessionClose {
+        /// The session.
+        session_id: SessionId,
+    },
 }
 
 /// A secret on its way to the server. Its `Debug` prints `<secret>`, so a request logged with
@@ -252,6 +283,8 @@ pub enum EndedHow {
     Expired = 2,
     /// Its connection closed and it was to be released then.
     Disconnected = 3,
+    /// It was a session lease and its session ended (closed or expired).
+    Session = 4,
 }
 
 impl EndedHow {
@@ -261,6 +294,7 @@ impl EndedHow {
             1 => Some(EndedHow::Released),
             2 => Some(EndedHow::Expired),
             3 => Some(EndedHow::Disconnected),
+            4 => Some(EndedHow::Session),
             _ => None,
         }
     }
@@ -271,6 +305,7 @@ impl EndedHow {
             EndedHow::Released => "released",
             EndedHow::Expired => "expired",
             EndedHow::Disconnected => "disconnected",
+            EndedHow::Session => "session",
         }
     }
 }
@@ -393,6 +428,20 @@ pub enum Response {
     /// Cluster mode: the answering node's view of its cluster, after the change for INIT,
     /// ADD and REMOVE.
     Cluster(Status),
+    /// SESSION_OPEN or SESSION_KEEPALIVE: the session (and every lease in it) runs `ttl_ms`
+    /// from the server's handling of the request (count it from an instant taken before
+    /// sending).
+    Session {
+        /// The session.
+        session_id: SessionId,
+        /// The session's TTL, in milliseconds.
+        ttl_ms: u32,
+    },
+    /// SESSION_CLOSE: the session ended.
+    SessionClosed {
+        /// How many leases its end freed.
+        released: u32,
+    },
     /// A change to a watched key.
     Event {
         /// What happened.
@@ -489,6 +538,7 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             meta,
             acquire_id,
             kind,
+            session_id,
         } => put_frame(dst, op::ACQUIRE, id, |b| {
             put_bytes16(b, key);
             b.put_u32(*ttl_ms);
@@ -500,14 +550,20 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             if acquire_id.is_some() {
                 flags |= FLAG_ACQUIRE_ID;
             }
+            if session_id.is_some() {
+                flags |= FLAG_SESSION;
+            }
             if !kind.is_exclusive() {
                 flags |= FLAG_KIND;
             }
             b.put_u8(flags);
             put_bytes16(b, meta);
-            // Optional fields follow `meta` in increasing flag-bit order: bit 1, then bit 3.
+            // Optional fields follow `meta` in increasing flag-bit order: bits 1, 2, then 3.
             if let Some(acquire_id) = acquire_id {
                 b.put_slice(&acquire_id.0);
+            }
+            if let Some(session_id) = session_id {
+                b.put_slice(&session_id.0);
             }
             put_kind(b, *kind);
         }),
@@ -555,6 +611,17 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
         Request::ClusterRemove { id: node } => {
             put_frame(dst, op::CLUSTER_REMOVE, id, |b| b.put_u64(*node))
         }
+        Request::SessionOpen { ttl_ms } => {
+            put_frame(dst, op::SESSION_OPEN, id, |b| b.put_u32(*ttl_ms))
+        }
+        Request::SessionKeepalive { session_id } => {
+            put_frame(dst, op::SESSION_KEEPALIVE, id, |b| {
+                b.put_slice(&session_id.0)
+            })
+        }
+        Request::SessionClose { session_id } => {
+            put_frame(dst, op::SESSION_CLOSE, id, |b| b.put_slice(&session_id.0))
+        }
     }
 }
 
@@ -586,6 +653,13 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_u8(*how as u8);
             b.put_u64(*token);
         }),
+        Response::Session { session_id, ttl_ms } => put_frame(dst, rop::SESSION, id, |b| {
+            b.put_slice(&session_id.0);
+            b.put_u32(*ttl_ms);
+        }),
+        Response::SessionClosed { released } => {
+            put_frame(dst, rop::SESSION_CLOSED, id, |b| b.put_u32(*released))
+        }
         Response::Locked { token, ttl_left_ms } => put_frame(dst, rop::LOCKED, id, |b| {
             b.put_u64(*token);
             b.put_u32(*ttl_left_ms);
@@ -794,6 +868,12 @@ impl Body {
         self.bytes.copy_to_slice(&mut id);
         Ok(AcquireId(id))
     }
+    fn session_id(&mut self) -> Result<SessionId, FrameError> {
+        self.need(SessionId::LEN, "session id")?;
+        let mut id = [0u8; SessionId::LEN];
+        self.bytes.copy_to_slice(&mut id);
+        Ok(SessionId(id))
+    }
     fn finish(self) -> Result<(), FrameError> {
         if self.bytes.has_remaining() {
             return Err(FrameError::new(
@@ -832,6 +912,11 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
             } else {
                 None
             };
+            let session_id = if flags & FLAG_SESSION != 0 {
+                Some(b.session_id()?)
+            } else {
+                None
+            };
             let kind = if flags & FLAG_KIND != 0 {
                 get_kind(&mut b)?
             } else {
@@ -845,6 +930,7 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
                 meta,
                 acquire_id,
                 kind,
+                session_id,
             }
         }
         op::RENEW => Request::Renew {
@@ -887,6 +973,15 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
         op::CLUSTER_REMOVE => Request::ClusterRemove {
             id: b.u64("node id")?,
         },
+        op::SESSION_OPEN => Request::SessionOpen {
+            ttl_ms: b.u32("ttl_ms")?,
+        },
+        op::SESSION_KEEPALIVE => Request::SessionKeepalive {
+            session_id: b.session_id()?,
+        },
+        op::SESSION_CLOSE => Request::SessionClose {
+            session_id: b.session_id()?,
+        },
         other => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
@@ -928,6 +1023,13 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
                 token: b.u64("token")?,
             }
         }
+        rop::SESSION => Response::Session {
+            session_id: b.session_id()?,
+            ttl_ms: b.u32("ttl_ms")?,
+        },
+        rop::SESSION_CLOSED => Response::SessionClosed {
+            released: b.u32("released")?,
+        },
         rop::LOCKED => Response::Locked {
             token: b.u64("token")?,
             ttl_left_ms: b.u32("ttl_left_ms")?,
@@ -1094,6 +1196,35 @@ pub fn validate_ttl(ttl_ms: u32) -> Result<(), FrameError> {
     Ok(())
 }
 
+/// Checks an ACQUIRE's `ttl_ms` for its kind of lease: a session lease takes 0 (it has no TTL
+/// of its own) and cannot also be released on disconnect; any other, a TTL in range.
+///
+/// # Errors
+/// [`ErrorCode::BadTtl`] for a TTL that does not fit, [`ErrorCode::BadFrame`] for a session
+/// lease asking to be released on disconnect.
+pub fn validate_acquire_ttl(
+    ttl_ms: u32,
+    in_session: bool,
+    release_on_disconnect: bool,
+) -> Result<(), FrameError> {
+    if !in_session {
+        return validate_ttl(ttl_ms);
+    }
+    if release_on_disconnect {
+        return Err(FrameError::new(
+            ErrorCode::BadFrame,
+            "a session lease cannot be released on disconnect (flags 0x01 and 0x04)".into(),
+        ));
+    }
+    if ttl_ms != 0 {
+        return Err(FrameError::new(
+            ErrorCode::BadTtl,
+            format!("a session lease takes ttl_ms 0, not {ttl_ms}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Request {
     /// Checks every field against the wire limits; both ends call it.
     ///
@@ -1113,10 +1244,12 @@ impl Request {
                 meta,
                 acquire_id,
                 kind,
+                release_on_disconnect,
+                session_id,
                 ..
             } => {
                 validate_key(key)?;
-                validate_ttl(*ttl_ms)?;
+                validate_acquire_ttl(*ttl_ms, session_id.is_some(), *release_on_disconnect)?;
                 kind.validate()?;
                 if *wait_ms > WAIT_MS_MAX {
                     return Err(FrameError::new(
@@ -1144,6 +1277,8 @@ impl Request {
                 validate_key(key)?;
                 validate_ttl(*ttl_ms)
             }
+            Request::SessionOpen { ttl_ms } => validate_ttl(*ttl_ms),
+            Request::SessionKeepalive { .. } | Request::SessionClose { .. } => Ok(()),
             Request::Release { key, .. }
             | Request::Inspect { key, kinds: _ }
             | Request::Check { key, .. }
@@ -1170,6 +1305,10 @@ impl Request {
             | Request::ClusterInit { .. }
             | Request::ClusterAdd { .. }
             | Request::ClusterRemove { .. } => "CLUSTER",
+            // One kind for the three, as for CLUSTER: `ops_session` in STATS.
+            Request::SessionOpen { .. }
+            | Request::SessionKeepalive { .. }
+            | Request::SessionClose { .. } => "SESSION",
         }
     }
 }

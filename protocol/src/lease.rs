@@ -77,6 +77,39 @@ impl fmt::Debug for AcquireId {
     }
 }
 
+/// A session id: 128 random bits the server picks for one session (PROTOCOL.md 3.11). Like a
+/// lease id it is a bearer name: whoever presents it may keep the session alive, acquire in
+/// it or close it (within its identity).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct SessionId(pub [u8; 16]);
+
+impl SessionId {
+    /// Width of a session id on the wire, in bytes.
+    pub const LEN: usize = 16;
+
+    /// Builds a session id from a 128-bit number (big-endian byte order).
+    pub fn from_u128(value: u128) -> Self {
+        SessionId(value.to_be_bytes())
+    }
+
+    /// Parses the 32-digit hex form used by the console (as [`LeaseId::from_hex`]).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        LeaseId::from_hex(text).map(|id| SessionId(id.0))
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", LeaseId(self.0))
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({self})")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

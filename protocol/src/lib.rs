@@ -37,4 +37,4 @@ pub use codec::{ClientCodec, ServerCodec};
 pub use error::{ErrorCode, FrameError, ProtocolError};
 pub use frame::{EndedHow, EventKind, Holder, Request, Response, Secret};
 pub use kind::LeaseKind;
-pub use lease::{AcquireId, LeaseId};
+pub use lease::{AcquireId, LeaseId, SessionId};

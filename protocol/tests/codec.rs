@@ -27,6 +27,7 @@ fn sample_requests() -> Vec<Request> {
             meta: Bytes::new(),
             acquire_id: None,
             kind: Default::default(),
+            session_id: None,
         },
         Request::Acquire {
             key: key(KEY_LEN_MAX),
@@ -36,6 +37,7 @@ fn sample_requests() -> Vec<Request> {
             meta: Bytes::from(vec![7u8; META_LEN_MAX]),
             acquire_id: None,
             kind: Default::default(),
+            session_id: None,
         },
         Request::Acquire {
             key: key(3),
@@ -45,6 +47,7 @@ fn sample_requests() -> Vec<Request> {
             meta: Bytes::from_static(b"m"),
             acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabc)),
             kind: Default::default(),
+            session_id: None,
         },
         Request::Acquire {
             key: key(3),
@@ -54,6 +57,24 @@ fn sample_requests() -> Vec<Request> {
             meta: Bytes::from_static(b"m"),
             acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabd)),
             kind: tenure_protocol::LeaseKind::Permits { count: 2, limit: 5 },
+            session_id: None,
+        },
+        Request::Acquire {
+            key: key(2),
+            ttl_ms: 0,
+            wait_ms: 7,
+            release_on_disconnect: false,
+            meta: Bytes::from_static(b"m"),
+            acquire_id: Some(tenure_protocol::AcquireId::from_u128(0xabc)),
+            session_id: Some(tenure_protocol::SessionId::from_u128(0xdef)),
+            kind: tenure_protocol::LeaseKind::Permits { count: 1, limit: 3 },
+        },
+        Request::SessionOpen { ttl_ms: 10_000 },
+        Request::SessionKeepalive {
+            session_id: tenure_protocol::SessionId::from_u128(1),
+        },
+        Request::SessionClose {
+            session_id: tenure_protocol::SessionId::from_u128(2),
         },
         Request::Renew {
             key: key(5),
@@ -83,6 +104,7 @@ fn sample_requests() -> Vec<Request> {
                 count: tenure_protocol::limits::PERMITS_MAX,
                 limit: tenure_protocol::limits::PERMITS_MAX,
             },
+            session_id: None,
         },
         Request::Acquire {
             key: key(3),
@@ -92,6 +114,7 @@ fn sample_requests() -> Vec<Request> {
             meta: Bytes::new(),
             acquire_id: Some(tenure_protocol::AcquireId::from_u128(7)),
             kind: tenure_protocol::LeaseKind::Shared,
+            session_id: None,
         },
         Request::Check {
             key: key(3),
@@ -156,6 +179,11 @@ fn sample_responses() -> Vec<Response> {
     let lease_id = LeaseId::from_u128(u128::MAX);
     vec![
         Response::Pong,
+        Response::Session {
+            session_id: tenure_protocol::SessionId::from_u128(3),
+            ttl_ms: 10_000,
+        },
+        Response::SessionClosed { released: 100 },
         Response::Granted {
             token: 42,
             lease_id,
@@ -500,6 +528,7 @@ fn field_limits_are_enforced() {
                 meta: Bytes::new(),
                 acquire_id: None,
                 kind: Default::default(),
+                session_id: None,
             },
             ErrorCode::BadWait,
         ),
@@ -512,6 +541,7 @@ fn field_limits_are_enforced() {
                 meta: Bytes::from(vec![0; META_LEN_MAX + 1]),
                 acquire_id: None,
                 kind: Default::default(),
+                session_id: None,
             },
             ErrorCode::MetaTooLong,
         ),
@@ -600,6 +630,7 @@ fn an_acquire_id_comes_before_the_kind_fields() {
         meta: Bytes::new(),
         acquire_id: Some(tenure_protocol::AcquireId([0xab; 16])),
         kind: tenure_protocol::LeaseKind::Permits { count: 2, limit: 5 },
+        session_id: None,
     };
     let mut buf = BytesMut::new();
     encode_request(9, &request, &mut buf);
@@ -891,4 +922,106 @@ fn cluster_extension_skips_later_fields_and_refuses_short_ones() {
     lying.push(0);
     let e = decode_response(opcode, Bytes::from(lying)).unwrap_err();
     assert_eq!(e.code, ErrorCode::BadFrame);
+}
+
+/// The session frames, byte by byte as PROTOCOL.md 3.11 lays them out, and ACQUIRE's flag bit
+/// 2: a session id of exactly 16 bytes after the acquire id.
+#[test]
+fn session_frames_are_laid_out_as_documented() {
+    let session_id = tenure_protocol::SessionId::from_u128(0x0102);
+    let frame = |request: &Request| {
+        let mut buf = BytesMut::new();
+        encode_request(7, request, &mut buf);
+        buf.to_vec()
+    };
+    let open = frame(&Request::SessionOpen { ttl_ms: 10_000 });
+    assert_eq!(open[..5], [0, 0, 0, 13, 0x0f]);
+    assert_eq!(open[13..], 10_000u32.to_be_bytes());
+    let keep = frame(&Request::SessionKeepalive { session_id });
+    assert_eq!(
+        (keep[3], keep[4], &keep[13..]),
+        (25, 0x10, &session_id.0[..])
+    );
+    let close = frame(&Request::SessionClose { session_id });
+    assert_eq!((close[3], close[4]), (25, 0x11));
+    for response in [
+        Response::Session {
+            session_id,
+            ttl_ms: 10_000,
+        },
+        Response::SessionClosed { released: 3 },
+    ] {
+        let mut buf = BytesMut::new();
+        encode_response(7, &response, &mut buf);
+        let len = if matches!(response, Response::Session { .. }) {
+            29
+        } else {
+            13
+        };
+        assert_eq!(buf.len(), 4 + len);
+        let (opcode, id, body) = split_frame(&mut buf).unwrap().unwrap();
+        assert_eq!(id, 7);
+        assert_eq!(decode_response(opcode, body).unwrap(), response);
+    }
+    // Wrong sizes are malformed.
+    assert_eq!(
+        decode_request(0x10, Bytes::from_static(&[0; 15]))
+            .unwrap_err()
+            .code,
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        decode_request(0x0f, Bytes::from_static(&[0, 0, 0x27, 0x10, 0]))
+            .unwrap_err()
+            .code,
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        decode_request(0x0f, Bytes::from_static(&[0, 0, 0, 1]))
+            .unwrap_err()
+            .code,
+        ErrorCode::BadTtl
+    );
+    // ACQUIRE with acquire id and session: acquire id first, then the session id.
+    let acquire = Request::Acquire {
+        key: Bytes::from_static(b"k"),
+        ttl_ms: 0,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId([0xaa; 16])),
+        session_id: Some(session_id),
+        kind: Default::default(),
+    };
+    let bytes = frame(&acquire);
+    assert_eq!(bytes[4 + 9 + 3 + 8], 0x06, "flags");
+    assert_eq!(bytes[bytes.len() - 32..bytes.len() - 16], [0xaa; 16]);
+    assert_eq!(bytes[bytes.len() - 16..], session_id.0);
+    let mut buf = BytesMut::from(&bytes[..]);
+    let (opcode, _, body) = split_frame(&mut buf).unwrap().unwrap();
+    assert_eq!(decode_request(opcode, body.clone()).unwrap(), acquire);
+    // One byte short of the session id.
+    let short = body.slice(..body.len() - 1);
+    assert_eq!(
+        decode_request(opcode, short).unwrap_err().code,
+        ErrorCode::BadFrame
+    );
+    // A session lease takes ttl_ms 0, and no release on disconnect.
+    let mut with_ttl = acquire.clone();
+    if let Request::Acquire { ttl_ms, .. } = &mut with_ttl {
+        *ttl_ms = 1000;
+    }
+    assert_eq!(with_ttl.validate().unwrap_err().code, ErrorCode::BadTtl);
+    let mut on_disconnect = acquire;
+    if let Request::Acquire {
+        release_on_disconnect,
+        ..
+    } = &mut on_disconnect
+    {
+        *release_on_disconnect = true;
+    }
+    assert_eq!(
+        on_disconnect.validate().unwrap_err().code,
+        ErrorCode::BadFrame
+    );
 }

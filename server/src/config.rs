@@ -49,6 +49,10 @@ pub struct Config {
     pub waiters_max: usize,
     /// Most blocking acquires waiting on one key.
     pub waiters_per_key_max: usize,
+    /// Most live sessions across the server (PROTOCOL.md 3.11).
+    pub sessions_max: usize,
+    /// Most leases one session holds.
+    pub session_leases_max: usize,
     /// Most requests one connection may have unanswered.
     pub in_flight_max: u32,
     /// Most keys one connection may watch.
@@ -124,6 +128,8 @@ impl Default for Config {
             held_max: 2_000_000,
             waiters_max: 1_000_000,
             waiters_per_key_max: 10_000,
+            sessions_max: 65_536,
+            session_leases_max: 65_536,
             in_flight_max: tenure_protocol::limits::IN_FLIGHT_MAX_DEFAULT,
             watches_per_connection_max: 1024,
             watch_queue_max: 4096,

@@ -120,6 +120,10 @@ pub fn format(response: &Response, out: &mut String) {
         Response::Locked { token, ttl_left_ms } => {
             write!(out, "LOCKED token={token} ttl_ms={ttl_left_ms}")
         }
+        Response::Session { session_id, ttl_ms } => {
+            write!(out, "OK session={session_id} ttl_ms={ttl_ms}")
+        }
+        Response::SessionClosed { released } => write!(out, "OK released={released}"),
         Response::Renewed { ttl_ms } => write!(out, "OK ttl_ms={ttl_ms}"),
         Response::Lost => out.write_str("LOST"),
         Response::Released => out.write_str("OK"),

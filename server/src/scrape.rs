@@ -198,11 +198,31 @@ fn encode_table(encoder: &mut DescriptorEncoder, shared: &Executor) -> FmtResult
         "Read and permit leases held now, on read/write and semaphore keys",
         pair("shared_held") as f64,
     )?;
+    encode_sessions(encoder, &pair)?;
     if let Some(identities) = &shared.identities() {
         encode_identities(encoder, identities)?;
     }
     encode_counters(encoder, s)?;
     encode_tokens_and_time(encoder, shared, &pair)
+}
+
+/// Sessions (PROTOCOL.md 3.11): live ones and their leases, and how many ended each way.
+fn encode_sessions(encoder: &mut DescriptorEncoder, pair: &dyn Fn(&str) -> u64) -> FmtResult {
+    let help = "Sessions live now";
+    gauge(encoder, "tenure_sessions", help, pair("sessions") as f64)?;
+    let help = "Leases held in sessions now";
+    let leases = pair("session_leases") as f64;
+    gauge(encoder, "tenure_session_leases", help, leases)?;
+    let help = "Sessions that ran out (no keep-alive within their TTL)";
+    let expired = pair("sessions_expired");
+    counter(encoder, "tenure_sessions_expired", help, expired)?;
+    let help = "Sessions ended by SESSION_CLOSE";
+    counter(
+        encoder,
+        "tenure_sessions_closed",
+        help,
+        pair("sessions_closed"),
+    )
 }
 
 /// The event counters: grants, hand-offs, LOCKED answers, expirations, errors.

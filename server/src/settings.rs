@@ -144,6 +144,16 @@ pub struct Settings {
         default_value_t = Settings::default().waiters_per_key_max
     )]
     pub waiters_per_key_max: usize,
+    /// Most live sessions (PROTOCOL.md 3.11).
+    #[arg(long, env = "TENURE_SESSIONS_MAX", default_value_t = Settings::default().sessions_max)]
+    pub sessions_max: usize,
+    /// Most leases one session holds.
+    #[arg(
+        long,
+        env = "TENURE_SESSION_LEASES_MAX",
+        default_value_t = Settings::default().session_leases_max
+    )]
+    pub session_leases_max: usize,
     /// Most unanswered requests per connection (announced in the handshake).
     #[arg(long, env = "TENURE_IN_FLIGHT_MAX", default_value_t = Settings::default().in_flight_max)]
     pub in_flight_max: u32,
@@ -298,6 +308,8 @@ impl Default for Settings {
             held_max: config.held_max,
             waiters_max: config.waiters_max,
             waiters_per_key_max: config.waiters_per_key_max,
+            sessions_max: config.sessions_max,
+            session_leases_max: config.session_leases_max,
             in_flight_max: config.in_flight_max,
             ttl_max_ms: config.ttl_ms_max,
             shards: config.shards,
@@ -355,6 +367,8 @@ impl Settings {
             held_max: self.held_max,
             waiters_max: self.waiters_max,
             waiters_per_key_max: self.waiters_per_key_max,
+            sessions_max: self.sessions_max,
+            session_leases_max: self.session_leases_max,
             in_flight_max: self.in_flight_max,
             ttl_ms_max: self.ttl_max_ms,
             shards: self.shards,

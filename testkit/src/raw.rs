@@ -120,6 +120,7 @@ pub fn acquire_meta(key: &str, ttl_ms: u32, wait_ms: u32, meta: &str) -> Request
         meta: bytes(meta),
         acquire_id: None,
         kind: Default::default(),
+        session_id: None,
     }
 }
 

@@ -78,9 +78,24 @@ def test_a_guard_leaves_a_stopped_leader_and_renews_at_the_new_one(tenured_bin: 
             node.kill()
 
 
-def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path: Path) -> None:
+#: Sessions are not in the Raft journal yet (PROTOCOL.md 3.11, "Status in this build"): a
+#: fail-over ends them, so `tenure run --session` cannot ride through one until they are.
+BLOCKED_ON_REPLICATED_SESSIONS = pytest.mark.xfail(
+    strict=True, reason="sessions are not replicated yet: a fail-over ends them (server side of issue 25)"
+)
+
+
+@pytest.mark.parametrize(
+    "hold",
+    [
+        pytest.param([], id="lease"),
+        pytest.param(["--session"], id="session", marks=BLOCKED_ON_REPLICATED_SESSIONS),
+    ],
+)
+def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path: Path, hold) -> None:
     """The Rust client, through `tenure run` (built next to tenured): its guard (TTL 6 s,
-    renewed every 2 s, request time-out 5 s) rides through a SIGSTOP of the leader."""
+    renewed every 2 s, request time-out 5 s), or its session (TTL 6 s, a keep-alive every 2 s),
+    rides through a SIGSTOP of the leader."""
     cli = Path(tenured_bin).with_name("tenure")
     # Not skipped when missing: a test that passes without running is no test.
     assert cli.exists(), f"{cli} is not built: cargo build -p tenure --bin tenure"
@@ -89,7 +104,7 @@ def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path
     leader = leader_of(nodes)
     try:
         addrs = ",".join(node.addr for node in nodes)
-        run = [str(cli), "--addr", addrs, "run", "--key", "k", "--ttl", "6s", "--", "sleep", "12"]
+        run = [str(cli), "--addr", addrs, "run", "--key", "k", "--ttl", "6s", *hold, "--", "sleep", "12"]
         proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(1.0)  # granted and renewing
         leader.proc.send_signal(signal.SIGSTOP)

@@ -264,6 +264,33 @@ async fn cli_elect_runs_the_command_while_leading_and_resigns() {
     assert_eq!(state, KeyState::Free, "resigned after the command");
 }
 
+/// `tenure elect` leads with a lease renewed alone by default and in a session of its own
+/// only with `--session` (sessions end at a restart or fail-over in this build).
+#[tokio::test]
+async fn cli_elect_leads_in_a_session_only_when_asked() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("session");
+    let file_arg = file.to_str().expect("utf-8 path");
+    let script = "echo \"[$TENURE_SESSION_ID]\" > \"$1\"";
+    for (flags, in_session) in [(&[][..], false), (&["--session"][..], true)] {
+        let mut args = vec!["elect", "cli-s", "--value", "me", "--ttl", "1s"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", script, "sh", file_arg]);
+        let (code, _, err) = cli(&server.addr, &args).await;
+        assert_eq!(code, 0, "{flags:?}: {err}");
+        let written = std::fs::read_to_string(&file).expect("the command ran");
+        assert_eq!(
+            written.trim().len() == 34,
+            in_session,
+            "{flags:?}: {written}"
+        );
+        if !in_session {
+            assert_eq!(written.trim(), "[]", "{flags:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn cli_run_passes_sigterm_on_and_still_releases() {
     let server = TestServer::start();
@@ -851,4 +878,154 @@ async fn cli_moves_past_an_address_that_accepts_and_never_opens() {
         "took {took:?} of the 8 s --timeout"
     );
     drop(hung);
+}
+
+/// `tenure run` holds a lease renewed alone by default (sessions do not survive a restart or
+/// fail-over in this build); `--session` opts in to a lock in a session of its own;
+/// `--no-session` is still accepted, as the default.
+#[tokio::test]
+async fn cli_run_holds_a_renewed_lease_unless_asked_for_a_session() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("session");
+    // The command outlives three session TTLs: only the session's keep-alives hold the lock.
+    let script = format!("echo $TENURE_SESSION_ID > {}; sleep 1.5", file.display());
+    let args = [
+        "run",
+        "--key",
+        "cli/session",
+        "--ttl",
+        "400ms",
+        "--session",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let (code, _, err) = cli(addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+    assert_eq!(written.trim(), field(&err, "session"), "{err}");
+    assert_eq!(written.trim().len(), 32, "{written:?}");
+    let client = server.client().await;
+    assert_eq!(
+        client.inspect("cli/session").await.expect("inspect"),
+        KeyState::Free,
+        "the session's close freed it"
+    );
+    let stats = client.stats().await.expect("stats");
+    let renewals = stats
+        .iter()
+        .find(|(n, _)| n == "ops_renew")
+        .expect("ops_renew");
+    assert_eq!(renewals.1, 0, "kept by keep-alives, not renewals");
+
+    // The default: no session, and the lease outlives three TTLs by renewals.
+    let script = format!(
+        "echo \"[$TENURE_SESSION_ID]\" > {}; sleep 1.5",
+        file.display()
+    );
+    let plain = [
+        "run",
+        "--key",
+        "cli/plain",
+        "--ttl",
+        "400ms",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let (code, _, err) = cli(addr, &plain).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("result=GRANTED") && !err.contains("session="),
+        "{err}"
+    );
+    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+    assert_eq!(written.trim(), "[]", "no session by default");
+    let stats = client.stats().await.expect("stats");
+    let renewals = stats.iter().find(|(n, _)| n == "ops_renew").unwrap().1;
+    assert!(renewals > 0, "a lease renewed alone: {renewals} renewals");
+    assert_eq!(
+        client.inspect("cli/plain").await.expect("inspect"),
+        KeyState::Free
+    );
+
+    // --no-session: accepted, and the same as the default.
+    let compat = [
+        "run",
+        "--key",
+        "cli/compat",
+        "--ttl",
+        "1s",
+        "--no-session",
+        "--",
+        "true",
+    ];
+    let (code, _, err) = cli(addr, &compat).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("result=GRANTED") && !err.contains("session="),
+        "{err}"
+    );
+}
+
+/// `--session` holds a plain lock only: with `--shared` or `--permits` the command line
+/// refuses it before connecting, and nothing runs.
+#[tokio::test]
+async fn cli_run_refuses_a_session_with_a_shared_or_permits_lease() {
+    let server = TestServer::start();
+    for kind in [&["--shared"][..], &["--permits", "3"][..]] {
+        let mut args = vec!["run", "--key", "cli/kind", "--ttl", "1s", "--session"];
+        args.extend_from_slice(kind);
+        args.extend_from_slice(&["--", "true"]);
+        let (code, _, err) = cli(&server.addr, &args).await;
+        assert_eq!(code, 1, "{kind:?}: {err}");
+        assert!(err.contains("cannot be used with"), "{kind:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn cli_console_speaks_the_session_requests() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let opened = console.ask("SESSION_OPEN 30000").await;
+    assert_eq!(field(&opened, "result"), "SESSION", "{opened}");
+    assert_eq!(field(&opened, "ttl_ms"), "30000", "{opened}");
+    let id = field(&opened, "session").to_owned();
+    let kept = console.ask(&format!("SESSION_KEEPALIVE {id}")).await;
+    assert_eq!(field(&kept, "session"), id, "{kept}");
+    let granted = console.ask(&format!("ACQUIRE con/s 0 SESSION={id}")).await;
+    assert_eq!(field(&granted, "result"), "GRANTED", "{granted}");
+    let renewed = console
+        .ask(&format!("RENEW con/s {} 1000", field(&granted, "lease")))
+        .await;
+    assert!(renewed.contains("SESSION_LEASE"), "{renewed}");
+    let closed = console.ask(&format!("SESSION_CLOSE {id}")).await;
+    assert_eq!(field(&closed, "result"), "SESSION_CLOSED", "{closed}");
+    assert_eq!(field(&closed, "released"), "1", "{closed}");
+    let ended = console.ask(&format!("SESSION_KEEPALIVE {id}")).await;
+    assert!(ended.contains("NO_SESSION"), "{ended}");
+    let free = console.ask("INSPECT con/s").await;
+    assert_eq!(field(&free, "result"), "FREE", "{free}");
+    // A read lease and permits live in a session too, and its close frees both.
+    let opened = console.ask("SESSION_OPEN 30000").await;
+    let id = field(&opened, "session").to_owned();
+    for line in [
+        format!("ACQUIRE con/r 0 SESSION={id} SHARED"),
+        format!("ACQUIRE con/r 0 SESSION={id} SHARED"),
+        format!("ACQUIRE con/p 0 SESSION={id} PERMITS=2/3"),
+    ] {
+        let granted = console.ask(&line).await;
+        assert_eq!(field(&granted, "result"), "GRANTED", "{line}: {granted}");
+    }
+    let closed = console.ask(&format!("SESSION_CLOSE {id}")).await;
+    assert_eq!(field(&closed, "released"), "3", "{closed}");
+    for key in ["con/r", "con/p"] {
+        let free = console.ask(&format!("INSPECT {key}")).await;
+        assert_eq!(field(&free, "result"), "FREE", "{key}: {free}");
+    }
+    quit(console).await;
 }

@@ -153,3 +153,69 @@ async fn guards_and_leaderships_ride_through_the_leaders_loss() {
         node.node.kill().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "blocked: sessions are not in the Raft journal yet, so a fail-over ends them \
+            (PROTOCOL.md 3.11, status in this build); run with --ignored once they are"]
+async fn a_session_and_its_locks_ride_through_the_leaders_loss() {
+    let mut nodes = start_cluster().await;
+    let leader = serving_leader(&nodes).await;
+    let holder = Client::connect(all_addresses(&nodes))
+        .await
+        .expect("connect");
+    let options = tenure::SessionOptions {
+        keep_alive_every: Some(RENEW_EVERY),
+        margin: None,
+    };
+    let session = holder.session_with(TTL, options).await.expect("open");
+    let mut guards = Vec::new();
+    for key in ["s/a", "s/b", "s/c"] {
+        match session.lock(key).await.expect("lock") {
+            AcquireOutcome::Granted(guard) => guards.push(guard),
+            AcquireOutcome::Locked(by) => panic!("held by {}", by.token),
+        }
+    }
+    let id = session.id();
+
+    nodes.remove(leader).node.kill().await;
+    let killed_at = Instant::now();
+    let other = Client::connect(all_addresses(&nodes))
+        .await
+        .expect("connect");
+    // Past the session's TTL counted from the kill: only keep-alives at the new leader can
+    // have kept it (and its locks) alive this long.
+    while killed_at.elapsed() < TTL + RENEW_EVERY {
+        assert!(session.is_valid(), "{:?}", session.loss_reason());
+        for guard in &guards {
+            assert!(guard.is_valid(), "{:?}", guard.loss_reason());
+            let key = String::from_utf8_lossy(guard.key()).into_owned();
+            match other
+                .acquire(&key, TTL, AcquireOptions::default())
+                .await
+                .expect("acquire at the new leader")
+            {
+                AcquireOutcome::Locked(by) => assert_eq!(by.token, guard.fencing_token()),
+                AcquireOutcome::Granted(lease) => {
+                    panic!("granted twice: {}", lease.fencing_token())
+                }
+            }
+        }
+        tokio::time::sleep(RENEW_EVERY).await;
+    }
+    assert_eq!(session.id(), id, "the same session");
+    // Closing at the new leader frees them all.
+    tokio::time::timeout(STEP_MAX, session.close())
+        .await
+        .expect("close in time")
+        .expect("close");
+    for guard in &guards {
+        let key = String::from_utf8_lossy(guard.key()).into_owned();
+        assert!(matches!(
+            other.inspect(&key).await.expect("inspect"),
+            KeyState::Free
+        ));
+    }
+    for node in nodes {
+        node.node.kill().await;
+    }
+}

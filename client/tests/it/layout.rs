@@ -42,6 +42,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "election",
         &["client", "error", "lease", "options", "outcome", "watch"],
     ),
+    (
+        "session",
+        &["client", "error", "lease", "options", "outcome", "router"],
+    ),
 ];
 
 /// Modules compiled only for tests: they may import anything and nothing may import them.
@@ -57,8 +61,9 @@ const CLI_ALLOWED: &[(&str, &[&str])] = &[
     ("cli", &["certs", "cluster"]),
     ("legacy", &["cli"]),
     ("requests", &["exit", "output"]),
-    ("run", &["cli", "exit", "output", "requests"]),
-    ("elect", &["cli", "exit", "output", "run"]),
+    ("hold", &[]),
+    ("run", &["cli", "exit", "hold", "output", "requests"]),
+    ("elect", &["cli", "exit", "hold", "output", "run"]),
     (
         "console",
         &["cluster", "exit", "legacy", "output", "requests"],

@@ -13,7 +13,8 @@
 //!   `--shared` and the console;
 //! - `api_paths`: every public path of the crate still resolves (a compile-time guard);
 //! - `layout`: the import rules of `client/src` (which module may use which);
-//! - `readme`: README.md's console and command-line examples, read from it and run in order.
+//! - `readme`: README.md's console and command-line examples, read from it and run in order;
+//! - `sessions`: one keep-alive for many locks, closing, a session whose keep-alives stop.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -33,6 +34,7 @@ mod failover;
 mod kinds;
 mod layout;
 mod readme;
+mod sessions;
 
 use std::time::Duration;
 

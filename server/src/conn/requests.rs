@@ -27,6 +27,8 @@ pub(super) enum Later {
         result: Result<WaitResult, ()>,
         key: Bytes,
         release_on_disconnect: bool,
+        /// The session a grant joins.
+        session_id: Option<tenure_protocol::SessionId>,
     },
     Retry {
         id: u64,
@@ -161,6 +163,7 @@ impl Conn {
                 key,
                 waiter_id,
                 release_on_disconnect,
+                session_id,
             } => {
                 self.ctx.add_wait(id, key.clone(), waiter_id);
                 let timing = self.timing.take();
@@ -172,6 +175,7 @@ impl Conn {
                         result,
                         key,
                         release_on_disconnect,
+                        session_id,
                     }
                 }));
             }
@@ -202,9 +206,34 @@ impl Conn {
                 result,
                 key,
                 release_on_disconnect,
+                session_id,
             } => {
                 self.ctx.remove_wait(id);
                 self.timing = timing;
+                let result = match (session_id, result) {
+                    // A hand-off joins its session here, or is freed if the session ended.
+                    (
+                        Some(session_id),
+                        Ok(WaitResult::Granted {
+                            grant,
+                            ticket,
+                            waited_ms,
+                        }),
+                    ) => {
+                        let joined = self
+                            .executor
+                            .join_session(&self.ctx, session_id, &key, grant, ticket);
+                        match joined {
+                            Ok((grant, ticket)) => Ok(WaitResult::Granted {
+                                grant,
+                                ticket,
+                                waited_ms,
+                            }),
+                            Err((code, message)) => Ok(WaitResult::Failed(code, message)),
+                        }
+                    }
+                    (_, result) => result,
+                };
                 self.on_wait_done(id, result, key, release_on_disconnect);
             }
             Later::Retry {

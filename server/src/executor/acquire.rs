@@ -28,6 +28,7 @@ impl Executor {
             meta,
             acquire_id,
             kind,
+            session_id,
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
@@ -73,6 +74,7 @@ impl Executor {
                 key: key.clone(),
                 waiter_id,
                 release_on_disconnect: *release_on_disconnect,
+                session_id: *session_id,
             },
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
             Acquire::KindMismatch { key_limit } => {

@@ -18,6 +18,7 @@ mod refuse;
 mod release;
 mod repeat;
 mod session;
+mod sessions;
 #[cfg(test)]
 mod sim;
 mod stats_reply;
@@ -42,6 +43,7 @@ use crate::record::RecoveredLease;
 use crate::table::{self, LockTable, Quotas, TableLimits};
 pub use handoff::{WaitResult, WaitSlot};
 pub use session::{Auth, Credential, Session};
+pub use sessions::{SessionTable, Sessions};
 pub use stats_reply::stats_pairs;
 pub use ticker::tick;
 pub use tokens::Tokens;
@@ -62,6 +64,8 @@ pub enum Outcome {
         waiter_id: u64,
         /// Whether a grant should be released when this connection closes.
         release_on_disconnect: bool,
+        /// The session a grant is to join ([`Executor::join_session`]), if any.
+        session_id: Option<tenure_protocol::SessionId>,
     },
     /// No durable fencing tokens are left: reserve more, then run the request again with
     /// [`Executor::execute_again`].
@@ -100,6 +104,8 @@ pub struct Executor {
     stats: Stats,
     /// Who watches which key.
     watches: Watches,
+    /// Live sessions and their leases (PROTOCOL.md 3.11).
+    sessions: Sessions,
     /// In token-only durability, grants are refused until this `now_ms` after a restart.
     grants_refused_until_ms: u64,
     /// The identities in force; `None`: none configured, every connection may do anything
@@ -201,6 +207,7 @@ impl Executor {
         let shards = (0..config.shards)
             .map(|_| Mutex::new(LockTable::with_quotas(Arc::clone(&quotas), hash_seed)))
             .collect();
+        let sessions = Sessions::new(config.sessions_max, config.session_leases_max);
         let tokens = Arc::new(Tokens::new(
             token_floor,
             config.token_block,
@@ -215,6 +222,7 @@ impl Executor {
             journal,
             stats: Stats::default(),
             watches: Watches::default(),
+            sessions,
             grants_refused_until_ms,
             identities,
             cluster,
@@ -256,6 +264,12 @@ impl Executor {
     #[inline]
     pub fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// Live sessions.
+    #[inline]
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     /// The identities in force, if any are configured.
@@ -355,7 +369,38 @@ impl Executor {
         let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
-            Request::Acquire { .. } => return self.acquire(ctx, now_ms, received_ms, request),
+            Request::Acquire {
+                session_id: Some(_),
+                ..
+            } => return self.acquire_in_session(ctx, now_ms, received_ms, request),
+            Request::Acquire { acquire_id, .. } => {
+                let repeatable = acquire_id.is_some();
+                let outcome = self.acquire(ctx, now_ms, received_ms, request);
+                if repeatable {
+                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
+                        return refusal;
+                    }
+                }
+                return outcome;
+            }
+            // A follower's executor (its journal refuses everything) opens no session either.
+            Request::SessionOpen { ttl_ms } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => self.session_open(ctx, now_ms, ttl_ms),
+            },
+            Request::SessionKeepalive { session_id } => {
+                return match self.refuse_if_not_leader() {
+                    Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
+                    None => match self.session_keepalive(ctx, now_ms, session_id) {
+                        Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
+                        other => other,
+                    },
+                }
+            }
+            Request::SessionClose { session_id } => match self.refuse_if_not_leader() {
+                Some(refusal) => refusal,
+                None => return self.session_close(ctx, now_ms, session_id),
+            },
             Request::Renew {
                 key,
                 lease_id,
@@ -474,6 +519,10 @@ impl Executor {
     fn renew(self: &Arc<Self>, now_ms: u64, key: &[u8], lease_id: LeaseId, ttl_ms: u32) -> Outcome {
         if ttl_ms > self.config.ttl_ms_max {
             return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
+        }
+        if self.sessions.holds(lease_id) {
+            let message = "RENEW of a session lease: keep its session alive instead";
+            return Outcome::Reply(error(ErrorCode::SessionLease, message), TICKET_NOW);
         }
         let mut shard = self.shard(key);
         let durable_lsn = || self.journal.progress().borrow().lsn;

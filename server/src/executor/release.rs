@@ -42,6 +42,7 @@ impl Executor {
         };
         drop(shard);
         ctx.disown(&key, lease_id);
+        self.sessions.detach(lease_id);
         match ticket {
             Ok(ticket) => match before {
                 Some((token, ttl_left_ms, meta, logged, kind, acquire_id)) => Outcome::Changed {

@@ -21,6 +21,7 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
         acquire_ids_ended += ended as u64;
         shared_held += shard.shared_holders_count() as u64;
     }
+    let (sessions, session_leases) = executor.sessions.counts();
     let s = &executor.stats;
     let tokens = &executor.tokens.allocator;
     let journal = executor.journal.stats();
@@ -37,6 +38,16 @@ pub fn stats_pairs(executor: &Executor) -> Vec<(String, u64)> {
         ("acquire_ids".to_string(), acquire_ids),
         ("acquire_ids_ended".to_string(), acquire_ids_ended),
         ("repeats".to_string(), Stats::get(&s.repeats)),
+        ("sessions".to_string(), sessions as u64),
+        ("session_leases".to_string(), session_leases as u64),
+        (
+            "sessions_expired".to_string(),
+            Stats::get(&executor.sessions.expired),
+        ),
+        (
+            "sessions_closed".to_string(),
+            Stats::get(&executor.sessions.closed),
+        ),
         (
             "connections_total".to_string(),
             Stats::get(&s.connections_total),

@@ -34,6 +34,7 @@ fn acquire(key: &str, ttl_ms: u32, id: Option<u128>) -> Request {
         meta: Bytes::from_static(b"m"),
         acquire_id: id.map(AcquireId::from_u128),
         kind: Default::default(),
+        session_id: None,
     }
 }
 
@@ -237,6 +238,7 @@ fn acquire_kind(key: &str, id: Option<u128>, kind: tenure_protocol::LeaseKind) -
             meta,
             acquire_id,
             kind,
+            session_id: None,
         },
         other => unreachable!("{other:?}"),
     }

@@ -36,6 +36,7 @@ fn acquire(key: &str) -> Request {
         meta: Bytes::from_static(b"meta"),
         acquire_id: None,
         kind: Default::default(),
+        session_id: None,
     }
 }
 

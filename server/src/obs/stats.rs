@@ -39,9 +39,9 @@ pub struct Stats {
 }
 
 /// The request kinds counted, in the order STATS reports them.
-pub const OP_KINDS: [&str; 11] = [
+pub const OP_KINDS: [&str; 12] = [
     "PING", "ACQUIRE", "RENEW", "RELEASE", "INSPECT", "CHECK", "STATS", "WATCH", "UNWATCH", "AUTH",
-    "CLUSTER",
+    "CLUSTER", "SESSION",
 ];
 
 impl Stats {
@@ -99,6 +99,9 @@ pub fn op_index(request: &Request) -> usize {
         | Request::ClusterInit { .. }
         | Request::ClusterAdd { .. }
         | Request::ClusterRemove { .. } => 10,
+        Request::SessionOpen { .. }
+        | Request::SessionKeepalive { .. }
+        | Request::SessionClose { .. } => 11,
     };
     debug_assert_eq!(OP_KINDS[i], request.kind());
     i

@@ -227,3 +227,41 @@ fn a_repeat_at_the_identitys_quota_is_answered_not_refused() {
     let ended = a.cmd(&acquire).unwrap();
     assert!(ended.starts_with("ENDED released token="), "{ended}");
 }
+
+/// Sessions across a restart as this build has them (PROTOCOL.md 3.11 "Status in this
+/// build"): a session is the server's memory, so after a kill -9 its id is `NO_SESSION`, and
+/// its lease, restored from the WAL as an ordinary lease with its last record's TTL, holds
+/// the key until that has run out from the restart (never less), then frees it.
+#[test]
+fn a_session_ends_with_a_kill_9_and_its_lease_runs_out_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(tenured(dir.path(), logs.path()));
+    let mut c = conn(&daemon);
+    let opened = c.cmd("SESSION_OPEN 2000").unwrap();
+    let session = field(&opened, "session").to_string();
+    let grant = c
+        .cmd(&format!("ACQUIRE job:s 0 SESSION={session}"))
+        .unwrap();
+    assert!(grant.starts_with("OK token="), "{grant}");
+    // Kept alive once, so the lease's record says the session's whole TTL.
+    let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).unwrap();
+    assert!(kept.starts_with("OK session="), "{kept}");
+    daemon.kill9();
+    daemon = Daemon::start(tenured(dir.path(), logs.path()));
+    let restarted_at = std::time::Instant::now();
+    let mut c = conn(&daemon);
+    let late = c.cmd(&format!("SESSION_KEEPALIVE {session}")).unwrap();
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let held = c.cmd("INSPECT job:s").unwrap();
+    assert_eq!(token(&held), token(&grant), "{held}");
+    let deadline = restarted_at + Duration::from_secs(30);
+    while c.cmd("INSPECT job:s").unwrap() != "FREE" {
+        assert!(std::time::Instant::now() < deadline, "job:s never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Counted again from the restart: its 2 000 ms less the time between the recovery and
+    // `restarted_at` (the daemon answers only after its recovery), which a loaded machine
+    // may stretch, so only half is asserted.
+    assert!(restarted_at.elapsed() >= Duration::from_millis(1000));
+}

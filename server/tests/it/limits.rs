@@ -99,6 +99,7 @@ impl Waiting for Raw {
                 meta: Default::default(),
                 acquire_id: None,
                 kind: Default::default(),
+                session_id: None,
             };
             encode_request(*id, &request, &mut out);
         }

@@ -43,6 +43,7 @@ mod metrics;
 mod nemesis;
 mod per_core;
 mod protocol_doc;
+mod sessions;
 mod settings;
 mod shared;
 mod tls;

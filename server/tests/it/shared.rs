@@ -29,6 +29,7 @@ fn acquire_with_id(
         meta: bytes(""),
         acquire_id,
         kind,
+        session_id: None,
     }
 }
 

@@ -267,6 +267,7 @@ async fn a_hand_off_shows_as_released_then_granted_and_a_disconnect_as_released(
         meta: Bytes::new(),
         acquire_id: None,
         kind: Default::default(),
+        session_id: None,
     };
     assert!(matches!(
         watcher.call(2, watch("d")).await,

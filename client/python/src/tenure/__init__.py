@@ -30,6 +30,7 @@ from .aio import (
     TlsOptions,
 )
 from .client import Client, Election, Leadership, LeaseGuard, Observer, Watch
+from .session import AsyncSession, AsyncSessionLock, Session, SessionLock
 from .errors import (
     AcquireEnded,
     BadRequest,
@@ -44,6 +45,7 @@ from .errors import (
     LeaseLost,
     LimitReached,
     NotAcquired,
+    NoSession,
     NotLeader,
     ProtocolError,
     Quota,
@@ -93,4 +95,5 @@ __all__ = [
     "Released", "ReleaseResult", "Renewed", "RenewResult", "RequestTimeout", "SequencedFence",
     "ServerError", "ServerLimits", "ShuttingDown", "Stale", "TenureError", "TlsOptions",
     "Unauthenticated", "Unavailable", "Watch", "WatchLimit", "fenced_update",
+    "AsyncSession", "AsyncSessionLock", "NoSession", "Session", "SessionLock",
 ]

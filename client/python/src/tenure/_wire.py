@@ -47,6 +47,9 @@ STATS = 0x07
 WATCH = 0x08
 UNWATCH = 0x09
 AUTH = 0x0A
+SESSION_OPEN = 0x0F
+SESSION_KEEPALIVE = 0x10
+SESSION_CLOSE = 0x11
 
 # Response opcodes (bit 7 set).
 PONG = 0x81
@@ -64,6 +67,8 @@ STATS_REPLY = 0x8C
 WATCHING = 0x8D
 UNWATCHED = 0x8E
 AUTHENTICATED = 0x8F
+SESSION = 0x93
+SESSION_CLOSED = 0x94
 EVENT = 0xA0
 ERROR = 0xFF
 
@@ -77,6 +82,12 @@ REGRANTED = 0x91
 ACQUIRE_ENDED = 0x92
 #: ACQUIRE_ENDED's `how`, by number.
 ENDED_HOW = {1: "released", 2: "expired", 3: "disconnected"}
+#: ACQUIRE flag: a 16-byte session id follows `meta` (and the acquire id); the lease lives
+#: while that session does (PROTOCOL.md 3.11).
+FLAG_SESSION = 0x04
+
+#: ERROR code: the session id names no live session.
+NO_SESSION = 25
 
 _HEADER = struct.Struct(">IBQ")
 
@@ -108,19 +119,34 @@ def frame(opcode: int, request_id: int, body: bytes = b"") -> bytes:
 
 
 def acquire_body(
-    key: bytes, ttl_ms: int, wait_ms: int, flags: int, meta: bytes, acquire_id: bytes = b""
+    key: bytes,
+    ttl_ms: int,
+    wait_ms: int,
+    flags: int,
+    meta: bytes,
+    acquire_id: bytes = b"",
+    session: bytes = b"",
 ) -> bytes:
-    """An ACQUIRE's body; with `acquire_id` (16 bytes) flag bit 1 is set and the id follows."""
+    """An ACQUIRE's body; with `acquire_id` (16 bytes) flag bit 1 is set and the id follows
+    `meta`; with a `session` id (16 bytes) flag bit 2 is set and it follows (after the acquire
+    id: optional fields in increasing flag-bit order). A kind (bit 3) is the caller's to add
+    after both."""
     if acquire_id:
         assert len(acquire_id) == 16, "an acquire id is 16 bytes"
         flags |= FLAG_ACQUIRE_ID
-    return bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta) + acquire_id
+    if session:
+        assert len(session) == 16, "a session id is 16 bytes"
+        flags |= FLAG_SESSION
+    head = bytes16(key) + struct.pack(">IIB", ttl_ms, wait_ms, flags) + bytes16(meta)
+    return head + acquire_id + session
 
 
 def with_wait(body: bytes, wait_ms: int) -> bytes:
     """An ACQUIRE body with its `wait_ms` replaced (a retry waits only what is left)."""
     at = 2 + int.from_bytes(body[:2], "big") + 4
     return body[:at] + struct.pack(">I", wait_ms) + body[at + 4 :]
+def session_open_body(ttl_ms: int) -> bytes:
+    return struct.pack(">I", ttl_ms)
 
 
 def renew_body(key: bytes, lease_id: bytes, ttl_ms: int) -> bytes:

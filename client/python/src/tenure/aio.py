@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Ty
 from . import _wire as w
 from . import semaphore as _kinds
 from ._conn import Connection, WatchQueue
+from .session import AsyncSession
 from .errors import (
     AcquireEnded,
     CannotConnect,
@@ -564,11 +565,13 @@ class AsyncClient:
         release_on_disconnect: bool,
         acquire_id: bytes = b"",
         kind: bytes = b"",
+        session: bytes = b"",
     ) -> bytes:
         """The ACQUIRE body for these arguments, every one checked: the one validation of
-        `acquire()`, `lock()` and elections, blocking and asyncio alike."""
+        `acquire()`, `lock()`, elections and session locks, blocking and asyncio alike. A
+        session lock (`session` names it) has no TTL of its own: its `ttl_ms` is 0."""
         key_b = self._key(key)
-        ttl_ms = self._ttl_ms(ttl)
+        ttl_ms = 0 if session else self._ttl_ms(ttl)
         wait_ms = _ms(wait, "wait", 0, self._limits()[3])
         meta_b = _as_bytes(meta, "meta")
         if len(meta_b) > self._limits()[1]:
@@ -576,7 +579,7 @@ class AsyncClient:
         flags = w.FLAG_RELEASE_ON_DISCONNECT if release_on_disconnect else 0
         if kind:  # a read lease or permits (semaphore.py): flag bit 3, after the acquire id (bit 1)
             flags |= _kinds.FLAG_KIND
-        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, acquire_id) + kind
+        return w.acquire_body(key_b, ttl_ms, wait_ms, flags, meta_b, acquire_id, session) + kind
 
     # -- operations -------------------------------------------------------------------
 
@@ -628,15 +631,19 @@ class AsyncClient:
         release_on_disconnect: bool,
         retry: Optional["_AcquireRetry"] = None,
         kind: bytes = b"",
+        session: bytes = b"",
     ) -> Tuple[AcquireResult, Connection]:
         """`acquire`, and the connection that answered. `retry` carries the acquire id and
         the first send's instant across a move from the blocking client's direct path to the
         loop (which calls this again); `kind` is the ACQUIRE's kind bytes (semaphore.py),
-        empty for the key alone."""
+        empty for the key alone; in `session` when one is named (then `ttl` is not sent: the
+        lease has none)."""
         retry = retry if retry is not None else _AcquireRetry()
         wait_s = _seconds(wait, "wait")
         body, _ = await self._checked(
-            lambda: self._acquire_args(key, ttl, wait, meta, release_on_disconnect, retry.acquire_id, kind),
+            lambda: self._acquire_args(
+                key, ttl, wait, meta, release_on_disconnect, retry.acquire_id, kind, session
+            ),
             self.timeout + wait_s,
         )
         key_b = w.Reader(body).bytes16()
@@ -717,6 +724,11 @@ class AsyncClient:
         if opcode == w.REGRANTED:
             retry.kept = True
             token, lease_id, ttl_left_ms = r.u64(), r.take(16), r.u32()
+            if not ttl:
+                # A session lease (no TTL of its own): the session's time left, counted from
+                # before the repeat that heard it.
+                deadline = local_deadline(sent_at, 0, ttl_left_ms)
+                return Granted(key_b, token, lease_id, ttl_left_ms, 0, deadline, release_on_disconnect)
             ttl_ms = self._ttl_ms(ttl)
             # Granted between the first send and the repeat: no wait is counted, and the
             # repeat's own count is kept if it is earlier.
@@ -880,6 +892,13 @@ class AsyncClient:
         body, timeout = await self._checked(lambda: _kinds.inspect_body(self._key(key)), self.timeout)
         opcode, reply, _ = await self._call(w.INSPECT, body, timeout)
         return _kinds.parse_inspect(opcode, reply)
+
+    def session(
+        self, ttl: float, *, keep_alive_every: Optional[float] = None, margin: Optional[float] = None
+    ) -> "AsyncSession":
+        """`async with client.session(ttl=10) as s:` opens a session whose one keep-alive (every
+        third of `ttl`) keeps every `s.lock(key)` in it; see `tenure.session`."""
+        return AsyncSession(self, ttl, keep_alive_every, margin)
 
     def election(
         self,

@@ -39,6 +39,7 @@ from .aio import (
     _timeout,
 )
 from ._sync import SyncConnection
+from .session import Session
 from .errors import ConnectionLost, RequestTimeout, ServerError
 from .results import (
     AcquireResult,
@@ -483,6 +484,18 @@ class Client:
         guard = LeaseGuard(self)
         guard._inner = AsyncLeaseGuard(self.aio, key, ttl, kind=kind, **options)
         return guard
+
+    def session(
+        self, ttl: float, *, keep_alive_every: Optional[float] = None, margin: Optional[float] = None
+    ) -> Session:
+        """`with client.session(ttl=10) as s: with s.lock("a"), s.lock("b"): ...`
+
+        Opens a session at once (SESSION_OPEN) and keeps it alive on the I/O thread, one
+        keep-alive every third of `ttl`; its locks need no renewal and are lost with it.
+        Leaving the `with` closes it, freeing every lock still in it. See `tenure.session`.
+        """
+        inner = self.aio.session(ttl, keep_alive_every=keep_alive_every, margin=margin)
+        return Session(self, self._run(inner.open()))
 
     def election(
         self,

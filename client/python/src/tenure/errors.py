@@ -111,6 +111,11 @@ ERROR_NAMES: Dict[int, str] = {
     22: "QUOTA",
     23: "NOT_LEADER",
     24: "CLUSTER_REFUSED",
+    25: "NO_SESSION",
+    26: "SESSIONS_LIMIT",
+    27: "SESSION_LEASES_LIMIT",
+    28: "SESSION_LEASE",
+    29: "SESSION_MISMATCH",
     30: "KIND_MISMATCH",
     31: "BAD_PERMITS",
 }
@@ -156,6 +161,10 @@ class NotLeader(ServerError):
     """NOT_LEADER: this node of a cluster is not the leader (returned once redirects ran out)."""
 
 
+class NoSession(ServerError):
+    """NO_SESSION: the session id names no live session (closed, expired, never opened)."""
+
+
 class ClusterRefused(ServerError):
     """CLUSTER_REFUSED: a cluster INIT, ADD or REMOVE was refused; the message says why."""
 
@@ -192,6 +201,11 @@ _BY_CODE: Dict[int, Type[ServerError]] = {
     22: Quota,
     23: NotLeader,
     24: ClusterRefused,
+    25: NoSession,
+    26: LimitReached,
+    27: LimitReached,
+    28: BadRequest,
+    29: BadRequest,
     30: KindMismatch,
     31: BadPermits,
 }

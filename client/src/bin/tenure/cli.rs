@@ -132,9 +132,11 @@ pub enum Command {
     Stats,
     /// Measure a round trip.
     Ping,
-    /// Hold a lock while a command runs; kill the command if the lock is lost.
+    /// Hold a lock (a lease renewed alone, or with --session a lock in a session of its own)
+    /// while a command runs; kill the command if the lock is lost.
     Run(RunArgs),
-    /// Run a command only while leading an election group.
+    /// Run a command only while leading an election group (as a lease renewed alone, or with
+    /// --session in a session of its own).
     Elect(ElectArgs),
     /// Print every new leader of an election group.
     Observe {
@@ -167,7 +169,8 @@ pub struct RunArgs {
         required_unless_present = "key_flag"
     )]
     pub key_arg: Option<String>,
-    /// Lease length; renewed every third of it while the command runs.
+    /// Lease length; renewed every third of it while the command runs. With --session, the
+    /// TTL of the session the lock is held in (one keep-alive every third of it).
     #[arg(long, value_parser = duration_flag)]
     pub ttl: Duration,
     /// How long to wait in line if the lock is held.
@@ -182,8 +185,18 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
+    /// Hold the lock in a session of its own instead of a lease renewed alone (a plain lock
+    /// only). Sessions are in the server's memory only in this build: a restart or fail-over
+    /// ends the session and the command loses the lock. Against a server without sessions,
+    /// a lease renewed alone, with a warning.
+    #[arg(long, conflicts_with_all = ["permits", "shared"])]
+    pub session: bool,
+    /// Accepted for compatibility and ignored: a lease renewed alone is the default.
+    #[arg(long, hide = true, conflicts_with = "session")]
+    pub no_session: bool,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN,
-    /// TENURE_LEASE_ID and TENURE_KEY in its environment.
+    /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when the
+    /// lock is held in a session.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
@@ -247,14 +260,25 @@ pub struct ElectArgs {
     /// This candidate's value (for example its address), shown to observers.
     #[arg(long)]
     pub value: String,
-    /// Leader lease length.
+    /// The leader's lease length (a hung or cut-off leader leads at most this long
+    /// unconfirmed); with --session, the TTL of the leader's session.
     #[arg(long, value_parser = duration_flag, default_value = "10s")]
     pub ttl: Duration,
+    /// Lead with a lock in a session of its own instead of a lease renewed alone. Sessions are
+    /// in the server's memory only in this build: a restart or fail-over ends the session
+    /// and with it the leadership. Against a server without sessions, a lease renewed alone,
+    /// with a warning.
+    #[arg(long)]
+    pub session: bool,
+    /// Accepted for compatibility and ignored: a lease renewed alone is the default.
+    #[arg(long, hide = true, conflicts_with = "session")]
+    pub no_session: bool,
     /// Time between SIGTERM and SIGKILL when leadership is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN (the term),
-    /// TENURE_LEASE_ID and TENURE_KEY in its environment.
+    /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when
+    /// leading in a session.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }

@@ -94,17 +94,34 @@ async fn execute(
             wait_ms,
             release_on_disconnect,
             meta,
-            // Not sent yet: the client crate does not carry acquire ids (issue 25's client
-            // half); the server's own console takes ID=.
+            // The client crate picks its own acquire id for every ACQUIRE (and resends it);
+            // the server's own console takes ID=.
             acquire_id: _,
             kind,
+            session_id,
         } => {
             let options = AcquireOptions {
                 wait: ms(wait_ms),
                 meta,
                 release_on_disconnect,
             };
-            requests::acquire(client, out, name(&key), ms(ttl_ms), kind, options).await?;
+            match session_id {
+                None => {
+                    requests::acquire(client, out, name(&key), ms(ttl_ms), kind, options).await?
+                }
+                Some(id) => {
+                    requests::acquire_in_session(client, out, name(&key), id, kind, options).await?
+                }
+            };
+        }
+        Request::SessionOpen { ttl_ms } => {
+            requests::session_open(client, out, ms(ttl_ms)).await?;
+        }
+        Request::SessionKeepalive { session_id } => {
+            requests::session_keepalive(client, out, session_id).await?;
+        }
+        Request::SessionClose { session_id } => {
+            requests::session_close(client, out, session_id).await?;
         }
         Request::Renew {
             key,

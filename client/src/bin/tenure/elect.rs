@@ -1,36 +1,81 @@
 //! Leader election from the shell: `tenure elect` runs a command only while leading a group
 //! (supervised like `tenure run`), `tenure observe` prints each new leader.
 
-use tenure::{Client, Election, ElectionOptions};
+use std::time::Duration;
+
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Election, ElectionOptions};
 
 use crate::cli::ElectArgs;
 use crate::exit::EXIT_OK;
-use crate::output::{kv_value, Line, Out};
+use crate::hold::{lock_in_session, sessions_unknown, Hold};
+use crate::output::{kv_value, warn, Line, Out};
 use crate::run::supervise;
 
-/// `tenure elect`: campaigns until leading, then runs the command while leadership lasts.
+/// Pause before a candidate queues again after its wait was cut short by a server restart.
+const CAMPAIGN_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// `tenure elect`: campaigns until leading (as a lease renewed alone, or with `--session` in
+/// a session of its own: opt-in while sessions do not survive a restart or fail-over), then
+/// runs the command while leadership lasts.
 pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result<u8> {
     let options = ElectionOptions {
         ttl: args.ttl,
         ..ElectionOptions::default()
     };
-    let election = Election::with_options(client, &args.group, options);
-    let leadership = election.campaign(&args.value).await?;
+    let election = Election::with_options(client.clone(), &args.group, options);
+    let key = String::from_utf8_lossy(election.key()).into_owned();
+    let hold = if !args.session {
+        campaign_alone(&election, &args.value).await?
+    } else {
+        match campaign_in_session(&client, &key, args.ttl, &args.value).await {
+            Err(e) if sessions_unknown(&e) => {
+                warn("the server does not know sessions; leading with a lease renewed alone");
+                campaign_alone(&election, &args.value).await?
+            }
+            hold => hold?,
+        }
+    };
     out.print(
         Line::new("LEADING")
             .text("group", args.group.as_str())
-            .number("term", leadership.term())
+            .number("term", hold.fencing_token())
             .text("value", args.value.as_str()),
     );
-    let key = String::from_utf8_lossy(election.key()).into_owned();
-    supervise(
-        leadership.into_guard(),
-        out,
-        &key,
-        &args.command,
-        args.grace,
-    )
-    .await
+    supervise(hold, out, &key, &args.command, args.grace).await
+}
+
+/// The campaign of [`Election::campaign`]: a lease renewed alone.
+async fn campaign_alone(election: &Election, value: &str) -> anyhow::Result<Hold> {
+    Ok(Hold::Lease(election.campaign(value).await?.into_guard()))
+}
+
+/// Waits in line for `key` in a session of `ttl` until it is granted: the leader's term is
+/// its fencing token, and its leadership lasts while its session does: until its holder stops
+/// keeping the session alive, or (sessions being in memory only in this build) the serving
+/// node restarts or loses the lead.
+async fn campaign_in_session(
+    client: &Client,
+    key: &str,
+    ttl: Duration,
+    value: &str,
+) -> tenure::Result<Hold> {
+    let options = AcquireOptions {
+        wait: ElectionOptions::default().wait_max,
+        meta: Bytes::copy_from_slice(value.as_bytes()),
+        release_on_disconnect: false,
+    };
+    loop {
+        match lock_in_session(client, key, ttl, options.clone()).await {
+            Ok(AcquireOutcome::Granted((hold, _))) => return Ok(hold),
+            Ok(AcquireOutcome::Locked(_)) => {}
+            // The server restarted (or is restarting) under the standby: queue again once it
+            // is back. Not after a time-out: the first request may still be queued.
+            Err(e) if e.is_transient() && !matches!(e, tenure::Error::Timeout(_)) => {
+                tokio::time::sleep(CAMPAIGN_RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `tenure observe`: one `term= value=` line per new leader, until the stream ends.

@@ -44,6 +44,7 @@ pub fn parse_legacy(line: &str) -> Option<ConsoleCommand> {
             meta: Bytes::from(meta.unwrap_or_default()),
             acquire_id: None,
             kind: kind.kind(),
+            session_id: None,
         },
         Command::Renew { key, lease, ttl } => Request::Renew {
             key: Bytes::from(key),

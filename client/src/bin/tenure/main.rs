@@ -20,8 +20,9 @@
 //! | `cli` | the flags and commands (clap) | `certs`, `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
-//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `output`, `requests` |
-//! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `output`, `run` |
+//! | `hold` | what `run` and `elect` hold: a lease renewed alone, or (`--session`) a lock in a session of its own | — |
+//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `hold`, `output`, `requests` |
+//! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `hold`, `output`, `run` |
 //! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |
 
 mod certs;
@@ -30,6 +31,7 @@ mod cluster;
 mod console;
 mod elect;
 mod exit;
+mod hold;
 mod legacy;
 mod output;
 mod requests;

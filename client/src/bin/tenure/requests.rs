@@ -1,11 +1,12 @@
-//! The one-request commands (acquire, renew, release, inspect, check, stats, ping), shared by
+//! The one-request commands (acquire, renew, release, inspect, check, stats, ping, and the
+//! session requests of the console), shared by
 //! the command line and `tenure console`: one request, one output line, one exit code.
 
 use std::time::Duration;
 
 use tenure::{
     AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LeaseKind, LockedBy,
-    ReleaseOutcome, RenewOutcome,
+    ReleaseOutcome, RenewOutcome, SessionId,
 };
 
 use crate::exit::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
@@ -21,7 +22,55 @@ pub async fn acquire(
     kind: LeaseKind,
     options: AcquireOptions,
 ) -> anyhow::Result<u8> {
-    match client.acquire_kind(&key, ttl, kind, options).await? {
+    let outcome = client.acquire_kind(&key, ttl, kind, options).await?;
+    print_acquired(out, key, outcome)
+}
+
+/// Takes `key` in session `id`; prints as [`acquire`] (`ttl_ms`: the session's time left).
+pub async fn acquire_in_session(
+    client: &Client,
+    out: &Out,
+    key: String,
+    id: SessionId,
+    kind: LeaseKind,
+    options: AcquireOptions,
+) -> anyhow::Result<u8> {
+    let outcome = client.acquire_in_session(&key, id, kind, options).await?;
+    print_acquired(out, key, outcome)
+}
+
+/// Opens a session nobody keeps alive but the console's user; prints its id and TTL.
+pub async fn session_open(client: &Client, out: &Out, ttl: Duration) -> anyhow::Result<u8> {
+    let (id, ttl) = client.open_session(ttl).await?;
+    print_session(out, id, ttl);
+    Ok(EXIT_OK)
+}
+
+/// Keeps session `id` alive once; prints its id and TTL.
+pub async fn session_keepalive(client: &Client, out: &Out, id: SessionId) -> anyhow::Result<u8> {
+    let ttl = client.keep_session_alive(id).await?;
+    print_session(out, id, ttl);
+    Ok(EXIT_OK)
+}
+
+/// Closes session `id`; prints how many leases that freed.
+pub async fn session_close(client: &Client, out: &Out, id: SessionId) -> anyhow::Result<u8> {
+    let released = client.close_session(id).await?;
+    out.print(Line::new("SESSION_CLOSED").number("released", u64::from(released)));
+    Ok(EXIT_OK)
+}
+
+fn print_session(out: &Out, id: SessionId, ttl: Duration) {
+    out.print(
+        Line::new("SESSION")
+            .text("session", id.to_string())
+            .number("ttl_ms", ms(ttl)),
+    );
+}
+
+/// Prints an acquire's outcome: GRANTED or LOCKED, and the exit code that goes with it.
+fn print_acquired(out: &Out, key: String, outcome: AcquireOutcome) -> anyhow::Result<u8> {
+    match outcome {
         AcquireOutcome::Granted(lease) => {
             out.print(
                 Line::new("GRANTED")

@@ -5,17 +5,21 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tenure::{
-    AcquireOptions, AcquireOutcome, Bytes, Client, Lease, LeaseGuard, LeaseKind, LossReason,
-};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseKind, LossReason};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
+use crate::hold::{lock_in_session, sessions_unknown, Hold};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
 
-/// `tenure run`: takes the lock (waiting if asked), runs the command under it, releases.
+/// `tenure run`: takes the lock (waiting if asked) as a lease renewed alone (or, with
+/// `--session`, in a session of its own), runs the command under it, releases.
+///
+/// The lease is the default because sessions live in the serving node's memory only in this
+/// build (PROTOCOL.md 3.11 "Status in this build"): a restart or fail-over ends them, and so
+/// would take a running command's lock, where a renewed lease rides through.
 pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8> {
     let key = args.key().to_owned();
     let kind = args.kind.kind();
@@ -24,43 +28,85 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
         meta: Bytes::from(args.meta.unwrap_or_default()),
         release_on_disconnect: false,
     };
-    let lease = match acquire_through_restarts(client, &key, args.ttl, kind, options).await? {
-        AcquireOutcome::Granted(lease) => lease,
+    let outcome = if args.session {
+        let in_session =
+            acquire_through_restarts(client, &key, args.ttl, kind, options.clone(), true).await;
+        match in_session {
+            Err(e) if e.downcast_ref().is_some_and(sessions_unknown) => {
+                warn("the server does not know sessions; holding a lease renewed alone");
+                acquire_lease(client, &key, args.ttl, kind, options).await?
+            }
+            outcome => outcome?,
+        }
+    } else {
+        acquire_lease(client, &key, args.ttl, kind, options).await?
+    };
+    let (hold, waited) = match outcome {
+        AcquireOutcome::Granted(granted) => granted,
         AcquireOutcome::Locked(by) => {
             print_locked(out, &key, &by);
             return Ok(EXIT_LOCKED);
         }
     };
-    out.print(
-        Line::new("GRANTED")
-            .text("key", key.as_str())
-            .number("token", lease.fencing_token())
-            .text("lease", lease.lease_id().to_string())
-            .number("ttl_ms", ms(lease.ttl()))
-            // A script counting the lease adds this to the TTL (PROTOCOL.md 3.3).
-            .number("waited_ms", ms(lease.waited())),
-    );
-    let guard = lease.keep_alive();
-    supervise(guard, out, &key, &args.command, args.grace).await
+    let mut line = Line::new("GRANTED")
+        .text("key", key.as_str())
+        .number("token", hold.fencing_token())
+        .text("lease", hold.lease_id().to_string())
+        .number("ttl_ms", ms(args.ttl))
+        // A script counting the lease adds this to the TTL (PROTOCOL.md 3.3).
+        .number("waited_ms", ms(waited));
+    if let Some(id) = hold.session_id() {
+        line = line.text("session", id.to_string());
+    }
+    out.print(line);
+    supervise(hold, out, &key, &args.command, args.grace).await
+}
+
+/// A lease renewed alone, with the time it waited in line.
+async fn acquire_lease(
+    client: &Client,
+    key: &str,
+    ttl: Duration,
+    kind: LeaseKind,
+    options: AcquireOptions,
+) -> anyhow::Result<AcquireOutcome<(Hold, Duration)>> {
+    acquire_through_restarts(client, key, ttl, kind, options, false).await
 }
 
 /// Pause before queueing again after a wait was cut short by a server restart, on top of the
 /// client's own reconnect backoff.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(50);
 
-/// Acquires `key`; a wait cut short by a server restart (connection lost or refused,
-/// SHUTTING_DOWN, RECOVERING) queues again, for what is left of `options.wait`. A time-out is
-/// not retried: the first request may still be queued on the server.
+/// Acquires `key` as `kind`, in a new session of `ttl` when `in_session` (a plain lock
+/// only: the command line refuses `--session` with `--shared` or `--permits`); a wait cut short by a server
+/// restart (connection lost or refused, SHUTTING_DOWN, RECOVERING) queues again, for what is
+/// left of `options.wait`. A time-out is not retried: the first request may still be queued
+/// on the server.
 async fn acquire_through_restarts(
     client: &Client,
     key: &str,
     ttl: Duration,
     kind: LeaseKind,
     mut options: AcquireOptions,
-) -> anyhow::Result<AcquireOutcome<Lease>> {
+    in_session: bool,
+) -> anyhow::Result<AcquireOutcome<(Hold, Duration)>> {
     let wait_until = Instant::now() + options.wait;
     loop {
-        match client.acquire_kind(key, ttl, kind, options.clone()).await {
+        let attempt = if in_session {
+            lock_in_session(client, key, ttl, options.clone()).await
+        } else {
+            client
+                .acquire_kind(key, ttl, kind, options.clone())
+                .await
+                .map(|outcome| match outcome {
+                    AcquireOutcome::Granted(lease) => {
+                        let waited = lease.waited();
+                        AcquireOutcome::Granted((Hold::Lease(lease.keep_alive()), waited))
+                    }
+                    AcquireOutcome::Locked(by) => AcquireOutcome::Locked(by),
+                })
+        };
+        match attempt {
             Ok(outcome) => return Ok(outcome),
             // A grant whose answer was lost and that has ended since (AcquireEnded) is queued
             // for again too: the command has not run under it.
@@ -87,7 +133,7 @@ async fn acquire_through_restarts(
 /// exit code 4. On SIGINT or SIGTERM to us: the same to the command, then release and exit
 /// with its status. Otherwise: release and exit with the command's status.
 pub async fn supervise(
-    guard: LeaseGuard,
+    guard: Hold,
     out: &Out,
     key: &str,
     command: &[String],
@@ -105,6 +151,9 @@ pub async fn supervise(
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
         .env("TENURE_KEY", key)
         .kill_on_drop(true);
+    if let Some(id) = guard.session_id() {
+        command_line.env("TENURE_SESSION_ID", id.to_string());
+    }
     die_with_us(&mut command_line);
     let spawned = command_line.spawn();
     let mut child = match spawned {

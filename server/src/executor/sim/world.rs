@@ -388,6 +388,7 @@ impl World {
             meta: Bytes::from_static(b"sim"),
             acquire_id,
             kind,
+            session_id: None,
         };
         let before = self.holder_token(&key);
         let holders_before = self.holder_tokens(&key);

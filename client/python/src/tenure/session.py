@@ -1,0 +1,379 @@
+"""Sessions (PROTOCOL.md 3.11): one keep-alive for many locks.
+
+Blocking::
+
+    with client.session(ttl=10) as s:
+        with s.lock("a") as a, s.lock("b") as b:
+            s.check()                      # raises LeaseLost once the session is gone
+            write(..., token=a.token)
+
+asyncio::
+
+    async with client.session(ttl=10) as s:
+        async with s.lock("a") as a:
+            ...
+
+A session keeps itself alive in a task on the client's event loop, one SESSION_KEEPALIVE every
+third of its TTL, counted from the monotonic instant taken before each send. Its locks need no
+renewal: they live while the session does. The session, and every lock in it, is valid until
+(the instant before the last confirmed keep-alive was sent) + TTL - max(2 ms, 0.1 % of the TTL),
+and the loss signal fires when that deadline less the margin passes unconfirmed, when a
+keep-alive is answered NO_SESSION, or when the session is closed. Leaving the `with` block
+closes the session (SESSION_CLOSE): every lock still in it is freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _wire as w
+from .errors import (
+    ConnectionLost,
+    InvalidArgument,
+    LeaseLost,
+    NotAcquired,
+    ProtocolError,
+    RequestTimeout,
+    ServerError,
+)
+from .results import Locked, deadline_margin_s, local_deadline
+
+if TYPE_CHECKING:
+    from .aio import AsyncClient
+    from .client import Client
+
+log = logging.getLogger("tenure")
+
+#: Why a session (and its locks) ended, as `loss_reason` says it.
+LOSS_ENDED = "session ended at the server (NO_SESSION)"
+LOSS_CLOSED = "session closed by its owner"
+LOSS_EXPIRED = "session ran out unconfirmed"
+LOSS_RELEASED = "released by its owner"
+#: Shortest pause before a failed keep-alive is sent again.
+KEEP_ALIVE_RETRY_MIN_S = 0.005
+
+
+def _timing(ttl: float, every: Optional[float], margin: Optional[float]) -> "tuple[float, float]":
+    every = ttl / 3 if every is None else float(every)
+    margin = ttl / 10 if margin is None else float(margin)
+    if every <= 0 or margin < 0 or every + margin >= ttl:
+        raise InvalidArgument(
+            f"keep_alive_every {every} s + margin {margin} s must be shorter than the session ttl {ttl} s"
+        )
+    return every, margin
+
+
+class AsyncSession:
+    """A session on an `AsyncClient`, made by `client.session(ttl)` and opened by `async with`
+    (or `await session.open()`)."""
+
+    def __init__(self, client: "AsyncClient", ttl: float, keep_alive_every: Optional[float], margin: Optional[float]):
+        from .aio import _ms  # the one duration check of every entry point
+
+        self.client = client
+        self._ttl_ms = _ms(ttl, "ttl", w.TTL_MS_MIN, client._limits()[2])
+        self.every, self.margin = _timing(self._ttl_ms / 1000, keep_alive_every, margin)
+        #: The session id (16 bytes); `session_id` is its hex form.
+        self.id = b""
+        self.deadline = 0.0
+        #: Why the session ended, once it did.
+        self.loss_reason: Optional[str] = None
+        #: Set on loss; any thread may wait on it.
+        self.thread_event = threading.Event()
+        self._lost: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+
+    @property
+    def session_id(self) -> str:
+        return self.id.hex()
+
+    @property
+    def ttl(self) -> float:
+        """The session's TTL in seconds, as the server granted it."""
+        return self._ttl_ms / 1000
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the session (and so every lock in it) is lost or closed."""
+        assert self._lost is not None, "the session is not open"
+        return self._lost
+
+    def give_up_at(self) -> float:
+        return self.deadline - self.margin
+
+    def is_valid(self) -> bool:
+        """True while the session is alive as far as this client can tell (cheap)."""
+        return self.loss_reason is None and time.monotonic() < self.give_up_at()
+
+    def check(self) -> None:
+        """Raises `LeaseLost` once the session is not valid."""
+        if not self.is_valid():
+            raise LeaseLost(self.loss_reason or LOSS_EXPIRED)
+
+    def _fire(self, reason: str) -> None:
+        if self.loss_reason is not None:
+            return
+        self.loss_reason = reason
+        self.thread_event.set()
+        if self._lost is not None:
+            self._lost.set()
+
+    async def open(self) -> "AsyncSession":
+        """Sends SESSION_OPEN and starts the keep-alives."""
+        opcode, reply, _, sent_at = await self.client._call_sent(w.SESSION_OPEN, w.session_open_body(self._ttl_ms))
+        self.id, self._ttl_ms = _session_reply(opcode, reply)
+        self.deadline = local_deadline(sent_at, 0, self._ttl_ms)
+        self._lost = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tenure session keep-alive")
+        return self
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self if self._task is not None else await self.open()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close(quiet=True)
+
+    async def close(self, quiet: bool = False) -> Optional[int]:
+        """Closes the session: every lock in it is freed at once. Returns how many were freed
+        (None when nothing was sent: the session had ended; or, with `quiet`, the close failed)."""
+        ended = self.loss_reason == LOSS_ENDED
+        self._fire(LOSS_CLOSED)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if ended or not self.id:
+            return None
+        try:
+            opcode, reply, _ = await self.client._call(w.SESSION_CLOSE, self.id)
+        except ServerError as e:
+            if e.code == w.NO_SESSION:
+                return None
+            if not quiet:
+                raise
+        except (ConnectionLost, RequestTimeout, OSError) as e:
+            if not quiet:
+                raise
+            log.debug("tenure: session close failed: %s", e)
+            return None
+        else:
+            if opcode == w.SESSION_CLOSED:
+                return w.Reader(reply).u32()
+            if not quiet:
+                raise ProtocolError(f"reply opcode 0x{opcode:02x} to SESSION_CLOSE")
+        return None
+
+    def lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "AsyncSessionLock":
+        """`async with session.lock("a", wait=5) as lock:` takes `key` in this session."""
+        return AsyncSessionLock(self, key, wait, meta)
+
+    async def _run(self) -> None:
+        # The open's `sent_at`, recovered from the deadline counted from it.
+        next_at = self.deadline + deadline_margin_s(self._ttl_ms) - self.ttl + self.every
+        retry = max(self.every / 4, KEEP_ALIVE_RETRY_MIN_S)
+        last_error: Optional[str] = None
+        timeout = self.client.timeout
+        if len(self.client.endpoints) > 1:
+            timeout = min(timeout, self.every)
+        while self.loss_reason is None:
+            now = time.monotonic()
+            if now >= self.give_up_at():
+                why = f"{LOSS_EXPIRED} (last keep-alive: {last_error})" if last_error else LOSS_EXPIRED
+                return self._fire(why)
+            if now < next_at:
+                await asyncio.sleep(min(next_at, self.give_up_at()) - now)
+                continue
+            call = self.client._call_sent(w.SESSION_KEEPALIVE, self.id, timeout)
+            try:
+                opcode, reply, _, sent_at = await asyncio.wait_for(call, max(0.0, self.give_up_at() - now))
+                _, ttl_ms = _session_reply(opcode, reply)
+            except ServerError as e:
+                if e.code == w.NO_SESSION:
+                    return self._fire(LOSS_ENDED)
+                last_error, next_at = str(e), time.monotonic() + retry
+                continue
+            except (ConnectionLost, RequestTimeout, OSError, asyncio.TimeoutError) as e:
+                last_error, next_at = str(e) or type(e).__name__, time.monotonic() + retry
+                continue
+            # Counted from before the answered send: never later than the server's deadline.
+            self.deadline = max(self.deadline, local_deadline(sent_at, 0, ttl_ms))
+            next_at, last_error = sent_at + self.every, None
+
+
+def _session_reply(opcode: int, reply: bytes) -> "tuple[bytes, int]":
+    if opcode != w.SESSION:
+        raise ProtocolError(f"reply opcode 0x{opcode:02x}, expected SESSION")
+    r = w.Reader(reply)
+    return r.take(16), r.u32()
+
+
+class AsyncSessionLock:
+    """A lock held in an `AsyncSession`: no renewal of its own, lost with its session."""
+
+    def __init__(self, session: AsyncSession, key: Any, wait: float, meta: Any) -> None:
+        self.session = session
+        # Checked here, in the caller's thread, as `lock()` checks its arguments.
+        body = session.client._acquire_args(key, 0, wait, meta, False, session=session.id)
+        self._args = (key, wait, meta)
+        self.key = w.Reader(body).bytes16()
+        self.token = 0
+        self.lease_id = b""
+        self._released = False
+
+    async def acquire(self) -> "AsyncSessionLock":
+        """Takes the lock; raises `NotAcquired` if the wait ran out, `NoSession` (a
+        `ServerError`) if the session has ended. The ACQUIRE takes the client's one path
+        (`AsyncClient._acquire`), as `lock()` does."""
+        session = self.session
+        session.check()
+        key, wait, meta = self._args
+        try:
+            result, _ = await session.client._acquire(key, 0, wait, meta, False, session=session.id)
+        except ServerError as e:
+            if e.code == w.NO_SESSION:
+                session._fire(LOSS_ENDED)
+            raise
+        if isinstance(result, Locked):
+            raise NotAcquired(self.key, result.token, result.ttl_left_ms)
+        self.token, self.lease_id = result.token, result.lease_id
+        return self
+
+    @property
+    def loss_reason(self) -> Optional[str]:
+        return LOSS_RELEASED if self._released else self.session.loss_reason
+
+    def is_valid(self) -> bool:
+        return not self._released and bool(self.lease_id) and self.session.is_valid()
+
+    def check(self) -> None:
+        """Raises `LeaseLost` once the lock is not valid."""
+        if not self.is_valid():
+            raise LeaseLost(self.loss_reason or LOSS_EXPIRED)
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """The session's loss event (a released lock does not set it)."""
+        return self.session.lost
+
+    async def release(self) -> None:
+        """Releases this lock alone (RELEASE); the session and its other locks go on."""
+        if self._released or not self.lease_id:
+            return
+        self._released = True
+        if self.session.loss_reason is not None:
+            return  # gone with its session
+        body = w.release_body(self.key, self.lease_id)
+        try:
+            await self.session.client._call(w.RELEASE, body)
+        except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+            log.debug("tenure: release of a session lock failed: %s", e)
+
+    async def __aenter__(self) -> "AsyncSessionLock":
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+
+class Session:
+    """The blocking form of `AsyncSession`, made by `client.session(ttl)`; its keep-alives run
+    on the client's I/O thread."""
+
+    def __init__(self, client: "Client", inner: AsyncSession) -> None:
+        self._client = client
+        self._inner = inner
+
+    @property
+    def session_id(self) -> str:
+        return self._inner.session_id
+
+    @property
+    def ttl(self) -> float:
+        return self._inner.ttl
+
+    @property
+    def deadline(self) -> float:
+        return self._inner.deadline
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the session (and every lock in it) is lost or closed."""
+        return self._inner.thread_event
+
+    @property
+    def loss_reason(self) -> Optional[str]:
+        return self._inner.loss_reason
+
+    def is_valid(self) -> bool:
+        return self._inner.is_valid()
+
+    def check(self) -> None:
+        self._inner.check()
+
+    def wait_lost(self, timeout: Optional[float] = None) -> Optional[str]:
+        """Blocks until the session is lost (the reason) or `timeout` seconds pass (None)."""
+        return self.loss_reason if self.lost.wait(timeout) else None
+
+    def lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "SessionLock":
+        """`with session.lock("a", wait=5) as lock:` takes `key` in this session."""
+        return SessionLock(self, self._inner.lock(key, wait=wait, meta=meta))
+
+    def close(self) -> Optional[int]:
+        """Closes the session (every lock in it freed at once); how many were freed."""
+        return self._client._run(self._inner.close())
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._client._run(self._inner.close(quiet=True))
+
+
+class SessionLock:
+    """The blocking form of `AsyncSessionLock`."""
+
+    def __init__(self, session: Session, inner: AsyncSessionLock) -> None:
+        self._session = session
+        self._inner = inner
+
+    @property
+    def key(self) -> bytes:
+        return self._inner.key
+
+    @property
+    def token(self) -> int:
+        return self._inner.token
+
+    @property
+    def lease_id(self) -> bytes:
+        return self._inner.lease_id
+
+    @property
+    def loss_reason(self) -> Optional[str]:
+        return self._inner.loss_reason
+
+    @property
+    def lost(self) -> threading.Event:
+        return self._session.lost
+
+    def is_valid(self) -> bool:
+        return self._inner.is_valid()
+
+    def check(self) -> None:
+        self._inner.check()
+
+    def acquire(self) -> "SessionLock":
+        self._session._client._run(self._inner.acquire())
+        return self
+
+    def release(self) -> None:
+        self._session._client._run(self._inner.release())
+
+    def __enter__(self) -> "SessionLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()

@@ -1,0 +1,176 @@
+//! What `tenure run` and `tenure elect` hold while their command runs: a lease renewed alone
+//! (the default, and with `--session` against a server that does not know sessions), or with
+//! `--session` a lock in a session of its own.
+//!
+//! A session's lock needs no renewal, so nothing would tell its holder that someone released
+//! it with its lease id (`tenure release KEY LEASE`, which a lease's next renewal would answer
+//! LOST): the key is also WATCHed, and its release or expiry under our token is a loss.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tenure::{
+    AcquireOptions, AcquireOutcome, Client, ErrorCode, EventKind, KeyState, LeaseGuard, LossReason,
+    Session, SessionGuard,
+};
+
+/// Pause before a lost watch of a session's key subscribes again.
+const REWATCH_PAUSE: Duration = Duration::from_millis(100);
+
+/// The lock a command runs under.
+pub enum Hold {
+    /// A lease renewed in the background.
+    Lease(LeaseGuard),
+    /// A lock in a session of its own, whose keep-alive keeps it.
+    Session {
+        /// The session, closed when the command ends.
+        session: Session,
+        /// The lock in it.
+        guard: SessionGuard,
+        /// The client the key is watched through.
+        client: Client,
+    },
+}
+
+/// A loss signal that owns what it waits on.
+pub type Lost = Pin<Box<dyn Future<Output = LossReason> + Send>>;
+
+impl Hold {
+    /// The fencing token.
+    pub fn fencing_token(&self) -> u64 {
+        match self {
+            Hold::Lease(guard) => guard.fencing_token(),
+            Hold::Session { guard, .. } => guard.fencing_token(),
+        }
+    }
+
+    /// The lease id.
+    pub fn lease_id(&self) -> tenure::LeaseId {
+        match self {
+            Hold::Lease(guard) => guard.lease_id(),
+            Hold::Session { guard, .. } => guard.lease_id(),
+        }
+    }
+
+    /// The session id, for a lock held in a session.
+    pub fn session_id(&self) -> Option<tenure::SessionId> {
+        match self {
+            Hold::Lease(_) => None,
+            Hold::Session { session, .. } => Some(session.id()),
+        }
+    }
+
+    /// Resolves when the lock is lost: the lease's or the session's loss, or (in a session)
+    /// the key released or expired under our token.
+    pub fn lost(&self) -> Lost {
+        match self {
+            Hold::Lease(guard) => Box::pin(guard.lost()),
+            Hold::Session { guard, client, .. } => {
+                let lost = guard.lost();
+                let released = released_behind_our_back(client.clone(), guard);
+                Box::pin(async move {
+                    tokio::select! {
+                        reason = lost => reason,
+                        reason = released => reason,
+                    }
+                })
+            }
+        }
+    }
+
+    /// Gives the lock back: releases the lease, or closes the session (which frees it).
+    ///
+    /// # Errors
+    /// Any error the request meets.
+    pub async fn release(self) -> tenure::Result<()> {
+        match self {
+            Hold::Lease(guard) => guard.release().await.map(drop),
+            Hold::Session { session, guard, .. } => {
+                // Closing frees the lock with the session; the guard, dropped after the
+                // close fired its loss, sends nothing of its own.
+                let closed = session.close().await;
+                drop(guard);
+                closed
+            }
+        }
+    }
+}
+
+/// Resolves with [`LossReason::Revoked`] once `key` is seen free, held under another token,
+/// or released or expired under `token`; resubscribes after a failed watch.
+fn released_behind_our_back(
+    client: Client,
+    guard: &SessionGuard,
+) -> impl Future<Output = LossReason> + Send + 'static {
+    let key = tenure::Bytes::copy_from_slice(guard.key());
+    let token = guard.fencing_token();
+    async move {
+        loop {
+            let mut watch = match client.watch(&key).await {
+                Ok(watch) => watch,
+                Err(_) => {
+                    tokio::time::sleep(REWATCH_PAUSE).await;
+                    continue;
+                }
+            };
+            match watch.initial_state() {
+                KeyState::Held { token: held, .. } if *held == token => {}
+                _ => return LossReason::Revoked,
+            }
+            while let Some(event) = watch.next().await {
+                let Ok(event) = event else { break };
+                let ended = matches!(event.kind, EventKind::Released | EventKind::Expired);
+                if ended && event.token == token || event.token > token {
+                    return LossReason::Revoked;
+                }
+            }
+            tokio::time::sleep(REWATCH_PAUSE).await;
+        }
+    }
+}
+
+/// Whether `error` says the server does not know sessions (one older than them).
+pub fn sessions_unknown(error: &tenure::Error) -> bool {
+    matches!(
+        error,
+        tenure::Error::Server {
+            code: ErrorCode::UnknownOpcode,
+            ..
+        }
+    )
+}
+
+/// Takes `key` in a new session of `ttl`, waiting in line up to `options.wait`; a LOCKED
+/// answer closes the session again. Granted: the hold and how long it waited in line.
+///
+/// # Errors
+/// Any error opening the session or acquiring meets (see [`sessions_unknown`]).
+pub async fn lock_in_session(
+    client: &Client,
+    key: &str,
+    ttl: Duration,
+    options: AcquireOptions,
+) -> tenure::Result<AcquireOutcome<(Hold, Duration)>> {
+    let session = client.session(ttl).await?;
+    match session.lock_with(key, options).await {
+        Ok(AcquireOutcome::Granted(guard)) => {
+            let waited = guard.waited();
+            let client = client.clone();
+            let hold = Hold::Session {
+                session,
+                guard,
+                client,
+            };
+            Ok(AcquireOutcome::Granted((hold, waited)))
+        }
+        Ok(AcquireOutcome::Locked(by)) => {
+            let _ = session.close().await;
+            Ok(AcquireOutcome::Locked(by))
+        }
+        Err(e) => {
+            let _ = session.close().await;
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,732 @@
+//! Sessions (PROTOCOL.md 3.11): one keep-alive for many leases, whose end frees them all.
+//!
+//! A session lease is an ordinary lease of the table whose deadline is kept equal to its
+//! session's: it is granted for the session's time left, and a keep-alive renews every lease
+//! of the session to the session's TTL at the same `now` the session's own deadline moves
+//! to. So the table's expiry ends a session's leases exactly at the session's deadline (each
+//! key handed to its next waiter, with an expired event), INSPECT shows the session's time
+//! left, and nothing on the plain-lock path changes. The cost is one table renewal per lease
+//! per keep-alive, under the session table's lock (held across the renewals, so a grant in
+//! the session cannot slip between a keep-alive's deadline and its renewals).
+//!
+//! Lock order: the session table, then a shard; never the other way round.
+//!
+//! [`SessionTable`] is the bookkeeping, with `now` as an argument; the `impl Executor` below
+//! runs the requests on it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
+
+use super::{clamp_ms, error, Executor, Outcome, Session};
+use crate::journal::{Ticket, TICKET_NOW};
+use crate::record::FreeReason;
+use crate::table;
+
+/// Most live sessions opened on one connection (PROTOCOL.md 3.11), so one connection cannot
+/// take the server's whole `--sessions-max`.
+pub const SESSIONS_PER_CONNECTION_MAX: u32 = 64;
+/// Most ended sessions the ticker forgets per pass, so an expiry storm cannot starve requests.
+pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
+const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
+
+/// One live session.
+#[derive(Debug)]
+struct Entry {
+    /// Its TTL, fixed at SESSION_OPEN.
+    ttl_ms: u32,
+    /// When it ends unless kept alive, in the executor's clock.
+    deadline_ms: u64,
+    /// The identity that opened it (`None` without identities): only it may use the session.
+    owner: Option<String>,
+    /// The connection that opened it, counted against [`SESSIONS_PER_CONNECTION_MAX`].
+    conn_id: u64,
+    /// Its leases: lease id to key.
+    leases: HashMap<LeaseId, Bytes>,
+}
+
+/// Every live session, by id, with their deadlines in order and which session each session
+/// lease belongs to.
+#[derive(Debug)]
+pub struct SessionTable {
+    /// Most live sessions (`--sessions-max`).
+    sessions_max: usize,
+    /// Most leases per session (`--session-leases-max`).
+    leases_max: usize,
+    by_id: HashMap<SessionId, Entry>,
+    deadlines: BTreeSet<(u64, SessionId)>,
+    by_lease: HashMap<LeaseId, SessionId>,
+    /// Live sessions by the connection that opened them.
+    by_conn: HashMap<u64, u32>,
+}
+
+/// Why a session request was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The id names no live session (of this identity).
+    NoSession,
+    /// As many sessions are live as the server allows.
+    SessionsFull,
+    /// This connection opened as many live sessions as one may.
+    ConnectionFull,
+    /// The session holds as many leases as it may.
+    LeasesFull,
+}
+
+impl SessionTable {
+    /// An empty table with these limits.
+    pub fn new(sessions_max: usize, leases_max: usize) -> SessionTable {
+        SessionTable {
+            sessions_max,
+            leases_max,
+            by_id: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            by_lease: HashMap::new(),
+            by_conn: HashMap::new(),
+        }
+    }
+
+    /// Opens session `id` of `ttl_ms` at `now_ms`, for connection `conn_id`.
+    ///
+    /// # Errors
+    /// [`Refusal::SessionsFull`] at `sessions_max` live sessions,
+    /// [`Refusal::ConnectionFull`] at [`SESSIONS_PER_CONNECTION_MAX`] of this connection's.
+    pub fn open(
+        &mut self,
+        now_ms: u64,
+        id: SessionId,
+        ttl_ms: u32,
+        (owner, conn_id): (Option<String>, u64),
+    ) -> Result<(), Refusal> {
+        if self.by_id.len() >= self.sessions_max {
+            return Err(Refusal::SessionsFull);
+        }
+        let opened = self.by_conn.entry(conn_id).or_insert(0);
+        if *opened >= SESSIONS_PER_CONNECTION_MAX {
+            return Err(Refusal::ConnectionFull);
+        }
+        *opened += 1;
+        let deadline_ms = now_ms + u64::from(ttl_ms);
+        let entry = Entry {
+            ttl_ms,
+            deadline_ms,
+            owner,
+            conn_id,
+            leases: HashMap::new(),
+        };
+        assert!(
+            self.by_id.insert(id, entry).is_none(),
+            "session id {id} reused"
+        );
+        self.deadlines.insert((deadline_ms, id));
+        Ok(())
+    }
+
+    /// The live session `id` as `owner` sees it: `None` if it is unknown, past its deadline
+    /// at `now_ms`, or another identity's.
+    fn live(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Option<&Entry> {
+        self.by_id
+            .get(&id)
+            .filter(|e| e.deadline_ms > now_ms && e.owner.as_deref() == owner)
+    }
+
+    /// The session's time left at `now_ms`, if `owner` may use it.
+    ///
+    /// # Errors
+    /// [`Refusal::NoSession`] if it is not live; [`Refusal::LeasesFull`] if it may take no
+    /// more leases.
+    pub fn room(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Result<u64, Refusal> {
+        let entry = self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
+        if entry.leases.len() >= self.leases_max {
+            return Err(Refusal::LeasesFull);
+        }
+        Ok(entry.deadline_ms - now_ms)
+    }
+
+    /// Moves the session's deadline to `now_ms + ttl`, and returns its TTL and leases (to
+    /// renew in the table).
+    ///
+    /// # Errors
+    /// [`Refusal::NoSession`] if it is not live at `now_ms`: an ended session is not revived.
+    pub fn keep(
+        &mut self,
+        now_ms: u64,
+        id: SessionId,
+        owner: Option<&str>,
+    ) -> Result<(u32, Vec<(LeaseId, Bytes)>), Refusal> {
+        self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
+        let entry = self.by_id.get_mut(&id).expect("checked live");
+        self.deadlines.remove(&(entry.deadline_ms, id));
+        entry.deadline_ms = now_ms + u64::from(entry.ttl_ms);
+        self.deadlines.insert((entry.deadline_ms, id));
+        let leases = entry.leases.iter().map(|(l, k)| (*l, k.clone())).collect();
+        Ok((entry.ttl_ms, leases))
+    }
+
+    /// Ends the session now and returns its leases (to free in the table).
+    ///
+    /// # Errors
+    /// [`Refusal::NoSession`] if it is not live at `now_ms`.
+    pub fn close(
+        &mut self,
+        now_ms: u64,
+        id: SessionId,
+        owner: Option<&str>,
+    ) -> Result<Vec<(LeaseId, Bytes)>, Refusal> {
+        self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
+        let entry = self.remove(id);
+        Ok(entry.leases.into_iter().collect())
+    }
+
+    fn remove(&mut self, id: SessionId) -> Entry {
+        let entry = self.by_id.remove(&id).expect("a session to remove");
+        self.deadlines.remove(&(entry.deadline_ms, id));
+        let opened = self
+            .by_conn
+            .get_mut(&entry.conn_id)
+            .expect("counted at open");
+        *opened -= 1;
+        if *opened == 0 {
+            self.by_conn.remove(&entry.conn_id);
+        }
+        for lease_id in entry.leases.keys() {
+            self.by_lease.remove(lease_id);
+        }
+        entry
+    }
+
+    /// Adds a lease the table granted to session `id`.
+    pub fn attach(&mut self, id: SessionId, lease_id: LeaseId, key: Bytes) {
+        let entry = self.by_id.get_mut(&id).expect("attach to a live session");
+        entry.leases.insert(lease_id, key);
+        self.by_lease.insert(lease_id, id);
+    }
+
+    /// Forgets a session lease that ended on its own (RELEASE, a grant taken back).
+    pub fn detach(&mut self, lease_id: LeaseId) {
+        if let Some(id) = self.by_lease.remove(&lease_id) {
+            if let Some(entry) = self.by_id.get_mut(&id) {
+                entry.leases.remove(&lease_id);
+            }
+        }
+    }
+
+    /// Whether `lease_id` is a session lease.
+    pub fn holds(&self, lease_id: LeaseId) -> bool {
+        self.by_lease.contains_key(&lease_id)
+    }
+
+    /// The session `lease_id` is in, if any.
+    pub fn session_of(&self, lease_id: LeaseId) -> Option<SessionId> {
+        self.by_lease.get(&lease_id).copied()
+    }
+
+    /// Forgets sessions past their deadline at `now_ms`, at most `max`; returns how many.
+    /// (Their leases have the same deadline, so the table's expiry ends them.)
+    pub fn reap(&mut self, now_ms: u64, max: usize) -> usize {
+        let ended: Vec<SessionId> = self
+            .deadlines
+            .iter()
+            .take_while(|(deadline_ms, _)| *deadline_ms <= now_ms)
+            .take(max)
+            .map(|(_, id)| *id)
+            .collect();
+        for id in &ended {
+            self.remove(*id);
+        }
+        ended.len()
+    }
+
+    /// Live sessions (some may be past their deadline, not yet reaped).
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Leases in sessions.
+    pub fn leases_len(&self) -> usize {
+        self.by_lease.len()
+    }
+
+    /// Checks the table's invariants (tests call it after every step).
+    pub fn check_invariants(&self) {
+        assert_eq!(self.deadlines.len(), self.by_id.len());
+        for (deadline_ms, id) in &self.deadlines {
+            assert_eq!(self.by_id[id].deadline_ms, *deadline_ms);
+        }
+        let opened: u32 = self.by_conn.values().sum();
+        assert_eq!(opened as usize, self.by_id.len());
+        let leases: usize = self.by_id.values().map(|e| e.leases.len()).sum();
+        assert_eq!(leases, self.by_lease.len());
+        for (lease_id, id) in &self.by_lease {
+            assert!(self.by_id[id].leases.contains_key(lease_id));
+        }
+    }
+}
+
+/// The executor's sessions: the table under its lock, and counters for STATS.
+pub struct Sessions {
+    table: Mutex<SessionTable>,
+    /// Session leases, read without the lock so plain RENEW and RELEASE skip it.
+    leases: AtomicUsize,
+    /// Sessions ended by SESSION_CLOSE.
+    pub closed: AtomicU64,
+    /// Sessions ended by their deadline.
+    pub expired: AtomicU64,
+}
+
+impl Sessions {
+    /// No sessions yet, with these limits.
+    pub fn new(sessions_max: usize, leases_max: usize) -> Sessions {
+        Sessions {
+            table: Mutex::new(SessionTable::new(sessions_max, leases_max)),
+            leases: AtomicUsize::new(0),
+            closed: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
+    /// The table, locked.
+    pub fn lock(&self) -> MutexGuard<'_, SessionTable> {
+        self.table
+            .lock()
+            .expect("the session table was poisoned by a panic")
+    }
+
+    /// `(live sessions, session leases)` for STATS.
+    pub fn counts(&self) -> (usize, usize) {
+        let table = self.lock();
+        (table.len(), table.leases_len())
+    }
+
+    /// Whether `lease_id` is a session lease; without taking the lock when there are none.
+    pub fn holds(&self, lease_id: LeaseId) -> bool {
+        self.leases.load(Ordering::Relaxed) > 0 && self.lock().holds(lease_id)
+    }
+
+    /// Forgets a session lease that was released; without the lock when there are none.
+    pub fn detach(&self, lease_id: LeaseId) {
+        if self.leases.load(Ordering::Relaxed) > 0 {
+            let mut table = self.lock();
+            table.detach(lease_id);
+            self.leases.store(table.leases_len(), Ordering::Relaxed);
+        }
+    }
+
+    /// The ticker's pass: forgets ended sessions, bounded.
+    pub fn reap(&self, now_ms: u64) {
+        let mut table = self.lock();
+        if table.is_empty() {
+            return;
+        }
+        let n = table.reap(now_ms, SESSION_REAPS_PER_TICK_MAX);
+        self.leases.store(table.leases_len(), Ordering::Relaxed);
+        self.expired.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+fn refusal(refusal: Refusal, id: SessionId, config: &crate::config::Config) -> Response {
+    match refusal {
+        Refusal::NoSession => error(ErrorCode::NoSession, format!("no live session {id}")),
+        Refusal::SessionsFull => error(
+            ErrorCode::SessionsLimit,
+            format!(
+                "the server has {} live sessions, its limit (--sessions-max)",
+                config.sessions_max
+            ),
+        ),
+        Refusal::ConnectionFull => error(
+            ErrorCode::SessionsLimit,
+            format!(
+                "this connection opened {SESSIONS_PER_CONNECTION_MAX} live sessions, the \
+                 limit per connection"
+            ),
+        ),
+        Refusal::LeasesFull => error(
+            ErrorCode::SessionLeasesLimit,
+            format!(
+                "session {id} holds {} leases, its limit (--session-leases-max)",
+                config.session_leases_max
+            ),
+        ),
+    }
+}
+
+/// `SESSION_MISMATCH` if `outcome` answers a repeat (REGRANTED) of a lease that is not in
+/// `expected` (the session the repeat named, or none).
+pub(super) fn mismatch(
+    outcome: &Outcome,
+    expected: Option<SessionId>,
+    sessions: &SessionTable,
+) -> Option<Outcome> {
+    let Outcome::Reply(Response::Regranted { lease_id, .. }, _) = outcome else {
+        return None;
+    };
+    let actual = sessions.session_of(*lease_id);
+    if actual == expected {
+        return None;
+    }
+    let message = match actual {
+        Some(actual) => format!("the first send's lease is in session {actual}"),
+        None => "the first send's lease is in no session".to_string(),
+    };
+    Some(Outcome::Reply(
+        error(ErrorCode::SessionMismatch, message),
+        TICKET_NOW,
+    ))
+}
+
+impl Sessions {
+    /// [`mismatch`] for a repeat that named no session; without the lock when there are no
+    /// session leases.
+    pub(super) fn mismatch_without_session(&self, outcome: &Outcome) -> Option<Outcome> {
+        if self.leases.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        mismatch(outcome, None, &self.lock())
+    }
+}
+
+/// The identity a connection acts as, which owns the sessions it opens.
+fn owner(ctx: &Session) -> Option<&str> {
+    match &ctx.auth {
+        super::Auth::As { name, .. } => Some(name),
+        _ => None,
+    }
+}
+
+impl Executor {
+    /// SESSION_OPEN.
+    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Response {
+        if ttl_ms > self.config.ttl_ms_max {
+            return self.ttl_too_long(ttl_ms);
+        }
+        let id = SessionId::from_u128(rand::random());
+        let opener = (owner(ctx).map(str::to_string), ctx.conn_id);
+        match self.sessions.lock().open(now_ms, id, ttl_ms, opener) {
+            Ok(()) => Response::Session {
+                session_id: id,
+                ttl_ms,
+            },
+            Err(r) => refusal(r, id, &self.config),
+        }
+    }
+
+    /// SESSION_KEEPALIVE: the session's deadline, and every lease's in it, moves to `now +
+    /// ttl`. Answered once every renewal that had to be logged is durable.
+    pub(super) fn session_keepalive(&self, ctx: &Session, now_ms: u64, id: SessionId) -> Outcome {
+        let mut sessions = self.sessions.lock();
+        let (ttl_ms, leases) = match sessions.keep(now_ms, id, owner(ctx)) {
+            Ok(kept) => kept,
+            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+        };
+        let mut ticket = TICKET_NOW;
+        for (lease_id, key) in leases {
+            match self.renew_in_session(now_ms, &key, lease_id, ttl_ms) {
+                Some(Ok(logged)) => ticket = ticket.max(logged),
+                // Released meanwhile: not the session's any more.
+                None => sessions.detach(lease_id),
+                Some(Err(response)) => return Outcome::Reply(response, TICKET_NOW),
+            }
+        }
+        self.sessions
+            .leases
+            .store(sessions.leases_len(), Ordering::Relaxed);
+        let response = Response::Session {
+            session_id: id,
+            ttl_ms,
+        };
+        Outcome::Reply(response, ticket)
+    }
+
+    /// Renews one session lease to `ttl_ms` from `now_ms`: `None` if it no longer holds its
+    /// key, else the ticket to wait for (or the refusal if a longer TTL could not be logged).
+    fn renew_in_session(
+        &self,
+        now_ms: u64,
+        key: &[u8],
+        lease_id: LeaseId,
+        ttl_ms: u32,
+    ) -> Option<Result<Ticket, Response>> {
+        let mut shard = self.shard(key);
+        let durable_lsn = || self.journal.progress().borrow().lsn;
+        match shard.renew(now_ms, key, lease_id, ttl_ms, durable_lsn) {
+            table::Renew::Renewed { wait_lsn, .. } => Some(Ok(wait_lsn)),
+            table::Renew::Unlogged { token } => {
+                let renewal = crate::journal::Change::Renew { key, token, ttl_ms };
+                Some(match self.journal.append(&renewal) {
+                    Ok(ticket) => {
+                        shard.renew_logged(now_ms, key, token, ttl_ms, ticket);
+                        Ok(ticket)
+                    }
+                    Err(e) => Err(self.unavailable(&e)),
+                })
+            }
+            table::Renew::Lost => None,
+        }
+    }
+
+    /// SESSION_CLOSE: every lease in the session is freed, each key handed on.
+    pub(super) fn session_close(
+        self: &Arc<Self>,
+        ctx: &Session,
+        now_ms: u64,
+        id: SessionId,
+    ) -> Outcome {
+        let leases = {
+            let mut sessions = self.sessions.lock();
+            let leases = sessions.close(now_ms, id, owner(ctx));
+            self.sessions
+                .leases
+                .store(sessions.leases_len(), Ordering::Relaxed);
+            match leases {
+                Ok(leases) => leases,
+                Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+            }
+        };
+        self.sessions.closed.fetch_add(1, Ordering::Relaxed);
+        let (mut ticket, mut released) = (TICKET_NOW, 0u32);
+        for (lease_id, key) in leases {
+            let mut shard = self.shard(&key);
+            match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) {
+                Some(Ok(logged)) => {
+                    ticket = ticket.max(logged);
+                    released += 1;
+                }
+                Some(Err(e)) => {
+                    drop(shard);
+                    return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+                }
+                None => {}
+            }
+        }
+        Outcome::Reply(Response::SessionClosed { released }, ticket)
+    }
+
+    /// A waiter of session `id` was handed `grant` (on another task, outside the session
+    /// table's lock, for the session's time left when it queued): it joins the session now,
+    /// renewed to the session's time left, or, if the session ended meanwhile, is freed at
+    /// once (its key handed on) and answered `NO_SESSION`.
+    ///
+    /// # Errors
+    /// The error to answer the waiter with.
+    pub fn join_session(
+        self: &Arc<Self>,
+        ctx: &Session,
+        id: SessionId,
+        key: &Bytes,
+        mut grant: table::Grant,
+        ticket: Ticket,
+    ) -> Result<(table::Grant, Ticket), (ErrorCode, String)> {
+        let now_ms = self.clock.now_ms();
+        let mut sessions = self.sessions.lock();
+        let joined = match sessions.room(now_ms, id, owner(ctx)) {
+            Ok(left_ms) => {
+                let left_ms = clamp_ms(left_ms).max(1);
+                match self.renew_in_session(now_ms, key, grant.lease_id, left_ms) {
+                    Some(Ok(renewed)) => {
+                        sessions.attach(id, grant.lease_id, key.clone());
+                        grant.ttl_ms = left_ms;
+                        Ok((grant, ticket.max(renewed)))
+                    }
+                    Some(Err(Response::Error { code, message })) => Err((code, message)),
+                    Some(Err(other)) => unreachable!("a renewal refused with {other:?}"),
+                    None => Err((
+                        ErrorCode::NoSession,
+                        "the lease ended before it joined".into(),
+                    )),
+                }
+            }
+            Err(r) => match refusal(r, id, &self.config) {
+                Response::Error { code, message } => Err((code, message)),
+                other => unreachable!("a refusal answered {other:?}"),
+            },
+        };
+        self.sessions
+            .leases
+            .store(sessions.leases_len(), Ordering::Relaxed);
+        drop(sessions);
+        if joined.is_err() {
+            // Not the session's: it must not outlive it. Freed as a release (the waiter is
+            // never told of the grant).
+            let mut shard = self.shard(key);
+            let _ = self.free(
+                &mut shard,
+                now_ms,
+                key,
+                grant.lease_id,
+                FreeReason::Released,
+            );
+        }
+        joined
+    }
+
+    /// ACQUIRE naming a session: run as an ACQUIRE of the session's time left, under the
+    /// session table's lock, and a grant joins the session.
+    pub(super) fn acquire_in_session(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        now_ms: u64,
+        received_ms: u64,
+        mut request: Request,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            ttl_ms,
+            session_id: Some(id),
+            ..
+        } = &mut request
+        else {
+            unreachable!("acquire_in_session called with {request:?}")
+        };
+        let (id, key) = (*id, key.clone());
+        let mut sessions = self.sessions.lock();
+        let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
+            Ok(left_ms) => left_ms,
+            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+        };
+        *ttl_ms = clamp_ms(left_ms);
+        let outcome = self.acquire(ctx, now_ms, received_ms, request);
+        if let Some(refusal) = mismatch(&outcome, Some(id), &sessions) {
+            return refusal;
+        }
+        if let Outcome::Reply(Response::Granted { lease_id, .. }, _)
+        | Outcome::Changed {
+            response: Response::Granted { lease_id, .. },
+            ..
+        } = &outcome
+        {
+            // A grant taken back later (not durable) is detached by the undo's release path
+            // or, at the latest, by the next keep-alive, whose renewal finds it gone.
+            sessions.attach(id, *lease_id, key);
+        }
+        self.sessions
+            .leases
+            .store(sessions.leases_len(), Ordering::Relaxed);
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(n: u128) -> LeaseId {
+        LeaseId::from_u128(n)
+    }
+
+    #[test]
+    fn a_keep_alive_moves_the_deadline_and_an_ended_session_is_not_revived() {
+        let mut t = SessionTable::new(1000, 1000);
+        let id = SessionId::from_u128(1);
+        t.open(1000, id, 500, (None, 1)).unwrap();
+        assert_eq!(t.room(1000, id, None), Ok(500));
+        t.attach(id, lease(7), Bytes::from_static(b"a"));
+        t.check_invariants();
+        // Kept alive just before its deadline: runs its TTL again, with its leases.
+        let (ttl_ms, leases) = t.keep(1499, id, None).unwrap();
+        assert_eq!((ttl_ms, leases.len()), (500, 1));
+        assert_eq!(t.room(1500, id, None), Ok(499));
+        // At its deadline it has ended, reaped or not: no keep-alive revives it.
+        assert_eq!(t.keep(1999, id, None).err(), Some(Refusal::NoSession));
+        assert_eq!(t.room(1999, id, None), Err(Refusal::NoSession));
+        assert_eq!(t.reap(1998, 10), 0);
+        assert_eq!(t.reap(1999, 10), 1);
+        t.check_invariants();
+        assert!(t.is_empty() && !t.holds(lease(7)));
+    }
+
+    #[test]
+    fn close_returns_every_lease_and_forgets_them() {
+        let mut t = SessionTable::new(1000, 1000);
+        let id = SessionId::from_u128(2);
+        t.open(0, id, 1000, (Some("orders".into()), 1)).unwrap();
+        for n in 0..5 {
+            t.attach(id, lease(n), Bytes::from(format!("k{n}")));
+        }
+        t.detach(lease(3));
+        t.check_invariants();
+        // Another identity's view: no such session.
+        assert_eq!(t.close(1, id, None).err(), Some(Refusal::NoSession));
+        assert_eq!(
+            t.close(1, id, Some("billing")).err(),
+            Some(Refusal::NoSession)
+        );
+        let mut leases = t.close(1, id, Some("orders")).unwrap();
+        leases.sort();
+        assert_eq!(leases.len(), 4);
+        assert!(leases.iter().all(|(l, _)| *l != lease(3)));
+        assert_eq!(t.leases_len(), 0);
+        assert_eq!(
+            t.close(1, id, Some("orders")).err(),
+            Some(Refusal::NoSession)
+        );
+        t.check_invariants();
+    }
+
+    #[test]
+    fn one_connection_opens_at_most_its_share_and_an_end_gives_a_place_back() {
+        let mut t = SessionTable::new(1000, 10);
+        for n in 0..SESSIONS_PER_CONNECTION_MAX {
+            t.open(0, SessionId::from_u128(n.into()), 100, (None, 7))
+                .unwrap();
+        }
+        let one_more = SessionId::from_u128(1 << 100);
+        assert_eq!(
+            t.open(0, one_more, 100, (None, 7)),
+            Err(Refusal::ConnectionFull)
+        );
+        // Another connection may; and a session that ends gives its place back.
+        t.open(0, one_more, 100, (None, 8)).unwrap();
+        t.close(0, SessionId::from_u128(0), None).unwrap();
+        t.open(0, SessionId::from_u128(1 << 101), 100, (None, 7))
+            .unwrap();
+        t.check_invariants();
+    }
+
+    #[test]
+    fn reaping_is_bounded_per_pass_and_in_deadline_order() {
+        let mut t = SessionTable::new(1000, 1000);
+        for n in 0..10u128 {
+            t.open(n as u64, SessionId::from_u128(n), 100, (None, 1))
+                .unwrap();
+        }
+        assert_eq!(t.reap(200, 3), 3);
+        // The three earliest went first.
+        for n in 0..3u128 {
+            assert_eq!(
+                t.room(0, SessionId::from_u128(n), None),
+                Err(Refusal::NoSession)
+            );
+        }
+        assert_eq!(t.room(0, SessionId::from_u128(3), None), Ok(103));
+        assert_eq!(t.reap(200, 100), 7);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn the_limits_refuse_one_more_session_and_one_more_lease() {
+        let mut t = SessionTable::new(3, 2);
+        for n in 0..3 {
+            t.open(0, SessionId::from_u128(n), 100, (None, 1)).unwrap();
+        }
+        t.attach(SessionId::from_u128(0), lease(1), Bytes::from_static(b"a"));
+        t.attach(SessionId::from_u128(0), lease(2), Bytes::from_static(b"b"));
+        assert_eq!(
+            t.room(0, SessionId::from_u128(0), None),
+            Err(Refusal::LeasesFull)
+        );
+        let one_more = SessionId::from_u128(u128::MAX);
+        assert_eq!(
+            t.open(0, one_more, 100, (None, 2)),
+            Err(Refusal::SessionsFull)
+        );
+    }
+}

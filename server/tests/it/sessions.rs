@@ -1,0 +1,311 @@
+//! Sessions end to end (PROTOCOL.md 3.11), over the console on a server in this process with
+//! a paused clock: one keep-alive keeps every lease of a session, a session's end frees
+//! them all (each watcher sees it), a keep-alive after the deadline revives nothing, and
+//! RENEW of a session lease is refused.
+
+use std::time::Duration;
+
+use tenure_testkit::server::Heartbeat;
+use tenure_testkit::{field, token, Console, Server};
+
+/// Waits (a bounded while) until the server has `n` waiters in line.
+async fn waiters(probe: &mut Console, n: u32) {
+    for _ in 0..500 {
+        if field(&probe.cmd("STATS").await, "waiters") == n.to_string() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never {n} waiters");
+}
+
+async fn open(c: &mut Console, ttl_ms: u32) -> String {
+    let reply = c.cmd(&format!("SESSION_OPEN {ttl_ms}")).await;
+    assert!(reply.starts_with("OK session="), "{reply}");
+    assert!(reply.ends_with(&format!(" ttl_ms={ttl_ms}")), "{reply}");
+    field(&reply, "session").to_string()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_keep_alive_keeps_every_lease_and_the_deadline_frees_them_all() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 1000).await;
+    let mut leases = Vec::new();
+    for key in ["a", "b", "c"] {
+        let grant = c.cmd(&format!("ACQUIRE {key} 0 SESSION={session}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+        leases.push(field(&grant, "lease").to_string());
+    }
+    let mut watcher = Console::connect(server.addr).await;
+    assert!(watcher.cmd("WATCH b").await.starts_with("OK watching HELD"));
+    // Kept alive three times across more than the TTL: every lease still holds.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+        assert_eq!(kept, format!("OK session={session} ttl_ms=1000"));
+    }
+    for key in ["a", "b", "c"] {
+        let held = c.cmd(&format!("INSPECT {key}")).await;
+        assert!(held.starts_with("HELD"), "{key}: {held}");
+    }
+    // A session lease is not renewed alone.
+    let renew = c.cmd(&format!("RENEW a {} 1000", leases[0])).await;
+    assert!(renew.starts_with("ERR SESSION_LEASE"), "{renew}");
+    // Missed: at the deadline every lease is free, the watcher told, and nothing revives it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for key in ["a", "b", "c"] {
+        assert_eq!(c.cmd(&format!("INSPECT {key}")).await, "FREE", "{key}");
+    }
+    let event = watcher.line().await;
+    assert!(event.starts_with("EVENT EXPIRED key=b"), "{event}");
+    let late = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let late = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let stats = c.cmd("STATS").await;
+    assert_eq!(field(&stats, "sessions"), "0", "{stats}");
+    assert_eq!(field(&stats, "sessions_expired"), "1", "{stats}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn close_frees_every_lease_at_once_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let mut tokens = Vec::new();
+    for key in ["x", "y"] {
+        let grant = c.cmd(&format!("ACQUIRE {key} 0 SESSION={session}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+        tokens.push(token(&grant));
+    }
+    let mut other = Console::connect(server.addr).await;
+    let locked = other.cmd("ACQUIRE x 1000").await;
+    assert!(locked.starts_with("LOCKED"), "{locked}");
+    let stats = c.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "2", "{stats}");
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=2"
+    );
+    let grant = other.cmd("ACQUIRE x 1000").await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    assert!(token(&grant) > tokens[1], "tokens still rise: {grant}");
+    assert_eq!(c.cmd("INSPECT y").await, "FREE");
+    let again = c.cmd(&format!("SESSION_CLOSE {session}")).await;
+    assert!(again.starts_with("ERR NO_SESSION"), "{again}");
+    // Bad input: a TTL out of range, a session lease with a TTL, an id that is not hex.
+    assert!(c.cmd("SESSION_OPEN 5").await.starts_with("ERR BAD_TTL"));
+    let with_ttl = c.cmd(&format!("ACQUIRE z 1000 SESSION={session}")).await;
+    assert!(with_ttl.starts_with("ERR BAD_TTL"), "{with_ttl}");
+    let bad = c.cmd("SESSION_KEEPALIVE 123").await;
+    assert!(bad.starts_with("ERR BAD_ARGS"), "{bad}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn waiters_in_sessions_are_handed_the_keys_in_order_when_a_session_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut holder = Console::connect(server.addr).await;
+    let held = open(&mut holder, 60_000).await;
+    for key in ["p", "q"] {
+        let grant = holder.cmd(&format!("ACQUIRE {key} 0 SESSION={held}")).await;
+        assert!(grant.starts_with("OK token="), "{grant}");
+    }
+    // Two waiters for p, each in its own session, in this order (each queued before the
+    // next is sent); one for q whose session is closed while it waits.
+    let mut probe = Console::connect(server.addr).await;
+    let mut first = Console::connect(server.addr).await;
+    let s1 = open(&mut first, 60_000).await;
+    first
+        .send(&format!("ACQUIRE p 0 30000 SESSION={s1}\n"))
+        .await;
+    waiters(&mut probe, 1).await;
+    let mut second = Console::connect(server.addr).await;
+    let s2 = open(&mut second, 60_000).await;
+    second
+        .send(&format!("ACQUIRE p 0 30000 SESSION={s2}\n"))
+        .await;
+    waiters(&mut probe, 2).await;
+    let mut gone = Console::connect(server.addr).await;
+    let s3 = open(&mut gone, 60_000).await;
+    gone.send(&format!("ACQUIRE q 0 30000 SESSION={s3}\n"))
+        .await;
+    waiters(&mut probe, 3).await;
+    assert_eq!(
+        probe.cmd(&format!("SESSION_CLOSE {s3}")).await,
+        "OK released=0"
+    );
+    assert_eq!(
+        holder.cmd(&format!("SESSION_CLOSE {held}")).await,
+        "OK released=2"
+    );
+    let grant = first.line().await;
+    assert!(grant.starts_with("OK token="), "first in line: {grant}");
+    let refused = gone.line().await;
+    assert!(refused.starts_with("ERR NO_SESSION"), "{refused}");
+    // q is free again: the grant its waiter's ended session was handed did not stay.
+    assert_eq!(probe.cmd("INSPECT q").await, "FREE");
+    // p is first's, in its session; closing that hands it to second.
+    let stats = probe.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "1", "{stats}");
+    assert_eq!(
+        first.cmd(&format!("SESSION_CLOSE {s1}")).await,
+        "OK released=1"
+    );
+    let grant2 = second.line().await;
+    assert!(grant2.starts_with("OK token="), "{grant2}");
+    assert!(token(&grant2) > token(&grant));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_repeat_must_name_the_session_its_first_send_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let other = open(&mut c, 60_000).await;
+    let id = "5e11c3a709d2446b8f310c7de295b81f";
+    let first = c
+        .cmd(&format!("ACQUIRE k 0 SESSION={session} ID={id}"))
+        .await;
+    assert!(first.starts_with("OK token="), "{first}");
+    let again = c
+        .cmd(&format!("ACQUIRE k 0 SESSION={session} ID={id}"))
+        .await;
+    assert!(again.ends_with(" repeat"), "{again}");
+    assert_eq!(field(&again, "lease"), field(&first, "lease"));
+    let elsewhere = c.cmd(&format!("ACQUIRE k 0 SESSION={other} ID={id}")).await;
+    assert!(elsewhere.starts_with("ERR SESSION_MISMATCH"), "{elsewhere}");
+    let without = c.cmd(&format!("ACQUIRE k 1000 ID={id}")).await;
+    assert!(without.starts_with("ERR SESSION_MISMATCH"), "{without}");
+    // Nothing changed: the lease is still the session's.
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=1"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_session_hands_each_key_to_its_next_waiter_in_order() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut holder = Console::connect(server.addr).await;
+    let session = open(&mut holder, 500).await;
+    let grant = holder.cmd(&format!("ACQUIRE k 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let mut probe = Console::connect(server.addr).await;
+    let mut plain = Console::connect(server.addr).await;
+    plain.send("ACQUIRE k 10000 5000\n").await;
+    waiters(&mut probe, 1).await;
+    let mut later = Console::connect(server.addr).await;
+    let theirs = open(&mut later, 60_000).await;
+    later
+        .send(&format!("ACQUIRE k 0 5000 SESSION={theirs}\n"))
+        .await;
+    waiters(&mut probe, 2).await;
+    // A keep-alive just before the deadline keeps it; none after: it runs out.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let kept = holder.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(kept.starts_with("OK session="), "{kept}");
+    assert!(probe.cmd("INSPECT k").await.starts_with("HELD"));
+    let first = plain.line().await;
+    assert!(first.starts_with("OK token="), "the first waiter: {first}");
+    assert!(token(&first) > token(&grant));
+    let late = holder.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    let release = format!("RELEASE k {}", field(&first, "lease"));
+    assert_eq!(plain.cmd(&release).await, "OK");
+    let second = later.line().await;
+    assert!(
+        second.starts_with("OK token="),
+        "the session's waiter: {second}"
+    );
+    assert!(token(&second) > token(&first));
+    let stats = probe.cmd("STATS").await;
+    assert_eq!(field(&stats, "session_leases"), "1", "{stats}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_session_limits_refuse_one_more_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_in(dir.path(), |config| {
+        config.sessions_max = 1;
+        config.session_leases_max = 1;
+    })
+    .await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 60_000).await;
+    let full = c.cmd("SESSION_OPEN 60000").await;
+    assert!(full.starts_with("ERR SESSIONS_LIMIT"), "{full}");
+    assert!(full.contains("--sessions-max"), "{full}");
+    let grant = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let full = c.cmd(&format!("ACQUIRE b 0 SESSION={session}")).await;
+    assert!(full.starts_with("ERR SESSION_LEASES_LIMIT"), "{full}");
+    assert_eq!(c.cmd("INSPECT b").await, "FREE");
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=1"
+    );
+    // Its place is free again.
+    open(&mut c, 60_000).await;
+    server.stop().await;
+}
+
+/// Read leases and semaphore permits live in a session as plain session leases do (PROTOCOL.md
+/// 3.11): kept past their TTL by keep-alives, each a lease of its own (a writer waits for
+/// them all), the kind rules unchanged, and the session's expiry frees every one and hands
+/// the key to the writer in line.
+#[tokio::test(start_paused = true)]
+async fn read_leases_and_permits_live_in_a_session_and_its_end_frees_them() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 1000).await;
+    for line in [
+        format!("ACQUIRE rw 0 SESSION={session} SHARED"),
+        format!("ACQUIRE rw 0 SESSION={session} SHARED"),
+        format!("ACQUIRE sem 0 SESSION={session} PERMITS=2/3"),
+    ] {
+        let grant = c.cmd(&line).await;
+        assert!(grant.starts_with("OK token="), "{line}: {grant}");
+    }
+    let mismatch = c.cmd(&format!("ACQUIRE sem 0 SESSION={session}")).await;
+    assert!(mismatch.starts_with("ERR KIND_MISMATCH"), "{mismatch}");
+    let full = c
+        .cmd(&format!("ACQUIRE sem 0 SESSION={session} PERMITS=2/3"))
+        .await;
+    assert!(full.starts_with("LOCKED"), "{full}");
+    // A writer waits for both readers; a third permit fits beside the session's two.
+    let mut writer = Console::connect(server.addr).await;
+    writer.send("ACQUIRE rw 60000 5000\n").await;
+    let mut probe = Console::connect(server.addr).await;
+    waiters(&mut probe, 1).await;
+    let third = probe.cmd("ACQUIRE sem 5000 PERMITS=3").await;
+    assert!(third.starts_with("OK token="), "{third}");
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+        assert_eq!(kept, format!("OK session={session} ttl_ms=1000"));
+    }
+    let kinds = probe.cmd("INSPECT rw KINDS").await;
+    assert_eq!(field(&kinds, "holders"), "2", "{kinds}");
+    let kinds = probe.cmd("INSPECT sem KINDS").await;
+    assert_eq!(field(&kinds, "in_use"), "3", "{kinds}");
+    // The session runs out: both read leases and the two permits end with it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let granted = writer.line().await;
+    assert!(granted.starts_with("OK token="), "{granted}");
+    let kinds = probe.cmd("INSPECT sem KINDS").await;
+    assert_eq!(field(&kinds, "in_use"), "1", "{kinds}");
+    let ended = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(ended.starts_with("ERR NO_SESSION"), "{ended}");
+}
