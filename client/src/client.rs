@@ -288,16 +288,7 @@ impl Client {
                 lease_id,
                 ttl_left_ms,
             } => {
-                // The grant happened between the first send and the repeat's arrival, so the
-                // lease ends no earlier than the first send plus the TTL: no wait is added.
-                let granted = Granted {
-                    token,
-                    lease_id,
-                    ttl,
-                    waited: Duration::ZERO,
-                };
-                let left = Duration::from_millis(u64::from(ttl_left_ms));
-                let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
+                let (granted, repeat) = regranted(token, lease_id, ttl, ttl_left_ms, sent_at);
                 // Tied to the connection of a send no later than the granted one.
                 (granted, first_conn, first_sent_at, Some(repeat))
             }
@@ -551,6 +542,28 @@ impl Client {
             ))),
         }
     }
+}
+
+/// A REGRANTED answer's lease, and the deadline its `ttl_left_ms` sets.
+///
+/// The grant happened between the first send and the repeat's arrival, so the lease ends no
+/// earlier than the first send plus the TTL: no wait is added.
+fn regranted(
+    token: u64,
+    lease_id: LeaseId,
+    ttl: Duration,
+    ttl_left_ms: u32,
+    sent_at: Instant,
+) -> (Granted, Instant) {
+    let granted = Granted {
+        token,
+        lease_id,
+        ttl,
+        waited: Duration::ZERO,
+    };
+    let left = Duration::from_millis(u64::from(ttl_left_ms));
+    let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
+    (granted, repeat)
 }
 
 #[cfg(test)]

@@ -543,19 +543,12 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
             put_bytes16(b, key);
             b.put_u32(*ttl_ms);
             b.put_u32(*wait_ms);
-            let mut flags = 0;
-            if *release_on_disconnect {
-                flags |= FLAG_RELEASE_ON_DISCONNECT;
-            }
-            if acquire_id.is_some() {
-                flags |= FLAG_ACQUIRE_ID;
-            }
-            if session_id.is_some() {
-                flags |= FLAG_SESSION;
-            }
-            if !kind.is_exclusive() {
-                flags |= FLAG_KIND;
-            }
+            let flags = acquire_flags(
+                *release_on_disconnect,
+                acquire_id.is_some(),
+                session_id.is_some(),
+                *kind,
+            );
             b.put_u8(flags);
             put_bytes16(b, meta);
             // Optional fields follow `meta` in increasing flag-bit order: bits 1, 2, then 3.
@@ -625,10 +618,33 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
     }
 }
 
+/// The ACQUIRE flags byte announcing which optional fields follow `meta`.
+#[inline]
+fn acquire_flags(
+    release_on_disconnect: bool,
+    has_acquire_id: bool,
+    has_session: bool,
+    kind: crate::LeaseKind,
+) -> u8 {
+    let mut flags = 0;
+    if release_on_disconnect {
+        flags |= FLAG_RELEASE_ON_DISCONNECT;
+    }
+    if has_acquire_id {
+        flags |= FLAG_ACQUIRE_ID;
+    }
+    if has_session {
+        flags |= FLAG_SESSION;
+    }
+    if !kind.is_exclusive() {
+        flags |= FLAG_KIND;
+    }
+    flags
+}
+
 /// Appends one response frame to `dst`. Over-long error messages are cut to the limit.
 pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
     match response {
-        Response::Pong => put_frame(dst, rop::PONG, id, |_| {}),
         Response::Granted {
             token,
             lease_id,
@@ -668,7 +684,30 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
         Response::Lost => put_frame(dst, rop::LOST, id, |_| {}),
         Response::Released => put_frame(dst, rop::RELEASED, id, |_| {}),
         Response::NotOwner => put_frame(dst, rop::NOT_OWNER, id, |_| {}),
+        other => encode_query_response(id, other, dst),
+    }
+}
+
+/// [`encode_response`] for everything but the lease replies (ACQUIRE, RENEW, RELEASE), which it
+/// encodes itself so that the hot path is one match.
+fn encode_query_response(id: u64, response: &Response, dst: &mut BytesMut) {
+    match response {
+        Response::Granted { .. }
+        | Response::Regranted { .. }
+        | Response::AcquireEnded { .. }
+        | Response::Locked { .. }
+        | Response::Renewed { .. }
+        | Response::Lost
+        | Response::Released
+        | Response::NotOwner => unreachable!("lease replies are encoded by encode_response"),
         Response::Free => put_frame(dst, rop::FREE, id, |_| {}),
+        Response::Session { session_id, ttl_ms } => put_frame(dst, rop::SESSION, id, |b| {
+            b.put_slice(&session_id.0);
+            b.put_u32(*ttl_ms);
+        }),
+        Response::SessionClosed { released } => {
+            put_frame(dst, rop::SESSION_CLOSED, id, |b| b.put_u32(*released))
+        }
         Response::Held {
             token,
             ttl_left_ms,
@@ -691,37 +730,14 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_u32(*ttl_left_ms);
             b.put_u32(*waiters);
             put_bytes16(b, meta);
-            b.put_u32(kinds.limit);
-            b.put_u32(kinds.holders);
-            b.put_u32(kinds.in_use);
-            b.put_u8(u8::from(kinds.writer));
-            b.put_u32(kinds.waiting_shared);
-            b.put_u32(kinds.waiting_exclusive);
+            put_holder_kinds(b, kinds);
         }),
+        Response::Pong => put_frame(dst, rop::PONG, id, |_| {}),
         Response::Current => put_frame(dst, rop::CURRENT, id, |_| {}),
         Response::Stale => put_frame(dst, rop::STALE, id, |_| {}),
-        Response::Stats(pairs) => put_frame(dst, rop::STATS, id, |b| {
-            assert!(pairs.len() <= STATS_COUNT_MAX, "too many stats");
-            b.put_u16(pairs.len() as u16);
-            for (name, value) in pairs {
-                assert!(
-                    name.len() <= STAT_NAME_LEN_MAX,
-                    "stat name too long: {name}"
-                );
-                b.put_u8(name.len() as u8);
-                b.put_slice(name.as_bytes());
-                b.put_u64(*value);
-            }
-        }),
-        Response::Watching { holder } => put_frame(dst, rop::WATCHING, id, |b| match holder {
-            None => b.put_u8(WATCH_STATE_FREE),
-            Some(holder) => {
-                b.put_u8(WATCH_STATE_HELD);
-                b.put_u64(holder.token);
-                b.put_u32(holder.ttl_left_ms);
-                b.put_u32(holder.waiters);
-                put_bytes16(b, &holder.meta);
-            }
+        Response::Stats(pairs) => put_frame(dst, rop::STATS, id, |b| put_stats(b, pairs)),
+        Response::Watching { holder } => put_frame(dst, rop::WATCHING, id, |b| {
+            put_watch_state(b, holder.as_ref())
         }),
         Response::Unwatched => put_frame(dst, rop::UNWATCHED, id, |_| {}),
         Response::Authenticated { name } => {
@@ -745,6 +761,45 @@ pub fn encode_response(id: u64, response: &Response, dst: &mut BytesMut) {
             b.put_u16(*code as u16);
             put_bytes16(b, truncate_utf8(message, ERROR_MESSAGE_LEN_MAX).as_bytes());
         }),
+    }
+}
+
+/// HELD_KINDS' tail: the holder and waiter counts by kind.
+fn put_holder_kinds(b: &mut BytesMut, kinds: &crate::kind::HolderKinds) {
+    b.put_u32(kinds.limit);
+    b.put_u32(kinds.holders);
+    b.put_u32(kinds.in_use);
+    b.put_u8(u8::from(kinds.writer));
+    b.put_u32(kinds.waiting_shared);
+    b.put_u32(kinds.waiting_exclusive);
+}
+
+/// The STATS body: a count, then each name (u8 length) and value.
+fn put_stats(b: &mut BytesMut, pairs: &[(String, u64)]) {
+    assert!(pairs.len() <= STATS_COUNT_MAX, "too many stats");
+    b.put_u16(pairs.len() as u16);
+    for (name, value) in pairs {
+        assert!(
+            name.len() <= STAT_NAME_LEN_MAX,
+            "stat name too long: {name}"
+        );
+        b.put_u8(name.len() as u8);
+        b.put_slice(name.as_bytes());
+        b.put_u64(*value);
+    }
+}
+
+/// The WATCHING body: free, or held and by whom.
+fn put_watch_state(b: &mut BytesMut, holder: Option<&Holder>) {
+    match holder {
+        None => b.put_u8(WATCH_STATE_FREE),
+        Some(holder) => {
+            b.put_u8(WATCH_STATE_HELD);
+            b.put_u64(holder.token);
+            b.put_u32(holder.ttl_left_ms);
+            b.put_u32(holder.waiters);
+            put_bytes16(b, &holder.meta);
+        }
     }
 }
 
@@ -894,45 +949,7 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
     let mut b = Body { bytes: body };
     let request = match opcode {
         op::PING => Request::Ping,
-        op::ACQUIRE => {
-            let key = b.bytes16("key")?;
-            let ttl_ms = b.u32("ttl_ms")?;
-            let wait_ms = b.u32("wait_ms")?;
-            let flags = b.u8("flags")?;
-            let meta = b.bytes16("meta")?;
-            if flags & !FLAGS_KNOWN != 0 {
-                return Err(FrameError::new(
-                    ErrorCode::BadFrame,
-                    format!("unknown acquire flags {flags:#04x}"),
-                ));
-            }
-            let release_on_disconnect = flags & FLAG_RELEASE_ON_DISCONNECT != 0;
-            let acquire_id = if flags & FLAG_ACQUIRE_ID != 0 {
-                Some(b.acquire_id()?)
-            } else {
-                None
-            };
-            let session_id = if flags & FLAG_SESSION != 0 {
-                Some(b.session_id()?)
-            } else {
-                None
-            };
-            let kind = if flags & FLAG_KIND != 0 {
-                get_kind(&mut b)?
-            } else {
-                crate::LeaseKind::Exclusive
-            };
-            Request::Acquire {
-                key,
-                ttl_ms,
-                wait_ms,
-                release_on_disconnect,
-                meta,
-                acquire_id,
-                kind,
-                session_id,
-            }
-        }
+        op::ACQUIRE => decode_acquire(&mut b)?,
         op::RENEW => Request::Renew {
             key: b.bytes16("key")?,
             lease_id: b.lease_id()?,
@@ -994,6 +1011,48 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
     Ok(request)
 }
 
+/// The ACQUIRE body: fixed fields, the flags byte, `meta`, then the optional fields it announces.
+#[inline]
+fn decode_acquire(b: &mut Body) -> Result<Request, FrameError> {
+    let key = b.bytes16("key")?;
+    let ttl_ms = b.u32("ttl_ms")?;
+    let wait_ms = b.u32("wait_ms")?;
+    let flags = b.u8("flags")?;
+    let meta = b.bytes16("meta")?;
+    if flags & !FLAGS_KNOWN != 0 {
+        return Err(FrameError::new(
+            ErrorCode::BadFrame,
+            format!("unknown acquire flags {flags:#04x}"),
+        ));
+    }
+    let release_on_disconnect = flags & FLAG_RELEASE_ON_DISCONNECT != 0;
+    let acquire_id = if flags & FLAG_ACQUIRE_ID != 0 {
+        Some(b.acquire_id()?)
+    } else {
+        None
+    };
+    let session_id = if flags & FLAG_SESSION != 0 {
+        Some(b.session_id()?)
+    } else {
+        None
+    };
+    let kind = if flags & FLAG_KIND != 0 {
+        get_kind(b)?
+    } else {
+        crate::LeaseKind::Exclusive
+    };
+    Ok(Request::Acquire {
+        key,
+        ttl_ms,
+        wait_ms,
+        release_on_disconnect,
+        meta,
+        acquire_id,
+        kind,
+        session_id,
+    })
+}
+
 /// Decodes a response body (the part after the request id).
 ///
 /// # Errors
@@ -1013,16 +1072,7 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             lease_id: b.lease_id()?,
             ttl_left_ms: b.u32("ttl_left_ms")?,
         },
-        rop::ACQUIRE_ENDED => {
-            let byte = b.u8("how")?;
-            let how = EndedHow::from_u8(byte).ok_or_else(|| {
-                FrameError::new(ErrorCode::BadFrame, format!("unknown ended outcome {byte}"))
-            })?;
-            Response::AcquireEnded {
-                how,
-                token: b.u64("token")?,
-            }
-        }
+        rop::ACQUIRE_ENDED => decode_acquire_ended(&mut b)?,
         rop::SESSION => Response::Session {
             session_id: b.session_id()?,
             ttl_ms: b.u32("ttl_ms")?,
@@ -1047,20 +1097,7 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             waiters: b.u32("waiters")?,
             meta: b.bytes16("meta")?,
         },
-        rop::HELD_KINDS => Response::HeldKinds {
-            token: b.u64("token")?,
-            ttl_left_ms: b.u32("ttl_left_ms")?,
-            waiters: b.u32("waiters")?,
-            meta: b.bytes16("meta")?,
-            kinds: crate::kind::HolderKinds {
-                limit: b.u32("limit")?,
-                holders: b.u32("holders")?,
-                in_use: b.u32("in_use")?,
-                writer: b.u8("writer")? != 0,
-                waiting_shared: b.u32("waiting_shared")?,
-                waiting_exclusive: b.u32("waiting_exclusive")?,
-            },
-        },
+        rop::HELD_KINDS => decode_held_kinds(&mut b)?,
         rop::CURRENT => Response::Current,
         rop::STALE => Response::Stale,
         rop::STATS => Response::Stats(decode_stats(&mut b)?),
@@ -1072,33 +1109,8 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
             name: b.bytes16("name")?,
         },
         rop::CLUSTER => Response::Cluster(crate::cluster::get_status(&mut b)?),
-        rop::EVENT => {
-            let kind = match b.u8("event kind")? {
-                1 => EventKind::Granted,
-                2 => EventKind::Released,
-                3 => EventKind::Expired,
-                other => {
-                    return Err(FrameError::new(
-                        ErrorCode::BadFrame,
-                        format!("unknown event kind {other}"),
-                    ))
-                }
-            };
-            Response::Event {
-                kind,
-                key: b.bytes16("key")?,
-                token: b.u64("token")?,
-                meta: b.bytes16("meta")?,
-            }
-        }
-        rop::ERROR => {
-            let code = ErrorCode::from_u16(b.u16("error code")?);
-            let message = b.bytes16("error message")?;
-            Response::Error {
-                code,
-                message: String::from_utf8_lossy(&message).into_owned(),
-            }
-        }
+        rop::EVENT => decode_event(&mut b)?,
+        rop::ERROR => decode_error(&mut b)?,
         other => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
@@ -1108,6 +1120,68 @@ pub fn decode_response(opcode: u8, body: Bytes) -> Result<Response, FrameError> 
     };
     b.finish()?;
     Ok(response)
+}
+
+/// The ACQUIRE_ENDED body: how the acquire ended and the token it saw.
+#[inline]
+fn decode_acquire_ended(b: &mut Body) -> Result<Response, FrameError> {
+    let byte = b.u8("how")?;
+    let how = EndedHow::from_u8(byte).ok_or_else(|| {
+        FrameError::new(ErrorCode::BadFrame, format!("unknown ended outcome {byte}"))
+    })?;
+    Ok(Response::AcquireEnded {
+        how,
+        token: b.u64("token")?,
+    })
+}
+
+/// The HELD_KINDS body: HELD's fields, then the holder counts by kind.
+fn decode_held_kinds(b: &mut Body) -> Result<Response, FrameError> {
+    Ok(Response::HeldKinds {
+        token: b.u64("token")?,
+        ttl_left_ms: b.u32("ttl_left_ms")?,
+        waiters: b.u32("waiters")?,
+        meta: b.bytes16("meta")?,
+        kinds: crate::kind::HolderKinds {
+            limit: b.u32("limit")?,
+            holders: b.u32("holders")?,
+            in_use: b.u32("in_use")?,
+            writer: b.u8("writer")? != 0,
+            waiting_shared: b.u32("waiting_shared")?,
+            waiting_exclusive: b.u32("waiting_exclusive")?,
+        },
+    })
+}
+
+/// The EVENT body: what happened, to which key, with which token and meta.
+fn decode_event(b: &mut Body) -> Result<Response, FrameError> {
+    let kind = match b.u8("event kind")? {
+        1 => EventKind::Granted,
+        2 => EventKind::Released,
+        3 => EventKind::Expired,
+        other => {
+            return Err(FrameError::new(
+                ErrorCode::BadFrame,
+                format!("unknown event kind {other}"),
+            ))
+        }
+    };
+    Ok(Response::Event {
+        kind,
+        key: b.bytes16("key")?,
+        token: b.u64("token")?,
+        meta: b.bytes16("meta")?,
+    })
+}
+
+/// The ERROR body: a code and a message, decoded lossily so that bad UTF-8 still reads.
+fn decode_error(b: &mut Body) -> Result<Response, FrameError> {
+    let code = ErrorCode::from_u16(b.u16("error code")?);
+    let message = b.bytes16("error message")?;
+    Ok(Response::Error {
+        code,
+        message: String::from_utf8_lossy(&message).into_owned(),
+    })
 }
 
 fn decode_watch_state(b: &mut Body) -> Result<Option<Holder>, FrameError> {

@@ -89,9 +89,15 @@ fn format_cluster(status: &tenure_protocol::cluster::Status, out: &mut String) {
 
 /// Appends the reply line for `response` to `out`, with its `\n`.
 pub fn format(response: &Response, out: &mut String) {
+    format_reply(response, out);
+    out.push('\n');
+}
+
+/// The replies to ACQUIRE, RENEW and RELEASE; every other reply goes on to
+/// [`format_query_reply`].
+fn format_reply(response: &Response, out: &mut String) {
     use std::fmt::Write;
     let _ = match response {
-        Response::Pong => out.write_str("PONG"),
         Response::Granted {
             token,
             lease_id,
@@ -120,14 +126,34 @@ pub fn format(response: &Response, out: &mut String) {
         Response::Locked { token, ttl_left_ms } => {
             write!(out, "LOCKED token={token} ttl_ms={ttl_left_ms}")
         }
-        Response::Session { session_id, ttl_ms } => {
-            write!(out, "OK session={session_id} ttl_ms={ttl_ms}")
-        }
-        Response::SessionClosed { released } => write!(out, "OK released={released}"),
         Response::Renewed { ttl_ms } => write!(out, "OK ttl_ms={ttl_ms}"),
         Response::Lost => out.write_str("LOST"),
         Response::Released => out.write_str("OK"),
         Response::NotOwner => out.write_str("NOT_OWNER"),
+        other => {
+            format_query_reply(other, out);
+            Ok(())
+        }
+    };
+}
+
+/// The replies to INSPECT, CHECK, STATS, WATCH, AUTH, CLUSTER and PING, and errors.
+fn format_query_reply(response: &Response, out: &mut String) {
+    use std::fmt::Write;
+    let _ = match response {
+        Response::Granted { .. }
+        | Response::Regranted { .. }
+        | Response::AcquireEnded { .. }
+        | Response::Locked { .. }
+        | Response::Renewed { .. }
+        | Response::Lost
+        | Response::Released
+        | Response::NotOwner => unreachable!("lease replies are formatted by format_reply"),
+        Response::Pong => out.write_str("PONG"),
+        Response::Session { session_id, ttl_ms } => {
+            write!(out, "OK session={session_id} ttl_ms={ttl_ms}")
+        }
+        Response::SessionClosed { released } => write!(out, "OK released={released}"),
         Response::Free => out.write_str("FREE"),
         Response::Held {
             token,
@@ -146,16 +172,8 @@ pub fn format(response: &Response, out: &mut String) {
             kinds,
         } => {
             format_held(*token, *ttl_left_ms, *waiters, meta, out);
-            write!(
-                out,
-                " limit={} holders={} in_use={} writer={} waiting_shared={} waiting_exclusive={}",
-                kinds.limit,
-                kinds.holders,
-                kinds.in_use,
-                u8::from(kinds.writer),
-                kinds.waiting_shared,
-                kinds.waiting_exclusive
-            )
+            format_holder_kinds(kinds, out);
+            Ok(())
         }
         Response::Current => out.write_str("CURRENT"),
         Response::Stale => out.write_str("STALE"),
@@ -191,7 +209,21 @@ pub fn format(response: &Response, out: &mut String) {
             Ok(())
         }
     };
-    out.push('\n');
+}
+
+/// INSPECT KINDS' fields after HELD's: the holder and waiter counts by kind.
+fn format_holder_kinds(kinds: &tenure_protocol::kind::HolderKinds, out: &mut String) {
+    use std::fmt::Write;
+    let _ = write!(
+        out,
+        " limit={} holders={} in_use={} writer={} waiting_shared={} waiting_exclusive={}",
+        kinds.limit,
+        kinds.holders,
+        kinds.in_use,
+        u8::from(kinds.writer),
+        kinds.waiting_shared,
+        kinds.waiting_exclusive
+    );
 }
 
 /// An error line: `ERR <code> <reason>`, the free-text reason kept on one line.

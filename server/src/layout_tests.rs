@@ -353,3 +353,122 @@ fn the_reader_sees_grouped_paths_and_skips_test_items() {
     ]);
     assert_eq!(find_cycle(&cyclic).expect("a cycle"), ["p", "q", "p"]);
 }
+
+/// Most lines a function outside test code may span, signature to closing brace (issue 23).
+const FUNCTION_LINES_MAX: usize = 70;
+
+/// The name of the function `line` opens, if it opens one:
+/// `[pub[(..)]] [async] [const] [unsafe] fn name`.
+fn fn_name(line: &str) -> Option<String> {
+    let word = |rest: &str, word: &str| {
+        let after = rest.strip_prefix(word)?;
+        after
+            .starts_with(char::is_whitespace)
+            .then(|| after.trim_start().to_string())
+    };
+    let mut rest = line.trim_start().to_string();
+    if let Some(after) = rest.strip_prefix("pub") {
+        let after = match after.strip_prefix('(') {
+            Some(scope) => &scope[scope.find(')')? + 1..],
+            None => after,
+        };
+        if after.starts_with(char::is_whitespace) {
+            rest = after.trim_start().to_string();
+        }
+    }
+    for qualifier in ["async", "const", "unsafe"] {
+        if let Some(after) = word(&rest, qualifier) {
+            rest = after;
+        }
+    }
+    let name = ident(&word(&rest, "fn")?);
+    (!name.is_empty()).then_some(name)
+}
+
+/// Each function in `text` over [`FUNCTION_LINES_MAX`] lines, as `file:line name: n lines`.
+/// Braces are counted per line; an inline `#[cfg(test)] mod` ends the scan, as test modules
+/// close the file here.
+fn long_functions(shown: &str, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let inline_mod =
+        |line: &str| line.trim_start().starts_with("mod ") && !line.trim_end().ends_with(';');
+    let end = lines
+        .windows(2)
+        .position(|pair| pair[0].trim() == "#[cfg(test)]" && inline_mod(pair[1]))
+        .unwrap_or(lines.len());
+    let mut long = Vec::new();
+    let mut i = 0;
+    while i < end {
+        let opens = fn_name(lines[i]).filter(|_| !lines[i].trim_end().ends_with(';'));
+        let Some(name) = opens else {
+            i += 1;
+            continue;
+        };
+        let (mut depth, mut seen, mut j) = (0i64, false, i);
+        while j < end {
+            let count = |c: char| lines[j].matches(c).count() as i64;
+            depth += count('{') - count('}');
+            seen |= lines[j].contains('{');
+            if seen && depth <= 0 {
+                break;
+            }
+            j += 1;
+        }
+        let span = j - i + 1;
+        if span > FUNCTION_LINES_MAX {
+            long.push(format!("{shown}:{} {name}: {span} lines", i + 1));
+        }
+        i = if seen { j + 1 } else { i + 1 };
+    }
+    long
+}
+
+#[test]
+fn no_function_outside_tests_is_over_the_line_limit() {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut long = Vec::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).expect("under src");
+        let shown = rel.display().to_string();
+        // The simulations (`sim/`, `sim.rs`) are test code, as for the import rules.
+        let sim = |c: std::path::Component| c.as_os_str().to_string_lossy().starts_with("sim");
+        if shown.contains("test") || rel.components().any(sim) {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).expect("read source");
+        long.extend(long_functions(&shown, &text));
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {FUNCTION_LINES_MAX} lines (split them into named helpers):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_length_reader_counts_functions_and_skips_test_modules() {
+    let function = |name: &str, body_lines: usize| {
+        let body = "    let _ = 1;\n".repeat(body_lines);
+        format!("pub(crate) async fn {name}(x: u8) -> u8 {{\n{body}    x\n}}\n")
+    };
+    // Signature, body, tail expression and closing brace.
+    let at_limit = function("fits", FUNCTION_LINES_MAX - 3);
+    let over = function("too_long", FUNCTION_LINES_MAX - 2);
+    let text = format!("{at_limit}trait T {{\n    fn f(&self);\n}}\n{over}");
+    assert_eq!(
+        long_functions("f.rs", &text),
+        [format!(
+            "f.rs:{} too_long: {} lines",
+            FUNCTION_LINES_MAX + 4,
+            FUNCTION_LINES_MAX + 1
+        )]
+    );
+    let tests = format!("#[cfg(test)]\nmod tests {{\n{over}}}\n");
+    assert!(long_functions("f.rs", &format!("{at_limit}{tests}")).is_empty());
+    assert_eq!(fn_name("    pub fn go() {").as_deref(), Some("go"));
+    assert_eq!(fn_name("const unsafe fn go() {").as_deref(), Some("go"));
+    assert_eq!(fn_name("let function = 1;"), None);
+    assert_eq!(fn_name("fnord()"), None);
+}

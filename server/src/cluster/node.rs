@@ -256,16 +256,8 @@ impl ClusterNode {
         let identities =
             crate::startup::load_identities(&config, clients.local_addr()?).map_err(refused)?;
         let client_tls = crate::startup::load_tls(&config).map_err(refused)?;
-        let RaftParts {
-            raft,
-            state,
-            snapshots,
-            isolated,
-            dialer,
-            fresh,
-            network,
-            prevote,
-        } = open_raft(&options, &peers).await?;
+        let parts = open_raft(&options, &peers).await?;
+        let (raft, state, isolated) = (parts.raft, parts.state, parts.isolated);
         let security = Security::new(identities.clone(), client_tls.clone());
         let (service, hint, admin, follower) = front_parts(
             &config,
@@ -273,7 +265,7 @@ impl ClusterNode {
             &security,
             &raft,
             id,
-            (dialer, fresh, prevote),
+            (parts.dialer, parts.fresh, parts.prevote),
         );
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
@@ -285,6 +277,7 @@ impl ClusterNode {
         };
         let current = Arc::new(RwLock::new(follower.clone()));
         let died = CancellationToken::new();
+        let snapshots = parts.snapshots;
         let scrape = node_scrape(&raft, &current, security, &counters, &service, snapshots);
         let life = Life {
             died: died.clone(),
@@ -303,7 +296,7 @@ impl ClusterNode {
             client_tls,
             isolated: Arc::clone(&isolated),
             current: Arc::clone(&current),
-            network,
+            network: parts.network,
         };
         let tasks = spawn_tasks(ports, &raft, &service, life, counters, options, &stop);
         Ok(ClusterNode {

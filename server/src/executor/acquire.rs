@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use tenure_protocol::{AcquireId, EventKind, LeaseId, Request, Response};
 use tokio::sync::oneshot;
 
-use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitSlot};
-use crate::journal::{Change, Lease, TICKET_NOW};
+use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitResult, WaitSlot};
+use crate::journal::{Change, Lease, Ticket, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::FreeReason;
 use crate::table::{self, Acquire, AcquireArgs, LockTable};
@@ -42,12 +44,8 @@ impl Executor {
             return answer;
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0).then(|| {
-            let mut slot = WaitSlot::new(tx, *release_on_disconnect, received_ms);
-            slot.held_place = ctx.held_place.clone();
-            slot.acquire_id = *acquire_id;
-            slot
-        });
+        let waiter = (*wait_ms > 0)
+            .then(|| wait_slot(ctx, tx, *release_on_disconnect, received_ms, *acquire_id));
         let args = AcquireArgs {
             key,
             lease_id: LeaseId::from_u128(rand::random()),
@@ -83,12 +81,17 @@ impl Executor {
             }
             Acquire::TokensExhausted { .. } => {
                 drop(shard);
-                self.tokens.reserve_ahead();
-                Outcome::NeedTokens {
-                    request,
-                    received_ms,
-                }
+                self.need_tokens(request, received_ms)
             }
+        }
+    }
+
+    /// An ACQUIRE that found no fencing token left: more are reserved, and it is tried again.
+    fn need_tokens(&self, request: Request, received_ms: u64) -> Outcome {
+        self.tokens.reserve_ahead();
+        Outcome::NeedTokens {
+            request,
+            received_ms,
         }
     }
 
@@ -188,6 +191,19 @@ impl Executor {
             ttl_ms,
             waited_ms,
         };
+        self.logged_grant(response, key, lease_id, ticket)
+    }
+
+    /// The outcome of a logged grant: its reply, and how to take it back if the log entry
+    /// fails to become durable.
+    #[inline]
+    fn logged_grant(
+        &self,
+        response: Response,
+        key: &Bytes,
+        lease_id: LeaseId,
+        ticket: Ticket,
+    ) -> Outcome {
         if !self.journal.logs_leases() {
             return Outcome::Reply(response, TICKET_NOW); // nothing was logged, nothing to undo
         }
@@ -201,4 +217,19 @@ impl Executor {
             undo,
         }
     }
+}
+
+/// The place in line of an ACQUIRE that may wait, to be queued if the key is held.
+#[inline]
+fn wait_slot(
+    ctx: &Session,
+    tx: oneshot::Sender<WaitResult>,
+    release_on_disconnect: bool,
+    received_ms: u64,
+    acquire_id: Option<AcquireId>,
+) -> WaitSlot {
+    let mut slot = WaitSlot::new(tx, release_on_disconnect, received_ms);
+    slot.held_place = ctx.held_place.clone();
+    slot.acquire_id = acquire_id;
+    slot
 }

@@ -182,24 +182,10 @@ impl Executor {
             kind,
         };
         let logged = self.journal.append(&Change::Grant(lease));
-        let message = match &logged {
-            Ok(ticket) => WaitResult::Granted {
-                grant,
-                ticket: *ticket,
-                // The lease runs from `now_ms` (the table counts a hand-off's TTL from the
-                // call that settled the key), so this is exactly the time in line.
-                waited_ms: clamp_ms(now_ms.saturating_sub(received_ms)),
-            },
-            // Not logged, so the hand-off is undone below; a deposed leader says so as every
-            // refusal of a leader that lost its leadership does (PROTOCOL.md 3.8).
-            Err(JournalError::NotLeader(leader)) => {
-                WaitResult::Failed(ErrorCode::NotLeader, leader.to_string())
-            }
-            Err(e) => WaitResult::Failed(
-                ErrorCode::Unavailable,
-                format!("not durable, nothing changed: {e}"),
-            ),
-        };
+        // The lease runs from `now_ms` (the table counts a hand-off's TTL from the call that
+        // settled the key), so this is exactly the time in line.
+        let waited_ms = clamp_ms(now_ms.saturating_sub(received_ms));
+        let message = handoff_message(&logged, grant, waited_ms);
         if tx.send(message).is_ok() && logged.is_ok() {
             if let (Some(acquire_id), Ok(ticket)) = (acquire_id, &logged) {
                 shard.note_acquire_id(grant.token, acquire_id, *ticket);
@@ -331,5 +317,30 @@ pub(crate) fn ended_how(reason: FreeReason) -> EndedHow {
         FreeReason::Released => EndedHow::Released,
         FreeReason::Expired => EndedHow::Expired,
         FreeReason::Disconnected => EndedHow::Disconnected,
+    }
+}
+
+/// What a waiter handed a lock hears: the grant once it is logged, else why there is none.
+#[inline]
+fn handoff_message(
+    logged: &Result<Ticket, JournalError>,
+    grant: table::Grant,
+    waited_ms: u32,
+) -> WaitResult {
+    match logged {
+        Ok(ticket) => WaitResult::Granted {
+            grant,
+            ticket: *ticket,
+            waited_ms,
+        },
+        // Not logged, so the hand-off is undone; a deposed leader says so as every refusal of a
+        // leader that lost its leadership does (PROTOCOL.md 3.8).
+        Err(JournalError::NotLeader(leader)) => {
+            WaitResult::Failed(ErrorCode::NotLeader, leader.to_string())
+        }
+        Err(e) => WaitResult::Failed(
+            ErrorCode::Unavailable,
+            format!("not durable, nothing changed: {e}"),
+        ),
     }
 }

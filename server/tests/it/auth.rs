@@ -735,6 +735,7 @@ async fn a_peer_failing_auths_is_slowed_and_others_are_not() {
     // verified at a time, and once some failed the rest go one after another, spaced by a
     // gap that doubles, so in two seconds only a few are answered, not thirty.
     let mut guessers = Vec::new();
+    let first_sent = Instant::now();
     for _ in 0..30 {
         let mut c = console_from("127.0.0.2", server.addr).await;
         c.writer.write_all(b"AUTH orders guess\n").await.unwrap();
@@ -765,7 +766,15 @@ async fn a_peer_failing_auths_is_slowed_and_others_are_not() {
         .filter(|line| line.ends_with(AUTH_SPACED))
         .count();
     assert!(started.elapsed() >= Duration::from_secs(2));
-    assert!(verified <= 12, "{verified} of 30 guesses verified in 2 s");
+    // Turns are at least the spacing's base (100 ms) apart after the first two, counted from
+    // the first guess: a loaded machine that makes the honest AUTH above slow widens the
+    // window, so the bound follows the window, not a fixed two seconds.
+    let window_ms = first_sent.elapsed().as_millis() as usize;
+    let most = 3 + window_ms / 100;
+    assert!(
+        verified <= most,
+        "{verified} of 30 guesses verified in {window_ms} ms"
+    );
     assert!(refused > 0, "{answered:?}");
 }
 
