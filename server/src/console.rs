@@ -155,24 +155,8 @@ fn format_query_reply(response: &Response, out: &mut String) {
         }
         Response::SessionClosed { released } => write!(out, "OK released={released}"),
         Response::Free => out.write_str("FREE"),
-        Response::Held {
-            token,
-            ttl_left_ms,
-            waiters,
-            meta,
-        } => {
-            format_held(*token, *ttl_left_ms, *waiters, meta, out);
-            Ok(())
-        }
-        Response::HeldKinds {
-            token,
-            ttl_left_ms,
-            waiters,
-            meta,
-            kinds,
-        } => {
-            format_held(*token, *ttl_left_ms, *waiters, meta, out);
-            format_holder_kinds(kinds, out);
+        Response::Held { .. } | Response::HeldKinds { .. } => {
+            format_inspect_reply(response, out);
             Ok(())
         }
         Response::Current => out.write_str("CURRENT"),
@@ -209,6 +193,29 @@ fn format_query_reply(response: &Response, out: &mut String) {
             Ok(())
         }
     };
+}
+
+/// INSPECT's HELD and HELD_KINDS replies (the caller takes no other).
+fn format_inspect_reply(response: &Response, out: &mut String) {
+    match response {
+        Response::Held {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+        } => format_held(*token, *ttl_left_ms, *waiters, meta, out),
+        Response::HeldKinds {
+            token,
+            ttl_left_ms,
+            waiters,
+            meta,
+            kinds,
+        } => {
+            format_held(*token, *ttl_left_ms, *waiters, meta, out);
+            format_holder_kinds(kinds, out);
+        }
+        _ => unreachable!("format_inspect_reply takes INSPECT's replies only"),
+    }
 }
 
 /// INSPECT KINDS' fields after HELD's: the holder and waiter counts by kind.

@@ -210,30 +210,7 @@ impl Conn {
             } => {
                 self.ctx.remove_wait(id);
                 self.timing = timing;
-                let result = match (session_id, result) {
-                    // A hand-off joins its session here, or is freed if the session ended.
-                    (
-                        Some(session_id),
-                        Ok(WaitResult::Granted {
-                            grant,
-                            ticket,
-                            waited_ms,
-                        }),
-                    ) => {
-                        let joined = self
-                            .executor
-                            .join_session(&self.ctx, session_id, &key, grant, ticket);
-                        match joined {
-                            Ok((grant, ticket)) => Ok(WaitResult::Granted {
-                                grant,
-                                ticket,
-                                waited_ms,
-                            }),
-                            Err((code, message)) => Ok(WaitResult::Failed(code, message)),
-                        }
-                    }
-                    (_, result) => result,
-                };
+                let result = self.join_session_on_hand_off(session_id, &key, result);
                 self.on_wait_done(id, result, key, release_on_disconnect);
             }
             Later::Retry {
@@ -267,6 +244,39 @@ impl Conn {
                 self.timing = timing;
                 self.on_auth_done(id, name, verified);
             }
+        }
+    }
+
+    /// A hand-off to a session's waiter joins its session here, or is freed (and the waiter
+    /// told why) if the session ended while it waited.
+    fn join_session_on_hand_off(
+        &mut self,
+        session_id: Option<tenure_protocol::SessionId>,
+        key: &Bytes,
+        result: Result<WaitResult, ()>,
+    ) -> Result<WaitResult, ()> {
+        match (session_id, result) {
+            (
+                Some(session_id),
+                Ok(WaitResult::Granted {
+                    grant,
+                    ticket,
+                    waited_ms,
+                }),
+            ) => {
+                let joined = self
+                    .executor
+                    .join_session(&self.ctx, session_id, key, grant, ticket);
+                match joined {
+                    Ok((grant, ticket)) => Ok(WaitResult::Granted {
+                        grant,
+                        ticket,
+                        waited_ms,
+                    }),
+                    Err((code, message)) => Ok(WaitResult::Failed(code, message)),
+                }
+            }
+            (_, result) => result,
         }
     }
 

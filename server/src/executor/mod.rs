@@ -369,38 +369,12 @@ impl Executor {
         let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
-            Request::Acquire {
-                session_id: Some(_),
-                ..
-            } => return self.acquire_in_session(ctx, now_ms, received_ms, request),
-            Request::Acquire { acquire_id, .. } => {
-                let repeatable = acquire_id.is_some();
-                let outcome = self.acquire(ctx, now_ms, received_ms, request);
-                if repeatable {
-                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
-                        return refusal;
-                    }
-                }
-                return outcome;
+            Request::Acquire { .. } => return self.run_acquire(ctx, now_ms, received_ms, request),
+            Request::SessionOpen { .. }
+            | Request::SessionKeepalive { .. }
+            | Request::SessionClose { .. } => {
+                return self.run_session_request(ctx, now_ms, request)
             }
-            // A follower's executor (its journal refuses everything) opens no session either.
-            Request::SessionOpen { ttl_ms } => match self.refuse_if_not_leader() {
-                Some(refusal) => refusal,
-                None => self.session_open(ctx, now_ms, ttl_ms),
-            },
-            Request::SessionKeepalive { session_id } => {
-                return match self.refuse_if_not_leader() {
-                    Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
-                    None => match self.session_keepalive(ctx, now_ms, session_id) {
-                        Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
-                        other => other,
-                    },
-                }
-            }
-            Request::SessionClose { session_id } => match self.refuse_if_not_leader() {
-                Some(refusal) => refusal,
-                None => return self.session_close(ctx, now_ms, session_id),
-            },
             Request::Renew {
                 key,
                 lease_id,
@@ -440,6 +414,64 @@ impl Executor {
             return self.confirmed(response, ticket);
         }
         Outcome::Reply(response, ticket)
+    }
+}
+
+impl Executor {
+    /// An ACQUIRE: in a session, or not; one with an acquire id is refused if its first send
+    /// was in a session and this one is not (SESSION_MISMATCH, PROTOCOL.md 3.11).
+    #[inline]
+    fn run_acquire(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        now_ms: u64,
+        received_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        match &request {
+            Request::Acquire {
+                session_id: Some(_),
+                ..
+            } => self.acquire_in_session(ctx, now_ms, received_ms, request),
+            Request::Acquire { acquire_id, .. } => {
+                let repeatable = acquire_id.is_some();
+                let outcome = self.acquire(ctx, now_ms, received_ms, request);
+                if repeatable {
+                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
+                        return refusal;
+                    }
+                }
+                outcome
+            }
+            _ => unreachable!("run_acquire takes ACQUIRE only"),
+        }
+    }
+
+    /// SESSION_OPEN, SESSION_KEEPALIVE and SESSION_CLOSE (PROTOCOL.md 3.11). A follower's
+    /// executor (its journal refuses everything) opens, keeps or closes no session.
+    fn run_session_request(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        now_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
+        match request {
+            Request::SessionOpen { ttl_ms } => {
+                Outcome::Reply(self.session_open(ctx, now_ms, ttl_ms), TICKET_NOW)
+            }
+            // A keep-alive is a read of the session's liveness: confirmed like a RENEW.
+            Request::SessionKeepalive { session_id } => {
+                match self.session_keepalive(ctx, now_ms, session_id) {
+                    Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
+                    other => other,
+                }
+            }
+            Request::SessionClose { session_id } => self.session_close(ctx, now_ms, session_id),
+            _ => unreachable!("run_session_request takes session requests only"),
+        }
     }
 }
 
