@@ -70,6 +70,9 @@ pub struct SessionTable {
 pub enum Refusal {
     /// The id names no live session (of this identity).
     NoSession,
+    /// The session ends in this many ms, less than a lease's shortest TTL: it takes no new
+    /// lease (answered `NO_SESSION`, as it is all but ended).
+    Ending(u64),
     /// As many sessions are live as the server allows.
     SessionsFull,
     /// This connection opened as many live sessions as one may.
@@ -160,14 +163,20 @@ impl SessionTable {
     /// The session's time left at `now_ms`, if `owner` may use it.
     ///
     /// # Errors
-    /// [`Refusal::NoSession`] if it is not live; [`Refusal::LeasesFull`] if it may take no
-    /// more leases.
+    /// [`Refusal::NoSession`] if it is not live; [`Refusal::Ending`] if it ends in less
+    /// than the shortest TTL a lease may have (the table cannot hold a lease for less, and a
+    /// longer one would outlive the session); [`Refusal::LeasesFull`] if it may take no more
+    /// leases.
     pub fn room(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Result<u64, Refusal> {
         let entry = self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
+        let left_ms = entry.deadline_ms - now_ms;
+        if left_ms < u64::from(tenure_protocol::limits::TTL_MS_MIN) {
+            return Err(Refusal::Ending(left_ms));
+        }
         if entry.leases.len() >= self.leases_max {
             return Err(Refusal::LeasesFull);
         }
-        Ok(entry.deadline_ms - now_ms)
+        Ok(left_ms)
     }
 
     /// Moves the session's deadline to `now_ms + ttl`, and returns its TTL and leases (to
@@ -379,6 +388,14 @@ fn refusal_of(
 ) -> Response {
     match refusal {
         Refusal::NoSession => error(ErrorCode::NoSession, format!("no live session {id}")),
+        Refusal::Ending(left_ms) => error(
+            ErrorCode::NoSession,
+            format!(
+                "session {id} ends in {left_ms} ms, under the shortest lease TTL ({} ms): it \
+                 takes no new lease",
+                tenure_protocol::limits::TTL_MS_MIN
+            ),
+        ),
         Refusal::SessionsFull => error(
             ErrorCode::SessionsLimit,
             format!(
@@ -802,6 +819,22 @@ mod tests {
         assert_eq!(t.reap(100, 10), 1); // session 2, opened at 0 for 100 ms
         assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
         t.check_invariants();
+    }
+
+    #[test]
+    fn a_session_about_to_end_takes_no_new_lease() {
+        let mut t = SessionTable::new(10, 10);
+        let id = SessionId::from_u128(9);
+        t.open(0, id, 100, (None, 1)).unwrap();
+        let min = u64::from(tenure_protocol::limits::TTL_MS_MIN);
+        assert_eq!(t.room(100 - min, id, None), Ok(min));
+        // Under the shortest TTL left: a lease for it would be refused by the table (a
+        // crash, before this check) or outlive the session.
+        assert_eq!(t.room(101 - min, id, None), Err(Refusal::Ending(min - 1)));
+        assert_eq!(t.room(99, id, None), Err(Refusal::Ending(1)));
+        // It still lives: a keep-alive continues it, and then it takes leases again.
+        t.keep(99, id, None).unwrap();
+        assert_eq!(t.room(99, id, None), Ok(100));
     }
 
     #[test]

@@ -369,3 +369,28 @@ async fn an_identitys_sessions_max_counts_over_its_connections() {
     open(a, 60_000).await;
     server.stop().await;
 }
+
+/// A session within the shortest lease TTL (10 ms) of its end takes no new lease: its ACQUIRE
+/// is `NO_SESSION` (before, the table was asked for a lease of under 10 ms, whose assertion
+/// panicked the connection's task while it held a shard's lock, poisoning it for everyone),
+/// and nothing changed: the key is free, the server answers, and a keep-alive that arrives
+/// in time still continues the session.
+#[tokio::test(start_paused = true)]
+async fn a_session_about_to_end_takes_no_new_lease_and_the_server_goes_on() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 100).await;
+    tokio::time::sleep(Duration::from_millis(95)).await;
+    let late = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    assert!(late.contains("takes no new lease"), "{late}");
+    assert_eq!(c.cmd("INSPECT a").await, "FREE");
+    let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert_eq!(kept, format!("OK session={session} ttl_ms=100"));
+    let grant = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let mut other = Console::connect(server.addr).await;
+    assert!(other.cmd("ACQUIRE b 1000").await.starts_with("OK token="));
+    server.stop().await;
+}
