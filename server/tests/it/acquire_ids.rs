@@ -232,7 +232,10 @@ fn a_repeat_at_a_quota_filled_by_a_waiter_hears_how_its_lease_ended() {
     b.send("ACQUIRE orders/busy 60000 60000\n").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !a.cmd("INSPECT orders/busy").unwrap().contains(" waiters=1") {
-        assert!(std::time::Instant::now() < deadline, "b's waiter never in line");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b's waiter never in line"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let probe = a.cmd("ACQUIRE orders/busy 60000").unwrap();

@@ -331,7 +331,11 @@ async fn an_identitys_sessions_max_counts_over_its_connections() {
     let mut authed = Vec::new();
     for (name, secret) in [("orders", "o"), ("orders", "o"), ("billing", "b")] {
         let mut c = Console::connect(server.addr).await;
-        let secret = if secret == "o" { "orders-secret" } else { "billing-secret" };
+        let secret = if secret == "o" {
+            "orders-secret"
+        } else {
+            "billing-secret"
+        };
         let ok = c.cmd(&format!("AUTH {name} {secret}")).await;
         assert_eq!(ok, format!("OK authenticated {name}"));
         authed.push(c);
@@ -342,10 +346,16 @@ async fn an_identitys_sessions_max_counts_over_its_connections() {
     let first = open(a, 60_000).await;
     open(b, 100).await;
     let full = a.cmd("SESSION_OPEN 60000").await;
-    assert!(full.starts_with("ERR SESSIONS_LIMIT sessions-max"), "{full}");
+    assert!(
+        full.starts_with("ERR SESSIONS_LIMIT sessions-max"),
+        "{full}"
+    );
     assert!(full.contains("`orders`"), "{full}");
     let full = b.cmd("SESSION_OPEN 60000").await;
-    assert!(full.starts_with("ERR SESSIONS_LIMIT sessions-max"), "{full}");
+    assert!(
+        full.starts_with("ERR SESSIONS_LIMIT sessions-max"),
+        "{full}"
+    );
     // Billing's quota is its own.
     open(billing, 60_000).await;
     // The 100 ms session expires and gives its place back (the ticker reaps it).
@@ -360,12 +370,21 @@ async fn an_identitys_sessions_max_counts_over_its_connections() {
         assert!(reply.starts_with("ERR SESSIONS_LIMIT"), "{reply}");
     }
     assert!(reopened, "an expired session never gave its place back");
-    assert!(a.cmd("SESSION_OPEN 60000").await.starts_with("ERR SESSIONS_LIMIT"));
+    assert!(a
+        .cmd("SESSION_OPEN 60000")
+        .await
+        .starts_with("ERR SESSIONS_LIMIT"));
     // A close gives one back at once.
     let closed = billing.cmd(&format!("SESSION_CLOSE {first}")).await;
-    assert!(closed.starts_with("ERR NO_SESSION"), "another identity's: {closed}");
+    assert!(
+        closed.starts_with("ERR NO_SESSION"),
+        "another identity's: {closed}"
+    );
     // Closed from the identity's other connection.
-    assert_eq!(b.cmd(&format!("SESSION_CLOSE {first}")).await, "OK released=0");
+    assert_eq!(
+        b.cmd(&format!("SESSION_CLOSE {first}")).await,
+        "OK released=0"
+    );
     open(a, 60_000).await;
     server.stop().await;
 }

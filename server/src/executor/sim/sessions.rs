@@ -147,7 +147,10 @@ impl Coverage {
             ("hand-offs to waiters of ended sessions", c.joins_refused),
             ("acquires in ended or ending sessions", c.acquires_too_late),
         ] {
-            assert!(n > 0, "the session simulation never exercised {what}: {c:?}");
+            assert!(
+                n > 0,
+                "the session simulation never exercised {what}: {c:?}"
+            );
         }
     }
 }
@@ -312,14 +315,21 @@ impl World {
         match response {
             Response::Session { session_id, .. } => {
                 assert_eq!(session_id, id);
-                assert!(sent_ms < end_ms, "a keep-alive at {sent_ms} revived a session ended at {end_ms}");
+                assert!(
+                    sent_ms < end_ms,
+                    "a keep-alive at {sent_ms} revived a session ended at {end_ms}"
+                );
                 self.coverage.keepalives += 1;
                 let s = &mut self.sessions[i];
                 s.end_ms = sent_ms + u64::from(ttl_ms);
                 s.local_end_ms = sent_ms + u64::from(ttl_ms) - margin_ms(ttl_ms);
                 for lease in &s.leases {
                     let left = held_ttl_left(&self.exec, &lease.key, lease.lease_id, sent_ms);
-                    assert_eq!(left, Some(u64::from(ttl_ms)), "a keep-alive left a lease out");
+                    assert_eq!(
+                        left,
+                        Some(u64::from(ttl_ms)),
+                        "a keep-alive left a lease out"
+                    );
                 }
             }
             Response::Error {
@@ -364,7 +374,10 @@ impl World {
         match response {
             Response::SessionClosed { released } => {
                 assert!(now_ms < end_ms, "an ended session closed");
-                assert_eq!(released as usize, leases, "a close freed other than its leases");
+                assert_eq!(
+                    released as usize, leases,
+                    "a close freed other than its leases"
+                );
                 if leases > 0 {
                     self.coverage.closes_with_leases += 1;
                 }
@@ -423,7 +436,11 @@ impl World {
             (s.id, s.conn, s.end_ms)
         };
         let key = Bytes::from_static(KEYS[self.rng.random_range(0..KEYS.len())]);
-        let wait_ms = if blocking { self.rng.random_range(20..600) } else { 0 };
+        let wait_ms = if blocking {
+            self.rng.random_range(20..600)
+        } else {
+            0
+        };
         let request = Request::Acquire {
             key: key.clone(),
             ttl_ms: 0,
@@ -467,10 +484,14 @@ impl World {
                 waited_ms,
             } => {
                 assert!(sent_ms < end_ms, "an ended session was granted a lease");
-                assert_eq!(u64::from(ttl_ms), end_ms - sent_ms, "not the session's time left");
+                assert_eq!(
+                    u64::from(ttl_ms),
+                    end_ms - sent_ms,
+                    "not the session's time left"
+                );
                 self.granted(&key, token);
-                let grant_end_ms = sent_ms + u64::from(waited_ms) + u64::from(ttl_ms)
-                    - margin_ms(ttl_ms);
+                let grant_end_ms =
+                    sent_ms + u64::from(waited_ms) + u64::from(ttl_ms) - margin_ms(ttl_ms);
                 let lease = SessionLease {
                     key,
                     lease_id,
@@ -599,7 +620,10 @@ impl World {
     fn check(&mut self) {
         let now_ms = self.now_ms();
         for s in &self.sessions {
-            assert!(s.local_end_ms < s.end_ms, "local deadline past the session's end");
+            assert!(
+                s.local_end_ms < s.end_ms,
+                "local deadline past the session's end"
+            );
             for lease in &s.leases {
                 let left = held_ttl_left(&self.exec, &lease.key, lease.lease_id, now_ms);
                 let lives = now_ms < s.end_ms;
