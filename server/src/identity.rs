@@ -12,6 +12,7 @@
 //! held-max = 1000                                      # optional quota
 //! waiters-max = 100                                    # optional quota
 //! connections-max = 50                                 # optional quota
+//! sessions-max = 20                                    # optional quota
 //! ```
 //!
 //! Secrets are stored only as argon2 PHC strings. A name the file does not hold is verified
@@ -88,6 +89,7 @@ struct Entry {
     held_max: Option<usize>,
     waiters_max: Option<usize>,
     connections_max: Option<usize>,
+    sessions_max: Option<usize>,
 }
 
 /// The whole file.
@@ -121,6 +123,9 @@ pub struct Identity {
     /// Most connections authenticated as it at once: one identity cannot take every
     /// connection slot of the server.
     pub connections_max: Option<usize>,
+    /// Most live sessions it may have opened at once, over all its connections (counted by
+    /// the session table, which knows each session's owner).
+    pub sessions_max: Option<usize>,
 }
 
 impl Identity {
@@ -144,11 +149,15 @@ impl Identity {
             waiters_max,
             held_max,
             connections_max,
+            sessions_max,
         } = self;
+        // Written only when set, so a file without it has the digest of earlier builds (a
+        // rolling upgrade compares digests across the two).
+        let sessions_max = sessions_max.map_or(String::new(), |n| format!(" sessions_max={n}"));
         format!(
             "name={name:?} secret={secret_hash:?} prefixes={prefixes:?} stats={stats} \
              watch={watch} admin={admin} waiters_max={waiters_max:?} held_max={held_max:?} \
-             connections_max={connections_max:?}"
+             connections_max={connections_max:?}{sessions_max}"
         )
     }
 
@@ -605,6 +614,7 @@ fn check(entry: Entry) -> Result<Identity, String> {
         waiters_max: entry.waiters_max,
         held_max: entry.held_max,
         connections_max: entry.connections_max,
+        sessions_max: entry.sessions_max,
     })
 }
 

@@ -61,6 +61,8 @@ pub struct SessionTable {
     by_lease: HashMap<LeaseId, SessionId>,
     /// Live sessions by the connection that opened them.
     by_conn: HashMap<u64, u32>,
+    /// Live sessions by the identity that opened them, for its `sessions-max`.
+    by_owner: HashMap<String, usize>,
 }
 
 /// Why a session request was refused.
@@ -68,10 +70,15 @@ pub struct SessionTable {
 pub enum Refusal {
     /// The id names no live session (of this identity).
     NoSession,
+    /// The session ends in this many ms, less than a lease's shortest TTL: it takes no new
+    /// lease (answered `NO_SESSION`, as it is all but ended).
+    Ending(u64),
     /// As many sessions are live as the server allows.
     SessionsFull,
     /// This connection opened as many live sessions as one may.
     ConnectionFull,
+    /// The identity has as many live sessions as its `sessions-max`, this many.
+    IdentityFull(usize),
     /// The session holds as many leases as it may.
     LeasesFull,
 }
@@ -86,7 +93,24 @@ impl SessionTable {
             deadlines: BTreeSet::new(),
             by_lease: HashMap::new(),
             by_conn: HashMap::new(),
+            by_owner: HashMap::new(),
         }
+    }
+
+    /// Whether `owner` may open one more session under its quota `max` (its identity's
+    /// `sessions-max`; `None`: no quota).
+    ///
+    /// # Errors
+    /// [`Refusal::IdentityFull`] at `max` live sessions of `owner`, over all its connections.
+    pub fn owner_room(&self, owner: Option<&str>, max: Option<usize>) -> Result<(), Refusal> {
+        let (Some(owner), Some(max)) = (owner, max) else {
+            return Ok(());
+        };
+        let live = self.by_owner.get(owner).copied().unwrap_or(0);
+        if live >= max {
+            return Err(Refusal::IdentityFull(max));
+        }
+        Ok(())
     }
 
     /// Opens session `id` of `ttl_ms` at `now_ms`, for connection `conn_id`.
@@ -109,6 +133,9 @@ impl SessionTable {
             return Err(Refusal::ConnectionFull);
         }
         *opened += 1;
+        if let Some(owner) = &owner {
+            *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
+        }
         let deadline_ms = now_ms + u64::from(ttl_ms);
         let entry = Entry {
             ttl_ms,
@@ -136,14 +163,20 @@ impl SessionTable {
     /// The session's time left at `now_ms`, if `owner` may use it.
     ///
     /// # Errors
-    /// [`Refusal::NoSession`] if it is not live; [`Refusal::LeasesFull`] if it may take no
-    /// more leases.
+    /// [`Refusal::NoSession`] if it is not live; [`Refusal::Ending`] if it ends in less
+    /// than the shortest TTL a lease may have (the table cannot hold a lease for less, and a
+    /// longer one would outlive the session); [`Refusal::LeasesFull`] if it may take no more
+    /// leases.
     pub fn room(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Result<u64, Refusal> {
         let entry = self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
+        let left_ms = entry.deadline_ms - now_ms;
+        if left_ms < u64::from(tenure_protocol::limits::TTL_MS_MIN) {
+            return Err(Refusal::Ending(left_ms));
+        }
         if entry.leases.len() >= self.leases_max {
             return Err(Refusal::LeasesFull);
         }
-        Ok(entry.deadline_ms - now_ms)
+        Ok(left_ms)
     }
 
     /// Moves the session's deadline to `now_ms + ttl`, and returns its TTL and leases (to
@@ -191,6 +224,13 @@ impl SessionTable {
         *opened -= 1;
         if *opened == 0 {
             self.by_conn.remove(&entry.conn_id);
+        }
+        if let Some(owner) = &entry.owner {
+            let live = self.by_owner.get_mut(owner).expect("counted at open");
+            *live -= 1;
+            if *live == 0 {
+                self.by_owner.remove(owner);
+            }
         }
         for lease_id in entry.leases.keys() {
             self.by_lease.remove(lease_id);
@@ -263,6 +303,9 @@ impl SessionTable {
         }
         let opened: u32 = self.by_conn.values().sum();
         assert_eq!(opened as usize, self.by_id.len());
+        let owned: usize = self.by_owner.values().sum();
+        let with_owner = self.by_id.values().filter(|e| e.owner.is_some()).count();
+        assert_eq!(owned, with_owner);
         let leases: usize = self.by_id.values().map(|e| e.leases.len()).sum();
         assert_eq!(leases, self.by_lease.len());
         for (lease_id, id) in &self.by_lease {
@@ -333,8 +376,26 @@ impl Sessions {
 }
 
 fn refusal(refusal: Refusal, id: SessionId, config: &crate::config::Config) -> Response {
+    refusal_of(refusal, id, config, None)
+}
+
+/// [`refusal`], naming `owner` (the identity a quota refusal is about).
+fn refusal_of(
+    refusal: Refusal,
+    id: SessionId,
+    config: &crate::config::Config,
+    owner: Option<&str>,
+) -> Response {
     match refusal {
         Refusal::NoSession => error(ErrorCode::NoSession, format!("no live session {id}")),
+        Refusal::Ending(left_ms) => error(
+            ErrorCode::NoSession,
+            format!(
+                "session {id} ends in {left_ms} ms, under the shortest lease TTL ({} ms): it \
+                 takes no new lease",
+                tenure_protocol::limits::TTL_MS_MIN
+            ),
+        ),
         Refusal::SessionsFull => error(
             ErrorCode::SessionsLimit,
             format!(
@@ -347,6 +408,13 @@ fn refusal(refusal: Refusal, id: SessionId, config: &crate::config::Config) -> R
             format!(
                 "this connection opened {SESSIONS_PER_CONNECTION_MAX} live sessions, the \
                  limit per connection"
+            ),
+        ),
+        Refusal::IdentityFull(max) => error(
+            ErrorCode::SessionsLimit,
+            format!(
+                "sessions-max: identity `{}` has {max} live sessions already",
+                owner.unwrap_or_default()
             ),
         ),
         Refusal::LeasesFull => error(
@@ -409,14 +477,27 @@ impl Executor {
             return self.ttl_too_long(ttl_ms);
         }
         let id = SessionId::from_u128(rand::random());
-        let opener = (owner(ctx).map(str::to_string), ctx.conn_id);
-        match self.sessions.lock().open(now_ms, id, ttl_ms, opener) {
+        let name = owner(ctx);
+        let quota = self.sessions_quota(name);
+        let opener = (name.map(str::to_string), ctx.conn_id);
+        let mut sessions = self.sessions.lock();
+        // Checked and counted under one hold of the lock: exact over all its connections.
+        let opened = sessions
+            .owner_room(name, quota)
+            .and_then(|()| sessions.open(now_ms, id, ttl_ms, opener));
+        match opened {
             Ok(()) => Response::Session {
                 session_id: id,
                 ttl_ms,
             },
-            Err(r) => refusal(r, id, &self.config),
+            Err(r) => refusal_of(r, id, &self.config, name),
         }
+    }
+
+    /// The `sessions-max` of identity `name` as the identities in force have it.
+    fn sessions_quota(&self, name: Option<&str>) -> Option<usize> {
+        let identities = self.identities.as_ref()?;
+        identities.get(name?)?.sessions_max
     }
 
     /// SESSION_KEEPALIVE: the session's deadline, and every lease's in it, moves to `now +
@@ -709,6 +790,51 @@ mod tests {
         assert_eq!(t.room(0, SessionId::from_u128(3), None), Ok(103));
         assert_eq!(t.reap(200, 100), 7);
         t.check_invariants();
+    }
+
+    #[test]
+    fn an_identitys_quota_counts_over_its_connections_and_an_end_gives_a_place_back() {
+        let mut t = SessionTable::new(1000, 10);
+        let opener = |conn_id| (Some("orders".to_string()), conn_id);
+        let quota = Some(2);
+        // Two sessions on two connections fill the quota of 2; a third connection is refused.
+        for (n, conn_id) in [(1, 1), (2, 2)] {
+            assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+            t.open(0, SessionId::from_u128(n), 100, opener(conn_id))
+                .unwrap();
+        }
+        assert_eq!(
+            t.owner_room(Some("orders"), quota),
+            Err(Refusal::IdentityFull(2))
+        );
+        // Other identities, and connections without identities, are not counted with it.
+        assert_eq!(t.owner_room(Some("billing"), quota), Ok(()));
+        assert_eq!(t.owner_room(None, quota), Ok(()));
+        assert_eq!(t.owner_room(Some("orders"), None), Ok(()));
+        // A close gives its place back, and so does an expiry once reaped.
+        t.close(1, SessionId::from_u128(1), Some("orders")).unwrap();
+        assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+        t.open(50, SessionId::from_u128(3), 100, opener(3)).unwrap();
+        assert!(t.owner_room(Some("orders"), quota).is_err());
+        assert_eq!(t.reap(100, 10), 1); // session 2, opened at 0 for 100 ms
+        assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_session_about_to_end_takes_no_new_lease() {
+        let mut t = SessionTable::new(10, 10);
+        let id = SessionId::from_u128(9);
+        t.open(0, id, 100, (None, 1)).unwrap();
+        let min = u64::from(tenure_protocol::limits::TTL_MS_MIN);
+        assert_eq!(t.room(100 - min, id, None), Ok(min));
+        // Under the shortest TTL left: a lease for it would be refused by the table (a
+        // crash, before this check) or outlive the session.
+        assert_eq!(t.room(101 - min, id, None), Err(Refusal::Ending(min - 1)));
+        assert_eq!(t.room(99, id, None), Err(Refusal::Ending(1)));
+        // It still lives: a keep-alive continues it, and then it takes leases again.
+        t.keep(99, id, None).unwrap();
+        assert_eq!(t.room(99, id, None), Ok(100));
     }
 
     #[test]

@@ -309,3 +309,107 @@ async fn read_leases_and_permits_live_in_a_session_and_its_end_frees_them() {
     let ended = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
     assert!(ended.starts_with("ERR NO_SESSION"), "{ended}");
 }
+
+/// An identity's `sessions-max` (README "Identities and permissions", PROTOCOL.md 3.11)
+/// counts its live sessions over all its connections: one more is `SESSIONS_LIMIT` naming the
+/// quota and the identity, another identity is not counted with it, and a closed or expired
+/// session gives its place back.
+#[tokio::test]
+async fn an_identitys_sessions_max_counts_over_its_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("identities.toml");
+    let hash = |secret: &[u8]| tenure_server::identity::hash_secret(secret).unwrap();
+    let text = format!(
+        "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\"]\n\
+         sessions-max = 2\n\n[[identity]]\nname = \"billing\"\nsecret-hash = \"{}\"\n\
+         prefixes = [\"billing/\"]\nsessions-max = 1\n",
+        hash(b"orders-secret"),
+        hash(b"billing-secret"),
+    );
+    std::fs::write(&path, text).unwrap();
+    let server = Server::start_in(dir.path(), |config| config.identities = Some(path)).await;
+    let mut authed = Vec::new();
+    for (name, secret) in [("orders", "o"), ("orders", "o"), ("billing", "b")] {
+        let mut c = Console::connect(server.addr).await;
+        let secret = if secret == "o" {
+            "orders-secret"
+        } else {
+            "billing-secret"
+        };
+        let ok = c.cmd(&format!("AUTH {name} {secret}")).await;
+        assert_eq!(ok, format!("OK authenticated {name}"));
+        authed.push(c);
+    }
+    let [a, b, billing] = &mut authed[..] else {
+        unreachable!()
+    };
+    let first = open(a, 60_000).await;
+    open(b, 100).await;
+    let full = a.cmd("SESSION_OPEN 60000").await;
+    assert!(
+        full.starts_with("ERR SESSIONS_LIMIT sessions-max"),
+        "{full}"
+    );
+    assert!(full.contains("`orders`"), "{full}");
+    let full = b.cmd("SESSION_OPEN 60000").await;
+    assert!(
+        full.starts_with("ERR SESSIONS_LIMIT sessions-max"),
+        "{full}"
+    );
+    // Billing's quota is its own.
+    open(billing, 60_000).await;
+    // The 100 ms session expires and gives its place back (the ticker reaps it).
+    let mut reopened = false;
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let reply = b.cmd("SESSION_OPEN 60000").await;
+        if reply.starts_with("OK session=") {
+            reopened = true;
+            break;
+        }
+        assert!(reply.starts_with("ERR SESSIONS_LIMIT"), "{reply}");
+    }
+    assert!(reopened, "an expired session never gave its place back");
+    assert!(a
+        .cmd("SESSION_OPEN 60000")
+        .await
+        .starts_with("ERR SESSIONS_LIMIT"));
+    // A close gives one back at once.
+    let closed = billing.cmd(&format!("SESSION_CLOSE {first}")).await;
+    assert!(
+        closed.starts_with("ERR NO_SESSION"),
+        "another identity's: {closed}"
+    );
+    // Closed from the identity's other connection.
+    assert_eq!(
+        b.cmd(&format!("SESSION_CLOSE {first}")).await,
+        "OK released=0"
+    );
+    open(a, 60_000).await;
+    server.stop().await;
+}
+
+/// A session within the shortest lease TTL (10 ms) of its end takes no new lease: its ACQUIRE
+/// is `NO_SESSION` (before, the table was asked for a lease of under 10 ms, whose assertion
+/// panicked the connection's task while it held a shard's lock, poisoning it for everyone),
+/// and nothing changed: the key is free, the server answers, and a keep-alive that arrives
+/// in time still continues the session.
+#[tokio::test(start_paused = true)]
+async fn a_session_about_to_end_takes_no_new_lease_and_the_server_goes_on() {
+    let _heartbeat = Heartbeat::start();
+    let server = Server::start_virtual().await;
+    let mut c = Console::connect(server.addr).await;
+    let session = open(&mut c, 100).await;
+    tokio::time::sleep(Duration::from_millis(95)).await;
+    let late = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(late.starts_with("ERR NO_SESSION"), "{late}");
+    assert!(late.contains("takes no new lease"), "{late}");
+    assert_eq!(c.cmd("INSPECT a").await, "FREE");
+    let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert_eq!(kept, format!("OK session={session} ttl_ms=100"));
+    let grant = c.cmd(&format!("ACQUIRE a 0 SESSION={session}")).await;
+    assert!(grant.starts_with("OK token="), "{grant}");
+    let mut other = Console::connect(server.addr).await;
+    assert!(other.cmd("ACQUIRE b 1000").await.starts_with("OK token="));
+    server.stop().await;
+}

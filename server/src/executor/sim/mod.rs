@@ -26,11 +26,15 @@
 //! "nothing changed"; an ACQUIRE_ENDED never names the holder. A repeat's REGRANTED becomes
 //! a belief like a grant's (counted from the repeat's send), so exclusion covers it.
 //!
+//! Sessions (open, keep-alive, close, ACQUIREs in them, expiry racing keep-alives) have a
+//! simulation of their own, against its own naive model ([`sessions`]).
+//!
 //! `TENURE_SIM_SEEDS=n` runs n seeds (default [`SEEDS_DEFAULT`]); `TENURE_SIM_SEED=s` runs
 //! only seed s. A failure names the seed and the step.
 
 mod disk;
 mod model;
+mod sessions;
 mod world;
 
 use crate::table::sim::seeds_from_env;
