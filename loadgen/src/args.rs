@@ -97,7 +97,8 @@ pub struct Args {
     /// estimate: acquires per second.
     #[arg(long, default_value_t = 50_000.0)]
     pub rate: f64,
-    /// How long a lock is held before release [estimate: 10s, contention: 1ms].
+    /// How long a lock is held before release [estimate: 10s, contention, semaphore,
+    /// read-mostly: 1ms].
     #[arg(long, value_parser = parse_duration)]
     pub hold: Option<Duration>,
     /// Lease length asked for on acquire and renew.
@@ -106,7 +107,8 @@ pub struct Args {
     /// estimate: renew period; a lock is renewed at every multiple of it up to `--hold`.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub renew_every: Duration,
-    /// Size of the key space [estimate: 2^40, max: 1000000, contention: 4].
+    /// Size of the key space [estimate: 2^40, max: 1000000, contention, semaphore,
+    /// read-mostly: 4].
     #[arg(long)]
     pub keys: Option<u64>,
     /// TCP connections to the target.
