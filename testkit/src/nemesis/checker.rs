@@ -12,12 +12,13 @@
 //!   (PROTOCOL.md 3.10): a lock or write lease is alone inside its deadline;
 //! - **permits** ("at most N holders"): at every instant, the permits of the permit leases
 //!   inside their local deadlines on a semaphore key sum to at most its limit;
-//! - **lost grant**: a read (INSPECT, a LOCKED answer, a RENEW or CHECK of the lease itself) answered
-//!   while a lease's local deadline was still ahead, sent after that deadline was known and
-//!   before any release of it was sent, shows that lease, unless a RENEW of it sent before
-//!   the read's answer shortened the deadline to before that answer; for a lock or write lease
-//!   "shows" is its token, for a read or permit lease a token at least its own (INSPECT and
-//!   LOCKED name the newest holder), and a CHECK of its token shows it if CURRENT;
+//! - **lost grant**: a read (INSPECT, a LOCKED answer, a RENEW or CHECK of the lease
+//!   itself) answered while a lease's local deadline was still ahead, sent after that
+//!   deadline was known and before any release of it was sent, shows that lease, unless a
+//!   RENEW of it sent before the read's answer shortened the deadline to before that answer;
+//!   for a lock or write lease "shows" is its token, for a read or permit lease a token at
+//!   least its own (INSPECT and LOCKED name the newest holder), and a CHECK of its token
+//!   shows it if CURRENT;
 //! - **released came back**: nothing sent after a release's answer shows the released lease;
 //! - **current after its end**: CHECK never answers CURRENT for a token once a grant it
 //!   excludes (a write after a read, anything after a write) was answered before the CHECK

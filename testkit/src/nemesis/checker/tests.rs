@@ -402,8 +402,9 @@ fn a_writer_beside_another_holder_is_caught() {
 fn tokens_must_increase_across_grants_of_every_kind() {
     let mut s = Script::new();
     s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
-    s.grant_kind(2, (100, 110), 4, 2, LeaseKind::Shared); // after 5 was answered
-                                                          // (and a grant naming a token below a live reader's is a lost grant of that reader)
+    // After 5 was answered; and a grant naming a token below a live reader's is a lost
+    // grant of that reader.
+    s.grant_kind(2, (100, 110), 4, 2, LeaseKind::Shared);
     assert_eq!(s.rules(), vec![Rule::Tokens, Rule::LostGrant]);
     let mut s = Script::new();
     s.grant_kind(1, (0, 10), 5, 1, PERMIT);
