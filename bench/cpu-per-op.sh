@@ -5,6 +5,11 @@
 # not what each request costs), so this tells a slower build from a busier machine.
 #
 #   bench/cpu-per-op.sh OLD/tenured NEW/tenured           # PAIRS=6, PIPELINE=1 by default
+#   B_ARGS="--permits 4" bench/cpu-per-op.sh T/tenured T/tenured  # one build, two workloads
+#
+# A_ARGS and B_ARGS (empty by default) are extra load generator flags for A's and for B's
+# runs: with the same tenured twice they compare kinds of lease on one build (`--permits`,
+# `--shared`, PROTOCOL.md 3.10) against plain locks.
 #
 # Per run: ops/s, the server's CPU (all its threads) over the measured window in µs per op,
 # split into user and system time. The CPU is sampled from /proc after the warm-up and again
@@ -21,6 +26,8 @@ PIPELINE=${PIPELINE:-1}
 LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
 PORT=${PORT:-17941}
 read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
+read -r -a A_FLAGS <<<"${A_ARGS:-}"
+read -r -a B_FLAGS <<<"${B_ARGS:-}"
 NICE=()
 if [[ $(id -u) == 0 ]]; then NICE=(nice -n -20); fi
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
@@ -28,9 +35,11 @@ TICK_US=$((1000000 / $(getconf CLK_TCK)))
 # cpu PID: the process's user and system clock ticks so far, all threads.
 cpu() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 
-# one BIN: prints "OPS_PER_S USER_US_PER_OP SYS_US_PER_OP" of one run on a fresh server.
+# one BIN [LOADGEN FLAGS...]: prints "OPS_PER_S USER_US_PER_OP SYS_US_PER_OP" of one run on
+# a fresh server.
 one() {
     local bin=$1 dir pid lg json before after ops
+    shift
     dir=$(mktemp -d)
     json=$(mktemp)
     "${NICE[@]}" "$bin" --listen "127.0.0.1:$PORT" --data-dir "$dir" "${EXTRA[@]}" \
@@ -38,7 +47,7 @@ one() {
     pid=$!
     wait_port "$PORT" "$bin"
     "${NICE[@]}" "$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
-        --connections 50 --pipeline "$PIPELINE" --duration 5s --warmup 1s --quiet --json \
+        --connections 50 --pipeline "$PIPELINE" --duration 5s --warmup 1s --quiet --json "$@" \
         >"$json" &
     lg=$!
     sleep 1 # the warm-up
@@ -62,7 +71,11 @@ median() {
 
 ratios=() cpu_ratios=()
 for pair in $(seq "$PAIRS"); do
-    if ((pair % 2)); then a=$(one "$A"); b=$(one "$B"); else b=$(one "$B"); a=$(one "$A"); fi
+    if ((pair % 2)); then
+        a=$(one "$A" "${A_FLAGS[@]}") b=$(one "$B" "${B_FLAGS[@]}")
+    else
+        b=$(one "$B" "${B_FLAGS[@]}") a=$(one "$A" "${A_FLAGS[@]}")
+    fi
     read -r a_ops a_user a_sys <<<"$a"
     read -r b_ops b_user b_sys <<<"$b"
     a_cpu=$(awk -v u="$a_user" -v s="$a_sys" 'BEGIN { printf "%.3f", u + s }')

@@ -28,6 +28,12 @@ Scenarios:
   max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
   contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
               hand-off latency and fairness (Jain's index)
+  semaphore   contention for --keys semaphore keys of --permits [COUNT/]LIMIT permits
+              (default 4), each held --hold: grants/s, hand-off latency, waits, and the
+              most permits seen in use at once (never over LIMIT)
+  read-mostly contention for --keys read/write keys: each acquire a read lease, or a
+              write with probability --write-ratio (default 0.05), held --hold: grants/s,
+              hand-off latency, reader and writer wait percentiles
   healthy     a cluster: wait until every member answers and one serves
   failover    a cluster: kill -9 the leader (--pids, in address order), time until a
               grant is served by the rest (attempts bounded by --attempt-timeout)
@@ -50,6 +56,10 @@ pub enum Scenario {
     Max,
     /// Many clients, few hot keys, blocking acquires: hand-off latency and fairness.
     Contention,
+    /// Contention for semaphore permits (`--permits`, default 4): at most LIMIT holders.
+    Semaphore,
+    /// Contention for read/write keys: read leases, and writes at `--write-ratio`.
+    ReadMostly,
     /// Cluster: wait until healthy, kill the leader (`--pids`), time until a grant is served.
     Failover,
     /// Cluster: wait (up to `--duration`) until every member answers and one serves.
@@ -87,7 +97,8 @@ pub struct Args {
     /// estimate: acquires per second.
     #[arg(long, default_value_t = 50_000.0)]
     pub rate: f64,
-    /// How long a lock is held before release [estimate: 10s, contention: 1ms].
+    /// How long a lock is held before release [estimate: 10s, contention, semaphore,
+    /// read-mostly: 1ms].
     #[arg(long, value_parser = parse_duration)]
     pub hold: Option<Duration>,
     /// Lease length asked for on acquire and renew.
@@ -96,7 +107,8 @@ pub struct Args {
     /// estimate: renew period; a lock is renewed at every multiple of it up to `--hold`.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub renew_every: Duration,
-    /// Size of the key space [estimate: 2^40, max: 1000000, contention: 4].
+    /// Size of the key space [estimate: 2^40, max: 1000000, contention, semaphore,
+    /// read-mostly: 4].
     #[arg(long)]
     pub keys: Option<u64>,
     /// TCP connections to the target.
@@ -176,7 +188,13 @@ pub struct Args {
     /// tenure: every ACQUIRE asks for a read lease, beside other readers.
     #[arg(long, conflicts_with = "permits")]
     pub shared: bool,
+    /// read-mostly: the share of acquires that ask for a write lease (the rest read), 0..=1.
+    #[arg(long, default_value_t = 0.05)]
+    pub write_ratio: f64,
 }
+
+/// The semaphore scenario's permits when `--permits` is not given: one of 4.
+pub const SEMAPHORE_DEFAULT: LeaseKind = LeaseKind::Permits { count: 1, limit: 4 };
 
 /// Parses `--permits`: `LIMIT` (one permit of LIMIT) or `COUNT/LIMIT`, in the protocol's range.
 ///
@@ -242,6 +260,7 @@ impl Args {
         self.fill_defaults();
         self.check_counts()?;
         self.check_times()?;
+        self.check_kinds()?;
         ensure!(
             self.lease_kind().is_exclusive() || self.target.starts_with("tenure://"),
             "--permits and --shared are for tenure:// targets only"
@@ -261,12 +280,49 @@ impl Args {
         Ok(self)
     }
 
+    /// The kinds scenarios: tenure only, the semaphore with permits, read-mostly with neither
+    /// flag (it picks the kind per acquire) and a ratio in range.
+    fn check_kinds(&mut self) -> anyhow::Result<()> {
+        let kinds = matches!(self.scenario, Scenario::Semaphore | Scenario::ReadMostly);
+        ensure!(
+            !kinds || self.target.starts_with("tenure://"),
+            "--scenario semaphore and read-mostly are for tenure:// targets only"
+        );
+        match self.scenario {
+            Scenario::Semaphore => {
+                ensure!(
+                    !self.shared,
+                    "--scenario semaphore takes --permits, not --shared"
+                );
+                self.permits.get_or_insert(SEMAPHORE_DEFAULT);
+            }
+            Scenario::ReadMostly => ensure!(
+                self.permits.is_none() && !self.shared,
+                "--scenario read-mostly picks read or write per acquire: no --permits or --shared"
+            ),
+            _ => {}
+        }
+        ensure!(
+            (0.0..=1.0).contains(&self.write_ratio),
+            "--write-ratio must be 0..=1"
+        );
+        Ok(())
+    }
+
+    /// Whether the scenario is one of the contention family (blocking acquires by clients).
+    pub fn contends(&self) -> bool {
+        matches!(
+            self.scenario,
+            Scenario::Contention | Scenario::Semaphore | Scenario::ReadMostly
+        )
+    }
+
     /// The defaults that depend on the scenario: hold, key space and measured window.
     fn fill_defaults(&mut self) {
         let (hold, keys, duration) = match self.scenario {
             Scenario::Estimate => (10_000, 1 << 40, 30),
             Scenario::Max => (0, 1_000_000, 10),
-            Scenario::Contention => (1, 4, 10),
+            Scenario::Contention | Scenario::Semaphore | Scenario::ReadMostly => (1, 4, 10),
             Scenario::Failover | Scenario::Healthy => (0, 1, 30),
         };
         self.hold.get_or_insert(Duration::from_millis(hold));
@@ -392,5 +448,40 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(args.keys(), 4);
+    }
+
+    #[test]
+    fn the_kinds_scenarios_resolve_and_refuse_what_does_not_fit() {
+        let parse = |flags: &[&str]| {
+            let mut argv = vec!["tenure-loadgen"];
+            argv.extend_from_slice(flags);
+            Args::parse_from(argv).resolve()
+        };
+        let semaphore = parse(&["--scenario", "semaphore"]).unwrap();
+        assert_eq!(semaphore.lease_kind(), SEMAPHORE_DEFAULT);
+        assert_eq!(
+            (semaphore.keys(), semaphore.hold()),
+            (4, Duration::from_millis(1))
+        );
+        let two_of_eight = parse(&["--scenario", "semaphore", "--permits", "2/8"]).unwrap();
+        let wanted = LeaseKind::Permits { count: 2, limit: 8 };
+        assert_eq!(two_of_eight.lease_kind(), wanted);
+        let read_mostly = parse(&["--scenario", "read-mostly"]).unwrap();
+        assert_eq!(read_mostly.lease_kind(), LeaseKind::Exclusive);
+        assert!((read_mostly.write_ratio - 0.05).abs() < 1e-9);
+        for bad in [
+            &["--scenario", "semaphore", "--shared"][..],
+            &["--scenario", "read-mostly", "--shared"],
+            &["--scenario", "read-mostly", "--permits", "4"],
+            &["--scenario", "read-mostly", "--write-ratio", "1.5"],
+            &[
+                "--scenario",
+                "semaphore",
+                "--target",
+                "redis://127.0.0.1:6379",
+            ],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

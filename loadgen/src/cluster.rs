@@ -302,6 +302,7 @@ async fn etcd_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
         tag: 0,
         intended_ns: 0,
         sent_ns: 0,
+        lease_kind: None,
     };
     let replies = etcd_exchange(addr, |state, out| state.encode(&op, out)).await?;
     Ok(match etcd::outcome(&op, &replies) {

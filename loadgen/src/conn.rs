@@ -166,6 +166,7 @@ mod tests {
             tag,
             intended_ns: 0,
             sent_ns: 0,
+            lease_kind: None,
         }
     }
 

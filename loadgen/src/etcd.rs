@@ -344,6 +344,7 @@ mod tests {
             tag: 0,
             intended_ns: 0,
             sent_ns: 0,
+            lease_kind: None,
         }
     }
 

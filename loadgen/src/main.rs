@@ -13,10 +13,18 @@
 //! - `contention`: `--clients` on `--keys` hot keys with blocking acquires (`--wait`) and short
 //!   holds; hand-off latency and fairness (Jain's index over per-client grants).
 //!
+//! - `semaphore`: the contention loop on `--keys` semaphore keys of `--permits [COUNT/]LIMIT`
+//!   (default one of 4 permits), each grant held `--hold`: grants/s, hand-off latency, waits,
+//!   and the most permits the clients held at once on a key (never over LIMIT: a break is
+//!   counted in `exclusion_breaks`).
+//! - `read-mostly`: the contention loop on `--keys` read/write keys, each ACQUIRE a read lease
+//!   or, with probability `--write-ratio` (default 0.05), a write: grants/s, hand-off
+//!   latency, and reader and writer wait percentiles apart (`read_wait_*`, `write_wait_*`).
+//!
 //! With `--permits [COUNT/]LIMIT` every tenure ACQUIRE of the run asks for permits of a
 //! counting semaphore of LIMIT permits, with `--shared` for a read lease (PROTOCOL.md 3.10),
-//! so each scenario measures semaphore or read-lock cycles: `--scenario contention --permits
-//! 4` is semaphore contention, `--scenario max --op mixed --shared` read-lock cycles.
+//! so each scenario measures semaphore or read-lock cycles: `--scenario semaphore` is
+//! `contention --permits 4`, `--scenario max --op mixed --shared` read-lock cycles.
 //!
 //! # Targets
 //! `tenure://HOST:PORT` speaks the binary protocol; `redis://HOST:PORT` runs the same workloads
@@ -38,7 +46,8 @@
 //! tenure-loadgen --rate 20000 --hold 5s --renew-every 5s --duration 20s --server-pid 1234
 //! tenure-loadgen --scenario max --op mixed --connections 50 --pipeline 16 --duration 10s
 //! tenure-loadgen --scenario contention --clients 200 --keys 4 --hold 1ms
-//! tenure-loadgen --scenario contention --clients 200 --keys 4 --hold 1ms --permits 8
+//! tenure-loadgen --scenario semaphore --clients 200 --keys 4 --hold 1ms --permits 8
+//! tenure-loadgen --scenario read-mostly --clients 200 --keys 16 --hold 1ms --write-ratio 0.05
 //! tenure-loadgen --scenario max --op mixed --connections 50 --shared --keys 1000
 //! tenure-loadgen --target redis://127.0.0.1:6379 --scenario max --op acquire --redis-fenced
 //! tenure-loadgen --json ... > report.json                # progress stays on stderr

@@ -1,6 +1,9 @@
 //! The shared vocabulary of a run: the [`Op`]s a scenario sends, the [`Outcome`]s it hears,
 //! and how keys are named. Every codec (`wire` for tenure, `resp` for Redis, `etcd`) and every
-//! layer above them speaks these; this module imports nothing of the crate.
+//! layer above them speaks these; this module imports nothing of the crate (only the
+//! protocol crate's [`LeaseKind`]).
+
+use tenure_protocol::LeaseKind;
 
 /// Prefix of every key the load generator uses: key number `n` is the lock named `job:{n}`.
 pub const KEY_PREFIX: &[u8] = b"job:";
@@ -61,6 +64,10 @@ pub struct Op {
     /// When the op was encoded for sending, nanoseconds since the run's start (set by the
     /// connection): the gap to `intended_ns` is the generator's own lag.
     pub sent_ns: u64,
+    /// tenure: the lease this ACQUIRE asks for, whatever its connection's kind (`None`: the
+    /// connection's, from `--permits` or `--shared`). The read-mostly scenario mixes reads
+    /// and writes on one connection.
+    pub lease_kind: Option<LeaseKind>,
 }
 
 /// What came back for one op.

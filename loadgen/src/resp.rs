@@ -345,6 +345,7 @@ mod tests {
             tag: 0,
             intended_ns: 0,
             sent_ns: 0,
+            lease_kind: None,
         };
         let mut out = BytesMut::new();
         encode_op(&scripts, false, &op, &mut out);

@@ -100,24 +100,40 @@ fn build_scenario(
             },
             rng,
         )),
-        Which::Contention => Box::new(contention::Contention::new(
-            contention::Settings {
-                clients: args.clients,
-                keys: args.keys(),
-                ttl_ms,
-                wait_ms: if redis {
-                    0
-                } else {
-                    millis_u32(args.wait, "--wait")?
-                },
-                hold_ns: args.hold().as_nanos() as u64,
-                retry_ns: args.retry.as_nanos() as u64,
-                connections: conns,
-            },
-            rng,
-        )),
+        Which::Contention | Which::Semaphore | Which::ReadMostly => {
+            Box::new(contention(args, ttl_ms, conns, redis, rng)?)
+        }
         Which::Failover | Which::Healthy => bail!("{:?} is not a load scenario", args.scenario),
     })
+}
+
+/// The contention workload of `--scenario contention`, `semaphore` or `read-mostly`.
+fn contention(
+    args: &Args,
+    ttl_ms: u32,
+    conns: usize,
+    redis: bool,
+    rng: Rng,
+) -> anyhow::Result<contention::Contention> {
+    let read_mostly = args.scenario == Which::ReadMostly;
+    Ok(contention::Contention::new(
+        contention::Settings {
+            clients: args.clients,
+            keys: args.keys(),
+            ttl_ms,
+            wait_ms: if redis {
+                0
+            } else {
+                millis_u32(args.wait, "--wait")?
+            },
+            hold_ns: args.hold().as_nanos() as u64,
+            retry_ns: args.retry.as_nanos() as u64,
+            connections: conns,
+            kind: args.lease_kind(),
+            write_ratio: read_mostly.then_some(args.write_ratio),
+        },
+        rng,
+    ))
 }
 
 /// Resource figures taken at one instant.
@@ -161,7 +177,7 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let mut streams = Vec::with_capacity(args.connections);
     let mut setups = Vec::with_capacity(args.connections);
     let mut pipeline = args.pipeline;
-    if args.scenario == Which::Contention {
+    if args.contends() {
         // Every client has at most one op in flight; all of a connection's must fit, or a
         // release could queue behind acquires that wait for it.
         pipeline = pipeline.max(args.clients.div_ceil(args.connections));
@@ -313,7 +329,7 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
             ("renew_every_s", Value::F64(args.renew_every.as_secs_f64())),
         ]),
         Which::Max => settings.push(("op", Value::Str(format!("{:?}", args.op).to_lowercase()))),
-        Which::Contention => settings.extend([
+        Which::Contention | Which::Semaphore | Which::ReadMostly => settings.extend([
             ("clients", Value::U64(args.clients as u64)),
             ("hold_ms", Value::F64(args.hold().as_secs_f64() * 1e3)),
         ]),
@@ -324,6 +340,9 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
     }
     if args.acquire_ids {
         settings.push(("acquire_ids", Value::Str("true".to_owned())));
+    }
+    if args.scenario == Which::ReadMostly {
+        settings.push(("write_ratio", Value::F64(args.write_ratio)));
     }
     match args.lease_kind() {
         LeaseKind::Exclusive => {}

@@ -152,6 +152,7 @@ mod tests {
             tag: 0,
             intended_ns: 50,
             sent_ns: 50,
+            lease_kind: None,
         };
         stats.record(&op, &Outcome::Pong, 60);
         op.intended_ns = 150;

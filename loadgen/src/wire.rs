@@ -108,7 +108,8 @@ fn put_acquire(op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
 
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
 /// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per ACQUIRE in this process
-/// and random across processes. An ACQUIRE asks for `kind`; the other requests have no kind.
+/// and random across processes. An ACQUIRE asks for its own `op.lease_kind` if it names one,
+/// else for `kind` (the connection's); the other requests have no kind.
 pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
@@ -121,7 +122,7 @@ pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut Byt
     dst.put_u8(opcode);
     dst.put_u64(id);
     match op.kind {
-        OpKind::Acquire => put_acquire(op, acquire_id, kind, dst),
+        OpKind::Acquire => put_acquire(op, acquire_id, op.lease_kind.unwrap_or(kind), dst),
         OpKind::Renew => {
             put_key16(dst, op.key);
             dst.put_slice(&LeaseId::from_u128(op.lease).0);
@@ -170,6 +171,7 @@ mod tests {
             tag: 0,
             intended_ns: 0,
             sent_ns: 0,
+            lease_kind: None,
         }
     }
 

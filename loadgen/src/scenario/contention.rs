@@ -8,10 +8,18 @@
 //!   holder's grant arrives, counted only when that next holder was already waiting;
 //! - fairness: each client's wait (first attempt to grant), with the spread of per-client mean
 //!   waits and Jain's index over per-client grant counts (1 is perfectly even).
+//!
+//! The same loop drives the `semaphore` scenario (every ACQUIRE asks for `--permits`) and
+//! `read-mostly` (each ACQUIRE a read lease, or a write at `--write-ratio`; reader and writer
+//! waits apart). The clients also count, per key, the permits or leases they hold, from a
+//! grant's arrival to its release's send: inside the server's hold, so while `--hold` is
+//! shorter than `--ttl` the count never passes what the server allows (the limit; a writer
+//! alone). The most seen at once and the breaks (which must be 0) are reported.
 
 use std::collections::VecDeque;
 
 use hdrhistogram::Histogram;
+use tenure_protocol::LeaseKind;
 
 use crate::op::{Op, OpKind, Outcome};
 use crate::report::Value;
@@ -34,7 +42,16 @@ pub struct Settings {
     pub retry_ns: u64,
     /// Connections; client `i` uses connection `i % connections`.
     pub connections: usize,
+    /// What the run's ACQUIREs ask for (`--permits`, `--shared`, or the key alone), for the
+    /// clients' count of holders.
+    pub kind: LeaseKind,
+    /// read-mostly: the share of acquires that ask for a write lease, the others a read lease
+    /// (each ACQUIRE names its own kind). `None`: every ACQUIRE asks for `kind`.
+    pub write_ratio: Option<f64>,
 }
+
+/// Scale of the write-ratio draw: a ratio is kept to a millionth.
+const RATIO_SCALE: u64 = 1_000_000;
 
 #[derive(Clone, Copy, Default)]
 struct Client {
@@ -43,6 +60,8 @@ struct Client {
     attempt_start_ns: u64,
     grants: u64,
     wait_sum_ns: u64,
+    /// read-mostly: this attempt asks for a write lease.
+    writing: bool,
 }
 
 /// The contention workload.
@@ -62,6 +81,16 @@ pub struct Contention {
     wait_ns: Histogram<u64>,
     held: u64,
     wait_timeouts: u64,
+    /// Per hot key: permits (or leases) the clients hold now, and of them write leases.
+    in_use: Vec<u32>,
+    writers: Vec<u32>,
+    /// The most permits or leases held at once on one key, and the grants that broke the
+    /// key's rule (over the limit, a writer not alone).
+    in_use_max: u32,
+    exclusion_breaks: u64,
+    /// read-mostly: waits and grants of readers and of writers, apart.
+    read_wait_ns: Histogram<u64>,
+    write_wait_ns: Histogram<u64>,
 }
 
 impl Contention {
@@ -79,6 +108,12 @@ impl Contention {
             wait_ns: histogram(),
             held: 0,
             wait_timeouts: 0,
+            in_use: vec![0; s.keys as usize],
+            writers: vec![0; s.keys as usize],
+            in_use_max: 0,
+            exclusion_breaks: 0,
+            read_wait_ns: histogram(),
+            write_wait_ns: histogram(),
             s,
         }
     }
@@ -100,19 +135,60 @@ impl Contention {
         );
         op.tag = client as u64;
         op.wait_ms = self.s.wait_ms;
+        if self.s.write_ratio.is_some() {
+            op.lease_kind = Some(self.lease_of(client));
+        }
         ctx.submit(client % self.s.connections, op);
+    }
+
+    /// The lease client `client`'s current attempt asks for.
+    fn lease_of(&self, client: usize) -> LeaseKind {
+        match (self.s.write_ratio, self.clients[client].writing) {
+            (None, _) => self.s.kind,
+            (Some(_), true) => LeaseKind::Exclusive,
+            (Some(_), false) => LeaseKind::Shared,
+        }
+    }
+
+    /// Counts client `client`'s lease in (`enter`) or out of its key's holders; on entry,
+    /// counts a break of the key's rule.
+    fn count_holder(&mut self, client: usize, enter: bool) {
+        let hot = (self.clients[client].key - self.key_base) as usize;
+        let (count, alone, limit) = match self.lease_of(client) {
+            LeaseKind::Exclusive => (1, true, 1),
+            LeaseKind::Shared => (1, false, u32::MAX),
+            LeaseKind::Permits { count, limit } => (count, false, limit),
+        };
+        if !enter {
+            self.in_use[hot] -= count;
+            self.writers[hot] -= u32::from(alone);
+            return;
+        }
+        self.in_use[hot] += count;
+        self.writers[hot] += u32::from(alone);
+        self.in_use_max = self.in_use_max.max(self.in_use[hot]);
+        let beside_writer = self.writers[hot] > u32::from(alone);
+        if self.in_use[hot] > limit || beside_writer {
+            self.exclusion_breaks += 1;
+        }
     }
 
     fn begin(&mut self, ctx: &mut Ctx<'_>, client: usize) {
         let hot = self.rng.below(self.s.keys);
+        let writing = self
+            .s
+            .write_ratio
+            .is_some_and(|r| self.rng.below(RATIO_SCALE) < (r * RATIO_SCALE as f64) as u64);
         let c = &mut self.clients[client];
         c.key = self.key_base + hot;
         c.attempt_start_ns = ctx.now_ns;
+        c.writing = writing;
         self.acquire(ctx, client, ctx.now_ns);
     }
 
     fn granted(&mut self, now_ns: u64, client: usize, lease: u128) {
         self.held += 1;
+        self.count_holder(client, true);
         let c = self.clients[client];
         let hot = (c.key - self.key_base) as usize;
         let release_ns = self.release_sent_ns[hot];
@@ -123,6 +199,13 @@ impl Contention {
         if self.in_window(c.attempt_start_ns) {
             let wait_ns = now_ns - c.attempt_start_ns;
             self.wait_ns.saturating_record(wait_ns.max(1));
+            if self.s.write_ratio.is_some() {
+                let by_kind = match c.writing {
+                    true => &mut self.write_wait_ns,
+                    false => &mut self.read_wait_ns,
+                };
+                by_kind.saturating_record(wait_ns.max(1));
+            }
             let c = &mut self.clients[client];
             c.grants += 1;
             c.wait_sum_ns += wait_ns;
@@ -145,6 +228,7 @@ impl Scenario for Contention {
                 break;
             }
             self.holding.pop_front();
+            self.count_holder(client, false);
             let Client { key, lease, .. } = self.clients[client];
             self.release_sent_ns[(key - self.key_base) as usize] = ctx.now_ns;
             let op = op(OpKind::Release, key, lease, 0, client as u64, due_ns);
@@ -206,7 +290,7 @@ impl Scenario for Contention {
             .collect();
         let total: u64 = grants.iter().sum();
         let us = |h: &Histogram<u64>, q: f64| Value::F64(h.value_at_quantile(q) as f64 / 1e3);
-        vec![
+        let mut out = vec![
             ("clients", Value::U64(self.clients.len() as u64)),
             ("hot_keys", Value::U64(self.s.keys)),
             ("grants", Value::U64(total)),
@@ -236,7 +320,41 @@ impl Scenario for Contention {
             ),
             ("jain_fairness", Value::F64(jain_index(&grants))),
             ("wait_timeouts", Value::U64(self.wait_timeouts)),
-        ]
+            ("held_at_once_max", Value::U64(u64::from(self.in_use_max))),
+            ("exclusion_breaks", Value::U64(self.exclusion_breaks)),
+        ];
+        out.extend(self.kinds_summary(window_s));
+        out
+    }
+}
+
+impl Contention {
+    /// The semaphore's limit, or read-mostly's reads and writes apart.
+    fn kinds_summary(&self, window_s: f64) -> Vec<(&'static str, Value)> {
+        let us = |h: &Histogram<u64>, q: f64| Value::F64(h.value_at_quantile(q) as f64 / 1e3);
+        let mut out = Vec::new();
+        if let LeaseKind::Permits { count, limit } = self.s.kind {
+            out.push(("permits_per_grant", Value::U64(u64::from(count))));
+            out.push(("permit_limit", Value::U64(u64::from(limit))));
+        }
+        if let Some(ratio) = self.s.write_ratio {
+            let (reads, writes) = (self.read_wait_ns.len(), self.write_wait_ns.len());
+            out.extend([
+                ("write_ratio", Value::F64(ratio)),
+                ("read_grants", Value::U64(reads)),
+                ("write_grants", Value::U64(writes)),
+                ("read_grants_per_s", Value::F64(reads as f64 / window_s)),
+                ("write_grants_per_s", Value::F64(writes as f64 / window_s)),
+                ("read_wait_p50_us", us(&self.read_wait_ns, 0.5)),
+                ("read_wait_p99_us", us(&self.read_wait_ns, 0.99)),
+                ("read_wait_max_us", us(&self.read_wait_ns, 1.0)),
+                ("write_wait_p50_us", us(&self.write_wait_ns, 0.5)),
+                ("write_wait_p90_us", us(&self.write_wait_ns, 0.9)),
+                ("write_wait_p99_us", us(&self.write_wait_ns, 0.99)),
+                ("write_wait_max_us", us(&self.write_wait_ns, 1.0)),
+            ]);
+        }
+        out
     }
 }
 

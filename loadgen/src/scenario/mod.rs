@@ -117,5 +117,6 @@ pub fn op(kind: OpKind, key: u64, lease: u128, ttl_ms: u32, tag: u64, intended_n
         tag,
         intended_ns,
         sent_ns: 0,
+        lease_kind: None,
     }
 }

@@ -99,3 +99,75 @@ fn kinds_are_refused_for_other_targets_and_out_of_range() {
     }
     assert!(!run(&["--permits", "4", "--shared"]).status.success());
 }
+
+/// Runs `--scenario SCENARIO` briefly, 16 clients on 2 keys with `flags`; returns the report.
+fn contend(server: &ThreadServer, scenario: &str, flags: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tenure-loadgen"))
+        .args(["--target", &format!("tenure://{}", server.addr)])
+        .args(["--scenario", scenario, "--clients", "16", "--keys", "2"])
+        .args(["--hold", "1ms", "--duration", "1s", "--warmup", "200ms"])
+        .args(["--connections", "2", "--json", "--quiet"])
+        .args(flags)
+        .output()
+        .expect("run tenure-loadgen");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let errors = report["errors"].as_object().expect("an errors object");
+    assert!(errors.is_empty(), "errors: {stdout}");
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_semaphore_scenario_contends_for_permits_within_the_limit() {
+    let server = ThreadServer::start();
+    let json = contend(&server, "semaphore", &["--permits", "3"]);
+    let grants = number(&json, "summary", "grants");
+    assert!(grants >= 1.0, "{json}");
+    assert!(json.contains("permits=1/3"), "{json}");
+    assert_eq!(number(&json, "summary", "permit_limit"), 3.0, "{json}");
+    // The clients' own count of permits held at once on a key: some, never over the limit.
+    let most = number(&json, "summary", "held_at_once_max");
+    assert!((1.0..=3.0).contains(&most), "{json}");
+    assert_eq!(number(&json, "summary", "exclusion_breaks"), 0.0, "{json}");
+    assert!(number(&json, "summary", "grants_per_s") > 0.0, "{json}");
+    // Every grant the report counts was a permit grant at the server (which also counts
+    // the warm-up's and the drain's).
+    let at_server = stat(&server, "permit_grants").await as f64;
+    assert!(
+        at_server >= grants,
+        "server {at_server} < report {grants}: {json}"
+    );
+    assert_eq!(stat(&server, "shared_grants").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_mostly_scenario_mixes_read_and_write_leases() {
+    let server = ThreadServer::start();
+    let json = contend(&server, "read-mostly", &["--write-ratio", "0.5"]);
+    let grants = number(&json, "summary", "grants");
+    let (reads, writes) = (
+        number(&json, "summary", "read_grants"),
+        number(&json, "summary", "write_grants"),
+    );
+    assert!(grants >= 2.0, "{json}");
+    assert_eq!(reads + writes, grants, "{json}");
+    assert!(reads >= 1.0 && writes >= 1.0, "{json}");
+    assert_eq!(number(&json, "summary", "exclusion_breaks"), 0.0, "{json}");
+    assert!(
+        number(&json, "summary", "write_wait_p99_us") > 0.0,
+        "{json}"
+    );
+    // Both kinds reached the server: read leases, and writes (plain grants).
+    let shared = stat(&server, "shared_grants").await as f64;
+    let all = stat(&server, "grants").await as f64;
+    assert!(shared >= reads, "server {shared} < report {reads}: {json}");
+    assert!(
+        all - shared >= writes,
+        "server writes {} < report {writes}",
+        all - shared
+    );
+}

@@ -1,5 +1,6 @@
 //! The nemesis run of cluster mode (issue 11): three `tenured --cluster` daemons, peer links
-//! through a proxy, a seeded mixed load, and the four faults (kill -9, SIGSTOP and SIGCONT
+//! through a proxy, a seeded mixed load (plain locks, semaphore permits, read and write
+//! leases, CHECKs: issue 26), and the four faults (kill -9, SIGSTOP and SIGCONT
 //! of the leader, a partition isolating it, a follower restarted wiped); the checker of
 //! `tenure_testkit::nemesis` must find the client-side history consistent.
 //!
@@ -57,6 +58,23 @@ async fn a_cluster_under_faults_keeps_every_lease_and_token_promise() {
     }
     let granted = report.ops.get("acquire Granted").copied().unwrap_or(0);
     assert!(granted > 0, "the load was granted nothing\n{report}");
+    // The same clients took semaphore permits and read or write leases, and CHECKed tokens
+    // (issue 26): the checker's permit, writer-alone and CHECK rules had something to check.
+    // (Per family, not per kind: a short run grants a few writes, which could be none.)
+    let count = |prefix: &str, outcome: &str| -> usize {
+        let wait = format!("{prefix}-wait {outcome}");
+        [format!("{prefix} {outcome}"), wait]
+            .iter()
+            .map(|name| report.ops.get(name).copied().unwrap_or(0))
+            .sum()
+    };
+    assert!(
+        count("permits", "Granted") > 0,
+        "no permits granted\n{report}"
+    );
+    let rw = count("read", "Granted") + count("write", "Granted");
+    assert!(rw > 0, "no read or write lease granted\n{report}");
+    assert!(count("check", "Current") > 0, "no CHECK CURRENT\n{report}");
 }
 
 /// Time a wiped follower is given to catch up from the leader before the test leans on it.

@@ -7,21 +7,33 @@
 //! may shorten it), less the clock margin, and it ends at the send of its release. Rules:
 //! - **tokens**: per key, acknowledged grants have distinct tokens, and a grant answered
 //!   before another was sent has the smaller token;
-//! - **overlap**: the local deadlines of two different leases on one key never overlap;
-//! - **lost grant**: a read (INSPECT, a LOCKED answer, a RENEW of the lease itself) answered
-//!   while a lease's local deadline was still ahead, sent after that deadline was known and
-//!   before any release of it was sent, shows that lease, unless a RENEW of it sent before
-//!   the read's answer shortened the deadline to before that answer;
-//! - **released came back**: nothing sent after a release's answer shows the released lease.
+//! - **overlap** ("writer alone"): the local deadlines of two different leases on one key
+//!   never overlap, unless both are read leases or both permit leases of a semaphore
+//!   (PROTOCOL.md 3.10): a lock or write lease is alone inside its deadline;
+//! - **permits** ("at most N holders"): at every instant, the permits of the permit leases
+//!   inside their local deadlines on a semaphore key sum to at most its limit;
+//! - **lost grant**: a read (INSPECT, a LOCKED answer, a RENEW or CHECK of the lease
+//!   itself) answered while a lease's local deadline was still ahead, sent after that
+//!   deadline was known and before any release of it was sent, shows that lease, unless a
+//!   RENEW of it sent before the read's answer shortened the deadline to before that answer;
+//!   for a lock or write lease "shows" is its token, for a read or permit lease a token at
+//!   least its own (INSPECT and LOCKED name the newest holder), and a CHECK of its token
+//!   shows it if CURRENT;
+//! - **released came back**: nothing sent after a release's answer shows the released lease;
+//! - **current after its end**: CHECK never answers CURRENT for a token once a grant it
+//!   excludes (a write after a read, anything after a write) was answered before the CHECK
+//!   was sent: that grant was made only once the token's lease had ended.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use tenure::LeaseId;
+use tenure::{LeaseId, LeaseKind};
 
 use super::history::{Kind, Op, Outcome};
 
+/// The token a LOCKED answer names when the key has no holder: no grant's.
+const NO_TOKEN: u64 = 0;
 /// The client's clock margin: the server's 2 ms resolution (PROTOCOL.md 3.3).
 const MARGIN_MIN: Duration = Duration::from_millis(2);
 /// The cluster margin's share of the TTL, for clock-rate drift (CLUSTER.md): ttl / 1000.
@@ -32,12 +44,17 @@ const MARGIN_TTL_DIVISOR: u32 = 1000;
 pub enum Rule {
     /// Fencing tokens repeated or went backwards on a key.
     Tokens,
-    /// Two leases' local deadlines on one key overlapped.
+    /// Two leases that exclude each other (a lock or write lease and any other, a read lease
+    /// and permits) were inside their local deadlines at once on one key.
     Overlap,
+    /// More permits than a semaphore's limit were inside their local deadlines at once.
+    Permits,
     /// A lease within its local deadline, not released, was not seen held.
     LostGrant,
     /// A lease whose release was acknowledged was seen again.
     ReleasedCameBack,
+    /// CHECK answered CURRENT for a token after a grant its lease excludes was answered.
+    CurrentAfterEnd,
     /// The cluster did not serve again within the bound after a fault.
     Unavailable,
 }
@@ -66,6 +83,8 @@ struct Lease {
     client: usize,
     token: u64,
     id: LeaseId,
+    /// What it holds: the key alone, a read lease or permits.
+    kind: LeaseKind,
     /// When the grant was sent and answered.
     sent: Instant,
     answered: Instant,
@@ -164,6 +183,10 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
         } = op.outcome
         {
             let grant_end = op.sent + ms(waited_ms) + ms(ttl_ms) - margin(ttl_ms);
+            let kind = match op.kind {
+                Kind::Acquire { lease_kind, .. } => lease_kind,
+                _ => LeaseKind::Exclusive,
+            };
             leases.insert(
                 lease,
                 Lease {
@@ -171,6 +194,7 @@ fn leases(ops: &[Op]) -> HashMap<LeaseId, Lease> {
                     client: op.client,
                     token,
                     id: lease,
+                    kind,
                     sent: op.sent,
                     answered: op.answered,
                     grant_end,
@@ -223,14 +247,19 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
         by_key.entry(lease.key.as_str()).or_default().push(lease);
     }
     let mut violations = Vec::new();
-    for (key, mut list) in by_key {
+    for (key, list) in &mut by_key {
         list.sort_by_key(|l| l.answered);
-        check_tokens(key, &list, &mut violations);
-        check_overlap(key, &list, &mut violations);
+        check_tokens(key, list, &mut violations);
+        check_overlap(key, list, &mut violations);
     }
     let mut reads_by_key: HashMap<&str, Vec<&Op>> = HashMap::new();
     for op in ops {
         reads_by_key.entry(op.key.as_str()).or_default().push(op);
+    }
+    for (key, list) in &by_key {
+        for op in reads_by_key.get(*key).into_iter().flatten() {
+            check_current(list, op, &mut violations);
+        }
     }
     for lease in leases.values() {
         for op in reads_by_key.get(lease.key.as_str()).into_iter().flatten() {
@@ -244,6 +273,10 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
 /// LOCKED) that no ACQUIRE of the history was answered GRANTED with, so no client knew its
 /// lease id: a grant whose answer was lost, holding the key for its TTL. The harness's probes
 /// use keys nobody reads, so this counts the load's. One line per (key, token).
+///
+/// Token 0 is no token (they start at 1): a LOCKED naming it says the key had no holder when
+/// the waiter's time ran out (the nemesis sees it for blocking ACQUIREs on read/write and
+/// semaphore keys across a fail-over: `Entry::locked` in `server/src/table/shared.rs`).
 pub fn orphans(ops: &[Op]) -> Vec<String> {
     use std::collections::BTreeSet;
     let granted: BTreeSet<(&str, u64)> = ops
@@ -259,6 +292,7 @@ pub fn orphans(ops: &[Op]) -> Vec<String> {
             Outcome::Held { token } | Outcome::Locked { token } => Some((op.key.as_str(), token)),
             _ => None,
         })
+        .filter(|&(_, token)| token != NO_TOKEN)
         .collect();
     seen.difference(&granted)
         .map(|(key, token)| format!("{key:?} held by token {token}, granted to no client"))
@@ -302,7 +336,26 @@ fn check_tokens(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     }
 }
 
-/// Local deadlines of different leases on one key never overlap.
+/// Whether two leases of one key may be inside their deadlines at once: two read leases, or
+/// two permit leases (whose permits [`check_overlap`] sums against the limit).
+fn may_share(a: LeaseKind, b: LeaseKind) -> bool {
+    matches!(
+        (a, b),
+        (LeaseKind::Shared, LeaseKind::Shared)
+            | (LeaseKind::Permits { .. }, LeaseKind::Permits { .. })
+    )
+}
+
+/// The permits a lease holds and the limit of its key (`None`: not a permit lease).
+fn permits(kind: LeaseKind) -> Option<(u32, u32)> {
+    match kind {
+        LeaseKind::Permits { count, limit } => Some((count, limit)),
+        _ => None,
+    }
+}
+
+/// Local deadlines of different leases on one key overlap only where both may share the key,
+/// and permit leases inside theirs never hold more than the limit.
 fn check_overlap(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     let mut segments: Vec<(Instant, Instant, &Lease)> = list
         .iter()
@@ -312,7 +365,10 @@ fn check_overlap(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
     let mut open: Vec<(Instant, Instant, &Lease)> = Vec::new();
     for (start, end, lease) in segments {
         open.retain(|&(_, e, _)| e > start);
-        if let Some(&(s, e, other)) = open.iter().find(|(_, _, o)| o.id != lease.id) {
+        let excluded = open
+            .iter()
+            .find(|(_, _, o)| o.id != lease.id && !may_share(o.kind, lease.kind));
+        if let Some(&(s, e, other)) = excluded {
             violations.push(Violation {
                 rule: Rule::Overlap,
                 key: key.to_owned(),
@@ -329,7 +385,63 @@ fn check_overlap(key: &str, list: &[&Lease], violations: &mut Vec<Violation>) {
                 ),
             });
         }
+        check_permits(key, &open, start, lease, violations);
         open.push((start, end, lease));
+    }
+}
+
+/// The permits rule at `start`, where `lease` enters its deadline beside the `open` ones.
+fn check_permits(
+    key: &str,
+    open: &[(Instant, Instant, &Lease)],
+    start: Instant,
+    lease: &Lease,
+    violations: &mut Vec<Violation>,
+) {
+    let Some((count, limit)) = permits(lease.kind) else {
+        return;
+    };
+    let others: u32 = open
+        .iter()
+        .filter(|(_, _, o)| o.id != lease.id)
+        .filter_map(|(_, _, o)| permits(o.kind).map(|(c, _)| c))
+        .sum();
+    if others + count > limit {
+        violations.push(Violation {
+            rule: Rule::Permits,
+            key: key.to_owned(),
+            detail: format!(
+                "token {} (client {}) inside its deadline with {count} permits from +{:?} \
+                 while others held {others}: over the limit of {limit}",
+                lease.token,
+                lease.client,
+                start.duration_since(lease.sent),
+            ),
+        });
+    }
+}
+
+/// The current-after-its-end rule for one answer on a key whose leases are `list`.
+fn check_current(list: &[&Lease], op: &Op, violations: &mut Vec<Violation>) {
+    let (Kind::Check { token }, Outcome::Current) = (&op.kind, &op.outcome) else {
+        return;
+    };
+    let Some(checked) = list.iter().find(|l| l.token == *token) else {
+        return;
+    };
+    let excluding = list
+        .iter()
+        .find(|l| l.token > *token && l.answered < op.sent && !may_share(l.kind, checked.kind));
+    if let Some(later) = excluding {
+        violations.push(Violation {
+            rule: Rule::CurrentAfterEnd,
+            key: op.key.clone(),
+            detail: format!(
+                "CHECK of token {token} ({:?}, client {}) answered CURRENT after token {} \
+                 ({:?}, client {}) was granted",
+                checked.kind, checked.client, later.token, later.kind, later.client
+            ),
+        });
     }
 }
 
@@ -345,6 +457,10 @@ fn shown(op: &Op, lease: &Lease) -> Option<Shown> {
             Some(Shown::Token(lease.token))
         }
         (Kind::Renew { lease: id, .. }, Outcome::Lost) if *id == lease.id => Some(Shown::Free),
+        (Kind::Check { token }, Outcome::Current) if *token == lease.token => {
+            Some(Shown::Token(lease.token))
+        }
+        (Kind::Check { token }, Outcome::Stale) if *token == lease.token => Some(Shown::Free),
         _ => None,
     }
 }
@@ -371,7 +487,14 @@ fn check_read(lease: &Lease, op: &Op, violations: &mut Vec<Violation>) {
             .is_some_and(|deadline| deadline > op.answered)
     };
     let must_hold = unreleased && within(op.sent) && within(op.answered);
-    if must_hold && shown != Shown::Token(lease.token) {
+    // A read or permit lease shares its key: an answer names the newest holder, whose token
+    // is at least this one's while this one holds.
+    let shows_it = match shown {
+        Shown::Free => false,
+        Shown::Token(t) if lease.kind.is_exclusive() => t == lease.token,
+        Shown::Token(t) => t >= lease.token,
+    };
+    if must_hold && !shows_it {
         violations.push(Violation {
             rule: Rule::LostGrant,
             key: lease.key.clone(),

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tenure::{Error, ErrorCode, LeaseId};
+use tenure::{Error, ErrorCode, LeaseId, LeaseKind};
 
 /// The `client` of operations sent by the harness's probes rather than by the load.
 pub const PROBE_CLIENT: usize = usize::MAX;
@@ -12,12 +12,15 @@ pub const PROBE_CLIENT: usize = usize::MAX;
 /// What was asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// ACQUIRE, waiting in line up to `wait_ms` (0: no wait).
+    /// ACQUIRE, waiting in line up to `wait_ms` (0: no wait), of a lease of `lease_kind`:
+    /// the key alone (a lock, or a write lease), a read lease, or semaphore permits.
     Acquire {
         /// The TTL asked for.
         ttl_ms: u32,
         /// The wait asked for.
         wait_ms: u32,
+        /// The kind of lease asked for (PROTOCOL.md 3.10).
+        lease_kind: LeaseKind,
     },
     /// RENEW of `lease` to `ttl_ms`.
     Renew {
@@ -33,6 +36,11 @@ pub enum Kind {
     },
     /// INSPECT.
     Inspect,
+    /// CHECK of `token`: does it belong to a lease holding the key now?
+    Check {
+        /// The token asked about.
+        token: u64,
+    },
 }
 
 /// What came back.
@@ -72,6 +80,10 @@ pub enum Outcome {
         /// The holder's token.
         token: u64,
     },
+    /// CHECK: the token belongs to a lease holding the key.
+    Current,
+    /// CHECK: the token belongs to no lease holding the key.
+    Stale,
     /// A definite failure: the server refused, nothing changed.
     Failed(String),
     /// No answer, or NOT_LEADER: a write may or may not have taken effect (PROTOCOL.md 3.8).
@@ -86,7 +98,10 @@ impl Outcome {
                 code: ErrorCode::NotLeader,
                 message,
             } => Outcome::Unknown(format!("NOT_LEADER {message}")),
-            Error::Server { .. } | Error::Invalid { .. } => Outcome::Failed(error.to_string()),
+            Error::Server { .. }
+            | Error::Invalid { .. }
+            | Error::KindMismatch(_)
+            | Error::BadPermits(_) => Outcome::Failed(error.to_string()),
             _ => Outcome::Unknown(error.to_string()),
         }
     }

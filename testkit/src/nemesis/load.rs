@@ -1,5 +1,10 @@
 //! The mixed load: client tasks over a small key set, each op recorded in the [`History`],
 //! and the probes the harness sends after a fault.
+//!
+//! Every client takes plain locks (keys `k<n>`), permits of a semaphore (`sem<n>`, of
+//! [`SEMAPHORE_LIMIT`] permits, 1 to all of them at once) and read or write leases of
+//! read/write keys (`rw<n>`), the family drawn per acquire: the same clients share the three,
+//! so the run lasts no longer. Holders also CHECK their tokens, and old ones.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,8 +13,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tenure::{
-    AcquireOptions, AcquireOutcome, Client, ClientConfig, KeyState, LeaseId, ReleaseOutcome,
-    RenewOutcome,
+    AcquireOptions, AcquireOutcome, CheckOutcome, Client, ClientConfig, KeyState, LeaseId,
+    LeaseKind, ReleaseOutcome, RenewOutcome,
 };
 
 use super::history::{History, Kind, Op, Outcome, PROBE_CLIENT};
@@ -24,8 +29,24 @@ const THINK_MS_RANGE: (u64, u64) = (10, 150);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A client's wait for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Released lease ids a client keeps, to check now and then that they stay gone.
+/// Released (or forgotten) leases a client keeps, to check now and then that they stay gone.
 const RELEASED_KEPT: usize = 8;
+/// Semaphore keys of the load (`sem<n>`), and their number of permits.
+const SEMAPHORE_KEYS: usize = 1;
+/// Permits of each semaphore key; a lease asks for 1 to all of them.
+pub const SEMAPHORE_LIMIT: u32 = 3;
+/// Read/write keys of the load (`rw<n>`).
+const RW_KEYS: usize = 1;
+/// Share of the acquires, in %, that go to semaphore keys, and to read/write keys (the rest to
+/// plain keys); and of the read/write acquires, the share that write.
+const SEMAPHORE_PCT: u32 = 30;
+const RW_PCT: u32 = 30;
+const RW_WRITE_PCT: u32 = 50;
+const _: () = assert!(SEMAPHORE_PCT + RW_PCT < 100 && RW_WRITE_PCT <= 100);
+const _: () = assert!(
+    SEMAPHORE_LIMIT >= 2,
+    "one permit is a plain lock: nothing shared"
+);
 /// TTL of a probe's grant: short, it only shows that the cluster grants.
 const PROBE_TTL_MS: u32 = 200;
 /// A probe's wait for a connection or an answer.
@@ -90,18 +111,37 @@ pub fn spawn(
                 rng: StdRng::seed_from_u64(load.seed.wrapping_add(i as u64)),
                 keys: load.keys,
                 held: None,
-                released: Vec::new(),
+                past: Vec::new(),
             };
             tokio::spawn(worker.run(stop.clone()))
         })
         .collect()
 }
 
-/// A lease a worker holds: key, id, and its local deadline.
+/// A lease a worker holds: key, id, token, and its local deadline.
 struct Held {
     key: String,
     lease: LeaseId,
+    token: u64,
     deadline: Instant,
+}
+
+/// A lease a worker held: released (`released`) or forgotten past its deadline.
+struct Past {
+    key: String,
+    lease: LeaseId,
+    token: u64,
+    released: bool,
+}
+
+/// Every key of the load: the plain keys, then the semaphore and read/write keys.
+pub fn all_keys(keys: usize) -> Vec<String> {
+    let plain = (0..keys).map(|k| format!("k{k}"));
+    let semaphores = (0..SEMAPHORE_KEYS).map(|k| format!("sem{k}"));
+    plain
+        .chain(semaphores)
+        .chain((0..RW_KEYS).map(|k| format!("rw{k}")))
+        .collect()
 }
 
 struct Worker {
@@ -111,7 +151,7 @@ struct Worker {
     rng: StdRng,
     keys: usize,
     held: Option<Held>,
-    released: Vec<(String, LeaseId)>,
+    past: Vec<Past>,
 }
 
 impl Worker {
@@ -142,8 +182,38 @@ impl Worker {
         sent
     }
 
-    fn key(&mut self) -> String {
-        format!("k{}", self.rng.random_range(0..self.keys))
+    /// A key of one of the three families, and the lease to ask for on it.
+    fn pick(&mut self) -> (String, LeaseKind) {
+        let roll = self.rng.random_range(0..100);
+        if roll < SEMAPHORE_PCT {
+            let count = self.rng.random_range(1..=SEMAPHORE_LIMIT);
+            let key = format!("sem{}", self.rng.random_range(0..SEMAPHORE_KEYS));
+            let limit = SEMAPHORE_LIMIT;
+            (key, LeaseKind::Permits { count, limit })
+        } else if roll < SEMAPHORE_PCT + RW_PCT {
+            let key = format!("rw{}", self.rng.random_range(0..RW_KEYS));
+            if self.rng.random_range(0..100) < RW_WRITE_PCT {
+                (key, LeaseKind::Exclusive)
+            } else {
+                (key, LeaseKind::Shared)
+            }
+        } else {
+            let key = format!("k{}", self.rng.random_range(0..self.keys));
+            (key, LeaseKind::Exclusive)
+        }
+    }
+
+    /// Remembers a lease this worker no longer holds, for later RENEWs and CHECKs.
+    fn remember(&mut self, held: &Held, released: bool) {
+        self.past.push(Past {
+            key: held.key.clone(),
+            lease: held.lease,
+            token: held.token,
+            released,
+        });
+        if self.past.len() > RELEASED_KEPT {
+            self.past.remove(0);
+        }
     }
 
     fn ttl_ms(&mut self) -> u32 {
@@ -152,20 +222,22 @@ impl Worker {
 
     /// One operation, chosen by what the worker holds; returns its outcome.
     async fn step(&mut self, client: &Client) -> Outcome {
-        if self
-            .held
-            .as_ref()
-            .is_some_and(|h| h.deadline <= Instant::now())
-        {
-            self.held = None; // ran out: forget it, as a holder that stopped working would
+        if let Some(held) = self.held.take_if(|h| h.deadline <= Instant::now()) {
+            // Ran out: forget it, as a holder that stopped working would.
+            self.remember(&held, false);
         }
         let roll = self.rng.random_range(0..100);
         match self.held.take() {
             Some(held) if roll < 45 => self.renew(client, held).await,
             Some(held) if roll < 80 => self.release(client, held).await,
             Some(held) => {
+                let (key, token) = (held.key.clone(), held.token);
                 self.held = Some(held);
-                self.inspect(client).await
+                if roll < 90 {
+                    self.check(client, key, token).await
+                } else {
+                    self.inspect(client).await
+                }
             }
             None if roll < 40 => self.acquire(client, 0).await,
             None if roll < 70 => {
@@ -174,8 +246,8 @@ impl Worker {
                     .random_range(WAIT_BEYOND_TTL_MS_RANGE.0..=WAIT_BEYOND_TTL_MS_RANGE.1);
                 self.acquire(client, TTL_MS_RANGE.1 + extra).await
             }
-            None if roll < 85 || self.released.is_empty() => self.inspect(client).await,
-            None => self.renew_released(client).await,
+            None if roll < 85 || self.past.is_empty() => self.inspect(client).await,
+            None => self.revisit(client, roll % 2 == 0).await,
         }
     }
 
@@ -192,16 +264,17 @@ impl Worker {
     }
 
     async fn acquire(&mut self, client: &Client, wait_ms: u32) -> Outcome {
-        let (key, ttl_ms) = (self.key(), self.ttl_ms());
+        let ((key, lease_kind), ttl_ms) = (self.pick(), self.ttl_ms());
         let options = AcquireOptions::wait(Duration::from_millis(u64::from(wait_ms)));
         let ttl = Duration::from_millis(u64::from(ttl_ms));
         let sent = Instant::now();
-        let outcome = match client.acquire(&key, ttl, options).await {
+        let outcome = match client.acquire_kind(&key, ttl, lease_kind, options).await {
             Ok(AcquireOutcome::Granted(lease)) => {
                 let (waited, ttl) = (lease.waited(), lease.ttl());
                 self.held = Some(Held {
                     key: key.clone(),
                     lease: lease.lease_id(),
+                    token: lease.fencing_token(),
                     deadline: sent + waited + ttl,
                 });
                 Outcome::Granted {
@@ -214,7 +287,12 @@ impl Worker {
             Ok(AcquireOutcome::Locked(by)) => Outcome::Locked { token: by.token },
             Err(e) => Outcome::from_error(&e),
         };
-        self.record(key, Kind::Acquire { ttl_ms, wait_ms }, sent, outcome)
+        let kind = Kind::Acquire {
+            ttl_ms,
+            wait_ms,
+            lease_kind,
+        };
+        self.record(key, kind, sent, outcome)
     }
 
     async fn renew(&mut self, client: &Client, held: Held) -> Outcome {
@@ -248,17 +326,31 @@ impl Worker {
             Ok(ReleaseOutcome::NotOwner) => Outcome::NotOwner,
             Err(e) => Outcome::from_error(&e),
         };
-        self.released.push((held.key.clone(), held.lease));
-        if self.released.len() > RELEASED_KEPT {
-            self.released.remove(0);
-        }
+        self.remember(&held, true);
         let kind = Kind::Release { lease: held.lease };
         self.record(held.key, kind, sent, outcome)
     }
 
-    /// A RENEW of a lease this worker released: it must stay gone.
-    async fn renew_released(&mut self, client: &Client) -> Outcome {
-        let (key, lease) = self.released[self.rng.random_range(0..self.released.len())].clone();
+    /// A CHECK of `token` on `key`: CURRENT while its lease holds the key.
+    async fn check(&mut self, client: &Client, key: String, token: u64) -> Outcome {
+        let sent = Instant::now();
+        let outcome = match client.check(&key, token).await {
+            Ok(CheckOutcome::Current) => Outcome::Current,
+            Ok(CheckOutcome::Stale) => Outcome::Stale,
+            Err(e) => Outcome::from_error(&e),
+        };
+        self.record(key, Kind::Check { token }, sent, outcome)
+    }
+
+    /// A lease this worker no longer holds, asked about again: a CHECK of its token (`check`,
+    /// or a lease forgotten, not released) or a RENEW of a released one, which must stay gone.
+    async fn revisit(&mut self, client: &Client, check: bool) -> Outcome {
+        let at = self.rng.random_range(0..self.past.len());
+        let past = &self.past[at];
+        let (key, lease, token) = (past.key.clone(), past.lease, past.token);
+        if check || !past.released {
+            return self.check(client, key, token).await;
+        }
         let ttl_ms = self.ttl_ms();
         let sent = Instant::now();
         let ttl = Duration::from_millis(u64::from(ttl_ms));
@@ -273,7 +365,7 @@ impl Worker {
     }
 
     async fn inspect(&mut self, client: &Client) -> Outcome {
-        let key = self.key();
+        let (key, _) = self.pick();
         let sent = Instant::now();
         let outcome = inspect_outcome(client.inspect(&key).await);
         self.record(key, Kind::Inspect, sent, outcome)
@@ -317,6 +409,7 @@ pub async fn probe_grant(addrs: &[String], history: &History, wait: Duration) ->
         let kind = Kind::Acquire {
             ttl_ms: PROBE_TTL_MS,
             wait_ms: 0,
+            lease_kind: LeaseKind::Exclusive,
         };
         let answered = Instant::now();
         history.record(Op {
@@ -338,13 +431,12 @@ pub async fn probe_grant(addrs: &[String], history: &History, wait: Duration) ->
 /// Distinct probe keys across a run (and runs in one process).
 static PROBE_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// INSPECTs every key of the load once, through a fresh client, into `history`.
+/// INSPECTs every key of the load ([`all_keys`]) once, through a fresh client, into `history`.
 pub async fn inspect_all(addrs: &str, history: &History, keys: usize) {
     let Some(client) = connect(addrs).await else {
         return;
     };
-    for k in 0..keys {
-        let key = format!("k{k}");
+    for key in all_keys(keys) {
         let sent = Instant::now();
         let outcome = inspect_outcome(client.inspect(&key).await);
         history.record(Op {
@@ -400,6 +492,7 @@ async fn steady(id: usize, addrs: Vec<String>, history: History, stop: Arc<Atomi
         let kind = Kind::Acquire {
             ttl_ms: STEADY_TTL_MS,
             wait_ms: 0,
+            lease_kind: LeaseKind::Exclusive,
         };
         let sent = Instant::now();
         let outcome = match c.acquire(&key, ttl, AcquireOptions::default()).await {

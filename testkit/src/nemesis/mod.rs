@@ -1,5 +1,6 @@
 //! The nemesis harness for cluster mode (issue 11): three `tenured --cluster` processes
-//! whose peer links cross a [`proxy::Proxy`], a seeded mixed load recording a client-side
+//! whose peer links cross a [`proxy::Proxy`], a seeded mixed load (plain locks, semaphore
+//! permits, read and write leases, CHECKs: [`load`]) recording a client-side
 //! [`history::History`], faults injected one after another (kill -9 of the leader, SIGSTOP
 //! of the leader past the election timeout, a partition isolating the leader, a follower
 //! restarted on a wiped data directory), and a [`checker`] over the history.
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tenure::LeaseKind;
 
 use checker::{Rule, Violation};
 use cluster::{Cluster, NODES};
@@ -329,11 +331,15 @@ fn count_ops(ops: &[history::Op]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for op in ops {
         let kind = match op.kind {
-            history::Kind::Acquire { wait_ms: 0, .. } => "acquire",
-            history::Kind::Acquire { .. } => "acquire-wait",
+            history::Kind::Acquire {
+                wait_ms,
+                lease_kind,
+                ..
+            } => acquire_name(&op.key, lease_kind, wait_ms > 0),
             history::Kind::Renew { .. } => "renew",
             history::Kind::Release { .. } => "release",
             history::Kind::Inspect => "inspect",
+            history::Kind::Check { .. } => "check",
         };
         let outcome = match &op.outcome {
             // "server error WAITERS_LIMIT: ..." counts as "Failed server error WAITERS_LIMIT".
@@ -348,6 +354,21 @@ fn count_ops(ops: &[history::Op]) -> BTreeMap<String, usize> {
         *counts.entry(format!("{kind} {outcome}")).or_default() += 1;
     }
     counts
+}
+
+/// The name an ACQUIRE is counted under: `acquire` (a plain lock), `write` and `read` (a
+/// read/write key's), `permits`; `-wait` when it waited in line.
+fn acquire_name(key: &str, kind: LeaseKind, waits: bool) -> &'static str {
+    match (kind, key.starts_with("rw"), waits) {
+        (LeaseKind::Exclusive, false, false) => "acquire",
+        (LeaseKind::Exclusive, false, true) => "acquire-wait",
+        (LeaseKind::Exclusive, true, false) => "write",
+        (LeaseKind::Exclusive, true, true) => "write-wait",
+        (LeaseKind::Shared, _, false) => "read",
+        (LeaseKind::Shared, _, true) => "read-wait",
+        (LeaseKind::Permits { .. }, _, false) => "permits",
+        (LeaseKind::Permits { .. }, _, true) => "permits-wait",
+    }
 }
 
 /// The `q`-quantile of `sorted` (nearest rank).

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use tenure::LeaseId;
+use tenure::{LeaseId, LeaseKind};
 
 use super::{check, orphans, Rule};
 use crate::nemesis::history::{Kind, Op, Outcome};
@@ -39,9 +39,22 @@ impl Script {
     }
 
     fn grant(&mut self, client: usize, span_ms: (u64, u64), token: u64, lease: u8) {
+        self.grant_kind(client, span_ms, token, lease, LeaseKind::Exclusive);
+    }
+
+    /// A grant of a lease of `lease_kind`: a read lease, permits, or the key alone.
+    fn grant_kind(
+        &mut self,
+        client: usize,
+        span_ms: (u64, u64),
+        token: u64,
+        lease: u8,
+        lease_kind: LeaseKind,
+    ) {
         let kind = Kind::Acquire {
             ttl_ms: TTL_MS,
             wait_ms: 0,
+            lease_kind,
         };
         let outcome = Outcome::Granted {
             token,
@@ -59,6 +72,16 @@ impl Script {
 
     fn inspect(&mut self, span_ms: (u64, u64), outcome: Outcome) {
         self.op(9, span_ms, Kind::Inspect, outcome);
+    }
+
+    /// A CHECK of `token`, answered CURRENT (`current`) or STALE.
+    fn check(&mut self, span_ms: (u64, u64), token: u64, current: bool) {
+        let outcome = if current {
+            Outcome::Current
+        } else {
+            Outcome::Stale
+        };
+        self.op(9, span_ms, Kind::Check { token }, outcome);
     }
 
     fn rules(&self) -> Vec<Rule> {
@@ -207,6 +230,7 @@ fn a_shorter_renewal_sent_while_a_read_waits_is_counted() {
     let wait = Kind::Acquire {
         ttl_ms: TTL_MS,
         wait_ms: 2000,
+        lease_kind: LeaseKind::Exclusive,
     };
     let renew = Kind::Renew {
         lease: id(1),
@@ -243,6 +267,7 @@ fn a_holder_token_no_client_was_granted_is_an_orphan() {
     let kind = Kind::Acquire {
         ttl_ms: TTL_MS,
         wait_ms: 0,
+        lease_kind: LeaseKind::Exclusive,
     };
     s.op(
         3,
@@ -254,4 +279,190 @@ fn a_holder_token_no_client_was_granted_is_an_orphan() {
     let found = orphans(&s.ops);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains("token 99"), "{found:?}");
+    // LOCKED naming token 0 (no holder when a waiter's time ran out) names no grant.
+    let wait = Kind::Acquire {
+        ttl_ms: TTL_MS,
+        wait_ms: 500,
+        lease_kind: LeaseKind::Exclusive,
+    };
+    s.op(4, (6000, 6600), wait, Outcome::Locked { token: 0 });
+    assert_eq!(orphans(&s.ops).len(), 1, "{:?}", orphans(&s.ops));
+}
+
+/// One permit of a semaphore of 3, and `count` of them.
+const PERMIT: LeaseKind = LeaseKind::Permits { count: 1, limit: 3 };
+const fn permits(count: u32) -> LeaseKind {
+    LeaseKind::Permits { count, limit: 3 }
+}
+
+/// Semaphore permits up to the limit, readers together, then a writer alone once the readers
+/// are gone, with the CHECKs and INSPECTs that fit: all consistent.
+fn consistent_kinds() -> Script {
+    let mut s = Script::new();
+    // A semaphore of 3: 1 + 2 permits at once, then 1 more once the 2 are released.
+    s.grant_kind(1, (0, 10), 5, 1, PERMIT);
+    s.grant_kind(2, (100, 110), 6, 2, permits(2));
+    s.inspect((200, 205), Outcome::Held { token: 6 }); // the newest holder
+    s.check((210, 215), 5, true);
+    s.release(2, (300, 310), 2);
+    s.grant_kind(3, (400, 410), 7, 3, PERMIT);
+    s.check((420, 425), 6, false);
+    s.check((430, 435), 5, true); // a later permit grant leaves it current
+    for op in &mut s.ops {
+        op.key = "sem".into();
+    }
+    // A read/write key: two readers at once, a writer once both ended.
+    s.grant_kind(4, (0, 10), 8, 4, LeaseKind::Shared);
+    s.grant_kind(5, (50, 60), 9, 5, LeaseKind::Shared);
+    s.inspect((100, 105), Outcome::Held { token: 9 });
+    s.check((110, 115), 8, true);
+    s.release(4, (200, 210), 4);
+    s.release(5, (220, 230), 5);
+    s.grant(6, (300, 310), 10, 6);
+    s.check((320, 325), 8, false);
+    s.check((330, 335), 10, true);
+    s
+}
+
+#[test]
+fn a_consistent_history_of_permits_and_read_leases_passes() {
+    assert_eq!(consistent_kinds().rules(), Vec::<Rule>::new());
+}
+
+#[test]
+fn more_permits_than_the_limit_inside_their_deadlines_are_caught() {
+    // 2 + 2 permits of 3 at once; two permit leases sharing the key is no overlap.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, permits(2));
+    s.grant_kind(2, (100, 110), 6, 2, permits(2));
+    assert_eq!(s.rules(), vec![Rule::Permits]);
+    // Four single permits of 3, all inside their deadlines at 300 ms.
+    let mut s = Script::new();
+    for n in 0..4u8 {
+        let at = u64::from(n) * 100;
+        s.grant_kind(
+            1 + usize::from(n),
+            (at, at + 10),
+            5 + u64::from(n),
+            n + 1,
+            PERMIT,
+        );
+    }
+    assert_eq!(s.rules(), vec![Rule::Permits]);
+    // The fourth once a release was sent: fine.
+    let mut s = Script::new();
+    for n in 0..3u8 {
+        let at = u64::from(n) * 100;
+        s.grant_kind(
+            1 + usize::from(n),
+            (at, at + 10),
+            5 + u64::from(n),
+            n + 1,
+            PERMIT,
+        );
+    }
+    s.release(1, (250, 260), 1);
+    s.grant_kind(4, (300, 310), 8, 4, PERMIT);
+    assert_eq!(s.rules(), Vec::<Rule>::new());
+}
+
+#[test]
+fn a_writer_beside_another_holder_is_caught() {
+    // A writer granted while a reader is inside its deadline.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.grant(2, (500, 510), 6, 2);
+    assert!(s.rules().contains(&Rule::Overlap), "{:?}", s.rules());
+    // A reader granted while a writer is inside its deadline.
+    let mut s = Script::new();
+    s.grant(1, (0, 10), 5, 1);
+    s.grant_kind(2, (500, 510), 6, 2, LeaseKind::Shared);
+    assert!(s.rules().contains(&Rule::Overlap), "{:?}", s.rules());
+    // Two writers of a read/write key.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 4, 3, LeaseKind::Shared);
+    s.release(1, (20, 30), 3);
+    s.grant(2, (100, 110), 5, 1);
+    s.grant(3, (500, 510), 6, 2);
+    assert!(s.rules().contains(&Rule::Overlap), "{:?}", s.rules());
+    // A reader beside permits: the two families never share a key.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, PERMIT);
+    s.grant_kind(2, (500, 510), 6, 2, LeaseKind::Shared);
+    assert!(s.rules().contains(&Rule::Overlap), "{:?}", s.rules());
+    // Readers together, and a writer after the readers' deadlines: fine.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.grant_kind(2, (500, 510), 6, 2, LeaseKind::Shared);
+    s.grant(3, (1600, 1610), 7, 3);
+    assert_eq!(s.rules(), Vec::<Rule>::new());
+}
+
+#[test]
+fn tokens_must_increase_across_grants_of_every_kind() {
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    // After 5 was answered; and a grant naming a token below a live reader's is a lost
+    // grant of that reader.
+    s.grant_kind(2, (100, 110), 4, 2, LeaseKind::Shared);
+    assert_eq!(s.rules(), vec![Rule::Tokens, Rule::LostGrant]);
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, PERMIT);
+    s.grant_kind(2, (100, 110), 5, 2, PERMIT); // 5 again
+    assert_eq!(s.rules(), vec![Rule::Tokens]);
+    // A write after a read with a smaller token.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.release(1, (100, 110), 1);
+    s.grant(2, (200, 210), 3, 2);
+    assert_eq!(s.rules(), vec![Rule::Tokens]);
+}
+
+#[test]
+fn a_shared_lease_must_be_seen_held_by_a_token_at_least_its_own() {
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.grant_kind(2, (100, 110), 7, 2, LeaseKind::Shared);
+    s.inspect((200, 205), Outcome::Held { token: 7 }); // the newest reader: fine
+    assert_eq!(s.rules(), Vec::<Rule>::new());
+    s.inspect((300, 305), Outcome::Held { token: 4 }); // older than a live reader
+    assert_eq!(s.rules(), vec![Rule::LostGrant]);
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, PERMIT);
+    s.inspect((200, 205), Outcome::Free);
+    assert_eq!(s.rules(), vec![Rule::LostGrant]);
+}
+
+#[test]
+fn check_answers_that_contradict_the_grants_are_caught() {
+    // STALE for a reader inside its deadline.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.check((500, 505), 5, false);
+    assert_eq!(s.rules(), vec![Rule::LostGrant]);
+    // CURRENT for a reader after a writer was granted (past the reader's deadline).
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.grant(2, (1500, 1510), 7, 2);
+    s.check((1600, 1605), 5, true);
+    assert_eq!(s.rules(), vec![Rule::CurrentAfterEnd]);
+    // CURRENT for a writer after a reader was granted.
+    let mut s = Script::new();
+    s.grant(1, (0, 10), 5, 1);
+    s.grant_kind(2, (1500, 1510), 7, 2, LeaseKind::Shared);
+    s.check((1600, 1605), 5, true);
+    assert_eq!(s.rules(), vec![Rule::CurrentAfterEnd]);
+    // CURRENT for a released reader.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.release(1, (100, 110), 1);
+    s.check((200, 205), 5, true);
+    assert_eq!(s.rules(), vec![Rule::ReleasedCameBack]);
+    // CURRENT past the deadline with no write since, or sent before the write's answer: fine.
+    let mut s = Script::new();
+    s.grant_kind(1, (0, 10), 5, 1, LeaseKind::Shared);
+    s.check((1200, 1205), 5, true);
+    s.grant(2, (1500, 1510), 7, 2);
+    s.check((1505, 1515), 5, true);
+    assert_eq!(s.rules(), Vec::<Rule>::new());
 }
