@@ -1,7 +1,7 @@
 //! ACQUIRE: a grant at once, LOCKED, a place in line as a waiter, or a retry once more
 //! fencing tokens are reserved.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 
@@ -38,8 +38,15 @@ impl Executor {
         let mut shard = self.shard(key);
         // Under the same hold of the shard as the grant below, so two sends of one ACQUIRE
         // cannot both be granted. A repeat of a shared (read) or permits lease is found
-        // among its key's holders the same way (`repeat_of`).
-        let early = self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id);
+        // among its key's holders the same way (`repeat_of`). Where no refusal is in sight
+        // (nearly always), the repeat check is left to the table's grant (`acquire_with_id`),
+        // which looks the key up once for both.
+        let early = match acquire_id {
+            Some(_) if !self.may_refuse(ctx, now_ms, *ttl_ms) => {
+                (self.refuse_if_not_leader()).map(|refusal| Outcome::Reply(refusal, TICKET_NOW))
+            }
+            _ => self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id),
+        };
         if let Some(answer) = early {
             return answer;
         }
@@ -55,7 +62,18 @@ impl Executor {
             meta,
         };
         let mut events = Vec::new();
-        let outcome = shard.acquire_kind(now_ms, args, *kind, &self.tokens.allocator, &mut events);
+        let allocator = &self.tokens.allocator;
+        let outcome = match acquire_id {
+            None => shard.acquire_kind(now_ms, args, *kind, allocator, &mut events),
+            Some(id) => {
+                match shard.acquire_with_id(now_ms, args, *kind, *id, allocator, &mut events) {
+                    Ok(outcome) => outcome,
+                    Err(repeat) => {
+                        return self.repeat_met(ctx, shard, now_ms, received_ms, &request, repeat)
+                    }
+                }
+            }
+        };
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
         match outcome {
@@ -95,6 +113,33 @@ impl Executor {
         }
     }
 
+    /// The answer to an ACQUIRE that repeats an earlier one, as `acquire_with_id` found:
+    /// what it meets, once its key is settled if need be. Should settling leave nothing
+    /// known of it, it is acquired afresh (under a new hold of the shard, checked again).
+    fn repeat_met(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        mut shard: MutexGuard<'_, LockTable<WaitSlot>>,
+        now_ms: u64,
+        received_ms: u64,
+        request: &Request,
+        repeat: table::Repeat,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            acquire_id: Some(acquire_id),
+            ..
+        } = request
+        else {
+            unreachable!("repeat_met called with {request:?}")
+        };
+        if let Some(answer) = self.repeat_answer(&mut shard, now_ms, key, *acquire_id, repeat) {
+            return answer;
+        }
+        drop(shard);
+        self.acquire(ctx, now_ms, received_ms, request.clone())
+    }
+
     /// LOCKED with the holder's `token` and the time left on its lease.
     fn locked(&self, token: u64, ttl_left_ms: u64) -> Outcome {
         Stats::bump(&self.stats.locked);
@@ -127,6 +172,12 @@ impl Executor {
         let refusal = ctx.refusal_unless_repeat.take();
         let refusal = refusal.or_else(|| self.refuse_acquire(now_ms, ttl_ms))?;
         Some(Outcome::Reply(refusal, TICKET_NOW))
+    }
+
+    /// Whether an ACQUIRE may be refused by [`Executor::repeat_or_refusal`] (unless it is a
+    /// repeat), counting nothing.
+    fn may_refuse(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> bool {
+        ctx.refusal_unless_repeat.is_some() || self.may_refuse_acquire(now_ms, ttl_ms)
     }
 
     /// Logs a grant the table just made (still under its shard's lock) and builds its reply,

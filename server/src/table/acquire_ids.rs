@@ -24,11 +24,12 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use tenure_protocol::{AcquireId, EndedHow, LeaseId};
+use tenure_protocol::{AcquireId, EndedHow, LeaseId, LeaseKind};
 
 use super::extras::SlotHasher;
 use super::index::hash_key;
-use super::{LockTable, WaiterSink};
+use super::WaiterSink;
+use super::{assert_acquire_args, Acquire, AcquireArgs, Event, LockTable, TokenAllocator};
 
 /// Longest an ended lease's acquire id is remembered, in milliseconds: the longest wait plus
 /// ten minutes of retries, longer than a client retries one ACQUIRE (its wait plus its
@@ -172,7 +173,8 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(live) = self.acquire_ids.live.remove(&token) else {
             return;
         };
-        let (place, fingerprint) = self.ended_place(live.acquire_id, key);
+        let (place, mixed) = ended_place(self.hash_seed, live.acquire_id);
+        let fingerprint = fingerprint(mixed, hash_key(self.hash_seed, key));
         let ids = &mut self.acquire_ids;
         if ids.ended.is_empty() {
             ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
@@ -188,19 +190,6 @@ impl<W: WaiterSink> LockTable<W> {
         };
     }
 
-    /// Where `acquire_id` on `key` goes in the table of ended ids, and its fingerprint there:
-    /// hashes under the shard's seed (the place from the id alone).
-    fn ended_place(&self, acquire_id: AcquireId, key: &[u8]) -> (usize, u64) {
-        let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
-            .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
-        let mixed = (a ^ self.hash_seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
-        let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
-        let fingerprint =
-            (mixed ^ hash_key(self.hash_seed, key)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        (place, fingerprint)
-    }
-
     /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
     /// grant taken back because it never became durable (a repeat is then a new ACQUIRE).
     pub fn forget_acquire_id(&mut self, token: u64) {
@@ -212,56 +201,101 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
     pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
         let now_ms = self.observe(now_ms);
-        if let Some(live) = self.live_lease_of(key, acquire_id) {
-            return live.at(now_ms);
-        }
-        let ids = &self.acquire_ids;
-        if ids.ended.is_empty() {
-            return Repeat::New;
-        }
-        let (place, fingerprint) = self.ended_place(acquire_id, key);
-        let ended = ids.ended[place];
-        let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
-        match ended.how() {
-            Some(how) if ended.fingerprint == fingerprint && fresh && ended.token != 0 => {
-                Repeat::Ended {
-                    how,
-                    token: ended.token,
-                }
-            }
-            _ => Repeat::New,
+        let ended = self.ended_entry(acquire_id);
+        let hash = hash_key(self.hash_seed, key);
+        let live = match self.shared_holders(key) {
+            Some(holders) => self.live_holder(holders, acquire_id),
+            None => self.live_lock(self.find_hashed(hash, key), acquire_id),
+        };
+        match live {
+            Some(live) => live.at(now_ms),
+            None => ended_repeat(now_ms, ended, hash),
         }
     }
 
-    /// The lease of `key` granted to `acquire_id`, if it still holds the key (expired or
-    /// not): the plain lock's holder, or one of a read/write or semaphore key's holders
-    /// (module `shared`), whose lease answers a repeat the same way: REGRANTED with it.
-    fn live_lease_of(&self, key: &[u8], acquire_id: AcquireId) -> Option<LiveLease> {
+    /// [`LockTable::acquire_kind`] for an ACQUIRE with `acquire_id`, unless it repeats an
+    /// earlier one: then `Err` with what that repeat meets (never [`Repeat::New`]), and
+    /// nothing changed. On a key that is not shared, the key is hashed and looked up once for
+    /// both the repeat check and the grant, where `repeat_of` and then `acquire_kind` would
+    /// do it twice (BENCHMARKS.md, "what an acquire id costs").
+    pub fn acquire_with_id(
+        &mut self,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        acquire_id: AcquireId,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Result<Acquire<W>, Repeat> {
+        if !kind.is_exclusive() || self.is_shared(args.key) {
+            return match self.repeat_of(now_ms, args.key, acquire_id) {
+                Repeat::New => Ok(self.acquire_kind(now_ms, args, kind, tokens, events)),
+                repeat => Err(repeat),
+            };
+        }
+        assert_acquire_args(&args);
+        let now_ms = self.observe(now_ms);
+        // Read first, so its likely cache miss overlaps the key's look-up.
+        let ended = self.ended_entry(acquire_id);
+        let hash = hash_key(self.hash_seed, args.key);
+        let slot = self.find_hashed(hash, args.key);
+        let repeat = match self.live_lock(slot, acquire_id) {
+            Some(live) => live.at(now_ms),
+            None => ended_repeat(now_ms, ended, hash),
+        };
+        match repeat {
+            Repeat::New => Ok(self.acquire_plain(now_ms, slot, args, tokens, events)),
+            repeat => Err(repeat),
+        }
+    }
+
+    /// The entry of the table of ended ids where `acquire_id` would be, with the id's hash
+    /// for its fingerprint; `None` while the shard has no ended ids.
+    fn ended_entry(&self, acquire_id: AcquireId) -> Option<(Ended, u64)> {
+        let ended = &self.acquire_ids.ended;
+        if ended.is_empty() {
+            return None;
+        }
+        let (place, mixed) = ended_place(self.hash_seed, acquire_id);
+        Some((ended[place], mixed))
+    }
+
+    /// The lease of the plain key in `slot` if `acquire_id` was granted it (expired or not).
+    fn live_lock(&self, slot: Option<usize>, acquire_id: AcquireId) -> Option<LiveLease> {
         let live = &self.acquire_ids.live;
         if live.is_empty() {
             return None;
         }
-        let answers = |token: &u64| {
-            (live.get(token))
-                .filter(|live| live.acquire_id == acquire_id)
-                .map(|live| live.ticket)
-        };
-        if let Some(mut holders) = self.shared_holders(key) {
-            return holders.find_map(|(token, lease_id, deadline_ms)| {
-                Some(LiveLease {
-                    ticket: answers(&token)?,
-                    token,
-                    lease_id,
-                    deadline_ms,
-                })
-            });
-        }
-        let lock = &self.slots[self.find(key)?];
-        Some(LiveLease {
-            ticket: answers(&lock.token)?,
+        let lock = &self.slots[slot?];
+        let found = live.get(&lock.token)?;
+        (found.acquire_id == acquire_id).then_some(LiveLease {
+            ticket: found.ticket,
             token: lock.token,
             lease_id: lock.lease_id,
             deadline_ms: lock.deadline_ms,
+        })
+    }
+
+    /// The one of a read/write or semaphore key's `holders` (module `shared`) granted to
+    /// `acquire_id`, if one is (expired or not): it answers a repeat as a plain lock's lease
+    /// does, REGRANTED with it.
+    fn live_holder(
+        &self,
+        mut holders: impl Iterator<Item = (u64, LeaseId, u64)>,
+        acquire_id: AcquireId,
+    ) -> Option<LiveLease> {
+        let live = &self.acquire_ids.live;
+        if live.is_empty() {
+            return None;
+        }
+        holders.find_map(|(token, lease_id, deadline_ms)| {
+            let found = live.get(&token).filter(|l| l.acquire_id == acquire_id)?;
+            Some(LiveLease {
+                ticket: found.ticket,
+                token,
+                lease_id,
+                deadline_ms,
+            })
         })
     }
 
@@ -296,6 +330,45 @@ impl<W: WaiterSink> LockTable<W> {
         }
         let used = self.acquire_ids.ended.iter().filter(|e| e.token != 0);
         assert_eq!(used.count(), self.acquire_ids.ended_count);
+    }
+}
+
+/// Where an acquire id goes in a shard's table of ended ids, and the id's 64-bit hash under
+/// the shard's `seed` (half of its fingerprint there, [`fingerprint`]): the place from the
+/// id alone, so it can be read before the key is hashed.
+fn ended_place(seed: u64, acquire_id: AcquireId) -> (usize, u64) {
+    let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
+        .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
+    let mixed = (a ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
+    let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
+    (place, mixed)
+}
+
+/// The fingerprint of an acquire id (its hash `mixed`, from [`ended_place`]) on the key whose
+/// hash (`index::hash_key`, same seed) is `key_hash`.
+fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
+    (mixed ^ key_hash).wrapping_mul(0xc4ce_b9fe_1a85_ec53)
+}
+
+/// What a repeat meets that no live lease answers: `ended`, the entry of the table of ended
+/// ids at its place (with the id's hash), if it is this id on the key hashed `key_hash` and
+/// recent enough at `now_ms`.
+fn ended_repeat(now_ms: u64, ended: Option<(Ended, u64)>, key_hash: u64) -> Repeat {
+    let Some((ended, mixed)) = ended else {
+        return Repeat::New;
+    };
+    let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
+    match ended.how() {
+        Some(how)
+            if ended.fingerprint == fingerprint(mixed, key_hash) && fresh && ended.token != 0 =>
+        {
+            Repeat::Ended {
+                how,
+                token: ended.token,
+            }
+        }
+        _ => Repeat::New,
     }
 }
 
