@@ -5,6 +5,7 @@
 # not what each request costs), so this tells a slower build from a busier machine.
 #
 #   bench/cpu-per-op.sh OLD/tenured NEW/tenured           # PAIRS=6, PIPELINE=1 by default
+#   LOADGEN_ARGS=--acquire-ids bench/cpu-per-op.sh ...    # extra load generator flags, both
 #
 # Per run: ops/s, the server's CPU (all its threads) over the measured window in µs per op,
 # split into user and system time. The CPU is sampled from /proc after the warm-up and again
@@ -21,6 +22,7 @@ PIPELINE=${PIPELINE:-1}
 LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
 PORT=${PORT:-17941}
 read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
+read -r -a LG_EXTRA <<<"${LOADGEN_ARGS:-}"
 NICE=()
 if [[ $(id -u) == 0 ]]; then NICE=(nice -n -20); fi
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
@@ -39,7 +41,7 @@ one() {
     wait_port "$PORT" "$bin"
     "${NICE[@]}" "$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
         --connections 50 --pipeline "$PIPELINE" --duration 5s --warmup 1s --quiet --json \
-        >"$json" &
+        "${LG_EXTRA[@]}" >"$json" &
     lg=$!
     sleep 1 # the warm-up
     before=$(cpu "$pid")

@@ -5,7 +5,7 @@ use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 
-use tenure_protocol::{AcquireId, EventKind, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, EventKind, LeaseId, LeaseKind, Request, Response};
 use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitResult, WaitSlot};
@@ -30,23 +30,15 @@ impl Executor {
             meta,
             acquire_id,
             kind,
-            session_id,
+            ..
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
         };
         let mut shard = self.shard(key);
         // Under the same hold of the shard as the grant below, so two sends of one ACQUIRE
-        // cannot both be granted. A repeat of a shared (read) or permits lease is found
-        // among its key's holders the same way (`repeat_of`). Where no refusal is in sight
-        // (nearly always), the repeat check is left to the table's grant (`acquire_with_id`),
-        // which looks the key up once for both.
-        let early = match acquire_id {
-            Some(_) if !self.may_refuse(ctx, now_ms, *ttl_ms) => {
-                (self.refuse_if_not_leader()).map(|refusal| Outcome::Reply(refusal, TICKET_NOW))
-            }
-            _ => self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id),
-        };
+        // cannot both be granted (the repeat check is here or in `acquire_with_id`).
+        let early = self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id);
         if let Some(answer) = early {
             return answer;
         }
@@ -62,17 +54,10 @@ impl Executor {
             meta,
         };
         let mut events = Vec::new();
-        let allocator = &self.tokens.allocator;
-        let outcome = match acquire_id {
-            None => shard.acquire_kind(now_ms, args, *kind, allocator, &mut events),
-            Some(id) => {
-                match shard.acquire_with_id(now_ms, args, *kind, *id, allocator, &mut events) {
-                    Ok(outcome) => outcome,
-                    Err(repeat) => {
-                        return self.repeat_met(ctx, shard, now_ms, received_ms, &request, repeat)
-                    }
-                }
-            }
+        let outcome = self.table_acquire(&mut shard, now_ms, args, *kind, *acquire_id, &mut events);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(met) => return self.repeat_met(ctx, shard, now_ms, received_ms, &request, met),
         };
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
@@ -85,13 +70,7 @@ impl Executor {
                 drop(shard);
                 self.locked(token, ttl_left_ms)
             }
-            Acquire::Queued { waiter_id } => Outcome::Wait {
-                rx,
-                key: key.clone(),
-                waiter_id,
-                release_on_disconnect: *release_on_disconnect,
-                session_id: *session_id,
-            },
+            Acquire::Queued { waiter_id } => queued(rx, &request, waiter_id),
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
             Acquire::KindMismatch { key_limit } => {
                 drop(shard);
@@ -101,6 +80,24 @@ impl Executor {
                 drop(shard);
                 self.need_tokens(request, received_ms)
             }
+        }
+    }
+
+    /// The table's answer to an ACQUIRE, or (with an acquire id) what the repeat it turned
+    /// out to be meets.
+    fn table_acquire(
+        &self,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        args: AcquireArgs<'_, WaitSlot>,
+        kind: LeaseKind,
+        acquire_id: Option<AcquireId>,
+        events: &mut Vec<table::Event<WaitSlot>>,
+    ) -> Result<Acquire<WaitSlot>, table::Repeat> {
+        let allocator = &self.tokens.allocator;
+        match acquire_id {
+            None => Ok(shard.acquire_kind(now_ms, args, kind, allocator, events)),
+            Some(id) => shard.acquire_with_id(now_ms, args, kind, id, allocator, events),
         }
     }
 
@@ -150,7 +147,10 @@ impl Executor {
     }
 
     /// The answer to an ACQUIRE before the table is asked: a repeat's (first: a repeat is
-    /// not a new hold, so no quota or limit refuses it), else a refusal, if any.
+    /// not a new hold, so no quota or limit refuses it), else a refusal, if any. Where no
+    /// refusal is in sight (nearly always), the repeat check is left to the table's grant
+    /// (`acquire_with_id`), which looks the key up once for both. A repeat of a shared
+    /// (read) or permits lease is found among its key's holders (`repeat_of`).
     fn repeat_or_refusal(
         self: &Arc<Self>,
         ctx: &mut Session,
@@ -164,6 +164,9 @@ impl Executor {
             // A node that does not lead cannot vouch for a lease.
             if let Some(refusal) = self.refuse_if_not_leader() {
                 return Some(Outcome::Reply(refusal, TICKET_NOW));
+            }
+            if !self.may_refuse(ctx, now_ms, ttl_ms) {
+                return None;
             }
             if let Some(answer) = self.repeat(shard, now_ms, key, acquire_id) {
                 return Some(answer);
@@ -267,6 +270,26 @@ impl Executor {
             ticket,
             undo,
         }
+    }
+}
+
+/// The outcome of an ACQUIRE queued as waiter `waiter_id`, to hear its turn on `rx`.
+fn queued(rx: oneshot::Receiver<WaitResult>, request: &Request, waiter_id: u64) -> Outcome {
+    let Request::Acquire {
+        key,
+        release_on_disconnect,
+        session_id,
+        ..
+    } = request
+    else {
+        unreachable!("queued called with {request:?}")
+    };
+    Outcome::Wait {
+        rx,
+        key: key.clone(),
+        waiter_id,
+        release_on_disconnect: *release_on_disconnect,
+        session_id: *session_id,
     }
 }
 

@@ -12,10 +12,16 @@
 //! Ended ones go into a fixed table of [`ENDED_PER_SHARD_MAX`] entries per shard (made on a
 //! shard's first ended id), at the place a seeded hash of the id picks: an end replaces
 //! whatever was there. So an ended id is remembered until another end lands on its place,
-//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. One
-//! cache line per end and per lookup, no allocation, a bounded size, and no order to keep:
-//! an ACQUIRE with an acquire id costs a plain one little more (BENCHMARKS.md). The seed is
-//! the shard's, so a client cannot pick ids that evict another's on purpose.
+//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. No
+//! allocation, a bounded size, and no order to keep. The seed is the shard's, so a client
+//! cannot pick ids that evict another's on purpose.
+//!
+//! The table (1.5 MB over 64 shards) does not stay in the cache, and a read of it is a miss
+//! to memory: it was most of what an acquire id cost (BENCHMARKS.md). So an end only writes
+//! its entry (a store, which nothing waits for), and beside the entries a byte per place
+//! holds the top byte of the place's fingerprint (1 KB a shard, which does stay cached): an
+//! ACQUIRE reads the entry only when that byte matches its own, a first send one time in
+//! 256.
 //!
 //! The caller (the executor) keeps the live map in step with the table: it notes an id
 //! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
@@ -36,10 +42,11 @@ use super::{assert_acquire_args, Acquire, AcquireArgs, Event, LockTable, TokenAl
 /// time-outs), so a retry inside it meets the answer (unless the shard's table of ended ids
 /// has reused the place meanwhile).
 pub const ENDED_KEEP_MS: u64 = tenure_protocol::limits::WAIT_MS_MAX as u64 + 600_000;
-/// Places for ended acquire ids per shard (24 bytes each, made on first use): the most
-/// remembered at once. Small on purpose: the table is touched by every end and every
-/// ACQUIRE with an id, and one of 4 096 places (48 bytes each then) over 64 shards cost a
-/// third more server CPU per mixed-cycle op in cache misses (BENCHMARKS.md).
+/// Places for ended acquire ids per shard (24 bytes each and a byte of tag, made on first
+/// use): the most remembered at once. Small on purpose: the table is touched by every end,
+/// and one of 4 096 places (48 bytes each then) over 64 shards cost a third more server CPU
+/// per mixed-cycle op in cache misses, before the tags spared an ACQUIRE the read of its
+/// entry (BENCHMARKS.md).
 pub const ENDED_PER_SHARD_MAX: usize = 1024;
 const _: () = assert!(ENDED_PER_SHARD_MAX.is_power_of_two());
 
@@ -82,8 +89,14 @@ pub(super) struct AcquireIds {
     live: HashMap<u64, Live, BuildHasherDefault<SlotHasher>>,
     /// Ended ones, by place; empty until the shard's first.
     ended: Vec<Ended>,
-    /// Places of `ended` in use.
-    ended_count: usize,
+    /// The top byte of each place's fingerprint ([`tag_of`]), 0 for a free place; empty as
+    /// long as `ended` is.
+    tags: Vec<u8>,
+}
+
+/// The byte of a fingerprint kept in `AcquireIds::tags`.
+fn tag_of(fingerprint: u64) -> u8 {
+    (fingerprint >> 56) as u8
 }
 
 /// What a repeat of an ACQUIRE meets ([`LockTable::repeat_of`]).
@@ -178,11 +191,11 @@ impl<W: WaiterSink> LockTable<W> {
         let ids = &mut self.acquire_ids;
         if ids.ended.is_empty() {
             ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
-        }
-        if ids.ended[place].token == 0 {
-            ids.ended_count += 1;
+            ids.tags = vec![0; ENDED_PER_SHARD_MAX];
         }
         assert!(now_ms < 1 << HOW_SHIFT, "now_ms {now_ms} out of range");
+        // Written, never read here: what was there is replaced whatever it was.
+        ids.tags[place] = tag_of(fingerprint);
         ids.ended[place] = Ended {
             fingerprint,
             token,
@@ -201,7 +214,6 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
     pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
         let now_ms = self.observe(now_ms);
-        let ended = self.ended_entry(acquire_id);
         let hash = hash_key(self.hash_seed, key);
         let live = match self.shared_holders(key) {
             Some(holders) => self.live_holder(holders, acquire_id),
@@ -209,7 +221,7 @@ impl<W: WaiterSink> LockTable<W> {
         };
         match live {
             Some(live) => live.at(now_ms),
-            None => ended_repeat(now_ms, ended, hash),
+            None => self.ended_repeat(now_ms, acquire_id, hash),
         }
     }
 
@@ -235,13 +247,11 @@ impl<W: WaiterSink> LockTable<W> {
         }
         assert_acquire_args(&args);
         let now_ms = self.observe(now_ms);
-        // Read first, so its likely cache miss overlaps the key's look-up.
-        let ended = self.ended_entry(acquire_id);
         let hash = hash_key(self.hash_seed, args.key);
         let slot = self.find_hashed(hash, args.key);
         let repeat = match self.live_lock(slot, acquire_id) {
             Some(live) => live.at(now_ms),
-            None => ended_repeat(now_ms, ended, hash),
+            None => self.ended_repeat(now_ms, acquire_id, hash),
         };
         match repeat {
             Repeat::New => Ok(self.acquire_plain(now_ms, slot, args, tokens, events)),
@@ -249,15 +259,31 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// The entry of the table of ended ids where `acquire_id` would be, with the id's hash
-    /// for its fingerprint; `None` while the shard has no ended ids.
-    fn ended_entry(&self, acquire_id: AcquireId) -> Option<(Ended, u64)> {
-        let ended = &self.acquire_ids.ended;
-        if ended.is_empty() {
-            return None;
+    /// What a repeat of `acquire_id` on the key hashed `key_hash` meets at `now_ms` that no
+    /// live lease answers: its ended lease if the table of ended ids still has it (at its
+    /// place, with its fingerprint, recent enough), else `New`. The entry is read only when
+    /// the place's tag matches (see the module docs).
+    fn ended_repeat(&self, now_ms: u64, acquire_id: AcquireId, key_hash: u64) -> Repeat {
+        let ids = &self.acquire_ids;
+        if ids.ended.is_empty() {
+            return Repeat::New;
         }
         let (place, mixed) = ended_place(self.hash_seed, acquire_id);
-        Some((ended[place], mixed))
+        let fingerprint = fingerprint(mixed, key_hash);
+        if ids.tags[place] != tag_of(fingerprint) {
+            return Repeat::New;
+        }
+        let ended = ids.ended[place];
+        let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
+        match ended.how() {
+            Some(how) if ended.fingerprint == fingerprint && fresh && ended.token != 0 => {
+                Repeat::Ended {
+                    how,
+                    token: ended.token,
+                }
+            }
+            _ => Repeat::New,
+        }
     }
 
     /// The lease of the plain key in `slot` if `acquire_id` was granted it (expired or not).
@@ -309,9 +335,12 @@ impl<W: WaiterSink> LockTable<W> {
         (lock.token != 0 && lock.lease_id == lease_id).then_some(lock.token)
     }
 
-    /// Leases with an acquire id, and places of ended ids in use, for STATS.
+    /// Leases with an acquire id, and places of ended ids in use, for STATS (which counts
+    /// the places, a pass over the shard's table, so an end need not read its place).
     pub fn acquire_ids_count(&self) -> (usize, usize) {
-        (self.acquire_ids.live.len(), self.acquire_ids.ended_count)
+        let ids = &self.acquire_ids;
+        let ended = ids.ended.iter().filter(|e| e.token != 0).count();
+        (ids.live.len(), ended)
     }
 
     /// Checks the acquire ids against the table: every live one names a held lease.
@@ -328,8 +357,16 @@ impl<W: WaiterSink> LockTable<W> {
                 "acquire id noted for token {token}, which no slot holds"
             );
         }
-        let used = self.acquire_ids.ended.iter().filter(|e| e.token != 0);
-        assert_eq!(used.count(), self.acquire_ids.ended_count);
+        let ids = &self.acquire_ids;
+        assert_eq!(ids.tags.len(), ids.ended.len());
+        for (ended, tag) in ids.ended.iter().zip(&ids.tags) {
+            let tag_ok = ended.token == 0 || *tag == tag_of(ended.fingerprint);
+            assert!(
+                tag_ok,
+                "the tag of ended token {} is not its own",
+                ended.token
+            );
+        }
     }
 }
 
@@ -351,32 +388,12 @@ fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
     (mixed ^ key_hash).wrapping_mul(0xc4ce_b9fe_1a85_ec53)
 }
 
-/// What a repeat meets that no live lease answers: `ended`, the entry of the table of ended
-/// ids at its place (with the id's hash), if it is this id on the key hashed `key_hash` and
-/// recent enough at `now_ms`.
-fn ended_repeat(now_ms: u64, ended: Option<(Ended, u64)>, key_hash: u64) -> Repeat {
-    let Some((ended, mixed)) = ended else {
-        return Repeat::New;
-    };
-    let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
-    match ended.how() {
-        Some(how)
-            if ended.fingerprint == fingerprint(mixed, key_hash) && fresh && ended.token != 0 =>
-        {
-            Repeat::Ended {
-                how,
-                token: ended.token,
-            }
-        }
-        _ => Repeat::New,
-    }
-}
-
 impl AcquireIds {
     /// Bytes held, by capacity (the live map's entries and control bytes, the ended table).
     pub(super) fn memory_bytes(&self) -> usize {
         self.live.capacity() * (size_of::<(u64, Live)>() + 1)
             + self.ended.capacity() * size_of::<Ended>()
+            + self.tags.capacity()
     }
 }
 
@@ -525,6 +542,32 @@ mod tests {
             per_lock
         );
         assert!(per_lock <= 80.0, "{per_lock} B per lock for its acquire id");
+    }
+
+    /// An ACQUIRE whose place and tag match an ended id's, but not its whole fingerprint (an
+    /// id on another key, found by search), is new: the tag only spares reading the entry.
+    #[test]
+    fn a_matching_tag_alone_is_not_a_repeat() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(5);
+        let token = grant(&mut t, &tokens, b"k", 0);
+        t.note_acquire_id(token, id, 0);
+        t.acquire_id_ended(1, b"k", token, EndedHow::Released);
+        t.check_acquire_ids();
+        let seed = t.hash_seed;
+        let tag = |id, key| {
+            let (place, mixed) = ended_place(seed, id);
+            (place, tag_of(fingerprint(mixed, hash_key(seed, key))))
+        };
+        let ended = tag(id, b"k");
+        let twin = (6..50_000_000u128)
+            .map(AcquireId::from_u128)
+            .find(|&other| tag(other, b"other") == ended)
+            .expect("some id shares the place and the tag");
+        assert_eq!(t.repeat_of(2, b"other", twin), Repeat::New);
+        assert_eq!(t.repeat_of(2, b"other", id), Repeat::New);
+        assert!(matches!(t.repeat_of(2, b"k", id), Repeat::Ended { .. }));
     }
 
     #[test]
