@@ -10,6 +10,7 @@
 # A_ARGS and B_ARGS (empty by default) are extra load generator flags for A's and for B's
 # runs: with the same tenured twice they compare kinds of lease on one build (`--permits`,
 # `--shared`, PROTOCOL.md 3.10) against plain locks.
+#   LOADGEN_ARGS=--acquire-ids bench/cpu-per-op.sh ...    # extra load generator flags, both
 #
 # Per run: ops/s, the server's CPU (all its threads) over the measured window in µs per op,
 # split into user and system time. The CPU is sampled from /proc after the warm-up and again
@@ -28,6 +29,7 @@ PORT=${PORT:-17941}
 read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
 read -r -a A_FLAGS <<<"${A_ARGS:-}"
 read -r -a B_FLAGS <<<"${B_ARGS:-}"
+read -r -a LG_EXTRA <<<"${LOADGEN_ARGS:-}"
 NICE=()
 if [[ $(id -u) == 0 ]]; then NICE=(nice -n -20); fi
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
@@ -47,8 +49,8 @@ one() {
     pid=$!
     wait_port "$PORT" "$bin"
     "${NICE[@]}" "$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
-        --connections 50 --pipeline "$PIPELINE" --duration 5s --warmup 1s --quiet --json "$@" \
-        >"$json" &
+        --connections 50 --pipeline "$PIPELINE" --duration 5s --warmup 1s --quiet --json \
+        "${LG_EXTRA[@]}" "$@" >"$json" &
     lg=$!
     sleep 1 # the warm-up
     before=$(cpu "$pid")

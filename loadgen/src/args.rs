@@ -16,6 +16,9 @@ pub const CONNECTIONS_MAX: usize = 4096;
 pub const PIPELINE_MAX: usize = 4096;
 /// Most clients in the contention scenario.
 pub const CLIENTS_MAX: usize = 100_000;
+/// Most sessions one connection may open (the server's `SESSIONS_PER_CONNECTION_MAX`,
+/// PROTOCOL.md 3.11): `--sessions` needs at least `N / 64` connections.
+pub const SESSIONS_PER_CONNECTION_MAX: usize = 64;
 
 /// Long help text: the crate docs' overview in brief.
 pub const ABOUT: &str = "Load generator for the tenure lock server (and Redis, for comparison).
@@ -25,6 +28,9 @@ Scenarios:
               --renew-every with --ttl, then released; ramp of --hold, --warmup, then
               --duration measured. Defaults: 50000/s, 10s hold, 30s TTL, renew 10s
               (500K locks held, 150K ops/s). Latency counts from intended send times.
+              --sessions N --session-leases M: the same churn in N sessions (tenure)
+              of --ttl, M locks each (N x M = --rate x --hold), no renewals: one
+              SESSION_KEEPALIVE per session every --ttl / 3 instead.
   max         closed loop at --connections x --pipeline for --op acquire|mixed|renew|release|ping
   contention  --clients on --keys hot keys, blocking acquires (--wait), short --hold:
               hand-off latency and fairness (Jain's index)
@@ -191,6 +197,14 @@ pub struct Args {
     /// read-mostly: the share of acquires that ask for a write lease (the rest read), 0..=1.
     #[arg(long, default_value_t = 0.05)]
     pub write_ratio: f64,
+    /// estimate, tenure: acquire every lock in one of N sessions of --ttl (PROTOCOL.md 3.11),
+    /// opened before the run, each kept alive every --ttl / 3; no lock is renewed.
+    #[arg(long, value_name = "N")]
+    pub sessions: Option<usize>,
+    /// estimate with --sessions: the locks each session holds at once; N x M must equal
+    /// --rate x --hold (the estimate's held locks) [--rate x --hold / N].
+    #[arg(long, value_name = "M", requires = "sessions")]
+    pub session_leases: Option<u64>,
 }
 
 /// The semaphore scenario's permits when `--permits` is not given: one of 4.
@@ -273,6 +287,7 @@ impl Args {
             "--tick must be 10us..=100ms"
         );
         self.check_estimate()?;
+        self.check_sessions()?;
         crate::wire::validate_limits(
             millis_u32(self.ttl, "--ttl")?,
             millis_u32(self.wait, "--wait")?,
@@ -395,6 +410,39 @@ impl Args {
             );
         }
         Ok(())
+    }
+
+    /// `--sessions` and `--session-leases`: for the estimate against tenure, within the
+    /// connections' session limit, and consistent with the churn.
+    fn check_sessions(&mut self) -> anyhow::Result<()> {
+        let Some(sessions) = self.sessions else {
+            return Ok(());
+        };
+        ensure!(
+            self.scenario == Scenario::Estimate && self.target.starts_with("tenure://"),
+            "--sessions is for --scenario estimate against tenure:// targets"
+        );
+        ensure!(sessions >= 1, "--sessions must be at least 1");
+        ensure!(
+            sessions <= SESSIONS_PER_CONNECTION_MAX * self.connections,
+            "--sessions {sessions} needs --connections {} or more (a connection opens at most \
+             {SESSIONS_PER_CONNECTION_MAX} sessions)",
+            sessions.div_ceil(SESSIONS_PER_CONNECTION_MAX)
+        );
+        let held = (self.rate * self.hold().as_secs_f64()).round() as u64;
+        let each = (held as f64 / sessions as f64).round() as u64;
+        let asked = *self.session_leases.get_or_insert(each);
+        ensure!(
+            asked == each,
+            "--sessions {sessions} x --session-leases {asked} is not --rate x --hold = {held} \
+             held locks: --session-leases {each} fits"
+        );
+        Ok(())
+    }
+
+    /// `--sessions`, 0 without.
+    pub fn sessions(&self) -> usize {
+        self.sessions.unwrap_or(0)
     }
 
     /// `--hold` after [`Args::resolve`].

@@ -83,6 +83,7 @@ impl EtcdState {
                 self.post("/v3/maintenance/status", "{}", dst);
                 self.expect.push_back(1);
             }
+            OpKind::KeepAlive => unreachable!("--sessions is for tenure:// targets only"),
         }
     }
 
@@ -164,6 +165,7 @@ fn outcome_of(op: &Op, replies: &[HttpReply]) -> anyhow::Result<Outcome> {
         }
         OpKind::Release => Outcome::Released,
         OpKind::Ping => Outcome::Pong,
+        OpKind::KeepAlive => Outcome::Error("etcd has no tenure sessions".to_owned()),
     })
 }
 

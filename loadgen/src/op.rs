@@ -10,7 +10,7 @@ pub const KEY_PREFIX: &[u8] = b"job:";
 /// Prefix of the per-key fencing counter in the fenced Redis recipe.
 pub const FENCE_PREFIX: &[u8] = b"fence:job:";
 
-/// The four requests a scenario can send.
+/// The requests a scenario can send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
     /// Take a lock.
@@ -21,15 +21,21 @@ pub enum OpKind {
     Release = 2,
     /// Round trip that touches no lock.
     Ping = 3,
+    /// tenure sessions (PROTOCOL.md 3.11): SESSION_KEEPALIVE of the session in `Op::lease`,
+    /// or SESSION_OPEN (of `Op::ttl_ms`) when that is 0.
+    KeepAlive = 4,
 }
 
 impl OpKind {
+    /// Number of kinds, for arrays indexed by `OpKind as usize`.
+    pub const COUNT: usize = 5;
     /// Every kind, in report order.
-    pub const ALL: [OpKind; 4] = [
+    pub const ALL: [OpKind; Self::COUNT] = [
         OpKind::Acquire,
         OpKind::Renew,
         OpKind::Release,
         OpKind::Ping,
+        OpKind::KeepAlive,
     ];
 
     /// Lower-case name for reports.
@@ -39,6 +45,7 @@ impl OpKind {
             OpKind::Renew => "renew",
             OpKind::Release => "release",
             OpKind::Ping => "ping",
+            OpKind::KeepAlive => "keepalive",
         }
     }
 }
@@ -50,7 +57,8 @@ pub struct Op {
     pub kind: OpKind,
     /// Key number: the lock is `job:{key}`.
     pub key: u64,
-    /// Lease to renew or release; for a Redis acquire, the value the client stores.
+    /// Lease to renew or release; for a Redis acquire, the value the client stores; for a
+    /// tenure acquire in a session (`--sessions`) and a keep-alive, the session id.
     pub lease: u128,
     /// Lease length asked for (acquire, renew), in milliseconds.
     pub ttl_ms: u32,
@@ -92,13 +100,18 @@ pub enum Outcome {
     NotOwner,
     /// Reply to a ping.
     Pong,
+    /// A tenure session is open or was kept alive (SESSION).
+    Session {
+        /// Its session id.
+        id: u128,
+    },
     /// The target answered with an error, or with a reply that does not fit the request.
     Error(String),
 }
 
 impl Outcome {
     /// Number of outcome classes, for counter arrays.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     /// Names of the classes, indexed by [`Outcome::index`].
     pub const NAMES: [&'static str; Self::COUNT] = [
         "granted",
@@ -109,6 +122,7 @@ impl Outcome {
         "not_owner",
         "pong",
         "error",
+        "session",
     ];
 
     /// Position of this outcome's class in [`Outcome::NAMES`].
@@ -122,6 +136,7 @@ impl Outcome {
             Outcome::NotOwner => 5,
             Outcome::Pong => 6,
             Outcome::Error(_) => 7,
+            Outcome::Session { .. } => 8,
         }
     }
 }

@@ -20,6 +20,8 @@ pub enum Proto {
         kind: LeaseKind,
         /// Every ACQUIRE carries an acquire id (`--acquire-ids`, PROTOCOL.md 3.9).
         acquire_ids: bool,
+        /// Every ACQUIRE is in a session (`--sessions`, PROTOCOL.md 3.11): its op's `lease`.
+        sessions: bool,
     },
     /// Redis RESP2 with the usual lock recipes: replies come in request order.
     Redis {
@@ -43,6 +45,7 @@ impl Proto {
         Proto::Tenure {
             kind: LeaseKind::Exclusive,
             acquire_ids: false,
+            sessions: false,
         }
     }
 
@@ -50,9 +53,24 @@ impl Proto {
     /// other targets have none.
     pub fn with_acquire_ids(self, on: bool) -> Proto {
         match self {
-            Proto::Tenure { kind, .. } => Proto::Tenure {
+            Proto::Tenure { kind, sessions, .. } => Proto::Tenure {
                 kind,
                 acquire_ids: on,
+                sessions,
+            },
+            other => other,
+        }
+    }
+
+    /// This protocol with every ACQUIRE in a session (or not), if it is tenure's.
+    pub fn with_sessions(self, on: bool) -> Proto {
+        match self {
+            Proto::Tenure {
+                kind, acquire_ids, ..
+            } => Proto::Tenure {
+                kind,
+                acquire_ids,
+                sessions: on,
             },
             other => other,
         }
@@ -62,7 +80,15 @@ impl Proto {
     /// targets have no kinds (`Args::resolve` refuses `--permits` and `--shared` for them).
     pub fn with_kind(self, kind: LeaseKind) -> Proto {
         match self {
-            Proto::Tenure { acquire_ids, .. } => Proto::Tenure { kind, acquire_ids },
+            Proto::Tenure {
+                acquire_ids,
+                sessions,
+                ..
+            } => Proto::Tenure {
+                kind,
+                acquire_ids,
+                sessions,
+            },
             other => other,
         }
     }
@@ -70,7 +96,18 @@ impl Proto {
     /// Appends the request for `op`, tagged `id` where the protocol has ids.
     pub fn encode(&mut self, id: u64, op: &Op, dst: &mut BytesMut) {
         match self {
-            Proto::Tenure { kind, acquire_ids } => wire::encode(id, op, *acquire_ids, *kind, dst),
+            Proto::Tenure {
+                kind,
+                acquire_ids,
+                sessions,
+            } => {
+                let how = wire::Acquiring {
+                    acquire_id: *acquire_ids,
+                    session: *sessions,
+                    kind: *kind,
+                };
+                wire::encode(id, op, how, dst);
+            }
             Proto::Redis { scripts, fenced } => resp::encode_op(scripts, *fenced, op, dst),
             Proto::Etcd(state) => state.encode(op, dst),
         }

@@ -95,7 +95,11 @@ const QUANTILES: [(&str, f64); 5] = [
 ];
 
 /// Per-kind figures from the window's stats.
-pub fn kinds(stats: &Stats, window_s: f64, targets: [Option<f64>; 4]) -> Vec<KindReport> {
+pub fn kinds(
+    stats: &Stats,
+    window_s: f64,
+    targets: [Option<f64>; OpKind::COUNT],
+) -> Vec<KindReport> {
     let mut out = Vec::new();
     for kind in OpKind::ALL {
         let k = &stats.measured[kind as usize];

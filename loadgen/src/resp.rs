@@ -138,6 +138,7 @@ pub fn encode_op(scripts: &Scripts, fenced: bool, op: &Op, dst: &mut BytesMut) {
             put_array_header(dst, 1);
             put_bulk(dst, &[b"PING"]);
         }
+        OpKind::KeepAlive => unreachable!("--sessions is for tenure:// targets only"),
     }
 }
 

@@ -87,6 +87,7 @@ fn build_scenario(
                 ttl_ms,
                 keys: args.keys(),
                 connections: conns,
+                sessions: args.sessions(),
             },
             rng,
         )),
@@ -197,7 +198,8 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .with_context(|| format!("no setup with {addr} within {CONNECT_MAX:?}"))??;
         pipeline = pipeline.min(connected.in_flight_max);
         streams.push(connected.stream);
-        let proto = connected.proto.with_acquire_ids(args.acquire_ids);
+        let proto =
+            (connected.proto.with_acquire_ids(args.acquire_ids)).with_sessions(args.sessions() > 0);
         conns.push(proto.with_kind(args.lease_kind()));
         setups.push(connected.setup);
     }
@@ -327,6 +329,11 @@ fn settings(args: &Args, pipeline: usize, redis: bool) -> Vec<(&'static str, Val
             ("hold_s", Value::F64(args.hold().as_secs_f64())),
             ("ttl_s", Value::F64(args.ttl.as_secs_f64())),
             ("renew_every_s", Value::F64(args.renew_every.as_secs_f64())),
+            ("sessions", Value::U64(args.sessions() as u64)),
+            (
+                "session_leases",
+                Value::U64(args.session_leases.unwrap_or(0)),
+            ),
         ]),
         Which::Max => settings.push(("op", Value::Str(format!("{:?}", args.op).to_lowercase()))),
         Which::Contention | Which::Semaphore | Which::ReadMostly => settings.extend([

@@ -42,13 +42,13 @@ pub struct Stats {
     /// Intended-send-time window that counts, nanoseconds since the start (end exclusive).
     pub window_ns: Option<(u64, u64)>,
     /// Per-kind figures inside the window, indexed by `OpKind as usize`.
-    pub measured: [KindStats; 4],
+    pub measured: [KindStats; OpKind::COUNT],
     /// Error replies by name, whole run.
     pub errors: BTreeMap<String, u64>,
     /// Replies per kind, whole run (the progress line diffs these).
-    pub replies: [u64; 4],
+    pub replies: [u64; OpKind::COUNT],
     /// Replies per kind at the last progress line.
-    pub replies_last: [u64; 4],
+    pub replies_last: [u64; OpKind::COUNT],
     /// Latency of every reply since the last progress line.
     pub second_ns: Histogram<u64>,
     /// Latency of every reply since the start.
@@ -64,10 +64,10 @@ impl Default for Stats {
         };
         Stats {
             window_ns: None,
-            measured: [kind(), kind(), kind(), kind()],
+            measured: std::array::from_fn(|_| kind()),
             errors: BTreeMap::new(),
-            replies: [0; 4],
-            replies_last: [0; 4],
+            replies: [0; OpKind::COUNT],
+            replies_last: [0; OpKind::COUNT],
             second_ns: histogram(),
             run_ns: histogram(),
         }
@@ -105,8 +105,8 @@ impl Stats {
     }
 
     /// Replies per kind since the last call, and resets the one-second histogram.
-    pub fn take_second(&mut self) -> ([u64; 4], Histogram<u64>) {
-        let mut delta = [0; 4];
+    pub fn take_second(&mut self) -> ([u64; OpKind::COUNT], Histogram<u64>) {
+        let mut delta = [0; OpKind::COUNT];
         for kind in OpKind::ALL {
             let k = kind as usize;
             delta[k] = self.replies[k] - self.replies_last[k];

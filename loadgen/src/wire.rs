@@ -11,7 +11,9 @@ use std::sync::OnceLock;
 
 use anyhow::{bail, Context};
 use bytes::{BufMut, BytesMut};
-use tenure_protocol::frame::{decode_response, op, split_frame, FLAG_ACQUIRE_ID, FLAG_KIND};
+use tenure_protocol::frame::{
+    decode_response, op, split_frame, FLAG_ACQUIRE_ID, FLAG_KIND, FLAG_SESSION,
+};
 use tenure_protocol::kind::{KIND_PERMITS, KIND_SHARED};
 use tenure_protocol::{LeaseId, LeaseKind, Response};
 
@@ -47,6 +49,9 @@ fn outcome(response: Response) -> Outcome {
         Response::Lost => Outcome::Lost,
         Response::Released => Outcome::Released,
         Response::NotOwner => Outcome::NotOwner,
+        Response::Session { session_id, .. } => Outcome::Session {
+            id: u128::from_be_bytes(session_id.0),
+        },
         Response::Error { code, .. } => Outcome::Error(format!("{code:?}")),
         other => Outcome::Error(format!("unexpected reply {other:?}")),
     }
@@ -77,24 +82,33 @@ fn next_acquire_id() -> [u8; 16] {
 }
 
 /// Appends an ACQUIRE's fields after its request id: the optional fields after the meta in
-/// increasing flag-bit order (PROTOCOL.md 3.1), the acquire id (bit 1) before the kind (bit 3).
-fn put_acquire(op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
+/// increasing flag-bit order (PROTOCOL.md 3.1), the acquire id (bit 1), then the session
+/// (bit 2: the session id in `op.lease`, and TTL 0, PROTOCOL.md 3.11), then the kind (bit 3).
+fn put_acquire(op: &Op, how: Acquiring, dst: &mut BytesMut) {
     put_key16(dst, op.key);
-    dst.put_u32(op.ttl_ms);
+    dst.put_u32(if how.session { 0 } else { op.ttl_ms });
     dst.put_u32(op.wait_ms);
-    // Flags: the lock outlives the connection; bit 1 with an acquire id, bit 3 with a kind.
+    // Flags: the lock outlives the connection; bit 1 with an acquire id, bit 2 in a
+    // session, bit 3 with a kind.
     let mut flags = 0;
-    if acquire_id {
+    if how.acquire_id {
         flags |= FLAG_ACQUIRE_ID;
     }
-    if !kind.is_exclusive() {
+    if how.session {
+        flags |= FLAG_SESSION;
+    }
+    if !how.kind.is_exclusive() {
         flags |= FLAG_KIND;
     }
     dst.put_u8(flags);
     dst.put_u16(0); // no holder metadata
-    if acquire_id {
+    if how.acquire_id {
         dst.put_slice(&next_acquire_id());
     }
+    if how.session {
+        dst.put_slice(&op.lease.to_be_bytes());
+    }
+    let kind = how.kind;
     match kind {
         LeaseKind::Exclusive => {}
         LeaseKind::Shared => dst.put_u8(KIND_SHARED),
@@ -106,11 +120,23 @@ fn put_acquire(op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
     }
 }
 
+/// How a connection's ACQUIREs are sent ([`encode`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Acquiring {
+    /// Each carries an acquire id (flag bit 1), unique per ACQUIRE in this process and
+    /// random across processes.
+    pub acquire_id: bool,
+    /// Each is in the session whose id is the op's `lease` (flag bit 2), with TTL 0.
+    pub session: bool,
+    /// What each asks for.
+    pub kind: LeaseKind,
+}
+
 /// Appends one tenure request frame for `op`; see the crate `tenure_protocol::frame` diagram.
-/// With `acquire_id`, an ACQUIRE carries one (flag bit 1), unique per ACQUIRE in this process
-/// and random across processes. An ACQUIRE asks for its own `op.lease_kind` if it names one,
-/// else for `kind` (the connection's); the other requests have no kind.
-pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut BytesMut) {
+/// An ACQUIRE is sent as `how` says, asking for its own `op.lease_kind` if it names one, else
+/// for `how.kind` (the connection's); the other requests have no acquire id, session or kind
+/// (a keep-alive's session id is the op's `lease`; a `lease` of 0 opens a session instead).
+pub fn encode(id: u64, op: &Op, how: Acquiring, dst: &mut BytesMut) {
     let start = dst.len();
     dst.put_u32(0); // length, patched below
     let opcode = match op.kind {
@@ -118,11 +144,18 @@ pub fn encode(id: u64, op: &Op, acquire_id: bool, kind: LeaseKind, dst: &mut Byt
         OpKind::Renew => op::RENEW,
         OpKind::Release => op::RELEASE,
         OpKind::Ping => op::PING,
+        OpKind::KeepAlive if op.lease == 0 => op::SESSION_OPEN,
+        OpKind::KeepAlive => op::SESSION_KEEPALIVE,
     };
     dst.put_u8(opcode);
     dst.put_u64(id);
     match op.kind {
-        OpKind::Acquire => put_acquire(op, acquire_id, op.lease_kind.unwrap_or(kind), dst),
+        OpKind::Acquire => {
+            let kind = op.lease_kind.unwrap_or(how.kind);
+            put_acquire(op, Acquiring { kind, ..how }, dst)
+        }
+        OpKind::KeepAlive if op.lease == 0 => dst.put_u32(op.ttl_ms),
+        OpKind::KeepAlive => dst.put_slice(&op.lease.to_be_bytes()),
         OpKind::Renew => {
             put_key16(dst, op.key);
             dst.put_slice(&LeaseId::from_u128(op.lease).0);
@@ -160,6 +193,10 @@ mod tests {
     use bytes::Bytes;
     use tenure_protocol::frame::encode_request;
     use tenure_protocol::Request;
+
+    fn plain() -> Acquiring {
+        Acquiring::default()
+    }
 
     fn op(kind: OpKind) -> Op {
         Op {
@@ -206,18 +243,21 @@ mod tests {
         ];
         for (kind, request) in cases {
             let mut ours = BytesMut::new();
-            encode(77, &op(kind), false, LeaseKind::Exclusive, &mut ours);
+            encode(77, &op(kind), plain(), &mut ours);
             let mut theirs = BytesMut::new();
             encode_request(77, &request, &mut theirs);
             assert_eq!(ours, theirs, "{kind:?}");
         }
         // An ACQUIRE with an acquire id, a new one for each ACQUIRE of the same op.
-        let exclusive = LeaseKind::Exclusive;
+        let with_id = Acquiring {
+            acquire_id: true,
+            ..plain()
+        };
         let mut ours = BytesMut::new();
-        encode(77, &op(OpKind::Acquire), true, exclusive, &mut ours);
+        encode(77, &op(OpKind::Acquire), with_id, &mut ours);
         let id = acquire_id_of(&ours);
         let mut again = BytesMut::new();
-        encode(77, &op(OpKind::Acquire), true, exclusive, &mut again);
+        encode(77, &op(OpKind::Acquire), with_id, &mut again);
         assert_ne!(acquire_id_of(&again), id, "an acquire id is never repeated");
         let request = Request::Acquire {
             key: Bytes::from_static(b"job:1234567"),
@@ -232,6 +272,52 @@ mod tests {
         let mut theirs = BytesMut::new();
         encode_request(77, &request, &mut theirs);
         assert_eq!(ours, theirs, "with an acquire id");
+    }
+
+    #[test]
+    fn session_requests_match_the_protocol_crate() {
+        let session = 0x1112_1314_1516_1718_191a_1b1c_1d1e_1f20_u128;
+        let session_id = tenure_protocol::SessionId(session.to_be_bytes());
+        let keepalive = Op {
+            lease: session,
+            ..op(OpKind::KeepAlive)
+        };
+        let open = Op {
+            lease: 0,
+            ..op(OpKind::KeepAlive)
+        };
+        let acquire = Op {
+            lease: session,
+            ..op(OpKind::Acquire)
+        };
+        let in_session = Acquiring {
+            session: true,
+            ..plain()
+        };
+        let cases = [
+            (open, Request::SessionOpen { ttl_ms: 30_000 }),
+            (keepalive, Request::SessionKeepalive { session_id }),
+            (
+                acquire,
+                Request::Acquire {
+                    key: Bytes::from_static(b"job:1234567"),
+                    ttl_ms: 0,
+                    wait_ms: 250,
+                    release_on_disconnect: false,
+                    meta: Bytes::new(),
+                    acquire_id: None,
+                    kind: Default::default(),
+                    session_id: Some(session_id),
+                },
+            ),
+        ];
+        for (op, request) in cases {
+            let mut ours = BytesMut::new();
+            encode(77, &op, in_session, &mut ours);
+            let mut theirs = BytesMut::new();
+            encode_request(77, &request, &mut theirs);
+            assert_eq!(ours, theirs, "{request:?}");
+        }
     }
 
     /// The acquire id of an ACQUIRE frame for `op()` without meta: after length, opcode,
@@ -252,7 +338,12 @@ mod tests {
         for kind in kinds {
             for with_id in [false, true] {
                 let mut ours = BytesMut::new();
-                encode(77, &op(OpKind::Acquire), with_id, kind, &mut ours);
+                let how = Acquiring {
+                    acquire_id: with_id,
+                    session: false,
+                    kind,
+                };
+                encode(77, &op(OpKind::Acquire), how, &mut ours);
                 let acquire_id = with_id.then(|| tenure_protocol::AcquireId(acquire_id_of(&ours)));
                 let request = Request::Acquire {
                     key: Bytes::from_static(b"job:1234567"),
@@ -270,16 +361,15 @@ mod tests {
             }
             // Only ACQUIRE carries the kind or an acquire id.
             let mut renew = BytesMut::new();
-            encode(77, &op(OpKind::Renew), true, kind, &mut renew);
-            let mut plain = BytesMut::new();
-            encode(
-                77,
-                &op(OpKind::Renew),
-                false,
-                LeaseKind::Exclusive,
-                &mut plain,
-            );
-            assert_eq!(renew, plain);
+            let how = Acquiring {
+                acquire_id: true,
+                session: true,
+                kind,
+            };
+            encode(77, &op(OpKind::Renew), how, &mut renew);
+            let mut without = BytesMut::new();
+            encode(77, &op(OpKind::Renew), plain(), &mut without);
+            assert_eq!(renew, without);
         }
     }
 }

@@ -17,6 +17,12 @@
 //!
 //! A cursor stops at a lock whose acquire has not been answered yet; the ops behind it keep
 //! their intended times, so the stall is measured.
+//!
+//! With sessions (`--sessions N`, PROTOCOL.md 3.11), N sessions of `ttl_ms` are opened first
+//! (untimed setup; the schedule starts once all are open); lock `n` is acquired in session
+//! `n % N` and never renewed (a session lease has no TTL of its own), and each session is
+//! kept alive every `ttl_ms / 3` instead: keep-alive `m` goes to session `m % N` at
+//! `t0 + m * (ttl_ms / 3) / N`, one more cursor.
 
 use std::collections::VecDeque;
 
@@ -38,6 +44,8 @@ pub struct Settings {
     pub keys: u64,
     /// Connections to spread locks over.
     pub connections: usize,
+    /// Sessions the locks are acquired in (0: none, each lock renewed on its own).
+    pub sessions: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -75,13 +83,24 @@ pub struct Estimate {
     held: u64,
     held_max: u64,
     lost: u64,
+    /// Session ids by session number (0 until its SESSION_OPEN is answered).
+    session_ids: Vec<u128>,
+    sessions_open: usize,
+    /// Whether the schedule runs (set once every session is open).
+    started: bool,
+    keepalive_next: u64,
+    sessions_lost: u64,
 }
 
 impl Estimate {
     /// A workload with settings `s`, keys and lease values drawn from `rng`.
     pub fn new(s: Settings, mut rng: Rng) -> Estimate {
         assert!(s.rate > 0.0 && s.renew_every_ns > 0 && s.connections > 0);
-        let renews_per_lock = s.hold_ns / s.renew_every_ns;
+        let renews_per_lock = if s.sessions > 0 {
+            0
+        } else {
+            s.hold_ns / s.renew_every_ns
+        };
         Estimate {
             period_ns: 1e9 / s.rate,
             renews_per_lock,
@@ -97,12 +116,69 @@ impl Estimate {
             held: 0,
             held_max: 0,
             lost: 0,
+            session_ids: vec![0; s.sessions],
+            sessions_open: 0,
+            started: false,
+            keepalive_next: 0,
+            sessions_lost: 0,
             s,
         }
     }
 
     fn intended_ns(&self, n: u64) -> u64 {
         self.t0_ns + (n as f64 * self.period_ns) as u64
+    }
+
+    /// Keep-alive period of a session, nanoseconds: a third of its TTL.
+    fn keepalive_every_ns(&self) -> f64 {
+        f64::from(self.s.ttl_ms) * 1e6 / 3.0
+    }
+
+    /// The session id lock `n` is acquired in (0 without sessions).
+    fn session_of(&self, n: u64) -> u128 {
+        match self.s.sessions {
+            0 => 0,
+            count => self.session_ids[(n % count as u64) as usize],
+        }
+    }
+
+    /// Opens every session, each on connection `number % connections`.
+    fn open_sessions(&mut self, ctx: &mut Ctx<'_>) {
+        for number in 0..self.s.sessions {
+            let conn = number % self.s.connections;
+            let open = op(
+                OpKind::KeepAlive,
+                0,
+                0,
+                self.s.ttl_ms,
+                number as u64,
+                ctx.now_ns,
+            );
+            ctx.submit(conn, open);
+        }
+    }
+
+    fn send_keepalives(&mut self, ctx: &mut Ctx<'_>, cutoff_ns: u64) {
+        let count = self.s.sessions as u64;
+        if count == 0 {
+            return;
+        }
+        let spacing_ns = self.keepalive_every_ns() / count as f64;
+        loop {
+            let m = self.keepalive_next;
+            let at_ns = self.t0_ns + (m as f64 * spacing_ns) as u64;
+            if at_ns > cutoff_ns {
+                break;
+            }
+            let number = m % count;
+            let id = self.session_ids[number as usize];
+            let conn = (number % self.s.connections as u64) as usize;
+            ctx.submit(
+                conn,
+                op(OpKind::KeepAlive, 0, id, self.s.ttl_ms, number, at_ns),
+            );
+            self.keepalive_next += 1;
+        }
     }
 
     fn slot(&mut self, n: u64) -> Option<&mut Slot> {
@@ -123,7 +199,10 @@ impl Estimate {
         let due = ((cutoff_ns - self.t0_ns) as f64 / self.period_ns) as u64 + 1;
         while self.issued < due {
             let n = self.issued;
-            let lease = self.rng.lease();
+            let lease = match self.s.sessions {
+                0 => self.rng.lease(),
+                _ => self.session_of(n),
+            };
             let (conn, op) = self.lock_op(OpKind::Acquire, n, lease, self.intended_ns(n));
             ctx.submit(conn, op);
             self.slots.push_back(Slot {
@@ -185,22 +264,50 @@ impl Estimate {
     }
 }
 
+impl Estimate {
+    /// SESSION_KEEPALIVEs per second: every session's, every third of its TTL.
+    fn keepalives_per_s(&self) -> f64 {
+        self.s.sessions as f64 * 1e9 / self.keepalive_every_ns()
+    }
+}
+
 impl Scenario for Estimate {
     fn start(&mut self, ctx: &mut Ctx<'_>) {
+        if self.s.sessions > 0 {
+            self.open_sessions(ctx);
+            return;
+        }
+        self.started = true;
         self.t0_ns = ctx.now_ns;
         self.tick(ctx);
     }
 
     fn tick(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.started {
+            return;
+        }
         // Nothing intended at or after the window's end is sent; earlier ops still go out.
         let cutoff_ns = ctx.now_ns.min(self.end_ns.saturating_sub(1));
         self.send_acquires(ctx, cutoff_ns);
         self.send_renews(ctx, cutoff_ns);
+        self.send_keepalives(ctx, cutoff_ns);
         self.send_releases(ctx, cutoff_ns);
     }
 
-    fn on_reply(&mut self, _ctx: &mut Ctx<'_>, op: &Op, outcome: &Outcome) {
+    fn on_reply(&mut self, ctx: &mut Ctx<'_>, op: &Op, outcome: &Outcome) {
         match (op.kind, outcome) {
+            (OpKind::KeepAlive, Outcome::Session { id }) if op.lease == 0 => {
+                self.session_ids[op.tag as usize] = *id;
+                self.sessions_open += 1;
+                if self.sessions_open == self.s.sessions {
+                    self.started = true;
+                    self.t0_ns = ctx.now_ns;
+                }
+            }
+            (OpKind::KeepAlive, Outcome::Session { .. }) => {}
+            // A session that could not be opened or kept alive: counted, and (opened or not)
+            // its locks' acquires are refused from then on.
+            (OpKind::KeepAlive, _) => self.sessions_lost += 1,
             (OpKind::Acquire, Outcome::Granted { lease, .. }) => {
                 let lease = *lease;
                 let slot = self.slot(op.tag).expect("pending slots are kept");
@@ -229,6 +336,10 @@ impl Scenario for Estimate {
         self.end_ns = end_ns;
     }
 
+    fn ready(&self) -> bool {
+        self.started
+    }
+
     fn ramp_ns(&self) -> u64 {
         self.s.hold_ns
     }
@@ -237,13 +348,14 @@ impl Scenario for Estimate {
         self.held
     }
 
-    fn target_rates(&self) -> [Option<f64>; 4] {
+    fn target_rates(&self) -> [Option<f64>; OpKind::COUNT] {
         let rate = self.s.rate;
         [
             Some(rate),
             Some(rate * self.renews_per_lock as f64),
             Some(rate),
             None,
+            Some(self.keepalives_per_s()),
         ]
     }
 
@@ -257,9 +369,13 @@ impl Scenario for Estimate {
             ("locks_held_max", Value::U64(self.held_max)),
             ("renews_per_lock", Value::U64(self.renews_per_lock)),
             ("leases_lost", Value::U64(self.lost)),
+            ("sessions", Value::U64(self.s.sessions as u64)),
+            ("sessions_lost", Value::U64(self.sessions_lost)),
             (
                 "ops_per_s_target",
-                Value::F64(self.s.rate * (2 + self.renews_per_lock) as f64),
+                Value::F64(
+                    self.s.rate * (2 + self.renews_per_lock) as f64 + self.keepalives_per_s(),
+                ),
             ),
         ]
     }

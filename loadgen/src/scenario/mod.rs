@@ -61,8 +61,8 @@ pub trait Scenario {
     /// Locks this run believes it holds now.
     fn held(&self) -> u64;
     /// Rate per op kind the workload aims at, if it has one (indexed by `OpKind as usize`).
-    fn target_rates(&self) -> [Option<f64>; 4] {
-        [None; 4]
+    fn target_rates(&self) -> [Option<f64>; OpKind::COUNT] {
+        [None; OpKind::COUNT]
     }
     /// Scenario-specific figures for the report; `window_s` is the measured window's length.
     fn summary(&self, window_s: f64) -> Vec<(&'static str, Value)>;

@@ -1,11 +1,11 @@
 //! ACQUIRE: a grant at once, LOCKED, a place in line as a waiter, or a retry once more
 //! fencing tokens are reserved.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 
-use tenure_protocol::{AcquireId, EventKind, LeaseId, Request, Response};
+use tenure_protocol::{AcquireId, EventKind, LeaseId, LeaseKind, Request, Response};
 use tokio::sync::oneshot;
 
 use super::{clamp_ms, Executor, Outcome, Session, Undo, WaitResult, WaitSlot};
@@ -30,15 +30,14 @@ impl Executor {
             meta,
             acquire_id,
             kind,
-            session_id,
+            ..
         } = &request
         else {
             unreachable!("acquire called with {request:?}")
         };
         let mut shard = self.shard(key);
         // Under the same hold of the shard as the grant below, so two sends of one ACQUIRE
-        // cannot both be granted. A repeat of a shared (read) or permits lease is found
-        // among its key's holders the same way (`repeat_of`).
+        // cannot both be granted (the repeat check is here or in `acquire_with_id`).
         let early = self.repeat_or_refusal(ctx, &mut shard, now_ms, key, *ttl_ms, *acquire_id);
         if let Some(answer) = early {
             return answer;
@@ -55,7 +54,11 @@ impl Executor {
             meta,
         };
         let mut events = Vec::new();
-        let outcome = shard.acquire_kind(now_ms, args, *kind, &self.tokens.allocator, &mut events);
+        let outcome = self.table_acquire(&mut shard, now_ms, args, *kind, *acquire_id, &mut events);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(met) => return self.repeat_met(ctx, shard, now_ms, received_ms, &request, met),
+        };
         // Settling the key may have ended a lease or handed it on before this request's turn.
         self.apply_events(&mut shard, now_ms, &mut events);
         match outcome {
@@ -67,13 +70,7 @@ impl Executor {
                 drop(shard);
                 self.locked(token, ttl_left_ms)
             }
-            Acquire::Queued { waiter_id } => Outcome::Wait {
-                rx,
-                key: key.clone(),
-                waiter_id,
-                release_on_disconnect: *release_on_disconnect,
-                session_id: *session_id,
-            },
+            Acquire::Queued { waiter_id } => queued(rx, &request, waiter_id),
             Acquire::Full(limit) => Outcome::Reply(self.full_error(limit), TICKET_NOW),
             Acquire::KindMismatch { key_limit } => {
                 drop(shard);
@@ -86,6 +83,24 @@ impl Executor {
         }
     }
 
+    /// The table's answer to an ACQUIRE, or (with an acquire id) what the repeat it turned
+    /// out to be meets.
+    fn table_acquire(
+        &self,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        args: AcquireArgs<'_, WaitSlot>,
+        kind: LeaseKind,
+        acquire_id: Option<AcquireId>,
+        events: &mut Vec<table::Event<WaitSlot>>,
+    ) -> Result<Acquire<WaitSlot>, table::Repeat> {
+        let allocator = &self.tokens.allocator;
+        match acquire_id {
+            None => Ok(shard.acquire_kind(now_ms, args, kind, allocator, events)),
+            Some(id) => shard.acquire_with_id(now_ms, args, kind, id, allocator, events),
+        }
+    }
+
     /// An ACQUIRE that found no fencing token left: more are reserved, and it is tried again.
     fn need_tokens(&self, request: Request, received_ms: u64) -> Outcome {
         self.tokens.reserve_ahead();
@@ -93,6 +108,33 @@ impl Executor {
             request,
             received_ms,
         }
+    }
+
+    /// The answer to an ACQUIRE that repeats an earlier one, as `acquire_with_id` found:
+    /// what it meets, once its key is settled if need be. Should settling leave nothing
+    /// known of it, it is acquired afresh (under a new hold of the shard, checked again).
+    fn repeat_met(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        mut shard: MutexGuard<'_, LockTable<WaitSlot>>,
+        now_ms: u64,
+        received_ms: u64,
+        request: &Request,
+        repeat: table::Repeat,
+    ) -> Outcome {
+        let Request::Acquire {
+            key,
+            acquire_id: Some(acquire_id),
+            ..
+        } = request
+        else {
+            unreachable!("repeat_met called with {request:?}")
+        };
+        if let Some(answer) = self.repeat_answer(&mut shard, now_ms, key, *acquire_id, repeat) {
+            return answer;
+        }
+        drop(shard);
+        self.acquire(ctx, now_ms, received_ms, request.clone())
     }
 
     /// LOCKED with the holder's `token` and the time left on its lease.
@@ -105,7 +147,10 @@ impl Executor {
     }
 
     /// The answer to an ACQUIRE before the table is asked: a repeat's (first: a repeat is
-    /// not a new hold, so no quota or limit refuses it), else a refusal, if any.
+    /// not a new hold, so no quota or limit refuses it), else a refusal, if any. Where no
+    /// refusal is in sight (nearly always), the repeat check is left to the table's grant
+    /// (`acquire_with_id`), which looks the key up once for both. A repeat of a shared
+    /// (read) or permits lease is found among its key's holders (`repeat_of`).
     fn repeat_or_refusal(
         self: &Arc<Self>,
         ctx: &mut Session,
@@ -120,6 +165,9 @@ impl Executor {
             if let Some(refusal) = self.refuse_if_not_leader() {
                 return Some(Outcome::Reply(refusal, TICKET_NOW));
             }
+            if !self.may_refuse(ctx, now_ms, ttl_ms) {
+                return None;
+            }
             if let Some(answer) = self.repeat(shard, now_ms, key, acquire_id) {
                 return Some(answer);
             }
@@ -127,6 +175,12 @@ impl Executor {
         let refusal = ctx.refusal_unless_repeat.take();
         let refusal = refusal.or_else(|| self.refuse_acquire(now_ms, ttl_ms))?;
         Some(Outcome::Reply(refusal, TICKET_NOW))
+    }
+
+    /// Whether an ACQUIRE may be refused by [`Executor::repeat_or_refusal`] (unless it is a
+    /// repeat), counting nothing.
+    fn may_refuse(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> bool {
+        ctx.refusal_unless_repeat.is_some() || self.may_refuse_acquire(now_ms, ttl_ms)
     }
 
     /// Logs a grant the table just made (still under its shard's lock) and builds its reply,
@@ -216,6 +270,26 @@ impl Executor {
             ticket,
             undo,
         }
+    }
+}
+
+/// The outcome of an ACQUIRE queued as waiter `waiter_id`, to hear its turn on `rx`.
+fn queued(rx: oneshot::Receiver<WaitResult>, request: &Request, waiter_id: u64) -> Outcome {
+    let Request::Acquire {
+        key,
+        release_on_disconnect,
+        session_id,
+        ..
+    } = request
+    else {
+        unreachable!("queued called with {request:?}")
+    };
+    Outcome::Wait {
+        rx,
+        key: key.clone(),
+        waiter_id,
+        release_on_disconnect: *release_on_disconnect,
+        session_id: *session_id,
     }
 }
 

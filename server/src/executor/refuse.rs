@@ -20,6 +20,14 @@ impl Executor {
         )
     }
 
+    /// Whether [`Executor::refuse_acquire`] may refuse an acquire now: the same checks,
+    /// counting nothing, so a repeat (which no refusal refuses) is found first.
+    pub(super) fn may_refuse_acquire(&self, now_ms: u64, ttl_ms: u32) -> bool {
+        ttl_ms > self.config.ttl_ms_max
+            || now_ms < self.grants_refused_until_ms
+            || self.journal.failed().is_some()
+    }
+
     /// Why an acquire must be refused before the table is touched, if it must.
     pub(super) fn refuse_acquire(&self, now_ms: u64, ttl_ms: u32) -> Option<Response> {
         if ttl_ms > self.config.ttl_ms_max {

@@ -20,7 +20,19 @@ impl Executor {
         key: &[u8],
         acquire_id: AcquireId,
     ) -> Option<Outcome> {
-        let mut repeat = shard.repeat_of(now_ms, key, acquire_id);
+        let repeat = shard.repeat_of(now_ms, key, acquire_id);
+        self.repeat_answer(shard, now_ms, key, acquire_id, repeat)
+    }
+
+    /// [`Executor::repeat`] for a repeat found to meet `repeat` at `now_ms`.
+    pub(super) fn repeat_answer(
+        self: &Arc<Self>,
+        shard: &mut LockTable<WaitSlot>,
+        now_ms: u64,
+        key: &[u8],
+        acquire_id: AcquireId,
+        mut repeat: Repeat,
+    ) -> Option<Outcome> {
         if repeat == Repeat::Unsettled {
             // Its lease is past its deadline: it ends first, so the repeat hears "expired".
             let mut events = Vec::new();

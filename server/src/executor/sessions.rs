@@ -241,7 +241,10 @@ impl SessionTable {
     /// Adds a lease the table granted to session `id`.
     pub fn attach(&mut self, id: SessionId, lease_id: LeaseId, key: Bytes) {
         let entry = self.by_id.get_mut(&id).expect("attach to a live session");
-        entry.leases.insert(lease_id, key);
+        // A copy: the request's key is a slice of the connection's read buffer, which a
+        // lease kept for its lifetime would pin whole (about 380 bytes a session lease in
+        // the sizing estimate, BENCHMARKS.md).
+        entry.leases.insert(lease_id, Bytes::copy_from_slice(&key));
         self.by_lease.insert(lease_id, id);
     }
 

@@ -12,10 +12,16 @@
 //! Ended ones go into a fixed table of [`ENDED_PER_SHARD_MAX`] entries per shard (made on a
 //! shard's first ended id), at the place a seeded hash of the id picks: an end replaces
 //! whatever was there. So an ended id is remembered until another end lands on its place,
-//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. One
-//! cache line per end and per lookup, no allocation, a bounded size, and no order to keep:
-//! an ACQUIRE with an acquire id costs a plain one little more (BENCHMARKS.md). The seed is
-//! the shard's, so a client cannot pick ids that evict another's on purpose.
+//! or for [`ENDED_KEEP_MS`], whichever is first; a repeat after that is a new ACQUIRE. No
+//! allocation, a bounded size, and no order to keep. The seed is the shard's, so a client
+//! cannot pick ids that evict another's on purpose.
+//!
+//! The table (1.5 MB over 64 shards) does not stay in the cache, and a read of it is a miss
+//! to memory: it was most of what an acquire id cost (BENCHMARKS.md). So an end only writes
+//! its entry (a store, which nothing waits for), and beside the entries a byte per place
+//! holds the top byte of the place's fingerprint (1 KB a shard, which does stay cached): an
+//! ACQUIRE reads the entry only when that byte matches its own, a first send one time in
+//! 256.
 //!
 //! The caller (the executor) keeps the live map in step with the table: it notes an id
 //! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
@@ -24,21 +30,23 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use tenure_protocol::{AcquireId, EndedHow, LeaseId};
+use tenure_protocol::{AcquireId, EndedHow, LeaseId, LeaseKind};
 
 use super::extras::SlotHasher;
 use super::index::hash_key;
-use super::{LockTable, WaiterSink};
+use super::WaiterSink;
+use super::{assert_acquire_args, Acquire, AcquireArgs, Event, LockTable, TokenAllocator};
 
 /// Longest an ended lease's acquire id is remembered, in milliseconds: the longest wait plus
 /// ten minutes of retries, longer than a client retries one ACQUIRE (its wait plus its
 /// time-outs), so a retry inside it meets the answer (unless the shard's table of ended ids
 /// has reused the place meanwhile).
 pub const ENDED_KEEP_MS: u64 = tenure_protocol::limits::WAIT_MS_MAX as u64 + 600_000;
-/// Places for ended acquire ids per shard (24 bytes each, made on first use): the most
-/// remembered at once. Small on purpose: the table is touched by every end and every
-/// ACQUIRE with an id, and one of 4 096 places (48 bytes each then) over 64 shards cost a
-/// third more server CPU per mixed-cycle op in cache misses (BENCHMARKS.md).
+/// Places for ended acquire ids per shard (24 bytes each and a byte of tag, made on first
+/// use): the most remembered at once. Small on purpose: the table is touched by every end,
+/// and one of 4 096 places (48 bytes each then) over 64 shards cost a third more server CPU
+/// per mixed-cycle op in cache misses, before the tags spared an ACQUIRE the read of its
+/// entry (BENCHMARKS.md).
 pub const ENDED_PER_SHARD_MAX: usize = 1024;
 const _: () = assert!(ENDED_PER_SHARD_MAX.is_power_of_two());
 
@@ -81,8 +89,14 @@ pub(super) struct AcquireIds {
     live: HashMap<u64, Live, BuildHasherDefault<SlotHasher>>,
     /// Ended ones, by place; empty until the shard's first.
     ended: Vec<Ended>,
-    /// Places of `ended` in use.
-    ended_count: usize,
+    /// The top byte of each place's fingerprint ([`tag_of`]), 0 for a free place; empty as
+    /// long as `ended` is.
+    tags: Vec<u8>,
+}
+
+/// The byte of a fingerprint kept in `AcquireIds::tags`.
+fn tag_of(fingerprint: u64) -> u8 {
+    (fingerprint >> 56) as u8
 }
 
 /// What a repeat of an ACQUIRE meets ([`LockTable::repeat_of`]).
@@ -172,33 +186,21 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(live) = self.acquire_ids.live.remove(&token) else {
             return;
         };
-        let (place, fingerprint) = self.ended_place(live.acquire_id, key);
+        let (place, mixed) = ended_place(self.hash_seed, live.acquire_id);
+        let fingerprint = fingerprint(mixed, hash_key(self.hash_seed, key));
         let ids = &mut self.acquire_ids;
         if ids.ended.is_empty() {
             ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
-        }
-        if ids.ended[place].token == 0 {
-            ids.ended_count += 1;
+            ids.tags = vec![0; ENDED_PER_SHARD_MAX];
         }
         assert!(now_ms < 1 << HOW_SHIFT, "now_ms {now_ms} out of range");
+        // Written, never read here: what was there is replaced whatever it was.
+        ids.tags[place] = tag_of(fingerprint);
         ids.ended[place] = Ended {
             fingerprint,
             token,
             ended_ms_how: now_ms | u64::from(how as u8) << HOW_SHIFT,
         };
-    }
-
-    /// Where `acquire_id` on `key` goes in the table of ended ids, and its fingerprint there:
-    /// hashes under the shard's seed (the place from the id alone).
-    fn ended_place(&self, acquire_id: AcquireId, key: &[u8]) -> (usize, u64) {
-        let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
-            .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
-        let mixed = (a ^ self.hash_seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
-        let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
-        let fingerprint =
-            (mixed ^ hash_key(self.hash_seed, key)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        (place, fingerprint)
     }
 
     /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
@@ -212,14 +214,65 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a repeat of `acquire_id` on `key` meets at `now_ms`.
     pub fn repeat_of(&mut self, now_ms: u64, key: &[u8], acquire_id: AcquireId) -> Repeat {
         let now_ms = self.observe(now_ms);
-        if let Some(live) = self.live_lease_of(key, acquire_id) {
-            return live.at(now_ms);
+        let hash = hash_key(self.hash_seed, key);
+        let live = match self.shared_holders(key) {
+            Some(holders) => self.live_holder(holders, acquire_id),
+            None => self.live_lock(self.find_hashed(hash, key), acquire_id),
+        };
+        match live {
+            Some(live) => live.at(now_ms),
+            None => self.ended_repeat(now_ms, acquire_id, hash),
         }
+    }
+
+    /// [`LockTable::acquire_kind`] for an ACQUIRE with `acquire_id`, unless it repeats an
+    /// earlier one: then `Err` with what that repeat meets (never [`Repeat::New`]), and
+    /// nothing changed. On a key that is not shared, the key is hashed and looked up once for
+    /// both the repeat check and the grant, where `repeat_of` and then `acquire_kind` would
+    /// do it twice (BENCHMARKS.md, "what an acquire id costs").
+    pub fn acquire_with_id(
+        &mut self,
+        now_ms: u64,
+        args: AcquireArgs<'_, W>,
+        kind: LeaseKind,
+        acquire_id: AcquireId,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Result<Acquire<W>, Repeat> {
+        if !kind.is_exclusive() || self.is_shared(args.key) {
+            return match self.repeat_of(now_ms, args.key, acquire_id) {
+                Repeat::New => Ok(self.acquire_kind(now_ms, args, kind, tokens, events)),
+                repeat => Err(repeat),
+            };
+        }
+        assert_acquire_args(&args);
+        let now_ms = self.observe(now_ms);
+        let hash = hash_key(self.hash_seed, args.key);
+        let slot = self.find_hashed(hash, args.key);
+        let repeat = match self.live_lock(slot, acquire_id) {
+            Some(live) => live.at(now_ms),
+            None => self.ended_repeat(now_ms, acquire_id, hash),
+        };
+        match repeat {
+            Repeat::New => Ok(self.acquire_plain(now_ms, slot, args, tokens, events)),
+            repeat => Err(repeat),
+        }
+    }
+
+    /// What a repeat of `acquire_id` on the key hashed `key_hash` meets at `now_ms` that no
+    /// live lease answers: its ended lease if the table of ended ids still has it (at its
+    /// place, with its fingerprint, recent enough), else `New`. The entry is read only when
+    /// the place's tag matches (see the module docs).
+    fn ended_repeat(&self, now_ms: u64, acquire_id: AcquireId, key_hash: u64) -> Repeat {
         let ids = &self.acquire_ids;
         if ids.ended.is_empty() {
             return Repeat::New;
         }
-        let (place, fingerprint) = self.ended_place(acquire_id, key);
+        let (place, mixed) = ended_place(self.hash_seed, acquire_id);
+        let fingerprint = fingerprint(mixed, key_hash);
+        if ids.tags[place] != tag_of(fingerprint) {
+            return Repeat::New;
+        }
         let ended = ids.ended[place];
         let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
         match ended.how() {
@@ -233,35 +286,42 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// The lease of `key` granted to `acquire_id`, if it still holds the key (expired or
-    /// not): the plain lock's holder, or one of a read/write or semaphore key's holders
-    /// (module `shared`), whose lease answers a repeat the same way: REGRANTED with it.
-    fn live_lease_of(&self, key: &[u8], acquire_id: AcquireId) -> Option<LiveLease> {
+    /// The lease of the plain key in `slot` if `acquire_id` was granted it (expired or not).
+    fn live_lock(&self, slot: Option<usize>, acquire_id: AcquireId) -> Option<LiveLease> {
         let live = &self.acquire_ids.live;
         if live.is_empty() {
             return None;
         }
-        let answers = |token: &u64| {
-            (live.get(token))
-                .filter(|live| live.acquire_id == acquire_id)
-                .map(|live| live.ticket)
-        };
-        if let Some(mut holders) = self.shared_holders(key) {
-            return holders.find_map(|(token, lease_id, deadline_ms)| {
-                Some(LiveLease {
-                    ticket: answers(&token)?,
-                    token,
-                    lease_id,
-                    deadline_ms,
-                })
-            });
-        }
-        let lock = &self.slots[self.find(key)?];
-        Some(LiveLease {
-            ticket: answers(&lock.token)?,
+        let lock = &self.slots[slot?];
+        let found = live.get(&lock.token)?;
+        (found.acquire_id == acquire_id).then_some(LiveLease {
+            ticket: found.ticket,
             token: lock.token,
             lease_id: lock.lease_id,
             deadline_ms: lock.deadline_ms,
+        })
+    }
+
+    /// The one of a read/write or semaphore key's `holders` (module `shared`) granted to
+    /// `acquire_id`, if one is (expired or not): it answers a repeat as a plain lock's lease
+    /// does, REGRANTED with it.
+    fn live_holder(
+        &self,
+        mut holders: impl Iterator<Item = (u64, LeaseId, u64)>,
+        acquire_id: AcquireId,
+    ) -> Option<LiveLease> {
+        let live = &self.acquire_ids.live;
+        if live.is_empty() {
+            return None;
+        }
+        holders.find_map(|(token, lease_id, deadline_ms)| {
+            let found = live.get(&token).filter(|l| l.acquire_id == acquire_id)?;
+            Some(LiveLease {
+                ticket: found.ticket,
+                token,
+                lease_id,
+                deadline_ms,
+            })
         })
     }
 
@@ -275,9 +335,12 @@ impl<W: WaiterSink> LockTable<W> {
         (lock.token != 0 && lock.lease_id == lease_id).then_some(lock.token)
     }
 
-    /// Leases with an acquire id, and places of ended ids in use, for STATS.
+    /// Leases with an acquire id, and places of ended ids in use, for STATS (which counts
+    /// the places, a pass over the shard's table, so an end need not read its place).
     pub fn acquire_ids_count(&self) -> (usize, usize) {
-        (self.acquire_ids.live.len(), self.acquire_ids.ended_count)
+        let ids = &self.acquire_ids;
+        let ended = ids.ended.iter().filter(|e| e.token != 0).count();
+        (ids.live.len(), ended)
     }
 
     /// Checks the acquire ids against the table: every live one names a held lease.
@@ -294,9 +357,35 @@ impl<W: WaiterSink> LockTable<W> {
                 "acquire id noted for token {token}, which no slot holds"
             );
         }
-        let used = self.acquire_ids.ended.iter().filter(|e| e.token != 0);
-        assert_eq!(used.count(), self.acquire_ids.ended_count);
+        let ids = &self.acquire_ids;
+        assert_eq!(ids.tags.len(), ids.ended.len());
+        for (ended, tag) in ids.ended.iter().zip(&ids.tags) {
+            let tag_ok = ended.token == 0 || *tag == tag_of(ended.fingerprint);
+            assert!(
+                tag_ok,
+                "the tag of ended token {} is not its own",
+                ended.token
+            );
+        }
     }
+}
+
+/// Where an acquire id goes in a shard's table of ended ids, and the id's 64-bit hash under
+/// the shard's `seed` (half of its fingerprint there, [`fingerprint`]): the place from the
+/// id alone, so it can be read before the key is hashed.
+fn ended_place(seed: u64, acquire_id: AcquireId) -> (usize, u64) {
+    let [a, b] = [&acquire_id.0[..8], &acquire_id.0[8..]]
+        .map(|half| u64::from_le_bytes(half.try_into().expect("8 bytes")));
+    let mixed = (a ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.rotate_left(29);
+    let mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let place = (mixed >> 32) as usize & (ENDED_PER_SHARD_MAX - 1);
+    (place, mixed)
+}
+
+/// The fingerprint of an acquire id (its hash `mixed`, from [`ended_place`]) on the key whose
+/// hash (`index::hash_key`, same seed) is `key_hash`.
+fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
+    (mixed ^ key_hash).wrapping_mul(0xc4ce_b9fe_1a85_ec53)
 }
 
 impl AcquireIds {
@@ -304,6 +393,7 @@ impl AcquireIds {
     pub(super) fn memory_bytes(&self) -> usize {
         self.live.capacity() * (size_of::<(u64, Live)>() + 1)
             + self.ended.capacity() * size_of::<Ended>()
+            + self.tags.capacity()
     }
 }
 
@@ -452,6 +542,32 @@ mod tests {
             per_lock
         );
         assert!(per_lock <= 80.0, "{per_lock} B per lock for its acquire id");
+    }
+
+    /// An ACQUIRE whose place and tag match an ended id's, but not its whole fingerprint (an
+    /// id on another key, found by search), is new: the tag only spares reading the entry.
+    #[test]
+    fn a_matching_tag_alone_is_not_a_repeat() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(5);
+        let token = grant(&mut t, &tokens, b"k", 0);
+        t.note_acquire_id(token, id, 0);
+        t.acquire_id_ended(1, b"k", token, EndedHow::Released);
+        t.check_acquire_ids();
+        let seed = t.hash_seed;
+        let tag = |id, key| {
+            let (place, mixed) = ended_place(seed, id);
+            (place, tag_of(fingerprint(mixed, hash_key(seed, key))))
+        };
+        let ended = tag(id, b"k");
+        let twin = (6..50_000_000u128)
+            .map(AcquireId::from_u128)
+            .find(|&other| tag(other, b"other") == ended)
+            .expect("some id shares the place and the tag");
+        assert_eq!(t.repeat_of(2, b"other", twin), Repeat::New);
+        assert_eq!(t.repeat_of(2, b"other", id), Repeat::New);
+        assert!(matches!(t.repeat_of(2, b"k", id), Repeat::Ended { .. }));
     }
 
     #[test]

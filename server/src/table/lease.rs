@@ -14,7 +14,12 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// The slot of `key`, if it has one.
     pub(super) fn find(&self, key: &[u8]) -> Option<usize> {
-        let hash = hash_key(self.hash_seed, key);
+        self.find_hashed(hash_key(self.hash_seed, key), key)
+    }
+
+    /// The slot of `key`, whose hash is `hash`, if it has one: for a caller that needs the
+    /// hash again (the acquire-id lookups), so the key is hashed once.
+    pub(super) fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<usize> {
         let found = self.index.find(hash, |slot| {
             self.slots[slot as usize].key(&self.keys) == key
         });

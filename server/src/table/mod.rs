@@ -338,7 +338,21 @@ impl<W: WaiterSink> LockTable<W> {
                 return self.acquire_shared(now_ms, args, LeaseKind::Exclusive, tokens, events);
             }
         }
-        let Some(slot) = self.find(args.key) else {
+        let slot = self.find(args.key);
+        self.acquire_plain(now_ms, slot, args, tokens, events)
+    }
+
+    /// The rest of [`LockTable::acquire`] on a key that is not shared, whose slot (if it has
+    /// one) is `slot`, at the table's time `now_ms`.
+    fn acquire_plain(
+        &mut self,
+        now_ms: u64,
+        slot: Option<usize>,
+        args: AcquireArgs<'_, W>,
+        tokens: &TokenAllocator,
+        events: &mut Vec<Event<W>>,
+    ) -> Acquire<W> {
+        let Some(slot) = slot else {
             return self.grant_free(now_ms, args, tokens);
         };
         self.settle(slot, now_ms, tokens, events);
