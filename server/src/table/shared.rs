@@ -52,8 +52,8 @@
 //!
 //! # Memory
 //! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry is paid once per key: about 80 bytes in a vector grown by a quarter at a
-//! time, the key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
+//! quotas; the entry is paid once per key: about 80 bytes in chunks that never move, the
+//! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
 //! The holders' vector has room for exactly one holder until a second comes, and the queue
 //! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
 //! a plain lock costs about 90 (its lease, key and timer link share one 72-byte slot).
@@ -66,8 +66,8 @@ use tenure_protocol::{LeaseId, LeaseKind};
 use super::slot::LoggedTtl;
 use super::*;
 
-/// The entries vector grows by `1 / ENTRIES_GROWTH_DIVISOR` of its capacity at a time.
-const ENTRIES_GROWTH_DIVISOR: usize = 4;
+/// Entries per chunk of [`Entries`]: 256 of about 80 bytes, 20 KiB.
+const ENTRY_CHUNK_LEN: usize = 256;
 
 /// The stale timers the shared wheel keeps before compaction, beyond one per entry.
 const SHARED_TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 1024 };
@@ -80,7 +80,7 @@ pub(super) struct SharedKeys<W> {
     /// The seed of `ids`' key hash (the table's): clients choose keys.
     seed: u64,
     /// Entries by number; `None` on the free list.
-    entries: Vec<Option<Entry<W>>>,
+    entries: Entries<W>,
     /// Numbers of vacant entries.
     vacant: Vec<u32>,
     /// Entry timers: (entry number, stamp), live while the entry's `armed` has that stamp.
@@ -93,6 +93,66 @@ pub(super) struct SharedKeys<W> {
     holders_count: usize,
     /// Waiters over all entries.
     waiters_count: usize,
+}
+
+/// The entries of one shard, by number, in chunks of [`ENTRY_CHUNK_LEN`] allocated one at a
+/// time and never moved, like the slab's: a vector grown by doubling would leave up to half
+/// its room unused, and every growth would leave the allocator a freed block of a size
+/// nothing asks for again (an entry is most of a one-lease key's memory). The first chunk
+/// grows as a vector does, so a shard with few shared keys keeps a small one.
+#[derive(Debug)]
+struct Entries<W> {
+    /// Every chunk but the last is full; none but the first ever reallocates.
+    chunks: Vec<Vec<Option<Entry<W>>>>,
+    /// Entries in all chunks (vacant ones included).
+    len: usize,
+}
+
+impl<W> Entries<W> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `entry` and returns its number.
+    fn push(&mut self, entry: Option<Entry<W>>) -> usize {
+        if self.len.is_multiple_of(ENTRY_CHUNK_LEN) {
+            let room = if self.chunks.is_empty() {
+                0
+            } else {
+                ENTRY_CHUNK_LEN
+            };
+            self.chunks.push(Vec::with_capacity(room));
+        }
+        self.chunks.last_mut().expect("a chunk").push(entry);
+        self.len += 1;
+        self.len - 1
+    }
+
+    /// Every entry (vacant ones as `None`) in number order.
+    fn iter(&self) -> impl Iterator<Item = &Option<Entry<W>>> + '_ {
+        self.chunks.iter().flatten()
+    }
+
+    /// Heap bytes of the chunks and the chunk table.
+    fn bytes(&self) -> usize {
+        let chunks: usize = self.chunks.iter().map(Vec::capacity).sum();
+        chunks * size_of::<Option<Entry<W>>>()
+            + self.chunks.capacity() * size_of::<Vec<Option<Entry<W>>>>()
+    }
+}
+
+impl<W> std::ops::Index<usize> for Entries<W> {
+    type Output = Option<Entry<W>>;
+
+    fn index(&self, number: usize) -> &Option<Entry<W>> {
+        &self.chunks[number / ENTRY_CHUNK_LEN][number % ENTRY_CHUNK_LEN]
+    }
+}
+
+impl<W> std::ops::IndexMut<usize> for Entries<W> {
+    fn index_mut(&mut self, number: usize) -> &mut Option<Entry<W>> {
+        &mut self.chunks[number / ENTRY_CHUNK_LEN][number % ENTRY_CHUNK_LEN]
+    }
 }
 
 /// One shared key: its holders and its queue.
@@ -283,7 +343,10 @@ impl<W> SharedKeys<W> {
         SharedKeys {
             ids: KeyIndex::new(),
             seed,
-            entries: Vec::new(),
+            entries: Entries {
+                chunks: Vec::new(),
+                len: 0,
+            },
             vacant: Vec::new(),
             timers: TimerWheel::new(),
             next_stamp: 0,
@@ -336,7 +399,7 @@ impl<W> SharedKeys<W> {
 
     /// Heap bytes of the entries and their holders and queues (keys and metadata aside).
     pub(super) fn memory_bytes(&self) -> usize {
-        let entries = self.entries.capacity() * size_of::<Option<Entry<W>>>();
+        let entries = self.entries.bytes();
         let inside: usize = self
             .entries
             .iter()
@@ -374,14 +437,8 @@ impl<W> SharedKeys<W> {
                 number
             }
             None => {
-                if self.entries.len() == self.entries.capacity() {
-                    // By a quarter, not by doubling: an entry is most of a one-lease key's
-                    // memory, and doubling leaves up to half of them unused.
-                    let more = (self.entries.capacity() / ENTRIES_GROWTH_DIVISOR).max(16);
-                    self.entries.reserve_exact(more);
-                }
-                self.entries.push(Some(entry));
-                u32::try_from(self.entries.len() - 1).expect("entries bounded by held_max")
+                let number = self.entries.push(Some(entry));
+                u32::try_from(number).expect("entries bounded by held_max")
             }
         };
         self.ids.insert(hash_key(self.seed, key), number);
