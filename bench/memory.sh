@@ -23,6 +23,7 @@
 #   KINDS=plain            which kinds, e.g. "plain permits:4096@64 shared@64 permits:4"
 #   TENURED_ARGS=          more tenured flags (e.g. "--runtime shared --threads 1")
 #   NO_BUILD=1             use target/release as it is
+#   TENURED=PATH           another build of tenured (e.g. a base to compare; with NO_BUILD=1)
 #
 # tenured (--durability tokens) listens on 127.0.0.1:17881 only and is stopped by PID after
 # each run. About 30 s for 500K, 25 s for 200K and 70 s for 5M, per kind.
@@ -30,13 +31,13 @@ set -euo pipefail
 
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
 esac
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TENURED=$ROOT/target/release/tenured
-LOADGEN=$ROOT/target/release/tenure-loadgen
+TENURED=${TENURED:-$ROOT/target/release/tenured}
+LOADGEN=${LOADGEN:-$ROOT/target/release/tenure-loadgen}
 PORT=17881
 read -r -a TENURED_EXTRA <<<"${TENURED_ARGS:-}"
 

@@ -254,7 +254,7 @@ impl<W: WaiterSink> LockTable<W> {
             renewal_lsn_max: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
-            shared: shared::SharedKeys::default(),
+            shared: shared::SharedKeys::new(hash_seed),
         }
     }
 

@@ -43,12 +43,22 @@
 //! again at the new earliest deadline. A renewal that shortens a lease re-files it at once.
 //! Stale timers are compacted away once they outnumber the entries.
 //!
+//! # Serving
+//! Whether a head fits is decided in constant time (`Entry::fits`: a count of the
+//! semaphore's permits in use, and the first holder, since a writer holds alone), the timer
+//! is re-filed once per pass, not per grant, and a settle before the entry's timer is due
+//! skips the scan for expired holders and waiters. A release that grants k waiters thus costs
+//! the search for its own lease among the holders plus O(k).
+//!
 //! # Memory
-//! A holder is a 64-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry (key, vectors, timer) is paid once per key.
+//! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
+//! quotas; the entry is paid once per key: about 80 bytes in chunks that never move, the
+//! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
+//! The holders' vector has room for exactly one holder until a second comes, and the queue
+//! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
+//! a plain lock costs about 90 (its lease, key and timer link share one 72-byte slot).
 
-use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use tenure_protocol::limits::PERMITS_MAX;
 use tenure_protocol::{LeaseId, LeaseKind};
@@ -56,16 +66,21 @@ use tenure_protocol::{LeaseId, LeaseKind};
 use super::slot::LoggedTtl;
 use super::*;
 
+/// Entries per chunk of [`Entries`]: 256 of about 80 bytes, 20 KiB.
+const ENTRY_CHUNK_LEN: usize = 256;
+
 /// The stale timers the shared wheel keeps before compaction, beyond one per entry.
 const SHARED_TIMERS_STALE_MIN: usize = if cfg!(test) { 8 } else { 1024 };
 
 /// The keys of one shard that have (or may have) several holders; see the module docs.
 #[derive(Debug)]
 pub(super) struct SharedKeys<W> {
-    /// Key to entry number. Randomly seeded: clients choose keys.
-    ids: HashMap<Box<[u8]>, u32, RandomState>,
+    /// Key hash to entry number; the key itself is only in its entry, stored once.
+    ids: KeyIndex,
+    /// The seed of `ids`' key hash (the table's): clients choose keys.
+    seed: u64,
     /// Entries by number; `None` on the free list.
-    entries: Vec<Option<Entry<W>>>,
+    entries: Entries<W>,
     /// Numbers of vacant entries.
     vacant: Vec<u32>,
     /// Entry timers: (entry number, stamp), live while the entry's `armed` has that stamp.
@@ -80,6 +95,66 @@ pub(super) struct SharedKeys<W> {
     waiters_count: usize,
 }
 
+/// The entries of one shard, by number, in chunks of [`ENTRY_CHUNK_LEN`] allocated one at a
+/// time and never moved, like the slab's: a vector grown by doubling would leave up to half
+/// its room unused, and every growth would leave the allocator a freed block of a size
+/// nothing asks for again (an entry is most of a one-lease key's memory). The first chunk
+/// grows as a vector does, so a shard with few shared keys keeps a small one.
+#[derive(Debug)]
+struct Entries<W> {
+    /// Every chunk but the last is full; none but the first ever reallocates.
+    chunks: Vec<Vec<Option<Entry<W>>>>,
+    /// Entries in all chunks (vacant ones included).
+    len: usize,
+}
+
+impl<W> Entries<W> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `entry` and returns its number.
+    fn push(&mut self, entry: Option<Entry<W>>) -> usize {
+        if self.len.is_multiple_of(ENTRY_CHUNK_LEN) {
+            let room = if self.chunks.is_empty() {
+                0
+            } else {
+                ENTRY_CHUNK_LEN
+            };
+            self.chunks.push(Vec::with_capacity(room));
+        }
+        self.chunks.last_mut().expect("a chunk").push(entry);
+        self.len += 1;
+        self.len - 1
+    }
+
+    /// Every entry (vacant ones as `None`) in number order.
+    fn iter(&self) -> impl Iterator<Item = &Option<Entry<W>>> + '_ {
+        self.chunks.iter().flatten()
+    }
+
+    /// Heap bytes of the chunks and the chunk table.
+    fn bytes(&self) -> usize {
+        let chunks: usize = self.chunks.iter().map(Vec::capacity).sum();
+        chunks * size_of::<Option<Entry<W>>>()
+            + self.chunks.capacity() * size_of::<Vec<Option<Entry<W>>>>()
+    }
+}
+
+impl<W> std::ops::Index<usize> for Entries<W> {
+    type Output = Option<Entry<W>>;
+
+    fn index(&self, number: usize) -> &Option<Entry<W>> {
+        &self.chunks[number / ENTRY_CHUNK_LEN][number % ENTRY_CHUNK_LEN]
+    }
+}
+
+impl<W> std::ops::IndexMut<usize> for Entries<W> {
+    fn index_mut(&mut self, number: usize) -> &mut Option<Entry<W>> {
+        &mut self.chunks[number / ENTRY_CHUNK_LEN][number % ENTRY_CHUNK_LEN]
+    }
+}
+
 /// One shared key: its holders and its queue.
 #[derive(Debug)]
 pub(super) struct Entry<W> {
@@ -87,15 +162,19 @@ pub(super) struct Entry<W> {
     key: Box<[u8]>,
     /// A semaphore's number of permits; `None` for a read/write key.
     limit: Option<u32>,
-    /// Holders, in grant order (so tokens increase along it).
+    /// The permits its holders hold (a semaphore's; 0 for a read/write key), kept so that
+    /// `fits` is one comparison, not a walk over the holders.
+    in_use: u32,
+    /// Holders, in grant order (so tokens increase along it). Room for exactly one on the
+    /// first grant (most keys have one holder), growing as usual from the second.
     holders: Vec<Holder>,
     /// Waiters, first come first served.
-    queue: VecDeque<Waiting<W>>,
+    queue: Queue<W>,
     /// The deadline and stamp of the entry's live timer.
     armed: Option<(u64, u32)>,
 }
 
-/// One lease on a shared key. 64 bytes.
+/// One lease on a shared key. 56 bytes.
 #[derive(Debug, Clone)]
 pub(super) struct Holder {
     /// The lease id its holder presents.
@@ -106,10 +185,122 @@ pub(super) struct Holder {
     pub(super) deadline_ms: u64,
     /// The TTL of its last journal record.
     pub(super) logged: LoggedTtl,
-    /// What it holds.
-    pub(super) kind: LeaseKind,
+    /// What it holds ([`Held::kind`] with its entry's limit).
+    pub(super) held: Held,
     /// Its metadata.
     pub(super) meta: Box<[u8]>,
+}
+
+// Most of a permit's or read lease's memory; see the module docs.
+const _: () = assert!(size_of::<Holder>() == 56);
+
+/// What a holder holds, in 4 bytes rather than a [`LeaseKind`]'s 12, since its entry knows
+/// the semaphore's limit: the permits it holds of a semaphore (`1..=PERMITS_MAX`), or
+/// [`Held::EXCLUSIVE`] / [`Held::SHARED`] of a read/write key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Held(u32);
+
+impl Held {
+    /// The write side of a read/write key.
+    const EXCLUSIVE: Held = Held(0);
+    /// A read lease.
+    const SHARED: Held = Held(u32::MAX);
+
+    fn of(kind: LeaseKind) -> Held {
+        match kind {
+            LeaseKind::Exclusive => Held::EXCLUSIVE,
+            LeaseKind::Shared => Held::SHARED,
+            LeaseKind::Permits { count, .. } => {
+                assert!((1..=PERMITS_MAX).contains(&count), "{count} permits");
+                Held(count)
+            }
+        }
+    }
+
+    /// The lease's kind, in an entry of `limit`.
+    ///
+    /// # Panics
+    /// If the holder does not belong in such an entry (a broken table).
+    fn kind(self, limit: Option<u32>) -> LeaseKind {
+        match (self, limit) {
+            (Held::EXCLUSIVE, None) => LeaseKind::Exclusive,
+            (Held::SHARED, None) => LeaseKind::Shared,
+            (Held(count), Some(limit)) if (1..=PERMITS_MAX).contains(&count) => {
+                LeaseKind::Permits { count, limit }
+            }
+            (held, limit) => panic!("a holder of {held:?} in an entry of limit {limit:?}"),
+        }
+    }
+
+    /// The permits it holds of a semaphore; 0 of a read/write key.
+    fn permits(self) -> u32 {
+        if self == Held::SHARED {
+            0
+        } else {
+            self.0
+        }
+    }
+}
+
+/// An entry's waiters: nothing but a null pointer while there are none (most keys, most of
+/// the time), a boxed queue while there are.
+// The box is the point: 8 bytes in every entry rather than a `VecDeque`'s 32.
+#[allow(clippy::box_collection)]
+#[derive(Debug)]
+struct Queue<W>(Option<Box<VecDeque<Waiting<W>>>>);
+
+impl<W> Queue<W> {
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|queue| queue.is_empty())
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |queue| queue.len())
+    }
+
+    /// Heap bytes: the box and the queue's buffer.
+    fn memory_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |queue| {
+            size_of::<VecDeque<Waiting<W>>>() + queue.capacity() * size_of::<Waiting<W>>()
+        })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Waiting<W>> + '_ {
+        self.0.iter().flat_map(|queue| queue.iter())
+    }
+
+    fn front(&self) -> Option<&Waiting<W>> {
+        self.0.as_ref()?.front()
+    }
+
+    fn push_back(&mut self, waiting: Waiting<W>) {
+        self.0.get_or_insert_default().push_back(waiting);
+    }
+
+    /// Removes the waiter at `at`; the box goes with the last one.
+    fn remove(&mut self, at: usize) -> Option<Waiting<W>> {
+        let queue = self.0.as_mut()?;
+        let waiting = queue.remove(at);
+        if queue.is_empty() {
+            self.0 = None;
+        }
+        waiting
+    }
+
+    fn pop_front(&mut self) -> Option<Waiting<W>> {
+        self.remove(0)
+    }
+
+    /// Takes every waiter out, in order.
+    fn take(&mut self) -> VecDeque<Waiting<W>> {
+        self.0.take().map(|queue| *queue).unwrap_or_default()
+    }
+
+    /// Puts `queue` in place of the (empty) queue.
+    fn set(&mut self, queue: VecDeque<Waiting<W>>) {
+        assert!(self.is_empty(), "a queue set over waiters");
+        self.0 = (!queue.is_empty()).then(|| Box::new(queue));
+    }
 }
 
 /// A queued acquire on a shared key.
@@ -148,11 +339,16 @@ pub struct SharedInspect {
     pub waiting_exclusive: u32,
 }
 
-impl<W> Default for SharedKeys<W> {
-    fn default() -> Self {
+impl<W> SharedKeys<W> {
+    /// No shared key; keys hashed with `seed`.
+    pub(super) fn new(seed: u64) -> Self {
         SharedKeys {
-            ids: HashMap::default(),
-            entries: Vec::new(),
+            ids: KeyIndex::new(),
+            seed,
+            entries: Entries {
+                chunks: Vec::new(),
+                len: 0,
+            },
             vacant: Vec::new(),
             timers: TimerWheel::new(),
             next_stamp: 0,
@@ -161,19 +357,17 @@ impl<W> Default for SharedKeys<W> {
             waiters_count: 0,
         }
     }
-}
 
-impl<W> SharedKeys<W> {
     /// Whether no key of the shard is shared: the one check a plain request pays.
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids.len() == 0
     }
 
     /// Whether the ticker has anything to do here: entries, timers (stale ones too, which
     /// must be drained) or stalled queues.
     pub(super) fn has_work(&self) -> bool {
-        !self.ids.is_empty() || !self.timers.is_empty() || !self.stalled.is_empty()
+        !self.is_empty() || !self.timers.is_empty() || !self.stalled.is_empty()
     }
 
     /// The entry number of `key`, if it is shared.
@@ -182,7 +376,12 @@ impl<W> SharedKeys<W> {
         if self.is_empty() {
             return None;
         }
-        self.ids.get(key).copied()
+        let entries = &self.entries;
+        self.ids.find(hash_key(self.seed, key), |number| {
+            entries[number as usize]
+                .as_ref()
+                .is_some_and(|entry| *entry.key == *key)
+        })
     }
 
     /// Holders over all entries.
@@ -202,17 +401,14 @@ impl<W> SharedKeys<W> {
 
     /// Heap bytes of the entries and their holders and queues (keys and metadata aside).
     pub(super) fn memory_bytes(&self) -> usize {
-        let entries = self.entries.capacity() * size_of::<Option<Entry<W>>>();
+        let entries = self.entries.bytes();
         let inside: usize = self
             .entries
             .iter()
             .flatten()
-            .map(|e| {
-                e.holders.capacity() * size_of::<Holder>()
-                    + e.queue.capacity() * size_of::<Waiting<W>>()
-            })
+            .map(|e| e.holders.capacity() * size_of::<Holder>() + e.queue.memory_bytes())
             .sum();
-        entries + inside + self.timers.memory_bytes() + self.ids.capacity() * 24
+        entries + inside + self.timers.memory_bytes() + self.ids.bytes()
     }
 
     fn entry(&self, number: u32) -> &Entry<W> {
@@ -232,8 +428,9 @@ impl<W> SharedKeys<W> {
         let entry = Entry {
             key: key.into(),
             limit,
+            in_use: 0,
             holders: Vec::new(),
-            queue: VecDeque::new(),
+            queue: Queue(None),
             armed: None,
         };
         let number = match self.vacant.pop() {
@@ -242,11 +439,11 @@ impl<W> SharedKeys<W> {
                 number
             }
             None => {
-                self.entries.push(Some(entry));
-                u32::try_from(self.entries.len() - 1).expect("entries bounded by held_max")
+                let number = self.entries.push(Some(entry));
+                u32::try_from(number).expect("entries bounded by held_max")
             }
         };
-        self.ids.insert(key.into(), number);
+        self.ids.insert(hash_key(self.seed, key), number);
         number
     }
 
@@ -254,25 +451,41 @@ impl<W> SharedKeys<W> {
     fn close(&mut self, number: u32) {
         let entry = self.entries[number as usize].take().expect("a live entry");
         assert!(entry.holders.is_empty() && entry.queue.is_empty());
-        self.ids.remove(&entry.key);
+        self.ids.remove(hash_key(self.seed, &entry.key), number);
         self.vacant.push(number);
     }
 }
 
 impl<W> Entry<W> {
-    /// Whether `kind` may hold beside the holders now.
+    /// Whether `kind` may hold beside the holders now, in constant time: a writer holds
+    /// alone (`check_entry`), so the first holder tells a read-held key from a write-held
+    /// one, and `in_use` counts a semaphore's permits.
     fn fits(&self, kind: LeaseKind) -> bool {
         match kind {
             LeaseKind::Exclusive => self.holders.is_empty(),
             LeaseKind::Shared => {
                 self.holders.len() < PERMITS_MAX as usize
-                    && self.holders.iter().all(|h| h.kind == LeaseKind::Shared)
+                    && self.holders.first().is_none_or(|h| h.held == Held::SHARED)
             }
-            LeaseKind::Permits { count, limit } => {
-                let in_use: u32 = self.holders.iter().map(|h| permits(h.kind)).sum();
-                in_use + count <= limit
-            }
+            LeaseKind::Permits { count, limit } => self.in_use + count <= limit,
         }
+    }
+
+    /// Adds a holder, keeping `in_use`.
+    fn push_holder(&mut self, holder: Holder) {
+        if self.holders.capacity() == 0 {
+            // A first push would reserve four (256 bytes) for the one holder most keys have.
+            self.holders.reserve_exact(1);
+        }
+        self.in_use += holder.held.permits();
+        self.holders.push(holder);
+    }
+
+    /// Removes the holder at `at`, keeping `in_use`.
+    fn remove_holder(&mut self, at: usize) -> Holder {
+        let holder = self.holders.remove(at);
+        self.in_use -= holder.held.permits();
+        holder
     }
 
     /// Whether `kind` may ever be asked of this entry (its kind and limit).
@@ -307,14 +520,6 @@ impl<W> Entry<W> {
         self.holders
             .iter()
             .position(|h| h.lease_id == lease_id && h.deadline_ms > now_ms)
-    }
-}
-
-/// The permits a lease of `kind` holds of a semaphore.
-fn permits(kind: LeaseKind) -> u32 {
-    match kind {
-        LeaseKind::Permits { count, .. } => count,
-        _ => 0,
     }
 }
 
@@ -398,7 +603,7 @@ impl<W: WaiterSink> LockTable<W> {
             token: lock.token,
             deadline_ms: lock.deadline_ms,
             logged: lock.logged,
-            kind: LeaseKind::Exclusive,
+            held: Held::EXCLUSIVE,
             meta: self.meta(slot).into(),
         });
         let mut moved = VecDeque::new();
@@ -426,14 +631,14 @@ impl<W: WaiterSink> LockTable<W> {
         self.quotas.held.take_anyway();
         self.free(slot);
         let entry = self.shared.entry_mut(number);
-        entry.queue = moved;
+        entry.queue.set(moved);
         if let Some(holder) = holder {
-            entry.holders.push(holder);
+            entry.push_holder(holder);
             self.shared.holders_count += 1;
         } else {
             self.quotas.held.give_back(1);
         }
-        self.arm_shared(number);
+        self.arm_shared(number, None);
         number
     }
 
@@ -460,11 +665,13 @@ impl<W: WaiterSink> LockTable<W> {
             lease_id: args.lease_id,
             ttl_ms: args.ttl_ms,
         };
-        self.add_holder(number, now_ms, grant, kind, args.meta.into());
+        let due_ms = self.add_holder(number, now_ms, grant, kind, args.meta.into());
+        self.arm_shared(number, Some(due_ms));
         Acquire::Granted(grant)
     }
 
-    /// Makes `grant` a holder of the entry (its held unit already taken).
+    /// Makes `grant` a holder of the entry (its held unit already taken); returns its
+    /// deadline, for the caller to `arm_shared` (once per pass when serving a queue).
     fn add_holder(
         &mut self,
         number: u32,
@@ -472,18 +679,18 @@ impl<W: WaiterSink> LockTable<W> {
         grant: Grant,
         kind: LeaseKind,
         meta: Box<[u8]>,
-    ) {
-        let entry = self.shared.entry_mut(number);
-        entry.holders.push(Holder {
+    ) -> u64 {
+        let deadline_ms = now_ms + u64::from(grant.ttl_ms);
+        self.shared.entry_mut(number).push_holder(Holder {
             lease_id: grant.lease_id,
             token: grant.token,
-            deadline_ms: now_ms + u64::from(grant.ttl_ms),
+            deadline_ms,
             logged: LoggedTtl::settled(grant.ttl_ms),
-            kind,
+            held: Held::of(kind),
             meta,
         });
         self.shared.holders_count += 1;
-        self.arm_shared(number);
+        deadline_ms
     }
 
     /// Queues a request on a shared key.
@@ -505,17 +712,18 @@ impl<W: WaiterSink> LockTable<W> {
         let waiter_id = self.next_waiter_id;
         self.next_waiter_id += 1;
         let entry = self.shared.entry_mut(number);
+        let deadline_ms = now_ms + u64::from(args.wait_ms);
         entry.queue.push_back(Waiting {
             waiter: args.waiter.expect("checked: waiting needs a waiter"),
             waiter_id,
             lease_id: args.lease_id,
             ttl_ms: args.ttl_ms,
-            deadline_ms: now_ms + u64::from(args.wait_ms),
+            deadline_ms,
             kind,
             meta: args.meta.into(),
         });
         self.shared.waiters_count += 1;
-        self.arm_shared(number);
+        self.arm_shared(number, Some(deadline_ms));
         Acquire::Queued { waiter_id }
     }
 
@@ -528,14 +736,30 @@ impl<W: WaiterSink> LockTable<W> {
         tokens: &TokenAllocator,
         events: &mut Vec<Event<W>>,
     ) {
+        // The timer is filed at or before every deadline: before it is due, no lease has run
+        // out and no wait either, and settling costs only the queue's serving.
+        let entry = self.shared.entry(number);
+        if entry.armed.is_none_or(|(due_ms, _)| due_ms <= now_ms) {
+            self.end_expired_shared(number, now_ms, events);
+            self.time_out_shared(number, now_ms, events);
+        }
+        let due_ms = self.serve_shared(number, now_ms, tokens, events);
+        if !self.close_if_idle(number) {
+            self.arm_shared(number, due_ms);
+        }
+    }
+
+    /// Ends the entry's holders whose lease ran out, reporting each.
+    fn end_expired_shared(&mut self, number: u32, now_ms: u64, events: &mut Vec<Event<W>>) {
         let entry = self.shared.entry_mut(number);
+        let (key, in_use) = (&entry.key, &mut entry.in_use);
         let mut ended = 0;
-        let key = entry.key.clone();
         entry.holders.retain(|holder| {
             if holder.deadline_ms > now_ms {
                 return true;
             }
             ended += 1;
+            *in_use -= holder.held.permits();
             events.push(Event::Expired {
                 key: key.clone(),
                 token: holder.token,
@@ -546,11 +770,6 @@ impl<W: WaiterSink> LockTable<W> {
         });
         self.shared.holders_count -= ended;
         self.quotas.held.give_back(ended);
-        self.time_out_shared(number, now_ms, events);
-        self.serve_shared(number, now_ms, tokens, events);
-        if !self.close_if_idle(number) {
-            self.arm_shared(number);
-        }
     }
 
     /// Removes the entry's waiters whose wait ran out, reporting each.
@@ -562,7 +781,7 @@ impl<W: WaiterSink> LockTable<W> {
         let (holder_token, ttl_left_ms) = entry.locked(now_ms);
         let mut kept = VecDeque::with_capacity(entry.queue.len());
         let mut gone = 0;
-        for waiting in entry.queue.drain(..) {
+        for waiting in entry.queue.take() {
             if waiting.deadline_ms > now_ms {
                 kept.push_back(waiting);
                 continue;
@@ -576,7 +795,7 @@ impl<W: WaiterSink> LockTable<W> {
                 ttl_left_ms,
             });
         }
-        entry.queue = kept;
+        entry.queue.set(kept);
         self.shared_waiters_left(gone);
     }
 
@@ -586,14 +805,18 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// Grants queued requests from the head while they fit (strict FIFO), each as a
-    /// [`Event::HandedOff`]. Out of tokens, the entry waits in `stalled` for `advance`.
+    /// [`Event::HandedOff`]; returns the earliest deadline of the new holders, for one
+    /// `arm_shared` after the pass. Each head costs constant time (`Entry::fits`), so the
+    /// pass is linear in the waiters it grants. Out of tokens, the entry waits in `stalled`
+    /// for `advance`.
     fn serve_shared(
         &mut self,
         number: u32,
         now_ms: u64,
         tokens: &TokenAllocator,
         events: &mut Vec<Event<W>>,
-    ) {
+    ) -> Option<u64> {
+        let mut due_ms: Option<u64> = None;
         loop {
             let entry = self.shared.entry_mut(number);
             let mut dead = 0;
@@ -604,14 +827,14 @@ impl<W: WaiterSink> LockTable<W> {
             self.shared_waiters_left(dead);
             let entry = self.shared.entry_mut(number);
             let Some(head) = entry.queue.front() else {
-                return;
+                return due_ms;
             };
             if !entry.fits(head.kind) {
-                return;
+                return due_ms;
             }
             let Some(token) = tokens.try_next() else {
                 self.shared.stalled.push(number);
-                return;
+                return due_ms;
             };
             let waiting = entry.queue.pop_front().expect("a head");
             let key = entry.key.clone();
@@ -624,7 +847,9 @@ impl<W: WaiterSink> LockTable<W> {
                 lease_id: waiting.lease_id,
                 ttl_ms: waiting.ttl_ms,
             };
-            self.add_holder(number, now_ms, grant, waiting.kind, waiting.meta.clone());
+            let meta = waiting.meta.clone();
+            let deadline_ms = self.add_holder(number, now_ms, grant, waiting.kind, meta);
+            due_ms = Some(due_ms.map_or(deadline_ms, |due_ms| due_ms.min(deadline_ms)));
             events.push(Event::HandedOff(Handoff {
                 waiter: waiting.waiter,
                 waiter_id: waiting.waiter_id,
@@ -646,16 +871,23 @@ impl<W: WaiterSink> LockTable<W> {
         true
     }
 
-    /// Files the entry's timer at its earliest deadline unless one is filed at or before it.
-    fn arm_shared(&mut self, number: u32) {
+    /// Keeps the entry's timer filed at or before its earliest deadline. `earlier_ms` is the
+    /// earliest deadline added (or moved earlier) since the timer was filed: deadlines that
+    /// only end or move later leave a filed timer early enough, so with a timer filed this
+    /// costs one comparison. With none (a new entry, or its timer just fired) it files one
+    /// at the earliest of all deadlines.
+    fn arm_shared(&mut self, number: u32, earlier_ms: Option<u64>) {
         let entry = self.shared.entry(number);
-        let Some(due_ms) = entry.next_deadline_ms() else {
-            self.shared.entry_mut(number).armed = None;
-            return;
+        let due_ms = match entry.armed {
+            Some((armed_ms, _)) => match earlier_ms {
+                Some(due_ms) if due_ms < armed_ms => due_ms,
+                _ => return,
+            },
+            None => match entry.next_deadline_ms() {
+                Some(due_ms) => due_ms,
+                None => return,
+            },
         };
-        if entry.armed.is_some_and(|(armed_ms, _)| armed_ms <= due_ms) {
-            return;
-        }
         let shared = &mut self.shared;
         let live_max = 2 * shared.ids.len() + SHARED_TIMERS_STALE_MIN;
         if shared.timers.len() >= live_max {
@@ -786,10 +1018,10 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     fn extend_shared(&mut self, number: u32, at: usize, now_ms: u64, ttl_ms: u32) {
-        let holder = &mut self.shared.entry_mut(number).holders[at];
-        holder.deadline_ms = now_ms + u64::from(ttl_ms);
+        let deadline_ms = now_ms + u64::from(ttl_ms);
+        self.shared.entry_mut(number).holders[at].deadline_ms = deadline_ms;
         // A shorter lease may be due before the filed timer: `arm_shared` files it earlier.
-        self.arm_shared(number);
+        self.arm_shared(number, Some(deadline_ms));
     }
 
     /// RELEASE of a lease on a shared key: it ends, and the queue is served. The first
@@ -806,7 +1038,7 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(at) = entry.holder(lease_id, now_ms) else {
             return Release::NotOwner;
         };
-        let token = entry.holders.remove(at).token;
+        let token = entry.remove_holder(at).token;
         self.shared.holders_count -= 1;
         self.quotas.held.give_back(1);
         let mark = events.len();
@@ -889,13 +1121,13 @@ impl<W: WaiterSink> LockTable<W> {
         };
         for holder in live {
             out.holders += 1;
-            match holder.kind {
+            match holder.held.kind(entry.limit) {
                 LeaseKind::Exclusive => out.writer = true,
                 LeaseKind::Shared => out.in_use += 1,
                 LeaseKind::Permits { count, .. } => out.in_use += count,
             }
         }
-        for waiting in &entry.queue {
+        for waiting in entry.queue.iter() {
             if waiting.kind == LeaseKind::Exclusive {
                 out.waiting_exclusive += 1;
             } else {
@@ -920,7 +1152,7 @@ impl<W: WaiterSink> LockTable<W> {
             holder.token,
             holder.deadline_ms - now_ms,
             holder.logged,
-            holder.kind,
+            holder.held.kind(entry.limit),
             &holder.meta,
         ))
     }
@@ -980,7 +1212,8 @@ impl<W: WaiterSink> LockTable<W> {
             entry.limit
         );
         self.quotas.held.take_anyway();
-        self.add_holder(number, now_ms, grant, kind, meta.into());
+        let due_ms = self.add_holder(number, now_ms, grant, kind, meta.into());
+        self.arm_shared(number, Some(due_ms));
     }
 
     /// `restore_logged_ttl` of a lease on a shared key.
@@ -1005,7 +1238,7 @@ impl<W: WaiterSink> LockTable<W> {
                     ttl_ms: holder.logged.ttl_ms(),
                     ttl_left_ms: holder.deadline_ms - now_ms,
                     meta: &holder.meta,
-                    kind: holder.kind,
+                    kind: holder.held.kind(entry.limit),
                 });
             }
         }
@@ -1023,11 +1256,13 @@ impl<W: WaiterSink> LockTable<W> {
                 );
                 continue;
             };
-            assert_eq!(
-                shared.ids.get(&entry.key),
-                Some(&(number as u32)),
-                "entry index"
-            );
+            assert_eq!(shared.find(&entry.key), Some(number as u32), "entry index");
+            if let (Some((armed_ms, _)), Some(due_ms)) = (entry.armed, entry.next_deadline_ms()) {
+                assert!(
+                    armed_ms <= due_ms,
+                    "entry {number} timer after its deadline"
+                );
+            }
             assert!(self.find(&entry.key).is_none(), "key both plain and shared");
             assert!(
                 !entry.holders.is_empty() || !entry.queue.is_empty(),
@@ -1047,9 +1282,9 @@ impl<W: WaiterSink> LockTable<W> {
 fn check_entry<W>(entry: &Entry<W>) {
     for holder in &entry.holders {
         assert!(
-            entry.admits(holder.kind),
+            entry.admits(holder.held.kind(entry.limit)),
             "holder kind {:?} in {:?}",
-            holder.kind,
+            holder.held,
             entry.limit
         );
         assert!(holder.token != 0, "token 0");
@@ -1057,14 +1292,15 @@ fn check_entry<W>(entry: &Entry<W>) {
     let writers = entry
         .holders
         .iter()
-        .filter(|h| h.kind == LeaseKind::Exclusive)
+        .filter(|h| h.held == Held::EXCLUSIVE)
         .count();
     assert!(
         writers == 0 || entry.holders.len() == 1,
         "a writer beside another holder"
     );
+    let in_use: u32 = entry.holders.iter().map(|h| h.held.permits()).sum();
+    assert_eq!(in_use, entry.in_use, "permits in use");
     if let Some(limit) = entry.limit {
-        let in_use: u32 = entry.holders.iter().map(|h| permits(h.kind)).sum();
         assert!(in_use <= limit, "{in_use} permits of {limit}");
     }
     let mut tokens: Vec<u64> = entry.holders.iter().map(|h| h.token).collect();

@@ -331,9 +331,11 @@ fn renew_snapshot_restore_and_tokens_exhausted() {
     again.check_invariants();
 }
 
-/// Ops of the simulation: keys 0..4, even keys read/write, odd keys semaphores of 3.
+/// Ops of the simulation: keys 0..`Shape::keys`, even keys read/write, odd keys semaphores.
 #[derive(Debug)]
 struct Model {
+    /// Every lease's TTL (`Shape::ttl_ms`).
+    ttl_ms: u64,
     /// Key to holders: (lease id, token, deadline, kind).
     holders: HashMap<u8, Vec<(u128, u64, u64, LeaseKind)>>,
     /// Key to waiters in order: (waiter id, lease id, wait deadline, kind, ttl).
@@ -415,7 +417,7 @@ impl Model {
             fits(hs, now, h.kind),
             "a hand-off beside an incompatible holder"
         );
-        self.grant(k, head.1, h.grant.token, now + 100, h.kind);
+        self.grant(k, head.1, h.grant.token, now + self.ttl_ms, h.kind);
     }
 
     fn grant(&mut self, k: u8, id: u128, token: u64, deadline: u64, kind: LeaseKind) {
@@ -452,6 +454,52 @@ impl Model {
     }
 }
 
+/// How a simulation loads its keys.
+struct Shape {
+    /// Keys 0..keys.
+    keys: u8,
+    /// The semaphores' limit; a permit request asks for 1..=`count_max`.
+    limit: u32,
+    /// See `limit`.
+    count_max: u32,
+    /// Every lease's TTL.
+    ttl_ms: u32,
+    /// A waiting request waits 1..`wait_ms_max`.
+    wait_ms_max: u32,
+    /// The chance that a step is an acquire regardless of the usual mix.
+    acquire_bias: f64,
+    /// The table's limits.
+    limits: TableLimits,
+}
+
+/// Few holders and waiters on each of four keys, short leases: every rule's edge often.
+const SPREAD: Shape = Shape {
+    keys: 4,
+    limit: 3,
+    count_max: 3,
+    ttl_ms: 100,
+    wait_ms_max: 300,
+    acquire_bias: 0.0,
+    limits: LIMITS,
+};
+
+/// Two keys crowded with holders and waiters (a semaphore of 64, a read/write key with
+/// dozens of readers), long leases, many acquires, so that a release serves many waiters at
+/// once and the counters behind `Entry::fits` see every kind of change.
+const CROWD: Shape = Shape {
+    keys: 2,
+    limit: 64,
+    count_max: 8,
+    ttl_ms: 2000,
+    wait_ms_max: 3000,
+    acquire_bias: 0.5,
+    limits: TableLimits {
+        held_max: 10_000,
+        waiters_max: 10_000,
+        waiters_per_key_max: 2_000,
+    },
+};
+
 #[test]
 fn simulation_against_a_model() {
     let seeds: u64 = std::env::var("TENURE_SIM_SEEDS")
@@ -460,17 +508,43 @@ fn simulation_against_a_model() {
         .unwrap_or(100);
     for seed in 0..seeds {
         eprintln!("shared simulation: seed {seed}");
-        let result = std::panic::catch_unwind(|| simulate(seed, 1000));
+        let result = std::panic::catch_unwind(|| simulate(seed, 1000, &SPREAD));
         assert!(result.is_ok(), "simulation failed with seed {seed}");
     }
 }
 
-fn simulate(seed: u64, steps: usize) {
+/// Many holders and many waiters per key: hand-offs of many grants at once.
+#[test]
+fn simulation_of_crowded_keys_against_a_model() {
+    let seeds: u64 = std::env::var("TENURE_SIM_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20);
+    let mut crowd_max = (0, 0);
+    for seed in 0..seeds {
+        eprintln!("crowded shared simulation: seed {seed}");
+        let result = std::panic::catch_unwind(|| simulate(seed, 2000, &CROWD));
+        assert!(result.is_ok(), "simulation failed with seed {seed}");
+        let (holders, waiters) = result.unwrap();
+        crowd_max = (crowd_max.0.max(holders), crowd_max.1.max(waiters));
+    }
+    // The shape does what it is for: keys with dozens of holders and of waiters.
+    assert!(crowd_max.0 >= 20 && crowd_max.1 >= 50, "{crowd_max:?}");
+}
+
+/// One seeded run; returns the most holders and waiters any key had after a step.
+fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut t = T::new();
-    let keys: Vec<Vec<u8>> = (0..4u8).map(|k| format!("key{k}").into_bytes()).collect();
+    t.table = LockTable::with_hash_seed(shape.limits, 7);
+    let keys: Vec<Vec<u8>> = (0..shape.keys)
+        .map(|k| format!("key{k}").into_bytes())
+        .collect();
     let key_of: HashMap<Vec<u8>, u8> = keys.iter().cloned().zip(0..).collect();
+    let ttl = u64::from(shape.ttl_ms);
+    let mut crowd_max = (0, 0);
     let mut model = Model {
+        ttl_ms: ttl,
         holders: HashMap::new(),
         queues: HashMap::new(),
         last_token: HashMap::new(),
@@ -479,19 +553,20 @@ fn simulate(seed: u64, steps: usize) {
     let mut live: BTreeMap<u64, Rc<Cell<bool>>> = BTreeMap::new();
     let (mut now, mut next_id) = (0u64, 1u128);
     for _ in 0..steps {
-        let k = rng.random_range(0..4u8);
+        let k = rng.random_range(0..shape.keys);
         let key = &keys[k as usize];
-        match rng.random_range(0..10) {
+        let biased = shape.acquire_bias > 0.0 && rng.random_bool(shape.acquire_bias);
+        match if biased { 0 } else { rng.random_range(0..10) } {
             0..=4 => {
                 let kind = if k % 2 == 1 {
-                    permits(rng.random_range(1..=3), 3)
+                    permits(rng.random_range(1..=shape.count_max), shape.limit)
                 } else if rng.random_bool(0.6) {
                     SHARED
                 } else {
                     WRITE
                 };
                 let wait = if rng.random_bool(0.6) {
-                    rng.random_range(1..300)
+                    rng.random_range(1..shape.wait_ms_max)
                 } else {
                     0
                 };
@@ -500,7 +575,7 @@ fn simulate(seed: u64, steps: usize) {
                 let a = AcquireArgs {
                     key,
                     lease_id: LeaseId::from_u128(next_id),
-                    ttl_ms: 100,
+                    ttl_ms: shape.ttl_ms,
                     wait_ms: wait,
                     waiter: (wait > 0).then(|| W(Rc::clone(&flag))),
                     meta: b"",
@@ -520,7 +595,7 @@ fn simulate(seed: u64, steps: usize) {
                         );
                         q.clear();
                         assert!(fits(&model.holders[&k], now, kind), "granted beside {hs:?}");
-                        model.grant(k, next_id, g.token, now + 100, kind);
+                        model.grant(k, next_id, g.token, now + ttl, kind);
                     }
                     Acquire::Queued { waiter_id } => {
                         live.insert(waiter_id, flag);
@@ -586,7 +661,7 @@ fn simulate(seed: u64, steps: usize) {
                 t.table.for_each_held(now, |h| {
                     held.push((h.key.to_vec(), h.lease_id, h.token, h.ttl_ms, h.kind))
                 });
-                t.table = LockTable::with_hash_seed(LIMITS, seed);
+                t.table = LockTable::with_hash_seed(shape.limits, seed);
                 for (key, lease_id, token, ttl_ms, kind) in held {
                     t.table
                         .restore_kind(now, &key, lease_id, token, ttl_ms, kind, b"");
@@ -597,7 +672,7 @@ fn simulate(seed: u64, steps: usize) {
                 for holders in model.holders.values_mut() {
                     holders.retain(|h| h.2 > now);
                     for holder in holders.iter_mut() {
-                        holder.2 = now + 100;
+                        holder.2 = now + ttl;
                     }
                 }
             }
@@ -608,15 +683,21 @@ fn simulate(seed: u64, steps: usize) {
         model.absorb(&key_of, now, events);
         t.table.check_invariants();
         model.check(now, &live);
+        for (k, holders) in &model.holders {
+            let waiters = model.queues.get(k).map_or(0, VecDeque::len);
+            let live = holders.iter().filter(|h| h.2 > now).count();
+            crowd_max = (crowd_max.0.max(live), crowd_max.1.max(waiters));
+        }
     }
+    crowd_max
 }
 
-/// The table's own bytes per held permit (its accounting, `memory_bytes`: holders, queues,
-/// entries, timers, the key index): under 100 B like a plain lock's while a key holds many,
-/// and what a key with few holders costs. `--nocapture` prints the figures.
+/// The table's own bytes per held lease (its accounting, `memory_bytes`: holders, queues,
+/// entries, timers, the key index), for permits and read leases, many to a key and one to a
+/// key. `--nocapture` prints the figures.
 #[test]
 fn memory_per_held_permit() {
-    let per = |keys: u32, per_key: u32| {
+    let per = |keys: u32, per_key: u32, kind: LeaseKind| {
         let limits = TableLimits {
             held_max: 100_000,
             waiters_max: 10,
@@ -639,19 +720,27 @@ fn memory_per_held_permit() {
                     waiter: None,
                     meta: b"",
                 };
-                let kind = permits(1, PERMITS_MAX_FOR_TEST);
                 assert!(matches!(
                     table.acquire_kind(0, a, kind, &tokens, &mut events),
                     Acquire::Granted(_)
                 ));
             }
         }
+        table.check_invariants();
         (table.memory_bytes() - before) as f64 / f64::from(keys * per_key)
     };
-    let many = per(4, 4096);
-    let few = per(2000, 4);
-    eprintln!("table bytes per permit: {many:.1} (4 keys x 4096), {few:.1} (2000 keys x 4)");
+    let many = per(4, 4096, permits(1, PERMITS_MAX_FOR_TEST));
+    let many_read = per(4, 4096, SHARED);
+    let few = per(2000, 4, permits(1, PERMITS_MAX_FOR_TEST));
+    let one = per(20_000, 1, permits(1, 4));
+    let one_read = per(20_000, 1, SHARED);
+    eprintln!(
+        "table bytes per lease: permits {many:.1} (4 keys x 4096), read {many_read:.1} \
+         (4 keys x 4096), permits {few:.1} (2000 keys x 4), permits {one:.1} (20000 keys x 1), \
+         read {one_read:.1} (20000 keys x 1)"
+    );
     assert!(many < 100.0, "{many} bytes per permit");
+    assert!(many_read < 100.0, "{many_read} bytes per read lease");
 }
 
 const PERMITS_MAX_FOR_TEST: u32 = tenure_protocol::limits::PERMITS_MAX;
