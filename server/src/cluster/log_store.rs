@@ -359,12 +359,15 @@ impl LogStore {
     /// # Errors
     /// When a file cannot be written, synced or renamed.
     pub fn purge_to(&self, log_id: LogId) -> std::io::Result<()> {
+        let asked = std::time::Instant::now();
         let mut inner = self.lock();
+        let locked = std::time::Instant::now();
         inner.usable()?;
         let mut persisted = inner.persisted.clone();
         persisted.last_purged = Some(log_id);
         write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
         inner.persisted = persisted;
+        let state_saved = std::time::Instant::now();
         let kept = inner.entries.split_off(&(log_id.index + 1));
         let mut buf = Vec::new();
         let mut entries = BTreeMap::new();
@@ -374,8 +377,13 @@ impl LogStore {
             entries.insert(index, (entry, at));
         }
         // The entries kept are out of `inner.entries` now: on failure the store is done.
-        inner.entries = entries;
+        let encoded = std::time::Instant::now();
+        let purged = std::mem::replace(&mut inner.entries, entries);
+        let (purged_count, kept_count) = (purged.len(), inner.entries.len());
+        drop(purged);
+        let freed = std::time::Instant::now();
         inner.end = buf.len() as u64;
+        let kept_bytes = buf.len();
         let dir = inner.dir.clone();
         let rewrite = move |file: &mut File| {
             write_atomically(&dir, LOG_FILE, &buf)?;
@@ -390,7 +398,20 @@ impl LogStore {
             drop(tx.send(r))
         });
         drop(inner);
-        wait_job(&rx)
+        let result = wait_job(&rx);
+        tracing::info!(
+            index = log_id.index,
+            purged = purged_count,
+            kept = kept_count,
+            kept_bytes,
+            lock_wait_ms = (locked - asked).as_millis() as u64,
+            state_file_ms = (state_saved - locked).as_millis() as u64,
+            encode_ms = (encoded - state_saved).as_millis() as u64,
+            free_ms = (freed - encoded).as_millis() as u64,
+            rewrite_ms = freed.elapsed().as_millis() as u64,
+            "log purged"
+        );
+        result
     }
 
     /// Saves `vote` atomically. Blocking.

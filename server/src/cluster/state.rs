@@ -248,8 +248,21 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let built = Arc::new(Mutex::new(None));
         let out = Arc::clone(&built);
         blocking(move || {
-            let (meta, records) = snapshot_of(&state.lock().expect("replica state poisoned"));
+            let asked = std::time::Instant::now();
+            let guard = state.lock().expect("replica state poisoned");
+            let locked = std::time::Instant::now();
+            let (meta, records) = snapshot_of(&guard);
+            drop(guard);
+            let encoded = std::time::Instant::now();
             snapshots.save(meta.clone(), records.clone())?;
+            tracing::info!(
+                index = meta.last_log_id.as_ref().map_or(0, |id| id.index),
+                bytes = records.len(),
+                lock_wait_ms = (locked - asked).as_millis() as u64,
+                state_held_ms = (encoded - locked).as_millis() as u64,
+                save_ms = encoded.elapsed().as_millis() as u64,
+                "snapshot built"
+            );
             *out.lock().expect("poisoned") = Some((meta, records));
             Ok(())
         })
@@ -279,7 +292,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let asked = std::time::Instant::now();
         let mut state = self.lock();
+        let waited = asked.elapsed();
+        if waited > std::time::Duration::from_millis(20) {
+            tracing::info!(
+                waited_ms = waited.as_millis() as u64,
+                "apply waited for the replica state"
+            );
+        }
         let mut replies = Vec::new();
         for entry in entries {
             state.last_applied = Some(entry.log_id);
