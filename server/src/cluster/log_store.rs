@@ -885,7 +885,7 @@ mod tests {
         let purging = store.clone();
         std::thread::spawn(move || {
             let purge = purging.purge_to(LogId::new(CommittedLeaderId::new(1, 1), 3));
-            drop(done.send(purge.is_ok()));
+            let _ = done.send(purge.is_ok());
         });
         let returned = purged.recv_timeout(std::time::Duration::from_secs(20));
         drop(release);
