@@ -18,9 +18,10 @@
 //! the WAL, one crash pattern is refused too: an unsynced append of several records whose
 //! first pages never reached the disk but whose later ones did. Nothing past such a hole was
 //! acknowledged, so an operator who sees zeros at the named offset may cut the file there. A truncation cuts the file and syncs; a purge
-//! first records the purge point in `raft.state`, then rewrites `raft.log` without the purged
-//! records (a temporary file renamed over), so a crash in between leaves records that are
-//! dropped again on open.
+//! first records the purge point in `raft.state`, then, once the purged records outweigh the
+//! kept ones, rewrites `raft.log` without them (a temporary file renamed over): records at
+//! the head of the file up to the purge point are dropped again on open, whether a crash
+//! came in between or the head was not cut yet.
 //!
 //! Every write to `raft.log` (appends, truncations, the purge's rewrite) goes to one writer
 //! thread per log, in the order the calls were made, and the in-memory index is updated at
@@ -29,14 +30,15 @@
 //! after their `fdatasync`: the Raft core does not wait for the disk, so while one append is
 //! written and synced it goes on answering heartbeats, votes and pre-votes, ticking, and (on
 //! the leader) sending heartbeats; before, each append's write and fsync stalled all of it
-//! (CLUSTER.md, "Heartbeats and bulk appends"). Truncations and purges wait for the writer
-//! (their file work follows every append queued before them), on a blocking thread
-//! ([`blocking`]), as vote saves do; openraft makes one storage call at a time.
+//! (CLUSTER.md, "Heartbeats and bulk appends"). Truncations wait for the writer (their file
+//! work follows every append queued before them), on a blocking thread ([`blocking`]), as
+//! vote saves do; openraft makes one storage call at a time. Purges do not wait: their file
+//! work is queued like an append's ([`LogStore::purge_to`] says why that is safe).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,6 +56,10 @@ const RECORD_HEADER_LEN: usize = 4 + 4 + 8 + 8;
 /// Longest entry a record may hold; a longer length on disk is damage, not a reason to
 /// allocate. Entries are batches the leader caps far below this.
 pub const ENTRY_LEN_MAX: usize = 64 << 20;
+
+/// A purge cuts the file's head off once it holds at least this many purged bytes, and no
+/// fewer than the kept ones: each kept byte is copied about once per doubling of the file.
+const COMPACT_BYTES_MIN: u64 = 4 << 20;
 
 const LOG_FILE: &str = "raft.log";
 const STATE_FILE: &str = "raft.state";
@@ -77,11 +83,18 @@ struct Inner {
     dir: PathBuf,
     /// Where the file work goes, in order ([`start_writer`]).
     writer: mpsc::Sender<Job>,
-    /// Entries by index, with the file offset each record starts at.
+    /// Entries by index, with the offset each record starts at, counted from `base`'s origin:
+    /// the file's byte `at - base`.
     entries: BTreeMap<u64, (Entry, u64)>,
-    /// Where the next record goes.
+    /// Where the next record goes (the same count).
     end: u64,
-    persisted: Persisted,
+    /// The offset of the file's first byte: where the last compaction cut its head off.
+    base: u64,
+    /// `raft.state`; the writer thread saves a purge's point there, after the call.
+    state_file: Arc<StateFile>,
+    /// The writer thread, joined when the log is dropped: a node reopened in the same
+    /// process must not find the last one's file work still running.
+    writer_thread: Option<std::thread::JoinHandle<()>>,
     /// Whether `open` cut a torn tail off, and where: for the log, and tests.
     torn_tail_at: Option<u64>,
     /// A write or sync failed: the file may hold part of a record, and whether the kernel
@@ -90,14 +103,51 @@ struct Inner {
     failed: Arc<AtomicBool>,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Without a sender the thread ends, after the jobs already sent.
+        drop(std::mem::replace(&mut self.writer, mpsc::channel().0));
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `raft.state` and what it is to hold.
+struct StateFile {
+    dir: PathBuf,
+    /// The vote and purge point as last asked for (the vote once saved).
+    wanted: Mutex<Persisted>,
+    /// Held while the file is written: one write at a time, each of the newest `wanted`.
+    writing: Mutex<()>,
+}
+
+impl StateFile {
+    fn wanted(&self) -> std::sync::MutexGuard<'_, Persisted> {
+        self.wanted.lock().expect("Raft state poisoned")
+    }
+
+    /// Writes `wanted`, changed by `change` first, and keeps the change once it is saved.
+    /// Blocking.
+    fn save(&self, change: impl Fn(&mut Persisted)) -> std::io::Result<()> {
+        let _writing = self.writing.lock().expect("Raft state poisoned");
+        let mut persisted = self.wanted().clone();
+        change(&mut persisted);
+        write_atomically(&self.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
+        // Only the change: a purge may have moved the purge point meanwhile.
+        change(&mut self.wanted());
+        Ok(())
+    }
+}
+
 /// One piece of file work for the writer thread; it gets the file (which it may replace).
 type Job = Box<dyn FnOnce(&mut File) + Send>;
 
 /// Starts the writer thread of one log: it owns `raft.log` and does its jobs in the order
 /// sent. It ends when every [`LogStore`] clone is gone, after the jobs already sent.
-fn start_writer(file: File) -> std::io::Result<mpsc::Sender<Job>> {
+fn start_writer(file: File) -> std::io::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("raft-log".into())
         .spawn(move || {
             let mut file = file;
@@ -105,7 +155,7 @@ fn start_writer(file: File) -> std::io::Result<mpsc::Sender<Job>> {
                 job(&mut file);
             }
         })?;
-    Ok(tx)
+    Ok((tx, thread))
 }
 
 /// Runs `work` on the writer thread after every job sent before, and returns its result
@@ -253,13 +303,21 @@ impl LogStore {
                 .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidData, why))?,
             None => None,
         };
+        let (writer, writer_thread) = start_writer(file)?;
+        let state_file = Arc::new(StateFile {
+            dir: dir.to_path_buf(),
+            wanted: Mutex::new(persisted),
+            writing: Mutex::new(()),
+        });
         let store = LogStore {
             inner: Arc::new(Mutex::new(Inner {
                 dir: dir.to_path_buf(),
-                writer: start_writer(file)?,
+                writer,
+                writer_thread: Some(writer_thread),
                 entries,
                 end,
-                persisted,
+                base: 0,
+                state_file,
                 torn_tail_at,
                 failed: Arc::new(AtomicBool::new(false)),
             })),
@@ -346,51 +404,75 @@ impl LogStore {
         };
         inner.end = at;
         let _ = inner.entries.split_off(&index);
+        // The base is the file's as the writer will find it: every compaction that moved it
+        // was queued before.
+        let file_at = at - inner.base;
         let (tx, rx) = mpsc::channel();
-        let cut = move |file: &mut File| file.set_len(at).and_then(|()| file.sync_all());
+        let cut = move |file: &mut File| file.set_len(file_at).and_then(|()| file.sync_all());
         file_job(&inner.writer, &inner.failed, cut, move |r| drop(tx.send(r)));
         drop(inner);
         wait_job(&rx)
     }
 
-    /// Drops every entry up to `log_id`: the purge point is saved first, then the file is
-    /// rewritten without them. Blocking.
+    /// Drops every entry up to `log_id`, in memory at once; the file work is queued, not
+    /// waited for. Does not block on I/O.
+    ///
+    /// The Raft core waits for a purge, and it used to wait for all of it: the purge point
+    /// saved and synced, the kept entries encoded again and the file rewritten and synced,
+    /// the purged ones freed, the log's lock held for most of it (which every replication
+    /// stream's read waits for) — the leader sent nothing meanwhile (BENCHMARKS.md, issue 24).
+    /// Now the writer thread, after every append queued before, frees the purged entries,
+    /// saves the purge point, then cuts the file's head off if it holds more purged bytes
+    /// than kept ones ([`compact`]). Until the purge point is saved a crash brings the
+    /// purged entries back (openraft purges them again); once it is, opening skips them
+    /// whether the head was cut or not. Neither leaves a hole. A failure of that work
+    /// makes the log refuse every later write, as a failed append does.
     ///
     /// # Errors
-    /// When a file cannot be written, synced or renamed.
+    /// When an earlier write failed.
     pub fn purge_to(&self, log_id: LogId) -> std::io::Result<()> {
         let mut inner = self.lock();
         inner.usable()?;
-        let mut persisted = inner.persisted.clone();
-        persisted.last_purged = Some(log_id);
-        write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
-        inner.persisted = persisted;
+        inner.state_file.wanted().last_purged = Some(log_id);
         let kept = inner.entries.split_off(&(log_id.index + 1));
-        let mut buf = Vec::new();
-        let mut entries = BTreeMap::new();
-        for (index, (entry, _)) in kept {
-            let at = buf.len() as u64;
-            encode(&entry, &mut buf)?;
-            entries.insert(index, (entry, at));
+        let purged = std::mem::replace(&mut inner.entries, kept);
+        let first_kept = inner
+            .entries
+            .values()
+            .next()
+            .map_or(inner.end, |&(_, at)| at);
+        let (dead, live) = (first_kept - inner.base, inner.end - first_kept);
+        let cut = (dead >= live.max(COMPACT_BYTES_MIN)).then_some(dead);
+        if cut.is_some() {
+            inner.base = first_kept;
         }
-        // The entries kept are out of `inner.entries` now: on failure the store is done.
-        inner.entries = entries;
-        inner.end = buf.len() as u64;
-        let dir = inner.dir.clone();
-        let rewrite = move |file: &mut File| {
-            write_atomically(&dir, LOG_FILE, &buf)?;
-            *file = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(dir.join(LOG_FILE))?;
+        let (state_file, dir) = (Arc::clone(&inner.state_file), inner.dir.clone());
+        let work = move |file: &mut File| {
+            let (count, started) = (purged.len(), std::time::Instant::now());
+            drop(purged);
+            let freed = started.elapsed();
+            state_file.save(|_| {})?;
+            let saved = started.elapsed();
+            if let Some(head) = cut {
+                compact(&dir, file, head)?;
+            }
+            tracing::info!(
+                index = log_id.index,
+                purged = count,
+                free_ms = freed.as_millis() as u64,
+                state_file_ms = (saved - freed).as_millis() as u64,
+                compact_ms = (started.elapsed() - saved).as_millis() as u64,
+                cut_bytes = cut.unwrap_or(0),
+                "log purged"
+            );
             Ok(())
         };
-        let (tx, rx) = mpsc::channel();
-        file_job(&inner.writer, &inner.failed, rewrite, move |r| {
-            drop(tx.send(r))
+        file_job(&inner.writer, &inner.failed, work, |result| {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "the Raft log's purge failed; it takes no more writes");
+            }
         });
-        drop(inner);
-        wait_job(&rx)
+        Ok(())
     }
 
     /// Saves `vote` atomically. Blocking.
@@ -398,23 +480,19 @@ impl LogStore {
     /// # Errors
     /// When the state file cannot be written, synced or renamed.
     pub fn save_vote_sync(&self, vote: Vote<NodeId>) -> std::io::Result<()> {
-        let mut inner = self.lock();
-        let mut persisted = inner.persisted.clone();
-        persisted.vote = Some(vote);
-        write_atomically(&inner.dir, STATE_FILE, &postcard_bytes(&persisted)?)?;
-        inner.persisted = persisted;
-        Ok(())
+        let state_file = Arc::clone(&self.lock().state_file);
+        state_file.save(|persisted| persisted.vote = Some(vote))
     }
 
     /// The vote last saved.
     pub fn vote(&self) -> Option<Vote<NodeId>> {
-        self.lock().persisted.vote
+        self.lock().state_file.wanted().vote
     }
 
     /// The last purged and the last log id.
     pub fn state(&self) -> LogState<TypeConfig> {
         let inner = self.lock();
-        let last_purged_log_id = inner.persisted.last_purged;
+        let last_purged_log_id = inner.state_file.wanted().last_purged;
         let last_log_id = inner
             .entries
             .last_key_value()
@@ -506,6 +584,25 @@ fn decode_at(buf: &[u8]) -> Option<(Entry, usize)> {
     (entry.log_id.index == index).then_some((entry, total))
 }
 
+/// Cuts the first `head` bytes (purged records) off `raft.log`, whose open handle `file`
+/// is: the rest copied to a temporary file, synced, renamed over, the directory synced,
+/// and `file` reopened. A crash leaves the old file or the new one. Blocking.
+fn compact(dir: &Path, file: &mut File, head: u64) -> std::io::Result<()> {
+    let path = dir.join(LOG_FILE);
+    let tmp = dir.join(format!("{LOG_FILE}.tmp"));
+    let mut from = File::open(&path)?;
+    from.seek(SeekFrom::Start(head))?;
+    let mut to = File::create(&tmp)?;
+    // copy_file_range on Linux: the kernel copies, no buffer of ours.
+    std::io::copy(&mut from, &mut to)?;
+    to.sync_all()?;
+    drop(to);
+    std::fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()?;
+    *file = OpenOptions::new().read(true).append(true).open(&path)?;
+    Ok(())
+}
+
 /// Replaces `dir/name` with `bytes`: a temporary file written and synced, renamed over, and
 /// the directory synced, so a crash leaves the old file or the new one.
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
@@ -585,9 +682,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let store = self.clone();
-        blocking(move || store.purge_to(log_id))
-            .await
+        // No I/O to wait for ([`LogStore::purge_to`]): on the core's task, not a thread.
+        self.purge_to(log_id)
             .map_err(|e| log_error(ErrorVerb::Delete, &e))
     }
 }
@@ -762,6 +858,77 @@ mod tests {
         let state = store.state();
         assert_eq!(state.last_purged_log_id.unwrap().index, 2);
         assert_eq!(state.last_log_id.unwrap().index, 6);
+    }
+
+    /// Holds the writer thread of `store` until the returned sender is dropped.
+    fn hold_writer(store: &LogStore) -> mpsc::Sender<()> {
+        let (release, held) = mpsc::channel::<()>();
+        let inner = store.lock();
+        let wait = move |_: &mut File| {
+            let _ = held.recv();
+            Ok(())
+        };
+        file_job(&inner.writer, &inner.failed, wait, |_| {});
+        release
+    }
+
+    /// The Raft core waits for a purge: it must not wait for the disk (issue 24).
+    #[test]
+    fn a_purge_does_not_wait_for_the_file_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=5).map(|i| entry(1, i, b"abc")))
+            .unwrap();
+        let release = hold_writer(&store);
+        let (done, purged) = mpsc::channel();
+        let purging = store.clone();
+        std::thread::spawn(move || {
+            let purge = purging.purge_to(LogId::new(CommittedLeaderId::new(1, 1), 3));
+            let _ = done.send(purge.is_ok());
+        });
+        let returned = purged.recv_timeout(std::time::Duration::from_secs(20));
+        drop(release);
+        assert_eq!(returned, Ok(true), "purge_to waited for the writer thread");
+        assert_eq!(indexes(&store), vec![4, 5]);
+        assert_eq!(store.state().last_purged_log_id.unwrap().index, 3);
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![4, 5]);
+        assert_eq!(store.state().last_purged_log_id.unwrap().index, 3);
+    }
+
+    /// A purge that leaves more purged bytes than kept ones cuts the file's head off; the
+    /// offsets of what follows (appends, a truncation) stay right.
+    #[test]
+    fn a_purge_cuts_the_head_off_and_later_writes_land_right() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        let big = vec![7u8; 64 << 10];
+        let count = COMPACT_BYTES_MIN / big.len() as u64 + 4;
+        store
+            .append_sync((1..=count).map(|i| entry(1, i, &big)))
+            .unwrap();
+        let kept_from = count - 2;
+        store
+            .purge_to(LogId::new(CommittedLeaderId::new(1, 1), kept_from - 1))
+            .unwrap();
+        store.truncate_from(count).unwrap();
+        store.append_sync([entry(2, count, b"new")]).unwrap();
+        let len = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
+        assert!(
+            len < 3 * big.len() as u64,
+            "the head was cut: {len} bytes left"
+        );
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![kept_from, count - 1, count]);
+        assert_eq!(store.entries(count..)[0], entry(2, count, b"new"));
+        assert_eq!(
+            store.entries(kept_from..=kept_from)[0],
+            entry(1, kept_from, &big)
+        );
+        assert_eq!(store.torn_tail_at(), None);
     }
 
     #[test]

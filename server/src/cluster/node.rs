@@ -42,7 +42,7 @@ use super::network::{serve_peers, Dialer, PeerNetwork, PeerService};
 use super::observe::{count_leader_changes, Counters, NodeScrape, Security};
 use super::peer_tls::{PeerTls, PeerTlsFiles};
 use super::prevote::{self, PreVote, Timing};
-use super::state::{ReplicaState, StateMachine};
+use super::state::{snapshot_due, ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -127,6 +127,8 @@ impl ClusterOptions {
             max_payload_entries: 8,
             // With pre-vote, prevote.rs decides when an election starts.
             enable_elect: !self.pre_vote,
+            // `snapshot_rhythm` decides when this node snapshots: not when the others do.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             ..openraft::Config::default()
         };
         config
@@ -742,6 +744,7 @@ fn spawn_tasks(
         )),
         tokio::spawn(life.run(stop.clone())),
         tokio::spawn(count_leader_changes(raft.clone(), counters)),
+        tokio::spawn(snapshot_rhythm(raft.clone(), options.node_id, stop.clone())),
     ];
     if options.pre_vote {
         let catch_up = Arc::clone(&service.catch_up);
@@ -754,6 +757,31 @@ fn spawn_tasks(
         tasks.push(tokio::spawn(bootstrap));
     }
     tasks
+}
+
+/// How often [`snapshot_rhythm`] looks at the applied index.
+const SNAPSHOT_CHECK: Duration = Duration::from_millis(100);
+
+/// Asks openraft for a snapshot whenever [`snapshot_due`] says this node's turn has come,
+/// until `stop`. openraft ignores the request while a snapshot is being built.
+async fn snapshot_rhythm(raft: Raft, node: NodeId, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(SNAPSHOT_CHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let (applied, snapshot) = {
+            let metrics = raft.metrics();
+            let m = metrics.borrow();
+            let index = |id: &Option<super::LogId>| id.as_ref().map_or(0, |id| id.index);
+            (index(&m.last_applied), index(&m.snapshot))
+        };
+        if snapshot_due(applied, snapshot, node) && raft.trigger().snapshot().await.is_err() {
+            return; // the core stopped
+        }
+    }
 }
 
 /// What `/metrics` and `/readyz` read of a cluster node.

@@ -125,8 +125,11 @@ impl AppendTimes {
     pub fn arrived(&self) -> std::time::Instant {
         let now = std::time::Instant::now();
         if let Some(last) = self.last.lock().expect("poisoned").replace(now) {
-            self.gaps
-                .observe_duration(now.saturating_duration_since(last));
+            let gap = now.saturating_duration_since(last);
+            self.gaps.observe_duration(gap);
+            if gap > std::time::Duration::from_millis(100) {
+                tracing::info!(gap_ms = gap.as_millis() as u64, "AppendEntries gap");
+            }
         }
         now
     }

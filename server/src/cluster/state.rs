@@ -21,9 +21,40 @@ use super::log_store::{blocking, write_atomically};
 use super::{storage_error, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::obs::metrics::Histogram;
 use crate::record::LeaseReplay;
-use crate::record::{self, Record};
+use crate::record::{self, Change, Record};
 
 const SNAPSHOT_FILE: &str = "raft.snapshot";
+
+/// Entries between two snapshots of one node (openraft's default policy's count).
+pub const SNAPSHOT_EVERY: u64 = 5_000;
+/// A node snapshots at least this many entries after its last snapshot (or one installed).
+const SNAPSHOT_AFTER_MIN: u64 = SNAPSHOT_EVERY / 2;
+/// Nodes are spread over this many phases of [`SNAPSHOT_EVERY`] by id.
+const SNAPSHOT_PHASES: u64 = 3;
+const _: () =
+    assert!(SNAPSHOT_AFTER_MIN > 0 && SNAPSHOT_PHASES > 0 && SNAPSHOT_EVERY >= SNAPSHOT_PHASES);
+
+/// Whether node `node`, having applied up to index `applied` and last snapshotted at
+/// `snapshot` (0: never), should build a snapshot now.
+///
+/// openraft's own policy (every [`SNAPSHOT_EVERY`] entries since the last snapshot) made
+/// every node of a cluster snapshot, and purge its log, at the same index, so at the same
+/// moment: on a small machine the three together starved the leader of CPU and it fell
+/// silent (BENCHMARKS.md, issue 24). Here node `n` snapshots at the indexes
+/// `m * SNAPSHOT_EVERY + (n % 3) * SNAPSHOT_EVERY / 3`, the first of them at least
+/// [`SNAPSHOT_AFTER_MIN`] past its last snapshot: as often as before, a third of a period
+/// apart from the next node.
+pub fn snapshot_due(applied: u64, snapshot: u64, node: NodeId) -> bool {
+    let phase = (node % SNAPSHOT_PHASES) * (SNAPSHOT_EVERY / SNAPSHOT_PHASES);
+    let earliest = snapshot.saturating_add(SNAPSHOT_AFTER_MIN);
+    let mark = match earliest.checked_sub(phase) {
+        Some(past) => {
+            phase.saturating_add(past.div_ceil(SNAPSHOT_EVERY).saturating_mul(SNAPSHOT_EVERY))
+        }
+        None => phase,
+    };
+    applied >= mark
+}
 
 /// A snapshot's meta and its records.
 type Stored = (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>);
@@ -86,8 +117,10 @@ impl ReplicaState {
             },
             &mut out,
         );
-        for lease in self.live.to_recovered() {
-            record::encode(&lease.as_grant(), &mut out);
+        // Encoded in place: copying every key and metadata first (a million allocations at
+        // 500 000 leases) only lengthened the time the state is held, which `apply` waits for.
+        for (key, held) in self.live.held() {
+            record::encode(&Change::Grant(held.as_lease(key)).record(), &mut out);
         }
         out
     }
@@ -215,6 +248,26 @@ fn sm_error(verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageE
     storage_error(ErrorSubject::StateMachine, verb, e)
 }
 
+/// Applies committed `entries` to `state`, in order.
+fn apply_entries(
+    state: &mut ReplicaState,
+    entries: impl IntoIterator<Item = Entry>,
+) -> Result<Vec<()>, BadRecords> {
+    let mut replies = Vec::new();
+    for entry in entries {
+        state.last_applied = Some(entry.log_id);
+        match entry.payload {
+            EntryPayload::Blank => {}
+            EntryPayload::Normal(batch) => state.apply_records(&batch.records)?,
+            EntryPayload::Membership(membership) => {
+                state.membership = StoredMembership::new(Some(entry.log_id), membership);
+            }
+        }
+        replies.push(());
+    }
+    Ok(replies)
+}
+
 /// The meta and records of a snapshot of `state`.
 fn snapshot_of(state: &ReplicaState) -> (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>) {
     let last = state.last_applied;
@@ -248,8 +301,21 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let built = Arc::new(Mutex::new(None));
         let out = Arc::clone(&built);
         blocking(move || {
-            let (meta, records) = snapshot_of(&state.lock().expect("replica state poisoned"));
+            let asked = std::time::Instant::now();
+            let guard = state.lock().expect("replica state poisoned");
+            let locked = std::time::Instant::now();
+            let (meta, records) = snapshot_of(&guard);
+            drop(guard);
+            let encoded = std::time::Instant::now();
             snapshots.save(meta.clone(), records.clone())?;
+            tracing::info!(
+                index = meta.last_log_id.as_ref().map_or(0, |id| id.index),
+                bytes = records.len(),
+                lock_wait_ms = (locked - asked).as_millis() as u64,
+                state_held_ms = (encoded - locked).as_millis() as u64,
+                save_ms = encoded.elapsed().as_millis() as u64,
+                "snapshot built"
+            );
             *out.lock().expect("poisoned") = Some((meta, records));
             Ok(())
         })
@@ -279,22 +345,29 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let mut state = self.lock();
-        let mut replies = Vec::new();
-        for entry in entries {
-            state.last_applied = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => {}
-                EntryPayload::Normal(batch) => state
-                    .apply_records(&batch.records)
-                    .map_err(|e| sm_error(ErrorVerb::Write, &e))?,
-                EntryPayload::Membership(membership) => {
-                    state.membership = StoredMembership::new(Some(entry.log_id), membership);
-                }
+        // While a snapshot copies the state, waiting for it here would hold a runtime
+        // worker (of two on a small machine) for as long, and the Raft core, the peer
+        // connections and the clients share what is left: on a blocking thread instead.
+        let entries = match self.state.try_lock() {
+            Ok(mut state) => {
+                return apply_entries(&mut state, entries)
+                    .map_err(|e| sm_error(ErrorVerb::Write, &e))
             }
-            replies.push(());
-        }
-        Ok(replies)
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("replica state poisoned"),
+            Err(std::sync::TryLockError::WouldBlock) => entries.into_iter().collect::<Vec<_>>(),
+        };
+        let state = Arc::clone(&self.state);
+        let asked = std::time::Instant::now();
+        let applied = tokio::task::spawn_blocking(move || {
+            apply_entries(&mut state.lock().expect("replica state poisoned"), entries)
+        })
+        .await
+        .map_err(|e| sm_error(ErrorVerb::Write, &std::io::Error::other(e)))?;
+        tracing::info!(
+            waited_ms = asked.elapsed().as_millis() as u64,
+            "apply waited for the replica state"
+        );
+        applied.map_err(|e| sm_error(ErrorVerb::Write, &e))
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -392,6 +465,44 @@ mod tests {
             (held.token, held.ttl_ms, held.meta.as_slice()),
             (5, 1000, &b"m"[..])
         );
+    }
+
+    #[test]
+    fn nodes_snapshot_a_third_of_a_period_apart() {
+        // The first index each node snapshots at, from nothing, then from there on.
+        let next = |from: u64, node: NodeId| {
+            (from..)
+                .find(|&applied| snapshot_due(applied, from, node))
+                .unwrap()
+        };
+        let third = SNAPSHOT_EVERY / 3;
+        assert_eq!(next(0, 3), SNAPSHOT_EVERY);
+        assert_eq!(next(0, 1), third + SNAPSHOT_EVERY);
+        assert_eq!(next(0, 2), 2 * third);
+        for node in 1..=3 {
+            let mut at = next(0, node);
+            for _ in 0..4 {
+                let then = next(at, node);
+                assert_eq!(then - at, SNAPSHOT_EVERY, "node {node} from {at}");
+                assert_eq!(then % SNAPSHOT_EVERY, (node % 3) * third);
+                at = then;
+            }
+        }
+        // After a snapshot installed at any index: at least half a period later, at most
+        // one and a half, on the node's phase.
+        for installed in [1, 999, 2_500, 4_999, 12_345] {
+            let then = next(installed, 2);
+            assert!(
+                then - installed >= SNAPSHOT_EVERY / 2,
+                "{installed} -> {then}"
+            );
+            assert!(
+                then - installed <= SNAPSHOT_EVERY * 3 / 2,
+                "{installed} -> {then}"
+            );
+            assert_eq!(then % SNAPSHOT_EVERY, 2 * third);
+        }
+        assert!(!snapshot_due(u64::MAX - 1, u64::MAX - 1, 1), "no overflow");
     }
 
     #[test]

@@ -78,6 +78,23 @@ pub(crate) struct Held {
     pub kind: LeaseKind,
 }
 
+impl Held {
+    /// This lease of `key` as the journal records it (as [`RecoveredLease::as_lease`], without
+    /// a copy of the key and metadata: a snapshot writes every held lease this way).
+    pub fn as_lease<'a>(&'a self, key: &'a [u8]) -> Lease<'a> {
+        Lease {
+            key,
+            lease_id: self.lease_id,
+            token: self.token,
+            ttl_ms: self.ttl_ms,
+            release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
+            meta: &self.meta,
+            acquire_id: self.acquire_id,
+            kind: self.kind,
+        }
+    }
+}
+
 /// Whether two leases may hold one key together: both shared, or permits of one limit.
 fn same_family(a: LeaseKind, b: LeaseKind) -> bool {
     match (a, b) {
