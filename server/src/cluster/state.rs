@@ -2,8 +2,8 @@
 //! token limit, by the WAL's replay rules (one function, [`LeaseReplay::apply`], does both);
 //! and [`StateMachine`], openraft's view of it, with snapshots.
 //!
-//! A snapshot is today's snapshot records: a Reserve of the token limit, then a Grant per
-//! held lease, encoded as the WAL encodes them. The latest one is kept in the data directory
+//! A snapshot is today's snapshot records: a Reserve of the token limit, a SessionOpen per
+//! open session, then a Grant per held lease, encoded as the WAL encodes them. The latest one is kept in the data directory
 //! (`raft.snapshot`: a u32 length, the postcard of its `SnapshotMeta`, then the records),
 //! replaced atomically, and loaded on start, so a node whose log was purged still knows
 //! everything the purged entries said.
@@ -77,7 +77,8 @@ impl ReplicaState {
         self.live.leases.len()
     }
 
-    /// The state as snapshot records: a Reserve of the token limit, a Grant per lease.
+    /// The state as snapshot records: a Reserve of the token limit, a SessionOpen per open
+    /// session (before the grants in it), a Grant per lease.
     pub fn snapshot_records(&self) -> Vec<u8> {
         let mut out = Vec::new();
         record::encode(
@@ -86,6 +87,9 @@ impl ReplicaState {
             },
             &mut out,
         );
+        for session in self.live.to_sessions() {
+            record::encode(&session.as_record(), &mut out);
+        }
         for lease in self.live.to_recovered() {
             record::encode(&lease.as_grant(), &mut out);
         }
@@ -350,6 +354,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            session_id: None,
             kind: Default::default(),
         };
         record::encode(&record, &mut out);

@@ -44,8 +44,14 @@ impl Executor {
             return answer;
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0)
-            .then(|| wait_slot(ctx, tx, *release_on_disconnect, received_ms, *acquire_id));
+        let waiter = (*wait_ms > 0).then(|| {
+            wait_slot(
+                ctx,
+                tx,
+                (*release_on_disconnect, received_ms),
+                request_ids(&request),
+            )
+        });
         let args = AcquireArgs {
             key,
             lease_id: LeaseId::from_u128(rand::random()),
@@ -146,6 +152,7 @@ impl Executor {
             meta,
             acquire_id,
             kind,
+            session_id,
             ..
         } = request
         else {
@@ -164,6 +171,7 @@ impl Executor {
             release_on_disconnect: *release_on_disconnect,
             meta,
             acquire_id: *acquire_id,
+            session_id: *session_id,
             kind: *kind,
         };
         let ticket = match self.journal.append(&Change::Grant(lease)) {
@@ -224,12 +232,24 @@ impl Executor {
 fn wait_slot(
     ctx: &Session,
     tx: oneshot::Sender<WaitResult>,
-    release_on_disconnect: bool,
-    received_ms: u64,
-    acquire_id: Option<AcquireId>,
+    (release_on_disconnect, received_ms): (bool, u64),
+    (acquire_id, session_id): (Option<AcquireId>, Option<tenure_protocol::SessionId>),
 ) -> WaitSlot {
     let mut slot = WaitSlot::new(tx, release_on_disconnect, received_ms);
     slot.held_place = ctx.held_place.clone();
     slot.acquire_id = acquire_id;
+    slot.session_id = session_id;
     slot
+}
+
+/// An ACQUIRE's acquire id and session, which its place in line keeps.
+fn request_ids(request: &Request) -> (Option<AcquireId>, Option<tenure_protocol::SessionId>) {
+    match request {
+        Request::Acquire {
+            acquire_id,
+            session_id,
+            ..
+        } => (*acquire_id, *session_id),
+        _ => (None, None),
+    }
 }

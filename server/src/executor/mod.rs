@@ -298,15 +298,20 @@ impl Executor {
             .expect("a lock-table shard was poisoned by a panic")
     }
 
-    /// Puts back the leases a journal recovered, each running again from `now_ms`.
+    /// Puts back the leases a journal recovered, each running again from `now_ms`; a lease
+    /// in a session (restored first, [`Executor::restore_sessions`]) joins it, with its
+    /// deadline, and one whose session ended is left out.
     pub fn restore(&self, now_ms: u64, leases: impl IntoIterator<Item = RecoveredLease>) {
         for lease in leases {
+            let Some(ttl_ms) = self.restored_ttl(&lease) else {
+                continue;
+            };
             self.shard(&lease.key).restore_kind(
                 now_ms,
                 &lease.key,
                 lease.lease_id,
                 lease.token,
-                lease.ttl_ms,
+                ttl_ms,
                 lease.kind,
                 &lease.meta,
             );
@@ -384,10 +389,12 @@ impl Executor {
                 return outcome;
             }
             // A follower's executor (its journal refuses everything) opens no session either.
-            Request::SessionOpen { ttl_ms } => match self.refuse_if_not_leader() {
-                Some(refusal) => refusal,
-                None => self.session_open(ctx, now_ms, ttl_ms),
-            },
+            Request::SessionOpen { ttl_ms } => {
+                return match self.refuse_if_not_leader() {
+                    Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
+                    None => self.session_open(ctx, now_ms, ttl_ms),
+                }
+            }
             Request::SessionKeepalive { session_id } => {
                 return match self.refuse_if_not_leader() {
                     Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
@@ -577,13 +584,20 @@ impl Executor {
     }
 }
 
-/// The live leases, shard by shard, for the journal's snapshots.
+/// The live leases, shard by shard, and the sessions, for the journal's snapshots.
 impl crate::journal::LeaseSource for Executor {
+    fn for_each_session(&self, each: &mut dyn FnMut(Change<'_>)) {
+        sessions::for_each_session(&self.sessions, each);
+    }
+
     fn parts(&self) -> usize {
         self.shards.len()
     }
 
     fn for_each_lease(&self, part: usize, each: &mut dyn FnMut(Lease<'_>)) {
+        // Which session each lease is in: the session table is locked first (the lock
+        // order), and only while there are session leases.
+        let sessions = self.sessions.lock_if_any();
         let shard = self.shards[part].lock().expect("shard poisoned");
         let now_ms = self.clock.now_ms();
         shard.for_each_held(now_ms, |held| {
@@ -597,6 +611,7 @@ impl crate::journal::LeaseSource for Executor {
                 release_on_disconnect: false,
                 meta: held.meta,
                 acquire_id: shard.acquire_id_of(held.token),
+                session_id: sessions.as_ref().and_then(|s| s.session_of(held.lease_id)),
                 kind: held.kind,
             })
         });

@@ -21,14 +21,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
 
-use super::{clamp_ms, error, Executor, Outcome, Session};
-use crate::journal::{Ticket, TICKET_NOW};
-use crate::record::FreeReason;
+use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
+use crate::journal::{Change, Journal, Ticket, TICKET_NOW};
+use crate::record::{FreeReason, RecoveredLease, RecoveredSession, SessionEnd};
 use crate::table;
 
 /// Most live sessions opened on one connection (PROTOCOL.md 3.11), so one connection cannot
 /// take the server's whole `--sessions-max`.
 pub const SESSIONS_PER_CONNECTION_MAX: u32 = 64;
+/// The connection a session restored from the journal counts against: none (a restart or a
+/// fail-over closed every connection). Real connection ids count up from 1.
+const RESTORED_CONN_ID: u64 = u64::MAX;
+
 /// Most ended sessions the ticker forgets per pass, so an expiry storm cannot starve requests.
 pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
 const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
@@ -123,6 +127,51 @@ impl SessionTable {
         );
         self.deadlines.insert((deadline_ms, id));
         Ok(())
+    }
+
+    /// Puts back a session the journal recovered, running its TTL again from `now_ms`, with
+    /// no leases yet; no limit refuses it (it was admitted once). A known id is left alone.
+    pub fn restore(&mut self, now_ms: u64, id: SessionId, ttl_ms: u32, owner: Option<String>) {
+        if self.by_id.contains_key(&id) {
+            return;
+        }
+        *self.by_conn.entry(RESTORED_CONN_ID).or_insert(0) += 1;
+        let deadline_ms = now_ms + u64::from(ttl_ms);
+        let entry = Entry {
+            ttl_ms,
+            deadline_ms,
+            owner,
+            conn_id: RESTORED_CONN_ID,
+            leases: HashMap::new(),
+        };
+        self.by_id.insert(id, entry);
+        self.deadlines.insert((deadline_ms, id));
+    }
+
+    /// The TTL of session `id`, if it is in the table (live or not yet reaped).
+    pub fn ttl_of(&self, id: SessionId) -> Option<u32> {
+        self.by_id.get(&id).map(|e| e.ttl_ms)
+    }
+
+    /// Calls `each` with every session's id, TTL and owner, for a snapshot.
+    pub fn for_each(&self, mut each: impl FnMut(SessionId, u32, Option<&str>)) {
+        for (id, entry) in &self.by_id {
+            each(*id, entry.ttl_ms, entry.owner.as_deref());
+        }
+    }
+
+    /// Whether `id` is live at `now_ms` for `owner`.
+    pub fn is_live(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> bool {
+        self.live(now_ms, id, owner).is_some()
+    }
+
+    /// Takes back an open whose record never became durable: forgets the session and
+    /// returns its leases (none, unless a client guessed its id), to free in the table.
+    pub fn unopen(&mut self, id: SessionId) -> Vec<(LeaseId, Bytes)> {
+        if !self.by_id.contains_key(&id) {
+            return Vec::new();
+        }
+        self.remove(id).leases.into_iter().collect()
     }
 
     /// The live session `id` as `owner` sees it: `None` if it is unknown, past its deadline
@@ -227,6 +276,11 @@ impl SessionTable {
     /// Forgets sessions past their deadline at `now_ms`, at most `max`; returns how many.
     /// (Their leases have the same deadline, so the table's expiry ends them.)
     pub fn reap(&mut self, now_ms: u64, max: usize) -> usize {
+        self.reap_ended(now_ms, max).len()
+    }
+
+    /// [`SessionTable::reap`], returning the ids forgotten (for their records).
+    pub fn reap_ended(&mut self, now_ms: u64, max: usize) -> Vec<SessionId> {
         let ended: Vec<SessionId> = self
             .deadlines
             .iter()
@@ -237,7 +291,7 @@ impl SessionTable {
         for id in &ended {
             self.remove(*id);
         }
-        ended.len()
+        ended
     }
 
     /// Live sessions (some may be past their deadline, not yet reaped).
@@ -300,6 +354,11 @@ impl Sessions {
             .expect("the session table was poisoned by a panic")
     }
 
+    /// The table, locked, if any lease is in a session (else `None`, without the lock).
+    pub fn lock_if_any(&self) -> Option<MutexGuard<'_, SessionTable>> {
+        (self.leases.load(Ordering::Relaxed) > 0).then(|| self.lock())
+    }
+
     /// `(live sessions, session leases)` for STATS.
     pub fn counts(&self) -> (usize, usize) {
         let table = self.lock();
@@ -320,15 +379,28 @@ impl Sessions {
         }
     }
 
-    /// The ticker's pass: forgets ended sessions, bounded.
-    pub fn reap(&self, now_ms: u64) {
+    /// The ticker's pass: forgets ended sessions, bounded, and logs each one's end (under
+    /// the table's lock, so a snapshot's copy of the sessions is ordered against it). An end
+    /// that cannot be logged is only warned of: the session has ended here all the same, and
+    /// a restart brings it back for a full TTL, as it brings back a lease whose free was lost.
+    pub fn reap(&self, now_ms: u64, journal: &dyn Journal) {
         let mut table = self.lock();
         if table.is_empty() {
             return;
         }
-        let n = table.reap(now_ms, SESSION_REAPS_PER_TICK_MAX);
+        let ended = table.reap_ended(now_ms, SESSION_REAPS_PER_TICK_MAX);
+        for session_id in &ended {
+            let end = Change::SessionEnd {
+                session_id: *session_id,
+                how: SessionEnd::Expired,
+            };
+            if let Err(e) = journal.append(&end) {
+                tracing::warn!(error = %e, "a session's expiry could not be logged");
+            }
+        }
         self.leases.store(table.leases_len(), Ordering::Relaxed);
-        self.expired.fetch_add(n as u64, Ordering::Relaxed);
+        self.expired
+            .fetch_add(ended.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -402,21 +474,104 @@ fn owner(ctx: &Session) -> Option<&str> {
     }
 }
 
+/// The open sessions, for the journal's snapshots.
+pub(super) fn for_each_session(sessions: &Sessions, each: &mut dyn FnMut(Change<'_>)) {
+    sessions.lock().for_each(|session_id, ttl_ms, owner| {
+        each(Change::SessionOpen {
+            session_id,
+            ttl_ms,
+            owner: owner.unwrap_or("").as_bytes(),
+        })
+    });
+}
+
 impl Executor {
-    /// SESSION_OPEN.
-    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Response {
+    /// SESSION_OPEN: the session is logged (before any grant in it can be) and answered
+    /// once durable; taken back if it never becomes durable.
+    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Outcome {
         if ttl_ms > self.config.ttl_ms_max {
-            return self.ttl_too_long(ttl_ms);
+            return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
         let id = SessionId::from_u128(rand::random());
         let opener = (owner(ctx).map(str::to_string), ctx.conn_id);
-        match self.sessions.lock().open(now_ms, id, ttl_ms, opener) {
-            Ok(()) => Response::Session {
-                session_id: id,
-                ttl_ms,
-            },
-            Err(r) => refusal(r, id, &self.config),
+        let mut sessions = self.sessions.lock();
+        if let Err(r) = sessions.open(now_ms, id, ttl_ms, opener) {
+            return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
         }
+        let record = Change::SessionOpen {
+            session_id: id,
+            ttl_ms,
+            owner: owner(ctx).unwrap_or("").as_bytes(),
+        };
+        let ticket = match self.journal.append(&record) {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                sessions.unopen(id);
+                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+            }
+        };
+        let response = Response::Session {
+            session_id: id,
+            ttl_ms,
+        };
+        if !self.journal.logs_leases() {
+            return Outcome::Reply(response, TICKET_NOW);
+        }
+        let undo = Undo::SessionOpen { session_id: id };
+        Outcome::Changed {
+            response,
+            ticket,
+            undo,
+        }
+    }
+
+    /// Takes back a SESSION_OPEN whose record never became durable (its leases, if a client
+    /// guessed the id, are freed).
+    pub(super) fn undo_session_open(self: &Arc<Self>, id: SessionId) {
+        let leases = {
+            let mut sessions = self.sessions.lock();
+            let leases = sessions.unopen(id);
+            self.sessions
+                .leases
+                .store(sessions.leases_len(), Ordering::Relaxed);
+            leases
+        };
+        let now_ms = self.clock.now_ms();
+        for (lease_id, key) in leases {
+            let mut shard = self.shard(&key);
+            self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
+        }
+    }
+
+    /// Puts back the sessions a journal recovered, each running its TTL again from
+    /// `now_ms`; call before [`Executor::restore`], which attaches their leases.
+    pub fn restore_sessions(
+        &self,
+        now_ms: u64,
+        sessions: impl IntoIterator<Item = RecoveredSession>,
+    ) {
+        let mut table = self.sessions.lock();
+        for session in sessions {
+            let owner = (!session.owner.is_empty())
+                .then(|| String::from_utf8_lossy(&session.owner).into_owned());
+            table.restore(now_ms, session.session_id, session.ttl_ms, owner);
+        }
+    }
+
+    /// The TTL a recovered lease runs again with: its own, or, in a session, its session's
+    /// (it joins the session here). `None`: its session ended, and the lease with it.
+    pub(super) fn restored_ttl(&self, lease: &RecoveredLease) -> Option<u32> {
+        let Some(id) = lease.session_id else {
+            return Some(lease.ttl_ms);
+        };
+        let mut table = self.sessions.lock();
+        let ttl_ms = table.ttl_of(id)?;
+        let key = Bytes::copy_from_slice(&lease.key);
+        table.attach(id, lease.lease_id, key);
+        self.sessions
+            .leases
+            .store(table.leases_len(), Ordering::Relaxed);
+        Some(ttl_ms)
     }
 
     /// SESSION_KEEPALIVE: the session's deadline, and every lease's in it, moves to `now +
@@ -482,14 +637,24 @@ impl Executor {
     ) -> Outcome {
         let leases = {
             let mut sessions = self.sessions.lock();
+            if !sessions.is_live(now_ms, id, owner(ctx)) {
+                let r = Refusal::NoSession;
+                return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
+            }
+            // The end is logged before the frees: a crash between them leaves the leases'
+            // grants with no open session, and recovery drops them with it.
+            let end = Change::SessionEnd {
+                session_id: id,
+                how: SessionEnd::Closed,
+            };
+            if let Err(e) = self.journal.append(&end) {
+                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+            }
             let leases = sessions.close(now_ms, id, owner(ctx));
             self.sessions
                 .leases
                 .store(sessions.leases_len(), Ordering::Relaxed);
-            match leases {
-                Ok(leases) => leases,
-                Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
-            }
+            leases.expect("checked live")
         };
         self.sessions.closed.fetch_add(1, Ordering::Relaxed);
         let (mut ticket, mut released) = (TICKET_NOW, 0u32);
