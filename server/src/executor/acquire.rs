@@ -44,14 +44,7 @@ impl Executor {
             return answer;
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0).then(|| {
-            wait_slot(
-                ctx,
-                tx,
-                (*release_on_disconnect, received_ms),
-                request_ids(&request),
-            )
-        });
+        let waiter = (*wait_ms > 0).then(|| wait_slot(ctx, tx, received_ms, &request));
         let args = AcquireArgs {
             key,
             lease_id: LeaseId::from_u128(rand::random()),
@@ -227,29 +220,27 @@ impl Executor {
     }
 }
 
-/// The place in line of an ACQUIRE that may wait, to be queued if the key is held.
+/// The place in line of an ACQUIRE that may wait, to be queued if the key is held: it keeps
+/// the request's release-on-disconnect, acquire id and session.
 #[inline]
 fn wait_slot(
     ctx: &Session,
     tx: oneshot::Sender<WaitResult>,
-    (release_on_disconnect, received_ms): (bool, u64),
-    (acquire_id, session_id): (Option<AcquireId>, Option<tenure_protocol::SessionId>),
+    received_ms: u64,
+    request: &Request,
 ) -> WaitSlot {
-    let mut slot = WaitSlot::new(tx, release_on_disconnect, received_ms);
+    let Request::Acquire {
+        release_on_disconnect,
+        acquire_id,
+        session_id,
+        ..
+    } = request
+    else {
+        unreachable!("wait_slot called with {request:?}")
+    };
+    let mut slot = WaitSlot::new(tx, *release_on_disconnect, received_ms);
     slot.held_place = ctx.held_place.clone();
-    slot.acquire_id = acquire_id;
-    slot.session_id = session_id;
+    slot.acquire_id = *acquire_id;
+    slot.session_id = *session_id;
     slot
-}
-
-/// An ACQUIRE's acquire id and session, which its place in line keeps.
-fn request_ids(request: &Request) -> (Option<AcquireId>, Option<tenure_protocol::SessionId>) {
-    match request {
-        Request::Acquire {
-            acquire_id,
-            session_id,
-            ..
-        } => (*acquire_id, *session_id),
-        _ => (None, None),
-    }
 }

@@ -374,40 +374,10 @@ impl Executor {
         let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
-            Request::Acquire {
-                session_id: Some(_),
-                ..
-            } => return self.acquire_in_session(ctx, now_ms, received_ms, request),
-            Request::Acquire { acquire_id, .. } => {
-                let repeatable = acquire_id.is_some();
-                let outcome = self.acquire(ctx, now_ms, received_ms, request);
-                if repeatable {
-                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
-                        return refusal;
-                    }
-                }
-                return outcome;
-            }
-            // A follower's executor (its journal refuses everything) opens no session either.
-            Request::SessionOpen { ttl_ms } => {
-                return match self.refuse_if_not_leader() {
-                    Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
-                    None => self.session_open(ctx, now_ms, ttl_ms),
-                }
-            }
-            Request::SessionKeepalive { session_id } => {
-                return match self.refuse_if_not_leader() {
-                    Some(refusal) => Outcome::Reply(refusal, TICKET_NOW),
-                    None => match self.session_keepalive(ctx, now_ms, session_id) {
-                        Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
-                        other => other,
-                    },
-                }
-            }
-            Request::SessionClose { session_id } => match self.refuse_if_not_leader() {
-                Some(refusal) => refusal,
-                None => return self.session_close(ctx, now_ms, session_id),
-            },
+            Request::Acquire { .. } => return self.acquire_any(ctx, now_ms, received_ms, request),
+            Request::SessionOpen { .. }
+            | Request::SessionKeepalive { .. }
+            | Request::SessionClose { .. } => return self.session_request(ctx, now_ms, request),
             Request::Renew {
                 key,
                 lease_id,

@@ -486,6 +486,60 @@ pub(super) fn for_each_session(sessions: &Sessions, each: &mut dyn FnMut(Change<
 }
 
 impl Executor {
+    /// ACQUIRE, in a session or not: a repeat must name the session its first send named.
+    pub(super) fn acquire_any(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        now_ms: u64,
+        received_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        let Request::Acquire {
+            acquire_id,
+            session_id,
+            ..
+        } = &request
+        else {
+            unreachable!("acquire_any called with {request:?}")
+        };
+        if session_id.is_some() {
+            return self.acquire_in_session(ctx, now_ms, received_ms, request);
+        }
+        let repeatable = acquire_id.is_some();
+        let outcome = self.acquire(ctx, now_ms, received_ms, request);
+        if repeatable {
+            if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
+                return refusal;
+            }
+        }
+        outcome
+    }
+
+    /// SESSION_OPEN, SESSION_KEEPALIVE or SESSION_CLOSE. A follower's executor (its journal
+    /// refuses everything) opens, keeps and closes no session.
+    pub(super) fn session_request(
+        self: &Arc<Self>,
+        ctx: &Session,
+        now_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
+        match request {
+            Request::SessionOpen { ttl_ms } => self.session_open(ctx, now_ms, ttl_ms),
+            // Answered once the journal vouches this node still led after the keep-alive.
+            Request::SessionKeepalive { session_id } => {
+                match self.session_keepalive(ctx, now_ms, session_id) {
+                    Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
+                    other => other,
+                }
+            }
+            Request::SessionClose { session_id } => self.session_close(ctx, now_ms, session_id),
+            other => unreachable!("session_request called with {other:?}"),
+        }
+    }
+
     /// SESSION_OPEN: the session is logged (before any grant in it can be) and answered
     /// once durable; taken back if it never becomes durable.
     pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Outcome {

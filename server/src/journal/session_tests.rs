@@ -197,7 +197,7 @@ async fn an_ended_session_stays_ended_and_its_leases_with_it() {
     let kept: Vec<_> = journal.kept();
     let end_at = kept
         .iter()
-        .position(|k| k.record[8] == 8)
+        .position(|k| k.record[8] == 9)
         .expect("a SessionEnd record");
     let cut: Vec<Vec<u8>> = kept[..=end_at].iter().map(|k| k.record.clone()).collect();
     let (third, _) = restarted_from(&cut).await;

@@ -66,8 +66,9 @@ const TYPE_SNAPSHOT_BEGIN: u8 = 4;
 const TYPE_SNAPSHOT_END: u8 = 5;
 const TYPE_RENEW: u8 = 6;
 const TYPE_SESSION_OPEN: u8 = 7;
-const TYPE_SESSION_END: u8 = 8;
-// Type 9 stays reserved for sessions.
+// Type 8 stays reserved (PROTOCOL.md 3.11): a keep-alive that changed a session's TTL. None
+// does: the TTL is fixed at open, and a restart counts it again, so keep-alives log nothing.
+const TYPE_SESSION_END: u8 = 9;
 
 /// Why a lease was freed; recorded for audit, replay treats all alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,16 +96,16 @@ impl FreeReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEnd {
     /// SESSION_CLOSE.
-    Closed = 0,
+    Closed = 1,
     /// It missed its deadline.
-    Expired = 1,
+    Expired = 2,
 }
 
 impl SessionEnd {
     fn from_u8(value: u8) -> Option<SessionEnd> {
         match value {
-            0 => Some(SessionEnd::Closed),
-            1 => Some(SessionEnd::Expired),
+            1 => Some(SessionEnd::Closed),
+            2 => Some(SessionEnd::Expired),
             _ => None,
         }
     }
@@ -194,7 +195,7 @@ pub enum Record<'a> {
 
 /// Whether `type_byte` names a record type this build knows.
 pub fn is_known_type(type_byte: u8) -> bool {
-    (TYPE_RESERVE..=TYPE_SESSION_END).contains(&type_byte)
+    (TYPE_RESERVE..=TYPE_SESSION_OPEN).contains(&type_byte) || type_byte == TYPE_SESSION_END
 }
 
 impl Record<'_> {
@@ -258,55 +259,7 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     out.push(record.type_byte());
     match *record {
         Record::Reserve { token_limit } => out.extend_from_slice(&token_limit.to_be_bytes()),
-        Record::Grant {
-            key,
-            lease_id,
-            token,
-            ttl_ms,
-            flags,
-            meta,
-            acquire_id,
-            session_id,
-            kind,
-        } => {
-            assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
-            assert_eq!(
-                flags & GRANT_FLAG_SESSION != 0,
-                session_id.is_some(),
-                "grant flags disagree with its session id"
-            );
-            assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
-            assert_eq!(
-                flags & GRANT_FLAG_ACQUIRE_ID != 0,
-                acquire_id.is_some(),
-                "grant flags disagree with its acquire id"
-            );
-            assert!(
-                flags & GRANT_FLAGS_KIND == 0,
-                "kind bits in a grant's flags"
-            );
-            put_bytes16(out, key);
-            out.extend_from_slice(&lease_id);
-            out.extend_from_slice(&token.to_be_bytes());
-            out.extend_from_slice(&ttl_ms.to_be_bytes());
-            let kind_bits = match kind {
-                LeaseKind::Exclusive => 0,
-                LeaseKind::Shared => GRANT_FLAG_SHARED,
-                LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
-            };
-            out.push(flags | kind_bits);
-            put_bytes16(out, meta);
-            if let Some(acquire_id) = acquire_id {
-                out.extend_from_slice(&acquire_id);
-            }
-            if let Some(session_id) = session_id {
-                out.extend_from_slice(&session_id);
-            }
-            if let LeaseKind::Permits { count, limit } = kind {
-                out.extend_from_slice(&count.to_be_bytes());
-                out.extend_from_slice(&limit.to_be_bytes());
-            }
-        }
+        Record::Grant { .. } => encode_grant(record, out),
         Record::Free { key, token, reason } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
             put_bytes16(out, key);
@@ -343,6 +296,61 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     assert_eq!(out.len() - start, RECORD_HEADER_LEN + payload_len);
     let crc = crc32fast::hash(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A Grant's payload: the fields of every grant, then the optional ones in flag-bit order.
+fn encode_grant(record: &Record<'_>, out: &mut Vec<u8>) {
+    let Record::Grant {
+        key,
+        lease_id,
+        token,
+        ttl_ms,
+        flags,
+        meta,
+        acquire_id,
+        session_id,
+        kind,
+    } = *record
+    else {
+        unreachable!("encode_grant called with {record:?}")
+    };
+    assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
+    assert_eq!(
+        flags & GRANT_FLAG_SESSION != 0,
+        session_id.is_some(),
+        "grant flags disagree with its session id"
+    );
+    assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
+    assert_eq!(
+        flags & GRANT_FLAG_ACQUIRE_ID != 0,
+        acquire_id.is_some(),
+        "grant flags disagree with its acquire id"
+    );
+    assert!(
+        flags & GRANT_FLAGS_KIND == 0,
+        "kind bits in a grant's flags"
+    );
+    put_bytes16(out, key);
+    out.extend_from_slice(&lease_id);
+    out.extend_from_slice(&token.to_be_bytes());
+    out.extend_from_slice(&ttl_ms.to_be_bytes());
+    let kind_bits = match kind {
+        LeaseKind::Exclusive => 0,
+        LeaseKind::Shared => GRANT_FLAG_SHARED,
+        LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
+    };
+    out.push(flags | kind_bits);
+    put_bytes16(out, meta);
+    if let Some(acquire_id) = acquire_id {
+        out.extend_from_slice(&acquire_id);
+    }
+    if let Some(session_id) = session_id {
+        out.extend_from_slice(&session_id);
+    }
+    if let LeaseKind::Permits { count, limit } = kind {
+        out.extend_from_slice(&count.to_be_bytes());
+        out.extend_from_slice(&limit.to_be_bytes());
+    }
 }
 
 fn put_bytes16(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -825,7 +833,7 @@ mod tests {
         ]
     }
 
-    /// Types 7 and 8 and grant flag bit 2, byte by byte: a session id is 16 bytes after the
+    /// Types 7 and 9 and grant flag bit 2, byte by byte: a session id is 16 bytes after the
     /// acquire id (optional fields in flag-bit order), before a semaphore's counts.
     #[test]
     fn session_records_and_the_session_flag_are_laid_out_as_documented() {
@@ -846,8 +854,8 @@ mod tests {
             how: SessionEnd::Expired,
         };
         encode(&record, &mut end);
-        assert_eq!(end[8], 8);
-        assert_eq!(&end[RECORD_HEADER_LEN + 16..], &[1]);
+        assert_eq!(end[8], 9);
+        assert_eq!(&end[RECORD_HEADER_LEN + 16..], &[2]);
         let mut grant = Vec::new();
         let record = Record::Grant {
             key: b"k",
@@ -876,7 +884,7 @@ mod tests {
         assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
         let mut bad = end.clone();
         let last = bad.len() - 1;
-        bad[last] = 2;
+        bad[last] = 0;
         let sum = crc32fast::hash(&bad[8..]);
         bad[4..8].copy_from_slice(&sum.to_be_bytes());
         assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
@@ -980,7 +988,9 @@ mod tests {
             decode(&forge(TYPE_RENEW, &renew)),
             Err(DecodeError::Malformed(_))
         ));
-        assert_eq!(decode(&forge(9, &[])), Err(DecodeError::UnknownType(9)));
+        assert_eq!(decode(&forge(8, &[])), Err(DecodeError::UnknownType(8)));
+        assert_eq!(decode(&forge(10, &[])), Err(DecodeError::UnknownType(10)));
+        assert!(!is_known_type(8) && is_known_type(7) && is_known_type(9));
         assert!(matches!(
             decode(&forge(TYPE_SESSION_OPEN, &[0; 16])),
             Err(DecodeError::Malformed(_))
