@@ -60,8 +60,7 @@ pub(super) async fn recover(
             .stats()
             .metrics
             .recovered(started.elapsed(), refused_until_ms);
-        // Sessions before their leases, each with a full TTL from now (PROTOCOL.md 3.11).
-        shared.restore_sessions(now_ms, recovered.sessions);
+        shared.restore_sessions(now_ms, recovered.sessions); // before their leases
         shared.restore(now_ms, recovered.leases);
         // The replayed copy of the leases is gone; its memory goes back now, not whenever
         // the allocator next gets to it.
