@@ -399,6 +399,65 @@ mod tests {
         );
     }
 
+    /// A Raft snapshot carries the open sessions before their grants, and an installed one
+    /// gives a new leader the same sessions and session leases; an ended session is gone.
+    #[test]
+    fn snapshots_carry_open_sessions_before_their_leases() {
+        let mut state = ReplicaState::default();
+        let mut batch = Vec::new();
+        for session in [1u8, 2] {
+            let open = Record::SessionOpen {
+                session_id: [session; 16],
+                ttl_ms: 9_000,
+                owner: b"",
+            };
+            record::encode(&open, &mut batch);
+            let grant = Record::Grant {
+                key: &[b'k', session],
+                lease_id: [session; 16],
+                token: u64::from(session),
+                ttl_ms: 1000,
+                flags: record::GRANT_FLAG_SESSION,
+                meta: b"",
+                acquire_id: None,
+                session_id: Some([session; 16]),
+                kind: Default::default(),
+            };
+            record::encode(&grant, &mut batch);
+        }
+        let end = Record::SessionEnd {
+            session_id: [2; 16],
+            how: record::SessionEnd::Expired,
+        };
+        record::encode(&end, &mut batch);
+        state.apply_records(&batch).unwrap();
+        let records = state.snapshot_records();
+        let mut types = Vec::new();
+        let mut at = 0;
+        while at < records.len() {
+            let (record, len) = record::decode(&records[at..]).unwrap();
+            types.push(std::mem::discriminant(&record));
+            at += len;
+        }
+        let open = std::mem::discriminant(&Record::SessionOpen {
+            session_id: [0; 16],
+            ttl_ms: 0,
+            owner: b"",
+        });
+        assert_eq!(types.len(), 3, "Reserve, the open session, its one lease");
+        assert_eq!(types[1], open);
+        let copy = ReplicaState::from_snapshot(&SnapshotMeta::default(), &records).unwrap();
+        let sessions = copy.live.to_sessions();
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(
+            (sessions[0].session_id.0, sessions[0].ttl_ms),
+            ([1; 16], 9_000)
+        );
+        let leases = copy.live.to_recovered();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].session_id.map(|id| id.0), Some([1; 16]));
+    }
+
     #[test]
     fn refuses_bytes_that_are_not_records() {
         let mut state = ReplicaState::default();
