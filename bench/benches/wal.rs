@@ -21,6 +21,7 @@ fn grant(n: u64, key: &[u8; 14]) -> Record<'_> {
         flags: 0,
         meta: &[],
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     }
 }

@@ -567,7 +567,7 @@ impl Life {
         })
     }
 
-    /// An executor holding the leases of `live`, each restarted now, with tokens from its
+    /// An executor holding the sessions and leases of `live`, each restarted now, with tokens from its
     /// floor: what recovery builds after a restart, over `journal`.
     fn executor_from(&self, live: &LeaseReplay, journal: Arc<RaftJournal>) -> Arc<Executor> {
         let clock = Clock::start();
@@ -585,6 +585,9 @@ impl Life {
             uptime_offset_ms: self.follower.executor.clock().now_ms(),
             ..ExecutorParts::new(self.config.clone(), clock, journal, live.token_floor)
         });
+        // Sessions before their leases, each with a full TTL from this takeover, as a
+        // restart gives them (CLUSTER.md, "Sessions").
+        executor.restore_sessions(now_ms, live.to_sessions());
         executor.restore(now_ms, live.to_recovered());
         Arc::new(executor)
     }

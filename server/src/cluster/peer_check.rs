@@ -321,6 +321,7 @@ pub fn check_records(bytes: &[u8]) -> Result<(), Refused> {
             Record::Reserve { token_limit } => token_limit,
             Record::Grant { token, .. } | Record::Free { token, .. } => token,
             Record::Renew { token, .. } => token,
+            Record::SessionOpen { .. } | Record::SessionEnd { .. } => 0,
             Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => {
                 return refuse(format!("entry's records at byte {at}: a snapshot marker"));
             }
@@ -577,6 +578,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            session_id: None,
             kind: Default::default(),
         };
         let free = Record::Free {

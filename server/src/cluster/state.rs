@@ -2,8 +2,8 @@
 //! token limit, by the WAL's replay rules (one function, [`LeaseReplay::apply`], does both);
 //! and [`StateMachine`], openraft's view of it, with snapshots.
 //!
-//! A snapshot is today's snapshot records: a Reserve of the token limit, then a Grant per
-//! held lease, encoded as the WAL encodes them. The latest one is kept in the data directory
+//! A snapshot is today's snapshot records: a Reserve of the token limit, a SessionOpen per
+//! open session, then a Grant per held lease, encoded as the WAL encodes them. The latest one is kept in the data directory
 //! (`raft.snapshot`: a u32 length, the postcard of its `SnapshotMeta`, then the records),
 //! replaced atomically, and loaded on start, so a node whose log was purged still knows
 //! everything the purged entries said.
@@ -108,7 +108,8 @@ impl ReplicaState {
         self.live.leases.len()
     }
 
-    /// The state as snapshot records: a Reserve of the token limit, a Grant per lease.
+    /// The state as snapshot records: a Reserve of the token limit, a SessionOpen per open
+    /// session (before the grants in it), a Grant per lease.
     pub fn snapshot_records(&self) -> Vec<u8> {
         let mut out = Vec::new();
         record::encode(
@@ -117,6 +118,10 @@ impl ReplicaState {
             },
             &mut out,
         );
+        // Sessions first, so a replay knows each before its leases.
+        for session in self.live.to_sessions() {
+            record::encode(&session.as_record(), &mut out);
+        }
         // Encoded in place: copying every key and metadata first (a million allocations at
         // 500 000 leases) only lengthened the time the state is held, which `apply` waits for.
         for (key, held) in self.live.held() {
@@ -423,6 +428,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            session_id: None,
             kind: Default::default(),
         };
         record::encode(&record, &mut out);
@@ -465,6 +471,65 @@ mod tests {
             (held.token, held.ttl_ms, held.meta.as_slice()),
             (5, 1000, &b"m"[..])
         );
+    }
+
+    /// A Raft snapshot carries the open sessions before their grants, and an installed one
+    /// gives a new leader the same sessions and session leases; an ended session is gone.
+    #[test]
+    fn snapshots_carry_open_sessions_before_their_leases() {
+        let mut state = ReplicaState::default();
+        let mut batch = Vec::new();
+        for session in [1u8, 2] {
+            let open = Record::SessionOpen {
+                session_id: [session; 16],
+                ttl_ms: 9_000,
+                owner: b"",
+            };
+            record::encode(&open, &mut batch);
+            let grant = Record::Grant {
+                key: &[b'k', session],
+                lease_id: [session; 16],
+                token: u64::from(session),
+                ttl_ms: 1000,
+                flags: record::GRANT_FLAG_SESSION,
+                meta: b"",
+                acquire_id: None,
+                session_id: Some([session; 16]),
+                kind: Default::default(),
+            };
+            record::encode(&grant, &mut batch);
+        }
+        let end = Record::SessionEnd {
+            session_id: [2; 16],
+            how: record::SessionEnd::Expired,
+        };
+        record::encode(&end, &mut batch);
+        state.apply_records(&batch).unwrap();
+        let records = state.snapshot_records();
+        let mut types = Vec::new();
+        let mut at = 0;
+        while at < records.len() {
+            let (record, len) = record::decode(&records[at..]).unwrap();
+            types.push(std::mem::discriminant(&record));
+            at += len;
+        }
+        let open = std::mem::discriminant(&Record::SessionOpen {
+            session_id: [0; 16],
+            ttl_ms: 0,
+            owner: b"",
+        });
+        assert_eq!(types.len(), 3, "Reserve, the open session, its one lease");
+        assert_eq!(types[1], open);
+        let copy = ReplicaState::from_snapshot(&SnapshotMeta::default(), &records).unwrap();
+        let sessions = copy.live.to_sessions();
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(
+            (sessions[0].session_id.0, sessions[0].ttl_ms),
+            ([1; 16], 9_000)
+        );
+        let leases = copy.live.to_recovered();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].session_id.map(|id| id.0), Some([1; 16]));
     }
 
     #[test]

@@ -26,7 +26,6 @@ impl Executor {
             key,
             ttl_ms,
             wait_ms,
-            release_on_disconnect,
             meta,
             acquire_id,
             kind,
@@ -43,8 +42,7 @@ impl Executor {
             return answer;
         }
         let (tx, rx) = oneshot::channel();
-        let waiter = (*wait_ms > 0)
-            .then(|| wait_slot(ctx, tx, *release_on_disconnect, received_ms, *acquire_id));
+        let waiter = (*wait_ms > 0).then(|| wait_slot(ctx, tx, received_ms, &request));
         let args = AcquireArgs {
             key,
             lease_id: LeaseId::from_u128(rand::random()),
@@ -200,6 +198,7 @@ impl Executor {
             meta,
             acquire_id,
             kind,
+            session_id,
             ..
         } = request
         else {
@@ -218,6 +217,7 @@ impl Executor {
             release_on_disconnect: *release_on_disconnect,
             meta,
             acquire_id: *acquire_id,
+            session_id: *session_id,
             kind: *kind,
         };
         let ticket = match self.journal.append(&Change::Grant(lease)) {
@@ -293,17 +293,27 @@ fn queued(rx: oneshot::Receiver<WaitResult>, request: &Request, waiter_id: u64) 
     }
 }
 
-/// The place in line of an ACQUIRE that may wait, to be queued if the key is held.
+/// The place in line of an ACQUIRE that may wait, to be queued if the key is held: it keeps
+/// the request's release-on-disconnect, acquire id and session.
 #[inline]
 fn wait_slot(
     ctx: &Session,
     tx: oneshot::Sender<WaitResult>,
-    release_on_disconnect: bool,
     received_ms: u64,
-    acquire_id: Option<AcquireId>,
+    request: &Request,
 ) -> WaitSlot {
-    let mut slot = WaitSlot::new(tx, release_on_disconnect, received_ms);
+    let Request::Acquire {
+        release_on_disconnect,
+        acquire_id,
+        session_id,
+        ..
+    } = request
+    else {
+        unreachable!("wait_slot called with {request:?}")
+    };
+    let mut slot = WaitSlot::new(tx, *release_on_disconnect, received_ms);
     slot.held_place = ctx.held_place.clone();
-    slot.acquire_id = acquire_id;
+    slot.acquire_id = *acquire_id;
+    slot.session_id = *session_id;
     slot
 }

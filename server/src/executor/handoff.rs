@@ -72,6 +72,9 @@ pub struct WaitSlot {
     pub(crate) held_place: Option<crate::identity::PlaceCell>,
     /// The ACQUIRE's acquire id, if it had one: the lease handed over answers it.
     pub(crate) acquire_id: Option<AcquireId>,
+    /// The session the ACQUIRE named, if any: the grant's record says so (it joins the
+    /// session once its waiter hears of it, `Executor::join_session`).
+    pub(crate) session_id: Option<tenure_protocol::SessionId>,
 }
 
 impl WaitSlot {
@@ -87,6 +90,7 @@ impl WaitSlot {
             received_ms,
             held_place: None,
             acquire_id: None,
+            session_id: None,
         }
     }
 }
@@ -162,6 +166,7 @@ impl Executor {
             received_ms,
             held_place,
             acquire_id,
+            session_id,
         } = waiter;
         if let Some(acquire_id) = acquire_id {
             if let Some(answer) = self.repeat_in_line(shard, now_ms, &key, acquire_id) {
@@ -179,6 +184,7 @@ impl Executor {
             release_on_disconnect,
             meta: &meta,
             acquire_id,
+            session_id,
             kind,
         };
         let logged = self.journal.append(&Change::Grant(lease));

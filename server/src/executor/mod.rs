@@ -298,15 +298,20 @@ impl Executor {
             .expect("a lock-table shard was poisoned by a panic")
     }
 
-    /// Puts back the leases a journal recovered, each running again from `now_ms`.
+    /// Puts back the leases a journal recovered, each running again from `now_ms`; a lease
+    /// in a session (restored first, [`Executor::restore_sessions`]) joins it, with its
+    /// deadline, and one whose session ended is left out.
     pub fn restore(&self, now_ms: u64, leases: impl IntoIterator<Item = RecoveredLease>) {
         for lease in leases {
+            let Some(ttl_ms) = self.restored_ttl(&lease) else {
+                continue;
+            };
             self.shard(&lease.key).restore_kind(
                 now_ms,
                 &lease.key,
                 lease.lease_id,
                 lease.token,
-                lease.ttl_ms,
+                ttl_ms,
                 lease.kind,
                 &lease.meta,
             );
@@ -369,12 +374,10 @@ impl Executor {
         let mut ticket = TICKET_NOW;
         let response = match request {
             Request::Ping => Response::Pong,
-            Request::Acquire { .. } => return self.run_acquire(ctx, now_ms, received_ms, request),
+            Request::Acquire { .. } => return self.acquire_any(ctx, now_ms, received_ms, request),
             Request::SessionOpen { .. }
             | Request::SessionKeepalive { .. }
-            | Request::SessionClose { .. } => {
-                return self.run_session_request(ctx, now_ms, request)
-            }
+            | Request::SessionClose { .. } => return self.session_request(ctx, now_ms, request),
             Request::Renew {
                 key,
                 lease_id,
@@ -414,64 +417,6 @@ impl Executor {
             return self.confirmed(response, ticket);
         }
         Outcome::Reply(response, ticket)
-    }
-}
-
-impl Executor {
-    /// An ACQUIRE: in a session, or not; one with an acquire id is refused if its first send
-    /// was in a session and this one is not (SESSION_MISMATCH, PROTOCOL.md 3.11).
-    #[inline]
-    fn run_acquire(
-        self: &Arc<Self>,
-        ctx: &mut Session,
-        now_ms: u64,
-        received_ms: u64,
-        request: Request,
-    ) -> Outcome {
-        match &request {
-            Request::Acquire {
-                session_id: Some(_),
-                ..
-            } => self.acquire_in_session(ctx, now_ms, received_ms, request),
-            Request::Acquire { acquire_id, .. } => {
-                let repeatable = acquire_id.is_some();
-                let outcome = self.acquire(ctx, now_ms, received_ms, request);
-                if repeatable {
-                    if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
-                        return refusal;
-                    }
-                }
-                outcome
-            }
-            _ => unreachable!("run_acquire takes ACQUIRE only"),
-        }
-    }
-
-    /// SESSION_OPEN, SESSION_KEEPALIVE and SESSION_CLOSE (PROTOCOL.md 3.11). A follower's
-    /// executor (its journal refuses everything) opens, keeps or closes no session.
-    fn run_session_request(
-        self: &Arc<Self>,
-        ctx: &mut Session,
-        now_ms: u64,
-        request: Request,
-    ) -> Outcome {
-        if let Some(refusal) = self.refuse_if_not_leader() {
-            return Outcome::Reply(refusal, TICKET_NOW);
-        }
-        match request {
-            Request::SessionOpen { ttl_ms } => {
-                Outcome::Reply(self.session_open(ctx, now_ms, ttl_ms), TICKET_NOW)
-            }
-            // A keep-alive is a read of the session's liveness: confirmed like a RENEW.
-            Request::SessionKeepalive { session_id } => {
-                match self.session_keepalive(ctx, now_ms, session_id) {
-                    Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
-                    other => other,
-                }
-            }
-            Request::SessionClose { session_id } => self.session_close(ctx, now_ms, session_id),
-            _ => unreachable!("run_session_request takes session requests only"),
-        }
     }
 }
 
@@ -609,13 +554,20 @@ impl Executor {
     }
 }
 
-/// The live leases, shard by shard, for the journal's snapshots.
+/// The live leases, shard by shard, and the sessions, for the journal's snapshots.
 impl crate::journal::LeaseSource for Executor {
+    fn for_each_session(&self, each: &mut dyn FnMut(Change<'_>)) {
+        sessions::for_each_session(&self.sessions, each);
+    }
+
     fn parts(&self) -> usize {
         self.shards.len()
     }
 
     fn for_each_lease(&self, part: usize, each: &mut dyn FnMut(Lease<'_>)) {
+        // Which session each lease is in: the session table is locked first (the lock
+        // order), and only while there are session leases.
+        let sessions = self.sessions.lock_if_any();
         let shard = self.shards[part].lock().expect("shard poisoned");
         let now_ms = self.clock.now_ms();
         shard.for_each_held(now_ms, |held| {
@@ -629,6 +581,7 @@ impl crate::journal::LeaseSource for Executor {
                 release_on_disconnect: false,
                 meta: held.meta,
                 acquire_id: shard.acquire_id_of(held.token),
+                session_id: sessions.as_ref().and_then(|s| s.session_of(held.lease_id)),
                 kind: held.kind,
             })
         });

@@ -21,14 +21,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
 
-use super::{clamp_ms, error, Executor, Outcome, Session};
-use crate::journal::{Ticket, TICKET_NOW};
-use crate::record::FreeReason;
+use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
+use crate::journal::{Change, Journal, Ticket, TICKET_NOW};
+use crate::record::{FreeReason, RecoveredLease, RecoveredSession, SessionEnd};
 use crate::table;
 
 /// Most live sessions opened on one connection (PROTOCOL.md 3.11), so one connection cannot
 /// take the server's whole `--sessions-max`.
 pub const SESSIONS_PER_CONNECTION_MAX: u32 = 64;
+/// The connection a session restored from the journal counts against: none (a restart or a
+/// fail-over closed every connection). Real connection ids count up from 1.
+const RESTORED_CONN_ID: u64 = u64::MAX;
+
 /// Most ended sessions the ticker forgets per pass, so an expiry storm cannot starve requests.
 pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
 const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
@@ -152,6 +156,56 @@ impl SessionTable {
         Ok(())
     }
 
+    /// Puts back a session the journal recovered, running its TTL again from `now_ms`, with
+    /// no leases yet; no limit refuses it (it was admitted once). A known id is left alone.
+    pub fn restore(&mut self, now_ms: u64, id: SessionId, ttl_ms: u32, owner: Option<String>) {
+        if self.by_id.contains_key(&id) {
+            return;
+        }
+        *self.by_conn.entry(RESTORED_CONN_ID).or_insert(0) += 1;
+        // Counted toward its identity's `sessions-max` as at open, so its end gives the
+        // place back (and a restart cannot lift an identity over its quota).
+        if let Some(owner) = &owner {
+            *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
+        }
+        let deadline_ms = now_ms + u64::from(ttl_ms);
+        let entry = Entry {
+            ttl_ms,
+            deadline_ms,
+            owner,
+            conn_id: RESTORED_CONN_ID,
+            leases: HashMap::new(),
+        };
+        self.by_id.insert(id, entry);
+        self.deadlines.insert((deadline_ms, id));
+    }
+
+    /// The TTL of session `id`, if it is in the table (live or not yet reaped).
+    pub fn ttl_of(&self, id: SessionId) -> Option<u32> {
+        self.by_id.get(&id).map(|e| e.ttl_ms)
+    }
+
+    /// Calls `each` with every session's id, TTL and owner, for a snapshot.
+    pub fn for_each(&self, mut each: impl FnMut(SessionId, u32, Option<&str>)) {
+        for (id, entry) in &self.by_id {
+            each(*id, entry.ttl_ms, entry.owner.as_deref());
+        }
+    }
+
+    /// Whether `id` is live at `now_ms` for `owner`.
+    pub fn is_live(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> bool {
+        self.live(now_ms, id, owner).is_some()
+    }
+
+    /// Takes back an open whose record never became durable: forgets the session and
+    /// returns its leases (none, unless a client guessed its id), to free in the table.
+    pub fn unopen(&mut self, id: SessionId) -> Vec<(LeaseId, Bytes)> {
+        if !self.by_id.contains_key(&id) {
+            return Vec::new();
+        }
+        self.remove(id).leases.into_iter().collect()
+    }
+
     /// The live session `id` as `owner` sees it: `None` if it is unknown, past its deadline
     /// at `now_ms`, or another identity's.
     fn live(&self, now_ms: u64, id: SessionId, owner: Option<&str>) -> Option<&Entry> {
@@ -270,6 +324,11 @@ impl SessionTable {
     /// Forgets sessions past their deadline at `now_ms`, at most `max`; returns how many.
     /// (Their leases have the same deadline, so the table's expiry ends them.)
     pub fn reap(&mut self, now_ms: u64, max: usize) -> usize {
+        self.reap_ended(now_ms, max).len()
+    }
+
+    /// [`SessionTable::reap`], returning the ids forgotten (for their records).
+    pub fn reap_ended(&mut self, now_ms: u64, max: usize) -> Vec<SessionId> {
         let ended: Vec<SessionId> = self
             .deadlines
             .iter()
@@ -280,7 +339,7 @@ impl SessionTable {
         for id in &ended {
             self.remove(*id);
         }
-        ended.len()
+        ended
     }
 
     /// Live sessions (some may be past their deadline, not yet reaped).
@@ -346,6 +405,11 @@ impl Sessions {
             .expect("the session table was poisoned by a panic")
     }
 
+    /// The table, locked, if any lease is in a session (else `None`, without the lock).
+    pub fn lock_if_any(&self) -> Option<MutexGuard<'_, SessionTable>> {
+        (self.leases.load(Ordering::Relaxed) > 0).then(|| self.lock())
+    }
+
     /// `(live sessions, session leases)` for STATS.
     pub fn counts(&self) -> (usize, usize) {
         let table = self.lock();
@@ -366,15 +430,28 @@ impl Sessions {
         }
     }
 
-    /// The ticker's pass: forgets ended sessions, bounded.
-    pub fn reap(&self, now_ms: u64) {
+    /// The ticker's pass: forgets ended sessions, bounded, and logs each one's end (under
+    /// the table's lock, so a snapshot's copy of the sessions is ordered against it). An end
+    /// that cannot be logged is only warned of: the session has ended here all the same, and
+    /// a restart brings it back for a full TTL, as it brings back a lease whose free was lost.
+    pub fn reap(&self, now_ms: u64, journal: &dyn Journal) {
         let mut table = self.lock();
         if table.is_empty() {
             return;
         }
-        let n = table.reap(now_ms, SESSION_REAPS_PER_TICK_MAX);
+        let ended = table.reap_ended(now_ms, SESSION_REAPS_PER_TICK_MAX);
+        for session_id in &ended {
+            let end = Change::SessionEnd {
+                session_id: *session_id,
+                how: SessionEnd::Expired,
+            };
+            if let Err(e) = journal.append(&end) {
+                tracing::warn!(error = %e, "a session's expiry could not be logged");
+            }
+        }
         self.leases.store(table.leases_len(), Ordering::Relaxed);
-        self.expired.fetch_add(n as u64, Ordering::Relaxed);
+        self.expired
+            .fetch_add(ended.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -473,11 +550,77 @@ fn owner(ctx: &Session) -> Option<&str> {
     }
 }
 
+/// The open sessions, for the journal's snapshots.
+pub(super) fn for_each_session(sessions: &Sessions, each: &mut dyn FnMut(Change<'_>)) {
+    sessions.lock().for_each(|session_id, ttl_ms, owner| {
+        each(Change::SessionOpen {
+            session_id,
+            ttl_ms,
+            owner: owner.unwrap_or("").as_bytes(),
+        })
+    });
+}
+
 impl Executor {
-    /// SESSION_OPEN.
-    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Response {
+    /// ACQUIRE, in a session or not: a repeat must name the session its first send named.
+    pub(super) fn acquire_any(
+        self: &Arc<Self>,
+        ctx: &mut Session,
+        now_ms: u64,
+        received_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        let Request::Acquire {
+            acquire_id,
+            session_id,
+            ..
+        } = &request
+        else {
+            unreachable!("acquire_any called with {request:?}")
+        };
+        if session_id.is_some() {
+            return self.acquire_in_session(ctx, now_ms, received_ms, request);
+        }
+        let repeatable = acquire_id.is_some();
+        let outcome = self.acquire(ctx, now_ms, received_ms, request);
+        if repeatable {
+            if let Some(refusal) = self.sessions.mismatch_without_session(&outcome) {
+                return refusal;
+            }
+        }
+        outcome
+    }
+
+    /// SESSION_OPEN, SESSION_KEEPALIVE or SESSION_CLOSE. A follower's executor (its journal
+    /// refuses everything) opens, keeps and closes no session.
+    pub(super) fn session_request(
+        self: &Arc<Self>,
+        ctx: &Session,
+        now_ms: u64,
+        request: Request,
+    ) -> Outcome {
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
+        match request {
+            Request::SessionOpen { ttl_ms } => self.session_open(ctx, now_ms, ttl_ms),
+            // Answered once the journal vouches this node still led after the keep-alive.
+            Request::SessionKeepalive { session_id } => {
+                match self.session_keepalive(ctx, now_ms, session_id) {
+                    Outcome::Reply(response, ticket) => self.confirmed(response, ticket),
+                    other => other,
+                }
+            }
+            Request::SessionClose { session_id } => self.session_close(ctx, now_ms, session_id),
+            other => unreachable!("session_request called with {other:?}"),
+        }
+    }
+
+    /// SESSION_OPEN: the session is logged (before any grant in it can be) and answered
+    /// once durable; taken back if it never becomes durable.
+    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Outcome {
         if ttl_ms > self.config.ttl_ms_max {
-            return self.ttl_too_long(ttl_ms);
+            return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
         let id = SessionId::from_u128(rand::random());
         let name = owner(ctx);
@@ -488,13 +631,83 @@ impl Executor {
         let opened = sessions
             .owner_room(name, quota)
             .and_then(|()| sessions.open(now_ms, id, ttl_ms, opener));
-        match opened {
-            Ok(()) => Response::Session {
-                session_id: id,
-                ttl_ms,
-            },
-            Err(r) => refusal_of(r, id, &self.config, name),
+        if let Err(r) = opened {
+            return Outcome::Reply(refusal_of(r, id, &self.config, name), TICKET_NOW);
         }
+        let record = Change::SessionOpen {
+            session_id: id,
+            ttl_ms,
+            owner: owner(ctx).unwrap_or("").as_bytes(),
+        };
+        let ticket = match self.journal.append(&record) {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                sessions.unopen(id);
+                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+            }
+        };
+        let response = Response::Session {
+            session_id: id,
+            ttl_ms,
+        };
+        if !self.journal.logs_leases() {
+            return Outcome::Reply(response, TICKET_NOW);
+        }
+        let undo = Undo::SessionOpen { session_id: id };
+        Outcome::Changed {
+            response,
+            ticket,
+            undo,
+        }
+    }
+
+    /// Takes back a SESSION_OPEN whose record never became durable (its leases, if a client
+    /// guessed the id, are freed).
+    pub(super) fn undo_session_open(self: &Arc<Self>, id: SessionId) {
+        let leases = {
+            let mut sessions = self.sessions.lock();
+            let leases = sessions.unopen(id);
+            self.sessions
+                .leases
+                .store(sessions.leases_len(), Ordering::Relaxed);
+            leases
+        };
+        let now_ms = self.clock.now_ms();
+        for (lease_id, key) in leases {
+            let mut shard = self.shard(&key);
+            self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
+        }
+    }
+
+    /// Puts back the sessions a journal recovered, each running its TTL again from
+    /// `now_ms`; call before [`Executor::restore`], which attaches their leases.
+    pub fn restore_sessions(
+        &self,
+        now_ms: u64,
+        sessions: impl IntoIterator<Item = RecoveredSession>,
+    ) {
+        let mut table = self.sessions.lock();
+        for session in sessions {
+            let owner = (!session.owner.is_empty())
+                .then(|| String::from_utf8_lossy(&session.owner).into_owned());
+            table.restore(now_ms, session.session_id, session.ttl_ms, owner);
+        }
+    }
+
+    /// The TTL a recovered lease runs again with: its own, or, in a session, its session's
+    /// (it joins the session here). `None`: its session ended, and the lease with it.
+    pub(super) fn restored_ttl(&self, lease: &RecoveredLease) -> Option<u32> {
+        let Some(id) = lease.session_id else {
+            return Some(lease.ttl_ms);
+        };
+        let mut table = self.sessions.lock();
+        let ttl_ms = table.ttl_of(id)?;
+        let key = Bytes::copy_from_slice(&lease.key);
+        table.attach(id, lease.lease_id, key);
+        self.sessions
+            .leases
+            .store(table.leases_len(), Ordering::Relaxed);
+        Some(ttl_ms)
     }
 
     /// The `sessions-max` of identity `name` as the identities in force have it.
@@ -566,14 +779,24 @@ impl Executor {
     ) -> Outcome {
         let leases = {
             let mut sessions = self.sessions.lock();
+            if !sessions.is_live(now_ms, id, owner(ctx)) {
+                let r = Refusal::NoSession;
+                return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
+            }
+            // The end is logged before the frees: a crash between them leaves the leases'
+            // grants with no open session, and recovery drops them with it.
+            let end = Change::SessionEnd {
+                session_id: id,
+                how: SessionEnd::Closed,
+            };
+            if let Err(e) = self.journal.append(&end) {
+                return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+            }
             let leases = sessions.close(now_ms, id, owner(ctx));
             self.sessions
                 .leases
                 .store(sessions.leases_len(), Ordering::Relaxed);
-            match leases {
-                Ok(leases) => leases,
-                Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
-            }
+            leases.expect("checked live")
         };
         self.sessions.closed.fetch_add(1, Ordering::Relaxed);
         let (mut ticket, mut released) = (TICKET_NOW, 0u32);

@@ -25,7 +25,7 @@ pub async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: Tas
             shard.advance(now_ms, budget, &shared.tokens().allocator, &mut events);
             shared.apply_events(&mut shard, now_ms, &mut events);
         }
-        shared.sessions().reap(now_ms);
+        shared.sessions().reap(now_ms, &**shared.journal());
         // The copy takes a while at a million locks: run it on a blocking thread, one at a
         // time, so neither the ticker nor a runtime worker waits for it.
         if shared.journal().snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {

@@ -42,6 +42,11 @@ pub enum Undo {
         /// other holder or waiter left).
         kind: tenure_protocol::LeaseKind,
     },
+    /// Forget a session whose open never became durable (no client heard of it).
+    SessionOpen {
+        /// The session.
+        session_id: tenure_protocol::SessionId,
+    },
 }
 
 /// The answer to a change lost to a journal failure (`why`), after taking it back with
@@ -125,6 +130,10 @@ impl Executor {
                     tracing::warn!("a release that failed to log could not be undone: the key is held or kept for a waiter");
                     false
                 }
+            }
+            Undo::SessionOpen { session_id } => {
+                self.undo_session_open(session_id);
+                true
             }
         }
     }

@@ -152,6 +152,9 @@ impl Journal for MemJournal {
     }
 
     fn snapshot(&self, source: &dyn LeaseSource) {
+        source.for_each_session(&mut |session| {
+            let _ = self.keep(&session.record());
+        });
         for part in 0..source.parts() {
             source.for_each_lease(part, &mut |lease| {
                 let _ = self.keep(&Change::Grant(lease).record());

@@ -1,7 +1,8 @@
 //! The journal: the one place that decides "durable before visible".
 //!
 //! Every change the executor makes to the lock table (a grant, a free, a token reservation,
-//! a renewal to a longer TTL than the lease's records say) is described as a [`Change`] and
+//! a renewal to a longer TTL than the lease's records say, a session's open and end) is
+//! described as a [`Change`] and
 //! handed to the [`Journal`] while the table's shard lock is still held, so the journal
 //! orders changes to a key exactly as the table made them. The journal answers with a
 //! [`Ticket`]; the change's reply waits until the journal's [`Progress`] passes that
@@ -12,8 +13,8 @@
 //!
 //! The durability mode ([`Durability::Full`] or [`Durability::Tokens`]) is a journal policy:
 //! the executor always describes its changes, and the journal decides which are logged. In
-//! token-only mode only reservations are, so grants, frees and renewals come back with
-//! [`TICKET_NOW`].
+//! token-only mode only reservations are, so grants, frees, renewals and sessions come back
+//! with [`TICKET_NOW`] (and no session survives a restart there).
 //!
 //! [`Change::record`] is the one place a WAL record is built from a change, used by live
 //! writes, by snapshots of the table, and by the WAL's own start-up snapshot.
@@ -44,6 +45,8 @@
 pub mod mem;
 #[cfg(test)]
 mod repeat_tests;
+#[cfg(test)]
+mod session_tests;
 #[cfg(test)]
 mod tests;
 mod wal;
@@ -97,8 +100,12 @@ pub struct JournalStats {
 }
 
 /// Where a snapshot reads the live leases from: the lock table, part by part (shard by
-/// shard), each part under its own lock.
+/// shard), each part under its own lock; and the open sessions, copied first.
 pub trait LeaseSource {
+    /// Calls `each` with a [`Change::SessionOpen`] for every open session, under the session
+    /// table's lock (so no open or end of one is logged meanwhile). A snapshot copies them
+    /// before any lease: replay must know a session before the grants in it.
+    fn for_each_session(&self, each: &mut dyn FnMut(Change<'_>));
     /// How many parts there are.
     fn parts(&self) -> usize;
     /// Calls `each` for every live lease of part `part`, under that part's lock.

@@ -62,7 +62,11 @@ impl Journal for WalJournal {
 
     fn append(&self, change: &Change<'_>) -> Result<Ticket, JournalError> {
         let logged = match change {
-            Change::Grant(_) | Change::Free { .. } | Change::Renew { .. } => self.logs_leases(),
+            Change::Grant(_)
+            | Change::Free { .. }
+            | Change::Renew { .. }
+            | Change::SessionOpen { .. }
+            | Change::SessionEnd { .. } => self.logs_leases(),
             Change::Reserve { .. } => true,
         };
         if !logged {
@@ -137,6 +141,17 @@ impl WalJournal {
                 return false;
             }
         };
+        // Sessions first: replay must know a session before the grants in it.
+        let mut result = Ok(0);
+        source.for_each_session(&mut |session| {
+            if result.is_ok() {
+                result = self.wal.append(&session.record());
+            }
+        });
+        if let Err(e) = result.and_then(|lsn| self.wal.wait_durable_blocking(lsn)) {
+            tracing::warn!(error = %e, "WAL snapshot abandoned");
+            return false;
+        }
         let passes = (0..source.parts())
             .flat_map(|part| (0..SNAPSHOT_PASSES_PER_PART).map(move |pass| (part, pass)));
         for (part, pass) in passes {
@@ -180,6 +195,8 @@ mod tests {
     }
 
     impl LeaseSource for OnePart {
+        fn for_each_session(&self, _each: &mut dyn FnMut(Change<'_>)) {}
+
         fn parts(&self) -> usize {
             1
         }
@@ -207,6 +224,7 @@ mod tests {
                     release_on_disconnect: false,
                     meta: b"",
                     acquire_id: None,
+                    session_id: None,
                     kind: Default::default(),
                 });
             }

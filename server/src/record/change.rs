@@ -1,8 +1,11 @@
 //! [`Change`]: one change to the durable state, as the executor describes it to a journal,
 //! and the one builder of its [`Record`].
-use tenure_protocol::{AcquireId, LeaseId, LeaseKind};
+use tenure_protocol::{AcquireId, LeaseId, LeaseKind, SessionId};
 
-use super::codec::{FreeReason, Record, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+use super::codec::{
+    FreeReason, Record, SessionEnd, GRANT_FLAG_ACQUIRE_ID, GRANT_FLAG_RELEASE_ON_DISCONNECT,
+    GRANT_FLAG_SESSION,
+};
 
 /// A held lease as the journal records it: by a live grant, a hand-off, or a snapshot.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +24,8 @@ pub struct Lease<'a> {
     pub meta: &'a [u8],
     /// The ACQUIRE's acquire id, if it had one: a repeat of it is answered with this lease.
     pub acquire_id: Option<AcquireId>,
+    /// The session it is in, if any: it lives while the session lives.
+    pub session_id: Option<SessionId>,
     /// What it holds: the key alone, a shared (read) lease, or semaphore permits.
     pub kind: LeaseKind,
 }
@@ -54,11 +59,27 @@ pub enum Change<'a> {
         /// Its new length, in milliseconds.
         ttl_ms: u32,
     },
+    /// A session was opened (logged before any grant in it).
+    SessionOpen {
+        /// The session.
+        session_id: SessionId,
+        /// Its TTL, fixed at open.
+        ttl_ms: u32,
+        /// The identity that opened it; empty without identities.
+        owner: &'a [u8],
+    },
+    /// A session ended, and with it every lease still in it.
+    SessionEnd {
+        /// The session.
+        session_id: SessionId,
+        /// How.
+        how: SessionEnd,
+    },
 }
 
 impl<'a> Change<'a> {
-    /// The WAL record of this change: the one builder of Grant, Free, Reserve and Renew
-    /// records.
+    /// The WAL record of this change: the one builder of Grant, Free, Reserve, Renew and
+    /// session records.
     pub fn record(&self) -> Record<'a> {
         match *self {
             Change::Grant(lease) => Record::Grant {
@@ -69,11 +90,25 @@ impl<'a> Change<'a> {
                 flags: grant_flags(&lease),
                 meta: lease.meta,
                 acquire_id: lease.acquire_id.map(|id| id.0),
+                session_id: lease.session_id.map(|id| id.0),
                 kind: lease.kind,
             },
             Change::Free { key, token, reason } => Record::Free { key, token, reason },
             Change::Reserve { token_limit } => Record::Reserve { token_limit },
             Change::Renew { key, token, ttl_ms } => Record::Renew { key, token, ttl_ms },
+            Change::SessionOpen {
+                session_id,
+                ttl_ms,
+                owner,
+            } => Record::SessionOpen {
+                session_id: session_id.0,
+                ttl_ms,
+                owner,
+            },
+            Change::SessionEnd { session_id, how } => Record::SessionEnd {
+                session_id: session_id.0,
+                how,
+            },
         }
     }
 }
@@ -85,6 +120,9 @@ fn grant_flags(lease: &Lease<'_>) -> u8 {
     }
     if lease.acquire_id.is_some() {
         flags |= GRANT_FLAG_ACQUIRE_ID;
+    }
+    if lease.session_id.is_some() {
+        flags |= GRANT_FLAG_SESSION;
     }
     flags
 }

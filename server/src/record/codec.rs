@@ -18,7 +18,8 @@ pub const META_LEN_MAX: usize = tenure_protocol::limits::META_LEN_MAX;
 
 /// Payload of the largest possible grant: key and meta at their limits, an acquire id and
 /// permit counts.
-const GRANT_PAYLOAD_LEN_MAX: usize = 2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 16 + 8;
+const GRANT_PAYLOAD_LEN_MAX: usize =
+    2 + KEY_LEN_MAX + 16 + 8 + 4 + 1 + 2 + META_LEN_MAX + 16 + 16 + 8;
 const _: () = assert!(GRANT_PAYLOAD_LEN_MAX <= PAYLOAD_LEN_MAX);
 // Key and meta lengths are stored as u16.
 const _: () = assert!(KEY_LEN_MAX <= u16::MAX as usize && META_LEN_MAX <= u16::MAX as usize);
@@ -40,6 +41,13 @@ pub const GRANT_FLAG_RELEASE_ON_DISCONNECT: u8 = 0b0000_0001;
 /// without acquire ids refuses such a record as malformed: it cannot read a WAL made with
 /// them.)
 pub const GRANT_FLAG_ACQUIRE_ID: u8 = 0b0000_0010;
+/// Grant flag bit: the lease is in a session, whose 16-byte id follows the acquire id (or
+/// `meta`, without one). Its deadline is its session's: recovery gives it the session's TTL.
+/// (A build without sessions refuses such a record as malformed.)
+pub const GRANT_FLAG_SESSION: u8 = 0b0000_0100;
+/// Longest session owner (an identity name) a SessionOpen record may carry, in bytes.
+pub const OWNER_LEN_MAX: usize = tenure_protocol::limits::IDENTITY_NAME_LEN_MAX;
+const _: () = assert!(OWNER_LEN_MAX <= u16::MAX as usize);
 /// Grant flag bit: a shared (read) lease, one of several holders of its key.
 pub const GRANT_FLAG_SHARED: u8 = 0b0000_1000;
 /// Grant flag bit: semaphore permits; `count (u32)` and `limit (u32)` follow `meta` (and the
@@ -57,6 +65,10 @@ const TYPE_FREE: u8 = 3;
 const TYPE_SNAPSHOT_BEGIN: u8 = 4;
 const TYPE_SNAPSHOT_END: u8 = 5;
 const TYPE_RENEW: u8 = 6;
+const TYPE_SESSION_OPEN: u8 = 7;
+// Type 8 stays reserved (PROTOCOL.md 3.11): a keep-alive that changed a session's TTL. None
+// does: the TTL is fixed at open, and a restart counts it again, so keep-alives log nothing.
+const TYPE_SESSION_END: u8 = 9;
 
 /// Why a lease was freed; recorded for audit, replay treats all alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +87,25 @@ impl FreeReason {
             0 => Some(FreeReason::Released),
             1 => Some(FreeReason::Expired),
             2 => Some(FreeReason::Disconnected),
+            _ => None,
+        }
+    }
+}
+
+/// How a session ended; recorded for audit, replay treats both alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// SESSION_CLOSE.
+    Closed = 1,
+    /// It missed its deadline.
+    Expired = 2,
+}
+
+impl SessionEnd {
+    fn from_u8(value: u8) -> Option<SessionEnd> {
+        match value {
+            1 => Some(SessionEnd::Closed),
+            2 => Some(SessionEnd::Expired),
             _ => None,
         }
     }
@@ -105,6 +136,9 @@ pub enum Record<'a> {
         /// The ACQUIRE's acquire id, if it had one; present exactly when `flags` has
         /// [`GRANT_FLAG_ACQUIRE_ID`].
         acquire_id: Option<[u8; 16]>,
+        /// The session the lease is in, if any (a `SessionId`'s bytes); present exactly when
+        /// `flags` has [`GRANT_FLAG_SESSION`].
+        session_id: Option<[u8; 16]>,
         /// What the lease holds. An exclusive grant is written as before the kinds existed
         /// and replaces the key's holders; a shared or permits grant (flag bit 3 or 4) joins
         /// them.
@@ -139,11 +173,29 @@ pub enum Record<'a> {
         /// The lease's new length.
         ttl_ms: u32,
     },
+    /// Session `session_id` was opened with `ttl_ms` by `owner`; recovery counts its TTL
+    /// again from restart. Written before any grant in it.
+    SessionOpen {
+        /// The session id (a `SessionId`'s bytes).
+        session_id: [u8; 16],
+        /// The session's TTL, fixed at open.
+        ttl_ms: u32,
+        /// The identity that opened it, at most [`OWNER_LEN_MAX`] bytes; empty without
+        /// identities.
+        owner: &'a [u8],
+    },
+    /// Session `session_id` ended; the leases still in it end with it.
+    SessionEnd {
+        /// The session id.
+        session_id: [u8; 16],
+        /// How it ended.
+        how: SessionEnd,
+    },
 }
 
 /// Whether `type_byte` names a record type this build knows.
 pub fn is_known_type(type_byte: u8) -> bool {
-    (TYPE_RESERVE..=TYPE_RENEW).contains(&type_byte)
+    (TYPE_RESERVE..=TYPE_SESSION_OPEN).contains(&type_byte) || type_byte == TYPE_SESSION_END
 }
 
 impl Record<'_> {
@@ -155,6 +207,8 @@ impl Record<'_> {
             Record::SnapshotBegin { .. } => TYPE_SNAPSHOT_BEGIN,
             Record::SnapshotEnd { .. } => TYPE_SNAPSHOT_END,
             Record::Renew { .. } => TYPE_RENEW,
+            Record::SessionOpen { .. } => TYPE_SESSION_OPEN,
+            Record::SessionEnd { .. } => TYPE_SESSION_END,
         }
     }
 
@@ -165,10 +219,12 @@ impl Record<'_> {
                 key,
                 meta,
                 acquire_id,
+                session_id,
                 kind,
                 ..
             } => {
-                let id_len = if acquire_id.is_some() { 16 } else { 0 };
+                let id_len =
+                    16 * (usize::from(acquire_id.is_some()) + usize::from(session_id.is_some()));
                 let permits = if matches!(kind, LeaseKind::Permits { .. }) {
                     8
                 } else {
@@ -178,6 +234,8 @@ impl Record<'_> {
             }
             Record::Free { key, .. } => 2 + key.len() + 8 + 1,
             Record::Renew { key, .. } => 2 + key.len() + 8 + 4,
+            Record::SessionOpen { owner, .. } => 16 + 4 + 2 + owner.len(),
+            Record::SessionEnd { .. } => 16 + 1,
         }
     }
 
@@ -201,46 +259,7 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
     out.push(record.type_byte());
     match *record {
         Record::Reserve { token_limit } => out.extend_from_slice(&token_limit.to_be_bytes()),
-        Record::Grant {
-            key,
-            lease_id,
-            token,
-            ttl_ms,
-            flags,
-            meta,
-            acquire_id,
-            kind,
-        } => {
-            assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
-            assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
-            assert_eq!(
-                flags & GRANT_FLAG_ACQUIRE_ID != 0,
-                acquire_id.is_some(),
-                "grant flags disagree with its acquire id"
-            );
-            assert!(
-                flags & GRANT_FLAGS_KIND == 0,
-                "kind bits in a grant's flags"
-            );
-            put_bytes16(out, key);
-            out.extend_from_slice(&lease_id);
-            out.extend_from_slice(&token.to_be_bytes());
-            out.extend_from_slice(&ttl_ms.to_be_bytes());
-            let kind_bits = match kind {
-                LeaseKind::Exclusive => 0,
-                LeaseKind::Shared => GRANT_FLAG_SHARED,
-                LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
-            };
-            out.push(flags | kind_bits);
-            put_bytes16(out, meta);
-            if let Some(acquire_id) = acquire_id {
-                out.extend_from_slice(&acquire_id);
-            }
-            if let LeaseKind::Permits { count, limit } = kind {
-                out.extend_from_slice(&count.to_be_bytes());
-                out.extend_from_slice(&limit.to_be_bytes());
-            }
-        }
+        Record::Grant { .. } => encode_grant(record, out),
         Record::Free { key, token, reason } => {
             assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
             put_bytes16(out, key);
@@ -256,10 +275,82 @@ pub fn encode(record: &Record<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(&ttl_ms.to_be_bytes());
         }
+        Record::SessionOpen {
+            session_id,
+            ttl_ms,
+            owner,
+        } => {
+            assert!(
+                owner.len() <= OWNER_LEN_MAX,
+                "owner longer than OWNER_LEN_MAX"
+            );
+            out.extend_from_slice(&session_id);
+            out.extend_from_slice(&ttl_ms.to_be_bytes());
+            put_bytes16(out, owner);
+        }
+        Record::SessionEnd { session_id, how } => {
+            out.extend_from_slice(&session_id);
+            out.push(how as u8);
+        }
     }
     assert_eq!(out.len() - start, RECORD_HEADER_LEN + payload_len);
     let crc = crc32fast::hash(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A Grant's payload: the fields of every grant, then the optional ones in flag-bit order.
+fn encode_grant(record: &Record<'_>, out: &mut Vec<u8>) {
+    let Record::Grant {
+        key,
+        lease_id,
+        token,
+        ttl_ms,
+        flags,
+        meta,
+        acquire_id,
+        session_id,
+        kind,
+    } = *record
+    else {
+        unreachable!("encode_grant called with {record:?}")
+    };
+    assert!(key.len() <= KEY_LEN_MAX, "key longer than KEY_LEN_MAX");
+    assert_eq!(
+        flags & GRANT_FLAG_SESSION != 0,
+        session_id.is_some(),
+        "grant flags disagree with its session id"
+    );
+    assert!(meta.len() <= META_LEN_MAX, "meta longer than META_LEN_MAX");
+    assert_eq!(
+        flags & GRANT_FLAG_ACQUIRE_ID != 0,
+        acquire_id.is_some(),
+        "grant flags disagree with its acquire id"
+    );
+    assert!(
+        flags & GRANT_FLAGS_KIND == 0,
+        "kind bits in a grant's flags"
+    );
+    put_bytes16(out, key);
+    out.extend_from_slice(&lease_id);
+    out.extend_from_slice(&token.to_be_bytes());
+    out.extend_from_slice(&ttl_ms.to_be_bytes());
+    let kind_bits = match kind {
+        LeaseKind::Exclusive => 0,
+        LeaseKind::Shared => GRANT_FLAG_SHARED,
+        LeaseKind::Permits { .. } => GRANT_FLAG_PERMITS,
+    };
+    out.push(flags | kind_bits);
+    put_bytes16(out, meta);
+    if let Some(acquire_id) = acquire_id {
+        out.extend_from_slice(&acquire_id);
+    }
+    if let Some(session_id) = session_id {
+        out.extend_from_slice(&session_id);
+    }
+    if let LeaseKind::Permits { count, limit } = kind {
+        out.extend_from_slice(&count.to_be_bytes());
+        out.extend_from_slice(&limit.to_be_bytes());
+    }
 }
 
 fn put_bytes16(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -375,6 +466,16 @@ fn decode_payload(type_byte: u8, payload: &[u8]) -> Result<Record<'_>, DecodeErr
             token: r.u64()?,
             ttl_ms: r.u32()?,
         },
+        TYPE_SESSION_OPEN => Record::SessionOpen {
+            session_id: r.array()?,
+            ttl_ms: r.u32()?,
+            owner: r.bytes16(OWNER_LEN_MAX, "session owner too long")?,
+        },
+        TYPE_SESSION_END => Record::SessionEnd {
+            session_id: r.array()?,
+            how: SessionEnd::from_u8(r.u8()?)
+                .ok_or(DecodeError::Malformed("unknown session end"))?,
+        },
         other => return Err(DecodeError::UnknownType(other)),
     };
     if !r.buf.is_empty() {
@@ -392,6 +493,11 @@ fn decode_grant<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, DecodeError> {
     let flags = r.u8()?;
     let meta = r.bytes16(META_LEN_MAX, "meta too long")?;
     let acquire_id = if flags & GRANT_FLAG_ACQUIRE_ID != 0 {
+        Some(r.array()?)
+    } else {
+        None
+    };
+    let session_id = if flags & GRANT_FLAG_SESSION != 0 {
         Some(r.array()?)
     } else {
         None
@@ -416,6 +522,7 @@ fn decode_grant<'a>(r: &mut Reader<'a>) -> Result<Record<'a>, DecodeError> {
         flags: flags & !GRANT_FLAGS_KIND,
         meta,
         acquire_id,
+        session_id,
         kind,
     })
 }
@@ -563,6 +670,7 @@ mod tests {
             flags: 0,
             meta: b"",
             acquire_id: None,
+            session_id: None,
             kind,
         };
         let mut plain = Vec::new();
@@ -611,6 +719,7 @@ mod tests {
                 flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
                 meta: b"host-a pid 12",
                 acquire_id: None,
+                session_id: None,
                 kind: Default::default(),
             },
             Record::Grant {
@@ -621,6 +730,7 @@ mod tests {
                 flags: 0,
                 meta: b"",
                 acquire_id: None,
+                session_id: None,
                 kind: Default::default(),
             },
             Record::Grant {
@@ -631,6 +741,7 @@ mod tests {
                 flags: !GRANT_FLAGS_KIND,
                 meta: meta_max,
                 acquire_id: Some([0xee; 16]),
+                session_id: Some([0xdd; 16]),
                 kind: Default::default(),
             },
             Record::Grant {
@@ -641,6 +752,7 @@ mod tests {
                 flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
                 meta: b"r",
                 acquire_id: None,
+                session_id: None,
                 kind: LeaseKind::Shared,
             },
             Record::Grant {
@@ -651,6 +763,7 @@ mod tests {
                 flags: !GRANT_FLAGS_KIND,
                 meta: meta_max,
                 acquire_id: Some([0xed; 16]),
+                session_id: Some([0xdc; 16]),
                 kind: LeaseKind::Permits {
                     count: 3,
                     limit: tenure_protocol::limits::PERMITS_MAX,
@@ -683,7 +796,98 @@ mod tests {
                 token: u64::MAX,
                 ttl_ms: u32::MAX,
             },
+            Record::Grant {
+                key: b"in-session",
+                lease_id: [4; 16],
+                token: 19,
+                ttl_ms: 2_000,
+                flags: GRANT_FLAG_SESSION,
+                meta: b"",
+                acquire_id: None,
+                session_id: Some([0x5e; 16]),
+                kind: LeaseKind::Permits { count: 1, limit: 2 },
+            },
+            Record::SessionOpen {
+                session_id: [0x5e; 16],
+                ttl_ms: 10_000,
+                owner: b"orders",
+            },
+            Record::SessionOpen {
+                session_id: [0xff; 16],
+                ttl_ms: u32::MAX,
+                owner: Box::leak(vec![b'o'; OWNER_LEN_MAX].into_boxed_slice()),
+            },
+            Record::SessionOpen {
+                session_id: [0; 16],
+                ttl_ms: 0,
+                owner: b"",
+            },
+            Record::SessionEnd {
+                session_id: [0x5e; 16],
+                how: SessionEnd::Closed,
+            },
+            Record::SessionEnd {
+                session_id: [1; 16],
+                how: SessionEnd::Expired,
+            },
         ]
+    }
+
+    /// Types 7 and 9 and grant flag bit 2, byte by byte: a session id is 16 bytes after the
+    /// acquire id (optional fields in flag-bit order), before a semaphore's counts.
+    #[test]
+    fn session_records_and_the_session_flag_are_laid_out_as_documented() {
+        let mut open = Vec::new();
+        let record = Record::SessionOpen {
+            session_id: [0xab; 16],
+            ttl_ms: 0x0102_0304,
+            owner: b"ab",
+        };
+        encode(&record, &mut open);
+        assert_eq!(open[8], 7);
+        let mut payload = vec![0xab; 16];
+        payload.extend_from_slice(&[1, 2, 3, 4, 0, 2, b'a', b'b']);
+        assert_eq!(&open[RECORD_HEADER_LEN..], &payload[..]);
+        let mut end = Vec::new();
+        let record = Record::SessionEnd {
+            session_id: [0xab; 16],
+            how: SessionEnd::Expired,
+        };
+        encode(&record, &mut end);
+        assert_eq!(end[8], 9);
+        assert_eq!(&end[RECORD_HEADER_LEN + 16..], &[2]);
+        let mut grant = Vec::new();
+        let record = Record::Grant {
+            key: b"k",
+            lease_id: [1; 16],
+            token: 5,
+            ttl_ms: 100,
+            flags: GRANT_FLAG_ACQUIRE_ID | GRANT_FLAG_SESSION,
+            meta: b"",
+            acquire_id: Some([0xa1; 16]),
+            session_id: Some([0x5e; 16]),
+            kind: LeaseKind::Permits { count: 1, limit: 3 },
+        };
+        encode(&record, &mut grant);
+        let flags_at = RECORD_HEADER_LEN + 3 + 16 + 8 + 4;
+        assert_eq!(grant[flags_at], 0b0001_0110);
+        let ids_at = flags_at + 1 + 2;
+        assert_eq!(&grant[ids_at..ids_at + 16], &[0xa1; 16]);
+        assert_eq!(&grant[ids_at + 16..ids_at + 32], &[0x5e; 16]);
+        assert_eq!(&grant[ids_at + 32..], &[0, 0, 0, 1, 0, 0, 0, 3]);
+        // A session flag whose id is missing, or an unknown end, is malformed, not a lease.
+        let mut bad = grant[..grant.len() - 24].to_vec();
+        let len = (bad.len() - RECORD_HEADER_LEN) as u32;
+        bad[..4].copy_from_slice(&len.to_be_bytes());
+        let sum = crc32fast::hash(&bad[8..]);
+        bad[4..8].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
+        let mut bad = end.clone();
+        let last = bad.len() - 1;
+        bad[last] = 0;
+        let sum = crc32fast::hash(&bad[8..]);
+        bad[4..8].copy_from_slice(&sum.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Malformed(_))));
     }
 
     #[test]
@@ -784,7 +988,19 @@ mod tests {
             decode(&forge(TYPE_RENEW, &renew)),
             Err(DecodeError::Malformed(_))
         ));
-        assert_eq!(decode(&forge(7, &[])), Err(DecodeError::UnknownType(7)));
+        assert_eq!(decode(&forge(8, &[])), Err(DecodeError::UnknownType(8)));
+        assert_eq!(decode(&forge(10, &[])), Err(DecodeError::UnknownType(10)));
+        assert!(!is_known_type(8) && is_known_type(7) && is_known_type(9));
+        assert!(matches!(
+            decode(&forge(TYPE_SESSION_OPEN, &[0; 16])),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut open = vec![0; 20];
+        open.extend_from_slice(&((OWNER_LEN_MAX + 1) as u16).to_be_bytes());
+        assert!(matches!(
+            decode(&forge(TYPE_SESSION_OPEN, &open)),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -15,5 +15,5 @@ mod replay;
 pub use change::{Change, Lease};
 pub use codec::*;
 pub use progress::{DurableState, Lsn};
-pub use replay::RecoveredLease;
 pub(crate) use replay::{Held, LeaseReplay};
+pub use replay::{RecoveredLease, RecoveredSession};

@@ -3,10 +3,35 @@
 //! reports ([`RecoveredLease`]).
 use std::collections::HashMap;
 
-use tenure_protocol::{AcquireId, LeaseId, LeaseKind};
+use tenure_protocol::{AcquireId, LeaseId, LeaseKind, SessionId};
 
 use super::change::{Change, Lease};
 use super::codec::{Record, GRANT_FLAG_RELEASE_ON_DISCONNECT};
+
+/// A session that was opened and not ended when the server stopped (or, in a cluster, as
+/// the committed entries leave it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredSession {
+    /// The session id.
+    pub session_id: SessionId,
+    /// Its TTL; a restart (or a new leader) counts it again from then.
+    pub ttl_ms: u32,
+    /// The identity that opened it; empty without identities.
+    pub owner: Vec<u8>,
+}
+
+impl RecoveredSession {
+    /// The record that brings this session back: what a snapshot of it writes, before any
+    /// grant in it.
+    pub fn as_record(&self) -> Record<'_> {
+        Change::SessionOpen {
+            session_id: self.session_id,
+            ttl_ms: self.ttl_ms,
+            owner: &self.owner,
+        }
+        .record()
+    }
+}
 
 /// A lease that was granted and not freed when the server stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +50,8 @@ pub struct RecoveredLease {
     pub meta: Vec<u8>,
     /// The ACQUIRE's acquire id, if it had one.
     pub acquire_id: Option<AcquireId>,
+    /// The session it is in, if any: its deadline is the session's.
+    pub session_id: Option<SessionId>,
     /// What the lease holds (several shared or permit leases may hold one key).
     pub kind: LeaseKind,
 }
@@ -41,6 +68,7 @@ impl RecoveredLease {
             release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
             meta: &self.meta,
             acquire_id: self.acquire_id,
+            session_id: self.session_id,
             kind: self.kind,
         }
     }
@@ -64,6 +92,9 @@ pub(crate) struct LeaseReplay {
     pub shared: HashMap<Vec<u8>, Vec<Held>>,
     /// Every token the records mention is below this.
     pub token_floor: u64,
+    /// The open sessions by id: their TTL and owner. A lease whose session is not here
+    /// ended with it (a crash may have come between the session's end and its leases' frees).
+    pub sessions: HashMap<SessionId, (u32, Vec<u8>)>,
 }
 
 /// A held lease, as the records left it.
@@ -75,6 +106,7 @@ pub(crate) struct Held {
     pub flags: u8,
     pub meta: Vec<u8>,
     pub acquire_id: Option<AcquireId>,
+    pub session_id: Option<SessionId>,
     pub kind: LeaseKind,
 }
 
@@ -90,6 +122,7 @@ impl Held {
             release_on_disconnect: self.flags & GRANT_FLAG_RELEASE_ON_DISCONNECT != 0,
             meta: &self.meta,
             acquire_id: self.acquire_id,
+            session_id: self.session_id,
             kind: self.kind,
         }
     }
@@ -105,8 +138,8 @@ fn same_family(a: LeaseKind, b: LeaseKind) -> bool {
 }
 
 impl LeaseReplay {
-    /// Applies a Reserve, Grant, Free or Renew record; `false` for any other record, which is the
-    /// caller's to handle.
+    /// Applies a Reserve, Grant, Free, Renew or session record; `false` for any other record
+    /// (the snapshot markers), which is the caller's to handle.
     pub fn apply(&mut self, record: &Record<'_>) -> bool {
         match *record {
             Record::Reserve { token_limit } => self.token_floor = self.token_floor.max(token_limit),
@@ -118,6 +151,7 @@ impl LeaseReplay {
                 flags,
                 meta,
                 acquire_id,
+                session_id,
                 kind,
             } => {
                 self.raise_floor(token);
@@ -128,6 +162,7 @@ impl LeaseReplay {
                     flags,
                     meta: meta.to_vec(),
                     acquire_id: acquire_id.map(AcquireId),
+                    session_id: session_id.map(SessionId),
                     kind,
                 };
                 if kind.is_exclusive() {
@@ -160,9 +195,37 @@ impl LeaseReplay {
                     held.ttl_ms = ttl_ms;
                 }
             }
+            Record::SessionOpen {
+                session_id,
+                ttl_ms,
+                owner,
+            } => {
+                self.sessions
+                    .insert(SessionId(session_id), (ttl_ms, owner.to_vec()));
+            }
+            Record::SessionEnd { session_id, .. } => {
+                self.sessions.remove(&SessionId(session_id));
+            }
             Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => return false,
         }
         true
+    }
+
+    /// Whether `held` still holds: in no session, or in one still open.
+    fn stands(sessions: &HashMap<SessionId, (u32, Vec<u8>)>, held: &Held) -> bool {
+        held.session_id.is_none_or(|id| sessions.contains_key(&id))
+    }
+
+    /// The open sessions as recovery reports them.
+    pub fn to_sessions(&self) -> Vec<RecoveredSession> {
+        self.sessions
+            .iter()
+            .map(|(id, (ttl_ms, owner))| RecoveredSession {
+                session_id: *id,
+                ttl_ms: *ttl_ms,
+                owner: owner.clone(),
+            })
+            .collect()
     }
 
     /// An exclusive grant: the key's only holder from now on.
@@ -189,22 +252,31 @@ impl LeaseReplay {
         holders.push(held);
     }
 
-    /// Every held lease, exclusive and shared, by key.
+    /// Every held lease, exclusive and shared, by key (a lease of an ended session left
+    /// out).
     pub fn held(&self) -> impl Iterator<Item = (&Vec<u8>, &Held)> {
         let shared = self
             .shared
             .iter()
             .flat_map(|(key, holders)| holders.iter().map(move |held| (key, held)));
-        self.leases.iter().chain(shared)
+        let sessions = &self.sessions;
+        self.leases
+            .iter()
+            .chain(shared)
+            .filter(move |(_, held)| Self::stands(sessions, held))
     }
 
-    /// Every held lease, taken.
+    /// Every held lease, taken (a lease of an ended session left out).
     pub fn into_held(self) -> impl Iterator<Item = (Vec<u8>, Held)> {
         let shared = self
             .shared
             .into_iter()
             .flat_map(|(key, holders)| holders.into_iter().map(move |held| (key.clone(), held)));
-        self.leases.into_iter().chain(shared)
+        let sessions = self.sessions;
+        self.leases
+            .into_iter()
+            .chain(shared)
+            .filter(move |(_, held)| Self::stands(&sessions, held))
     }
 
     fn raise_floor(&mut self, token: u64) {
@@ -222,6 +294,7 @@ impl LeaseReplay {
                 flags: held.flags,
                 meta: held.meta.clone(),
                 acquire_id: held.acquire_id,
+                session_id: held.session_id,
                 kind: held.kind,
             })
             .collect()

@@ -60,6 +60,7 @@ pub(super) async fn recover(
             .stats()
             .metrics
             .recovered(started.elapsed(), refused_until_ms);
+        shared.restore_sessions(now_ms, recovered.sessions); // before their leases
         shared.restore(now_ms, recovered.leases);
         // The replayed copy of the leases is gone; its memory goes back now, not whenever
         // the allocator next gets to it.

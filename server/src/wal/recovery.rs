@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::record::{self, DecodeError, HeaderError, Record, SEGMENT_HEADER_LEN};
 use super::storage::Storage;
 use super::{parse_segment_name, segment_name, WalError, SEGMENT_SIZE_LIMIT};
-use crate::record::{Held, LeaseReplay, RecoveredLease};
+use crate::record::{Held, LeaseReplay, RecoveredLease, RecoveredSession};
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Default)]
@@ -14,8 +14,10 @@ pub struct Recovered {
     /// Every fencing token ever visible is below this; new tokens must start here. `open`
     /// adds [`WalOptions::token_floor_margin`](super::WalOptions) to what the log shows.
     pub token_floor: u64,
-    /// Held leases, in no particular order; at most one per key.
+    /// Held leases, in no particular order (a lease of a session that ended is left out).
     pub leases: Vec<RecoveredLease>,
+    /// Open sessions, in no particular order: restored before their leases.
+    pub sessions: Vec<RecoveredSession>,
     /// Records replayed.
     pub records: u64,
     /// Segment files read.
@@ -90,7 +92,9 @@ impl Replay {
             Record::Reserve { .. }
             | Record::Grant { .. }
             | Record::Free { .. }
-            | Record::Renew { .. } => {}
+            | Record::Renew { .. }
+            | Record::SessionOpen { .. }
+            | Record::SessionEnd { .. } => {}
         }
         Ok(())
     }
@@ -131,10 +135,14 @@ pub(crate) fn recover(storage: &dyn Storage) -> Result<Replayed, WalError> {
         .max(super::floor::read_floor(storage)?);
     check_orphan_end(storage, &replay)?;
     let token_floor = replay.live.token_floor;
-    let (leases, live_bytes) = recovered_leases(replay.live.into_held());
+    let sessions = replay.live.to_sessions();
+    let (leases, lease_bytes) = recovered_leases(replay.live.into_held());
+    let session_bytes: usize = sessions.iter().map(|s| s.as_record().encoded_len()).sum();
+    let live_bytes = lease_bytes + session_bytes as u64;
     let recovered = Recovered {
         token_floor,
         leases,
+        sessions,
         records: replay.records,
         segments: u32::try_from(seqs.len()).expect("fewer than 2^32 segments"),
         torn_tail_truncated: torn,
@@ -180,6 +188,7 @@ fn recovered_leases(leases: impl Iterator<Item = (Vec<u8>, Held)>) -> (Vec<Recov
                 flags: held.flags,
                 meta: held.meta,
                 acquire_id: held.acquire_id,
+                session_id: held.session_id,
                 kind: held.kind,
             };
             live_bytes += grant_len(&lease) as u64;
@@ -349,6 +358,7 @@ mod tests {
             flags: 0,
             meta: b"m",
             acquire_id: None,
+            session_id: None,
             kind: Default::default(),
         }
     }
@@ -595,6 +605,69 @@ mod tests {
             (r.records, r.torn_tail_truncated),
             (0, Some((name, SEGMENT_HEADER_LEN as u64)))
         );
+    }
+
+    /// An open session and its leases come back; an ended one does not, nor its leases
+    /// whose frees the crash cut off; a torn SessionEnd at the tail leaves its session open.
+    #[test]
+    fn recovers_open_sessions_and_drops_the_leases_of_ended_ones() {
+        use crate::record::SessionEnd;
+        let in_session = |key: &'static [u8], token: u64, session: u8| {
+            let mut record = grant(key, token);
+            if let Record::Grant {
+                flags, session_id, ..
+            } = &mut record
+            {
+                *flags |= crate::record::GRANT_FLAG_SESSION;
+                *session_id = Some([session; 16]);
+            }
+            record
+        };
+        let opened = |session: u8| Record::SessionOpen {
+            session_id: [session; 16],
+            ttl_ms: 7_000,
+            owner: b"orders",
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let ends = write_segment(
+            dir.path(),
+            1,
+            &[
+                opened(1),
+                opened(2),
+                in_session(b"a", 1, 1),
+                in_session(b"b", 2, 2),
+                grant(b"plain", 3),
+                Record::SessionEnd {
+                    session_id: [2; 16],
+                    how: SessionEnd::Closed,
+                },
+                Record::SessionEnd {
+                    session_id: [1; 16],
+                    how: SessionEnd::Expired,
+                },
+            ],
+        );
+        let r = recover_dir(dir.path()).unwrap().recovered;
+        assert!(r.sessions.is_empty());
+        assert_eq!(sorted_keys(&r), vec![(b"plain".to_vec(), 3)]);
+        // Cut inside the last record: a torn tail, so session 1 is still open, with "a".
+        let name = dir.path().join(segment_name(1));
+        let bytes = std::fs::read(&name).unwrap();
+        std::fs::write(&name, &bytes[..ends[6] - 3]).unwrap();
+        let r = recover_dir(dir.path()).unwrap().recovered;
+        assert_eq!(r.sessions.len(), 1);
+        let session = &r.sessions[0];
+        assert_eq!(
+            (session.session_id.0, session.ttl_ms, &session.owner[..]),
+            ([1; 16], 7_000, &b"orders"[..])
+        );
+        assert_eq!(
+            sorted_keys(&r),
+            vec![(b"a".to_vec(), 1), (b"plain".to_vec(), 3)]
+        );
+        let a = r.leases.iter().find(|l| l.key == b"a").unwrap();
+        assert_eq!(a.session_id.map(|id| id.0), Some([1; 16]));
     }
 
     #[test]

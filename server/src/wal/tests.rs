@@ -25,6 +25,7 @@ fn grant(key: &[u8], token: u64) -> Record<'_> {
         flags: 0,
         meta: b"meta",
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     }
 }
@@ -80,6 +81,7 @@ fn appended_records_come_back_after_reopen() {
         flags: crate::wal::GRANT_FLAG_RELEASE_ON_DISCONNECT,
         meta: b"holder",
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     });
     assert_eq!(wal.flush().unwrap(), last.unwrap());
@@ -100,6 +102,7 @@ fn appended_records_come_back_after_reopen() {
         flags: 1,
         meta: b"holder".to_vec(),
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     };
     assert_eq!(c, &expect);
@@ -469,6 +472,7 @@ fn backlog_is_refused_not_buffered_without_bound() {
             flags: 0,
             meta: &big,
             acquire_id: None,
+            session_id: None,
             kind: Default::default(),
         };
         match wal.append(&record) {
@@ -498,6 +502,7 @@ fn open_snapshots_a_log_of_several_segments_and_deletes_the_rest() {
         flags: GRANT_FLAG_RELEASE_ON_DISCONNECT,
         meta: b"who",
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     };
     wal.append(&flagged).unwrap();

@@ -25,7 +25,7 @@ use super::recovery::{self, Recovered};
 use super::storage::{FsStorage, SegmentFile, Storage};
 use super::syncer::{self, create_segment, delete_segments_before};
 use super::{segment_name, SyncMode, WalError, WalOptions};
-use crate::record::{Change, RecoveredLease};
+use crate::record::{Change, RecoveredLease, RecoveredSession};
 use crate::record::{DurableState, Lsn};
 
 /// A chunk of pending records is sealed at this size so the syncer can bound a batch.
@@ -367,7 +367,8 @@ fn open_snapshot_overhead(seq: u64) -> u64 {
 }
 
 /// Writes a snapshot of `recovered` into the new segment `seq`, right after its header, and
-/// syncs it: `SnapshotBegin`, a Reserve of the token floor, a Grant per lease, `SnapshotEnd`.
+/// syncs it: `SnapshotBegin`, a Reserve of the token floor, a SessionOpen per session (before
+/// the grants in them), a Grant per lease, `SnapshotEnd`.
 /// Every older segment may be deleted once this returns. Returns `(bytes, records)` written.
 fn write_open_snapshot(
     file: &mut dyn SegmentFile,
@@ -383,7 +384,9 @@ fn write_open_snapshot(
         .record(),
     ];
     // The one Grant builder, as live grants and table snapshots use.
+    let sessions = recovered.sessions.iter().map(RecoveredSession::as_record);
     let grants = recovered.leases.iter().map(RecoveredLease::as_grant);
+    let grants = sessions.chain(grants);
     let end = Record::SnapshotEnd { segment_seq: seq };
     let mut buf = Vec::with_capacity(options.batch_bytes_max);
     let (mut bytes, mut records) = (0u64, 0u64);
@@ -759,7 +762,10 @@ impl State {
             Record::Grant { token, .. }
             | Record::Free { token, .. }
             | Record::Renew { token, .. } => token.saturating_add(1),
-            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => 0,
+            Record::SnapshotBegin { .. }
+            | Record::SnapshotEnd { .. }
+            | Record::SessionOpen { .. }
+            | Record::SessionEnd { .. } => 0,
         });
         lsn
     }

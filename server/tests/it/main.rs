@@ -18,6 +18,7 @@
 //!   the shipped dashboard and alert rules;
 //! - `nemesis`: three cluster daemons under load and faults, the history checked;
 //! - `protocol_doc`: every example in PROTOCOL.md, read from it and sent to a server;
+//! - `session_restarts`: sessions and their leases across `kill -9` of the real `tenured`;
 //! - `per_core`: `--runtime per-core`: threads, hand-off across them, shared limits, shutdown;
 //! - `settings`: the binary's flags, environment, config file, logs and deployment files;
 //! - `tls`: TLS and mutual TLS, plain text to a TLS port, certificate rotation;
@@ -43,6 +44,7 @@ mod metrics;
 mod nemesis;
 mod per_core;
 mod protocol_doc;
+mod session_restarts;
 mod sessions;
 mod settings;
 mod shared;

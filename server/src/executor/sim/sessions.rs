@@ -241,7 +241,7 @@ impl World {
             shard.advance(now_ms, EXPIRATIONS_PER_TICK_MAX, allocator, &mut events);
             self.exec.apply_events(&mut shard, now_ms, &mut events);
         }
-        self.exec.sessions().reap(now_ms);
+        self.exec.sessions().reap(now_ms, &**self.exec.journal());
         self.journal.make_durable();
     }
 

@@ -162,6 +162,7 @@ fn grant_with_bulk_meta(key: &[u8]) -> Record<'_> {
         flags: 0,
         meta: &BULK_META,
         acquire_id: None,
+        session_id: None,
         kind: Default::default(),
     }
 }

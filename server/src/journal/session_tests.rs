@@ -1,0 +1,241 @@
+//! Sessions through the journal (PROTOCOL.md 3.11): an open session and its leases come
+//! back after a restart (the journal's records replayed into a new executor, as WAL recovery
+//! or a new cluster leader builds it) and after a snapshot, with the same ids and tokens and
+//! a full TTL from the restart; an ended one stays ended; an open that never became durable
+//! is taken back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
+
+use super::mem::MemJournal;
+use super::{settle, Journal, Settled};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::executor::{answer_lost, Executor, ExecutorParts, Outcome, Session};
+use crate::record::{self, LeaseReplay, Record};
+
+async fn executor(journal: &Arc<MemJournal>, token_floor: u64) -> Arc<Executor> {
+    let config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    let journal: Arc<dyn Journal> = Arc::clone(journal) as Arc<dyn Journal>;
+    let parts = ExecutorParts::new(config, Clock::start(), journal, token_floor);
+    let executor = Arc::new(Executor::new(parts));
+    executor.tokens().reserve().await.unwrap();
+    executor
+}
+
+fn run(executor: &Arc<Executor>, request: Request) -> Response {
+    match executor.execute(&mut Session::new(1), 1, request) {
+        Outcome::Reply(response, _) | Outcome::Changed { response, .. } => response,
+        _ => panic!("answered at once"),
+    }
+}
+
+fn open(executor: &Arc<Executor>, ttl_ms: u32) -> SessionId {
+    match run(executor, Request::SessionOpen { ttl_ms }) {
+        Response::Session { session_id, .. } => session_id,
+        other => panic!("a session, not {other:?}"),
+    }
+}
+
+fn acquire_in(executor: &Arc<Executor>, key: &str, id: SessionId) -> (u64, LeaseId) {
+    let request = Request::Acquire {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        ttl_ms: 1_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::from_static(b"m"),
+        acquire_id: None,
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    match run(executor, request) {
+        Response::Granted {
+            token, lease_id, ..
+        } => (token, lease_id),
+        other => panic!("granted, not {other:?}"),
+    }
+}
+
+fn token_held(executor: &Arc<Executor>, key: &str) -> Option<(u64, u32)> {
+    let key = Bytes::copy_from_slice(key.as_bytes());
+    match run(executor, Request::Inspect { key, kinds: false }) {
+        Response::Held {
+            token, ttl_left_ms, ..
+        } => Some((token, ttl_left_ms)),
+        Response::Free => None,
+        other => panic!("held or free, not {other:?}"),
+    }
+}
+
+/// A new executor from everything `journal` kept.
+async fn restarted(journal: &MemJournal) -> (Arc<Executor>, Arc<MemJournal>) {
+    let records: Vec<Vec<u8>> = journal.kept().into_iter().map(|k| k.record).collect();
+    restarted_from(&records).await
+}
+
+/// A new executor from these records, as WAL recovery or a new cluster leader builds it.
+async fn restarted_from(records: &[Vec<u8>]) -> (Arc<Executor>, Arc<MemJournal>) {
+    let mut replay = LeaseReplay::default();
+    for bytes in records {
+        let (record, _) = record::decode(bytes).unwrap();
+        replay.apply(&record);
+    }
+    let fresh = MemJournal::new(true);
+    let executor = executor(&fresh, replay.token_floor).await;
+    let now_ms = executor.clock().now_ms();
+    executor.restore_sessions(now_ms, replay.to_sessions());
+    executor.restore(now_ms, replay.to_recovered());
+    (executor, fresh)
+}
+
+fn keep(executor: &Arc<Executor>, session_id: SessionId) -> Response {
+    run(executor, Request::SessionKeepalive { session_id })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_and_its_leases_survive_a_restart_and_a_snapshot() {
+    let journal = MemJournal::new(true);
+    let first = executor(&journal, 1).await;
+    let id = open(&first, 10_000);
+    let leases: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|key| acquire_in(&first, key, id))
+        .collect();
+    journal.make_durable();
+    // Most of the session's TTL runs out before the crash: the restart counts it again.
+    tokio::time::advance(Duration::from_millis(9_000)).await;
+    let (second, fresh) = restarted(&journal).await;
+    for (key, (token, _)) in ["a", "b", "c"].iter().zip(&leases) {
+        let (held, ttl_left_ms) = token_held(&second, key).expect("held");
+        assert_eq!(held, *token);
+        assert!(ttl_left_ms > 9_000, "a full TTL from the restart");
+    }
+    assert!(matches!(keep(&second, id), Response::Session { .. }));
+    // A plain RENEW of one is still refused: it is the session's.
+    let (key, lease_id) = (Bytes::from_static(b"a"), leases[0].1);
+    let renew = Request::Renew {
+        key,
+        lease_id,
+        ttl_ms: 1_000,
+    };
+    assert!(matches!(
+        run(&second, renew),
+        Response::Error {
+            code: ErrorCode::SessionLease,
+            ..
+        }
+    ));
+    // A snapshot of the restarted server (sessions copied before their grants) alone
+    // brings them back again.
+    fresh.snapshot(&*second);
+    let kinds: Vec<u8> = fresh.kept().iter().map(|k| k.record[8]).collect();
+    let first_open = kinds
+        .iter()
+        .position(|&t| t == 7)
+        .expect("the session copied");
+    let first_grant = kinds
+        .iter()
+        .position(|&t| t == 2)
+        .expect("the grants copied");
+    assert!(first_open < first_grant, "{kinds:?}");
+    let (third, _) = restarted(&fresh).await;
+    let closed = run(&third, Request::SessionClose { session_id: id });
+    assert_eq!(closed, Response::SessionClosed { released: 3 });
+    for key in ["a", "b", "c"] {
+        assert_eq!(token_held(&third, key), None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restored_session_not_kept_alive_expires_a_ttl_after_the_restart() {
+    let journal = MemJournal::new(true);
+    let first = executor(&journal, 1).await;
+    let id = open(&first, 1_000);
+    acquire_in(&first, "a", id);
+    journal.make_durable();
+    // The crash comes just before the session's deadline; the restart counts it again.
+    tokio::time::advance(Duration::from_millis(990)).await;
+    let (second, _) = restarted(&journal).await;
+    tokio::time::advance(Duration::from_millis(990)).await;
+    assert!(token_held(&second, "a").is_some(), "not before its TTL");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    assert!(matches!(
+        keep(&second, id),
+        Response::Error {
+            code: ErrorCode::NoSession,
+            ..
+        }
+    ));
+    assert_eq!(token_held(&second, "a"), None);
+}
+
+#[tokio::test]
+async fn an_ended_session_stays_ended_and_its_leases_with_it() {
+    let journal = MemJournal::new(true);
+    let first = executor(&journal, 1).await;
+    let closed = open(&first, 60_000);
+    acquire_in(&first, "a", closed);
+    let live = open(&first, 60_000);
+    let (token, _) = acquire_in(&first, "b", live);
+    run(&first, Request::SessionClose { session_id: closed });
+    journal.make_durable();
+    let (second, _) = restarted(&journal).await;
+    assert!(matches!(
+        keep(&second, closed),
+        Response::Error {
+            code: ErrorCode::NoSession,
+            ..
+        }
+    ));
+    assert_eq!(token_held(&second, "a"), None);
+    assert_eq!(token_held(&second, "b").map(|h| h.0), Some(token));
+    // A crash between a session's end and its leases' frees: the grants stay in the log,
+    // yet recovery drops them with their session.
+    let kept: Vec<_> = journal.kept();
+    let end_at = kept
+        .iter()
+        .position(|k| k.record[8] == 9)
+        .expect("a SessionEnd record");
+    let cut: Vec<Vec<u8>> = kept[..=end_at].iter().map(|k| k.record.clone()).collect();
+    let (third, _) = restarted_from(&cut).await;
+    assert_eq!(token_held(&third, "a"), None);
+    assert!(matches!(keep(&third, live), Response::Session { .. }));
+}
+
+#[tokio::test]
+async fn an_open_that_never_became_durable_is_taken_back() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let Outcome::Changed { ticket, undo, .. } = executor.execute(
+        &mut Session::new(1),
+        1,
+        Request::SessionOpen { ttl_ms: 5_000 },
+    ) else {
+        panic!("an open waits for its record");
+    };
+    let Some(Record::SessionOpen { session_id, .. }) = journal
+        .kept()
+        .last()
+        .map(|k| record::decode(&k.record).unwrap().0)
+    else {
+        panic!("the open was logged");
+    };
+    let id = SessionId(session_id);
+    assert!(matches!(keep(&executor, id), Response::Session { .. }));
+    journal.fail("injected");
+    let Settled::Lost(why) = settle(ticket, &journal.progress().borrow()) else {
+        panic!("lost");
+    };
+    let answer = answer_lost(&executor, &mut Session::new(1), Some(undo), &why);
+    assert!(matches!(
+        answer,
+        Response::Error {
+            code: ErrorCode::Unavailable,
+            ..
+        }
+    ));
+    assert_eq!(executor.sessions().counts(), (0, 0));
+}
