@@ -883,12 +883,15 @@ mod tests {
         let release = hold_writer(&store);
         let (done, purged) = mpsc::channel();
         let purging = store.clone();
-        std::thread::spawn(move || {
+        let purger = std::thread::spawn(move || {
             let purge = purging.purge_to(LogId::new(CommittedLeaderId::new(1, 1), 3));
             let _ = done.send(purge.is_ok());
         });
         let returned = purged.recv_timeout(std::time::Duration::from_secs(20));
         drop(release);
+        // Its clone of the store gone, dropping `store` below is the last and joins the
+        // writer (a reopen beside a live clone could read the state before the purge's save).
+        purger.join().unwrap();
         assert_eq!(returned, Ok(true), "purge_to waited for the writer thread");
         assert_eq!(indexes(&store), vec![4, 5]);
         assert_eq!(store.state().last_purged_log_id.unwrap().index, 3);

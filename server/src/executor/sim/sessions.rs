@@ -278,7 +278,13 @@ impl World {
         let ttl_ms = self.rng.random_range(50..=400);
         let sent_ms = self.now_ms();
         let outcome = self.execute(c, Request::SessionOpen { ttl_ms });
-        let Outcome::Reply(Response::Session { session_id, .. }, _) = outcome else {
+        // Answered at once, or (its record logged) once durable, which `execute` made it.
+        let (Outcome::Reply(Response::Session { session_id, .. }, _)
+        | Outcome::Changed {
+            response: Response::Session { session_id, .. },
+            ..
+        }) = outcome
+        else {
             panic!("SESSION_OPEN answered otherwise")
         };
         self.sessions.push(Known {
@@ -309,7 +315,7 @@ impl World {
             self.coverage.keepalives_at_deadline += 1;
         }
         let outcome = self.execute(c, Request::SessionKeepalive { session_id: id });
-        let Outcome::Reply(response, _) = outcome else {
+        let (Outcome::Reply(response, _) | Outcome::Changed { response, .. }) = outcome else {
             panic!("SESSION_KEEPALIVE answered otherwise")
         };
         match response {
@@ -368,7 +374,7 @@ impl World {
         };
         let now_ms = self.now_ms();
         let outcome = self.execute(conn, Request::SessionClose { session_id: id });
-        let Outcome::Reply(response, _) = outcome else {
+        let (Outcome::Reply(response, _) | Outcome::Changed { response, .. }) = outcome else {
             panic!("SESSION_CLOSE answered otherwise")
         };
         match response {
