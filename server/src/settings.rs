@@ -584,7 +584,7 @@ mod tests {
         }
         assert_eq!(
             table.len(),
-            35,
+            37,
             "a new setting needs a key, a flag and a variable"
         );
     }
