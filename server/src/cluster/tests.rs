@@ -618,6 +618,34 @@ async fn status_until(addr: &str, ok: impl Fn(&str) -> bool) -> String {
     }
 }
 
+/// `echo "CLUSTER STATUS" | nc -N host port` (README's console usage): a console that
+/// half-closes after its command still hears the answer, on the leader and on a follower,
+/// although it comes from Raft after the read side saw the end (outside testing found no
+/// answer in 26 of 30 tries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_console_still_hears_cluster_status() {
+    use tokio::io::AsyncReadExt;
+    let _watchdog = watchdog("a_half_closed_console_still_hears_cluster_status");
+    let nodes = start_cluster().await;
+    serving_leader(&nodes).await;
+    for started in &nodes {
+        for _ in 0..5 {
+            let mut stream = TcpStream::connect(started.info.client_addr.as_str())
+                .await
+                .unwrap();
+            stream.write_all(b"CLUSTER STATUS\n").await.unwrap();
+            stream.shutdown().await.unwrap();
+            let mut reply = String::new();
+            let read = stream.read_to_string(&mut reply);
+            tokio::time::timeout(Duration::from_secs(10), read)
+                .await
+                .expect("the connection closed within 10 s")
+                .unwrap();
+            assert!(reply.contains("role="), "{reply:?}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_node_is_added_catches_up_and_becomes_a_voter() {
     let _watchdog = watchdog("a_fourth_node_is_added_catches_up_and_becomes_a_voter");

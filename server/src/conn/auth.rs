@@ -80,6 +80,7 @@ impl Conn {
         let timing = self.timing.take();
         let peer = self.ctx.peer.ip();
         self.authenticating = true;
+        self.answers_due += 1;
         self.later.push(Box::pin(async move {
             let verified = identities.verify_from(peer, name.clone(), secret.0).await;
             if !matches!(verified, Ok(Some(_))) {
@@ -161,6 +162,7 @@ impl Conn {
         self.executor.stats().metrics.evicted();
         if self.authenticating {
             self.later.clear();
+            self.answers_due = 0;
             self.authenticating = false;
         }
         let config = self.executor.config();
@@ -194,6 +196,7 @@ impl Conn {
             // Unauthenticated, the connection has nothing else in `later`: no waits, no
             // token retries (both need an identity first).
             self.later.clear();
+            self.answers_due = 0;
             self.authenticating = false;
         }
         let limit = self.executor.config().handshake_timeout.as_millis();

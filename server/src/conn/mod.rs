@@ -128,6 +128,7 @@ pub async fn serve(
         wbuf: BytesMut::with_capacity(16 * 1024),
         queue: VecDeque::new(),
         later: FuturesUnordered::new(),
+        answers_due: 0,
         events_queued: 0,
         identity_changes,
         ctx,
@@ -280,6 +281,10 @@ struct Conn {
     wbuf: BytesMut,
     queue: VecDeque<PendingReply>,
     later: FuturesUnordered<BoxFuture<'static, Later>>,
+    /// Entries of `later` that are not waiters (AUTH, CLUSTER, a token retry): bounded in
+    /// time, so a peer that half-closed after its request (`echo CLUSTER STATUS | nc -N`)
+    /// still gets their answers. A waiter's answer is not waited for (its wait can be long).
+    answers_due: usize,
     /// Entries of `queue` that answer no request (events, and the errors ending watches):
     /// they do not count against the in-flight maximum.
     events_queued: usize,
@@ -395,7 +400,7 @@ impl Conn {
     }
 
     /// Whether the connection may close now. A peer that left (or said QUIT) gets what is
-    /// queued; on shutdown or a broken stream every request read so far is answered first,
+    /// queued and the answers due soon (`answers_due`); on shutdown or a broken stream every request read so far is answered first,
     /// waiters included (they were cancelled, and hear why).
     fn done(&self) -> bool {
         if !self.queue.is_empty() {
@@ -404,7 +409,7 @@ impl Conn {
         if self.stopping || self.fatal {
             return self.later.is_empty() && self.fatal_error.is_none();
         }
-        self.closing
+        self.closing && self.answers_due == 0
     }
 
     /// Shutdown: take in what the peer has already sent (without waiting for more), so that

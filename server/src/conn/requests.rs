@@ -185,6 +185,7 @@ impl Conn {
             } => {
                 self.timing = None; // the retry times itself
                 let tokens = Arc::clone(self.executor.tokens());
+                self.answers_due += 1;
                 self.later.push(Box::pin(async move {
                     let reserved = tokens.reserve().await.map_err(|e| e.to_string());
                     Later::Retry {
@@ -199,6 +200,9 @@ impl Conn {
     }
 
     pub(super) fn on_later(&mut self, done: Later) {
+        if !matches!(done, Later::Wait { .. }) {
+            self.answers_due -= 1;
+        }
         match done {
             Later::Wait {
                 id,
@@ -312,6 +316,7 @@ impl Conn {
             return self.push(id, Response::Error { code, message }, TICKET_NOW);
         }
         let timing = self.timing.take();
+        self.answers_due += 1;
         self.later.push(Box::pin(async move {
             let response = admin.serve(request).await;
             Later::Cluster {
