@@ -334,6 +334,23 @@ impl Session {
         key: impl AsRef<[u8]>,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome<SessionGuard>> {
+        self.lock_kind_with(key, LeaseKind::Exclusive, options)
+            .await
+    }
+
+    /// Takes `key` as `kind` in this session (a read lease or semaphore permits live in a
+    /// session as a plain lock does, PROTOCOL.md 3.11), waiting in line up to
+    /// `options.wait`; otherwise as [`Session::lock_with`].
+    ///
+    /// # Errors
+    /// As [`Session::lock_with`]; a kind that does not match the key's as
+    /// [`Error::KindMismatch`] or [`Error::BadPermits`].
+    pub async fn lock_kind_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        kind: LeaseKind,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome<SessionGuard>> {
         if options.release_on_disconnect {
             return Err(Error::Invalid {
                 code: ErrorCode::BadFrame,
@@ -354,14 +371,9 @@ impl Session {
         let key = Bytes::copy_from_slice(key.as_ref());
         let outcome = self
             .client
-            .acquire_in(
-                &key,
-                Duration::ZERO,
-                LeaseKind::Exclusive,
-                options,
-                Some(self.state.id),
-            )
-            .await;
+            .acquire_in(&key, Duration::ZERO, kind, options, Some(self.state.id))
+            .await
+            .map_err(Error::of_kind);
         match outcome {
             Ok(AcquireOutcome::Granted(lease)) => Ok(AcquireOutcome::Granted(SessionGuard {
                 state: Arc::clone(&self.state),
