@@ -828,6 +828,59 @@ mod tests {
         assert!(seen_there.lock().unwrap().len() >= 8);
     }
 
+    /// The server crashes (every connection closed, then connections refused), comes back
+    /// on its address answering SHUTTING_DOWN for a while, then keeps the session alive
+    /// again: the keep-alives are retried throughout and the session and its locks go on,
+    /// since no failure lasted until the give-up point.
+    #[tokio::test(start_paused = true)]
+    async fn keep_alives_are_retried_through_a_crash_a_restart_and_shutting_down() {
+        let server = fake::start(VERSION, 16, script(kept(), Arc::default())).await;
+        let addr = server.addr.clone();
+        let client = Client::connect(addr.clone()).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let a = session.lock("a").await.unwrap().granted().unwrap();
+        let b = session.lock("b").await.unwrap().granted().unwrap();
+        tokio::time::sleep(ttl()).await;
+        drop(server);
+        // Down for a fifth of the TTL: keep-alives meet a closed connection, then refusals.
+        tokio::time::sleep(ttl() / 5).await;
+        let shutting_down = Arc::new(AtomicU32::new(3));
+        let (left, inner) = (Arc::clone(&shutting_down), script(kept(), Arc::default()));
+        let restarted: Script = Arc::new(move |request| {
+            let keep_alive = matches!(request, Request::SessionKeepalive { .. });
+            if keep_alive
+                && left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Some(Response::Error {
+                    code: ErrorCode::ShuttingDown,
+                    message: "shutting down".into(),
+                });
+            }
+            inner(request)
+        });
+        let restarted = fake::start_at(&addr, VERSION, 16, restarted).await;
+        let back_at = Instant::now();
+        tokio::time::sleep(ttl() * 2).await;
+        assert_eq!(
+            shutting_down.load(Ordering::Relaxed),
+            0,
+            "answered SHUTTING_DOWN"
+        );
+        assert!(
+            session.is_valid() && a.is_valid() && b.is_valid(),
+            "{:?}",
+            session.loss_reason()
+        );
+        assert!(
+            session.deadline() > back_at + ttl(),
+            "kept alive at the restarted server"
+        );
+        assert_eq!((a.fencing_token(), b.fencing_token()), (7, 7));
+        drop(restarted);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn dropping_the_session_closes_it_and_a_released_lock_goes_alone() {
         let closes = Arc::new(AtomicU32::new(0));
