@@ -155,8 +155,6 @@ async fn guards_and_leaderships_ride_through_the_leaders_loss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "blocked: sessions are not in the Raft journal yet, so a fail-over ends them \
-            (PROTOCOL.md 3.11, status in this build); run with --ignored once they are"]
 async fn a_session_and_its_locks_ride_through_the_leaders_loss() {
     let mut nodes = start_cluster().await;
     let leader = serving_leader(&nodes).await;
