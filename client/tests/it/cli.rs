@@ -13,7 +13,8 @@ use tokio::time::{timeout, Instant};
 
 use crate::{granted, wait_for_waiters, PATIENT_TTL};
 
-fn tenure_cli(addr: &str) -> tokio::process::Command {
+/// The `tenure` binary with `--addr addr`, killed when dropped.
+pub(crate) fn tenure_cli(addr: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
     command.arg("--addr").arg(addr).kill_on_drop(true);
     command
