@@ -881,6 +881,61 @@ mod tests {
         drop(restarted);
     }
 
+    /// A session lock's ACQUIRE whose reply is lost (first send unanswered, then answered
+    /// SHUTTING_DOWN) is sent again with the same acquire id and session, and the repeat's
+    /// REGRANTED is the caller's one lock.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_lock_whose_reply_is_lost_is_retried_with_its_acquire_id() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (sends, inner) = (Arc::clone(&seen), script(kept(), Arc::default()));
+        let script: Script = Arc::new(move |request| match request {
+            Request::Acquire {
+                acquire_id,
+                session_id,
+                ..
+            } => {
+                let mut sends = sends.lock().unwrap();
+                sends.push((*acquire_id, *session_id));
+                match sends.len() {
+                    1 => None,
+                    2 => Some(Response::Error {
+                        code: ErrorCode::ShuttingDown,
+                        message: "shutting down".into(),
+                    }),
+                    _ => Some(Response::Regranted {
+                        token: 11,
+                        lease_id: LeaseId::from_u128(5),
+                        ttl_left_ms: TTL_MS,
+                    }),
+                }
+            }
+            other => inner(other),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let config = crate::ClientConfig {
+            request_timeout: ms(500),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let guard = session.lock("k").await.unwrap().granted().unwrap();
+        assert_eq!(
+            (guard.fencing_token(), guard.lease_id()),
+            (11, LeaseId::from_u128(5))
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen[0].0.is_some(), "a session lock carries an acquire id");
+        assert!(
+            seen.iter().all(|send| *send == seen[0]),
+            "sent again as it was: {seen:?}"
+        );
+        assert_eq!(seen[0].1, Some(session.id()));
+        assert!(guard.is_valid());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn dropping_the_session_closes_it_and_a_released_lock_goes_alone() {
         let closes = Arc::new(AtomicU32::new(0));
