@@ -1065,3 +1065,75 @@ async fn cli_console_speaks_the_session_requests() {
     }
     quit(console).await;
 }
+
+/// A server older than sessions, as far as `tenure run` can tell: SESSION_OPEN is answered
+/// `UNKNOWN_OPCODE`, an ACQUIRE granted, a RENEW renewed, anything else RELEASED.
+async fn server_without_sessions() -> (String, tokio::task::JoinHandle<()>) {
+    use futures_util::StreamExt;
+    use tenure_protocol::handshake::{HelloAck, ServerLimits, HELLO_LEN, VERSION};
+    use tenure_protocol::{ErrorCode, LeaseId, Request, Response, ServerCodec};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut hello = [0u8; HELLO_LEN];
+                if stream.read_exact(&mut hello).await.is_err() {
+                    return;
+                }
+                let mut out = bytes::BytesMut::new();
+                let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
+                HelloAck {
+                    version: VERSION,
+                    limits,
+                }
+                .encode(&mut out);
+                let (read, mut write) = stream.into_split();
+                if write.write_all(&out).await.is_err() {
+                    return;
+                }
+                let mut frames = tokio_util::codec::FramedRead::new(read, ServerCodec);
+                while let Some(Ok((id, Ok(request)))) = frames.next().await {
+                    let response = match request {
+                        Request::SessionOpen { .. } => Response::Error {
+                            code: ErrorCode::UnknownOpcode,
+                            message: "unknown opcode 0x0c".into(),
+                        },
+                        Request::Acquire { ttl_ms, .. } => Response::Granted {
+                            token: 3,
+                            lease_id: LeaseId::from_u128(0xabc),
+                            ttl_ms,
+                            waited_ms: 0,
+                        },
+                        Request::Renew { ttl_ms, .. } => Response::Renewed { ttl_ms },
+                        _ => Response::Released,
+                    };
+                    out.clear();
+                    tenure_protocol::frame::encode_response(id, &response, &mut out);
+                    if write.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Against a server that does not know sessions, `tenure run` (a session by default) holds a
+/// lease renewed alone instead, with a one-line warning, and the command runs.
+#[tokio::test]
+async fn cli_run_falls_back_to_a_renewed_lease_without_sessions() {
+    let (addr, server) = server_without_sessions().await;
+    let args = ["run", "cli/old", "--ttl", "300ms", "--", "sleep", "0.5"];
+    let (code, _, err) = cli(&addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("does not know sessions"), "{err}");
+    assert!(
+        err.contains("result=GRANTED") && !err.contains("session="),
+        "{err}"
+    );
+    server.abort();
+}
