@@ -1099,7 +1099,7 @@ async fn server_without_sessions() -> (String, tokio::task::JoinHandle<()>) {
                     let response = match request {
                         Request::SessionOpen { .. } => Response::Error {
                             code: ErrorCode::UnknownOpcode,
-                            message: "unknown opcode 0x0c".into(),
+                            message: "unknown opcode".into(),
                         },
                         Request::Acquire { ttl_ms, .. } => Response::Granted {
                             token: 3,
