@@ -54,14 +54,50 @@ pub(crate) async fn start_delayed(
     delay: Duration,
 ) -> FakeServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    serve_on(listener, version, in_flight_max, script, delay)
+}
+
+/// Like [`start`], on `addr` (a fake server dropped there before: a restart on the same
+/// address, as after a `kill -9`).
+pub(crate) async fn start_at(
+    addr: &str,
+    version: u16,
+    in_flight_max: u32,
+    script: Script,
+) -> FakeServer {
+    // The dropped server's listener closes when its aborted task is dropped: soon.
+    for _ in 0..REBIND_TRIES {
+        if let Ok(listener) = TcpListener::bind(addr).await {
+            return serve_on(listener, version, in_flight_max, script, Duration::ZERO);
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("cannot bind {addr} again");
+}
+
+/// Attempts to bind an address again in [`start_at`].
+const REBIND_TRIES: usize = 1_000;
+
+/// Serves `listener`. Dropping the [`FakeServer`] closes every connection it accepted, as a
+/// crash would.
+fn serve_on(
+    listener: TcpListener,
+    version: u16,
+    in_flight_max: u32,
+    script: Script,
+    delay: Duration,
+) -> FakeServer {
     let addr = listener.local_addr().expect("addr").to_string();
     let task = tokio::spawn(async move {
+        // Owned by this task, so that aborting it aborts every connection too.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            while connections.try_join_next().is_some() {}
             let script = Arc::clone(&script);
-            tokio::spawn(serve(stream, version, in_flight_max, script, delay));
+            connections.spawn(serve(stream, version, in_flight_max, script, delay));
         }
     });
     let heartbeat = tokio::spawn(async {

@@ -334,6 +334,23 @@ impl Session {
         key: impl AsRef<[u8]>,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome<SessionGuard>> {
+        self.lock_kind_with(key, LeaseKind::Exclusive, options)
+            .await
+    }
+
+    /// Takes `key` as `kind` in this session (a read lease or semaphore permits live in a
+    /// session as a plain lock does, PROTOCOL.md 3.11), waiting in line up to
+    /// `options.wait`; otherwise as [`Session::lock_with`].
+    ///
+    /// # Errors
+    /// As [`Session::lock_with`]; a kind that does not match the key's as
+    /// [`Error::KindMismatch`] or [`Error::BadPermits`].
+    pub async fn lock_kind_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        kind: LeaseKind,
+        options: AcquireOptions,
+    ) -> Result<AcquireOutcome<SessionGuard>> {
         if options.release_on_disconnect {
             return Err(Error::Invalid {
                 code: ErrorCode::BadFrame,
@@ -354,14 +371,9 @@ impl Session {
         let key = Bytes::copy_from_slice(key.as_ref());
         let outcome = self
             .client
-            .acquire_in(
-                &key,
-                Duration::ZERO,
-                LeaseKind::Exclusive,
-                options,
-                Some(self.state.id),
-            )
-            .await;
+            .acquire_in(&key, Duration::ZERO, kind, options, Some(self.state.id))
+            .await
+            .map_err(Error::of_kind);
         match outcome {
             Ok(AcquireOutcome::Granted(lease)) => Ok(AcquireOutcome::Granted(SessionGuard {
                 state: Arc::clone(&self.state),
@@ -814,6 +826,114 @@ mod tests {
             "kept alive at the new leader"
         );
         assert!(seen_there.lock().unwrap().len() >= 8);
+    }
+
+    /// The server crashes (every connection closed, then connections refused), comes back
+    /// on its address answering SHUTTING_DOWN for a while, then keeps the session alive
+    /// again: the keep-alives are retried throughout and the session and its locks go on,
+    /// since no failure lasted until the give-up point.
+    #[tokio::test(start_paused = true)]
+    async fn keep_alives_are_retried_through_a_crash_a_restart_and_shutting_down() {
+        let server = fake::start(VERSION, 16, script(kept(), Arc::default())).await;
+        let addr = server.addr.clone();
+        let client = Client::connect(addr.clone()).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let a = session.lock("a").await.unwrap().granted().unwrap();
+        let b = session.lock("b").await.unwrap().granted().unwrap();
+        tokio::time::sleep(ttl()).await;
+        drop(server);
+        // Down for a fifth of the TTL: keep-alives meet a closed connection, then refusals.
+        tokio::time::sleep(ttl() / 5).await;
+        let shutting_down = Arc::new(AtomicU32::new(3));
+        let (left, inner) = (Arc::clone(&shutting_down), script(kept(), Arc::default()));
+        let restarted: Script = Arc::new(move |request| {
+            let keep_alive = matches!(request, Request::SessionKeepalive { .. });
+            if keep_alive
+                && left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Some(Response::Error {
+                    code: ErrorCode::ShuttingDown,
+                    message: "shutting down".into(),
+                });
+            }
+            inner(request)
+        });
+        let restarted = fake::start_at(&addr, VERSION, 16, restarted).await;
+        let back_at = Instant::now();
+        tokio::time::sleep(ttl() * 2).await;
+        assert_eq!(
+            shutting_down.load(Ordering::Relaxed),
+            0,
+            "answered SHUTTING_DOWN"
+        );
+        assert!(
+            session.is_valid() && a.is_valid() && b.is_valid(),
+            "{:?}",
+            session.loss_reason()
+        );
+        assert!(
+            session.deadline() > back_at + ttl(),
+            "kept alive at the restarted server"
+        );
+        assert_eq!((a.fencing_token(), b.fencing_token()), (7, 7));
+        drop(restarted);
+    }
+
+    /// A session lock's ACQUIRE whose reply is lost (first send unanswered, then answered
+    /// SHUTTING_DOWN) is sent again with the same acquire id and session, and the repeat's
+    /// REGRANTED is the caller's one lock.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_lock_whose_reply_is_lost_is_retried_with_its_acquire_id() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (sends, inner) = (Arc::clone(&seen), script(kept(), Arc::default()));
+        let script: Script = Arc::new(move |request| match request {
+            Request::Acquire {
+                acquire_id,
+                session_id,
+                ..
+            } => {
+                let mut sends = sends.lock().unwrap();
+                sends.push((*acquire_id, *session_id));
+                match sends.len() {
+                    1 => None,
+                    2 => Some(Response::Error {
+                        code: ErrorCode::ShuttingDown,
+                        message: "shutting down".into(),
+                    }),
+                    _ => Some(Response::Regranted {
+                        token: 11,
+                        lease_id: LeaseId::from_u128(5),
+                        ttl_left_ms: TTL_MS,
+                    }),
+                }
+            }
+            other => inner(other),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let config = crate::ClientConfig {
+            request_timeout: ms(500),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let guard = session.lock("k").await.unwrap().granted().unwrap();
+        assert_eq!(
+            (guard.fencing_token(), guard.lease_id()),
+            (11, LeaseId::from_u128(5))
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen[0].0.is_some(), "a session lock carries an acquire id");
+        assert!(
+            seen.iter().all(|send| *send == seen[0]),
+            "sent again as it was: {seen:?}"
+        );
+        assert_eq!(seen[0].1, Some(session.id()));
+        assert!(guard.is_valid());
     }
 
     #[tokio::test(start_paused = true)]

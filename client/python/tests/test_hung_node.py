@@ -78,24 +78,17 @@ def test_a_guard_leaves_a_stopped_leader_and_renews_at_the_new_one(tenured_bin: 
             node.kill()
 
 
-#: Sessions are not in the Raft journal yet (PROTOCOL.md 3.11, "Status in this build"): a
-#: fail-over ends them, so `tenure run --session` cannot ride through one until they are.
-BLOCKED_ON_REPLICATED_SESSIONS = pytest.mark.xfail(
-    strict=True, reason="sessions are not replicated yet: a fail-over ends them (server side of issue 25)"
-)
-
-
 @pytest.mark.parametrize(
     "hold",
     [
-        pytest.param([], id="lease"),
-        pytest.param(["--session"], id="session", marks=BLOCKED_ON_REPLICATED_SESSIONS),
+        pytest.param(["--no-session"], id="lease"),
+        pytest.param([], id="session"),
     ],
 )
 def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path: Path, hold) -> None:
-    """The Rust client, through `tenure run` (built next to tenured): its guard (TTL 6 s,
-    renewed every 2 s, request time-out 5 s), or its session (TTL 6 s, a keep-alive every 2 s),
-    rides through a SIGSTOP of the leader."""
+    """The Rust client, through `tenure run` (built next to tenured): its session (the
+    default: TTL 6 s, a keep-alive every 2 s), or with --no-session its guard (TTL 6 s,
+    renewed every 2 s, request time-out 5 s), rides through a SIGSTOP of the leader."""
     cli = Path(tenured_bin).with_name("tenure")
     # Not skipped when missing: a test that passes without running is no test.
     assert cli.exists(), f"{cli} is not built: cargo build -p tenure --bin tenure"

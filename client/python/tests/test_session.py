@@ -167,7 +167,36 @@ def test_asyncio_sessions_and_bad_arguments(server) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(strict=True, reason="sessions are not replicated yet: a fail-over ends them (server side of issue 25)")
+def test_a_session_with_two_locks_is_kept_alive_through_kill_9_and_restart(start_tenured) -> None:
+    ttl_s = 6.0
+    node = start_tenured()
+    node.no_fsync = False  # what survives kill -9 is what was fsynced
+    node.restart()
+    with tenure.Client(node.addr, timeout=2) as holder:
+        s = holder.session(ttl=ttl_s)
+        locks = [s.lock(k).acquire() for k in ("k9/a", "k9/b")]
+        tokens = [lock.token for lock in locks]
+        session_id = s.session_id
+        node.kill()
+        killed_at = time.monotonic()
+        time.sleep(0.5)  # down a while: keep-alives meet refused connections
+        node.start()
+        with tenure.Client(node.addr) as other:
+            # Past the TTL counted from the kill: only keep-alives at the restarted server can
+            # have kept the session (and its locks) alive this long.
+            while time.monotonic() - killed_at < ttl_s * 1.5:
+                s.check()
+                for lock in locks:
+                    lock.check()
+                    probe = other.acquire(lock.key, ttl=1)
+                    assert isinstance(probe, Locked) and probe.token == lock.token, probe
+                time.sleep(0.5)
+            assert s.session_id == session_id
+            assert [lock.token for lock in locks] == tokens
+            assert s.close() == 2
+            assert all(isinstance(other.inspect(k), tenure.Free) for k in ("k9/a", "k9/b"))
+
+
 def test_a_session_rides_through_the_leaders_kill(tenured_bin: str, tmp_path: Path) -> None:
     ttl_s, every_s = 6.0, 0.5
     nodes = start_cluster(tenured_bin, tmp_path)

@@ -13,7 +13,8 @@ use tokio::time::{timeout, Instant};
 
 use crate::{granted, wait_for_waiters, PATIENT_TTL};
 
-fn tenure_cli(addr: &str) -> tokio::process::Command {
+/// The `tenure` binary with `--addr addr`, killed when dropped.
+pub(crate) fn tenure_cli(addr: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
     command.arg("--addr").arg(addr).kill_on_drop(true);
     command
@@ -264,16 +265,21 @@ async fn cli_elect_runs_the_command_while_leading_and_resigns() {
     assert_eq!(state, KeyState::Free, "resigned after the command");
 }
 
-/// `tenure elect` leads with a lease renewed alone by default and in a session of its own
-/// only with `--session` (sessions end at a restart or fail-over in this build).
+/// `tenure elect` leads in a session of its own by default (and with `--session`, still
+/// accepted), and with a lease renewed alone with `--no-session`.
 #[tokio::test]
-async fn cli_elect_leads_in_a_session_only_when_asked() {
+async fn cli_elect_leads_in_a_session_unless_told_no_session() {
     let server = TestServer::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("session");
     let file_arg = file.to_str().expect("utf-8 path");
     let script = "echo \"[$TENURE_SESSION_ID]\" > \"$1\"";
-    for (flags, in_session) in [(&[][..], false), (&["--session"][..], true)] {
+    let runs = [
+        (&[][..], true),
+        (&["--session"][..], true),
+        (&["--no-session"][..], false),
+    ];
+    for (flags, in_session) in runs {
         let mut args = vec!["elect", "cli-s", "--value", "me", "--ttl", "1s"];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["--", "sh", "-c", script, "sh", file_arg]);
@@ -880,58 +886,66 @@ async fn cli_moves_past_an_address_that_accepts_and_never_opens() {
     drop(hung);
 }
 
-/// `tenure run` holds a lease renewed alone by default (sessions do not survive a restart or
-/// fail-over in this build); `--session` opts in to a lock in a session of its own;
-/// `--no-session` is still accepted, as the default.
+/// The number of RENEW requests `client`'s server has handled.
+async fn renewals(client: &tenure::Client) -> u64 {
+    let stats = client.stats().await.expect("stats");
+    stats
+        .iter()
+        .find(|(n, _)| n == "ops_renew")
+        .expect("ops_renew")
+        .1
+}
+
+/// `tenure run` holds its lock in a session of its own by default (and with `--session`, still
+/// accepted); `--no-session` holds a lease renewed alone, the behaviour before.
 #[tokio::test]
-async fn cli_run_holds_a_renewed_lease_unless_asked_for_a_session() {
+async fn cli_run_holds_a_session_unless_told_no_session() {
     let server = TestServer::start();
     let addr = server.addr.as_str();
+    let client = server.client().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("session");
     // The command outlives three session TTLs: only the session's keep-alives hold the lock.
-    let script = format!("echo $TENURE_SESSION_ID > {}; sleep 1.5", file.display());
-    let args = [
-        "run",
-        "--key",
-        "cli/session",
-        "--ttl",
-        "400ms",
-        "--session",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ];
-    let (code, _, err) = cli(addr, &args).await;
-    assert_eq!(code, 0, "{err}");
-    let written = std::fs::read_to_string(&file).expect("the command wrote its env");
-    assert_eq!(written.trim(), field(&err, "session"), "{err}");
-    assert_eq!(written.trim().len(), 32, "{written:?}");
-    let client = server.client().await;
-    assert_eq!(
-        client.inspect("cli/session").await.expect("inspect"),
-        KeyState::Free,
-        "the session's close freed it"
-    );
-    let stats = client.stats().await.expect("stats");
-    let renewals = stats
-        .iter()
-        .find(|(n, _)| n == "ops_renew")
-        .expect("ops_renew");
-    assert_eq!(renewals.1, 0, "kept by keep-alives, not renewals");
-
-    // The default: no session, and the lease outlives three TTLs by renewals.
     let script = format!(
         "echo \"[$TENURE_SESSION_ID]\" > {}; sleep 1.5",
         file.display()
     );
+    for (key, flags) in [
+        ("cli/default", &[][..]),
+        ("cli/session", &["--session"][..]),
+    ] {
+        let mut args = vec!["run", "--key", key, "--ttl", "400ms"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let (code, _, err) = cli(addr, &args).await;
+        assert_eq!(code, 0, "{flags:?}: {err}");
+        let written = std::fs::read_to_string(&file).expect("the command wrote its env");
+        assert_eq!(
+            written.trim(),
+            format!("[{}]", field(&err, "session")),
+            "{err}"
+        );
+        assert_eq!(written.trim().len(), 34, "{written:?}");
+        assert_eq!(
+            client.inspect(key).await.expect("inspect"),
+            KeyState::Free,
+            "the session's close freed it"
+        );
+    }
+    assert_eq!(
+        renewals(&client).await,
+        0,
+        "kept by keep-alives, not renewals"
+    );
+
+    // --no-session: no session, and the lease outlives three TTLs by renewals.
     let plain = [
         "run",
         "--key",
         "cli/plain",
         "--ttl",
         "400ms",
+        "--no-session",
         "--",
         "sh",
         "-c",
@@ -944,47 +958,69 @@ async fn cli_run_holds_a_renewed_lease_unless_asked_for_a_session() {
         "{err}"
     );
     let written = std::fs::read_to_string(&file).expect("the command wrote its env");
-    assert_eq!(written.trim(), "[]", "no session by default");
-    let stats = client.stats().await.expect("stats");
-    let renewals = stats.iter().find(|(n, _)| n == "ops_renew").unwrap().1;
-    assert!(renewals > 0, "a lease renewed alone: {renewals} renewals");
+    assert_eq!(written.trim(), "[]", "no session with --no-session");
+    let renewed = renewals(&client).await;
+    assert!(renewed > 0, "a lease renewed alone: {renewed} renewals");
     assert_eq!(
         client.inspect("cli/plain").await.expect("inspect"),
         KeyState::Free
     );
-
-    // --no-session: accepted, and the same as the default.
-    let compat = [
+    let both = [
         "run",
-        "--key",
-        "cli/compat",
+        "cli/both",
         "--ttl",
         "1s",
+        "--session",
         "--no-session",
         "--",
         "true",
     ];
-    let (code, _, err) = cli(addr, &compat).await;
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        err.contains("result=GRANTED") && !err.contains("session="),
-        "{err}"
-    );
+    let (code, _, err) = cli(addr, &both).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot be used with"), "a conflict: {err}");
 }
 
-/// `--session` holds a plain lock only: with `--shared` or `--permits` the command line
-/// refuses it before connecting, and nothing runs.
+/// `--shared` and `--permits` are held in a session too (the server keeps read leases and
+/// permits in sessions): two `run`s share the key, each in a session of its own, and nothing
+/// is renewed.
 #[tokio::test]
-async fn cli_run_refuses_a_session_with_a_shared_or_permits_lease() {
+async fn cli_run_holds_a_shared_or_permits_lease_in_a_session() {
     let server = TestServer::start();
-    for kind in [&["--shared"][..], &["--permits", "3"][..]] {
-        let mut args = vec!["run", "--key", "cli/kind", "--ttl", "1s", "--session"];
-        args.extend_from_slice(kind);
-        args.extend_from_slice(&["--", "true"]);
-        let (code, _, err) = cli(&server.addr, &args).await;
-        assert_eq!(code, 1, "{kind:?}: {err}");
-        assert!(err.contains("cannot be used with"), "{kind:?}: {err}");
+    let client = server.client().await;
+    for (key, kind) in [
+        ("cli/shared", &["--shared"][..]),
+        ("cli/permits", &["--permits", "3"][..]),
+    ] {
+        // The first holder outlives three TTLs while the second takes the key beside it.
+        let mut long = vec!["run", key, "--ttl", "400ms"];
+        long.extend_from_slice(kind);
+        long.extend_from_slice(&["--", "sleep", "1.5"]);
+        let mut short = vec!["run", key, "--ttl", "400ms"];
+        short.extend_from_slice(kind);
+        short.extend_from_slice(&["--", "true"]);
+        let first = cli(&server.addr, &long);
+        let second = async {
+            tokio::time::sleep(ms(600)).await;
+            cli(&server.addr, &short).await
+        };
+        let ((code, _, err), (code2, _, err2)) = tokio::join!(first, second);
+        assert_eq!(code, 0, "{kind:?}: {err}");
+        assert_eq!(code2, 0, "{kind:?}, beside the first: {err2}");
+        for err in [&err, &err2] {
+            assert_eq!(field(err, "session").len(), 32, "{kind:?}: {err}");
+        }
+        assert_ne!(field(&err, "session"), field(&err2, "session"));
+        assert_eq!(
+            client.inspect(key).await.expect("inspect"),
+            KeyState::Free,
+            "{kind:?}"
+        );
     }
+    assert_eq!(
+        renewals(&client).await,
+        0,
+        "kept by keep-alives, not renewals"
+    );
 }
 
 #[tokio::test]
@@ -1028,4 +1064,76 @@ async fn cli_console_speaks_the_session_requests() {
         assert_eq!(field(&free, "result"), "FREE", "{key}: {free}");
     }
     quit(console).await;
+}
+
+/// A server older than sessions, as far as `tenure run` can tell: SESSION_OPEN is answered
+/// `UNKNOWN_OPCODE`, an ACQUIRE granted, a RENEW renewed, anything else RELEASED.
+async fn server_without_sessions() -> (String, tokio::task::JoinHandle<()>) {
+    use futures_util::StreamExt;
+    use tenure_protocol::handshake::{HelloAck, ServerLimits, HELLO_LEN, VERSION};
+    use tenure_protocol::{ErrorCode, LeaseId, Request, Response, ServerCodec};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut hello = [0u8; HELLO_LEN];
+                if stream.read_exact(&mut hello).await.is_err() {
+                    return;
+                }
+                let mut out = bytes::BytesMut::new();
+                let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
+                HelloAck {
+                    version: VERSION,
+                    limits,
+                }
+                .encode(&mut out);
+                let (read, mut write) = stream.into_split();
+                if write.write_all(&out).await.is_err() {
+                    return;
+                }
+                let mut frames = tokio_util::codec::FramedRead::new(read, ServerCodec);
+                while let Some(Ok((id, Ok(request)))) = frames.next().await {
+                    let response = match request {
+                        Request::SessionOpen { .. } => Response::Error {
+                            code: ErrorCode::UnknownOpcode,
+                            message: "unknown opcode".into(),
+                        },
+                        Request::Acquire { ttl_ms, .. } => Response::Granted {
+                            token: 3,
+                            lease_id: LeaseId::from_u128(0xabc),
+                            ttl_ms,
+                            waited_ms: 0,
+                        },
+                        Request::Renew { ttl_ms, .. } => Response::Renewed { ttl_ms },
+                        _ => Response::Released,
+                    };
+                    out.clear();
+                    tenure_protocol::frame::encode_response(id, &response, &mut out);
+                    if write.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Against a server that does not know sessions, `tenure run` (a session by default) holds a
+/// lease renewed alone instead, with a one-line warning, and the command runs.
+#[tokio::test]
+async fn cli_run_falls_back_to_a_renewed_lease_without_sessions() {
+    let (addr, server) = server_without_sessions().await;
+    let args = ["run", "cli/old", "--ttl", "300ms", "--", "sleep", "0.5"];
+    let (code, _, err) = cli(&addr, &args).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("does not know sessions"), "{err}");
+    assert!(
+        err.contains("result=GRANTED") && !err.contains("session="),
+        "{err}"
+    );
+    server.abort();
 }

@@ -155,8 +155,6 @@ async fn guards_and_leaderships_ride_through_the_leaders_loss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "blocked: sessions are not in the Raft journal yet, so a fail-over ends them \
-            (PROTOCOL.md 3.11, status in this build); run with --ignored once they are"]
 async fn a_session_and_its_locks_ride_through_the_leaders_loss() {
     let mut nodes = start_cluster().await;
     let leader = serving_leader(&nodes).await;
@@ -215,6 +213,78 @@ async fn a_session_and_its_locks_ride_through_the_leaders_loss() {
             KeyState::Free
         ));
     }
+    for node in nodes {
+        node.node.kill().await;
+    }
+}
+
+/// Waits until `path` exists (a command under `tenure elect` wrote it: it leads).
+async fn written(path: &std::path::Path, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// `tenure elect` (a session by default) in a cluster: the leader keeps leading through the
+/// cluster leader's kill (its session's keep-alives go to the new leader) while a standby
+/// waits; once the leading `tenure` is killed with SIGKILL, the standby leads after the
+/// session's TTL runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_elect_leads_through_a_fail_over_and_a_killed_leader_is_replaced() {
+    let mut nodes = start_cluster().await;
+    let leader = serving_leader(&nodes).await;
+    let addrs = all_addresses(&nodes);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let elect = |value: &str, file: &std::path::Path| {
+        let script = format!(
+            "echo $TENURE_SESSION_ID > {}; exec sleep 120",
+            file.display()
+        );
+        let ttl = format!("{}ms", TTL.as_millis());
+        let args = ["elect", "cli-fo", "--value", value, "--ttl", &ttl, "--"];
+        crate::cli::tenure_cli(&addrs)
+            .args(args)
+            .args(["sh", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn tenure elect")
+    };
+    let (first_file, second_file) = (dir.path().join("first"), dir.path().join("second"));
+    let mut first = elect("first", &first_file);
+    assert!(
+        written(&first_file, STEP_MAX).await,
+        "the first candidate leads"
+    );
+    let mut second = elect("second", &second_file);
+    let session = std::fs::read_to_string(&first_file).unwrap();
+    assert_eq!(session.trim().len(), 32, "led in a session: {session:?}");
+
+    nodes.remove(leader).node.kill().await;
+    let killed_at = Instant::now();
+    // A TTL and more past the kill: only keep-alives at the new leader kept it leading.
+    while killed_at.elapsed() < TTL + RENEW_EVERY * 2 {
+        assert!(first.try_wait().unwrap().is_none(), "the leader stopped");
+        assert!(!second_file.exists(), "the standby led beside the leader");
+        tokio::time::sleep(RENEW_EVERY).await;
+    }
+
+    first.start_kill().expect("SIGKILL the leading tenure");
+    first.wait().await.unwrap();
+    let killed_at = Instant::now();
+    assert!(
+        written(&second_file, TTL + STEP_MAX).await,
+        "the standby leads once the killed leader's session ran out"
+    );
+    // Not before its session ended: the killed leader's keep-alives stopped at the kill.
+    assert!(killed_at.elapsed() >= TTL / 2, "{:?}", killed_at.elapsed());
+    second.start_kill().unwrap();
+    let _ = second.wait().await;
     for node in nodes {
         node.node.kill().await;
     }

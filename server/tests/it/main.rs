@@ -3,6 +3,8 @@
 //!   its acquire id after the restart;
 //! - `client_retry`: the Rust client's ACQUIRE retried with its acquire id after a reply
 //!   lost to `kill -9` (single node and cluster leader), through a proxy that drops it;
+//! - `client_sessions`: the Rust client's sessions kept alive through `kill -9` and restart of
+//!   the real `tenured`, and through the cluster leader's `kill -9`;
 //! - `auth`: identities, AUTH, permissions, quotas, reload on SIGHUP, `hash-secret`, and the
 //!   loopback-only default;
 //! - `cluster`: three `tenured --cluster` daemons, `cluster-init`, `kill -9` of the leader;
@@ -33,6 +35,7 @@
 mod acquire_ids;
 mod auth;
 mod client_retry;
+mod client_sessions;
 mod cluster;
 mod cluster_metrics;
 mod cluster_security;

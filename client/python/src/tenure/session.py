@@ -196,7 +196,17 @@ class AsyncSession:
                 last_error, next_at = str(e), time.monotonic() + retry
                 continue
             except (ConnectionLost, RequestTimeout, OSError, asyncio.TimeoutError) as e:
+                # A lost connection, a restarting server or a fail-over: the next send goes
+                # to the restarted server or the new leader, until the give-up point.
                 last_error, next_at = str(e) or type(e).__name__, time.monotonic() + retry
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the keep-alive must outlive any one failure
+                # Anything else (a garbled answer from a node going down) is retried too: a
+                # keep-alive task that died would leave `lost` unset while the session runs out.
+                log.debug("tenure: session keep-alive failed: %r", e)
+                last_error, next_at = repr(e), time.monotonic() + retry
                 continue
             # Counted from before the answered send: never later than the server's deadline.
             self.deadline = max(self.deadline, local_deadline(sent_at, 0, ttl_ms))

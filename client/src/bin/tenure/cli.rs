@@ -132,11 +132,11 @@ pub enum Command {
     Stats,
     /// Measure a round trip.
     Ping,
-    /// Hold a lock (a lease renewed alone, or with --session a lock in a session of its own)
+    /// Hold a lock (in a session of its own, or with --no-session a lease renewed alone)
     /// while a command runs; kill the command if the lock is lost.
     Run(RunArgs),
-    /// Run a command only while leading an election group (as a lease renewed alone, or with
-    /// --session in a session of its own).
+    /// Run a command only while leading an election group (in a session of its own, or with
+    /// --no-session as a lease renewed alone).
     Elect(ElectArgs),
     /// Print every new leader of an election group.
     Observe {
@@ -169,8 +169,8 @@ pub struct RunArgs {
         required_unless_present = "key_flag"
     )]
     pub key_arg: Option<String>,
-    /// Lease length; renewed every third of it while the command runs. With --session, the
-    /// TTL of the session the lock is held in (one keep-alive every third of it).
+    /// The TTL of the session the lock is held in (one keep-alive every third of it); with
+    /// --no-session, the lease length, renewed every third of it while the command runs.
     #[arg(long, value_parser = duration_flag)]
     pub ttl: Duration,
     /// How long to wait in line if the lock is held.
@@ -185,14 +185,14 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
-    /// Hold the lock in a session of its own instead of a lease renewed alone (a plain lock
-    /// only). Sessions are in the server's memory only in this build: a restart or fail-over
-    /// ends the session and the command loses the lock. Against a server without sessions,
-    /// a lease renewed alone, with a warning.
-    #[arg(long, conflicts_with_all = ["permits", "shared"])]
+    /// Hold the lock in a session of its own (the default; the flag is accepted as before).
+    /// The session survives a server restart and a cluster's fail-over. Against a server
+    /// without sessions, a lease renewed alone, with a warning.
+    #[arg(long)]
     pub session: bool,
-    /// Accepted for compatibility and ignored: a lease renewed alone is the default.
-    #[arg(long, hide = true, conflicts_with = "session")]
+    /// Hold a lease renewed alone instead of a lock in a session (the behaviour before
+    /// sessions were the default).
+    #[arg(long, conflicts_with = "session")]
     pub no_session: bool,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN,
     /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when the
@@ -261,17 +261,18 @@ pub struct ElectArgs {
     #[arg(long)]
     pub value: String,
     /// The leader's lease length (a hung or cut-off leader leads at most this long
-    /// unconfirmed); with --session, the TTL of the leader's session.
+    /// unconfirmed): the TTL of the leader's session, or with --no-session of its lease.
     #[arg(long, value_parser = duration_flag, default_value = "10s")]
     pub ttl: Duration,
-    /// Lead with a lock in a session of its own instead of a lease renewed alone. Sessions are
-    /// in the server's memory only in this build: a restart or fail-over ends the session
-    /// and with it the leadership. Against a server without sessions, a lease renewed alone,
-    /// with a warning.
+    /// Lead with a lock in a session of its own (the default; the flag is accepted as
+    /// before): leadership lasts while the session does, through a server restart and a
+    /// cluster's fail-over. Against a server without sessions, a lease renewed alone, with a
+    /// warning.
     #[arg(long)]
     pub session: bool,
-    /// Accepted for compatibility and ignored: a lease renewed alone is the default.
-    #[arg(long, hide = true, conflicts_with = "session")]
+    /// Lead with a lease renewed alone instead (the behaviour before sessions were the
+    /// default: release on disconnect given one address).
+    #[arg(long, conflicts_with = "session")]
     pub no_session: bool,
     /// Time between SIGTERM and SIGKILL when leadership is lost.
     #[arg(long, value_parser = duration_flag, default_value = "5s")]

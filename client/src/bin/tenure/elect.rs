@@ -14,9 +14,8 @@ use crate::run::supervise;
 /// Pause before a candidate queues again after its wait was cut short by a server restart.
 const CAMPAIGN_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// `tenure elect`: campaigns until leading (as a lease renewed alone, or with `--session` in
-/// a session of its own: opt-in while sessions do not survive a restart or fail-over), then
-/// runs the command while leadership lasts.
+/// `tenure elect`: campaigns until leading (in a session of its own, or with `--no-session`
+/// as a lease renewed alone), then runs the command while leadership lasts.
 pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result<u8> {
     let options = ElectionOptions {
         ttl: args.ttl,
@@ -24,7 +23,7 @@ pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result
     };
     let election = Election::with_options(client.clone(), &args.group, options);
     let key = String::from_utf8_lossy(election.key()).into_owned();
-    let hold = if !args.session {
+    let hold = if args.no_session {
         campaign_alone(&election, &args.value).await?
     } else {
         match campaign_in_session(&client, &key, args.ttl, &args.value).await {
@@ -51,8 +50,7 @@ async fn campaign_alone(election: &Election, value: &str) -> anyhow::Result<Hold
 
 /// Waits in line for `key` in a session of `ttl` until it is granted: the leader's term is
 /// its fencing token, and its leadership lasts while its session does: until its holder stops
-/// keeping the session alive, or (sessions being in memory only in this build) the serving
-/// node restarts or loses the lead.
+/// keeping the session alive (a restart of the server or a fail-over does not end it).
 async fn campaign_in_session(
     client: &Client,
     key: &str,
@@ -65,7 +63,8 @@ async fn campaign_in_session(
         release_on_disconnect: false,
     };
     loop {
-        match lock_in_session(client, key, ttl, options.clone()).await {
+        let exclusive = tenure::LeaseKind::Exclusive;
+        match lock_in_session(client, key, ttl, exclusive, options.clone()).await {
             Ok(AcquireOutcome::Granted((hold, _))) => return Ok(hold),
             Ok(AcquireOutcome::Locked(_)) => {}
             // The server restarted (or is restarting) under the standby: queue again once it

@@ -1,6 +1,6 @@
-//! What `tenure run` and `tenure elect` hold while their command runs: a lease renewed alone
-//! (the default, and with `--session` against a server that does not know sessions), or with
-//! `--session` a lock in a session of its own.
+//! What `tenure run` and `tenure elect` hold while their command runs: a lock in a session of
+//! its own (the default), or a lease renewed alone (`--no-session`, and against a server that
+//! does not know sessions).
 //!
 //! A session's lock needs no renewal, so nothing would tell its holder that someone released
 //! it with its lease id (`tenure release KEY LEASE`, which a lease's next renewal would answer
@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use tenure::{
-    AcquireOptions, AcquireOutcome, Client, ErrorCode, EventKind, KeyState, LeaseGuard, LossReason,
-    Session, SessionGuard,
+    AcquireOptions, AcquireOutcome, Client, ErrorCode, EventKind, KeyState, LeaseGuard, LeaseKind,
+    LossReason, Session, SessionGuard,
 };
 
 /// Pause before a lost watch of a session's key subscribes again.
@@ -30,6 +30,9 @@ pub enum Hold {
         guard: SessionGuard,
         /// The client the key is watched through.
         client: Client,
+        /// True for a plain lock (the key alone), false for a read lease or permits, whose
+        /// key others hold beside us.
+        alone: bool,
     },
 }
 
@@ -66,9 +69,14 @@ impl Hold {
     pub fn lost(&self) -> Lost {
         match self {
             Hold::Lease(guard) => Box::pin(guard.lost()),
-            Hold::Session { guard, client, .. } => {
+            Hold::Session {
+                guard,
+                client,
+                alone,
+                ..
+            } => {
                 let lost = guard.lost();
-                let released = released_behind_our_back(client.clone(), guard);
+                let released = released_behind_our_back(client.clone(), guard, *alone);
                 Box::pin(async move {
                     tokio::select! {
                         reason = lost => reason,
@@ -97,11 +105,14 @@ impl Hold {
     }
 }
 
-/// Resolves with [`LossReason::Revoked`] once `key` is seen free, held under another token,
-/// or released or expired under `token`; resubscribes after a failed watch.
+/// Resolves with [`LossReason::Revoked`] once `key` is seen free, or released or expired
+/// under `token`, or (held `alone`) held under another token; resubscribes after a failed
+/// watch. A read lease or permits share the key, so there another holder's token (newer, or
+/// the one INSPECT shows) says nothing about ours: only our own end, or a free key, counts.
 fn released_behind_our_back(
     client: Client,
     guard: &SessionGuard,
+    alone: bool,
 ) -> impl Future<Output = LossReason> + Send + 'static {
     let key = tenure::Bytes::copy_from_slice(guard.key());
     let token = guard.fencing_token();
@@ -115,13 +126,13 @@ fn released_behind_our_back(
                 }
             };
             match watch.initial_state() {
-                KeyState::Held { token: held, .. } if *held == token => {}
+                KeyState::Held { token: held, .. } if *held == token || !alone => {}
                 _ => return LossReason::Revoked,
             }
             while let Some(event) = watch.next().await {
                 let Ok(event) = event else { break };
                 let ended = matches!(event.kind, EventKind::Released | EventKind::Expired);
-                if ended && event.token == token || event.token > token {
+                if ended && event.token == token || alone && event.token > token {
                     return LossReason::Revoked;
                 }
             }
@@ -141,7 +152,7 @@ pub fn sessions_unknown(error: &tenure::Error) -> bool {
     )
 }
 
-/// Takes `key` in a new session of `ttl`, waiting in line up to `options.wait`; a LOCKED
+/// Takes `key` as `kind` in a new session of `ttl`, waiting in line up to `options.wait`; a LOCKED
 /// answer closes the session again. Granted: the hold and how long it waited in line.
 ///
 /// # Errors
@@ -150,10 +161,11 @@ pub async fn lock_in_session(
     client: &Client,
     key: &str,
     ttl: Duration,
+    kind: LeaseKind,
     options: AcquireOptions,
 ) -> tenure::Result<AcquireOutcome<(Hold, Duration)>> {
     let session = client.session(ttl).await?;
-    match session.lock_with(key, options).await {
+    match session.lock_kind_with(key, kind, options).await {
         Ok(AcquireOutcome::Granted(guard)) => {
             let waited = guard.waited();
             let client = client.clone();
@@ -161,6 +173,7 @@ pub async fn lock_in_session(
                 session,
                 guard,
                 client,
+                alone: kind == LeaseKind::Exclusive,
             };
             Ok(AcquireOutcome::Granted((hold, waited)))
         }

@@ -20,7 +20,7 @@
 //! | `cli` | the flags and commands (clap) | `certs`, `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
-//! | `hold` | what `run` and `elect` hold: a lease renewed alone, or (`--session`) a lock in a session of its own | — |
+//! | `hold` | what `run` and `elect` hold: a lock in a session of its own, or (`--no-session`) a lease renewed alone | — |
 //! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `hold`, `output`, `requests` |
 //! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `hold`, `output`, `run` |
 //! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |

@@ -14,12 +14,12 @@ use crate::hold::{lock_in_session, sessions_unknown, Hold};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
 
-/// `tenure run`: takes the lock (waiting if asked) as a lease renewed alone (or, with
-/// `--session`, in a session of its own), runs the command under it, releases.
+/// `tenure run`: takes the lock (waiting if asked) in a session of its own (or, with
+/// `--no-session`, as a lease renewed alone), runs the command under it, releases.
 ///
-/// The lease is the default because sessions live in the serving node's memory only in this
-/// build (PROTOCOL.md 3.11 "Status in this build"): a restart or fail-over ends them, and so
-/// would take a running command's lock, where a renewed lease rides through.
+/// The session is the default because it is durable like a lease (PROTOCOL.md 3.11): it rides
+/// through a restart and a fail-over, and unlike a renewed lease its end frees the lock at
+/// once when `tenure` closes it.
 pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8> {
     let key = args.key().to_owned();
     let kind = args.kind.kind();
@@ -28,7 +28,7 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
         meta: Bytes::from(args.meta.unwrap_or_default()),
         release_on_disconnect: false,
     };
-    let outcome = if args.session {
+    let outcome = if !args.no_session {
         let in_session =
             acquire_through_restarts(client, &key, args.ttl, kind, options.clone(), true).await;
         match in_session {
@@ -77,8 +77,7 @@ async fn acquire_lease(
 /// client's own reconnect backoff.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(50);
 
-/// Acquires `key` as `kind`, in a new session of `ttl` when `in_session` (a plain lock
-/// only: the command line refuses `--session` with `--shared` or `--permits`); a wait cut short by a server
+/// Acquires `key` as `kind`, in a new session of `ttl` when `in_session`; a wait cut short by a server
 /// restart (connection lost or refused, SHUTTING_DOWN, RECOVERING) queues again, for what is
 /// left of `options.wait`. A time-out is not retried: the first request may still be queued
 /// on the server.
@@ -93,7 +92,7 @@ async fn acquire_through_restarts(
     let wait_until = Instant::now() + options.wait;
     loop {
         let attempt = if in_session {
-            lock_in_session(client, key, ttl, options.clone()).await
+            lock_in_session(client, key, ttl, kind, options.clone()).await
         } else {
             client
                 .acquire_kind(key, ttl, kind, options.clone())
