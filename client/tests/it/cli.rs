@@ -13,7 +13,7 @@ use tokio::time::{timeout, Instant};
 
 use crate::{granted, wait_for_waiters, PATIENT_TTL};
 
-fn tenure_cli(addr: &str) -> tokio::process::Command {
+pub(crate) fn tenure_cli(addr: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
     command.arg("--addr").arg(addr).kill_on_drop(true);
     command
@@ -699,7 +699,7 @@ async fn cli_console_watch_prints_the_keys_state() {
 }
 
 /// The state letter of process `pid` in /proc (`Z` for a zombie), or None once it is gone.
-fn process_state(pid: u32) -> Option<char> {
+pub(crate) fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the command name, which is in parentheses and may hold spaces.
     stat.rsplit_once(") ")?.1.chars().next()
