@@ -171,7 +171,7 @@ fn become_subreaper() {
 fn stop_requested(signals: &libc::sigset_t, timeout: Duration) -> bool {
     let timeout = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).expect("under a second"),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
     };
     // SAFETY: the set and the time-out are ours and valid; no siginfo is asked for.
     let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
