@@ -38,9 +38,16 @@ pub const GUARD_MARGIN: Duration = Duration::from_secs(10);
 const _: () = assert!(GUARD_MARGIN.as_millis() > KILLED_WAIT.as_millis());
 
 /// The guardian's command line for `command`, stopping it with `grace` between SIGTERM and
-/// SIGKILL. `/proc/self/exe` is this very binary even if its file was replaced since.
+/// SIGKILL. `/proc/self/exe` is this very binary even if its file was replaced since; without
+/// /proc, the path it was started from.
 pub fn guarded(command: &[String], grace: Duration) -> tokio::process::Command {
-    let mut line = tokio::process::Command::new("/proc/self/exe");
+    let proc_exe = std::path::PathBuf::from("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe
+    } else {
+        std::env::current_exe().unwrap_or(proc_exe)
+    };
+    let mut line = tokio::process::Command::new(exe);
     line.arg0("tenure")
         .arg(GUARD_ARG)
         .arg(grace.as_millis().to_string())

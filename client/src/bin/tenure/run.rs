@@ -130,9 +130,11 @@ async fn acquire_through_restarts(
     }
 }
 
-/// Runs `command` while `guard` holds the lock. On loss: SIGTERM, SIGKILL after `grace`,
-/// exit code 4. On SIGINT or SIGTERM to us: the same to the command, then release and exit
-/// with its status. Otherwise: release and exit with the command's status.
+/// Runs `command` while `guard` holds the lock, under a guardian that stops its whole process
+/// group (`crate::guard`). On loss: SIGTERM to the group, SIGKILL after `grace`, exit code 4.
+/// On SIGINT or SIGTERM to us: the same, then release and exit with the command's status.
+/// Otherwise (the command exited; any leftovers in its group stopped): release and exit with
+/// its status.
 pub async fn supervise(
     guard: Hold,
     out: &Out,
