@@ -705,7 +705,7 @@ async fn cli_console_watch_prints_the_keys_state() {
 }
 
 /// The state letter of process `pid` in /proc (`Z` for a zombie), or None once it is gone.
-fn process_state(pid: u32) -> Option<char> {
+pub(crate) fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the command name, which is in parentheses and may hold spaces.
     stat.rsplit_once(") ")?.1.chars().next()

@@ -61,8 +61,12 @@ const CLI_ALLOWED: &[(&str, &[&str])] = &[
     ("cli", &["certs", "cluster"]),
     ("legacy", &["cli"]),
     ("requests", &["exit", "output"]),
+    ("guard", &["exit", "output"]),
     ("hold", &[]),
-    ("run", &["cli", "exit", "hold", "output", "requests"]),
+    (
+        "run",
+        &["cli", "exit", "guard", "hold", "output", "requests"],
+    ),
     ("elect", &["cli", "exit", "hold", "output", "run"]),
     (
         "console",

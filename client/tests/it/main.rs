@@ -29,6 +29,7 @@ mod auth;
 mod certs;
 mod cli;
 mod cluster;
+mod command_group;
 mod e2e;
 mod failover;
 mod kinds;

@@ -20,8 +20,9 @@
 //! | `cli` | the flags and commands (clap) | `certs`, `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
+//! | `guard` | the guardian process between `run`/`elect` and the command: stops its whole process group | `exit`, `output` |
 //! | `hold` | what `run` and `elect` hold: a lock in a session of its own, or (`--no-session`) a lease renewed alone | — |
-//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `hold`, `output`, `requests` |
+//! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `guard`, `hold`, `output`, `requests` |
 //! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `hold`, `output`, `run` |
 //! | `console` | `tenure console`: the text-console grammar from stdin | `cluster`, `exit`, `legacy`, `output`, `requests` |
 
@@ -31,6 +32,7 @@ mod cluster;
 mod console;
 mod elect;
 mod exit;
+mod guard;
 mod hold;
 mod legacy;
 mod output;
@@ -51,6 +53,10 @@ use crate::output::Out;
 const SECRET_VAR: &str = "TENURE_SECRET";
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == guard::GUARD_ARG) {
+        return ExitCode::from(guard::guardian(&args[2..]));
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

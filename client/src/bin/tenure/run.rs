@@ -10,6 +10,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
+use crate::guard::{guarded, GUARD_MARGIN};
 use crate::hold::{lock_in_session, sessions_unknown, Hold};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
@@ -128,9 +129,11 @@ async fn acquire_through_restarts(
     }
 }
 
-/// Runs `command` while `guard` holds the lock. On loss: SIGTERM, SIGKILL after `grace`,
-/// exit code 4. On SIGINT or SIGTERM to us: the same to the command, then release and exit
-/// with its status. Otherwise: release and exit with the command's status.
+/// Runs `command` while `guard` holds the lock, under a guardian that stops its whole process
+/// group (`crate::guard`). On loss: SIGTERM to the group, SIGKILL after `grace`, exit code 4.
+/// On SIGINT or SIGTERM to us: the same, then release and exit with the command's status.
+/// Otherwise (the command exited; any leftovers in its group stopped): release and exit with
+/// its status.
 pub async fn supervise(
     guard: Hold,
     out: &Out,
@@ -138,18 +141,19 @@ pub async fn supervise(
     command: &[String],
     grace: Duration,
 ) -> anyhow::Result<u8> {
-    let Some((program, args)) = command.split_first() else {
+    let Some(program) = command.first() else {
         bail!("no command given after --");
     };
     let mut interrupt = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut terminated = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
-    let mut command_line = tokio::process::Command::new(program);
+    // The command runs under a guardian (crate::guard) that stops its whole process group,
+    // even after this process is killed with SIGKILL. Not killed on drop: a guardian killed
+    // with SIGKILL would leave the group running; our exit sends it SIGTERM instead.
+    let mut command_line = guarded(command, grace);
     command_line
-        .args(args)
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
-        .env("TENURE_KEY", key)
-        .kill_on_drop(true);
+        .env("TENURE_KEY", key);
     if let Some(id) = guard.session_id() {
         command_line.env("TENURE_SESSION_ID", id.to_string());
     }
@@ -189,7 +193,9 @@ fn print_lost(out: &Out, key: &str, reason: &LossReason) {
     );
 }
 
-/// SIGTERM, then SIGKILL if the child is still running after `grace`; returns its status.
+/// SIGTERM to the guardian, which stops the command's process group (SIGTERM, SIGKILL after
+/// `grace`) and then exits with the command's status; killed itself if it has not ended
+/// [`GUARD_MARGIN`] after the grace.
 async fn terminate(
     child: &mut tokio::process::Child,
     grace: Duration,
@@ -199,17 +205,22 @@ async fn terminate(
             warn(&format!("SIGTERM to {pid} failed: {e}"));
         }
     }
-    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+    let bound = grace.saturating_add(GUARD_MARGIN);
+    if let Ok(status) = tokio::time::timeout(bound, child.wait()).await {
         return status.context("waiting for the command");
     }
-    child.kill().await.context("killing the command")?;
+    warn("the command's guardian did not end; killing it");
+    child
+        .kill()
+        .await
+        .context("killing the command's guardian")?;
     child.wait().await.context("waiting for the command")
 }
 
-/// Has the kernel SIGKILL the command if this process dies without stopping it (`kill -9`,
-/// the OOM killer): nobody would renew the lease any more, and an orphaned command would go on
-/// working after it ran out, beside the next holder. `kill_on_drop` covers only the exits
-/// that run destructors.
+/// Has the kernel send the guardian SIGTERM if this process dies without stopping it
+/// (`kill -9`, the OOM killer): nobody would renew the lease any more, and an orphaned command
+/// would go on working after it ran out, beside the next holder. The guardian then stops the
+/// command's group as it would on a loss.
 #[allow(unsafe_code)]
 fn die_with_us(command: &mut tokio::process::Command) {
     let parent = libc::pid_t::try_from(std::process::id()).expect("a pid fits in pid_t");
@@ -218,7 +229,7 @@ fn die_with_us(command: &mut tokio::process::Command) {
     // nothing (`from_raw_os_error` builds the error without allocating).
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // We may have died between fork and prctl: then the signal will never come.

@@ -1,0 +1,231 @@
+//! The guardian between `tenure run`/`tenure elect` and its command: `tenure` re-executed
+//! with a hidden first argument ([`GUARD_ARG`]). It starts the command as the leader of a
+//! process group of its own and stops that whole group (SIGTERM, SIGKILL after the grace)
+//! when asked to (SIGTERM, SIGINT or SIGHUP), when its parent `tenure` dies (its parent-death
+//! signal is SIGTERM, set by `run`), and when the command exits leaving processes behind in
+//! its group. It exits only once the group is empty, with the command's status (its code, or
+//! 128 + the signal that killed it).
+//!
+//! Why a process between them: the kernel's parent-death signal reaches only a direct child,
+//! so a `tenure` killed with SIGKILL (or by the OOM killer) could not stop its command's own
+//! children, which would go on working unprotected beside the next holder. The guardian is
+//! small and does nothing but wait, so it outlives `tenure` by at most the grace.
+//!
+//! It is also the group's child subreaper: a member orphaned by its parent's exit becomes
+//! its child and is reaped here, so a group that has ended is seen empty at once.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt as _;
+use std::time::{Duration, Instant};
+
+use crate::exit::EXIT_ERROR;
+use crate::output::kv_value;
+
+/// `tenure GUARD_ARG GRACE_MS -- PROGRAM ARGS...` runs the guardian. Not a subcommand of the
+/// command line (it is not for people to type), so it is looked for before parsing.
+pub const GUARD_ARG: &str = "__tenure_guard__";
+
+/// How often the guardian looks at its group while it waits for it to end.
+const POLL: Duration = Duration::from_millis(10);
+
+/// How long the guardian waits for its group to empty after SIGKILL before it gives up
+/// (a process stuck in the kernel, or a zombie nobody reaps) and exits anyway, warning.
+const KILLED_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest the guardian takes to end after it is asked to, beyond the grace: `run`
+/// waits this long for it before killing it.
+pub const GUARD_MARGIN: Duration = Duration::from_secs(10);
+const _: () = assert!(GUARD_MARGIN.as_millis() > KILLED_WAIT.as_millis());
+
+/// The guardian's command line for `command`, stopping it with `grace` between SIGTERM and
+/// SIGKILL. `/proc/self/exe` is this very binary even if its file was replaced since; without
+/// /proc, the path it was started from.
+pub fn guarded(command: &[String], grace: Duration) -> tokio::process::Command {
+    let proc_exe = std::path::PathBuf::from("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe
+    } else {
+        std::env::current_exe().unwrap_or(proc_exe)
+    };
+    let mut line = tokio::process::Command::new(exe);
+    line.arg0("tenure")
+        .arg(GUARD_ARG)
+        .arg(grace.as_millis().to_string())
+        .arg("--")
+        .args(command);
+    line
+}
+
+/// The guardian's main: `args` are those after [`GUARD_ARG`]. Returns the exit code.
+pub fn guardian(args: &[OsString]) -> u8 {
+    let grace = args
+        .first()
+        .and_then(|ms| ms.to_str()?.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let (Some(grace), Some(separator), Some(program)) = (grace, args.get(1), args.get(2)) else {
+        eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
+        return EXIT_ERROR;
+    };
+    if separator != "--" {
+        eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
+        return EXIT_ERROR;
+    }
+    // Blocked before the command starts, so no stop request is lost; taken by `sigtimedwait`.
+    let signals = stop_signals();
+    set_blocked(libc::SIG_BLOCK, &signals);
+    become_subreaper();
+    let mut command = std::process::Command::new(program);
+    command.args(&args[3..]).process_group(0);
+    unblocked_in_child(&mut command, signals);
+    let spawned = command.spawn();
+    let child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let message = format!("cannot start {program:?}: {e}");
+            eprintln!("error={}", kv_value(&message));
+            return EXIT_ERROR;
+        }
+    };
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
+    // Waited for with waitpid(2) below, with the orphans this subreaper adopts.
+    drop(child);
+    let mut status = None;
+    while status.is_none() && !stop_requested(&signals, Duration::from_millis(200)) {
+        reap(pid, &mut status);
+    }
+    stop_group(pid, grace, &signals, &mut status);
+    status.map_or(EXIT_ERROR, exit_code)
+}
+
+/// SIGTERM to the group led by `pid`, SIGKILL after `grace`, and waits until it is empty
+/// (bounded by [`KILLED_WAIT`]), reaping the command into `status`.
+fn stop_group(
+    pid: libc::pid_t,
+    grace: Duration,
+    signals: &libc::sigset_t,
+    status: &mut Option<libc::c_int>,
+) {
+    for (signal, wait) in [(libc::SIGTERM, grace), (libc::SIGKILL, KILLED_WAIT)] {
+        reap(pid, status);
+        if group_is_empty(pid) {
+            return;
+        }
+        kill_group(pid, signal);
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            reap(pid, status);
+            if group_is_empty(pid) {
+                return;
+            }
+            // Requests to stop while stopping change nothing; SIGCHLD wakes us early.
+            stop_requested(signals, POLL);
+        }
+    }
+    let message = format!("process group {pid} still has members after SIGKILL");
+    eprintln!("warning={}", kv_value(&message));
+}
+
+/// The signals that ask the guardian to stop, and SIGCHLD, which wakes it to reap.
+#[allow(unsafe_code)]
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset write only into the set we own; a zeroed sigset_t is a
+    // valid value to start from.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// Blocks or unblocks (`how`) `signals` in this (single-threaded) process.
+#[allow(unsafe_code)]
+fn set_blocked(how: libc::c_int, signals: &libc::sigset_t) {
+    // SAFETY: reads the set we pass, writes no old set.
+    let rc = unsafe { libc::pthread_sigmask(how, signals, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "pthread_sigmask with a valid set cannot fail");
+}
+
+/// The command starts with `signals` unblocked again: a mask is inherited through exec, and
+/// std does not reset it on every path (seen: a background `sleep` of `sh -c` kept SIGTERM
+/// blocked, so only the SIGKILL after the grace stopped it).
+#[allow(unsafe_code)]
+fn unblocked_in_child(command: &mut std::process::Command, signals: libc::sigset_t) {
+    // SAFETY: the closure runs between fork and exec and calls only pthread_sigmask, which
+    // is async-signal-safe, on a set copied into it; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::pthread_sigmask(libc::SIG_UNBLOCK, &signals, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Orphaned descendants become our children, so we can reap them (best effort: without it
+/// they go to init, which reaps them too, a little later).
+#[allow(unsafe_code)]
+fn become_subreaper() {
+    // SAFETY: prctl(2) with integer arguments only.
+    let _ = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+}
+
+/// Waits up to `timeout` for one of `signals`; true for a request to stop.
+#[allow(unsafe_code)]
+fn stop_requested(signals: &libc::sigset_t, timeout: Duration) -> bool {
+    let timeout = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
+    };
+    // SAFETY: the set and the time-out are ours and valid; no siginfo is asked for.
+    let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
+    matches!(signal, libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+}
+
+/// Reaps every child that has ended (the command, and orphans adopted as subreaper); the
+/// command's wait status goes into `status`.
+#[allow(unsafe_code)]
+fn reap(command: libc::pid_t, status: &mut Option<libc::c_int>) {
+    loop {
+        let mut raw = 0;
+        // SAFETY: waitpid(2) writes only the status integer we own.
+        let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        if pid == command {
+            *status = Some(raw);
+        }
+    }
+}
+
+/// Whether no process is left in the group `pgid`.
+#[allow(unsafe_code)]
+fn group_is_empty(pgid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 checks only; it touches no memory of this process.
+    let rc = unsafe { libc::kill(-pgid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// `signal` to every process in the group `pgid`: the command's group, which exists (it
+/// was not seen empty, and the command's pid is not reused while its group lives).
+#[allow(unsafe_code)]
+fn kill_group(pgid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) takes integers and touches no memory of this process.
+    let _ = unsafe { libc::kill(-pgid, signal) };
+}
+
+/// A wait status as an exit code: the code, or 128 + the signal that killed the command.
+fn exit_code(status: libc::c_int) -> u8 {
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        return EXIT_ERROR;
+    };
+    u8::try_from(code & 0xff).expect("masked to a byte")
+}

@@ -1,0 +1,190 @@
+//! `tenure run` and `tenure elect` stop the command's whole process group, not only the
+//! process they started: on a loss, on SIGINT, when the command exits leaving a background
+//! process behind, and when `tenure` itself is killed with SIGKILL (finding F1: a grandchild
+//! went on running unprotected beside the next holder). Real time throughout; bounds are in
+//! seconds.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use tenure::{KeyState, LeaseId, ReleaseOutcome};
+use tenure_testkit::{ms, ThreadServer as TestServer, PATIENCE};
+use tokio::process::Child;
+use tokio::time::{timeout, Instant};
+
+use crate::cli::{process_state, tenure_cli};
+
+/// For `sh -c SCRIPT sh DIR`: starts a background loop (a grandchild of `tenure`) writing
+/// DIR/mark every 50 ms for at most 30 s, its pid in DIR/pid, then DIR/lease, then waits in
+/// the foreground. The loop's bound keeps a failing test from leaving it behind for long.
+const WITH_GRANDCHILD: &str =
+    "(for i in $(seq 600); do echo $i > \"$1/mark\"; sleep 0.05; done) & \
+     echo $! > \"$1/pid\"; echo $TENURE_LEASE_ID > \"$1/lease\"; sleep 30";
+
+/// Starts `tenure ARGS -- sh -c SCRIPT sh DIR`; returns it, the grandchild's pid and the
+/// lease id once the command has written them.
+async fn start(
+    server: &TestServer,
+    args: &[&str],
+    script: &str,
+    dir: &Path,
+) -> (Child, u32, LeaseId) {
+    let child = tenure_cli(&server.addr)
+        .args(args)
+        .args(["--", "sh", "-c", script, "sh"])
+        .arg(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let lease = std::fs::read_to_string(dir.join("lease")).ok();
+        let lease = lease.and_then(|text| LeaseId::from_hex(text.trim()));
+        let pid = std::fs::read_to_string(dir.join("pid")).ok();
+        if let (Some(lease), Some(pid)) = (lease, pid.and_then(|p| p.trim().parse().ok())) {
+            return (child, pid, lease);
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(ms(10)).await; // real time: a child process writes the files
+    }
+}
+
+/// The grandchild `pid` is gone (or a zombie) within [`PATIENCE`], and its marker file no
+/// longer changes.
+async fn assert_stopped(pid: u32, dir: &Path) {
+    let deadline = Instant::now() + PATIENCE;
+    while matches!(process_state(pid), Some(state) if state != 'Z') {
+        assert!(Instant::now() < deadline, "the grandchild {pid} still runs");
+        tokio::time::sleep(ms(10)).await;
+    }
+    let before = std::fs::read_to_string(dir.join("mark")).unwrap_or_default();
+    tokio::time::sleep(ms(300)).await; // six of its 50 ms periods
+    let after = std::fs::read_to_string(dir.join("mark")).unwrap_or_default();
+    assert_eq!(before, after, "the marker still changes");
+}
+
+/// Releases `key`'s lease behind the holder's back; returns `tenure`'s exit code.
+async fn revoke(server: &TestServer, key: &str, lease: LeaseId, child: Child) -> i32 {
+    let client = server.client().await;
+    let released = client.release(key, lease).await.expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after the loss")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("result=LOST"), "{stderr}");
+    output.status.code().expect("exited normally")
+}
+
+#[tokio::test]
+async fn a_lost_run_stops_the_commands_grandchildren() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = ["run", "grp/run", "--ttl", "5s", "--grace", "1s"];
+    let (child, grandchild, lease) = start(&server, &args, WITH_GRANDCHILD, dir.path()).await;
+    assert_eq!(revoke(&server, "grp/run", lease, child).await, 4);
+    assert_stopped(grandchild, dir.path()).await;
+}
+
+#[tokio::test]
+async fn a_lost_election_stops_the_commands_grandchildren() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = [
+        "elect", "grp-g", "--value", "me", "--ttl", "5s", "--grace", "1s",
+    ];
+    let (child, grandchild, lease) = start(&server, &args, WITH_GRANDCHILD, dir.path()).await;
+    assert_eq!(revoke(&server, "election/grp-g", lease, child).await, 4);
+    assert_stopped(grandchild, dir.path()).await;
+}
+
+/// SIGKILL to `tenure ARGS` running [`WITH_GRANDCHILD`]: the grandchild is stopped within the
+/// grace (1 s) and [`PATIENCE`].
+async fn killed_tenure_stops_the_grandchildren(args: &[&str]) {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut child, grandchild, _) = start(&server, args, WITH_GRANDCHILD, dir.path()).await;
+    child.start_kill().expect("SIGKILL to tenure"); // our own child, by its handle
+    child.wait().await.expect("reaped");
+    assert_stopped(grandchild, dir.path()).await;
+}
+
+#[tokio::test]
+async fn a_killed_run_takes_the_commands_grandchildren_with_it() {
+    killed_tenure_stops_the_grandchildren(&["run", "grp/kill", "--ttl", "5s", "--grace", "1s"])
+        .await;
+}
+
+#[tokio::test]
+async fn a_killed_elect_takes_the_commands_grandchildren_with_it() {
+    let args = [
+        "elect", "grp-k", "--value", "me", "--ttl", "5s", "--grace", "1s",
+    ];
+    killed_tenure_stops_the_grandchildren(&args).await;
+}
+
+/// A command that exits leaving a background process in its group: the process is stopped
+/// before the lock is released, and the command's status is passed through.
+#[tokio::test]
+async fn a_commands_leftover_background_process_is_stopped_before_the_release() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The command waits for the test to read its files, then exits with 3.
+    let script = WITH_GRANDCHILD.replace(
+        "sleep 30",
+        "while [ ! -e \"$1/go\" ]; do sleep 0.02; done; exit 3",
+    );
+    let args = ["run", "grp/left", "--ttl", "5s", "--grace", "1s"];
+    let (child, grandchild, _) = start(&server, &args, &script, dir.path()).await;
+    std::fs::write(dir.path().join("go"), "").expect("write go");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after its command")
+        .expect("tenure runs");
+    assert_eq!(output.status.code(), Some(3), "the command's status");
+    assert!(
+        matches!(process_state(grandchild), None | Some('Z')),
+        "stopped before tenure exited"
+    );
+    assert_stopped(grandchild, dir.path()).await;
+    let state = server
+        .client()
+        .await
+        .inspect("grp/left")
+        .await
+        .expect("inspect");
+    assert_eq!(state, KeyState::Free, "released");
+}
+
+/// Ctrl-C at a terminal signals `tenure` (the command is in a group of its own, no longer the
+/// terminal's foreground group): SIGINT to `tenure` stops the whole group, then releases.
+#[tokio::test]
+async fn sigint_to_tenure_run_stops_the_commands_group_and_releases() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = ["run", "grp/int", "--ttl", "5s", "--grace", "1s"];
+    let (child, grandchild, _) = start(&server, &args, WITH_GRANDCHILD, dir.path()).await;
+    let pid = child.id().expect("running").to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status();
+    assert!(kill.expect("kill runs").success());
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    assert_eq!(
+        output.status.code(),
+        Some(128 + 15),
+        "the command got SIGTERM"
+    );
+    assert_stopped(grandchild, dir.path()).await;
+    let state = server
+        .client()
+        .await
+        .inspect("grp/int")
+        .await
+        .expect("inspect");
+    assert_eq!(state, KeyState::Free, "released, not left to expire");
+}
