@@ -1048,6 +1048,31 @@ mod tests {
     }
 
     #[test]
+    fn a_restored_owned_session_counts_toward_its_quota_and_may_close_or_expire() {
+        let mut t = SessionTable::new(1000, 10);
+        let quota = Some(2);
+        // Two sessions of "orders" come back from the journal (a restart or a takeover).
+        for n in 1..=2 {
+            t.restore(0, SessionId::from_u128(n), 100, Some("orders".into()));
+        }
+        t.restore(0, SessionId::from_u128(1), 100, Some("orders".into())); // known: no-op
+        t.check_invariants();
+        assert_eq!(
+            t.owner_room(Some("orders"), quota),
+            Err(Refusal::IdentityFull(2))
+        );
+        // Its end gives its place back, closed or expired (without the count at restore,
+        // the end found no count for the owner and panicked under the session lock).
+        t.attach(SessionId::from_u128(1), lease(5), Bytes::from_static(b"a"));
+        let leases = t.close(1, SessionId::from_u128(1), Some("orders")).unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+        assert_eq!(t.reap(100, 10), 1);
+        assert!(t.is_empty());
+        t.check_invariants();
+    }
+
+    #[test]
     fn a_session_about_to_end_takes_no_new_lease() {
         let mut t = SessionTable::new(10, 10);
         let id = SessionId::from_u128(9);
