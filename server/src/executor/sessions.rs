@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
+use tenure_protocol::{AcquireId, EndedHow, ErrorCode, LeaseId, Request, Response, SessionId};
 
 use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
 use crate::journal::{Change, Journal, Ticket, TICKET_NOW};
@@ -802,7 +802,8 @@ impl Executor {
         let (mut ticket, mut released) = (TICKET_NOW, 0u32);
         for (lease_id, key) in leases {
             let mut shard = self.shard(&key);
-            match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) {
+            // Its own reason, so a repeat of its ACQUIRE hears "its session ended" (how 4).
+            match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Session) {
                 Some(Ok(logged)) => {
                     ticket = ticket.max(logged);
                     released += 1;
@@ -875,6 +876,34 @@ impl Executor {
         joined
     }
 
+    /// A repeat of `acquire_id` on `key` in a session that takes no new lease (ended, or
+    /// about to): [`Executor::repeat`]'s answer, where an expiry is its session's end (a
+    /// session lease has no TTL of its own: it expires only when its session does).
+    fn repeat_in_ended(
+        self: &Arc<Self>,
+        now_ms: u64,
+        key: &[u8],
+        acquire_id: AcquireId,
+    ) -> Option<Outcome> {
+        let mut shard = self.shard(key);
+        match self.repeat(&mut shard, now_ms, key, acquire_id)? {
+            Outcome::Reply(
+                Response::AcquireEnded {
+                    how: EndedHow::Expired,
+                    token,
+                },
+                ticket,
+            ) => {
+                let how = EndedHow::Session;
+                Some(Outcome::Reply(
+                    Response::AcquireEnded { how, token },
+                    ticket,
+                ))
+            }
+            outcome => Some(outcome),
+        }
+    }
+
     /// ACQUIRE naming a session: run as an ACQUIRE of the session's time left, under the
     /// session table's lock, and a grant joins the session.
     pub(super) fn acquire_in_session(
@@ -888,16 +917,24 @@ impl Executor {
             key,
             ttl_ms,
             session_id: Some(id),
+            acquire_id,
             ..
         } = &mut request
         else {
             unreachable!("acquire_in_session called with {request:?}")
         };
-        let (id, key) = (*id, key.clone());
+        let (id, key, acquire_id) = (*id, key.clone(), *acquire_id);
         let mut sessions = self.sessions.lock();
         let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => left_ms,
-            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+            Err(r) => {
+                // A repeat of a grant is answered with it (or how it ended) before the
+                // session's state: an ended session cannot take a new lease, but the first
+                // send's outcome is still known.
+                let repeat = acquire_id.and_then(|a| self.repeat_in_ended(now_ms, &key, a));
+                let refused = || Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
+                return repeat.unwrap_or_else(refused);
+            }
         };
         *ttl_ms = clamp_ms(left_ms);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
