@@ -278,7 +278,13 @@ impl World {
         let ttl_ms = self.rng.random_range(50..=400);
         let sent_ms = self.now_ms();
         let outcome = self.execute(c, Request::SessionOpen { ttl_ms });
-        let Outcome::Reply(Response::Session { session_id, .. }, _) = outcome else {
+        // A change since sessions are logged (its undo takes back an open never durable).
+        let (Outcome::Reply(Response::Session { session_id, .. }, _)
+        | Outcome::Changed {
+            response: Response::Session { session_id, .. },
+            ..
+        }) = outcome
+        else {
             panic!("SESSION_OPEN answered otherwise")
         };
         self.sessions.push(Known {
