@@ -878,7 +878,9 @@ impl Executor {
 
     /// A repeat of `acquire_id` on `key` in a session that takes no new lease (ended, or
     /// about to): [`Executor::repeat`]'s answer, where an expiry is its session's end (a
-    /// session lease has no TTL of its own: it expires only when its session does).
+    /// session lease has no TTL of its own: it expires only when its session does; an ended
+    /// lease's session is not kept, so a repeat naming another session than its first send
+    /// did is not caught here, as it is not for any ended lease).
     fn repeat_in_ended(
         self: &Arc<Self>,
         now_ms: u64,
@@ -932,8 +934,10 @@ impl Executor {
                 // session's state: an ended session cannot take a new lease, but the first
                 // send's outcome is still known.
                 let repeat = acquire_id.and_then(|a| self.repeat_in_ended(now_ms, &key, a));
-                let refused = || Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
-                return repeat.unwrap_or_else(refused);
+                if let Some(outcome) = repeat {
+                    return mismatch(&outcome, Some(id), &sessions).unwrap_or(outcome);
+                }
+                return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
             }
         };
         *ttl_ms = clamp_ms(left_ms);
