@@ -862,9 +862,11 @@ impl Executor {
             .store(sessions.leases_len(), Ordering::Relaxed);
         drop(sessions);
         if joined.is_err() {
-            // Not the session's: it must not outlive it. Freed as a release (the waiter is
-            // never told of the grant).
+            // Not the session's: it must not outlive it. Freed as a release, and its
+            // acquire id forgotten: the waiter is told NO_SESSION, never of the grant, so a
+            // retry must hear the same, not how a grant it never had ended.
             let mut shard = self.shard(key);
+            shard.forget_acquire_id(grant.token);
             let _ = self.free(
                 &mut shard,
                 now_ms,

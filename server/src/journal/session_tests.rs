@@ -315,3 +315,63 @@ async fn a_repeat_of_a_lease_whose_session_expired_hears_its_session_ended() {
         }
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 100);
+    let key = Bytes::from_static(b"k");
+    let holder = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: None,
+        kind: Default::default(),
+        session_id: None,
+    };
+    let Response::Granted { lease_id, .. } = run(&executor, holder) else {
+        panic!("granted")
+    };
+    let waiter = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 0,
+        wait_ms: 10_000,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId::from_u128(9)),
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    let Outcome::Wait { mut rx, .. } = executor.execute(&mut Session::new(1), 2, waiter.clone())
+    else {
+        panic!("queued")
+    };
+    journal.make_durable();
+    // The session ends while it waits; then the holder lets go and the key is handed on.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    run(
+        &executor,
+        Request::Release {
+            key: key.clone(),
+            lease_id,
+        },
+    );
+    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+        panic!("handed the key")
+    };
+    let joined = executor.join_session(&Session::new(1), id, &key, grant, ticket);
+    assert_eq!(joined.err().map(|e| e.0), Some(ErrorCode::NoSession));
+    assert_eq!(token_held(&executor, "k"), None);
+    // Its client heard NO_SESSION, never of the grant: a retry hears the same, not how a
+    // grant it never had ended.
+    assert!(matches!(
+        run(&executor, waiter),
+        Response::Error {
+            code: ErrorCode::NoSession,
+            ..
+        }
+    ));
+}
