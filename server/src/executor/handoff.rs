@@ -323,6 +323,7 @@ pub(crate) fn ended_how(reason: FreeReason) -> EndedHow {
         FreeReason::Released => EndedHow::Released,
         FreeReason::Expired => EndedHow::Expired,
         FreeReason::Disconnected => EndedHow::Disconnected,
+        FreeReason::Session => EndedHow::Session,
     }
 }
 

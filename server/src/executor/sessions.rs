@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tenure_protocol::{ErrorCode, LeaseId, Request, Response, SessionId};
+use tenure_protocol::{AcquireId, EndedHow, ErrorCode, LeaseId, Request, Response, SessionId};
 
 use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
 use crate::journal::{Change, Journal, Ticket, TICKET_NOW};
@@ -802,7 +802,8 @@ impl Executor {
         let (mut ticket, mut released) = (TICKET_NOW, 0u32);
         for (lease_id, key) in leases {
             let mut shard = self.shard(&key);
-            match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released) {
+            // Its own reason, so a repeat of its ACQUIRE hears "its session ended" (how 4).
+            match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Session) {
                 Some(Ok(logged)) => {
                     ticket = ticket.max(logged);
                     released += 1;
@@ -861,9 +862,11 @@ impl Executor {
             .store(sessions.leases_len(), Ordering::Relaxed);
         drop(sessions);
         if joined.is_err() {
-            // Not the session's: it must not outlive it. Freed as a release (the waiter is
-            // never told of the grant).
+            // Not the session's: it must not outlive it. Freed as a release, and its
+            // acquire id forgotten: the waiter is told NO_SESSION, never of the grant, so a
+            // retry must hear the same, not how a grant it never had ended.
             let mut shard = self.shard(key);
+            shard.forget_acquire_id(grant.token);
             let _ = self.free(
                 &mut shard,
                 now_ms,
@@ -873,6 +876,36 @@ impl Executor {
             );
         }
         joined
+    }
+
+    /// A repeat of `acquire_id` on `key` in a session that takes no new lease (ended, or
+    /// about to): [`Executor::repeat`]'s answer, where an expiry is its session's end (a
+    /// session lease has no TTL of its own: it expires only when its session does; an ended
+    /// lease's session is not kept, so a repeat naming another session than its first send
+    /// did is not caught here, as it is not for any ended lease).
+    fn repeat_in_ended(
+        self: &Arc<Self>,
+        now_ms: u64,
+        key: &[u8],
+        acquire_id: AcquireId,
+    ) -> Option<Outcome> {
+        let mut shard = self.shard(key);
+        match self.repeat(&mut shard, now_ms, key, acquire_id)? {
+            Outcome::Reply(
+                Response::AcquireEnded {
+                    how: EndedHow::Expired,
+                    token,
+                },
+                ticket,
+            ) => {
+                let how = EndedHow::Session;
+                Some(Outcome::Reply(
+                    Response::AcquireEnded { how, token },
+                    ticket,
+                ))
+            }
+            outcome => Some(outcome),
+        }
     }
 
     /// ACQUIRE naming a session: run as an ACQUIRE of the session's time left, under the
@@ -888,16 +921,26 @@ impl Executor {
             key,
             ttl_ms,
             session_id: Some(id),
+            acquire_id,
             ..
         } = &mut request
         else {
             unreachable!("acquire_in_session called with {request:?}")
         };
-        let (id, key) = (*id, key.clone());
+        let (id, key, acquire_id) = (*id, key.clone(), *acquire_id);
         let mut sessions = self.sessions.lock();
         let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => left_ms,
-            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+            Err(r) => {
+                // A repeat of a grant is answered with it (or how it ended) before the
+                // session's state: an ended session cannot take a new lease, but the first
+                // send's outcome is still known.
+                let repeat = acquire_id.and_then(|a| self.repeat_in_ended(now_ms, &key, a));
+                if let Some(outcome) = repeat {
+                    return mismatch(&outcome, Some(id), &sessions).unwrap_or(outcome);
+                }
+                return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
+            }
         };
         *ttl_ms = clamp_ms(left_ms);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
@@ -1044,6 +1087,31 @@ mod tests {
         assert!(t.owner_room(Some("orders"), quota).is_err());
         assert_eq!(t.reap(100, 10), 1); // session 2, opened at 0 for 100 ms
         assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_restored_owned_session_counts_toward_its_quota_and_may_close_or_expire() {
+        let mut t = SessionTable::new(1000, 10);
+        let quota = Some(2);
+        // Two sessions of "orders" come back from the journal (a restart or a takeover).
+        for n in 1..=2 {
+            t.restore(0, SessionId::from_u128(n), 100, Some("orders".into()));
+        }
+        t.restore(0, SessionId::from_u128(1), 100, Some("orders".into())); // known: no-op
+        t.check_invariants();
+        assert_eq!(
+            t.owner_room(Some("orders"), quota),
+            Err(Refusal::IdentityFull(2))
+        );
+        // Its end gives its place back, closed or expired (without the count at restore,
+        // the end found no count for the owner and panicked under the session lock).
+        t.attach(SessionId::from_u128(1), lease(5), Bytes::from_static(b"a"));
+        let leases = t.close(1, SessionId::from_u128(1), Some("orders")).unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
+        assert_eq!(t.reap(100, 10), 1);
+        assert!(t.is_empty());
         t.check_invariants();
     }
 

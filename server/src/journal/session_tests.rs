@@ -239,3 +239,139 @@ async fn an_open_that_never_became_durable_is_taken_back() {
     ));
     assert_eq!(executor.sessions().counts(), (0, 0));
 }
+
+#[tokio::test]
+async fn a_repeat_of_a_lease_whose_session_was_closed_hears_its_session_ended() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 60_000);
+    let acquire = Request::Acquire {
+        key: Bytes::from_static(b"k"),
+        ttl_ms: 1_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId::from_u128(7)),
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    let token = match run(&executor, acquire.clone()) {
+        Response::Granted { token, .. } => token,
+        other => panic!("granted, not {other:?}"),
+    };
+    journal.make_durable();
+    run(&executor, Request::SessionClose { session_id: id });
+    // Not "released": the client did not release it, its session's end freed it.
+    assert_eq!(
+        run(&executor, acquire),
+        Response::AcquireEnded {
+            how: tenure_protocol::EndedHow::Session,
+            token
+        }
+    );
+    // Logged with its own reason, and the log still replays.
+    let frees: Vec<_> = journal
+        .kept()
+        .into_iter()
+        .filter_map(|k| match record::decode(&k.record).unwrap().0 {
+            Record::Free {
+                token: t, reason, ..
+            } => Some((t, reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frees, vec![(token, record::FreeReason::Session)]);
+    let (again, _) = restarted(&journal).await;
+    assert_eq!(token_held(&again, "k"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeat_of_a_lease_whose_session_expired_hears_its_session_ended() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 100);
+    let acquire = Request::Acquire {
+        key: Bytes::from_static(b"k"),
+        ttl_ms: 1_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId::from_u128(8)),
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    let token = match run(&executor, acquire.clone()) {
+        Response::Granted { token, .. } => token,
+        other => panic!("granted, not {other:?}"),
+    };
+    journal.make_durable();
+    // Past the session's deadline, before any ticker: not "no session", not "expired".
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert_eq!(
+        run(&executor, acquire),
+        Response::AcquireEnded {
+            how: tenure_protocol::EndedHow::Session,
+            token
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 100);
+    let key = Bytes::from_static(b"k");
+    let holder = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: None,
+        kind: Default::default(),
+        session_id: None,
+    };
+    let Response::Granted { lease_id, .. } = run(&executor, holder) else {
+        panic!("granted")
+    };
+    let waiter = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 0,
+        wait_ms: 10_000,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: Some(tenure_protocol::AcquireId::from_u128(9)),
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    let Outcome::Wait { mut rx, .. } = executor.execute(&mut Session::new(1), 2, waiter.clone())
+    else {
+        panic!("queued")
+    };
+    journal.make_durable();
+    // The session ends while it waits; then the holder lets go and the key is handed on.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    run(
+        &executor,
+        Request::Release {
+            key: key.clone(),
+            lease_id,
+        },
+    );
+    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+        panic!("handed the key")
+    };
+    let joined = executor.join_session(&Session::new(1), id, &key, grant, ticket);
+    assert_eq!(joined.err().map(|e| e.0), Some(ErrorCode::NoSession));
+    assert_eq!(token_held(&executor, "k"), None);
+    // Its client heard NO_SESSION, never of the grant: a retry hears the same, not how a
+    // grant it never had ended.
+    assert!(matches!(
+        run(&executor, waiter),
+        Response::Error {
+            code: ErrorCode::NoSession,
+            ..
+        }
+    ));
+}

@@ -79,6 +79,9 @@ pub enum FreeReason {
     Expired = 1,
     /// The holder's connection closed and the lease asked to be released then.
     Disconnected = 2,
+    /// It was a session lease and SESSION_CLOSE ended its session (new with sessions: a
+    /// log holding one also holds session records, which no older build reads either).
+    Session = 3,
 }
 
 impl FreeReason {
@@ -87,6 +90,7 @@ impl FreeReason {
             0 => Some(FreeReason::Released),
             1 => Some(FreeReason::Expired),
             2 => Some(FreeReason::Disconnected),
+            3 => Some(FreeReason::Session),
             _ => None,
         }
     }
@@ -783,6 +787,11 @@ mod tests {
                 key: key_max,
                 token: 2,
                 reason: FreeReason::Disconnected,
+            },
+            Record::Free {
+                key: b"s",
+                token: 3,
+                reason: FreeReason::Session,
             },
             Record::SnapshotBegin { segment_seq: 9 },
             Record::SnapshotEnd { segment_seq: 9 },

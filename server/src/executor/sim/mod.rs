@@ -27,7 +27,11 @@
 //! a belief like a grant's (counted from the repeat's send), so exclusion covers it.
 //!
 //! Sessions (open, keep-alive, close, ACQUIREs in them, expiry racing keep-alives) have a
-//! simulation of their own, against its own naive model ([`sessions`]).
+//! simulation of their own, against its own naive model ([`sessions`]). This one opens
+//! sessions too and takes leases in them on keys of their own, and restarts as the server
+//! does (`restore_sessions`, then `Executor::restore`): after a restart every session that
+//! had to be live is back with each acknowledged lease in it (same lease id and token, time
+//! left the session's TTL from the restart), and an acknowledged close stays closed.
 //!
 //! `TENURE_SIM_SEEDS=n` runs n seeds (default [`SEEDS_DEFAULT`]); `TENURE_SIM_SEED=s` runs
 //! only seed s. A failure names the seed and the step.

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 mod replies;
+mod session_leases;
 
 use super::disk::Disk;
 use super::model::{Model, CLIENT_SLACK_MS};
@@ -72,6 +73,10 @@ pub(super) struct Coverage {
     pub regranted_shared: usize,
     /// Repeats of an ACQUIRE answered with how its lease ended (ACQUIRE_ENDED).
     pub ended: usize,
+    /// Sessions whose open was acknowledged.
+    pub sessions_opened: usize,
+    /// Session leases found back in their session after a restart.
+    pub session_leases_back: usize,
 }
 
 impl Coverage {
@@ -86,6 +91,8 @@ impl Coverage {
         self.regranted += other.regranted;
         self.regranted_shared += other.regranted_shared;
         self.ended += other.ended;
+        self.sessions_opened += other.sessions_opened;
+        self.session_leases_back += other.session_leases_back;
     }
 
     /// Panics unless every count is above zero.
@@ -100,6 +107,8 @@ impl Coverage {
             regranted,
             regranted_shared,
             ended,
+            sessions_opened,
+            session_leases_back,
         } = *self;
         for (what, count) in [
             ("grants", grants),
@@ -114,6 +123,8 @@ impl Coverage {
                 regranted_shared,
             ),
             ("repeats answered with their lease's end", ended),
+            ("sessions opened", sessions_opened),
+            ("session leases back after a restart", session_leases_back),
         ] {
             assert!(count > 0, "the simulation never exercised {what}: {self:?}");
         }
@@ -192,6 +203,8 @@ pub(super) struct World {
     coverage: Coverage,
     /// Acquire ids sent, with their key, newest last, to send again as retries.
     acquire_ids: Vec<(Bytes, AcquireId, LeaseKind)>,
+    /// Sessions as their clients know them.
+    known_sessions: Vec<session_leases::Known>,
 }
 
 impl World {
@@ -215,6 +228,7 @@ impl World {
             next_conn_id: 0,
             coverage: Coverage::default(),
             acquire_ids: Vec::new(),
+            known_sessions: Vec::new(),
         };
         for _ in 0..CONNS {
             let conn = world.new_conn();
@@ -252,7 +266,7 @@ impl World {
             78..81 => self.advance(100..700).await,
             81..89 => self.journal.make_durable(),
             89..97 => self.make_some_durable(),
-            _ => {}
+            _ => self.session_step().await,
         }
         if self.failed() || self.rng.random_bool(FAULT_CHANCE) {
             self.fault().await;
@@ -680,25 +694,14 @@ impl World {
             recovered.token_floor
         );
         self.model.token_before_restart = token_max;
+        let crash_ms = self.exec.clock.now_ms();
         self.journal = MemJournal::new(true);
         self.exec = start_executor(&self.config, &self.journal, recovered.token_floor).await;
+        // As WAL recovery and a new leader do: sessions first, so their leases join them.
         let exec_now_ms = self.exec.clock.now_ms();
-        for lease in recovered.leases {
-            let mut shard = self.exec.shard(&lease.key);
-            let (id, token, ttl_ms) = (lease.lease_id, lease.token, lease.ttl_ms);
-            shard.restore_kind(
-                exec_now_ms,
-                &lease.key,
-                id,
-                token,
-                ttl_ms,
-                lease.kind,
-                &lease.meta,
-            );
-            if let Some(acquire_id) = lease.acquire_id {
-                shard.note_acquire_id(token, acquire_id, TICKET_NOW);
-            }
-        }
+        self.exec.restore_sessions(exec_now_ms, recovered.sessions);
+        self.exec.restore(exec_now_ms, recovered.leases);
+        self.check_sessions_after_restart(crash_ms, exec_now_ms);
         for c in 0..CONNS {
             self.conns[c] = self.new_conn();
         }
