@@ -81,7 +81,7 @@ REGRANTED = 0x91
 #: A repeated ACQUIRE's lease has ended: how (1 released, 2 expired, 3 disconnected), token.
 ACQUIRE_ENDED = 0x92
 #: ACQUIRE_ENDED's `how`, by number.
-ENDED_HOW = {1: "released", 2: "expired", 3: "disconnected"}
+ENDED_HOW = {1: "released", 2: "expired", 3: "disconnected", 4: "session"}
 #: ACQUIRE flag: a 16-byte session id follows `meta` (and the acquire id); the lease lives
 #: while that session does (PROTOCOL.md 3.11).
 FLAG_SESSION = 0x04

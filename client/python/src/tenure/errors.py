@@ -56,7 +56,7 @@ class NotAcquired(TenureError):
 class AcquireEnded(TenureError):
     """An ACQUIRE whose first answer was lost was sent again with its acquire id, and the
     server says it had granted this very ACQUIRE and that lease has ended since (`how`:
-    "released", "expired" or "disconnected"). Nothing is held now and nothing was granted
+    "released", "expired", "disconnected" or "session": its session ended). Nothing is held now and nothing was granted
     twice: acquire again to take the lock. Not transient."""
 
     def __init__(self, how: str, token: int) -> None:
