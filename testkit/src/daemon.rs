@@ -26,6 +26,33 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Whether process `pid` holds the IPv4 socket listening on 127.0.0.1:`port` (Linux: the
+/// listener's inode in /proc/net/tcp among the process's descriptors).
+fn listens_on(pid: u32, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let local = format!("0100007F:{port:04X}");
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[1] == local && f[3] == LISTEN)
+        .map(|f| format!("socket:[{}]", f[9]))
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| {
+            inodes
+                .iter()
+                .any(|inode| target.as_os_str() == inode.as_str())
+        })
+}
+
 /// What to start: the binary (`env!("CARGO_BIN_EXE_tenured")` in the server's tests), its data
 /// directory, where its log goes, and flags beyond `--listen` and `--data-dir`.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +128,9 @@ impl Daemon {
         let mut daemon = Daemon { child, addr };
         let deadline = Instant::now() + START_WAIT_MAX;
         while Instant::now() < deadline {
-            if TcpStream::connect(addr).is_ok() {
+            // The port answering is not enough: between `free_port` and the bind, another
+            // test's daemon may have taken it, and ours is about to exit "cannot listen".
+            if TcpStream::connect(addr).is_ok() && listens_on(daemon.child.id(), addr.port()) {
                 return Ok(daemon);
             }
             if daemon.child.try_wait().expect("try_wait").is_some() {
