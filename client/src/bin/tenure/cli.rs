@@ -182,7 +182,8 @@ pub struct RunArgs {
     /// A read lease or semaphore permits instead of the key alone.
     #[command(flatten)]
     pub kind: KindArgs,
-    /// Time between SIGTERM and SIGKILL when the lock is lost.
+    /// Time between SIGTERM and SIGKILL to the command's process group when it is stopped (lock
+    /// lost, a signal to tenure, tenure's death, leftovers after the command exits).
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
     /// Hold the lock in a session of its own (the default; the flag is accepted as before).
@@ -274,7 +275,8 @@ pub struct ElectArgs {
     /// default: release on disconnect given one address).
     #[arg(long, conflicts_with = "session")]
     pub no_session: bool,
-    /// Time between SIGTERM and SIGKILL when leadership is lost.
+    /// Time between SIGTERM and SIGKILL to the command's process group when it is stopped
+    /// (leadership lost, a signal to tenure, tenure's death).
     #[arg(long, value_parser = duration_flag, default_value = "5s")]
     pub grace: Duration,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN (the term),
