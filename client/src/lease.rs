@@ -336,43 +336,80 @@ struct GuardState {
     lease_id: LeaseId,
     ttl: Duration,
     renew_every: Duration,
-    margin: Duration,
-    /// Origin of `deadline_us`.
-    base: Instant,
-    /// The local deadline in microseconds after `base`, rounded down.
-    deadline_us: AtomicU64,
-    lost: AtomicBool,
-    reason: OnceLock<LossReason>,
-    loss: CancellationToken,
+    /// The local deadline and the loss signal.
+    validity: Validity,
     /// Cleared by [`LeaseGuard::release`], which releases by itself.
     release_on_stop: AtomicBool,
 }
 
-impl GuardState {
-    fn deadline(&self) -> Instant {
+impl std::ops::Deref for GuardState {
+    type Target = Validity;
+    fn deref(&self) -> &Validity {
+        &self.validity
+    }
+}
+
+/// A local deadline that only moves later, and the one loss signal that fires at most once:
+/// what a [`LeaseGuard`] and a [`Session`](crate::Session) both keep.
+pub(crate) struct Validity {
+    margin: Duration,
+    /// Origin of `deadline_us`.
+    pub(crate) base: Instant,
+    /// The local deadline in microseconds after `base`, rounded down.
+    deadline_us: AtomicU64,
+    pub(crate) lost: AtomicBool,
+    pub(crate) reason: OnceLock<LossReason>,
+    pub(crate) loss: CancellationToken,
+}
+
+impl Validity {
+    /// Valid until `deadline` (moved later by [`Validity::extend`]) less `margin`; the
+    /// deadline is kept in microseconds after `base`.
+    pub(crate) fn new(base: Instant, deadline: Instant, margin: Duration) -> Validity {
+        let validity = Validity {
+            margin,
+            base,
+            deadline_us: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
+            loss: CancellationToken::new(),
+        };
+        validity.extend(deadline);
+        validity
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
         self.base + Duration::from_micros(self.deadline_us.load(Ordering::Acquire))
     }
 
-    fn extend(&self, deadline: Instant) {
+    pub(crate) fn extend(&self, deadline: Instant) {
         let us = u64::try_from(deadline.saturating_duration_since(self.base).as_micros())
             .expect("deadline within 500,000 years");
         self.deadline_us.fetch_max(us, Ordering::AcqRel);
     }
 
-    fn give_up_at(&self) -> Instant {
+    pub(crate) fn give_up_at(&self) -> Instant {
         let deadline = self.deadline();
         deadline.checked_sub(self.margin).unwrap_or(deadline)
     }
 
-    fn fire(&self, reason: LossReason) {
+    pub(crate) fn fire(&self, reason: LossReason) {
         if self.reason.set(reason).is_ok() {
             self.lost.store(true, Ordering::Release);
             self.loss.cancel();
         }
     }
 
-    fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         !self.lost.load(Ordering::Acquire) && Instant::now() < self.give_up_at()
+    }
+
+    /// Why the signal fired; only once it has.
+    pub(crate) fn reason(&self) -> LossReason {
+        self.reason
+            .get()
+            .cloned()
+            .expect("reason is set before the signal fires")
     }
 }
 
@@ -419,15 +456,9 @@ impl LeaseGuard {
             lease_id: lease.lease_id,
             ttl: lease.ttl,
             renew_every,
-            margin,
-            base,
-            deadline_us: AtomicU64::new(0),
-            lost: AtomicBool::new(false),
-            reason: OnceLock::new(),
-            loss: CancellationToken::new(),
+            validity: Validity::new(base, lease.deadline, margin),
             release_on_stop: AtomicBool::new(true),
         });
-        state.extend(lease.deadline);
         let stop = CancellationToken::new();
         tokio::spawn(keep_alive(
             lease.router.clone(),

@@ -26,7 +26,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::{unexpected, Error, Result};
-use crate::lease::{local_deadline, AcquireOutcome, LossReason};
+use crate::lease::{local_deadline, AcquireOutcome, LossReason, Validity};
 use crate::options::AcquireOptions;
 use crate::outcome::ReleaseOutcome;
 use crate::router::Router;
@@ -58,50 +58,16 @@ struct SessionState {
     id: SessionId,
     ttl: Duration,
     every: Duration,
-    margin: Duration,
-    /// Origin of `deadline_us`.
-    base: Instant,
-    /// The local deadline in microseconds after `base`, rounded down.
-    deadline_us: AtomicU64,
-    lost: AtomicBool,
-    reason: OnceLock<LossReason>,
-    loss: CancellationToken,
+    /// The local deadline and the loss signal.
+    validity: Validity,
     /// Cleared by [`Session::close`], which closes by itself.
     close_on_stop: AtomicBool,
 }
 
-impl SessionState {
-    fn deadline(&self) -> Instant {
-        self.base + Duration::from_micros(self.deadline_us.load(Ordering::Acquire))
-    }
-
-    fn extend(&self, deadline: Instant) {
-        let us = u64::try_from(deadline.saturating_duration_since(self.base).as_micros())
-            .expect("deadline within 500,000 years");
-        self.deadline_us.fetch_max(us, Ordering::AcqRel);
-    }
-
-    fn give_up_at(&self) -> Instant {
-        let deadline = self.deadline();
-        deadline.checked_sub(self.margin).unwrap_or(deadline)
-    }
-
-    fn fire(&self, reason: LossReason) {
-        if self.reason.set(reason).is_ok() {
-            self.lost.store(true, Ordering::Release);
-            self.loss.cancel();
-        }
-    }
-
-    fn is_valid(&self) -> bool {
-        !self.lost.load(Ordering::Acquire) && Instant::now() < self.give_up_at()
-    }
-
-    fn reason(&self) -> LossReason {
-        self.reason
-            .get()
-            .cloned()
-            .expect("reason is set before the signal fires")
+impl std::ops::Deref for SessionState {
+    type Target = Validity;
+    fn deref(&self) -> &Validity {
+        &self.validity
     }
 }
 
@@ -175,15 +141,13 @@ impl Client {
             id,
             ttl,
             every,
-            margin,
-            base: answer.sent_at,
-            deadline_us: AtomicU64::new(0),
-            lost: AtomicBool::new(false),
-            reason: OnceLock::new(),
-            loss: CancellationToken::new(),
+            validity: Validity::new(
+                answer.sent_at,
+                local_deadline(answer.sent_at, Duration::ZERO, ttl),
+                margin,
+            ),
             close_on_stop: AtomicBool::new(true),
         });
-        state.extend(local_deadline(answer.sent_at, Duration::ZERO, ttl));
         let stop = CancellationToken::new();
         tokio::spawn(keep_alive(self.clone(), Arc::clone(&state), stop.clone()));
         Ok(Session {
