@@ -172,6 +172,9 @@ pub(super) struct Entry<W> {
     queue: Queue<W>,
     /// The deadline and stamp of the entry's live timer.
     armed: Option<(u64, u32)>,
+    /// The newest token any lease of the key had (0 before the first): what LOCKED names
+    /// while no lease holds the key (PROTOCOL.md 3.2 LOCKED), so it never names token 0.
+    last_token: u64,
 }
 
 /// One lease on a shared key. 56 bytes.
@@ -432,6 +435,7 @@ impl<W> SharedKeys<W> {
             holders: Vec::new(),
             queue: Queue(None),
             armed: None,
+            last_token: 0,
         };
         let number = match self.vacant.pop() {
             Some(number) => {
@@ -478,6 +482,7 @@ impl<W> Entry<W> {
             self.holders.reserve_exact(1);
         }
         self.in_use += holder.held.permits();
+        self.last_token = self.last_token.max(holder.token);
         self.holders.push(holder);
     }
 
@@ -504,9 +509,12 @@ impl<W> Entry<W> {
         holders.chain(waiters).min()
     }
 
-    /// The newest holder's token and the time until the first holder's lease ends.
+    /// The newest holder's token and the time until the first holder's lease ends; with no
+    /// holder (the last lease just ended and the key goes to its waiters), the last lease's
+    /// token and 0, as a plain key answers.
     fn locked(&self, now_ms: u64) -> (u64, u64) {
-        let token = self.holders.iter().map(|h| h.token).max().unwrap_or(0);
+        let newest = self.holders.iter().map(|h| h.token).max();
+        let token = newest.unwrap_or(self.last_token);
         let left = self
             .holders
             .iter()
@@ -598,6 +606,7 @@ impl<W: WaiterSink> LockTable<W> {
         let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
         let number = self.shared.open(&key, None);
         let lock = &self.slots[slot];
+        let token = lock.token;
         let holder = (lock.deadline_ms != 0).then(|| Holder {
             lease_id: lock.lease_id,
             token: lock.token,
@@ -632,6 +641,8 @@ impl<W: WaiterSink> LockTable<W> {
         self.free(slot);
         let entry = self.shared.entry_mut(number);
         entry.queue.set(moved);
+        // A key reserved for its waiters has no holder: its last lease's token stays known.
+        entry.last_token = token;
         if let Some(holder) = holder {
             entry.push_holder(holder);
             self.shared.holders_count += 1;
