@@ -52,7 +52,7 @@
 //!
 //! # Memory
 //! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry is paid once per key: about 80 bytes in chunks that never move, the
+//! quotas; the entry is paid once per key: 96 bytes in chunks that never move, the
 //! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
 //! The holders' vector has room for exactly one holder until a second comes, and the queue
 //! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
@@ -66,7 +66,7 @@ use tenure_protocol::{LeaseId, LeaseKind};
 use super::slot::LoggedTtl;
 use super::*;
 
-/// Entries per chunk of [`Entries`]: 256 of about 80 bytes, 20 KiB.
+/// Entries per chunk of [`Entries`]: 256 of 96 bytes, 24 KiB.
 const ENTRY_CHUNK_LEN: usize = 256;
 
 /// The stale timers the shared wheel keeps before compaction, beyond one per entry.
@@ -196,6 +196,8 @@ pub(super) struct Holder {
 
 // Most of a permit's or read lease's memory; see the module docs.
 const _: () = assert!(size_of::<Holder>() == 56);
+// A key's share of a shared key's memory (8 of it `last_token`); see the module docs.
+const _: () = assert!(size_of::<Option<Entry<()>>>() == 96);
 
 /// What a holder holds, in 4 bytes rather than a [`LeaseKind`]'s 12, since its entry knows
 /// the semaphore's limit: the permits it holds of a semaphore (`1..=PERMITS_MAX`), or
