@@ -52,7 +52,7 @@
 //!
 //! # Memory
 //! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry is paid once per key: about 80 bytes in chunks that never move, the
+//! quotas; the entry is paid once per key: 96 bytes in chunks that never move, the
 //! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
 //! The holders' vector has room for exactly one holder until a second comes, and the queue
 //! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
@@ -66,7 +66,7 @@ use tenure_protocol::{LeaseId, LeaseKind};
 use super::slot::LoggedTtl;
 use super::*;
 
-/// Entries per chunk of [`Entries`]: 256 of about 80 bytes, 20 KiB.
+/// Entries per chunk of [`Entries`]: 256 of 96 bytes, 24 KiB.
 const ENTRY_CHUNK_LEN: usize = 256;
 
 /// The stale timers the shared wheel keeps before compaction, beyond one per entry.
@@ -172,6 +172,9 @@ pub(super) struct Entry<W> {
     queue: Queue<W>,
     /// The deadline and stamp of the entry's live timer.
     armed: Option<(u64, u32)>,
+    /// The newest token any lease of the key had (0 before the first): what LOCKED names
+    /// while no lease holds the key (PROTOCOL.md 3.2 LOCKED), so it never names token 0.
+    last_token: u64,
 }
 
 /// One lease on a shared key. 56 bytes.
@@ -193,6 +196,8 @@ pub(super) struct Holder {
 
 // Most of a permit's or read lease's memory; see the module docs.
 const _: () = assert!(size_of::<Holder>() == 56);
+// A key's share of a shared key's memory (8 of it `last_token`); see the module docs.
+const _: () = assert!(size_of::<Option<Entry<()>>>() == 96);
 
 /// What a holder holds, in 4 bytes rather than a [`LeaseKind`]'s 12, since its entry knows
 /// the semaphore's limit: the permits it holds of a semaphore (`1..=PERMITS_MAX`), or
@@ -432,6 +437,7 @@ impl<W> SharedKeys<W> {
             holders: Vec::new(),
             queue: Queue(None),
             armed: None,
+            last_token: 0,
         };
         let number = match self.vacant.pop() {
             Some(number) => {
@@ -478,6 +484,7 @@ impl<W> Entry<W> {
             self.holders.reserve_exact(1);
         }
         self.in_use += holder.held.permits();
+        self.last_token = self.last_token.max(holder.token);
         self.holders.push(holder);
     }
 
@@ -504,9 +511,12 @@ impl<W> Entry<W> {
         holders.chain(waiters).min()
     }
 
-    /// The newest holder's token and the time until the first holder's lease ends.
+    /// The newest holder's token and the time until the first holder's lease ends; with no
+    /// holder (the last lease just ended and the key goes to its waiters), the last lease's
+    /// token and 0, as a plain key answers.
     fn locked(&self, now_ms: u64) -> (u64, u64) {
-        let token = self.holders.iter().map(|h| h.token).max().unwrap_or(0);
+        let newest = self.holders.iter().map(|h| h.token).max();
+        let token = newest.unwrap_or(self.last_token);
         let left = self
             .holders
             .iter()
@@ -598,6 +608,7 @@ impl<W: WaiterSink> LockTable<W> {
         let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
         let number = self.shared.open(&key, None);
         let lock = &self.slots[slot];
+        let token = lock.token;
         let holder = (lock.deadline_ms != 0).then(|| Holder {
             lease_id: lock.lease_id,
             token: lock.token,
@@ -632,6 +643,8 @@ impl<W: WaiterSink> LockTable<W> {
         self.free(slot);
         let entry = self.shared.entry_mut(number);
         entry.queue.set(moved);
+        // A key reserved for its waiters has no holder: its last lease's token stays known.
+        entry.last_token = token;
         if let Some(holder) = holder {
             entry.push_holder(holder);
             self.shared.holders_count += 1;

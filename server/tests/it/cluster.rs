@@ -40,12 +40,21 @@ fn acquire_at_leader(clients: &[SocketAddr], key: &str) -> (SocketAddr, String) 
 /// Three `tenured --cluster` daemons with their data in `dirs`, initialised as one cluster;
 /// the daemons and their client addresses.
 pub(super) fn three_daemons(dirs: &[tempfile::TempDir]) -> (Vec<Daemon>, Vec<SocketAddr>) {
+    three_daemons_with(dirs, &[])
+}
+
+/// [`three_daemons`], each daemon given `extra` flags too.
+pub(super) fn three_daemons_with(
+    dirs: &[tempfile::TempDir],
+    extra: &[&str],
+) -> (Vec<Daemon>, Vec<SocketAddr>) {
     let peers: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let clients: Vec<SocketAddr> = (0..3).map(|_| loopback(free_port())).collect();
     let daemons: Vec<Daemon> = (0..3)
         .map(|i| {
             let (id, peer) = ((i + 1).to_string(), peers[i].to_string());
-            let args = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
+            let base = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
             let what = Tenured {
                 bin: tenured_bin(),
                 dir: dirs[i].path(),

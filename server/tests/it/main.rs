@@ -16,6 +16,8 @@
 //! - `faults`: crashes, a damaged log and a failing disk (see that module);
 //! - `lifecycle`: the handshake, its time limit, keepalive, broken frames, shutdown;
 //! - `limits`: the server-wide limits, exact at the default shard count;
+//! - `locked`: LOCKED to a wait that ran out while no lease held the key, single node and
+//!   cluster leader;
 //! - `metrics`: `/metrics` (through `promtool`), `/healthz`, `/readyz`, the HTTP limits, and
 //!   the shipped dashboard and alert rules;
 //! - `nemesis`: three cluster daemons under load and faults, the history checked;
@@ -43,6 +45,7 @@ mod e2e;
 mod faults;
 mod lifecycle;
 mod limits;
+mod locked;
 mod metrics;
 mod nemesis;
 mod per_core;

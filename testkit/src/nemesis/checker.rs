@@ -32,8 +32,6 @@ use tenure::{LeaseId, LeaseKind};
 
 use super::history::{Kind, Op, Outcome};
 
-/// The token a LOCKED answer names when the key has no holder: no grant's.
-const NO_TOKEN: u64 = 0;
 /// The client's clock margin: the server's 2 ms resolution (PROTOCOL.md 3.3).
 const MARGIN_MIN: Duration = Duration::from_millis(2);
 /// The cluster margin's share of the TTL, for clock-rate drift (CLUSTER.md): ttl / 1000.
@@ -274,9 +272,9 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
 /// lease id: a grant whose answer was lost, holding the key for its TTL. The harness's probes
 /// use keys nobody reads, so this counts the load's. One line per (key, token).
 ///
-/// Token 0 is no token (they start at 1): a LOCKED naming it says the key had no holder when
-/// the waiter's time ran out (the nemesis sees it for blocking ACQUIREs on read/write and
-/// semaphore keys across a fail-over: `Entry::locked` in `server/src/table/shared.rs`).
+/// A LOCKED always names a token the key was granted under, even when no lease held it as
+/// the waiter's time ran out (PROTOCOL.md 3.2): one naming token 0 (no grant's, they start
+/// at 1) is an orphan too.
 pub fn orphans(ops: &[Op]) -> Vec<String> {
     use std::collections::BTreeSet;
     let granted: BTreeSet<(&str, u64)> = ops
@@ -292,7 +290,6 @@ pub fn orphans(ops: &[Op]) -> Vec<String> {
             Outcome::Held { token } | Outcome::Locked { token } => Some((op.key.as_str(), token)),
             _ => None,
         })
-        .filter(|&(_, token)| token != NO_TOKEN)
         .collect();
     seen.difference(&granted)
         .map(|(key, token)| format!("{key:?} held by token {token}, granted to no client"))

@@ -43,6 +43,8 @@ pub struct Cluster {
     peer_tls: Vec<[String; 6]>,
     /// Holds the CA and the node certificates.
     _certs: TempDir,
+    /// Flags every node is started with beyond the harness's own.
+    extra: Vec<String>,
     nodes: Vec<Node>,
     /// The proxy the peer links cross.
     pub proxy: Proxy,
@@ -80,6 +82,11 @@ fn peer_tls_flags(dir: &Path) -> Vec<[String; 6]> {
 impl Cluster {
     /// Starts the proxy and three nodes, and initialises the membership.
     pub async fn start(bin: &Path) -> Cluster {
+        Cluster::start_with(bin, &[]).await
+    }
+
+    /// [`Cluster::start`], every node (and every restart of one) given `extra` flags too.
+    pub async fn start_with(bin: &Path, extra: &[&str]) -> Cluster {
         let peers: Vec<SocketAddr> = (0..NODES)
             .map(|i| SocketAddr::new(node_ip(i), free_port_on(node_ip(i))))
             .collect();
@@ -101,6 +108,7 @@ impl Cluster {
             logs: tempfile::tempdir().expect("log dir"),
             peer_tls,
             _certs: certs,
+            extra: extra.iter().map(|flag| flag.to_string()).collect(),
             nodes,
             proxy,
         };
@@ -129,7 +137,10 @@ impl Cluster {
         let node = &self.nodes[i];
         let (id, peer) = ((i + 1).to_string(), node.peer.to_string());
         let base = ["--cluster", "--node-id", &id, "--peer-listen", &peer];
-        let tls = self.peer_tls[i].iter().map(String::as_str);
+        let tls = self.peer_tls[i]
+            .iter()
+            .chain(&self.extra)
+            .map(String::as_str);
         let args: Vec<&str> = base.into_iter().chain(tls).collect();
         let what = Tenured {
             bin: &self.bin,
@@ -241,6 +252,18 @@ impl Cluster {
     /// Node `i`'s current term, from its CLUSTER STATUS.
     pub async fn term(&self, i: usize) -> Option<u64> {
         self.status_number(i, "term").await
+    }
+
+    /// Node `i`'s current term, asked until it answers, up to `wait`.
+    pub async fn wait_term(&self, i: usize, wait: Duration) -> Option<u64> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let term = self.term(i).await;
+            if term.is_some() || Instant::now() >= deadline {
+                return term;
+            }
+            tokio::time::sleep(ASK_PAUSE).await;
+        }
     }
 
     /// The number `name=` of node `i`'s CLUSTER STATUS.
