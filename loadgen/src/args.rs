@@ -47,7 +47,9 @@ Scenarios:
 Targets: tenure://HOST:PORT or redis://HOST:PORT (SET NX PX + Lua compare-and-delete /
 compare-and-pexpire; --redis-fenced adds a per-key INCR fencing token) or etcd://HOST:PORT
 (v3 JSON gateway: lease grant + create-if-absent txn, keep-alive, revoke). A,B,C names a
-cluster's members (tenure: the serving one is found; etcd: spread over). Loopback only
+cluster's members (tenure: the serving one is found when the run starts, and a
+leader change ends the run, its connections closed: --scenario failover measures fail-overs;
+etcd: spread over). Loopback only
 unless --allow-remote. --server-pid PID reports the server's RSS growth and CPU.
 tenure over TLS: --tls-ca FILE [--tls-server-name NAME] [--tls-client-cert FILE
 --tls-client-key FILE]; AUTH on every connection: --identity NAME with the secret in
