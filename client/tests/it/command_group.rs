@@ -157,8 +157,8 @@ async fn a_commands_leftover_background_process_is_stopped_before_the_release() 
     assert_eq!(state, KeyState::Free, "released");
 }
 
-/// Ctrl-C at a terminal signals `tenure` (the command is in a group of its own, no longer the
-/// terminal's foreground group): SIGINT to `tenure` stops the whole group, then releases.
+/// SIGINT to `tenure` (`kill -INT`; Ctrl-C at a terminal reaches the command instead, the
+/// terminal's foreground job: `terminal.rs`) stops the whole group, then releases.
 #[tokio::test]
 async fn sigint_to_tenure_run_stops_the_commands_group_and_releases() {
     let server = TestServer::start();
@@ -187,4 +187,49 @@ async fn sigint_to_tenure_run_stops_the_commands_group_and_releases() {
         .await
         .expect("inspect");
     assert_eq!(state, KeyState::Free, "released, not left to expire");
+}
+
+/// A command the guardian cannot start (not found): its error is one line in the CLI's
+/// format, a JSON object under `--json` as every other error there, and `tenure` releases the
+/// lock and exits 1.
+#[tokio::test]
+async fn a_command_that_cannot_start_is_an_error_line_in_the_clis_format() {
+    let server = TestServer::start();
+    let missing = "/nonexistent/tenure-test-command";
+    for (json, key) in [(true, "grp/json"), (false, "grp/kv")] {
+        let mut line = tenure_cli(&server.addr);
+        if json {
+            line.arg("--json");
+        }
+        let output = timeout(
+            PATIENCE,
+            line.args(["run", "--ttl", "5s", key, "--", missing])
+                .output(),
+        )
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let error = stderr
+            .lines()
+            .find(|line| line.contains("cannot start"))
+            .unwrap_or_else(|| panic!("no error line: {stderr}"));
+        if json {
+            let object: serde_json::Value =
+                serde_json::from_str(error).unwrap_or_else(|e| panic!("{e}: {error}"));
+            assert_eq!(object["result"], "ERROR", "{error}");
+            let message = object["error"].as_str().expect("an error text");
+            assert!(message.contains(missing), "{error}");
+            // The grant line before it is JSON too: every line on stderr parses.
+            for line in stderr.lines() {
+                let parsed: Result<serde_json::Value, _> = serde_json::from_str(line);
+                assert!(parsed.is_ok(), "not JSON: {line}");
+            }
+        } else {
+            assert!(error.starts_with("result=ERROR error="), "{error}");
+        }
+        let state = server.client().await.inspect(key).await.expect("inspect");
+        assert_eq!(state, KeyState::Free, "released");
+    }
 }

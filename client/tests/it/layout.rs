@@ -61,7 +61,8 @@ const CLI_ALLOWED: &[(&str, &[&str])] = &[
     ("cli", &["certs", "cluster"]),
     ("legacy", &["cli"]),
     ("requests", &["exit", "output"]),
-    ("guard", &["exit", "output"]),
+    ("terminal", &[]),
+    ("guard", &["exit", "output", "terminal"]),
     ("hold", &[]),
     (
         "run",

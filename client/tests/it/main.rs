@@ -14,7 +14,9 @@
 //! - `api_paths`: every public path of the crate still resolves (a compile-time guard);
 //! - `layout`: the import rules of `client/src` (which module may use which);
 //! - `readme`: README.md's console and command-line examples, read from it and run in order;
-//! - `sessions`: one keep-alive for many locks, closing, a session whose keep-alives stop.
+//! - `sessions`: one keep-alive for many locks, closing, a session whose keep-alives stop;
+//! - `terminal`: `tenure run` at a pseudo-terminal: the command reads it, gets Ctrl-C and
+//!   Ctrl-Z, and the shell gets the terminal back.
 //!
 //! Tests of leases, guards, expiry, renewals and elections run on a paused clock
 //! (`#[tokio::test(start_paused = true)]`) with the server in the test's own runtime
@@ -36,6 +38,7 @@ mod kinds;
 mod layout;
 mod readme;
 mod sessions;
+mod terminal;
 
 use std::time::Duration;
 

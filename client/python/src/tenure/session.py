@@ -7,6 +7,13 @@ Blocking::
             s.check()                      # raises LeaseLost once the session is gone
             write(..., token=a.token)
 
+Read leases and semaphore permits live in a session as a lock does (PROTOCOL.md 3.10, 3.11),
+each a lease of its own with its own token, kept alive by the session's keep-alives::
+
+    with client.session(ttl=10) as s:
+        with s.semaphore("partner-api", permits=4) as permit, s.read_lock("doc") as r:
+            ...                            # s.write_lock("doc") waits for r, as outside one
+
 asyncio::
 
     async with client.session(ttl=10) as s:
@@ -31,6 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import _wire as w
+from . import semaphore as _kinds
 from .errors import (
     ConnectionLost,
     InvalidArgument,
@@ -170,6 +178,23 @@ class AsyncSession:
         """`async with session.lock("a", wait=5) as lock:` takes `key` in this session."""
         return AsyncSessionLock(self, key, wait, meta)
 
+    def semaphore(
+        self, key: Any, permits: int, *, count: int = 1, wait: float = 0.0, meta: Any = b""
+    ) -> "AsyncSessionLock":
+        """`async with session.semaphore("pool", permits=4) as permit:` takes `count` (default
+        one) of the `permits` permits of semaphore `key` in this session, as
+        `client.semaphore()` does outside one; `BadPermits` for counts out of range (raised
+        here, before anything is sent), `KindMismatch` when the key is of another kind."""
+        return AsyncSessionLock(self, key, wait, meta, _kinds.permits(count, permits))
+
+    def read_lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "AsyncSessionLock":
+        """A read lease on `key` in this session, beside other readers (`client.read_lock()`)."""
+        return AsyncSessionLock(self, key, wait, meta, _kinds.SHARED)
+
+    def write_lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "AsyncSessionLock":
+        """The write side of read/write lock `key` in this session: the key alone, `lock()`."""
+        return AsyncSessionLock(self, key, wait, meta)
+
     async def _run(self) -> None:
         # The open's `sent_at`, recovered from the deadline counted from it.
         next_at = self.deadline + deadline_margin_s(self._ttl_ms) - self.ttl + self.every
@@ -223,11 +248,13 @@ def _session_reply(opcode: int, reply: bytes) -> "tuple[bytes, int]":
 class AsyncSessionLock:
     """A lock held in an `AsyncSession`: no renewal of its own, lost with its session."""
 
-    def __init__(self, session: AsyncSession, key: Any, wait: float, meta: Any) -> None:
+    def __init__(self, session: AsyncSession, key: Any, wait: float, meta: Any, kind: bytes = b"") -> None:
         self.session = session
         # Checked here, in the caller's thread, as `lock()` checks its arguments.
-        body = session.client._acquire_args(key, 0, wait, meta, False, session=session.id)
+        body = session.client._acquire_args(key, 0, wait, meta, False, kind=kind, session=session.id)
         self._args = (key, wait, meta)
+        #: The ACQUIRE's kind bytes (semaphore.py): empty for the key alone.
+        self._kind = kind
         self.key = w.Reader(body).bytes16()
         self.token = 0
         self.lease_id = b""
@@ -241,7 +268,7 @@ class AsyncSessionLock:
         session.check()
         key, wait, meta = self._args
         try:
-            result, _ = await session.client._acquire(key, 0, wait, meta, False, session=session.id)
+            result, _ = await session.client._acquire(key, 0, wait, meta, False, kind=self._kind, session=session.id)
         except ServerError as e:
             if e.code == w.NO_SESSION:
                 session._fire(LOSS_ENDED)
@@ -330,6 +357,20 @@ class Session:
     def lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "SessionLock":
         """`with session.lock("a", wait=5) as lock:` takes `key` in this session."""
         return SessionLock(self, self._inner.lock(key, wait=wait, meta=meta))
+
+    def semaphore(
+        self, key: Any, permits: int, *, count: int = 1, wait: float = 0.0, meta: Any = b""
+    ) -> "SessionLock":
+        """`with session.semaphore("pool", permits=4) as permit:`; see `AsyncSession.semaphore`."""
+        return SessionLock(self, self._inner.semaphore(key, permits, count=count, wait=wait, meta=meta))
+
+    def read_lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "SessionLock":
+        """`with session.read_lock("doc") as r:` a read lease on `key` in this session."""
+        return SessionLock(self, self._inner.read_lock(key, wait=wait, meta=meta))
+
+    def write_lock(self, key: Any, *, wait: float = 0.0, meta: Any = b"") -> "SessionLock":
+        """`with session.write_lock("doc") as w:` the key alone in this session, `lock()`."""
+        return SessionLock(self, self._inner.write_lock(key, wait=wait, meta=meta))
 
     def close(self) -> Optional[int]:
         """Closes the session (every lock in it freed at once); how many were freed."""

@@ -197,7 +197,8 @@ pub struct RunArgs {
     pub no_session: bool,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN,
     /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when the
-    /// lock is held in a session.
+    /// lock is held in a session. At a terminal it is the foreground job: it reads the
+    /// terminal, and Ctrl-C and Ctrl-Z reach it.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
@@ -281,7 +282,7 @@ pub struct ElectArgs {
     pub grace: Duration,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN (the term),
     /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when
-    /// leading in a session.
+    /// leading in a session. At a terminal it is the foreground job, as with `run`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }

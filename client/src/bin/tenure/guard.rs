@@ -13,13 +13,19 @@
 //!
 //! It is also the group's child subreaper: a member orphaned by its parent's exit becomes
 //! its child and is reaped here, so a group that has ended is seen empty at once.
+//!
+//! A group of its own is not the terminal's foreground group, so with a terminal on stdin
+//! the guardian hands the terminal's foreground to the command's group and back, and passes
+//! a stop of the command (Ctrl-Z) on to `tenure`'s job ([`crate::terminal`]): the command
+//! reads the terminal and gets Ctrl-C and Ctrl-Z as a command run by the shell does.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
 use std::time::{Duration, Instant};
 
 use crate::exit::EXIT_ERROR;
-use crate::output::kv_value;
+use crate::output::{kv_value, Out};
+use crate::terminal::Terminal;
 
 /// `tenure GUARD_ARG GRACE_MS -- PROGRAM ARGS...` runs the guardian. Not a subcommand of the
 /// command line (it is not for people to type), so it is looked for before parsing.
@@ -38,9 +44,9 @@ pub const GUARD_MARGIN: Duration = Duration::from_secs(10);
 const _: () = assert!(GUARD_MARGIN.as_millis() > KILLED_WAIT.as_millis());
 
 /// The guardian's command line for `command`, stopping it with `grace` between SIGTERM and
-/// SIGKILL. `/proc/self/exe` is this very binary even if its file was replaced since; without
-/// /proc, the path it was started from.
-pub fn guarded(command: &[String], grace: Duration) -> tokio::process::Command {
+/// SIGKILL, printing its errors as JSON if `json` (`--json`). `/proc/self/exe` is this very
+/// binary even if its file was replaced since; without /proc, the path it was started from.
+pub fn guarded(command: &[String], grace: Duration, json: bool) -> tokio::process::Command {
     let proc_exe = std::path::PathBuf::from("/proc/self/exe");
     let exe = if proc_exe.exists() {
         proc_exe
@@ -51,38 +57,59 @@ pub fn guarded(command: &[String], grace: Duration) -> tokio::process::Command {
     line.arg0("tenure")
         .arg(GUARD_ARG)
         .arg(grace.as_millis().to_string())
+        .arg(if json { FORMAT_JSON } else { FORMAT_KV })
         .arg("--")
         .args(command);
     line
 }
 
+/// The guardian's output format argument: `key=value` lines, or JSON (`--json`).
+const FORMAT_KV: &str = "kv";
+const FORMAT_JSON: &str = "json";
+
+/// The guardian's arguments, `GRACE_MS FORMAT -- PROGRAM ARGS...`: the grace, where its
+/// errors go, the program and its arguments; `None` if they are not that.
+fn parse(args: &[OsString]) -> Option<(Duration, Out, &OsString, &[OsString])> {
+    let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
+    let json = match args.get(1)?.to_str()? {
+        FORMAT_KV => false,
+        FORMAT_JSON => true,
+        _ => return None,
+    };
+    let out = Out {
+        json,
+        to_stderr: true,
+    };
+    (args.get(2)? == "--").then_some(())?;
+    Some((grace, out, args.get(3)?, &args[4..]))
+}
+
 /// The guardian's main: `args` are those after [`GUARD_ARG`]. Returns the exit code.
 pub fn guardian(args: &[OsString]) -> u8 {
-    let grace = args
-        .first()
-        .and_then(|ms| ms.to_str()?.parse::<u64>().ok())
-        .map(Duration::from_millis);
-    let (Some(grace), Some(separator), Some(program)) = (grace, args.get(1), args.get(2)) else {
+    let Some((grace, out, program, program_args)) = parse(args) else {
         eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
         return EXIT_ERROR;
     };
-    if separator != "--" {
-        eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
-        return EXIT_ERROR;
-    }
     // Blocked before the command starts, so no stop request is lost; taken by `sigtimedwait`.
     let signals = stop_signals();
     set_blocked(libc::SIG_BLOCK, &signals);
     become_subreaper();
+    let terminal = Terminal::on_stdin();
     let mut command = std::process::Command::new(program);
-    command.args(&args[3..]).process_group(0);
+    command.args(program_args).process_group(0);
     unblocked_in_child(&mut command, signals);
+    let handed = terminal.as_ref().filter(|t| t.home_in_foreground());
+    if let Some(terminal) = handed {
+        terminal.hand_over_in_child(&mut command);
+    }
     let spawned = command.spawn();
     let child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let message = format!("cannot start {program:?}: {e}");
-            eprintln!("error={}", kv_value(&message));
+            if let Some(terminal) = handed {
+                terminal.take_back(None);
+            }
+            out.error(format!("cannot start {program:?}: {e}"));
             return EXIT_ERROR;
         }
     };
@@ -91,9 +118,17 @@ pub fn guardian(args: &[OsString]) -> u8 {
     drop(child);
     let mut status = None;
     while status.is_none() && !stop_requested(&signals, Duration::from_millis(200)) {
-        reap(pid, &mut status);
+        // Stops of the command are seen only with a terminal: without one, nobody would
+        // continue a job stopped on its behalf.
+        let stopped = reap(pid, &mut status, terminal.is_some());
+        if let (Some(signal), Some(terminal)) = (stopped, &terminal) {
+            terminal.command_stopped(pid, signal);
+        }
     }
     stop_group(pid, grace, &signals, &mut status);
+    if let Some(terminal) = &terminal {
+        terminal.take_back(Some(pid));
+    }
     status.map_or(EXIT_ERROR, exit_code)
 }
 
@@ -106,14 +141,16 @@ fn stop_group(
     status: &mut Option<libc::c_int>,
 ) {
     for (signal, wait) in [(libc::SIGTERM, grace), (libc::SIGKILL, KILLED_WAIT)] {
-        reap(pid, status);
+        reap(pid, status, false);
         if group_is_empty(pid) {
             return;
         }
         kill_group(pid, signal);
+        // A stopped process acts on SIGTERM only once continued (SIGKILL needs no SIGCONT).
+        kill_group(pid, libc::SIGCONT);
         let deadline = Instant::now() + wait;
         while Instant::now() < deadline {
-            reap(pid, status);
+            reap(pid, status, false);
             if group_is_empty(pid) {
                 return;
             }
@@ -186,17 +223,26 @@ fn stop_requested(signals: &libc::sigset_t, timeout: Duration) -> bool {
 }
 
 /// Reaps every child that has ended (the command, and orphans adopted as subreaper); the
-/// command's wait status goes into `status`.
+/// command's wait status goes into `status`. With `stops`, a stop of the command is
+/// reported too: the signal that stopped it.
 #[allow(unsafe_code)]
-fn reap(command: libc::pid_t, status: &mut Option<libc::c_int>) {
+fn reap(
+    command: libc::pid_t,
+    status: &mut Option<libc::c_int>,
+    stops: bool,
+) -> Option<libc::c_int> {
+    let flags = libc::WNOHANG | if stops { libc::WUNTRACED } else { 0 };
+    let mut stopped = None;
     loop {
         let mut raw = 0;
         // SAFETY: waitpid(2) writes only the status integer we own.
-        let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+        let pid = unsafe { libc::waitpid(-1, &mut raw, flags) };
         if pid <= 0 {
-            return;
+            return stopped;
         }
-        if pid == command {
+        if pid == command && libc::WIFSTOPPED(raw) {
+            stopped = Some(libc::WSTOPSIG(raw));
+        } else if pid == command {
             *status = Some(raw);
         }
     }

@@ -20,7 +20,8 @@
 //! | `cli` | the flags and commands (clap) | `certs`, `cluster` |
 //! | `legacy` | the older clap-style console lines, kept as deprecated aliases | `cli` |
 //! | `requests` | one request per command, its answer printed | `exit`, `output` |
-//! | `guard` | the guardian process between `run`/`elect` and the command: stops its whole process group | `exit`, `output` |
+//! | `terminal` | the terminal's foreground group, handed to the command's group and back | — |
+//! | `guard` | the guardian process between `run`/`elect` and the command: stops its whole process group | `exit`, `output`, `terminal` |
 //! | `hold` | what `run` and `elect` hold: a lock in a session of its own, or (`--no-session`) a lease renewed alone | — |
 //! | `run` | `tenure run`: hold a lock while a command runs, stop it on loss | `cli`, `exit`, `guard`, `hold`, `output`, `requests` |
 //! | `elect` | `tenure elect` and `observe`: run a command while leading, print leaders | `cli`, `exit`, `hold`, `output`, `run` |
@@ -38,6 +39,7 @@ mod legacy;
 mod output;
 mod requests;
 mod run;
+mod terminal;
 
 use std::process::ExitCode;
 

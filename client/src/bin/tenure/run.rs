@@ -149,7 +149,7 @@ pub async fn supervise(
     // The command runs under a guardian (crate::guard) that stops its whole process group,
     // even after this process is killed with SIGKILL. Not killed on drop: a guardian killed
     // with SIGKILL would leave the group running; our exit sends it SIGTERM instead.
-    let mut command_line = guarded(command, grace);
+    let mut command_line = guarded(command, grace, out.json);
     command_line
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
