@@ -13,10 +13,16 @@ use tokio::time::{timeout, Instant};
 
 use crate::{granted, wait_for_waiters, PATIENT_TTL};
 
-/// The `tenure` binary with `--addr addr`, killed when dropped.
+/// The `tenure` binary with `--addr addr`, killed when dropped. Its stdin is empty unless a
+/// test pipes it: `tenure run` hands a terminal on stdin to its command, and tests run from
+/// an interactive shell must not take that shell's terminal.
 pub(crate) fn tenure_cli(addr: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
-    command.arg("--addr").arg(addr).kill_on_drop(true);
+    command
+        .arg("--addr")
+        .arg(addr)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     command
 }
 
