@@ -95,6 +95,7 @@ mod index;
 mod invariants;
 mod keys;
 mod lease;
+mod one_lease;
 mod outcome;
 mod queue;
 mod quota;
@@ -195,6 +196,8 @@ pub struct LockTable<W> {
     /// ([`LockTable::renew_logged`]), at or after that of any lease's pending renewal: a
     /// renewal waiting on a pending one waits for this, rather than a slot keeping 8 bytes.
     renewal_lsn_max: u64,
+    /// Slots holding the one lease of a read/write or semaphore key (module `one_lease`).
+    one_lease_slots: usize,
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
@@ -252,6 +255,7 @@ impl<W: WaiterSink> LockTable<W> {
             #[cfg(test)]
             cancel_steps: 0,
             renewal_lsn_max: 0,
+            one_lease_slots: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
             shared: shared::SharedKeys::new(hash_seed),
@@ -265,12 +269,12 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Leases held on read/write and semaphore keys (each permit lease counts once).
     pub fn shared_holders_count(&self) -> usize {
-        self.shared.holders_count()
+        self.shared.holders_count() + self.one_lease_slots
     }
 
     /// Read/write and semaphore keys with holders or waiters.
     pub fn shared_keys_count(&self) -> usize {
-        self.shared.keys_count()
+        self.shared.keys_count() + self.one_lease_slots
     }
 
     /// Waiters queued over all keys (some may have timed out but not been reaped yet).
@@ -359,6 +363,9 @@ impl<W: WaiterSink> LockTable<W> {
         let lock = &self.slots[slot];
         if lock.token == 0 {
             return self.grant_free(now_ms, args, tokens);
+        }
+        if !lock.is_plain() {
+            return self.acquire_beside_one_lease(now_ms, slot, args, tokens, events);
         }
         if args.wait_ms > 0 {
             return self.enqueue(slot, now_ms, args);

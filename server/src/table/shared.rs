@@ -63,6 +63,7 @@ use std::collections::VecDeque;
 use tenure_protocol::limits::PERMITS_MAX;
 use tenure_protocol::{LeaseId, LeaseKind};
 
+use super::one_lease;
 use super::slot::LoggedTtl;
 use super::*;
 
@@ -540,11 +541,11 @@ impl<W: WaiterSink> LockTable<W> {
             }
             None => None,
         };
-        let number = match number {
-            Some(number) => number,
-            None => match self.open_shared(now_ms, &args, kind, tokens, events) {
-                Ok(number) => number,
-                Err(refused) => return refused,
+        let (number, args) = match number {
+            Some(number) => (number, args),
+            None => match self.open_shared(now_ms, args, kind, tokens, events) {
+                Ok(opened) => opened,
+                Err(answer) => return answer,
             },
         };
         let entry = self.shared.entry(number);
@@ -566,44 +567,53 @@ impl<W: WaiterSink> LockTable<W> {
         self.enqueue_shared(number, now_ms, args, kind)
     }
 
-    /// An entry for a key that has none: new, or the key's plain lock moved here. `Err`
-    /// with the answer if the key is a plain lock and the request cannot join it.
-    fn open_shared(
+    /// An entry for a key that has none: new, or the key's plain lock or one-lease slot
+    /// moved here. `Err` with the answer if the request is answered without one: granted in
+    /// a one-lease slot of its own (module `one_lease`), refused by the key's plain lock, or
+    /// answered from its one-lease slot.
+    fn open_shared<'a>(
         &mut self,
         now_ms: u64,
-        args: &AcquireArgs<'_, W>,
+        args: AcquireArgs<'a, W>,
         kind: LeaseKind,
         tokens: &TokenAllocator,
         events: &mut Vec<Event<W>>,
-    ) -> Result<u32, Acquire<W>> {
-        let limit = match kind {
-            LeaseKind::Permits { limit, .. } => Some(limit),
-            _ => None,
+    ) -> Result<(u32, AcquireArgs<'a, W>), Acquire<W>> {
+        let limit = one_lease::limit_of(kind);
+        let mut slot = self.find(args.key);
+        if let Some(found) = slot {
+            self.settle(found, now_ms, tokens, events);
+            slot = self.find(args.key);
+        }
+        let Some(slot) = slot else {
+            if one_lease::fits_one_lease(args.key.len()) {
+                return Err(self.grant_one_lease(now_ms, args, kind, tokens));
+            }
+            return Ok((self.shared.open(args.key, limit), args));
         };
-        let Some(slot) = self.find(args.key) else {
-            return Ok(self.shared.open(args.key, limit));
-        };
-        self.settle(slot, now_ms, tokens, events);
-        let Some(slot) = self.find(args.key) else {
-            return Ok(self.shared.open(args.key, limit));
-        };
-        if limit.is_some() {
+        if !self.slots[slot].is_plain() {
+            if let Some(answer) = self.beside_one_lease(now_ms, slot, kind, args.wait_ms) {
+                return Err(answer);
+            }
+        } else if limit.is_some() {
             return Err(Acquire::KindMismatch { key_limit: None });
         }
-        Ok(self.move_to_shared(slot))
+        Ok((self.move_to_shared(slot), args))
     }
 
-    /// Moves a plain lock (its holder and waiters) into a new read/write entry.
-    fn move_to_shared(&mut self, slot: usize) -> u32 {
+    /// Moves a plain lock (its holder and waiters) into a new read/write entry, or a
+    /// one-lease slot's lease (no waiters) into an entry of its kind.
+    pub(super) fn move_to_shared(&mut self, slot: usize) -> u32 {
         let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
-        let number = self.shared.open(&key, None);
+        let kind = self.slots[slot].kind();
+        let number = self.shared.open(&key, one_lease::limit_of(kind));
         let lock = &self.slots[slot];
         let holder = (lock.deadline_ms != 0).then(|| Holder {
             lease_id: lock.lease_id,
             token: lock.token,
             deadline_ms: lock.deadline_ms,
             logged: lock.logged,
-            held: Held::EXCLUSIVE,
+            held: Held::of(kind),
             meta: self.meta(slot).into(),
         });
         let mut moved = VecDeque::new();
@@ -1113,7 +1123,11 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a shared key's holders and waiters are, as of `now_ms`.
     pub fn inspect_kinds(&self, now_ms: u64, key: &[u8]) -> Option<SharedInspect> {
         let now_ms = now_ms.max(self.now_ms);
-        let entry = self.shared.entry(self.shared.find(key)?);
+        let Some(number) = self.shared.find(key) else {
+            let slot = self.one_lease_slot(key)?;
+            return Some(self.inspect_one_lease(now_ms, slot));
+        };
+        let entry = self.shared.entry(number);
         let live = entry.holders.iter().filter(|h| h.deadline_ms > now_ms);
         let mut out = SharedInspect {
             limit: entry.limit.unwrap_or(0),
@@ -1146,7 +1160,15 @@ impl<W: WaiterSink> LockTable<W> {
         lease_id: LeaseId,
     ) -> Option<(u64, u64, LoggedTtl, LeaseKind, &[u8])> {
         let now_ms = now_ms.max(self.now_ms);
-        let entry = self.shared.entry(self.shared.find(key)?);
+        let Some(number) = self.shared.find(key) else {
+            let lock = &self.slots[self.one_lease_slot(key)?];
+            return (lock.lease_id == lease_id && lock.deadline_ms > now_ms).then(|| {
+                let meta = self.meta(self.find(key).expect("a slot"));
+                let left = lock.deadline_ms - now_ms;
+                (lock.token, left, lock.logged, lock.kind(), meta)
+            });
+        };
+        let entry = self.shared.entry(number);
         let holder = &entry.holders[entry.holder(lease_id, now_ms)?];
         Some((
             holder.token,
@@ -1178,9 +1200,9 @@ impl<W: WaiterSink> LockTable<W> {
         (self.shared.entries.iter().flatten()).flat_map(|e| e.holders.iter().map(|h| h.token))
     }
 
-    /// Whether `key` is a shared key (has an entry).
+    /// Whether `key` is a shared key: it has an entry, or its one lease is in a slot.
     pub fn is_shared(&self, key: &[u8]) -> bool {
-        self.shared.find(key).is_some()
+        self.shared.find(key).is_some() || self.one_lease_slot(key).is_some()
     }
 
     /// Puts a recovered (or un-released) lease of a shared kind back; see
@@ -1193,17 +1215,24 @@ impl<W: WaiterSink> LockTable<W> {
         kind: LeaseKind,
         meta: &[u8],
     ) {
-        let limit = match kind {
-            LeaseKind::Permits { limit, .. } => Some(limit),
-            _ => None,
-        };
-        assert!(
-            self.find(key).is_none(),
-            "restore: a plain lock and a shared one"
-        );
-        let number = match self.shared.find(key) {
-            Some(number) => number,
-            None => self.shared.open(key, limit),
+        let limit = one_lease::limit_of(kind);
+        let number = match (self.shared.find(key), self.find(key)) {
+            (Some(number), _) => number,
+            (None, None) if one_lease::fits_one_lease(key.len()) => {
+                assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
+                self.quotas.held.take_anyway();
+                self.install(now_ms, key, grant, meta.into());
+                let slot = self.find(key).expect("a slot just installed");
+                return self.mark_kind(slot, kind);
+            }
+            (None, None) => self.shared.open(key, limit),
+            (None, Some(slot)) => {
+                assert!(
+                    !self.slots[slot].is_plain(),
+                    "restore: a plain lock and a shared one"
+                );
+                self.move_to_shared(slot)
+            }
         };
         let entry = self.shared.entry(number);
         assert!(
