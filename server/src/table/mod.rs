@@ -71,7 +71,9 @@
 //!
 //! A key asked for as a shared (read) lease or as semaphore permits ([`LeaseKind`], through
 //! [`LockTable::acquire_kind`]) has several holders, each a lease of its own (lease id,
-//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab: every request
+//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab (but for one
+//! with a single lease and no waiter, which keeps a plain slot, its kind in the slot's spare
+//! bits: module `one_lease`, so it costs what a plain lock does): every request
 //! first asks `shared` whether the key is there (`is_empty()`, then a hash lookup only while
 //! the shard has such keys), so a plain lock keeps its 72-byte slot and its speed. A plain
 //! ACQUIRE of a read/write key is its write side; a SHARED ACQUIRE of a plain lock moves
@@ -83,6 +85,7 @@
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
 //! `shared`: read/write and semaphore keys (`shared_tests`: their tests and simulation).
+//! `one_lease`: such a key's only lease kept in a plain slot.
 //! `slot`: the slab entry, its extras, queued acquires, waiter timers. `slab`: slots in
 //! chunks. `keys`: the key arena. `lease`: a lease's life
 //! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).

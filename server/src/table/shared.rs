@@ -51,12 +51,16 @@
 //! the search for its own lease among the holders plus O(k).
 //!
 //! # Memory
-//! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry is paid once per key: about 80 bytes in chunks that never move, the
-//! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
-//! The holders' vector has room for exactly one holder until a second comes, and the queue
-//! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
-//! a plain lock costs about 90 (its lease, key and timer link share one 72-byte slot).
+//! A key whose only lease is a read lease or permits, with no waiter, is not here at all:
+//! it stays in a plain 72-byte slot, its kind in the slot's spare bits (module `one_lease`),
+//! and moves here at its second holder or first waiter (keys over `KEY_INLINE_MAX` bytes
+//! excepted: they come here from the first lease). Here, a holder is a 56-byte [`Holder`]
+//! in its entry's vector, plus one held-lock unit of the quotas; the entry is paid once per
+//! key: about 80 bytes in chunks that never move, the key's bytes once on the heap, an
+//! 8-byte bucket in the key index, a 16-byte timer. The holders' vector has room for exactly
+//! one holder until a second comes, and the queue is a null pointer while nobody waits, so
+//! an entry with one lease costs about 200 bytes, where a slot costs about 90 (its lease,
+//! key and timer link share one 72-byte slot).
 
 use std::collections::VecDeque;
 

@@ -537,8 +537,13 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut t = T::new();
     t.table = LockTable::with_hash_seed(shape.limits, 7);
+    // Short keys keep a one-lease key in a slot (module `one_lease`), long ones (every
+    // third) in an entry: both ways, and the moves between slot and entry, meet the model.
     let keys: Vec<Vec<u8>> = (0..shape.keys)
-        .map(|k| format!("key{k}").into_bytes())
+        .map(|k| match k % 3 {
+            2 => format!("a-key-too-long-for-a-slot-{k}").into_bytes(),
+            _ => format!("key{k}").into_bytes(),
+        })
         .collect();
     let key_of: HashMap<Vec<u8>, u8> = keys.iter().cloned().zip(0..).collect();
     let ttl = u64::from(shape.ttl_ms);
@@ -615,6 +620,7 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
                     other => panic!("unexpected {other:?}"),
                 }
             }
+            5 if rng.random_bool(0.5) => renew_one(&mut t, &mut model, &mut rng, now, k, key),
             5 | 6 => {
                 let hs = model.holders.get(&k).cloned().unwrap_or_default();
                 if let Some(h) = hs.get(rng.random_range(0..hs.len().max(1))) {
@@ -683,6 +689,7 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
         model.absorb(&key_of, now, events);
         t.table.check_invariants();
         model.check(now, &live);
+        check_key(&t, &model, now, k, key);
         for (k, holders) in &model.holders {
             let waiters = model.queues.get(k).map_or(0, VecDeque::len);
             let live = holders.iter().filter(|h| h.2 > now).count();
@@ -690,6 +697,48 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
         }
     }
     crowd_max
+}
+
+/// RENEW of a random holder of key `k`: renewed exactly while the model has it unexpired.
+fn renew_one(t: &mut T, model: &mut Model, rng: &mut StdRng, now: u64, k: u8, key: &[u8]) {
+    let hs = model.holders.get(&k).cloned().unwrap_or_default();
+    let Some(h) = hs.get(rng.random_range(0..hs.len().max(1))) else {
+        return;
+    };
+    let ttl_ms = u32::try_from(model.ttl_ms).expect("a TTL");
+    match t
+        .table
+        .renew(now, key, LeaseId::from_u128(h.0), ttl_ms, || u64::MAX)
+    {
+        Renew::Renewed { .. } => {
+            assert!(h.2 > now, "renewed an expired lease");
+            let m = model.holders.get_mut(&k).expect("holders");
+            let held = m.iter_mut().find(|x| x.1 == h.1).expect("the holder");
+            held.2 = now + model.ttl_ms;
+        }
+        Renew::Lost => assert!(h.2 <= now, "a live lease lost on renewal"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// CHECK, INSPECT and the kinds of key `k` agree with the model's holders.
+fn check_key(t: &T, model: &Model, now: u64, k: u8, key: &[u8]) {
+    let hs = model.holders.get(&k).cloned().unwrap_or_default();
+    let live: Vec<_> = hs.iter().filter(|h| h.2 > now).collect();
+    for h in &hs {
+        let current = t.table.check(now, key, h.1) == Check::Current;
+        assert_eq!(current, h.2 > now, "CHECK of token {}", h.1);
+    }
+    match t.table.inspect_kinds(now, key) {
+        Some(kinds) => {
+            assert_eq!(kinds.holders as usize, live.len(), "INSPECT holders");
+            let writer = live.iter().any(|h| h.3.is_exclusive());
+            assert_eq!(kinds.writer, writer, "INSPECT writer");
+        }
+        None => assert!(live.iter().all(|h| h.3.is_exclusive()), "kinds lost"),
+    }
+    let held = matches!(t.table.inspect(now, key), Inspect::Held { .. });
+    assert_eq!(held, !live.is_empty(), "INSPECT held");
 }
 
 /// The table's own bytes per held lease (its accounting, `memory_bytes`: holders, queues,
@@ -741,6 +790,9 @@ fn memory_per_held_permit() {
     );
     assert!(many < 100.0, "{many} bytes per permit");
     assert!(many_read < 100.0, "{many_read} bytes per read lease");
+    // One lease a key: a plain slot (72 bytes) and its index bucket, as a plain lock.
+    assert!(one < 100.0, "{one} bytes per permit, one a key");
+    assert!(one_read < 100.0, "{one_read} bytes per read lease, one a key");
 }
 
 const PERMITS_MAX_FOR_TEST: u32 = tenure_protocol::limits::PERMITS_MAX;
