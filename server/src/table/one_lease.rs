@@ -162,7 +162,11 @@ impl<W: WaiterSink> LockTable<W> {
                 "one-lease slot {number} has a queue"
             );
             assert!(lock.kind().validate().is_ok(), "slot {number}: kind");
-            assert!(!self.shared.find(lock.key(&self.keys)).is_some(), "both");
+            let key = lock.key(&self.keys);
+            assert!(
+                self.shared.find(key).is_none(),
+                "key {key:?} in a slot and an entry"
+            );
         }
         assert_eq!(count, self.one_lease_slots, "one-lease slots count");
     }

@@ -792,7 +792,10 @@ fn memory_per_held_permit() {
     assert!(many_read < 100.0, "{many_read} bytes per read lease");
     // One lease a key: a plain slot (72 bytes) and its index bucket, as a plain lock.
     assert!(one < 100.0, "{one} bytes per permit, one a key");
-    assert!(one_read < 100.0, "{one_read} bytes per read lease, one a key");
+    assert!(
+        one_read < 100.0,
+        "{one_read} bytes per read lease, one a key"
+    );
 }
 
 const PERMITS_MAX_FOR_TEST: u32 = tenure_protocol::limits::PERMITS_MAX;
