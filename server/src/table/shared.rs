@@ -170,9 +170,14 @@ pub(super) struct Entry<W> {
     /// The permits its holders hold (a semaphore's; 0 for a read/write key), kept so that
     /// `fits` is one comparison, not a walk over the holders.
     in_use: u32,
-    /// Holders, in grant order (so tokens increase along it). Room for exactly one on the
-    /// first grant (most keys have one holder), growing as usual from the second.
+    /// Holders, in token order (grant order; a restored one is put in its place), so the
+    /// newest is the last. Room for exactly one on the first grant, growing as usual from
+    /// the second.
     holders: Vec<Holder>,
+    /// The earliest holder deadline (`u64::MAX` without holders), kept so that `locked`, the
+    /// answer to every LOCKED, is constant time: found again by a walk only when the holder
+    /// that had it ends or is renewed, which walked the holders to find it anyway.
+    first_deadline_ms: u64,
     /// Waiters, first come first served.
     queue: Queue<W>,
     /// The deadline and stamp of the entry's live timer.
@@ -435,6 +440,7 @@ impl<W> SharedKeys<W> {
             limit,
             in_use: 0,
             holders: Vec::new(),
+            first_deadline_ms: u64::MAX,
             queue: Queue(None),
             armed: None,
         };
@@ -483,13 +489,39 @@ impl<W> Entry<W> {
             self.holders.reserve_exact(1);
         }
         self.in_use += holder.held.permits();
-        self.holders.push(holder);
+        self.first_deadline_ms = self.first_deadline_ms.min(holder.deadline_ms);
+        match self.holders.last() {
+            Some(last) if last.token > holder.token => {
+                let at = self.holders.partition_point(|h| h.token < holder.token);
+                self.holders.insert(at, holder);
+            }
+            _ => self.holders.push(holder),
+        }
+    }
+
+    /// Finds `first_deadline_ms` again after the holder that had it ended or moved.
+    fn refresh_first_deadline(&mut self) {
+        let first = self.holders.iter().map(|h| h.deadline_ms).min();
+        self.first_deadline_ms = first.unwrap_or(u64::MAX);
+    }
+
+    /// Moves the deadline of the holder at `at`, keeping `first_deadline_ms`.
+    fn set_deadline(&mut self, at: usize, deadline_ms: u64) {
+        let old_ms = std::mem::replace(&mut self.holders[at].deadline_ms, deadline_ms);
+        if old_ms == self.first_deadline_ms && deadline_ms > old_ms {
+            self.refresh_first_deadline();
+        } else {
+            self.first_deadline_ms = self.first_deadline_ms.min(deadline_ms);
+        }
     }
 
     /// Removes the holder at `at`, keeping `in_use`.
     fn remove_holder(&mut self, at: usize) -> Holder {
         let holder = self.holders.remove(at);
         self.in_use -= holder.held.permits();
+        if holder.deadline_ms == self.first_deadline_ms {
+            self.refresh_first_deadline();
+        }
         holder
     }
 
@@ -509,15 +541,14 @@ impl<W> Entry<W> {
         holders.chain(waiters).min()
     }
 
-    /// The newest holder's token and the time until the first holder's lease ends.
+    /// The newest holder's token and the time until the first holder's lease ends, in
+    /// constant time (holders in token order, `first_deadline_ms`).
     fn locked(&self, now_ms: u64) -> (u64, u64) {
-        let token = self.holders.iter().map(|h| h.token).max().unwrap_or(0);
-        let left = self
-            .holders
-            .iter()
-            .map(|h| h.deadline_ms.saturating_sub(now_ms))
-            .min()
-            .unwrap_or(0);
+        let token = self.holders.last().map_or(0, |h| h.token);
+        let left = match self.holders.is_empty() {
+            true => 0,
+            false => self.first_deadline_ms.saturating_sub(now_ms),
+        };
         (token, left)
     }
 
@@ -782,6 +813,9 @@ impl<W: WaiterSink> LockTable<W> {
             });
             false
         });
+        if ended > 0 {
+            entry.refresh_first_deadline();
+        }
         self.shared.holders_count -= ended;
         self.quotas.held.give_back(ended);
     }
@@ -1033,7 +1067,7 @@ impl<W: WaiterSink> LockTable<W> {
 
     fn extend_shared(&mut self, number: u32, at: usize, now_ms: u64, ttl_ms: u32) {
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        self.shared.entry_mut(number).holders[at].deadline_ms = deadline_ms;
+        self.shared.entry_mut(number).set_deadline(at, deadline_ms);
         // A shorter lease may be due before the filed timer: `arm_shared` files it earlier.
         self.arm_shared(number, Some(deadline_ms));
     }
@@ -1330,6 +1364,16 @@ fn check_entry<W>(entry: &Entry<W>) {
     assert!(
         writers == 0 || entry.holders.len() == 1,
         "a writer beside another holder"
+    );
+    assert!(
+        entry.holders.windows(2).all(|w| w[0].token < w[1].token),
+        "holders out of token order"
+    );
+    let first = entry.holders.iter().map(|h| h.deadline_ms).min();
+    assert_eq!(
+        first.unwrap_or(u64::MAX),
+        entry.first_deadline_ms,
+        "first deadline"
     );
     let in_use: u32 = entry.holders.iter().map(|h| h.held.permits()).sum();
     assert_eq!(in_use, entry.in_use, "permits in use");
