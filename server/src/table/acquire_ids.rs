@@ -239,7 +239,7 @@ impl<W: WaiterSink> LockTable<W> {
         tokens: &TokenAllocator,
         events: &mut Vec<Event<W>>,
     ) -> Result<Acquire<W>, Repeat> {
-        if !kind.is_exclusive() || self.is_shared(args.key) {
+        if !kind.is_exclusive() || self.shared.find(args.key).is_some() {
             return match self.repeat_of(now_ms, args.key, acquire_id) {
                 Repeat::New => Ok(self.acquire_kind(now_ms, args, kind, tokens, events)),
                 repeat => Err(repeat),

@@ -57,6 +57,7 @@ impl<W: WaiterSink> LockTable<W> {
             "held locks not counted in the quota"
         );
         self.check_shared_invariants();
+        self.check_one_lease_slots();
         let slab_len = self.slots.len();
         assert!(
             self.deferred.iter().all(|&slot| (slot as usize) < slab_len),

@@ -43,7 +43,7 @@ impl KeyRef {
     pub(super) const NONE: KeyRef = KeyRef(EXTRA_FLAG - 1);
 
     /// The raw word, flag included.
-    pub(super) fn bits(self) -> u32 {
+    pub(super) const fn bits(self) -> u32 {
         self.0
     }
 

@@ -115,6 +115,9 @@ impl<W: WaiterSink> LockTable<W> {
             self.keys.remove(lock.key_ref);
         }
         self.quotas.held.give_back(1);
+        if !lock.is_plain() {
+            self.one_lease_slots -= 1;
+        }
         self.disarm_lease(slot);
         self.slots[slot] = Slot::vacant();
         self.free_slots.push(slot as u32);

@@ -71,7 +71,9 @@
 //!
 //! A key asked for as a shared (read) lease or as semaphore permits ([`LeaseKind`], through
 //! [`LockTable::acquire_kind`]) has several holders, each a lease of its own (lease id,
-//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab: every request
+//! token, deadline, logged TTL). Such keys live in `shared`, not in the slab (but for one
+//! with a single lease and no waiter, which keeps a plain slot, its kind in the slot's spare
+//! bits: module `one_lease`, so it costs what a plain lock does): every request
 //! first asks `shared` whether the key is there (`is_empty()`, then a hash lookup only while
 //! the shard has such keys), so a plain lock keeps its 72-byte slot and its speed. A plain
 //! ACQUIRE of a read/write key is its write side; a SHARED ACQUIRE of a plain lock moves
@@ -83,6 +85,7 @@
 //! # Layout
 //! This file: [`LockTable`] and the requests (acquire, renew, release, inspect, check).
 //! `shared`: read/write and semaphore keys (`shared_tests`: their tests and simulation).
+//! `one_lease`: such a key's only lease kept in a plain slot.
 //! `slot`: the slab entry, its extras, queued acquires, waiter timers. `slab`: slots in
 //! chunks. `keys`: the key arena. `lease`: a lease's life
 //! (grant, timer, settle, free). `queue`: waiters (queue, time-out, hand-off, compaction).
@@ -95,6 +98,7 @@ mod index;
 mod invariants;
 mod keys;
 mod lease;
+mod one_lease;
 mod outcome;
 mod queue;
 mod quota;
@@ -195,6 +199,8 @@ pub struct LockTable<W> {
     /// ([`LockTable::renew_logged`]), at or after that of any lease's pending renewal: a
     /// renewal waiting on a pending one waits for this, rather than a slot keeping 8 bytes.
     renewal_lsn_max: u64,
+    /// Slots holding the one lease of a read/write or semaphore key (module `one_lease`).
+    one_lease_slots: usize,
     /// The latest `now_ms` seen: an earlier one (threads read the clock before taking the
     /// shard's mutex) is treated as this, so time never runs backwards inside the table.
     now_ms: u64,
@@ -252,6 +258,7 @@ impl<W: WaiterSink> LockTable<W> {
             #[cfg(test)]
             cancel_steps: 0,
             renewal_lsn_max: 0,
+            one_lease_slots: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
             shared: shared::SharedKeys::new(hash_seed),
@@ -265,12 +272,12 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// Leases held on read/write and semaphore keys (each permit lease counts once).
     pub fn shared_holders_count(&self) -> usize {
-        self.shared.holders_count()
+        self.shared.holders_count() + self.one_lease_slots
     }
 
     /// Read/write and semaphore keys with holders or waiters.
     pub fn shared_keys_count(&self) -> usize {
-        self.shared.keys_count()
+        self.shared.keys_count() + self.one_lease_slots
     }
 
     /// Waiters queued over all keys (some may have timed out but not been reaped yet).
@@ -359,6 +366,9 @@ impl<W: WaiterSink> LockTable<W> {
         let lock = &self.slots[slot];
         if lock.token == 0 {
             return self.grant_free(now_ms, args, tokens);
+        }
+        if !lock.is_plain() {
+            return self.acquire_beside_one_lease(now_ms, slot, args, tokens, events);
         }
         if args.wait_ms > 0 {
             return self.enqueue(slot, now_ms, args);

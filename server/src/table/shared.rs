@@ -51,18 +51,23 @@
 //! the search for its own lease among the holders plus O(k).
 //!
 //! # Memory
-//! A holder is a 56-byte [`Holder`] in its entry's vector, plus one held-lock unit of the
-//! quotas; the entry is paid once per key: 96 bytes in chunks that never move, the
-//! key's bytes once on the heap, an 8-byte bucket in the key index, a 16-byte timer.
-//! The holders' vector has room for exactly one holder until a second comes, and the queue
-//! is a null pointer while nobody waits, so a key with one lease costs about 200 bytes, where
-//! a plain lock costs about 90 (its lease, key and timer link share one 72-byte slot).
+//! A key whose only lease is a read lease or permits, with no waiter, is not here at all:
+//! it stays in a plain 72-byte slot, its kind in the slot's spare bits (module `one_lease`),
+//! and moves here at its second holder or first waiter (keys over `KEY_INLINE_MAX` bytes
+//! excepted: they come here from the first lease). Here, a holder is a 56-byte [`Holder`]
+//! in its entry's vector, plus one held-lock unit of the quotas; the entry is paid once per
+//! key: 104 bytes in chunks that never move, the key's bytes once on the heap, an
+//! 8-byte bucket in the key index, a 16-byte timer. The holders' vector has room for exactly
+//! one holder until a second comes, and the queue is a null pointer while nobody waits, so
+//! an entry with one lease costs about 200 bytes, where a slot costs about 90 (its lease,
+//! key and timer link share one 72-byte slot).
 
 use std::collections::VecDeque;
 
 use tenure_protocol::limits::PERMITS_MAX;
 use tenure_protocol::{LeaseId, LeaseKind};
 
+use super::one_lease;
 use super::slot::LoggedTtl;
 use super::*;
 
@@ -165,9 +170,14 @@ pub(super) struct Entry<W> {
     /// The permits its holders hold (a semaphore's; 0 for a read/write key), kept so that
     /// `fits` is one comparison, not a walk over the holders.
     in_use: u32,
-    /// Holders, in grant order (so tokens increase along it). Room for exactly one on the
-    /// first grant (most keys have one holder), growing as usual from the second.
+    /// Holders, in token order (grant order; a restored one is put in its place), so the
+    /// newest is the last. Room for exactly one on the first grant, growing as usual from
+    /// the second.
     holders: Vec<Holder>,
+    /// The earliest holder deadline (`u64::MAX` without holders), kept so that `locked`, the
+    /// answer to every LOCKED, is constant time: found again by a walk only when the holder
+    /// that had it ends or is renewed, which walked the holders to find it anyway.
+    first_deadline_ms: u64,
     /// Waiters, first come first served.
     queue: Queue<W>,
     /// The deadline and stamp of the entry's live timer.
@@ -196,8 +206,9 @@ pub(super) struct Holder {
 
 // Most of a permit's or read lease's memory; see the module docs.
 const _: () = assert!(size_of::<Holder>() == 56);
-// A key's share of a shared key's memory (8 of it `last_token`); see the module docs.
-const _: () = assert!(size_of::<Option<Entry<()>>>() == 96);
+// A key's share of a shared key's memory (8 of it `last_token`, 8 `first_deadline_ms`); see
+// the module docs.
+const _: () = assert!(size_of::<Option<Entry<()>>>() == 104);
 
 /// What a holder holds, in 4 bytes rather than a [`LeaseKind`]'s 12, since its entry knows
 /// the semaphore's limit: the permits it holds of a semaphore (`1..=PERMITS_MAX`), or
@@ -435,6 +446,7 @@ impl<W> SharedKeys<W> {
             limit,
             in_use: 0,
             holders: Vec::new(),
+            first_deadline_ms: u64::MAX,
             queue: Queue(None),
             armed: None,
             last_token: 0,
@@ -485,13 +497,39 @@ impl<W> Entry<W> {
         }
         self.in_use += holder.held.permits();
         self.last_token = self.last_token.max(holder.token);
-        self.holders.push(holder);
+        self.first_deadline_ms = self.first_deadline_ms.min(holder.deadline_ms);
+        match self.holders.last() {
+            Some(last) if last.token > holder.token => {
+                let at = self.holders.partition_point(|h| h.token < holder.token);
+                self.holders.insert(at, holder);
+            }
+            _ => self.holders.push(holder),
+        }
+    }
+
+    /// Finds `first_deadline_ms` again after the holder that had it ended or moved.
+    fn refresh_first_deadline(&mut self) {
+        let first = self.holders.iter().map(|h| h.deadline_ms).min();
+        self.first_deadline_ms = first.unwrap_or(u64::MAX);
+    }
+
+    /// Moves the deadline of the holder at `at`, keeping `first_deadline_ms`.
+    fn set_deadline(&mut self, at: usize, deadline_ms: u64) {
+        let old_ms = std::mem::replace(&mut self.holders[at].deadline_ms, deadline_ms);
+        if old_ms == self.first_deadline_ms && deadline_ms > old_ms {
+            self.refresh_first_deadline();
+        } else {
+            self.first_deadline_ms = self.first_deadline_ms.min(deadline_ms);
+        }
     }
 
     /// Removes the holder at `at`, keeping `in_use`.
     fn remove_holder(&mut self, at: usize) -> Holder {
         let holder = self.holders.remove(at);
         self.in_use -= holder.held.permits();
+        if holder.deadline_ms == self.first_deadline_ms {
+            self.refresh_first_deadline();
+        }
         holder
     }
 
@@ -511,18 +549,16 @@ impl<W> Entry<W> {
         holders.chain(waiters).min()
     }
 
-    /// The newest holder's token and the time until the first holder's lease ends; with no
-    /// holder (the last lease just ended and the key goes to its waiters), the last lease's
-    /// token and 0, as a plain key answers.
+    /// The newest holder's token and the time until the first holder's lease ends, in
+    /// constant time (holders in token order, `first_deadline_ms`); with no holder (the last
+    /// lease just ended and the key goes to its waiters), the last lease's token and 0, as a
+    /// plain key answers.
     fn locked(&self, now_ms: u64) -> (u64, u64) {
-        let newest = self.holders.iter().map(|h| h.token).max();
-        let token = newest.unwrap_or(self.last_token);
-        let left = self
-            .holders
-            .iter()
-            .map(|h| h.deadline_ms.saturating_sub(now_ms))
-            .min()
-            .unwrap_or(0);
+        let token = self.holders.last().map_or(self.last_token, |h| h.token);
+        let left = match self.holders.is_empty() {
+            true => 0,
+            false => self.first_deadline_ms.saturating_sub(now_ms),
+        };
         (token, left)
     }
 
@@ -550,11 +586,11 @@ impl<W: WaiterSink> LockTable<W> {
             }
             None => None,
         };
-        let number = match number {
-            Some(number) => number,
-            None => match self.open_shared(now_ms, &args, kind, tokens, events) {
-                Ok(number) => number,
-                Err(refused) => return refused,
+        let (number, args) = match number {
+            Some(number) => (number, args),
+            None => match self.open_shared(now_ms, args, kind, tokens, events) {
+                Ok(opened) => opened,
+                Err(answer) => return answer,
             },
         };
         let entry = self.shared.entry(number);
@@ -576,37 +612,46 @@ impl<W: WaiterSink> LockTable<W> {
         self.enqueue_shared(number, now_ms, args, kind)
     }
 
-    /// An entry for a key that has none: new, or the key's plain lock moved here. `Err`
-    /// with the answer if the key is a plain lock and the request cannot join it.
-    fn open_shared(
+    /// An entry for a key that has none: new, or the key's plain lock or one-lease slot
+    /// moved here. `Err` with the answer if the request is answered without one: granted in
+    /// a one-lease slot of its own (module `one_lease`), refused by the key's plain lock, or
+    /// answered from its one-lease slot.
+    fn open_shared<'a>(
         &mut self,
         now_ms: u64,
-        args: &AcquireArgs<'_, W>,
+        args: AcquireArgs<'a, W>,
         kind: LeaseKind,
         tokens: &TokenAllocator,
         events: &mut Vec<Event<W>>,
-    ) -> Result<u32, Acquire<W>> {
-        let limit = match kind {
-            LeaseKind::Permits { limit, .. } => Some(limit),
-            _ => None,
+    ) -> Result<(u32, AcquireArgs<'a, W>), Acquire<W>> {
+        let limit = one_lease::limit_of(kind);
+        let mut slot = self.find(args.key);
+        if let Some(found) = slot {
+            self.settle(found, now_ms, tokens, events);
+            slot = self.find(args.key);
+        }
+        let Some(slot) = slot else {
+            if one_lease::fits_one_lease(args.key.len()) {
+                return Err(self.grant_one_lease(now_ms, args, kind, tokens));
+            }
+            return Ok((self.shared.open(args.key, limit), args));
         };
-        let Some(slot) = self.find(args.key) else {
-            return Ok(self.shared.open(args.key, limit));
-        };
-        self.settle(slot, now_ms, tokens, events);
-        let Some(slot) = self.find(args.key) else {
-            return Ok(self.shared.open(args.key, limit));
-        };
-        if limit.is_some() {
+        if !self.slots[slot].is_plain() {
+            if let Some(answer) = self.beside_one_lease(now_ms, slot, kind, args.wait_ms) {
+                return Err(answer);
+            }
+        } else if limit.is_some() {
             return Err(Acquire::KindMismatch { key_limit: None });
         }
-        Ok(self.move_to_shared(slot))
+        Ok((self.move_to_shared(slot), args))
     }
 
-    /// Moves a plain lock (its holder and waiters) into a new read/write entry.
-    fn move_to_shared(&mut self, slot: usize) -> u32 {
+    /// Moves a plain lock (its holder and waiters) into a new read/write entry, or a
+    /// one-lease slot's lease (no waiters) into an entry of its kind.
+    pub(super) fn move_to_shared(&mut self, slot: usize) -> u32 {
         let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
-        let number = self.shared.open(&key, None);
+        let kind = self.slots[slot].kind();
+        let number = self.shared.open(&key, one_lease::limit_of(kind));
         let lock = &self.slots[slot];
         let token = lock.token;
         let holder = (lock.deadline_ms != 0).then(|| Holder {
@@ -614,7 +659,7 @@ impl<W: WaiterSink> LockTable<W> {
             token: lock.token,
             deadline_ms: lock.deadline_ms,
             logged: lock.logged,
-            held: Held::EXCLUSIVE,
+            held: Held::of(kind),
             meta: self.meta(slot).into(),
         });
         let mut moved = VecDeque::new();
@@ -781,6 +826,9 @@ impl<W: WaiterSink> LockTable<W> {
             });
             false
         });
+        if ended > 0 {
+            entry.refresh_first_deadline();
+        }
         self.shared.holders_count -= ended;
         self.quotas.held.give_back(ended);
     }
@@ -1032,7 +1080,7 @@ impl<W: WaiterSink> LockTable<W> {
 
     fn extend_shared(&mut self, number: u32, at: usize, now_ms: u64, ttl_ms: u32) {
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        self.shared.entry_mut(number).holders[at].deadline_ms = deadline_ms;
+        self.shared.entry_mut(number).set_deadline(at, deadline_ms);
         // A shorter lease may be due before the filed timer: `arm_shared` files it earlier.
         self.arm_shared(number, Some(deadline_ms));
     }
@@ -1126,7 +1174,11 @@ impl<W: WaiterSink> LockTable<W> {
     /// What a shared key's holders and waiters are, as of `now_ms`.
     pub fn inspect_kinds(&self, now_ms: u64, key: &[u8]) -> Option<SharedInspect> {
         let now_ms = now_ms.max(self.now_ms);
-        let entry = self.shared.entry(self.shared.find(key)?);
+        let Some(number) = self.shared.find(key) else {
+            let slot = self.one_lease_slot(key)?;
+            return Some(self.inspect_one_lease(now_ms, slot));
+        };
+        let entry = self.shared.entry(number);
         let live = entry.holders.iter().filter(|h| h.deadline_ms > now_ms);
         let mut out = SharedInspect {
             limit: entry.limit.unwrap_or(0),
@@ -1159,7 +1211,15 @@ impl<W: WaiterSink> LockTable<W> {
         lease_id: LeaseId,
     ) -> Option<(u64, u64, LoggedTtl, LeaseKind, &[u8])> {
         let now_ms = now_ms.max(self.now_ms);
-        let entry = self.shared.entry(self.shared.find(key)?);
+        let Some(number) = self.shared.find(key) else {
+            let lock = &self.slots[self.one_lease_slot(key)?];
+            return (lock.lease_id == lease_id && lock.deadline_ms > now_ms).then(|| {
+                let meta = self.meta(self.find(key).expect("a slot"));
+                let left = lock.deadline_ms - now_ms;
+                (lock.token, left, lock.logged, lock.kind(), meta)
+            });
+        };
+        let entry = self.shared.entry(number);
         let holder = &entry.holders[entry.holder(lease_id, now_ms)?];
         Some((
             holder.token,
@@ -1191,9 +1251,9 @@ impl<W: WaiterSink> LockTable<W> {
         (self.shared.entries.iter().flatten()).flat_map(|e| e.holders.iter().map(|h| h.token))
     }
 
-    /// Whether `key` is a shared key (has an entry).
+    /// Whether `key` is a shared key: it has an entry, or its one lease is in a slot.
     pub fn is_shared(&self, key: &[u8]) -> bool {
-        self.shared.find(key).is_some()
+        self.shared.find(key).is_some() || self.one_lease_slot(key).is_some()
     }
 
     /// Puts a recovered (or un-released) lease of a shared kind back; see
@@ -1206,17 +1266,24 @@ impl<W: WaiterSink> LockTable<W> {
         kind: LeaseKind,
         meta: &[u8],
     ) {
-        let limit = match kind {
-            LeaseKind::Permits { limit, .. } => Some(limit),
-            _ => None,
-        };
-        assert!(
-            self.find(key).is_none(),
-            "restore: a plain lock and a shared one"
-        );
-        let number = match self.shared.find(key) {
-            Some(number) => number,
-            None => self.shared.open(key, limit),
+        let limit = one_lease::limit_of(kind);
+        let number = match (self.shared.find(key), self.find(key)) {
+            (Some(number), _) => number,
+            (None, None) if one_lease::fits_one_lease(key.len()) => {
+                assert!(self.index.len() < HELD_MAX_LIMIT, "restore: table full");
+                self.quotas.held.take_anyway();
+                self.install(now_ms, key, grant, meta.into());
+                let slot = self.find(key).expect("a slot just installed");
+                return self.mark_kind(slot, kind);
+            }
+            (None, None) => self.shared.open(key, limit),
+            (None, Some(slot)) => {
+                assert!(
+                    !self.slots[slot].is_plain(),
+                    "restore: a plain lock and a shared one"
+                );
+                self.move_to_shared(slot)
+            }
         };
         let entry = self.shared.entry(number);
         assert!(
@@ -1310,6 +1377,16 @@ fn check_entry<W>(entry: &Entry<W>) {
     assert!(
         writers == 0 || entry.holders.len() == 1,
         "a writer beside another holder"
+    );
+    assert!(
+        entry.holders.windows(2).all(|w| w[0].token < w[1].token),
+        "holders out of token order"
+    );
+    let first = entry.holders.iter().map(|h| h.deadline_ms).min();
+    assert_eq!(
+        first.unwrap_or(u64::MAX),
+        entry.first_deadline_ms,
+        "first deadline"
     );
     let in_use: u32 = entry.holders.iter().map(|h| h.held.permits()).sum();
     assert_eq!(in_use, entry.in_use, "permits in use");

@@ -537,8 +537,13 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut t = T::new();
     t.table = LockTable::with_hash_seed(shape.limits, 7);
+    // Short keys keep a one-lease key in a slot (module `one_lease`), long ones (every
+    // third) in an entry: both ways, and the moves between slot and entry, meet the model.
     let keys: Vec<Vec<u8>> = (0..shape.keys)
-        .map(|k| format!("key{k}").into_bytes())
+        .map(|k| match k % 3 {
+            2 => format!("a-key-too-long-for-a-slot-{k}").into_bytes(),
+            _ => format!("key{k}").into_bytes(),
+        })
         .collect();
     let key_of: HashMap<Vec<u8>, u8> = keys.iter().cloned().zip(0..).collect();
     let ttl = u64::from(shape.ttl_ms);
@@ -615,6 +620,7 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
                     other => panic!("unexpected {other:?}"),
                 }
             }
+            5 if rng.random_bool(0.5) => renew_one(&mut t, &mut model, &mut rng, now, k, key),
             5 | 6 => {
                 let hs = model.holders.get(&k).cloned().unwrap_or_default();
                 if let Some(h) = hs.get(rng.random_range(0..hs.len().max(1))) {
@@ -683,6 +689,7 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
         model.absorb(&key_of, now, events);
         t.table.check_invariants();
         model.check(now, &live);
+        check_key(&t, &model, now, k, key);
         for (k, holders) in &model.holders {
             let waiters = model.queues.get(k).map_or(0, VecDeque::len);
             let live = holders.iter().filter(|h| h.2 > now).count();
@@ -690,6 +697,124 @@ fn simulate(seed: u64, steps: usize, shape: &Shape) -> (usize, usize) {
         }
     }
     crowd_max
+}
+
+/// A key's only read lease or permits stay in a plain slot (module `one_lease`): answered
+/// from it while alone, moved to an entry at a second holder or a waiter, and reported with
+/// its kind by snapshot, INSPECT KINDS and the release's undo.
+#[test]
+fn one_lease_keys_keep_a_slot_until_a_second_holder_or_a_waiter() {
+    let mut t = T::new();
+    let r = t.granted(0, b"r", 1, SHARED);
+    let s = t.granted(0, b"s", 2, permits(3, 4));
+    assert_eq!(t.table.shared_keys_count(), 2);
+    assert_eq!(t.table.shared_holders_count(), 2);
+    assert!(t.table.is_shared(b"r") && t.table.is_shared(b"s"));
+    let entry = |t: &T, key: &[u8]| t.table.shared.find(key).is_some();
+    assert!(!entry(&t, b"r") && !entry(&t, b"s"), "slots, no entries");
+    // Answered from the slot: the wrong kind, LOCKED without a wait.
+    let mismatch = |out: Acquire<W>| match out {
+        Acquire::KindMismatch { key_limit } => key_limit,
+        other => panic!("expected a mismatch, got {other:?}"),
+    };
+    assert_eq!(mismatch(t.acquire(1, b"s", 3, 0, permits(1, 5))), Some(4));
+    assert_eq!(mismatch(t.acquire(1, b"s", 3, 0, SHARED)), Some(4));
+    assert_eq!(mismatch(t.acquire(1, b"r", 3, 0, permits(1, 4))), None);
+    assert!(matches!(t.acquire(1, b"s", 3, 0, permits(2, 4)),
+        Acquire::Locked { token, ttl_left_ms: 99 } if token == s));
+    let plain = t
+        .table
+        .acquire(1, args(b"r", 3, 100, 0), &t.tokens, &mut t.events);
+    assert!(matches!(plain, Acquire::Locked { token, .. } if token == r));
+    assert_eq!(t.table.check(1, b"r", r), Check::Current);
+    let kinds = t.table.inspect_kinds(1, b"s").expect("a semaphore key");
+    assert_eq!((kinds.limit, kinds.holders, kinds.in_use), (4, 1, 3));
+    let mut held = Vec::new();
+    t.table.for_each_held(1, |h| held.push((h.token, h.kind)));
+    held.sort_unstable_by_key(|h| h.0);
+    assert_eq!(held, vec![(r, SHARED), (s, permits(3, 4))]);
+    let (token, _, _, kind, _) = t
+        .table
+        .shared_lease(1, b"s", LeaseId::from_u128(2))
+        .unwrap();
+    assert_eq!((token, kind), (s, permits(3, 4)));
+    // A second permit holder, and a writer waiting behind the reader: both move to entries.
+    let s2 = t.granted(2, b"s", 4, permits(1, 4));
+    assert!(matches!(
+        t.acquire(2, b"r", 5, 500, WRITE),
+        Acquire::Queued { .. }
+    ));
+    assert_eq!(t.table.shared_holders_count(), 3);
+    assert!(entry(&t, b"r") && entry(&t, b"s"), "moved to entries");
+    let Release::Released {
+        handoff: Some(w), ..
+    } = t.release(3, b"r", 1)
+    else {
+        panic!("the reader's release hands the key to the writer")
+    };
+    assert!(w.grant.token > s2 && w.kind == WRITE);
+    // Renewal, release and expiry of a slot's lease, as a plain lock's.
+    let r2 = t.granted(4, b"r2", 6, SHARED);
+    let renewed = t.table.renew(50, b"r2", LeaseId::from_u128(6), 100, || 0);
+    assert!(matches!(renewed, Renew::Renewed { .. }));
+    assert!(
+        matches!(t.release(60, b"r2", 6), Release::Released { token, handoff: None } if token == r2)
+    );
+    assert!(!t.table.has_slot(b"r2"));
+    t.granted(60, b"r3", 7, SHARED);
+    let mut events = Vec::new();
+    while t.table.advance(200, 100, &t.tokens, &mut events) {}
+    assert!(!t.table.has_slot(b"r3"), "expired and freed by the ticker");
+    // Undo of a release (restore_kind) puts the lease back in a slot, with its kind.
+    t.table
+        .restore_kind(200, b"r4", LeaseId::from_u128(8), 999, 100, SHARED, b"m");
+    assert_eq!(
+        t.table.inspect_kinds(200, b"r4").map(|k| k.holders),
+        Some(1)
+    );
+    t.table.check_invariants();
+}
+
+/// RENEW of a random holder of key `k`: renewed exactly while the model has it unexpired.
+fn renew_one(t: &mut T, model: &mut Model, rng: &mut StdRng, now: u64, k: u8, key: &[u8]) {
+    let hs = model.holders.get(&k).cloned().unwrap_or_default();
+    let Some(h) = hs.get(rng.random_range(0..hs.len().max(1))) else {
+        return;
+    };
+    let ttl_ms = u32::try_from(model.ttl_ms).expect("a TTL");
+    match t
+        .table
+        .renew(now, key, LeaseId::from_u128(h.0), ttl_ms, || u64::MAX)
+    {
+        Renew::Renewed { .. } => {
+            assert!(h.2 > now, "renewed an expired lease");
+            let m = model.holders.get_mut(&k).expect("holders");
+            let held = m.iter_mut().find(|x| x.1 == h.1).expect("the holder");
+            held.2 = now + model.ttl_ms;
+        }
+        Renew::Lost => assert!(h.2 <= now, "a live lease lost on renewal"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// CHECK, INSPECT and the kinds of key `k` agree with the model's holders.
+fn check_key(t: &T, model: &Model, now: u64, k: u8, key: &[u8]) {
+    let hs = model.holders.get(&k).cloned().unwrap_or_default();
+    let live: Vec<_> = hs.iter().filter(|h| h.2 > now).collect();
+    for h in &hs {
+        let current = t.table.check(now, key, h.1) == Check::Current;
+        assert_eq!(current, h.2 > now, "CHECK of token {}", h.1);
+    }
+    match t.table.inspect_kinds(now, key) {
+        Some(kinds) => {
+            assert_eq!(kinds.holders as usize, live.len(), "INSPECT holders");
+            let writer = live.iter().any(|h| h.3.is_exclusive());
+            assert_eq!(kinds.writer, writer, "INSPECT writer");
+        }
+        None => assert!(live.iter().all(|h| h.3.is_exclusive()), "kinds lost"),
+    }
+    let held = matches!(t.table.inspect(now, key), Inspect::Held { .. });
+    assert_eq!(held, !live.is_empty(), "INSPECT held");
 }
 
 /// The table's own bytes per held lease (its accounting, `memory_bytes`: holders, queues,
@@ -741,6 +866,12 @@ fn memory_per_held_permit() {
     );
     assert!(many < 100.0, "{many} bytes per permit");
     assert!(many_read < 100.0, "{many_read} bytes per read lease");
+    // One lease a key: a plain slot (72 bytes) and its index bucket, as a plain lock.
+    assert!(one < 100.0, "{one} bytes per permit, one a key");
+    assert!(
+        one_read < 100.0,
+        "{one_read} bytes per read lease, one a key"
+    );
 }
 
 const PERMITS_MAX_FOR_TEST: u32 = tenure_protocol::limits::PERMITS_MAX;

@@ -5,11 +5,12 @@
 
 use std::collections::VecDeque;
 
-use tenure_protocol::LeaseId;
+use tenure_protocol::limits::PERMITS_MAX;
+use tenure_protocol::{LeaseId, LeaseKind};
 
 use std::marker::PhantomData;
 
-use super::extras::{self, Extras};
+use super::extras::{self, Extras, EXTRA_FLAG};
 use super::keys::{KeyArena, KeyRef};
 use super::slab::Slab;
 use super::CANCELLED_SLACK;
@@ -174,7 +175,74 @@ impl<W> Slot<W> {
     pub(super) fn key_in_arena(&self) -> bool {
         self.key_len == KEY_IN_ARENA
     }
+
+    /// The kind of the slot's lease: exclusive (a plain lock), or the one lease of a
+    /// read/write or semaphore key that has no other holder and no waiter (module
+    /// `one_lease`), carried in `key_ref` (see `KIND_PLAIN`).
+    #[inline]
+    pub(super) fn kind(&self) -> LeaseKind {
+        match self.kind_bits() {
+            KIND_PLAIN => LeaseKind::Exclusive,
+            KIND_SHARED => LeaseKind::Shared,
+            bits => LeaseKind::Permits {
+                count: bits >> KIND_COUNT_SHIFT,
+                limit: bits & KIND_LIMIT_MASK,
+            },
+        }
+    }
+
+    /// Whether the slot holds a plain (exclusive) lock, or is free: the one check plain
+    /// paths pay.
+    #[inline]
+    pub(super) fn is_plain(&self) -> bool {
+        self.kind_bits() == KIND_PLAIN
+    }
+
+    fn kind_bits(&self) -> u32 {
+        if self.key_len == KEY_IN_ARENA {
+            KIND_PLAIN
+        } else {
+            self.key_ref.bits() & !EXTRA_FLAG
+        }
+    }
+
+    /// Marks the lease of a slot with an inline key as `kind` (the extras flag kept).
+    ///
+    /// # Panics
+    /// If the key is in the arena (its `key_ref` is taken) or the permit counts are out of
+    /// range.
+    pub(super) fn set_kind(&mut self, kind: LeaseKind) {
+        assert!(!self.key_in_arena(), "a kind on a slot with a long key");
+        let bits = match kind {
+            LeaseKind::Exclusive => KIND_PLAIN,
+            LeaseKind::Shared => KIND_SHARED,
+            LeaseKind::Permits { count, limit } => {
+                assert!(
+                    (1..=limit).contains(&count) && limit <= PERMITS_MAX,
+                    "{count} of {limit} permits"
+                );
+                count << KIND_COUNT_SHIFT | limit
+            }
+        };
+        let extra = self.key_ref.bits() & EXTRA_FLAG;
+        self.key_ref = KeyRef::from_bits(bits | extra);
+    }
 }
+
+/// The kind of a slot's lease lives in `key_ref` when the key is inline, where it names no
+/// arena key and its 31 bits (beside the extras flag) are free: `KeyRef::NONE`'s bits for a
+/// plain lock (so a plain slot is untouched), `KIND_SHARED` for a read lease, else a
+/// semaphore's permits as `count << KIND_COUNT_SHIFT | limit`.
+const KIND_PLAIN: u32 = KeyRef::NONE.bits() & !EXTRA_FLAG;
+/// A read lease's kind bits (never a permits code: its limit would be 0).
+const KIND_SHARED: u32 = 0;
+/// Where a permits code keeps its count; the limit is in the bits below.
+const KIND_COUNT_SHIFT: u32 = 13;
+const KIND_LIMIT_MASK: u32 = (1 << KIND_COUNT_SHIFT) - 1;
+// The bit budget: counts and limits up to PERMITS_MAX fit, below the plain bits and the flag.
+const _: () = assert!(PERMITS_MAX <= KIND_LIMIT_MASK);
+const _: () = assert!((PERMITS_MAX << KIND_COUNT_SHIFT | PERMITS_MAX) < KIND_PLAIN);
+const _: () = assert!(KIND_PLAIN & EXTRA_FLAG == 0 && KIND_PLAIN != KIND_SHARED);
 
 impl<W> Extra<W> {
     /// Drops cancelled entries at the head, and all of them once they outnumber the live

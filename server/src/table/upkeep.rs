@@ -226,7 +226,7 @@ impl<W: WaiterSink> LockTable<W> {
                 ttl_ms: lock.logged.ttl_ms(),
                 ttl_left_ms: lock.deadline_ms - now_ms,
                 meta: self.meta(slot),
-                kind: LeaseKind::Exclusive,
+                kind: lock.kind(),
             });
         }
         self.for_each_shared(now_ms, &mut visit);
