@@ -71,7 +71,7 @@ use super::one_lease;
 use super::slot::LoggedTtl;
 use super::*;
 
-/// Entries per chunk of [`Entries`]: 256 of 96 bytes, 24 KiB.
+/// Entries per chunk of [`Entries`]: 256 of 104 bytes, 26 KiB.
 const ENTRY_CHUNK_LEN: usize = 256;
 
 /// The stale timers the shared wheel keeps before compaction, beyond one per entry.
