@@ -18,10 +18,12 @@
 //!
 //! The table (1.5 MB over 64 shards) does not stay in the cache, and a read of it is a miss
 //! to memory: it was most of what an acquire id cost (BENCHMARKS.md). So an end only writes
-//! its entry (a store, which nothing waits for), and beside the entries a byte per place
-//! holds the top byte of the place's fingerprint (1 KB a shard, which does stay cached): an
-//! ACQUIRE reads the entry only when that byte matches its own, a first send one time in
-//! 256.
+//! its entry, and beside the entries a byte per place holds the top byte of the place's
+//! fingerprint (1 KB a shard, which does stay cached): an ACQUIRE reads the entry only when
+//! that byte matches its own, a first send one time in 256. Nor does an end's write wait:
+//! a store that misses the cache holds up the shard's unlock (a locked instruction waits for
+//! every earlier store), so an end asks for its place's lines and is written at the shard's
+//! next end, when they are there; until then it is kept aside, and read as its place's.
 //!
 //! The caller (the executor) keeps the live map in step with the table: it notes an id
 //! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
@@ -92,6 +94,15 @@ pub(super) struct AcquireIds {
     /// The top byte of each place's fingerprint ([`tag_of`]), 0 for a free place; empty as
     /// long as `ended` is.
     tags: Vec<u8>,
+    /// The newest end and its place, not written there yet: it is written at the next end,
+    /// its place's cache lines fetched meanwhile ([`prefetch`]). Written at once, the store
+    /// missed the cache and the shard's unlock, which waits for every earlier store, waited
+    /// for memory (most of what an acquire id cost, BENCHMARKS.md). Until written it is what
+    /// its place holds: [`LockTable::ended_repeat`] reads it first.
+    pending: Option<(usize, Ended)>,
+    /// The fencing token and key hash of the last lease `LockTable::release` freed, so its
+    /// end need not hash the key again (tokens are unique, so the token names the key).
+    released: (u64, u64),
 }
 
 /// The byte of a fingerprint kept in `AcquireIds::tags`.
@@ -187,20 +198,29 @@ impl<W: WaiterSink> LockTable<W> {
             return;
         };
         let (place, mixed) = ended_place(self.hash_seed, live.acquire_id);
-        let fingerprint = fingerprint(mixed, hash_key(self.hash_seed, key));
+        let key_hash = match self.acquire_ids.released {
+            (released, hash) if released == token => hash,
+            _ => hash_key(self.hash_seed, key),
+        };
+        let fingerprint = fingerprint(mixed, key_hash);
         let ids = &mut self.acquire_ids;
         if ids.ended.is_empty() {
             ids.ended = vec![Ended::default(); ENDED_PER_SHARD_MAX];
             ids.tags = vec![0; ENDED_PER_SHARD_MAX];
         }
         assert!(now_ms < 1 << HOW_SHIFT, "now_ms {now_ms} out of range");
-        // Written, never read here: what was there is replaced whatever it was.
-        ids.tags[place] = tag_of(fingerprint);
-        ids.ended[place] = Ended {
+        let ended = Ended {
             fingerprint,
             token,
             ended_ms_how: now_ms | u64::from(how as u8) << HOW_SHIFT,
         };
+        prefetch(&ids.ended[place]);
+        prefetch(&ids.tags[place]);
+        // Written, never read here: what was there is replaced whatever it was.
+        if let Some((place, older)) = ids.pending.replace((place, ended)) {
+            ids.tags[place] = tag_of(older.fingerprint);
+            ids.ended[place] = older;
+        }
     }
 
     /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
@@ -270,10 +290,11 @@ impl<W: WaiterSink> LockTable<W> {
         }
         let (place, mixed) = ended_place(self.hash_seed, acquire_id);
         let fingerprint = fingerprint(mixed, key_hash);
-        if ids.tags[place] != tag_of(fingerprint) {
-            return Repeat::New;
-        }
-        let ended = ids.ended[place];
+        let ended = match ids.pending {
+            Some((pending_place, pending)) if pending_place == place => pending,
+            _ if ids.tags[place] != tag_of(fingerprint) => return Repeat::New,
+            _ => ids.ended[place],
+        };
         let fresh = now_ms.saturating_sub(ended.ended_ms()) <= ENDED_KEEP_MS;
         match ended.how() {
             Some(how) if ended.fingerprint == fingerprint && fresh && ended.token != 0 => {
@@ -340,7 +361,10 @@ impl<W: WaiterSink> LockTable<W> {
     pub fn acquire_ids_count(&self) -> (usize, usize) {
         let ids = &self.acquire_ids;
         let ended = ids.ended.iter().filter(|e| e.token != 0).count();
-        (ids.live.len(), ended)
+        let pending_new = ids
+            .pending
+            .is_some_and(|(place, _)| ids.ended[place].token == 0);
+        (ids.live.len(), ended + usize::from(pending_new))
     }
 
     /// Checks the acquire ids against the table: every live one names a held lease.
@@ -382,6 +406,27 @@ fn ended_place(seed: u64, acquire_id: AcquireId) -> (usize, u64) {
     (place, mixed)
 }
 
+/// Asks the cache for the line holding `value`, to be written soon, without waiting for it
+/// (a hint: nothing else changes, and a store to it later need not wait for memory). An
+/// `Ended` may straddle two lines: both are asked for.
+#[inline]
+#[allow(unsafe_code)]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = std::ptr::from_ref(value).cast::<i8>();
+        // SAFETY: SSE is in every x86_64 target, and a prefetch neither reads nor writes
+        // memory (an address it cannot use is ignored); both addresses are inside `value`.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(start);
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(size_of::<T>() - 1));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 /// The fingerprint of an acquire id (its hash `mixed`, from [`ended_place`]) on the key whose
 /// hash (`index::hash_key`, same seed) is `key_hash`.
 fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
@@ -389,6 +434,15 @@ fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
 }
 
 impl AcquireIds {
+    /// `LockTable::release` freed the lease with fencing token `token` on the key hashed
+    /// `key_hash` (a store, only while a lease of the shard has an acquire id).
+    #[inline]
+    pub(super) fn released(&mut self, token: u64, key_hash: u64) {
+        if !self.live.is_empty() {
+            self.released = (token, key_hash);
+        }
+    }
+
     /// Bytes held, by capacity (the live map's entries and control bytes, the ended table).
     pub(super) fn memory_bytes(&self) -> usize {
         self.live.capacity() * (size_of::<(u64, Live)>() + 1)
@@ -568,6 +622,50 @@ mod tests {
         assert_eq!(t.repeat_of(2, b"other", twin), Repeat::New);
         assert_eq!(t.repeat_of(2, b"other", id), Repeat::New);
         assert!(matches!(t.repeat_of(2, b"k", id), Repeat::Ended { .. }));
+    }
+
+    /// The newest end is held back until the next one (`AcquireIds::pending`): it answers a
+    /// repeat before it is written, and it replaces an older end at its place then too.
+    #[test]
+    fn the_newest_end_is_its_place_before_it_is_written() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let seed = t.hash_seed;
+        let first = AcquireId::from_u128(11);
+        let (place, _) = ended_place(seed, first);
+        let second = (12..1_000_000u128)
+            .map(AcquireId::from_u128)
+            .find(|&id| ended_place(seed, id).0 == place)
+            .expect("some id shares the place");
+        let end = |t: &mut LockTable<Never>, id, now| {
+            let token = grant(t, &tokens, b"k", now);
+            t.note_acquire_id(token, id, 0);
+            let lease_id = LeaseId::from_u128(now.into());
+            let released = t.release(now, b"k", lease_id, &tokens, &mut Vec::new());
+            assert!(matches!(released, crate::table::Release::Released { .. }));
+            t.acquire_id_ended(now, b"k", token, EndedHow::Released);
+            t.check_acquire_ids();
+            token
+        };
+        let first_token = end(&mut t, first, 1);
+        let ended = |token| Repeat::Ended {
+            how: EndedHow::Released,
+            token,
+        };
+        assert_eq!(t.repeat_of(2, b"k", first), ended(first_token));
+        assert_eq!(
+            t.acquire_ids_count(),
+            (0, 1),
+            "the held-back end is counted"
+        );
+        let second_token = end(&mut t, second, 3);
+        assert_eq!(
+            t.repeat_of(4, b"k", first),
+            Repeat::New,
+            "replaced at its place"
+        );
+        assert_eq!(t.repeat_of(4, b"k", second), ended(second_token));
+        assert_eq!(t.acquire_ids_count(), (0, 1));
     }
 
     #[test]

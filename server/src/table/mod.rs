@@ -509,7 +509,8 @@ impl<W: WaiterSink> LockTable<W> {
         if let Some(number) = self.shared.find(key) {
             return self.release_shared(number, now_ms, lease_id, tokens, events);
         }
-        let Some(slot) = self.find(key) else {
+        let hash = hash_key(self.hash_seed, key);
+        let Some(slot) = self.find_hashed(hash, key) else {
             return Release::NotOwner;
         };
         let lock = &self.slots[slot];
@@ -517,6 +518,7 @@ impl<W: WaiterSink> LockTable<W> {
             return Release::NotOwner;
         }
         let token = lock.token;
+        self.acquire_ids.released(token, hash);
         self.time_out_waiters(slot, now_ms, events);
         let handoff = match self.hand_off(slot, now_ms, tokens) {
             HandoffStep::Granted(handoff) => Some(handoff),
