@@ -268,12 +268,17 @@ impl Conn {
         };
         match result {
             Ok(WaitResult::Granted {
-                    grant,
+                grant,
                 ticket,
                 waited_ms,
             }) => {
-                let joined =
-                    (self.executor).join_session(&self.ctx, (session_id, waiter_id), key, grant, ticket);
+                let joined = (self.executor).join_session(
+                    &self.ctx,
+                    (session_id, waiter_id),
+                    key,
+                    grant,
+                    ticket,
+                );
                 match joined {
                     Ok((grant, ticket)) => Ok(WaitResult::Granted {
                         grant,

@@ -249,7 +249,9 @@ impl Session {
 /// Takes cancelled waits out of their sessions' counts (one hold of the session table's
 /// lock, after the shards', never under one).
 fn forget_in_sessions(executor: &Executor, waits: &[Wait]) {
-    let mut in_sessions = waits.iter().filter_map(|(key, id, s)| Some((key, *id, (*s)?)));
+    let mut in_sessions = waits
+        .iter()
+        .filter_map(|(key, id, s)| Some((key, *id, (*s)?)));
     let Some(first) = in_sessions.next() else {
         return;
     };

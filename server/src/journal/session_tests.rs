@@ -414,7 +414,13 @@ async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_sessi
     };
     journal.make_durable();
     // Handed the key, and the session closes before its connection joins it to the session.
-    run(&executor, Request::Release { key: key.clone(), lease_id });
+    run(
+        &executor,
+        Request::Release {
+            key: key.clone(),
+            lease_id,
+        },
+    );
     let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
         panic!("handed the key")
     };

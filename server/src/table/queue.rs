@@ -173,11 +173,12 @@ impl<W: WaiterSink> LockTable<W> {
             return;
         };
         let mut dropped = 0;
-        while extra
-            .queue
-            .front()
-            .is_some_and(|queued| queued.waiter.as_ref().is_some_and(|w| !w.is_live_at(now_ms)))
-        {
+        while extra.queue.front().is_some_and(|queued| {
+            queued
+                .waiter
+                .as_ref()
+                .is_some_and(|w| !w.is_live_at(now_ms))
+        }) {
             extra.queue.pop_front();
             extra.live -= 1;
             extra.drop_cancelled();

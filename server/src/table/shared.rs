@@ -820,7 +820,11 @@ impl<W: WaiterSink> LockTable<W> {
         loop {
             let entry = self.shared.entry_mut(number);
             let mut dead = 0;
-            while entry.queue.front().is_some_and(|w| !w.waiter.is_live_at(now_ms)) {
+            while entry
+                .queue
+                .front()
+                .is_some_and(|w| !w.waiter.is_live_at(now_ms))
+            {
                 entry.queue.pop_front();
                 dead += 1;
             }

@@ -568,18 +568,26 @@ impl World {
             }
             match result {
                 Some(WaitResult::Granted { grant, ticket, .. }) => {
-                    assert!(!self.session_over(waiter.session), "a key handed to a waiter of an ended session");
+                    assert!(
+                        !self.session_over(waiter.session),
+                        "a key handed to a waiter of an ended session"
+                    );
                     self.check_fifo(&waiter);
                     self.coverage.handoffs += 1;
                     self.handed(&mut waiter, grant, ticket);
                 }
                 Some(WaitResult::TimedOut { .. }) => {
                     assert!(self.now_ms() >= waiter.wait_end_ms, "a wait ended early");
-                    assert!(!self.session_over(waiter.session), "a waiter of an ended session timed out");
+                    assert!(
+                        !self.session_over(waiter.session),
+                        "a waiter of an ended session timed out"
+                    );
                 }
-                None
-                | Some(WaitResult::Failed(ErrorCode::NoSession, _)) => {
-                    assert!(self.session_over(waiter.session), "a waiter of a live session was told NO_SESSION");
+                None | Some(WaitResult::Failed(ErrorCode::NoSession, _)) => {
+                    assert!(
+                        self.session_over(waiter.session),
+                        "a waiter of a live session was told NO_SESSION"
+                    );
                     self.coverage.waiters_ended += 1;
                 }
                 Some(other) => panic!("a session waiter was told {other:?}"),
@@ -703,7 +711,11 @@ impl World {
             .iter()
             .filter(|w| sessions.ttl_of(w.session).is_some())
             .count();
-        assert_eq!(sessions.waiters_len(), counted, "a session's count of waiters");
+        assert_eq!(
+            sessions.waiters_len(),
+            counted,
+            "a session's count of waiters"
+        );
     }
 }
 
