@@ -212,6 +212,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
             )));
         }
     }
+    refuse_session_with_disconnect(release_on_disconnect, session_id.is_some())?;
     Ok(Request::Acquire {
         key: parse_key(key)?,
         ttl_ms: parse_u32("ttl_ms", ttl)?,
@@ -222,6 +223,20 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         session_id,
         kind,
     })
+}
+
+/// `SESSION=` with `RELEASE_ON_DISCONNECT`: the wire's flag bits 2 and 0 together are a
+/// malformed frame (`BAD_FRAME`); on a console line they are a choice of arguments, and said
+/// to be one (PROTOCOL.md 4).
+fn refuse_session_with_disconnect(release: bool, session: bool) -> Result<(), FrameError> {
+    if release && session {
+        return Err(bad_args(
+            "SESSION= and RELEASE_ON_DISCONNECT do not combine: a session lease ends with \
+             its session, not with a connection"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `SHARED`, `PERMITS=<limit>` (one permit) or `PERMITS=<count>/<limit>`, upper-cased.
@@ -531,10 +546,17 @@ mod tests {
             err(&format!("ACQUIRE k 1000 SESSION={id}")),
             ErrorCode::BadTtl
         );
-        assert_eq!(
-            err(&format!("ACQUIRE k 0 SESSION={id} RELEASE_ON_DISCONNECT")),
-            ErrorCode::BadFrame
-        );
+        // Either order; a console line says the two do not combine (the wire: BAD_FRAME).
+        for line in [
+            format!("ACQUIRE k 0 SESSION={id} RELEASE_ON_DISCONNECT"),
+            format!("ACQUIRE k 0 5 RELEASE_ON_DISCONNECT SESSION={id}"),
+        ] {
+            let Err(e) = parse(line.as_bytes()) else {
+                panic!("{line} parsed")
+            };
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            assert!(e.message.contains("do not combine"), "{}", e.message);
+        }
         assert_eq!(err("ACQUIRE k 0"), ErrorCode::BadTtl);
     }
 

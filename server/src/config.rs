@@ -51,7 +51,7 @@ pub struct Config {
     pub waiters_per_key_max: usize,
     /// Most live sessions across the server (PROTOCOL.md 3.11).
     pub sessions_max: usize,
-    /// Most leases one session holds.
+    /// Most leases one session holds and waits for (its waiting ACQUIREs count too).
     pub session_leases_max: usize,
     /// Most requests one connection may have unanswered.
     pub in_flight_max: u32,

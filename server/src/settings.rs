@@ -147,7 +147,7 @@ pub struct Settings {
     /// Most live sessions (PROTOCOL.md 3.11).
     #[arg(long, env = "TENURE_SESSIONS_MAX", default_value_t = Settings::default().sessions_max)]
     pub sessions_max: usize,
-    /// Most leases one session holds.
+    /// Most leases one session holds and waits for (its waiting ACQUIREs count too).
     #[arg(
         long,
         env = "TENURE_SESSION_LEASES_MAX",

@@ -27,8 +27,8 @@ pub(super) enum Later {
         result: Result<WaitResult, ()>,
         key: Bytes,
         release_on_disconnect: bool,
-        /// The session a grant joins.
-        session_id: Option<tenure_protocol::SessionId>,
+        /// The session a grant joins, with the waiter's id (its place in the session's count).
+        session: Option<(tenure_protocol::SessionId, u64)>,
     },
     Retry {
         id: u64,
@@ -165,7 +165,8 @@ impl Conn {
                 release_on_disconnect,
                 session_id,
             } => {
-                self.ctx.add_wait(id, key.clone(), waiter_id);
+                self.ctx.add_wait(id, key.clone(), waiter_id, session_id);
+                let session = session_id.map(|session_id| (session_id, waiter_id));
                 let timing = self.timing.take();
                 self.later.push(Box::pin(async move {
                     let result = rx.await.map_err(|_| ());
@@ -175,7 +176,7 @@ impl Conn {
                         result,
                         key,
                         release_on_disconnect,
-                        session_id,
+                        session,
                     }
                 }));
             }
@@ -210,11 +211,11 @@ impl Conn {
                 result,
                 key,
                 release_on_disconnect,
-                session_id,
+                session,
             } => {
                 self.ctx.remove_wait(id);
                 self.timing = timing;
-                let result = self.join_session_on_hand_off(session_id, &key, result);
+                let result = self.join_session_on_hand_off(id, session, &key, result);
                 self.on_wait_done(id, result, key, release_on_disconnect);
             }
             Later::Retry {
@@ -252,25 +253,32 @@ impl Conn {
     }
 
     /// A hand-off to a session's waiter joins its session here, or is freed (and the waiter
-    /// told why) if the session ended while it waited.
+    /// told why) if the session ended while it waited. Any other end of a session's wait
+    /// leaves the session's count of waiters; one the table dropped because its session
+    /// ended (the channel closed, not by this connection) is answered `NO_SESSION`.
     fn join_session_on_hand_off(
         &mut self,
-        session_id: Option<tenure_protocol::SessionId>,
+        id: u64,
+        session: Option<(tenure_protocol::SessionId, u64)>,
         key: &Bytes,
         result: Result<WaitResult, ()>,
     ) -> Result<WaitResult, ()> {
-        match (session_id, result) {
-            (
-                Some(session_id),
-                Ok(WaitResult::Granted {
+        let Some((session_id, waiter_id)) = session else {
+            return result;
+        };
+        match result {
+            Ok(WaitResult::Granted {
+                grant,
+                ticket,
+                waited_ms,
+            }) => {
+                let joined = (self.executor).join_session(
+                    &self.ctx,
+                    (session_id, waiter_id),
+                    key,
                     grant,
                     ticket,
-                    waited_ms,
-                }),
-            ) => {
-                let joined = self
-                    .executor
-                    .join_session(&self.ctx, session_id, key, grant, ticket);
+                );
                 match joined {
                     Ok((grant, ticket)) => Ok(WaitResult::Granted {
                         grant,
@@ -280,7 +288,19 @@ impl Conn {
                     Err((code, message)) => Ok(WaitResult::Failed(code, message)),
                 }
             }
-            (_, result) => result,
+            result => {
+                (self.executor).forget_session_waiter(session_id, key, waiter_id);
+                // Cancelled by this connection (a reload, its end) or a lost leadership: said
+                // by `wait_cancelled`; otherwise the table dropped it for its session's end.
+                let cancelled_here = self.cancel_reasons.contains_key(&id)
+                    || self.fatal
+                    || self.stopping
+                    || self.executor.journal().not_leader().is_some();
+                match result {
+                    Err(()) if !cancelled_here => Ok(crate::executor::session_ended_result()),
+                    result => result,
+                }
+            }
         }
     }
 

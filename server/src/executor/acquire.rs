@@ -315,5 +315,6 @@ fn wait_slot(
     slot.held_place = ctx.held_place.clone();
     slot.acquire_id = *acquire_id;
     slot.session_id = *session_id;
+    slot.session_deadline = ctx.session_deadline.clone();
     slot
 }

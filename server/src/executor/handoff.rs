@@ -4,6 +4,7 @@
 //! vanished meanwhile or the grant cannot be logged. Frees (release, expiry, disconnect, undo)
 //! all pass through `Executor::free`, the one place a lease ends and its successor is found.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tenure_protocol::{AcquireId, EndedHow, ErrorCode, EventKind, LeaseId};
@@ -75,6 +76,10 @@ pub struct WaitSlot {
     /// The session the ACQUIRE named, if any: the grant's record says so (it joins the
     /// session once its waiter hears of it, `Executor::join_session`).
     pub(crate) session_id: Option<tenure_protocol::SessionId>,
+    /// That session's deadline in the executor's clock (0 once it ended), shared with the
+    /// session table: read under a shard's lock, where the session table's lock may not be
+    /// taken, so a waiter whose session ended is never handed the lock.
+    pub(crate) session_deadline: Option<Arc<AtomicU64>>,
 }
 
 impl WaitSlot {
@@ -91,13 +96,32 @@ impl WaitSlot {
             held_place: None,
             acquire_id: None,
             session_id: None,
+            session_deadline: None,
         }
+    }
+
+    /// Tells the waiter `result` (nothing if its connection is gone).
+    pub(crate) fn answer(self, result: WaitResult) {
+        let _ = self.tx.send(result);
+    }
+
+    /// Whether the waiter's session (if it has one) has ended by `now_ms`, or is about to:
+    /// less than the shortest TTL left, so it could take no lease (PROTOCOL.md 3.11).
+    pub(crate) fn session_ended(&self, now_ms: u64) -> bool {
+        self.session_deadline.as_ref().is_some_and(|deadline_ms| {
+            let min_ms = u64::from(tenure_protocol::limits::TTL_MS_MIN);
+            deadline_ms.load(Ordering::Acquire) < now_ms.saturating_add(min_ms)
+        })
     }
 }
 
 impl table::WaiterSink for WaitSlot {
     fn is_live(&self) -> bool {
         !self.tx.is_closed()
+    }
+
+    fn is_live_at(&self, now_ms: u64) -> bool {
+        self.is_live() && !self.session_ended(now_ms)
     }
 }
 
@@ -167,6 +191,7 @@ impl Executor {
             held_place,
             acquire_id,
             session_id,
+            session_deadline: _,
         } = waiter;
         if let Some(acquire_id) = acquire_id {
             if let Some(answer) = self.repeat_in_line(shard, now_ms, &key, acquire_id) {
@@ -269,9 +294,15 @@ impl Executor {
                     let repeat = waiter
                         .acquire_id
                         .and_then(|id| repeat_at_wait_end(shard, now_ms, &key, id, holder_token));
-                    let result = repeat.unwrap_or(WaitResult::TimedOut {
-                        token: holder_token,
-                        ttl_left_ms,
+                    let result = repeat.unwrap_or_else(|| {
+                        if waiter.session_ended(now_ms) {
+                            // Its session ended first: that is what it hears (3.11).
+                            return session_ended_result();
+                        }
+                        WaitResult::TimedOut {
+                            token: holder_token,
+                            ttl_left_ms,
+                        }
                     });
                     let counter = match result {
                         WaitResult::TimedOut { .. } => &self.stats.locked,
@@ -315,6 +346,14 @@ fn repeat_at_wait_end(
             token: holder_token,
         }),
     }
+}
+
+/// What a waiter whose session ended before its turn is told (PROTOCOL.md 3.11).
+pub fn session_ended_result() -> WaitResult {
+    WaitResult::Failed(
+        ErrorCode::NoSession,
+        "the session ended while this ACQUIRE waited".to_string(),
+    )
 }
 
 /// How a repeat of the ACQUIRE of a lease that ended for `reason` is told it ended.

@@ -41,7 +41,7 @@ use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::RecoveredLease;
 use crate::table::{self, LockTable, Quotas, TableLimits};
-pub use handoff::{WaitResult, WaitSlot};
+pub use handoff::{session_ended_result, WaitResult, WaitSlot};
 pub use session::{Auth, Credential, Session};
 pub use sessions::{SessionTable, Sessions};
 pub use stats_reply::stats_pairs;

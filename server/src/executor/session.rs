@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tenure_protocol::LeaseId;
+use tenure_protocol::{LeaseId, SessionId};
 use tokio::sync::mpsc;
 
 use super::watch::{WatchEvent, WatchSink};
@@ -22,8 +22,9 @@ pub struct Session {
     pub peer: std::net::SocketAddr,
     /// Leases to release when the connection closes (acquired with release-on-disconnect).
     owned: Vec<(Bytes, LeaseId)>,
-    /// Waiters (queued acquires) by request id: the key and the table's waiter id.
-    waits: HashMap<u64, (Bytes, u64)>,
+    /// Waiters (queued acquires) by request id: the key, the table's waiter id, and the
+    /// session the ACQUIRE named (whose count of waiters it is in).
+    waits: HashMap<u64, Wait>,
     /// This connection's event queue, created on its first WATCH.
     pub sink: Option<Arc<WatchSink>>,
     /// Receiver of `sink`, read by the connection loop.
@@ -42,7 +43,12 @@ pub struct Session {
     /// repeat: a repeat is not a new hold, so it is answered before any quota (PROTOCOL.md
     /// 3.7, "Which refusal comes first").
     pub refusal_unless_repeat: Option<tenure_protocol::Response>,
+    /// The deadline of the session the acquire being run names, for its waiter's slot.
+    pub(super) session_deadline: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
+
+/// One queued acquire of a connection: its key, the table's waiter id, its session.
+type Wait = (Bytes, u64, Option<SessionId>);
 
 /// A connection's standing when identities are configured.
 #[derive(Debug)]
@@ -114,6 +120,7 @@ impl Session {
             auth: Auth::Open,
             held_place: None,
             refusal_unless_repeat: None,
+            session_deadline: None,
         }
     }
 
@@ -133,9 +140,10 @@ impl Session {
         self.owned.retain(|(_, l)| *l != lease_id);
     }
 
-    /// Remembers a waiter this connection queued for request `id`.
-    pub fn add_wait(&mut self, id: u64, key: Bytes, waiter_id: u64) {
-        self.waits.insert(id, (key, waiter_id));
+    /// Remembers a waiter this connection queued for request `id`, in `session` if its
+    /// ACQUIRE named one.
+    pub fn add_wait(&mut self, id: u64, key: Bytes, waiter_id: u64, session: Option<SessionId>) {
+        self.waits.insert(id, (key, waiter_id, session));
     }
 
     /// Forgets the waiter of request `id`: it was answered.
@@ -165,13 +173,16 @@ impl Session {
         let ids: Vec<u64> = self
             .waits
             .iter()
-            .filter(|(_, (key, _))| drop(key))
+            .filter(|(_, (key, _, _))| drop(key))
             .map(|(id, _)| *id)
             .collect();
         self.give_back_waiters(ids.len());
         for id in &ids {
-            if let Some((key, waiter_id)) = self.waits.remove(id) {
+            if let Some((key, waiter_id, session)) = self.waits.remove(id) {
                 executor.shard(&key).cancel_waiter(&key, waiter_id);
+                if let Some(session) = session {
+                    executor.forget_session_waiter(session, &key, waiter_id);
+                }
             }
         }
         ids
@@ -181,9 +192,11 @@ impl Session {
     /// and the connection answers it with the reason it is ending.
     pub fn cancel_waits(&mut self, executor: &Executor) {
         self.give_back_waiters(self.waits.len());
-        for (_, (key, waiter_id)) in self.waits.drain() {
-            executor.shard(&key).cancel_waiter(&key, waiter_id);
+        let waits: Vec<Wait> = self.waits.drain().map(|(_, wait)| wait).collect();
+        for (key, waiter_id, _) in &waits {
+            executor.shard(key).cancel_waiter(key, *waiter_id);
         }
+        forget_in_sessions(executor, &waits);
     }
 
     /// Whether `event` belongs to a watch this connection still has. An event of a watch
@@ -222,11 +235,28 @@ impl Session {
             executor.watches.remove(&key, self.conn_id);
         }
         self.give_back_waiters(self.waits.len());
-        executor.cancel_waits(self.waits.drain().map(|(_, wait)| wait));
+        let waits: Vec<Wait> = self.waits.drain().map(|(_, wait)| wait).collect();
+        executor.cancel_waits(waits.iter().map(|(key, id, _)| (key.clone(), *id)));
+        forget_in_sessions(executor, &waits);
         let now_ms = executor.clock.now_ms();
         for (key, lease_id) in self.owned.drain(..) {
             let mut shard = executor.shard(&key);
             executor.free(&mut shard, now_ms, &key, lease_id, FreeReason::Disconnected);
         }
+    }
+}
+
+/// Takes cancelled waits out of their sessions' counts (one hold of the session table's
+/// lock, after the shards', never under one).
+fn forget_in_sessions(executor: &Executor, waits: &[Wait]) {
+    let mut in_sessions = waits
+        .iter()
+        .filter_map(|(key, id, s)| Some((key, *id, (*s)?)));
+    let Some(first) = in_sessions.next() else {
+        return;
+    };
+    let mut table = executor.sessions().lock();
+    for (key, waiter_id, session) in std::iter::once(first).chain(in_sessions) {
+        table.forget_waiter(session, key, waiter_id);
     }
 }

@@ -14,7 +14,7 @@
 //! [`SessionTable`] is the bookkeeping, with `now` as an argument; the `impl Executor` below
 //! runs the requests on it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,12 +44,32 @@ struct Entry {
     ttl_ms: u32,
     /// When it ends unless kept alive, in the executor's clock.
     deadline_ms: u64,
+    /// `deadline_ms` as its waiters see it (0 once the session ended): their slots hold it,
+    /// so the table, under a shard's lock, never hands a key to a waiter of an ended session.
+    deadline_cell: Arc<AtomicU64>,
     /// The identity that opened it (`None` without identities): only it may use the session.
     owner: Option<String>,
     /// The connection that opened it, counted against [`SESSIONS_PER_CONNECTION_MAX`].
     conn_id: u64,
     /// Its leases: lease id to key.
     leases: HashMap<LeaseId, Bytes>,
+    /// Its ACQUIREs waiting in line: (key, the table's waiter id), unique per shard. Its
+    /// end takes each out of its queue; they count against `--session-leases-max`.
+    waiters: HashSet<(Bytes, u64)>,
+}
+
+impl Entry {
+    fn new(ttl_ms: u32, deadline_ms: u64, owner: Option<String>, conn_id: u64) -> Entry {
+        Entry {
+            ttl_ms,
+            deadline_ms,
+            deadline_cell: Arc::new(AtomicU64::new(deadline_ms)),
+            owner,
+            conn_id,
+            leases: HashMap::new(),
+            waiters: HashSet::new(),
+        }
+    }
 }
 
 /// Every live session, by id, with their deadlines in order and which session each session
@@ -141,13 +161,7 @@ impl SessionTable {
             *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
         }
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        let entry = Entry {
-            ttl_ms,
-            deadline_ms,
-            owner,
-            conn_id,
-            leases: HashMap::new(),
-        };
+        let entry = Entry::new(ttl_ms, deadline_ms, owner, conn_id);
         assert!(
             self.by_id.insert(id, entry).is_none(),
             "session id {id} reused"
@@ -169,13 +183,7 @@ impl SessionTable {
             *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
         }
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        let entry = Entry {
-            ttl_ms,
-            deadline_ms,
-            owner,
-            conn_id: RESTORED_CONN_ID,
-            leases: HashMap::new(),
-        };
+        let entry = Entry::new(ttl_ms, deadline_ms, owner, RESTORED_CONN_ID);
         self.by_id.insert(id, entry);
         self.deadlines.insert((deadline_ms, id));
     }
@@ -227,7 +235,8 @@ impl SessionTable {
         if left_ms < u64::from(tenure_protocol::limits::TTL_MS_MIN) {
             return Err(Refusal::Ending(left_ms));
         }
-        if entry.leases.len() >= self.leases_max {
+        // Waiting ACQUIREs count too: each may become a lease of the session.
+        if entry.leases.len() + entry.waiters.len() >= self.leases_max {
             return Err(Refusal::LeasesFull);
         }
         Ok(left_ms)
@@ -248,12 +257,16 @@ impl SessionTable {
         let entry = self.by_id.get_mut(&id).expect("checked live");
         self.deadlines.remove(&(entry.deadline_ms, id));
         entry.deadline_ms = now_ms + u64::from(entry.ttl_ms);
+        entry
+            .deadline_cell
+            .store(entry.deadline_ms, Ordering::Release);
         self.deadlines.insert((entry.deadline_ms, id));
         let leases = entry.leases.iter().map(|(l, k)| (*l, k.clone())).collect();
         Ok((entry.ttl_ms, leases))
     }
 
-    /// Ends the session now and returns its leases (to free in the table).
+    /// Ends the session now and returns its leases (to free in the table) and its waiters
+    /// (to take out of their queues, first).
     ///
     /// # Errors
     /// [`Refusal::NoSession`] if it is not live at `now_ms`.
@@ -262,15 +275,44 @@ impl SessionTable {
         now_ms: u64,
         id: SessionId,
         owner: Option<&str>,
-    ) -> Result<Vec<(LeaseId, Bytes)>, Refusal> {
+    ) -> Result<Ended, Refusal> {
         self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
-        let entry = self.remove(id);
-        Ok(entry.leases.into_iter().collect())
+        Ok(Ended::from(self.remove(id)))
+    }
+
+    /// Counts a waiter (`waiter_id` on `key`) that an ACQUIRE in session `id` queued.
+    pub fn add_waiter(&mut self, id: SessionId, key: &[u8], waiter_id: u64) {
+        let entry = self.by_id.get_mut(&id).expect("a waiter of a live session");
+        // A copy, for the reason `attach` gives.
+        let inserted = entry
+            .waiters
+            .insert((Bytes::copy_from_slice(key), waiter_id));
+        assert!(inserted, "waiter {waiter_id} counted twice");
+    }
+
+    /// Forgets a waiter of session `id` that left its queue (answered or cancelled); a
+    /// no-op if the session ended (its end took the waiters) or forgot it already.
+    pub fn forget_waiter(&mut self, id: SessionId, key: &Bytes, waiter_id: u64) {
+        if let Some(entry) = self.by_id.get_mut(&id) {
+            entry.waiters.remove(&(key.clone(), waiter_id));
+        }
+    }
+
+    /// The deadline session `id`'s waiters read (see [`Entry`]), if it is in the table.
+    pub fn deadline_cell(&self, id: SessionId) -> Option<Arc<AtomicU64>> {
+        self.by_id.get(&id).map(|e| Arc::clone(&e.deadline_cell))
+    }
+
+    /// Waiting ACQUIREs in sessions.
+    pub fn waiters_len(&self) -> usize {
+        self.by_id.values().map(|e| e.waiters.len()).sum()
     }
 
     fn remove(&mut self, id: SessionId) -> Entry {
         let entry = self.by_id.remove(&id).expect("a session to remove");
         self.deadlines.remove(&(entry.deadline_ms, id));
+        // Its waiters still in line are no longer live to the table (it skips them).
+        entry.deadline_cell.store(0, Ordering::Release);
         let opened = self
             .by_conn
             .get_mut(&entry.conn_id)
@@ -327,8 +369,9 @@ impl SessionTable {
         self.reap_ended(now_ms, max).len()
     }
 
-    /// [`SessionTable::reap`], returning the ids forgotten (for their records).
-    pub fn reap_ended(&mut self, now_ms: u64, max: usize) -> Vec<SessionId> {
+    /// [`SessionTable::reap`], returning the ids forgotten (for their records) with their
+    /// waiters (to take out of their queues).
+    pub fn reap_ended(&mut self, now_ms: u64, max: usize) -> Vec<(SessionId, Vec<(Bytes, u64)>)> {
         let ended: Vec<SessionId> = self
             .deadlines
             .iter()
@@ -336,10 +379,10 @@ impl SessionTable {
             .take(max)
             .map(|(_, id)| *id)
             .collect();
-        for id in &ended {
-            self.remove(*id);
-        }
         ended
+            .into_iter()
+            .map(|id| (id, self.remove(id).waiters.into_iter().collect()))
+            .collect()
     }
 
     /// Live sessions (some may be past their deadline, not yet reaped).
@@ -362,6 +405,8 @@ impl SessionTable {
         assert_eq!(self.deadlines.len(), self.by_id.len());
         for (deadline_ms, id) in &self.deadlines {
             assert_eq!(self.by_id[id].deadline_ms, *deadline_ms);
+            let cell = self.by_id[id].deadline_cell.load(Ordering::Relaxed);
+            assert_eq!(cell, *deadline_ms);
         }
         let opened: u32 = self.by_conn.values().sum();
         assert_eq!(opened as usize, self.by_id.len());
@@ -372,6 +417,24 @@ impl SessionTable {
         assert_eq!(leases, self.by_lease.len());
         for (lease_id, id) in &self.by_lease {
             assert!(self.by_id[id].leases.contains_key(lease_id));
+        }
+    }
+}
+
+/// What a session's end leaves to do outside the session table's lock.
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// Its leases, to free (after the waiters are out of line).
+    pub leases: Vec<(LeaseId, Bytes)>,
+    /// Its waiters, to take out of their queues and answer `NO_SESSION`.
+    pub waiters: Vec<(Bytes, u64)>,
+}
+
+impl From<Entry> for Ended {
+    fn from(entry: Entry) -> Ended {
+        Ended {
+            leases: entry.leases.into_iter().collect(),
+            waiters: entry.waiters.into_iter().collect(),
         }
     }
 }
@@ -434,13 +497,14 @@ impl Sessions {
     /// the table's lock, so a snapshot's copy of the sessions is ordered against it). An end
     /// that cannot be logged is only warned of: the session has ended here all the same, and
     /// a restart brings it back for a full TTL, as it brings back a lease whose free was lost.
-    pub fn reap(&self, now_ms: u64, journal: &dyn Journal) {
+    /// Returns the ended sessions' waiters, to take out of their queues.
+    pub fn reap(&self, now_ms: u64, journal: &dyn Journal) -> Vec<(Bytes, u64)> {
         let mut table = self.lock();
         if table.is_empty() {
-            return;
+            return Vec::new();
         }
         let ended = table.reap_ended(now_ms, SESSION_REAPS_PER_TICK_MAX);
-        for session_id in &ended {
+        for (session_id, _) in &ended {
             let end = Change::SessionEnd {
                 session_id: *session_id,
                 how: SessionEnd::Expired,
@@ -452,6 +516,7 @@ impl Sessions {
         self.leases.store(table.leases_len(), Ordering::Relaxed);
         self.expired
             .fetch_add(ended.len() as u64, Ordering::Relaxed);
+        ended.into_iter().flat_map(|(_, waiters)| waiters).collect()
     }
 }
 
@@ -500,7 +565,7 @@ fn refusal_of(
         Refusal::LeasesFull => error(
             ErrorCode::SessionLeasesLimit,
             format!(
-                "session {id} holds {} leases, its limit (--session-leases-max)",
+                "session {id} holds and waits for {} leases, its limit (--session-leases-max)",
                 config.session_leases_max
             ),
         ),
@@ -562,6 +627,38 @@ pub(super) fn for_each_session(sessions: &Sessions, each: &mut dyn FnMut(Change<
 }
 
 impl Executor {
+    /// The ticker's pass over the sessions ([`Sessions::reap`]), then the ended sessions'
+    /// waiters out of their queues.
+    pub fn reap_sessions(self: &Arc<Self>, now_ms: u64) {
+        let waiters = self.sessions.reap(now_ms, &*self.journal);
+        self.end_session_waiters(now_ms, waiters);
+    }
+
+    /// Takes the waiters of an ended session out of their queues, answering each
+    /// `NO_SESSION`, and serves each queue again: a head that left a semaphore's or a
+    /// read/write lock's queue may let later waiters in at once. Called without the session
+    /// table's lock (each shard is locked in turn, never under it). A waiter already handed
+    /// its key is not found here; its connection's `join_session` refuses it instead.
+    pub(super) fn end_session_waiters(self: &Arc<Self>, now_ms: u64, waiters: Vec<(Bytes, u64)>) {
+        let mut events = Vec::new();
+        for (key, waiter_id) in waiters {
+            let mut shard = self.shard(&key);
+            let Some(slot) = shard.take_waiter(&key, waiter_id) else {
+                continue;
+            };
+            // Dropping the slot gives its identity's held-locks place back.
+            slot.answer(super::handoff::session_ended_result());
+            shard.settle_key(now_ms, &key, &self.tokens.allocator, &mut events);
+            self.apply_events(&mut shard, now_ms, &mut events);
+        }
+    }
+
+    /// Forgets a session's waiter that left its queue otherwise (timed out, cancelled,
+    /// answered without a grant).
+    pub fn forget_session_waiter(&self, id: SessionId, key: &Bytes, waiter_id: u64) {
+        self.sessions.lock().forget_waiter(id, key, waiter_id);
+    }
+
     /// ACQUIRE, in a session or not: a repeat must name the session its first send named.
     pub(super) fn acquire_any(
         self: &Arc<Self>,
@@ -777,7 +874,7 @@ impl Executor {
         now_ms: u64,
         id: SessionId,
     ) -> Outcome {
-        let leases = {
+        let ended = {
             let mut sessions = self.sessions.lock();
             if !sessions.is_live(now_ms, id, owner(ctx)) {
                 let r = Refusal::NoSession;
@@ -792,15 +889,17 @@ impl Executor {
             if let Err(e) = self.journal.append(&end) {
                 return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
             }
-            let leases = sessions.close(now_ms, id, owner(ctx));
+            let ended = sessions.close(now_ms, id, owner(ctx));
             self.sessions
                 .leases
                 .store(sessions.leases_len(), Ordering::Relaxed);
-            leases.expect("checked live")
+            ended.expect("checked live")
         };
         self.sessions.closed.fetch_add(1, Ordering::Relaxed);
+        // Its waiters leave their queues first, so no key freed below goes to one of them.
+        self.end_session_waiters(now_ms, ended.waiters);
         let (mut ticket, mut released) = (TICKET_NOW, 0u32);
-        for (lease_id, key) in leases {
+        for (lease_id, key) in ended.leases {
             let mut shard = self.shard(&key);
             // Its own reason, so a repeat of its ACQUIRE hears "its session ended" (how 4).
             match self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Session) {
@@ -828,13 +927,16 @@ impl Executor {
     pub fn join_session(
         self: &Arc<Self>,
         ctx: &Session,
-        id: SessionId,
+        (id, waiter_id): (SessionId, u64),
         key: &Bytes,
         mut grant: table::Grant,
         ticket: Ticket,
     ) -> Result<(table::Grant, Ticket), (ErrorCode, String)> {
         let now_ms = self.clock.now_ms();
         let mut sessions = self.sessions.lock();
+        // No longer waiting: under the same hold as the lease it becomes, so the session's
+        // count of leases held and waited for cannot slip past its limit in between.
+        sessions.forget_waiter(id, key, waiter_id);
         let joined = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => {
                 let left_ms = clamp_ms(left_ms).max(1);
@@ -943,9 +1045,17 @@ impl Executor {
             }
         };
         *ttl_ms = clamp_ms(left_ms);
+        // A waiter's slot reads its session's deadline (`WaitSlot::session_ended`).
+        ctx.session_deadline = sessions.deadline_cell(id);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
+        ctx.session_deadline = None;
         if let Some(refusal) = mismatch(&outcome, Some(id), &sessions) {
             return refusal;
+        }
+        if let Outcome::Wait { waiter_id, .. } = &outcome {
+            // Counted before its connection can hear of a hand-off (`join_session` takes
+            // this lock), and taken out of line by the session's end.
+            sessions.add_waiter(id, &key, *waiter_id);
         }
         if let Outcome::Reply(Response::Granted { lease_id, .. }, _)
         | Outcome::Changed {
@@ -1009,7 +1119,7 @@ mod tests {
             t.close(1, id, Some("billing")).err(),
             Some(Refusal::NoSession)
         );
-        let mut leases = t.close(1, id, Some("orders")).unwrap();
+        let mut leases = t.close(1, id, Some("orders")).unwrap().leases;
         leases.sort();
         assert_eq!(leases.len(), 4);
         assert!(leases.iter().all(|(l, _)| *l != lease(3)));
@@ -1107,7 +1217,7 @@ mod tests {
         // Its end gives its place back, closed or expired (without the count at restore,
         // the end found no count for the owner and panicked under the session lock).
         t.attach(SessionId::from_u128(1), lease(5), Bytes::from_static(b"a"));
-        let leases = t.close(1, SessionId::from_u128(1), Some("orders")).unwrap();
+        let leases = (t.close(1, SessionId::from_u128(1), Some("orders")).unwrap()).leases;
         assert_eq!(leases.len(), 1);
         assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
         assert_eq!(t.reap(100, 10), 1);
@@ -1129,6 +1239,41 @@ mod tests {
         // It still lives: a keep-alive continues it, and then it takes leases again.
         t.keep(99, id, None).unwrap();
         assert_eq!(t.room(99, id, None), Ok(100));
+    }
+
+    #[test]
+    fn waiting_acquires_count_against_the_leases_limit_and_leave_with_the_session() {
+        let mut t = SessionTable::new(10, 3);
+        let (id, other) = (SessionId::from_u128(1), SessionId::from_u128(2));
+        t.open(0, id, 100, (None, 1)).unwrap();
+        t.open(0, other, 100, (None, 1)).unwrap();
+        t.attach(id, lease(1), Bytes::from_static(b"a"));
+        t.add_waiter(id, b"b", 7);
+        assert_eq!(t.room(0, id, None), Ok(100));
+        // One held and two waiting fill a limit of 3: a fourth is refused, held or waiting.
+        t.add_waiter(id, b"c", 7);
+        assert_eq!(t.room(0, id, None), Err(Refusal::LeasesFull));
+        assert_eq!(t.room(0, other, None), Ok(100));
+        // A waiter that left its queue gives its place back (twice is harmless).
+        t.forget_waiter(id, &Bytes::from_static(b"c"), 7);
+        t.forget_waiter(id, &Bytes::from_static(b"c"), 7);
+        assert_eq!(t.room(0, id, None), Ok(100));
+        assert_eq!(t.waiters_len(), 1);
+        // The deadline its waiters read moves with a keep-alive, and is 0 once it ended.
+        let cell = t.deadline_cell(id).unwrap();
+        t.keep(50, id, None).unwrap();
+        assert_eq!(cell.load(Ordering::Relaxed), 150);
+        t.check_invariants();
+        let ended = t.close(60, id, None).unwrap();
+        assert_eq!(ended.waiters, vec![(Bytes::from_static(b"b"), 7)]);
+        assert_eq!(ended.leases.len(), 1);
+        assert_eq!(cell.load(Ordering::Relaxed), 0);
+        // An expiry hands its waiters back too.
+        t.add_waiter(other, b"a", 9);
+        let reaped = t.reap_ended(100, 10);
+        assert_eq!(reaped, vec![(other, vec![(Bytes::from_static(b"a"), 9)])]);
+        assert_eq!(t.waiters_len(), 0);
+        t.check_invariants();
     }
 
     #[test]

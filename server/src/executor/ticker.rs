@@ -19,13 +19,15 @@ pub async fn tick(shared: Arc<Executor>, stop: CancellationToken, snapshots: Tas
     while !stop.is_cancelled() {
         interval.tick().await;
         let now_ms = shared.clock().now_ms();
+        // Sessions first: an ended session's waiters leave their queues before the shards'
+        // expiries hand keys on (the table would skip them anyway, unanswered till then).
+        shared.reap_sessions(now_ms);
         for shard in shared.shards() {
             let mut shard = shard.lock().expect("shard poisoned");
             // Whatever the budget leaves is picked up on the next tick.
             shard.advance(now_ms, budget, &shared.tokens().allocator, &mut events);
             shared.apply_events(&mut shard, now_ms, &mut events);
         }
-        shared.sessions().reap(now_ms, &**shared.journal());
         // The copy takes a while at a million locks: run it on a blocking thread, one at a
         // time, so neither the ticker nor a runtime worker waits for it.
         if shared.journal().snapshot_due() && !snapshotting.swap(true, Ordering::AcqRel) {

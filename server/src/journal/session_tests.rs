@@ -359,11 +359,12 @@ async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
             lease_id,
         },
     );
-    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
-        panic!("handed the key")
-    };
-    let joined = executor.join_session(&Session::new(1), id, &key, grant, ticket);
-    assert_eq!(joined.err().map(|e| e.0), Some(ErrorCode::NoSession));
+    // The table skips it (its session has ended by the clock) and drops its slot, which its
+    // connection answers NO_SESSION: no grant was made for it, and the key is free.
+    assert!(matches!(
+        rx.try_recv(),
+        Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+    ));
     assert_eq!(token_held(&executor, "k"), None);
     // Its client heard NO_SESSION, never of the grant: a retry hears the same, not how a
     // grant it never had ended.
@@ -374,4 +375,168 @@ async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
             ..
         }
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_session() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 10_000);
+    let key = Bytes::from_static(b"k");
+    let holder = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: None,
+        kind: Default::default(),
+        session_id: None,
+    };
+    let Response::Granted { lease_id, .. } = run(&executor, holder) else {
+        panic!("granted")
+    };
+    let waiter = Request::Acquire {
+        key: key.clone(),
+        ttl_ms: 0,
+        wait_ms: 10_000,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: None,
+        kind: Default::default(),
+        session_id: Some(id),
+    };
+    let Outcome::Wait {
+        mut rx, waiter_id, ..
+    } = executor.execute(&mut Session::new(1), 2, waiter)
+    else {
+        panic!("queued")
+    };
+    journal.make_durable();
+    // Handed the key, and the session closes before its connection joins it to the session.
+    run(
+        &executor,
+        Request::Release {
+            key: key.clone(),
+            lease_id,
+        },
+    );
+    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+        panic!("handed the key")
+    };
+    assert_eq!(
+        run(&executor, Request::SessionClose { session_id: id }),
+        Response::SessionClosed { released: 0 }
+    );
+    let joined = executor.join_session(&Session::new(1), (id, waiter_id), &key, grant, ticket);
+    assert_eq!(joined.err().map(|e| e.0), Some(ErrorCode::NoSession));
+    assert_eq!(token_held(&executor, "k"), None);
+}
+
+/// An ACQUIRE of `count` permits of 2 on "s", in session `session` or not, waiting 10 s.
+fn permits(count: u32, session: Option<SessionId>, wait_ms: u32) -> Request {
+    Request::Acquire {
+        key: Bytes::from_static(b"s"),
+        ttl_ms: if session.is_some() { 0 } else { 10_000 },
+        wait_ms,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: None,
+        kind: tenure_protocol::LeaseKind::Permits { count, limit: 2 },
+        session_id: session,
+    }
+}
+
+/// A semaphore of 2 with one permit held; a session's ACQUIRE of 2 at the head of the line,
+/// and behind it a plain ACQUIRE of 1 that fits but waits its turn (strict FIFO).
+async fn semaphore_behind_a_session_waiter(
+    session_ttl_ms: u32,
+) -> (
+    Arc<Executor>,
+    SessionId,
+    tokio::sync::oneshot::Receiver<crate::executor::WaitResult>,
+    tokio::sync::oneshot::Receiver<crate::executor::WaitResult>,
+) {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, session_ttl_ms);
+    assert!(matches!(
+        run(&executor, permits(1, None, 0)),
+        Response::Granted { .. }
+    ));
+    let queue = |request, n| match executor.execute(&mut Session::new(n), n, request) {
+        Outcome::Wait { rx, .. } => rx,
+        _ => panic!("queued"),
+    };
+    let in_session = queue(permits(2, Some(id), 10_000), 2);
+    let later = queue(permits(1, None, 10_000), 3);
+    journal.make_durable();
+    (executor, id, in_session, later)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_close_takes_the_sessions_waiters_out_of_line_and_serves_the_queue_again() {
+    let (executor, id, mut in_session, mut later) = semaphore_behind_a_session_waiter(10_000).await;
+    assert!(later.try_recv().is_err(), "FIFO: it waits behind the head");
+    assert_eq!(
+        run(&executor, Request::SessionClose { session_id: id }),
+        Response::SessionClosed { released: 0 }
+    );
+    // At once, not when the later waiter's wait or the session waiter's would run out.
+    assert!(matches!(
+        in_session.try_recv(),
+        Ok(crate::executor::WaitResult::Failed(ErrorCode::NoSession, _))
+    ));
+    assert!(matches!(
+        later.try_recv(),
+        Ok(crate::executor::WaitResult::Granted { .. })
+    ));
+    assert_eq!(executor.sessions().lock().waiters_len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expiry_takes_the_sessions_waiters_out_of_line_and_serves_the_queue_again() {
+    let (executor, _, mut in_session, mut later) = semaphore_behind_a_session_waiter(100).await;
+    tokio::time::advance(Duration::from_millis(150)).await;
+    // The ticker's pass over the sessions.
+    executor.reap_sessions(executor.clock().now_ms());
+    assert!(matches!(
+        in_session.try_recv(),
+        Ok(crate::executor::WaitResult::Failed(ErrorCode::NoSession, _))
+    ));
+    assert!(matches!(
+        later.try_recv(),
+        Ok(crate::executor::WaitResult::Granted { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_counts_against_the_sessions_leases_limit() {
+    let journal = MemJournal::new(true);
+    let mut config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    config.session_leases_max = 2;
+    let dyn_journal: Arc<dyn Journal> = Arc::clone(&journal) as Arc<dyn Journal>;
+    let executor = Arc::new(Executor::new(ExecutorParts::new(
+        config,
+        Clock::start(),
+        dyn_journal,
+        1,
+    )));
+    executor.tokens().reserve().await.unwrap();
+    let id = open(&executor, 10_000);
+    // One permit held in the session, one ACQUIRE of it waiting: the limit of 2 is full.
+    assert!(matches!(
+        run(&executor, permits(2, Some(id), 0)),
+        Response::Granted { .. }
+    ));
+    let Outcome::Wait { rx, .. } =
+        executor.execute(&mut Session::new(2), 2, permits(1, Some(id), 10_000))
+    else {
+        panic!("queued")
+    };
+    match run(&executor, permits(1, Some(id), 10_000)) {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::SessionLeasesLimit),
+        other => panic!("refused, not {other:?}"),
+    }
+    drop(rx);
 }

@@ -10,6 +10,14 @@ pub trait WaiterSink {
     /// False once nobody is waiting for the answer any more (the connection went away);
     /// such waiters are skipped and dropped at handoff.
     fn is_live(&self) -> bool;
+
+    /// Whether the waiter may still be handed the lock at `now_ms`: [`WaiterSink::is_live`]
+    /// unless the waiter's own state ends it by the clock (a waiter in a session that has
+    /// ended by then, PROTOCOL.md 3.11). Skipped and dropped at handoff when false.
+    fn is_live_at(&self, now_ms: u64) -> bool {
+        let _ = now_ms;
+        self.is_live()
+    }
 }
 
 /// Size limits of one table; exceeding one is an [`Acquire::Full`] answer, never a crash.

@@ -105,7 +105,7 @@ impl<W: WaiterSink> LockTable<W> {
         tokens: &TokenAllocator,
     ) -> HandoffStep<W> {
         if self.queue_len(slot) > 0 && tokens.remaining() > 0 {
-            self.drop_dead_waiters(slot);
+            self.drop_dead_waiters(slot, now_ms);
         }
         if self.queue_len(slot) == 0 {
             self.free(slot);
@@ -168,16 +168,17 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// Drops waiters at the head of the queue that nobody listens to any more.
-    pub(super) fn drop_dead_waiters(&mut self, slot: usize) {
+    pub(super) fn drop_dead_waiters(&mut self, slot: usize, now_ms: u64) {
         let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) else {
             return;
         };
         let mut dropped = 0;
-        while extra
-            .queue
-            .front()
-            .is_some_and(|queued| queued.waiter.as_ref().is_some_and(|w| !w.is_live()))
-        {
+        while extra.queue.front().is_some_and(|queued| {
+            queued
+                .waiter
+                .as_ref()
+                .is_some_and(|w| !w.is_live_at(now_ms))
+        }) {
             extra.queue.pop_front();
             extra.live -= 1;
             extra.drop_cancelled();

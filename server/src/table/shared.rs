@@ -881,7 +881,11 @@ impl<W: WaiterSink> LockTable<W> {
         loop {
             let entry = self.shared.entry_mut(number);
             let mut dead = 0;
-            while entry.queue.front().is_some_and(|w| !w.waiter.is_live()) {
+            while entry
+                .queue
+                .front()
+                .is_some_and(|w| !w.waiter.is_live_at(now_ms))
+            {
                 entry.queue.pop_front();
                 dead += 1;
             }
@@ -1116,18 +1120,16 @@ impl<W: WaiterSink> LockTable<W> {
         Release::Released { token, handoff }
     }
 
-    /// Removes a queued waiter of a shared key; false if it is not queued there.
-    pub(super) fn cancel_shared(&mut self, number: u32, waiter_id: u64) -> bool {
+    /// Takes a queued waiter out of a shared key's queue; `None` if it is not queued there.
+    pub(super) fn cancel_shared(&mut self, number: u32, waiter_id: u64) -> Option<W> {
         let entry = self.shared.entry_mut(number);
-        let Some(at) = entry.queue.iter().position(|w| w.waiter_id == waiter_id) else {
-            return false;
-        };
-        entry.queue.remove(at);
+        let at = entry.queue.iter().position(|w| w.waiter_id == waiter_id)?;
+        let waiting = entry.queue.remove(at).expect("found at `at`");
         self.shared_waiters_left(1);
         // A head that left may let the next ones in: the ticker serves the key soon.
         self.shared.stalled.push(number);
         self.close_if_idle(number);
-        true
+        Some(waiting.waiter)
     }
 
     /// CHECK on a shared key: whether `token` names an unexpired holder.

@@ -15,25 +15,24 @@ impl<W: WaiterSink> LockTable<W> {
     /// once when they outnumber the live ones. So a connection leaving with n waiters costs
     /// O(n log n), wherever in the queues they stood.
     pub fn cancel_waiter(&mut self, key: &[u8], waiter_id: u64) -> bool {
+        self.take_waiter(key, waiter_id).is_some()
+    }
+
+    /// [`LockTable::cancel_waiter`], returning the waiter instead of dropping it, so its
+    /// owner can be told why it left (a session that ended while it waited). A queue whose
+    /// head left is served again by the next settling of its key.
+    pub fn take_waiter(&mut self, key: &[u8], waiter_id: u64) -> Option<W> {
         if let Some(number) = self.shared.find(key) {
             return self.cancel_shared(number, waiter_id);
         }
-        let Some(slot) = self.find(key) else {
-            return false;
-        };
-        let Some(extra) = extras::get_mut(&self.slots, &mut self.extras, slot) else {
-            return false;
-        };
+        let slot = self.find(key)?;
+        let extra = extras::get_mut(&self.slots, &mut self.extras, slot)?;
         #[cfg(test)]
         {
             self.cancel_steps += u64::from(usize::BITS - extra.queue.len().leading_zeros());
         }
-        let Some(position) = find_queued(&extra.queue, waiter_id) else {
-            return false;
-        };
-        if extra.queue[position].waiter.take().is_none() {
-            return false;
-        }
+        let position = find_queued(&extra.queue, waiter_id)?;
+        let waiter = extra.queue[position].waiter.take()?;
         extra.live -= 1;
         let moved = extra.drop_cancelled();
         #[cfg(test)]
@@ -43,7 +42,7 @@ impl<W: WaiterSink> LockTable<W> {
         let _ = moved;
         self.waiters_left(1);
         self.after_queue_shrank(slot);
-        true
+        Some(waiter)
     }
 
     /// Counts `n` waiters gone from the table.

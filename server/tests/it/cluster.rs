@@ -515,3 +515,40 @@ fn a_session_with_two_leases_survives_the_leaders_kill_9() {
         assert_eq!(conn.cmd(&format!("INSPECT {key}")).unwrap(), "FREE");
     }
 }
+
+/// A session's waiting ACQUIRE in cluster mode (CLUSTER.md "Sessions"): it waits on the
+/// leader, and the session's close there takes it out of line at once (`NO_SESSION`), so a
+/// later waiter on the semaphore, held back only by FIFO order, gets its permit at once
+/// (both waits are 30 s; the replies are read within `REPLY_WAIT_MAX`).
+#[test]
+fn a_closed_sessions_waiter_leaves_the_leaders_line_and_the_next_waiter_gets_the_permit() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (_daemons, clients) = three_daemons(&dirs);
+    let (leader, held) = at_leader(&clients, "ACQUIRE sem 60000 PERMITS=2");
+    assert!(held.starts_with("OK token="), "{held}");
+    let mut probe = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
+    let waiters = |probe: &mut LineConn, n: u32| {
+        for _ in 0..500 {
+            if field(&probe.cmd("STATS").unwrap(), "waiters") == n.to_string() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("never {n} waiters");
+    };
+    let mut in_session = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
+    let opened = in_session.cmd("SESSION_OPEN 60000").unwrap();
+    let session = field(&opened, "session").to_string();
+    let line = format!("ACQUIRE sem 0 30000 SESSION={session} PERMITS=2/2\n");
+    in_session.send(&line).unwrap();
+    waiters(&mut probe, 1);
+    let mut later = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
+    later.send("ACQUIRE sem 60000 30000 PERMITS=2\n").unwrap();
+    waiters(&mut probe, 2);
+    let closed = probe.cmd(&format!("SESSION_CLOSE {session}")).unwrap();
+    assert_eq!(closed, "OK released=0");
+    let refused = in_session.line().unwrap();
+    assert!(refused.starts_with("ERR NO_SESSION"), "{refused}");
+    let granted = later.line().expect("served when the session's waiter left");
+    assert!(granted.starts_with("OK token="), "{granted}");
+}

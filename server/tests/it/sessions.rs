@@ -413,3 +413,49 @@ async fn a_session_about_to_end_takes_no_new_lease_and_the_server_goes_on() {
     assert!(other.cmd("ACQUIRE b 1000").await.starts_with("OK token="));
     server.stop().await;
 }
+
+/// A session's waiting ACQUIRE leaves its queue when the session is closed (PROTOCOL.md
+/// 3.11): it is answered `NO_SESSION` at once, and a later waiter on the semaphore that fits
+/// beside the holder, held back by it only by FIFO order, gets its permit at once (not when
+/// the session's waiter's own wait would have run out).
+#[tokio::test]
+async fn a_closed_sessions_waiter_leaves_the_line_and_the_next_waiter_gets_the_permits() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut holder = Console::connect(server.addr).await;
+    let held = holder.cmd("ACQUIRE sem 60000 PERMITS=2").await;
+    assert!(held.starts_with("OK token="), "{held}");
+    let mut probe = Console::connect(server.addr).await;
+    let mut in_session = Console::connect(server.addr).await;
+    let session = open(&mut in_session, 60_000).await;
+    in_session
+        .send(&format!(
+            "ACQUIRE sem 0 30000 SESSION={session} PERMITS=2/2\n"
+        ))
+        .await;
+    waiters(&mut probe, 1).await;
+    let mut later = Console::connect(server.addr).await;
+    later.send("ACQUIRE sem 60000 30000 PERMITS=2\n").await;
+    waiters(&mut probe, 2).await;
+    assert_eq!(
+        probe.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=0"
+    );
+    let refused = in_session.line().await;
+    assert!(refused.starts_with("ERR NO_SESSION"), "{refused}");
+    // Well inside the 30 s either wait would last: it is not the wait running out.
+    let granted = tokio::time::timeout(Duration::from_secs(10), later.line())
+        .await
+        .expect("the later waiter was served when the session's waiter left");
+    assert!(granted.starts_with("OK token="), "{granted}");
+    waiters(&mut probe, 0).await;
+    // The console says the two options do not combine (the wire's flag bits: BAD_FRAME).
+    let both = probe
+        .cmd(&format!(
+            "ACQUIRE k 0 SESSION={session} RELEASE_ON_DISCONNECT"
+        ))
+        .await;
+    assert!(both.starts_with("ERR BAD_ARGS"), "{both}");
+    assert!(both.contains("do not combine"), "{both}");
+    server.stop().await;
+}

@@ -13,7 +13,11 @@
 //! - a keep-alive answered OK finds the session live and every one of its leases holding,
 //!   renewed to the full TTL; one refused `NO_SESSION` is for a session that had ended, and
 //!   none of its leases holds (a keep-alive racing expiry extends every lease or none);
-//! - a freed key goes to the first waiter in line whose wait has not run out (FIFO);
+//! - a freed key goes to the first waiter in line whose wait has not run out and whose
+//!   session lives (FIFO among the others); no waiter is ever handed a key after its session
+//!   ended (closed, or past its deadline less the shortest TTL), nor told it timed out then:
+//!   a close answers its waiters `NO_SESSION` at once, an expiry by the ticker's pass (or the
+//!   table drops the waiter unanswered, which its connection answers `NO_SESSION`);
 //! - tokens per key strictly increase over the grants clients are told of;
 //! - the client's local deadline (the instant before its last confirmed keep-alive was sent,
 //!   plus TTL, less the margin; or its grant's own, the later of the two) is never past the
@@ -99,6 +103,8 @@ struct Waiter {
     /// When its wait runs out.
     wait_end_ms: u64,
     sent_ms: u64,
+    /// The table's id for it, as its connection keeps it.
+    waiter_id: u64,
 }
 
 /// What a run exercised; each must happen somewhere in the default run.
@@ -115,8 +121,8 @@ struct Coverage {
     closes_with_leases: usize,
     /// Sessions that expired with at least one lease.
     expiries_with_leases: usize,
-    /// Hand-offs to a waiter whose session had ended (freed again, answered NO_SESSION).
-    joins_refused: usize,
+    /// Waiters answered `NO_SESSION` because their session ended while they waited.
+    waiters_ended: usize,
     /// ACQUIREs in a session that had ended or was about to (NO_SESSION).
     acquires_too_late: usize,
 }
@@ -130,7 +136,7 @@ impl Coverage {
         self.keepalives_at_deadline += o.keepalives_at_deadline;
         self.closes_with_leases += o.closes_with_leases;
         self.expiries_with_leases += o.expiries_with_leases;
-        self.joins_refused += o.joins_refused;
+        self.waiters_ended += o.waiters_ended;
         self.acquires_too_late += o.acquires_too_late;
     }
 
@@ -144,7 +150,7 @@ impl Coverage {
             ("keep-alives at the deadline", c.keepalives_at_deadline),
             ("closes of sessions with leases", c.closes_with_leases),
             ("expiries of sessions with leases", c.expiries_with_leases),
-            ("hand-offs to waiters of ended sessions", c.joins_refused),
+            ("waiters of sessions that ended", c.waiters_ended),
             ("acquires in ended or ending sessions", c.acquires_too_late),
         ] {
             assert!(
@@ -164,6 +170,8 @@ struct World {
     sessions: Vec<Known>,
     waiters: Vec<Waiter>,
     queued: u64,
+    /// Sessions closed: none of their waiters may still be in line after the close.
+    closed: std::collections::HashSet<SessionId>,
     /// The largest token clients were told of per key.
     token_max: HashMap<Bytes, u64>,
     coverage: Coverage,
@@ -191,6 +199,7 @@ impl World {
             sessions: Vec::new(),
             waiters: Vec::new(),
             queued: 0,
+            closed: std::collections::HashSet::new(),
             token_max: HashMap::new(),
             coverage: Coverage::default(),
         }
@@ -231,9 +240,11 @@ impl World {
         self.check();
     }
 
-    /// The ticker's pass: expiries and hand-offs per shard, then ended sessions reaped.
+    /// The ticker's pass: ended sessions reaped (their waiters out of line), then expiries
+    /// and hand-offs per shard.
     fn tick(&mut self) {
         let now_ms = self.now_ms();
+        self.exec.reap_sessions(now_ms);
         let mut events = Vec::new();
         for shard in self.exec.shards() {
             let mut shard = shard.lock().expect("shard poisoned");
@@ -241,7 +252,6 @@ impl World {
             shard.advance(now_ms, EXPIRATIONS_PER_TICK_MAX, allocator, &mut events);
             self.exec.apply_events(&mut shard, now_ms, &mut events);
         }
-        self.exec.sessions().reap(now_ms, &**self.exec.journal());
         self.journal.make_durable();
     }
 
@@ -387,6 +397,7 @@ impl World {
                 if leases > 0 {
                     self.coverage.closes_with_leases += 1;
                 }
+                self.closed.insert(id);
                 let s = self.sessions.remove(i);
                 for lease in &s.leases {
                     let left = held_ttl_left(&self.exec, &lease.key, lease.lease_id, now_ms);
@@ -462,7 +473,7 @@ impl World {
             Outcome::Reply(response, _) | Outcome::Changed { response, .. } => {
                 self.acquired(i, key, sent_ms, response);
             }
-            Outcome::Wait { rx, .. } => {
+            Outcome::Wait { rx, waiter_id, .. } => {
                 assert!(sent_ms < end_ms, "an ended session queued a waiter");
                 self.queued += 1;
                 self.waiters.push(Waiter {
@@ -473,6 +484,7 @@ impl World {
                     order: self.queued,
                     wait_end_ms: sent_ms + u64::from(wait_ms),
                     sent_ms,
+                    waiter_id,
                 });
             }
             Outcome::NeedTokens { .. } => unreachable!("checked by execute"),
@@ -543,35 +555,67 @@ impl World {
                     i += 1;
                     continue;
                 }
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    panic!("a waiter's slot was dropped unanswered")
-                }
-                Ok(result) => result,
+                // The table dropped it, its session ended: its connection says NO_SESSION.
+                Err(oneshot::error::TryRecvError::Closed) => None,
+                Ok(result) => Some(result),
             };
             // A hand-off may hand the key on to a waiter already passed: look again.
             let mut waiter = self.waiters.remove(i);
             i = 0;
+            if !matches!(result, Some(WaitResult::Granted { .. })) {
+                // As the connection does: out of its session's count of waiters.
+                (self.exec).forget_session_waiter(waiter.session, &waiter.key, waiter.waiter_id);
+            }
             match result {
-                WaitResult::Granted { grant, ticket, .. } => {
+                Some(WaitResult::Granted { grant, ticket, .. }) => {
+                    assert!(
+                        !self.session_over(waiter.session),
+                        "a key handed to a waiter of an ended session"
+                    );
                     self.check_fifo(&waiter);
                     self.coverage.handoffs += 1;
                     self.handed(&mut waiter, grant, ticket);
                 }
-                WaitResult::TimedOut { .. } => {
+                Some(WaitResult::TimedOut { .. }) => {
                     assert!(self.now_ms() >= waiter.wait_end_ms, "a wait ended early");
+                    assert!(
+                        !self.session_over(waiter.session),
+                        "a waiter of an ended session timed out"
+                    );
                 }
-                other => panic!("a session waiter was told {other:?}"),
+                None | Some(WaitResult::Failed(ErrorCode::NoSession, _)) => {
+                    assert!(
+                        self.session_over(waiter.session),
+                        "a waiter of a live session was told NO_SESSION"
+                    );
+                    self.coverage.waiters_ended += 1;
+                }
+                Some(other) => panic!("a session waiter was told {other:?}"),
             }
         }
     }
 
-    /// No waiter ahead of `granted` in line on its key, whose wait has not run out, was
-    /// passed over.
+    /// Whether session `id` has ended by the model at the current instant, or takes no
+    /// new lease (less than the shortest TTL left): closed, known ended, or past that.
+    fn session_over(&self, id: SessionId) -> bool {
+        let min = u64::from(tenure_protocol::limits::TTL_MS_MIN);
+        let now_ms = self.now_ms();
+        match self.sessions.iter().find(|s| s.id == id) {
+            Some(s) => s.end_ms < now_ms + min,
+            None => true,
+        }
+    }
+
+    /// No waiter ahead of `granted` in line on its key, whose wait has not run out and
+    /// whose session lives, was passed over.
     fn check_fifo(&self, granted: &Waiter) {
         let now_ms = self.now_ms();
         for w in &self.waiters {
             assert!(
-                w.key != granted.key || w.order > granted.order || w.wait_end_ms <= now_ms,
+                w.key != granted.key
+                    || w.order > granted.order
+                    || w.wait_end_ms <= now_ms
+                    || self.session_over(w.session),
                 "hand-off to waiter {} passed over waiter {} on {:?}",
                 granted.order,
                 w.order,
@@ -588,7 +632,8 @@ impl World {
         ticket: crate::journal::Ticket,
     ) {
         let ctx = &self.conns[waiter.conn];
-        let joined = (self.exec).join_session(ctx, waiter.session, &waiter.key, grant, ticket);
+        let at = (waiter.session, waiter.waiter_id);
+        let joined = (self.exec).join_session(ctx, at, &waiter.key, grant, ticket);
         self.journal.make_durable();
         let now_ms = self.now_ms();
         let known = self.sessions.iter().position(|s| s.id == waiter.session);
@@ -605,17 +650,9 @@ impl World {
                 });
             }
             (Ok(_), None) => panic!("a waiter joined a session that ended"),
-            (Err((code, _)), known) => {
-                assert_eq!(code, ErrorCode::NoSession);
-                if let Some(i) = known {
-                    let min = u64::from(tenure_protocol::limits::TTL_MS_MIN);
-                    let end_ms = self.sessions[i].end_ms;
-                    assert!(now_ms + min > end_ms, "a live session refused a join");
-                }
-                let left = held_ttl_left(&self.exec, &waiter.key, grant.lease_id, now_ms);
-                assert_eq!(left, None, "a refused join kept the key");
-                self.coverage.joins_refused += 1;
-            }
+            // Handed its key and joined at one instant here, and a session that ends takes
+            // its waiters out of line first: a hand-off never meets an ended session.
+            (Err(e), _) => panic!("a hand-off's join was refused: {e:?}"),
         }
     }
 }
@@ -656,10 +693,29 @@ impl World {
         for i in ended.into_iter().rev() {
             self.session_ended(i);
         }
+        for w in &self.waiters {
+            assert!(
+                !self.closed.contains(&w.session),
+                "a waiter of closed session {} still in line",
+                w.session
+            );
+        }
         for shard in self.exec.shards() {
             shard.lock().expect("shard poisoned").check_invariants();
         }
-        self.exec.sessions().lock().check_invariants();
+        let sessions = self.exec.sessions().lock();
+        sessions.check_invariants();
+        // Every waiter still in line counts in its session, if the server still has it.
+        let counted = self
+            .waiters
+            .iter()
+            .filter(|w| sessions.ttl_of(w.session).is_some())
+            .count();
+        assert_eq!(
+            sessions.waiters_len(),
+            counted,
+            "a session's count of waiters"
+        );
     }
 }
 

@@ -415,7 +415,9 @@ impl World {
                 waiter_id,
                 ..
             } => {
-                self.conns[c].ctx.add_wait(self.step, waited_key, waiter_id);
+                self.conns[c]
+                    .ctx
+                    .add_wait(self.step, waited_key, waiter_id, None);
                 self.queued += 1;
                 Waiting::InLine {
                     rx,

@@ -39,7 +39,7 @@ impl World {
         let c = self.rng.random_range(0..CONNS);
         // The ticker's session pass: ended sessions are forgotten and their ends logged.
         let now_ms = self.exec.clock.now_ms();
-        self.exec.sessions().reap(now_ms, &*self.journal);
+        self.exec.reap_sessions(now_ms);
         let live: Vec<usize> = (0..self.known_sessions.len())
             .filter(|i| !self.known_sessions[*i].closed)
             .collect();
