@@ -316,35 +316,32 @@ async fn a_repeat_of_a_lease_whose_session_expired_hears_its_session_ended() {
     );
 }
 
+/// An ACQUIRE of the plain lock "k": for `ttl_ms` outside a session, for the session's time
+/// with one.
+fn lock_k(wait_ms: u32, acquire_id: Option<u128>, session_id: Option<SessionId>) -> Request {
+    Request::Acquire {
+        key: Bytes::from_static(b"k"),
+        ttl_ms: if session_id.is_some() { 0 } else { 10_000 },
+        wait_ms,
+        release_on_disconnect: false,
+        meta: Bytes::new(),
+        acquire_id: acquire_id.map(tenure_protocol::AcquireId::from_u128),
+        kind: Default::default(),
+        session_id,
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 100);
     let key = Bytes::from_static(b"k");
-    let holder = Request::Acquire {
-        key: key.clone(),
-        ttl_ms: 10_000,
-        wait_ms: 0,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: None,
-        kind: Default::default(),
-        session_id: None,
-    };
+    let holder = lock_k(0, None, None);
     let Response::Granted { lease_id, .. } = run(&executor, holder) else {
         panic!("granted")
     };
-    let waiter = Request::Acquire {
-        key: key.clone(),
-        ttl_ms: 0,
-        wait_ms: 10_000,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: Some(tenure_protocol::AcquireId::from_u128(9)),
-        kind: Default::default(),
-        session_id: Some(id),
-    };
+    let waiter = lock_k(10_000, Some(9), Some(id));
     let Outcome::Wait { mut rx, .. } = executor.execute(&mut Session::new(1), 2, waiter.clone())
     else {
         panic!("queued")
@@ -383,29 +380,11 @@ async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_sessi
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 10_000);
     let key = Bytes::from_static(b"k");
-    let holder = Request::Acquire {
-        key: key.clone(),
-        ttl_ms: 10_000,
-        wait_ms: 0,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: None,
-        kind: Default::default(),
-        session_id: None,
-    };
+    let holder = lock_k(0, None, None);
     let Response::Granted { lease_id, .. } = run(&executor, holder) else {
         panic!("granted")
     };
-    let waiter = Request::Acquire {
-        key: key.clone(),
-        ttl_ms: 0,
-        wait_ms: 10_000,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: None,
-        kind: Default::default(),
-        session_id: Some(id),
-    };
+    let waiter = lock_k(10_000, None, Some(id));
     let Outcome::Wait {
         mut rx, waiter_id, ..
     } = executor.execute(&mut Session::new(1), 2, waiter)
