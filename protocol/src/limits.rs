@@ -42,10 +42,27 @@ pub const CLUSTER_ADDR_LEN_MAX: usize = 128;
 
 /// Most permits a semaphore key may have, and most readers holding one key at once.
 pub const PERMITS_MAX: u32 = 4096;
-/// The largest request body: ACQUIRE with a maximal key, maximal metadata and a semaphore's
-/// kind fields (`kind`, `count`, `limit`).
-pub const ACQUIRE_LEN_MAX: usize =
-    FRAME_LEN_MIN + 2 + KEY_LEN_MAX + 4 + 4 + 1 + 2 + META_LEN_MAX + 1 + 4 + 4;
+/// The largest request body: ACQUIRE with a maximal key, maximal metadata, an acquire id
+/// (3.9), a session id (3.11) and a semaphore's kind fields (`kind`, `count`, `limit`):
+/// 2 111 bytes, the least `frame_len_max` a server may announce.
+pub const ACQUIRE_LEN_MAX: usize = FRAME_LEN_MIN
+    + 2
+    + KEY_LEN_MAX
+    + 4
+    + 4
+    + 1
+    + 2
+    + META_LEN_MAX
+    + ACQUIRE_ID_LEN
+    + SESSION_ID_LEN
+    + 1
+    + 4
+    + 4;
+/// An acquire id's bytes on the wire (PROTOCOL.md 3.9).
+const ACQUIRE_ID_LEN: usize = 16;
+/// A session id's bytes on the wire (PROTOCOL.md 3.11).
+const SESSION_ID_LEN: usize = 16;
+const _: () = assert!(ACQUIRE_LEN_MAX == 2111);
 /// The largest reply: a full STATS frame.
 pub const STATS_LEN_MAX: usize = FRAME_LEN_MIN + 2 + STATS_COUNT_MAX * (1 + STAT_NAME_LEN_MAX + 8);
 /// The largest CLUSTER reply (INIT's body is smaller: no per-member voter byte, no header),

@@ -24,8 +24,9 @@ LIMITS_BODY_LEN = 24
 FRAME_LEN_MAX = 8192
 #: Opcode and request id.
 FRAME_LEN_MIN = 9
-#: The smallest `frame_len_max` a server may announce: the largest valid ACQUIRE.
-FRAME_LEN_MAX_FLOOR = 2070
+#: The smallest `frame_len_max` a server may announce: the largest valid ACQUIRE (maximal
+#: key and metadata, an acquire id, a session id and a semaphore's kind fields).
+FRAME_LEN_MAX_FLOOR = 2111
 
 KEY_LEN_MAX = 1024
 META_LEN_MAX = 1024
