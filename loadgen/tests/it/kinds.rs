@@ -8,23 +8,17 @@ use crate::end_to_end::number;
 
 /// Runs `max mixed` on one key with `flags`; returns success, stdout and stderr.
 fn loadgen(server: &ThreadServer, flags: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tenure-loadgen"))
-        .args(["--target", &format!("tenure://{}", server.addr)])
-        .args(["--scenario", "max", "--op", "mixed", "--keys", "1"])
-        .args(["--duration", "500ms", "--warmup", "100ms"])
-        .args(["--connections", "2", "--pipeline", "4", "--json", "--quiet"])
-        .args(flags)
-        .output()
-        .expect("run tenure-loadgen");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let target = format!("tenure://{}", server.addr);
+    let mut args = vec!["--target", &target];
+    args.extend(["--scenario", "max", "--op", "mixed", "--keys", "1"]);
+    args.extend(["--duration", "500ms", "--warmup", "100ms"]);
+    args.extend(["--connections", "2", "--pipeline", "4", "--json", "--quiet"]);
+    args.extend(flags);
+    crate::end_to_end::loadgen(&args)
 }
 
 /// The server's STATS counter `name`.
-async fn stat(server: &ThreadServer, name: &str) -> u64 {
+pub(crate) async fn stat(server: &ThreadServer, name: &str) -> u64 {
     let stats = server.client().await.stats().await.expect("stats");
     stats
         .into_iter()

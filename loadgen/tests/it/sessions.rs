@@ -5,32 +5,17 @@
 use tenure_testkit::ThreadServer;
 
 use crate::end_to_end::number;
+use crate::kinds::stat;
 
 /// Runs a short estimate against `server` with `flags`; returns success, stdout and stderr.
 fn estimate(server: &ThreadServer, flags: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tenure-loadgen"))
-        .args(["--target", &format!("tenure://{}", server.addr)])
-        .args(["--rate", "400", "--hold", "500ms", "--ttl", "600ms"])
-        .args(["--duration", "1s", "--warmup", "100ms"])
-        .args(["--connections", "2", "--json", "--quiet"])
-        .args(flags)
-        .output()
-        .expect("run tenure-loadgen");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-/// The server's STATS counter `name`.
-async fn stat(server: &ThreadServer, name: &str) -> u64 {
-    let stats = server.client().await.stats().await.expect("stats");
-    stats
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no {name} in STATS"))
-        .1
+    let target = format!("tenure://{}", server.addr);
+    let mut args = vec!["--target", &target];
+    args.extend(["--rate", "400", "--hold", "500ms", "--ttl", "600ms"]);
+    args.extend(["--duration", "1s", "--warmup", "100ms"]);
+    args.extend(["--connections", "2", "--json", "--quiet"]);
+    args.extend(flags);
+    crate::end_to_end::loadgen(&args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -245,16 +245,7 @@ async fn a_repeat_of_a_lease_whose_session_was_closed_hears_its_session_ended() 
     let journal = MemJournal::new(true);
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 60_000);
-    let acquire = Request::Acquire {
-        key: Bytes::from_static(b"k"),
-        ttl_ms: 1_000,
-        wait_ms: 0,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: Some(tenure_protocol::AcquireId::from_u128(7)),
-        kind: Default::default(),
-        session_id: Some(id),
-    };
+    let acquire = lock_k(1_000, 0, Some(7), Some(id));
     let token = match run(&executor, acquire.clone()) {
         Response::Granted { token, .. } => token,
         other => panic!("granted, not {other:?}"),
@@ -290,16 +281,7 @@ async fn a_repeat_of_a_lease_whose_session_expired_hears_its_session_ended() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 100);
-    let acquire = Request::Acquire {
-        key: Bytes::from_static(b"k"),
-        ttl_ms: 1_000,
-        wait_ms: 0,
-        release_on_disconnect: false,
-        meta: Bytes::new(),
-        acquire_id: Some(tenure_protocol::AcquireId::from_u128(8)),
-        kind: Default::default(),
-        session_id: Some(id),
-    };
+    let acquire = lock_k(1_000, 0, Some(8), Some(id));
     let token = match run(&executor, acquire.clone()) {
         Response::Granted { token, .. } => token,
         other => panic!("granted, not {other:?}"),
@@ -316,12 +298,16 @@ async fn a_repeat_of_a_lease_whose_session_expired_hears_its_session_ended() {
     );
 }
 
-/// An ACQUIRE of the plain lock "k": for `ttl_ms` outside a session, for the session's time
-/// with one.
-fn lock_k(wait_ms: u32, acquire_id: Option<u128>, session_id: Option<SessionId>) -> Request {
+/// An ACQUIRE of the plain lock "k" without metadata.
+fn lock_k(
+    ttl_ms: u32,
+    wait_ms: u32,
+    acquire_id: Option<u128>,
+    session_id: Option<SessionId>,
+) -> Request {
     Request::Acquire {
         key: Bytes::from_static(b"k"),
-        ttl_ms: if session_id.is_some() { 0 } else { 10_000 },
+        ttl_ms,
         wait_ms,
         release_on_disconnect: false,
         meta: Bytes::new(),
@@ -337,11 +323,11 @@ async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 100);
     let key = Bytes::from_static(b"k");
-    let holder = lock_k(0, None, None);
+    let holder = lock_k(10_000, 0, None, None);
     let Response::Granted { lease_id, .. } = run(&executor, holder) else {
         panic!("granted")
     };
-    let waiter = lock_k(10_000, Some(9), Some(id));
+    let waiter = lock_k(0, 10_000, Some(9), Some(id));
     let Outcome::Wait { mut rx, .. } = executor.execute(&mut Session::new(1), 2, waiter.clone())
     else {
         panic!("queued")
@@ -380,11 +366,11 @@ async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_sessi
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 10_000);
     let key = Bytes::from_static(b"k");
-    let holder = lock_k(0, None, None);
+    let holder = lock_k(10_000, 0, None, None);
     let Response::Granted { lease_id, .. } = run(&executor, holder) else {
         panic!("granted")
     };
-    let waiter = lock_k(10_000, None, Some(id));
+    let waiter = lock_k(0, 10_000, None, Some(id));
     let Outcome::Wait {
         mut rx, waiter_id, ..
     } = executor.execute(&mut Session::new(1), 2, waiter)

@@ -331,6 +331,20 @@ fn a_consistent_history_of_permits_and_read_leases_passes() {
     assert_eq!(consistent_kinds().rules(), Vec::<Rule>::new());
 }
 
+/// `count` single permits from clients 1.., granted 100 ms apart, none released.
+fn grant_single_permits(s: &mut Script, count: u8) {
+    for n in 0..count {
+        let at = u64::from(n) * 100;
+        s.grant_kind(
+            1 + usize::from(n),
+            (at, at + 10),
+            5 + u64::from(n),
+            n + 1,
+            PERMIT,
+        );
+    }
+}
+
 #[test]
 fn more_permits_than_the_limit_inside_their_deadlines_are_caught() {
     // 2 + 2 permits of 3 at once; two permit leases sharing the key is no overlap.
@@ -340,29 +354,11 @@ fn more_permits_than_the_limit_inside_their_deadlines_are_caught() {
     assert_eq!(s.rules(), vec![Rule::Permits]);
     // Four single permits of 3, all inside their deadlines at 300 ms.
     let mut s = Script::new();
-    for n in 0..4u8 {
-        let at = u64::from(n) * 100;
-        s.grant_kind(
-            1 + usize::from(n),
-            (at, at + 10),
-            5 + u64::from(n),
-            n + 1,
-            PERMIT,
-        );
-    }
+    grant_single_permits(&mut s, 4);
     assert_eq!(s.rules(), vec![Rule::Permits]);
     // The fourth once a release was sent: fine.
     let mut s = Script::new();
-    for n in 0..3u8 {
-        let at = u64::from(n) * 100;
-        s.grant_kind(
-            1 + usize::from(n),
-            (at, at + 10),
-            5 + u64::from(n),
-            n + 1,
-            PERMIT,
-        );
-    }
+    grant_single_permits(&mut s, 3);
     s.release(1, (250, 260), 1);
     s.grant_kind(4, (300, 310), 8, 4, PERMIT);
     assert_eq!(s.rules(), Vec::<Rule>::new());
