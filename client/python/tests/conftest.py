@@ -24,9 +24,41 @@ PORT_TRIES = 5
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> List[int]:
+    """`count` distinct free loopback ports: each socket stays bound until all are chosen, so
+    the kernel cannot hand out one port twice (free_port() called twice may)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGSTOPs `proc` and waits until every thread of it is stopped (state T in /proc):
+    the signal is delivered asynchronously, and a test of a hung node must not race it."""
+    assert proc.poll() is None, f"process {proc.pid} already exited ({proc.returncode})"
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + START_WAIT_S
+    tasks = Path(f"/proc/{proc.pid}/task")
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            try:
+                # The state follows the command name, which is in parentheses.
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # a thread that just ended
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {proc.pid} did not stop within {START_WAIT_S} s")
 
 
 @pytest.fixture(scope="session")
@@ -73,20 +105,31 @@ class Tenured:
         # always fsynced).
         no_fsync = [] if "--cluster" in self.args or not self.no_fsync else ["--no-fsync"]
         cmd = [self.binary, "--listen", f"127.0.0.1:{port}", "--data-dir", str(self.data_dir), *no_fsync, *self.args]
+        log_start = log.tell()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         log.close()
         deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return False
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            # Ready when this process says so: a connect alone can succeed against another
+            # process on the port, or (a port in the ephemeral range) against itself.
+            if self._said_ready(log_start, port):
                 self.port = port
                 return True
-            except OSError:
-                time.sleep(0.02)
+            time.sleep(0.02)
         self.kill()
         return False
+
+    def _said_ready(self, log_start: int, port: int) -> bool:
+        """Whether the log, from `log_start` on, has this server's "ready" line for `port`
+        (single node: "tenured ready addr=Some(127.0.0.1:P)"; cluster: "cluster node
+        ready ... addr=127.0.0.1:P")."""
+        with open(self.log_path, "rb") as log:
+            log.seek(log_start)
+            lines = log.read().splitlines()
+        listen = f"127.0.0.1:{port}".encode()
+        return any(b"ready" in line and listen in line for line in lines)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Sends `sig` and waits for the exit (SIGKILL after the wait)."""

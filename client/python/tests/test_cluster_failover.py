@@ -14,7 +14,7 @@ from typing import List
 import tenure
 from tenure import Granted, Locked
 
-from conftest import Tenured, free_port
+from conftest import Tenured, free_ports
 
 #: Longest an election and a takeover may take on a loaded machine.
 ELECTED_WAIT_S = 15.0
@@ -24,11 +24,15 @@ RENEW_EVERY_S = 0.5
 
 
 def start_cluster(tenured_bin: str, tmp_path: Path) -> List[Tenured]:
-    peers = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    # Every port at once: a client port chosen after the peer ports could be one of them.
+    ports = free_ports(6)
+    peers = [f"127.0.0.1:{port}" for port in ports[:3]]
     nodes = []
     for i, peer in enumerate(peers):
         args = ["--cluster", "--node-id", str(i + 1), "--peer-listen", peer]
-        nodes.append(Tenured(tenured_bin, tmp_path / f"node{i + 1}", args).start())
+        node = Tenured(tenured_bin, tmp_path / f"node{i + 1}", args)
+        node.port = ports[3 + i]
+        nodes.append(node.start())
     members = ",".join(f"{i + 1}={peers[i]}/{node.addr}" for i, node in enumerate(nodes))
     subprocess.run([tenured_bin, "cluster-init", "--peer", peers[0], "--nodes", members], check=True)
     return nodes

@@ -14,14 +14,15 @@ import pytest
 import tenure
 from tenure import RequestTimeout
 
-from conftest import Tenured
+from conftest import Tenured, stop_process
 from test_cluster_failover import leader_of, start_cluster
 
 
 def test_connecting_moves_past_a_hung_first_address(start_tenured) -> None:
     hung: Tenured = start_tenured()
     live: Tenured = start_tenured()
-    hung.proc.send_signal(signal.SIGSTOP)
+    assert hung.addr != live.addr
+    stop_process(hung.proc)
     try:
         started = time.monotonic()
         with tenure.Client(f"{hung.addr},{live.addr}", connect_timeout=2) as client:
@@ -41,7 +42,7 @@ def test_a_request_time_out_bounds_the_whole_call(start_tenured) -> None:
     server: Tenured = start_tenured()
     timeout = WHOLE_CALL_TIMEOUT_S
     with tenure.Client(server.addr, timeout=timeout, connect_timeout=timeout) as client:
-        server.proc.send_signal(signal.SIGSTOP)
+        stop_process(server.proc)
         try:
             started = time.monotonic()
             with pytest.raises(RequestTimeout):
@@ -68,7 +69,7 @@ def test_a_guard_leaves_a_stopped_leader_and_renews_at_the_new_one(tenured_bin: 
             leader = leader_of(nodes)
             guard = holder.lock("held", TTL_S, renew_every=RENEW_EVERY_S)
             guard.acquire()
-            leader.proc.send_signal(signal.SIGSTOP)
+            stop_process(leader.proc)
             stopped_at = time.monotonic()
             # Longer than the TTL: only renewals at the new leader keep the guard valid.
             while time.monotonic() - stopped_at < TTL_S + 2 * RENEW_EVERY_S:
@@ -106,7 +107,7 @@ def test_the_rust_cli_s_guard_leaves_a_stopped_leader(tenured_bin: str, tmp_path
         run = [str(cli), "--addr", addrs, "run", "--key", "k", "--ttl", "6s", *hold, "--", "sleep", "12"]
         proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(1.0)  # granted and renewing
-        leader.proc.send_signal(signal.SIGSTOP)
+        stop_process(leader.proc)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out.decode()
         assert b"LOST" not in out, out.decode()
