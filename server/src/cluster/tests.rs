@@ -263,6 +263,14 @@ async fn a_lease_and_its_token_survive_the_leaders_loss() {
     let refused = on_follower.ask("ACQUIRE other 30000").await;
     let named = format!("ERR NOT_LEADER leader={}", nodes[first].info.client_addr);
     assert_eq!(refused, named);
+    // A session ACQUIRE too, of a live session and of a made-up one: a follower that
+    // answered NO_SESSION would tell a client its live session ended.
+    let opened = leader.ask("SESSION_OPEN 30000").await;
+    let session = field(&opened, "session").to_string();
+    for id in [session.as_str(), "0123456789abcdef0123456789abcdef"] {
+        let asked = format!("ACQUIRE other 0 SESSION={id}");
+        assert_eq!(on_follower.ask(&asked).await, named, "{asked}");
+    }
     assert_eq!(on_follower.ask("PING").await, "PONG");
     assert_eq!(on_follower.ask("STATS").await, named);
 

@@ -1030,6 +1030,11 @@ impl Executor {
             unreachable!("acquire_in_session called with {request:?}")
         };
         let (id, key, acquire_id) = (*id, key.clone(), *acquire_id);
+        // A follower's session table lags the leader's: its NO_SESSION would tell a client
+        // that a live session ended. Like every request there, this one is NOT_LEADER (3.8).
+        if let Some(refusal) = self.refuse_if_not_leader() {
+            return Outcome::Reply(refusal, TICKET_NOW);
+        }
         let mut sessions = self.sessions.lock();
         let left_ms = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => left_ms,
@@ -1041,7 +1046,11 @@ impl Executor {
                 if let Some(outcome) = repeat {
                     return mismatch(&outcome, Some(id), &sessions).unwrap_or(outcome);
                 }
-                return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW);
+                // The server's own state (BAD_TTL, RECOVERING, UNAVAILABLE) comes before
+                // the session's in 3.7's order.
+                let refused = self.refuse_acquire(now_ms, *ttl_ms);
+                let refused = refused.unwrap_or_else(|| refusal(r, id, &self.config));
+                return Outcome::Reply(refused, TICKET_NOW);
             }
         };
         *ttl_ms = clamp_ms(left_ms);

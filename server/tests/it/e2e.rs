@@ -908,6 +908,11 @@ async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
     let mut c = Console::connect(server.addr).await;
     let refused = c.cmd("ACQUIRE other 400").await;
     assert!(refused.starts_with("ERR RECOVERING "), "{refused}");
+    // Naming a session the server does not know: RECOVERING still comes first (3.7 step 7).
+    let in_session = c
+        .cmd("ACQUIRE other 0 SESSION=0123456789abcdef0123456789abcdef")
+        .await;
+    assert!(in_session.starts_with("ERR RECOVERING "), "{in_session}");
     assert!(c.cmd("INSPECT other").await == "FREE");
     let granted = loop {
         let reply = c.cmd("ACQUIRE other 400").await;
