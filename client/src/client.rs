@@ -221,6 +221,42 @@ impl Client {
         options: AcquireOptions,
         session: Option<SessionId>,
     ) -> Result<AcquireOutcome> {
+        let acquire_id = AcquireId::from_u128(rand::random());
+        self.acquire_as(key, ttl, kind, options, session, acquire_id)
+            .await
+    }
+
+    /// [`Client::acquire_kind`] with the caller's own acquire id (PROTOCOL.md 3.9), in
+    /// `session` when one is named: sent again with the same id, an ACQUIRE whose first
+    /// send was granted is answered with that grant. For a person retrying by hand (the
+    /// `tenure console`'s `ID=`); a program lets the client choose, as `acquire_kind` does.
+    ///
+    /// # Errors
+    /// As [`Client::acquire_kind`].
+    pub async fn acquire_with_id(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        kind: LeaseKind,
+        options: AcquireOptions,
+        session: Option<SessionId>,
+        acquire_id: AcquireId,
+    ) -> Result<AcquireOutcome> {
+        self.acquire_as(key, ttl, kind, options, session, acquire_id)
+            .await
+            .map_err(Error::of_kind)
+    }
+
+    /// The ACQUIRE with `acquire_id`, its errors untyped.
+    async fn acquire_as(
+        &self,
+        key: impl AsRef<[u8]>,
+        ttl: Duration,
+        kind: LeaseKind,
+        options: AcquireOptions,
+        session: Option<SessionId>,
+        acquire_id: AcquireId,
+    ) -> Result<AcquireOutcome> {
         let key = Bytes::copy_from_slice(key.as_ref());
         let wait_ms = duration_ms(options.wait);
         let request = Request::Acquire {
@@ -229,7 +265,7 @@ impl Client {
             wait_ms,
             release_on_disconnect: options.release_on_disconnect,
             meta: options.meta,
-            acquire_id: Some(AcquireId::from_u128(rand::random())),
+            acquire_id: Some(acquire_id),
             kind,
             session_id: session,
         };

@@ -581,6 +581,30 @@ impl Console {
     }
 }
 
+/// `ID=` is sent as typed: the same line again is a repeat, answered with the first grant
+/// (not LOCKED by the user's own lease), in a session too.
+#[tokio::test]
+async fn cli_console_sends_the_acquire_id_it_is_given() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let line = "ACQUIRE con/id 30000 ID=5e11c3a709d2446b8f310c7de295b81f";
+    let first = console.ask(line).await;
+    assert_eq!(field(&first, "result"), "GRANTED", "{first}");
+    let again = console.ask(line).await;
+    assert_eq!(field(&again, "result"), "GRANTED", "{again}");
+    assert_eq!(field(&again, "token"), field(&first, "token"));
+    assert_eq!(field(&again, "lease"), field(&first, "lease"));
+
+    let opened = console.ask("SESSION_OPEN 30000").await;
+    let session = field(&opened, "session").to_string();
+    let line = format!("ACQUIRE con/sid 0 SESSION={session} ID=0123456789abcdef0123456789abcdef");
+    let first = console.ask(&line).await;
+    assert_eq!(field(&first, "result"), "GRANTED", "{first}");
+    let again = console.ask(&line).await;
+    assert_eq!(field(&again, "lease"), field(&first, "lease"), "{again}");
+    quit(console).await;
+}
+
 #[tokio::test]
 async fn cli_console_reads_the_server_consoles_grammar() {
     let server = TestServer::start();

@@ -94,9 +94,7 @@ async fn execute(
             wait_ms,
             release_on_disconnect,
             meta,
-            // The client crate picks its own acquire id for every ACQUIRE (and resends it);
-            // the server's own console takes ID=.
-            acquire_id: _,
+            acquire_id,
             kind,
             session_id,
         } => {
@@ -105,11 +103,19 @@ async fn execute(
                 meta,
                 release_on_disconnect,
             };
-            match session_id {
-                None => {
+            // Without ID= the client crate picks an acquire id (and resends it); with one,
+            // a line typed again is a repeat, as on the server's own console.
+            match (session_id, acquire_id) {
+                (session, Some(id)) => {
+                    let ttl = ms(ttl_ms);
+                    let target = requests::Target { session, id };
+                    requests::acquire_with_id(client, out, name(&key), ttl, kind, options, target)
+                        .await?
+                }
+                (None, None) => {
                     requests::acquire(client, out, name(&key), ms(ttl_ms), kind, options).await?
                 }
-                Some(id) => {
+                (Some(id), None) => {
                     requests::acquire_in_session(client, out, name(&key), id, kind, options).await?
                 }
             };

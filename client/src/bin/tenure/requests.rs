@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use tenure::{
-    AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LeaseKind, LockedBy,
-    ReleaseOutcome, RenewOutcome, SessionId,
+    AcquireId, AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LeaseKind,
+    LockedBy, ReleaseOutcome, RenewOutcome, SessionId,
 };
 
 use crate::exit::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
@@ -36,6 +36,32 @@ pub async fn acquire_in_session(
     options: AcquireOptions,
 ) -> anyhow::Result<u8> {
     let outcome = client.acquire_in_session(&key, id, kind, options).await?;
+    print_acquired(out, key, outcome)
+}
+
+/// Where an ACQUIRE with the user's own acquire id goes: its session, if any, and the id.
+pub struct Target {
+    /// The session the lease is to live in (`SESSION=`).
+    pub session: Option<SessionId>,
+    /// The acquire id (`ID=`).
+    pub id: AcquireId,
+}
+
+/// Takes `key` with the user's acquire id (the console's `ID=`), in its session if one is
+/// named; prints as [`acquire`], a repeat as the grant it repeats.
+pub async fn acquire_with_id(
+    client: &Client,
+    out: &Out,
+    key: String,
+    ttl: Duration,
+    kind: LeaseKind,
+    options: AcquireOptions,
+    target: Target,
+) -> anyhow::Result<u8> {
+    let Target { session, id } = target;
+    let outcome = client
+        .acquire_with_id(&key, ttl, kind, options, session, id)
+        .await?;
     print_acquired(out, key, outcome)
 }
 
