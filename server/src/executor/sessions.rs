@@ -9,6 +9,31 @@
 //! per keep-alive, under the session table's lock (held across the renewals, so a grant in
 //! the session cannot slip between a keep-alive's deadline and its renewals).
 //!
+//! # What a session lease costs here
+//!
+//! Memory is most of what a held lock costs (issue 25's goal: under 100 bytes RSS per held
+//! lock, sessions included), so a session lease is kept in two compact places and nowhere else:
+//!
+//! ```text
+//!   by_lease: HashMap<LeaseId, u32>     the session's number; 20 bytes and a control byte
+//!   Entry::leases: Vec<Kept>            lease id + key length + the key inline: 40 bytes
+//!   Entry::live: usize                  the session's leases still held, exact
+//! ```
+//!
+//! where there were a map per session (lease id to a `Bytes`, 48 bytes and a control byte),
+//! a heap copy of the key, and `by_lease` naming the session by its 16-byte id. The session's
+//! number indexes `numbers` (freed and reused at the session's end, when every lease of it
+//! left `by_lease`). A RELEASE of a session lease removes it from `by_lease` and counts it
+//! off its session at once, but leaves its list entry: finding it would search the list.
+//! The list is pruned (every entry `by_lease` no longer gives to the session goes) at each
+//! keep-alive, which reads the list anyway; when it is full (its capacity) with an eighth or
+//! more of it ended, instead of growing; and once it holds twice its live leases and
+//! `PRUNED_SLACK` more. So a session that churns its leases keeps a list about its size, and
+//! a prune (it reads the list) costs O(1) a lease attached or released over time. `--session-leases-max`, STATS and the limits read the exact counts, never the list.
+//! A key longer than a slot's inline key (the load generator's are shorter) is kept, as one
+//! copy, in `long_keys`. The table is not searched by lease: the session keeps each key,
+//! so keep-alive renewals, close and expiry call the table by key as any request does.
+//!
 //! Lock order: the session table, then a shard; never the other way round.
 //!
 //! [`SessionTable`] is the bookkeeping, with `now` as an argument; the `impl Executor` below
@@ -37,6 +62,52 @@ const RESTORED_CONN_ID: u64 = u64::MAX;
 pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
 const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
 
+/// Longest key a session's list keeps beside its lease id, as the table keeps one in its
+/// slot (`table::slot`): the load generator's keys fit. A longer key is in
+/// `SessionTable::long_keys`.
+const SESSION_KEY_INLINE_MAX: usize = 23;
+/// `Kept::key_len` of a key in `SessionTable::long_keys`.
+const KEY_LONG: u8 = u8::MAX;
+const _: () = assert!(SESSION_KEY_INLINE_MAX < KEY_LONG as usize);
+/// A session's list is pruned once it holds twice its live leases and this many more, so a
+/// session that churns leases prunes about once per this many releases at the least.
+const PRUNED_SLACK: usize = 16;
+const _: () = assert!(PRUNED_SLACK > 0);
+
+/// A lease as its session's list keeps it: 40 bytes with its key, and no allocation for a
+/// key of up to `SESSION_KEY_INLINE_MAX` bytes.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    /// The lease.
+    lease_id: LeaseId,
+    /// The key's length, or `KEY_LONG`.
+    key_len: u8,
+    /// A key of up to `SESSION_KEY_INLINE_MAX` bytes, zero-padded.
+    key_inline: [u8; SESSION_KEY_INLINE_MAX],
+}
+const _: () = assert!(size_of::<Kept>() == 40);
+
+/// A session lease's key as the session table hands it out: a copy of a short key, or the
+/// table's copy of a long one. It reads as the key's bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LeaseKey {
+    /// A key of up to `SESSION_KEY_INLINE_MAX` bytes: its length and the bytes.
+    Inline(u8, [u8; SESSION_KEY_INLINE_MAX]),
+    /// A longer key.
+    Long(Bytes),
+}
+
+impl std::ops::Deref for LeaseKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            LeaseKey::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            LeaseKey::Long(key) => key,
+        }
+    }
+}
+
 /// One live session.
 #[derive(Debug)]
 struct Entry {
@@ -51,22 +122,46 @@ struct Entry {
     owner: Option<String>,
     /// The connection that opened it, counted against [`SESSIONS_PER_CONNECTION_MAX`].
     conn_id: u64,
-    /// Its leases: lease id to key.
-    leases: HashMap<LeaseId, Bytes>,
+    /// Its number in [`SessionTable::numbers`], which `by_lease` names it by.
+    no: u32,
+    /// Its leases, in the order they joined, with their keys; a lease that ended on its own
+    /// (RELEASE, a grant taken back) stays here until the list is pruned
+    /// ([`SessionTable::prune`]), so a RELEASE does not search the list.
+    leases: Vec<Kept>,
+    /// Its leases still held: exactly the entries of `leases` that `by_lease` gives to it.
+    live: usize,
     /// Its ACQUIREs waiting in line: (key, the table's waiter id), unique per shard. Its
     /// end takes each out of its queue; they count against `--session-leases-max`.
     waiters: HashSet<(Bytes, u64)>,
 }
 
 impl Entry {
-    fn new(ttl_ms: u32, deadline_ms: u64, owner: Option<String>, conn_id: u64) -> Entry {
+    /// Drops the list's leases that `by_lease` no longer gives to this session.
+    fn prune(&mut self, by_lease: &HashMap<LeaseId, u32>) {
+        let no = self.no;
+        self.leases
+            .retain(|kept| by_lease.get(&kept.lease_id) == Some(&no));
+        // A list that shrank a lot gives its memory back (a session that held many once).
+        if self.leases.capacity() > 4 * self.leases.len() + PRUNED_SLACK {
+            self.leases.shrink_to(2 * self.leases.len());
+        }
+        assert_eq!(
+            self.leases.len(),
+            self.live,
+            "a session miscounted its leases"
+        );
+    }
+
+    fn new(no: u32, ttl_ms: u32, deadline_ms: u64, owner: Option<String>, conn_id: u64) -> Entry {
         Entry {
+            no,
             ttl_ms,
             deadline_ms,
             deadline_cell: Arc::new(AtomicU64::new(deadline_ms)),
             owner,
             conn_id,
-            leases: HashMap::new(),
+            leases: Vec::new(),
+            live: 0,
             waiters: HashSet::new(),
         }
     }
@@ -82,7 +177,14 @@ pub struct SessionTable {
     leases_max: usize,
     by_id: HashMap<SessionId, Entry>,
     deadlines: BTreeSet<(u64, SessionId)>,
-    by_lease: HashMap<LeaseId, SessionId>,
+    /// The number of the session each session lease is in (its `Entry::no`).
+    by_lease: HashMap<LeaseId, u32>,
+    /// Each session number's session, `None` while the number is free.
+    numbers: Vec<Option<SessionId>>,
+    /// Numbers of `numbers` free for the next session.
+    numbers_free: Vec<u32>,
+    /// The keys of session leases too long for [`Kept`], by lease id.
+    long_keys: HashMap<LeaseId, Bytes>,
     /// Live sessions by the connection that opened them.
     by_conn: HashMap<u64, u32>,
     /// Live sessions by the identity that opened them, for its `sessions-max`.
@@ -116,6 +218,9 @@ impl SessionTable {
             by_id: HashMap::new(),
             deadlines: BTreeSet::new(),
             by_lease: HashMap::new(),
+            numbers: Vec::new(),
+            numbers_free: Vec::new(),
+            long_keys: HashMap::new(),
             by_conn: HashMap::new(),
             by_owner: HashMap::new(),
         }
@@ -161,7 +266,7 @@ impl SessionTable {
             *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
         }
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        let entry = Entry::new(ttl_ms, deadline_ms, owner, conn_id);
+        let entry = Entry::new(self.number(id), ttl_ms, deadline_ms, owner, conn_id);
         assert!(
             self.by_id.insert(id, entry).is_none(),
             "session id {id} reused"
@@ -183,7 +288,13 @@ impl SessionTable {
             *self.by_owner.entry(owner.clone()).or_insert(0) += 1;
         }
         let deadline_ms = now_ms + u64::from(ttl_ms);
-        let entry = Entry::new(ttl_ms, deadline_ms, owner, RESTORED_CONN_ID);
+        let entry = Entry::new(
+            self.number(id),
+            ttl_ms,
+            deadline_ms,
+            owner,
+            RESTORED_CONN_ID,
+        );
         self.by_id.insert(id, entry);
         self.deadlines.insert((deadline_ms, id));
     }
@@ -207,11 +318,11 @@ impl SessionTable {
 
     /// Takes back an open whose record never became durable: forgets the session and
     /// returns its leases (none, unless a client guessed its id), to free in the table.
-    pub fn unopen(&mut self, id: SessionId) -> Vec<(LeaseId, Bytes)> {
+    pub fn unopen(&mut self, id: SessionId) -> Vec<(LeaseId, LeaseKey)> {
         if !self.by_id.contains_key(&id) {
             return Vec::new();
         }
-        self.remove(id).leases.into_iter().collect()
+        self.remove(id).leases
     }
 
     /// The live session `id` as `owner` sees it: `None` if it is unknown, past its deadline
@@ -236,7 +347,7 @@ impl SessionTable {
             return Err(Refusal::Ending(left_ms));
         }
         // Waiting ACQUIREs count too: each may become a lease of the session.
-        if entry.leases.len() + entry.waiters.len() >= self.leases_max {
+        if entry.live + entry.waiters.len() >= self.leases_max {
             return Err(Refusal::LeasesFull);
         }
         Ok(left_ms)
@@ -252,7 +363,7 @@ impl SessionTable {
         now_ms: u64,
         id: SessionId,
         owner: Option<&str>,
-    ) -> Result<(u32, Vec<(LeaseId, Bytes)>), Refusal> {
+    ) -> Result<(u32, Vec<(LeaseId, LeaseKey)>), Refusal> {
         self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
         let entry = self.by_id.get_mut(&id).expect("checked live");
         self.deadlines.remove(&(entry.deadline_ms, id));
@@ -261,8 +372,12 @@ impl SessionTable {
             .deadline_cell
             .store(entry.deadline_ms, Ordering::Release);
         self.deadlines.insert((entry.deadline_ms, id));
-        let leases = entry.leases.iter().map(|(l, k)| (*l, k.clone())).collect();
-        Ok((entry.ttl_ms, leases))
+        let ttl_ms = entry.ttl_ms;
+        // The keep-alive reads the whole list anyway: the ended leases go now.
+        self.prune(id);
+        let entry = &self.by_id[&id];
+        let leases = entry.leases.iter().map(|k| self.lease_of(k)).collect();
+        Ok((ttl_ms, leases))
     }
 
     /// Ends the session now and returns its leases (to free in the table) and its waiters
@@ -277,7 +392,7 @@ impl SessionTable {
         owner: Option<&str>,
     ) -> Result<Ended, Refusal> {
         self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
-        Ok(Ended::from(self.remove(id)))
+        Ok(self.remove(id))
     }
 
     /// Counts a waiter (`waiter_id` on `key`) that an ACQUIRE in session `id` queued.
@@ -308,7 +423,8 @@ impl SessionTable {
         self.by_id.values().map(|e| e.waiters.len()).sum()
     }
 
-    fn remove(&mut self, id: SessionId) -> Entry {
+    /// Forgets session `id`, and returns its leases still held and its waiters.
+    fn remove(&mut self, id: SessionId) -> Ended {
         let entry = self.by_id.remove(&id).expect("a session to remove");
         self.deadlines.remove(&(entry.deadline_ms, id));
         // Its waiters still in line are no longer live to the table (it skips them).
@@ -328,28 +444,106 @@ impl SessionTable {
                 self.by_owner.remove(owner);
             }
         }
-        for lease_id in entry.leases.keys() {
-            self.by_lease.remove(lease_id);
-        }
-        entry
-    }
-
-    /// Adds a lease the table granted to session `id`.
-    pub fn attach(&mut self, id: SessionId, lease_id: LeaseId, key: Bytes) {
-        let entry = self.by_id.get_mut(&id).expect("attach to a live session");
-        // A copy: the request's key is a slice of the connection's read buffer, which a
-        // lease kept for its lifetime would pin whole (about 380 bytes a session lease in
-        // the sizing estimate, BENCHMARKS.md).
-        entry.leases.insert(lease_id, Bytes::copy_from_slice(&key));
-        self.by_lease.insert(lease_id, id);
-    }
-
-    /// Forgets a session lease that ended on its own (RELEASE, a grant taken back).
-    pub fn detach(&mut self, lease_id: LeaseId) {
-        if let Some(id) = self.by_lease.remove(&lease_id) {
-            if let Some(entry) = self.by_id.get_mut(&id) {
-                entry.leases.remove(&lease_id);
+        let mut leases = Vec::with_capacity(entry.live);
+        for kept in &entry.leases {
+            if self.by_lease.get(&kept.lease_id) == Some(&entry.no) {
+                leases.push(self.lease_of(kept));
+                self.forget_lease(kept.lease_id);
             }
+        }
+        assert_eq!(
+            leases.len(),
+            entry.live,
+            "session {id} miscounted its leases"
+        );
+        self.numbers[entry.no as usize] = None;
+        self.numbers_free.push(entry.no);
+        Ended {
+            leases,
+            waiters: entry.waiters.into_iter().collect(),
+        }
+    }
+
+    /// A free number for session `id`.
+    fn number(&mut self, id: SessionId) -> u32 {
+        let no = match self.numbers_free.pop() {
+            Some(no) => no,
+            None => {
+                self.numbers.push(None);
+                u32::try_from(self.numbers.len() - 1).expect("fewer than 2^32 sessions")
+            }
+        };
+        self.numbers[no as usize] = Some(id);
+        no
+    }
+
+    /// A lease of a session's list, with its key.
+    fn lease_of(&self, kept: &Kept) -> (LeaseId, LeaseKey) {
+        let key = match kept.key_len {
+            KEY_LONG => LeaseKey::Long(self.long_keys[&kept.lease_id].clone()),
+            len => LeaseKey::Inline(len, kept.key_inline),
+        };
+        (kept.lease_id, key)
+    }
+
+    /// Takes `lease_id` out of `by_lease` (and its long key); its session's list keeps it
+    /// until pruned.
+    fn forget_lease(&mut self, lease_id: LeaseId) -> Option<u32> {
+        let no = self.by_lease.remove(&lease_id)?;
+        self.long_keys.remove(&lease_id);
+        Some(no)
+    }
+
+    /// Drops the leases of session `id`'s list that are no longer its.
+    fn prune(&mut self, id: SessionId) {
+        let entry = self.by_id.get_mut(&id).expect("prune a live session");
+        entry.prune(&self.by_lease);
+    }
+
+    /// Adds a lease the table granted to session `id` (a lease already in a session is left
+    /// where it is).
+    pub fn attach(&mut self, id: SessionId, lease_id: LeaseId, key: &[u8]) {
+        let entry = self.by_id.get_mut(&id).expect("attach to a live session");
+        if self.by_lease.contains_key(&lease_id) {
+            return;
+        }
+        // The key is copied, never kept as the request's `Bytes`: that is a slice of the
+        // connection's read buffer, which a lease kept for its lifetime would pin whole.
+        let mut kept = Kept {
+            lease_id,
+            key_len: KEY_LONG,
+            key_inline: [0; SESSION_KEY_INLINE_MAX],
+        };
+        if key.len() <= SESSION_KEY_INLINE_MAX {
+            kept.key_inline[..key.len()].copy_from_slice(key);
+            kept.key_len = key.len() as u8;
+        } else {
+            self.long_keys.insert(lease_id, Bytes::copy_from_slice(key));
+        }
+        // A full list is pruned rather than grown while an eighth of it or more has ended:
+        // a session that churns its leases keeps a list about its size, and a prune, which
+        // reads the whole list, comes at most once per an eighth of it attached.
+        let stale = entry.leases.len() - entry.live;
+        if entry.leases.len() == entry.leases.capacity() && stale > entry.leases.len() / 8 {
+            entry.prune(&self.by_lease);
+        }
+        entry.leases.push(kept);
+        entry.live += 1;
+        self.by_lease.insert(lease_id, entry.no);
+    }
+
+    /// Forgets a session lease that ended on its own (RELEASE, a grant taken back): its
+    /// session's count drops now, its list entry goes when the list is next pruned (at the
+    /// latest when the list holds twice its live leases and `PRUNED_SLACK` more).
+    pub fn detach(&mut self, lease_id: LeaseId) {
+        let Some(no) = self.forget_lease(lease_id) else {
+            return;
+        };
+        let id = self.numbers[no as usize].expect("a lease of a numbered session");
+        let entry = self.by_id.get_mut(&id).expect("a numbered session is live");
+        entry.live -= 1;
+        if entry.leases.len() >= 2 * entry.live + PRUNED_SLACK {
+            self.prune(id);
         }
     }
 
@@ -360,7 +554,8 @@ impl SessionTable {
 
     /// The session `lease_id` is in, if any.
     pub fn session_of(&self, lease_id: LeaseId) -> Option<SessionId> {
-        self.by_lease.get(&lease_id).copied()
+        let no = self.by_lease.get(&lease_id)?;
+        self.numbers[*no as usize]
     }
 
     /// Forgets sessions past their deadline at `now_ms`, at most `max`; returns how many.
@@ -381,7 +576,7 @@ impl SessionTable {
             .collect();
         ended
             .into_iter()
-            .map(|id| (id, self.remove(id).waiters.into_iter().collect()))
+            .map(|id| (id, self.remove(id).waiters))
             .collect()
     }
 
@@ -413,10 +608,35 @@ impl SessionTable {
         let owned: usize = self.by_owner.values().sum();
         let with_owner = self.by_id.values().filter(|e| e.owner.is_some()).count();
         assert_eq!(owned, with_owner);
-        let leases: usize = self.by_id.values().map(|e| e.leases.len()).sum();
-        assert_eq!(leases, self.by_lease.len());
-        for (lease_id, id) in &self.by_lease {
-            assert!(self.by_id[id].leases.contains_key(lease_id));
+        self.check_leases();
+    }
+
+    /// [`SessionTable::check_invariants`] for the leases: each session's count is exact,
+    /// its list holds each of its leases once, `by_lease` names live sessions only, and a
+    /// long key is kept for every long-keyed session lease and no other.
+    fn check_leases(&self) {
+        let live: usize = self.by_id.values().map(|e| e.live).sum();
+        assert_eq!(live, self.by_lease.len());
+        let numbered = self.numbers.iter().filter(|n| n.is_some()).count();
+        assert_eq!(numbered, self.by_id.len());
+        assert_eq!(numbered + self.numbers_free.len(), self.numbers.len());
+        let mut long = 0;
+        for (id, entry) in &self.by_id {
+            assert_eq!(self.numbers[entry.no as usize], Some(*id));
+            let mut seen = HashSet::new();
+            for kept in &entry.leases {
+                if self.by_lease.get(&kept.lease_id) == Some(&entry.no) {
+                    assert!(seen.insert(kept.lease_id), "lease listed twice in {id}");
+                    let is_long = kept.key_len == KEY_LONG;
+                    assert_eq!(is_long, self.long_keys.contains_key(&kept.lease_id));
+                    long += usize::from(is_long);
+                }
+            }
+            assert_eq!(seen.len(), entry.live, "session {id} miscounted its leases");
+        }
+        assert_eq!(long, self.long_keys.len());
+        for no in self.by_lease.values() {
+            assert!(self.numbers[*no as usize].is_some());
         }
     }
 }
@@ -425,18 +645,9 @@ impl SessionTable {
 #[derive(Debug, Default)]
 pub struct Ended {
     /// Its leases, to free (after the waiters are out of line).
-    pub leases: Vec<(LeaseId, Bytes)>,
+    pub leases: Vec<(LeaseId, LeaseKey)>,
     /// Its waiters, to take out of their queues and answer `NO_SESSION`.
     pub waiters: Vec<(Bytes, u64)>,
-}
-
-impl From<Entry> for Ended {
-    fn from(entry: Entry) -> Ended {
-        Ended {
-            leases: entry.leases.into_iter().collect(),
-            waiters: entry.waiters.into_iter().collect(),
-        }
-    }
 }
 
 /// The executor's sessions: the table under its lock, and counters for STATS.
@@ -799,8 +1010,7 @@ impl Executor {
         };
         let mut table = self.sessions.lock();
         let ttl_ms = table.ttl_of(id)?;
-        let key = Bytes::copy_from_slice(&lease.key);
-        table.attach(id, lease.lease_id, key);
+        table.attach(id, lease.lease_id, &lease.key);
         self.sessions
             .leases
             .store(table.leases_len(), Ordering::Relaxed);
@@ -942,7 +1152,7 @@ impl Executor {
                 let left_ms = clamp_ms(left_ms).max(1);
                 match self.renew_in_session(now_ms, key, grant.lease_id, left_ms) {
                     Some(Ok(renewed)) => {
-                        sessions.attach(id, grant.lease_id, key.clone());
+                        sessions.attach(id, grant.lease_id, key);
                         grant.ttl_ms = left_ms;
                         Ok((grant, ticket.max(renewed)))
                     }
@@ -1074,7 +1284,7 @@ impl Executor {
         {
             // A grant taken back later (not durable) is detached by the undo's release path
             // or, at the latest, by the next keep-alive, whose renewal finds it gone.
-            sessions.attach(id, *lease_id, key);
+            sessions.attach(id, *lease_id, &key);
         }
         self.sessions
             .leases
@@ -1097,7 +1307,7 @@ mod tests {
         let id = SessionId::from_u128(1);
         t.open(1000, id, 500, (None, 1)).unwrap();
         assert_eq!(t.room(1000, id, None), Ok(500));
-        t.attach(id, lease(7), Bytes::from_static(b"a"));
+        t.attach(id, lease(7), b"a");
         t.check_invariants();
         // Kept alive just before its deadline: runs its TTL again, with its leases.
         let (ttl_ms, leases) = t.keep(1499, id, None).unwrap();
@@ -1118,7 +1328,7 @@ mod tests {
         let id = SessionId::from_u128(2);
         t.open(0, id, 1000, (Some("orders".into()), 1)).unwrap();
         for n in 0..5 {
-            t.attach(id, lease(n), Bytes::from(format!("k{n}")));
+            t.attach(id, lease(n), format!("k{n}").as_bytes());
         }
         t.detach(lease(3));
         t.check_invariants();
@@ -1225,7 +1435,7 @@ mod tests {
         );
         // Its end gives its place back, closed or expired (without the count at restore,
         // the end found no count for the owner and panicked under the session lock).
-        t.attach(SessionId::from_u128(1), lease(5), Bytes::from_static(b"a"));
+        t.attach(SessionId::from_u128(1), lease(5), b"a");
         let leases = (t.close(1, SessionId::from_u128(1), Some("orders")).unwrap()).leases;
         assert_eq!(leases.len(), 1);
         assert_eq!(t.owner_room(Some("orders"), quota), Ok(()));
@@ -1256,7 +1466,7 @@ mod tests {
         let (id, other) = (SessionId::from_u128(1), SessionId::from_u128(2));
         t.open(0, id, 100, (None, 1)).unwrap();
         t.open(0, other, 100, (None, 1)).unwrap();
-        t.attach(id, lease(1), Bytes::from_static(b"a"));
+        t.attach(id, lease(1), b"a");
         t.add_waiter(id, b"b", 7);
         assert_eq!(t.room(0, id, None), Ok(100));
         // One held and two waiting fill a limit of 3: a fourth is refused, held or waiting.
@@ -1291,8 +1501,8 @@ mod tests {
         for n in 0..3 {
             t.open(0, SessionId::from_u128(n), 100, (None, 1)).unwrap();
         }
-        t.attach(SessionId::from_u128(0), lease(1), Bytes::from_static(b"a"));
-        t.attach(SessionId::from_u128(0), lease(2), Bytes::from_static(b"b"));
+        t.attach(SessionId::from_u128(0), lease(1), b"a");
+        t.attach(SessionId::from_u128(0), lease(2), b"b");
         assert_eq!(
             t.room(0, SessionId::from_u128(0), None),
             Err(Refusal::LeasesFull)
@@ -1302,5 +1512,165 @@ mod tests {
             t.open(0, one_more, 100, (None, 2)),
             Err(Refusal::SessionsFull)
         );
+    }
+
+    /// The leases `keep` hands back, sorted, as (lease, key).
+    fn kept(t: &mut SessionTable, now_ms: u64, id: SessionId) -> Vec<(LeaseId, Vec<u8>)> {
+        let (_, leases) = t.keep(now_ms, id, None).unwrap();
+        let mut leases: Vec<_> = leases.into_iter().map(|(l, k)| (l, k.to_vec())).collect();
+        leases.sort();
+        leases
+    }
+
+    #[test]
+    fn released_leases_leave_the_list_lazily_and_the_count_at_once() {
+        let mut t = SessionTable::new(10, 1000);
+        let id = SessionId::from_u128(1);
+        t.open(0, id, 1000, (None, 1)).unwrap();
+        for n in 0..100 {
+            t.attach(id, lease(n), format!("k{n}").as_bytes());
+        }
+        // A release drops the count at once; the list keeps the entry until pruned.
+        for n in 0..60 {
+            t.detach(lease(n));
+            t.check_invariants();
+            assert_eq!(t.by_id[&id].live, 99 - n as usize);
+        }
+        assert_eq!(t.leases_len(), 40);
+        let listed = t.by_id[&id].leases.len();
+        assert!(
+            (40..2 * 40 + PRUNED_SLACK).contains(&listed),
+            "{listed} listed for 40 live: pruned too late or lost an entry"
+        );
+        // A keep-alive prunes the whole list, and hands back exactly the leases held.
+        let leases = kept(&mut t, 1, id);
+        assert_eq!(t.by_id[&id].leases.len(), 40);
+        let expected: Vec<_> = (60..100)
+            .map(|n| (lease(n), format!("k{n}").into_bytes()))
+            .collect();
+        let mut expected = expected;
+        expected.sort();
+        assert_eq!(leases, expected);
+        // Released twice, or never a session lease: nothing changes.
+        t.detach(lease(0));
+        t.detach(lease(5000));
+        assert_eq!(t.leases_len(), 40);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_key_released_and_acquired_again_before_a_keep_alive_is_handed_back_once() {
+        let mut t = SessionTable::new(10, 1000);
+        let id = SessionId::from_u128(1);
+        t.open(0, id, 1000, (None, 1)).unwrap();
+        // Two keys, one a prefix of the other, and the same key under a new lease id after
+        // its release: the stale entry (same key) is not handed back, the new one is.
+        t.attach(id, lease(1), b"job:1");
+        t.attach(id, lease(2), b"job:10");
+        t.detach(lease(1));
+        t.attach(id, lease(3), b"job:1");
+        t.check_invariants();
+        assert_eq!(t.session_of(lease(3)), Some(id));
+        assert_eq!(t.session_of(lease(1)), None);
+        let expected = vec![
+            (lease(2), b"job:10".to_vec()),
+            (lease(3), b"job:1".to_vec()),
+        ];
+        assert_eq!(kept(&mut t, 1, id), expected);
+        // And at the session's end too: released once, re-acquired, closed.
+        t.detach(lease(3));
+        t.attach(id, lease(4), b"job:1");
+        let mut ended: Vec<_> = (t.close(2, id, None).unwrap().leases)
+            .into_iter()
+            .map(|(l, k)| (l, k.to_vec()))
+            .collect();
+        ended.sort();
+        assert_eq!(
+            ended,
+            vec![
+                (lease(2), b"job:10".to_vec()),
+                (lease(4), b"job:1".to_vec())
+            ]
+        );
+        assert_eq!(t.leases_len(), 0);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn the_lease_limit_counts_live_leases_exactly_whatever_the_list_holds() {
+        let mut t = SessionTable::new(10, 3);
+        let id = SessionId::from_u128(1);
+        t.open(0, id, 1000, (None, 1)).unwrap();
+        for n in 0..3 {
+            t.attach(id, lease(n), b"k");
+        }
+        assert_eq!(t.room(0, id, None), Err(Refusal::LeasesFull));
+        // Released, not yet pruned: its place is free at once ...
+        t.detach(lease(1));
+        assert_eq!(t.by_id[&id].leases.len(), 3);
+        assert_eq!(t.room(0, id, None), Ok(1000));
+        t.attach(id, lease(9), b"k");
+        assert_eq!(t.room(0, id, None), Err(Refusal::LeasesFull));
+        // ... and a lease attached twice (a repeat) counts once.
+        t.attach(id, lease(9), b"k");
+        assert_eq!(t.leases_len(), 3);
+        t.check_invariants();
+        // Many releases and grants in turn never let the count drift from the leases held.
+        for n in 10..200 {
+            t.detach(lease(n - 1));
+            t.detach(lease(0));
+            t.attach(id, lease(n), b"k");
+            assert_eq!(t.by_id[&id].live, t.leases_len());
+            t.check_invariants();
+        }
+        assert!(t.by_id[&id].leases.len() < 2 * 3 + PRUNED_SLACK + 1);
+    }
+
+    #[test]
+    fn long_keys_and_reused_session_numbers_keep_their_own_leases() {
+        let mut t = SessionTable::new(10, 100);
+        let (a, b) = (SessionId::from_u128(1), SessionId::from_u128(2));
+        t.open(0, a, 1000, (None, 1)).unwrap();
+        let long = vec![b'x'; SESSION_KEY_INLINE_MAX + 1];
+        let longest = vec![b'y'; tenure_protocol::limits::KEY_LEN_MAX];
+        let fits = vec![b'z'; SESSION_KEY_INLINE_MAX];
+        t.attach(a, lease(1), &long);
+        t.attach(a, lease(2), &longest);
+        t.attach(a, lease(3), &fits);
+        t.check_invariants();
+        t.detach(lease(1));
+        t.check_invariants();
+        let mut expected = vec![(lease(2), longest.clone()), (lease(3), fits.clone())];
+        expected.sort();
+        assert_eq!(kept(&mut t, 1, a), expected);
+        // Session a ends; b takes its number, and none of a's leases.
+        assert_eq!(t.close(1, a, None).unwrap().leases.len(), 2);
+        t.open(1, b, 1000, (None, 1)).unwrap();
+        assert_eq!(t.session_of(lease(2)), None);
+        t.attach(b, lease(4), &long);
+        assert_eq!(t.session_of(lease(4)), Some(b));
+        assert_eq!(kept(&mut t, 2, b), vec![(lease(4), long)]);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_session_that_churns_its_leases_keeps_a_list_about_its_size() {
+        let mut t = SessionTable::new(10, 1000);
+        let id = SessionId::from_u128(1);
+        t.open(0, id, 1000, (None, 1)).unwrap();
+        for n in 0..100 {
+            t.attach(id, lease(n), b"k");
+        }
+        let capacity = t.by_id[&id].leases.capacity();
+        // Each lease released and another granted, ten times over, with no keep-alive: the
+        // list is pruned when full rather than grown.
+        for n in 100..1100 {
+            t.detach(lease(n - 100));
+            t.attach(id, lease(n), b"k");
+            assert_eq!(t.by_id[&id].live, 100);
+        }
+        assert_eq!(t.by_id[&id].leases.capacity(), capacity);
+        t.check_invariants();
+        assert_eq!(kept(&mut t, 1, id).len(), 100);
     }
 }
