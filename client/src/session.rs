@@ -775,6 +775,46 @@ mod tests {
         );
     }
 
+    /// A lock still waiting in line when its session is lost (keep-alives unanswered, as
+    /// while the server is down) gives its wait up at the session's give-up instant with
+    /// NO_SESSION, rather than waiting on (and being sent again) in a session nobody keeps.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_outlived_by_its_session_ends_with_no_session() {
+        let inner = script(None, Arc::default());
+        let queued: Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => None, // in line, never granted
+            other => inner(other),
+        });
+        let server = fake::start(VERSION, 16, queued).await;
+        let client = Client::connect(server.addr.clone()).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let give_up_at = session.deadline() - ttl() / 10;
+        let options = AcquireOptions {
+            wait: ttl() * 20,
+            ..AcquireOptions::default()
+        };
+        let waited = tokio::time::timeout(ttl() * 2, session.lock_with("k", options)).await;
+        let refused = waited.expect("the wait ends with the session").unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Error::Invalid {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(
+            Instant::now() >= give_up_at,
+            "ended before the give-up instant"
+        );
+        assert!(matches!(
+            session.loss_reason(),
+            Some(LossReason::Expired { .. })
+        ));
+    }
+
     /// The leader keeps the session alive until `moved` is set, then answers NOT_LEADER
     /// naming `next` (a fail-over); the keep-alives follow it there.
     #[tokio::test(start_paused = true)]
