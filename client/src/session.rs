@@ -290,9 +290,13 @@ impl Session {
     /// # Errors
     /// [`Error::Invalid`] for a bad key, wait or metadata, `release_on_disconnect`, or a
     /// session this client already counts as lost (code `NO_SESSION`, nothing sent); the
-    /// server's refusal ([`Error::Server`]: the session ended, too many locks in it);
-    /// otherwise any [`Error`] a request can meet. A refusal because the session ended also
-    /// fires the session's loss signal.
+    /// same `NO_SESSION` error when the session is lost while the ACQUIRE waits (its local
+    /// deadline passed with no keep-alive confirmed, say while the server was down): the
+    /// wait is given up and nothing is held by this client, though the server may still
+    /// queue or grant the ACQUIRE in the session until it is closed or ends (close it, or
+    /// drop it, to free the key at once); the server's refusal ([`Error::Server`]: the
+    /// session ended, too many locks in it); otherwise any [`Error`] a request can meet. A
+    /// refusal because the session ended also fires the session's loss signal.
     pub async fn lock_with(
         &self,
         key: impl AsRef<[u8]>,
@@ -324,21 +328,24 @@ impl Session {
         if !self.is_valid() {
             // Not sent: a grant in a session this client counts as lost would be invalid on
             // arrival, and would hold the key until the server's end of the session.
-            let reason = self
-                .loss_reason()
-                .map_or("its deadline passed".into(), |r| r.to_string());
-            return Err(Error::Invalid {
-                code: ErrorCode::NoSession,
-                message: format!("the session is lost: {reason}"),
-            });
+            return Err(self.lost_error("the session is lost"));
         }
         let key = Bytes::copy_from_slice(key.as_ref());
-        let outcome = self
-            .client
-            .acquire_in(&key, Duration::ZERO, kind, options, Some(self.state.id))
-            .await
-            .map_err(Error::of_kind);
+        let acquire =
+            self.client
+                .acquire_in(&key, Duration::ZERO, kind, options, Some(self.state.id));
+        // A wait outlived by the session is given up: the crate would otherwise send the
+        // ACQUIRE again after a reconnect in a session nobody keeps alive any more, and a
+        // grant in it would be invalid on arrival. Loss first when both are ready.
+        let outcome = tokio::select! {
+            biased;
+            _ = self.state.loss.cancelled() => Err(self.lost_error(LOST_WHILE_WAITING)),
+            outcome = acquire => outcome.map_err(Error::of_kind),
+        };
         match outcome {
+            Ok(AcquireOutcome::Granted(_)) if !self.is_valid() => {
+                Err(self.lost_error(LOST_WHILE_WAITING))
+            }
             Ok(AcquireOutcome::Granted(lease)) => Ok(AcquireOutcome::Granted(SessionGuard {
                 state: Arc::clone(&self.state),
                 router: self.client.router().clone(),
@@ -356,6 +363,18 @@ impl Session {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// The error of a lock not taken because this client counts the session as lost:
+    /// `what`, and the loss reason (or the local deadline).
+    fn lost_error(&self, what: &str) -> Error {
+        let reason = self
+            .loss_reason()
+            .map_or("its deadline passed".into(), |r| r.to_string());
+        Error::Invalid {
+            code: ErrorCode::NoSession,
+            message: format!("{what}: {reason}"),
         }
     }
 
@@ -505,6 +524,9 @@ impl Drop for SessionGuard {
         }
     }
 }
+
+/// What [`Session::lock_kind_with`] says of a wait it gave up because the session was lost.
+const LOST_WHILE_WAITING: &str = "the session was lost while this ACQUIRE waited";
 
 /// True when `error` is the server saying the session does not exist (any more).
 fn is_session_ended(error: &Error) -> bool {
@@ -751,6 +773,46 @@ mod tests {
             ),
             "{refused:?}"
         );
+    }
+
+    /// A lock still waiting in line when its session is lost (keep-alives unanswered, as
+    /// while the server is down) gives its wait up at the session's give-up instant with
+    /// NO_SESSION, rather than waiting on (and being sent again) in a session nobody keeps.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_outlived_by_its_session_ends_with_no_session() {
+        let inner = script(None, Arc::default());
+        let queued: Script = Arc::new(move |request| match request {
+            Request::Acquire { .. } => None, // in line, never granted
+            other => inner(other),
+        });
+        let server = fake::start(VERSION, 16, queued).await;
+        let client = Client::connect(server.addr.clone()).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let give_up_at = session.deadline() - ttl() / 10;
+        let options = AcquireOptions {
+            wait: ttl() * 20,
+            ..AcquireOptions::default()
+        };
+        let waited = tokio::time::timeout(ttl() * 2, session.lock_with("k", options)).await;
+        let refused = waited.expect("the wait ends with the session").unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Error::Invalid {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(
+            Instant::now() >= give_up_at,
+            "ended before the give-up instant"
+        );
+        assert!(matches!(
+            session.loss_reason(),
+            Some(LossReason::Expired { .. })
+        ));
     }
 
     /// The leader keeps the session alive until `moved` is set, then answers NOT_LEADER

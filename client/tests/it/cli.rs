@@ -824,6 +824,84 @@ async fn cli_run_queues_again_after_a_server_restart() {
     server.stop().await;
 }
 
+/// Starts `tenure` with `args` (a one-second session, waiting behind a lease held on `key`),
+/// stops the server once it queues, keeps it down three session TTLs, so that the waiter's
+/// session runs out at the client while the server is away, restarts it on the same data
+/// dir, waits three TTLs more (the session the restart restored has run out at the server
+/// by then), and frees the key. Returns `tenure`'s stderr; it must have exited 0.
+async fn waits_through_a_restart_longer_than_its_session(key: &str, args: &[&str]) -> String {
+    use tenure_testkit::Server;
+    const SESSION_TTL: Duration = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let addr = server.addr;
+    let holder = server.client().await;
+    let held = holder
+        .acquire(key, Duration::from_secs(60), AcquireOptions::default())
+        .await
+        .expect("acquire")
+        .granted()
+        .expect("free");
+    let lease_id = held.lease_id();
+    drop(held);
+    let child = tenure_cli(&addr.to_string())
+        .args(args)
+        .args(["--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    wait_for_waiters(&holder, key, 1).await;
+    holder.disconnect();
+    server.stop().await;
+    // Real time: `tenure` is a process of its own.
+    tokio::time::sleep(3 * SESSION_TTL).await;
+    let server = Server::start_at(tenure_server::Config::for_tests(dir.path()), addr).await;
+    tokio::time::sleep(3 * SESSION_TTL).await;
+    let freer = server.client().await;
+    let released = freer.release(key, lease_id).await.expect("release");
+    assert_eq!(released, ReleaseOutcome::Released, "the lease came back");
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure finishes once the key is free")
+        .expect("tenure runs");
+    let err = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    server.stop().await;
+    err
+}
+
+// Found by outside testing (F3): a waiter whose session ran out while the server was down
+// queued again after the restart in that same session, which nobody kept alive any more; it
+// exited 1 with NO_SESSION when the server's copy ran out, with most of its --wait left.
+#[tokio::test]
+async fn cli_run_queues_in_a_new_session_when_its_own_ran_out_while_waiting() {
+    let args = [
+        "run",
+        "--key",
+        "r/new-session",
+        "--ttl",
+        "1s",
+        "--wait",
+        "60s",
+    ];
+    let err = waits_through_a_restart_longer_than_its_session("r/new-session", &args).await;
+    assert!(err.contains("NO_SESSION"), "{err}");
+    assert!(err.contains("queueing again"), "{err}");
+    let granted = err.lines().find(|l| l.contains("result=GRANTED"));
+    let granted = granted.unwrap_or_else(|| panic!("no grant: {err}"));
+    assert!(!field(granted, "session").is_empty(), "{granted}");
+    assert!(!err.contains("LOST"), "{err}");
+}
+
+#[tokio::test]
+async fn cli_elect_campaigns_in_a_new_session_when_its_own_ran_out_while_waiting() {
+    let args = ["elect", "restarted", "--value", "standby", "--ttl", "1s"];
+    let err = waits_through_a_restart_longer_than_its_session("election/restarted", &args).await;
+    assert!(err.contains("campaigning again in a new session"), "{err}");
+    assert!(err.contains("result=LEADING"), "{err}");
+    assert!(!err.contains("LOST"), "{err}");
+}
+
 #[tokio::test]
 async fn cli_speaks_tls_with_a_ca_and_mutual_tls_with_a_client_certificate() {
     use tenure_testkit::TestCa;

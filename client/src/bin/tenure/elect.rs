@@ -7,7 +7,7 @@ use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Election, ElectionOp
 
 use crate::cli::ElectArgs;
 use crate::exit::EXIT_OK;
-use crate::hold::{lock_in_session, sessions_unknown, Hold};
+use crate::hold::{lock_in_session, session_ended_while_waiting, sessions_unknown, Hold};
 use crate::output::{kv_value, warn, Line, Out};
 use crate::run::supervise;
 
@@ -70,6 +70,12 @@ async fn campaign_in_session(
             // The server restarted (or is restarting) under the standby: queue again once it
             // is back. Not after a time-out: the first request may still be queued.
             Err(e) if e.is_transient() && !matches!(e, tenure::Error::Timeout(_)) => {
+                tokio::time::sleep(CAMPAIGN_RETRY_PAUSE).await;
+            }
+            // The standby's session ended (or was lost here) before it led, say while the
+            // server was down past its TTL: campaign again in a new session.
+            Err(e) if session_ended_while_waiting(&e) => {
+                warn(&format!("{e}; campaigning again in a new session"));
                 tokio::time::sleep(CAMPAIGN_RETRY_PAUSE).await;
             }
             Err(e) => return Err(e),

@@ -152,11 +152,30 @@ pub fn sessions_unknown(error: &tenure::Error) -> bool {
     )
 }
 
+/// Whether `error` says the session of a lock still being waited for ended (the server
+/// answered `NO_SESSION`) or was lost at the client (its local deadline passed unconfirmed,
+/// say while the server was down): nothing was granted to the caller, and a new session may
+/// queue again. Only for the ACQUIRE's error: a session that ended after its grant is a loss.
+pub fn session_ended_while_waiting(error: &tenure::Error) -> bool {
+    matches!(
+        error,
+        tenure::Error::Server {
+            code: ErrorCode::NoSession,
+            ..
+        } | tenure::Error::Invalid {
+            code: ErrorCode::NoSession,
+            ..
+        }
+    )
+}
+
 /// Takes `key` as `kind` in a new session of `ttl`, waiting in line up to `options.wait`; a LOCKED
-/// answer closes the session again. Granted: the hold and how long it waited in line.
+/// answer or an error closes the session again (freeing anything the server may still have
+/// queued or granted in it). Granted: the hold and how long it waited in line.
 ///
 /// # Errors
-/// Any error opening the session or acquiring meets (see [`sessions_unknown`]).
+/// Any error opening the session or acquiring meets (see [`sessions_unknown`] and
+/// [`session_ended_while_waiting`]).
 pub async fn lock_in_session(
     client: &Client,
     key: &str,

@@ -11,7 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
 use crate::guard::{guarded, GUARD_MARGIN};
-use crate::hold::{lock_in_session, sessions_unknown, Hold};
+use crate::hold::{lock_in_session, session_ended_while_waiting, sessions_unknown, Hold};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
 
@@ -79,9 +79,10 @@ async fn acquire_lease(
 const REQUEUE_PAUSE: Duration = Duration::from_millis(50);
 
 /// Acquires `key` as `kind`, in a new session of `ttl` when `in_session`; a wait cut short by a server
-/// restart (connection lost or refused, SHUTTING_DOWN, RECOVERING) queues again, for what is
-/// left of `options.wait`. A time-out is not retried: the first request may still be queued
-/// on the server.
+/// restart (connection lost or refused, SHUTTING_DOWN, RECOVERING), or whose session ended or
+/// was lost before the grant (NO_SESSION: say its TTL ran out while the server was down),
+/// queues again (in a new session), for what is left of `options.wait`. A time-out is not
+/// retried: the first request may still be queued on the server.
 async fn acquire_through_restarts(
     client: &Client,
     key: &str,
@@ -112,6 +113,7 @@ async fn acquire_through_restarts(
             // for again too: the command has not run under it.
             Err(e)
                 if matches!(e, tenure::Error::AcquireEnded { .. })
+                    || (in_session && session_ended_while_waiting(&e))
                     || (e.is_transient() && !matches!(e, tenure::Error::Timeout(_))) =>
             {
                 let left = wait_until.saturating_duration_since(Instant::now());
