@@ -4,7 +4,10 @@
 //! # Files (in the node's data directory)
 //! - `raft.log`: records back to back, each `len u32 | crc u32 | index u64 | term u64 |
 //!   entry` (big-endian; `len` counts the entry bytes, `crc` is CRC-32 of index, term and
-//!   entry; the entry is openraft's `Entry` in postcard). Indexes are consecutive.
+//!   entry; the entry is openraft's `Entry` in postcard). Indexes are consecutive but for
+//!   jumps forward to at most the purge point + 1: after a snapshot installed beyond this
+//!   log's end (the node was behind), the leader's next entries follow the old, purged
+//!   records until a purge cuts those off ([`may_follow`]).
 //! - `raft.state`: postcard of [`Persisted`] (the vote, the last purged log id), written to
 //!   `raft.state.tmp`, fsynced, renamed over, and the directory fsynced: it is the old file
 //!   or the new one after a crash, never a mix.
@@ -14,14 +17,19 @@
 //! too, before `save_vote` returns). Opening reads every record; the first one that is
 //! short or fails its checksum ends the log, and the file is cut there (a torn write of an
 //! append that was never reported durable), unless an intact record follows somewhere after
-//! it: that is damage, not a torn write, and opening refuses, naming the offsets. As with
+//! it, or the record that ends the log is intact but out of order (a gap in the indexes):
+//! that is damage, not a torn write, and opening refuses, naming the offsets. As with
 //! the WAL, one crash pattern is refused too: an unsynced append of several records whose
 //! first pages never reached the disk but whose later ones did. Nothing past such a hole was
 //! acknowledged, so an operator who sees zeros at the named offset may cut the file there. A truncation cuts the file and syncs; a purge
 //! first records the purge point in `raft.state`, then, once the purged records outweigh the
 //! kept ones, rewrites `raft.log` without them (a temporary file renamed over): records at
 //! the head of the file up to the purge point are dropped again on open, whether a crash
-//! came in between or the head was not cut yet.
+//! came in between or the head was not cut yet. A purge past the log's end (a snapshot
+//! installed on a node that was behind) keeps the old records too, and the next appends
+//! follow them: such a jump to at most the purge point + 1 is the only gap opening takes
+//! ([`may_follow`]; refusing it kept such a node from ever starting again, outside finding
+//! F6).
 //!
 //! Every write to `raft.log` (appends, truncations, the purge's rewrite) goes to one writer
 //! thread per log, in the order the calls were made, and the in-memory index is updated at
@@ -285,10 +293,7 @@ impl LogStore {
         if let Some(at) = intact_record_after(&bytes, end as usize) {
             // Not a torn write: an acknowledged entry may follow the damage, and a node that
             // forgot entries it acknowledged could elect a leader without them.
-            return Err(std::io::Error::other(format!(
-                "Raft log {} is damaged at byte {end}: an intact record follows at byte {at}",
-                path.display()
-            )));
+            return Err(damaged(&path, end as usize, at));
         }
         let torn_tail_at = (end < bytes.len() as u64).then_some(end);
         if let Some(at) = torn_tail_at {
@@ -539,15 +544,15 @@ fn encode(entry: &Entry, out: &mut Vec<u8>) -> std::io::Result<()> {
 }
 
 /// The entries in `bytes` and where the intact records end; entries up to `purged` are left
-/// out (a purge interrupted before its rewrite).
+/// out (a purge whose head cut is not due yet, or was interrupted).
 fn parse(bytes: &[u8], purged: Option<u64>) -> (BTreeMap<u64, (Entry, u64)>, u64) {
     let mut entries = BTreeMap::new();
     let mut at = 0usize;
     let mut last_index: Option<u64> = None;
     while let Some((entry, len)) = decode_at(&bytes[at..]) {
         let index = entry.log_id.index;
-        // A gap in the indexes is not a log this store wrote: treat it as the end.
-        if last_index.is_some_and(|last| index != last + 1) {
+        // Any other gap in the indexes is not a log this store wrote: treat it as the end.
+        if last_index.is_some_and(|last| !may_follow(last, index, purged)) {
             break;
         }
         last_index = Some(index);
@@ -559,10 +564,41 @@ fn parse(bytes: &[u8], purged: Option<u64>) -> (BTreeMap<u64, (Entry, u64)>, u64
     (entries, at as u64)
 }
 
-/// The offset of the first intact record after the bad bytes at `bad`, if there is one:
-/// then the damage is not a torn tail (a torn write is the last thing in the file).
+/// Whether a record of `index` may follow one of `last` in `raft.log`, given the saved purge
+/// point `purged`: the next index, or a jump forward to at most `purged + 1`.
+///
+/// The jump is a snapshot installed beyond the end of this node's log (it was behind): the
+/// purge point moves past every entry, the file's head is not cut unless the purged bytes
+/// are due for it ([`LogStore::purge_to`]), and the leader's next entries, `purged + 1` on,
+/// are appended after the old records. Every record before the jump is then at or below the
+/// purge point and skipped, so nothing purged comes back; the purge point was saved before
+/// any of those appends was written (the writer's order), so a jump over unsaved entries
+/// (past `purged + 1`) is a hole, never this.
+fn may_follow(last: u64, index: u64, purged: Option<u64>) -> bool {
+    index.checked_sub(1) == Some(last)
+        || purged.is_some_and(|purged| last < index && index - 1 <= purged)
+}
+
+/// The offset of the first intact record at or after the bad bytes at `bad`, if there is
+/// one: then the damage is not a torn tail (a torn write is the last thing in the file).
+/// At `bad` itself: an intact record that does not follow the one before (a gap in the
+/// indexes) is no torn write either, and cutting it could drop an acknowledged entry.
 fn intact_record_after(bytes: &[u8], bad: usize) -> Option<usize> {
-    (bad + 1..bytes.len()).find(|&at| decode_at(&bytes[at..]).is_some())
+    (bad..bytes.len()).find(|&at| decode_at(&bytes[at..]).is_some())
+}
+
+/// The error of a log whose records end at `end` with an intact record at `at` (no torn
+/// tail): bad bytes in between, or, at `end` itself, a gap in the indexes.
+fn damaged(path: &Path, end: usize, at: usize) -> std::io::Error {
+    let path = path.display();
+    std::io::Error::other(if at == end {
+        format!(
+            "Raft log {path} is damaged at byte {end}: the intact record there does not \
+             follow the one before it (a gap in the indexes)"
+        )
+    } else {
+        format!("Raft log {path} is damaged at byte {end}: an intact record follows at byte {at}")
+    })
 }
 
 /// The record at the start of `buf` and its length, if it is whole and intact.
@@ -932,6 +968,219 @@ mod tests {
             entry(1, kept_from, &big)
         );
         assert_eq!(store.torn_tail_at(), None);
+    }
+
+    fn purge_point(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    /// Appends half of `entry`'s record to the log in `dir`: a kill in the middle of its
+    /// write.
+    fn append_torn(dir: &Path, entry: &Entry) {
+        let mut record = Vec::new();
+        encode(entry, &mut record).unwrap();
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(dir.join(LOG_FILE))
+            .unwrap();
+        file.write_all(&record[..record.len() / 2]).unwrap();
+    }
+
+    /// Outside finding F6: a node behind the leader (its log's tail torn by a kill) installs
+    /// a snapshot past its log's end. The purge moves past every entry, the file is too
+    /// small for its head to be cut, and the leader's next entries are appended after the
+    /// old ones: opening took that jump in the indexes for damage in the middle, and the
+    /// node never started again.
+    #[test]
+    fn entries_after_a_snapshot_past_the_log_end_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store
+            .append_sync((1..=5).map(|i| entry(1, i, b"old")))
+            .unwrap();
+        drop(store);
+        append_torn(dir.path(), &entry(1, 6, b"torn"));
+        let store = LogStore::open(dir.path()).unwrap();
+        assert!(store.torn_tail_at().is_some());
+        // The snapshot up to 20 installed, then the leader's entries from 21.
+        store.purge_to(purge_point(3, 20)).unwrap();
+        assert_eq!(indexes(&store), Vec::<u64>::new());
+        store
+            .append_sync((21..=23).map(|i| entry(3, i, b"new")))
+            .unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![21, 22, 23]);
+        assert_eq!(store.state().last_purged_log_id.unwrap().index, 20);
+        assert_eq!(store.torn_tail_at(), None);
+        // A truncation after the jump, and a second snapshot past the end.
+        store.truncate_from(23).unwrap();
+        store.append_sync([entry(4, 23, b"other")]).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.entries(21..),
+            vec![
+                entry(3, 21, b"new"),
+                entry(3, 22, b"new"),
+                entry(4, 23, b"other")
+            ]
+        );
+        store.purge_to(purge_point(4, 30)).unwrap();
+        store.append_sync([entry(5, 31, b"newer")]).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(store.entries(..), vec![entry(5, 31, b"newer")]);
+        assert_eq!(store.state().last_purged_log_id.unwrap().index, 30);
+    }
+
+    /// Writes `indexes`' records as `raft.log` and a purge point to `raft.state` in `dir`.
+    fn write_log(dir: &Path, indexes: &[u64], purged: Option<u64>) {
+        let mut bytes = Vec::new();
+        for &i in indexes {
+            encode(&entry(1, i, b"abc"), &mut bytes).unwrap();
+        }
+        std::fs::write(dir.join(LOG_FILE), &bytes).unwrap();
+        let persisted = Persisted {
+            vote: None,
+            last_purged: purged.map(|index| purge_point(1, index)),
+        };
+        std::fs::write(dir.join(STATE_FILE), postcard_bytes(&persisted).unwrap()).unwrap();
+    }
+
+    /// Only a jump to the first entry after the purge point (or to an earlier one's) is a
+    /// log this store wrote: one past it skips entries that were never purged.
+    #[test]
+    fn a_jump_in_the_indexes_past_the_purge_point_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (written, purged) in [
+            (&[1, 2, 4][..], None),
+            (&[1, 2, 7], Some(5)),
+            (&[1, 2, 6, 7, 9], Some(5)),
+            (&[4, 5, 6, 3, 4], Some(5)),
+        ] {
+            write_log(dir.path(), written, purged);
+            let refused = LogStore::open(dir.path()).err();
+            let message = refused.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                message.contains("damaged at byte"),
+                "{written:?}: {message}"
+            );
+        }
+        for (written, purged, kept) in [
+            (&[1, 2, 6, 7][..], Some(5), &[6, 7][..]),
+            (&[1, 2, 4, 5, 9], Some(8), &[9]),
+            (&[1, 2], Some(8), &[]),
+        ] {
+            write_log(dir.path(), written, purged);
+            let store = LogStore::open(dir.path()).unwrap();
+            assert_eq!(indexes(&store), kept, "{written:?}");
+        }
+    }
+
+    /// One call the crash-point run makes.
+    enum Step {
+        Append(u64, std::ops::RangeInclusive<u64>),
+        Truncate(u64),
+        Purge(u64),
+    }
+
+    /// The files after a step, and the log they hold: its entries and purge point.
+    struct Point {
+        log: Vec<u8>,
+        state: Option<Vec<u8>>,
+        model: BTreeMap<u64, Entry>,
+        purged: u64,
+    }
+
+    /// Runs `steps` on a new log, and returns the files and the log after each.
+    fn run(steps: Vec<Step>) -> Vec<Point> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        let (mut model, mut purged) = (BTreeMap::new(), 0);
+        let mut points = Vec::new();
+        for step in steps {
+            match step {
+                Step::Append(term, range) => {
+                    let added: Vec<Entry> = range.map(|i| entry(term, i, b"x")).collect();
+                    model.extend(added.iter().map(|e| (e.log_id.index, e.clone())));
+                    store.append_sync(added).unwrap();
+                }
+                Step::Truncate(from) => {
+                    store.truncate_from(from).unwrap();
+                    model.split_off(&from);
+                }
+                Step::Purge(upto) => {
+                    store.purge_to(purge_point(1, upto)).unwrap();
+                    // An empty append waits for the purge's file work.
+                    store.append_sync([]).unwrap();
+                    model = model.split_off(&(upto + 1));
+                    purged = upto;
+                }
+            }
+            points.push(Point {
+                log: std::fs::read(dir.path().join(LOG_FILE)).unwrap(),
+                state: std::fs::read(dir.path().join(STATE_FILE)).ok(),
+                model: model.clone(),
+                purged,
+            });
+        }
+        points
+    }
+
+    /// Opens `point`'s files with `raft.log` cut to `cut` bytes and checks what it keeps,
+    /// then that the log takes its next entry.
+    fn check_crash_point(point: &Point, cut: usize) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOG_FILE), &point.log[..cut]).unwrap();
+        if let Some(state) = &point.state {
+            std::fs::write(dir.path().join(STATE_FILE), state).unwrap();
+        }
+        let store = LogStore::open(dir.path()).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        let kept = store.entries(..);
+        for e in &kept {
+            let held = point.model.get(&e.log_id.index);
+            assert_eq!(Some(e), held, "cut {cut}: an entry the log no longer held");
+        }
+        let first = point.purged + 1;
+        let expected: Vec<u64> = (first..first + kept.len() as u64).collect();
+        assert_eq!(indexes(&store), expected, "cut {cut}");
+        if cut == point.log.len() {
+            assert_eq!(kept.len(), point.model.len(), "cut {cut}: entries lost");
+        }
+        let next = first + kept.len() as u64;
+        store.append_sync([entry(9, next, b"next")]).unwrap();
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        let mut grown = expected;
+        grown.push(next);
+        assert_eq!(indexes(&store), grown, "cut {cut}, then an append");
+    }
+
+    /// Every state the files pass through in a run of appends, truncations and purges (two
+    /// of them past the log's end, as a snapshot installed on a node that was behind), cut
+    /// at every byte (a kill in the middle of any write: a torn tail of any length): opening
+    /// never refuses, keeps only entries the log held then (nothing truncated or purged
+    /// comes back) and every one when nothing was cut, and the log takes its next entry.
+    #[test]
+    fn every_crash_point_of_a_run_opens_and_keeps_the_log() {
+        let points = run(vec![
+            Step::Append(1, 1..=4),
+            Step::Truncate(3),
+            Step::Append(2, 3..=5),
+            Step::Purge(2),
+            Step::Purge(9),
+            Step::Append(3, 10..=12),
+            Step::Truncate(11),
+            Step::Append(4, 11..=11),
+            Step::Purge(20),
+            Step::Append(5, 21..=22),
+        ]);
+        for point in &points {
+            for cut in 0..=point.log.len() {
+                check_crash_point(point, cut);
+            }
+        }
     }
 
     #[test]

@@ -482,6 +482,81 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
     kill_all(nodes).await;
 }
 
+/// Has `raft` snapshot what it applied and purge its log up to there.
+async fn snapshot_and_purge(raft: &super::Raft) {
+    let applied = raft.metrics().borrow().last_applied;
+    raft.trigger().snapshot().await.unwrap();
+    let mut metrics = raft.metrics();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.snapshot >= applied))
+        .await
+        .expect("no snapshot in time")
+        .unwrap();
+    raft.trigger()
+        .purge_log(applied.unwrap().index)
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.purged >= applied))
+        .await
+        .expect("no purge in time")
+        .unwrap();
+}
+
+/// Outside finding F6: a follower behind the leader's purged log, restarted on its own
+/// files, installs the leader's snapshot (past its log's end) and appends the entries after
+/// it behind its old ones. Killed and started again on the same files, it used to refuse
+/// to start for good ("Raft log ... is damaged"): it must start and catch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_installed_a_snapshot_past_its_log_restarts() {
+    let _watchdog = watchdog("a_follower_that_installed_a_snapshot_past_its_log_restarts");
+    let mut nodes = start_cluster().await;
+    let first = serving_leader(&nodes).await;
+    let mut leader = Console::connect(&nodes[first].info.client_addr).await;
+    let mut acquire = async |keys: std::ops::Range<u32>| {
+        for i in keys {
+            let reply = leader.ask(&format!("ACQUIRE k{i} 60000")).await;
+            assert!(reply.starts_with("OK "), "{reply}");
+        }
+    };
+    acquire(0..5).await;
+    let gone = (first + 1) % nodes.len();
+    let Started { node, info, dir } = nodes.remove(gone);
+    let gone_id = node.id();
+    node.kill().await;
+    acquire(5..10).await;
+    let first = nodes
+        .iter()
+        .position(|n| n.node.serving())
+        .expect("still leading");
+    snapshot_and_purge(nodes[first].node.raft()).await;
+
+    let restart = async |dir: tempfile::TempDir| {
+        let peers = TcpListener::bind(&info.peer_addr).await.unwrap();
+        let clients = TcpListener::bind(&info.client_addr).await.unwrap();
+        start_in(gone_id, peers, clients, dir).await
+    };
+    let back = restart(dir).await;
+    caught_up(&back.node, &nodes[first].node).await;
+    let text = scrape(&back.node);
+    let installed = sample(
+        &text,
+        "tenure_cluster_snapshot_install_duration_seconds_count",
+    );
+    assert_eq!(installed, 1.0, "{text}");
+    // Entries after the snapshot, each its own, appended on the follower after its old ones.
+    acquire(10..14).await;
+    caught_up(&back.node, &nodes[first].node).await;
+    let Started { node, dir, .. } = back;
+    node.kill().await;
+
+    let again = restart(dir).await;
+    caught_up(&again.node, &nodes[first].node).await;
+    let expected = leases(&nodes[first].node);
+    assert_eq!(expected.len(), 14, "{expected:?}");
+    assert_eq!(leases(&again.node), expected);
+    nodes.push(again);
+    kill_all(nodes).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_leader_confirms_no_renewal_and_no_read() {
     let _watchdog = watchdog("an_isolated_leader_confirms_no_renewal_and_no_read");
