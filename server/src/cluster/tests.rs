@@ -435,20 +435,7 @@ async fn a_wiped_follower_catches_up_from_a_snapshot() {
     // from the snapshot.
     let raft = nodes[first].node.raft().clone();
     let applied = raft.metrics().borrow().last_applied;
-    raft.trigger().snapshot().await.unwrap();
-    let mut metrics = raft.metrics();
-    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.snapshot >= applied))
-        .await
-        .expect("no snapshot in time")
-        .unwrap();
-    raft.trigger()
-        .purge_log(applied.unwrap().index)
-        .await
-        .unwrap();
-    tokio::time::timeout(STEP_TIMEOUT, metrics.wait_for(|m| m.purged >= applied))
-        .await
-        .expect("no purge in time")
-        .unwrap();
+    snapshot_and_purge(&raft).await;
 
     let text = scrape(&nodes[first].node);
     let built = sample(
