@@ -197,6 +197,29 @@ def test_a_session_with_two_locks_is_kept_alive_through_kill_9_and_restart(start
             assert all(isinstance(other.inspect(k), tenure.Free) for k in ("k9/a", "k9/b"))
 
 
+def test_an_unanswered_release_of_a_session_lock_is_sent_again(start_tenured) -> None:
+    """A session lock has no TTL of its own: a RELEASE lost to a crash must not leave its key
+    held for the session's life. Sent while the server is down, it is retried and lands at
+    the restarted server (the session and lease came back from its log)."""
+    node = start_tenured()
+    node.no_fsync = False  # what survives kill -9 is what was fsynced
+    node.restart()
+    with tenure.Client(node.addr, timeout=1) as holder:
+        s = holder.session(ttl=10.0)
+        lock = s.lock("rl/a").acquire()
+        node.kill()
+        restarter = threading.Timer(1.0, node.start)
+        restarter.start()
+        try:
+            lock.release()  # first sends meet a refused port; a retry reaches the restart
+        finally:
+            restarter.join()
+        with tenure.Client(node.addr) as other:
+            assert isinstance(other.inspect("rl/a"), tenure.Free), "the RELEASE was retried"
+            assert s.is_valid(), "the session and its other locks go on"
+        s.close()
+
+
 def test_a_session_rides_through_the_leaders_kill(tenured_bin: str, tmp_path: Path) -> None:
     ttl_s, every_s = 6.0, 0.5
     nodes = start_cluster(tenured_bin, tmp_path)

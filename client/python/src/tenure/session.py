@@ -47,6 +47,7 @@ from .errors import (
     ProtocolError,
     RequestTimeout,
     ServerError,
+    is_transient,
 )
 from .results import Locked, deadline_margin_s, local_deadline
 
@@ -55,6 +56,11 @@ if TYPE_CHECKING:
     from .client import Client
 
 log = logging.getLogger("tenure")
+
+#: Pause before an unanswered RELEASE of a session lock is sent again, doubled per retry up
+#: to the max: a fail-over takes an election (about a second), a restart longer.
+RELEASE_RETRY_PAUSE_MIN_S = 0.05
+RELEASE_RETRY_PAUSE_MAX_S = 0.8
 
 #: Why a session (and its locks) ended, as `loss_reason` says it.
 LOSS_ENDED = "session ended at the server (NO_SESSION)"
@@ -296,17 +302,39 @@ class AsyncSessionLock:
         return self.session.lost
 
     async def release(self) -> None:
-        """Releases this lock alone (RELEASE); the session and its other locks go on."""
+        """Releases this lock alone (RELEASE); the session and its other locks go on.
+
+        A session lock has no TTL of its own: a RELEASE that goes unanswered would leave the
+        key held for as long as the session lives. So a lost connection, a time-out or a
+        transient refusal (NOT_LEADER, SHUTTING_DOWN, ...) is sent again, to the restarted
+        server or the new leader, for up to the client's `acquire_retry_for`; after that it is
+        logged, and the next `release()` sends it again (the session's close frees it too)."""
         if self._released or not self.lease_id:
             return
-        self._released = True
         if self.session.loss_reason is not None:
+            self._released = True
             return  # gone with its session
         body = w.release_body(self.key, self.lease_id)
-        try:
-            await self.session.client._call(w.RELEASE, body)
-        except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
-            log.debug("tenure: release of a session lock failed: %s", e)
+        client = self.session.client
+        give_up_at = time.monotonic() + max(client.timeout, client.acquire_retry_for)
+        pause = RELEASE_RETRY_PAUSE_MIN_S
+        while True:
+            try:
+                # RELEASED or NOT_OWNER: either way the lease is no longer this lock's.
+                await client._call(w.RELEASE, body)
+                self._released = True
+                return
+            except (ServerError, ConnectionLost, RequestTimeout, OSError) as e:
+                retry = is_transient(e) or isinstance(e, RequestTimeout)
+                if not retry or self.session.loss_reason is not None:
+                    self._released = self.session.loss_reason is not None
+                    log.debug("tenure: release of a session lock failed: %s", e)
+                    return
+                if time.monotonic() + pause >= give_up_at:
+                    log.warning("tenure: release of a session lock not answered, kept for a retry: %s", e)
+                    return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RELEASE_RETRY_PAUSE_MAX_S)
 
     async def __aenter__(self) -> "AsyncSessionLock":
         return await self.acquire()
