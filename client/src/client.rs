@@ -205,25 +205,9 @@ impl Client {
         kind: LeaseKind,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome> {
-        self.acquire_in(key, ttl, kind, options, None)
+        self.acquire_in(key, ttl, kind, options, None, None)
             .await
             .map_err(Error::of_kind)
-    }
-
-    /// The ACQUIRE itself, its errors untyped ([`Client::acquire_kind`] types them), in
-    /// `session` when one is named (the lease then lives while the session does; see
-    /// [`crate::session`]).
-    pub(crate) async fn acquire_in(
-        &self,
-        key: impl AsRef<[u8]>,
-        ttl: Duration,
-        kind: LeaseKind,
-        options: AcquireOptions,
-        session: Option<SessionId>,
-    ) -> Result<AcquireOutcome> {
-        let acquire_id = AcquireId::from_u128(rand::random());
-        self.acquire_as(key, ttl, kind, options, session, acquire_id)
-            .await
     }
 
     /// [`Client::acquire_kind`] with the caller's own acquire id (PROTOCOL.md 3.9), in
@@ -242,21 +226,24 @@ impl Client {
         session: Option<SessionId>,
         acquire_id: AcquireId,
     ) -> Result<AcquireOutcome> {
-        self.acquire_as(key, ttl, kind, options, session, acquire_id)
+        self.acquire_in(key, ttl, kind, options, session, Some(acquire_id))
             .await
             .map_err(Error::of_kind)
     }
 
-    /// The ACQUIRE with `acquire_id`, its errors untyped.
-    async fn acquire_as(
+    /// The ACQUIRE itself, its errors untyped ([`Client::acquire_kind`] types them), in
+    /// `session` when one is named (the lease then lives while the session does; see
+    /// [`crate::session`]), with `acquire_id` or, without one, a fresh random id.
+    pub(crate) async fn acquire_in(
         &self,
         key: impl AsRef<[u8]>,
         ttl: Duration,
         kind: LeaseKind,
         options: AcquireOptions,
         session: Option<SessionId>,
-        acquire_id: AcquireId,
+        acquire_id: Option<AcquireId>,
     ) -> Result<AcquireOutcome> {
+        let acquire_id = acquire_id.unwrap_or_else(|| AcquireId::from_u128(rand::random()));
         let key = Bytes::copy_from_slice(key.as_ref());
         let wait_ms = duration_ms(options.wait);
         let request = Request::Acquire {

@@ -226,7 +226,7 @@ impl Client {
         kind: LeaseKind,
         options: AcquireOptions,
     ) -> Result<AcquireOutcome> {
-        self.acquire_in(key, Duration::ZERO, kind, options, Some(id))
+        self.acquire_in(key, Duration::ZERO, kind, options, Some(id), None)
             .await
             .map_err(Error::of_kind)
     }
@@ -331,9 +331,14 @@ impl Session {
             return Err(self.lost_error("the session is lost"));
         }
         let key = Bytes::copy_from_slice(key.as_ref());
-        let acquire =
-            self.client
-                .acquire_in(&key, Duration::ZERO, kind, options, Some(self.state.id));
+        let acquire = self.client.acquire_in(
+            &key,
+            Duration::ZERO,
+            kind,
+            options,
+            Some(self.state.id),
+            None,
+        );
         // A wait outlived by the session is given up: the crate would otherwise send the
         // ACQUIRE again after a reconnect in a session nobody keeps alive any more, and a
         // grant in it would be invalid on arrival. Loss first when both are ready.
@@ -692,6 +697,17 @@ mod tests {
         Duration::from_millis(u64::from(TTL_MS))
     }
 
+    /// The crate's "this session is lost" refusal (never sent to the server).
+    fn is_no_session(error: &Error) -> bool {
+        matches!(
+            error,
+            Error::Invalid {
+                code: ErrorCode::NoSession,
+                ..
+            }
+        )
+    }
+
     #[tokio::test(start_paused = true)]
     async fn keep_alives_go_every_third_of_the_ttl_and_move_the_deadline() {
         let seen = Arc::default();
@@ -763,16 +779,7 @@ mod tests {
         assert!(late <= ms(2), "fired {late:?} after the give-up instant");
         // A session counted lost takes no more locks: nothing is sent.
         let refused = session.lock("other").await.unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                Error::Invalid {
-                    code: ErrorCode::NoSession,
-                    ..
-                }
-            ),
-            "{refused:?}"
-        );
+        assert!(is_no_session(&refused), "{refused:?}");
     }
 
     /// A lock still waiting in line when its session is lost (keep-alives unanswered, as
@@ -795,16 +802,7 @@ mod tests {
         };
         let waited = tokio::time::timeout(ttl() * 2, session.lock_with("k", options)).await;
         let refused = waited.expect("the wait ends with the session").unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                Error::Invalid {
-                    code: ErrorCode::NoSession,
-                    ..
-                }
-            ),
-            "{refused:?}"
-        );
+        assert!(is_no_session(&refused), "{refused:?}");
         assert!(
             Instant::now() >= give_up_at,
             "ended before the give-up instant"

@@ -105,20 +105,12 @@ async fn execute(
             };
             // Without ID= the client crate picks an acquire id (and resends it); with one,
             // a line typed again is a repeat, as on the server's own console.
-            match (session_id, acquire_id) {
-                (session, Some(id)) => {
-                    let ttl = ms(ttl_ms);
-                    let target = requests::Target { session, id };
-                    requests::acquire_with_id(client, out, name(&key), ttl, kind, options, target)
-                        .await?
-                }
-                (None, None) => {
-                    requests::acquire(client, out, name(&key), ms(ttl_ms), kind, options).await?
-                }
-                (Some(id), None) => {
-                    requests::acquire_in_session(client, out, name(&key), id, kind, options).await?
-                }
+            let target = requests::Target {
+                session: session_id,
+                id: acquire_id,
             };
+            requests::acquire_to(client, out, name(&key), ms(ttl_ms), kind, options, target)
+                .await?;
         }
         Request::SessionOpen { ttl_ms } => {
             requests::session_open(client, out, ms(ttl_ms)).await?;

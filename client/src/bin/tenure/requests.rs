@@ -22,34 +22,22 @@ pub async fn acquire(
     kind: LeaseKind,
     options: AcquireOptions,
 ) -> anyhow::Result<u8> {
-    let outcome = client.acquire_kind(&key, ttl, kind, options).await?;
-    print_acquired(out, key, outcome)
+    acquire_to(client, out, key, ttl, kind, options, Target::default()).await
 }
 
-/// Takes `key` in session `id`; prints as [`acquire`] (`ttl_ms`: the session's time left).
-pub async fn acquire_in_session(
-    client: &Client,
-    out: &Out,
-    key: String,
-    id: SessionId,
-    kind: LeaseKind,
-    options: AcquireOptions,
-) -> anyhow::Result<u8> {
-    let outcome = client.acquire_in_session(&key, id, kind, options).await?;
-    print_acquired(out, key, outcome)
-}
-
-/// Where an ACQUIRE with the user's own acquire id goes: its session, if any, and the id.
+/// Where an ACQUIRE goes beyond its key: the session it is to live in (`SESSION=`), and the
+/// user's own acquire id (`ID=`; without one the client picks it).
+#[derive(Default)]
 pub struct Target {
-    /// The session the lease is to live in (`SESSION=`).
+    /// The session the lease is to live in (its `ttl_ms` is then the session's time left).
     pub session: Option<SessionId>,
-    /// The acquire id (`ID=`).
-    pub id: AcquireId,
+    /// The acquire id: a line typed again with the same one is a repeat.
+    pub id: Option<AcquireId>,
 }
 
-/// Takes `key` with the user's acquire id (the console's `ID=`), in its session if one is
-/// named; prints as [`acquire`], a repeat as the grant it repeats.
-pub async fn acquire_with_id(
+/// Takes `key` as [`acquire`] does, in `target`'s session and with its acquire id if it
+/// names them; prints as [`acquire`], a repeat as the grant it repeats.
+pub async fn acquire_to(
     client: &Client,
     out: &Out,
     key: String,
@@ -58,10 +46,28 @@ pub async fn acquire_with_id(
     options: AcquireOptions,
     target: Target,
 ) -> anyhow::Result<u8> {
-    let Target { session, id } = target;
-    let outcome = client
-        .acquire_with_id(&key, ttl, kind, options, session, id)
-        .await?;
+    let outcome = match target {
+        Target {
+            session,
+            id: Some(id),
+        } => {
+            client
+                .acquire_with_id(&key, ttl, kind, options, session, id)
+                .await?
+        }
+        Target {
+            session: Some(session),
+            id: None,
+        } => {
+            client
+                .acquire_in_session(&key, session, kind, options)
+                .await?
+        }
+        Target {
+            session: None,
+            id: None,
+        } => client.acquire_kind(&key, ttl, kind, options).await?,
+    };
     print_acquired(out, key, outcome)
 }
 
