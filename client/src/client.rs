@@ -331,7 +331,7 @@ impl Client {
             .map(|conn| conn.shared.clone());
         let mut lease = Lease::new(self.router.clone(), key, granted, counted_from, tied_to);
         if let Some(repeat) = repeat_deadline {
-            lease.keep_earlier_deadline(repeat);
+            lease.found_by_repeat(repeat);
         }
         Ok(AcquireOutcome::Granted(lease))
     }
@@ -578,13 +578,16 @@ fn regranted(
     ttl_left_ms: u32,
     sent_at: Instant,
 ) -> (Granted, Instant) {
+    let left = Duration::from_millis(u64::from(ttl_left_ms));
+    // A session's ACQUIRE asks for no TTL of its own (0): its lease has the session's time
+    // left, as a first grant's answer would have said.
+    let ttl = if ttl.is_zero() { left } else { ttl };
     let granted = Granted {
         token,
         lease_id,
         ttl,
         waited: Duration::ZERO,
     };
-    let left = Duration::from_millis(u64::from(ttl_left_ms));
     let repeat = crate::lease::local_deadline(sent_at, Duration::ZERO, left);
     (granted, repeat)
 }

@@ -67,6 +67,8 @@ pub struct Lease {
     deadline: Instant,
     /// The connection the lease dies with, when taken with `release_on_disconnect`.
     tied_to: Option<Arc<Shared>>,
+    /// Whether a repeat of the ACQUIRE found this grant (REGRANTED, PROTOCOL.md 3.9).
+    repeat: bool,
 }
 
 impl fmt::Debug for Lease {
@@ -162,13 +164,24 @@ impl Lease {
             waited,
             deadline: local_deadline(sent_at, waited, ttl),
             tied_to,
+            repeat: false,
         }
     }
 
-    /// Moves the local deadline to `deadline` if that is earlier: a grant that a repeat found
-    /// (REGRANTED) is counted both from the first send and from the repeat (PROTOCOL.md 3.9).
-    pub(crate) fn keep_earlier_deadline(&mut self, deadline: Instant) {
+    /// Marks the lease as one a repeat of its ACQUIRE found (REGRANTED), counted both from
+    /// the first send and from the repeat (PROTOCOL.md 3.9): the local deadline moves to
+    /// `deadline` if that is earlier.
+    pub(crate) fn found_by_repeat(&mut self, deadline: Instant) {
         self.deadline = self.deadline.min(deadline);
+        self.repeat = true;
+    }
+
+    /// Whether this grant was found by a repeat of its ACQUIRE (REGRANTED, PROTOCOL.md 3.9):
+    /// an earlier send of the same acquire id was granted, and its answer was lost. Its
+    /// [`Lease::ttl`] is then the TTL asked for, or for a lease in a session the time the
+    /// session had left.
+    pub fn is_repeat(&self) -> bool {
+        self.repeat
     }
 
     /// The lock's name.

@@ -177,6 +177,55 @@ async fn run_and_revoke(
     (output.status.code().expect("exited normally"), stderr)
 }
 
+// Found by outside testing (issue 26, F6): a `tenure run` whose session was closed by someone
+// with its id reported `renewal answered LOST`, though nothing was renewed and the session,
+// not the lease, had ended.
+#[tokio::test]
+async fn cli_run_whose_session_is_closed_behind_its_back_says_the_session_ended() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("session");
+    let script = "echo $TENURE_SESSION_ID > \"$1\"; exec sleep 30";
+    let child = tenure_cli(&server.addr)
+        .args(["run", "--key", "cli/closed", "--ttl", "5s", "--"])
+        .args(["sh", "-c", script, "sh"])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let session = wait_for_line(&file).await;
+    let session = tenure::SessionId::from_hex(&session).expect("a session id");
+    let client = server.client().await;
+    let released = client.close_session(session).await.expect("close");
+    assert_eq!(released, 1);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits after the loss")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let lost = stderr.lines().find(|l| l.contains("result=LOST"));
+    let lost = lost.unwrap_or_else(|| panic!("no LOST line: {stderr}"));
+    assert!(lost.contains("session ended"), "{lost}");
+}
+
+/// The first line the child wrote to `file`, once it has.
+async fn wait_for_line(file: &Path) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            if text.ends_with('\n') {
+                return text.trim().to_string();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the command never wrote its line"
+        );
+        tokio::time::sleep(ms(10)).await; // real time: a child process writes the file
+    }
+}
+
 async fn wait_for_lease_id(file: &Path) -> LeaseId {
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -202,6 +251,11 @@ async fn cli_run_kills_its_command_when_the_lease_is_lost() {
     let (code, stderr) = run_and_revoke(&server, "cli/loss", "5s", script).await;
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("result=LOST"), "{stderr}");
+    // Held in a session, nothing renews it: the watch saw the release, no renewal did.
+    assert!(
+        stderr.contains("released or expired at the server"),
+        "{stderr}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(10), // far less than the command's 30 s
         "{:?}",
@@ -594,6 +648,9 @@ async fn cli_console_sends_the_acquire_id_it_is_given() {
     assert_eq!(field(&again, "result"), "GRANTED", "{again}");
     assert_eq!(field(&again, "token"), field(&first, "token"));
     assert_eq!(field(&again, "lease"), field(&first, "lease"));
+    // The repeat is marked, last; the first grant is not.
+    assert!(!first.contains("repeat"), "{first}");
+    assert!(again.trim_end().ends_with(" repeat=1"), "{again}");
 
     let opened = console.ask("SESSION_OPEN 30000").await;
     let session = field(&opened, "session").to_string();
@@ -602,6 +659,10 @@ async fn cli_console_sends_the_acquire_id_it_is_given() {
     assert_eq!(field(&first, "result"), "GRANTED", "{first}");
     let again = console.ask(&line).await;
     assert_eq!(field(&again, "lease"), field(&first, "lease"), "{again}");
+    assert!(again.trim_end().ends_with(" repeat=1"), "{again}");
+    // A session lease's repeat has the session's time left, as its first grant said.
+    let left: u64 = field(&again, "ttl_ms").parse().expect("a number");
+    assert!(left > 0 && left <= 30_000, "{again}");
     quit(console).await;
 }
 
@@ -886,6 +947,8 @@ async fn cli_run_queues_in_a_new_session_when_its_own_ran_out_while_waiting() {
     ];
     let err = waits_through_a_restart_longer_than_its_session("r/new-session", &args).await;
     assert!(err.contains("NO_SESSION"), "{err}");
+    assert!(err.contains("the session ended before the grant"), "{err}");
+    assert!(!err.contains("invalid argument"), "{err}");
     assert!(err.contains("queueing again"), "{err}");
     let granted = err.lines().find(|l| l.contains("result=GRANTED"));
     let granted = granted.unwrap_or_else(|| panic!("no grant: {err}"));
@@ -898,6 +961,7 @@ async fn cli_elect_campaigns_in_a_new_session_when_its_own_ran_out_while_waiting
     let args = ["elect", "restarted", "--value", "standby", "--ttl", "1s"];
     let err = waits_through_a_restart_longer_than_its_session("election/restarted", &args).await;
     assert!(err.contains("campaigning again in a new session"), "{err}");
+    assert!(err.contains("the session ended before the grant"), "{err}");
     assert!(err.contains("result=LEADING"), "{err}");
     assert!(!err.contains("LOST"), "{err}");
 }

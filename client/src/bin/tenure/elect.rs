@@ -7,7 +7,9 @@ use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Election, ElectionOp
 
 use crate::cli::ElectArgs;
 use crate::exit::EXIT_OK;
-use crate::hold::{lock_in_session, session_ended_while_waiting, sessions_unknown, Hold};
+use crate::hold::{
+    lock_in_session, requeue_reason, session_ended_while_waiting, sessions_unknown, Hold,
+};
 use crate::output::{kv_value, warn, Line, Out};
 use crate::run::supervise;
 
@@ -75,7 +77,10 @@ async fn campaign_in_session(
             // The standby's session ended (or was lost here) before it led, say while the
             // server was down past its TTL: campaign again in a new session.
             Err(e) if session_ended_while_waiting(&e) => {
-                warn(&format!("{e}; campaigning again in a new session"));
+                warn(&format!(
+                    "{}; campaigning again in a new session",
+                    requeue_reason(&e)
+                ));
                 tokio::time::sleep(CAMPAIGN_RETRY_PAUSE).await;
             }
             Err(e) => return Err(e),

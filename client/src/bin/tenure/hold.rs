@@ -70,13 +70,14 @@ impl Hold {
         match self {
             Hold::Lease(guard) => Box::pin(guard.lost()),
             Hold::Session {
+                session,
                 guard,
                 client,
                 alone,
-                ..
             } => {
                 let lost = guard.lost();
                 let released = released_behind_our_back(client.clone(), guard, *alone);
+                let released = why_released(client.clone(), session.id(), released);
                 Box::pin(async move {
                     tokio::select! {
                         reason = lost => reason,
@@ -141,6 +142,36 @@ fn released_behind_our_back(
     }
 }
 
+/// The reason of a loss `released` (the watch) saw: [`LossReason::SessionEnded`] when the
+/// session itself has ended (closed by someone with its id, or expired: the watch may see its
+/// leases freed before the session's next keep-alive would hear NO_SESSION), else what the
+/// watch said (the key released with our lease id, or expired).
+async fn why_released(
+    client: Client,
+    session_id: tenure::SessionId,
+    released: impl Future<Output = LossReason> + Send + 'static,
+) -> LossReason {
+    let reason = released.await;
+    match client.keep_session_alive(session_id).await {
+        Err(tenure::Error::Server {
+            code: ErrorCode::NoSession,
+            ..
+        }) => LossReason::SessionEnded,
+        _ => reason,
+    }
+}
+
+/// What a LOST line says of `reason`: a lock in a session is never renewed on its own, so a
+/// revocation there was seen by the key's watch, not answered to a renewal.
+pub fn loss_text(reason: &LossReason, in_session: bool) -> String {
+    match reason {
+        LossReason::Revoked if in_session => {
+            "released or expired at the server under our token (seen by WATCH)".to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Whether `error` says the server does not know sessions (one older than them).
 pub fn sessions_unknown(error: &tenure::Error) -> bool {
     matches!(
@@ -167,6 +198,23 @@ pub fn session_ended_while_waiting(error: &tenure::Error) -> bool {
             ..
         }
     )
+}
+
+/// What a warning says of `error` before the wait is queued again: a session that ended
+/// before the grant is named as such (the crate reports one it counts lost itself as an
+/// argument it would not send), anything else as it reads.
+pub fn requeue_reason(error: &tenure::Error) -> String {
+    match error {
+        tenure::Error::Server {
+            code: ErrorCode::NoSession,
+            message,
+        }
+        | tenure::Error::Invalid {
+            code: ErrorCode::NoSession,
+            message,
+        } => format!("the session ended before the grant (NO_SESSION: {message})"),
+        other => other.to_string(),
+    }
 }
 
 /// Takes `key` as `kind` in a new session of `ttl`, waiting in line up to `options.wait`; a LOCKED

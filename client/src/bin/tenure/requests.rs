@@ -104,15 +104,20 @@ fn print_session(out: &Out, id: SessionId, ttl: Duration) {
 fn print_acquired(out: &Out, key: String, outcome: AcquireOutcome) -> anyhow::Result<u8> {
     match outcome {
         AcquireOutcome::Granted(lease) => {
-            out.print(
-                Line::new("GRANTED")
-                    .text("key", key)
-                    .number("token", lease.fencing_token())
-                    .text("lease", lease.lease_id().to_string())
-                    .number("ttl_ms", ms(lease.ttl()))
-                    // A script counting the lease must add this to the TTL (PROTOCOL.md 3.3).
-                    .number("waited_ms", ms(lease.waited())),
-            );
+            let line = Line::new("GRANTED")
+                .text("key", key)
+                .number("token", lease.fencing_token())
+                .text("lease", lease.lease_id().to_string())
+                .number("ttl_ms", ms(lease.ttl()))
+                // A script counting the lease must add this to the TTL (PROTOCOL.md 3.3).
+                .number("waited_ms", ms(lease.waited()));
+            // Last, so that a script reading the fields by position reads a repeat as the
+            // grant it is (as the server's console marks one).
+            out.print(if lease.is_repeat() {
+                line.number("repeat", 1)
+            } else {
+                line
+            });
             Ok(EXIT_OK)
         }
         AcquireOutcome::Locked(by) => {

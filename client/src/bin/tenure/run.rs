@@ -5,13 +5,15 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseKind, LossReason};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseKind};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
 use crate::guard::{guarded, GUARD_MARGIN};
-use crate::hold::{lock_in_session, session_ended_while_waiting, sessions_unknown, Hold};
+use crate::hold::{
+    lock_in_session, loss_text, requeue_reason, session_ended_while_waiting, sessions_unknown, Hold,
+};
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
 
@@ -121,7 +123,8 @@ async fn acquire_through_restarts(
                     return Err(e.into());
                 }
                 warn(&format!(
-                    "{e}; queueing again for the {left:?} of --wait left"
+                    "{}; queueing again for the {left:?} of --wait left",
+                    requeue_reason(&e)
                 ));
                 tokio::time::sleep(REQUEUE_PAUSE).await;
                 options.wait = wait_until.saturating_duration_since(Instant::now());
@@ -168,14 +171,14 @@ pub async fn supervise(
             return Err(e).with_context(|| format!("cannot start {program:?}"));
         }
     };
-    let lost = guard.lost();
+    let (lost, in_session) = (guard.lost(), guard.session_id().is_some());
     let status = tokio::select! {
         status = child.wait() => status.context("waiting for the command")?,
         reason = lost => {
             if let Err(e) = terminate(&mut child, grace).await {
                 warn(&format!("{e:#}"));
             }
-            print_lost(out, key, &reason);
+            print_lost(out, key, &loss_text(&reason, in_session));
             return Ok(EXIT_LOST);
         }
         _ = interrupt.recv() => terminate(&mut child, grace).await?,
@@ -187,12 +190,8 @@ pub async fn supervise(
     Ok(exit_code(status))
 }
 
-fn print_lost(out: &Out, key: &str, reason: &LossReason) {
-    out.print(
-        Line::new("LOST")
-            .text("key", key)
-            .text("reason", reason.to_string()),
-    );
+fn print_lost(out: &Out, key: &str, reason: &str) {
+    out.print(Line::new("LOST").text("key", key).text("reason", reason));
 }
 
 /// SIGTERM to the guardian, which stops the command's process group (SIGTERM, SIGKILL after
