@@ -255,15 +255,20 @@ fn parse_kind(upper: &str) -> Result<LeaseKind, FrameError> {
 }
 
 /// A PERMITS= number: decimal digits only (no sign; `str::parse` would take a leading '+').
-/// A number of digits out of range parses (saturated) so that its range check answers
-/// `BAD_PERMITS`, naming the real bounds.
+/// Digits too many for a `u32` are a count out of range: `BAD_PERMITS`, quoting them as
+/// typed (a saturated value in the message would be a number nobody typed).
 fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
     if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad_args(format!(
             "PERMITS= {name} must be a whole number from 1 to {PERMITS_MAX}"
         )));
     }
-    Ok(word.parse().unwrap_or(u32::MAX))
+    word.parse().map_err(|_| {
+        FrameError::new(
+            ErrorCode::BadPermits,
+            format!("PERMITS= {name} {} is over {PERMITS_MAX}", truncate(word)),
+        )
+    })
 }
 
 /// A SESSION= id: 32 hex digits.
@@ -462,11 +467,14 @@ mod tests {
             let bounds = format!("from 1 to {PERMITS_MAX}");
             assert!(e.message.ends_with(&bounds), "{line}: {}", e.message);
         }
-        // Digits out of range are counts out of range, however many.
-        assert_eq!(
-            refusal("ACQUIRE k 1000 PERMITS=99999999999").code,
-            ErrorCode::BadPermits
-        );
+        // Digits out of range are counts out of range, however many, quoted as typed.
+        let e = refusal("ACQUIRE k 1000 PERMITS=99999999999");
+        assert_eq!(e.code, ErrorCode::BadPermits);
+        assert!(e.message.contains("99999999999"), "{}", e.message);
+        assert!(!e.message.contains(&u32::MAX.to_string()), "{}", e.message);
+        let e = refusal("ACQUIRE k 1000 PERMITS=1/99999999999");
+        assert_eq!(e.code, ErrorCode::BadPermits);
+        assert!(e.message.contains("limit 99999999999"), "{}", e.message);
         assert_eq!(
             refusal("ACQUIRE k 1000 PERMITS=5000/4096").code,
             ErrorCode::BadPermits
