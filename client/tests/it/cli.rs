@@ -227,19 +227,8 @@ async fn wait_for_line(file: &Path) -> String {
 }
 
 async fn wait_for_lease_id(file: &Path) -> LeaseId {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(file) {
-            if let Some(id) = LeaseId::from_hex(text.trim()) {
-                return id;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the command never wrote its lease id"
-        );
-        tokio::time::sleep(ms(10)).await; // real time: a child process writes the file
-    }
+    let line = wait_for_line(file).await;
+    LeaseId::from_hex(&line).unwrap_or_else(|| panic!("not a lease id: {line:?}"))
 }
 
 #[tokio::test]
