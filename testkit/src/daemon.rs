@@ -17,8 +17,31 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Distinguishes the log files of the daemons one test process starts.
 static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// Ports tests pick from: below Linux's default ephemeral range (32768-60999), so no
+/// outgoing connection of another test takes one while a daemon restarts on it (a port from
+/// `bind(:0)` is in that range, and a restart on it once found it taken).
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+const _: () = assert!(TEST_PORTS.end <= 32_768 && TEST_PORTS.start < TEST_PORTS.end);
+
+/// Where this process's next pick starts, after a start of its own (so that test processes
+/// running side by side rarely try the same ports).
+static NEXT_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A port that was free a moment ago on 127.0.0.1, from [`TEST_PORTS`] (or, with all of them
+/// taken, any free one).
 pub fn free_port() -> u16 {
+    let len = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    let seed = std::process::id().wrapping_mul(7_919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos());
+    for _ in 0..len {
+        let n = seed.wrapping_add(NEXT_PORT.fetch_add(1, Ordering::Relaxed)) % len;
+        let port = TEST_PORTS.start + n as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind port 0")
         .local_addr()
