@@ -649,6 +649,12 @@ async fn cli_console_sends_the_acquire_id_it_is_given() {
     let again = console.ask(&line).await;
     assert_eq!(field(&again, "lease"), field(&first, "lease"), "{again}");
     assert!(again.trim_end().ends_with(" repeat=1"), "{again}");
+    // A server's refusal names its code, as the console's own parse errors do.
+    let refused = console
+        .ask("SESSION_CLOSE 00000000000000000000000000000001")
+        .await;
+    assert_eq!(field(&refused, "result"), "ERROR", "{refused}");
+    assert_eq!(field(&refused, "code"), "NO_SESSION", "{refused}");
     // A session lease's repeat has the session's time left, as its first grant said.
     let left: u64 = field(&again, "ttl_ms").parse().expect("a number");
     assert!(left > 0 && left <= 30_000, "{again}");

@@ -43,13 +43,30 @@ pub async fn console(client: Client, out: &Out) -> anyhow::Result<u8> {
             ConsoleCommand::Help => out.print(Line::new("HELP").text("commands", COMMANDS)),
             ConsoleCommand::Request(request) => {
                 if let Err(e) = execute(&client, out, &mut watches, request).await {
-                    out.error(format!("{e:#}"));
+                    print_error(out, &e);
                 }
             }
         }
     }
     watches.stop_all();
     Ok(EXIT_OK)
+}
+
+/// Prints a request's error; a refusal with a code (the server's, or the client's own check
+/// of a field) carries it as `code=`, as a line the console could not read does.
+fn print_error(out: &Out, error: &anyhow::Error) {
+    let code = match error.downcast_ref::<tenure::Error>() {
+        Some(tenure::Error::Server { code, .. } | tenure::Error::Invalid { code, .. }) => {
+            Some(*code)
+        }
+        _ => None,
+    };
+    let line = Line::new("ERROR");
+    let line = match code {
+        Some(code) => line.text("code", code.name()),
+        None => line,
+    };
+    out.print(line.text("error", format!("{error:#}")));
 }
 
 /// The command on `line`, or None after printing why there is none. A line in the old
