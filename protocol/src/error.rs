@@ -198,12 +198,34 @@ pub struct FrameError {
     pub code: ErrorCode,
     /// Human-readable reason.
     pub message: String,
+    /// The lease length refused for being outside the wire format's range, so a server can
+    /// name its own, narrower range instead (`--ttl-max-ms`).
+    ttl_ms: Option<u32>,
 }
 
 impl FrameError {
     /// A frame error with a code and a reason.
     pub fn new(code: ErrorCode, message: String) -> Self {
-        FrameError { code, message }
+        FrameError {
+            code,
+            message,
+            ttl_ms: None,
+        }
+    }
+
+    /// `BAD_TTL` for `ttl_ms` outside `TTL_MS_MIN..=TTL_MS_MAX`.
+    pub fn ttl_out_of_range(ttl_ms: u32) -> Self {
+        use crate::limits::{TTL_MS_MAX, TTL_MS_MIN};
+        let message = format!("ttl_ms {ttl_ms} outside {TTL_MS_MIN}..={TTL_MS_MAX}");
+        FrameError {
+            ttl_ms: Some(ttl_ms),
+            ..FrameError::new(ErrorCode::BadTtl, message)
+        }
+    }
+
+    /// The lease length this error refuses as out of the wire format's range, if it is one.
+    pub fn refused_ttl_ms(&self) -> Option<u32> {
+        self.ttl_ms
     }
 }
 

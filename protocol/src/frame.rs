@@ -1262,10 +1262,7 @@ pub fn validate_auth(name: &[u8], secret: &[u8]) -> Result<(), FrameError> {
 /// [`ErrorCode::BadTtl`] outside `TTL_MS_MIN..=TTL_MS_MAX`.
 pub fn validate_ttl(ttl_ms: u32) -> Result<(), FrameError> {
     if !(TTL_MS_MIN..=TTL_MS_MAX).contains(&ttl_ms) {
-        return Err(FrameError::new(
-            ErrorCode::BadTtl,
-            format!("ttl_ms {ttl_ms} outside {TTL_MS_MIN}..={TTL_MS_MAX}"),
-        ));
+        return Err(FrameError::ttl_out_of_range(ttl_ms));
     }
     Ok(())
 }

@@ -73,7 +73,8 @@ impl Conn {
                 }
                 Input::Bad(id, e) => {
                     crate::obs::stats::Stats::bump(&self.executor.stats().errors);
-                    let (code, message) = (e.code, e.message);
+                    let code = e.code;
+                    let message = self.executor.undecodable_message(e);
                     self.push(id, Response::Error { code, message }, TICKET_NOW);
                 }
                 Input::Help => self.push_line(console::HELP),

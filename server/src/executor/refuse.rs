@@ -1,7 +1,8 @@
 //! The executor's refusals: the error replies for a request it will not run, each naming
 //! the limit or failure and counting it in STATS `errors`.
 
-use tenure_protocol::{ErrorCode, Response};
+use tenure_protocol::limits::TTL_MS_MIN;
+use tenure_protocol::{ErrorCode, FrameError, Response};
 
 use super::{error, Executor};
 use crate::journal::JournalError;
@@ -11,13 +12,25 @@ use crate::table;
 impl Executor {
     pub(super) fn ttl_too_long(&self, ttl_ms: u32) -> Response {
         Stats::bump(&self.stats.errors);
-        error(
-            ErrorCode::BadTtl,
-            format!(
-                "ttl_ms {ttl_ms} over this server's limit of {}",
-                self.config.ttl_ms_max
-            ),
+        error(ErrorCode::BadTtl, self.ttl_too_long_message(ttl_ms))
+    }
+
+    fn ttl_too_long_message(&self, ttl_ms: u32) -> String {
+        format!(
+            "ttl_ms {ttl_ms} over this server's limit of {}",
+            self.config.ttl_ms_max
         )
+    }
+
+    /// The reason to answer a request that could not be decoded with: the decoder's, but a
+    /// lease length over the wire format's range is told this server's own limit
+    /// (`--ttl-max-ms`), as one under it would be, so a client hears one bound, not two.
+    pub fn undecodable_message(&self, e: FrameError) -> String {
+        match e.refused_ttl_ms() {
+            Some(ttl_ms) if ttl_ms > self.config.ttl_ms_max => self.ttl_too_long_message(ttl_ms),
+            Some(ttl_ms) => format!("ttl_ms {ttl_ms} under the shortest lease, {TTL_MS_MIN}"),
+            None => e.message,
+        }
     }
 
     /// Whether [`Executor::refuse_acquire`] may refuse an acquire now: the same checks,

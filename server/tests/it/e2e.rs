@@ -77,12 +77,21 @@ async fn console_speaks_every_command() {
     assert!(c.cmd("HELP").await.contains("ACQUIRE <key> <ttl_ms>"));
     assert!(c.cmd("FROB").await.starts_with("ERR UNKNOWN_COMMAND "));
     assert!(c.cmd("ACQUIRE k").await.starts_with("ERR BAD_ARGS "));
-    assert!(c.cmd("ACQUIRE k 1").await.starts_with("ERR BAD_TTL "));
-    assert!(
-        c.cmd("ACQUIRE k 99999999")
-            .await
-            .starts_with("ERR BAD_TTL "),
-        "over the server's ttl max"
+    assert_eq!(
+        c.cmd("ACQUIRE k 1").await,
+        "ERR BAD_TTL ttl_ms 1 under the shortest lease, 10"
+    );
+    // Over the wire format's range or only over this server's (`--ttl-max-ms`, 3 600 000
+    // by default): either way the one bound named is the server's.
+    for ttl in ["99999999", "5000000"] {
+        assert_eq!(
+            c.cmd(&format!("ACQUIRE k {ttl}")).await,
+            format!("ERR BAD_TTL ttl_ms {ttl} over this server's limit of 3600000")
+        );
+    }
+    assert_eq!(
+        c.cmd("SESSION_OPEN 99999999").await,
+        "ERR BAD_TTL ttl_ms 99999999 over this server's limit of 3600000"
     );
     assert_eq!(c.cmd("QUIT").await, "BYE");
     let mut rest = String::new();
