@@ -27,13 +27,33 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+#: Ports the tests pick from: below Linux's default ephemeral range (32768-60999), so no
+#: outgoing connection of another test takes one while a server restarts on it (a port from
+#: bind(:0) is in that range), and below the Rust tests' range (testkit: 20000-32000).
+TEST_PORTS = range(12000, 20000)
+#: Where this process's picks start (so test processes side by side rarely try one port).
+_next_port = [(os.getpid() * 7919 + time.monotonic_ns()) % len(TEST_PORTS)]
+
+
 def free_ports(count: int) -> List[int]:
-    """`count` distinct free loopback ports: each socket stays bound until all are chosen, so
-    the kernel cannot hand out one port twice (free_port() called twice may)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """`count` distinct free loopback ports from TEST_PORTS: each socket stays bound until all
+    are chosen, so no port is handed out twice (free_port() called twice may)."""
+    sockets: List[socket.socket] = []
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        for _ in range(len(TEST_PORTS)):
+            if len(sockets) == count:
+                break
+            port = TEST_PORTS[_next_port[0] % len(TEST_PORTS)]
+            _next_port[0] += 1
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+        if len(sockets) < count:
+            raise RuntimeError(f"fewer than {count} free ports in {TEST_PORTS}")
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
