@@ -23,20 +23,31 @@ static DAEMONS_STARTED: AtomicU64 = AtomicU64::new(0);
 const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 const _: () = assert!(TEST_PORTS.end <= 32_768 && TEST_PORTS.start < TEST_PORTS.end);
 
-/// Where this process's next pick starts, after a start of its own (so that test processes
-/// running side by side rarely try the same ports).
+/// How many ports this process has tried: its picks walk [`TEST_PORTS`] in turn from
+/// [`port_seed`], so no two tests of one process (threads side by side) are handed the same
+/// port before the walk comes round again.
 static NEXT_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Where this process's walk starts, chosen once (so that test processes running side by
+/// side rarely try the same ports). Chosen per pick, two tests' picks could meet: a daemon
+/// then found its peer port taken by another test's and exited (seen in CI).
+fn port_seed() -> u32 {
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        std::process::id().wrapping_mul(7_919)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.subsec_nanos())
+    })
+}
 
 /// A port that was free a moment ago on 127.0.0.1, from [`TEST_PORTS`] (or, with all of them
 /// taken, any free one).
 pub fn free_port() -> u16 {
     let len = u32::from(TEST_PORTS.end - TEST_PORTS.start);
-    let seed = std::process::id().wrapping_mul(7_919)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.subsec_nanos());
+    let seed = port_seed() % len;
     for _ in 0..len {
-        let n = seed.wrapping_add(NEXT_PORT.fetch_add(1, Ordering::Relaxed)) % len;
+        let n = (seed + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % len) % len;
         let port = TEST_PORTS.start + n as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
