@@ -209,6 +209,49 @@ async fn cli_run_whose_session_is_closed_behind_its_back_says_the_session_ended(
     assert!(lost.contains("session ended"), "{lost}");
 }
 
+// Found by outside testing (a29, finding 1): with `--no-session`, a RELEASE by the lease id
+// behind `tenure`'s back went unnoticed until the next renewal, a third of the TTL later,
+// while the command ran on beside the key's next holder. The key is watched there too now.
+#[tokio::test]
+async fn cli_run_no_session_notices_a_release_behind_its_back_at_once() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("lease");
+    let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 120";
+    // A long TTL: its first renewal is 20 s away, past any wait below.
+    let child = tenure_cli(&server.addr)
+        .args([
+            "run",
+            "--no-session",
+            "--key",
+            "cli/nosess",
+            "--ttl",
+            "60s",
+            "--",
+        ])
+        .args(["sh", "-c", script, "sh"])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tenure runs");
+    let lease_id = wait_for_lease_id(&file).await;
+    let client = server.client().await;
+    let released = client
+        .release("cli/nosess", lease_id)
+        .await
+        .expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let output = timeout(Duration::from_secs(15), child.wait_with_output())
+        .await
+        .expect("tenure exits long before its first renewal")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let lost = stderr.lines().find(|l| l.contains("result=LOST"));
+    let lost = lost.unwrap_or_else(|| panic!("no LOST line: {stderr}"));
+    assert!(lost.contains("seen by WATCH"), "{lost}");
+}
+
 /// The first line the child wrote to `file`, once it has.
 async fn wait_for_line(file: &Path) -> String {
     let deadline = Instant::now() + PATIENCE;

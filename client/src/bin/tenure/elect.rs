@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Election, ElectionOptions};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, Election, ElectionOptions, LeaseKind};
 
 use crate::cli::ElectArgs;
 use crate::exit::EXIT_OK;
@@ -26,12 +26,12 @@ pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result
     let election = Election::with_options(client.clone(), &args.group, options);
     let key = String::from_utf8_lossy(election.key()).into_owned();
     let hold = if args.no_session {
-        campaign_alone(&election, &args.value).await?
+        campaign_alone(&election, &client, &args.value).await?
     } else {
         match campaign_in_session(&client, &key, args.ttl, &args.value).await {
             Err(e) if sessions_unknown(&e) => {
                 warn("the server does not know sessions; leading with a lease renewed alone");
-                campaign_alone(&election, &args.value).await?
+                campaign_alone(&election, &client, &args.value).await?
             }
             hold => hold?,
         }
@@ -46,8 +46,9 @@ pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result
 }
 
 /// The campaign of [`Election::campaign`]: a lease renewed alone.
-async fn campaign_alone(election: &Election, value: &str) -> anyhow::Result<Hold> {
-    Ok(Hold::Lease(election.campaign(value).await?.into_guard()))
+async fn campaign_alone(election: &Election, client: &Client, value: &str) -> anyhow::Result<Hold> {
+    let guard = election.campaign(value).await?.into_guard();
+    Ok(Hold::lease(guard, client, LeaseKind::Exclusive))
 }
 
 /// Waits in line for `key` in a session of `ttl` until it is granted: the leader's term is

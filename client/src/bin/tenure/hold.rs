@@ -3,8 +3,10 @@
 //! does not know sessions).
 //!
 //! A session's lock needs no renewal, so nothing would tell its holder that someone released
-//! it with its lease id (`tenure release KEY LEASE`, which a lease's next renewal would answer
-//! LOST): the key is also WATCHed, and its release or expiry under our token is a loss.
+//! it with its lease id (`tenure release KEY LEASE`); a lease renewed alone would hear of it
+//! only at its next renewal, a third of its TTL later, while the command ran on and the key's
+//! next holder worked beside it. So the key is WATCHed in either form, and its release or
+//! expiry under our token is a loss at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +23,14 @@ const REWATCH_PAUSE: Duration = Duration::from_millis(100);
 /// The lock a command runs under.
 pub enum Hold {
     /// A lease renewed in the background.
-    Lease(LeaseGuard),
+    Lease {
+        /// The lease.
+        guard: LeaseGuard,
+        /// The client the key is watched through.
+        client: Client,
+        /// As for a session's lock.
+        alone: bool,
+    },
     /// A lock in a session of its own, whose keep-alive keeps it.
     Session {
         /// The session, closed when the command ends.
@@ -37,13 +46,34 @@ pub enum Hold {
 }
 
 /// A loss signal that owns what it waits on.
-pub type Lost = Pin<Box<dyn Future<Output = LossReason> + Send>>;
+pub type Lost = Pin<Box<dyn Future<Output = Loss> + Send>>;
+
+/// How a hold was lost.
+#[derive(Debug)]
+pub struct Loss {
+    /// Why.
+    pub reason: LossReason,
+    /// Whether the key's watch saw it, rather than the lease's renewal or the session's
+    /// keep-alive.
+    pub seen_by_watch: bool,
+}
+
+impl Hold {
+    /// A lease renewed alone, held as `kind` through `client`.
+    pub fn lease(guard: LeaseGuard, client: &Client, kind: LeaseKind) -> Hold {
+        Hold::Lease {
+            guard,
+            client: client.clone(),
+            alone: kind == LeaseKind::Exclusive,
+        }
+    }
+}
 
 impl Hold {
     /// The fencing token.
     pub fn fencing_token(&self) -> u64 {
         match self {
-            Hold::Lease(guard) => guard.fencing_token(),
+            Hold::Lease { guard, .. } => guard.fencing_token(),
             Hold::Session { guard, .. } => guard.fencing_token(),
         }
     }
@@ -51,7 +81,7 @@ impl Hold {
     /// The lease id.
     pub fn lease_id(&self) -> tenure::LeaseId {
         match self {
-            Hold::Lease(guard) => guard.lease_id(),
+            Hold::Lease { guard, .. } => guard.lease_id(),
             Hold::Session { guard, .. } => guard.lease_id(),
         }
     }
@@ -59,16 +89,30 @@ impl Hold {
     /// The session id, for a lock held in a session.
     pub fn session_id(&self) -> Option<tenure::SessionId> {
         match self {
-            Hold::Lease(_) => None,
+            Hold::Lease { .. } => None,
             Hold::Session { session, .. } => Some(session.id()),
         }
     }
 
-    /// Resolves when the lock is lost: the lease's or the session's loss, or (in a session)
-    /// the key released or expired under our token.
+    /// Resolves when the lock is lost: the lease's or the session's loss, or the key
+    /// released or expired under our token.
     pub fn lost(&self) -> Lost {
         match self {
-            Hold::Lease(guard) => Box::pin(guard.lost()),
+            Hold::Lease {
+                guard,
+                client,
+                alone,
+            } => {
+                let lost = guard.lost();
+                let (key, token) = (guard.key(), guard.fencing_token());
+                let released = released_behind_our_back(client.clone(), key, token, *alone);
+                Box::pin(async move {
+                    tokio::select! {
+                        reason = lost => Loss { reason, seen_by_watch: false },
+                        reason = released => Loss { reason, seen_by_watch: true },
+                    }
+                })
+            }
             Hold::Session {
                 session,
                 guard,
@@ -76,12 +120,19 @@ impl Hold {
                 alone,
             } => {
                 let lost = guard.lost();
-                let released = released_behind_our_back(client.clone(), guard, *alone);
+                let (key, token) = (guard.key(), guard.fencing_token());
+                let released = released_behind_our_back(client.clone(), key, token, *alone);
                 let released = why_released(client.clone(), session.id(), released);
                 Box::pin(async move {
-                    tokio::select! {
+                    let reason = tokio::select! {
                         reason = lost => reason,
                         reason = released => reason,
+                    };
+                    // Nothing renews a session's lock: a revocation is what its watch saw.
+                    let seen_by_watch = matches!(reason, LossReason::Revoked);
+                    Loss {
+                        reason,
+                        seen_by_watch,
                     }
                 })
             }
@@ -94,7 +145,7 @@ impl Hold {
     /// Any error the request meets.
     pub async fn release(self) -> tenure::Result<()> {
         match self {
-            Hold::Lease(guard) => guard.release().await.map(drop),
+            Hold::Lease { guard, .. } => guard.release().await.map(drop),
             Hold::Session { session, guard, .. } => {
                 // Closing frees the lock with the session; the guard, dropped after the
                 // close fired its loss, sends nothing of its own.
@@ -110,17 +161,19 @@ impl Hold {
 /// under `token`, or (held `alone`) held under another token; resubscribes after a failed
 /// watch. A read lease or permits share the key, so there another holder's token (newer, or
 /// the one INSPECT shows) says nothing about ours: only our own end, or a free key, counts.
+/// Against a server without WATCH it never resolves: the renewals alone tell of a loss.
 fn released_behind_our_back(
     client: Client,
-    guard: &SessionGuard,
+    key: &[u8],
+    token: u64,
     alone: bool,
 ) -> impl Future<Output = LossReason> + Send + 'static {
-    let key = tenure::Bytes::copy_from_slice(guard.key());
-    let token = guard.fencing_token();
+    let key = tenure::Bytes::copy_from_slice(key);
     async move {
         loop {
             let mut watch = match client.watch(&key).await {
                 Ok(watch) => watch,
+                Err(e) if sessions_unknown(&e) => std::future::pending().await,
                 Err(_) => {
                     tokio::time::sleep(REWATCH_PAUSE).await;
                     continue;
@@ -161,18 +214,18 @@ async fn why_released(
     }
 }
 
-/// What a LOST line says of `reason`: a lock in a session is never renewed on its own, so a
-/// revocation there was seen by the key's watch, not answered to a renewal.
-pub fn loss_text(reason: &LossReason, in_session: bool) -> String {
-    match reason {
-        LossReason::Revoked if in_session => {
+/// What a LOST line says of `loss`: a revocation the key's watch saw was not answered to a
+/// renewal.
+pub fn loss_text(loss: &Loss) -> String {
+    match &loss.reason {
+        LossReason::Revoked if loss.seen_by_watch => {
             "released or expired at the server under our token (seen by WATCH)".to_string()
         }
         other => other.to_string(),
     }
 }
 
-/// Whether `error` says the server does not know sessions (one older than them).
+/// Whether `error` says the server does not know sessions (one older than them), or WATCH.
 pub fn sessions_unknown(error: &tenure::Error) -> bool {
     matches!(
         error,

@@ -104,7 +104,8 @@ async fn acquire_through_restarts(
                 .map(|outcome| match outcome {
                     AcquireOutcome::Granted(lease) => {
                         let waited = lease.waited();
-                        AcquireOutcome::Granted((Hold::Lease(lease.keep_alive()), waited))
+                        let hold = Hold::lease(lease.keep_alive(), client, kind);
+                        AcquireOutcome::Granted((hold, waited))
                     }
                     AcquireOutcome::Locked(by) => AcquireOutcome::Locked(by),
                 })
@@ -171,14 +172,14 @@ pub async fn supervise(
             return Err(e).with_context(|| format!("cannot start {program:?}"));
         }
     };
-    let (lost, in_session) = (guard.lost(), guard.session_id().is_some());
+    let lost = guard.lost();
     let status = tokio::select! {
         status = child.wait() => status.context("waiting for the command")?,
         reason = lost => {
             if let Err(e) = terminate(&mut child, grace).await {
                 warn(&format!("{e:#}"));
             }
-            print_lost(out, key, &loss_text(&reason, in_session));
+            print_lost(out, key, &loss_text(&reason));
             return Ok(EXIT_LOST);
         }
         _ = interrupt.recv() => terminate(&mut child, grace).await?,
