@@ -113,11 +113,14 @@ struct Attempt {
 
 impl Attempt {
     /// Sends the ACQUIRE (no time-out here: the connection's life bounds the wait) and hands
-    /// the result to the caller; releases a grant the caller no longer waits for.
+    /// the result to the caller; releases a grant the caller no longer waits for. The search
+    /// for a leader gets the share of one request time-out any request's does, so a round of
+    /// NOT_LEADER comes back as that, in time for the caller to send again, not as "no answer".
     async fn run(self, tx: tokio::sync::mpsc::UnboundedSender<Result<Answer>>) {
+        let search = self.router.inner.config.request_timeout;
         let result = self
             .router
-            .call_on(self.request.clone(), Duration::MAX, &self.sending)
+            .call_on(self.request.clone(), search, &self.sending)
             .await;
         if let Err(tokio::sync::mpsc::error::SendError(Ok(answer))) = tx.send(result) {
             release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
@@ -659,6 +662,9 @@ impl Router {
         };
         let mut pause = RETRY_PAUSE_MIN;
         let mut hung = Vec::new();
+        // The previous send's unknown outcome, what the caller hears if the next send is cut
+        // short by the retries running out (not by a time-out of its own).
+        let mut last: Option<Error> = None;
         let failure = loop {
             let now = Instant::now();
             let wait_ms = millis_until(wait_until, now);
@@ -690,13 +696,19 @@ impl Router {
                 Step::Unknown(e) => e,
                 Step::NoAnswer => {
                     hung.push(sending);
-                    Error::Timeout(answer_by.saturating_duration_since(now))
+                    match last.take() {
+                        // Say every node answered NOT_LEADER: the last send, still looking
+                        // for a leader when the time ran out, is no "no answer".
+                        Some(previous) if give_up_at < answer_by => break previous,
+                        _ => Error::Timeout(answer_by.saturating_duration_since(now)),
+                    }
                 }
             };
             if Instant::now() + pause >= give_up_at {
                 break failure;
             }
             tracing::debug!(error = %failure, "ACQUIRE outcome unknown; sending it again");
+            last = Some(failure);
             self.leave_all_hung(hung.drain(..));
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(RETRY_PAUSE_MAX);

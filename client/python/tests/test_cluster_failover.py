@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 from typing import List
 
+import pytest
+
 import tenure
 from tenure import Granted, Locked
 
-from conftest import Tenured, free_ports
+from conftest import Tenured, free_port, free_ports
 
 #: Longest an election and a takeover may take on a loaded machine.
 ELECTED_WAIT_S = 15.0
@@ -81,3 +83,15 @@ def test_a_guard_and_a_leadership_ride_through_the_leaders_kill(tenured_bin: str
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_an_acquire_every_node_refuses_not_leader_raises_not_leader(start_tenured):
+    """Found by outside testing (a29, finding 2): against a node that answers every request
+    NOT_LEADER (here one never added to a cluster), the ACQUIRE's retries ran out while the
+    last send was still connecting, and the caller heard CannotConnect ("the request was not
+    sent"). It must hear the NOT_LEADER the sends did get."""
+    peer = f"127.0.0.1:{free_port()}"
+    node = start_tenured("--cluster", "--node-id", "4", "--peer-listen", peer)
+    with tenure.Client(node.addr, timeout=1, acquire_retry_for=3) as c:
+        with pytest.raises(tenure.NotLeader):
+            c.acquire("k", ttl=5)

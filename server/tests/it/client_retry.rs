@@ -261,3 +261,49 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
         tenure::ReleaseOutcome::Released
     );
 }
+
+// Found by outside testing (a29, finding 2): against a node that answers every request
+// NOT_LEADER (here one never added to a cluster), an ACQUIRE retried until its time ran out
+// and then reported "no answer within 5s": each send looked for a leader for 10 s, past its
+// own request time-out, and the last one was cut short. The caller must hear the NOT_LEADER
+// every send did get.
+#[tokio::test]
+async fn an_acquire_every_node_refuses_not_leader_reports_not_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = format!("127.0.0.1:{}", tenure_testkit::free_port());
+    let args = [
+        "--cluster",
+        "--node-id",
+        "4",
+        "--peer-listen",
+        peer.as_str(),
+    ];
+    let node = Daemon::start(Tenured {
+        bin: tenured_bin(),
+        dir: dir.path(),
+        logs: None,
+        args: &args,
+    });
+    let config = ClientConfig {
+        request_timeout: Duration::from_secs(1),
+        acquire_retry_for: Duration::from_secs(3),
+        ..ClientConfig::default()
+    };
+    let client = tenure::Client::connect_with(node.addr.to_string(), config)
+        .await
+        .unwrap();
+    let refused = client
+        .acquire("k", Duration::from_secs(5), AcquireOptions::default())
+        .await
+        .expect_err("no node leads");
+    assert!(
+        matches!(
+            &refused,
+            Error::Server {
+                code: tenure::ErrorCode::NotLeader,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+}

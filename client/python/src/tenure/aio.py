@@ -677,10 +677,15 @@ class AsyncClient:
         assert first is not None
         give_up_at = first + wait_s + max(self.timeout, self.acquire_retry_for)
         pause = RETRY_PAUSE_MIN_S
+        # The previous send's unknown outcome: what the caller hears if the last send is cut
+        # short by the retries running out (say every node answered NOT_LEADER, and the last
+        # send was still connecting), rather than a time-out that send never had of its own.
+        last: Optional[TenureError] = None
         while True:
             now = time.monotonic()
             wait_left = max(0.0, first + wait_s - now)
             attempt = w.with_wait(body, int(wait_left * 1000))
+            cut_short = give_up_at - now < self.timeout + wait_left
             try:
                 timeout = max(0.001, min(self.timeout + wait_left, give_up_at - now))
                 reset = _SENDING_ACQUIRE.set(retry)
@@ -690,11 +695,16 @@ class AsyncClient:
                     _SENDING_ACQUIRE.reset(reset)
             except TenureError as e:
                 unknown = is_transient(e) or isinstance(e, RequestTimeout)
-                if not unknown or time.monotonic() + pause >= give_up_at:
+                if not unknown:
+                    raise
+                if cut_short and last is not None and isinstance(e, (RequestTimeout, CannotConnect)):
+                    raise last from None
+                if time.monotonic() + pause >= give_up_at:
                     raise
                 if _DIRECT.get() is not None:
                     raise UseLoop(f"ACQUIRE outcome unknown ({e}): sent again on the loop") from e
                 log.debug("tenure: ACQUIRE outcome unknown (%s); sending it again", e)
+                last = e
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_PAUSE_MAX_S)
                 continue
