@@ -176,12 +176,26 @@ async fn tenure_certs_make_a_cluster_that_elects_and_serves_and_keep_their_files
         assert_eq!(mode(out.join(format!("{name}.pem"))), 0o644, "{name}.pem");
     }
     let before = std::fs::read(out.join("cluster-ca.key")).unwrap();
+    // A node added later (outside tester a29, finding 3: this made no certificate at all):
+    // the CA already in the directory signs its certificate, so its peers trust it.
     let (code, text) = certs(&["--dir", out_arg, "--nodes", "4"]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(" ca=reused"), "{text}");
+    assert_eq!(std::fs::read(out.join("cluster-ca.key")).unwrap(), before);
+    let verified = std::process::Command::new("openssl")
+        .args(["verify", "-CAfile"])
+        .args([out.join("cluster-ca.pem"), out.join("node-4.pem")])
+        .output()
+        .expect("openssl runs (dev/test installs it)");
+    let verified = String::from_utf8_lossy(&verified.stdout);
+    assert!(verified.trim_end().ends_with(": OK"), "{verified}");
+    let node_3 = std::fs::read(out.join("node-3.pem")).unwrap();
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "3,5"]).await;
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("exists (--force replaces it)"), "{text}");
-    assert_eq!(std::fs::read(out.join("cluster-ca.key")).unwrap(), before);
+    assert_eq!(std::fs::read(out.join("node-3.pem")).unwrap(), node_3);
     assert!(
-        !out.join("node-4.pem").exists(),
+        !out.join("node-5.pem").exists(),
         "nothing is written on a refusal"
     );
     let (code, text) = certs(&["--dir", out_arg, "--nodes", "0"]).await;

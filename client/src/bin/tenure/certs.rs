@@ -2,8 +2,9 @@
 //! rcgen: one per node for peer TLS, naming it as `node-<id>.tenure` (the DNS name
 //! `tenured`'s peer TLS reads the node id from, server/CLUSTER.md "Peer TLS"), and
 //! optionally one for the client ports. Keys are ECDSA P-256 (PKCS#8 PEM), written 0600;
-//! nothing is overwritten without `--force`. The openssl commands in CLUSTER.md make the
-//! same files.
+//! nothing is overwritten without `--force`. A directory that already holds the CA (and its
+//! key) keeps it: the new certificates are signed by it, so a node added to a running
+//! cluster gets one its peers trust. The openssl commands in CLUSTER.md make the same files.
 
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -16,6 +17,7 @@ use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
+use rustls::pki_types::pem::PemObject as _;
 
 use crate::output::{Line, Out};
 
@@ -53,7 +55,8 @@ pub struct CertsArgs {
     /// the --host names, signed by the same CA (clients use --tls-ca cluster-ca.pem).
     #[arg(long)]
     pub server: bool,
-    /// Replace files that exist (a new CA: every node needs its new certificate).
+    /// Replace files that exist, the CA too (a new CA: every node needs its new
+    /// certificate). Without it, a CA already in --dir signs the new certificates.
     #[arg(long)]
     pub force: bool,
 }
@@ -61,15 +64,15 @@ pub struct CertsArgs {
 /// Runs `tenure certs`: prints one line naming the files.
 ///
 /// # Errors
-/// A bad node id, a file that exists without `--force`, or one that cannot be written.
+/// A bad node id, a file that exists without `--force` (but the CA, which is reused), a CA
+/// without its key, or a file that cannot be read or written.
 pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
     anyhow::ensure!(
         !args.nodes.is_empty() && args.nodes.len() <= NODES_MAX,
         "--nodes takes 1 to {NODES_MAX} ids"
     );
     anyhow::ensure!(args.nodes.iter().all(|id| *id >= 1), "node ids start at 1");
-    let mut names = vec!["cluster-ca".to_string()];
-    names.extend(args.nodes.iter().map(|id| format!("node-{id}")));
+    let mut names: Vec<String> = args.nodes.iter().map(|id| format!("node-{id}")).collect();
     if args.server {
         names.push("server".to_string());
     }
@@ -84,8 +87,14 @@ pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
-    let (ca, ca_key) = make_ca()?;
-    write_pair(&args.dir, "cluster-ca", &ca, &ca_key)?;
+    let reused = !args.force && existing_ca(&args.dir)?;
+    let (ca, ca_key) = if reused {
+        read_ca(&args.dir)?
+    } else {
+        let (ca, ca_key) = make_ca()?;
+        write_pair(&args.dir, "cluster-ca", &ca, &ca_key)?;
+        (ca, ca_key)
+    };
     for id in &args.nodes {
         let mut sans = vec![node_name(*id)];
         sans.extend(args.hosts.iter().cloned());
@@ -108,8 +117,47 @@ pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
     if args.server {
         line = line.text("server", "server.pem");
     }
+    line = line.text("ca", if reused { "reused" } else { "new" });
     out.print(line);
     Ok(crate::exit::EXIT_OK)
+}
+
+/// Whether `dir` holds a CA to reuse: its certificate and its key (one without the other is
+/// an error, not a reason to make a new CA beside certificates signed by the old one).
+fn existing_ca(dir: &Path) -> anyhow::Result<bool> {
+    let (pem, key) = (dir.join("cluster-ca.pem"), dir.join("cluster-ca.key"));
+    match (pem.exists(), key.exists()) {
+        (true, true) => Ok(true),
+        (false, false) => Ok(false),
+        _ => anyhow::bail!(
+            "{} holds only one of cluster-ca.pem and cluster-ca.key (--force makes a new CA)",
+            dir.display()
+        ),
+    }
+}
+
+/// The CA in `dir`, to sign with: its key, and its certificate rebuilt from its own fields
+/// with that key (the same subject and key, so what it signs names and verifies as the CA
+/// the nodes already trust).
+fn read_ca(dir: &Path) -> anyhow::Result<(Certificate, KeyPair)> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let (key_pem, ca_pem) = (read("cluster-ca.key")?, read("cluster-ca.pem")?);
+    let key = KeyPair::from_pem(&key_pem).context("cluster-ca.key is no key")?;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes())
+        .context("cluster-ca.pem is no certificate")?;
+    // Its public key is inside the certificate's subject key info: what the CA's key signs
+    // would not verify against a certificate of another key.
+    let public = key.public_key_raw();
+    anyhow::ensure!(
+        der.windows(public.len()).any(|bytes| bytes == public),
+        "cluster-ca.key is not the key of cluster-ca.pem"
+    );
+    let params = CertificateParams::from_ca_cert_pem(&ca_pem)
+        .context("cluster-ca.pem is no CA certificate")?;
+    Ok((params.self_signed(&key)?, key))
 }
 
 fn make_ca() -> anyhow::Result<(Certificate, KeyPair)> {
