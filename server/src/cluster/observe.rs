@@ -402,8 +402,12 @@ pub fn readiness(m: &RaftMetrics<NodeId, NodeInfo>, serving: bool) -> Result<(),
             "not ready: no leader known ({role}, term {})",
             m.current_term
         )),
+        // openraft names this node leader both while its takeover commits and, for a
+        // while, once it is cut off from a quorum (its journal refuses then): the line
+        // cannot tell them apart, so it names both (outside tester a29's finding 4).
         Some(leader) if leader == m.id && !serving => Err(format!(
-            "not ready: leading term {}, taking over (not serving yet)",
+            "not ready: leading term {} but not serving: taking over, or out of touch with \
+             a quorum",
             m.current_term
         )),
         Some(_) => Ok(()),
