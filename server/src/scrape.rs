@@ -363,8 +363,8 @@ fn encode_connections(encoder: &mut DescriptorEncoder, s: &Stats) -> FmtResult {
         help,
         s.metrics.evicted.load(Ordering::Relaxed),
     )?;
-    let help = "Connections to a TLS port closed without a completed TLS handshake (a bad or \
-        untrusted certificate, plain text, a timeout)";
+    let help = "Connections to a TLS port whose TLS handshake failed (a bad or untrusted \
+        certificate, plain text, a timeout); one evicted mid-handshake counts as evicted";
     counter(
         encoder,
         "tenure_tls_handshakes_failed",
