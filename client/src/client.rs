@@ -478,6 +478,8 @@ impl Client {
     ///
     /// The watch lives on the current connection: when it closes the stream yields
     /// [`Error::ConnectionLost`] and ends (watch again; [`crate::Election::observe`] does).
+    /// A follower's `NOT_LEADER` is followed to the leader, as for any request, so a watch
+    /// started again after a fail-over is registered at the new leader.
     ///
     /// # Errors
     /// [`Error::Invalid`] for a bad key, [`Error::Server`] when the server refuses (for

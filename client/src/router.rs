@@ -582,7 +582,7 @@ impl Router {
                 };
                 // A follower executes nothing, so the request is sent again to the leader.
                 redirects += 1;
-                if redirects > self.inner.endpoints.len() + REDIRECTS_EXTRA {
+                if redirects > self.redirects_max() {
                     // A round found no leader: an election is under way, or the nodes still
                     // name one that died. Pause, then look again while time is left.
                     if Instant::now() + pause >= search_until {
@@ -730,7 +730,7 @@ impl Router {
     /// After `NOT_LEADER` from `conn`: closes it and points the next connection at the
     /// leader it named, or, while no leader is known (an election), at the next endpoint
     /// after a short pause.
-    async fn follow(&self, conn: &Arc<Conn>, message: &str) {
+    pub(crate) async fn follow(&self, conn: &Arc<Conn>, message: &str) {
         {
             let mut current = self.inner.current.lock().expect("client mutex poisoned");
             if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
@@ -752,6 +752,12 @@ impl Router {
                 tokio::time::sleep(ELECTION_PAUSE).await;
             }
         }
+    }
+
+    /// Most NOT_LEADER answers one request follows before it reports one: a round of the
+    /// endpoints, and a few more for a leader that changes meanwhile.
+    pub(crate) fn redirects_max(&self) -> usize {
+        self.inner.endpoints.len() + REDIRECTS_EXTRA
     }
 
     /// Sends `request` with the configured time-out and returns the answer alone.

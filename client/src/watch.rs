@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::Stream;
-use tenure_protocol::{Request, Response};
+use tenure_protocol::{ErrorCode, Request, Response};
 
 use crate::conn::{Conn, WatchRegistration};
 use crate::error::{unexpected, Error, Result};
@@ -54,10 +54,28 @@ impl Watch {
             .validate()
             .map_err(Error::invalid)?;
         let timeout = router.config().request_timeout;
+        // A follower refuses WATCH with NOT_LEADER, as every request: followed as the
+        // others are, so a watch set up again after a fail-over reaches the new leader
+        // rather than asking the same follower until something else moves the connection.
         let started = async {
-            let conn = router.connection().await?;
-            let (reply, registration) = conn.watch(key.clone(), WATCH_EVENTS_MAX).await?;
-            Ok::<_, Error>((reply, registration, conn))
+            let mut redirects = 0;
+            loop {
+                let conn = router.connection().await?;
+                let (reply, registration) = conn.watch(key.clone(), WATCH_EVENTS_MAX).await?;
+                if let Response::Error {
+                    code: ErrorCode::NotLeader,
+                    message,
+                } = &reply
+                {
+                    if redirects < router.redirects_max() {
+                        conn.shared.remove_watch(registration.id, &key);
+                        redirects += 1;
+                        router.follow(&conn, message).await;
+                        continue;
+                    }
+                }
+                return Ok::<_, Error>((reply, registration, conn));
+            }
         };
         let (reply, registration, conn) = tokio::time::timeout(timeout, started)
             .await
