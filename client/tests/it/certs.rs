@@ -200,6 +200,20 @@ async fn tenure_certs_make_a_cluster_that_elects_and_serves_and_keep_their_files
     );
     let (code, text) = certs(&["--dir", out_arg, "--nodes", "0"]).await;
     assert_eq!(code, 1, "{text}");
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "6,6"]).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("names node 6 twice"), "{text}");
+    // A node's certificate and key put in as the CA (outside re-check a29b) are refused:
+    // what they signed would verify nowhere.
+    let leaf_as_ca = dir.path().join("leaf-as-ca");
+    std::fs::create_dir(&leaf_as_ca).unwrap();
+    for ext in ["pem", "key"] {
+        let (from, to) = (format!("node-1.{ext}"), format!("cluster-ca.{ext}"));
+        std::fs::copy(out.join(from), leaf_as_ca.join(to)).unwrap();
+    }
+    let (code, text) = certs(&["--dir", leaf_as_ca.to_str().unwrap(), "--nodes", "5"]).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("is not a CA certificate"), "{text}");
 
     a_cluster_elects_and_serves_with(&out).await;
 

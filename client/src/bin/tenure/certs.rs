@@ -72,6 +72,11 @@ pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
         "--nodes takes 1 to {NODES_MAX} ids"
     );
     anyhow::ensure!(args.nodes.iter().all(|id| *id >= 1), "node ids start at 1");
+    let mut ids = args.nodes.clone();
+    ids.sort_unstable();
+    if let Some(twice) = ids.windows(2).find(|pair| pair[0] == pair[1]) {
+        anyhow::bail!("--nodes names node {} twice", twice[0]);
+    }
     let mut names: Vec<String> = args.nodes.iter().map(|id| format!("node-{id}")).collect();
     if args.server {
         names.push("server".to_string());
@@ -157,6 +162,11 @@ fn read_ca(dir: &Path) -> anyhow::Result<(Certificate, KeyPair)> {
     );
     let params = CertificateParams::from_ca_cert_pem(&ca_pem)
         .context("cluster-ca.pem is no CA certificate")?;
+    // A node's certificate copied in as the CA would sign certificates nobody can verify.
+    anyhow::ensure!(
+        matches!(params.is_ca, IsCa::Ca(_)),
+        "cluster-ca.pem is not a CA certificate (its basic constraints say CA:FALSE or nothing)"
+    );
     Ok((params.self_signed(&key)?, key))
 }
 
