@@ -146,20 +146,21 @@ async fn cli_run_passes_the_token_and_returns_the_commands_status() {
     assert_eq!(cli(addr, &busy).await.0, 3, "LOCKED");
 }
 
-/// Starts `tenure run` with `script`, which must write $TENURE_LEASE_ID to the file named by
-/// its first argument; releases the lease behind its back and returns its exit code.
+/// Starts `tenure run` on `key` with `flags` and `script`, which must write $TENURE_LEASE_ID
+/// to the file named by its first argument; releases the lease behind its back and returns
+/// its exit code and what it wrote to stderr.
 async fn run_and_revoke(
     server: &TestServer,
     key: &str,
-    grace: &str,
+    flags: &[&str],
     script: &str,
 ) -> (i32, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("lease");
     let child = tenure_cli(&server.addr)
-        .args([
-            "run", "--key", key, "--ttl", "300ms", "--grace", grace, "--",
-        ])
+        .args(["run", "--key", key])
+        .args(flags)
+        .arg("--")
         .args(["sh", "-c", script, "sh"])
         .arg(&file)
         .stderr(Stdio::piped())
@@ -215,38 +216,11 @@ async fn cli_run_whose_session_is_closed_behind_its_back_says_the_session_ended(
 #[tokio::test]
 async fn cli_run_no_session_notices_a_release_behind_its_back_at_once() {
     let server = TestServer::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("lease");
     let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 120";
-    // A long TTL: its first renewal is 20 s away, past any wait below.
-    let child = tenure_cli(&server.addr)
-        .args([
-            "run",
-            "--no-session",
-            "--key",
-            "cli/nosess",
-            "--ttl",
-            "60s",
-            "--",
-        ])
-        .args(["sh", "-c", script, "sh"])
-        .arg(&file)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tenure runs");
-    let lease_id = wait_for_lease_id(&file).await;
-    let client = server.client().await;
-    let released = client
-        .release("cli/nosess", lease_id)
-        .await
-        .expect("release");
-    assert_eq!(released, ReleaseOutcome::Released);
-    let output = timeout(Duration::from_secs(15), child.wait_with_output())
-        .await
-        .expect("tenure exits long before its first renewal")
-        .expect("tenure runs");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    // A long TTL: its first renewal is 20 s away, and only the watch says "seen by WATCH".
+    let flags = ["--no-session", "--ttl", "60s"];
+    let (code, stderr) = run_and_revoke(&server, "cli/nosess", &flags, script).await;
+    assert_eq!(code, 4, "{stderr}");
     let lost = stderr.lines().find(|l| l.contains("result=LOST"));
     let lost = lost.unwrap_or_else(|| panic!("no LOST line: {stderr}"));
     assert!(lost.contains("seen by WATCH"), "{lost}");
@@ -280,7 +254,13 @@ async fn cli_run_kills_its_command_when_the_lease_is_lost() {
     // SIGTERM is enough for a command that does not catch it.
     let script = "echo $TENURE_LEASE_ID > \"$1\"; exec sleep 30";
     let started = Instant::now();
-    let (code, stderr) = run_and_revoke(&server, "cli/loss", "5s", script).await;
+    let (code, stderr) = run_and_revoke(
+        &server,
+        "cli/loss",
+        &["--ttl", "300ms", "--grace", "5s"],
+        script,
+    )
+    .await;
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("result=LOST"), "{stderr}");
     // Held in a session, nothing renews it: the watch saw the release, no renewal did.
@@ -296,7 +276,13 @@ async fn cli_run_kills_its_command_when_the_lease_is_lost() {
 
     // A command that ignores SIGTERM is killed after the grace period.
     let stubborn = "trap '' TERM; echo $TENURE_LEASE_ID > \"$1\"; while :; do sleep 0.05; done";
-    let (code, stderr) = run_and_revoke(&server, "cli/stubborn", "200ms", stubborn).await;
+    let (code, stderr) = run_and_revoke(
+        &server,
+        "cli/stubborn",
+        &["--ttl", "300ms", "--grace", "200ms"],
+        stubborn,
+    )
+    .await;
     assert_eq!(code, 4, "{stderr}");
 }
 

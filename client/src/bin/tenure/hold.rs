@@ -97,15 +97,10 @@ impl Hold {
     /// Resolves when the lock is lost: the lease's or the session's loss, or the key
     /// released or expired under our token.
     pub fn lost(&self) -> Lost {
+        let released = self.released_behind_our_back();
         match self {
-            Hold::Lease {
-                guard,
-                client,
-                alone,
-            } => {
+            Hold::Lease { guard, .. } => {
                 let lost = guard.lost();
-                let (key, token) = (guard.key(), guard.fencing_token());
-                let released = released_behind_our_back(client.clone(), key, token, *alone);
                 Box::pin(async move {
                     tokio::select! {
                         reason = lost => Loss { reason, seen_by_watch: false },
@@ -117,11 +112,9 @@ impl Hold {
                 session,
                 guard,
                 client,
-                alone,
+                ..
             } => {
                 let lost = guard.lost();
-                let (key, token) = (guard.key(), guard.fencing_token());
-                let released = released_behind_our_back(client.clone(), key, token, *alone);
                 let released = why_released(client.clone(), session.id(), released);
                 Box::pin(async move {
                     let reason = tokio::select! {
@@ -137,6 +130,24 @@ impl Hold {
                 })
             }
         }
+    }
+
+    /// The key's watch for our lease's end ([`released_behind_our_back`]).
+    fn released_behind_our_back(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let (key, client, alone) = match self {
+            Hold::Lease {
+                guard,
+                client,
+                alone,
+            } => (guard.key(), client, *alone),
+            Hold::Session {
+                guard,
+                client,
+                alone,
+                ..
+            } => (guard.key(), client, *alone),
+        };
+        released_behind_our_back(client.clone(), key, self.fencing_token(), alone)
     }
 
     /// Gives the lock back: releases the lease, or closes the session (which frees it).
