@@ -67,9 +67,7 @@ impl Hold {
             alone: kind == LeaseKind::Exclusive,
         }
     }
-}
 
-impl Hold {
     /// The fencing token.
     pub fn fencing_token(&self) -> u64 {
         match self {
