@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -42,7 +42,7 @@ use super::network::{serve_peers, Dialer, PeerNetwork, PeerService};
 use super::observe::{count_leader_changes, Counters, NodeScrape, Security};
 use super::peer_tls::{PeerTls, PeerTlsFiles};
 use super::prevote::{self, PreVote, Timing};
-use super::state::{snapshot_due, ReplicaState, StateMachine};
+use super::state::{snapshot_due, Replica, ReplicaState, StateMachine};
 use super::{NodeId, NodeInfo, Raft};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -220,7 +220,7 @@ pub struct ClusterNode {
     died: CancellationToken,
     service: PeerService,
     raft: Raft,
-    state: Arc<Mutex<ReplicaState>>,
+    state: Arc<Replica>,
     isolated: Arc<AtomicBool>,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
@@ -365,7 +365,7 @@ impl ClusterNode {
 
     /// A copy of the replicated state as this node has applied it.
     pub fn replica(&self) -> ReplicaState {
-        self.state.lock().expect("replica state poisoned").clone()
+        self.state.lock().clone()
     }
 
     /// Whether this node leads and serves clients (its takeover is complete).
@@ -433,7 +433,7 @@ struct Life {
     /// Cancelled when the Raft core stops while the node is not stopping.
     died: CancellationToken,
     raft: Raft,
-    state: Arc<Mutex<ReplicaState>>,
+    state: Arc<Replica>,
     config: Config,
     hint: LeaderHint,
     admin: Admin,
@@ -526,12 +526,7 @@ impl Life {
             tracing::warn!(term, %why, "takeover abandoned: the barrier did not commit");
             return None;
         }
-        let live = self
-            .state
-            .lock()
-            .expect("replica state poisoned")
-            .live
-            .clone();
+        let live = self.state.lock().live.clone();
         let journal = RaftJournal::start(
             self.raft.clone(),
             self.hint.clone(),
@@ -606,7 +601,7 @@ impl Life {
 /// the node's peer TLS, and whether it starts fresh (neither log nor vote).
 struct RaftParts {
     raft: Raft,
-    state: Arc<Mutex<ReplicaState>>,
+    state: Arc<Replica>,
     snapshots: Arc<super::state::SnapshotMetrics>,
     isolated: Arc<AtomicBool>,
     dialer: Dialer,
@@ -630,7 +625,7 @@ async fn open_raft(
     }
     let raft_config = Arc::new(options.raft_config()?);
     let log = LogStore::open(&options.data_dir)?;
-    let state = Arc::new(Mutex::new(ReplicaState::default()));
+    let state = Arc::new(Replica::default());
     let machine = StateMachine::open(&options.data_dir, Arc::clone(&state))?;
     let snapshots = machine.snapshot_metrics();
     let isolated = Arc::new(AtomicBool::new(false));

@@ -355,6 +355,14 @@ impl ClusterSource for NodeScrape {
         let help = "Seconds each snapshot installed here from a leader took, file synced";
         let name = "tenure_cluster_snapshot_install_duration_seconds";
         histogram(encoder, name, help, &self.snapshots.installed)?;
+        let deferred = self.snapshots.deferred.load(Ordering::Relaxed);
+        let help = "Committed entries applied once a snapshot let go of the replicated state, their apply answered at once";
+        counter(
+            encoder,
+            "tenure_cluster_entries_applied_after_snapshot",
+            help,
+            deferred,
+        )?;
         self.appends.encode(encoder)?;
         encode_digests(encoder, &self.security)
     }

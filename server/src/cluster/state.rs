@@ -10,6 +10,7 @@
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -148,9 +149,127 @@ impl ReplicaState {
     }
 }
 
-/// openraft's state machine: the shared [`ReplicaState`] and the latest snapshot.
+/// Most committed entries an `apply` leaves for later while a snapshot holds the state
+/// ([`Replica`]); past it, `apply` waits for the state as it did before entries were kept.
+/// A snapshot of 500 000 leases holds the state for 100-400 ms, in which the leader commits
+/// a few hundred entries at the estimate's load (each a batch of many records).
+pub const DEFERRED_ENTRIES_MAX: usize = 4096;
+
+/// The replicated state, which the state machine, its snapshot builder and the node's
+/// takeover share, and the committed entries not applied to it yet.
+///
+/// A snapshot holds the state while it encodes every lease: at 500 000 leases 100-400 ms,
+/// and the leader's replies to clients wait for their entry's `apply`. So an `apply` that
+/// finds the state held keeps its entries here and returns at once, and whoever takes the
+/// state next applies them first, in the order they came: [`Replica::lock`] is the only way
+/// to the state, so every reader (a takeover, a snapshot, openraft's `applied_state`) sees
+/// every entry openraft was told is applied. Nothing is lost by answering before applying:
+/// the state is memory only, rebuilt at a start from the snapshot and the log, and an entry
+/// is committed (durable on a quorum) before openraft applies it.
+#[derive(Debug, Default)]
+pub struct Replica {
+    state: Mutex<ReplicaState>,
+    deferred: Mutex<Deferred>,
+}
+
+/// Entries an `apply` kept for later ([`Replica`]).
+#[derive(Debug, Default)]
+struct Deferred {
+    /// In the order openraft applied them.
+    entries: Vec<Entry>,
+    /// Why a kept entry could not be applied: the state stopped there, and every later
+    /// `apply` fails with it, as the `apply` of that entry itself would have.
+    failed: Option<String>,
+}
+
+/// What [`Replica::apply`] did with a batch of entries.
+enum Applied {
+    /// Applied, or why not (the batch or an entry kept before it did not apply).
+    Now(Result<Vec<()>, String>),
+    /// Kept for later: this many entries.
+    Later(usize),
+    /// Not applied: the state is held and [`DEFERRED_ENTRIES_MAX`] entries wait already.
+    Full(Vec<Entry>),
+}
+
+impl Replica {
+    /// A replica holding `state`.
+    pub fn new(state: ReplicaState) -> Replica {
+        Replica {
+            state: Mutex::new(state),
+            deferred: Mutex::default(),
+        }
+    }
+
+    /// The state, with every entry kept for later applied to it first.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
+        let mut state = self.state.lock().expect("replica state poisoned");
+        self.catch_up(&mut state);
+        state
+    }
+
+    /// Applies the kept entries to `state` (held by the caller), oldest first; returns how
+    /// many. One that fails stops them, and is kept as the reason every later `apply` fails.
+    fn catch_up(&self, state: &mut ReplicaState) -> usize {
+        let entries = {
+            let mut deferred = self.deferred.lock().expect("deferred entries poisoned");
+            if deferred.entries.is_empty() || deferred.failed.is_some() {
+                return 0;
+            }
+            std::mem::take(&mut deferred.entries)
+        };
+        let count = entries.len();
+        if let Err(e) = apply_entries(state, entries) {
+            tracing::error!(error = %e, "a committed entry kept for later could not be applied");
+            let mut deferred = self.deferred.lock().expect("deferred entries poisoned");
+            deferred.failed = Some(e.to_string());
+        }
+        count
+    }
+
+    /// Why the state stopped at an entry kept for later, if it did.
+    fn failed(&self) -> Option<String> {
+        let deferred = self.deferred.lock().expect("deferred entries poisoned");
+        deferred.failed.clone()
+    }
+
+    /// Applies `entries` to `state` (held by the caller) after the kept ones.
+    fn apply_now(
+        &self,
+        state: &mut ReplicaState,
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> Result<Vec<()>, String> {
+        self.catch_up(state);
+        if let Some(why) = self.failed() {
+            return Err(why);
+        }
+        apply_entries(state, entries).map_err(|e| e.to_string())
+    }
+
+    /// Applies `entries` now if the state is free, else keeps them for later (unless too
+    /// many are kept already). openraft calls `apply` one batch at a time, so a batch kept
+    /// here is older than any the next call brings, which applies the kept ones first.
+    fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Applied {
+        match self.state.try_lock() {
+            Ok(mut state) => Applied::Now(self.apply_now(&mut state, entries)),
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("replica state poisoned"),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let entries: Vec<Entry> = entries.into_iter().collect();
+                let mut deferred = self.deferred.lock().expect("deferred entries poisoned");
+                if deferred.entries.len() + entries.len() > DEFERRED_ENTRIES_MAX {
+                    return Applied::Full(entries);
+                }
+                let count = entries.len();
+                deferred.entries.extend(entries);
+                Applied::Later(count)
+            }
+        }
+    }
+}
+
+/// openraft's state machine: the shared [`Replica`] and the latest snapshot.
 pub struct StateMachine {
-    state: Arc<Mutex<ReplicaState>>,
+    state: Arc<Replica>,
     snapshots: Arc<SnapshotFile>,
     metrics: Arc<SnapshotMetrics>,
 }
@@ -162,6 +281,9 @@ pub struct SnapshotMetrics {
     pub built: Histogram,
     /// Each snapshot installed here from a leader, from its bytes to its file synced.
     pub installed: Histogram,
+    /// Committed entries whose `apply` found the state held by a snapshot and was answered
+    /// at once, the entry applied once the snapshot let go ([`Replica`]).
+    pub deferred: AtomicU64,
 }
 
 impl Default for SnapshotMetrics {
@@ -169,6 +291,7 @@ impl Default for SnapshotMetrics {
         SnapshotMetrics {
             built: Histogram::latency_seconds(),
             installed: Histogram::latency_seconds(),
+            deferred: AtomicU64::new(0),
         }
     }
 }
@@ -203,7 +326,7 @@ impl StateMachine {
     ///
     /// # Errors
     /// When the snapshot file cannot be read or is damaged.
-    pub fn open(dir: &Path, state: Arc<Mutex<ReplicaState>>) -> std::io::Result<StateMachine> {
+    pub fn open(dir: &Path, state: Arc<Replica>) -> std::io::Result<StateMachine> {
         let current = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
             Ok(bytes) => Some(decode_snapshot_file(&bytes)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -212,7 +335,7 @@ impl StateMachine {
         if let Some((meta, records)) = &current {
             let loaded =
                 ReplicaState::from_snapshot(meta, records).map_err(std::io::Error::other)?;
-            *state.lock().expect("replica state poisoned") = loaded;
+            *state.lock() = loaded;
         }
         let snapshots = Arc::new(SnapshotFile {
             dir: dir.to_path_buf(),
@@ -231,7 +354,7 @@ impl StateMachine {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
-        self.state.lock().expect("replica state poisoned")
+        self.state.lock()
     }
 }
 
@@ -251,6 +374,11 @@ fn decode_snapshot_file(bytes: &[u8]) -> std::io::Result<Stored> {
 
 fn sm_error(verb: ErrorVerb, e: &(impl std::error::Error + 'static)) -> StorageError {
     storage_error(ErrorSubject::StateMachine, verb, e)
+}
+
+/// The error of an `apply` that failed for `why`.
+fn apply_error(why: String) -> StorageError {
+    sm_error(ErrorVerb::Write, &std::io::Error::other(why))
 }
 
 /// Applies committed `entries` to `state`, in order.
@@ -290,7 +418,7 @@ fn snapshot_of(state: &ReplicaState) -> (SnapshotMeta<NodeId, NodeInfo>, Vec<u8>
 
 /// Builds a snapshot of the state as it is when asked.
 pub struct SnapshotBuilder {
-    state: Arc<Mutex<ReplicaState>>,
+    state: Arc<Replica>,
     snapshots: Arc<SnapshotFile>,
     metrics: Arc<SnapshotMetrics>,
 }
@@ -307,9 +435,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let out = Arc::clone(&built);
         blocking(move || {
             let asked = std::time::Instant::now();
-            let guard = state.lock().expect("replica state poisoned");
+            let mut guard = state.lock();
             let locked = std::time::Instant::now();
             let (meta, records) = snapshot_of(&guard);
+            // What `apply` kept for later meanwhile, applied before anyone else waits.
+            let caught_up = state.catch_up(&mut guard);
             drop(guard);
             let encoded = std::time::Instant::now();
             snapshots.save(meta.clone(), records.clone())?;
@@ -318,6 +448,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 bytes = records.len(),
                 lock_wait_ms = (locked - asked).as_millis() as u64,
                 state_held_ms = (encoded - locked).as_millis() as u64,
+                applied_after = caught_up,
                 save_ms = encoded.elapsed().as_millis() as u64,
                 "snapshot built"
             );
@@ -350,29 +481,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        // While a snapshot copies the state, waiting for it here would hold a runtime
-        // worker (of two on a small machine) for as long, and the Raft core, the peer
-        // connections and the clients share what is left: on a blocking thread instead.
-        let entries = match self.state.try_lock() {
-            Ok(mut state) => {
-                return apply_entries(&mut state, entries)
-                    .map_err(|e| sm_error(ErrorVerb::Write, &e))
+        if let Some(why) = self.state.failed() {
+            return Err(apply_error(why));
+        }
+        // While a snapshot holds the state, the entries are kept for later (`Replica`);
+        // only if too many are kept does this wait, on a blocking thread: waiting here
+        // would hold a runtime worker (of two on a small machine) for as long, and the
+        // Raft core, the peer connections and the clients share what is left.
+        let entries = match self.state.apply(entries) {
+            Applied::Now(applied) => return applied.map_err(apply_error),
+            Applied::Later(count) => {
+                self.metrics
+                    .deferred
+                    .fetch_add(count as u64, Ordering::Relaxed);
+                return Ok(vec![(); count]);
             }
-            Err(std::sync::TryLockError::Poisoned(_)) => panic!("replica state poisoned"),
-            Err(std::sync::TryLockError::WouldBlock) => entries.into_iter().collect::<Vec<_>>(),
+            Applied::Full(entries) => entries,
         };
         let state = Arc::clone(&self.state);
         let asked = std::time::Instant::now();
         let applied = tokio::task::spawn_blocking(move || {
-            apply_entries(&mut state.lock().expect("replica state poisoned"), entries)
+            let mut guard = state.state.lock().expect("replica state poisoned");
+            state.apply_now(&mut guard, entries)
         })
         .await
         .map_err(|e| sm_error(ErrorVerb::Write, &std::io::Error::other(e)))?;
         tracing::info!(
             waited_ms = asked.elapsed().as_millis() as u64,
-            "apply waited for the replica state"
+            "apply waited for the replica state: {DEFERRED_ENTRIES_MAX} entries kept for later already"
         );
-        applied.map_err(|e| sm_error(ErrorVerb::Write, &e))
+        applied.map_err(apply_error)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -579,5 +717,116 @@ mod tests {
         let mut marker = Vec::new();
         record::encode(&Record::SnapshotBegin { segment_seq: 1 }, &mut marker);
         assert!(state.apply_records(&marker).is_err());
+    }
+
+    fn entry(index: u64, records: Vec<u8>) -> Entry {
+        use openraft::CommittedLeaderId;
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(super::super::Batch { records }),
+        }
+    }
+
+    /// Holds `replica`'s state on a thread of its own, as a snapshot's encoding does, until
+    /// the returned sender is dropped; the thread then returns the index applied meanwhile.
+    fn hold(
+        replica: &Arc<Replica>,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<Option<u64>>,
+    ) {
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let replica = Arc::clone(replica);
+        let holder = std::thread::spawn(move || {
+            let guard = replica.state.lock().unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            guard.last_applied.map(|id| id.index)
+        });
+        locked_rx.recv().unwrap();
+        (release_tx, holder)
+    }
+
+    /// An `apply` while a snapshot holds the state is answered at once, and whoever takes
+    /// the state next sees its entries applied, in order, before anything else; so does a
+    /// snapshot built after it.
+    #[tokio::test]
+    async fn an_apply_while_a_snapshot_holds_the_state_is_answered_and_applied_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let replica = Arc::new(Replica::default());
+        let mut machine = StateMachine::open(dir.path(), Arc::clone(&replica)).unwrap();
+        machine.apply([entry(1, grant(b"a", 5))]).await.unwrap();
+
+        let (release, holder) = hold(&replica);
+        let free_b = {
+            let mut out = Vec::new();
+            let free = Record::Free {
+                key: b"b",
+                token: 6,
+                reason: FreeReason::Released,
+            };
+            record::encode(&free, &mut out);
+            out
+        };
+        let applies = async {
+            machine.apply([entry(2, grant(b"b", 6))]).await.unwrap();
+            machine
+                .apply([entry(3, free_b), entry(4, grant(b"c", 7))])
+                .await
+                .unwrap();
+        };
+        // Before, each `apply` waited for the state: this timed out.
+        tokio::time::timeout(std::time::Duration::from_secs(30), applies)
+            .await
+            .expect("apply waited for the held state");
+        assert_eq!(machine.metrics.deferred.load(Ordering::Relaxed), 3);
+        drop(release);
+        assert_eq!(
+            holder.join().unwrap(),
+            Some(1),
+            "nothing applied while held"
+        );
+
+        let (applied, _) = machine.applied_state().await.unwrap();
+        assert_eq!(applied.map(|id| id.index), Some(4));
+        {
+            let state = replica.lock();
+            let mut keys: Vec<&[u8]> = state.live.leases.keys().map(|k| &k[..]).collect();
+            keys.sort();
+            assert_eq!(keys, [&b"a"[..], b"c"], "b granted, then freed, in order");
+        }
+        // The next apply, and a snapshot, start from there.
+        machine.apply([entry(5, grant(b"d", 8))]).await.unwrap();
+        let snapshot = machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(5));
+        let copy =
+            ReplicaState::from_snapshot(&snapshot.meta, snapshot.snapshot.get_ref()).unwrap();
+        assert_eq!(copy.leases(), 3);
+    }
+
+    /// An entry kept for later that does not apply fails every later `apply`, as its own
+    /// `apply` would have failed had the state been free.
+    #[tokio::test]
+    async fn a_kept_entry_that_does_not_apply_fails_the_next_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        let replica = Arc::new(Replica::default());
+        let mut machine = StateMachine::open(dir.path(), Arc::clone(&replica)).unwrap();
+        let (release, holder) = hold(&replica);
+        let mut bad = grant(b"a", 5);
+        bad.push(7);
+        machine.apply([entry(1, bad)]).await.unwrap();
+        drop(release);
+        assert_eq!(holder.join().unwrap(), None);
+        assert!(machine.apply([entry(2, grant(b"b", 6))]).await.is_err());
+        assert!(machine.apply([entry(3, grant(b"c", 7))]).await.is_err());
+        // The bad entry's grant before its bad byte, as an `apply` of it leaves the state;
+        // nothing after it.
+        assert_eq!(replica.lock().leases(), 1);
     }
 }
