@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
@@ -16,6 +16,23 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::error::{Error, Result};
+
+/// What is wrong with a PEM file that did not parse, in words (rustls-pki-types prints the
+/// marker it missed as a list of byte values): for tools that read certificate files.
+pub fn pem_problem(e: &pem::Error) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "cut short or damaged: no \"-----END {}-----\" line",
+            text(end_marker)
+        ),
+        pem::Error::IllegalSectionStart { line } => {
+            format!("damaged: a bad BEGIN line {:?}", text(line))
+        }
+        pem::Error::NoItemsFound => "no PEM section of the kind needed".to_string(),
+        other => other.to_string(),
+    }
+}
 
 /// How to speak TLS to the server. Cheap to clone.
 #[derive(Clone)]
@@ -96,7 +113,7 @@ impl TlsOptions {
         let mut roots = RootCertStore::empty();
         let cas = CertificateDer::pem_slice_iter(ca_pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::Tls(format!("CA certificates: {e}")))?;
+            .map_err(|e| Error::Tls(format!("CA certificates: {}", pem_problem(&e))))?;
         if cas.is_empty() {
             return Err(Error::Tls(
                 "CA certificates: no certificate in the PEM".into(),
@@ -117,14 +134,14 @@ impl TlsOptions {
             Some((cert_pem, key_pem)) => {
                 let chain = CertificateDer::pem_slice_iter(cert_pem)
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Error::Tls(format!("client certificate: {e}")))?;
+                    .map_err(|e| Error::Tls(format!("client certificate: {}", pem_problem(&e))))?;
                 if chain.is_empty() {
                     return Err(Error::Tls(
                         "client certificate: no certificate in the PEM".into(),
                     ));
                 }
                 let key = PrivateKeyDer::from_pem_slice(key_pem)
-                    .map_err(|e| Error::Tls(format!("client key: {e}")))?;
+                    .map_err(|e| Error::Tls(format!("client key: {}", pem_problem(&e))))?;
                 builder
                     .with_client_auth_cert(chain, key)
                     .map_err(|e| Error::Tls(format!("client certificate and key: {e}")))?

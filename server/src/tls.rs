@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
@@ -164,9 +164,8 @@ fn peer_common_name(stream: &TlsStream<TcpStream>) -> Option<String> {
 
 /// The acceptor for `files`, and the client CA certificates it trusts.
 fn build(files: &TlsFiles) -> Result<(TlsAcceptor, Arc<[CertificateDer<'static>]>), String> {
-    let certs = read_certs(&files.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .map_err(|e| format!("TLS key {}: {e}", files.key.display()))?;
+    let certs = read_certs(&files.cert, "TLS certificates")?;
+    let key = read_key(&files.key, "TLS key")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -176,7 +175,7 @@ fn build(files: &TlsFiles) -> Result<(TlsAcceptor, Arc<[CertificateDer<'static>]
         None => builder.with_no_client_auth(),
         Some(path) => {
             let mut roots = RootCertStore::empty();
-            trusted = read_certs(path)?;
+            trusted = read_certs(path, "TLS client CA")?;
             for cert in trusted.iter().cloned() {
                 roots
                     .add(cert)
@@ -198,15 +197,62 @@ fn build(files: &TlsFiles) -> Result<(TlsAcceptor, Arc<[CertificateDer<'static>]
     Ok((TlsAcceptor::from(Arc::new(config)), trusted.into()))
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates in the PEM file `path` (at least one); an error names it as `what`.
+pub(crate) fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("TLS certificates {}: {e}", path.display()))?;
+        .map_err(|e| format!("{what} {}: {}", path.display(), pem_problem(&e)))?;
     if certs.is_empty() {
         return Err(format!(
-            "TLS certificates {}: no certificate in the file",
+            "{what} {}: no certificate in the file",
             path.display()
         ));
     }
     Ok(certs)
+}
+
+/// The private key in the PEM file `path`; an error names it as `what`.
+pub(crate) fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| format!("{what} {}: {}", path.display(), pem_problem(&e)))
+}
+
+/// What is wrong with a PEM file, in words: rustls-pki-types prints the marker it missed
+/// as a list of byte values.
+fn pem_problem(e: &pem::Error) -> String {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "cut short or damaged: no \"-----END {}-----\" line",
+            text(end_marker)
+        ),
+        pem::Error::IllegalSectionStart { line } => {
+            format!("damaged: a bad BEGIN line {:?}", text(line))
+        }
+        pem::Error::NoItemsFound => "no PEM section of the kind needed in the file".to_string(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PEM file cut short is named by the line it lacks, not by that line's byte values.
+    #[test]
+    fn a_pem_file_cut_short_is_named_by_the_line_it_lacks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.pem");
+        std::fs::write(&path, "-----BEGIN CERTIFICATE-----\nMIIB\n").unwrap();
+        let why = read_certs(&path, "TLS certificates").unwrap_err();
+        assert!(
+            why.ends_with(r#"cut.pem: cut short or damaged: no "-----END CERTIFICATE-----" line"#),
+            "{why}"
+        );
+        let why = read_key(&path, "TLS key").err().unwrap();
+        assert!(why.contains("cut short or damaged"), "{why}");
+        std::fs::write(&path, "no PEM here\n").unwrap();
+        let why = read_certs(&path, "TLS certificates").unwrap_err();
+        assert!(why.ends_with("no certificate in the file"), "{why}");
+    }
 }

@@ -221,6 +221,47 @@ async fn tenure_certs_make_a_cluster_that_elects_and_serves_and_keep_their_files
     assert_eq!(code, 0, "{text}");
     assert_ne!(std::fs::read(out.join("cluster-ca.key")).unwrap(), before);
     assert_eq!(mode(out.join("cluster-ca.key")), 0o600);
+    // node-4.pem, signed by the old CA, is named: its node is no longer trusted. The ones
+    // made again are not.
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning="))
+        .unwrap_or_default();
+    assert!(
+        warning.contains("node-4.pem were signed by the old CA"),
+        "{text}"
+    );
+    assert!(
+        !warning.contains("node-3.pem") && !warning.contains("server.pem"),
+        "{text}"
+    );
+}
+
+/// A CA key others may read is warned of when the CA is reused, and a PEM file cut short
+/// is named by the line it lacks (outside test a29: the error listed the line's bytes).
+#[tokio::test]
+async fn tenure_certs_warns_of_a_readable_ca_key_and_names_what_a_cut_pem_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("certs");
+    let out_arg = out.to_str().unwrap();
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "1"]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(!text.contains("warning="), "{text}");
+    let key = out.join("cluster-ca.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "2"]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("may be read by others (mode 0644)"), "{text}");
+
+    let pem = std::fs::read_to_string(out.join("cluster-ca.pem")).unwrap();
+    std::fs::write(out.join("cluster-ca.pem"), &pem[..pem.len() / 2]).unwrap();
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "3"]).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(r#"cut short or damaged: no \"-----END CERTIFICATE-----\" line"#),
+        "{text}"
+    );
+    assert!(!text.contains("[67, "), "{text}");
 }
 
 /// The openssl commands of CLUSTER.md's "Peer TLS", read from the document and run by

@@ -13,17 +13,17 @@
 //! `tenured cluster-init` dials with a certificate of the cluster too (any node's): only a
 //! holder of one can make the first membership.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
 use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
 
 use super::NodeId;
+use crate::tls::{read_certs, read_key};
 
 /// The DNS-name suffix of the name a node certificate carries: `node-<id>` + this.
 pub const NODE_NAME_SUFFIX: &str = ".tenure";
@@ -78,15 +78,12 @@ impl PeerTls {
     /// A file cannot be read or holds no usable certificate or key, or the certificate
     /// names no node id (or more than one); the message names the file.
     pub fn load(files: &PeerTlsFiles) -> Result<PeerTls, String> {
-        let certs = read_certs(&files.cert)?;
+        let certs = read_certs(&files.cert, "peer TLS certificates")?;
         let own_id = cert_node_id(&certs[0])
             .map_err(|why| format!("peer TLS certificate {}: {why}", files.cert.display()))?;
-        let key = || {
-            PrivateKeyDer::from_pem_file(&files.key)
-                .map_err(|e| format!("peer TLS key {}: {e}", files.key.display()))
-        };
+        let key = || read_key(&files.key, "peer TLS key");
         let mut roots = RootCertStore::empty();
-        for cert in read_certs(&files.ca)? {
+        for cert in read_certs(&files.ca, "peer TLS CA")? {
             roots
                 .add(cert)
                 .map_err(|e| format!("peer TLS CA {}: {e}", files.ca.display()))?;
@@ -180,19 +177,6 @@ fn cert_node_id(cert: &CertificateDer<'_>) -> Result<NodeId, String> {
         )),
         (Some(_), Some(_)) => Err("it names more than one node".to_string()),
     }
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("peer TLS certificates {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "peer TLS certificates {}: no certificate in the file",
-            path.display()
-        ));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject as _;
+use tenure::tls::pem_problem;
 
 use crate::output::{Line, Out};
 
@@ -92,14 +93,19 @@ pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let had_ca = args.dir.join("cluster-ca.pem").exists();
     let reused = !args.force && existing_ca(&args.dir)?;
     let (ca, ca_key) = if reused {
+        warn_if_others_read(&args.dir.join("cluster-ca.key"));
         read_ca(&args.dir)?
     } else {
         let (ca, ca_key) = make_ca()?;
         write_pair(&args.dir, "cluster-ca", &ca, &ca_key)?;
         (ca, ca_key)
     };
+    if had_ca && !reused {
+        warn_of_orphans(&args.dir, &names);
+    }
     for id in &args.nodes {
         let mut sans = vec![node_name(*id)];
         sans.extend(args.hosts.iter().cloned());
@@ -127,6 +133,47 @@ pub fn certs(out: &Out, args: CertsArgs) -> anyhow::Result<u8> {
     Ok(crate::exit::EXIT_OK)
 }
 
+/// Warns if the key at `path` may be read by others than its owner: anyone who reads the
+/// CA's key can make certificates every node trusts.
+fn warn_if_others_read(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            crate::output::warn(&format!(
+                "{} may be read by others (mode {mode:04o}): whoever reads it can make \
+                 certificates the nodes trust; chmod 600 it",
+                path.display()
+            ));
+        }
+    }
+}
+
+/// After `--force` replaced the CA in `dir`: warns of the certificates there that the old CA
+/// signed and this command did not make again (`made`: the names it made), which the nodes
+/// no longer trust.
+fn warn_of_orphans(dir: &Path, made: &[String]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut orphans: Vec<String> = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|file| file.strip_suffix(".pem").map(str::to_string))
+        .filter(|name| name != "cluster-ca" && !made.contains(name))
+        .filter(|name| name == "server" || name.starts_with("node-"))
+        .collect();
+    if orphans.is_empty() {
+        return;
+    }
+    orphans.sort();
+    let files: Vec<String> = orphans.iter().map(|name| format!("{name}.pem")).collect();
+    crate::output::warn(&format!(
+        "a new CA replaced the old one in {}: {} were signed by the old CA, which the nodes \
+         no longer trust once they load the new cluster-ca.pem; make them again (--force)",
+        dir.display(),
+        files.join(", ")
+    ));
+}
+
 /// Whether `dir` holds a CA to reuse: its certificate and its key (one without the other is
 /// an error, not a reason to make a new CA beside certificates signed by the old one).
 fn existing_ca(dir: &Path) -> anyhow::Result<bool> {
@@ -150,9 +197,12 @@ fn read_ca(dir: &Path) -> anyhow::Result<(Certificate, KeyPair)> {
         std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
     };
     let (key_pem, ca_pem) = (read("cluster-ca.key")?, read("cluster-ca.pem")?);
+    // rustls names what is wrong with a PEM file; rcgen only says "malformed".
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cluster-ca.key is no key: {}", pem_problem(&e)))?;
     let key = KeyPair::from_pem(&key_pem).context("cluster-ca.key is no key")?;
     let der = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes())
-        .context("cluster-ca.pem is no certificate")?;
+        .map_err(|e| anyhow::anyhow!("cluster-ca.pem is no certificate: {}", pem_problem(&e)))?;
     // Its public key is inside the certificate's subject key info: what the CA's key signs
     // would not verify against a certificate of another key.
     let public = key.public_key_raw();
