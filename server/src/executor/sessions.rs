@@ -47,7 +47,8 @@ use bytes::Bytes;
 use tenure_protocol::{AcquireId, EndedHow, ErrorCode, LeaseId, Request, Response, SessionId};
 
 use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
-use crate::journal::{Change, Journal, Ticket, TICKET_NOW};
+use crate::journal::{Change, Journal, JournalError, Ticket, TICKET_NOW};
+use crate::obs::stats::Stats;
 use crate::record::{FreeReason, RecoveredLease, RecoveredSession, SessionEnd};
 use crate::table;
 
@@ -1108,7 +1109,7 @@ impl Executor {
         self.sessions.closed.fetch_add(1, Ordering::Relaxed);
         // Its waiters leave their queues first, so no key freed below goes to one of them.
         self.end_session_waiters(now_ms, ended.waiters);
-        let (mut ticket, mut released) = (TICKET_NOW, 0u32);
+        let (mut ticket, mut released, mut lost) = (TICKET_NOW, 0u32, None);
         for (lease_id, key) in ended.leases {
             let mut shard = self.shard(&key);
             // Its own reason, so a repeat of its ACQUIRE hears "its session ended" (how 4).
@@ -1117,14 +1118,30 @@ impl Executor {
                     ticket = ticket.max(logged);
                     released += 1;
                 }
+                // Freed here all the same (as a RELEASE whose record is lost): every other
+                // lease of the session is freed too, as the session is gone here.
                 Some(Err(e)) => {
-                    drop(shard);
-                    return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
+                    released += 1;
+                    lost.get_or_insert(e);
                 }
                 None => {}
             }
         }
-        Outcome::Reply(Response::SessionClosed { released }, ticket)
+        match lost {
+            None => Outcome::Reply(Response::SessionClosed { released }, ticket),
+            Some(JournalError::NotLeader(leader)) => {
+                Outcome::Reply(error(ErrorCode::NotLeader, leader.as_ref()), TICKET_NOW)
+            }
+            Some(e) => {
+                Stats::bump(&self.stats.errors);
+                tracing::error!(error = %e, "a session's close could not be logged");
+                let message = format!(
+                    "closed, but not durable: the session and its leases may come back after \
+                     a restart: {e}"
+                );
+                Outcome::Reply(error(ErrorCode::Unavailable, message), TICKET_NOW)
+            }
+        }
     }
 
     /// A waiter of session `id` was handed `grant` (on another task, outside the session

@@ -29,6 +29,8 @@ pub struct MemJournal {
     confirm_hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     kept: Mutex<Vec<Kept>>,
     progress_tx: watch::Sender<Progress>,
+    /// Appends left before the journal fails, and why ([`MemJournal::fail_after`]).
+    fail_after: Mutex<Option<(u64, Arc<str>)>>,
 }
 
 impl MemJournal {
@@ -40,6 +42,7 @@ impl MemJournal {
             confirm_hook: Mutex::new(None),
             kept: Mutex::new(Vec::new()),
             progress_tx,
+            fail_after: Mutex::new(None),
         })
     }
 
@@ -87,7 +90,25 @@ impl MemJournal {
             .send_modify(|p| p.failed = Some(why.into()));
     }
 
+    /// Fails the journal (as [`MemJournal::fail`]) once `appends` more appends succeeded:
+    /// a write lost in the middle of a request's several.
+    pub fn fail_after(&self, appends: u64, why: &str) {
+        *self.fail_after.lock().expect("poisoned") = Some((appends, why.into()));
+    }
+
     fn keep(&self, record: &Record<'_>) -> Result<Ticket, JournalError> {
+        {
+            let mut fail_after = self.fail_after.lock().expect("poisoned");
+            match fail_after.as_mut() {
+                Some((0, why)) => {
+                    let why = Arc::clone(why);
+                    *fail_after = None;
+                    self.progress_tx.send_modify(|p| p.failed = Some(why));
+                }
+                Some((left, _)) => *left -= 1,
+                None => {}
+            }
+        }
         if let Some(why) = &self.progress_tx.borrow().failed {
             // As a cluster's journal refuses once its node no longer leads.
             if why.as_ref() == super::NOT_LEADER {

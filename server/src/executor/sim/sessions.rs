@@ -770,3 +770,74 @@ fn sessions_keep_their_promises() {
         coverage.check_all_seen();
     }
 }
+
+/// A SESSION_CLOSE whose frees cannot all be logged (the journal fails after its end's
+/// record) still frees every lease of the session here, as the session is gone here, and
+/// says the close may not be durable; it used to stop at the first failed free, leaving the
+/// rest held by a session that no longer existed, and answered "nothing changed".
+#[test]
+fn a_close_whose_frees_are_not_logged_frees_every_lease_here_and_says_so() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(async {
+        let mut world = World::new(1).await;
+        let Outcome::Changed {
+            response: Response::Session { session_id, .. },
+            ..
+        } = world.execute(0, Request::SessionOpen { ttl_ms: 10_000 })
+        else {
+            panic!("SESSION_OPEN refused")
+        };
+        let mut leases = Vec::new();
+        for key in ["a", "b", "c"] {
+            let request = Request::Acquire {
+                key: Bytes::from(key),
+                ttl_ms: 0,
+                wait_ms: 0,
+                release_on_disconnect: false,
+                meta: Bytes::new(),
+                acquire_id: None,
+                kind: LeaseKind::Exclusive,
+                session_id: Some(session_id),
+            };
+            let (Outcome::Reply(Response::Granted { lease_id, .. }, _)
+            | Outcome::Changed {
+                response: Response::Granted { lease_id, .. },
+                ..
+            }) = world.execute(0, request)
+            else {
+                panic!("ACQUIRE in the session refused")
+            };
+            leases.push((key, lease_id));
+        }
+        // The session's end is logged; the first free is not, nor anything after it.
+        world.journal.fail_after(1, "disk gone");
+        let close = Request::SessionClose { session_id };
+        let (Outcome::Reply(response, _) | Outcome::Changed { response, .. }) =
+            world.execute(0, close)
+        else {
+            panic!("SESSION_CLOSE answered otherwise")
+        };
+        let Response::Error {
+            code: ErrorCode::Unavailable,
+            message,
+        } = response
+        else {
+            panic!("SESSION_CLOSE answered {response:?}")
+        };
+        assert!(message.starts_with("closed, but not durable"), "{message}");
+        let now_ms = world.now_ms();
+        for (key, lease_id) in leases {
+            let left = held_ttl_left(&world.exec, key.as_bytes(), lease_id, now_ms);
+            assert_eq!(left, None, "{key} still held by the closed session");
+        }
+        assert!(!world
+            .exec
+            .sessions()
+            .lock()
+            .is_live(now_ms, session_id, None));
+    });
+}
