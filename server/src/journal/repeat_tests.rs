@@ -151,6 +151,66 @@ async fn a_repeat_after_expiry_hears_expired_even_before_the_ticker_reaps_it() {
     ));
 }
 
+/// A repeat that arrives once the holder's lease is past its deadline, before the ticker
+/// hands the key to the first send waiting in line, hears of that hand-off: REGRANTED with
+/// the first send's grant (outside test a30, finding F2: it was LOCKED, with that grant's
+/// own token, and a client that took LOCKED at its word left the grant orphaned).
+#[tokio::test(start_paused = true)]
+async fn a_repeat_racing_the_hand_off_to_its_first_send_hears_of_that_grant() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let (holder, _) = run(&executor, acquire("k", 100, None));
+    granted(&holder);
+    repeat_races_the_hand_off(&executor, &journal, acquire("k", 60_000, Some(7))).await;
+}
+
+/// The same on a semaphore key (one permit): its holders and waiters are kept apart from
+/// plain locks' (module `table::shared`).
+#[tokio::test(start_paused = true)]
+async fn a_permit_repeat_racing_the_hand_off_to_its_first_send_hears_of_that_grant() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let kind = tenure_protocol::LeaseKind::Permits { count: 1, limit: 1 };
+    let mut holder = acquire_kind("s", None, kind);
+    if let Request::Acquire { ttl_ms, .. } = &mut holder {
+        *ttl_ms = 100;
+    }
+    granted(&run(&executor, holder).0);
+    repeat_races_the_hand_off(&executor, &journal, acquire_kind("s", Some(7), kind)).await;
+}
+
+/// Queues `request` (its key held by a lease of 100 ms), lets that lease run out without a
+/// ticker, sends `request` again: the repeat is REGRANTED with the first send's grant.
+async fn repeat_races_the_hand_off(
+    executor: &Arc<Executor>,
+    journal: &Arc<MemJournal>,
+    request: Request,
+) {
+    let mut waiting = request.clone();
+    if let Request::Acquire { wait_ms, .. } = &mut waiting {
+        *wait_ms = 30_000;
+    }
+    let first = match executor.execute(&mut Session::new(2), 2, waiting) {
+        Outcome::Wait { rx, .. } => rx,
+        _ => panic!("queued, not answered at once"),
+    };
+    journal.make_durable();
+    tokio::time::advance(Duration::from_millis(150)).await;
+    // The holder's lease is past its deadline; no ticker has run.
+    let (again, ticket) = run(executor, request);
+    let Response::Regranted {
+        token, lease_id, ..
+    } = again
+    else {
+        panic!("REGRANTED, not {again:?}")
+    };
+    journal.make_durable_to(ticket);
+    let Ok(crate::executor::WaitResult::Granted { grant, .. }) = first.await else {
+        panic!("the first send was not granted")
+    };
+    assert_eq!((grant.token, grant.lease_id), (token, lease_id));
+}
+
 #[tokio::test]
 async fn a_repeat_after_a_restart_or_a_snapshot_gets_the_same_grant() {
     let journal = MemJournal::new(true);

@@ -261,6 +261,9 @@ impl<W: WaiterSink> LockTable<W> {
     ) -> Result<Acquire<W>, Repeat> {
         if !kind.is_exclusive() || self.shared.find(args.key).is_some() {
             return match self.repeat_of(now_ms, args.key, acquire_id) {
+                Repeat::New if self.shared_hands_off_on_settling(args.key, now_ms) => {
+                    Err(Repeat::Unsettled)
+                }
                 Repeat::New => Ok(self.acquire_kind(now_ms, args, kind, tokens, events)),
                 repeat => Err(repeat),
             };
@@ -271,6 +274,7 @@ impl<W: WaiterSink> LockTable<W> {
         let slot = self.find_hashed(hash, args.key);
         let repeat = match self.live_lock(slot, acquire_id) {
             Some(live) => live.at(now_ms),
+            None if self.hands_off_on_settling(slot, now_ms) => Repeat::Unsettled,
             None => self.ended_repeat(now_ms, acquire_id, hash),
         };
         match repeat {
@@ -305,6 +309,20 @@ impl<W: WaiterSink> LockTable<W> {
             }
             _ => Repeat::New,
         }
+    }
+
+    /// Whether settling the plain key in `slot` would hand it to a waiter: its lease is past
+    /// its deadline and someone waits. That waiter may be an earlier send of the ACQUIRE
+    /// being asked about, which would then be granted the key before this one's turn: the
+    /// key is settled first (`Repeat::Unsettled`), its hand-off made and its acquire id
+    /// noted, and the repeat asked again (outside test a30, finding F2: it was answered
+    /// LOCKED, with its own first send's token). Not for a key reserved for its waiters
+    /// (deadline 0): settling hands that on only once tokens are reserved.
+    fn hands_off_on_settling(&self, slot: Option<usize>, now_ms: u64) -> bool {
+        slot.is_some_and(|slot| {
+            let deadline_ms = self.slots[slot].deadline_ms;
+            deadline_ms != 0 && deadline_ms <= now_ms && self.queue_len(slot) > 0
+        })
     }
 
     /// The lease of the plain key in `slot` if `acquire_id` was granted it (expired or not).

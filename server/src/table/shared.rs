@@ -1232,6 +1232,15 @@ impl<W: WaiterSink> LockTable<W> {
         ))
     }
 
+    /// Whether settling the read/write or semaphore `key` would hand it on: a holder is
+    /// past its deadline and someone waits (as `hands_off_on_settling` for a plain key).
+    pub(super) fn shared_hands_off_on_settling(&self, key: &[u8], now_ms: u64) -> bool {
+        self.shared.find(key).is_some_and(|number| {
+            let entry = self.shared.entry(number);
+            entry.first_deadline_ms <= now_ms && !entry.queue.is_empty()
+        })
+    }
+
     /// The holders of `key` if it is a shared key, unexpired or not: (token, lease id,
     /// deadline) each, in grant order. For the acquire-id lookups (`repeat_of`), which find
     /// a repeat's lease among a read/write or semaphore key's holders by its token.
