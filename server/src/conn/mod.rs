@@ -55,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{Evicted, PendingPlace};
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
+use crate::executor::WaitResult;
 use crate::executor::WatchEvent;
 use crate::identity::ConnectionPlace;
 use crate::journal::TICKET_NOW;
@@ -433,9 +434,30 @@ impl Conn {
         self.fatal = true;
     }
 
-    /// Leaves no trace in the shared state.
+    /// Leaves no trace in the shared state: after its waits are cancelled (so no hand-off
+    /// can reach it any more), the hand-offs already made to them and not taken up yet are
+    /// settled ([`Executor::undelivered_hand_off`]).
     fn finish(&mut self) {
         self.ctx.disconnect(&self.executor);
+        for later in std::mem::take(&mut self.later) {
+            if let Some(Later::Wait {
+                result: Ok(WaitResult::Granted { grant, ticket, .. }),
+                key,
+                release_on_disconnect,
+                session,
+                ..
+            }) = later.now_or_never()
+            {
+                let granted = (grant, ticket);
+                (self.executor).undelivered_hand_off(
+                    &self.ctx,
+                    &key,
+                    granted,
+                    session,
+                    release_on_disconnect,
+                );
+            }
+        }
     }
 }
 

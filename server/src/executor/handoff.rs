@@ -221,6 +221,9 @@ impl Executor {
             if let (Some(acquire_id), Ok(ticket)) = (acquire_id, &logged) {
                 shard.note_acquire_id(grant.token, acquire_id, *ticket);
             }
+            if let Some(session_id) = session_id {
+                self.sessions.joining(grant.lease_id, session_id);
+            }
             Stats::bump(&self.stats.grants);
             Stats::bump(&self.stats.handoffs);
             self.stats.count_kind_grant(kind);
@@ -232,6 +235,44 @@ impl Executor {
         }
         // Nobody will ever hear of this grant: free it so the next waiter is not held up.
         self.free(shard, now_ms, &key, grant.lease_id, FreeReason::Released);
+    }
+
+    /// A hand-off whose waiter's connection ended before it took the grant up (the reply
+    /// was never sent; `ctx` is that connection's, its waits already cancelled, so no other
+    /// hand-off can come). With an acquire id the client may retry, and its retry must find
+    /// the grant where its first send put it: in the session it named (it joins it here, as
+    /// the connection would have: its keep-alives keep it, its close frees it, a repeat
+    /// naming the session is answered with it), or, outside a session, with its TTL. Without
+    /// one nobody can ever name this lease, and with release on disconnect its connection
+    /// is gone: freed at once, as a hand-off to a waiter that left is (PROTOCOL.md 3.4).
+    /// It left a session's lease out of its session (outside test a30, finding F1).
+    pub fn undelivered_hand_off(
+        self: &Arc<Self>,
+        ctx: &super::Session,
+        key: &bytes::Bytes,
+        (grant, ticket): (table::Grant, Ticket),
+        session: Option<(tenure_protocol::SessionId, u64)>,
+        release_on_disconnect: bool,
+    ) {
+        let has_acquire_id = self.shard(key).acquire_id_of(grant.token).is_some();
+        if has_acquire_id && !release_on_disconnect {
+            if let Some(session) = session {
+                // Joined, or freed if its session ended meanwhile; nobody to tell either way.
+                let _ = self.join_session(ctx, session, key, grant, ticket);
+            }
+            return;
+        }
+        if session.is_some() {
+            self.sessions.joined(grant.lease_id);
+        }
+        let reason = if release_on_disconnect {
+            FreeReason::Disconnected
+        } else {
+            FreeReason::Released
+        };
+        let now_ms = self.clock.now_ms();
+        let mut shard = self.shard(key);
+        let _ = self.free(&mut shard, now_ms, key, grant.lease_id, reason);
     }
 
     /// Counts the lease with fencing token `token` against its identity's held-locks quota

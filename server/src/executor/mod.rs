@@ -569,6 +569,9 @@ impl crate::journal::LeaseSource for Executor {
         // order), and only while there are session leases.
         let sessions = self.sessions.lock_if_any();
         let shard = self.shards[part].lock().expect("shard poisoned");
+        // Hand-offs are made under the shard's lock: none of its leases starts joining a
+        // session while it is held. Empty but for hand-offs not yet taken up.
+        let joining = self.sessions.joining_copy();
         let now_ms = self.clock.now_ms();
         shard.for_each_held(now_ms, |held| {
             each(Lease {
@@ -581,7 +584,9 @@ impl crate::journal::LeaseSource for Executor {
                 release_on_disconnect: false,
                 meta: held.meta,
                 acquire_id: shard.acquire_id_of(held.token),
-                session_id: sessions.as_ref().and_then(|s| s.session_of(held.lease_id)),
+                // A lease handed to a session's waiter is in its session, joined or not.
+                session_id: (sessions.as_ref().and_then(|s| s.session_of(held.lease_id)))
+                    .or_else(|| joining.get(&held.lease_id).copied()),
                 kind: held.kind,
             })
         });

@@ -654,6 +654,13 @@ pub struct Ended {
 /// The executor's sessions: the table under its lock, and counters for STATS.
 pub struct Sessions {
     table: Mutex<SessionTable>,
+    /// Leases handed to a session's waiter that have not joined the session yet (its
+    /// connection takes the grant up, `Executor::join_session`), with that session. The
+    /// hand-off is made under a shard's lock, where the session table's may not be taken;
+    /// this lock is taken under either and nothing is locked under it. A repeat of the
+    /// waiter's ACQUIRE in between names the session the lease is joining, and is
+    /// answered as if it had joined (outside test a30, finding F1).
+    joining: Mutex<HashMap<LeaseId, SessionId>>,
     /// Session leases, read without the lock so plain RENEW and RELEASE skip it.
     leases: AtomicUsize,
     /// Sessions ended by SESSION_CLOSE.
@@ -667,6 +674,7 @@ impl Sessions {
     pub fn new(sessions_max: usize, leases_max: usize) -> Sessions {
         Sessions {
             table: Mutex::new(SessionTable::new(sessions_max, leases_max)),
+            joining: Mutex::new(HashMap::new()),
             leases: AtomicUsize::new(0),
             closed: AtomicU64::new(0),
             expired: AtomicU64::new(0),
@@ -678,6 +686,32 @@ impl Sessions {
         self.table
             .lock()
             .expect("the session table was poisoned by a panic")
+    }
+
+    /// Notes that `lease_id` was handed to a waiter of session `id` and is to join it.
+    pub(super) fn joining(&self, lease_id: LeaseId, id: SessionId) {
+        self.joining_map().insert(lease_id, id);
+    }
+
+    /// `lease_id` joined its session, or never will: it is no longer joining one.
+    pub(super) fn joined(&self, lease_id: LeaseId) {
+        self.joining_map().remove(&lease_id);
+    }
+
+    /// Every lease joining a session now, with its session.
+    pub(super) fn joining_copy(&self) -> HashMap<LeaseId, SessionId> {
+        self.joining_map().clone()
+    }
+
+    /// The session `lease_id` is joining, if it is.
+    fn joining_of(&self, lease_id: LeaseId) -> Option<SessionId> {
+        self.joining_map().get(&lease_id).copied()
+    }
+
+    fn joining_map(&self) -> MutexGuard<'_, HashMap<LeaseId, SessionId>> {
+        self.joining
+            .lock()
+            .expect("the joining leases were poisoned by a panic")
     }
 
     /// The table, locked, if any lease is in a session (else `None`, without the lock).
@@ -789,12 +823,14 @@ fn refusal_of(
 pub(super) fn mismatch(
     outcome: &Outcome,
     expected: Option<SessionId>,
-    sessions: &SessionTable,
+    (sessions, table): (&Sessions, &SessionTable),
 ) -> Option<Outcome> {
     let Outcome::Reply(Response::Regranted { lease_id, .. }, _) = outcome else {
         return None;
     };
-    let actual = sessions.session_of(*lease_id);
+    let actual = table
+        .session_of(*lease_id)
+        .or_else(|| sessions.joining_of(*lease_id));
     if actual == expected {
         return None;
     }
@@ -812,10 +848,13 @@ impl Sessions {
     /// [`mismatch`] for a repeat that named no session; without the lock when there are no
     /// session leases.
     pub(super) fn mismatch_without_session(&self, outcome: &Outcome) -> Option<Outcome> {
-        if self.leases.load(Ordering::Relaxed) == 0 {
+        if !matches!(outcome, Outcome::Reply(Response::Regranted { .. }, _)) {
             return None;
         }
-        mismatch(outcome, None, &self.lock())
+        if self.leases.load(Ordering::Relaxed) == 0 && self.joining_map().is_empty() {
+            return None;
+        }
+        mismatch(outcome, None, (self, &self.lock()))
     }
 }
 
@@ -1164,6 +1203,8 @@ impl Executor {
         // No longer waiting: under the same hold as the lease it becomes, so the session's
         // count of leases held and waited for cannot slip past its limit in between.
         sessions.forget_waiter(id, key, waiter_id);
+        // Joined below, or freed: under the same hold, so a repeat finds it one or the other.
+        self.sessions.joined(grant.lease_id);
         let joined = match sessions.room(now_ms, id, owner(ctx)) {
             Ok(left_ms) => {
                 let left_ms = clamp_ms(left_ms).max(1);
@@ -1271,7 +1312,8 @@ impl Executor {
                 // send's outcome is still known.
                 let repeat = acquire_id.and_then(|a| self.repeat_in_ended(now_ms, &key, a));
                 if let Some(outcome) = repeat {
-                    return mismatch(&outcome, Some(id), &sessions).unwrap_or(outcome);
+                    let found = mismatch(&outcome, Some(id), (&self.sessions, &sessions));
+                    return found.unwrap_or(outcome);
                 }
                 // The server's own state (BAD_TTL, RECOVERING, UNAVAILABLE) comes before
                 // the session's in 3.7's order.
@@ -1285,7 +1327,7 @@ impl Executor {
         ctx.session_deadline = sessions.deadline_cell(id);
         let outcome = self.acquire(ctx, now_ms, received_ms, request);
         ctx.session_deadline = None;
-        if let Some(refusal) = mismatch(&outcome, Some(id), &sessions) {
+        if let Some(refusal) = mismatch(&outcome, Some(id), (&self.sessions, &sessions)) {
             return refusal;
         }
         if let Outcome::Wait { waiter_id, .. } = &outcome {

@@ -398,6 +398,102 @@ async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_sessi
     assert_eq!(token_held(&executor, "k"), None);
 }
 
+/// A session's waiter with an acquire id is handed its key, and its connection ends before
+/// taking the grant up (outside test a30, finding F1: the lease stayed out of its session,
+/// a repeat naming the session was SESSION_MISMATCH "in no session", its close freed
+/// nothing and the key stayed held for the session's TTL). A repeat in between is answered
+/// with the grant; the connection's end joins the lease to its session, whose close frees it.
+#[tokio::test(start_paused = true)]
+async fn a_hand_off_its_connection_never_took_up_joins_its_session() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let id = open(&executor, 10_000);
+    let key = Bytes::from_static(b"k");
+    let Response::Granted { lease_id, .. } = run(&executor, lock_k(10_000, 0, None, None)) else {
+        panic!("granted")
+    };
+    let mut conn = Session::new(7);
+    let Outcome::Wait {
+        mut rx, waiter_id, ..
+    } = executor.execute(&mut conn, 2, lock_k(0, 10_000, Some(9), Some(id)))
+    else {
+        panic!("queued")
+    };
+    conn.add_wait(2, key.clone(), waiter_id, Some(id));
+    journal.make_durable();
+    let release = Request::Release {
+        key: key.clone(),
+        lease_id,
+    };
+    run(&executor, release);
+    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+        panic!("handed the key")
+    };
+    journal.make_durable();
+    // The client retries on another connection before the first one's end is seen.
+    let Response::Regranted { token, .. } = run(&executor, lock_k(0, 10_000, Some(9), Some(id)))
+    else {
+        panic!("the repeat was not answered with the grant")
+    };
+    assert_eq!(token, grant.token);
+    // The first connection ends, its grant never sent.
+    conn.disconnect(&executor);
+    let session = Some((id, waiter_id));
+    executor.undelivered_hand_off(&conn, &key, (grant, ticket), session, false);
+    assert_eq!(
+        run(&executor, Request::SessionClose { session_id: id }),
+        Response::SessionClosed { released: 1 }
+    );
+    assert_eq!(token_held(&executor, "k"), None);
+}
+
+/// A waiter's hand-off its connection never took up, without an acquire id (nobody can
+/// ever name its lease) or with release on disconnect, is freed at once.
+#[tokio::test(start_paused = true)]
+async fn a_hand_off_nobody_can_name_is_freed_when_its_connection_ends() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    for (acquire_id, release_on_disconnect) in [(None, false), (Some(5), true)] {
+        let key = Bytes::from_static(b"k");
+        let Response::Granted { lease_id, .. } = run(&executor, lock_k(10_000, 0, None, None))
+        else {
+            panic!("granted")
+        };
+        let mut conn = Session::new(7);
+        let mut waiting = lock_k(10_000, 10_000, acquire_id, None);
+        if let Request::Acquire {
+            release_on_disconnect: flag,
+            ..
+        } = &mut waiting
+        {
+            *flag = release_on_disconnect;
+        }
+        let Outcome::Wait {
+            mut rx, waiter_id, ..
+        } = executor.execute(&mut conn, 2, waiting)
+        else {
+            panic!("queued")
+        };
+        conn.add_wait(2, key.clone(), waiter_id, None);
+        journal.make_durable();
+        run(
+            &executor,
+            Request::Release {
+                key: key.clone(),
+                lease_id,
+            },
+        );
+        let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+            panic!("handed the key")
+        };
+        assert!(token_held(&executor, "k").is_some());
+        conn.disconnect(&executor);
+        let granted = (grant, ticket);
+        executor.undelivered_hand_off(&conn, &key, granted, None, release_on_disconnect);
+        assert_eq!(token_held(&executor, "k"), None, "{acquire_id:?}");
+    }
+}
+
 /// An ACQUIRE of `count` permits of 2 on "s", in session `session` or not, waiting 10 s.
 fn permits(count: u32, session: Option<SessionId>, wait_ms: u32) -> Request {
     Request::Acquire {
