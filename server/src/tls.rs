@@ -218,7 +218,8 @@ pub(crate) fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>
 }
 
 /// What is wrong with a PEM file, in words: rustls-pki-types prints the marker it missed
-/// as a list of byte values.
+/// as a list of byte values. (The client crate has its own, `tenure::tls::pem_problem`:
+/// the server does not depend on the client, and no crate both share has rustls in it.)
 fn pem_problem(e: &pem::Error) -> String {
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
     match e {

@@ -360,40 +360,54 @@ async fn a_waiter_whose_session_ended_before_its_turn_answers_no_repeat() {
     ));
 }
 
+/// Holds "k", queues `waiting` on `conn` (its wait noted, as its connection notes it) and
+/// releases the holder: the grant the waiter was handed, not taken up yet, its ticket (made
+/// durable) and the waiter's id.
+fn handed_k(
+    executor: &Arc<Executor>,
+    journal: &MemJournal,
+    conn: &mut Session,
+    waiting: Request,
+) -> (crate::table::Grant, super::Ticket, u64) {
+    let key = Bytes::from_static(b"k");
+    let Response::Granted { lease_id, .. } = run(executor, lock_k(10_000, 0, None, None)) else {
+        panic!("granted")
+    };
+    let Request::Acquire { session_id, .. } = &waiting else {
+        unreachable!("an ACQUIRE")
+    };
+    let session_id = *session_id;
+    let Outcome::Wait {
+        mut rx, waiter_id, ..
+    } = executor.execute(conn, 2, waiting)
+    else {
+        panic!("queued")
+    };
+    conn.add_wait(2, key.clone(), waiter_id, session_id);
+    journal.make_durable();
+    run(executor, Request::Release { key, lease_id });
+    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
+        panic!("handed the key")
+    };
+    journal.make_durable();
+    (grant, ticket, waiter_id)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hand_off_that_meets_its_sessions_close_is_freed_and_answered_no_session() {
     let journal = MemJournal::new(true);
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 10_000);
     let key = Bytes::from_static(b"k");
-    let holder = lock_k(10_000, 0, None, None);
-    let Response::Granted { lease_id, .. } = run(&executor, holder) else {
-        panic!("granted")
-    };
-    let waiter = lock_k(0, 10_000, None, Some(id));
-    let Outcome::Wait {
-        mut rx, waiter_id, ..
-    } = executor.execute(&mut Session::new(1), 2, waiter)
-    else {
-        panic!("queued")
-    };
-    journal.make_durable();
+    let mut conn = Session::new(1);
+    let waiting = lock_k(0, 10_000, None, Some(id));
+    let (grant, ticket, waiter_id) = handed_k(&executor, &journal, &mut conn, waiting);
     // Handed the key, and the session closes before its connection joins it to the session.
-    run(
-        &executor,
-        Request::Release {
-            key: key.clone(),
-            lease_id,
-        },
-    );
-    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
-        panic!("handed the key")
-    };
     assert_eq!(
         run(&executor, Request::SessionClose { session_id: id }),
         Response::SessionClosed { released: 0 }
     );
-    let joined = executor.join_session(&Session::new(1), (id, waiter_id), &key, grant, ticket);
+    let joined = executor.join_session(&conn, (id, waiter_id), &key, grant, ticket);
     assert_eq!(joined.err().map(|e| e.0), Some(ErrorCode::NoSession));
     assert_eq!(token_held(&executor, "k"), None);
 }
@@ -409,27 +423,9 @@ async fn a_hand_off_its_connection_never_took_up_joins_its_session() {
     let executor = executor(&journal, 1).await;
     let id = open(&executor, 10_000);
     let key = Bytes::from_static(b"k");
-    let Response::Granted { lease_id, .. } = run(&executor, lock_k(10_000, 0, None, None)) else {
-        panic!("granted")
-    };
     let mut conn = Session::new(7);
-    let Outcome::Wait {
-        mut rx, waiter_id, ..
-    } = executor.execute(&mut conn, 2, lock_k(0, 10_000, Some(9), Some(id)))
-    else {
-        panic!("queued")
-    };
-    conn.add_wait(2, key.clone(), waiter_id, Some(id));
-    journal.make_durable();
-    let release = Request::Release {
-        key: key.clone(),
-        lease_id,
-    };
-    run(&executor, release);
-    let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
-        panic!("handed the key")
-    };
-    journal.make_durable();
+    let waiting = lock_k(0, 10_000, Some(9), Some(id));
+    let (grant, ticket, waiter_id) = handed_k(&executor, &journal, &mut conn, waiting);
     // The client retries on another connection before the first one's end is seen.
     let Response::Regranted { token, .. } = run(&executor, lock_k(0, 10_000, Some(9), Some(id)))
     else {
@@ -455,10 +451,6 @@ async fn a_hand_off_nobody_can_name_is_freed_when_its_connection_ends() {
     let executor = executor(&journal, 1).await;
     for (acquire_id, release_on_disconnect) in [(None, false), (Some(5), true)] {
         let key = Bytes::from_static(b"k");
-        let Response::Granted { lease_id, .. } = run(&executor, lock_k(10_000, 0, None, None))
-        else {
-            panic!("granted")
-        };
         let mut conn = Session::new(7);
         let mut waiting = lock_k(10_000, 10_000, acquire_id, None);
         if let Request::Acquire {
@@ -468,24 +460,7 @@ async fn a_hand_off_nobody_can_name_is_freed_when_its_connection_ends() {
         {
             *flag = release_on_disconnect;
         }
-        let Outcome::Wait {
-            mut rx, waiter_id, ..
-        } = executor.execute(&mut conn, 2, waiting)
-        else {
-            panic!("queued")
-        };
-        conn.add_wait(2, key.clone(), waiter_id, None);
-        journal.make_durable();
-        run(
-            &executor,
-            Request::Release {
-                key: key.clone(),
-                lease_id,
-            },
-        );
-        let Ok(crate::executor::WaitResult::Granted { grant, ticket, .. }) = rx.try_recv() else {
-            panic!("handed the key")
-        };
+        let (grant, ticket, _) = handed_k(&executor, &journal, &mut conn, waiting);
         assert!(token_held(&executor, "k").is_some());
         conn.disconnect(&executor);
         let granted = (grant, ticket);

@@ -52,13 +52,17 @@ const SEEDS_DEFAULT: u64 = 24;
 /// Steps per seed.
 const STEPS_PER_SEED: u64 = 1_500;
 
-fn run_seed(seed: u64, step: &Cell<u64>) -> Coverage {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// A current-thread runtime whose clock moves only when told: the simulations' time.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("a current-thread runtime");
-    runtime.block_on(async {
+        .expect("a current-thread runtime")
+}
+
+fn run_seed(seed: u64, step: &Cell<u64>) -> Coverage {
+    paused_runtime().block_on(async {
         let mut world = World::new(seed).await;
         for i in 0..STEPS_PER_SEED {
             step.set(i);

@@ -731,12 +731,7 @@ fn held_ttl_left(exec: &Executor, key: &[u8], lease_id: LeaseId, now_ms: u64) ->
 }
 
 fn run_seed(seed: u64, step: &Cell<u64>) -> Coverage {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    runtime.block_on(async {
+    super::paused_runtime().block_on(async {
         let mut world = World::new(seed).await;
         for i in 0..STEPS_PER_SEED {
             step.set(i);
@@ -777,12 +772,7 @@ fn sessions_keep_their_promises() {
 /// rest held by a session that no longer existed, and answered "nothing changed".
 #[test]
 fn a_close_whose_frees_are_not_logged_frees_every_lease_here_and_says_so() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    runtime.block_on(async {
+    super::paused_runtime().block_on(async {
         let mut world = World::new(1).await;
         let Outcome::Changed {
             response: Response::Session { session_id, .. },
