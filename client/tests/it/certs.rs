@@ -231,6 +231,17 @@ async fn tenure_certs_make_a_cluster_that_elects_and_serves_and_keep_their_files
         warning.contains("node-4.pem were signed by the old CA"),
         "{text}"
     );
+    // Its advice works: without --force the new CA signs node 4's certificate again.
+    assert!(warning.contains("--nodes 4` without --force"), "{text}");
+    for ext in ["pem", "key"] {
+        std::fs::remove_file(out.join(format!("node-4.{ext}"))).unwrap();
+    }
+    let (code, text) = certs(&["--dir", out_arg, "--nodes", "4"]).await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(" ca=reused") && !text.contains("warning="),
+        "{text}"
+    );
     assert!(
         !warning.contains("node-3.pem") && !warning.contains("server.pem"),
         "{text}"
@@ -251,7 +262,10 @@ async fn tenure_certs_warns_of_a_readable_ca_key_and_names_what_a_cut_pem_lacks(
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, text) = certs(&["--dir", out_arg, "--nodes", "2"]).await;
     assert_eq!(code, 0, "{text}");
-    assert!(text.contains("may be read by others (mode 0644)"), "{text}");
+    assert!(
+        text.contains("may be read by its group or others (mode 0644)"),
+        "{text}"
+    );
 
     let pem = std::fs::read_to_string(out.join("cluster-ca.pem")).unwrap();
     std::fs::write(out.join("cluster-ca.pem"), &pem[..pem.len() / 2]).unwrap();

@@ -706,6 +706,13 @@ mod tests {
             assert_eq!(then % SNAPSHOT_EVERY, 2 * third);
         }
         assert!(!snapshot_due(u64::MAX - 1, u64::MAX - 1, 1), "no overflow");
+        // `snapshot_rhythm` passes the index it last asked at while openraft's metrics still
+        // name the snapshot before: node 1 asked at 6 679 is not due at 6 861 (outside
+        // re-check a30b saw a second snapshot there), and is due at its next mark.
+        let (stale, asked_at) = (1_700, 6_679);
+        assert!(snapshot_due(6_679, stale, 1));
+        assert!(!snapshot_due(6_861, u64::max(stale, asked_at), 1));
+        assert!(snapshot_due(11_666, u64::max(stale, asked_at), 1));
     }
 
     #[test]

@@ -140,8 +140,8 @@ fn warn_if_others_read(path: &Path) {
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             crate::output::warn(&format!(
-                "{} may be read by others (mode {mode:04o}): whoever reads it can make \
-                 certificates the nodes trust; chmod 600 it",
+                "{} may be read by its group or others (mode {mode:04o}): whoever reads \
+                 it can make certificates the nodes trust; chmod 600 it",
                 path.display()
             ));
         }
@@ -168,10 +168,29 @@ fn warn_of_orphans(dir: &Path, made: &[String]) {
     let files: Vec<String> = orphans.iter().map(|name| format!("{name}.pem")).collect();
     crate::output::warn(&format!(
         "a new CA replaced the old one in {}: {} were signed by the old CA, which the nodes \
-         no longer trust once they load the new cluster-ca.pem; make them again (--force)",
+         no longer trust once they load the new cluster-ca.pem; delete them and run \
+         `tenure certs --dir {} --nodes {}` without --force (it signs with the new CA), \
+         not with --force (that would make yet another CA)",
         dir.display(),
-        files.join(", ")
+        files.join(", "),
+        dir.display(),
+        remake_args(&orphans),
     ));
+}
+
+/// The `--nodes` (and `--server`) that make `names` (`node-<id>`, `server`) again.
+fn remake_args(names: &[String]) -> String {
+    let ids: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("node-"))
+        .collect();
+    let server = names.iter().any(|n| n == "server");
+    match (ids.is_empty(), server) {
+        (false, true) => format!("{} --server", ids.join(",")),
+        (false, false) => ids.join(","),
+        // `--nodes` is required: the server certificate alone comes with any node's.
+        (true, _) => "<an id> --server".to_string(),
+    }
 }
 
 /// Whether `dir` holds a CA to reuse: its certificate and its key (one without the other is
