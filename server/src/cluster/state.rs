@@ -193,44 +193,34 @@ enum Applied {
 }
 
 impl Replica {
-    /// A replica holding `state`.
-    pub fn new(state: ReplicaState) -> Replica {
-        Replica {
-            state: Mutex::new(state),
-            deferred: Mutex::default(),
-        }
-    }
-
     /// The state, with every entry kept for later applied to it first.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
         let mut state = self.state.lock().expect("replica state poisoned");
-        self.catch_up(&mut state);
+        let _ = self.catch_up(&mut state);
         state
     }
 
     /// Applies the kept entries to `state` (held by the caller), oldest first; returns how
-    /// many. One that fails stops them, and is kept as the reason every later `apply` fails.
-    fn catch_up(&self, state: &mut ReplicaState) -> usize {
+    /// many. One that fails stops them, and is kept as the reason (the `Err`) this and
+    /// every later call, hence every later `apply`, fails with.
+    fn catch_up(&self, state: &mut ReplicaState) -> Result<usize, String> {
         let entries = {
             let mut deferred = self.deferred.lock().expect("deferred entries poisoned");
-            if deferred.entries.is_empty() || deferred.failed.is_some() {
-                return 0;
+            if let Some(why) = &deferred.failed {
+                return Err(why.clone());
+            }
+            if deferred.entries.is_empty() {
+                return Ok(0);
             }
             std::mem::take(&mut deferred.entries)
         };
         let count = entries.len();
-        if let Err(e) = apply_entries(state, entries) {
+        apply_entries(state, entries).map_err(|e| {
             tracing::error!(error = %e, "a committed entry kept for later could not be applied");
             let mut deferred = self.deferred.lock().expect("deferred entries poisoned");
-            deferred.failed = Some(e.to_string());
-        }
-        count
-    }
-
-    /// Why the state stopped at an entry kept for later, if it did.
-    fn failed(&self) -> Option<String> {
-        let deferred = self.deferred.lock().expect("deferred entries poisoned");
-        deferred.failed.clone()
+            deferred.failed.insert(e.to_string()).clone()
+        })?;
+        Ok(count)
     }
 
     /// Applies `entries` to `state` (held by the caller) after the kept ones.
@@ -239,10 +229,7 @@ impl Replica {
         state: &mut ReplicaState,
         entries: impl IntoIterator<Item = Entry>,
     ) -> Result<Vec<()>, String> {
-        self.catch_up(state);
-        if let Some(why) = self.failed() {
-            return Err(why);
-        }
+        self.catch_up(state)?;
         apply_entries(state, entries).map_err(|e| e.to_string())
     }
 
@@ -438,8 +425,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let mut guard = state.lock();
             let locked = std::time::Instant::now();
             let (meta, records) = snapshot_of(&guard);
-            // What `apply` kept for later meanwhile, applied before anyone else waits.
-            let caught_up = state.catch_up(&mut guard);
+            // What `apply` kept for later meanwhile, applied before anyone else waits (a
+            // failure is the next `apply`'s to report).
+            let caught_up = state.catch_up(&mut guard).unwrap_or(0);
             drop(guard);
             let encoded = std::time::Instant::now();
             snapshots.save(meta.clone(), records.clone())?;
@@ -481,9 +469,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        if let Some(why) = self.state.failed() {
-            return Err(apply_error(why));
-        }
         // While a snapshot holds the state, the entries are kept for later (`Replica`);
         // only if too many are kept does this wait, on a blocking thread: waiting here
         // would hold a runtime worker (of two on a small machine) for as long, and the

@@ -216,10 +216,11 @@ fn read_ca(dir: &Path) -> anyhow::Result<(Certificate, KeyPair)> {
         std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
     };
     let (key_pem, ca_pem) = (read("cluster-ca.key")?, read("cluster-ca.pem")?);
-    // rustls names what is wrong with a PEM file; rcgen only says "malformed".
-    rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+    // Read by rustls, which names what is wrong with a PEM file (rcgen only says
+    // "malformed"), then given to rcgen.
+    let key_der = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
         .map_err(|e| anyhow::anyhow!("cluster-ca.key is no key: {}", pem_problem(&e)))?;
-    let key = KeyPair::from_pem(&key_pem).context("cluster-ca.key is no key")?;
+    let key = KeyPair::try_from(&key_der).context("cluster-ca.key is no key")?;
     let der = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes())
         .map_err(|e| anyhow::anyhow!("cluster-ca.pem is no certificate: {}", pem_problem(&e)))?;
     // Its public key is inside the certificate's subject key info: what the CA's key signs
