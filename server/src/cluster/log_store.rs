@@ -17,7 +17,9 @@
 //! too, before `save_vote` returns). Opening reads every record; the first one that is
 //! short or fails its checksum ends the log, and the file is cut there (a torn write of an
 //! append that was never reported durable), unless an intact record follows somewhere after
-//! it, or the record that ends the log is intact but out of order (a gap in the indexes):
+//! it (not inside the bad record's own declared bytes, which may hold a client's metadata:
+//! `record::inside_bad_record`), or the record that ends the log is intact but out of order
+//! (a gap in the indexes):
 //! that is damage, not a torn write, and opening refuses, naming the offsets. As with
 //! the WAL, one crash pattern is refused too: an unsynced append of several records whose
 //! first pages never reached the disk but whose later ones did. Nothing past such a hole was
@@ -58,6 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use super::peer_check::TERM_MAX;
 use super::{storage_error, Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::record;
 
 /// Bytes before a record's entry: length, checksum, index, term.
 const RECORD_HEADER_LEN: usize = 4 + 4 + 8 + 8;
@@ -582,9 +585,14 @@ fn may_follow(last: u64, index: u64, purged: Option<u64>) -> bool {
 /// The offset of the first intact record at or after the bad bytes at `bad`, if there is
 /// one: then the damage is not a torn tail (a torn write is the last thing in the file).
 /// At `bad` itself: an intact record that does not follow the one before (a gap in the
-/// indexes) is no torn write either, and cutting it could drop an acknowledged entry.
+/// indexes) is no torn write either, and cutting it could drop an acknowledged entry. Not
+/// one that may be the content of the bad record itself (a client's metadata holding a
+/// record's bytes: [`record::inside_bad_record`]).
 fn intact_record_after(bytes: &[u8], bad: usize) -> Option<usize> {
-    (bad..bytes.len()).find(|&at| decode_at(&bytes[at..]).is_some())
+    (bad..bytes.len()).find(|&at| {
+        decode_at(&bytes[at..]).is_some()
+            && !record::inside_bad_record(bytes, bad, at, RECORD_HEADER_LEN, ENTRY_LEN_MAX)
+    })
 }
 
 /// The error of a log whose records end at `end` with an intact record at `at` (no torn
@@ -821,6 +829,49 @@ mod tests {
         let message = refused.to_string();
         assert!(message.contains("damaged at byte"), "{message}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing cut");
+    }
+
+    /// An entry carries clients' metadata, which may hold the bytes of a whole Raft-log
+    /// record: torn by a crash, that entry is still a torn tail, not damage with "an intact
+    /// record following" that kept the node from starting (review 9, finding 3); with an
+    /// entry written after it, it is damage as before.
+    #[test]
+    fn a_torn_entry_holding_a_records_bytes_is_a_torn_tail() {
+        let mut copy = Vec::new();
+        encode(&entry(1, 3, b"copy"), &mut copy).unwrap();
+        let holder = entry(1, 3, &[copy.as_slice(), &[b'x'; 200]].concat());
+        let mut record = Vec::new();
+        encode(&holder, &mut record).unwrap();
+        for followed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = LogStore::open(dir.path()).unwrap();
+            store
+                .append_sync((1..=2).map(|i| entry(1, i, b"abc")))
+                .unwrap();
+            let intact = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
+            drop(store);
+            let mut file = OpenOptions::new()
+                .append(true)
+                .open(dir.path().join(LOG_FILE))
+                .unwrap();
+            // The crash: the entry's last 100 bytes never reached the disk.
+            file.write_all(&record[..record.len() - 100]).unwrap();
+            file.write_all(&[0; 100]).unwrap();
+            if followed {
+                let mut next = Vec::new();
+                encode(&entry(1, 4, b"abc"), &mut next).unwrap();
+                file.write_all(&next).unwrap();
+            }
+            drop(file);
+            match LogStore::open(dir.path()) {
+                Ok(store) if !followed => {
+                    assert_eq!(store.torn_tail_at(), Some(intact));
+                    assert_eq!(indexes(&store), vec![1, 2]);
+                }
+                Err(e) if followed => assert!(e.to_string().contains("damaged"), "{e}"),
+                other => panic!("followed {followed}: {:?}", other.map(|s| s.torn_tail_at())),
+            }
+        }
     }
 
     /// A vote over TERM_MAX on disk (taken from a forged frame by an older version) used to

@@ -682,7 +682,9 @@ fn admit(
     }
     if let PeerRequest::Snapshot(rpc) = request {
         let id = &rpc.meta.snapshot_id;
-        service.snapshots.admit(id, rpc.offset, rpc.data.len())?;
+        service
+            .snapshots
+            .admit(id, rpc.offset, &rpc.data, rpc.done)?;
     }
     let member = |id: &NodeId| known.members.is_empty() || known.members.contains(id);
     Ok(from.filter(member))

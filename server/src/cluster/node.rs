@@ -526,7 +526,13 @@ impl Life {
             tracing::warn!(term, %why, "takeover abandoned: the barrier did not commit");
             return None;
         }
-        let live = self.state.lock().live.clone();
+        let live = match self.state.lock_applied() {
+            Ok(state) => state.live.clone(),
+            Err(why) => {
+                tracing::error!(term, %why, "takeover abandoned: a committed entry did not apply");
+                return None;
+            }
+        };
         let journal = RaftJournal::start(
             self.raft.clone(),
             self.hint.clone(),

@@ -25,9 +25,10 @@
 //!   2 configurations (joint consensus), each of 1 to `CLUSTER_MEMBERS_MAX` voters listed
 //!   among its nodes, at most [`NODES_MAX`] nodes, ids from 1, addresses within the protocol's
 //!   length limit;
-//! - a snapshot chunk starts at offset 0 or at most where the snapshot's chunks so far
-//!   ended ([`SnapshotProgress`]: the receiver seeks to the offset in a buffer in memory, so a
-//!   far offset is a huge allocation), and ends by [`SNAPSHOT_LEN_MAX`];
+//! - a snapshot chunk starts at offset 0, where the snapshot's chunks so far ended, or where
+//!   the last one started ([`SnapshotProgress`]: the receiver seeks to the offset in a buffer
+//!   in memory, so a far offset is a huge allocation), ends by [`SNAPSHOT_LEN_MAX`], and its
+//!   records are an entry's (the last chunk ending between two);
 //! - a candidate asking for a vote is in this node's membership when it has one ([`Known`]);
 //!   a leader's append is taken from a node outside it only if it cannot overwrite this
 //!   node's log (it starts at or past its last entry: a follower that missed the entry
@@ -317,19 +318,27 @@ pub fn check_records(bytes: &[u8]) -> Result<(), Refused> {
     while at < bytes.len() {
         let (record, len) = record::decode(&bytes[at..])
             .map_err(|e| Refused(format!("entry's records at byte {at}: {e}")))?;
-        let token = match record {
-            Record::Reserve { token_limit } => token_limit,
-            Record::Grant { token, .. } | Record::Free { token, .. } => token,
-            Record::Renew { token, .. } => token,
-            Record::SessionOpen { .. } | Record::SessionEnd { .. } => 0,
-            Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => {
-                return refuse(format!("entry's records at byte {at}: a snapshot marker"));
-            }
-        };
-        if token > TOKEN_MAX {
-            return refuse(format!("entry's records: token {token} over TOKEN_MAX"));
-        }
+        check_record(&record, "entry's", at as u64)?;
         at += len;
+    }
+    Ok(())
+}
+
+/// One record of an entry or a snapshot (`what`, the record at byte `at` of it): one the
+/// replicated state applies (never a snapshot marker, which it refuses, stopping the Raft
+/// core), with a fencing token or token limit of at most [`TOKEN_MAX`].
+fn check_record(record: &Record<'_>, what: &str, at: u64) -> Result<(), Refused> {
+    let token = match *record {
+        Record::Reserve { token_limit } => token_limit,
+        Record::Grant { token, .. } | Record::Free { token, .. } => token,
+        Record::Renew { token, .. } => token,
+        Record::SessionOpen { .. } | Record::SessionEnd { .. } => 0,
+        Record::SnapshotBegin { .. } | Record::SnapshotEnd { .. } => {
+            return refuse(format!("{what} records at byte {at}: a snapshot marker"));
+        }
+    };
+    if token > TOKEN_MAX {
+        return refuse(format!("{what} records: token {token} over TOKEN_MAX"));
     }
     Ok(())
 }
@@ -472,34 +481,120 @@ fn reply_term(reply: &PeerReply) -> Option<u64> {
     }
 }
 
-/// Where the chunks of the snapshot being received have ended so far, shared by every peer
-/// connection of a node: a chunk must start at 0 (a new or restarted transfer) or at most
-/// there (a chunk sent again after a lost reply).
+/// The snapshot being received, shared by every peer connection of a node: where its chunks
+/// end so far, and its records, checked as they arrive as an entry's are ([`check_record`]).
+///
+/// A chunk starts at 0 (a new or restarted transfer), where the chunks so far end (the next
+/// one), or where the last one started (it again, after a lost reply): openraft's sender
+/// sends nothing else. Its records are checked before openraft sees the chunk, so a snapshot
+/// openraft installs has nothing its state machine refuses: a refusal there is a storage
+/// error, which stops the Raft core, and a token limit past [`TOKEN_MAX`] would overflow the
+/// next leader's reservation (review 9, finding 2).
 #[derive(Debug, Default)]
 pub struct SnapshotProgress {
-    received: Mutex<(String, u64)>,
+    received: Mutex<Received>,
+}
+
+/// What [`SnapshotProgress`] knows of the snapshot being received.
+#[derive(Debug, Default)]
+struct Received {
+    /// Its id.
+    id: String,
+    /// Where its chunks so far end.
+    end: u64,
+    /// Where the last chunk started.
+    last_start: u64,
+    /// The start of a record the chunks so far end inside (shorter than `RECORD_LEN_MAX`).
+    partial: Vec<u8>,
+    /// `partial` as it was before the last chunk, for that chunk sent again.
+    partial_before_last: Vec<u8>,
 }
 
 impl SnapshotProgress {
-    /// Checks a chunk's offset and, if it is taken, records where it ends.
+    /// Checks a chunk (its place, and the records in it) and, if it is taken, records where
+    /// it ends. `done`: the chunk is the snapshot's last.
     ///
     /// # Errors
-    /// [`Refused`] for a chunk that would leave a gap.
-    pub fn admit(&self, snapshot_id: &str, offset: u64, len: usize) -> Result<(), Refused> {
+    /// [`Refused`] for a chunk that would leave a gap or overlap other than a chunk sent
+    /// again, for a record an entry could not carry, or for a last chunk that ends inside a
+    /// record. Nothing is recorded then.
+    pub fn admit(
+        &self,
+        snapshot_id: &str,
+        offset: u64,
+        data: &[u8],
+        done: bool,
+    ) -> Result<(), Refused> {
         let mut received = self.received.lock().expect("snapshot progress poisoned");
-        let (id, end) = &mut *received;
-        if offset == 0 {
-            *id = snapshot_id.to_string();
-            *end = 0;
-        } else if id != snapshot_id || offset > *end {
+        let r = &mut *received;
+        let before = if offset == 0 {
+            Vec::new()
+        } else if r.id != snapshot_id {
             return refuse(format!(
-                "snapshot {snapshot_id} chunk at offset {offset}: its chunks so far end at {}",
-                if id == snapshot_id { *end } else { 0 }
+                "snapshot {snapshot_id} chunk at offset {offset}: no chunk of it came first"
             ));
+        } else if offset == r.end {
+            r.partial.clone()
+        } else if offset == r.last_start {
+            r.partial_before_last.clone()
+        } else {
+            return refuse(format!(
+                "snapshot {snapshot_id} chunk at offset {offset}: its chunks so far end at {}, \
+                 the last one started at {}",
+                r.end, r.last_start
+            ));
+        };
+        let partial = check_snapshot_chunk(&before, data, offset, done)?;
+        if offset == 0 {
+            r.id = snapshot_id.to_string();
         }
-        *end = (*end).max(offset.saturating_add(len as u64));
+        r.last_start = offset;
+        r.end = offset.saturating_add(data.len() as u64);
+        r.partial_before_last = before;
+        r.partial = partial;
         Ok(())
     }
+}
+
+/// Checks the records of a snapshot chunk at `offset` whose chunks before it ended inside a
+/// record that began with `partial`; returns the start of the record the chunk ends inside
+/// (empty if it ends between records), which a last chunk (`done`) may not.
+fn check_snapshot_chunk(
+    partial: &[u8],
+    data: &[u8],
+    offset: u64,
+    done: bool,
+) -> Result<Vec<u8>, Refused> {
+    let mut at = 0;
+    if !partial.is_empty() {
+        // The record the last chunk ended inside: its start, then as much of this chunk as
+        // a record can be long.
+        let take = data.len().min(record::RECORD_LEN_MAX);
+        let straddling = [partial, &data[..take]].concat();
+        let start = offset - partial.len() as u64;
+        match record::decode(&straddling) {
+            Ok((record, len)) => {
+                check_record(&record, "snapshot's", start)?;
+                at = len - partial.len();
+            }
+            Err(record::DecodeError::Incomplete { .. }) if take == data.len() && !done => {
+                return Ok(straddling);
+            }
+            Err(e) => return refuse(format!("snapshot's records at byte {start}: {e}")),
+        }
+    }
+    while at < data.len() {
+        let place = offset + at as u64;
+        match record::decode(&data[at..]) {
+            Ok((record, len)) => {
+                check_record(&record, "snapshot's", place)?;
+                at += len;
+            }
+            Err(record::DecodeError::Incomplete { .. }) if !done => return Ok(data[at..].to_vec()),
+            Err(e) => return refuse(format!("snapshot's records at byte {place}: {e}")),
+        }
+    }
+    Ok(Vec::new())
 }
 
 /// Shortest time between two log lines about refused peer frames: a removed node left
@@ -1045,17 +1140,96 @@ mod tests {
         assert!(check_request(&append(7, Some(log_id(6, 7)), forged), &known).is_err());
     }
 
+    /// Snapshot records: a Reserve of `token_limit`, then `sessions` SessionOpens.
+    fn snapshot_bytes(token_limit: u64, sessions: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        record::encode(&Record::Reserve { token_limit }, &mut out);
+        for n in 0..sessions {
+            let open = Record::SessionOpen {
+                session_id: (u128::from(n) + 1).to_be_bytes(),
+                ttl_ms: 10_000,
+                owner: b"alice",
+            };
+            record::encode(&open, &mut out);
+        }
+        out
+    }
+
     #[test]
     fn a_snapshot_chunk_may_not_leave_a_gap() {
+        let bytes = snapshot_bytes(100, 8);
         let progress = SnapshotProgress::default();
-        assert!(progress.admit("a", 1, 10).is_err(), "no chunk yet");
-        progress.admit("a", 0, 10).unwrap();
-        progress.admit("a", 10, 10).unwrap();
-        progress.admit("a", 10, 10).unwrap();
-        assert!(progress.admit("a", 21, 10).is_err());
-        assert!(progress.admit("b", 20, 10).is_err(), "another snapshot");
-        progress.admit("b", 0, 5).unwrap();
-        assert!(progress.admit("a", 10, 10).is_err(), "a was replaced by b");
+        assert!(
+            progress.admit("a", 1, &bytes[1..11], false).is_err(),
+            "no chunk yet"
+        );
+        progress.admit("a", 0, &bytes[..10], false).unwrap();
+        progress.admit("a", 10, &bytes[10..20], false).unwrap();
+        progress.admit("a", 10, &bytes[10..20], false).unwrap();
+        assert!(
+            progress.admit("a", 21, &bytes[21..31], false).is_err(),
+            "a gap"
+        );
+        assert!(
+            progress.admit("a", 5, &bytes[5..15], false).is_err(),
+            "an overlap"
+        );
+        assert!(
+            progress.admit("b", 20, &bytes[20..30], false).is_err(),
+            "another snapshot"
+        );
+        progress.admit("b", 0, &bytes[..5], false).unwrap();
+        assert!(
+            progress.admit("a", 10, &bytes[10..20], false).is_err(),
+            "a was replaced by b"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_in_chunks_of_any_size_resent_or_not() {
+        let bytes = snapshot_bytes(100, 20);
+        for size in [1, 2, 8, 9, 10, 31, 64, bytes.len()] {
+            let progress = SnapshotProgress::default();
+            let chunks: Vec<_> = bytes.chunks(size).collect();
+            let mut offset = 0;
+            for (n, chunk) in chunks.iter().enumerate() {
+                let done = n + 1 == chunks.len();
+                progress.admit("s", offset, chunk, done).unwrap();
+                // Every chunk sent again, as after a lost reply: taken again.
+                progress.admit("s", offset, chunk, done).unwrap();
+                offset += chunk.len() as u64;
+            }
+        }
+    }
+
+    #[test]
+    fn a_snapshot_with_a_record_no_entry_may_carry_is_refused_wherever_it_is_cut() {
+        let over = snapshot_bytes(TOKEN_MAX + 1, 3);
+        let mut marked = snapshot_bytes(100, 3);
+        record::encode(&Record::SnapshotBegin { segment_seq: 7 }, &mut marked);
+        let mut torn = snapshot_bytes(100, 3);
+        torn.pop();
+        let mut flipped = snapshot_bytes(100, 3);
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        for (what, bytes) in [
+            ("over", over),
+            ("marked", marked),
+            ("torn", torn),
+            ("flipped", flipped),
+        ] {
+            for size in [1, 7, 9, 13, bytes.len()] {
+                let progress = SnapshotProgress::default();
+                let chunks: Vec<_> = bytes.chunks(size).collect();
+                let mut offset = 0;
+                let refused = chunks.iter().enumerate().any(|(n, chunk)| {
+                    let taken = progress.admit("s", offset, chunk, n + 1 == chunks.len());
+                    offset += chunk.len() as u64;
+                    taken.is_err()
+                });
+                assert!(refused, "{what} in chunks of {size} was taken");
+            }
+        }
     }
 
     #[test]

@@ -193,11 +193,26 @@ enum Applied {
 }
 
 impl Replica {
-    /// The state, with every entry kept for later applied to it first.
+    /// The state, with every entry kept for later applied to it first. Should one of them
+    /// not apply, the state is behind what openraft was told is applied; the next `apply`
+    /// fails for it (which stops the Raft core), and a reader that acts on the state (a
+    /// takeover) asks [`Replica::lock_applied`] instead.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaState> {
         let mut state = self.state.lock().expect("replica state poisoned");
         let _ = self.catch_up(&mut state);
         state
+    }
+
+    /// The state with every entry kept for later applied to it, or why one could not be
+    /// (then nothing may be read from it: a takeover that served from it would lack a
+    /// committed entry, a grant perhaps; review 9, finding 5).
+    ///
+    /// # Errors
+    /// The reason the first kept entry that failed did not apply.
+    pub fn lock_applied(&self) -> Result<std::sync::MutexGuard<'_, ReplicaState>, String> {
+        let mut state = self.state.lock().expect("replica state poisoned");
+        self.catch_up(&mut state)?;
+        Ok(state)
     }
 
     /// Applies the kept entries to `state` (held by the caller), oldest first; returns how
@@ -285,13 +300,38 @@ impl Default for SnapshotMetrics {
 
 /// The latest snapshot, in memory and in `raft.snapshot`; the builder and the state machine
 /// share it, so the one openraft sends is the one last built or installed.
+///
+/// openraft builds a snapshot in a task of its own while its state machine goes on, and may
+/// install one from the leader meanwhile: the build, which took the state before the
+/// install replaced it, can end after it. So a save never replaces a newer snapshot (saved
+/// over the installed one, the older build left a log purged past its snapshot, and a node
+/// that could not restart: review 9, finding 1), and saves take turns (both write one
+/// temporary file).
 struct SnapshotFile {
     dir: PathBuf,
     current: Mutex<Option<Stored>>,
+    /// Held by a save from its check to its update of `current`.
+    saving: Mutex<()>,
 }
 
 impl SnapshotFile {
-    fn save(&self, meta: SnapshotMeta<NodeId, NodeInfo>, records: Vec<u8>) -> std::io::Result<()> {
+    /// Writes the snapshot and makes it the current one, unless the current one is as new
+    /// (its last log id as late): then nothing changes, and `Ok(false)`.
+    fn save(
+        &self,
+        meta: SnapshotMeta<NodeId, NodeInfo>,
+        records: Vec<u8>,
+    ) -> std::io::Result<bool> {
+        let _turn = self.saving.lock().expect("snapshot saving poisoned");
+        let newest = self.current().map(|(current, _)| current.last_log_id);
+        if newest.is_some_and(|newest| meta.last_log_id <= newest) {
+            tracing::info!(
+                index = meta.last_log_id.as_ref().map_or(0, |id| id.index),
+                current = newest.flatten().map_or(0, |id| id.index),
+                "snapshot not saved: the current one is as new (installed meanwhile)"
+            );
+            return Ok(false);
+        }
         let head = postcard::to_stdvec(&meta).map_err(std::io::Error::other)?;
         let mut bytes = Vec::with_capacity(4 + head.len() + records.len());
         bytes.extend_from_slice(&(head.len() as u32).to_be_bytes());
@@ -299,7 +339,7 @@ impl SnapshotFile {
         bytes.extend_from_slice(&records);
         write_atomically(&self.dir, SNAPSHOT_FILE, &bytes)?;
         *self.current.lock().expect("snapshot poisoned") = Some((meta, records));
-        Ok(())
+        Ok(true)
     }
 
     fn current(&self) -> Option<Stored> {
@@ -327,6 +367,7 @@ impl StateMachine {
         let snapshots = Arc::new(SnapshotFile {
             dir: dir.to_path_buf(),
             current: Mutex::new(current),
+            saving: Mutex::new(()),
         });
         Ok(StateMachine {
             state,
@@ -430,8 +471,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let caught_up = state.catch_up(&mut guard).unwrap_or(0);
             drop(guard);
             let encoded = std::time::Instant::now();
-            snapshots.save(meta.clone(), records.clone())?;
+            let saved = snapshots.save(meta.clone(), records.clone())?;
             tracing::info!(
+                saved,
                 index = meta.last_log_id.as_ref().map_or(0, |id| id.index),
                 bytes = records.len(),
                 lock_wait_ms = (locked - asked).as_millis() as u64,
@@ -460,7 +502,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembership<NodeId, NodeInfo>), StorageError> {
-        let state = self.lock();
+        let state = self.state.lock_applied().map_err(apply_error)?;
         Ok((state.last_applied, state.membership.clone()))
     }
 
@@ -520,7 +562,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let installed = ReplicaState::from_snapshot(meta, &records)
             .map_err(|e| sm_error(ErrorVerb::Read, &e))?;
         let (snapshots, meta) = (Arc::clone(&self.snapshots), meta.clone());
-        blocking(move || snapshots.save(meta, records))
+        blocking(move || snapshots.save(meta, records).map(drop))
             .await
             .map_err(|e| sm_error(ErrorVerb::Write, &e))?;
         *self.lock() = installed;
@@ -820,5 +862,64 @@ mod tests {
         // The bad entry's grant before its bad byte, as an `apply` of it leaves the state;
         // nothing after it.
         assert_eq!(replica.lock().leases(), 1);
+        // Nothing that acts on the state takes it so (a takeover, openraft's question of
+        // what is applied): review 9, finding 5.
+        assert!(replica.lock_applied().is_err());
+        assert!(machine.applied_state().await.is_err());
+    }
+
+    /// A snapshot build that took the state before an install and saves after it must not
+    /// leave `raft.snapshot` (and the snapshot this node serves) older than the installed
+    /// one, whose index openraft purges the log to (review 9, finding 1). The build waits
+    /// for the state until the install is under way; either order of the two saves must
+    /// end with the installed snapshot current.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_build_racing_an_install_never_leaves_an_older_snapshot_on_disk() {
+        for attempt in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            let replica = Arc::new(Replica::default());
+            let mut machine = StateMachine::open(dir.path(), Arc::clone(&replica)).unwrap();
+            machine.apply([entry(1, grant(b"old", 5))]).await.unwrap();
+            // What the leader sends: a snapshot at index 100, token limit 9 000.
+            let mut newer = ReplicaState::default();
+            let mut batch = Vec::new();
+            record::encode(&Record::Reserve { token_limit: 9_000 }, &mut batch);
+            batch.extend(grant(b"new", 8_000));
+            newer.apply_records(&batch).unwrap();
+            newer.last_applied = Some(entry(100, Vec::new()).log_id);
+            let (meta, records) = snapshot_of(&newer);
+
+            let (release, holder) = hold(&replica);
+            // The node's own snapshot rhythm asked for a build: it waits for the state.
+            let mut builder = machine.get_snapshot_builder().await;
+            let build = tokio::spawn(async move { builder.build_snapshot().await.unwrap() });
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            // The install arrives meanwhile; the state is let go while it waits for it.
+            let releaser = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                drop(release);
+            });
+            machine
+                .install_snapshot(&meta, Box::new(Cursor::new(records)))
+                .await
+                .unwrap();
+            let built = build.await.unwrap();
+            releaser.join().unwrap();
+            holder.join().unwrap();
+            let served = machine.get_current_snapshot().await.unwrap().unwrap();
+            // A restart reads raft.snapshot.
+            let reopened = Arc::new(Replica::default());
+            let _again = StateMachine::open(dir.path(), Arc::clone(&reopened)).unwrap();
+            let on_disk = reopened.lock().last_applied.map(|id| id.index);
+            let limit = reopened.lock().token_limit();
+            assert_eq!(
+                on_disk,
+                Some(100),
+                "attempt {attempt}: raft.snapshot went back from the installed index 100 \
+                 (token limit 9000 -> {limit}; built at {:?})",
+                built.meta.last_log_id.map(|id| id.index)
+            );
+            assert_eq!(served.meta.last_log_id.map(|id| id.index), Some(100));
+        }
     }
 }

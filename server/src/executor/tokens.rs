@@ -55,20 +55,55 @@ impl Tokens {
     /// durable, then let the allocator use it. Concurrent callers share one reservation.
     ///
     /// # Errors
-    /// The journal's failure, if the reservation could not be made durable.
+    /// The journal's failure, if the reservation could not be made durable;
+    /// [`JournalError::TokensExhausted`] if no block fits below `u64::MAX`.
     pub async fn reserve(&self) -> Result<(), JournalError> {
         let notified = self.reserved.notified();
         if self.reserving.swap(true, Ordering::AcqRel) {
             notified.await;
             return Ok(());
         }
-        let new_limit = self.allocator.limit() + self.block;
-        let result = self.journal.reserve_tokens(new_limit).await;
-        if result.is_ok() {
-            self.allocator.extend_limit(new_limit);
-        }
+        // Never wrapped: a limit this high is no count of grants (2^64 is centuries at any
+        // rate) but a damaged or forged floor, and a wrapped one would be taken as reserved.
+        let new_limit = self.allocator.limit().checked_add(self.block);
+        let result = match new_limit.filter(|&limit| limit < u64::MAX) {
+            Some(new_limit) => self
+                .journal
+                .reserve_tokens(new_limit)
+                .await
+                .map(|()| new_limit),
+            None => Err(JournalError::TokensExhausted {
+                limit: self.allocator.limit(),
+            }),
+        };
+        let result = result.map(|new_limit| self.allocator.extend_limit(new_limit));
         self.reserving.store(false, Ordering::Release);
         self.reserved.notify_waiters();
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::mem::MemJournal;
+
+    /// A floor no count of grants reaches (a damaged one, or one a forged snapshot carried:
+    /// review 9, finding 2) gets no block that wraps around, nor a panic: the reservation
+    /// fails, so every ACQUIRE is refused, and the limit stays where it was.
+    #[tokio::test]
+    async fn a_block_that_would_pass_u64_max_is_refused_not_wrapped() {
+        const BLOCK: u64 = 1 << 20;
+        let tokens = Tokens::new(u64::MAX - BLOCK, BLOCK, MemJournal::new(true));
+        let refused = tokens.reserve().await;
+        assert!(
+            matches!(refused, Err(JournalError::TokensExhausted { limit }) if limit == u64::MAX - BLOCK),
+            "{refused:?}"
+        );
+        assert_eq!(tokens.allocator.limit(), u64::MAX - BLOCK);
+        // Below it, blocks are reserved as ever.
+        let tokens = Tokens::new(u64::MAX - 3 * BLOCK, BLOCK, MemJournal::new(true));
+        tokens.reserve().await.unwrap();
+        assert_eq!(tokens.allocator.limit(), u64::MAX - 2 * BLOCK);
     }
 }

@@ -86,6 +86,14 @@ pub enum JournalError {
     /// (`leader=<client address>` or `leader=unknown`).
     #[error("not leader: {0}")]
     NotLeader(Arc<str>),
+    /// No block of fencing tokens fits above the limit reserved so far: the token floor
+    /// recovery found (or a peer's snapshot carried) is damaged, as no count of grants gets
+    /// near it.
+    #[error("fencing tokens exhausted: no block of tokens fits above {limit}")]
+    TokensExhausted {
+        /// The limit reserved so far.
+        limit: u64,
+    },
 }
 
 /// Counters for STATS.

@@ -197,6 +197,37 @@ pub enum Record<'a> {
     },
 }
 
+/// Whether an intact record found at `at` of a log lies inside the bytes of the bad record
+/// at `bad` before it (one that did not decode), and so may be part of that record's
+/// content rather than a record written after it: it starts after `bad` and before the end
+/// the bad record's header declares (`header_len` bytes, a big-endian `u32` payload length
+/// of at most `payload_len_max` first, then the CRC-32 of everything from byte 8 to the
+/// end), and the bad record's checksum does not match its bytes cut at `at` (it would if
+/// only its length were damaged: then the record at `at` is the one after it).
+///
+/// The WAL and the Raft log ask this of an intact record after bad bytes at their end,
+/// which is damage only if something was written after those bytes: a client's metadata
+/// may hold the bytes of a whole record, and a crash that tore the record carrying it left
+/// that copy intact inside the torn one (review 9, finding 3). A header damaged in its
+/// length and its checksum at once hides records within its declared length this way.
+pub fn inside_bad_record(
+    data: &[u8],
+    bad: usize,
+    at: usize,
+    header_len: usize,
+    payload_len_max: usize,
+) -> bool {
+    let Some(header) = data.get(bad..bad + 8) else {
+        return false;
+    };
+    let len = u32::from_be_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+    if at <= bad || len > payload_len_max || at >= bad + header_len + len {
+        return false;
+    }
+    let stored = u32::from_be_bytes(header[4..8].try_into().expect("4 bytes"));
+    at < bad + header_len || crc32fast::hash(&data[bad + 8..at]) != stored
+}
+
 /// Whether `type_byte` names a record type this build knows.
 pub fn is_known_type(type_byte: u8) -> bool {
     (TYPE_RESERVE..=TYPE_SESSION_OPEN).contains(&type_byte) || type_byte == TYPE_SESSION_END

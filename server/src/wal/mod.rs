@@ -134,7 +134,10 @@
 //! next is created, and a new segment's header is fsynced before any record goes in. In the
 //! newest segment, the first bad record (too short, impossible length, checksum mismatch) is
 //! a torn tail, and the file is cut there, if everything after it is zero or if no valid
-//! record starts at any later byte offset. It is corruption, and [`open`] refuses with
+//! record starts at any later byte offset, bar the offsets inside the bad record as its
+//! header declares it where its checksum does not end (its payload may hold a client's
+//! metadata, and that the bytes of a whole record: `record::inside_bad_record`). It is
+//! corruption, and [`open`] refuses with
 //! [`WalError::Corrupt`] naming file and byte offset, if a valid record follows (it may be
 //! an acknowledged one), if a record's checksum matches but its content is invalid, or if the
 //! damage is in an older segment. A newest segment whose header is damaged and followed only

@@ -330,7 +330,9 @@ fn corruption_not_tear(data: &[u8], offset: usize, error: &DecodeError) -> Optio
     ))
 }
 
-/// The first offset after `offset` where a whole record with a good checksum starts.
+/// The first offset after `offset` where a whole record with a good checksum starts, other
+/// than one that may be the content of the bad record at `offset` itself
+/// ([`record::inside_bad_record`]).
 fn valid_record_after(data: &[u8], offset: usize) -> Option<usize> {
     (offset + 1..data.len()).find(|&at| {
         let rest = &data[at..];
@@ -338,7 +340,10 @@ fn valid_record_after(data: &[u8], offset: usize) -> Option<usize> {
         let plausible = rest.len() >= record::RECORD_HEADER_LEN
             && record::is_known_type(rest[8])
             && rest[0..2] == [0, 0];
-        plausible && record::decode(rest).is_ok()
+        let (header_len, len_max) = (record::RECORD_HEADER_LEN, record::PAYLOAD_LEN_MAX);
+        plausible
+            && record::decode(rest).is_ok()
+            && !record::inside_bad_record(data, offset, at, header_len, len_max)
     })
 }
 
@@ -847,5 +852,67 @@ mod tests {
             err.to_string().contains("older segments are missing"),
             "{err}"
         );
+    }
+
+    /// A client's metadata may hold the bytes of a whole WAL record; a crash that tears the
+    /// Grant carrying it (its last page never written) is still a torn tail, not damage
+    /// with "a valid record following", which kept the server from starting (review 9,
+    /// finding 3). The copy is told from a record written after the torn one by the torn
+    /// record's own length and checksum.
+    #[test]
+    fn a_torn_grant_whose_meta_holds_a_record_is_still_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fake = Vec::new();
+        encode(&Record::Reserve { token_limit: 5 }, &mut fake);
+        fake.extend_from_slice(&[b'x'; 100]);
+        let mut torn = grant(b"k2", 2);
+        if let Record::Grant { meta, .. } = &mut torn {
+            *meta = &fake;
+        }
+        let ends = write_segment(dir.path(), 1, &[grant(b"k1", 1), torn]);
+        let name = dir.path().join(segment_name(1));
+        let mut bytes = std::fs::read(&name).unwrap();
+        // The crash: the Grant's last bytes (after its meta) never reached the disk.
+        let cut = ends[1] - 50;
+        bytes[cut..].fill(0);
+        std::fs::write(&name, &bytes).unwrap();
+        let r = recover_dir(dir.path());
+        assert!(r.is_ok(), "refused: {}", r.err().unwrap());
+        assert_eq!(
+            r.unwrap().recovered.torn_tail_truncated,
+            Some((name, ends[0] as u64))
+        );
+    }
+
+    /// The other side of the test above: the same torn Grant followed by a record written
+    /// after it is damage, and so is a Grant whose length field alone was damaged (its
+    /// checksum then matches its bytes up to the next record).
+    #[test]
+    fn a_record_after_a_bad_one_is_still_damage_wherever_its_bytes_are() {
+        let mut fake = Vec::new();
+        encode(&Record::Reserve { token_limit: 5 }, &mut fake);
+        let mut meta_holding_a_record = grant(b"k2", 2);
+        if let Record::Grant { meta, .. } = &mut meta_holding_a_record {
+            *meta = &fake;
+        }
+        for damage in ["payload", "length"] {
+            let dir = tempfile::tempdir().unwrap();
+            let records = [grant(b"k1", 1), meta_holding_a_record, grant(b"k3", 3)];
+            let ends = write_segment(dir.path(), 1, &records);
+            let name = dir.path().join(segment_name(1));
+            let mut bytes = std::fs::read(&name).unwrap();
+            match damage {
+                "payload" => bytes[ends[1] - 2] ^= 1,
+                _ => bytes[ends[0] + 3] = bytes[ends[0] + 3].wrapping_add(40),
+            }
+            std::fs::write(&name, &bytes).unwrap();
+            let err = recover_dir(dir.path())
+                .err()
+                .expect("damage taken for a tear");
+            assert!(
+                err.to_string().contains("a valid record follows"),
+                "{damage}: {err}"
+            );
+        }
     }
 }

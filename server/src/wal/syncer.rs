@@ -63,29 +63,25 @@ pub(super) fn create_segment(
     Ok(file)
 }
 
-/// Deletes every segment in `segments` older than `seq`; keeps those that fail, to retry.
+/// Deletes the segments in `segments` (oldest first) older than `seq`, oldest first, and
+/// stops at the first that fails, kept to retry: the segments left are always one run of
+/// consecutive numbers, which recovery requires (a newer one deleted past a failed older one
+/// left a gap, and recovery refused to start: review 9, finding 4).
 pub(super) fn delete_segments_before(
     storage: &dyn Storage,
     seq: u64,
     segments: &mut VecDeque<(u64, u64)>,
 ) -> u64 {
     let mut deleted = 0;
-    segments.retain(|&(old, _)| {
-        if old >= seq {
-            return true;
-        }
+    while let Some(&(old, _)) = segments.front().filter(|&&(old, _)| old < seq) {
         let name = segment_name(old);
-        match storage.remove(&name) {
-            Ok(()) => {
-                deleted += 1;
-                false
-            }
-            Err(e) => {
-                tracing::warn!(path = %storage.path(&name).display(), error = %e, "WAL: cannot delete old segment");
-                true
-            }
+        if let Err(e) = storage.remove(&name) {
+            tracing::warn!(path = %storage.path(&name).display(), error = %e, "WAL: cannot delete old segment; newer ones wait for it");
+            break;
         }
-    });
+        segments.pop_front();
+        deleted += 1;
+    }
     if deleted > 0 {
         if let Err(e) = storage.sync_dir() {
             tracing::warn!(error = %e, "WAL: cannot sync directory after deleting segments");
@@ -637,4 +633,73 @@ fn fail(shared: &Shared, pipe: &Pipe, why: String) {
     shared.durable.notify_all();
     // A writer waiting for chunks sees the failure and stops.
     shared.work.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::wal::storage::{FsStorage, SegmentFile};
+
+    /// A directory whose `remove` of one file fails.
+    struct FailsToRemove {
+        inner: FsStorage,
+        name: String,
+    }
+
+    impl Storage for FailsToRemove {
+        fn path(&self, name: &str) -> PathBuf {
+            self.inner.path(name)
+        }
+        fn list(&self) -> std::io::Result<Vec<String>> {
+            self.inner.list()
+        }
+        fn len(&self, name: &str) -> std::io::Result<u64> {
+            self.inner.len(name)
+        }
+        fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
+            self.inner.read(name)
+        }
+        fn create(&self, name: &str) -> std::io::Result<Box<dyn SegmentFile>> {
+            self.inner.create(name)
+        }
+        fn truncate(&self, name: &str, len: u64) -> std::io::Result<()> {
+            self.inner.truncate(name, len)
+        }
+        fn remove(&self, name: &str) -> std::io::Result<()> {
+            if name == self.name {
+                return Err(std::io::Error::other("injected"));
+            }
+            self.inner.remove(name)
+        }
+        fn sync_dir(&self) -> std::io::Result<()> {
+            self.inner.sync_dir()
+        }
+    }
+
+    /// Segments are deleted oldest first, and one that cannot be deleted keeps every newer
+    /// one: the segments left are consecutive, as recovery requires (review 9, finding 4).
+    #[test]
+    fn a_segment_that_cannot_be_deleted_keeps_the_newer_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FailsToRemove {
+            inner: FsStorage::new(dir.path()).unwrap(),
+            name: segment_name(2),
+        };
+        let mut segments: VecDeque<(u64, u64)> = (1..=5).map(|seq| (seq, 0)).collect();
+        for &(seq, _) in &segments {
+            storage.create(&segment_name(seq)).unwrap();
+        }
+        assert_eq!(delete_segments_before(&storage, 5, &mut segments), 1);
+        let left: Vec<u64> = segments.iter().map(|&(seq, _)| seq).collect();
+        assert_eq!(left, vec![2, 3, 4, 5]);
+        let mut on_disk = storage.list().unwrap();
+        on_disk.sort();
+        assert_eq!(on_disk, (2..=5).map(segment_name).collect::<Vec<_>>());
+        // Once it can be, it and the ones after it go.
+        let storage = FsStorage::new(dir.path()).unwrap();
+        assert_eq!(delete_segments_before(&storage, 5, &mut segments), 3);
+        assert_eq!(segments, VecDeque::from([(5, 0)]));
+    }
 }
