@@ -765,15 +765,19 @@ mod tests {
         assert_eq!(store.torn_tail_at(), None);
     }
 
-    #[test]
-    fn a_torn_tail_is_cut_and_the_log_continues() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LogStore::open(dir.path()).unwrap();
+    /// A log in `dir` of two entries, closed; its length.
+    fn two_entries(dir: &Path) -> u64 {
+        let store = LogStore::open(dir).unwrap();
         store
             .append_sync((1..=2).map(|i| entry(1, i, b"abc")))
             .unwrap();
-        let intact = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
-        drop(store);
+        std::fs::metadata(dir.join(LOG_FILE)).unwrap().len()
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_the_log_continues() {
+        let dir = tempfile::tempdir().unwrap();
+        let intact = two_entries(dir.path());
         // Half of a third record: a crash in the middle of its write.
         let mut third = Vec::new();
         encode(&entry(1, 3, b"torn"), &mut third).unwrap();
@@ -844,12 +848,7 @@ mod tests {
         encode(&holder, &mut record).unwrap();
         for followed in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let store = LogStore::open(dir.path()).unwrap();
-            store
-                .append_sync((1..=2).map(|i| entry(1, i, b"abc")))
-                .unwrap();
-            let intact = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
-            drop(store);
+            let intact = two_entries(dir.path());
             let mut file = OpenOptions::new()
                 .append(true)
                 .open(dir.path().join(LOG_FILE))

@@ -323,7 +323,9 @@ impl SnapshotFile {
         records: Vec<u8>,
     ) -> std::io::Result<bool> {
         let _turn = self.saving.lock().expect("snapshot saving poisoned");
-        let newest = self.current().map(|(current, _)| current.last_log_id);
+        // The meta alone: `current()` would copy every record of the current snapshot.
+        let newest = (self.current.lock().expect("snapshot poisoned").as_ref())
+            .map(|(current, _)| current.last_log_id);
         if newest.is_some_and(|newest| meta.last_log_id <= newest) {
             tracing::info!(
                 index = meta.last_log_id.as_ref().map_or(0, |id| id.index),
