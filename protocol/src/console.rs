@@ -203,11 +203,11 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
                 return Err(bad_args("give one of SHARED and PERMITS= once".into()));
             }
             kind = parse_kind(&upper)?;
-        } else if i == 0 {
+        } else if i == 0 && looks_numeric(word) {
             wait_ms = parse_u32("wait_ms", word)?;
         } else {
             return Err(bad_args(format!(
-                "unexpected argument {:?}",
+                "unexpected argument {:?}; usage: {ACQUIRE_USAGE}",
                 truncate(word)
             )));
         }
@@ -223,6 +223,13 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
         session_id,
         kind,
     })
+}
+
+/// Whether an ACQUIRE's first word after the TTL is meant as its `wait_ms`: it starts like a
+/// number (a digit, or the `+` `str::parse` takes). Any other word is an unknown option and
+/// is called one, not a bad `wait_ms` (outside test a31, finding F2).
+fn looks_numeric(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-')
 }
 
 /// `SESSION=` with `RELEASE_ON_DISCONNECT`: the wire's flag bits 2 and 0 together are a
@@ -479,6 +486,38 @@ mod tests {
             refusal("ACQUIRE k 1000 PERMITS=5000/4096").code,
             ErrorCode::BadPermits
         );
+    }
+
+    #[test]
+    fn an_unknown_acquire_option_is_named_as_one_not_as_a_bad_wait() {
+        for line in [
+            "ACQUIRE k 1000 SHARD",
+            "ACQUIRE k 1000 PERMIT=2",
+            "ACQUIRE k 1000 5 SHARD",
+        ] {
+            let e = refusal(line);
+            assert_eq!(e.code, ErrorCode::BadArgs, "{line}");
+            assert!(
+                e.message.starts_with("unexpected argument \"SHARD")
+                    || e.message.starts_with("unexpected argument \"PERMIT="),
+                "{line}: {}",
+                e.message
+            );
+            assert!(e.message.contains(ACQUIRE_USAGE), "{line}: {}", e.message);
+        }
+        // A word that starts like a number is still read as the wait, and said to be bad.
+        for line in [
+            "ACQUIRE k 1000 5x",
+            "ACQUIRE k 1000 -5",
+            "ACQUIRE k 1000 99999999999",
+        ] {
+            let e = refusal(line);
+            assert!(
+                e.message.starts_with("wait_ms must be"),
+                "{line}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]
