@@ -336,6 +336,8 @@ async fn cli_elect_runs_the_command_while_leading_and_resigns() {
     let (code, _, err) = cli(&server.addr, &args).await;
     assert_eq!(code, 9, "the command's status: {err}");
     assert_eq!(field(&err, "result"), "LEADING");
+    assert_eq!(field(&err, "key"), "election/cli-g");
+    assert_eq!(field(&err, "lease").len(), 32, "the lease id: {err}");
     let term = std::fs::read_to_string(&file).expect("the command ran");
     assert_eq!(term.trim(), field(&err, "term"));
     let client = server.client().await;

@@ -40,7 +40,11 @@ pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result
         Line::new("LEADING")
             .text("group", args.group.as_str())
             .number("term", hold.fencing_token())
-            .text("value", args.value.as_str()),
+            .text("value", args.value.as_str())
+            // Appended (compatible): the lock it leads by, as `tenure run`'s GRANTED line
+            // gives them, so a script can INSPECT or fence with it.
+            .text("key", key.as_str())
+            .text("lease", hold.lease_id().to_string()),
     );
     supervise(hold, out, &key, &args.command, args.grace).await
 }
