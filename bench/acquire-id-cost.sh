@@ -7,6 +7,11 @@
 #
 #   bench/acquire-id-cost.sh                       # PAIRS=5, DURATION=5s, PIPELINE=16
 #   TENURED=target/release/tenured LOADGEN=target/release/tenure-loadgen bench/acquire-id-cost.sh
+#   PIN=1 bench/acquire-id-cost.sh   # server on CPU 0, load generator on CPU 1 (taskset)
+#
+# PIN=1 keeps the scheduler from moving the two processes onto one core mid-run, which on
+# a 2-core machine swings one run's throughput by 10-20 %: pinned, runs of one build agree
+# within a few per cent, so a cost of a few per cent shows (BENCHMARKS.md, 2026-12-02).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -18,15 +23,21 @@ TENURED=${TENURED:-target/release/tenured}
 LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
 PORT=${PORT:-17941}
 read -r -a EXTRA <<<"${TENURED_ARGS:---durability tokens --no-fsync --threads 1}"
+PIN=${PIN:-0}
+SERVER_CPU=() LOADGEN_CPU=()
+if [[ $PIN == 1 ]]; then
+    command -v taskset >/dev/null || { echo "PIN=1 needs taskset (util-linux)" >&2; exit 1; }
+    SERVER_CPU=(taskset -c 0) LOADGEN_CPU=(taskset -c 1)
+fi
 
 # one [LOADGEN_ARGS...]: "ops/s cpu_us_per_op" of one run on a fresh server.
 one() {
     local dir pid json ops cpu
     dir=$(mktemp -d)
-    "$TENURED" --listen "127.0.0.1:$PORT" --data-dir "$dir" "${EXTRA[@]}" >/dev/null 2>&1 &
+    "${SERVER_CPU[@]}" "$TENURED" --listen "127.0.0.1:$PORT" --data-dir "$dir" "${EXTRA[@]}" >/dev/null 2>&1 &
     pid=$!
     wait_port "$PORT" "$TENURED"
-    json=$("$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
+    json=$("${LOADGEN_CPU[@]}" "$LOADGEN" --target "tenure://127.0.0.1:$PORT" --scenario max --op mixed \
         --connections 50 --pipeline "$PIPELINE" --duration "$DURATION" --warmup 1s --quiet \
         --json --server-pid "$pid" "$@")
     kill -TERM "$pid"
