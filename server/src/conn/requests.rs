@@ -126,7 +126,7 @@ impl Conn {
             None => self.execute(id, request, received_ms),
             Some(identities) => self.execute_as(&identities, id, request, received_ms),
         };
-        // Events a WATCH drained were checked against the watches it replaced, not the new one.
+        // Events a WATCH or UNWATCH drained were checked against the watches before it.
         for event in std::mem::take(&mut self.ctx.drained) {
             self.queue_event(event);
         }

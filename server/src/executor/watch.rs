@@ -189,9 +189,16 @@ impl Executor {
     }
 
     /// Ends this connection's watch of `key`, if it has one.
+    ///
+    /// Every change notified before the watch leaves the registry is sent before UNWATCHED,
+    /// even one this connection's own request made a moment ago whose event has not been
+    /// picked up yet (pipelined `ACQUIRE k`, `UNWATCH k`): the event is drained while the
+    /// watch still counts as live, and nothing can be notified after the registry removal.
     pub(crate) fn unwatch(&self, ctx: &mut Session, key: &[u8]) -> Response {
-        if ctx.watches.remove(key).is_some() {
+        if ctx.watches.contains_key(key) {
             self.watches.remove(key, ctx.conn_id);
+            ctx.drain_live_events();
+            ctx.watches.remove(key);
         }
         Response::Unwatched
     }

@@ -388,6 +388,49 @@ async fn no_event_of_a_watch_follows_its_unwatched_reply() {
     server.stop().await;
 }
 
+/// Outside test a32, F4: the event of a change this connection made itself must come before
+/// the UNWATCHED pipelined right behind it, on the binary protocol and on the console.
+#[tokio::test]
+async fn an_own_change_pipelined_before_unwatch_is_reported_before_unwatched() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let mut raw = Raw::connect(server.addr).await.0;
+    let mut batch = bytes::BytesMut::new();
+    for (id, request) in [
+        (1, watch("p")),
+        (2, acquire("p", 5_000, 0, "")),
+        (3, Request::Unwatch { key: bytes("p") }),
+    ] {
+        tenure_protocol::frame::encode_request(id, &request, &mut batch);
+    }
+    raw.send_bytes(&batch).await;
+    let mut seen = Vec::new();
+    loop {
+        match raw.frame().await {
+            (3, Response::Unwatched) => break,
+            (1, Response::Watching { holder: None }) => seen.push("watching".to_string()),
+            (2, response) => seen.push(format!("granted {}", granted(response).0)),
+            (1, other) => seen.push(format!("event {:?}", event(other))),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        ["watching", "granted 1", "event (Granted, 1)"],
+        "the grant's event is missing or out of place"
+    );
+    let mut console = Console::connect(server.addr).await;
+    console.send("WATCH q\nACQUIRE q 5000\nUNWATCH q\n").await;
+    assert_eq!(console.line().await, "OK watching FREE");
+    assert!(console.line().await.starts_with("OK token=2 "));
+    assert!(console
+        .line()
+        .await
+        .starts_with("EVENT GRANTED key=q token=2"));
+    assert_eq!(console.line().await, "OK");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_taken_back_after_a_failed_sync_shows_as_granted_again() {
     use tenure_server::wal::FaultPlan;
