@@ -42,6 +42,15 @@ def test_one_session_keeps_many_locks_past_their_ttl_without_renewals(client, se
             with pytest.raises(tenure.ServerError) as refused:
                 other.renew(Granted(b"s/0", locks[0].token, locks[0].lease_id, 1000, 0, 0.0, False))
             assert refused.value.name == "SESSION_LEASE"
+            # The lock itself, given to renew(): the same refusal, before anything is sent
+            # (it was an AttributeError).
+            renews = other.stats()["ops_renew"]
+            with pytest.raises(tenure.BadRequest) as refused:
+                other.renew(locks[0])  # type: ignore[arg-type]
+            assert refused.value.name == "SESSION_LEASE"
+            assert other.stats()["ops_renew"] == renews, "nothing was sent"
+            with pytest.raises(tenure.InvalidArgument, match="Granted"):
+                other.renew(("s/0", locks[0].lease_id))  # type: ignore[arg-type]
 
 
 def test_closing_frees_every_lock_and_the_waiters_get_them(client, server) -> None:
@@ -158,6 +167,8 @@ def test_asyncio_sessions_and_bad_arguments(server) -> None:
                     a.check()
                     b.check()
                     assert isinstance(await client.inspect("a/a"), tenure.Held)
+                    with pytest.raises(tenure.BadRequest, match="session"):
+                        await client.renew(a)  # type: ignore[arg-type]
                 assert isinstance(await client.inspect("a/a"), tenure.Free), "released on exit"
                 assert s.is_valid()
             assert not s.is_valid()

@@ -89,6 +89,8 @@ FLAG_SESSION = 0x04
 
 #: ERROR code: the session id names no live session.
 NO_SESSION = 25
+#: RENEW of a lease held in a session (PROTOCOL.md 3.11).
+SESSION_LEASE = 28
 
 _HEADER = struct.Struct(">IBQ")
 

@@ -25,9 +25,10 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Ty
 from . import _wire as w
 from . import semaphore as _kinds
 from ._conn import Connection, WatchQueue
-from .session import AsyncSession
+from .session import AsyncSession, AsyncSessionLock, SessionLock
 from .errors import (
     AcquireEnded,
+    BadRequest,
     CannotConnect,
     ConnectionLost,
     InvalidArgument,
@@ -640,12 +641,17 @@ class AsyncClient:
         lease has none)."""
         retry = retry if retry is not None else _AcquireRetry()
         wait_s = _seconds(wait, "wait")
-        body, _ = await self._checked(
-            lambda: self._acquire_args(
-                key, ttl, wait, meta, release_on_disconnect, retry.acquire_id, kind, session
-            ),
-            self.timeout + wait_s,
+        build = lambda: self._acquire_args(  # noqa: E731
+            key, ttl, wait, meta, release_on_disconnect, retry.acquire_id, kind, session
         )
+        if retry.first_sent is None:
+            body, _ = await self._checked(build, self.timeout + wait_s)
+        else:
+            # Sent already, by the direct path, after the same check against the server's
+            # limits: its outcome is unknown, and a server that cannot be reached now (it is
+            # restarting) is one more unknown outcome for the sends below to retry, not a
+            # refusal before sending.
+            body = build()
         key_b = w.Reader(body).bytes16()
         if retry.first_sent is None:
             retry.first_sent = time.monotonic()
@@ -765,8 +771,11 @@ class AsyncClient:
     async def renew(self, lease: Granted, ttl: Optional[float] = None) -> RenewResult:
         """Extends `lease` to `ttl` seconds (default: its granted TTL) from now, if it still holds.
 
-        Returns `Renewed` (with the new local deadline) or `Lost`.
+        Returns `Renewed` (with the new local deadline) or `Lost`. A lock held in a session
+        has no TTL of its own: renewing one is refused before anything is sent, with the
+        server's `SESSION_LEASE` (a `BadRequest`); its session's keep-alive keeps it.
         """
+        lease = _renewable(lease)
         if ttl is None:
             result, _ = await self._renew(lease.key, lease.lease_id, lease.ttl_ms)
             return result
@@ -945,6 +954,23 @@ def _lease_parts(lease: Any) -> Tuple[Key, Union[str, bytes]]:
         raise InvalidArgument("release() was given Locked: that acquire was not granted, there is nothing to release")
     raise InvalidArgument(
         f"release() takes a Granted, a lease guard or a (key, lease id) pair, not {type(lease).__name__}"
+    )
+
+
+def _renewable(lease: Any) -> Granted:
+    """The `Granted` that `renew()` was given, or a clear refusal of anything else."""
+    if isinstance(lease, Granted):
+        return lease
+    if isinstance(lease, (AsyncSessionLock, SessionLock)):
+        raise BadRequest(
+            w.SESSION_LEASE,
+            "a lock held in a session has no TTL of its own: its session's keep-alive keeps it, "
+            "so there is nothing to renew",
+        )
+    if isinstance(lease, Locked):
+        raise InvalidArgument("renew() was given Locked: that acquire was not granted, there is nothing to renew")
+    raise InvalidArgument(
+        f"renew() takes a Granted, not {type(lease).__name__} (a lease guard renews itself)"
     )
 
 
