@@ -116,6 +116,19 @@ impl Error {
         }
     }
 
+    /// The protocol's code for a refusal: the server's (or the local check's) for
+    /// [`Error::Server`] and [`Error::Invalid`], and the codes the typed refusals stand for
+    /// (`KIND_MISMATCH`, `BAD_PERMITS`); `None` for an error no code names (I/O, a time-out,
+    /// a repeat's [`Error::AcquireEnded`], which is an outcome rather than a refusal).
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Server { code, .. } | Error::Invalid { code, .. } => Some(*code),
+            Error::KindMismatch(_) => Some(ErrorCode::KindMismatch),
+            Error::BadPermits(_) => Some(ErrorCode::BadPermits),
+            _ => None,
+        }
+    }
+
     /// True when the error says nothing about the lock itself, only about reaching the server:
     /// retrying later may succeed.
     pub fn is_transient(&self) -> bool {

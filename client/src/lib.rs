@@ -145,7 +145,7 @@
 //! | 0         | success (for `run`/`elect`: the command's own status)          |
 //! | 1         | error: I/O, server error, bad arguments                        |
 //! | 3         | LOCKED: someone else holds the lock                            |
-//! | 4         | LOST: the lease is gone (for `run`/`elect`: lost while running)|
+//! | 4         | LOST: the lease is gone (for `run`/`elect`: lost while running; for `acquire`: ENDED, a retried ACQUIRE whose lease had ended) |
 //! | 5         | NOT_OWNER: release by a lease id that does not hold the lock   |
 //! | 6         | STALE: the token does not belong to the live holder            |
 //!

@@ -371,7 +371,13 @@ async fn cli_elect_leads_in_a_session_unless_told_no_session() {
             in_session,
             "{flags:?}: {written}"
         );
-        if !in_session {
+        // The LEADING line names the session the command's environment has, or none.
+        let printed = err.contains(" session=");
+        assert_eq!(printed, in_session, "{flags:?}: {err}");
+        if in_session {
+            let named = format!("[{}]", field(&err, "session"));
+            assert_eq!(written.trim(), named, "{flags:?}: {err}");
+        } else {
             assert_eq!(written.trim(), "[]", "{flags:?}");
         }
     }
@@ -689,6 +695,33 @@ async fn cli_console_sends_the_acquire_id_it_is_given() {
     // A session lease's repeat has the session's time left, as its first grant said.
     let left: u64 = field(&again, "ttl_ms").parse().expect("a number");
     assert!(left > 0 && left <= 30_000, "{again}");
+    quit(console).await;
+}
+
+/// A typed refusal (a kind mismatch) names its code, and a repeat of an ACQUIRE whose lease
+/// has ended is printed as that outcome (ENDED, with how and the token), not as an error.
+#[tokio::test]
+async fn cli_console_prints_kind_mismatch_with_its_code_and_an_ended_repeat_as_ended() {
+    let server = TestServer::start();
+    let mut console = Console::start(&server.addr);
+    let held = console.ask("ACQUIRE con/kind 30000").await;
+    assert_eq!(field(&held, "result"), "GRANTED", "{held}");
+    let refused = console.ask("ACQUIRE con/kind 30000 PERMITS=1/3").await;
+    assert_eq!(field(&refused, "result"), "ERROR", "{refused}");
+    assert_eq!(field(&refused, "code"), "KIND_MISMATCH", "{refused}");
+
+    let line = "ACQUIRE con/ended 30000 ID=6a0c5f0e3b1d4e27a9c8b7d6e5f40312";
+    let first = console.ask(line).await;
+    assert_eq!(field(&first, "result"), "GRANTED", "{first}");
+    let released = console
+        .ask(&format!("RELEASE con/ended {}", field(&first, "lease")))
+        .await;
+    assert_eq!(field(&released, "result"), "RELEASED", "{released}");
+    let again = console.ask(line).await;
+    assert_eq!(field(&again, "result"), "ENDED", "{again}");
+    assert_eq!(field(&again, "key"), "con/ended", "{again}");
+    assert_eq!(field(&again, "how"), "released", "{again}");
+    assert_eq!(field(&again, "token"), field(&first, "token"), "{again}");
     quit(console).await;
 }
 

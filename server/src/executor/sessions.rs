@@ -834,9 +834,13 @@ pub(super) fn mismatch(
     if actual == expected {
         return None;
     }
-    let message = match actual {
-        Some(actual) => format!("the first send's lease is in session {actual}"),
-        None => "the first send's lease is in no session".to_string(),
+    // Which session it is in stays unsaid: a session id lets its holder close the session
+    // (and free every lease in it), and the sender of a mismatched repeat may not be that
+    // holder.
+    let message = match (actual, expected) {
+        (Some(_), Some(_)) => "the first send's lease is in another session",
+        (Some(_), None) => "the first send's lease is in a session; name it",
+        (None, _) => "the first send's lease is in no session",
     };
     Some(Outcome::Reply(
         error(ErrorCode::SessionMismatch, message),

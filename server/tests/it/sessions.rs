@@ -184,6 +184,10 @@ async fn a_repeat_must_name_the_session_its_first_send_named() {
     assert!(elsewhere.starts_with("ERR SESSION_MISMATCH"), "{elsewhere}");
     let without = c.cmd(&format!("ACQUIRE k 1000 ID={id}")).await;
     assert!(without.starts_with("ERR SESSION_MISMATCH"), "{without}");
+    // Neither names the lease's session: its id would let the sender close it.
+    for refusal in [&elsewhere, &without] {
+        assert!(!refusal.contains(&session), "{refusal}");
+    }
     // Nothing changed: the lease is still the session's.
     assert_eq!(
         c.cmd(&format!("SESSION_CLOSE {session}")).await,

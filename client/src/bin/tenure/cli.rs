@@ -14,7 +14,8 @@ Exit codes:
   0  success (run/elect: the command's own status; 128+N if signal N killed it)
   1  error: I/O, server error, bad arguments
   3  LOCKED: someone else holds the lock
-  4  LOST: the lease is gone (run/elect: lost while the command ran)
+  4  LOST: the lease is gone (run/elect: lost while the command ran; acquire: ENDED, a
+     retried ACQUIRE whose lease had ended already)
   5  NOT_OWNER: the lease id does not hold the lock
   6  STALE: the token does not belong to the live holder";
 

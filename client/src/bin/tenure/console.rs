@@ -55,12 +55,9 @@ pub async fn console(client: Client, out: &Out) -> anyhow::Result<u8> {
 /// Prints a request's error; a refusal with a code (the server's, or the client's own check
 /// of a field) carries it as `code=`, as a line the console could not read does.
 fn print_error(out: &Out, error: &anyhow::Error) {
-    let code = match error.downcast_ref::<tenure::Error>() {
-        Some(tenure::Error::Server { code, .. } | tenure::Error::Invalid { code, .. }) => {
-            Some(*code)
-        }
-        _ => None,
-    };
+    let code = error
+        .downcast_ref::<tenure::Error>()
+        .and_then(tenure::Error::code);
     let line = Line::new("ERROR");
     let line = match code {
         Some(code) => line.text("code", code.name()),

@@ -36,16 +36,18 @@ pub async fn elect(client: Client, out: &Out, args: ElectArgs) -> anyhow::Result
             hold => hold?,
         }
     };
-    out.print(
-        Line::new("LEADING")
-            .text("group", args.group.as_str())
-            .number("term", hold.fencing_token())
-            .text("value", args.value.as_str())
-            // Appended (compatible): the lock it leads by, as `tenure run`'s GRANTED line
-            // gives them, so a script can INSPECT or fence with it.
-            .text("key", key.as_str())
-            .text("lease", hold.lease_id().to_string()),
-    );
+    let mut line = Line::new("LEADING")
+        .text("group", args.group.as_str())
+        .number("term", hold.fencing_token())
+        .text("value", args.value.as_str())
+        // Appended (compatible): the lock it leads by, as `tenure run`'s GRANTED line gives
+        // them, so a script can INSPECT or fence with it; then its session, if any.
+        .text("key", key.as_str())
+        .text("lease", hold.lease_id().to_string());
+    if let Some(id) = hold.session_id() {
+        line = line.text("session", id.to_string());
+    }
+    out.print(line);
     supervise(hold, out, &key, &args.command, args.grace).await
 }
 

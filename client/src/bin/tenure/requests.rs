@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use tenure::{
-    AcquireId, AcquireOptions, AcquireOutcome, CheckOutcome, Client, KeyState, LeaseId, LeaseKind,
-    LockedBy, ReleaseOutcome, RenewOutcome, SessionId,
+    AcquireId, AcquireOptions, AcquireOutcome, CheckOutcome, Client, EndedHow, KeyState, LeaseId,
+    LeaseKind, LockedBy, ReleaseOutcome, RenewOutcome, SessionId,
 };
 
 use crate::exit::{EXIT_LOCKED, EXIT_LOST, EXIT_NOT_OWNER, EXIT_OK, EXIT_STALE};
@@ -46,29 +46,54 @@ pub async fn acquire_to(
     options: AcquireOptions,
     target: Target,
 ) -> anyhow::Result<u8> {
-    let outcome = match target {
+    let outcome = match acquire_outcome(client, &key, ttl, kind, options, target).await {
+        Err(tenure::Error::AcquireEnded { how, token }) => {
+            print_ended(out, &key, how, token);
+            return Ok(EXIT_LOST);
+        }
+        outcome => outcome?,
+    };
+    print_acquired(out, key, outcome)
+}
+
+/// The ACQUIRE `target` asks for: with the user's acquire id, in a session, or plain.
+async fn acquire_outcome(
+    client: &Client,
+    key: &str,
+    ttl: Duration,
+    kind: LeaseKind,
+    options: AcquireOptions,
+    target: Target,
+) -> tenure::Result<AcquireOutcome> {
+    match target {
         Target {
             session,
             id: Some(id),
         } => {
             client
-                .acquire_with_id(&key, ttl, kind, options, session, id)
-                .await?
+                .acquire_with_id(key, ttl, kind, options, session, id)
+                .await
         }
         Target {
             session: Some(session),
             id: None,
-        } => {
-            client
-                .acquire_in_session(&key, session, kind, options)
-                .await?
-        }
+        } => client.acquire_in_session(key, session, kind, options).await,
         Target {
             session: None,
             id: None,
-        } => client.acquire_kind(&key, ttl, kind, options).await?,
-    };
-    print_acquired(out, key, outcome)
+        } => client.acquire_kind(key, ttl, kind, options).await,
+    }
+}
+
+/// Prints ENDED: the ACQUIRE (a repeat of its acquire id) had been granted, and that lease
+/// has ended since; the server's console answers `ENDED <how> token=<n>` to the same.
+fn print_ended(out: &Out, key: &str, how: EndedHow, token: u64) {
+    out.print(
+        Line::new("ENDED")
+            .text("key", key)
+            .text("how", how.as_str())
+            .number("token", token),
+    );
 }
 
 /// Opens a session nobody keeps alive but the console's user; prints its id and TTL.
