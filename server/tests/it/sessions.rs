@@ -463,3 +463,52 @@ async fn a_closed_sessions_waiter_leaves_the_line_and_the_next_waiter_gets_the_p
     assert!(both.contains("do not combine"), "{both}");
     server.stop().await;
 }
+
+/// Another identity's session is refused as `NO_SESSION`, except for a repeat (PROTOCOL.md
+/// 3.11 "Identities"): a repeat of a live lease's key and acquire id is answered before the
+/// session is looked at, `REGRANTED` when it names the lease's session and `SESSION_MISMATCH`
+/// otherwise, and that refusal does not give away the lease's session id.
+#[tokio::test]
+async fn a_repeat_is_answered_before_another_identitys_session_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("identities.toml");
+    let hash = |secret: &[u8]| tenure_server::identity::hash_secret(secret).unwrap();
+    let text = format!(
+        "[[identity]]\nname = \"a\"\nsecret-hash = \"{}\"\nprefixes = [\"shared/\"]\n\n\
+         [[identity]]\nname = \"b\"\nsecret-hash = \"{}\"\nprefixes = [\"shared/\"]\n",
+        hash(b"a-secret"),
+        hash(b"b-secret"),
+    );
+    std::fs::write(&path, text).unwrap();
+    let server = Server::start_in(dir.path(), |config| config.identities = Some(path)).await;
+    let mut a = Console::connect(server.addr).await;
+    assert_eq!(a.cmd("AUTH a a-secret").await, "OK authenticated a");
+    let mut b = Console::connect(server.addr).await;
+    assert_eq!(b.cmd("AUTH b b-secret").await, "OK authenticated b");
+    let theirs = open(&mut a, 60_000).await;
+    let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    let first = a
+        .cmd(&format!("ACQUIRE shared/k 0 SESSION={theirs} ID={id}"))
+        .await;
+    assert!(first.starts_with("OK token="), "{first}");
+
+    let fresh = b.cmd(&format!("ACQUIRE shared/j 0 SESSION={theirs}")).await;
+    assert!(fresh.starts_with("ERR NO_SESSION"), "{fresh}");
+    let repeat = b
+        .cmd(&format!("ACQUIRE shared/k 0 SESSION={theirs} ID={id}"))
+        .await;
+    assert!(repeat.ends_with(" repeat"), "{repeat}");
+    assert_eq!(field(&repeat, "lease"), field(&first, "lease"));
+    let own = open(&mut b, 60_000).await;
+    let mismatch = b
+        .cmd(&format!("ACQUIRE shared/k 0 SESSION={own} ID={id}"))
+        .await;
+    assert!(mismatch.starts_with("ERR SESSION_MISMATCH"), "{mismatch}");
+    assert!(!mismatch.contains(&theirs), "{mismatch}");
+    // Nothing changed: the lease is still in its session.
+    assert_eq!(
+        a.cmd(&format!("SESSION_CLOSE {theirs}")).await,
+        "OK released=1"
+    );
+    server.stop().await;
+}
