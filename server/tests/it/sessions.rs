@@ -8,6 +8,27 @@ use std::time::Duration;
 use tenure_testkit::server::Heartbeat;
 use tenure_testkit::{field, token, Console, Server};
 
+/// A server reading an identities file with `identities`: (name, secret, the rest of its
+/// TOML table: prefixes, quotas).
+async fn with_identities(dir: &std::path::Path, identities: &[(&str, &str, &str)]) -> Server {
+    let path = dir.join("identities.toml");
+    let mut text = String::new();
+    for (name, secret, rest) in identities {
+        let hash = tenure_server::identity::hash_secret(secret.as_bytes()).unwrap();
+        text += &format!("[[identity]]\nname = \"{name}\"\nsecret-hash = \"{hash}\"\n{rest}\n\n");
+    }
+    std::fs::write(&path, text).unwrap();
+    Server::start_in(dir, |config| config.identities = Some(path)).await
+}
+
+/// A console on `server` authenticated as `name`.
+async fn authed(server: &Server, name: &str, secret: &str) -> Console {
+    let mut c = Console::connect(server.addr).await;
+    let ok = c.cmd(&format!("AUTH {name} {secret}")).await;
+    assert_eq!(ok, format!("OK authenticated {name}"));
+    c
+}
+
 /// Waits (a bounded while) until the server has `n` waiters in line.
 async fn waiters(probe: &mut Console, n: u32) {
     for _ in 0..500 {
@@ -321,32 +342,22 @@ async fn read_leases_and_permits_live_in_a_session_and_its_end_frees_them() {
 #[tokio::test]
 async fn an_identitys_sessions_max_counts_over_its_connections() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("identities.toml");
-    let hash = |secret: &[u8]| tenure_server::identity::hash_secret(secret).unwrap();
-    let text = format!(
-        "[[identity]]\nname = \"orders\"\nsecret-hash = \"{}\"\nprefixes = [\"orders/\"]\n\
-         sessions-max = 2\n\n[[identity]]\nname = \"billing\"\nsecret-hash = \"{}\"\n\
-         prefixes = [\"billing/\"]\nsessions-max = 1\n",
-        hash(b"orders-secret"),
-        hash(b"billing-secret"),
-    );
-    std::fs::write(&path, text).unwrap();
-    let server = Server::start_in(dir.path(), |config| config.identities = Some(path)).await;
-    let mut authed = Vec::new();
-    for (name, secret) in [("orders", "o"), ("orders", "o"), ("billing", "b")] {
-        let mut c = Console::connect(server.addr).await;
-        let secret = if secret == "o" {
-            "orders-secret"
-        } else {
-            "billing-secret"
-        };
-        let ok = c.cmd(&format!("AUTH {name} {secret}")).await;
-        assert_eq!(ok, format!("OK authenticated {name}"));
-        authed.push(c);
-    }
-    let [a, b, billing] = &mut authed[..] else {
-        unreachable!()
-    };
+    let identities = [
+        (
+            "orders",
+            "orders-secret",
+            "prefixes = [\"orders/\"]\nsessions-max = 2",
+        ),
+        (
+            "billing",
+            "billing-secret",
+            "prefixes = [\"billing/\"]\nsessions-max = 1",
+        ),
+    ];
+    let server = with_identities(dir.path(), &identities).await;
+    let a = &mut authed(&server, "orders", "orders-secret").await;
+    let b = &mut authed(&server, "orders", "orders-secret").await;
+    let billing = &mut authed(&server, "billing", "billing-secret").await;
     let first = open(a, 60_000).await;
     open(b, 100).await;
     let full = a.cmd("SESSION_OPEN 60000").await;
@@ -471,20 +482,14 @@ async fn a_closed_sessions_waiter_leaves_the_line_and_the_next_waiter_gets_the_p
 #[tokio::test]
 async fn a_repeat_is_answered_before_another_identitys_session_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("identities.toml");
-    let hash = |secret: &[u8]| tenure_server::identity::hash_secret(secret).unwrap();
-    let text = format!(
-        "[[identity]]\nname = \"a\"\nsecret-hash = \"{}\"\nprefixes = [\"shared/\"]\n\n\
-         [[identity]]\nname = \"b\"\nsecret-hash = \"{}\"\nprefixes = [\"shared/\"]\n",
-        hash(b"a-secret"),
-        hash(b"b-secret"),
-    );
-    std::fs::write(&path, text).unwrap();
-    let server = Server::start_in(dir.path(), |config| config.identities = Some(path)).await;
-    let mut a = Console::connect(server.addr).await;
-    assert_eq!(a.cmd("AUTH a a-secret").await, "OK authenticated a");
-    let mut b = Console::connect(server.addr).await;
-    assert_eq!(b.cmd("AUTH b b-secret").await, "OK authenticated b");
+    let shared = "prefixes = [\"shared/\"]";
+    let server = with_identities(
+        dir.path(),
+        &[("a", "a-secret", shared), ("b", "b-secret", shared)],
+    )
+    .await;
+    let mut a = authed(&server, "a", "a-secret").await;
+    let mut b = authed(&server, "b", "b-secret").await;
     let theirs = open(&mut a, 60_000).await;
     let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
     let first = a
