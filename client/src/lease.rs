@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::conn::Shared;
 use crate::error::{Error, Result};
 use crate::outcome::{renew_outcome, LockedBy, ReleaseOutcome, RenewOutcome};
-use crate::router::Router;
+use crate::router::{Purpose, Router};
 
 /// One grant of a lock: the key, its fencing token, its lease id and a local deadline.
 ///
@@ -724,7 +724,7 @@ async fn renew_once(
         biased;
         _ = stop.cancelled() => return Renewal::Stopped,
         _ = tokio::time::sleep_until(give_up_at) => return Renewal::GaveUp,
-        renewal = router.call(request, attempt_timeout(router, state)) => renewal,
+        renewal = router.call_for(request, attempt_timeout(router, state), Purpose::Keeping) => renewal,
     };
     // `sent_at` is taken before the send that got the answer (the last, after NOT_LEADER),
     // so the new deadline never over-estimates the server's.
@@ -853,6 +853,53 @@ mod tests {
         assert_eq!(fired_at, guard.deadline() - ttl / 10);
         assert!(!guard.is_valid());
         assert_eq!(guard.time_left(), Duration::ZERO);
+    }
+
+    /// A restart shorter than the lease's time left does not outlast it for want of a
+    /// reconnect attempt: renewals wait at most `RECONNECT_DELAY_KEEPING_MAX` after a failed
+    /// one, not the client's backoff (here 3-6 s, past the lease's deadline).
+    #[tokio::test(start_paused = true)]
+    async fn renewals_reconnect_sooner_than_the_backoff() {
+        const LONG_TTL_MS: u32 = 3_000;
+        let long: Script = Arc::new(|request| match request {
+            Request::Acquire { .. } => Some(Response::Granted {
+                token: 42,
+                lease_id: LeaseId::from_u128(9),
+                ttl_ms: LONG_TTL_MS,
+                waited_ms: 0,
+            }),
+            Request::Renew { .. } => Some(Response::Renewed {
+                ttl_ms: LONG_TTL_MS,
+            }),
+            _ => Some(Response::Released),
+        });
+        let server = fake::start(VERSION, 16, Arc::clone(&long)).await;
+        let config = crate::ClientConfig {
+            reconnect_delay_min: Duration::from_secs(6),
+            reconnect_delay_max: Duration::from_secs(6),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .expect("connect");
+        let ttl = Duration::from_millis(u64::from(LONG_TTL_MS));
+        let guard = match client.lock("k", ttl, AcquireOptions::default()).await {
+            Ok(AcquireOutcome::Granted(guard)) => guard,
+            other => panic!("expected a grant, got {other:?}"),
+        };
+        let addr = server.addr.clone();
+        tokio::time::sleep(ttl).await;
+        drop(server);
+        tokio::time::sleep(ttl / 2).await;
+        let restarted = fake::start_at(&addr, VERSION, 16, long).await;
+        let back_at = Instant::now();
+        tokio::time::sleep(ttl * 2).await;
+        assert!(guard.is_valid(), "{:?}", guard.loss_reason());
+        assert!(
+            guard.deadline() > back_at + ttl,
+            "renewed after the restart"
+        );
+        drop(restarted);
     }
 
     #[tokio::test(start_paused = true)]

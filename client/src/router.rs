@@ -66,6 +66,14 @@ pub(crate) struct AcquireAnswer {
 const RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
 /// See [`RETRY_PAUSE_MIN`].
 const RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
+/// Longest a request that keeps leases alive (a renewal, a session's keep-alive) waits for
+/// the next reconnect attempt after a failed one, where other requests wait the whole
+/// backoff (up to `reconnect_delay_max`, 5 s by default). A restart shorter than a lease's
+/// time left must not outlast it for want of an attempt: with the backoff alone the attempts
+/// of a 3 s outage came at +2.4 s and then after the lease's deadline. The attempts stay
+/// serialized (one at a time per client), so a client keeping many leases still tries at
+/// most once per this delay.
+const RECONNECT_DELAY_KEEPING_MAX: Duration = Duration::from_millis(250);
 
 /// Whether the caller of an ACQUIRE still waits for its answer, kept what it got, or gave up
 /// (and which grant was released since, so that it is released once).
@@ -120,7 +128,7 @@ impl Attempt {
         let search = self.router.inner.config.request_timeout;
         let result = self
             .router
-            .call_on(self.request.clone(), search, &self.sending)
+            .call_on(self.request.clone(), search, &self.sending, Purpose::Other)
             .await;
         if let Err(tokio::sync::mpsc::error::SendError(Ok(answer))) = tx.send(result) {
             release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
@@ -319,6 +327,19 @@ impl Drop for MoveOnIfDropped<'_> {
 struct Backoff {
     failures: u32,
     retry_at: Option<Instant>,
+    /// When the next one may start for a request that keeps leases alive: no later than
+    /// [`RECONNECT_DELAY_KEEPING_MAX`] after the failure.
+    keeping_retry_at: Option<Instant>,
+}
+
+/// Whether a request keeps leases alive, and so may reconnect sooner than the backoff
+/// ([`RECONNECT_DELAY_KEEPING_MAX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Any request.
+    Other,
+    /// A renewal or a session's keep-alive.
+    Keeping,
 }
 
 /// Sends AUTH on a new connection, before anything else; closes it if refused.
@@ -368,6 +389,7 @@ impl Router {
                 reconnect: tokio::sync::Mutex::new(Backoff {
                     failures: 0,
                     retry_at: None,
+                    keeping_retry_at: None,
                 }),
             }),
         };
@@ -450,6 +472,12 @@ impl Router {
     /// The live connection, opening a new one if needed (after the backoff delay, if the last
     /// attempt failed).
     pub(crate) async fn connection(&self) -> Result<Arc<Conn>> {
+        self.connection_for(Purpose::Other).await
+    }
+
+    /// [`Router::connection`] for a request of `purpose`: one that keeps leases alive waits
+    /// at most [`RECONNECT_DELAY_KEEPING_MAX`] after a failed attempt.
+    async fn connection_for(&self, purpose: Purpose) -> Result<Arc<Conn>> {
         if let Some(conn) = self.live() {
             return Ok(conn);
         }
@@ -457,7 +485,11 @@ impl Router {
         if let Some(conn) = self.live() {
             return Ok(conn);
         }
-        if let Some(retry_at) = backoff.retry_at {
+        let retry_at = match purpose {
+            Purpose::Other => backoff.retry_at,
+            Purpose::Keeping => backoff.keeping_retry_at,
+        };
+        if let Some(retry_at) = retry_at {
             tokio::time::sleep_until(retry_at).await;
         }
         let config = &self.inner.config;
@@ -483,6 +515,7 @@ impl Router {
             Ok(conn) => {
                 backoff.failures = 0;
                 backoff.retry_at = None;
+                backoff.keeping_retry_at = None;
                 *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
                 *self
                     .inner
@@ -498,8 +531,10 @@ impl Router {
                 // after a whole round of them has failed.
                 let rounds = backoff.failures / self.endpoint_count();
                 let round_done = backoff.failures % self.endpoint_count() == 0;
-                backoff.retry_at =
-                    round_done.then(|| Instant::now() + self.reconnect_delay(rounds));
+                let delay = round_done.then(|| self.reconnect_delay(rounds));
+                backoff.retry_at = delay.map(|d| Instant::now() + d);
+                backoff.keeping_retry_at =
+                    delay.map(|d| Instant::now() + d.min(RECONNECT_DELAY_KEEPING_MAX));
                 Err(e)
             }
         }
@@ -527,8 +562,19 @@ impl Router {
     /// went over and when the send that got it started. An ERROR reply is returned as a
     /// response, not an error.
     pub(crate) async fn call(&self, request: Request, timeout: Duration) -> Result<Answer> {
+        self.call_for(request, timeout, Purpose::Other).await
+    }
+
+    /// [`Router::call`] for a request of `purpose` (see [`Purpose`]).
+    pub(crate) async fn call_for(
+        &self,
+        request: Request,
+        timeout: Duration,
+        purpose: Purpose,
+    ) -> Result<Answer> {
         let sending = Sending::default();
-        let answer = tokio::time::timeout(timeout, self.call_on(request, timeout, &sending));
+        let answer =
+            tokio::time::timeout(timeout, self.call_on(request, timeout, &sending, purpose));
         answer.await.unwrap_or_else(|_| {
             let hung = sending.take();
             if let Some(conn) = hung {
@@ -545,6 +591,7 @@ impl Router {
         request: Request,
         timeout: Duration,
         sending: &Sending,
+        purpose: Purpose,
     ) -> Result<Answer> {
         request.validate().map_err(Error::invalid)?;
         let search_until =
@@ -553,7 +600,7 @@ impl Router {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
             loop {
-                let conn = match self.connection().await {
+                let conn = match self.connection_for(purpose).await {
                     Ok(conn) => conn,
                     // A cluster's node that cannot be reached (often the dead leader the
                     // others still name): `connection` moved on to the next endpoint, and

@@ -40,7 +40,7 @@ use crate::error::{unexpected, Error, Result};
 use crate::lease::{local_deadline, AcquireOutcome, LossReason, Validity};
 use crate::options::AcquireOptions;
 use crate::outcome::ReleaseOutcome;
-use crate::router::Router;
+use crate::router::{Purpose, Router};
 
 /// How a [`Session`] keeps itself alive.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -628,7 +628,7 @@ async fn keep_alive_once(router: &Router, state: &SessionState) -> KeepAlive {
     let request = Request::SessionKeepalive {
         session_id: state.id,
     };
-    match router.call(request, timeout).await {
+    match router.call_for(request, timeout, Purpose::Keeping).await {
         Ok(answer) => match answer.response {
             // `sent_at` is from before the send that got the answer (after NOT_LEADER, the
             // last), so the new deadline never over-estimates the server's.
@@ -902,6 +902,42 @@ mod tests {
             "kept alive at the restarted server"
         );
         assert_eq!((a.fencing_token(), b.fencing_token()), (7, 7));
+        drop(restarted);
+    }
+
+    /// A restart shorter than the session's time left does not outlast it for want of a
+    /// reconnect attempt: keep-alives wait at most `RECONNECT_DELAY_KEEPING_MAX` after a
+    /// failed one, not the client's backoff (here 3-6 s, past the session's deadline, so the
+    /// session was lost before: outside test a33).
+    #[tokio::test(start_paused = true)]
+    async fn keep_alives_reconnect_sooner_than_the_backoff() {
+        let server = fake::start(VERSION, 16, script(kept(), Arc::default())).await;
+        let addr = server.addr.clone();
+        let config = crate::ClientConfig {
+            reconnect_delay_min: Duration::from_secs(6),
+            reconnect_delay_max: Duration::from_secs(6),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(addr.clone(), config).await.unwrap();
+        let session = client.session(ttl()).await.unwrap();
+        let a = session.lock("a").await.unwrap().granted().unwrap();
+        tokio::time::sleep(ttl()).await;
+        drop(server);
+        // Down for half the TTL: the next keep-alive meets a refusal, and the backoff would
+        // put the next attempt 3 to 6 s later.
+        tokio::time::sleep(ttl() / 2).await;
+        let restarted = fake::start_at(&addr, VERSION, 16, script(kept(), Arc::default())).await;
+        let back_at = Instant::now();
+        tokio::time::sleep(ttl() * 2).await;
+        assert!(
+            session.is_valid() && a.is_valid(),
+            "{:?}",
+            session.loss_reason()
+        );
+        assert!(
+            session.deadline() > back_at + ttl(),
+            "kept alive after the restart"
+        );
         drop(restarted);
     }
 

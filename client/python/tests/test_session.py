@@ -258,3 +258,24 @@ def test_a_session_rides_through_the_leaders_kill(tenured_bin: str, tmp_path: Pa
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_keep_alives_reconnect_sooner_than_the_backoff(start_tenured) -> None:
+    """A restart shorter than the session's time left does not outlast it for want of a
+    reconnect attempt: a keep-alive waits at most `RECONNECT_DELAY_KEEPING_MAX_S` after a
+    failed one, not the client's backoff (here 6-12 s, past the session's deadline; outside
+    test a33 saw `tenure run` drop its lock so over a 3 s restart)."""
+    node = start_tenured()
+    ttl_s = 3.0
+    with tenure.Client(node.addr, reconnect_delay_min=12, reconnect_delay_max=12) as c:
+        s = c.session(ttl=ttl_s)
+        lock = s.lock("rk/a").acquire()
+        node.kill()
+        time.sleep(1.2)  # down past the next keep-alive (every 1 s): it meets a refusal
+        node.start()
+        back_at = time.monotonic()
+        # Only a keep-alive confirmed after the restart moves the deadline this far.
+        assert wait_until(lambda: s.deadline > back_at + ttl_s - 0.25, timeout=ttl_s), s.loss_reason
+        s.check()
+        lock.check()
+        s.close()

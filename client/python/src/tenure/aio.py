@@ -89,6 +89,12 @@ CAMPAIGN_RETRY_PAUSE_S = 0.1
 RESUBSCRIBE_DELAY_S = 0.1
 #: Doublings of the reconnect delay before it stays at its maximum.
 BACKOFF_DOUBLINGS_MAX = 20
+#: Longest a request that keeps leases alive (a renewal, a session's keep-alive) waits for the
+#: next reconnect attempt after a failed one, where other requests wait the whole backoff (up
+#: to `reconnect_delay_max`): a restart shorter than a lease's time left must not outlast it
+#: for want of an attempt. Attempts stay one at a time, so many leases still try at most once
+#: per this delay.
+RECONNECT_DELAY_KEEPING_MAX_S = 0.25
 #: Shortest pause between renewal retries after a failed renewal.
 RENEW_RETRY_MIN_S = 0.005
 
@@ -293,6 +299,8 @@ class AsyncClient:
         self._next = self.endpoints[0]
         self._failures = 0
         self._retry_at: Optional[float] = None
+        #: When a request that keeps leases alive may try again (`RECONNECT_DELAY_KEEPING_MAX_S`).
+        self._keeping_retry_at: Optional[float] = None
         self._closed = False
         #: Renewal tasks of this client's guards, told when the client closes.
         self._keepers: "weakref.WeakSet[_Keeper]" = weakref.WeakSet()
@@ -341,7 +349,7 @@ class AsyncClient:
     def is_connected(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()
 
-    async def _connection(self, deadline: float) -> Connection:
+    async def _connection(self, deadline: float, keeping: bool = False) -> Connection:
         conn = self._conn
         if conn is not None and not conn.is_closed():
             return conn
@@ -353,8 +361,9 @@ class AsyncClient:
             conn = self._conn
             if conn is not None and not conn.is_closed():
                 return conn
-            if self._retry_at is not None:
-                delay = self._retry_at - time.monotonic()
+            retry_at = self._keeping_retry_at if keeping else self._retry_at
+            if retry_at is not None:
+                delay = retry_at - time.monotonic()
                 if delay > deadline - time.monotonic():
                     raise RequestTimeout("reconnect delay runs past the request's timeout")
                 await asyncio.sleep(max(0.0, delay))
@@ -379,6 +388,7 @@ class AsyncClient:
                     raise
                 self._failures = 0
                 self._retry_at = None
+                self._keeping_retry_at = None
                 self._conn = conn
                 return conn
             raise AssertionError("unreachable: the last attempt returns or raises")
@@ -403,7 +413,9 @@ class AsyncClient:
         self._advance_from(target)
         count = len(self.endpoints)
         if self._failures % count == 0:
-            self._retry_at = time.monotonic() + self._reconnect_delay(self._failures // count)
+            delay = self._reconnect_delay(self._failures // count)
+            self._retry_at = time.monotonic() + delay
+            self._keeping_retry_at = time.monotonic() + min(delay, RECONNECT_DELAY_KEEPING_MAX_S)
 
     def _reconnect_delay(self, rounds: int) -> float:
         """Exponential backoff with equal jitter: random in [d/2, d], d doubling per round."""
@@ -441,10 +453,12 @@ class AsyncClient:
         timeout: Optional[float] = None,
         watch: Optional[WatchQueue] = None,
         owner: Any = None,
+        keeping: bool = False,
     ) -> Tuple[int, bytes, Connection, float]:
         """`_call`, and the monotonic instant taken just before the send that was answered
         (the last one, after NOT_LEADER redirects): a lease counted from it is counted from
-        the request the leader took up, not from a follower's refusal before it."""
+        the request the leader took up, not from a follower's refusal before it. `keeping`: a
+        request that keeps leases alive, which reconnects sooner (`RECONNECT_DELAY_KEEPING_MAX_S`)."""
         timeout = self.timeout if timeout is None else timeout
         direct = _DIRECT.get()
         if direct is not None and watch is None:
@@ -455,7 +469,7 @@ class AsyncClient:
         redirects = 0
         pause = ROUND_PAUSE_MIN_S
         while True:
-            conn = await self._connection(deadline)
+            conn = await self._connection(deadline, keeping)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"no answer within {timeout:.3f} s")
@@ -784,10 +798,10 @@ class AsyncClient:
         return result
 
     async def _renew(
-        self, key: bytes, lease_id: bytes, ttl_ms: int, timeout: Optional[float] = None
+        self, key: bytes, lease_id: bytes, ttl_ms: int, timeout: Optional[float] = None, keeping: bool = False
     ) -> Tuple[RenewResult, Connection]:
         body = w.renew_body(key, lease_id, ttl_ms)
-        opcode, reply, conn, sent_at = await self._call_sent(w.RENEW, body, timeout)
+        opcode, reply, conn, sent_at = await self._call_sent(w.RENEW, body, timeout, keeping=keeping)
         if opcode == w.LOST:
             return Lost(), conn
         _expect(opcode, w.RENEWED)
@@ -1263,7 +1277,7 @@ class _Keeper:
         """
         sent_at = time.monotonic()
         lease = self.lease
-        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout())
+        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout(), keeping=True)
         call = asyncio.ensure_future(renewal)
         done, _ = await asyncio.wait(
             [call, self._stop], timeout=max(0.0, give_up_at - sent_at), return_when=asyncio.FIRST_COMPLETED

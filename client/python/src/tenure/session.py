@@ -217,7 +217,7 @@ class AsyncSession:
             if now < next_at:
                 await asyncio.sleep(min(next_at, self.give_up_at()) - now)
                 continue
-            call = self.client._call_sent(w.SESSION_KEEPALIVE, self.id, timeout)
+            call = self.client._call_sent(w.SESSION_KEEPALIVE, self.id, timeout, keeping=True)
             try:
                 opcode, reply, _, sent_at = await asyncio.wait_for(call, max(0.0, self.give_up_at() - now))
                 _, ttl_ms = _session_reply(opcode, reply)
