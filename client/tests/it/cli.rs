@@ -692,6 +692,8 @@ async fn cli_console_sends_the_acquire_id_it_is_given() {
         .await;
     assert_eq!(field(&refused, "result"), "ERROR", "{refused}");
     assert_eq!(field(&refused, "code"), "NO_SESSION", "{refused}");
+    // The server's message, not the code a second time.
+    assert!(refused.contains("error=\"no live session"), "{refused}");
     // A session lease's repeat has the session's time left, as its first grant said.
     let left: u64 = field(&again, "ttl_ms").parse().expect("a number");
     assert!(left > 0 && left <= 30_000, "{again}");

@@ -63,7 +63,12 @@ fn print_error(out: &Out, error: &anyhow::Error) {
         Some(code) => line.text("code", code.name()),
         None => line,
     };
-    out.print(line.text("error", format!("{error:#}")));
+    // The server's own words, without the "server error CODE:" that `code=` already says.
+    let message = match error.downcast_ref::<tenure::Error>() {
+        Some(tenure::Error::Server { message, .. }) => message.clone(),
+        _ => format!("{error:#}"),
+    };
+    out.print(line.text("error", message));
 }
 
 /// The command on `line`, or None after printing why there is none. A line in the old
