@@ -338,7 +338,7 @@ struct Backoff {
 pub(crate) enum Purpose {
     /// Any request.
     Other,
-    /// A renewal or a session's keep-alive.
+    /// A renewal, a session's keep-alive or its close.
     Keeping,
 }
 

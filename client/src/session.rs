@@ -203,7 +203,15 @@ impl Client {
     pub async fn close_session(&self, id: SessionId) -> Result<u32> {
         let request = Request::SessionClose { session_id: id };
         let timeout = self.config().request_timeout;
-        match self.router().call(request, timeout).await?.response {
+        // Freeing leases is lease keeping too: a close after a restart reconnects as soon
+        // as a keep-alive would, not after the whole backoff.
+        let purpose = Purpose::Keeping;
+        match self
+            .router()
+            .call_for(request, timeout, purpose)
+            .await?
+            .response
+        {
             Response::SessionClosed { released } => Ok(released),
             other => Err(unexpected("SESSION_CLOSE", other)),
         }

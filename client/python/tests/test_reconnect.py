@@ -101,3 +101,42 @@ def test_a_blocking_acquire_cut_by_a_sigterm_restart_is_sent_again_until_granted
     assert got.token > held.token
     assert time.monotonic() - started < 10 + 5, "within its wait and retry time"
     assert background, "the ACQUIRE took the direct path"
+
+
+def test_the_rust_cli_gives_back_a_lock_it_counted_lost(tenured_bin, server):
+    """`tenure run` (built next to tenured) that counts its lock lost (the server down past
+    its deadline) stops the command and, once the server is back within a moment, closes
+    its session: the key is free at once, not a TTL after the restart (outside test a33,
+    NIT 3: the restored session held it until its TTL ran out)."""
+    import queue
+    import subprocess
+    from pathlib import Path
+
+    cli = Path(tenured_bin).with_name("tenure")
+    # Not skipped when missing: a test that passes without running is no test.
+    assert cli.exists(), f"{cli} is not built: cargo build -p tenure --bin tenure"
+    run = [str(cli), "--addr", server.addr, "run", "--ttl", "2s", "gb", "--", "sleep", "30"]
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: "queue.Queue[str]" = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+
+    def next_line(timeout: float) -> str:
+        return lines.get(timeout=timeout)
+
+    try:
+        assert "result=GRANTED" in next_line(10)
+        server.kill()
+        lost = next_line(10)  # at its deadline, under 2 s after the last keep-alive
+        assert "result=LOST" in lost, lost
+        server.start()
+        back_at = time.monotonic()
+        with tenure.Client(server.addr) as c:
+            # The restored session would hold it until 2 s after the restart.
+            assert wait_until(lambda: isinstance(c.inspect("gb"), tenure.Free), timeout=1.2), c.inspect("gb")
+            assert time.monotonic() - back_at < 1.5
+        assert proc.wait(timeout=10) == 4
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -19,6 +19,10 @@ use tenure::{
 
 /// Pause before a lost watch of a session's key subscribes again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(100);
+/// Pause between attempts to give a lost lock back ([`Hold::give_back_after_loss`]): the
+/// client's own reconnect pacing for lease keeping is 250 ms, so a shorter pause only
+/// meets the same refusal.
+const GIVE_BACK_PAUSE: Duration = Duration::from_millis(100);
 
 /// The lock a command runs under.
 pub enum Hold {
@@ -146,6 +150,35 @@ impl Hold {
             } => (guard.key(), client, *alone),
         };
         released_behind_our_back(client.clone(), key, self.fencing_token(), alone)
+    }
+
+    /// After the lock was counted lost (its deadline passed unconfirmed, say over a restart
+    /// that outlasted it by a little), frees it if the server still has it, so the next
+    /// waiter need not wait out its TTL: closes its session (or releases its lease), trying
+    /// until `within` is spent (the server may still be down; the TTL frees it then). Names
+    /// only our own session or lease id, so it frees nothing of anyone else's.
+    pub async fn give_back_after_loss(self, within: Duration) {
+        let give_up_at = tokio::time::Instant::now() + within;
+        let (client, session_id) = match &self {
+            Hold::Session {
+                client, session, ..
+            } => (client.clone(), session.id()),
+            Hold::Lease { .. } => {
+                let _ = tokio::time::timeout(within, self.release()).await;
+                return;
+            }
+        };
+        drop(self); // the session's own close on drop would not outlive our exit
+        while tokio::time::Instant::now() < give_up_at {
+            let left = give_up_at - tokio::time::Instant::now();
+            match tokio::time::timeout(left, client.close_session(session_id)).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) if !e.is_transient() => return, // ended already (NO_SESSION)
+                Ok(Err(e)) => tracing::debug!(error = %e, "giving back a lost lock; retrying"),
+                Err(_) => return,
+            }
+            tokio::time::sleep(GIVE_BACK_PAUSE.min(left)).await;
+        }
     }
 
     /// Gives the lock back: releases the lease, or closes the session (which frees it).

@@ -79,6 +79,9 @@ async fn acquire_lease(
 /// Pause before queueing again after a wait was cut short by a server restart, on top of the
 /// client's own reconnect backoff.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(50);
+/// Longest `tenure run` and `tenure elect` try to give a lost lock back before they exit
+/// (the server may be down: its TTL frees the lock then).
+const GIVE_BACK_AFTER_LOSS_MAX: Duration = Duration::from_secs(2);
 
 /// Acquires `key` as `kind`, in a new session of `ttl` when `in_session`; a wait cut short by a server
 /// restart (connection lost or refused, SHUTTING_DOWN, RECOVERING), or whose session ended or
@@ -180,6 +183,7 @@ pub async fn supervise(
                 warn(&format!("{e:#}"));
             }
             print_lost(out, key, &loss_text(&reason));
+            guard.give_back_after_loss(GIVE_BACK_AFTER_LOSS_MAX).await;
             return Ok(EXIT_LOST);
         }
         _ = interrupt.recv() => terminate(&mut child, grace).await?,
