@@ -492,6 +492,11 @@ impl Router {
         if let Some(retry_at) = retry_at {
             tokio::time::sleep_until(retry_at).await;
         }
+        // An attempt ahead of the backoff (lease keeping's): its failure must not raise the
+        // backoff of everyone else, which counts the attempts the backoff itself allowed.
+        let early = backoff
+            .retry_at
+            .is_some_and(|retry_at| Instant::now() < retry_at);
         let config = &self.inner.config;
         let target = self.next_target();
         // A caller that stops waiting mid-connect (its own time-out, shorter than
@@ -523,6 +528,12 @@ impl Router {
                     .lock()
                     .expect("client mutex poisoned") = target.clone();
                 Ok(conn)
+            }
+            Err(e) if early => {
+                self.advance_from(&target);
+                let next = Instant::now() + RECONNECT_DELAY_KEEPING_MAX;
+                backoff.keeping_retry_at = backoff.retry_at.map(|retry_at| retry_at.min(next));
+                Err(e)
             }
             Err(e) => {
                 backoff.failures = backoff.failures.saturating_add(1);

@@ -367,6 +367,9 @@ class AsyncClient:
                 if delay > deadline - time.monotonic():
                     raise RequestTimeout("reconnect delay runs past the request's timeout")
                 await asyncio.sleep(max(0.0, delay))
+            # An attempt ahead of the backoff (lease keeping's): its failure must not raise the
+            # backoff of everyone else, which counts the attempts the backoff itself allowed.
+            early = self._retry_at is not None and time.monotonic() < self._retry_at
             # Each address once, at once: a cluster with a node down still connects. The
             # backoff delay comes after a whole round of them failed.
             for attempt in range(len(self.endpoints)):
@@ -375,7 +378,7 @@ class AsyncClient:
                 try:
                     conn = await asyncio.wait_for(self._open(target), budget)
                 except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
-                    self._note_failure(target)
+                    self._note_failure(target, early)
                     last_round = attempt == len(self.endpoints) - 1 or time.monotonic() >= deadline
                     # A follower may answer the AUTH itself with NOT_LEADER: go where it says.
                     hint = w.leader_hint(e.message) if isinstance(e, NotLeader) else None
@@ -407,8 +410,14 @@ class AsyncClient:
                 raise
         return conn
 
-    def _note_failure(self, target: Tuple[str, int]) -> None:
-        """After a failed connect: the next address now; the backoff delay after each round."""
+    def _note_failure(self, target: Tuple[str, int], early: bool = False) -> None:
+        """After a failed connect: the next address now; the backoff delay after each round
+        (not after an `early` one, made ahead of the backoff to keep leases alive)."""
+        if early:
+            self._advance_from(target)
+            assert self._retry_at is not None
+            self._keeping_retry_at = min(time.monotonic() + RECONNECT_DELAY_KEEPING_MAX_S, self._retry_at)
+            return
         self._failures += 1
         self._advance_from(target)
         count = len(self.endpoints)
