@@ -71,7 +71,7 @@ def test_guard_loss_when_a_renewal_is_answered_lost(client, server):
 def test_guard_loss_when_renewals_hang(client, monkeypatch):
     """A renewal that never answers cannot delay the loss past the deadline less the margin."""
 
-    async def hang(*args):
+    async def hang(*args, **kwargs):
         await asyncio.sleep(3600)
 
     with client.lock("gh", ttl=TTL_S) as lease:
@@ -80,6 +80,22 @@ def test_guard_loss_when_renewals_hang(client, monkeypatch):
         assert lease.lost.wait(timeout=10)
         assert "ran out unconfirmed" in lease.loss_reason
         assert time.monotonic() < deadline + 1.0
+
+
+def test_guard_loss_when_a_renewal_raises_an_unexpected_error(client, monkeypatch):
+    """Renewals stopped by an error no branch expects (a bug) end the guard at once, saying
+    why, rather than leaving `lost` unset past the deadline (a CI run met this: a renewal
+    called with an argument a stand-in did not take killed the renewal task silently)."""
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    with client.lock("gb", ttl=TTL_S) as lease:
+        monkeypatch.setattr(client.aio, "_renew", broken)
+        deadline = lease.deadline
+        assert lease.lost.wait(timeout=10)
+        assert "unexpected error" in lease.loss_reason and "a bug" in lease.loss_reason
+        assert time.monotonic() < deadline, "at once, not at the deadline"
 
 
 def test_guard_on_lease_expired_while_the_process_was_paused(server, tmp_path):

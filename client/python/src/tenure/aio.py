@@ -1227,6 +1227,17 @@ class _Keeper:
             self._stop.set_result(None)
 
     async def _run(self) -> None:
+        try:
+            await self._renewals()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug, or an error no branch expects
+            # The renewals have stopped: the guard says so now, instead of never (its
+            # deadline would pass with `lost` unset).
+            log.error("tenure: renewals of %r stopped: %r", self.lease.key, e)
+            self.fire(f"renewals stopped by an unexpected error: {e!r}")
+
+    async def _renewals(self) -> None:
         watched: Optional[Connection] = self.tied
         next_renew = self._first_renew_at()
         retry_delay = max(self.renew_every / 4, RENEW_RETRY_MIN_S)
@@ -1286,7 +1297,7 @@ class _Keeper:
         """
         sent_at = time.monotonic()
         lease = self.lease
-        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout(), keeping=True)
+        renewal = self.client._renew(lease.key, lease.lease_id, lease.ttl_ms, self._attempt_timeout(), True)
         call = asyncio.ensure_future(renewal)
         done, _ = await asyncio.wait(
             [call, self._stop], timeout=max(0.0, give_up_at - sent_at), return_when=asyncio.FIRST_COMPLETED
