@@ -216,7 +216,13 @@ impl FrameError {
     /// `BAD_TTL` for `ttl_ms` outside `TTL_MS_MIN..=TTL_MS_MAX`.
     pub fn ttl_out_of_range(ttl_ms: u32) -> Self {
         use crate::limits::{TTL_MS_MAX, TTL_MS_MIN};
-        let message = format!("ttl_ms {ttl_ms} outside {TTL_MS_MIN}..={TTL_MS_MAX}");
+        // Worded as the server words it (its own limit replaces the upper bound there), so
+        // a client's check and the server's refusal say the same.
+        let message = if ttl_ms < TTL_MS_MIN {
+            format!("ttl_ms {ttl_ms} under the shortest lease, {TTL_MS_MIN}")
+        } else {
+            format!("ttl_ms {ttl_ms} over the longest lease, {TTL_MS_MAX}")
+        };
         FrameError {
             ttl_ms: Some(ttl_ms),
             ..FrameError::new(ErrorCode::BadTtl, message)

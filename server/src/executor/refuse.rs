@@ -1,7 +1,6 @@
 //! The executor's refusals: the error replies for a request it will not run, each naming
 //! the limit or failure and counting it in STATS `errors`.
 
-use tenure_protocol::limits::TTL_MS_MIN;
 use tenure_protocol::{ErrorCode, FrameError, Response};
 
 use super::{error, Executor};
@@ -28,8 +27,8 @@ impl Executor {
     pub fn undecodable_message(&self, e: FrameError) -> String {
         match e.refused_ttl_ms() {
             Some(ttl_ms) if ttl_ms > self.config.ttl_ms_max => self.ttl_too_long_message(ttl_ms),
-            Some(ttl_ms) => format!("ttl_ms {ttl_ms} under the shortest lease, {TTL_MS_MIN}"),
-            None => e.message,
+            // Under the shortest lease: the decoder's own words.
+            _ => e.message,
         }
     }
 
