@@ -714,7 +714,10 @@ async fn cli_console_prints_kind_mismatch_with_its_code_and_an_ended_repeat_as_e
     // The client's own check words a TTL as the server does.
     let short = console.ask("ACQUIRE con/short 5").await;
     assert_eq!(field(&short, "code"), "BAD_TTL", "{short}");
-    assert!(short.contains("ttl_ms 5 under the shortest lease, 10"), "{short}");
+    assert!(
+        short.contains("ttl_ms 5 under the shortest lease, 10"),
+        "{short}"
+    );
 
     let line = "ACQUIRE con/ended 30000 ID=6a0c5f0e3b1d4e27a9c8b7d6e5f40312";
     let first = console.ask(line).await;
