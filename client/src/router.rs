@@ -327,9 +327,21 @@ impl Drop for MoveOnIfDropped<'_> {
 struct Backoff {
     failures: u32,
     retry_at: Option<Instant>,
-    /// When the next one may start for a request that keeps leases alive: no later than
-    /// [`RECONNECT_DELAY_KEEPING_MAX`] after the failure.
-    keeping_retry_at: Option<Instant>,
+    /// When the last attempt failed: a request that keeps leases alive may try again
+    /// [`RECONNECT_DELAY_KEEPING_MAX`] after it, if that is before `retry_at`.
+    failed_at: Option<Instant>,
+}
+
+impl Backoff {
+    /// When an attempt for a request of `purpose` may start; `None`: now.
+    fn retry_at(&self, purpose: Purpose) -> Option<Instant> {
+        match (purpose, self.failed_at) {
+            (Purpose::Keeping, Some(failed_at)) => self
+                .retry_at
+                .map(|retry_at| retry_at.min(failed_at + RECONNECT_DELAY_KEEPING_MAX)),
+            _ => self.retry_at,
+        }
+    }
 }
 
 /// Whether a request keeps leases alive, and so may reconnect sooner than the backoff
@@ -389,7 +401,7 @@ impl Router {
                 reconnect: tokio::sync::Mutex::new(Backoff {
                     failures: 0,
                     retry_at: None,
-                    keeping_retry_at: None,
+                    failed_at: None,
                 }),
             }),
         };
@@ -485,11 +497,7 @@ impl Router {
         if let Some(conn) = self.live() {
             return Ok(conn);
         }
-        let retry_at = match purpose {
-            Purpose::Other => backoff.retry_at,
-            Purpose::Keeping => backoff.keeping_retry_at,
-        };
-        if let Some(retry_at) = retry_at {
+        if let Some(retry_at) = backoff.retry_at(purpose) {
             tokio::time::sleep_until(retry_at).await;
         }
         // An attempt ahead of the backoff (lease keeping's): its failure must not raise the
@@ -520,7 +528,7 @@ impl Router {
             Ok(conn) => {
                 backoff.failures = 0;
                 backoff.retry_at = None;
-                backoff.keeping_retry_at = None;
+                backoff.failed_at = None;
                 *self.inner.current.lock().expect("client mutex poisoned") = Some(conn.clone());
                 *self
                     .inner
@@ -530,22 +538,20 @@ impl Router {
                 Ok(conn)
             }
             Err(e) if early => {
+                backoff.failed_at = Some(Instant::now());
                 self.advance_from(&target);
-                let next = Instant::now() + RECONNECT_DELAY_KEEPING_MAX;
-                backoff.keeping_retry_at = backoff.retry_at.map(|retry_at| retry_at.min(next));
                 Err(e)
             }
             Err(e) => {
+                backoff.failed_at = Some(Instant::now());
                 backoff.failures = backoff.failures.saturating_add(1);
                 self.advance_from(&target);
                 // With several endpoints the next one is tried at once; the delay comes
                 // after a whole round of them has failed.
                 let rounds = backoff.failures / self.endpoint_count();
                 let round_done = backoff.failures % self.endpoint_count() == 0;
-                let delay = round_done.then(|| self.reconnect_delay(rounds));
-                backoff.retry_at = delay.map(|d| Instant::now() + d);
-                backoff.keeping_retry_at =
-                    delay.map(|d| Instant::now() + d.min(RECONNECT_DELAY_KEEPING_MAX));
+                backoff.retry_at =
+                    round_done.then(|| Instant::now() + self.reconnect_delay(rounds));
                 Err(e)
             }
         }

@@ -299,8 +299,9 @@ class AsyncClient:
         self._next = self.endpoints[0]
         self._failures = 0
         self._retry_at: Optional[float] = None
-        #: When a request that keeps leases alive may try again (`RECONNECT_DELAY_KEEPING_MAX_S`).
-        self._keeping_retry_at: Optional[float] = None
+        #: When the last connect failed: a request that keeps leases alive may try again
+        #: `RECONNECT_DELAY_KEEPING_MAX_S` after it, if that is before `_retry_at`.
+        self._failed_at: Optional[float] = None
         self._closed = False
         #: Renewal tasks of this client's guards, told when the client closes.
         self._keepers: "weakref.WeakSet[_Keeper]" = weakref.WeakSet()
@@ -361,7 +362,9 @@ class AsyncClient:
             conn = self._conn
             if conn is not None and not conn.is_closed():
                 return conn
-            retry_at = self._keeping_retry_at if keeping else self._retry_at
+            retry_at = self._retry_at
+            if keeping and retry_at is not None and self._failed_at is not None:
+                retry_at = min(retry_at, self._failed_at + RECONNECT_DELAY_KEEPING_MAX_S)
             if retry_at is not None:
                 delay = retry_at - time.monotonic()
                 if delay > deadline - time.monotonic():
@@ -391,7 +394,7 @@ class AsyncClient:
                     raise
                 self._failures = 0
                 self._retry_at = None
-                self._keeping_retry_at = None
+                self._failed_at = None
                 self._conn = conn
                 return conn
             raise AssertionError("unreachable: the last attempt returns or raises")
@@ -413,18 +416,14 @@ class AsyncClient:
     def _note_failure(self, target: Tuple[str, int], early: bool = False) -> None:
         """After a failed connect: the next address now; the backoff delay after each round
         (not after an `early` one, made ahead of the backoff to keep leases alive)."""
+        self._failed_at = time.monotonic()
+        self._advance_from(target)
         if early:
-            self._advance_from(target)
-            assert self._retry_at is not None
-            self._keeping_retry_at = min(time.monotonic() + RECONNECT_DELAY_KEEPING_MAX_S, self._retry_at)
             return
         self._failures += 1
-        self._advance_from(target)
         count = len(self.endpoints)
         if self._failures % count == 0:
-            delay = self._reconnect_delay(self._failures // count)
-            self._retry_at = time.monotonic() + delay
-            self._keeping_retry_at = time.monotonic() + min(delay, RECONNECT_DELAY_KEEPING_MAX_S)
+            self._retry_at = time.monotonic() + self._reconnect_delay(self._failures // count)
 
     def _reconnect_delay(self, rounds: int) -> float:
         """Exponential backoff with equal jitter: random in [d/2, d], d doubling per round."""

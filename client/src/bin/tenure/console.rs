@@ -55,16 +55,15 @@ pub async fn console(client: Client, out: &Out) -> anyhow::Result<u8> {
 /// Prints a request's error; a refusal with a code (the server's, or the client's own check
 /// of a field) carries it as `code=`, as a line the console could not read does.
 fn print_error(out: &Out, error: &anyhow::Error) {
-    let code = error
-        .downcast_ref::<tenure::Error>()
-        .and_then(tenure::Error::code);
+    let typed = error.downcast_ref::<tenure::Error>();
+    let code = typed.and_then(tenure::Error::code);
     let line = Line::new("ERROR");
     let line = match code {
         Some(code) => line.text("code", code.name()),
         None => line,
     };
     // The server's own words, without the "server error CODE:" that `code=` already says.
-    let message = match error.downcast_ref::<tenure::Error>() {
+    let message = match typed {
         Some(tenure::Error::Server { message, .. }) => message.clone(),
         _ => format!("{error:#}"),
     };
