@@ -252,7 +252,8 @@ impl Session {
     }
 
     /// The local deadline: an instant taken before the last confirmed keep-alive (or the
-    /// open) was sent, plus the TTL, less [`deadline_margin`](crate::lease::deadline_margin). Never later than the server's.
+    /// open) was sent, plus the TTL; never later than the server's. The session counts as
+    /// lost [`deadline_margin`](crate::lease::deadline_margin) before it ([`Session::is_valid`]).
     pub fn deadline(&self) -> Instant {
         self.state.deadline()
     }
@@ -472,6 +473,17 @@ impl SessionGuard {
     /// The session's local deadline (see [`Session::deadline`]).
     pub fn deadline(&self) -> Instant {
         self.state.deadline()
+    }
+
+    /// Time left until the guard gives up (the session's local deadline less the margin);
+    /// zero once lost.
+    pub fn time_left(&self) -> Duration {
+        if !self.is_valid() {
+            return Duration::ZERO;
+        }
+        self.state
+            .give_up_at()
+            .saturating_duration_since(Instant::now())
     }
 
     /// True while the lock is held as far as this client can tell: not released, and the

@@ -1,7 +1,8 @@
 //! `tenure run` and `tenure elect` stop the command's whole process group, not only the
 //! process they started: on a loss, on SIGINT, when the command exits leaving a background
-//! process behind, and when `tenure` itself is killed with SIGKILL (finding F1: a grandchild
-//! went on running unprotected beside the next holder). Real time throughout; bounds are in
+//! process behind, when `tenure` itself is killed with SIGKILL (finding F1: a grandchild
+//! went on running unprotected beside the next holder), and, by the guardian alone, when
+//! `tenure` is stopped past the lock's local deadline. Real time throughout; bounds are in
 //! seconds.
 
 use std::path::Path;
@@ -122,6 +123,63 @@ async fn a_killed_elect_takes_the_commands_grandchildren_with_it() {
         "elect", "grp-k", "--value", "me", "--ttl", "5s", "--grace", "1s",
     ];
     killed_tenure_stops_the_grandchildren(&args).await;
+}
+
+/// `signal` to our own child `child` (by its pid, while we hold its handle unreaped).
+#[allow(unsafe_code)]
+fn signal_child(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id().expect("not reaped")).expect("a pid fits");
+    // SAFETY: kill(2) with integers; `pid` is our own unreaped child, so it names no other.
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "signal {signal} to {pid}"
+    );
+}
+
+/// SIGSTOP to `tenure ARGS` alone (not its guardian) running [`WITH_GRANDCHILD`] with a 3 s
+/// TTL: the guardian stops the command's group at the local deadline it was last told, while
+/// `tenure` is still stopped (outside test a34, finding F2: the command ran on beside the next
+/// holder); continued, `tenure` says LOST and exits 4.
+async fn stopped_tenure_stops_the_grandchildren(args: &[&str]) {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (child, grandchild, _) = start(&server, args, WITH_GRANDCHILD, dir.path()).await;
+    let tenure_pid = child.id().expect("running");
+    signal_child(&child, libc::SIGSTOP);
+    // The local deadline is under 3 s away, the grace 1 s: well inside PATIENCE.
+    assert_stopped(grandchild, dir.path()).await;
+    assert_eq!(
+        process_state(tenure_pid),
+        Some('T'),
+        "tenure was to stay stopped while its guardian acted"
+    );
+    signal_child(&child, libc::SIGCONT);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits once continued")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("result=LOST"), "{stderr}");
+    assert!(
+        stderr.contains("did not confirm the lock by its local deadline"),
+        "{stderr}"
+    );
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_stopped_run_has_its_guardian_stop_the_command_at_the_deadline() {
+    stopped_tenure_stops_the_grandchildren(&["run", "grp/stop", "--ttl", "3s", "--grace", "1s"])
+        .await;
+}
+
+#[tokio::test]
+async fn a_stopped_elect_has_its_guardian_stop_the_command_at_the_deadline() {
+    let args = [
+        "elect", "grp-s", "--value", "me", "--ttl", "3s", "--grace", "1s",
+    ];
+    stopped_tenure_stops_the_grandchildren(&args).await;
 }
 
 /// A command that exits leaving a background process in its group: the process is stopped

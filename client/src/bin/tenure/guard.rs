@@ -11,6 +11,14 @@
 //! children, which would go on working unprotected beside the next holder. The guardian is
 //! small and does nothing but wait, so it outlives `tenure` by at most the grace.
 //!
+//! It also keeps the lock's local deadline, as `tenure` last told it (its command line
+//! gives the first; each later one comes as a queued signal, [`deadline_signal`]): should
+//! `tenure` be stopped or stuck (SIGSTOP, a debugger, a process that no longer runs) past
+//! it, the guardian stops the group by itself, as `tenure` would have (outside test a34,
+//! finding F2: a stopped `tenure` left its command running beside the next holder). A stop
+//! of the guardian as well (a SIGSTOP to `tenure`'s whole process group) leaves nobody to
+//! act; README says so.
+//!
 //! It is also the group's child subreaper: a member orphaned by its parent's exit becomes
 //! its child and is reaped here, so a group that has ended is seen empty at once.
 //!
@@ -27,9 +35,13 @@ use crate::exit::EXIT_ERROR;
 use crate::output::{kv_value, Out};
 use crate::terminal::Terminal;
 
-/// `tenure GUARD_ARG GRACE_MS -- PROGRAM ARGS...` runs the guardian. Not a subcommand of the
+/// `tenure GUARD_ARG GRACE_MS FORMAT GIVE_UP_MS -- PROGRAM ARGS...` runs the guardian. Not a subcommand of the
 /// command line (it is not for people to type), so it is looked for before parsing.
 pub const GUARD_ARG: &str = "__tenure_guard__";
+
+/// Longest the guardian sleeps while the command runs: it wakes sooner for a signal (a
+/// stop request, SIGCHLD, a later deadline) or at the lock's local deadline.
+const WAKE_EVERY: Duration = Duration::from_millis(200);
 
 /// How often the guardian looks at its group while it waits for it to end.
 const POLL: Duration = Duration::from_millis(10);
@@ -44,9 +56,16 @@ pub const GUARD_MARGIN: Duration = Duration::from_secs(10);
 const _: () = assert!(GUARD_MARGIN.as_millis() > KILLED_WAIT.as_millis());
 
 /// The guardian's command line for `command`, stopping it with `grace` between SIGTERM and
-/// SIGKILL, printing its errors as JSON if `json` (`--json`). `/proc/self/exe` is this very
-/// binary even if its file was replaced since; without /proc, the path it was started from.
-pub fn guarded(command: &[String], grace: Duration, json: bool) -> tokio::process::Command {
+/// SIGKILL, printing its errors as JSON if `json` (`--json`), and stopping it by itself
+/// `give_up_in` from its start unless told a later deadline ([`tell_deadline`]).
+/// `/proc/self/exe` is this very binary even if its file was replaced since; without /proc,
+/// the path it was started from.
+pub fn guarded(
+    command: &[String],
+    grace: Duration,
+    json: bool,
+    give_up_in: Duration,
+) -> tokio::process::Command {
     let proc_exe = std::path::PathBuf::from("/proc/self/exe");
     let exe = if proc_exe.exists() {
         proc_exe
@@ -58,6 +77,7 @@ pub fn guarded(command: &[String], grace: Duration, json: bool) -> tokio::proces
         .arg(GUARD_ARG)
         .arg(grace.as_millis().to_string())
         .arg(if json { FORMAT_JSON } else { FORMAT_KV })
+        .arg(millis(give_up_in).to_string())
         .arg("--")
         .args(command);
     line
@@ -67,9 +87,25 @@ pub fn guarded(command: &[String], grace: Duration, json: bool) -> tokio::proces
 const FORMAT_KV: &str = "kv";
 const FORMAT_JSON: &str = "json";
 
-/// The guardian's arguments, `GRACE_MS FORMAT -- PROGRAM ARGS...`: the grace, where its
-/// errors go, the program and its arguments; `None` if they are not that.
-fn parse(args: &[OsString]) -> Option<(Duration, Out, &OsString, &[OsString])> {
+/// A time in whole milliseconds, rounded down (so a deadline passed on is never later),
+/// as a queued signal's value carries it.
+fn millis(span: Duration) -> i32 {
+    i32::try_from(span.as_millis()).unwrap_or(i32::MAX)
+}
+
+/// What the guardian runs: see [`parse`].
+struct Guarded<'a> {
+    grace: Duration,
+    out: Out,
+    give_up_in: Duration,
+    program: &'a OsString,
+    args: &'a [OsString],
+}
+
+/// The guardian's arguments, `GRACE_MS FORMAT GIVE_UP_MS -- PROGRAM ARGS...`: the grace,
+/// where its errors go, the time to the lock's local deadline, the program and its
+/// arguments; `None` if they are not that.
+fn parse(args: &[OsString]) -> Option<Guarded<'_>> {
     let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
     let json = match args.get(1)?.to_str()? {
         FORMAT_KV => false,
@@ -80,16 +116,58 @@ fn parse(args: &[OsString]) -> Option<(Duration, Out, &OsString, &[OsString])> {
         json,
         to_stderr: true,
     };
-    (args.get(2)? == "--").then_some(())?;
-    Some((grace, out, args.get(3)?, &args[4..]))
+    let give_up_in = Duration::from_millis(args.get(2)?.to_str()?.parse().ok()?);
+    (args.get(3)? == "--").then_some(())?;
+    Some(Guarded {
+        grace,
+        out,
+        give_up_in,
+        program: args.get(4)?,
+        args: &args[5..],
+    })
+}
+
+/// The queued (real-time) signal by which `tenure` tells its guardian a later local
+/// deadline: its value is the time to it in milliseconds.
+pub fn deadline_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 1
+}
+
+/// Tells the guardian `pid` that the lock's local deadline is now `give_up_in` away.
+///
+/// # Errors
+/// The guardian has gone (ESRCH), or the signal queue is full (EAGAIN).
+#[allow(unsafe_code)]
+pub fn tell_deadline(pid: u32, give_up_in: Duration) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // The value travels in the pointer-sized union: an integer, never dereferenced.
+    let value = libc::sigval {
+        sival_ptr: millis(give_up_in) as usize as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue(2) takes integers and the union by value; it touches no memory of this
+    // process. `pid` is our own child, not yet reaped, so it names no other process.
+    let rc = unsafe { libc::sigqueue(pid, deadline_signal(), value) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The guardian's main: `args` are those after [`GUARD_ARG`]. Returns the exit code.
 pub fn guardian(args: &[OsString]) -> u8 {
-    let Some((grace, out, program, program_args)) = parse(args) else {
+    let Some(Guarded {
+        grace,
+        out,
+        give_up_in,
+        program,
+        args: program_args,
+    }) = parse(args)
+    else {
         eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
         return EXIT_ERROR;
     };
+    let mut give_up_at = Instant::now() + give_up_in;
     // Blocked before the command starts, so no stop request is lost; taken by `sigtimedwait`.
     let signals = stop_signals();
     set_blocked(libc::SIG_BLOCK, &signals);
@@ -117,7 +195,19 @@ pub fn guardian(args: &[OsString]) -> u8 {
     // Waited for with waitpid(2) below, with the orphans this subreaper adopts.
     drop(child);
     let mut status = None;
-    while status.is_none() && !stop_requested(&signals, Duration::from_millis(200)) {
+    while status.is_none() {
+        let now = Instant::now();
+        if now >= give_up_at {
+            let message = "tenure did not confirm the lock by its local deadline; \
+                           stopping the command";
+            eprintln!("warning={}", kv_value(message));
+            break;
+        }
+        match next_signal(&signals, WAKE_EVERY.min(give_up_at - now)) {
+            Woken::Stop => break,
+            Woken::Deadline(later) => give_up_at = give_up_at.max(Instant::now() + later),
+            Woken::Other => {}
+        }
         // Stops of the command are seen only with a terminal: without one, nobody would
         // continue a job stopped on its behalf.
         let stopped = reap(pid, &mut status, terminal.is_some());
@@ -155,14 +245,15 @@ fn stop_group(
                 return;
             }
             // Requests to stop while stopping change nothing; SIGCHLD wakes us early.
-            stop_requested(signals, POLL);
+            next_signal(signals, POLL);
         }
     }
     let message = format!("process group {pid} still has members after SIGKILL");
     eprintln!("warning={}", kv_value(&message));
 }
 
-/// The signals that ask the guardian to stop, and SIGCHLD, which wakes it to reap.
+/// The signals that ask the guardian to stop, SIGCHLD, which wakes it to reap, and
+/// [`deadline_signal`].
 #[allow(unsafe_code)]
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset write only into the set we own; a zeroed sigset_t is a
@@ -170,7 +261,8 @@ fn stop_signals() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+        let signals = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD];
+        for signal in signals.into_iter().chain([deadline_signal()]) {
             libc::sigaddset(&mut set, signal);
         }
         set
@@ -210,16 +302,44 @@ fn become_subreaper() {
     let _ = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
 }
 
-/// Waits up to `timeout` for one of `signals`; true for a request to stop.
+/// What woke the guardian ([`next_signal`]).
+enum Woken {
+    /// A request to stop: SIGTERM, SIGINT or SIGHUP.
+    Stop,
+    /// `tenure` (our parent, no other process) told a later local deadline, this far away.
+    Deadline(Duration),
+    /// SIGCHLD, a time-out, or a deadline signal from anyone but our parent.
+    Other,
+}
+
+/// Waits up to `timeout` for one of `signals`.
 #[allow(unsafe_code)]
-fn stop_requested(signals: &libc::sigset_t, timeout: Duration) -> bool {
+fn next_signal(signals: &libc::sigset_t, timeout: Duration) -> Woken {
     let timeout = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
     };
-    // SAFETY: the set and the time-out are ours and valid; no siginfo is asked for.
-    let signal = unsafe { libc::sigtimedwait(signals, std::ptr::null_mut(), &timeout) };
-    matches!(signal, libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+    // SAFETY: a zeroed siginfo_t is a valid value for sigtimedwait(2) to overwrite.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set, the siginfo and the time-out are ours and valid.
+    let signal = unsafe { libc::sigtimedwait(signals, &mut info, &timeout) };
+    match signal {
+        libc::SIGTERM | libc::SIGINT | libc::SIGHUP => Woken::Stop,
+        signal if signal == deadline_signal() => {
+            // SAFETY: filled in by sigtimedwait for a queued signal: the sender and the value.
+            let (sender, value) = unsafe { (info.si_pid(), info.si_value()) };
+            // SAFETY: getppid(2) cannot fail.
+            let parent = unsafe { libc::getppid() };
+            // The value is an integer carried in the union's pointer (`tell_deadline`).
+            let ms = value.sival_ptr as usize as u64;
+            if sender == parent {
+                Woken::Deadline(Duration::from_millis(ms))
+            } else {
+                Woken::Other
+            }
+        }
+        _ => Woken::Other,
+    }
 }
 
 /// Reaps every child that has ended (the command, and orphans adopted as subreaper); the

@@ -88,6 +88,15 @@ impl Hold {
         }
     }
 
+    /// Time left until the lock's local deadline (less the margin), when `tenure` stops the
+    /// command unless the lock was confirmed since; zero once lost.
+    pub fn time_left(&self) -> Duration {
+        match self {
+            Hold::Lease { guard, .. } => guard.time_left(),
+            Hold::Session { guard, .. } => guard.time_left(),
+        }
+    }
+
     /// The session id, for a lock held in a session.
     pub fn session_id(&self) -> Option<tenure::SessionId> {
         match self {

@@ -5,14 +5,15 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseKind};
+use tenure::{AcquireOptions, AcquireOutcome, Bytes, Client, LeaseKind, LossReason};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
-use crate::guard::{guarded, GUARD_MARGIN};
+use crate::guard::{deadline_signal, guarded, tell_deadline, GUARD_MARGIN};
 use crate::hold::{
-    lock_in_session, loss_text, requeue_reason, session_ended_while_waiting, sessions_unknown, Hold,
+    lock_in_session, loss_text, requeue_reason, session_ended_while_waiting, sessions_unknown,
+    Hold, Loss,
 };
 use crate::output::{ms, warn, Line, Out};
 use crate::requests::print_locked;
@@ -158,7 +159,7 @@ pub async fn supervise(
     // The command runs under a guardian (crate::guard) that stops its whole process group,
     // even after this process is killed with SIGKILL. Not killed on drop: a guardian killed
     // with SIGKILL would leave the group running; our exit sends it SIGTERM instead.
-    let mut command_line = guarded(command, grace, out.json);
+    let mut command_line = guarded(command, grace, out.json, guard.time_left());
     command_line
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
@@ -175,28 +176,89 @@ pub async fn supervise(
             return Err(e).with_context(|| format!("cannot start {program:?}"));
         }
     };
-    let lost = guard.lost();
-    let status = tokio::select! {
-        status = child.wait() => status.context("waiting for the command")?,
-        reason = lost => {
-            if let Err(e) = terminate(&mut child, grace).await {
-                warn(&format!("{e:#}"));
+    let mut lost = guard.lost();
+    let mut told = Told::new(&guard);
+    // Often enough for a short lease's renewals to keep the guardian's deadline ahead.
+    let every = (guard.time_left() / 10).clamp(TELL_GUARDIAN_EVERY_MIN, TELL_GUARDIAN_EVERY);
+    let mut tell = tokio::time::interval(every);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.context("waiting for the command")?,
+            reason = &mut lost => {
+                if let Err(e) = terminate(&mut child, grace).await {
+                    warn(&format!("{e:#}"));
+                }
+                return Ok(lost_exit(guard, out, key, &reason).await);
             }
-            print_lost(out, key, &loss_text(&reason));
-            guard.give_back_after_loss(GIVE_BACK_AFTER_LOSS_MAX).await;
-            return Ok(EXIT_LOST);
+            _ = interrupt.recv() => break terminate(&mut child, grace).await?,
+            _ = terminated.recv() => break terminate(&mut child, grace).await?,
+            _ = tell.tick() => told.update(&child, &guard),
         }
-        _ = interrupt.recv() => terminate(&mut child, grace).await?,
-        _ = terminated.recv() => terminate(&mut child, grace).await?,
     };
+    // Past the local deadline, the command may have run on after the lock was gone (this
+    // process stopped, its guardian stopping the command at that deadline): a loss.
+    if guard.time_left().is_zero() {
+        let reason = tokio::time::timeout(LOSS_SEEN_WITHIN, &mut lost).await;
+        let reason = reason.unwrap_or(Loss {
+            reason: LossReason::Expired { last_error: None },
+            seen_by_watch: false,
+        });
+        return Ok(lost_exit(guard, out, key, &reason).await);
+    }
     if let Err(e) = guard.release().await {
         warn(&format!("release failed: {e}"));
     }
     Ok(exit_code(status))
 }
 
-fn print_lost(out: &Out, key: &str, reason: &str) {
-    out.print(Line::new("LOST").text("key", key).text("reason", reason));
+/// After the lock was lost and the command stopped: says so, gives the lock back if the
+/// server still has it, and returns the exit code.
+async fn lost_exit(guard: Hold, out: &Out, key: &str, reason: &Loss) -> u8 {
+    out.print(
+        Line::new("LOST")
+            .text("key", key)
+            .text("reason", loss_text(reason)),
+    );
+    guard.give_back_after_loss(GIVE_BACK_AFTER_LOSS_MAX).await;
+    EXIT_LOST
+}
+
+/// How often `tenure` tells the command's guardian a later local deadline, if it moved: at
+/// most this seldom, and at least every tenth of the lock's time left at the grant (a renewal
+/// moves it every third of the TTL), but not more often than `TELL_GUARDIAN_EVERY_MIN`.
+const TELL_GUARDIAN_EVERY: Duration = Duration::from_millis(100);
+const TELL_GUARDIAN_EVERY_MIN: Duration = Duration::from_millis(1);
+/// Least move of the local deadline worth telling the guardian.
+const TOLD_STEP_MIN: Duration = Duration::from_millis(1);
+/// How long a loss is waited for once the local deadline is seen passed: the guard's own
+/// signal fires at that deadline, so it is at most a scheduling delay away.
+const LOSS_SEEN_WITHIN: Duration = Duration::from_secs(1);
+
+/// The local deadline the guardian was last told, as an instant of ours.
+struct Told(Instant);
+
+impl Told {
+    /// The deadline the guardian started with (its command line).
+    fn new(guard: &Hold) -> Told {
+        Told(Instant::now() + guard.time_left())
+    }
+
+    /// Tells the guardian of `child` the guard's deadline if it moved later.
+    fn update(&mut self, child: &tokio::process::Child, guard: &Hold) {
+        let left = guard.time_left();
+        let deadline = Instant::now() + left;
+        // Told in whole milliseconds: a later deadline by less tells nothing new.
+        if left.is_zero() || deadline < self.0 + TOLD_STEP_MIN {
+            return;
+        }
+        let Some(pid) = child.id() else { return };
+        match tell_deadline(pid, left) {
+            Ok(()) => self.0 = deadline,
+            Err(e) => warn(&format!(
+                "telling the command's guardian its deadline failed: {e}"
+            )),
+        }
+    }
 }
 
 /// SIGTERM to the guardian, which stops the command's process group (SIGTERM, SIGKILL after
@@ -226,13 +288,17 @@ async fn terminate(
 /// Has the kernel send the guardian SIGTERM if this process dies without stopping it
 /// (`kill -9`, the OOM killer): nobody would renew the lease any more, and an orphaned command
 /// would go on working after it ran out, beside the next holder. The guardian then stops the
-/// command's group as it would on a loss.
+/// command's group as it would on a loss. Also starts the guardian with the signal that
+/// tells it deadlines ([`deadline_signal`]) blocked.
 #[allow(unsafe_code)]
 fn die_with_us(command: &mut tokio::process::Command) {
     let parent = libc::pid_t::try_from(std::process::id()).expect("a pid fits in pid_t");
+    let told = deadline_signal();
     // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: it calls prctl(2) and getppid(2) and allocates
-    // nothing (`from_raw_os_error` builds the error without allocating).
+    // async-signal-safe calls are allowed: it calls prctl(2), getppid(2), sigemptyset,
+    // sigaddset and pthread_sigmask on a set on its stack, and allocates nothing
+    // (`from_raw_os_error` builds the error without allocating). A zeroed sigset_t is a
+    // valid value to start from.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
@@ -241,6 +307,14 @@ fn die_with_us(command: &mut tokio::process::Command) {
             // We may have died between fork and prctl: then the signal will never come.
             if libc::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // A deadline we tell before the guardian has blocked it would kill it (a
+            // queued signal's default action): blocked here, the mask survives the exec.
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, told);
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
