@@ -216,7 +216,9 @@ impl Conn {
             } => {
                 self.ctx.remove_wait(id);
                 self.timing = timing;
+                let named = session.map(|(session_id, _)| session_id);
                 let result = self.join_session_on_hand_off(id, session, &key, result);
+                let result = result.map(|r| self.executor.checked_regrant(r, named));
                 self.on_wait_done(id, result, key, release_on_disconnect);
             }
             Later::Retry {

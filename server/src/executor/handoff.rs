@@ -389,11 +389,18 @@ fn repeat_at_wait_end(
     }
 }
 
-/// What a waiter whose session ended before its turn is told (PROTOCOL.md 3.11).
+/// What a waiter whose session ended before its turn, or had less than the shortest TTL
+/// left when the key came free (it takes no new lease then), is told (PROTOCOL.md 3.11).
+/// The message says both: in the second case the session goes on, and a keep-alive in time
+/// continues it (outside test a34, finding F3).
 pub fn session_ended_result() -> WaitResult {
+    let min_ms = tenure_protocol::limits::TTL_MS_MIN;
     WaitResult::Failed(
         ErrorCode::NoSession,
-        "the session ended while this ACQUIRE waited".to_string(),
+        format!(
+            "the session ended, or had under {min_ms} ms left, while this ACQUIRE waited: \
+             it takes no new lease"
+        ),
     )
 }
 

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use tenure_protocol::{AcquireId, EndedHow, ErrorCode, LeaseId, Request, Response, SessionId};
 
-use super::{clamp_ms, error, Executor, Outcome, Session, Undo};
+use super::{clamp_ms, error, Executor, Outcome, Session, Undo, WaitResult};
 use crate::journal::{Change, Journal, JournalError, Ticket, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::{FreeReason, RecoveredLease, RecoveredSession, SessionEnd};
@@ -846,6 +846,45 @@ pub(super) fn mismatch(
         error(ErrorCode::SessionMismatch, message),
         TICKET_NOW,
     ))
+}
+
+impl Executor {
+    /// A waiting repeat whose wait ended REGRANTED with its first send's lease (3.9) must
+    /// have named the session that lease is in, or none if it is in none, as one that did
+    /// not wait (3.11): otherwise it hears `SESSION_MISMATCH` (outside test a34, finding F1:
+    /// it was told of a lease its session does not keep). Checked by its connection, not
+    /// where the table answered it: that was under a shard's lock, and the session table's
+    /// lock comes first.
+    pub fn checked_regrant(&self, result: WaitResult, named: Option<SessionId>) -> WaitResult {
+        let WaitResult::Regranted {
+            token, lease_id, ..
+        } = &result
+        else {
+            return result;
+        };
+        let regranted = Outcome::Reply(
+            Response::Regranted {
+                token: *token,
+                lease_id: *lease_id,
+                ttl_left_ms: 0,
+            },
+            TICKET_NOW,
+        );
+        let refusal = match named {
+            None => self.sessions.mismatch_without_session(&regranted),
+            Some(id) => mismatch(
+                &regranted,
+                Some(id),
+                (&self.sessions, &self.sessions.lock()),
+            ),
+        };
+        match refusal {
+            Some(Outcome::Reply(Response::Error { code, message }, _)) => {
+                WaitResult::Failed(code, message)
+            }
+            _ => result,
+        }
+    }
 }
 
 impl Sessions {
