@@ -9,6 +9,7 @@
 #
 #   bench/instructions.sh                                   # plain against --acquire-ids
 #   A_ARGS="" B_ARGS="--acquire-ids" DURATION=10s bench/instructions.sh
+#   A_TENURED=old/tenured B_TENURED=new/tenured B_ARGS="" bench/instructions.sh  # two builds
 #
 # Prints, for each side, the requests the server ran (STATS ops_acquire + ops_renew +
 # ops_release) and the instructions per request of
@@ -21,6 +22,8 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 
 TENURED=${TENURED:-target/release/tenured}
+A_TENURED=${A_TENURED:-$TENURED}
+B_TENURED=${B_TENURED:-$TENURED}
 LOADGEN=${LOADGEN:-target/release/tenure-loadgen}
 PORT=${PORT:-17943}
 DURATION=${DURATION:-10s}
@@ -38,12 +41,12 @@ inclusive() {
         grep -E "$2 \[" | head -1 | awk '{ gsub(",", "", $1); print $1 }'
 }
 
-# one NAME [LOADGEN_ARGS...]: "requests executor_ir_per_op connection_ir_per_op".
+# one NAME TENURED [LOADGEN_ARGS...]: "requests executor_ir_per_op connection_ir_per_op".
 one() {
-    local name=$1 pid requests exec conn
-    shift
+    local name=$1 tenured=$2 pid requests exec conn
+    shift 2
     mkdir "$work/$name.data"
-    valgrind --tool=callgrind --callgrind-out-file="$work/$name.out" "$TENURED" \
+    valgrind --tool=callgrind --callgrind-out-file="$work/$name.out" "$tenured" \
         --listen "127.0.0.1:$PORT" --data-dir "$work/$name.data" \
         --durability tokens --no-fsync --threads 1 >"$work/$name.log" 2>&1 &
     pid=$!
@@ -64,9 +67,9 @@ one() {
 
 read -r -a a_args <<<"$A_ARGS"
 read -r -a b_args <<<"$B_ARGS"
-read -r a_req a_exec a_conn <<<"$(one a "${a_args[@]}")"
-read -r b_req b_exec b_conn <<<"$(one b "${b_args[@]}")"
-echo "A (${A_ARGS:-plain}): $a_req requests, executor $a_exec, connection $a_conn instructions per request"
-echo "B (${B_ARGS:-plain}): $b_req requests, executor $b_exec, connection $b_conn instructions per request"
+read -r a_req a_exec a_conn <<<"$(one a "$A_TENURED" "${a_args[@]}")"
+read -r b_req b_exec b_conn <<<"$(one b "$B_TENURED" "${b_args[@]}")"
+echo "A ($A_TENURED ${A_ARGS:-plain}): $a_req requests, executor $a_exec, connection $a_conn instructions per request"
+echo "B ($B_TENURED ${B_ARGS:-plain}): $b_req requests, executor $b_exec, connection $b_conn instructions per request"
 awk -v ae="$a_exec" -v be="$b_exec" -v ac="$a_conn" -v bc="$b_conn" \
     'BEGIN { printf "B/A: executor %.3f, connection %.3f\n", be / ae, bc / ac }'
