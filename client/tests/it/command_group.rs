@@ -182,6 +182,85 @@ async fn a_stopped_elect_has_its_guardian_stop_the_command_at_the_deadline() {
     stopped_tenure_stops_the_grandchildren(&args).await;
 }
 
+/// The guardian of `tenure` process `tenure_pid`: its child, read from /proc.
+fn guardian_of(tenure_pid: u32) -> u32 {
+    let found = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let guard = String::from_utf8_lossy(&cmdline).contains("__tenure_guard__");
+            (ppid == tenure_pid && guard).then_some(pid)
+        });
+    found.expect("tenure has a guardian")
+}
+
+/// `signal` to process `pid`, a guardian of our own child.
+#[allow(unsafe_code)]
+fn signal_pid(pid: u32, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits");
+    // SAFETY: kill(2) with integers; `pid` was read just now as our child's child.
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "signal {signal} to {pid}"
+    );
+}
+
+/// SIGKILL to the guardian alone (outside test a35, G1: `tenure` released the lock and
+/// exited while the command's group ran on beside the next holder): `tenure` stops the
+/// group itself, then releases, and says so, exit 1.
+#[tokio::test]
+async fn a_killed_guardian_has_tenure_stop_the_command_before_the_release() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = ["run", "grp/guard", "--ttl", "5s", "--grace", "1s"];
+    let (child, grandchild, _) = start(&server, &args, WITH_GRANDCHILD, dir.path()).await;
+    signal_pid(guardian_of(child.id().expect("running")), libc::SIGKILL);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("guardian was killed"), "{stderr}");
+    // Stopped before tenure exited, hence before the release.
+    assert!(
+        !matches!(process_state(grandchild), Some(state) if state != 'Z'),
+        "the grandchild {grandchild} outlived tenure"
+    );
+    assert_stopped(grandchild, dir.path()).await;
+    let client = server.client().await;
+    assert_eq!(client.inspect("grp/guard").await.unwrap(), KeyState::Free);
+}
+
+/// SIGSTOP of the guardian alone for longer than the TTL while `tenure` keeps the lock:
+/// continued, the guardian takes the deadlines `tenure` told it meanwhile and leaves the
+/// command alone (outside test a35, G2: it stopped the command, saying the lock was not
+/// confirmed).
+#[tokio::test]
+async fn a_guardian_stopped_past_the_ttl_leaves_a_kept_lock_alone() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = "echo $TENURE_LEASE_ID > \"$1/lease\"; echo $$ > \"$1/pid\"; sleep 4";
+    let args = ["run", "grp/gstop", "--ttl", "1s", "--grace", "1s"];
+    let (child, _, _) = start(&server, &args, script, dir.path()).await;
+    let guardian = guardian_of(child.id().expect("running"));
+    signal_pid(guardian, libc::SIGSTOP);
+    tokio::time::sleep(ms(2_000)).await; // twice the TTL: real time, tenure renews meanwhile
+    signal_pid(guardian, libc::SIGCONT);
+    let output = timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("tenure exits")
+        .expect("tenure runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("warning="), "{stderr}");
+}
+
 /// A command that exits leaving a background process in its group: the process is stopped
 /// before the lock is released, and the command's status is passed through.
 #[tokio::test]

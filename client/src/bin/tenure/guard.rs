@@ -19,6 +19,11 @@
 //! of the guardian as well (a SIGSTOP to `tenure`'s whole process group) leaves nobody to
 //! act; README says so.
 //!
+//! And it tells `tenure` its command's pid, which names the command's group ([`PidPipe`]):
+//! should the guardian itself be killed, `tenure` stops that group before it gives the lock
+//! up ([`stop_orphaned_group`]). Deadlines pass as instants on CLOCK_MONOTONIC, one clock
+//! for both processes, so one that waited in a stopped guardian's queue is not made later.
+//!
 //! It is also the group's child subreaper: a member orphaned by its parent's exit becomes
 //! its child and is reaped here, so a group that has ended is seen empty at once.
 //!
@@ -35,7 +40,8 @@ use crate::exit::EXIT_ERROR;
 use crate::output::{kv_value, Out};
 use crate::terminal::Terminal;
 
-/// `tenure GUARD_ARG GRACE_MS FORMAT GIVE_UP_MS -- PROGRAM ARGS...` runs the guardian. Not a subcommand of the
+/// `tenure GUARD_ARG GRACE_MS FORMAT GIVE_UP_AT_MS PID_FD -- PROGRAM ARGS...` runs the
+/// guardian. Not a subcommand of the
 /// command line (it is not for people to type), so it is looked for before parsing.
 pub const GUARD_ARG: &str = "__tenure_guard__";
 
@@ -65,6 +71,7 @@ pub fn guarded(
     grace: Duration,
     json: bool,
     give_up_in: Duration,
+    pid_fd: libc::c_int,
 ) -> tokio::process::Command {
     let proc_exe = std::path::PathBuf::from("/proc/self/exe");
     let exe = if proc_exe.exists() {
@@ -77,7 +84,8 @@ pub fn guarded(
         .arg(GUARD_ARG)
         .arg(grace.as_millis().to_string())
         .arg(if json { FORMAT_JSON } else { FORMAT_KV })
-        .arg(millis(give_up_in).to_string())
+        .arg(deadline_after(give_up_in).to_string())
+        .arg(pid_fd.to_string())
         .arg("--")
         .args(command);
     line
@@ -87,23 +95,60 @@ pub fn guarded(
 const FORMAT_KV: &str = "kv";
 const FORMAT_JSON: &str = "json";
 
-/// A time in whole milliseconds, rounded down (so a deadline passed on is never later),
-/// as a queued signal's value carries it.
-fn millis(span: Duration) -> i32 {
-    i32::try_from(span.as_millis()).unwrap_or(i32::MAX)
+/// CLOCK_MONOTONIC in whole milliseconds, rounded down. It is one clock for every process
+/// of the machine, so `tenure` and its guardian pass deadlines on it as instants, not as
+/// spans: a deadline that waits in the guardian's signal queue (the guardian stopped, say)
+/// is not made later by the wait (outside test a35, G2).
+#[allow(unsafe_code)]
+fn monotonic_ms() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes only the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    assert_eq!(rc, 0, "CLOCK_MONOTONIC is always there on Linux");
+    let secs = u64::try_from(now.tv_sec).expect("monotonic time is not negative");
+    let nanos = u64::try_from(now.tv_nsec).expect("monotonic time is not negative");
+    secs * 1000 + nanos / 1_000_000
+}
+
+/// The instant `left` from now on [`monotonic_ms`], rounded down (never later).
+fn deadline_after(left: Duration) -> u64 {
+    monotonic_ms().saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A deadline travels in a signal's value as its low 31 bits (a value fits in 32 bits on
+/// every platform); the guardian puts the high bits back from its own clock, which is
+/// within [`DEADLINE_WIRE_HALF`] ms of it (a lock's TTL is at most a day).
+const DEADLINE_WIRE_MASK: u64 = (1 << 31) - 1;
+const DEADLINE_WIRE_HALF: u64 = 1 << 30;
+const _: () = assert!(DEADLINE_WIRE_HALF > tenure_protocol::limits::TTL_MS_MAX as u64);
+
+/// The deadline `wire` (its low bits) stands for, read at `now_ms`.
+fn deadline_from_wire(wire: u64, now_ms: u64) -> u64 {
+    let ahead = wire.wrapping_sub(now_ms & DEADLINE_WIRE_MASK) & DEADLINE_WIRE_MASK;
+    if ahead < DEADLINE_WIRE_HALF {
+        now_ms + ahead
+    } else {
+        now_ms.saturating_sub(DEADLINE_WIRE_MASK + 1 - ahead)
+    }
 }
 
 /// What the guardian runs: see [`parse`].
 struct Guarded<'a> {
     grace: Duration,
     out: Out,
-    give_up_in: Duration,
+    /// The lock's local deadline, on [`monotonic_ms`].
+    give_up_at_ms: u64,
+    /// Where to write the command's pid ([`PidPipe`]).
+    pid_fd: libc::c_int,
     program: &'a OsString,
     args: &'a [OsString],
 }
 
-/// The guardian's arguments, `GRACE_MS FORMAT GIVE_UP_MS -- PROGRAM ARGS...`: the grace,
-/// where its errors go, the time to the lock's local deadline, the program and its
+/// The guardian's arguments, `GRACE_MS FORMAT GIVE_UP_AT_MS -- PROGRAM ARGS...`: the grace,
+/// where its errors go, the lock's local deadline on [`monotonic_ms`], the program and its
 /// arguments; `None` if they are not that.
 fn parse(args: &[OsString]) -> Option<Guarded<'_>> {
     let grace = Duration::from_millis(args.first()?.to_str()?.parse().ok()?);
@@ -116,14 +161,156 @@ fn parse(args: &[OsString]) -> Option<Guarded<'_>> {
         json,
         to_stderr: true,
     };
-    let give_up_in = Duration::from_millis(args.get(2)?.to_str()?.parse().ok()?);
-    (args.get(3)? == "--").then_some(())?;
+    let give_up_at_ms = args.get(2)?.to_str()?.parse().ok()?;
+    let pid_fd = args.get(3)?.to_str()?.parse().ok()?;
+    (args.get(4)? == "--").then_some(())?;
     Some(Guarded {
         grace,
         out,
-        give_up_in,
-        program: args.get(4)?,
-        args: &args[5..],
+        give_up_at_ms,
+        pid_fd,
+        program: args.get(5)?,
+        args: &args[6..],
+    })
+}
+
+/// The pipe on which the guardian tells `tenure` its command's pid (which is also the
+/// command's process group): should the guardian be killed (SIGKILL, the OOM killer, a
+/// signal it does not take), `tenure` stops the group itself before it gives up the lock
+/// (outside test a35, G1: the command ran on beside the next holder). `tenure` keeps the
+/// read end; the write end is the guardian's only (close-on-exec everywhere else).
+pub struct PidPipe {
+    read: std::fs::File,
+    write: Option<std::os::fd::OwnedFd>,
+}
+
+impl PidPipe {
+    /// A new pipe, both ends close-on-exec.
+    #[allow(unsafe_code)]
+    pub fn new() -> std::io::Result<PidPipe> {
+        use std::os::fd::FromRawFd as _;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) writes two descriptors into the array we own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors are new and ours alone.
+        let (read, write) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        Ok(PidPipe {
+            read,
+            write: Some(write),
+        })
+    }
+
+    /// The write end's number, for the guardian's command line.
+    pub fn write_fd(&self) -> libc::c_int {
+        use std::os::fd::AsRawFd as _;
+        self.write.as_ref().map_or(-1, |fd| fd.as_raw_fd())
+    }
+
+    /// Lets the guardian `command` inherit the write end (only it: the flag is cleared in
+    /// the child, between fork and exec).
+    #[allow(unsafe_code)]
+    pub fn pass_to(&self, command: &mut tokio::process::Command) {
+        let fd = self.write_fd();
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // fcntl(2), which is async-signal-safe, on a descriptor number; it allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Closes our copy of the write end, once the guardian has its own.
+    pub fn close_write(&mut self) {
+        self.write = None;
+    }
+
+    /// The command's pid, once the guardian has ended (its end of the pipe is then closed,
+    /// so this does not wait); `None` if it never wrote one (killed before, or the command
+    /// never started).
+    pub fn command_pid(&mut self) -> Option<libc::pid_t> {
+        use std::io::Read as _;
+        self.close_write();
+        let mut text = String::new();
+        self.read.read_to_string(&mut text).ok()?;
+        text.trim()
+            .parse()
+            .ok()
+            .filter(|&pid: &libc::pid_t| pid > 0)
+    }
+}
+
+/// Writes `pid` on `fd` (the guardian's end of [`PidPipe`]) and closes it. Best effort: a
+/// `tenure` that is gone cannot read it anyway.
+#[allow(unsafe_code)]
+fn report_pid(fd: libc::c_int, pid: libc::pid_t) {
+    use std::io::Write as _;
+    use std::os::fd::FromRawFd as _;
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: `fd` was handed to us by `tenure` for this alone; nothing else here uses it.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let _ = writeln!(file, "{pid}");
+}
+
+/// Marks `fd` close-on-exec (a bad descriptor number is left alone).
+#[allow(unsafe_code)]
+fn set_cloexec(fd: libc::c_int) {
+    if fd >= 0 {
+        // SAFETY: fcntl(2) with integers; it touches no memory of this process.
+        let _ = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}
+
+/// Stops the process group `pgid` whose guardian is gone (SIGTERM, SIGKILL after `grace`),
+/// as the guardian would have: `tenure`'s own last resort. True once no live process is
+/// left in the group, false if some are after [`KILLED_WAIT`] more. Its members are not our
+/// children, and their new parent may be slow to reap them, so zombies do not count.
+pub async fn stop_orphaned_group(pgid: libc::pid_t, grace: Duration) -> bool {
+    for (signal, wait) in [(libc::SIGTERM, grace), (libc::SIGKILL, KILLED_WAIT)] {
+        if !group_has_live_members(pgid) {
+            return true;
+        }
+        kill_group(pgid, signal);
+        kill_group(pgid, libc::SIGCONT);
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            if !group_has_live_members(pgid) {
+                return true;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    !group_has_live_members(pgid)
+}
+
+/// Whether a process that is not a zombie is in the group `pgid`, read from /proc (which
+/// every Linux has; without it, whether the group exists at all).
+fn group_has_live_members(pgid: libc::pid_t) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return !group_is_empty(pgid);
+    };
+    entries.flatten().any(|entry| {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command name (in parentheses, which may hold anything): state, ppid, pgrp.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            return false;
+        };
+        let mut fields = rest.split(' ');
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<libc::pid_t>().ok());
+        pgrp == Some(pgid) && state != Some("Z")
     })
 }
 
@@ -141,8 +328,9 @@ pub fn deadline_signal() -> libc::c_int {
 pub fn tell_deadline(pid: u32, give_up_in: Duration) -> std::io::Result<()> {
     let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
     // The value travels in the pointer-sized union: an integer, never dereferenced.
+    let wire = deadline_after(give_up_in) & DEADLINE_WIRE_MASK;
     let value = libc::sigval {
-        sival_ptr: millis(give_up_in) as usize as *mut libc::c_void,
+        sival_ptr: usize::try_from(wire).expect("31 bits fit") as *mut libc::c_void,
     };
     // SAFETY: sigqueue(2) takes integers and the union by value; it touches no memory of this
     // process. `pid` is our own child, not yet reaped, so it names no other process.
@@ -159,7 +347,8 @@ pub fn guardian(args: &[OsString]) -> u8 {
     let Some(Guarded {
         grace,
         out,
-        give_up_in,
+        give_up_at_ms: mut give_up_at,
+        pid_fd,
         program,
         args: program_args,
     }) = parse(args)
@@ -167,7 +356,8 @@ pub fn guardian(args: &[OsString]) -> u8 {
         eprintln!("error=\"{GUARD_ARG} is internal to tenure run and tenure elect\"");
         return EXIT_ERROR;
     };
-    let mut give_up_at = Instant::now() + give_up_in;
+    // Not for the command: it is `tenure`'s way to its group should we be killed.
+    set_cloexec(pid_fd);
     // Blocked before the command starts, so no stop request is lost; taken by `sigtimedwait`.
     let signals = stop_signals();
     set_blocked(libc::SIG_BLOCK, &signals);
@@ -194,19 +384,28 @@ pub fn guardian(args: &[OsString]) -> u8 {
     let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
     // Waited for with waitpid(2) below, with the orphans this subreaper adopts.
     drop(child);
+    report_pid(pid_fd, pid);
     let mut status = None;
     while status.is_none() {
-        let now = Instant::now();
+        let now = monotonic_ms();
         if now >= give_up_at {
+            // Deadlines told while we could not take them (this process stopped, say) are
+            // still queued: the latest is the one that counts (outside test a35, G2).
+            match drain_deadlines(&signals, &mut give_up_at) {
+                Woken::Stop => break,
+                _ if monotonic_ms() < give_up_at => continue,
+                _ => {}
+            }
             let message = "tenure did not confirm the lock by its local deadline; \
                            stopping the command";
             eprintln!("warning={}", kv_value(message));
             break;
         }
-        match next_signal(&signals, WAKE_EVERY.min(give_up_at - now)) {
+        let until = Duration::from_millis(give_up_at - now);
+        match next_signal(&signals, WAKE_EVERY.min(until)) {
             Woken::Stop => break,
-            Woken::Deadline(later) => give_up_at = give_up_at.max(Instant::now() + later),
-            Woken::Other => {}
+            Woken::Deadline(told) => give_up_at = give_up_at.max(told),
+            Woken::Other | Woken::Nothing => {}
         }
         // Stops of the command are seen only with a terminal: without one, nobody would
         // continue a job stopped on its behalf.
@@ -306,10 +505,26 @@ fn become_subreaper() {
 enum Woken {
     /// A request to stop: SIGTERM, SIGINT or SIGHUP.
     Stop,
-    /// `tenure` (our parent, no other process) told a later local deadline, this far away.
-    Deadline(Duration),
-    /// SIGCHLD, a time-out, or a deadline signal from anyone but our parent.
+    /// `tenure` (our parent, no other process) told the lock's local deadline, on
+    /// [`monotonic_ms`].
+    Deadline(u64),
+    /// SIGCHLD, or a deadline signal from anyone but our parent.
     Other,
+    /// Nothing came before the time-out.
+    Nothing,
+}
+
+/// Takes every signal already pending without waiting, moving `give_up_at` to the latest
+/// deadline among them; `Woken::Stop` if one asked to stop.
+fn drain_deadlines(signals: &libc::sigset_t, give_up_at: &mut u64) -> Woken {
+    loop {
+        match next_signal(signals, Duration::ZERO) {
+            Woken::Stop => return Woken::Stop,
+            Woken::Deadline(told) => *give_up_at = (*give_up_at).max(told),
+            Woken::Other => {}
+            Woken::Nothing => return Woken::Nothing,
+        }
+    }
 }
 
 /// Waits up to `timeout` for one of `signals`.
@@ -331,13 +546,16 @@ fn next_signal(signals: &libc::sigset_t, timeout: Duration) -> Woken {
             // SAFETY: getppid(2) cannot fail.
             let parent = unsafe { libc::getppid() };
             // The value is an integer carried in the union's pointer (`tell_deadline`).
-            let ms = value.sival_ptr as usize as u64;
+            let wire = value.sival_ptr as usize as u64;
             if sender == parent {
-                Woken::Deadline(Duration::from_millis(ms))
+                Woken::Deadline(deadline_from_wire(wire, monotonic_ms()))
             } else {
                 Woken::Other
             }
         }
+        // Interrupted (by SIGCONT after a stop, say): something may be pending still.
+        -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => Woken::Other,
+        -1 => Woken::Nothing,
         _ => Woken::Other,
     }
 }
@@ -394,4 +612,26 @@ fn exit_code(status: libc::c_int) -> u8 {
         return EXIT_ERROR;
     };
     u8::try_from(code & 0xff).expect("masked to a byte")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_comes_back_from_its_low_bits_near_now() {
+        let now = 5 * (DEADLINE_WIRE_MASK + 1) + 12_345; // high bits the wire drops
+        for deadline in [now, now + 1, now + 86_400_000, now - 1, now - 60_000] {
+            let wire = deadline & DEADLINE_WIRE_MASK;
+            assert_eq!(deadline_from_wire(wire, now), deadline, "{deadline}");
+        }
+        // Across the wire's wrap: just before and after a multiple of 2^31.
+        let now = 3 * (DEADLINE_WIRE_MASK + 1) - 10;
+        for deadline in [now + 20, now - 20, now + 1_000_000] {
+            assert_eq!(
+                deadline_from_wire(deadline & DEADLINE_WIRE_MASK, now),
+                deadline
+            );
+        }
+    }
 }

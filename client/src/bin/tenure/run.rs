@@ -1,6 +1,7 @@
 //! Process supervision: `tenure run` holds a lock while a command runs, and (for `run` and
 //! `elect`) the command is stopped when the lock is lost, with SIGTERM, then SIGKILL.
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RunArgs;
 use crate::exit::{EXIT_ERROR, EXIT_LOCKED, EXIT_LOST};
-use crate::guard::{deadline_signal, guarded, tell_deadline, GUARD_MARGIN};
+use crate::guard::{
+    deadline_signal, guarded, stop_orphaned_group, tell_deadline, PidPipe, GUARD_MARGIN,
+};
 use crate::hold::{
     lock_in_session, loss_text, requeue_reason, session_ended_while_waiting, sessions_unknown,
     Hold, Loss,
@@ -159,7 +162,8 @@ pub async fn supervise(
     // The command runs under a guardian (crate::guard) that stops its whole process group,
     // even after this process is killed with SIGKILL. Not killed on drop: a guardian killed
     // with SIGKILL would leave the group running; our exit sends it SIGTERM instead.
-    let mut command_line = guarded(command, grace, out.json, guard.time_left());
+    let mut pids = PidPipe::new().context("making a pipe for the command's guardian")?;
+    let mut command_line = guarded(command, grace, out.json, guard.time_left(), pids.write_fd());
     command_line
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
@@ -168,7 +172,9 @@ pub async fn supervise(
         command_line.env("TENURE_SESSION_ID", id.to_string());
     }
     die_with_us(&mut command_line);
+    pids.pass_to(&mut command_line);
     let spawned = command_line.spawn();
+    pids.close_write();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -185,8 +191,14 @@ pub async fn supervise(
         tokio::select! {
             status = child.wait() => break status.context("waiting for the command")?,
             reason = &mut lost => {
-                if let Err(e) = terminate(&mut child, grace).await {
-                    warn(&format!("{e:#}"));
+                match terminate(&mut child, grace).await {
+                    Err(e) => warn(&format!("{e:#}")),
+                    Ok(status) if status.signal().is_some() => {
+                        if !group_stopped(&mut pids, grace).await {
+                            return Ok(keep_for_orphans(guard, out, status));
+                        }
+                    }
+                    Ok(_) => {}
                 }
                 return Ok(lost_exit(guard, out, key, &reason).await);
             }
@@ -195,6 +207,22 @@ pub async fn supervise(
             _ = tell.tick() => told.update(&child, &guard),
         }
     };
+    // The guardian exits with a code of its own, never by a signal: killed, it stopped
+    // nothing, and the command's group may run on.
+    if status.signal().is_some() {
+        if !group_stopped(&mut pids, grace).await {
+            return Ok(keep_for_orphans(guard, out, status));
+        }
+        let message = format!(
+            "the command's guardian was killed ({status}); tenure stopped the command's \
+             process group and released the lock"
+        );
+        if let Err(e) = guard.release().await {
+            warn(&format!("release failed: {e}"));
+        }
+        out.error(message);
+        return Ok(EXIT_ERROR);
+    }
     // Past the local deadline, the command may have run on after the lock was gone (this
     // process stopped, its guardian stopping the command at that deadline): a loss.
     if guard.time_left().is_zero() {
@@ -209,6 +237,29 @@ pub async fn supervise(
         warn(&format!("release failed: {e}"));
     }
     Ok(exit_code(status))
+}
+
+/// Stops the command's process group ourselves, its guardian having been killed: true once
+/// no process of it is left (or none was started), false if we cannot tell which group it
+/// is or it outlives SIGKILL.
+async fn group_stopped(pids: &mut PidPipe, grace: Duration) -> bool {
+    match pids.command_pid() {
+        Some(pgid) => stop_orphaned_group(pgid, grace).await,
+        None => false,
+    }
+}
+
+/// The guardian was killed and its command's group may still run: the lock is not given
+/// back (its session is not closed, its lease not released: it runs out after its TTL, as
+/// if `tenure` had died with the command), and the exit code says an error.
+fn keep_for_orphans(guard: Hold, out: &Out, status: ExitStatus) -> u8 {
+    out.error(format!(
+        "the command's guardian was killed ({status}) and its process group could not be \
+         stopped; the lock is not released and runs out after its TTL"
+    ));
+    // Dropped, the guard would close its session or release its lease.
+    std::mem::forget(guard);
+    EXIT_ERROR
 }
 
 /// After the lock was lost and the command stopped: says so, gives the lock back if the
