@@ -128,6 +128,11 @@ def test_the_rust_cli_gives_back_a_lock_it_counted_lost(tenured_bin, server):
         assert "result=GRANTED" in next_line(10)
         server.kill()
         lost = next_line(10)  # at its deadline, under 2 s after the last keep-alive
+        if lost.startswith("warning="):
+            # The guardian's own stop, halfway through the margin: on a loaded machine it may
+            # come before tenure's (README, `tenure run`); tenure still says LOST.
+            assert "did not confirm the lock" in lost, lost
+            lost = next_line(10)
         assert "result=LOST" in lost, lost
         server.start()
         back_at = time.monotonic()

@@ -97,6 +97,23 @@ impl Hold {
         }
     }
 
+    /// Time left until the guardian is to stop the command should `tenure` not have (it is
+    /// stopped or stuck): halfway from [`Hold::time_left`] to the local deadline itself, so
+    /// a `tenure` that runs acts first, and the guardian still acts within the margin, before
+    /// the server can end the lock. Zero once lost.
+    pub fn guardian_time_left(&self) -> Duration {
+        let left = self.time_left();
+        if left.is_zero() {
+            return left;
+        }
+        let deadline = match self {
+            Hold::Lease { guard, .. } => guard.deadline(),
+            Hold::Session { guard, .. } => guard.deadline(),
+        };
+        let to_deadline = deadline.saturating_duration_since(tokio::time::Instant::now());
+        left + to_deadline.saturating_sub(left) / 2
+    }
+
     /// The session id, for a lock held in a session.
     pub fn session_id(&self) -> Option<tenure::SessionId> {
         match self {

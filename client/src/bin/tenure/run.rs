@@ -163,7 +163,13 @@ pub async fn supervise(
     // even after this process is killed with SIGKILL. Not killed on drop: a guardian killed
     // with SIGKILL would leave the group running; our exit sends it SIGTERM instead.
     let mut pids = PidPipe::new().context("making a pipe for the command's guardian")?;
-    let mut command_line = guarded(command, grace, out.json, guard.time_left(), pids.write_fd());
+    let mut command_line = guarded(
+        command,
+        grace,
+        out.json,
+        guard.guardian_time_left(),
+        pids.write_fd(),
+    );
     command_line
         .env("TENURE_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("TENURE_LEASE_ID", guard.lease_id().to_string())
@@ -291,12 +297,12 @@ struct Told(Instant);
 impl Told {
     /// The deadline the guardian started with (its command line).
     fn new(guard: &Hold) -> Told {
-        Told(Instant::now() + guard.time_left())
+        Told(Instant::now() + guard.guardian_time_left())
     }
 
-    /// Tells the guardian of `child` the guard's deadline if it moved later.
+    /// Tells the guardian of `child` its deadline if it moved later.
     fn update(&mut self, child: &tokio::process::Child, guard: &Hold) {
-        let left = guard.time_left();
+        let left = guard.guardian_time_left();
         let deadline = Instant::now() + left;
         // Told in whole milliseconds: a later deadline by less tells nothing new.
         if left.is_zero() || deadline < self.0 + TOLD_STEP_MIN {
