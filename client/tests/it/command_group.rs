@@ -125,18 +125,6 @@ async fn a_killed_elect_takes_the_commands_grandchildren_with_it() {
     killed_tenure_stops_the_grandchildren(&args).await;
 }
 
-/// `signal` to our own child `child` (by its pid, while we hold its handle unreaped).
-#[allow(unsafe_code)]
-fn signal_child(child: &Child, signal: libc::c_int) {
-    let pid = libc::pid_t::try_from(child.id().expect("not reaped")).expect("a pid fits");
-    // SAFETY: kill(2) with integers; `pid` is our own unreaped child, so it names no other.
-    assert_eq!(
-        unsafe { libc::kill(pid, signal) },
-        0,
-        "signal {signal} to {pid}"
-    );
-}
-
 /// SIGSTOP to `tenure ARGS` alone (not its guardian) running [`WITH_GRANDCHILD`] with a 3 s
 /// TTL: the guardian stops the command's group at the local deadline it was last told, while
 /// `tenure` is still stopped (outside test a34, finding F2: the command ran on beside the next
@@ -146,7 +134,7 @@ async fn stopped_tenure_stops_the_grandchildren(args: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (child, grandchild, _) = start(&server, args, WITH_GRANDCHILD, dir.path()).await;
     let tenure_pid = child.id().expect("running");
-    signal_child(&child, libc::SIGSTOP);
+    signal_pid(tenure_pid, libc::SIGSTOP);
     // The local deadline is under 3 s away, the grace 1 s: well inside PATIENCE.
     assert_stopped(grandchild, dir.path()).await;
     assert_eq!(
@@ -154,7 +142,7 @@ async fn stopped_tenure_stops_the_grandchildren(args: &[&str]) {
         Some('T'),
         "tenure was to stay stopped while its guardian acted"
     );
-    signal_child(&child, libc::SIGCONT);
+    signal_pid(tenure_pid, libc::SIGCONT);
     let output = timeout(PATIENCE, child.wait_with_output())
         .await
         .expect("tenure exits once continued")
@@ -198,11 +186,11 @@ fn guardian_of(tenure_pid: u32) -> u32 {
     found.expect("tenure has a guardian")
 }
 
-/// `signal` to process `pid`, a guardian of our own child.
+/// `signal` to process `pid`: our own unreaped child, or its guardian read just now.
 #[allow(unsafe_code)]
 fn signal_pid(pid: u32, signal: libc::c_int) {
     let pid = libc::pid_t::try_from(pid).expect("a pid fits");
-    // SAFETY: kill(2) with integers; `pid` was read just now as our child's child.
+    // SAFETY: kill(2) with integers; `pid` is our child (held, not reaped) or its child.
     assert_eq!(
         unsafe { libc::kill(pid, signal) },
         0,
