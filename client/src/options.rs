@@ -25,9 +25,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Delay before the attempt that follows a first failed reconnect.
     pub reconnect_delay_min: Duration,
-    /// Cap on the delay between reconnect attempts. A renewal or a session's keep-alive
-    /// waits at most 250 ms of it, so a server back within a lease's time left is reached in
-    /// time.
+    /// Cap on the delay between reconnect attempts. A renewal, a session's keep-alive or
+    /// close, and a release wait at most 250 ms of it, so a server back within a lease's
+    /// time left is reached in time, and a lease given back is freed soon after.
     pub reconnect_delay_max: Duration,
     /// Most requests kept in flight on the connection; the server's cap (announced in the
     /// handshake) wins when it is lower.

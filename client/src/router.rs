@@ -350,7 +350,7 @@ impl Backoff {
 pub(crate) enum Purpose {
     /// Any request.
     Other,
-    /// A renewal, a session's keep-alive or its close.
+    /// A renewal, a session's keep-alive or its close, a release.
     Keeping,
 }
 
@@ -843,7 +843,12 @@ impl Router {
             key: Bytes::copy_from_slice(key),
             lease_id,
         };
-        match self.call_plain(request).await? {
+        // Freeing a lease is lease keeping too (as a session's close is): a release after a
+        // restart reconnects as soon as a renewal would, not after the whole backoff, so the
+        // next waiter need not wait out the restored lease's TTL (outside test a36, claim 5).
+        let timeout = self.inner.config.request_timeout;
+        let answer = self.call_for(request, timeout, Purpose::Keeping).await?;
+        match answer.response {
             Response::Released => Ok(ReleaseOutcome::Released),
             Response::NotOwner => Ok(ReleaseOutcome::NotOwner),
             other => Err(unexpected("RELEASE", other)),

@@ -185,25 +185,31 @@ impl Hold {
     /// only our own session or lease id, so it frees nothing of anyone else's.
     pub async fn give_back_after_loss(self, within: Duration) {
         let give_up_at = tokio::time::Instant::now() + within;
-        let (client, session_id) = match &self {
+        match self {
             Hold::Session {
-                client, session, ..
-            } => (client.clone(), session.id()),
-            Hold::Lease { .. } => {
-                let _ = tokio::time::timeout(within, self.release()).await;
-                return;
+                client,
+                session,
+                guard,
+                ..
+            } => {
+                let session_id = session.id();
+                // The session's own close on drop would not outlive our exit.
+                drop((session, guard));
+                retry_until(give_up_at, || client.close_session(session_id)).await;
             }
-        };
-        drop(self); // the session's own close on drop would not outlive our exit
-        while tokio::time::Instant::now() < give_up_at {
-            let left = give_up_at - tokio::time::Instant::now();
-            match tokio::time::timeout(left, client.close_session(session_id)).await {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) if !e.is_transient() => return, // ended already (NO_SESSION)
-                Ok(Err(e)) => tracing::debug!(error = %e, "giving back a lost lock; retrying"),
-                Err(_) => return,
+            Hold::Lease { guard, client, .. } => {
+                let (key, lease_id) = (
+                    tenure::Bytes::copy_from_slice(guard.key()),
+                    guard.lease_id(),
+                );
+                // The guard's release stops its renewals and fires its loss; a restored
+                // lease of a server that was down then is given back by the retries after.
+                let first = tokio::time::timeout(within, guard.release()).await;
+                if matches!(first, Ok(Err(ref e)) if e.is_transient()) {
+                    tokio::time::sleep(GIVE_BACK_PAUSE).await;
+                    retry_until(give_up_at, || client.release(&key, lease_id)).await;
+                }
             }
-            tokio::time::sleep(GIVE_BACK_PAUSE.min(left)).await;
         }
     }
 
@@ -222,6 +228,24 @@ impl Hold {
                 closed
             }
         }
+    }
+}
+
+/// Sends `request` until it is answered with anything but a transient error (an answer, or a
+/// refusal such as `NO_SESSION`: the lock ended already), or `give_up_at` passes.
+async fn retry_until<T, F: Future<Output = tenure::Result<T>>>(
+    give_up_at: tokio::time::Instant,
+    mut request: impl FnMut() -> F,
+) {
+    while tokio::time::Instant::now() < give_up_at {
+        let left = give_up_at - tokio::time::Instant::now();
+        match tokio::time::timeout(left, request()).await {
+            Ok(Err(e)) if e.is_transient() => {
+                tracing::debug!(error = %e, "giving back a lost lock; retrying");
+            }
+            Ok(_) | Err(_) => return,
+        }
+        tokio::time::sleep(GIVE_BACK_PAUSE.min(left)).await;
     }
 }
 
