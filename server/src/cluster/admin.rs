@@ -74,7 +74,7 @@ impl Admin {
     /// The administration of `raft`, node `service.me`, whose STATUS digests `security`.
     pub fn new(raft: Raft, service: PeerService, security: Security) -> Admin {
         Admin {
-            hint: LeaderHint::new(raft.clone(), service.me),
+            hint: LeaderHint::new(raft.clone(), &service),
             raft,
             service,
             security,
@@ -126,7 +126,7 @@ impl Admin {
             .map(|(&id, info)| (member(id, info), voters.contains(&id)))
             .collect();
         let known =
-            super::observe::known_leader(&m, &self.service.catch_up, self.service.prevote.lease());
+            super::catch_up::known_leader(&m, &self.service.catch_up, self.service.prevote.lease());
         let leader = known.and_then(|id| Some((id, membership.get_node(&id)?)));
         Status {
             node_id: m.id,

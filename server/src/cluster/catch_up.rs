@@ -31,8 +31,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use openraft::raft::AppendEntriesRequest;
+use openraft::{RaftMetrics, ServerState};
 
-use super::{Raft, TypeConfig};
+use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// `target` before a leader has named one.
 const NO_TARGET: u64 = u64::MAX;
@@ -140,6 +141,23 @@ pub async fn watch(raft: Raft, guard: Arc<CatchUp>) {
             return;
         }
     }
+}
+
+/// The leader node `m` knows, as CLUSTER STATUS, `/readyz`, `tenure_cluster_leader_id` and
+/// `NOT_LEADER` report it. openraft's follower keeps naming its last leader however long it
+/// has not heard from it (with pre-vote a cut-off follower no longer stands for election,
+/// which used to clear it): past the leader lease (`lease`) without an AppendEntries, it
+/// knows no leader. Here, where the last AppendEntries is kept, so that every report of the
+/// leader reads it alike (outside test a35, N1: `NOT_LEADER` named a leader STATUS did not).
+pub fn known_leader(
+    m: &RaftMetrics<NodeId, NodeInfo>,
+    catch_up: &CatchUp,
+    lease: std::time::Duration,
+) -> Option<NodeId> {
+    let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+    let follows = m.state != ServerState::Leader && m.current_leader != Some(m.id);
+    let silent = catch_up.since_append_ms().is_none_or(|ms| ms > lease_ms);
+    m.current_leader.filter(|_| !(follows && silent))
 }
 
 #[cfg(test)]

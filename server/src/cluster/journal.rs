@@ -23,6 +23,8 @@ use futures_util::future::BoxFuture;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::{mpsc, watch, Notify};
 
+use super::catch_up::{known_leader, CatchUp};
+use super::network::PeerService;
 use super::{Batch, NodeId, Raft};
 use crate::journal::{
     Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, NOT_LEADER,
@@ -54,17 +56,27 @@ pub const COMMIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(
 /// (check-quorum, [`check_quorum`]).
 pub const QUORUM_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(25);
 
-/// Names the leader for `NOT_LEADER` replies, from openraft's metrics.
+/// Names the leader for `NOT_LEADER` replies: the leader this node knows
+/// ([`known_leader`]), as CLUSTER STATUS names it.
 #[derive(Clone)]
 pub struct LeaderHint {
     raft: Raft,
     me: NodeId,
+    /// When this node last heard an AppendEntries.
+    catch_up: Arc<CatchUp>,
+    /// openraft's leader lease: a follower silent this long names no leader.
+    lease: std::time::Duration,
 }
 
 impl LeaderHint {
-    /// A hint for the node `me` of `raft`.
-    pub fn new(raft: Raft, me: NodeId) -> LeaderHint {
-        LeaderHint { raft, me }
+    /// A hint for the node of `raft` that `service` serves.
+    pub fn new(raft: Raft, service: &PeerService) -> LeaderHint {
+        LeaderHint {
+            raft,
+            me: service.me,
+            catch_up: Arc::clone(&service.catch_up),
+            lease: service.prevote.lease(),
+        }
     }
 
     /// `leader=<client address>` or `leader=unknown`. `self_ok`: whether this node may be
@@ -72,8 +84,7 @@ impl LeaderHint {
     pub fn message(&self, self_ok: bool) -> Arc<str> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
-        let leader = metrics
-            .current_leader
+        let leader = known_leader(&metrics, &self.catch_up, self.lease)
             .filter(|&id| self_ok || id != self.me)
             .and_then(|id| metrics.membership_config.membership().get_node(&id));
         let membership = metrics.membership_config.membership();

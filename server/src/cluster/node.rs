@@ -694,7 +694,7 @@ fn front_parts(
         prevote,
         appends: Arc::default(),
     };
-    let hint = LeaderHint::new(raft.clone(), service.me);
+    let hint = LeaderHint::new(raft.clone(), &service);
     let admin = Admin::new(raft.clone(), service.clone(), security.clone());
     let follower = Arc::new(Executor::new(ExecutorParts {
         identities: identities.clone(),

@@ -272,26 +272,12 @@ pub struct NodeScrape {
     pub(super) appends: Arc<AppendTimes>,
 }
 
-/// The leader node `m` knows, as CLUSTER STATUS, `/readyz` and `tenure_cluster_leader_id`
-/// report it. A follower keeps naming its last leader however long it has not heard from it
-/// (with pre-vote a cut-off follower no longer stands for election, which used to clear
-/// it): past the leader lease (`lease`) without an AppendEntries, it knows no leader.
-pub fn known_leader(
-    m: &RaftMetrics<NodeId, NodeInfo>,
-    catch_up: &CatchUp,
-    lease: std::time::Duration,
-) -> Option<NodeId> {
-    let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-    let follows = m.state != ServerState::Leader && m.current_leader != Some(m.id);
-    let silent = catch_up.since_append_ms().is_none_or(|ms| ms > lease_ms);
-    m.current_leader.filter(|_| !(follows && silent))
-}
-
 impl NodeScrape {
-    /// openraft's metrics, with the leader this node knows ([`known_leader`]).
+    /// openraft's metrics, with the leader this node knows
+    /// ([`known_leader`](super::catch_up::known_leader)).
     fn metrics(&self) -> RaftMetrics<NodeId, NodeInfo> {
         let mut m = self.raft.metrics().borrow().clone();
-        m.current_leader = known_leader(&m, &self.catch_up, self.prevote.lease());
+        m.current_leader = super::catch_up::known_leader(&m, &self.catch_up, self.prevote.lease());
         m
     }
 }
