@@ -260,6 +260,29 @@ def test_a_session_rides_through_the_leaders_kill(tenured_bin: str, tmp_path: Pa
             node.kill()
 
 
+def test_a_release_and_a_close_reconnect_sooner_than_the_backoff(start_tenured) -> None:
+    """Freeing leases is lease keeping too: a RELEASE or a SESSION_CLOSE sent again after one
+    met the server down tries to reconnect at most `RECONNECT_DELAY_KEEPING_MAX_S` after the
+    failed attempt, not after the client's backoff (12 s here, past the request's time-out),
+    so a server back within a moment frees the keys then, not a restored lease's TTL later
+    (outside test a36, claim 5, in the Rust CLI)."""
+    node = start_tenured()
+    with tenure.Client(node.addr, timeout=5, reconnect_delay_min=12, reconnect_delay_max=12) as c:
+        lease = c.acquire("rr/a", ttl=30)
+        assert isinstance(lease, Granted), lease
+        s = c.session(ttl=30)
+        s.lock("rr/b").acquire()
+        node.kill()
+        with pytest.raises((tenure.CannotConnect, tenure.ConnectionLost)):
+            c.release(lease)  # refused: the backoff starts
+        node.start()
+        assert c.release(lease) == tenure.Released()
+        assert s.close() == 1
+        with tenure.Client(node.addr) as other:
+            assert isinstance(other.inspect("rr/a"), tenure.Free)
+            assert isinstance(other.inspect("rr/b"), tenure.Free)
+
+
 def test_keep_alives_reconnect_sooner_than_the_backoff(start_tenured) -> None:
     """A restart shorter than the session's time left does not outlast it for want of a
     reconnect attempt: a keep-alive waits at most `RECONNECT_DELAY_KEEPING_MAX_S` after a

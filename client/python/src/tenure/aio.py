@@ -446,12 +446,14 @@ class AsyncClient:
         body: bytes,
         timeout: Optional[float] = None,
         watch: Optional[WatchQueue] = None,
+        keeping: bool = False,
     ) -> Tuple[int, bytes, Connection]:
         """Sends a request (following NOT_LEADER) and returns (opcode, body, connection).
 
-        ERROR replies other than a final NOT_LEADER are raised as ServerError.
+        ERROR replies other than a final NOT_LEADER are raised as ServerError. `keeping`: as
+        `_call_sent`'s.
         """
-        opcode_in, reply, conn, _ = await self._call_sent(opcode, body, timeout, watch)
+        opcode_in, reply, conn, _ = await self._call_sent(opcode, body, timeout, watch, keeping=keeping)
         return opcode_in, reply, conn
 
     async def _call_sent(
@@ -543,7 +545,7 @@ class AsyncClient:
         self._advance_from(self._next)
         await asyncio.sleep(ELECTION_PAUSE_S)
 
-    async def _checked(self, build: Callable[[], T], timeout: float) -> Tuple[T, float]:
+    async def _checked(self, build: Callable[[], T], timeout: float, keeping: bool = False) -> Tuple[T, float]:
         """`build()` (a request's body, made by the argument checks) checked against the limits
         of the server it goes to, and what is left of `timeout` for the request.
 
@@ -553,7 +555,8 @@ class AsyncClient:
         a lazy client refuses what an eager one refuses, with the same `InvalidArgument`,
         before anything is sent. The first check, before connecting, refuses without a
         connection attempt what no server would take (a type, a negative value, a value past
-        the protocol's limits).
+        the protocol's limits). `keeping`: the connection is opened as for a request that
+        keeps leases (`_call_sent`).
         """
         built = build()
         if self.is_connected():
@@ -561,7 +564,7 @@ class AsyncClient:
         if _DIRECT.get() is not None:
             raise UseLoop("not connected: the server's limits are not known yet")
         started = time.monotonic()
-        await self._connection(started + timeout)
+        await self._connection(started + timeout, keeping)
         return build(), max(0.0, timeout - (time.monotonic() - started))
 
     def _limits(self) -> Tuple[int, int, int, int]:
@@ -832,8 +835,11 @@ class AsyncClient:
         if isinstance(lease, AsyncLeaseGuard):
             return await lease._k().finish(release=True, quiet=False) or NotOwner()
         key, lease_id = _lease_parts(lease)
-        body, timeout = await self._checked(lambda: w.release_body(self._key(key), _lease_id(lease_id)), self.timeout)
-        opcode, _, _ = await self._call(w.RELEASE, body, timeout)
+        build = lambda: w.release_body(self._key(key), _lease_id(lease_id))  # noqa: E731
+        body, timeout = await self._checked(build, self.timeout, keeping=True)
+        # Freeing a lease is lease keeping too: after a restart it reconnects as soon as a
+        # renewal would, so the next waiter need not wait out the restored lease's TTL.
+        opcode, _, _ = await self._call(w.RELEASE, body, timeout, keeping=True)
         if opcode == w.NOT_OWNER:
             return NotOwner()
         _expect(opcode, w.RELEASED)

@@ -162,7 +162,7 @@ class AsyncSession:
         if ended or not self.id:
             return None
         try:
-            opcode, reply, _ = await self.client._call(w.SESSION_CLOSE, self.id)
+            opcode, reply, _ = await self.client._call(w.SESSION_CLOSE, self.id, keeping=True)
         except ServerError as e:
             if e.code == w.NO_SESSION:
                 return None
