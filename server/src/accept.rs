@@ -88,31 +88,80 @@ pub(crate) async fn accept_loop_shared(
         };
         let conn_id = accept.conn_id_last.fetch_add(1, Ordering::Relaxed) + 1;
         let (shared, stop) = serving();
-        let Ok(permit) = Arc::clone(&accept.permits).try_acquire_owned() else {
-            Stats::bump(&shared.stats().connections_refused);
-            // A plain-text refusal would read as a broken handshake to a TLS client, and a
-            // TLS handshake is work the server is out of room for: a TLS port just closes.
-            if tls.is_none() {
-                tracker.spawn(refuse(stream, shared.config().connections_max));
-            }
-            continue;
+        let arrival = Arrival {
+            stream,
+            peer,
+            conn_id,
+            executor: shared,
+            stop,
+            tls: tls.clone(),
         };
+        match Arc::clone(&accept.permits).try_acquire_owned() {
+            Ok(permit) => arrival.start(permit, accept.admission.as_ref(), tracker),
+            // Full, with a connection that has not authenticated: it makes room, and the
+            // newcomer waits for its place to come back (its close is prompt).
+            Err(_) if accept.admission.as_ref().is_some_and(|a| a.evict_oldest()) => {
+                let permits = Arc::clone(&accept.permits);
+                let admission = accept.admission.clone();
+                let spawner = tracker.clone();
+                tracker.spawn(async move {
+                    let wait = tokio::time::timeout(EVICTED_CLOSE_MAX, permits.acquire_owned());
+                    match wait.await {
+                        Ok(Ok(permit)) => arrival.start(permit, admission.as_ref(), &spawner),
+                        _ => arrival.refuse().await,
+                    }
+                });
+            }
+            Err(_) => {
+                tracker.spawn(arrival.refuse());
+            }
+        }
+    }
+}
+
+/// Longest a newcomer at the connection limit waits for the place of the unauthenticated
+/// connection evicted for it ([`Admission::evict_oldest`]); that one closes at once, so
+/// this is only a bound (past it the newcomer is refused as without one).
+const EVICTED_CLOSE_MAX: Duration = Duration::from_secs(1);
+
+/// A connection just accepted, before it has a place.
+struct Arrival {
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    conn_id: u64,
+    executor: Arc<Executor>,
+    stop: CancellationToken,
+    tls: Option<Arc<Tls>>,
+}
+
+impl Arrival {
+    /// Serves the connection in the place `permit` holds, on a task of `tracker`.
+    fn start(
+        self,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        admission: Option<&Arc<Admission>>,
+        tracker: &TaskTracker,
+    ) {
+        let Arrival {
+            stream,
+            peer,
+            conn_id,
+            executor: shared,
+            stop,
+            tls,
+        } = self;
         Stats::bump(&shared.stats().connections_total);
         // From here on a silent socket has the handshake limit in all, TLS, opening and AUTH
         // together, and an unauthenticated one holds a bounded place (see `admission`).
         let opening = conn::Opening {
             deadline: tokio::time::Instant::now() + shared.config().handshake_timeout,
-            pending: accept
-                .admission
-                .as_ref()
-                .map(|a| a.admit(conn_id, peer.ip())),
+            pending: admission.map(|a| a.admit(conn_id, peer.ip())),
         };
         if let Err(e) = set_keepalive(&stream, shared.config()) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
         }
         // Small replies must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
-        let tls = tls.clone();
         tracker.spawn(async move {
             Stats::bump(&shared.stats().connections);
             let accepted = Accepted {
@@ -128,6 +177,17 @@ pub(crate) async fn accept_loop_shared(
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             drop(permit);
         });
+    }
+
+    /// Refuses the connection: the server has `--connections-max` connections, all
+    /// authenticated (or it does not authenticate).
+    async fn refuse(self) {
+        Stats::bump(&self.executor.stats().connections_refused);
+        // A plain-text refusal would read as a broken handshake to a TLS client, and a
+        // TLS handshake is work the server is out of room for: a TLS port just closes.
+        if self.tls.is_none() {
+            refuse(self.stream, self.executor.config().connections_max).await;
+        }
     }
 }
 

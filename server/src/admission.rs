@@ -9,7 +9,10 @@
 //! make room. Refusing the newcomer would let whoever got there first hold the places for
 //! good, refilling them as each reaches the handshake limit; evicting the oldest means a
 //! silent socket lasts only until that many newer connections arrive, and an honest client
-//! next to it gets in and has that long to authenticate.
+//! next to it gets in and has that long to authenticate. The same goes for a newcomer that
+//! finds the server at its connection limit while any connection is pending
+//! ([`Admission::evict_oldest`]): otherwise authenticated connections at half the limit and
+//! silent sockets in the other half would keep every newcomer out (outside test a38, F1).
 //!
 //! ```text
 //!   accept ──► admit(id, ip) ──► PendingPlace ──► authenticated: dropped ──► gone
@@ -53,6 +56,10 @@ pub enum Evicted {
     Address,
     /// The server had `total_max` pending connections and another arrived.
     Total,
+    /// The server had `--connections-max` connections and another arrived: the oldest
+    /// pending one makes room for it, so that authenticated connections filling the rest
+    /// and silent sockets the pending half cannot keep every newcomer out.
+    Full,
 }
 
 /// How an evicted connection is told, and why.
@@ -146,6 +153,18 @@ impl Admission {
             conn_id,
             told,
         }
+    }
+
+    /// Evicts the oldest pending connection, for a newcomer that found every connection
+    /// place taken ([`Evicted::Full`]); false if none is pending (every place is then held
+    /// by an authenticated connection, and the newcomer is refused).
+    pub fn evict_oldest(&self) -> bool {
+        let mut state = self.state.lock().expect("admission lock poisoned");
+        let Some((&oldest, _)) = state.pending.first_key_value() else {
+            return false;
+        };
+        state.evict(oldest, Evicted::Full);
+        true
     }
 
     /// Pending connections now.

@@ -178,6 +178,11 @@ impl Conn {
                  the oldest goes first",
                 config.unauthenticated_max()
             ),
+            Evicted::Full => format!(
+                "closed: the server has {} connections, its --connections-max, and this one \
+                 had not authenticated; the oldest goes first",
+                config.connections_max
+            ),
         };
         let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
         tracing::debug!(conn_id, %peer, ?why, "unauthenticated connection evicted");

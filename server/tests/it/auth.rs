@@ -1376,6 +1376,58 @@ async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticate
     server.stop().await;
 }
 
+/// At `connections_max` with authenticated connections holding half the places and silent
+/// sockets the other half, a newcomer is not refused: the oldest silent socket makes room
+/// (outside test a38, F1: every honest newcomer was refused for as long as a stranger
+/// refilled its half). Only with every place authenticated is a newcomer refused.
+#[tokio::test]
+async fn at_the_connection_limit_a_silent_socket_makes_room_for_a_newcomer() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.connections_max = 8;
+    })
+    .await;
+    let mut authenticated = Vec::new();
+    for _ in 0..4 {
+        let mut c = Console::connect(server.addr).await;
+        assert_eq!(
+            c.cmd("AUTH admin admin-secret").await,
+            "OK authenticated admin"
+        );
+        authenticated.push(c);
+    }
+    let mut silent = Vec::new();
+    for n in 0..4 {
+        silent.push(silent_from(&format!("127.0.2.{}", n + 1), server.addr).await);
+    }
+    // Each newcomer finds 8 connections; the oldest silent one goes, in order.
+    for (n, old) in silent.iter_mut().enumerate() {
+        let mut honest = Console::connect(server.addr).await;
+        let answer = honest.cmd("AUTH admin admin-secret").await;
+        assert_eq!(answer, "OK authenticated admin", "newcomer {n}");
+        let told = old.line().await.expect("the oldest is told why");
+        assert_eq!(
+            told,
+            "ERR CONNECTIONS_LIMIT closed: the server has 8 connections, its \
+             --connections-max, and this one had not authenticated; the oldest goes first"
+        );
+        assert_eq!(old.line().await, None, "then closed");
+        authenticated.push(honest);
+    }
+    // Every place authenticated: nobody to make room, the newcomer is refused.
+    let mut refused = Console::connect(server.addr).await;
+    assert_eq!(
+        refused.line().await.as_deref(),
+        Some("ERR CONNECTIONS_LIMIT server has 8 connections already")
+    );
+    for c in &mut authenticated {
+        assert_eq!(c.cmd("INSPECT orders/1").await, "FREE");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_silent_socket_never_outlives_the_handshake_limit_counted_from_its_accept() {
     let dir = tempfile::tempdir().unwrap();
