@@ -11,8 +11,9 @@ use crate::frame::validate_key;
 use crate::limits::PERMITS_MAX;
 use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request, SessionId};
 
-/// Longest piece of an unknown command quoted back in its error.
-const QUOTED_CHARS_MAX: usize = 32;
+/// Longest piece of an argument a reason quotes back (PROTOCOL.md 4), then `...`: a reply
+/// line stays short whatever was typed, and a quote cut short is not read as the whole.
+pub const QUOTED_CHARS_MAX: usize = 32;
 
 /// The command list, once, for both [`COMMANDS`] and [`HELP`] (`concat!` takes literals only).
 macro_rules! command_list {
@@ -128,7 +129,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         _ => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
-                format!("unknown command {:?}; try HELP", truncate(&name)),
+                format!("unknown command \"{}\"; try HELP", truncate(&name)),
             ))
         }
     };
@@ -207,7 +208,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
             wait_ms = parse_u32("wait_ms", word)?;
         } else {
             return Err(bad_args(format!(
-                "unexpected argument {:?}; usage: {ACQUIRE_USAGE}",
+                "unexpected argument \"{}\"; usage: {ACQUIRE_USAGE}",
                 truncate(word)
             )));
         }
@@ -305,9 +306,23 @@ fn parse_u64(name: &str, word: &str) -> Result<u64, FrameError> {
 
 /// `text` for a message, cut to [`QUOTED_CHARS_MAX`] characters, and then ending in `...`
 /// so the cut is not read as the whole argument.
+/// The first [`QUOTED_CHARS_MAX`] characters of `text` for a reason to quote, then `...` if
+/// there were more; every byte that is not printable ASCII (or is `\` or `"`) written as
+/// `\xNN`, as replies write keys, so the reply stays one line of words whatever was typed.
 fn truncate(text: &str) -> String {
-    let mut quoted: String = text.chars().take(QUOTED_CHARS_MAX).collect();
-    if quoted.len() < text.len() {
+    use std::fmt::Write;
+    let mut quoted = String::new();
+    let mut chars = text.chars();
+    for c in chars.by_ref().take(QUOTED_CHARS_MAX) {
+        if c.is_ascii_graphic() && c != '\\' && c != '"' {
+            quoted.push(c);
+        } else {
+            for b in c.encode_utf8(&mut [0; 4]).bytes() {
+                let _ = write!(quoted, "\\x{b:02x}");
+            }
+        }
+    }
+    if chars.next().is_some() {
         quoted.push_str("...");
     }
     quoted
@@ -605,6 +620,44 @@ mod tests {
             assert!(e.message.contains("do not combine"), "{}", e.message);
         }
         assert_eq!(err("ACQUIRE k 0"), ErrorCode::BadTtl);
+    }
+
+    /// A quoted argument is written as replies write keys, `\xNN` for what is not printable
+    /// ASCII, and cut at `QUOTED_CHARS_MAX` characters (outside test a38, F6: an unknown
+    /// command was quoted with Rust's escapes, `\0` and `\u{1}`).
+    #[test]
+    fn a_quoted_argument_is_escaped_as_replies_are_and_cut_short() {
+        let unknown = parse(b"PING\0\x01").unwrap_err();
+        assert_eq!(
+            unknown.message,
+            r#"unknown command "PING\x00\x01"; try HELP"#
+        );
+        let quoted = parse("FR\u{e9}B\"\\".as_bytes()).unwrap_err();
+        assert_eq!(
+            quoted.message,
+            r#"unknown command "FR\xc3\xa9B\x22\x5c"; try HELP"#
+        );
+        let long = "X".repeat(40);
+        let cut = parse(long.as_bytes()).unwrap_err();
+        let shown = format!(
+            "unknown command \"{}...\"; try HELP",
+            &long[..QUOTED_CHARS_MAX]
+        );
+        assert_eq!(cut.message, shown);
+        let just = "X".repeat(QUOTED_CHARS_MAX);
+        let whole = parse(just.as_bytes()).unwrap_err();
+        assert_eq!(
+            whole.message,
+            format!("unknown command \"{just}\"; try HELP")
+        );
+        let argument = parse(b"ACQUIRE k 1000 \x02x").unwrap_err();
+        assert!(
+            argument
+                .message
+                .starts_with(r#"unexpected argument "\x02x"; usage"#),
+            "{}",
+            argument.message
+        );
     }
 
     #[test]

@@ -27,6 +27,18 @@ pub fn escape(bytes: &[u8], out: &mut String) {
     }
 }
 
+/// [`escape`] of at most the first [`QUOTED_CHARS_MAX`](tenure_protocol::console::QUOTED_CHARS_MAX)
+/// bytes, then `...` if there were more: how a reason quotes a key (PROTOCOL.md 4), so a
+/// refusal of a long key stays short (outside test a38, F7: FORBIDDEN quoted a whole 1 000-byte
+/// key, and the binary protocol's 512-byte message cap then cut off its reason).
+pub fn quote(bytes: &[u8], out: &mut String) {
+    let max = tenure_protocol::console::QUOTED_CHARS_MAX;
+    escape(&bytes[..bytes.len().min(max)], out);
+    if bytes.len() > max {
+        out.push_str("...");
+    }
+}
+
 /// Appends `HELD token=.. ttl_ms=.. waiters=.. [meta=..]`: INSPECT's answer, and the state
 /// a WATCH starts from.
 fn format_held(token: u64, ttl_left_ms: u32, waiters: u32, meta: &[u8], out: &mut String) {

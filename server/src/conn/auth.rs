@@ -484,7 +484,7 @@ fn permit(identity: &Identity, request: &Request) -> Result<(), Response> {
         return Ok(());
     }
     let mut shown = String::new();
-    console::escape(key, &mut shown);
+    console::quote(key, &mut shown);
     let message = format!(
         "identity `{}` may not use key {shown}: outside its prefixes",
         identity.name

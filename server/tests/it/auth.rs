@@ -196,6 +196,16 @@ async fn prefixes_and_operations_are_enforced() {
     for line in &refused {
         assert_eq!(code_of(&orders.cmd(line).await), "FORBIDDEN", "{line}");
     }
+    // A long key is quoted by its first 32 bytes (outside test a38, F7: quoted whole, a
+    // 1 000-byte key made a 1 071-byte line, and the binary message cap cut off the reason).
+    let long = format!("billing/{}", "x".repeat(1000));
+    assert_eq!(
+        orders.cmd(&format!("INSPECT {long}")).await,
+        format!(
+            "ERR FORBIDDEN identity `orders` may not use key {}...: outside its prefixes",
+            &long[..32]
+        )
+    );
     assert!(
         admin.cmd("INSPECT billing/1").await.starts_with("HELD"),
         "untouched"
