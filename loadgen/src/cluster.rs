@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use crate::args::{millis_u32, Args, Scenario};
 use crate::etcd::{self, EtcdState, HttpReply};
 use crate::op::{Op, OpKind, Outcome, KEY_PREFIX};
-use crate::target::{tenure_ask, Kind, Target};
+use crate::target::{tenure_ask, Kind, Security, Target};
 
 /// Pause after an attempt that failed at once (refused connection, `leader=unknown`), so a
 /// cluster without a leader is not spun on; it bounds how late a success is seen.
@@ -77,6 +77,8 @@ pub fn run_blocking(args: Args) -> anyhow::Result<()> {
 struct Probe {
     kind: Kind,
     addrs: Vec<SocketAddr>,
+    /// TLS and AUTH, as the run's own connections have them.
+    security: Security,
     attempt_timeout: Duration,
     /// Key numbers of the probe's locks: random start, then counting up, so never reused.
     next_key: std::cell::Cell<u64>,
@@ -88,6 +90,7 @@ impl Probe {
         Ok(Probe {
             kind: target.kind,
             addrs: target.addrs.clone(),
+            security: Security::from_flags(args, target)?,
             attempt_timeout: args.attempt_timeout,
             next_key: std::cell::Cell::new(rand::random::<u64>() >> 8),
         })
@@ -105,7 +108,7 @@ impl Probe {
         let asked = async {
             match self.kind {
                 Kind::Etcd => etcd_acquire(addr, key).await,
-                _ => tenure_acquire(addr, key).await,
+                _ => tenure_acquire(addr, &self.security, key).await,
             }
         };
         match tokio::time::timeout(self.attempt_timeout, asked).await {
@@ -224,14 +227,20 @@ impl Probe {
     }
 }
 
-/// The address of the member of a tenure cluster that serves grants, found within `within`.
+/// The address of the member of a tenure cluster that serves grants, found within `within`
+/// over connections with `security` (TLS, AUTH).
 ///
 /// # Errors
 /// When no member serves a grant in time.
-pub async fn tenure_leader(addrs: &[SocketAddr], within: Duration) -> anyhow::Result<SocketAddr> {
+pub async fn tenure_leader(
+    addrs: &[SocketAddr],
+    security: Security,
+    within: Duration,
+) -> anyhow::Result<SocketAddr> {
     let probe = Probe {
         kind: Kind::Tenure,
         addrs: addrs.to_vec(),
+        security,
         attempt_timeout: Duration::from_secs(1),
         next_key: std::cell::Cell::new(rand::random::<u64>() >> 8),
     };
@@ -260,7 +269,7 @@ fn kill(pid: u32) -> anyhow::Result<()> {
 }
 
 /// One tenure acquire of `job:{key}` at `addr`.
-async fn tenure_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
+async fn tenure_acquire(addr: SocketAddr, security: &Security, key: u64) -> anyhow::Result<Answer> {
     let mut name = KEY_PREFIX.to_vec();
     name.extend_from_slice(key.to_string().as_bytes());
     let request = Request::Acquire {
@@ -273,7 +282,7 @@ async fn tenure_acquire(addr: SocketAddr, key: u64) -> anyhow::Result<Answer> {
         kind: Default::default(),
         session_id: None,
     };
-    Ok(match tenure_ask(addr, &request).await? {
+    Ok(match tenure_ask(addr, security, &request).await? {
         Response::Granted { .. } => Answer::Granted,
         Response::Error {
             code: ErrorCode::NotLeader,

@@ -70,14 +70,14 @@
 //! | `stats` | counters and HDR histograms per op kind | `op` |
 //! | `report` | the report, as text or JSON | `op`, `stats` |
 //! | `args` | flags, defaults per scenario, limits, the long help | `wire` |
-//! | `target` | target parsing, the loopback rule, connecting, handshakes and AUTH | `etcd`, `proto`, `resp`, `tls` |
+//! | `target` | target parsing, the loopback rule, TLS and credentials from the flags, connecting, handshakes and AUTH | `args`, `etcd`, `proto`, `resp`, `tls` |
 //! | `conn` | one pipelined connection's state: in-flight slab, backlog, output buffer | `op`, `proto` |
 //! | `scenario` | the workloads: what to send and when | `args`, `conn`, `op`, `report`, `stats` |
 //! | `world` | the state a run's tasks share, and how bytes, ticks and the start move it | `conn`, `scenario`, `stats` |
 //! | `socket` | each connection's reader and writer tasks | `conn`, `world` |
 //! | `progress` | the once-a-second line on stderr | `op`, `world` |
 //! | `cluster` | finding a leader, health, fail-over timing | `args`, `etcd`, `op`, `target` |
-//! | `run` | the driver: connect, place the measured window, report | `args`, `cluster`, `conn`, `procfs`, `progress`, `report`, `scenario`, `socket`, `stats`, `target`, `tls`, `world` |
+//! | `run` | the driver: connect, place the measured window, report | `args`, `cluster`, `conn`, `procfs`, `progress`, `report`, `scenario`, `socket`, `stats`, `target`, `world` |
 //!
 //! `main` parses the flags and calls `run` (or `cluster` for `healthy` and `failover`).
 

@@ -28,8 +28,7 @@ use crate::report::{self, Report, Value};
 use crate::scenario::{closed, contention, estimate, Rng, Scenario};
 use crate::socket;
 use crate::stats::Stats;
-use crate::target::{Credentials, Kind, Security, SetupTimes, Stream, Target};
-use crate::tls::{Tls, TlsFlags};
+use crate::target::{Kind, Security, SetupTimes, Stream, Target};
 use crate::world::World;
 
 /// Longest time setup (connecting aside) may take before the run gives up.
@@ -38,8 +37,6 @@ const SETUP_MAX: Duration = Duration::from_secs(120);
 const CONNECT_MAX: Duration = Duration::from_secs(10);
 /// Longest wait for a tenure cluster's leader before a run starts (an election may be on).
 const LEADER_WAIT_MAX: Duration = Duration::from_secs(10);
-/// Environment variable holding the secret for `--identity` (as for the `tenure` command line).
-const SECRET_VAR: &str = "TENURE_SECRET";
 /// A thread that wakes the driver every `period`: tokio's timers have millisecond resolution,
 /// which would send an open loop's ops in 1 ms bursts and add up to a millisecond of lag to
 /// each; a plain thread sleeping 100 us spreads them ten times finer for a few percent of a core.
@@ -166,14 +163,15 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
     let mut target = Target::parse(&args.target, args.allow_remote).await?;
     if target.kind == Kind::Tenure && target.addrs.len() > 1 {
         // A tenure cluster: only its leader serves, so every connection goes there.
-        target.addr = cluster::tenure_leader(&target.addrs, LEADER_WAIT_MAX).await?;
+        let security = Security::from_flags(&args, &target)?;
+        target.addr = cluster::tenure_leader(&target.addrs, security, LEADER_WAIT_MAX).await?;
     }
     let redis = target.kind != Kind::Tenure;
     let server_rss_start = args.server_pid.and_then(procfs::rss_bytes);
     if args.server_pid.is_some() && server_rss_start.is_none() {
         bail!("cannot read /proc/{}/status", args.server_pid.unwrap_or(0));
     }
-    let security = security(&args, &target)?;
+    let security = Security::from_flags(&args, &target)?;
     let mut conns = Vec::with_capacity(args.connections);
     let mut streams = Vec::with_capacity(args.connections);
     let mut setups = Vec::with_capacity(args.connections);
@@ -226,37 +224,6 @@ pub async fn run(args: Args) -> anyhow::Result<Report> {
             .map(|(k, v)| (k.clone(), *v))
             .collect(),
     })
-}
-
-/// TLS and credentials from the flags and `TENURE_SECRET`.
-fn security(args: &Args, target: &Target) -> anyhow::Result<Security> {
-    if target.kind == Kind::Redis && (args.tls_ca.is_some() || args.identity.is_some()) {
-        bail!("--tls-ca and --identity are for tenure:// targets only");
-    }
-    let tls = match &args.tls_ca {
-        None => None,
-        Some(ca) => Some(Tls::load(&TlsFlags {
-            ca,
-            client: args
-                .tls_client_cert
-                .as_ref()
-                .zip(args.tls_client_key.as_ref()),
-            server_name: args.tls_server_name.as_deref().unwrap_or(&target.host),
-        })?),
-    };
-    let credentials = match &args.identity {
-        None => None,
-        Some(name) => {
-            let secret = std::env::var_os(SECRET_VAR)
-                .filter(|s| !s.is_empty())
-                .with_context(|| format!("--identity {name:?} needs its secret in {SECRET_VAR}"))?;
-            Some(Credentials {
-                name: name.clone(),
-                secret: secret.into_encoded_bytes().into(),
-            })
-        }
-    };
-    Ok(Security { tls, credentials })
 }
 
 /// Starts connection `index`'s reader and writer. Plain TCP splits into owned halves, which

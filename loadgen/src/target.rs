@@ -15,9 +15,10 @@ use std::net::SocketAddr;
 
 use crate::etcd::EtcdState;
 
+use crate::args::Args;
 use crate::proto::Proto;
 use crate::resp;
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsFlags};
 
 /// Request id of the AUTH sent during setup (ids of the run's requests start afresh at 1 on
 /// the connection afterwards; the server only echoes ids).
@@ -63,6 +64,9 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// Environment variable holding the secret for `--identity` (as for the `tenure` command line).
+const SECRET_VAR: &str = "TENURE_SECRET";
+
 /// What every tenure connection does after the TCP connect: TLS, AUTH, both or neither.
 #[derive(Default)]
 pub struct Security {
@@ -70,6 +74,45 @@ pub struct Security {
     pub tls: Option<Tls>,
     /// AUTH right after the binary handshake.
     pub credentials: Option<Credentials>,
+}
+
+impl Security {
+    /// TLS and credentials from the flags and `TENURE_SECRET`.
+    ///
+    /// # Errors
+    /// For TLS or credentials given to a Redis target, unreadable TLS files, or `--identity`
+    /// without its secret.
+    pub fn from_flags(args: &Args, target: &Target) -> anyhow::Result<Security> {
+        if target.kind == Kind::Redis && (args.tls_ca.is_some() || args.identity.is_some()) {
+            bail!("--tls-ca and --identity are for tenure:// targets only");
+        }
+        let tls = match &args.tls_ca {
+            None => None,
+            Some(ca) => Some(Tls::load(&TlsFlags {
+                ca,
+                client: args
+                    .tls_client_cert
+                    .as_ref()
+                    .zip(args.tls_client_key.as_ref()),
+                server_name: args.tls_server_name.as_deref().unwrap_or(&target.host),
+            })?),
+        };
+        let credentials = match &args.identity {
+            None => None,
+            Some(name) => {
+                let secret = std::env::var_os(SECRET_VAR)
+                    .filter(|s| !s.is_empty())
+                    .with_context(|| {
+                        format!("--identity {name:?} needs its secret in {SECRET_VAR}")
+                    })?;
+                Some(Credentials {
+                    name: name.clone(),
+                    secret: secret.into_encoded_bytes().into(),
+                })
+            }
+        };
+        Ok(Security { tls, credentials })
+    }
 }
 
 /// The transport a connection ended up with.
@@ -217,21 +260,40 @@ impl Target {
     }
 }
 
-/// Connects to a tenure node at `addr`, does the handshake (no TLS, no AUTH: a cluster's
-/// client port has neither yet) and asks `request`; returns the reply.
+/// Connects to a tenure node at `addr` as every connection of the run does (TLS and AUTH
+/// when `security` has them: a cluster's client port may need either), does the handshake
+/// and asks `request`; returns the reply.
 ///
 /// # Errors
-/// When the connection or the handshake fails, or the reply does not decode.
-pub async fn tenure_ask(addr: SocketAddr, request: &Request) -> anyhow::Result<Response> {
-    let mut stream = TcpStream::connect(addr)
+/// When the connection, TLS, the handshake or AUTH fails, or the reply does not decode.
+pub async fn tenure_ask(
+    addr: SocketAddr,
+    security: &Security,
+    request: &Request,
+) -> anyhow::Result<Response> {
+    let stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_nodelay(true)?;
-    let mut input = BytesMut::with_capacity(256);
-    tenure_hello(&mut stream, &mut input).await?;
+    match &security.tls {
+        None => ask_on(stream, addr, security, request).await,
+        Some(tls) => ask_on(tls.handshake(stream).await?, addr, security, request).await,
+    }
+}
+
+/// [`tenure_ask`] on a connected stream.
+async fn ask_on<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    addr: SocketAddr,
+    security: &Security,
+    request: &Request,
+) -> anyhow::Result<Response> {
+    tenure_setup(&mut stream, security, &mut SetupTimes::default()).await?;
     let mut out = BytesMut::new();
     encode_request(AUTH_REQUEST_ID, request, &mut out);
     stream.write_all(&out).await?;
+    stream.flush().await?;
+    let mut input = BytesMut::with_capacity(256);
     loop {
         if let Some((opcode, _id, body)) = split_frame(&mut input).context("reply")? {
             return decode_response(opcode, body).context("reply");

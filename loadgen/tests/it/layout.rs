@@ -26,7 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("stats", &["op"]),
     ("report", &["op", "stats"]),
     ("args", &["wire"]),
-    ("target", &["etcd", "proto", "resp", "tls"]),
+    ("target", &["args", "etcd", "proto", "resp", "tls"]),
     ("conn", &["op", "proto"]),
     ("scenario", &["args", "conn", "op", "report", "stats"]),
     ("world", &["conn", "scenario", "stats"]),
@@ -37,7 +37,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "run",
         &[
             "args", "cluster", "conn", "procfs", "progress", "report", "scenario", "socket",
-            "stats", "target", "tls", "world",
+            "stats", "target", "world",
         ],
     ),
 ];

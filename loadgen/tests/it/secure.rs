@@ -108,6 +108,41 @@ async fn over_tls_with_auth_every_connection_authenticates_and_setup_is_reported
     );
 }
 
+/// The probe that finds a cluster's serving member (several addresses) and the `healthy`
+/// scenario's connect as the run's connections do, with TLS and AUTH (outside test a37:
+/// they spoke plain TCP, so every scenario against a TLS cluster failed before the run with
+/// `BAD_HANDSHAKE`). One TLS server named twice stands in for a cluster whose every member
+/// serves; the probe only needs one that grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_probes_speak_tls_and_auth_as_the_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = server(dir.path(), &pki, false).await;
+    let twice = format!("tenure://{0},{0}", server.addr);
+    let run = |scenario: &'static str, target: String| {
+        let ca = path(&pki.ca.path).to_owned();
+        async move {
+            let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure-loadgen"));
+            command
+                .args(["--target", &target, "--scenario", scenario])
+                .args(["--op", "mixed", "--duration", "500ms", "--warmup", "100ms"])
+                .args(["--connections", "2", "--json", "--quiet"])
+                .args(["--tls-ca", &ca, "--identity", IDENTITY])
+                .env("TENURE_SECRET", SECRET);
+            let output = command.output().await.expect("run tenure-loadgen");
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            (output.status.success(), stdout, stderr)
+        }
+    };
+    let (ok, json, err) = run("max", twice).await;
+    assert!(ok, "{err}");
+    assert!(number(&json, "summary", "cycles_completed") > 0.0, "{json}");
+    let (ok, line, err) = run("healthy", format!("tenure://{}", server.addr)).await;
+    assert!(ok, "{err}");
+    assert!(line.starts_with("{\"healthy\":true"), "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_a_client_certificate_named_after_the_identity_needs_no_auth() {
     let dir = tempfile::tempdir().unwrap();
