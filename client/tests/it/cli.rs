@@ -74,6 +74,36 @@ async fn cli_commands_print_key_values_and_exit_with_the_documented_codes() {
     assert_eq!(cli(addr, &["--help"]).await.0, 0);
 }
 
+/// A one-shot command prints a refusal as `tenure console` does: `code=`, and the refusal's
+/// own words in `error=` (outside test a37, F1: `error="server error BAD_TTL: ..."` with no
+/// `code=`, and `"invalid argument BAD_TTL: ..."` for the client's own check).
+#[tokio::test]
+async fn cli_commands_print_a_refusal_with_its_code_and_its_own_words() {
+    let server = TestServer::start();
+    let addr = server.addr.as_str();
+    // The server's refusal: over its TTL limit (an hour by default).
+    let (code, out, _) = cli(addr, &["acquire", "r", "--ttl", "2h"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(field(&out, "result"), "ERROR", "{out}");
+    assert_eq!(field(&out, "code"), "BAD_TTL", "{out}");
+    assert!(out.contains("error=\"ttl_ms 7200000 over"), "{out}");
+    // The client's own check, before anything is sent.
+    let (code, out, _) = cli(addr, &["acquire", "r", "--ttl", "5ms"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(field(&out, "code"), "BAD_TTL", "{out}");
+    assert!(out.contains("error=\"ttl_ms 5 under"), "{out}");
+    // JSON has the same fields.
+    let (_, out, _) = cli(addr, &["--json", "acquire", "r", "--ttl", "2h"]).await;
+    let object: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(object["code"], "BAD_TTL", "{out}");
+    let message = object["error"].as_str().expect("an error text");
+    assert!(message.starts_with("ttl_ms 7200000 over"), "{out}");
+    // An error that is no refusal has no code.
+    let (code, out, _) = cli("127.0.0.1:1", &["ping"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(!out.contains("code="), "{out}");
+}
+
 /// `tenure stats | head -0`: a reader gone before the answer ends `tenure` quietly, with
 /// exit code 0, as it ends `cat`; `println!` used to panic on the broken pipe.
 #[tokio::test]

@@ -43,31 +43,13 @@ pub async fn console(client: Client, out: &Out) -> anyhow::Result<u8> {
             ConsoleCommand::Help => out.print(Line::new("HELP").text("commands", COMMANDS)),
             ConsoleCommand::Request(request) => {
                 if let Err(e) = execute(&client, out, &mut watches, request).await {
-                    print_error(out, &e);
+                    out.failure(&e);
                 }
             }
         }
     }
     watches.stop_all();
     Ok(EXIT_OK)
-}
-
-/// Prints a request's error; a refusal with a code (the server's, or the client's own check
-/// of a field) carries it as `code=`, as a line the console could not read does.
-fn print_error(out: &Out, error: &anyhow::Error) {
-    let typed = error.downcast_ref::<tenure::Error>();
-    let code = typed.and_then(tenure::Error::code);
-    let line = Line::new("ERROR");
-    let line = match code {
-        Some(code) => line.text("code", code.name()),
-        None => line,
-    };
-    // The server's own words, without the "server error CODE:" that `code=` already says.
-    let message = match typed {
-        Some(tenure::Error::Server { message, .. }) => message.clone(),
-        _ => format!("{error:#}"),
-    };
-    out.print(line.text("error", message));
 }
 
 /// The command on `line`, or None after printing why there is none. A line in the old

@@ -84,7 +84,7 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli, &out)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            out.error(format!("{e:#}"));
+            out.failure(&e);
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -107,6 +107,30 @@ impl Out {
     pub fn error(&self, message: impl Into<String>) {
         self.print(Line::new("ERROR").text("error", message));
     }
+
+    /// Prints a request's failure as `result=ERROR [code=<CODE>] error=<message>`: a refusal
+    /// with a code (the server's, or the client's own check of an argument) carries it as
+    /// `code=`, and its message is the refusal's own words, without the `server error
+    /// <CODE>: ` (or `invalid argument <CODE>: `) that `code=` already says; context
+    /// added around it stays.
+    pub fn failure(&self, error: &anyhow::Error) {
+        let full = format!("{error:#}");
+        let Some(typed) = error.downcast_ref::<tenure::Error>() else {
+            return self.error(full);
+        };
+        let line = match typed.code() {
+            Some(code) => Line::new("ERROR").text("code", code.name()),
+            None => Line::new("ERROR"),
+        };
+        let own = match typed {
+            tenure::Error::Server { message, .. } | tenure::Error::Invalid { message, .. } => {
+                message.clone()
+            }
+            _ => return self.print(line.text("error", full)),
+        };
+        let context = full.strip_suffix(&typed.to_string()).unwrap_or("");
+        self.print(line.text("error", format!("{context}{own}")));
+    }
 }
 
 /// Writes one line on stdout. A reader that has gone away (`tenure cluster status | head
