@@ -35,6 +35,8 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::Argon2;
 use serde::Deserialize;
 
+use crate::log_limit::Sampled;
+
 /// The prefix that stands for every key.
 pub const PREFIX_ALL: &str = "*";
 /// Bytes of random salt per hash.
@@ -281,6 +283,26 @@ pub struct Identities {
     failures: Mutex<throttle::Throttle>,
     /// Verification places by peer address, for addresses with an AUTH in progress.
     peers_verifying: Mutex<HashMap<std::net::IpAddr, Arc<tokio::sync::Semaphore>>>,
+    /// The log lines about failed AUTHs, and about connections closed for them: one a
+    /// [`AUTH_FAILURE_LOG_PERIOD_MS`] each, so a stranger guessing cannot fill the disk.
+    failures_logged: [Sampled; 2],
+    /// The origin of `failures_logged`'s clock.
+    started: std::time::Instant,
+}
+
+/// Shortest time between two log lines about failed AUTHs (and between two about
+/// connections closed after too many), as for refused peer frames: a stranger sending
+/// AUTHs of made-up names wrote a line each, 130 a second from one address (outside test
+/// a38, F4). Each line says how many were left out since.
+pub const AUTH_FAILURE_LOG_PERIOD_MS: u64 = 10_000;
+
+/// Which of [`Identities::failure_logged`]'s lines.
+#[derive(Clone, Copy, Debug)]
+pub enum FailureLine {
+    /// A failed AUTH.
+    Failed = 0,
+    /// A connection closed after too many failed AUTHs.
+    Closed = 1,
 }
 
 impl std::fmt::Debug for Identities {
@@ -310,7 +332,16 @@ impl Identities {
             generation: tokio::sync::watch::Sender::new(0),
             failures: Mutex::new(throttle::Throttle::default()),
             peers_verifying: Mutex::new(HashMap::new()),
+            failures_logged: Default::default(),
+            started: std::time::Instant::now(),
         })
+    }
+
+    /// Whether a `line` about a failed AUTH may be logged now: `Some` with how many such
+    /// lines were left out since the last, or `None` (see [`AUTH_FAILURE_LOG_PERIOD_MS`]).
+    pub fn failure_logged(&self, line: FailureLine) -> Option<u64> {
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.failures_logged[line as usize].admit(now_ms, AUTH_FAILURE_LOG_PERIOD_MS)
     }
 
     /// Reads the file again and puts it in force; on error the identities in force stay.

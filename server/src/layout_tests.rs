@@ -21,7 +21,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("console", &[]),
     ("record", &[]),
     ("obs", &[]),
-    ("identity", &[]),
+    ("identity", &["log_limit"]),
     ("admission", &[]),
     // Pure and durable layers.
     ("table", &["wheel"]),
@@ -69,8 +69,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "cluster",
         &[
-            "accept", "clock", "config", "error", "executor", "http", "identity", "journal", "obs",
-            "record", "scrape", "startup", "tls", "wal",
+            "accept", "clock", "config", "error", "executor", "http", "identity", "journal",
+            "log_limit", "obs", "record", "scrape", "startup", "tls", "wal",
         ],
     ),
 ];

@@ -15,7 +15,8 @@
 //!   [`record::DurableState`], the replay rules and [`record::RecoveredLease`]. Nothing.
 //! - [`obs`]: instruments only: STATS counters and Prometheus histograms, bumped by the layers
 //!   that are handed them. Nothing.
-//! - [`identity`]: identities, their permissions and quotas, from `--identities`. Nothing.
+//! - [`identity`]: identities, their permissions and quotas, from `--identities`. Imports
+//!   `log_limit` (a failed AUTH's log line is sampled).
 //! - [`admission`]: bounds on connections not yet authenticated. Nothing.
 //! - [`console`]: the text console's grammar, line in and line out. Nothing.
 //! - [`memory`], [`log_limit`], [`linger`]: allocator purges, log rate limits, closing a
@@ -48,8 +49,8 @@
 //!   `executor`, `http`, `identity`, `journal`, `memory`, `scrape`, `startup`, `tls`, `wal`.
 //! - [`cluster`]: the Raft cluster node, the other composition root, a sibling of `serve`:
 //!   it implements [`journal::Journal`] and [`executor::ClusterAdmin`]. Imports `accept`,
-//!   `clock`, `config`, `error`, `executor`, `http`, `identity`, `journal`, `obs`, `record`,
-//!   `scrape`, `startup`, `tls`, `wal`.
+//!   `clock`, `config`, `error`, `executor`, `http`, `identity`, `journal`, `log_limit`, `obs`,
+//!   `record`, `scrape`, `startup`, `tls`, `wal`.
 //!
 //! # One ACQUIRE, socket to reply
 //! In order, each file once (a single node, durability `full`, binary protocol):

@@ -7,8 +7,13 @@
 //! and fill disks. So each call site of the listed crates logs its WARN and ERROR events at
 //! most once per [`REPEAT_PERIOD`]; their INFO and lower lines (elections, membership) and
 //! every line of ours pass untouched.
+//!
+//! Lines of ours that a stranger can cause at will (a refused peer frame, a failed AUTH) are
+//! sampled at their call site by [`Sampled`]: one line a period, counting the ones left out,
+//! so a flood cannot fill the disk with them.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -72,6 +77,34 @@ impl<S> Filter<S> for RepeatLimit {
     }
 }
 
+/// One log line a period from a stream of like events, saying how many were left out since:
+/// see the module docs. Time arrives as milliseconds on the caller's clock, 0 being never.
+#[derive(Debug, Default)]
+pub struct Sampled {
+    last_ms: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+impl Sampled {
+    /// Whether the event at `now_ms` may be logged (the first, then one at least `period_ms`
+    /// after the last one logged): `Some` with how many were left out since, or `None`, and
+    /// it is counted as left out.
+    pub fn admit(&self, now_ms: u64, period_ms: u64) -> Option<u64> {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms.saturating_sub(last) >= period_ms;
+        if due
+            && self
+                .last_ms
+                .compare_exchange(last, now_ms.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.unlogged.swap(0, Ordering::AcqRel));
+        }
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -115,6 +148,20 @@ mod tests {
         assert_eq!(text.matches("peer unreachable").count(), 1, "{text}");
         assert_eq!(text.matches("vote granted").count(), 5, "{text}");
         assert_eq!(text.matches("ours").count(), 5, "{text}");
+    }
+
+    #[test]
+    fn a_sampled_stream_logs_once_a_period_with_the_count_left_out() {
+        let sampled = Sampled::default();
+        assert_eq!(sampled.admit(1_000, 10_000), Some(0));
+        assert_eq!(sampled.admit(1_001, 10_000), None);
+        assert_eq!(sampled.admit(10_999, 10_000), None);
+        assert_eq!(sampled.admit(11_000, 10_000), Some(2));
+        assert_eq!(sampled.admit(11_000, 10_000), None);
+        // An event at 0 on the caller's clock is logged too (and kept as at 1: 0 is never).
+        let at_zero = Sampled::default();
+        assert_eq!(at_zero.admit(0, 10_000), Some(0));
+        assert_eq!(at_zero.admit(5, 10_000), None);
     }
 
     #[test]

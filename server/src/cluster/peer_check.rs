@@ -43,7 +43,6 @@
 //! threat model says what remains.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use openraft::{EntryPayload, Membership, RaftMetrics, Vote};
@@ -52,6 +51,7 @@ use tenure_protocol::limits::{CLUSTER_ADDR_LEN_MAX, CLUSTER_MEMBERS_MAX};
 use super::network::{PeerReply, PeerRequest};
 use super::prevote::PreVoteRequest;
 use super::{Entry, LogId, NodeId, NodeInfo};
+use crate::log_limit::Sampled;
 use crate::record::{self, Record};
 
 /// Highest term a peer frame may carry (see the module docs for why this one).
@@ -604,30 +604,17 @@ pub const REFUSAL_LOG_PERIOD_MS: u64 = 10_000;
 /// Rate-limits the log lines about refused frames: the first goes out, then at most one a
 /// [`REFUSAL_LOG_PERIOD_MS`], saying how many were not logged since.
 #[derive(Debug, Default)]
-pub struct RefusalLog {
-    last_ms: AtomicU64,
-    unlogged: AtomicU64,
-}
+pub struct RefusalLog(Sampled);
 
 impl RefusalLog {
     /// Logs `why` (from `peer`) unless a line went out less than the period ago.
     pub fn refused(&self, now_ms: u64, peer: &str, why: &Refused) {
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let due = last == 0 || now_ms.saturating_sub(last) >= REFUSAL_LOG_PERIOD_MS;
-        if due
-            && self
-                .last_ms
-                .compare_exchange(last, now_ms.max(1), Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            let unlogged = self.unlogged.swap(0, Ordering::AcqRel);
+        if let Some(unlogged) = self.0.admit(now_ms, REFUSAL_LOG_PERIOD_MS) {
             tracing::warn!(
                 peer,
                 unlogged,
                 "peer frame refused, connection closed: {why}"
             );
-        } else {
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -1239,8 +1226,9 @@ mod tests {
         log.refused(1_000, "p", &why);
         log.refused(1_001, "p", &why);
         log.refused(2_000, "p", &why);
-        assert_eq!(log.unlogged.load(Ordering::Relaxed), 2);
-        log.refused(1_000 + REFUSAL_LOG_PERIOD_MS, "p", &why);
-        assert_eq!(log.unlogged.load(Ordering::Relaxed), 0);
+        // The next line is due a period after the first, and says two were left out.
+        let at = 1_000 + REFUSAL_LOG_PERIOD_MS;
+        assert_eq!(log.0.admit(at - 1, REFUSAL_LOG_PERIOD_MS), None);
+        assert_eq!(log.0.admit(at, REFUSAL_LOG_PERIOD_MS), Some(3));
     }
 }

@@ -15,7 +15,8 @@ use crate::console;
 use crate::executor::Outcome;
 use crate::executor::{Auth, Credential};
 use crate::identity::{
-    try_take_connection, try_take_held, ConnectionPlace, Identities, Identity, Spaced, Usage,
+    try_take_connection, try_take_held, ConnectionPlace, FailureLine, Identities, Identity, Spaced,
+    Usage,
 };
 use crate::journal::TICKET_NOW;
 use crate::obs::stats::Stats;
@@ -108,7 +109,7 @@ impl Conn {
         else {
             return; // `on_auth` answered every other case
         };
-        let failures = *failures;
+        let (identities, failures) = (Arc::clone(identities), *failures);
         // Refused unverified counts as a failure on this connection (closed after the
         // fifth), so that it cannot spin; not against the (address, name), which no
         // verification failed.
@@ -122,11 +123,16 @@ impl Conn {
             console::escape(&name, &mut shown); // the name only: never the secret
             let failures = failures + 1;
             let (conn_id, peer) = (self.ctx.conn_id, self.ctx.peer);
-            tracing::warn!(conn_id, %peer, name = %shown, failures, "{reply}");
+            if let Some(unlogged) = identities.failure_logged(FailureLine::Failed) {
+                tracing::warn!(conn_id, %peer, name = %shown, failures, unlogged, "{reply}");
+            }
             self.ctx.auth = Auth::Pending { failures };
             self.push(id, error(ErrorCode::Unauthenticated, reply), TICKET_NOW);
             if failures >= AUTH_FAILURES_MAX {
-                tracing::warn!(conn_id, %peer, failures, "closing after too many failed AUTHs");
+                if let Some(unlogged) = identities.failure_logged(FailureLine::Closed) {
+                    let why = "closing after too many failed AUTHs";
+                    tracing::warn!(conn_id, %peer, failures, unlogged, "{why}");
+                }
                 self.closing = true;
             }
             return;

@@ -578,6 +578,63 @@ fn hash_secret_reads_stdin_and_prints_a_hash_that_verifies() {
     );
 }
 
+/// Failed AUTHs, and connections closed after too many, are logged one line a period each,
+/// saying how many were left out (outside test a38, F4: a line each, 130 a second from one
+/// stranger); the first of each still names its peer, name and count.
+#[tokio::test]
+async fn failed_auths_are_logged_one_line_a_period_not_one_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = identities_file(dir.path());
+    let daemon = Daemon::with_identities(dir.path(), &ids);
+    let addr = daemon.addr();
+    let started = Instant::now();
+    for conn in 0..2 {
+        let mut guesser = Console::connect(addr).await;
+        for n in 0..5 {
+            let answer = guesser.cmd(&format!("AUTH guess{conn}x{n} wrong")).await;
+            assert_eq!(answer, AUTH_FAILED);
+        }
+        assert_eq!(guesser.line().await, None, "closed after five");
+    }
+    // A line logged after all of them: what came before it is all there is.
+    daemon.hangup();
+    let mut failed = Vec::new();
+    let mut closed = Vec::new();
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = daemon.lines.recv_timeout(left).expect("the reload's line");
+        if line.contains("identities reloaded") {
+            break;
+        }
+        if line.contains("authentication failed") {
+            failed.push(line);
+        } else if line.contains("closing after too many failed AUTHs") {
+            closed.push(line);
+        }
+    }
+    // The guesses are spaced out (seconds in all), so a later period may have its line too.
+    let periods = 1 + started.elapsed().as_secs() / 10;
+    let unlogged = |line: &String| -> u64 {
+        let at = line.find("unlogged=").expect("says how many were left out") + 9;
+        let digits = line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap();
+        digits.parse().unwrap()
+    };
+    for (lines, events) in [(&failed, 10), (&closed, 2)] {
+        assert!(
+            !lines.is_empty() && lines.len() as u64 <= periods,
+            "{lines:#?}"
+        );
+        let told: u64 = lines.iter().map(|l| 1 + unlogged(l)).sum();
+        assert!(told <= events, "{lines:#?}");
+        assert_eq!(unlogged(&lines[0]), 0, "{lines:#?}");
+    }
+    assert!(failed[0].contains("name=guess0x0 failures=1"), "{failed:?}");
+}
+
 #[tokio::test]
 async fn sighup_reloads_identities_without_dropping_connections() {
     let dir = tempfile::tempdir().unwrap();
