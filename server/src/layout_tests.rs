@@ -69,8 +69,21 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "cluster",
         &[
-            "accept", "clock", "config", "error", "executor", "http", "identity", "journal",
-            "log_limit", "obs", "record", "scrape", "startup", "tls", "wal",
+            "accept",
+            "clock",
+            "config",
+            "error",
+            "executor",
+            "http",
+            "identity",
+            "journal",
+            "log_limit",
+            "obs",
+            "record",
+            "scrape",
+            "startup",
+            "tls",
+            "wal",
         ],
     ),
 ];
