@@ -156,6 +156,7 @@ impl Arrival {
         let opening = conn::Opening {
             deadline: tokio::time::Instant::now() + shared.config().handshake_timeout,
             pending: admission.map(|a| a.admit(conn_id, peer.ip())),
+            place: Some(permit),
         };
         if let Err(e) = set_keepalive(&stream, shared.config()) {
             tracing::warn!(error = %e, "cannot enable TCP keepalive on an accepted socket");
@@ -170,12 +171,12 @@ impl Arrival {
                 conn_id,
                 opening,
             };
+            // The connection's place goes with `opening`, given back when it ends.
             serve_accepted(Arc::clone(&shared), tls, accepted, stop).await;
             shared
                 .stats()
                 .connections
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            drop(permit);
         });
     }
 

@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio_util::sync::CancellationToken;
@@ -36,9 +37,12 @@ use tokio_util::sync::CancellationToken;
 pub struct Admission {
     /// Most pending connections from one peer address.
     per_address_max: usize,
-    /// Most pending connections in all.
+    /// Most pending connections in all; also the most evicted ones closing outside
+    /// `--connections-max` at once ([`PendingPlace::into_closing`]).
     total_max: usize,
     state: Mutex<State>,
+    /// Evicted connections closing that gave their connection place back early.
+    closing: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +95,35 @@ impl PendingPlace {
     }
 }
 
+impl PendingPlace {
+    /// For a connection evicted and now closing (its reason written, then up to the linger
+    /// time for the peer to read it): a place among the closing connections, in which it
+    /// may give its connection place back at once, so that the closing does not hold a place
+    /// of `--connections-max` (outside test a39, F1: a stranger's sockets that never close
+    /// each held theirs for the whole linger, and newcomers found nobody left to evict).
+    /// `None` when as many are closing as may be pending (the fds stay bounded): the
+    /// connection keeps its place until closed, as before.
+    pub fn into_closing(self) -> Option<ClosingPlace> {
+        let closing = Arc::clone(&self.admission.closing);
+        let max = self.admission.total_max;
+        let taken = closing.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        });
+        taken.is_ok().then_some(ClosingPlace(closing))
+    }
+}
+
+/// A place among the evicted connections closing outside `--connections-max`; dropping it
+/// (once the connection is closed) gives it back.
+#[derive(Debug)]
+pub struct ClosingPlace(Arc<AtomicUsize>);
+
+impl Drop for ClosingPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for PendingPlace {
     fn drop(&mut self) {
         let mut state = self
@@ -116,6 +149,7 @@ impl Admission {
             per_address_max,
             total_max,
             state: Mutex::default(),
+            closing: Arc::default(),
         }
     }
 
@@ -219,6 +253,22 @@ mod tests {
 
     fn evicted(place: &PendingPlace) -> Option<Evicted> {
         place.evicted().now_or_never()
+    }
+
+    /// At most `total_max` evicted connections close outside the connection limit at once;
+    /// one that closed gives its place among them back.
+    #[test]
+    fn closing_places_are_bounded_and_given_back() {
+        let admission = Arc::new(Admission::new(8, 2));
+        let places: Vec<_> = (1..=3)
+            .map(|id| admission.admit(id, ip(id as u8)))
+            .collect();
+        let mut closing: Vec<_> = places.into_iter().map(PendingPlace::into_closing).collect();
+        assert!(closing[0].is_some() && closing[1].is_some());
+        assert!(closing[2].is_none(), "a third over a bound of two");
+        closing[0] = None;
+        let again = admission.admit(4, ip(4)).into_closing();
+        assert!(again.is_some(), "the place given back is taken again");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tenure_protocol::{ErrorCode, Request, Response, Secret};
 
 use super::requests::Later;
 use super::Conn;
-use crate::admission::Evicted;
+use crate::admission::{Evicted, PendingPlace};
 use crate::console;
 use crate::executor::Outcome;
 use crate::executor::{Auth, Credential};
@@ -164,7 +164,12 @@ impl Conn {
     /// `admission`): it is told so and closed, an AUTH in progress dropped unanswered as at
     /// the handshake limit.
     pub(super) fn on_evicted(&mut self, why: Evicted) {
-        self.pending = None;
+        // Closing from here on: it gives its connection place back now if it may (below
+        // the bound on closing ones), not after the linger, so a newcomer can take it.
+        if let Some(closing) = self.pending.take().and_then(PendingPlace::into_closing) {
+            self.closing_place = Some(closing);
+            self.place = None;
+        }
         self.executor.stats().metrics.evicted();
         if self.authenticating {
             self.later.clear();

@@ -52,7 +52,7 @@ use tenure_protocol::{ErrorCode, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{Evicted, PendingPlace};
+use crate::admission::{ClosingPlace, Evicted, PendingPlace};
 use crate::config::READ_BUFFER_MAX;
 use crate::executor::Executor;
 use crate::executor::WaitResult;
@@ -74,6 +74,9 @@ pub struct Opening {
     /// Its place among the unauthenticated connections, when the server authenticates;
     /// given back once the connection proves who it is.
     pub pending: Option<PendingPlace>,
+    /// Its place under `--connections-max`, given back when the connection ends (or, once
+    /// evicted, when it starts closing: [`PendingPlace::into_closing`]).
+    pub place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Completes when `pending`'s connection is evicted; never without a place.
@@ -108,7 +111,11 @@ pub async fn serve(
             return;
         }
     };
-    let Opening { deadline, pending } = opening;
+    let Opening {
+        deadline,
+        pending,
+        place,
+    } = opening;
     let mut ctx = Session::with_peer(conn_id, peer);
     let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
     let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
@@ -143,6 +150,8 @@ pub async fn serve(
         cancel_reasons: std::collections::HashMap::new(),
         pending,
         identity_place: None,
+        place,
+        closing_place: None,
     };
     match refusal {
         Ok(place) => conn.identity_place = place,
@@ -314,6 +323,10 @@ struct Conn {
     pending: Option<PendingPlace>,
     /// Its place in its identity's `connections-max`, while authenticated.
     identity_place: Option<ConnectionPlace>,
+    /// Its place under `--connections-max` (see [`Opening::place`]).
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Evicted and closing, its place among the closing connections instead.
+    closing_place: Option<ClosingPlace>,
 }
 
 impl Conn {

@@ -1495,6 +1495,62 @@ async fn at_the_connection_limit_a_silent_socket_makes_room_for_a_newcomer() {
     server.stop().await;
 }
 
+/// An evicted connection gives its place back as it starts closing, not after its linger:
+/// silent sockets that never close, arriving faster than the linger lets them go, still
+/// leave newcomers someone to evict (outside test a39, F1: each evicted socket held its place
+/// for the whole linger, and newcomers were refused with nobody pending).
+#[tokio::test]
+async fn sockets_evicted_at_the_limit_that_never_close_leave_room_for_newcomers() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.connections_max = 8;
+    })
+    .await;
+    let mut authenticated = Vec::new();
+    for _ in 0..4 {
+        let mut c = Console::connect(server.addr).await;
+        assert_eq!(
+            c.cmd("AUTH admin admin-secret").await,
+            "OK authenticated admin"
+        );
+        authenticated.push(c);
+    }
+    let mut silent = Vec::new();
+    for n in 0..4 {
+        silent.push(silent_from(&format!("127.0.3.{}", n + 1), server.addr).await);
+    }
+    // Newcomers every 50 ms, each finding the server full; none ever closes or reads, so
+    // each evicted one lingers (half a second) while the next ones arrive. Before, the
+    // fifth found nobody pending (four lingering, four waiting for their places): refused.
+    let mut flood = Vec::new();
+    for _ in 0..12 {
+        let stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let (r, mut w) = stream.into_split();
+        w.write_all(b"PING\n").await.unwrap();
+        flood.push((BufReader::new(r), w));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (n, (reader, _)) in flood.iter_mut().enumerate() {
+        let mut first = String::new();
+        let read = tokio::time::timeout(REPLY_WAIT_MAX, reader.read_line(&mut first));
+        read.await.expect("a first line").unwrap();
+        assert!(
+            !first.contains("connections already"),
+            "newcomer {n} was refused: {first}"
+        );
+    }
+    let mut honest = Console::connect(server.addr).await;
+    assert_eq!(
+        honest.cmd("AUTH admin admin-secret").await,
+        "OK authenticated admin"
+    );
+    assert_eq!(honest.cmd("INSPECT orders/1").await, "FREE");
+    drop((silent, flood));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_silent_socket_never_outlives_the_handshake_limit_counted_from_its_accept() {
     let dir = tempfile::tempdir().unwrap();
