@@ -58,11 +58,11 @@ fn bad_args(message: String) -> FrameError {
 pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
     let text = std::str::from_utf8(line).map_err(|_| bad_args("line is not UTF-8 text".into()))?;
     let mut words = text.split_ascii_whitespace();
-    let Some(name) = words.next() else {
+    let Some(typed) = words.next() else {
         return Ok(Command::Empty);
     };
     let args: Vec<&str> = words.collect();
-    let name = name.to_ascii_uppercase();
+    let name = typed.to_ascii_uppercase();
     let usage = |form: &str| bad_args(format!("usage: {form}"));
     let request = match (name.as_str(), args.as_slice()) {
         ("PING", []) => Request::Ping,
@@ -129,7 +129,7 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         _ => {
             return Err(FrameError::new(
                 ErrorCode::UnknownOpcode,
-                format!("unknown command \"{}\"; try HELP", truncate(&name)),
+                format!("unknown command \"{}\"; try HELP", truncate(typed)),
             ))
         }
     };
@@ -637,6 +637,9 @@ mod tests {
             quoted.message,
             r#"unknown command "FR\xc3\xa9B\x22\x5c"; try HELP"#
         );
+        // Quoted as typed, not upper-cased (outside test a39, F6).
+        let typed = parse(b"frob\"q").unwrap_err();
+        assert_eq!(typed.message, r#"unknown command "frob\x22q"; try HELP"#);
         let long = "X".repeat(40);
         let cut = parse(long.as_bytes()).unwrap_err();
         let shown = format!(
