@@ -102,7 +102,7 @@ impl PendingPlace {
     /// of `--connections-max` (outside test a39, F1: a stranger's sockets that never close
     /// each held theirs for the whole linger, and newcomers found nobody left to evict).
     /// `None` when as many are closing as may be pending (the fds stay bounded): the
-    /// connection keeps its place until closed, as before.
+    /// connection then closes at once, without lingering.
     pub fn into_closing(self) -> Option<ClosingPlace> {
         let closing = Arc::clone(&self.admission.closing);
         let max = self.admission.total_max;

@@ -164,12 +164,14 @@ impl Conn {
     /// `admission`): it is told so and closed, an AUTH in progress dropped unanswered as at
     /// the handshake limit.
     pub(super) fn on_evicted(&mut self, why: Evicted) {
-        // Closing from here on: it gives its connection place back now if it may (below
-        // the bound on closing ones), not after the linger, so a newcomer can take it.
-        if let Some(closing) = self.pending.take().and_then(PendingPlace::into_closing) {
-            self.closing_place = Some(closing);
-            self.place = None;
+        // Closing from here on: it gives its connection place back now, not after the
+        // linger, so a newcomer can take it; past the bound on closing ones it closes at
+        // once instead of lingering (its peer may then not read the reason).
+        match self.pending.take().and_then(PendingPlace::into_closing) {
+            Some(closing) => self.closing_place = Some(closing),
+            None => self.linger = false,
         }
+        self.place = None;
         self.executor.stats().metrics.evicted();
         if self.authenticating {
             self.later.clear();

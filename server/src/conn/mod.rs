@@ -111,48 +111,23 @@ pub async fn serve(
             return;
         }
     };
-    let Opening {
-        deadline,
-        pending,
-        place,
-    } = opening;
     let mut ctx = Session::with_peer(conn_id, peer);
     let (auth, refusal) = start_auth(&executor, peer_name, conn_id);
-    let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(deadline);
+    let auth_deadline = matches!(auth, Auth::Pending { .. }).then_some(opening.deadline);
     ctx.auth = auth;
-    // Proved by its certificate, or nothing to prove: no longer pending.
-    let pending = pending.filter(|_| auth_deadline.is_some());
     let kind = match surface {
         Surface::Binary => metrics::Surface::Binary,
         Surface::Console { .. } => metrics::Surface::Console,
     };
     executor.stats().metrics.connection(kind, true);
-    let identity_changes = executor.identities().as_ref().map(|i| i.subscribe());
-    let mut conn = Conn {
-        executor,
+    let opened = Opened {
         stream,
         surface,
         rbuf,
-        wbuf: BytesMut::with_capacity(16 * 1024),
-        queue: VecDeque::new(),
-        later: FuturesUnordered::new(),
-        answers_due: 0,
-        events_queued: 0,
-        identity_changes,
         ctx,
-        closing: false,
-        fatal: false,
-        stopping: false,
-        fatal_error: None,
-        timing: None,
-        authenticating: false,
         auth_deadline,
-        cancel_reasons: std::collections::HashMap::new(),
-        pending,
-        identity_place: None,
-        place,
-        closing_place: None,
     };
+    let mut conn = Conn::opened(executor, opened, opening);
     match refusal {
         Ok(place) => conn.identity_place = place,
         Err(message) => conn.close_with(ErrorCode::ConnectionsLimit, message),
@@ -162,6 +137,58 @@ pub async fn serve(
     }
     conn.finish();
     conn.executor.stats().metrics.connection(kind, false);
+}
+
+/// What a connection has once it opened: its stream, surface and read buffer, its session,
+/// and its AUTH deadline if it must authenticate.
+struct Opened {
+    stream: Transport,
+    surface: Surface,
+    rbuf: BytesMut,
+    ctx: Session,
+    auth_deadline: Option<tokio::time::Instant>,
+}
+
+impl Conn {
+    /// The connection `opened` in its `opening`'s places, nothing read or queued yet.
+    fn opened(executor: Arc<Executor>, opened: Opened, opening: Opening) -> Conn {
+        let Opened {
+            stream,
+            surface,
+            rbuf,
+            ctx,
+            auth_deadline,
+        } = opened;
+        // Proved by its certificate, or nothing to prove: no longer pending.
+        let pending = opening.pending.filter(|_| auth_deadline.is_some());
+        let identity_changes = executor.identities().as_ref().map(|i| i.subscribe());
+        Conn {
+            executor,
+            stream,
+            surface,
+            rbuf,
+            wbuf: BytesMut::with_capacity(16 * 1024),
+            queue: VecDeque::new(),
+            later: FuturesUnordered::new(),
+            answers_due: 0,
+            events_queued: 0,
+            identity_changes,
+            ctx,
+            closing: false,
+            fatal: false,
+            stopping: false,
+            fatal_error: None,
+            timing: None,
+            authenticating: false,
+            auth_deadline,
+            cancel_reasons: std::collections::HashMap::new(),
+            pending,
+            identity_place: None,
+            place: opening.place,
+            closing_place: None,
+            linger: true,
+        }
+    }
 }
 
 /// The connection's opening (a binary handshake or a first console line) within its
@@ -327,6 +354,10 @@ struct Conn {
     place: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Evicted and closing, its place among the closing connections instead.
     closing_place: Option<ClosingPlace>,
+    /// Whether a fatal close lingers for the peer to read the reason (not for an evicted
+    /// connection past the bound on closing ones: it closes at once, so it never holds a
+    /// place while it lingers).
+    linger: bool,
 }
 
 impl Conn {
@@ -352,7 +383,7 @@ impl Conn {
                 self.wbuf.clear();
             }
             if self.done() {
-                if self.fatal {
+                if self.fatal && self.linger {
                     linger(&mut self.stream).await;
                 } else {
                     // TLS: a close_notify, so the peer can tell the end from a cut.
