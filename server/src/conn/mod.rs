@@ -65,6 +65,10 @@ use reply::PendingReply;
 use requests::Later;
 use surface::{Fatal, Surface};
 
+/// Longest a closing connection's last write (its reason, a TLS close) may wait for a peer
+/// that does not read before the connection is dropped without it.
+const CLOSING_WRITE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How an accepted connection starts: the time limit on its opening and AUTH, and its place
 /// among the connections that have not authenticated yet.
 pub struct Opening {
@@ -379,7 +383,9 @@ impl Conn {
             // the watch queue) produce: a peer that does not read stops being read itself.
             // That is the back-pressure; no separate write-buffer limit is needed.
             if !self.wbuf.is_empty() {
-                self.stream.write_all(&self.wbuf).await?;
+                if !self.write_out().await? {
+                    return Ok(()); // given up on a peer that does not read: dropped
+                }
                 self.wbuf.clear();
             }
             if self.done() {
@@ -387,7 +393,7 @@ impl Conn {
                     linger(&mut self.stream).await;
                 } else {
                     // TLS: a close_notify, so the peer can tell the end from a cut.
-                    let _ = self.stream.shutdown().await;
+                    let _ = tokio::time::timeout(CLOSING_WRITE_MAX, self.stream.shutdown()).await;
                 }
                 return Ok(());
             }
@@ -413,6 +419,35 @@ impl Conn {
                     self.on_evicted(why)
                 }
                 Some(()) = recv_change(&mut self.identity_changes) => self.recheck_identity(),
+            }
+        }
+    }
+
+    /// Writes `wbuf` whole; false if it gave up. An authenticated connection's write waits
+    /// as long as its peer does not read: that is its back-pressure, and it holds only its
+    /// own place. One that has not authenticated waits no longer than its AUTH deadline or
+    /// its eviction, and a fatal close's no longer than [`CLOSING_WRITE_MAX`]: otherwise a
+    /// stranger's connections that send and never read would wait in their writes for ever,
+    /// deaf to their deadline and to eviction, and keep their places (outside test a40, G0:
+    /// 40 such sockets kept every newcomer out for as long as they stayed open).
+    async fn write_out(&mut self) -> std::io::Result<bool> {
+        let closing_until = self
+            .fatal
+            .then(|| tokio::time::Instant::now() + CLOSING_WRITE_MAX);
+        let until = match (closing_until, self.auth_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(until) = until else {
+            self.stream.write_all(&self.wbuf).await?;
+            return Ok(true);
+        };
+        tokio::select! {
+            wrote = self.stream.write_all(&self.wbuf) => wrote.map(|()| true),
+            () = tokio::time::sleep_until(until) => Ok(false),
+            _ = evicted(&self.pending), if self.pending.is_some() => {
+                self.executor.stats().metrics.evicted();
+                Ok(false)
             }
         }
     }

@@ -1551,6 +1551,65 @@ async fn sockets_evicted_at_the_limit_that_never_close_leave_room_for_newcomers(
     server.stop().await;
 }
 
+/// A connection that sends and never reads cannot outlive its AUTH deadline either: the
+/// server's write to it gives up at the deadline (outside test a40, G0: such sockets waited
+/// in that write for ever, deaf to the deadline and to eviction, and kept every newcomer out
+/// for as long as they stayed open).
+#[tokio::test]
+async fn a_connection_that_never_reads_still_goes_at_its_auth_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = identities_file(dir.path());
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.connections_max = 4;
+        config.handshake_timeout = Duration::from_millis(1000);
+    })
+    .await;
+    // Half the places authenticated and idle, the other half (all unauthenticated ones may
+    // have) taken by two connections that send and never read.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(Console::authed(server.addr, "admin", "admin-secret").await);
+    }
+    let mut pumps = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let stream = socket.connect(server.addr).await.unwrap();
+        // HELPs (answered before AUTH, a long line each) until the server stops reading;
+        // their answers are never read, so its writes fill the socket and wait.
+        pumps.push(tokio::spawn(async move {
+            let (_r, mut w) = stream.into_split();
+            let lines = "HELP\n".repeat(16 * 1024);
+            let pump = async { while w.write_all(lines.as_bytes()).await.is_ok() {} };
+            let _ = tokio::time::timeout(Duration::from_secs(20), pump).await;
+            _r
+        }));
+    }
+    // Past their AUTH deadline, with their writes long stuck: their places are given back
+    // (and a newcomer's eviction of one is heard).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let deadline = Instant::now() + REPLY_WAIT_MAX;
+    loop {
+        let mut c = Console::connect(server.addr).await;
+        let answer = c.cmd("AUTH admin admin-secret").await;
+        if answer == "OK authenticated admin" {
+            break;
+        }
+        assert!(answer.contains("connections already"), "{answer}");
+        assert!(
+            Instant::now() < deadline,
+            "the pumps kept their places: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for pump in pumps {
+        pump.abort();
+    }
+    drop(idle);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_silent_socket_never_outlives_the_handshake_limit_counted_from_its_accept() {
     let dir = tempfile::tempdir().unwrap();
