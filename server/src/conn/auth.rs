@@ -164,14 +164,18 @@ impl Conn {
     /// `admission`): it is told so and closed, an AUTH in progress dropped unanswered as at
     /// the handshake limit.
     pub(super) fn on_evicted(&mut self, why: Evicted) {
-        // Closing from here on: it gives its connection place back now, not after the
-        // linger, so a newcomer can take it; past the bound on closing ones it closes at
-        // once instead of lingering (its peer may then not read the reason).
+        // Closing from here on: within the bound on closing ones it gives its connection
+        // place back now, not after the linger, so a newcomer can take it; past the bound it
+        // keeps the place for its short close, without lingering (its peer may then not read
+        // the reason), so open connections stay within the limit plus the bound (outside
+        // test a41, H3: given back past the bound too, a flood's closing ones ran over it).
         match self.pending.take().and_then(PendingPlace::into_closing) {
-            Some(closing) => self.closing_place = Some(closing),
+            Some(closing) => {
+                self.closing_place = Some(closing);
+                self.place = None;
+            }
             None => self.linger = false,
         }
-        self.place = None;
         self.executor.stats().metrics.evicted();
         if self.authenticating {
             self.later.clear();
