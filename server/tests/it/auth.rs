@@ -1443,6 +1443,29 @@ async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticate
     server.stop().await;
 }
 
+/// The eviction tests' start: a server with the identities of [`identities_file`] at
+/// `connections_max` (and what `tweak` sets), half its places taken by idle authenticated
+/// `admin` consoles, returned to keep them open. Half, because that is all unauthenticated
+/// connections may have: the rest is theirs to fill, and only they can be evicted.
+async fn half_authenticated(
+    dir: &Path,
+    connections_max: usize,
+    tweak: impl FnOnce(&mut Config),
+) -> (Server, Vec<Console>) {
+    let identities = identities_file(dir);
+    let server = Server::start_in(dir, |config| {
+        config.identities = Some(identities);
+        config.connections_max = connections_max;
+        tweak(config);
+    })
+    .await;
+    let mut authenticated = Vec::new();
+    for _ in 0..connections_max / 2 {
+        authenticated.push(Console::authed(server.addr, "admin", "admin-secret").await);
+    }
+    (server, authenticated)
+}
+
 /// At `connections_max` with authenticated connections holding half the places and silent
 /// sockets the other half, a newcomer is not refused: the oldest silent socket makes room
 /// (outside test a38, F1: every honest newcomer was refused for as long as a stranger
@@ -1450,21 +1473,7 @@ async fn silent_sockets_from_many_addresses_leave_half_the_slots_to_authenticate
 #[tokio::test]
 async fn at_the_connection_limit_a_silent_socket_makes_room_for_a_newcomer() {
     let dir = tempfile::tempdir().unwrap();
-    let identities = identities_file(dir.path());
-    let server = Server::start_in(dir.path(), |config| {
-        config.identities = Some(identities);
-        config.connections_max = 8;
-    })
-    .await;
-    let mut authenticated = Vec::new();
-    for _ in 0..4 {
-        let mut c = Console::connect(server.addr).await;
-        assert_eq!(
-            c.cmd("AUTH admin admin-secret").await,
-            "OK authenticated admin"
-        );
-        authenticated.push(c);
-    }
+    let (server, mut authenticated) = half_authenticated(dir.path(), 8, |_| {}).await;
     let mut silent = Vec::new();
     for n in 0..4 {
         silent.push(silent_from(&format!("127.0.2.{}", n + 1), server.addr).await);
@@ -1502,21 +1511,7 @@ async fn at_the_connection_limit_a_silent_socket_makes_room_for_a_newcomer() {
 #[tokio::test]
 async fn sockets_evicted_at_the_limit_that_never_close_leave_room_for_newcomers() {
     let dir = tempfile::tempdir().unwrap();
-    let identities = identities_file(dir.path());
-    let server = Server::start_in(dir.path(), |config| {
-        config.identities = Some(identities);
-        config.connections_max = 8;
-    })
-    .await;
-    let mut authenticated = Vec::new();
-    for _ in 0..4 {
-        let mut c = Console::connect(server.addr).await;
-        assert_eq!(
-            c.cmd("AUTH admin admin-secret").await,
-            "OK authenticated admin"
-        );
-        authenticated.push(c);
-    }
+    let (server, _authenticated) = half_authenticated(dir.path(), 8, |_| {}).await;
     let mut silent = Vec::new();
     for n in 0..4 {
         silent.push(silent_from(&format!("127.0.3.{}", n + 1), server.addr).await);
@@ -1558,19 +1553,12 @@ async fn sockets_evicted_at_the_limit_that_never_close_leave_room_for_newcomers(
 #[tokio::test]
 async fn a_connection_that_never_reads_still_goes_at_its_auth_deadline() {
     let dir = tempfile::tempdir().unwrap();
-    let identities = identities_file(dir.path());
-    let server = Server::start_in(dir.path(), |config| {
-        config.identities = Some(identities);
-        config.connections_max = 4;
+    let (server, idle) = half_authenticated(dir.path(), 4, |config| {
         config.handshake_timeout = Duration::from_millis(1000);
     })
     .await;
-    // Half the places authenticated and idle, the other half (all unauthenticated ones may
-    // have) taken by two connections that send and never read.
-    let mut idle = Vec::new();
-    for _ in 0..2 {
-        idle.push(Console::authed(server.addr, "admin", "admin-secret").await);
-    }
+    // The other half of the places (all unauthenticated ones may have) taken by two
+    // connections that send and never read.
     let mut pumps = Vec::new();
     for _ in 0..2 {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
