@@ -13,8 +13,10 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     /// Opening the TCP connection or the handshake's I/O failed (refused, reset, unreachable).
+    /// The I/O error is the field and is in the message; it is not also given as `source()`,
+    /// so that a printer of the chain (anyhow's `{:#}`) names it once, not twice.
     #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The connection closed while the request was in flight, or was already closed; the
     /// request may or may not have been applied. The next request reconnects.
     #[error("connection lost: {0}")]
@@ -85,6 +87,12 @@ pub enum Error {
     /// `1..=PERMITS_MAX`. Checked before sending, so the request was not sent.
     #[error("bad permits: {0}")]
     BadPermits(String),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Error {
+        Error::Io(error)
+    }
 }
 
 impl Error {

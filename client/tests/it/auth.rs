@@ -98,34 +98,43 @@ async fn credentials_are_sent_on_every_connect() {
     assert_eq!(server_code(&err), ErrorCode::Unauthenticated);
 }
 
+/// `tenure --identity app ARGS` against `addr`, with `secret` in `TENURE_SECRET` (none if
+/// `None`); returns the exit code, stdout and stderr.
+async fn tenure_as_app(
+    addr: &str,
+    secret: Option<&str>,
+    args: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
+    command
+        .args(["--addr", addr, "--identity", "app"])
+        .args(args)
+        .env_remove("TENURE_SECRET")
+        .env_remove("TENURE_IDENTITY")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(secret) = secret {
+        command.env("TENURE_SECRET", secret);
+    }
+    let out = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_takes_identity_and_secret_from_the_environment() {
     let server = TestServer::start();
-    let run = |secret: Option<&str>| {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"));
-        command
-            .args([
-                "--addr",
-                &server.addr,
-                "--identity",
-                "app",
-                "inspect",
-                "app/1",
-            ])
-            .env_remove("TENURE_SECRET")
-            .env_remove("TENURE_IDENTITY")
-            .kill_on_drop(true);
-        if let Some(secret) = secret {
-            command.env("TENURE_SECRET", secret);
-        }
+    let run = |secret: Option<&'static str>| {
+        let addr = server.addr.clone();
         async move {
-            let out = tokio::time::timeout(PATIENCE, command.output())
-                .await
-                .unwrap()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-            (out.status.code(), text)
+            let (code, out, err) = tenure_as_app(&addr, secret, &["inspect", "app/1"]).await;
+            (code, out + &err)
         }
     };
     let (code, text) = run(Some("app-secret")).await;
@@ -137,4 +146,29 @@ async fn cli_takes_identity_and_secret_from_the_environment() {
     let (code, text) = run(None).await;
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("TENURE_SECRET"), "{text}");
+}
+
+/// A wrong secret is refused while connecting, and printed as every refusal is: its code and
+/// the server's own words, in the one-shot commands, `--json` and `tenure console` alike
+/// (outside test a39, F7: the words were `cannot connect to <addr>: authentication failed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_prints_a_wrong_secret_as_the_servers_own_refusal() {
+    let server = TestServer::start();
+    let refused = r#"result=ERROR code=UNAUTHENTICATED error="authentication failed""#;
+    for args in [
+        &["inspect", "app/1"][..],
+        &["acquire", "app/1", "--ttl", "5s"],
+    ] {
+        let (code, out, err) = tenure_as_app(&server.addr, Some("wrong"), args).await;
+        assert_eq!(code, Some(1), "{args:?}: {out}{err}");
+        assert_eq!(out.trim_end(), refused, "{args:?}: {err}");
+    }
+    let (code, out, err) = tenure_as_app(&server.addr, Some("wrong"), &["--json", "ping"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    let object: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(object["code"], "UNAUTHENTICATED", "{out}");
+    assert_eq!(object["error"], "authentication failed", "{out}");
+    let (code, out, err) = tenure_as_app(&server.addr, Some("wrong"), &["console"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(out.trim_end(), refused, "{err}");
 }

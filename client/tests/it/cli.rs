@@ -104,6 +104,41 @@ async fn cli_commands_print_a_refusal_with_its_code_and_its_own_words() {
     assert!(!out.contains("code="), "{out}");
 }
 
+/// With nobody listening, every command prints the address and the connect failure's cause
+/// once, with no `code=` (outside test a39, F7: the cause was printed twice, `i/o error:
+/// Connection refused (os error 111): Connection refused (os error 111)`).
+#[tokio::test]
+async fn cli_prints_a_connect_failures_cause_once() {
+    // A port nobody listens on: bound, then given back.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .to_string();
+    let wanted = format!("cannot connect to {addr}: i/o error: Connection refused");
+    for args in [
+        &["ping"][..],
+        &["acquire", "k", "--ttl", "5s"],
+        &["console"],
+    ] {
+        let (code, out, err) = cli(&addr, args).await;
+        assert_eq!(code, 1, "{args:?}: {out}{err}");
+        assert_eq!(field(&out, "result"), "ERROR", "{args:?}: {out}");
+        assert!(!out.contains("code="), "{args:?}: {out}");
+        let (_, quoted) = out
+            .trim_end()
+            .split_once(" error=")
+            .expect("an error= field");
+        let message: String = serde_json::from_str(quoted).expect("a quoted error text");
+        assert!(message.starts_with(&wanted), "{args:?}: {out}");
+        assert_eq!(message.matches("Connection refused").count(), 1, "{out}");
+    }
+    let (_, out, _) = cli(&addr, &["--json", "ping"]).await;
+    let object: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    let message = object["error"].as_str().expect("an error text");
+    assert!(message.starts_with(&wanted), "{out}");
+    assert_eq!(message.matches("Connection refused").count(), 1, "{out}");
+}
+
 /// `tenure stats | head -0`: a reader gone before the answer ends `tenure` quietly, with
 /// exit code 0, as it ends `cat`; `println!` used to panic on the broken pipe.
 #[tokio::test]

@@ -110,26 +110,26 @@ impl Out {
 
     /// Prints a request's failure as `result=ERROR [code=<CODE>] error=<message>`: a refusal
     /// with a code (the server's, or the client's own check of an argument) carries it as
-    /// `code=`, and its message is the refusal's own words, without the `server error
-    /// <CODE>: ` (or `invalid argument <CODE>: `) that `code=` already says; context
-    /// added around it stays.
+    /// `code=`, and its message is the refusal's own words alone, without the `server error
+    /// <CODE>: ` (or `invalid argument <CODE>: `) that `code=` already says and without the
+    /// context added around it (`cannot connect to <addr>: ` for a refusal met while
+    /// connecting, such as a wrong secret's). Any other failure is its whole chain, context
+    /// first.
     pub fn failure(&self, error: &anyhow::Error) {
-        let full = format!("{error:#}");
         let Some(typed) = error.downcast_ref::<tenure::Error>() else {
-            return self.error(full);
+            return self.error(format!("{error:#}"));
         };
         let line = match typed.code() {
             Some(code) => Line::new("ERROR").text("code", code.name()),
             None => Line::new("ERROR"),
         };
-        let own = match typed {
+        let message = match typed {
             tenure::Error::Server { message, .. } | tenure::Error::Invalid { message, .. } => {
                 message.clone()
             }
-            _ => return self.print(line.text("error", full)),
+            _ => format!("{error:#}"),
         };
-        let context = full.strip_suffix(&typed.to_string()).unwrap_or("");
-        self.print(line.text("error", format!("{context}{own}")));
+        self.print(line.text("error", message));
     }
 }
 
