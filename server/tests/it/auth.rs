@@ -1546,6 +1546,46 @@ async fn sockets_evicted_at_the_limit_that_never_close_leave_room_for_newcomers(
     server.stop().await;
 }
 
+/// Open connections stay within `--connections-max` and the bound on evicted ones closing
+/// beside it (half the limit), however fast strangers arrive that open, send a line and
+/// never read or close (outside test a42, J1: each refusal of a closing place gave one back,
+/// so on a fresh server every evicted connection lingered, 137 of them at 230/s against a
+/// limit of 40 and a bound of 20).
+#[tokio::test]
+async fn a_never_closing_flood_stays_within_the_limit_and_the_closing_bound() {
+    const LIMIT: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, mut authenticated) = half_authenticated(dir.path(), LIMIT, |_| {}).await;
+    let watcher = &mut authenticated[0];
+    let mut flood = Vec::new();
+    let mut most = 0u64;
+    // One every 10 ms, each evicting the oldest: many more than the bound would linger at
+    // once (half a second each) if nothing bounded them.
+    for _ in 0..40 {
+        let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(b"PING\n").await.unwrap();
+        flood.push(stream);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        most = most.max(stat(watcher, "connections").await);
+    }
+    let bound = (LIMIT + LIMIT / 2) as u64;
+    assert!(
+        most <= bound,
+        "{most} connections open at once, over {LIMIT} and the closing bound"
+    );
+    assert!(most >= LIMIT as u64, "the flood filled the places ({most})");
+    drop(flood);
+    server.stop().await;
+}
+
+/// A STATS value, read on an authenticated console.
+async fn stat(console: &mut Console, name: &str) -> u64 {
+    let reply = console.cmd("STATS").await;
+    let pair = (reply.split(' ')).find_map(|pair| pair.strip_prefix(&format!("{name}=")));
+    pair.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {reply}"))
+}
+
 /// A connection that sends and never reads cannot outlive its AUTH deadline either: the
 /// server's write to it gives up at the deadline (outside test a40, G0: such sockets waited
 /// in that write for ever, deaf to the deadline and to eviction, and kept every newcomer out
