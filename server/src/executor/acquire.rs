@@ -223,7 +223,9 @@ impl Executor {
         let ticket = match self.journal.append(&Change::Grant(lease)) {
             Ok(ticket) => ticket,
             Err(e) => {
-                // Not durable, so it must not stand: take it back before anyone hears of it.
+                // Not durable, so it must not stand: take it back before anyone hears of it
+                // (and a repeat is then a new ACQUIRE, not told of its end).
+                shard.forget_acquire_id(key, token);
                 self.free(shard, now_ms, key, lease_id, FreeReason::Released);
                 return Outcome::Reply(self.unavailable(&e), TICKET_NOW);
             }

@@ -254,7 +254,9 @@ impl Executor {
         session: Option<(tenure_protocol::SessionId, u64)>,
         release_on_disconnect: bool,
     ) {
-        let has_acquire_id = self.shard(key).acquire_id_of(grant.token).is_some();
+        let has_acquire_id = (self.shard(key))
+            .held_acquire_id(key, grant.token)
+            .is_some();
         if has_acquire_id && !release_on_disconnect {
             if let Some(session) = session {
                 // Joined, or freed if its session ended meanwhile; nobody to tell either way.

@@ -205,7 +205,12 @@ impl Executor {
         // A random seed per process, so clients cannot pick keys that collide in the index.
         let hash_seed: u64 = rand::random();
         let shards = (0..config.shards)
-            .map(|_| Mutex::new(LockTable::with_quotas(Arc::clone(&quotas), hash_seed)))
+            .map(|_| {
+                let mut table = LockTable::with_quotas(Arc::clone(&quotas), hash_seed);
+                // Secret, and the process's own: see `table::acquire_ids`.
+                table.set_lease_key(rand::random());
+                Mutex::new(table)
+            })
             .collect();
         let sessions = Sessions::new(config.sessions_max, config.session_leases_max);
         let tokens = Arc::new(Tokens::new(
@@ -583,7 +588,7 @@ impl crate::journal::LeaseSource for Executor {
                 // connection it belonged to is gone after a restart).
                 release_on_disconnect: false,
                 meta: held.meta,
-                acquire_id: shard.acquire_id_of(held.token),
+                acquire_id: shard.held_acquire_id(held.key, held.token),
                 // A lease handed to a session's waiter is in its session, joined or not.
                 session_id: (sessions.as_ref().and_then(|s| s.session_of(held.lease_id)))
                     .or_else(|| joining.get(&held.lease_id).copied()),

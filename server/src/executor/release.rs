@@ -101,7 +101,7 @@ fn lease_before(
             _ => return None,
         }
     };
-    let acquire_id = shard.acquire_id_of(token);
+    let acquire_id = shard.acquire_id_of(token, lease_id, logged);
     Some((
         token,
         ttl_left_ms,

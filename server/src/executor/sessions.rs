@@ -1279,7 +1279,7 @@ impl Executor {
             // acquire id forgotten: the waiter is told NO_SESSION, never of the grant, so a
             // retry must hear the same, not how a grant it never had ended.
             let mut shard = self.shard(key);
-            shard.forget_acquire_id(grant.token);
+            shard.forget_acquire_id(key, grant.token);
             let _ = self.free(
                 &mut shard,
                 now_ms,

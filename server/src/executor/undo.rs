@@ -96,7 +96,7 @@ impl Executor {
                 let mut shard = self.shard(&key);
                 // A grant that never was answers no repeat: one is a new ACQUIRE.
                 if let Some(token) = shard.token_of(&key, lease_id) {
-                    shard.forget_acquire_id(token);
+                    shard.forget_acquire_id(&key, token);
                 }
                 self.free(&mut shard, now_ms, &key, lease_id, FreeReason::Released);
                 true

@@ -25,6 +25,28 @@
 //! every earlier store), so an end asks for its place's lines and is written at the shard's
 //! next end, when they are there; until then it is kept aside, and read as its place's.
 //!
+//! # Derived lease ids: no live map entry for the common grant
+//!
+//! The live map was most of what an acquire id still cost (two map operations a cycle and
+//! their cache misses: BENCHMARKS.md). So an ACQUIRE with an acquire id that is granted at
+//! once on an exclusive key gets no entry: its lease id is *derived*,
+//! `AES-128(key, acquire id XOR token)`, under a key of 128 random bits each shard draws
+//! when the process starts ([`LeaseIdCipher`]), and its slot is marked so (a bit of its
+//! `LoggedTtl`). A repeat then recognises its lease from the slot alone (the holder's lease
+//! id is what the repeat's acquire id and the holder's token derive), and the lease's end
+//! recovers its acquire id from the lease id (decryption, then XOR the token) for the table
+//! of ended ids. The lease id stays as unpredictable as a random one to anyone without the
+//! key (a block cipher's outputs on distinct inputs, and tokens never repeat), whatever ids
+//! clients choose, so the contract's 128 random bits hold for it as for any other.
+//!
+//! Everything else keeps its live map entry: a grant handed to a waiter, a read/write or
+//! semaphore lease, a lease recovered from the journal or applied from a leader's log (the
+//! key dies with the process, so a restarted or newly elected server cannot recognise the
+//! derivation, and the journal's acquire id goes in the map), a lease put back by an undo.
+//! The two kinds answer alike. A repeat of a derived lease waits for the newest derived
+//! grant's journal ticket in the shard (its own grant's or a later one), as a renewal waits
+//! for the shard's newest renewal record, rather than the slot keeping 8 bytes.
+//!
 //! The caller (the executor) keeps the live map in step with the table: it notes an id
 //! when a grant with one is logged and tells [`LockTable::acquire_id_ended`] of every lease
 //! end. Time arrives as `now_ms`, as everywhere in the table.
@@ -37,7 +59,9 @@ use tenure_protocol::{AcquireId, EndedHow, LeaseId, LeaseKind};
 use super::extras::SlotHasher;
 use super::index::hash_key;
 use super::WaiterSink;
-use super::{assert_acquire_args, Acquire, AcquireArgs, Event, LockTable, TokenAllocator};
+use super::{
+    assert_acquire_args, Acquire, AcquireArgs, Event, LockTable, LoggedTtl, TokenAllocator,
+};
 
 /// Longest an ended lease's acquire id is remembered, in milliseconds: the longest wait plus
 /// ten minutes of retries, longer than a client retries one ACQUIRE (its wait plus its
@@ -103,6 +127,64 @@ pub(super) struct AcquireIds {
     /// The fencing token and key hash of the last lease `LockTable::release` freed, so its
     /// end need not hash the key again (tokens are unique, so the token names the key).
     released: (u64, u64),
+    /// The acquire id the next grant of `grant_free` derives its lease id from: set by
+    /// `acquire_with_id` around the one call that may grant, never left set.
+    pub(super) derive_next: Option<AcquireId>,
+    /// The token of the shard's latest grant with a derived lease id, so its note
+    /// ([`LockTable::note_acquire_id`]) makes no live map entry.
+    pub(super) derived_last: u64,
+    /// The journal ticket of the shard's newest derived grant: a repeat of a derived lease
+    /// waits for it (at or after its own grant's).
+    derived_ticket_max: u64,
+    /// The token and lease id of the last derived lease `LockTable::release` freed, for the
+    /// end the caller reports next ([`LockTable::acquire_id_ended`]).
+    pub(super) released_derived: Option<(u64, LeaseId)>,
+}
+
+/// Derives lease ids from acquire ids and back: AES-128 under a shard's key (see the module
+/// docs), a permutation of 128-bit blocks.
+pub(super) struct LeaseIdCipher(aes::Aes128);
+
+impl std::fmt::Debug for LeaseIdCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseIdCipher") // the key is a secret
+    }
+}
+
+impl LeaseIdCipher {
+    /// A cipher under `key`.
+    pub(super) fn new(key: u128) -> LeaseIdCipher {
+        use aes::cipher::KeyInit;
+        LeaseIdCipher(aes::Aes128::new(&key.to_le_bytes().into()))
+    }
+
+    /// A cipher whose key follows from `seed`, for tables made in tests and simulations,
+    /// which must repeat; a server's tables get random keys ([`LockTable::set_lease_key`]).
+    pub(super) fn from_seed(seed: u64) -> LeaseIdCipher {
+        let key = u128::from(seed) << 64 | u128::from(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        LeaseIdCipher::new(key)
+    }
+
+    /// The lease id of the grant of `acquire_id` with fencing token `token`.
+    pub(super) fn derive(&self, acquire_id: AcquireId, token: u64) -> LeaseId {
+        use aes::cipher::BlockEncrypt;
+        let mut block = (u128::from_le_bytes(acquire_id.0) ^ u128::from(token))
+            .to_le_bytes()
+            .into();
+        self.0.encrypt_block(&mut block);
+        LeaseId(block.into())
+    }
+
+    /// The acquire id whose grant with token `token` has lease id `lease_id` ([`derive`]'s
+    /// inverse).
+    ///
+    /// [`derive`]: LeaseIdCipher::derive
+    pub(super) fn acquire_id_of(&self, lease_id: LeaseId, token: u64) -> AcquireId {
+        use aes::cipher::BlockDecrypt;
+        let mut block = lease_id.0.into();
+        self.0.decrypt_block(&mut block);
+        AcquireId((u128::from_le_bytes(block.into()) ^ u128::from(token)).to_le_bytes())
+    }
 }
 
 /// The byte of a fingerprint kept in `AcquireIds::tags`.
@@ -163,16 +245,36 @@ impl LiveLease {
 }
 
 impl<W: WaiterSink> LockTable<W> {
-    /// Remembers that the lease with fencing token `token` answered `acquire_id`, its grant
-    /// logged with `ticket` (0 for a lease brought back by recovery, durable already).
-    pub fn note_acquire_id(&mut self, token: u64, acquire_id: AcquireId, ticket: u64) {
-        self.acquire_ids
-            .live
-            .insert(token, Live { acquire_id, ticket });
+    /// Gives this table's lease id derivation a key of its own (a server's tables: 128
+    /// random bits each, drawn at start; tables made otherwise have one from their seed).
+    /// Call before the first grant.
+    pub fn set_lease_key(&mut self, key: u128) {
+        self.lease_ids = LeaseIdCipher::new(key);
     }
 
-    /// The acquire id of the live lease with fencing token `token`, if it had one.
-    pub fn acquire_id_of(&self, token: u64) -> Option<AcquireId> {
+    /// Remembers that the lease with fencing token `token` answered `acquire_id`, its grant
+    /// logged with `ticket` (0 for a lease brought back by recovery, durable already). A
+    /// grant whose lease id was derived needs no entry: only its ticket is kept.
+    pub fn note_acquire_id(&mut self, token: u64, acquire_id: AcquireId, ticket: u64) {
+        let ids = &mut self.acquire_ids;
+        if ids.derived_last == token {
+            ids.derived_ticket_max = ids.derived_ticket_max.max(ticket);
+            return;
+        }
+        ids.live.insert(token, Live { acquire_id, ticket });
+    }
+
+    /// The acquire id of the live lease with fencing token `token`, lease id `lease_id`
+    /// and logged TTL `logged` (as the table gave them), if it had one.
+    pub fn acquire_id_of(
+        &self,
+        token: u64,
+        lease_id: LeaseId,
+        logged: LoggedTtl,
+    ) -> Option<AcquireId> {
+        if logged.is_derived() {
+            return Some(self.lease_ids.acquire_id_of(lease_id, token));
+        }
         if self.acquire_ids.live.is_empty() {
             return None;
         }
@@ -183,21 +285,47 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// The lease of `key` with fencing token `token` ended, `how`: its acquire id, if it had
-    /// one, is remembered as ended. Cheap for leases without: one emptiness check while no
-    /// lease of the shard has an id.
+    /// one, is remembered as ended. Cheap for leases without: an emptiness check while no
+    /// lease of the shard has an id in the live map, and one of the last derived release.
     #[inline]
     pub fn acquire_id_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
+        if let Some((released, lease_id)) = self.acquire_ids.released_derived {
+            if released == token {
+                self.acquire_ids.released_derived = None;
+                return self.derived_ended(now_ms, key, token, lease_id, how);
+            }
+        }
         if self.acquire_ids.live.is_empty() {
             return;
         }
-        self.remember_ended(now_ms, key, token, how);
+        if let Some(live) = self.acquire_ids.live.remove(&token) {
+            self.remember_ended(now_ms, key, token, how, live.acquire_id);
+        }
     }
 
-    fn remember_ended(&mut self, now_ms: u64, key: &[u8], token: u64, how: EndedHow) {
-        let Some(live) = self.acquire_ids.live.remove(&token) else {
-            return;
-        };
-        let (place, mixed) = ended_place(self.hash_seed, live.acquire_id);
+    /// The derived lease `lease_id` of `key` with token `token` ended, `how`.
+    pub(super) fn derived_ended(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        token: u64,
+        lease_id: LeaseId,
+        how: EndedHow,
+    ) {
+        let acquire_id = self.lease_ids.acquire_id_of(lease_id, token);
+        self.not_derived_last(token);
+        self.remember_ended(now_ms, key, token, how, acquire_id);
+    }
+
+    fn remember_ended(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        token: u64,
+        how: EndedHow,
+        acquire_id: AcquireId,
+    ) {
+        let (place, mixed) = ended_place(self.hash_seed, acquire_id);
         let key_hash = match self.acquire_ids.released {
             (released, hash) if released == token => hash,
             _ => hash_key(self.hash_seed, key),
@@ -223,11 +351,55 @@ impl<W: WaiterSink> LockTable<W> {
         }
     }
 
-    /// Forgets the lease with fencing token `token` as if it had never had an acquire id: a
-    /// grant taken back because it never became durable (a repeat is then a new ACQUIRE).
-    pub fn forget_acquire_id(&mut self, token: u64) {
+    /// The acquire id of `key`'s held lease with fencing token `token`, if it had one (for
+    /// a lease seen without its logged TTL: a snapshot's, a hand-off's).
+    pub fn held_acquire_id(&self, key: &[u8], token: u64) -> Option<AcquireId> {
+        if let Some(live) = self.acquire_ids.live.get(&token) {
+            return Some(live.acquire_id);
+        }
+        let lock = &self.slots[self.find(key)?];
+        (lock.token == token && lock.logged.is_derived())
+            .then(|| self.lease_ids.acquire_id_of(lock.lease_id, token))
+    }
+
+    /// Forgets the lease of `key` with fencing token `token` as if it had never had an
+    /// acquire id: a grant taken back because it never became durable (a repeat is then a
+    /// new ACQUIRE).
+    pub fn forget_acquire_id(&mut self, key: &[u8], token: u64) {
         if !self.acquire_ids.live.is_empty() {
             self.acquire_ids.live.remove(&token);
+        }
+        if let Some(slot) = self.find(key) {
+            let lock = &mut self.slots[slot];
+            if lock.token == token {
+                lock.logged = lock.logged.with_derived(false);
+            }
+        }
+        self.not_derived_last(token);
+    }
+
+    /// Moves the acquire id of `slot`'s lease, if derived, into the live map (with the
+    /// ticket a repeat of it would have waited for): for a lease about to leave its slot.
+    pub(super) fn underive(&mut self, slot: usize) {
+        let lock = &mut self.slots[slot];
+        if !lock.logged.is_derived() {
+            return;
+        }
+        lock.logged = lock.logged.with_derived(false);
+        let (token, lease_id) = (lock.token, lock.lease_id);
+        let acquire_id = self.lease_ids.acquire_id_of(lease_id, token);
+        let ticket = self.acquire_ids.derived_ticket_max;
+        self.acquire_ids
+            .live
+            .insert(token, Live { acquire_id, ticket });
+        self.not_derived_last(token);
+    }
+
+    /// `token`'s lease is no longer derived (it ended, or was forgotten): a note of it now
+    /// (a lease put back by an undo) goes in the live map.
+    fn not_derived_last(&mut self, token: u64) {
+        if self.acquire_ids.derived_last == token {
+            self.acquire_ids.derived_last = 0;
         }
     }
 
@@ -277,10 +449,13 @@ impl<W: WaiterSink> LockTable<W> {
             None if self.hands_off_on_settling(slot, now_ms) => Repeat::Unsettled,
             None => self.ended_repeat(now_ms, acquire_id, hash),
         };
-        match repeat {
-            Repeat::New => Ok(self.acquire_plain(now_ms, slot, args, tokens, events)),
-            repeat => Err(repeat),
+        if repeat != Repeat::New {
+            return Err(repeat);
         }
+        self.acquire_ids.derive_next = Some(acquire_id);
+        let outcome = self.acquire_plain(now_ms, slot, args, tokens, events);
+        self.acquire_ids.derive_next = None; // not granted at once: nothing derived
+        Ok(outcome)
     }
 
     /// What a repeat of `acquire_id` on the key hashed `key_hash` meets at `now_ms` that no
@@ -327,11 +502,20 @@ impl<W: WaiterSink> LockTable<W> {
 
     /// The lease of the plain key in `slot` if `acquire_id` was granted it (expired or not).
     fn live_lock(&self, slot: Option<usize>, acquire_id: AcquireId) -> Option<LiveLease> {
+        let lock = &self.slots[slot?];
+        if lock.token != 0 && lock.logged.is_derived() {
+            let derived = self.lease_ids.derive(acquire_id, lock.token);
+            return (derived == lock.lease_id).then_some(LiveLease {
+                ticket: self.acquire_ids.derived_ticket_max,
+                token: lock.token,
+                lease_id: lock.lease_id,
+                deadline_ms: lock.deadline_ms,
+            });
+        }
         let live = &self.acquire_ids.live;
         if live.is_empty() {
             return None;
         }
-        let lock = &self.slots[slot?];
         let found = live.get(&lock.token)?;
         (found.acquire_id == acquire_id).then_some(LiveLease {
             ticket: found.ticket,
@@ -375,18 +559,38 @@ impl<W: WaiterSink> LockTable<W> {
     }
 
     /// Leases with an acquire id, and places of ended ids in use, for STATS (which counts
-    /// the places, a pass over the shard's table, so an end need not read its place).
+    /// the places and the derived leases, a pass over the shard's tables, so an end need
+    /// not read its place nor a grant keep a count).
     pub fn acquire_ids_count(&self) -> (usize, usize) {
+        let derived = (self.slots.iter())
+            .filter(|lock| lock.token != 0 && lock.deadline_ms != 0 && lock.logged.is_derived())
+            .count();
         let ids = &self.acquire_ids;
         let ended = ids.ended.iter().filter(|e| e.token != 0).count();
         let pending_new = ids
             .pending
             .is_some_and(|(place, _)| ids.ended[place].token == 0);
-        (ids.live.len(), ended + usize::from(pending_new))
+        (ids.live.len() + derived, ended + usize::from(pending_new))
     }
 
     /// Checks the acquire ids against the table: every live one names a held lease.
     pub(super) fn check_acquire_ids(&self) {
+        for lock in self.slots.iter().filter(|lock| lock.logged.is_derived()) {
+            assert!(
+                lock.token != 0 && lock.deadline_ms != 0 && lock.is_plain(),
+                "a derived mark on a slot without its running exclusive lease (token {})",
+                lock.token
+            );
+            assert!(
+                !self.acquire_ids.live.contains_key(&lock.token),
+                "derived lease {} also in the live map",
+                lock.token
+            );
+        }
+        assert!(
+            self.acquire_ids.derive_next.is_none(),
+            "derive_next left set"
+        );
         if self.acquire_ids.live.is_empty() {
             return;
         }
@@ -686,6 +890,145 @@ mod tests {
         assert_eq!(t.acquire_ids_count(), (0, 1));
     }
 
+    /// An ACQUIRE with an acquire id granted at once on a free key: `acquire_with_id`.
+    fn grant_with_id(
+        t: &mut LockTable<Never>,
+        tokens: &TokenAllocator,
+        key: &[u8],
+        id: AcquireId,
+        now: u64,
+    ) -> (u64, LeaseId) {
+        let args = AcquireArgs {
+            key,
+            lease_id: LeaseId::from_u128(0xfeed),
+            ttl_ms: 1000,
+            wait_ms: 0,
+            waiter: None,
+            meta: b"",
+        };
+        let kind = LeaseKind::Exclusive;
+        match t.acquire_with_id(now, args, kind, id, tokens, &mut Vec::new()) {
+            Ok(Acquire::Granted(grant)) => (grant.token, grant.lease_id),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A grant at once derives its lease id: no live map entry, yet a repeat meets it
+    /// (renewed or not), its end is remembered with its acquire id, and a snapshot and
+    /// an undo learn the id from the slot.
+    #[test]
+    fn a_derived_lease_is_met_by_its_repeats_and_remembered_at_its_end() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(0x1234_5678_9abc);
+        let (token, lease_id) = grant_with_id(&mut t, &tokens, b"k", id, 0);
+        assert_ne!(
+            lease_id,
+            LeaseId::from_u128(0xfeed),
+            "derived, not the one offered"
+        );
+        t.note_acquire_id(token, id, 5);
+        assert!(t.acquire_ids.live.is_empty(), "no live map entry");
+        assert_eq!(t.acquire_ids_count().0, 1, "STATS still counts it");
+        assert_eq!(t.held_acquire_id(b"k", token), Some(id));
+        let logged = t.logged_ttl(b"k").unwrap();
+        assert_eq!(t.acquire_id_of(token, lease_id, logged), Some(id));
+        t.check_acquire_ids();
+        let met = |t: &mut LockTable<Never>, now| t.repeat_of(now, b"k", id);
+        assert!(matches!(
+            met(&mut t, 100),
+            Repeat::Live { token: tk, lease_id: l, ticket: 5, .. } if tk == token && l == lease_id
+        ));
+        assert_eq!(t.repeat_of(100, b"k", AcquireId::from_u128(7)), Repeat::New);
+        assert_eq!(t.repeat_of(100, b"other", id), Repeat::New);
+        let renewed = t.renew(200, b"k", lease_id, 1000, || 0);
+        assert!(
+            matches!(renewed, crate::table::Renew::Renewed { .. }),
+            "{renewed:?}"
+        );
+        assert!(matches!(
+            met(&mut t, 300),
+            Repeat::Live {
+                ttl_left_ms: 900,
+                ..
+            }
+        ));
+        let released = t.release(400, b"k", lease_id, &tokens, &mut Vec::new());
+        assert!(matches!(released, crate::table::Release::Released { .. }));
+        t.acquire_id_ended(400, b"k", token, EndedHow::Released);
+        t.check_acquire_ids();
+        let ended = Repeat::Ended {
+            how: EndedHow::Released,
+            token,
+        };
+        assert_eq!(met(&mut t, 500), ended);
+        assert_eq!(t.acquire_ids_count(), (0, 1));
+    }
+
+    /// A derived lease that runs out is remembered as expired by the table itself (the
+    /// executor's report of the expiry finds nothing more to do), and its key then serves
+    /// its repeat as ended, not as a new grant.
+    #[test]
+    fn a_derived_lease_that_expires_is_remembered_as_expired() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(99);
+        let (token, _) = grant_with_id(&mut t, &tokens, b"k", id, 0);
+        let mut events = Vec::new();
+        t.advance(2000, 100, &tokens, &mut events);
+        assert!(matches!(events.as_slice(), [Event::Expired { token: tk, .. }] if *tk == token));
+        t.acquire_id_ended(2000, b"k", token, EndedHow::Expired);
+        t.check_acquire_ids();
+        let expired = Repeat::Ended {
+            how: EndedHow::Expired,
+            token,
+        };
+        assert_eq!(t.repeat_of(2001, b"k", id), expired);
+        assert_eq!(t.acquire_ids_count(), (0, 1));
+    }
+
+    /// A derived grant taken back (never durable) answers no repeat, even once freed; a
+    /// lease put back after a failed release keeps its id in the live map.
+    #[test]
+    fn a_derived_grant_forgotten_is_new_and_one_put_back_is_live() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let id = AcquireId::from_u128(3);
+        let (token, lease_id) = grant_with_id(&mut t, &tokens, b"k", id, 0);
+        t.forget_acquire_id(b"k", token);
+        t.release(1, b"k", lease_id, &tokens, &mut Vec::new());
+        t.acquire_id_ended(1, b"k", token, EndedHow::Released);
+        assert_eq!(t.repeat_of(2, b"k", id), Repeat::New);
+        let (token, lease_id) = grant_with_id(&mut t, &tokens, b"k", id, 3);
+        t.note_acquire_id(token, id, 0);
+        let logged = t.logged_ttl(b"k").unwrap();
+        t.release(4, b"k", lease_id, &tokens, &mut Vec::new());
+        t.acquire_id_ended(4, b"k", token, EndedHow::Released);
+        // The undo of that release: the lease comes back with its logged TTL and its id.
+        t.restore(5, b"k", lease_id, token, 1000, b"");
+        t.restore_logged_ttl(b"k", token, logged);
+        t.note_acquire_id(token, id, 0);
+        t.check_acquire_ids();
+        assert!(matches!(t.repeat_of(6, b"k", id), Repeat::Live { token: tk, .. } if tk == token));
+        assert_eq!(t.acquire_ids.live.len(), 1, "in the live map");
+    }
+
+    /// The derivation is a permutation under the table's key: back and forth, and another
+    /// key derives another lease id.
+    #[test]
+    fn lease_ids_derive_and_give_their_acquire_ids_back() {
+        let cipher = LeaseIdCipher::new(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        let id = AcquireId::from_u128(42);
+        let lease_id = cipher.derive(id, 7);
+        assert_eq!(cipher.acquire_id_of(lease_id, 7), id);
+        assert_ne!(
+            cipher.derive(id, 8),
+            lease_id,
+            "another token, another lease id"
+        );
+        assert_ne!(LeaseIdCipher::new(1).derive(id, 7), lease_id, "another key");
+    }
+
     #[test]
     fn forgotten_grant_is_new() {
         let mut t = table();
@@ -693,7 +1036,7 @@ mod tests {
         let id = AcquireId::from_u128(7);
         let token = grant(&mut t, &tokens, b"k", 0);
         t.note_acquire_id(token, id, 0);
-        t.forget_acquire_id(token);
+        t.forget_acquire_id(b"k", token);
         assert_eq!(t.repeat_of(1, b"k", id), Repeat::New);
         t.acquire_id_ended(2, b"k", token, EndedHow::Released);
         assert_eq!(t.repeat_of(3, b"k", id), Repeat::New);

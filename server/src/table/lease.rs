@@ -4,6 +4,7 @@
 use super::extras;
 use super::slot::{timer_is_live, LoggedTtl, Timer};
 use super::*;
+use tenure_protocol::EndedHow;
 
 impl<W: WaiterSink> LockTable<W> {
     /// Moves the table's time forward to `now_ms` (never back) and returns the table's time.
@@ -42,17 +43,35 @@ impl<W: WaiterSink> LockTable<W> {
                 waiter: args.waiter,
             };
         };
+        // An ACQUIRE with an acquire id granted here (`acquire_with_id`) gets a lease id
+        // derived from it, so its repeats and its end need no table of their own.
+        let derived = self.acquire_ids.derive_next.take();
+        let lease_id = match derived {
+            Some(acquire_id) => self.lease_ids.derive(acquire_id, token),
+            None => args.lease_id,
+        };
         let grant = Grant {
             token,
-            lease_id: args.lease_id,
+            lease_id,
             ttl_ms: args.ttl_ms,
         };
-        self.install(now_ms, args.key, grant, args.meta.into());
+        let slot = self.install(now_ms, args.key, grant, args.meta.into());
+        if derived.is_some() {
+            let lock = &mut self.slots[slot];
+            lock.logged = lock.logged.with_derived(true);
+            self.acquire_ids.derived_last = token;
+        }
         Acquire::Granted(grant)
     }
 
     /// Gives `key` a slot holding `grant` from `now_ms`, with its timer armed.
-    pub(super) fn install(&mut self, now_ms: u64, key: &[u8], grant: Grant, meta: Box<[u8]>) {
+    pub(super) fn install(
+        &mut self,
+        now_ms: u64,
+        key: &[u8],
+        grant: Grant,
+        meta: Box<[u8]>,
+    ) -> usize {
         let slot = match self.free_slots.pop() {
             Some(slot) => slot as usize,
             None => self.slots.push(Slot::vacant()),
@@ -64,6 +83,7 @@ impl<W: WaiterSink> LockTable<W> {
         self.index
             .insert(hash_key(self.hash_seed, key), slot as u32);
         self.start_lease(slot, now_ms, grant);
+        slot
     }
 
     /// Makes `grant` the slot's lease from `now_ms` and arms its timer.
@@ -175,11 +195,19 @@ impl<W: WaiterSink> LockTable<W> {
         let already_ended = lock.deadline_ms == 0;
         let token = lock.token;
         let lease_id = lock.lease_id;
+        let derived = lock.logged.is_derived() && !already_ended;
         let key: Box<[u8]> = if already_ended {
             Box::default()
         } else {
             lock.key(&self.keys).into()
         };
+        if derived {
+            // Its acquire id is remembered here, the one place that knows it was derived;
+            // the mark goes with the lease (a key kept for its waiters keeps the token).
+            let lock = &mut self.slots[slot];
+            lock.logged = lock.logged.with_derived(false);
+            self.derived_ended(now_ms, &key, token, lease_id, EndedHow::Expired);
+        }
         match self.hand_off(slot, now_ms, tokens) {
             HandoffStep::Granted(handoff) if already_ended => {
                 events.push(Event::HandedOff(handoff))

@@ -167,6 +167,8 @@ pub struct LockTable<W> {
     quotas: Arc<Quotas>,
     /// Seed of the key hash, so clients cannot aim keys at one bucket.
     hash_seed: u64,
+    /// Derives the lease ids of ACQUIREs with an acquire id (module `acquire_ids`).
+    lease_ids: acquire_ids::LeaseIdCipher,
     /// The slab; a lock's number never changes while its key has a slot.
     slots: Slab<W>,
     /// The keys of the slots in use.
@@ -261,6 +263,7 @@ impl<W: WaiterSink> LockTable<W> {
             one_lease_slots: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
+            lease_ids: acquire_ids::LeaseIdCipher::from_seed(hash_seed),
             shared: shared::SharedKeys::new(hash_seed),
         }
     }
@@ -446,7 +449,7 @@ impl<W: WaiterSink> LockTable<W> {
         if lock.logged.is_pending() {
             // The record covering this TTL is at or before the shard's latest renewal record.
             if durable_lsn() >= self.renewal_lsn_max {
-                lock.logged = LoggedTtl::settled(lock.logged.ttl_ms());
+                lock.logged = LoggedTtl::settled(lock.logged.ttl_ms()).derived_as(lock.logged);
             } else {
                 wait_lsn = self.renewal_lsn_max;
             }
@@ -473,11 +476,13 @@ impl<W: WaiterSink> LockTable<W> {
                 self.slots[slot].token == token && self.slots[slot].deadline_ms > now_ms
             })
             .expect("renew_logged: the lease that renew answered Unlogged is gone");
+        let was = self.slots[slot].logged;
         self.slots[slot].logged = if lsn == 0 {
             LoggedTtl::settled(ttl_ms)
         } else {
             LoggedTtl::pending(ttl_ms)
-        };
+        }
+        .derived_as(was);
         self.renewal_lsn_max = self.renewal_lsn_max.max(lsn);
         self.extend(slot, now_ms, ttl_ms);
     }
@@ -513,11 +518,16 @@ impl<W: WaiterSink> LockTable<W> {
         let Some(slot) = self.find_hashed(hash, key) else {
             return Release::NotOwner;
         };
-        let lock = &self.slots[slot];
+        let lock = &mut self.slots[slot];
         if lock.deadline_ms <= now_ms || lock.lease_id != lease_id {
             return Release::NotOwner;
         }
         let token = lock.token;
+        if lock.logged.is_derived() {
+            // For the end the caller reports next; the mark goes with the lease.
+            lock.logged = lock.logged.with_derived(false);
+            self.acquire_ids.released_derived = Some((token, lease_id));
+        }
         self.acquire_ids.released(token, hash);
         self.time_out_waiters(slot, now_ms, events);
         let handoff = match self.hand_off(slot, now_ms, tokens) {

@@ -652,6 +652,9 @@ impl<W: WaiterSink> LockTable<W> {
         let key: Box<[u8]> = self.slots[slot].key(&self.keys).into();
         let kind = self.slots[slot].kind();
         let number = self.shared.open(&key, one_lease::limit_of(kind));
+        // A shared entry's holders keep their acquire ids in the live map, never by
+        // derivation (module `acquire_ids`).
+        self.underive(slot);
         let lock = &self.slots[slot];
         let token = lock.token;
         let holder = (lock.deadline_ms != 0).then(|| Holder {

@@ -33,14 +33,18 @@ pub(super) struct Timer {
 }
 
 /// The TTL of a lease's last journal record (its grant, a renewal to a longer TTL, a
-/// snapshot's copy, or what recovery found), and whether that record may not be durable
-/// yet: one `u32`, the flag in the top bit, since a slot is most of a lock's memory.
+/// snapshot's copy, or what recovery found), whether that record may not be durable yet,
+/// and whether the lease id was derived from an acquire id (module `acquire_ids`): one
+/// `u32`, the flags in the top bits, since a slot is most of a lock's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoggedTtl(u32);
 
 /// Set in a [`LoggedTtl`] while its record, a renewal's, may not be durable yet.
 const LOGGED_TTL_PENDING_BIT: u32 = 1 << 31;
-const _: () = assert!(tenure_protocol::limits::TTL_MS_MAX < LOGGED_TTL_PENDING_BIT);
+/// Set in a [`LoggedTtl`] for as long as the lease's id is derived from its acquire id.
+const LOGGED_TTL_DERIVED_BIT: u32 = 1 << 30;
+const _: () = assert!(tenure_protocol::limits::TTL_MS_MAX < LOGGED_TTL_DERIVED_BIT);
+const LOGGED_TTL_FLAGS: u32 = LOGGED_TTL_PENDING_BIT | LOGGED_TTL_DERIVED_BIT;
 
 impl LoggedTtl {
     /// A free slot's.
@@ -60,7 +64,23 @@ impl LoggedTtl {
 
     /// The logged TTL.
     pub(super) fn ttl_ms(self) -> u32 {
-        self.0 & !LOGGED_TTL_PENDING_BIT
+        self.0 & !LOGGED_TTL_FLAGS
+    }
+
+    /// Whether the lease's id is derived from its acquire id.
+    pub(super) fn is_derived(self) -> bool {
+        self.0 & LOGGED_TTL_DERIVED_BIT != 0
+    }
+
+    /// This, marked derived as `was` is: a renewal changes the record, not the lease id.
+    pub(super) fn derived_as(self, was: LoggedTtl) -> LoggedTtl {
+        LoggedTtl(self.0 | (was.0 & LOGGED_TTL_DERIVED_BIT))
+    }
+
+    /// This, marked derived or not.
+    pub(super) fn with_derived(self, derived: bool) -> LoggedTtl {
+        let flag = if derived { LOGGED_TTL_DERIVED_BIT } else { 0 };
+        LoggedTtl(self.0 & !LOGGED_TTL_DERIVED_BIT | flag)
     }
 
     /// Whether its record may not be durable yet.

@@ -206,7 +206,9 @@ impl<W: WaiterSink> LockTable<W> {
             .find(key)
             .filter(|&slot| self.slots[slot].token == token)
             .expect("restore_logged_ttl: the lease was not restored");
-        self.slots[slot].logged = logged;
+        // A lease put back keeps its acquire id in the live map (`note_acquire_id`), not by
+        // derivation: the mark of one is not put back with it.
+        self.slots[slot].logged = logged.with_derived(false);
     }
 
     /// Calls `visit` for every lease unexpired at `now_ms` (to snapshot the table).
