@@ -704,15 +704,20 @@ mod tests {
         LockTable::with_quotas(Arc::new(Quotas::new(limits)), 7)
     }
 
-    fn grant(t: &mut LockTable<Never>, tokens: &TokenAllocator, key: &[u8], now: u64) -> u64 {
-        let args = AcquireArgs {
+    /// Arguments of an ACQUIRE of `key` for 1 s, no wait, offering `lease_id`.
+    fn args(key: &[u8], lease_id: u128) -> AcquireArgs<'_, Never> {
+        AcquireArgs {
             key,
-            lease_id: LeaseId::from_u128(now.into()),
+            lease_id: LeaseId::from_u128(lease_id),
             ttl_ms: 1000,
             wait_ms: 0,
             waiter: None,
             meta: b"",
-        };
+        }
+    }
+
+    fn grant(t: &mut LockTable<Never>, tokens: &TokenAllocator, key: &[u8], now: u64) -> u64 {
+        let args = args(key, now.into());
         match t.acquire(now, args, tokens, &mut Vec::new()) {
             Acquire::Granted(grant) => grant.token,
             other => panic!("{other:?}"),
@@ -898,14 +903,7 @@ mod tests {
         id: AcquireId,
         now: u64,
     ) -> (u64, LeaseId) {
-        let args = AcquireArgs {
-            key,
-            lease_id: LeaseId::from_u128(0xfeed),
-            ttl_ms: 1000,
-            wait_ms: 0,
-            waiter: None,
-            meta: b"",
-        };
+        let args = args(key, 0xfeed);
         let kind = LeaseKind::Exclusive;
         match t.acquire_with_id(now, args, kind, id, tokens, &mut Vec::new()) {
             Ok(Acquire::Granted(grant)) => (grant.token, grant.lease_id),
