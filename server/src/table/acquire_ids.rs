@@ -4,10 +4,12 @@
 //!
 //! Beside the slots, not in them: a slot is most of a held lock's memory and most leases
 //! have no acquire id, so a plain lease pays nothing (a plain ACQUIRE touches none of this;
-//! a free only checks that the live map is not empty). A lease with one costs an entry of
-//! the live map, keyed by its fencing token (unique across keys, so the key need not be
-//! stored: the key's holder names the token), hashed by one multiplication (tokens are the
-//! server's own numbers).
+//! a free only checks that the live map is not empty and that it is not the derived lease
+//! just released). A lease granted at once derives its lease id from its acquire id and
+//! costs nothing beyond a bit of its slot (below, "Derived lease ids"); any other lease with
+//! one costs an entry of the live map, keyed by its fencing token (unique across keys, so
+//! the key need not be stored: the key's holder names the token), hashed by one
+//! multiplication (tokens are the server's own numbers).
 //!
 //! Ended ones go into a fixed table of [`ENDED_PER_SHARD_MAX`] entries per shard (made on a
 //! shard's first ended id), at the place a seeded hash of the id picks: an end replaces
