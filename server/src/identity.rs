@@ -305,6 +305,69 @@ pub enum FailureLine {
     Closed = 1,
 }
 
+/// What an AUTH from an address hands its verification: the throttle's bucket its failure
+/// counts against, and its claim on the address's verification places.
+struct Origin {
+    bucket: throttle::Bucket,
+    claim: PeerClaim,
+}
+
+/// An AUTH's claim on its peer address's verification places ([`PEER_VERIFIES_MAX`]), and
+/// the place it holds while it has one. The address's entry in `peers_verifying` lives as
+/// long as a claim on it does: the last claim to go removes it.
+struct PeerClaim {
+    identities: Arc<Identities>,
+    peer: std::net::IpAddr,
+    places: Arc<tokio::sync::Semaphore>,
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl PeerClaim {
+    fn new(identities: &Arc<Identities>, peer: std::net::IpAddr) -> PeerClaim {
+        let mut peers = identities
+            .peers_verifying
+            .lock()
+            .expect("peers lock poisoned");
+        let places = peers
+            .entry(peer)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX)));
+        PeerClaim {
+            identities: Arc::clone(identities),
+            peer,
+            places: Arc::clone(places),
+            place: None,
+        }
+    }
+
+    /// Waits for one of the address's places and holds it.
+    async fn take_place(&mut self) {
+        self.place = Arc::clone(&self.places).acquire_owned().await.ok();
+    }
+
+    /// Gives the place held back.
+    fn leave_place(&mut self) {
+        self.place = None;
+    }
+}
+
+impl Drop for PeerClaim {
+    fn drop(&mut self) {
+        self.place = None;
+        let mut peers = (self.identities.peers_verifying)
+            .lock()
+            .expect("peers lock poisoned");
+        // Held by the map and by this claim only (a place held holds it too): no other
+        // AUTH of the address is in progress.
+        let last = peers
+            .get(&self.peer)
+            .is_some_and(|places| Arc::ptr_eq(places, &self.places))
+            && Arc::strong_count(&self.places) == 2;
+        if last {
+            peers.remove(&self.peer);
+        }
+    }
+}
+
 impl std::fmt::Debug for Identities {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Identities")
@@ -373,6 +436,13 @@ impl Identities {
     /// every verification place. A failure is remembered against the (address, name); a
     /// success changes nothing.
     ///
+    /// Once its verification has started, the AUTH's places and its failure belong to the
+    /// verification, not to this future: dropped (its connection evicted or past its
+    /// deadline), argon2 still runs to the end (a blocking task cannot be cancelled), keeps
+    /// both places until then, and a failure still counts (outside test a43, K4: a flood
+    /// evicted mid-verification was never counted, so its spacing never engaged). Dropped
+    /// before that, it cost nothing and counts nothing.
+    ///
     /// # Errors
     /// [`Spaced`] when the bucket's turns are taken up to the wait bound.
     pub async fn verify_from(
@@ -382,41 +452,22 @@ impl Identities {
         secret: bytes::Bytes,
     ) -> Result<Option<Arc<Identity>>, Spaced> {
         let bucket = self.bucket(peer, &name);
-        let turn = Arc::clone(
-            self.peers_verifying
-                .lock()
-                .expect("peers lock poisoned")
-                .entry(peer)
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_VERIFIES_MAX))),
-        );
-        let verified = async {
-            // A turn is asked for with a place in hand, so that AUTHs of one bucket arriving
-            // together are spaced as soon as the first of them failed; but a wait is sat out
-            // without the place, which the neighbours need.
-            let mut permit = turn.acquire().await.ok();
-            match self.verify_delay(&bucket) {
-                throttle::Start::Now => {}
-                throttle::Start::Full => return Err(Spaced),
-                throttle::Start::After(wait) => {
-                    drop(permit.take());
-                    tokio::time::sleep(wait).await;
-                    permit = turn.acquire().await.ok();
-                }
+        let mut claim = PeerClaim::new(&self, peer);
+        // A turn is asked for with a place in hand, so that AUTHs of one bucket arriving
+        // together are spaced as soon as the first of them failed; but a wait is sat out
+        // without the place, which the neighbours need.
+        claim.take_place().await;
+        match self.verify_delay(&bucket) {
+            throttle::Start::Now => {}
+            throttle::Start::Full => return Err(Spaced),
+            throttle::Start::After(wait) => {
+                claim.leave_place();
+                tokio::time::sleep(wait).await;
+                claim.take_place().await;
             }
-            let verified = Arc::clone(&self).verify_bounded(name, secret).await;
-            if verified.is_none() {
-                self.failed_from(bucket);
-            }
-            drop(permit);
-            Ok(verified)
         }
-        .await;
-        let mut peers = self.peers_verifying.lock().expect("peers lock poisoned");
-        // The map only holds addresses with an AUTH in progress.
-        if Arc::strong_count(&turn) == 2 && turn.available_permits() == PEER_VERIFIES_MAX {
-            peers.remove(&peer);
-        }
-        verified
+        let origin = Origin { bucket, claim };
+        Ok(self.verify_holding(name, secret, Some(origin)).await)
     }
 
     /// The throttle's bucket of an AUTH from `peer` giving `name`: the name if the identities
@@ -533,13 +584,61 @@ impl Identities {
         name: bytes::Bytes,
         secret: bytes::Bytes,
     ) -> Option<Arc<Identity>> {
-        let permit = Arc::clone(&self.verifying).acquire_owned().await.ok()?;
-        let verified = tokio::task::spawn_blocking(move || {
+        self.verify_holding(name, secret, None).await
+    }
+
+    /// [`Identities::verify_bounded`], for an AUTH from `origin`'s address: the blocking task,
+    /// which runs to the end even if this future is dropped, keeps the server-wide place and
+    /// the address's until argon2 is done, so both bound the work actually running; and it
+    /// records a failure against the (address, name) itself, before giving the address's
+    /// place back (so the next AUTH of the bucket is spaced by it), whether or not anyone
+    /// is still waiting for the answer. A failure nobody heard is logged here, sampled as the
+    /// connections' failure lines are.
+    async fn verify_holding(
+        self: Arc<Self>,
+        name: bytes::Bytes,
+        secret: bytes::Bytes,
+        origin: Option<Origin>,
+    ) -> Option<Arc<Identity>> {
+        let place = Arc::clone(&self.verifying).acquire_owned().await.ok()?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_blocking(move || {
             let verified = self.verify(&name, &secret);
-            drop(permit);
-            verified
+            drop(place);
+            let Some(Origin { bucket, claim }) = origin else {
+                let _ = answer.send(verified);
+                return;
+            };
+            let failed = verified.is_none();
+            let peer = bucket.0;
+            if failed {
+                self.failed_from(bucket);
+            }
+            drop(claim);
+            if answer.send(verified).is_err() && failed {
+                self.failure_unheard(peer, &name);
+            }
         });
-        verified.await.ok().flatten()
+        answered.await.ok().flatten()
+    }
+
+    /// Logs (sampled) a failed AUTH from `peer` giving `name` whose connection was gone
+    /// before its answer (evicted, or past its deadline): it counted all the same.
+    fn failure_unheard(&self, peer: std::net::IpAddr, name: &[u8]) {
+        if let Some(unlogged) = self.failure_logged(FailureLine::Failed) {
+            // The name only, never the secret; escaped as `console::escape` does (which the
+            // layout keeps out of here).
+            let shown: String = name
+                .iter()
+                .map(|&b| match b {
+                    b'\\' => "\\x5c".to_string(),
+                    b if b.is_ascii_graphic() => char::from(b).to_string(),
+                    b => format!("\\x{b:02x}"),
+                })
+                .collect();
+            let why = "authentication failed; its connection was gone before the answer";
+            tracing::warn!(%peer, name = %shown, unlogged, "{why}");
+        }
     }
 
     /// Checks `secret` against identity `name`; the identity if it matches. Slow on purpose
@@ -829,6 +928,50 @@ mod tests {
         drop(a);
         assert!(try_take_held(&usage, Some(1)).is_some());
         assert_eq!(usage.held.load(Ordering::Relaxed), 0);
+    }
+
+    /// Outside test a43, K4: an AUTH dropped mid-verification (its connection evicted) used to
+    /// give its address's place back at once and count no failure, though argon2 ran on.
+    #[tokio::test]
+    async fn a_verification_whose_auth_was_dropped_holds_its_places_and_still_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.toml");
+        std::fs::write(&path, file(&hash_secret(b"pw").unwrap(), "")).unwrap();
+        let ids = Arc::new(Identities::load(&path).unwrap());
+        let peer: std::net::IpAddr = [127, 0, 0, 5].into();
+        let verify = Arc::clone(&ids).verify_from(peer, "a".into(), "wrong".into());
+        let auth = tokio::spawn(verify);
+        while ids.verifying.available_permits() == VERIFIES_AT_ONCE_MAX {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        auth.abort();
+        assert!(auth.await.unwrap_err().is_cancelled());
+        // Read under the lock, without a clone of its `Arc` (which would keep the entry).
+        let peers = &ids.peers_verifying;
+        let peer_free = (peers.lock().unwrap().get(&peer)).map(|p| p.available_permits());
+        // The server-wide place goes back first, so while it is taken the address's was too.
+        if ids.verifying.available_permits() < VERIFIES_AT_ONCE_MAX {
+            assert_eq!(
+                peer_free,
+                Some(PEER_VERIFIES_MAX - 1),
+                "the address's place"
+            );
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while ids.verifying.available_permits() < VERIFIES_AT_ONCE_MAX
+            || !ids.peers_verifying.lock().unwrap().is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "places never came back"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        // The failure counted: that (address, name)'s next AUTHs are spaced.
+        let bucket = ids.bucket(peer, b"a");
+        assert_eq!(ids.verify_delay(&bucket), throttle::Start::Now);
+        assert_ne!(ids.verify_delay(&bucket), throttle::Start::Now);
+        assert_eq!(ids.verify_delay(&(peer, "b".into())), throttle::Start::Now);
     }
 
     #[test]

@@ -1729,3 +1729,87 @@ fn insecure_no_auth_in_cluster_mode_logs_the_single_node_warning() {
     daemon.wait_for("serving a non-loopback address WITHOUT identities (--insecure-no-auth)");
     daemon.wait_for("cluster node ready");
 }
+
+/// A hash of `secret` that costs the bounds' most work (m=65536, t=4): its verification
+/// takes several times what `tenured hash-secret`'s does.
+fn slow_hash(secret: &[u8]) -> String {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let params = argon2::Params::new(64 * 1024, 4, 1, None).unwrap();
+    let argon2 = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let salt = SaltString::encode_b64(b"tenure-test-salt").unwrap();
+    argon2.hash_password(secret, &salt).unwrap().to_string()
+}
+
+/// Outside test a43, K4: a flood of connections from one address, each an AUTH with a wrong
+/// secret, evicted (for newcomers) while its AUTH was being verified, was never counted as
+/// failing: the failure was recorded only where its connection heard the answer. So the
+/// spacing of that (address, name) never engaged, and the flood kept argon2 busy for good.
+/// Now a verification that ran and failed counts whether or not its connection is still
+/// there: after a few such evicted AUTHs, that address's AUTHs for that name are spaced, so
+/// of five sent at once at least one is refused unverified.
+#[tokio::test]
+async fn failed_auths_evicted_mid_verification_still_space_that_address_and_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = ids_with_hash(dir.path(), &slow_hash(b"ops-secret"));
+    let server = Server::start_in(dir.path(), |config| {
+        config.identities = Some(identities);
+        config.unauthenticated_per_address_max = 5;
+    })
+    .await;
+    // How long one verification takes here (from another address, which has its own
+    // spacing): the batches below are that far apart, so each batch's two verifications
+    // (the most one address has at once) have ended before the next.
+    let asked = Instant::now();
+    Console::authed(server.addr, "ops", "ops-secret").await;
+    let verification = asked.elapsed();
+    for batch in 0..3 {
+        let mut guessers = Vec::new();
+        for n in 0..2 {
+            let mut c = console_from("127.0.0.5", server.addr).await;
+            let guess = format!("AUTH ops wrong-{batch}-{n}\n");
+            c.writer.write_all(guess.as_bytes()).await.unwrap();
+            // Read and being verified (it takes far longer) before anything evicts it.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            guessers.push(c);
+        }
+        // Five newcomers from that address: the two guessers are the oldest of its
+        // unauthenticated connections, evicted mid-verification.
+        let mut newcomers = Vec::new();
+        for _ in 0..5 {
+            newcomers.push(silent_from("127.0.0.5", server.addr).await);
+        }
+        for c in &mut guessers {
+            let first = c.line().await;
+            assert!(
+                first
+                    .as_deref()
+                    .is_none_or(|l| l.starts_with("ERR CONNECTIONS_LIMIT closed")),
+                "evicted before its AUTH was answered: {first:?}"
+            );
+        }
+        drop((guessers, newcomers));
+        tokio::time::sleep(verification * 3 + Duration::from_millis(100)).await;
+    }
+    // Five AUTHs at once for that name from that address. Uncounted, the evicted ones left
+    // no failure, and all five were verified (the first failures known only when the
+    // first two ended, too late to space the others past the 3 s bound).
+    let mut probes = Vec::new();
+    for _ in 0..5 {
+        let mut c = console_from("127.0.0.5", server.addr).await;
+        c.writer.write_all(b"AUTH ops wrong\n").await.unwrap();
+        probes.push(c);
+    }
+    let mut answers = Vec::new();
+    for c in &mut probes {
+        answers.push(c.line().await.expect("an answer"));
+    }
+    assert!(
+        answers.iter().all(|a| a == AUTH_FAILED || a == AUTH_SPACED),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().any(|a| a == AUTH_SPACED),
+        "no AUTH of the guessed (address, name) was spaced: {answers:?}"
+    );
+    server.stop().await;
+}
