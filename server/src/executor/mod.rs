@@ -208,7 +208,7 @@ impl Executor {
             .map(|_| {
                 let mut table = LockTable::with_quotas(Arc::clone(&quotas), hash_seed);
                 // Secret, and the process's own: see `table::acquire_ids`.
-                table.set_lease_key(rand::random());
+                table.set_lease_key([rand::random(), rand::random()]);
                 Mutex::new(table)
             })
             .collect();

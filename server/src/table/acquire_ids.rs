@@ -32,14 +32,15 @@
 //! The live map was most of what an acquire id still cost (two map operations a cycle and
 //! their cache misses: BENCHMARKS.md). So an ACQUIRE with an acquire id that is granted at
 //! once on an exclusive key gets no entry: its lease id is *derived*,
-//! `AES-128(key, acquire id XOR token)`, under a key of 128 random bits each shard draws
-//! when the process starts ([`LeaseIdCipher`]), and its slot is marked so (a bit of its
-//! `LoggedTtl`). A repeat then recognises its lease from the slot alone (the holder's lease
-//! id is what the repeat's acquire id and the holder's token derive), and the lease's end
-//! recovers its acquire id from the lease id (decryption, then XOR the token) for the table
-//! of ended ids. The lease id stays as unpredictable as a random one to anyone without the
-//! key (a block cipher's outputs on distinct inputs, and tokens never repeat), whatever ids
-//! clients choose, so the contract's 128 random bits hold for it as for any other.
+//! `AES-128(k1, acquire id XOR AES-128(k2, token))`, under two keys of 128 random bits
+//! each shard draws when the process starts ([`LeaseIdCipher`]), and its slot is marked so
+//! (a bit of its `LoggedTtl`). A repeat then recognises its lease from the slot alone (the
+//! holder's lease id is what the repeat's acquire id and the holder's token derive), and the
+//! lease's end recovers its acquire id from the lease id (decryption, then XOR the token's
+//! mask) for the table of ended ids. To anyone without the keys the lease id is as
+//! unpredictable as a random one, and no choice of acquire ids makes two grants share one
+//! (the token is a tweak whose mask nobody can compute), so the contract's 128 random bits
+//! hold for it as for any other.
 //!
 //! Everything else keeps its live map entry: a grant handed to a waiter, a read/write or
 //! semaphore lease, a lease recovered from the journal or applied from a leader's log (the
@@ -143,37 +144,59 @@ pub(super) struct AcquireIds {
     pub(super) released_derived: Option<(u64, LeaseId)>,
 }
 
-/// Derives lease ids from acquire ids and back: AES-128 under a shard's key (see the module
-/// docs), a permutation of 128-bit blocks.
-pub(super) struct LeaseIdCipher(aes::Aes128);
+/// Derives lease ids from acquire ids and back (see the module docs): a tweakable block
+/// cipher, the token the tweak, built from AES-128 under two keys of the shard ("XE": the
+/// acquire id XOR a mask that the token's encryption under the second key gives, then
+/// encrypted under the first). For each token a permutation of acquire ids, and for
+/// different tokens permutations no one without the keys can relate, so no choice of acquire
+/// ids makes two grants share a lease id (outside test a44: with the token itself as the
+/// mask, ids chosen as a counter, `id XOR token` constant, gave every grant one lease id).
+pub(super) struct LeaseIdCipher {
+    /// Encrypts the masked acquire id.
+    ids: aes::Aes128,
+    /// Encrypts the token into its mask.
+    masks: aes::Aes128,
+}
 
 impl std::fmt::Debug for LeaseIdCipher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LeaseIdCipher") // the key is a secret
+        f.write_str("LeaseIdCipher") // the keys are secrets
     }
 }
 
 impl LeaseIdCipher {
-    /// A cipher under `key`.
-    pub(super) fn new(key: u128) -> LeaseIdCipher {
+    /// A cipher under `keys` (the acquire ids' key, the masks' key).
+    pub(super) fn new(keys: [u128; 2]) -> LeaseIdCipher {
         use aes::cipher::KeyInit;
-        LeaseIdCipher(aes::Aes128::new(&key.to_le_bytes().into()))
+        let aes = |key: u128| aes::Aes128::new(&key.to_le_bytes().into());
+        LeaseIdCipher {
+            ids: aes(keys[0]),
+            masks: aes(keys[1]),
+        }
     }
 
-    /// A cipher whose key follows from `seed`, for tables made in tests and simulations,
+    /// A cipher whose keys follow from `seed`, for tables made in tests and simulations,
     /// which must repeat; a server's tables get random keys ([`LockTable::set_lease_key`]).
     pub(super) fn from_seed(seed: u64) -> LeaseIdCipher {
-        let key = u128::from(seed) << 64 | u128::from(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        LeaseIdCipher::new(key)
+        let half = |n: u64| u128::from(seed.wrapping_mul(n));
+        let key = |a, b| half(a) << 64 | half(b);
+        LeaseIdCipher::new([key(0x9e37_79b9_7f4a_7c15, 3), key(0xff51_afd7_ed55_8ccd, 5)])
+    }
+
+    /// The mask of token `token`: its encryption under the masks' key.
+    fn mask(&self, token: u64) -> u128 {
+        use aes::cipher::BlockEncrypt;
+        let mut block = u128::from(token).to_le_bytes().into();
+        self.masks.encrypt_block(&mut block);
+        u128::from_le_bytes(block.into())
     }
 
     /// The lease id of the grant of `acquire_id` with fencing token `token`.
     pub(super) fn derive(&self, acquire_id: AcquireId, token: u64) -> LeaseId {
         use aes::cipher::BlockEncrypt;
-        let mut block = (u128::from_le_bytes(acquire_id.0) ^ u128::from(token))
-            .to_le_bytes()
-            .into();
-        self.0.encrypt_block(&mut block);
+        let masked = u128::from_le_bytes(acquire_id.0) ^ self.mask(token);
+        let mut block = masked.to_le_bytes().into();
+        self.ids.encrypt_block(&mut block);
         LeaseId(block.into())
     }
 
@@ -184,8 +207,8 @@ impl LeaseIdCipher {
     pub(super) fn acquire_id_of(&self, lease_id: LeaseId, token: u64) -> AcquireId {
         use aes::cipher::BlockDecrypt;
         let mut block = lease_id.0.into();
-        self.0.decrypt_block(&mut block);
-        AcquireId((u128::from_le_bytes(block.into()) ^ u128::from(token)).to_le_bytes())
+        self.ids.decrypt_block(&mut block);
+        AcquireId((u128::from_le_bytes(block.into()) ^ self.mask(token)).to_le_bytes())
     }
 }
 
@@ -250,8 +273,8 @@ impl<W: WaiterSink> LockTable<W> {
     /// Gives this table's lease id derivation a key of its own (a server's tables: 128
     /// random bits each, drawn at start; tables made otherwise have one from their seed).
     /// Call before the first grant.
-    pub fn set_lease_key(&mut self, key: u128) {
-        self.lease_ids = LeaseIdCipher::new(key);
+    pub fn set_lease_key(&mut self, keys: [u128; 2]) {
+        self.lease_ids = LeaseIdCipher::new(keys);
     }
 
     /// Remembers that the lease with fencing token `token` answered `acquire_id`, its grant
@@ -1017,7 +1040,7 @@ mod tests {
     /// key derives another lease id.
     #[test]
     fn lease_ids_derive_and_give_their_acquire_ids_back() {
-        let cipher = LeaseIdCipher::new(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        let cipher = LeaseIdCipher::new([0x0123_4567_89ab_cdef_fedc_ba98_7654_3210, 77]);
         let id = AcquireId::from_u128(42);
         let lease_id = cipher.derive(id, 7);
         assert_eq!(cipher.acquire_id_of(lease_id, 7), id);
@@ -1026,7 +1049,37 @@ mod tests {
             lease_id,
             "another token, another lease id"
         );
-        assert_ne!(LeaseIdCipher::new(1).derive(id, 7), lease_id, "another key");
+        assert_ne!(
+            LeaseIdCipher::new([1, 77]).derive(id, 7),
+            lease_id,
+            "another key"
+        );
+        assert_ne!(
+            LeaseIdCipher::new([0x0123_4567_89ab_cdef_fedc_ba98_7654_3210, 78]).derive(id, 7),
+            lease_id,
+            "another mask key"
+        );
+    }
+
+    /// Acquire ids chosen so that `id XOR token` is one value (a counter beside the tokens)
+    /// still give every grant its own lease id, on one key and across keys (outside test
+    /// a44: they all got one lease id, and a stale holder could renew and release the next
+    /// one's lease).
+    #[test]
+    fn acquire_ids_chosen_against_the_tokens_still_get_distinct_lease_ids() {
+        let mut t = table();
+        let tokens = TokenAllocator::new(1, 1000);
+        let mut seen = std::collections::HashSet::new();
+        for n in 1..=64u128 {
+            let key = if n % 2 == 0 { b"a" } else { b"b" };
+            let token = tokens.next_token();
+            let id = AcquireId((0x5a5a ^ u128::from(token)).to_le_bytes());
+            let (granted, lease_id) = grant_with_id(&mut t, &tokens, key, id, n as u64);
+            assert_eq!(granted, token);
+            assert!(seen.insert(lease_id), "lease id {lease_id:?} given twice");
+            t.release(n as u64, key, lease_id, &tokens, &mut Vec::new());
+            t.acquire_id_ended(n as u64, key, granted, EndedHow::Released);
+        }
     }
 
     #[test]
