@@ -40,7 +40,7 @@ use crate::identity::Identities;
 use crate::journal::{Change, Journal, Lease, Ticket, TICKET_NOW};
 use crate::obs::stats::Stats;
 use crate::record::RecoveredLease;
-use crate::table::{self, LockTable, Quotas, TableLimits};
+use crate::table::{self, LeaseIdCipher, LockTable, Quotas, TableLimits};
 pub use handoff::{session_ended_result, WaitResult, WaitSlot};
 pub use session::{Auth, Credential, Session};
 pub use sessions::{SessionTable, Sessions};
@@ -204,11 +204,12 @@ impl Executor {
         }));
         // A random seed per process, so clients cannot pick keys that collide in the index.
         let hash_seed: u64 = rand::random();
+        // Secret, and the process's own: see `table::acquire_ids`.
+        let lease_ids = Arc::new(LeaseIdCipher::new([rand::random(), rand::random()]));
         let shards = (0..config.shards)
             .map(|_| {
                 let mut table = LockTable::with_quotas(Arc::clone(&quotas), hash_seed);
-                // Secret, and the process's own: see `table::acquire_ids`.
-                table.set_lease_key([rand::random(), rand::random()]);
+                table.set_lease_ids(Arc::clone(&lease_ids));
                 Mutex::new(table)
             })
             .collect();

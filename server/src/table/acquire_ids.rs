@@ -151,7 +151,7 @@ pub(super) struct AcquireIds {
 /// different tokens permutations no one without the keys can relate, so no choice of acquire
 /// ids makes two grants share a lease id (outside test a44: with the token itself as the
 /// mask, ids chosen as a counter, `id XOR token` constant, gave every grant one lease id).
-pub(super) struct LeaseIdCipher {
+pub struct LeaseIdCipher {
     /// Encrypts the masked acquire id.
     ids: aes::Aes128,
     /// Encrypts the token into its mask.
@@ -166,7 +166,7 @@ impl std::fmt::Debug for LeaseIdCipher {
 
 impl LeaseIdCipher {
     /// A cipher under `keys` (the acquire ids' key, the masks' key).
-    pub(super) fn new(keys: [u128; 2]) -> LeaseIdCipher {
+    pub fn new(keys: [u128; 2]) -> LeaseIdCipher {
         use aes::cipher::KeyInit;
         let aes = |key: u128| aes::Aes128::new(&key.to_le_bytes().into());
         LeaseIdCipher {
@@ -270,11 +270,13 @@ impl LiveLease {
 }
 
 impl<W: WaiterSink> LockTable<W> {
-    /// Gives this table's lease id derivation a key of its own (a server's tables: 128
-    /// random bits each, drawn at start; tables made otherwise have one from their seed).
-    /// Call before the first grant.
-    pub fn set_lease_key(&mut self, keys: [u128; 2]) {
-        self.lease_ids = LeaseIdCipher::new(keys);
+    /// Gives this table the server's lease id derivation (one for every shard: 128 random
+    /// bits a key, drawn at start; tables made otherwise have one from their seed). One, not
+    /// one a shard, so its key schedules stay in the cache: 64 of them did not, and missed
+    /// it on every grant and end (BENCHMARKS.md, "derived lease ids"). Call before the
+    /// first grant.
+    pub fn set_lease_ids(&mut self, cipher: std::sync::Arc<LeaseIdCipher>) {
+        self.lease_ids = cipher;
     }
 
     /// Remembers that the lease with fencing token `token` answered `acquire_id`, its grant

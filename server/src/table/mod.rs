@@ -118,7 +118,7 @@ use tenure_protocol::limits::{KEY_LEN_MAX, META_LEN_MAX, TTL_MS_MAX, TTL_MS_MIN,
 use tenure_protocol::{LeaseId, LeaseKind};
 
 use crate::wheel::{LinkedWheel, TimerWheel, HEAD_BIT};
-pub use acquire_ids::{Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
+pub use acquire_ids::{LeaseIdCipher, Repeat, ENDED_KEEP_MS, ENDED_PER_SHARD_MAX};
 use index::{hash_key, KeyIndex};
 use keys::KeyArena;
 pub use outcome::{
@@ -168,7 +168,7 @@ pub struct LockTable<W> {
     /// Seed of the key hash, so clients cannot aim keys at one bucket.
     hash_seed: u64,
     /// Derives the lease ids of ACQUIREs with an acquire id (module `acquire_ids`).
-    lease_ids: acquire_ids::LeaseIdCipher,
+    lease_ids: Arc<acquire_ids::LeaseIdCipher>,
     /// The slab; a lock's number never changes while its key has a slot.
     slots: Slab<W>,
     /// The keys of the slots in use.
@@ -263,7 +263,7 @@ impl<W: WaiterSink> LockTable<W> {
             one_lease_slots: 0,
             now_ms: 0,
             acquire_ids: acquire_ids::AcquireIds::default(),
-            lease_ids: acquire_ids::LeaseIdCipher::from_seed(hash_seed),
+            lease_ids: Arc::new(acquire_ids::LeaseIdCipher::from_seed(hash_seed)),
             shared: shared::SharedKeys::new(hash_seed),
         }
     }
