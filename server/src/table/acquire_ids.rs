@@ -29,11 +29,11 @@
 //!
 //! # Derived lease ids: no live map entry for the common grant
 //!
-//! The live map was most of what an acquire id still cost (two map operations a cycle and
-//! their cache misses: BENCHMARKS.md). So an ACQUIRE with an acquire id that is granted at
-//! once on an exclusive key gets no entry: its lease id is *derived*,
+//! The live map cost memory (about 38 bytes a lease) and time (two map operations a
+//! cycle: BENCHMARKS.md). So an ACQUIRE with an acquire id that is granted at once on an
+//! exclusive key gets no entry: its lease id is *derived*,
 //! `AES-128(k1, acquire id XOR AES-128(k2, token))`, under two keys of 128 random bits
-//! each shard draws when the process starts ([`LeaseIdCipher`]), and its slot is marked so
+//! the server draws when it starts ([`LeaseIdCipher`]), and its slot is marked so
 //! (a bit of its `LoggedTtl`). A repeat then recognises its lease from the slot alone (the
 //! holder's lease id is what the repeat's acquire id and the holder's token derive), and the
 //! lease's end recovers its acquire id from the lease id (decryption, then XOR the token's
