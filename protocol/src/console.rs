@@ -15,6 +15,20 @@ use crate::{AcquireId, ErrorCode, FrameError, LeaseId, LeaseKind, Request, Sessi
 /// line stays short whatever was typed, and a quote cut short is not read as the whole.
 pub const QUOTED_CHARS_MAX: usize = 32;
 
+/// Writes bytes that may not be text so that a reply or a log line stays one line of
+/// printable words: printable ASCII other than space and backslash as is, everything else
+/// as `\xNN`.
+pub fn escape(bytes: &[u8], out: &mut String) {
+    use std::fmt::Write;
+    for &b in bytes {
+        if b.is_ascii_graphic() && b != b'\\' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+}
+
 /// The command list, once, for both [`COMMANDS`] and [`HELP`] (`concat!` takes literals only).
 macro_rules! command_list {
     () => {

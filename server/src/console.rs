@@ -12,20 +12,7 @@
 
 use tenure_protocol::{EventKind, Holder, Response};
 
-pub use tenure_protocol::console::{parse, Command, HELP};
-
-/// Writes bytes that may not be text so that the reply stays one line of printable words:
-/// printable ASCII other than space and backslash as is, everything else as `\xNN`.
-pub fn escape(bytes: &[u8], out: &mut String) {
-    use std::fmt::Write;
-    for &b in bytes {
-        if b.is_ascii_graphic() && b != b'\\' {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "\\x{b:02x}");
-        }
-    }
-}
+pub use tenure_protocol::console::{escape, parse, Command, HELP};
 
 /// [`escape`] of at most the first [`QUOTED_CHARS_MAX`](tenure_protocol::console::QUOTED_CHARS_MAX)
 /// bytes, then `...` if there were more: how a reason quotes a key (PROTOCOL.md 4), so a

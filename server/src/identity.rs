@@ -626,16 +626,8 @@ impl Identities {
     /// before its answer (evicted, or past its deadline): it counted all the same.
     fn failure_unheard(&self, peer: std::net::IpAddr, name: &[u8]) {
         if let Some(unlogged) = self.failure_logged(FailureLine::Failed) {
-            // The name only, never the secret; escaped as `console::escape` does (which the
-            // layout keeps out of here).
-            let shown: String = name
-                .iter()
-                .map(|&b| match b {
-                    b'\\' => "\\x5c".to_string(),
-                    b if b.is_ascii_graphic() => char::from(b).to_string(),
-                    b => format!("\\x{b:02x}"),
-                })
-                .collect();
+            let mut shown = String::new();
+            tenure_protocol::console::escape(name, &mut shown); // the name only, never the secret
             let why = "authentication failed; its connection was gone before the answer";
             tracing::warn!(%peer, name = %shown, unlogged, "{why}");
         }
