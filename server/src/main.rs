@@ -17,7 +17,43 @@ use tenure_server::cluster::peer_tls::PeerTlsFiles;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprint!("{}", error_report(&err));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// What a failed `tenured` prints: the error, then under "Caused by:" each cause whose words
+/// it has not printed yet, then the backtrace if `RUST_BACKTRACE` asked for one. The server's
+/// error types put their cause in their own message, so that a log line, which shows the
+/// message alone, names it, and give it as their `source()` too; anyhow's own report printed
+/// such a cause twice.
+fn error_report(err: &anyhow::Error) -> String {
+    use std::fmt::Write;
+    let mut printed = err.to_string();
+    let mut report = format!("Error: {printed}\n");
+    let mut heading = true;
+    for cause in err.chain().skip(1).map(|cause| cause.to_string()) {
+        if printed.contains(&cause) {
+            continue;
+        }
+        if std::mem::take(&mut heading) {
+            report.push_str("\nCaused by:\n");
+        }
+        let _ = writeln!(report, "    {cause}");
+        printed.push_str(&cause);
+    }
+    if err.backtrace().status() == std::backtrace::BacktraceStatus::Captured {
+        let _ = write!(report, "\nStack backtrace:\n{}", err.backtrace());
+    }
+    report
+}
+
+fn run() -> anyhow::Result<()> {
     let loaded = settings::load()?;
     let settings = loaded.settings;
     anyhow::ensure!(
@@ -304,5 +340,41 @@ fn raise_open_file_limit(connections_max: usize) {
             needed,
             "the open-file limit is below --connections-max plus a reserve: raise it (ulimit -n)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_report;
+
+    /// An error of ours whose message has its cause in it, as the server's types do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot create /x: {0}")]
+    struct Create(#[source] std::io::Error);
+
+    fn not_found() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_printed_again() {
+        let report = error_report(&anyhow::Error::new(Create(not_found())));
+        assert_eq!(report.matches("no such file").count(), 1, "{report}");
+        assert!(!report.contains("Caused by"), "{report}");
+    }
+
+    #[test]
+    fn a_cause_the_message_does_not_name_is_printed_under_caused_by() {
+        let err = anyhow::Error::new(Create(not_found())).context("cannot open the journal");
+        let report = error_report(&err);
+        assert!(
+            report.starts_with("Error: cannot open the journal\n"),
+            "{report}"
+        );
+        assert!(
+            report.contains("Caused by:\n    cannot create /x: no such file\n"),
+            "{report}"
+        );
+        assert_eq!(report.matches("no such file").count(), 1, "{report}");
     }
 }

@@ -140,6 +140,25 @@ fn unknown_key_or_bad_value_is_an_error_naming_key_and_file() {
     assert!(stderr.contains("missing.toml"), "{stderr}");
 }
 
+/// A start that fails names its cause once: the server's errors carry their cause in their
+/// message and as their source, and the report printed it under both.
+#[test]
+fn a_failed_start_names_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = tenured()
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("Error: "), "{stderr}");
+    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+    assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
+}
+
 #[test]
 fn shipped_sample_config_is_accepted() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tenured.toml");
