@@ -186,9 +186,19 @@ impl Arrival {
         Stats::bump(&self.executor.stats().connections_refused);
         // A plain-text refusal would read as a broken handshake to a TLS client, and a
         // TLS handshake is work the server is out of room for: a TLS port just closes.
-        if self.tls.is_none() {
-            refuse(self.stream, self.executor.config().connections_max).await;
+        if self.tls.is_some() {
+            return;
         }
+        // Said in the console's words; a binary client reads a failed handshake and reports
+        // the connection closed.
+        let line = format!(
+            "ERR {} server has {} connections already\n",
+            ErrorCode::ConnectionsLimit.name(),
+            self.executor.config().connections_max
+        );
+        let mut stream = self.stream;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes())).await;
     }
 }
 
@@ -248,16 +258,6 @@ pub fn set_keepalive(stream: &TcpStream, config: &Config) -> std::io::Result<()>
         )))
         .with_retries(config.keepalive_count);
     socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
-}
-
-/// Tells a connection over the limit why it is being closed, in the console's words (a binary
-/// client reads a failed handshake; it reports the connection closed).
-async fn refuse(mut stream: TcpStream, connections_max: usize) {
-    let line = format!(
-        "ERR {} server has {connections_max} connections already\n",
-        ErrorCode::ConnectionsLimit.name()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(line.as_bytes())).await;
 }
 
 #[cfg(test)]
