@@ -48,10 +48,6 @@ one() {
     awk -v o="$ops" -v c="$cpu" 'BEGIN { printf "%.0f %.3f\n", o, c / 100 / o * 1e6 }'
 }
 
-median() {
-    printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
-}
-
 ops_ratios=() cpu_ratios=()
 for pair in $(seq "$PAIRS"); do
     if ((pair % 2)); then a=$(one); b=$(one --acquire-ids)
@@ -64,5 +60,6 @@ for pair in $(seq "$PAIRS"); do
         " ops ids/plain $ops_ratio  cpu/op ids/plain $cpu_ratio"
     ops_ratios+=("$ops_ratio") cpu_ratios+=("$cpu_ratio")
 done
-echo "pipeline $PIPELINE: median ops ids/plain $(median "${ops_ratios[@]}")," \
-    "median server CPU per op ids/plain $(median "${cpu_ratios[@]}")"
+echo "pipeline $PIPELINE, $PAIRS pairs: median ops ids/plain $(median "${ops_ratios[@]}")" \
+    "(95 % CI $(median_ci "${ops_ratios[@]}")), median server CPU per op ids/plain" \
+    "$(median "${cpu_ratios[@]}") (95 % CI $(median_ci "${cpu_ratios[@]}"))"
