@@ -684,10 +684,12 @@ fn fingerprint(mixed: u64, key_hash: u64) -> u64 {
 
 impl AcquireIds {
     /// `LockTable::release` freed the lease with fencing token `token` on the key hashed
-    /// `key_hash` (a store, only while a lease of the shard has an acquire id).
+    /// `key_hash`, its lease id `derived` or not (a store, only while a lease of the shard
+    /// has an acquire id: one in the live map, or this one's derived id, whose end is
+    /// reported next; until 2026-12-03 a derived lease's end hashed its key again).
     #[inline]
-    pub(super) fn released(&mut self, token: u64, key_hash: u64) {
-        if !self.live.is_empty() {
+    pub(super) fn released(&mut self, token: u64, key_hash: u64, derived: bool) {
+        if derived || !self.live.is_empty() {
             self.released = (token, key_hash);
         }
     }
@@ -980,6 +982,11 @@ mod tests {
         ));
         let released = t.release(400, b"k", lease_id, &tokens, &mut Vec::new());
         assert!(matches!(released, crate::table::Release::Released { .. }));
+        assert_eq!(
+            t.acquire_ids.released,
+            (token, hash_key(t.hash_seed, b"k")),
+            "its end reuses the release's hash of the key"
+        );
         t.acquire_id_ended(400, b"k", token, EndedHow::Released);
         t.check_acquire_ids();
         let ended = Repeat::Ended {

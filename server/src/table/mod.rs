@@ -523,12 +523,13 @@ impl<W: WaiterSink> LockTable<W> {
             return Release::NotOwner;
         }
         let token = lock.token;
-        if lock.logged.is_derived() {
+        let derived = lock.logged.is_derived();
+        if derived {
             // For the end the caller reports next; the mark goes with the lease.
             lock.logged = lock.logged.with_derived(false);
             self.acquire_ids.released_derived = Some((token, lease_id));
         }
-        self.acquire_ids.released(token, hash);
+        self.acquire_ids.released(token, hash, derived);
         self.time_out_waiters(slot, now_ms, events);
         let handoff = match self.hand_off(slot, now_ms, tokens) {
             HandoffStep::Granted(handoff) => Some(handoff),
