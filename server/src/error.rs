@@ -41,6 +41,28 @@ pub enum ServerError {
     /// would hand out the same fencing tokens.
     #[error("{} is in use by another tenured process", .0.display())]
     DataDirInUse(PathBuf),
+    /// The data directory holds the other kind of server's files (`found` is one): a
+    /// cluster node does not read a single node's WAL, nor a single node a cluster's log.
+    #[error(
+        "{} holds {} ({found}): {}",
+        dir.display(),
+        if *cluster { "a single-node server's write-ahead log" } else { "a cluster node's Raft log" },
+        if *cluster {
+            "a cluster node keeps its state in its Raft log and would not see those leases, and \
+             would hand out fencing tokens below theirs; give a cluster node a fresh --data-dir \
+             (server/CLUSTER.md)"
+        } else {
+            "start it with --cluster, or give a single node a fresh --data-dir"
+        }
+    )]
+    DataDirOfOtherMode {
+        /// The data directory.
+        dir: PathBuf,
+        /// One of the files that tells.
+        found: String,
+        /// Whether a cluster node was being started on it.
+        cluster: bool,
+    },
     /// The write-ahead log could not be opened or replayed (a corrupt log names the file
     /// and offset).
     #[error("cannot open the write-ahead log in {}: {source}", dir.display())]

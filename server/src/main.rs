@@ -94,6 +94,7 @@ fn run() -> anyhow::Result<()> {
         print!("{}", settings.to_toml()?);
         return Ok(());
     }
+    refuse_cluster_flags_without_cluster(&settings)?;
     settings::init_logging(settings.log_format);
     let config = settings.to_config();
     raise_open_file_limit(config.connections_max);
@@ -102,6 +103,35 @@ fn run() -> anyhow::Result<()> {
     runtime.block_on(serve(&settings, config))?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// Refuses a node's flags on a server started without `--cluster`: they were ignored, and a
+/// unit file that forgot `--cluster` on one node made a single node with a lock table of
+/// its own at an address the clients take for a cluster member (outside test a46, L2).
+fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow::Result<()> {
+    if settings.cluster {
+        return Ok(());
+    }
+    let given = [
+        ("--node-id", settings.node_id.is_some()),
+        ("--peer-listen", settings.peer_listen.is_some()),
+        ("--initial-cluster", settings.initial_cluster.is_some()),
+        ("--peer-tls-cert", settings.peer_tls_cert.is_some()),
+        ("--peer-tls-key", settings.peer_tls_key.is_some()),
+        ("--peer-tls-ca", settings.peer_tls_ca.is_some()),
+    ];
+    let given: Vec<&str> = given
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(f, _)| *f)
+        .collect();
+    anyhow::ensure!(
+        given.is_empty(),
+        "invalid configuration: {} only apply with --cluster (a cluster node); add --cluster, \
+         or leave them out for a single node",
+        given.join(", ")
+    );
     Ok(())
 }
 

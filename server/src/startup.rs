@@ -98,9 +98,70 @@ pub(crate) fn spawn_reloader(
     Ok(())
 }
 
+/// Which kind of server a data directory is opened for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirMode {
+    /// A single node: its write-ahead log and token floors (module `wal`).
+    Single,
+    /// A cluster node: its Raft log, vote, snapshot and cluster id (module `cluster`).
+    Cluster,
+}
+
+/// The files only a cluster node keeps (module `cluster`; a test holds the names to its
+/// constants).
+const CLUSTER_FILES: &[&str] = &["raft.log", "raft.state", "raft.snapshot", "cluster.id"];
+
+/// Whether `name` is a file only a single node keeps: a WAL segment (`wal-<seq>.log`) or a
+/// token floor (`floor-<floor>.tok`; a test holds the patterns to module `wal`'s names).
+fn single_node_file(name: &str) -> bool {
+    let between = |prefix, suffix| name.starts_with(prefix) && name.ends_with(suffix);
+    between("wal-", ".log") || between("floor-", ".tok")
+}
+
+/// The first file of `dir` that the other kind of server than `mode` keeps, if any.
+fn foreign_file(dir: &std::path::Path, mode: DirMode) -> std::io::Result<Option<String>> {
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let foreign = match mode {
+            DirMode::Single => CLUSTER_FILES.contains(&name.as_str()),
+            DirMode::Cluster => single_node_file(&name),
+        };
+        if foreign {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
 /// Takes an exclusive lock on `data_dir/LOCK` for the life of the server: two servers
-/// appending to one log would each hand out the same fencing tokens.
-pub(crate) fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
+/// appending to one log would each hand out the same fencing tokens. Then refuses a
+/// directory that holds the other kind of server's files: a cluster node does not read a
+/// single node's WAL, so it would not see its leases and would hand out their keys again
+/// under fencing tokens from 1, below the ones already given (outside test a46, L1), and a
+/// single node on a cluster node's directory would bring back leases its WAL still had
+/// beside the cluster's.
+pub(crate) fn lock_data_dir(
+    dir: &std::path::Path,
+    mode: DirMode,
+) -> Result<std::fs::File, ServerError> {
+    let file = lock_dir(dir)?;
+    let io_error = |source| ServerError::DataDir {
+        what: "cannot read",
+        path: dir.to_path_buf(),
+        source,
+    };
+    match foreign_file(dir, mode).map_err(io_error)? {
+        None => Ok(file),
+        Some(found) => Err(ServerError::DataDirOfOtherMode {
+            dir: dir.to_path_buf(),
+            found,
+            cluster: mode == DirMode::Cluster,
+        }),
+    }
+}
+
+/// `lock_data_dir`'s lock: creates `dir` if need be and locks its `LOCK` file.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
     let io_error = |what, path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| ServerError::DataDir { what, path, source }
@@ -117,5 +178,52 @@ pub(crate) fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, Serv
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(ServerError::DataDirInUse(dir.to_path_buf())),
         Err(std::fs::TryLockError::Error(e)) => Err(io_error("cannot lock", &path)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_names_are_those_each_mode_writes() {
+        assert!(single_node_file(&crate::wal::segment_name(1)));
+        assert!(single_node_file(&crate::wal::floor::floor_name(0x20_0001)));
+        assert!(!single_node_file("LOCK"));
+        for name in [
+            crate::cluster::log_store::LOG_FILE,
+            crate::cluster::log_store::STATE_FILE,
+            crate::cluster::state::SNAPSHOT_FILE,
+            crate::cluster::cluster_id::ID_FILE,
+        ] {
+            assert!(CLUSTER_FILES.contains(&name), "{name}");
+            assert!(!single_node_file(name), "{name}");
+        }
+    }
+
+    /// A single node's directory is refused to a cluster node and the other way round; a
+    /// fresh one, or one of the same mode, is taken (outside test a46, L1).
+    #[test]
+    fn a_data_dir_of_the_other_mode_is_refused() {
+        let single = tempfile::tempdir().unwrap();
+        std::fs::write(single.path().join(crate::wal::segment_name(1)), b"").unwrap();
+        let cluster = tempfile::tempdir().unwrap();
+        std::fs::write(single.path().join("notes.txt"), b"").unwrap();
+        std::fs::write(cluster.path().join("raft.log"), b"").unwrap();
+        let refused = |dir: &std::path::Path, mode| match lock_data_dir(dir, mode) {
+            Err(ServerError::DataDirOfOtherMode { found, .. }) => found,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            refused(single.path(), DirMode::Cluster),
+            "wal-0000000000000001.log"
+        );
+        assert_eq!(refused(cluster.path(), DirMode::Single), "raft.log");
+        drop(lock_data_dir(single.path(), DirMode::Single).unwrap());
+        drop(lock_data_dir(cluster.path(), DirMode::Cluster).unwrap());
+        let fresh = tempfile::tempdir().unwrap();
+        let fresh = fresh.path().join("new");
+        drop(lock_data_dir(&fresh, DirMode::Cluster).unwrap());
+        drop(lock_data_dir(&fresh, DirMode::Single).unwrap());
     }
 }

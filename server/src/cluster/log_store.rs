@@ -72,8 +72,8 @@ pub const ENTRY_LEN_MAX: usize = 64 << 20;
 /// fewer than the kept ones: each kept byte is copied about once per doubling of the file.
 const COMPACT_BYTES_MIN: u64 = 4 << 20;
 
-const LOG_FILE: &str = "raft.log";
-const STATE_FILE: &str = "raft.state";
+pub(crate) const LOG_FILE: &str = "raft.log";
+pub(crate) const STATE_FILE: &str = "raft.state";
 
 /// What `raft.state` holds.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -179,8 +179,9 @@ pub async fn run(
         return Err(ClusterError::Config(why.to_string()));
     }
     let addr = clients.local_addr()?;
-    let _dir_lock = crate::startup::lock_data_dir(&config.data_dir)
-        .map_err(|e| ClusterError::Config(e.to_string()))?;
+    let _dir_lock =
+        crate::startup::lock_data_dir(&config.data_dir, crate::startup::DirMode::Cluster)
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
     let node = ClusterNode::start(config, options, peers, clients).await?;
     let http_stop = CancellationToken::new();

@@ -24,7 +24,7 @@ use crate::obs::metrics::Histogram;
 use crate::record::LeaseReplay;
 use crate::record::{self, Change, Record};
 
-const SNAPSHOT_FILE: &str = "raft.snapshot";
+pub(crate) const SNAPSHOT_FILE: &str = "raft.snapshot";
 
 /// Entries between two snapshots of one node (openraft's default policy's count).
 pub const SNAPSHOT_EVERY: u64 = 5_000;

@@ -23,7 +23,7 @@ use crate::error::ServerError;
 use crate::executor::{tick, Executor};
 use crate::http;
 use crate::scrape::Scrape;
-use crate::startup::{load_identities, load_tls, lock_data_dir, spawn_reloader};
+use crate::startup::{load_identities, load_tls, lock_data_dir, spawn_reloader, DirMode};
 use crate::wal;
 use per_core::{Cores, Serving};
 use recovery::recover;
@@ -117,7 +117,7 @@ async fn run_on(
     let (storage, dir_lock) = match storage {
         Some(storage) => (storage, None),
         None => {
-            let dir_lock = lock_data_dir(&config.data_dir)?;
+            let dir_lock = lock_data_dir(&config.data_dir, DirMode::Single)?;
             let storage =
                 wal::FsStorage::new(&config.data_dir).map_err(|source| ServerError::DataDir {
                     what: "cannot create",

@@ -173,7 +173,7 @@
 //! large for one segment is not snapshotted by [`open`] (recovery refuses segments over
 //! [`SEGMENT_SIZE_LIMIT`]); [`Wal::should_snapshot`] then asks the server for its snapshot,
 //! which rotates, straight away.
-mod floor;
+pub(crate) mod floor;
 pub mod recovery;
 pub mod storage;
 mod syncer;

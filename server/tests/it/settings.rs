@@ -159,6 +159,68 @@ fn a_failed_start_names_its_cause_once() {
     assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
 }
 
+/// A cluster node refuses a single node's data directory: it would not read that WAL, so it
+/// would grant its held keys again under fencing tokens from 1 (outside test a46, L1: token
+/// 2097153 held, then 2 granted beside it).
+#[test]
+fn a_cluster_node_refuses_a_single_nodes_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut single = tenured()
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let has_wal = || {
+        std::fs::read_dir(&data).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("wal-"))
+        })
+    };
+    let started = std::time::Instant::now();
+    while !has_wal() && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    single.kill().unwrap();
+    single.wait().unwrap();
+    assert!(has_wal(), "the single node wrote no WAL segment");
+    let out = tenured()
+        .args(["--cluster", "--node-id", "1", "--listen", "127.0.0.1:0"])
+        .args(["--peer-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--initial-cluster", "1=127.0.0.1:1/127.0.0.1:2"])
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(
+        stderr.contains("holds a single-node server's write-ahead log (wal-"),
+        "{stderr}"
+    );
+}
+
+/// A node's flags without `--cluster` are refused, not ignored: a node that forgot
+/// `--cluster` was a single node with a lock table of its own (outside test a46, L2).
+#[test]
+fn cluster_flags_without_cluster_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tenured()
+        .args(["--listen", "127.0.0.1:0", "--node-id", "2", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(
+        stderr.contains("--node-id only apply with --cluster"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing started"
+    );
+}
+
 #[test]
 fn shipped_sample_config_is_accepted() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tenured.toml");
