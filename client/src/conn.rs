@@ -395,6 +395,9 @@ async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<(HelloAck, By
             Err(ProtocolError::HandshakeRefused { code, message, .. }) => {
                 return Err(Error::Server { code, message })
             }
+            Err(ProtocolError::BadHandshake(_)) if input.starts_with(b"ERR ") => {
+                return Err(read_refusal(stream, input).await)
+            }
             Err(e) => return Err(Error::Protocol(e.to_string())),
         }
         if stream.read_buf(&mut input).await? == 0 {
@@ -402,6 +405,28 @@ async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<(HelloAck, By
                 "the server closed the connection during the handshake".into(),
             ));
         }
+    }
+}
+
+/// The rest of a console line a server sent in place of its answer to the hello (at its
+/// connection limit, PROTOCOL.md 2), read up to its newline, the connection's end or
+/// `REFUSAL_LINE_LEN_MAX` bytes, as the refusal it says: `Error::Server` with its code and
+/// words (outside test a46, L13: it was reported as a server without the tenure magic).
+async fn read_refusal(stream: &mut (impl AsyncRead + Unpin), mut input: BytesMut) -> Error {
+    use tenure_protocol::handshake::{console_refusal, REFUSAL_LINE_LEN_MAX};
+    while !input.contains(&b'\n') && input.len() < REFUSAL_LINE_LEN_MAX {
+        match stream.read_buf(&mut input).await {
+            Ok(0) | Err(_) => break, // the server closes after the line
+            Ok(_) => {}
+        }
+    }
+    input.truncate(REFUSAL_LINE_LEN_MAX);
+    match console_refusal(&input) {
+        Some((code, message)) => Error::Server { code, message },
+        None => Error::Protocol(format!(
+            "connection refused by server: {:?}",
+            String::from_utf8_lossy(&input)
+        )),
     }
 }
 

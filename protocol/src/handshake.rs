@@ -47,6 +47,9 @@ pub const LIMITS_LEN: usize = 6 * 4;
 /// Longest answer body a client accepts; a longer one is not a tenure server.
 pub const HELLO_ACK_BODY_LEN_MAX: usize = 1024;
 
+/// Most bytes a client reads of a console refusal sent in place of the answer
+/// ([`console_refusal`]): the server's longest such line is far shorter.
+pub const REFUSAL_LINE_LEN_MAX: usize = 512;
 const _: () = assert!(LIMITS_LEN <= HELLO_ACK_BODY_LEN_MAX);
 const _: () = assert!(ERROR_MESSAGE_LEN_MAX <= HELLO_ACK_BODY_LEN_MAX);
 
@@ -115,6 +118,21 @@ impl Hello {
         }
         Ok(Some(Hello { version }))
     }
+}
+
+/// A server at its connection limit answers a hello with a console line, `ERR <CODE>
+/// <words>` (PROTOCOL.md 2), not a handshake answer. Given what came instead of the magic,
+/// up to its newline (or all there is), the code and the words, if the line is one; `None`
+/// for anything else (not a tenure server, or an unknown code).
+pub fn console_refusal(answer: &[u8]) -> Option<(ErrorCode, String)> {
+    let line = answer.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let rest = line.strip_prefix("ERR ")?;
+    let (name, words) = rest.split_once(' ').unwrap_or((rest, ""));
+    let code = ErrorCode::ALL
+        .into_iter()
+        .find(|code| code.name() == name)?;
+    Some((code, words.to_owned()))
 }
 
 impl HelloAck {
@@ -236,5 +254,28 @@ impl ServerLimits {
             key_len_max: KEY_LEN_MAX as u32,
             meta_len_max: META_LEN_MAX as u32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_console_refusal_in_place_of_the_answer_gives_its_code_and_words() {
+        let line = b"ERR CONNECTIONS_LIMIT server has 2 connections already\n";
+        assert_eq!(
+            console_refusal(line),
+            Some((
+                ErrorCode::ConnectionsLimit,
+                "server has 2 connections already".to_owned()
+            ))
+        );
+        assert_eq!(
+            console_refusal(b"ERR CONNECTIONS_LIMIT cut sh"),
+            Some((ErrorCode::ConnectionsLimit, "cut sh".to_owned()))
+        );
+        assert_eq!(console_refusal(b"ERR NO_SUCH_CODE words\n"), None);
+        assert_eq!(console_refusal(b"HTTP/1.1 400 Bad Request\r\n"), None);
     }
 }

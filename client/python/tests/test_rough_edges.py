@@ -208,3 +208,31 @@ def test_an_async_release_after_a_failed_one_is_sent_again(server):
             assert await client.inspect("again/async") == Free()
 
     asyncio.run(main())
+
+
+# -- a server at its connection limit ---------------------------------------------------
+
+
+def test_a_connection_limit_refusal_is_reported_with_the_servers_whole_line(start_tenured):
+    """A server at --connections-max sends a console line in place of the handshake
+    answer; both clients report all of it, not its first 10 bytes (outside test a46, L14:
+    "connection refused by server: 'ERR CONNEC'")."""
+    import socket
+
+    server = start_tenured("--connections-max", "1")
+    held = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        held.sendall(b"PING\n")
+        assert held.recv(64).startswith(b"PONG")
+        words = "connection refused by server: ERR CONNECTIONS_LIMIT server has 1 connections already"
+        with pytest.raises(tenure.HandshakeError, match=words):
+            tenure.Client(server.addr, timeout=5.0).ping()
+
+        async def main():
+            async with tenure.AsyncClient(server.addr, timeout=5.0) as client:
+                await client.ping()
+
+        with pytest.raises(tenure.HandshakeError, match=words):
+            asyncio.run(main())
+    finally:
+        held.close()

@@ -1442,3 +1442,24 @@ async fn cli_run_falls_back_to_a_renewed_lease_without_sessions() {
     );
     server.abort();
 }
+
+/// A server at `--connections-max` answers the hello with its console refusal; the CLI
+/// prints that refusal's code and words (outside test a46, L13: it printed "server did not
+/// answer with the tenure magic").
+#[tokio::test]
+async fn cli_prints_a_connection_limit_refusal_as_the_servers_own_words() {
+    use std::io::{BufRead, BufReader, Write};
+    let server = TestServer::start_with(|config| config.connections_max = 1);
+    let mut held = std::net::TcpStream::connect(&server.addr).expect("connect");
+    held.write_all(b"PING\n").expect("write");
+    let mut pong = String::new();
+    BufReader::new(&held).read_line(&mut pong).expect("read");
+    assert!(pong.starts_with("PONG"), "{pong}");
+    let (code, out, err) = cli(&server.addr, &["ping"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(
+        out.trim_end(),
+        r#"result=ERROR code=CONNECTIONS_LIMIT error="server has 1 connections already""#,
+        "{err}"
+    );
+}

@@ -321,6 +321,21 @@ class Connection:
         self._read_task.cancel()
 
 
+async def _rest_of_line(reader: asyncio.StreamReader) -> bytes:
+    """What is left of a line, up to its newline, the connection's end or REFUSAL_LINE_MAX
+    bytes."""
+    data = b""
+    while b"\n" not in data and len(data) < w.REFUSAL_LINE_MAX:
+        try:
+            chunk = await reader.read(w.REFUSAL_LINE_MAX - len(data))
+        except OSError:
+            break  # the server closes after the line
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 async def _handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
 ) -> w.ServerLimits:
@@ -332,6 +347,8 @@ async def _handshake(
         raise HandshakeError(f"{address} closed during the handshake: {partial!r}") from e
     except OSError as e:
         raise HandshakeError(f"{address}: handshake failed: {e}") from e
+    if w.is_console_refusal(header):
+        raise HandshakeError(f"{address}: {w.refusal_text(header + await _rest_of_line(reader))}")
     try:
         _, status, body_len = w.parse_handshake_header(header)
         body = await reader.readexactly(body_len)

@@ -49,14 +49,32 @@ class SyncConnection:
 
     def _handshake(self) -> None:
         self.sock.sendall(w.HELLO)
+        header = self._read_exact(w.HANDSHAKE_HEADER_LEN)
+        if w.is_console_refusal(header):
+            raise HandshakeError(f"{self.address}: {w.refusal_text(header + self._read_line())}")
         try:
-            _, status, body_len = w.parse_handshake_header(self._read_exact(w.HANDSHAKE_HEADER_LEN))
+            _, status, body_len = w.parse_handshake_header(header)
             body = self._read_exact(body_len)
             if status != 0:
                 raise HandshakeError(f"{self.address} refused the handshake: {body.decode('utf-8', 'replace')}")
             w.parse_limits(body)
         except w.ProtocolViolation as e:
             raise HandshakeError(f"{self.address}: {e}") from e
+
+    def _read_line(self) -> bytes:
+        """What is left of a line, up to its newline, the connection's end or
+        REFUSAL_LINE_MAX bytes."""
+        while b"\n" not in self._buffer and len(self._buffer) < w.REFUSAL_LINE_MAX:
+            try:
+                chunk = self.sock.recv(w.REFUSAL_LINE_MAX)
+            except OSError:
+                break  # the server closes after the line
+            if not chunk:
+                break
+            self._buffer += chunk
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
     def _read_exact(self, n: int) -> bytes:
         while len(self._buffer) < n:

@@ -168,6 +168,22 @@ def auth_body(name: bytes, secret: bytes) -> bytes:
     return bytes16(name) + bytes16(secret)
 
 
+# Most bytes read of a console refusal sent in place of the handshake answer.
+REFUSAL_LINE_MAX = 512
+
+
+def is_console_refusal(header: bytes) -> bool:
+    """Whether a handshake answer's first bytes begin the console line a server at its
+    connection limit sends instead (`ERR CONNECTIONS_LIMIT ...`, PROTOCOL.md 2)."""
+    return header[:4] != MAGIC and header.startswith(b"ERR ")
+
+
+def refusal_text(line: bytes) -> str:
+    """The words of a console refusal line, for the error raised."""
+    text = line[:REFUSAL_LINE_MAX].split(b"\n", 1)[0].rstrip(b"\r")
+    return "connection refused by server: " + text.decode("utf-8", "replace")
+
+
 def parse_handshake_header(header: bytes) -> Tuple[int, int, int]:
     """(version, status, body_len) of a handshake answer's first 10 bytes.
 
