@@ -86,21 +86,30 @@ fn run() -> anyhow::Result<()> {
         }
         None => {}
     }
+    // Everything a start checks before it touches the data directory or a port, so
+    // `--print-config` refuses what a start would refuse (outside test a47, M12).
+    refuse_cluster_flags_without_cluster(&settings)?;
+    let config = settings.to_config();
+    config.validate().map_err(anyhow::Error::msg)?;
+    let node = if settings.cluster {
+        let node = node_plan(&settings, &config)?;
+        node.options.check(&config)?;
+        Some(node)
+    } else {
+        None
+    };
     if loaded.print_config {
-        settings
-            .to_config()
-            .validate()
-            .map_err(anyhow::Error::msg)?;
         print!("{}", settings.to_toml()?);
         return Ok(());
     }
-    refuse_cluster_flags_without_cluster(&settings)?;
     settings::init_logging(settings.log_format);
-    let config = settings.to_config();
+    if let Some(node) = &node {
+        node.warn_of_own_entry();
+    }
     raise_open_file_limit(config.connections_max);
     disable_transparent_huge_pages();
     let runtime = build_runtime(&settings)?;
-    runtime.block_on(serve(&settings, config))?;
+    runtime.block_on(serve(&settings, config, node))?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())
@@ -108,11 +117,13 @@ fn run() -> anyhow::Result<()> {
 
 /// Refuses a node's flags on a server started without `--cluster`: they were ignored, and a
 /// unit file that forgot `--cluster` on one node made a single node with a lock table of
-/// its own at an address the clients take for a cluster member (outside test a46, L2).
+/// its own at an address the clients take for a cluster member (outside test a46, L2). The
+/// timing flags have defaults, so they count as given when they differ from them (a47, M11).
 fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow::Result<()> {
     if settings.cluster {
         return Ok(());
     }
+    let defaults = settings::Settings::default();
     let given = [
         ("--node-id", settings.node_id.is_some()),
         ("--peer-listen", settings.peer_listen.is_some()),
@@ -120,6 +131,14 @@ fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow
         ("--peer-tls-cert", settings.peer_tls_cert.is_some()),
         ("--peer-tls-key", settings.peer_tls_key.is_some()),
         ("--peer-tls-ca", settings.peer_tls_ca.is_some()),
+        (
+            "--heartbeat-ms",
+            settings.heartbeat_ms != defaults.heartbeat_ms,
+        ),
+        (
+            "--election-timeout-ms",
+            settings.election_timeout_ms != defaults.election_timeout_ms,
+        ),
     ];
     let given: Vec<&str> = given
         .iter()
@@ -133,6 +152,88 @@ fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow
         given.join(", ")
     );
     Ok(())
+}
+
+/// A cluster node's settings, checked: what `run_cluster` starts it with.
+struct NodePlan {
+    /// Where it listens for its peers.
+    peer_listen: std::net::SocketAddr,
+    /// Its Raft options.
+    options: tenure_server::cluster::ClusterOptions,
+}
+
+/// The node `--cluster` asks for, or why it cannot be one. Reads no file and binds nothing.
+fn node_plan(
+    settings: &settings::Settings,
+    config: &tenure_server::Config,
+) -> anyhow::Result<NodePlan> {
+    use tenure_server::cluster::{self, ClusterOptions};
+    let node_id = settings.node_id.context("--cluster needs --node-id")?;
+    // 0 is "no node" on the wire (CLUSTER STATUS's leader_id without a leader).
+    anyhow::ensure!(node_id >= 1, "--node-id starts at 1 (0 means no node)");
+    let peer_listen = settings
+        .peer_listen
+        .context("--cluster needs --peer-listen")?;
+    let peer_tls = settings.peer_tls_files().map_err(anyhow::Error::msg)?;
+    // Without peer TLS the peer port has no authentication at all (CLUSTER.md), and one
+    // forged frame there can depose a leader or inject entries, so beyond loopback it needs
+    // peer TLS; no flag turns that off (`--insecure-no-auth` is the client port's).
+    anyhow::ensure!(
+        peer_listen.ip().is_loopback() || peer_tls.is_some(),
+        "--peer-listen {peer_listen} is not a loopback address and the peer port has no \
+         authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca for mutual TLS"
+    );
+    let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
+    options.heartbeat_ms = settings.heartbeat_ms;
+    options.peer_tls = peer_tls;
+    if let Some(spec) = &settings.initial_cluster {
+        let members =
+            cluster::parse_members(spec).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
+        options.initial_cluster = Some(members);
+    }
+    options.election_timeout_ms = (
+        settings.election_timeout_ms,
+        settings.election_timeout_ms.saturating_mul(2),
+    );
+    Ok(NodePlan {
+        peer_listen,
+        options,
+    })
+}
+
+impl NodePlan {
+    /// Logs a warning when `--initial-cluster` gives this node a peer port other than the
+    /// one it listens on (outside test a46, L3): the others would dial a port nobody
+    /// answers, and the cluster would never form. Only a warning: a forwarded or translated
+    /// address is legitimate, and the host part may name this machine in another way.
+    fn warn_of_own_entry(&self) {
+        let Some(members) = &self.options.initial_cluster else {
+            return;
+        };
+        let node_id = self.options.node_id;
+        let Some(own) = members.get(&node_id) else {
+            tracing::warn!(
+                node_id,
+                "--initial-cluster does not list this node: it joins only when a member \
+                 adds it (CLUSTER.md, \"Peers and membership\")"
+            );
+            return;
+        };
+        let port = own
+            .peer_addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok());
+        if port != Some(self.peer_listen.port()) {
+            tracing::warn!(
+                node_id,
+                listed = %own.peer_addr,
+                peer_listen = %self.peer_listen,
+                "--initial-cluster gives this node a peer port other than --peer-listen's: \
+                 the other nodes dial the listed address"
+            );
+        }
+    }
 }
 
 /// The runtime `main` runs on. Shared: the work-stealing runtime that runs everything.
@@ -156,7 +257,11 @@ fn build_runtime(settings: &settings::Settings) -> anyhow::Result<tokio::runtime
 }
 
 /// Binds the ports and serves until SIGTERM or SIGINT.
-async fn serve(settings: &settings::Settings, config: tenure_server::Config) -> anyhow::Result<()> {
+async fn serve(
+    settings: &settings::Settings,
+    config: tenure_server::Config,
+    node: Option<NodePlan>,
+) -> anyhow::Result<()> {
     // Installed before the port is bound: a handler installed lazily, when `run` first
     // polls the future, lets a SIGTERM that arrives in between go unnoticed.
     let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
@@ -182,14 +287,19 @@ async fn serve(settings: &settings::Settings, config: tenure_server::Config) -> 
             let run = tenure_server::run_per_core(config, listeners, metrics_listener, shutdown);
             Ok(run.await?)
         }
-        ClientPort::Shared(listener) if settings.cluster => {
-            run_cluster(settings, config, listener, metrics_listener, shutdown).await
-        }
-        ClientPort::Shared(listener) => {
-            let run =
-                tenure_server::run_with_metrics(config, None, listener, metrics_listener, shutdown);
-            Ok(run.await?)
-        }
+        ClientPort::Shared(listener) => match node {
+            Some(node) => run_cluster(node, config, listener, metrics_listener, shutdown).await,
+            None => {
+                let run = tenure_server::run_with_metrics(
+                    config,
+                    None,
+                    listener,
+                    metrics_listener,
+                    shutdown,
+                );
+                Ok(run.await?)
+            }
+        },
     }
 }
 
@@ -221,45 +331,25 @@ fn bind_per_core(
 
 /// `tenured --cluster`: one node of a cluster (server/CLUSTER.md), until SIGTERM or SIGINT.
 async fn run_cluster(
-    settings: &settings::Settings,
+    node: NodePlan,
     config: tenure_server::Config,
     listener: tokio::net::TcpListener,
     metrics_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    use tenure_server::cluster::{self, ClusterOptions};
-    let node_id = settings.node_id.context("--cluster needs --node-id")?;
-    // 0 is "no node" on the wire (CLUSTER STATUS's leader_id without a leader).
-    anyhow::ensure!(node_id >= 1, "--node-id starts at 1 (0 means no node)");
-    let peer_listen = settings
-        .peer_listen
-        .context("--cluster needs --peer-listen")?;
-    let peer_tls = settings.peer_tls_files().map_err(anyhow::Error::msg)?;
-    // Checked before binding: without peer TLS the peer port has no authentication at all
-    // (CLUSTER.md), and one forged frame there can depose a leader or inject entries, so
-    // beyond loopback it needs peer TLS; no flag turns that off (`--insecure-no-auth` is the
-    // client port's).
-    anyhow::ensure!(
-        peer_listen.ip().is_loopback() || peer_tls.is_some(),
-        "--peer-listen {peer_listen} is not a loopback address and the peer port has no \
-         authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca for mutual TLS"
-    );
+    let peer_listen = node.peer_listen;
     let peers = tokio::net::TcpListener::bind(peer_listen)
         .await
         .with_context(|| format!("cannot listen for peers on {peer_listen}"))?;
-    let mut options = ClusterOptions::new(node_id, config.data_dir.clone());
-    options.heartbeat_ms = settings.heartbeat_ms;
-    options.peer_tls = peer_tls;
-    if let Some(spec) = &settings.initial_cluster {
-        let members =
-            cluster::parse_members(spec).map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?;
-        options.initial_cluster = Some(members);
-    }
-    options.election_timeout_ms = (
-        settings.election_timeout_ms,
-        settings.election_timeout_ms.saturating_mul(2),
+    let run = tenure_server::cluster::run(
+        config,
+        node.options,
+        listener,
+        peers,
+        metrics_listener,
+        shutdown,
     );
-    cluster::run(config, options, listener, peers, metrics_listener, shutdown).await?;
+    run.await?;
     Ok(())
 }
 

@@ -118,15 +118,19 @@ fn single_node_file(name: &str) -> bool {
     between("wal-", ".log") || between("floor-", ".tok")
 }
 
-/// The first file of `dir` that the other kind of server than `mode` keeps, if any.
+/// The first file of `dir` that the other kind of server than `mode` keeps, if any. An
+/// empty one holds nothing to lose and does not count: a cluster node that never formed
+/// leaves an empty `raft.log`, which refused a single node the directory for good
+/// (outside test a47, M8).
 fn foreign_file(dir: &std::path::Path, mode: DirMode) -> std::io::Result<Option<String>> {
     for entry in std::fs::read_dir(dir)? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
         let foreign = match mode {
             DirMode::Single => CLUSTER_FILES.contains(&name.as_str()),
             DirMode::Cluster => single_node_file(&name),
         };
-        if foreign {
+        if foreign && entry.metadata()?.len() > 0 {
             return Ok(Some(name));
         }
     }
@@ -206,10 +210,10 @@ mod tests {
     #[test]
     fn a_data_dir_of_the_other_mode_is_refused() {
         let single = tempfile::tempdir().unwrap();
-        std::fs::write(single.path().join(crate::wal::segment_name(1)), b"").unwrap();
+        std::fs::write(single.path().join(crate::wal::segment_name(1)), b"x").unwrap();
         let cluster = tempfile::tempdir().unwrap();
         std::fs::write(single.path().join("notes.txt"), b"").unwrap();
-        std::fs::write(cluster.path().join("raft.log"), b"").unwrap();
+        std::fs::write(cluster.path().join("raft.log"), b"x").unwrap();
         let refused = |dir: &std::path::Path, mode| match lock_data_dir(dir, mode) {
             Err(ServerError::DataDirOfOtherMode { found, .. }) => found,
             other => panic!("{other:?}"),
@@ -225,5 +229,17 @@ mod tests {
         let fresh = fresh.path().join("new");
         drop(lock_data_dir(&fresh, DirMode::Cluster).unwrap());
         drop(lock_data_dir(&fresh, DirMode::Single).unwrap());
+    }
+
+    /// An empty file of the other mode holds nothing: a cluster node that never formed
+    /// leaves an empty `raft.log`, and a single node may take its directory (a47, M8).
+    #[test]
+    fn an_empty_file_of_the_other_mode_is_not_refused() {
+        let never_formed = tempfile::tempdir().unwrap();
+        std::fs::write(never_formed.path().join("raft.log"), b"").unwrap();
+        drop(lock_data_dir(never_formed.path(), DirMode::Single).unwrap());
+        let single = tempfile::tempdir().unwrap();
+        std::fs::write(single.path().join(crate::wal::segment_name(1)), b"").unwrap();
+        drop(lock_data_dir(single.path(), DirMode::Cluster).unwrap());
     }
 }

@@ -116,6 +116,24 @@ impl ClusterOptions {
         Ok(Some(Arc::new(tls)))
     }
 
+    /// Whether a node may start with these options and `config`: what [`run`] refuses
+    /// before it touches the data directory (and `tenured --print-config` with it).
+    ///
+    /// # Errors
+    /// [`ClusterError::Config`] for settings a single node refuses, or that do not apply to
+    /// a cluster; [`ClusterError::Raft`] for timing openraft refuses.
+    pub fn check(&self, config: &Config) -> Result<(), ClusterError> {
+        config.validate().map_err(ClusterError::Config)?;
+        if config.durability != crate::Durability::Full || !config.fsync {
+            // Refused rather than ignored: the Raft log is always fsynced before a change is
+            // answered, and a user who asked for less should learn that it does not apply.
+            let why = "--no-fsync and --durability other than full do not apply in cluster \
+                       mode: every change is fsynced on a majority before it is answered";
+            return Err(ClusterError::Config(why.to_string()));
+        }
+        self.raft_config().map(|_| ())
+    }
+
     fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
         let config = openraft::Config {
             cluster_name: "tenure".to_string(),
@@ -170,14 +188,7 @@ pub async fn run(
     metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ClusterError> {
-    config.validate().map_err(ClusterError::Config)?;
-    if config.durability != crate::Durability::Full || !config.fsync {
-        // Refused rather than ignored: the Raft log is always fsynced before a change is
-        // answered, and a user who asked for less should learn that it does not apply.
-        let why = "--no-fsync and --durability other than full do not apply in cluster mode: \
-                   every change is fsynced on a majority before it is answered";
-        return Err(ClusterError::Config(why.to_string()));
-    }
+    options.check(&config)?;
     let addr = clients.local_addr()?;
     let _dir_lock =
         crate::startup::lock_data_dir(&config.data_dir, crate::startup::DirMode::Cluster)

@@ -221,6 +221,53 @@ fn cluster_flags_without_cluster_are_refused() {
     );
 }
 
+/// `--print-config` refuses what a start refuses (outside test a47, M12: it printed the
+/// settings and exited 0), and the timing flags count as node flags (M11: ignored).
+#[test]
+fn print_config_refuses_what_a_start_refuses() {
+    let refused = |args: &[&str], words: &str| {
+        let out = tenured().args(args).arg("--print-config").output().unwrap();
+        let stderr = failed(&out);
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed settings");
+    };
+    refused(&["--node-id", "1"], "--node-id only apply with --cluster");
+    refused(
+        &["--heartbeat-ms", "100", "--election-timeout-ms", "900"],
+        "--heartbeat-ms, --election-timeout-ms only apply with --cluster",
+    );
+    refused(&["--cluster"], "--cluster needs --node-id");
+    let node = [
+        "--cluster",
+        "--node-id",
+        "1",
+        "--peer-listen",
+        "127.0.0.1:1",
+    ];
+    refused(
+        &[&node[..], &["--initial-cluster", "1=a"]].concat(),
+        "--initial-cluster:",
+    );
+    refused(
+        &[&node[..], &["--no-fsync"]].concat(),
+        "do not apply in cluster mode",
+    );
+    refused(
+        &[
+            &node[..],
+            &["--heartbeat-ms", "500", "--election-timeout-ms", "100"],
+        ]
+        .concat(),
+        "heartbeat",
+    );
+    let out = tenured().args(node).arg("--print-config").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn shipped_sample_config_is_accepted() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tenured.toml");
