@@ -4,6 +4,7 @@ durations at a limit, negative or NaN time-outs, and releasing a guard a second 
 from __future__ import annotations
 
 import asyncio
+import time
 import math
 
 import pytest
@@ -225,14 +226,65 @@ def test_a_connection_limit_refusal_is_reported_with_the_servers_whole_line(star
         held.sendall(b"PING\n")
         assert held.recv(64).startswith(b"PONG")
         words = "connection refused by server: ERR CONNECTIONS_LIMIT server has 1 connections already"
-        with pytest.raises(tenure.HandshakeError, match=words):
+        with pytest.raises(tenure.HandshakeError, match=words) as refused:
             tenure.Client(server.addr, timeout=5.0).ping()
+        _assert_a_refusal_before_any_request(refused.value)
 
         async def main():
             async with tenure.AsyncClient(server.addr, timeout=5.0) as client:
                 await client.ping()
 
-        with pytest.raises(tenure.HandshakeError, match=words):
+        with pytest.raises(tenure.HandshakeError, match=words) as refused:
             asyncio.run(main())
+        _assert_a_refusal_before_any_request(refused.value)
     finally:
         held.close()
+
+
+def _assert_a_refusal_before_any_request(error):
+    """A refused handshake sent no request: a CannotConnect, with the refusal's code
+    (outside test a47, M15: it was a bare ConnectionLost, which README says may have been
+    applied, and had no code)."""
+    assert isinstance(error, tenure.CannotConnect)
+    assert (error.code, error.name) == (11, "CONNECTIONS_LIMIT")
+
+
+def test_a_short_refusal_line_is_reported_at_once_on_a_connection_left_open():
+    """A refusal line shorter than the handshake answer's 10-byte header, on a connection
+    the other end keeps open, is reported when its newline comes, not at the time-out
+    (outside test a47, M20: both clients waited for 10 bytes)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def serve():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.sendall(b"ERR X\n")
+            accepted.append(conn)  # kept open until the test ends
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    timeout = 60.0
+    try:
+        started = time.monotonic()
+        with pytest.raises(tenure.HandshakeError, match="connection refused by server: ERR X") as refused:
+            tenure.Client(f"127.0.0.1:{port}", timeout=timeout, connect_timeout=timeout).ping()
+        assert refused.value.code is None
+
+        async def main():
+            client = tenure.AsyncClient(f"127.0.0.1:{port}", timeout=timeout, connect_timeout=timeout)
+            async with client:
+                await client.ping()
+
+        with pytest.raises(tenure.HandshakeError, match="connection refused by server: ERR X"):
+            asyncio.run(main())
+        # Not a timing assertion: the bug waited out the whole 60 s time-out, twice.
+        assert time.monotonic() - started < timeout
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()

@@ -9,6 +9,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
 from . import _wire as w
 from .errors import CannotConnect, ConnectionLost, HandshakeError, ServerError, server_error, WatchLimit
+from .errors import refusal_code
 from .results import Event, EventKind
 
 #: Bytes queued in the transport before a writer waits for the socket to drain.
@@ -341,20 +342,28 @@ async def _handshake(
 ) -> w.ServerLimits:
     writer.write(w.HELLO)
     try:
-        header = await reader.readexactly(w.HANDSHAKE_HEADER_LEN)
+        # The magic first: a refusal line may be shorter than the answer's header, and a
+        # server that sent one and kept the connection open would hold us to the timeout.
+        header = await reader.readexactly(len(w.MAGIC))
+        refusal = w.is_console_refusal(header)
+        if refusal:
+            header += await _rest_of_line(reader)
+        else:
+            header += await reader.readexactly(w.HANDSHAKE_HEADER_LEN - len(w.MAGIC))
     except asyncio.IncompleteReadError as e:
         partial = e.partial.decode("utf-8", "replace")
         raise HandshakeError(f"{address} closed during the handshake: {partial!r}") from e
     except OSError as e:
         raise HandshakeError(f"{address}: handshake failed: {e}") from e
-    if w.is_console_refusal(header):
-        raise HandshakeError(f"{address}: {w.refusal_text(header + await _rest_of_line(reader))}")
+    if refusal:
+        raise HandshakeError(f"{address}: {w.refusal_text(header)}", refusal_code(header))
     try:
         _, status, body_len = w.parse_handshake_header(header)
         body = await reader.readexactly(body_len)
         if status != 0:
             reason = body.decode("utf-8", "replace")
-            raise HandshakeError(f"{address} refused the handshake: {server_error(status, reason)}")
+            error = server_error(status, reason)
+            raise HandshakeError(f"{address} refused the handshake: {error}", status)
         return w.parse_limits(body)
     except w.ProtocolViolation as e:
         raise HandshakeError(f"{address}: {e}") from e

@@ -15,7 +15,7 @@ import time
 from typing import Any, Optional, Tuple
 
 from . import _wire as w
-from .errors import ConnectionLost, HandshakeError, RequestTimeout, server_error
+from .errors import ConnectionLost, HandshakeError, RequestTimeout, refusal_code, server_error
 
 
 #: How long a timed-out ACQUIRE's answer is still waited for, to release a late grant.
@@ -49,14 +49,19 @@ class SyncConnection:
 
     def _handshake(self) -> None:
         self.sock.sendall(w.HELLO)
-        header = self._read_exact(w.HANDSHAKE_HEADER_LEN)
+        # The magic first: a refusal line may be shorter than the answer's header, and a
+        # server that sent one and kept the connection open would hold us to the timeout.
+        header = self._read_exact(len(w.MAGIC))
         if w.is_console_refusal(header):
-            raise HandshakeError(f"{self.address}: {w.refusal_text(header + self._read_line())}")
+            line = header + self._read_line()
+            raise HandshakeError(f"{self.address}: {w.refusal_text(line)}", refusal_code(line))
+        header += self._read_exact(w.HANDSHAKE_HEADER_LEN - len(w.MAGIC))
         try:
             _, status, body_len = w.parse_handshake_header(header)
             body = self._read_exact(body_len)
             if status != 0:
-                raise HandshakeError(f"{self.address} refused the handshake: {body.decode('utf-8', 'replace')}")
+                reason = body.decode("utf-8", "replace")
+                raise HandshakeError(f"{self.address} refused the handshake: {reason}", status)
             w.parse_limits(body)
         except w.ProtocolViolation as e:
             raise HandshakeError(f"{self.address}: {e}") from e

@@ -31,8 +31,27 @@ class ProtocolError(TenureError):
     """The server sent a reply this client cannot read (not the opcode the request expects)."""
 
 
-class HandshakeError(ConnectionLost):
-    """The server refused the handshake, or is not a tenure server."""
+class HandshakeError(CannotConnect):
+    """The server refused the handshake, or is not a tenure server. No request was sent on
+    the connection, so none was applied: a `CannotConnect` (and so a `ConnectionLost`).
+
+    `code` and `name` are the refusal's error code and name (PROTOCOL.md 3.5) when the
+    server gave one, as at its connection limit (`CONNECTIONS_LIMIT`, 11); else `None`.
+    """
+
+    def __init__(self, message: str, code: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = None if code is None else ERROR_NAMES.get(code, "UNKNOWN")
+
+
+def refusal_code(line: bytes) -> Optional[int]:
+    """The error code a console refusal line (`ERR <NAME> <reason>`) names, if it names one."""
+    words = line.split(b"\n", 1)[0].split()
+    if len(words) < 2 or words[0] != b"ERR":
+        return None
+    name = words[1].decode("ascii", "replace")
+    return next((code for code, known in ERROR_NAMES.items() if known == name and code), None)
 
 
 class RequestTimeout(TenureError, TimeoutError):
