@@ -185,7 +185,7 @@ pub struct RunArgs {
     pub kind: KindArgs,
     /// Time between SIGTERM and SIGKILL to the command's process group when it is stopped (lock
     /// lost, a signal to tenure, tenure's death, leftovers after the command exits).
-    #[arg(long, value_parser = duration_flag, default_value = "5s")]
+    #[arg(long, value_parser = grace_flag, default_value = "5s")]
     pub grace: Duration,
     /// Hold the lock in a session of its own (the default; the flag is accepted as before).
     /// The session survives a server restart and a cluster's fail-over. Against a server
@@ -279,7 +279,7 @@ pub struct ElectArgs {
     pub no_session: bool,
     /// Time between SIGTERM and SIGKILL to the command's process group when it is stopped
     /// (leadership lost, a signal to tenure, tenure's death).
-    #[arg(long, value_parser = duration_flag, default_value = "5s")]
+    #[arg(long, value_parser = grace_flag, default_value = "5s")]
     pub grace: Duration,
     /// The command and its arguments (after `--`). It gets TENURE_FENCING_TOKEN (the term),
     /// TENURE_LEASE_ID and TENURE_KEY in its environment, and TENURE_SESSION_ID when
@@ -296,6 +296,23 @@ pub fn parse_lease_id(text: &str) -> Result<LeaseId, String> {
 /// Parses a duration flag (`30s`, `500ms`, `1m30s`; see `tenure::duration`). A bare number is
 /// still read as milliseconds, its meaning before units were required, with a deprecation
 /// note on stderr so that scripts keep working while their authors are told.
+/// Longest `--grace`: a command that ignores SIGTERM may run this long after its lock was
+/// lost, and `tenure` itself waits it out. An hour is past any honest clean-up, and far from
+/// the guardian's own limits (its argument is in whole milliseconds, a `u64`).
+pub const GRACE_MAX: Duration = Duration::from_secs(3600);
+
+/// `--grace`: a duration of at most [`GRACE_MAX`].
+pub fn grace_flag(text: &str) -> Result<Duration, String> {
+    let grace = duration_flag(text)?;
+    if grace > GRACE_MAX {
+        return Err(format!(
+            "at most {}s (the command may run this long after its lock is lost)",
+            GRACE_MAX.as_secs()
+        ));
+    }
+    Ok(grace)
+}
+
 pub fn duration_flag(text: &str) -> Result<Duration, String> {
     let parsed =
         parse_duration_or_bare(text, Duration::from_millis(1)).map_err(|e| e.to_string())?;
@@ -312,6 +329,21 @@ pub fn duration_flag(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_is_capped() {
+        let run = |grace: &str| {
+            Cli::try_parse_from([
+                "tenure", "run", "k", "--ttl", "1s", "--grace", grace, "--", "true",
+            ])
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(run("1h"), Ok(()));
+        let refused = run("61m").unwrap_err();
+        assert!(refused.contains("at most 3600s"), "{refused}");
+        assert!(run("100000000000000000h").is_err());
+    }
 
     #[test]
     fn parses_run_and_rejects_bad_durations() {
