@@ -46,7 +46,7 @@ pub enum ServerError {
     #[error(
         "{} holds {} ({found}): {}",
         dir.display(),
-        if *cluster { "a single-node server's write-ahead log" } else { "a cluster node's Raft log" },
+        if *cluster { "a single-node server's state" } else { "a cluster node's state" },
         if *cluster {
             "a cluster node keeps its state in its Raft log and would not see those leases, and \
              would hand out fencing tokens below theirs; give a cluster node a fresh --data-dir \

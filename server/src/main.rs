@@ -145,10 +145,15 @@ fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow
         .filter(|(_, set)| *set)
         .map(|(f, _)| *f)
         .collect();
+    let (verb, them) = if given.len() == 1 {
+        ("applies", "it")
+    } else {
+        ("apply", "them")
+    };
     anyhow::ensure!(
         given.is_empty(),
-        "invalid configuration: {} only apply with --cluster (a cluster node); add --cluster, \
-         or leave them out for a single node",
+        "invalid configuration: {} only {verb} with --cluster (a cluster node); add --cluster, \
+         or leave {them} out for a single node",
         given.join(", ")
     );
     Ok(())

@@ -195,7 +195,7 @@ fn a_cluster_node_refuses_a_single_nodes_data_dir() {
         .unwrap();
     let stderr = failed(&out);
     assert!(
-        stderr.contains("holds a single-node server's write-ahead log (wal-"),
+        stderr.contains("holds a single-node server's state (wal-"),
         "{stderr}"
     );
 }
@@ -212,7 +212,7 @@ fn cluster_flags_without_cluster_are_refused() {
         .unwrap();
     let stderr = failed(&out);
     assert!(
-        stderr.contains("--node-id only apply with --cluster"),
+        stderr.contains("--node-id only applies with --cluster"),
         "{stderr}"
     );
     assert!(
@@ -231,7 +231,7 @@ fn print_config_refuses_what_a_start_refuses() {
         assert!(stderr.contains(words), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?} printed settings");
     };
-    refused(&["--node-id", "1"], "--node-id only apply with --cluster");
+    refused(&["--node-id", "1"], "--node-id only applies with --cluster");
     refused(
         &["--heartbeat-ms", "100", "--election-timeout-ms", "900"],
         "--heartbeat-ms, --election-timeout-ms only apply with --cluster",
