@@ -91,6 +91,7 @@ fn run() -> anyhow::Result<()> {
     refuse_cluster_flags_without_cluster(&settings)?;
     let config = settings.to_config();
     config.validate().map_err(anyhow::Error::msg)?;
+    tenure_server::startup::refuse_exposed(&config, config.listen)?;
     let node = if settings.cluster {
         let node = node_plan(&settings, &config)?;
         node.options.check(&config)?;
@@ -207,35 +208,39 @@ fn node_plan(
 }
 
 impl NodePlan {
-    /// Logs a warning when `--initial-cluster` gives this node a peer port other than the
-    /// one it listens on (outside test a46, L3): the others would dial a port nobody
-    /// answers, and the cluster would never form. Only a warning: a forwarded or translated
-    /// address is legitimate, and the host part may name this machine in another way.
+    /// Logs a warning when `--initial-cluster` gives this node a peer address other than
+    /// the one it listens on (outside test a46, L3; a48, N7): the others would dial an
+    /// address nobody answers, and the cluster would never form. Only a warning: a
+    /// forwarded or translated address is legitimate, and a host name may name this
+    /// machine. Hosts are compared only when both are IP addresses and `--peer-listen`'s
+    /// is not the unspecified one (0.0.0.0 answers on every address).
     fn warn_of_own_entry(&self) {
-        let Some(members) = &self.options.initial_cluster else {
-            return;
+        let Some(own) = self
+            .options
+            .initial_cluster
+            .as_ref()
+            .and_then(|members| members.get(&self.options.node_id))
+        else {
+            return; // ClusterOptions::check refused a membership without this node
         };
-        let node_id = self.options.node_id;
-        let Some(own) = members.get(&node_id) else {
-            tracing::warn!(
-                node_id,
-                "--initial-cluster does not list this node: it joins only when a member \
-                 adds it (CLUSTER.md, \"Peers and membership\")"
-            );
-            return;
-        };
-        let port = own
+        let (host, port) = own
             .peer_addr
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse::<u16>().ok());
-        if port != Some(self.peer_listen.port()) {
+            .rsplit_once(':')
+            .map_or((own.peer_addr.as_str(), None), |(h, p)| {
+                (h, p.parse::<u16>().ok())
+            });
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let listen = self.peer_listen;
+        let other_host = host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| !listen.ip().is_unspecified() && ip != listen.ip());
+        if port != Some(listen.port()) || other_host {
             tracing::warn!(
-                node_id,
+                node_id = self.options.node_id,
                 listed = %own.peer_addr,
-                peer_listen = %self.peer_listen,
-                "--initial-cluster gives this node a peer port other than --peer-listen's: \
-                 the other nodes dial the listed address"
+                peer_listen = %listen,
+                "--initial-cluster gives this node another peer address than --peer-listen: \
+                 the other nodes dial the listed one"
             );
         }
     }

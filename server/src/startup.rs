@@ -28,14 +28,8 @@ pub(crate) fn load_identities(
     addr: std::net::SocketAddr,
 ) -> Result<Option<Arc<Identities>>, ServerError> {
     let Some(path) = &config.identities else {
-        let mutual_tls = config
-            .tls
-            .as_ref()
-            .is_some_and(|tls| tls.client_ca.is_some());
-        if !addr.ip().is_loopback() && !mutual_tls {
-            if !config.insecure_no_auth {
-                return Err(ServerError::NoIdentities(addr));
-            }
+        if is_exposed(config, addr) {
+            refuse_exposed(config, addr)?;
             warn_insecure_no_auth(addr);
         }
         return Ok(None);
@@ -43,6 +37,28 @@ pub(crate) fn load_identities(
     let identities = Identities::load(path).map_err(ServerError::Identities)?;
     tracing::info!(path = %path.display(), "identities loaded");
     Ok(Some(Arc::new(identities)))
+}
+
+/// Whether serving `addr` with `config` lets anyone who reaches it in without a word:
+/// not loopback, no identities, and no client CA (mutual TLS) to stand in for them.
+fn is_exposed(config: &Config, addr: std::net::SocketAddr) -> bool {
+    let mutual_tls = config
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca.is_some());
+    config.identities.is_none() && !addr.ip().is_loopback() && !mutual_tls
+}
+
+/// Refuses to serve `addr` to anyone at all unless `--insecure-no-auth` says so. A start
+/// checks it when it binds, and `tenured --print-config` before (outside test a48, N4).
+///
+/// # Errors
+/// [`ServerError::NoIdentities`] for an exposed address without `insecure_no_auth`.
+pub fn refuse_exposed(config: &Config, addr: std::net::SocketAddr) -> Result<(), ServerError> {
+    if is_exposed(config, addr) && !config.insecure_no_auth {
+        return Err(ServerError::NoIdentities(addr));
+    }
+    Ok(())
 }
 
 /// The warning every mode logs when `--insecure-no-auth` lets it serve `addr`, a

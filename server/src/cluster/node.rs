@@ -131,7 +131,20 @@ impl ClusterOptions {
                        mode: every change is fsynced on a majority before it is answered";
             return Err(ClusterError::Config(why.to_string()));
         }
+        self.check_initial_cluster()?;
         self.raft_config().map(|_| ())
+    }
+
+    /// Refuses an `--initial-cluster` that does not list this node: the lowest id would
+    /// make a cluster without it.
+    fn check_initial_cluster(&self) -> Result<(), ClusterError> {
+        let id = self.node_id;
+        match &self.initial_cluster {
+            Some(members) if !members.contains_key(&id) => Err(ClusterError::Config(format!(
+                "--initial-cluster does not list this node ({id})"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn raft_config(&self) -> Result<openraft::Config, ClusterError> {
@@ -635,12 +648,7 @@ async fn open_raft(
     peers: &TcpListener,
 ) -> Result<RaftParts, ClusterError> {
     let id = options.node_id;
-    if let Some(members) = &options.initial_cluster {
-        if !members.contains_key(&id) {
-            let why = format!("--initial-cluster does not list this node ({id})");
-            return Err(ClusterError::Config(why));
-        }
-    }
+    options.check_initial_cluster()?;
     let raft_config = Arc::new(options.raft_config()?);
     let log = LogStore::open(&options.data_dir)?;
     let state = Arc::new(Replica::default());

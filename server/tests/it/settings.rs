@@ -221,8 +221,9 @@ fn cluster_flags_without_cluster_are_refused() {
     );
 }
 
-/// `--print-config` refuses what a start refuses (outside test a47, M12: it printed the
-/// settings and exited 0), and the timing flags count as node flags (M11: ignored).
+/// `--print-config` refuses what a start refuses (outside test a47, M12, and a48, N3 and N4:
+/// it printed the settings and exited 0), and the timing flags count as node flags (M11:
+/// ignored).
 #[test]
 fn print_config_refuses_what_a_start_refuses() {
     let refused = |args: &[&str], words: &str| {
@@ -247,6 +248,18 @@ fn print_config_refuses_what_a_start_refuses() {
     refused(
         &[&node[..], &["--initial-cluster", "1=a"]].concat(),
         "--initial-cluster:",
+    );
+    refused(
+        &[
+            &node[..],
+            &["--initial-cluster", "2=127.0.0.1:2/127.0.0.1:3"],
+        ]
+        .concat(),
+        "--initial-cluster does not list this node (1)",
+    );
+    refused(
+        &["--listen", "0.0.0.0:1"],
+        "refusing to serve 0.0.0.0:1 without identities",
     );
     refused(
         &[&node[..], &["--no-fsync"]].concat(),
