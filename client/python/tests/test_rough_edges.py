@@ -288,3 +288,91 @@ def test_a_short_refusal_line_is_reported_at_once_on_a_connection_left_open():
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def _fake_server(answer: bytes, then: bytes = b""):
+    """A server on a free port that answers every connection's first bytes with `answer`,
+    and `then` after the next bytes it reads, and keeps each connection open until the
+    test closes the listener. Returns (address, stop)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            threading.Thread(target=answer_on, args=(conn,), daemon=True).start()
+
+    def answer_on(conn):
+        try:
+            conn.recv(64)
+            conn.sendall(answer)
+            if then:
+                conn.recv(64)
+                conn.sendall(then)
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def stop():
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+    return f"127.0.0.1:{port}", stop
+
+
+def _accepted_handshake(version: int = 1, in_flight_max: int = 64) -> bytes:
+    import struct
+
+    limits = struct.pack(">6I", 8192, in_flight_max, 3_600_000, 3_600_000, 1024, 1024)
+    return b"\x00TNR" + struct.pack(">HHH", version, 0, len(limits)) + limits
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (_accepted_handshake(version=9), "server speaks protocol version 9, this client speaks 1"),
+        (_accepted_handshake(in_flight_max=0), "server allows no requests in flight"),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", "not a tenure server"),
+    ],
+)
+def test_a_handshake_this_client_cannot_use_is_refused_at_once(answer, words):
+    """An accepted handshake in another version or allowing no request in flight is refused
+    as the Rust client refuses it (outside test a48, N11: each request waited out its
+    time-out), and an answer without the magic is named as no tenure server (N12: it read
+    "connection refused by server")."""
+    addr, stop = _fake_server(answer)
+    try:
+        with pytest.raises(tenure.HandshakeError, match=words):
+            tenure.Client(addr, timeout=60.0, connect_timeout=60.0).ping()
+
+        async def main():
+            async with tenure.AsyncClient(addr, timeout=60.0, connect_timeout=60.0) as client:
+                await client.ping()
+
+        with pytest.raises(tenure.HandshakeError, match=words):
+            asyncio.run(main())
+    finally:
+        stop()
+
+
+def test_a_lost_connection_names_the_address_once():
+    """The blocking client's direct connection named the address twice in a ConnectionLost
+    ("127.0.0.1:X: 127.0.0.1:X: frame length ... out of range", outside test a48, N13)."""
+    addr, stop = _fake_server(_accepted_handshake(), then=b"\xff\xff\xff\xf0")
+    try:
+        with tenure.Client(addr, timeout=5.0) as client:
+            with pytest.raises(tenure.ConnectionLost) as lost:
+                client.ping()
+        assert str(lost.value).count(addr) == 1, str(lost.value)
+    finally:
+        stop()

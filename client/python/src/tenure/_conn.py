@@ -358,12 +358,13 @@ async def _handshake(
     if refusal:
         raise HandshakeError(f"{address}: {w.refusal_text(header)}", refusal_code(header))
     try:
-        _, status, body_len = w.parse_handshake_header(header)
+        version, status, body_len = w.parse_handshake_header(header)
         body = await reader.readexactly(body_len)
         if status != 0:
             reason = body.decode("utf-8", "replace")
             error = server_error(status, reason)
             raise HandshakeError(f"{address} refused the handshake: {error}", status)
+        w.check_version(version)
         return w.parse_limits(body)
     except w.ProtocolViolation as e:
         raise HandshakeError(f"{address}: {e}") from e

@@ -57,11 +57,12 @@ class SyncConnection:
             raise HandshakeError(f"{self.address}: {w.refusal_text(line)}", refusal_code(line))
         header += self._read_exact(w.HANDSHAKE_HEADER_LEN - len(w.MAGIC))
         try:
-            _, status, body_len = w.parse_handshake_header(header)
+            version, status, body_len = w.parse_handshake_header(header)
             body = self._read_exact(body_len)
             if status != 0:
                 reason = body.decode("utf-8", "replace")
                 raise HandshakeError(f"{self.address} refused the handshake: {reason}", status)
+            w.check_version(version)
             w.parse_limits(body)
         except w.ProtocolViolation as e:
             raise HandshakeError(f"{self.address}: {e}") from e
@@ -116,6 +117,8 @@ class SyncConnection:
                 # Otherwise: the late answer of a request that timed out earlier; skipped.
         except socket.timeout:
             raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
+        except ConnectionLost:
+            raise  # it names the address already (outside test a48, N13: it was named twice)
         except OSError as e:
             raise ConnectionLost(f"{self.address}: {e}") from e
 

@@ -192,7 +192,7 @@ def parse_handshake_header(header: bytes) -> Tuple[int, int, int]:
     """
     if header[:4] != MAGIC:
         text = header.decode("utf-8", "replace")
-        raise ProtocolViolation(f"connection refused by server: {text!r}")
+        raise ProtocolViolation(f"not a tenure server (no tenure magic in its answer): {text!r}")
     version, status, body_len = struct.unpack(">HHH", header[4:10])
     if body_len > HANDSHAKE_BODY_MAX:
         raise ProtocolViolation(f"handshake body of {body_len} bytes: not a tenure server")
@@ -206,7 +206,17 @@ def parse_limits(body: bytes) -> ServerLimits:
     limits = ServerLimits(*struct.unpack(">6I", body[:LIMITS_BODY_LEN]))
     if not FRAME_LEN_MAX_FLOOR <= limits.frame_len_max <= FRAME_LEN_MAX:
         raise ProtocolViolation(f"frame_len_max {limits.frame_len_max} out of range")
+    if limits.in_flight_max == 0:
+        # Every request would wait out its time-out (outside test a48, N11).
+        raise ProtocolViolation("server allows no requests in flight")
     return limits
+
+
+def check_version(version: int) -> None:
+    """Refuses an accepted handshake in a version this client does not speak, as the Rust
+    client does (outside test a48, N11: its requests waited out their time-outs)."""
+    if version != VERSION:
+        raise ProtocolViolation(f"server speaks protocol version {version}, this client speaks {VERSION}")
 
 
 class Reader:
