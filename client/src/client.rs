@@ -1074,6 +1074,55 @@ mod tests {
         assert!(!text.contains("bytes is over the limit"), "{text}");
     }
 
+    /// An ERROR of request id 0 answers no request: the server closes the connection behind
+    /// it, and the requests in flight fail at once, not at their time-outs, even if the close
+    /// is slow to arrive (outside test a48, N14).
+    #[tokio::test]
+    async fn an_error_of_request_id_0_fails_the_requests_in_flight_at_once() {
+        use tenure_protocol::handshake::ServerLimits;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let server = async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
+            stream.read_exact(&mut hello).await.unwrap();
+            let mut out = bytes::BytesMut::new();
+            let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
+            HelloAck {
+                version: VERSION,
+                limits,
+            }
+            .encode(&mut out);
+            stream.write_all(&out).await.unwrap();
+            // The first bytes of a request: answer it with an id-0 ERROR, and keep the
+            // connection open (a peer that does not close as the server does).
+            let mut first = [0u8; 1];
+            stream.read_exact(&mut first).await.unwrap();
+            out.clear();
+            let refusal = Response::Error {
+                code: ErrorCode::ShuttingDown,
+                message: "shutting down".into(),
+            };
+            tenure_protocol::frame::encode_response(0, &refusal, &mut out);
+            stream.write_all(&out).await.unwrap();
+            let _ = held_tx.send(stream);
+        };
+        tokio::spawn(server);
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(60),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(addr, config).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(20), client.ping())
+            .await
+            .expect("the ping fails long before its 60 s time-out");
+        let text = format!("{answer:?}");
+        assert!(text.contains("server closes the connection"), "{text}");
+        assert!(text.contains("shutting down"), "{text}");
+        drop(held_rx);
+    }
+
     #[tokio::test]
     async fn a_refused_handshake_is_the_servers_error() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -565,11 +565,17 @@ async fn read_loop(read: impl AsyncRead + Unpin + Send, rest: BytesMut, shared: 
             item = frames.next() => item,
         };
         match item {
-            Some(Ok((id, frame))) => {
-                if let Some(message) = shared.dispatch(id, frame) {
-                    notice = Some(message);
+            Some(Ok((id, frame))) => match shared.dispatch(id, frame) {
+                // Id 0 answers no request of ours (we never send it): the server closes the
+                // connection after it (PROTOCOL.md 3, "Request id 0"), so the requests in flight fail now
+                // rather than when the close arrives (outside test a48, N14: a peer that
+                // kept the connection open held them to their time-outs).
+                Some(message) if id == 0 => {
+                    break format!("server closes the connection ({message})");
                 }
-            }
+                Some(message) => notice = Some(message),
+                None => {}
+            },
             Some(Err(e)) => break format!("stream error: {e}"),
             None => {
                 break match notice {
