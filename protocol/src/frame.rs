@@ -933,7 +933,10 @@ impl Body {
         if self.bytes.has_remaining() {
             return Err(FrameError::new(
                 ErrorCode::BadFrame,
-                format!("{} unexpected bytes after the body", self.bytes.remaining()),
+                match self.bytes.remaining() {
+                    1 => "1 unexpected byte after the body".to_owned(),
+                    n => format!("{n} unexpected bytes after the body"),
+                },
             ));
         }
         Ok(())

@@ -441,12 +441,11 @@ fn trailing_bytes_are_rejected() {
     let mut buf = BytesMut::new();
     encode_request(1, &Request::Ping, &mut buf);
     let (opcode, _, _) = split_frame(&mut buf).unwrap().unwrap();
-    assert_eq!(
-        decode_request(opcode, Bytes::from_static(b"x"))
-            .unwrap_err()
-            .code,
-        ErrorCode::BadFrame
-    );
+    let one = decode_request(opcode, Bytes::from_static(b"x")).unwrap_err();
+    assert_eq!(one.code, ErrorCode::BadFrame);
+    assert_eq!(one.message, "1 unexpected byte after the body");
+    let three = decode_request(opcode, Bytes::from_static(b"xyz")).unwrap_err();
+    assert_eq!(three.message, "3 unexpected bytes after the body");
 }
 
 #[test]

@@ -128,7 +128,14 @@ fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow
     let given = [
         ("--node-id", settings.node_id.is_some()),
         ("--peer-listen", settings.peer_listen.is_some()),
-        ("--initial-cluster", settings.initial_cluster.is_some()),
+        // An empty `TENURE_INITIAL_CLUSTER=` (a unit file's blank template) gives nothing.
+        (
+            "--initial-cluster",
+            settings
+                .initial_cluster
+                .as_ref()
+                .is_some_and(|s| !s.is_empty()),
+        ),
         ("--peer-tls-cert", settings.peer_tls_cert.is_some()),
         ("--peer-tls-key", settings.peer_tls_key.is_some()),
         ("--peer-tls-ca", settings.peer_tls_ca.is_some()),
@@ -154,10 +161,26 @@ fn refuse_cluster_flags_without_cluster(settings: &settings::Settings) -> anyhow
     anyhow::ensure!(
         given.is_empty(),
         "invalid configuration: {} only {verb} with --cluster (a cluster node); add --cluster, \
-         or leave {them} out for a single node",
-        given.join(", ")
+         or leave {them} out for a single node{}",
+        given.join(", "),
+        from_the_environment(&given)
     );
     Ok(())
+}
+
+/// Names the environment variables that set some of `flags` (a refusal that names only the
+/// flag sent its reader looking for a flag that was never typed: outside test a48, N2).
+fn from_the_environment(flags: &[&str]) -> String {
+    let set: Vec<String> = flags
+        .iter()
+        .map(|flag| format!("TENURE_{}", flag[2..].replace('-', "_").to_uppercase()))
+        .filter(|var| std::env::var_os(var).is_some_and(|value| !value.is_empty()))
+        .collect();
+    match set.len() {
+        0 => String::new(),
+        1 => format!(" ({} is set in the environment)", set[0]),
+        _ => format!(" ({} are set in the environment)", set.join(", ")),
+    }
 }
 
 /// A cluster node's settings, checked: what `run_cluster` starts it with.

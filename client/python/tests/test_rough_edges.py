@@ -376,3 +376,48 @@ def test_a_lost_connection_names_the_address_once():
         assert str(lost.value).count(addr) == 1, str(lost.value)
     finally:
         stop()
+
+
+# -- connect() on a client already built --------------------------------------------------
+
+
+def test_connect_on_a_built_client_connects_that_client(server):
+    async def main():
+        client = tenure.AsyncClient(server.addr, timeout=3)
+        connected = await client.connect()
+        # The same client, with its own address and options, not a new default one.
+        assert connected is client and client.timeout == 3
+        assert isinstance(await client.acquire("connect/self", 5), Granted)
+        with pytest.raises(TypeError, match="takes no arguments"):
+            await client.connect(server.addr)
+        await client.close()
+        other = await tenure.AsyncClient.connect(server.addr, timeout=2)
+        assert other.timeout == 2 and other is not client
+        await other.close()
+
+    asyncio.run(main())
+
+
+def _dead_address() -> str:
+    """An address on loopback where nothing listens (a port bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_round_of_failed_connects_names_every_address():
+    first, second = _dead_address(), _dead_address()
+
+    async def main():
+        with pytest.raises(tenure.CannotConnect) as e:
+            await tenure.AsyncClient.connect([first, second], connect_timeout=1)
+        return str(e.value)
+
+    text = asyncio.run(main())
+    assert "any of 2 addresses" in text, text
+    assert first in text and second in text, text
+    with pytest.raises(tenure.CannotConnect) as one:
+        tenure.Client(first, connect_timeout=1)
+    assert "any of" not in str(one.value) and first in str(one.value)

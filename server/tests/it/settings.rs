@@ -221,6 +221,33 @@ fn cluster_flags_without_cluster_are_refused() {
     );
 }
 
+/// A node setting from the environment is named as such in the refusal, and an empty one
+/// (a unit file's blank `TENURE_INITIAL_CLUSTER=`) gives nothing (outside test a48, N2).
+#[test]
+fn a_node_setting_from_the_environment_is_named_as_such() {
+    let out = tenured()
+        .args(["--listen", "127.0.0.1:0", "--print-config"])
+        .env("TENURE_NODE_ID", "2")
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(
+        stderr.contains("--node-id only applies with --cluster")
+            && stderr.contains("(TENURE_NODE_ID is set in the environment)"),
+        "{stderr}"
+    );
+    let out = tenured()
+        .args(["--listen", "127.0.0.1:0", "--print-config"])
+        .env("TENURE_INITIAL_CLUSTER", "")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `--print-config` refuses what a start refuses (outside test a47, M12, and a48, N3 and N4:
 /// it printed the settings and exited 0), and the timing flags count as node flags (M11:
 /// ignored).

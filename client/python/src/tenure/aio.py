@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import math
 import random
@@ -256,6 +257,27 @@ class _AcquireRetry:
         return False
 
 
+def _connect_failure(target: Tuple[str, int], e: BaseException) -> str:
+    """What one failed connect says, naming its address."""
+    if isinstance(e, asyncio.TimeoutError):
+        return f"connecting to {target[0]}:{target[1]} timed out"
+    text = str(e)
+    address = f"{target[0]}:{target[1]}"
+    return text if address in text else f"{address}: {text}"
+
+
+class _class_or_instance:
+    """A method that gets its class when called on the class and its instance when called on
+    an instance (a `classmethod` gets the class either way)."""
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+
+    def __get__(self, obj: Any, cls: Any) -> Callable[..., Any]:
+        return functools.partial(self._method, cls if obj is None else obj)
+
+
 class AsyncClient:
     """A tenure client for asyncio: one pipelined connection, reconnected when it fails.
 
@@ -308,10 +330,24 @@ class AsyncClient:
 
     # -- connecting -------------------------------------------------------------------
 
-    @classmethod
-    async def connect(cls, addrs: Union[str, List[str]] = "127.0.0.1:7878", **options: Any) -> "AsyncClient":
-        """A client whose first connection is open (its errors raised here)."""
-        client = cls(addrs, **options)
+    @_class_or_instance
+    async def connect(
+        cls_or_self: Any, addrs: Union[str, List[str], None] = None, **options: Any
+    ) -> "AsyncClient":
+        """`await AsyncClient.connect(addrs, ...)`: a client whose first connection is open
+        (its errors raised here). `await client.connect()` on a client built with
+        `AsyncClient(addrs, ...)` opens that client's first connection and returns it."""
+        if isinstance(cls_or_self, AsyncClient):
+            # Called on an instance: connecting a new default client instead (as a plain
+            # classmethod would) leaves this one unconnected and surprises (outside test a48, N15).
+            if addrs is not None or options:
+                raise TypeError(
+                    "client.connect() takes no arguments: the addresses and options were "
+                    "given to AsyncClient(...); use AsyncClient.connect(addrs, ...) for a new client"
+                )
+            client = cls_or_self
+        else:
+            client = cls_or_self("127.0.0.1:7878" if addrs is None else addrs, **options)
         await client._connection(client._first_connect_deadline())
         return client
 
@@ -375,12 +411,14 @@ class AsyncClient:
             early = self._retry_at is not None and time.monotonic() < self._retry_at
             # Each address once, at once: a cluster with a node down still connects. The
             # backoff delay comes after a whole round of them failed.
+            failed: List[str] = []
             for attempt in range(len(self.endpoints)):
                 target = self._next
                 budget = min(self.connect_timeout, max(0.0, deadline - time.monotonic()))
                 try:
                     conn = await asyncio.wait_for(self._open(target), budget)
                 except (asyncio.TimeoutError, ConnectionLost, OSError, ServerError) as e:
+                    failed.append(_connect_failure(target, e))
                     self._note_failure(target, early)
                     last_round = attempt == len(self.endpoints) - 1 or time.monotonic() >= deadline
                     # A follower may answer the AUTH itself with NOT_LEADER: go where it says.
@@ -389,8 +427,12 @@ class AsyncClient:
                         self._next = parse_addresses(hint[0])[0]
                     if not last_round and (not isinstance(e, ServerError) or isinstance(e, NotLeader)):
                         continue
+                    if len(failed) > 1 and (isinstance(e, asyncio.TimeoutError) or type(e) is CannotConnect):
+                        # Every address's failure, not only the last one's (outside test a48, N9).
+                        tried = f"{len(failed)} addresses" + ("" if len(failed) == len(self.endpoints) else " tried")
+                        raise CannotConnect(f"cannot connect to any of {tried}: " + "; ".join(failed)) from e
                     if isinstance(e, asyncio.TimeoutError):
-                        raise CannotConnect(f"connecting to {target[0]}:{target[1]} timed out") from e
+                        raise CannotConnect(_connect_failure(target, e)) from e
                     raise
                 self._failures = 0
                 self._retry_at = None
