@@ -1038,26 +1038,36 @@ mod tests {
         stream.write_all(&out).await.unwrap();
     }
 
+    /// Accepts one connection on `listener` and reads its hello; returns the stream and the
+    /// handshake's answer (accepting, 16 in flight), encoded but not yet written, so that a
+    /// test can send more in the same segment.
+    async fn accept_with_hello_ack(
+        listener: &tokio::net::TcpListener,
+    ) -> (tokio::net::TcpStream, bytes::BytesMut) {
+        use tenure_protocol::handshake::ServerLimits;
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
+        stream.read_exact(&mut hello).await.unwrap();
+        let mut out = bytes::BytesMut::new();
+        let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
+        HelloAck {
+            version: VERSION,
+            limits,
+        }
+        .encode(&mut out);
+        (stream, out)
+    }
+
     /// A server that closes a connection right after its handshake says why in an ERROR of
     /// request id 0, often in the same segment as the handshake's answer (mutual TLS over an
     /// identity's connections-max). The bytes read past the answer used to be dropped, and
     /// the frame after them was read from its middle: "frame of 1635269152 bytes".
     #[tokio::test]
     async fn an_error_sent_right_behind_the_handshake_is_read_whole() {
-        use tenure_protocol::handshake::ServerLimits;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let server = async {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
-            stream.read_exact(&mut hello).await.unwrap();
-            let mut out = bytes::BytesMut::new();
-            let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
-            HelloAck {
-                version: VERSION,
-                limits,
-            }
-            .encode(&mut out);
+            let (mut stream, mut out) = accept_with_hello_ack(&listener).await;
             let refusal = Response::Error {
                 code: ErrorCode::ConnectionsLimit,
                 message: "connections-max: identity `orders` has 3 connections already".into(),
@@ -1079,21 +1089,11 @@ mod tests {
     /// is slow to arrive (outside test a48, N14).
     #[tokio::test]
     async fn an_error_of_request_id_0_fails_the_requests_in_flight_at_once() {
-        use tenure_protocol::handshake::ServerLimits;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (held_tx, held_rx) = tokio::sync::oneshot::channel();
         let server = async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut hello = [0u8; tenure_protocol::handshake::HELLO_LEN];
-            stream.read_exact(&mut hello).await.unwrap();
-            let mut out = bytes::BytesMut::new();
-            let limits = ServerLimits::with(16, tenure_protocol::limits::TTL_MS_MAX);
-            HelloAck {
-                version: VERSION,
-                limits,
-            }
-            .encode(&mut out);
+            let (mut stream, mut out) = accept_with_hello_ack(&listener).await;
             stream.write_all(&out).await.unwrap();
             // The first bytes of a request: answer it with an id-0 ERROR, and keep the
             // connection open (a peer that does not close as the server does).
