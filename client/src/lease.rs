@@ -440,6 +440,8 @@ pub struct LeaseGuard {
     state: Arc<GuardState>,
     router: Router,
     stop: CancellationToken,
+    /// Whether the grant was found by a repeat of its ACQUIRE ([`Lease::is_repeat`]).
+    repeat: bool,
 }
 
 impl fmt::Debug for LeaseGuard {
@@ -483,6 +485,7 @@ impl LeaseGuard {
             state,
             router: lease.router,
             stop,
+            repeat: lease.repeat,
         }
     }
 
@@ -494,6 +497,12 @@ impl LeaseGuard {
     /// The fencing token of the lease: pass it with every write to the protected resource.
     pub fn fencing_token(&self) -> u64 {
         self.state.token
+    }
+
+    /// Whether the grant was found by a repeat of its ACQUIRE: an earlier send was granted
+    /// and its answer lost ([`Lease::is_repeat`]).
+    pub fn is_repeat(&self) -> bool {
+        self.repeat
     }
 
     /// The lease id.

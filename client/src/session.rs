@@ -367,6 +367,7 @@ impl Session {
                 token: lease.fencing_token(),
                 lease_id: lease.lease_id(),
                 waited: lease.waited(),
+                repeat: lease.is_repeat(),
                 released: OnceLock::new(),
                 loss: self.state.loss.child_token(),
             })),
@@ -426,6 +427,8 @@ pub struct SessionGuard {
     lease_id: LeaseId,
     /// How long the acquire waited in line on the server.
     waited: Duration,
+    /// Whether the grant was found by a repeat of its ACQUIRE ([`crate::Lease::is_repeat`]).
+    repeat: bool,
     /// Set when the owner released this lock (the session's loss is in `state`).
     released: OnceLock<()>,
     /// Cancelled with the session's loss, or by a release of this lock alone.
@@ -463,6 +466,12 @@ impl SessionGuard {
     /// immediate grant), by the server's clock.
     pub fn waited(&self) -> Duration {
         self.waited
+    }
+
+    /// Whether the grant was found by a repeat of its ACQUIRE: an earlier send was granted
+    /// and its answer lost ([`crate::Lease::is_repeat`]).
+    pub fn is_repeat(&self) -> bool {
+        self.repeat
     }
 
     /// The session the lock lives in.

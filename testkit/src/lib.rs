@@ -9,11 +9,13 @@
 //! - [`console`]: text-console clients, async ([`Console`]) and blocking ([`LineConn`]).
 //! - [`raw`]: a bare binary-protocol client ([`Raw`]) and request builders.
 //! - [`imports`]: the reader and checker behind each crate's import-rules test.
+//! - [`lossy`]: a proxy that throws away a GRANTED reply, for exactly-once ACQUIRE tests.
 //! - [`reply`]: `key=value` parsing of console and command-line output ([`field`], [`token`]).
 
 pub mod console;
 pub mod daemon;
 pub mod imports;
+pub mod lossy;
 pub mod nemesis;
 pub mod raw;
 pub mod reply;

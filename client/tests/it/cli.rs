@@ -448,6 +448,57 @@ async fn cli_elect_leads_in_a_session_unless_told_no_session() {
     }
 }
 
+/// A grant that `tenure run` or `tenure elect` found by a repeat (its first GRANTED was lost)
+/// is marked `repeat=1`, last, as `tenure acquire` marks one (outside test a49, P5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_run_and_elect_mark_a_grant_found_by_a_repeat() {
+    use tenure_testkit::lossy::{next_drop, proxy, Trap};
+    let server = TestServer::start();
+    let (trap, mut dropped) = Trap::new();
+    let upstream = server.addr.parse().expect("a socket address");
+    let (addr, _accepting) = proxy(upstream, std::sync::Arc::clone(&trap)).await;
+    // Not `elect --no-session` here: given one address it takes its lock with release on
+    // disconnect, so the cut that lost its GRANTED ended that lease, and it campaigns anew.
+    let runs: [&[&str]; 3] = [
+        &["run", "--ttl", "5s", "cli/rep-run", "--", "true"],
+        &[
+            "run",
+            "--no-session",
+            "--ttl",
+            "5s",
+            "cli/rep-alone",
+            "--",
+            "true",
+        ],
+        &[
+            "elect", "--value", "me", "--ttl", "5s", "cli-rep", "--", "true",
+        ],
+    ];
+    for args in runs {
+        trap.arm();
+        let lose = async {
+            let lost = next_drop(&mut dropped, PATIENCE).await;
+            trap.cut();
+            lost
+        };
+        let ((code, _, err), (token, lease_id)) = tokio::join!(cli(&addr, args), lose);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let line = err.lines().next().expect("a first line");
+        assert!(line.ends_with(" repeat=1"), "{args:?}: {line}");
+        let term = if args[0] == "run" { "token" } else { "term" };
+        assert_eq!(field(line, term), token.to_string(), "{args:?}: {line}");
+        assert_eq!(
+            field(line, "lease"),
+            lease_id.to_string(),
+            "{args:?}: {line}"
+        );
+    }
+    // A grant answered the first time is not marked.
+    let (code, _, err) = cli(&addr, &["run", "--ttl", "5s", "cli/rep-run", "--", "true"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("repeat"), "{err}");
+}
+
 #[tokio::test]
 async fn cli_run_passes_sigterm_on_and_still_releases() {
     let server = TestServer::start();

@@ -8,110 +8,18 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{AcquireOptions, ClientConfig, EndedHow, Error, KeyState, LeaseId};
-use tenure_protocol::Response;
+use tenure::{AcquireOptions, ClientConfig, EndedHow, Error, KeyState};
+use tenure_testkit::lossy::{self, proxy, Dropped, Trap};
 use tenure_testkit::{Daemon, Tenured};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use super::tenured_bin;
 
 /// Longest a grant, a restart or a fail-over may take here, on a loaded machine.
 const STEP_MAX: Duration = Duration::from_secs(30);
-/// Opcode of GRANTED (PROTOCOL.md 3.2).
-const GRANTED: u8 = 0x82;
-
-/// The grant a proxy threw away: its token and lease id.
-type Dropped = (u64, LeaseId);
-
-/// What the proxies share: whether the next GRANTED is to be dropped, where to report it,
-/// and the signal to cut the client's connection once the test has done its harm.
-struct Trap {
-    armed: AtomicBool,
-    dropped: mpsc::UnboundedSender<Dropped>,
-    cut: Notify,
-}
-
-/// A proxy on a port of its own that forwards every connection to `upstream` (connecting
-/// anew each time, so it reaches a restarted server) and, while the trap is armed, drops the
-/// first GRANTED reply, reports it, and closes that connection when told to.
-///
-/// Aborting the returned task closes its port, so that new connections are refused as a
-/// killed node's are.
-async fn proxy(upstream: SocketAddr, trap: Arc<Trap>) -> (String, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let accepting = tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let trap = Arc::clone(&trap);
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return; // the server is down: the client sees a closed connection
-                };
-                let (mut client_read, client_write) = client.into_split();
-                let (server_read, mut server_write) = server.into_split();
-                let upward = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-                });
-                let _ = forward_replies(server_read, client_write, &trap).await;
-                upward.abort();
-            });
-        }
-    });
-    (addr, accepting)
-}
-
-/// Copies the server's handshake answer, then its frames one by one, dropping a GRANTED
-/// when the trap is armed (and then waiting for the cut before returning, which closes the
-/// client's connection).
-async fn forward_replies(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    trap: &Trap,
-) -> std::io::Result<()> {
-    let mut header = [0u8; tenure_protocol::handshake::HELLO_ACK_HEADER_LEN];
-    from.read_exact(&mut header).await?;
-    let mut body = vec![0u8; usize::from(u16::from_be_bytes([header[8], header[9]]))];
-    from.read_exact(&mut body).await?;
-    to.write_all(&header).await?;
-    to.write_all(&body).await?;
-    loop {
-        let mut len = [0u8; 4];
-        from.read_exact(&mut len).await?;
-        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
-        from.read_exact(&mut frame).await?;
-        if frame[0] == GRANTED && trap.armed.swap(false, Ordering::SeqCst) {
-            let body = bytes::Bytes::copy_from_slice(&frame[9..]);
-            let Ok(Response::Granted {
-                token, lease_id, ..
-            }) = tenure_protocol::frame::decode_response(GRANTED, body)
-            else {
-                panic!("an undecodable GRANTED");
-            };
-            trap.dropped.send((token, lease_id)).unwrap();
-            trap.cut.notified().await;
-            return Ok(());
-        }
-        to.write_all(&len).await?;
-        to.write_all(&frame).await?;
-    }
-}
-
-fn trap() -> (Arc<Trap>, mpsc::UnboundedReceiver<Dropped>) {
-    let (dropped, rx) = mpsc::unbounded_channel();
-    let trap = Trap {
-        armed: AtomicBool::new(false),
-        dropped,
-        cut: Notify::new(),
-    };
-    (Arc::new(trap), rx)
-}
-
 fn single(dir: &Path) -> Tenured<'_> {
     Tenured {
         bin: tenured_bin(),
@@ -130,10 +38,7 @@ fn config() -> ClientConfig {
 }
 
 async fn next_drop(rx: &mut mpsc::UnboundedReceiver<Dropped>) -> Dropped {
-    tokio::time::timeout(STEP_MAX, rx.recv())
-        .await
-        .expect("a grant within the step's time")
-        .unwrap()
+    lossy::next_drop(rx, STEP_MAX).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,14 +46,14 @@ async fn a_single_nodes_grant_lost_to_kill_9_is_the_callers_one_grant_after_the_
     let dir = tempfile::tempdir().unwrap();
     let mut daemon = Daemon::start(single(dir.path()));
     let upstream = daemon.addr;
-    let (trap, mut dropped) = trap();
+    let (trap, mut dropped) = Trap::new();
     let (addr, _accepting) = proxy(upstream, Arc::clone(&trap)).await;
     let client = tenure::Client::connect_with(addr, config()).await.unwrap();
     let ttl = Duration::from_secs(60);
 
     // Granted and durable, the reply dropped, the server killed and restarted, then the
     // client's connection cut: the retry finds the grant in the restarted server's log.
-    trap.armed.store(true, Ordering::SeqCst);
+    trap.arm();
     let acquiring = tokio::spawn({
         let client = client.clone();
         async move {
@@ -162,7 +67,7 @@ async fn a_single_nodes_grant_lost_to_kill_9_is_the_callers_one_grant_after_the_
         daemon.kill9();
         daemon = Daemon::start_on(single(dir.path()), upstream);
     });
-    trap.cut.notify_one();
+    trap.cut();
     let lease = acquiring
         .await
         .unwrap()
@@ -181,7 +86,7 @@ async fn a_single_nodes_grant_lost_to_kill_9_is_the_callers_one_grant_after_the_
 
     // The lease ends (released by someone who learnt its id) before the retry arrives: the
     // caller hears that it was granted and has ended, and nothing is granted again.
-    trap.armed.store(true, Ordering::SeqCst);
+    trap.arm();
     let acquiring = tokio::spawn({
         let client = client.clone();
         async move {
@@ -194,7 +99,7 @@ async fn a_single_nodes_grant_lost_to_kill_9_is_the_callers_one_grant_after_the_
     let direct = tenure::Client::connect(upstream.to_string()).await.unwrap();
     let released = direct.release("job:2", lease_id).await.unwrap();
     assert_eq!(released, tenure::ReleaseOutcome::Released);
-    trap.cut.notify_one();
+    trap.cut();
     let err = acquiring.await.unwrap().unwrap_err();
     assert!(
         matches!(err, Error::AcquireEnded { how: EndedHow::Released, token: t } if t == token),
@@ -215,7 +120,7 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
         tokio::task::block_in_place(|| super::cluster::at_leader(&clients, "INSPECT probe"));
     let mut order = clients.clone();
     order.sort_by_key(|&c| c != leader);
-    let (trap, mut dropped) = trap();
+    let (trap, mut dropped) = Trap::new();
     let mut proxies = Vec::new();
     let mut accepting = Vec::new();
     for &node in &order {
@@ -227,7 +132,7 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
         .await
         .unwrap();
     let ttl = Duration::from_secs(60);
-    trap.armed.store(true, Ordering::SeqCst);
+    trap.arm();
     let acquiring = tokio::spawn({
         let client = client.clone();
         async move {
@@ -241,7 +146,7 @@ async fn a_leaders_grant_lost_to_kill_9_is_the_callers_one_grant_at_the_new_lead
     let leader = clients.iter().position(|&c| c == leader).unwrap();
     tokio::task::block_in_place(|| daemons[leader].kill9());
     accepting[0].abort(); // the leader's proxy (first): refused from now on, as the node is
-    trap.cut.notify_one();
+    trap.cut();
     let lease = acquiring
         .await
         .unwrap()

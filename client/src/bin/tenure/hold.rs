@@ -80,6 +80,14 @@ impl Hold {
         }
     }
 
+    /// Whether the grant was found by a repeat of its ACQUIRE (its first answer was lost).
+    pub fn is_repeat(&self) -> bool {
+        match self {
+            Hold::Lease { guard, .. } => guard.is_repeat(),
+            Hold::Session { guard, .. } => guard.is_repeat(),
+        }
+    }
+
     /// The lease id.
     pub fn lease_id(&self) -> tenure::LeaseId {
         match self {

@@ -65,6 +65,10 @@ pub async fn run(client: &Client, out: &Out, args: RunArgs) -> anyhow::Result<u8
     if let Some(id) = hold.session_id() {
         line = line.text("session", id.to_string());
     }
+    // Last, as `tenure acquire` marks one (outside test a49, P5: it was not marked here).
+    if hold.is_repeat() {
+        line = line.number("repeat", 1);
+    }
     out.print(line);
     supervise(hold, out, &key, &args.command, args.grace).await
 }
