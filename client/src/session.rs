@@ -40,7 +40,7 @@ use crate::error::{unexpected, Error, Result};
 use crate::lease::{local_deadline, AcquireOutcome, LossReason, Validity};
 use crate::options::AcquireOptions;
 use crate::outcome::ReleaseOutcome;
-use crate::router::{Purpose, Router};
+use crate::router::{Answer, Purpose, Router};
 
 /// How a [`Session`] keeps itself alive.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -126,11 +126,7 @@ impl Client {
                 ),
             });
         }
-        let request = Request::SessionOpen {
-            ttl_ms: duration_ms(ttl),
-        };
-        let timeout = self.config().request_timeout;
-        let answer = self.router().call(request, timeout).await?;
+        let answer = self.session_open_answered(ttl).await?;
         let (id, ttl) = match answer.response {
             Response::Session { session_id, ttl_ms } => {
                 (session_id, Duration::from_millis(u64::from(ttl_ms)))
@@ -158,6 +154,44 @@ impl Client {
     }
 }
 
+impl Client {
+    /// SESSION_OPEN's answer. An open whose answer was lost (a lost connection, a time-out,
+    /// `NOT_LEADER` or `SHUTTING_DOWN`: [`Error::is_transient`]) is sent again until
+    /// [`ClientConfig::acquire_retry_for`](crate::ClientConfig::acquire_retry_for) (at least
+    /// the request time-out) after the first send, as an ACQUIRE is. SESSION_OPEN carries no
+    /// id, so an open that was applied and lost is an empty session nobody knows: it holds no
+    /// lock and ends at its TTL (PROTOCOL.md 3.11). The answer's `sent_at` is its own send's,
+    /// the one that opened the session in use. Before outside test a49 (P1) the first lost
+    /// answer was returned as the error.
+    async fn session_open_answered(&self, ttl: Duration) -> Result<Answer> {
+        let request = Request::SessionOpen {
+            ttl_ms: duration_ms(ttl),
+        };
+        let config = self.config();
+        let give_up_at = Instant::now() + config.acquire_retry_for.max(config.request_timeout);
+        let mut pause = OPEN_RETRY_PAUSE_MIN;
+        loop {
+            let left = give_up_at.saturating_duration_since(Instant::now());
+            let timeout = config.request_timeout.min(left).max(OPEN_TIMEOUT_MIN);
+            match self.router().call(request.clone(), timeout).await {
+                Err(e) if e.is_transient() && Instant::now() + pause < give_up_at => {
+                    tracing::debug!(error = %e, "SESSION_OPEN outcome unknown; opening again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(OPEN_RETRY_PAUSE_MAX);
+                }
+                answered => return answered,
+            }
+        }
+    }
+}
+
+/// Pause before a SESSION_OPEN whose answer was lost is sent again, doubled per retry up to
+/// [`OPEN_RETRY_PAUSE_MAX`]: a fail-over takes an election (about a second).
+const OPEN_RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
+const OPEN_RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
+/// Shortest time-out of a SESSION_OPEN sent again near the end of its retries.
+const OPEN_TIMEOUT_MIN: Duration = Duration::from_millis(1);
+
 /// The requests a [`Session`] is made of, one at a time, for programs that keep a session
 /// alive themselves (the `tenure console`): nothing here runs in the background.
 impl Client {
@@ -168,11 +202,7 @@ impl Client {
     /// [`Error::Invalid`] for a TTL out of range; the server's refusal as [`Error::Server`];
     /// otherwise any [`Error`] a request can meet.
     pub async fn open_session(&self, ttl: Duration) -> Result<(SessionId, Duration)> {
-        let request = Request::SessionOpen {
-            ttl_ms: duration_ms(ttl),
-        };
-        let timeout = self.config().request_timeout;
-        match self.router().call(request, timeout).await?.response {
+        match self.session_open_answered(ttl).await?.response {
             Response::Session { session_id, ttl_ms } => {
                 Ok((session_id, Duration::from_millis(u64::from(ttl_ms))))
             }
@@ -735,6 +765,47 @@ mod tests {
                 ..
             }
         )
+    }
+
+    /// The first SESSION_OPEN is never answered (its reply lost); the client opens again, and
+    /// the session it gets is counted from the send that opened it (outside test a49, P1).
+    #[tokio::test(start_paused = true)]
+    async fn a_session_open_whose_reply_is_lost_is_sent_again() {
+        let opens = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&opens);
+        let script: Script = Arc::new(move |request| match request {
+            Request::SessionOpen { ttl_ms } => {
+                let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
+                (n > 1).then(|| Response::Session {
+                    session_id: SessionId::from_u128(u128::from(n)),
+                    ttl_ms: *ttl_ms,
+                })
+            }
+            _ => kept(),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let config = crate::ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let session = client
+            .session(ttl())
+            .await
+            .expect("the second open's session");
+        assert_eq!(opens.load(Ordering::Relaxed), 2);
+        assert_eq!(session.id(), SessionId::from_u128(2));
+        // Counted from the second send (after the first's 1 s time-out), never past the
+        // server's deadline for it.
+        let second_sent = started + Duration::from_secs(1);
+        assert!(session.deadline() >= second_sent + ttl() - deadline_margin_of(ttl()));
+        assert!(session.deadline() <= Instant::now() + ttl());
+        // Open without a Session too (the console's primitive).
+        let (id, _) = client.open_session(ttl()).await.unwrap();
+        assert_eq!(id, SessionId::from_u128(3));
     }
 
     #[tokio::test(start_paused = true)]

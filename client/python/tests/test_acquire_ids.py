@@ -18,12 +18,13 @@ from typing import List, Optional, Tuple
 import tenure
 from tenure import AcquireEnded, Granted, Held
 
-from conftest import Tenured
+from conftest import Tenured, wait_until
 from test_cluster_failover import leader_of, start_cluster
 
 #: Longest a grant, a restart or a fail-over may take here, on a loaded machine.
 STEP_S = 30.0
 GRANTED = 0x82
+SESSION = 0x93
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
@@ -41,8 +42,16 @@ class Proxy:
     restarted server); while armed, drops the first GRANTED reply, reports (token, lease id)
     on `dropped`, and closes that connection once `cut` is set."""
 
-    def __init__(self, upstream: str, armed: threading.Event, dropped: "queue.Queue", cut: threading.Event) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        armed: threading.Event,
+        dropped: "queue.Queue",
+        cut: threading.Event,
+        opcode: int = GRANTED,
+    ) -> None:
         self.upstream = upstream
+        self.opcode = opcode
         self.armed, self.dropped, self.cut = armed, dropped, cut
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
@@ -70,8 +79,14 @@ class Proxy:
         except OSError:
             pass
         finally:
-            client.close()
-            server.close()
+            # shutdown, not only close: a close leaves the socket open while the upward
+            # thread is still in recv() on it, and the client would hear nothing.
+            for sock in (client, server):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
 
     @staticmethod
     def _upward(client: socket.socket, server: socket.socket) -> None:
@@ -92,7 +107,7 @@ class Proxy:
         while True:
             length = _read_exact(server, 4)
             frame = _read_exact(server, int.from_bytes(length, "big"))
-            if frame[0] == GRANTED and self.armed.is_set():
+            if frame[0] == self.opcode and self.armed.is_set():
                 self.armed.clear()
                 token = struct.unpack(">Q", frame[9:17])[0]
                 self.dropped.put((token, frame[17:33]))
@@ -107,8 +122,8 @@ class Trap:
         self.cut = threading.Event()
         self.dropped: "queue.Queue[Tuple[int, bytes]]" = queue.Queue()
 
-    def proxy(self, upstream: str) -> Proxy:
-        return Proxy(upstream, self.armed, self.dropped, self.cut)
+    def proxy(self, upstream: str, opcode: int = GRANTED) -> Proxy:
+        return Proxy(upstream, self.armed, self.dropped, self.cut, opcode)
 
     def arm(self) -> None:
         self.cut.clear()
@@ -243,3 +258,33 @@ def test_a_permit_or_read_leases_lost_grant_is_the_callers_one_grant(tenured_bin
         client.close()
         direct.close()
         node.kill()
+
+
+def test_a_session_open_whose_answer_is_lost_is_sent_again(server) -> None:
+    """SESSION_OPEN carries no id: an open whose answer was lost is sent again, and the caller
+    gets the session its last send opened; the lost one is empty and ends at its TTL
+    (outside test a49, P1: the first lost answer was raised)."""
+    trap = Trap()
+    proxy = trap.proxy(server.addr, opcode=SESSION)
+    with tenure.Client(proxy.addr, timeout=5.0) as client, tenure.Client(server.addr) as direct:
+        before = direct.stats()["sessions"]
+        trap.arm()
+        out: List = []
+
+        def run() -> None:
+            try:
+                with client.session(ttl=2) as s, s.lock("open/lost") as lock:
+                    out.append((s.session_id, lock.token))
+            except Exception as e:  # noqa: BLE001 - handed to the test
+                out.append(e)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        trap.dropped.get(timeout=STEP_S)
+        trap.cut.set()
+        thread.join(STEP_S)
+        [opened] = out
+        assert isinstance(opened, tuple), opened
+        # The lost open's session is still there, empty, until its TTL ends it.
+        assert direct.stats()["sessions"] == before + 1
+        assert wait_until(lambda: direct.stats()["sessions"] == before, timeout=10)
