@@ -207,6 +207,7 @@ pub async fn run(
         crate::startup::lock_data_dir(&config.data_dir, crate::startup::DirMode::Cluster)
             .map_err(|e| ClusterError::Config(e.to_string()))?;
     let node_id = options.node_id;
+    let grace = config.shutdown_grace;
     let node = ClusterNode::start(config, options, peers, clients).await?;
     let http_stop = CancellationToken::new();
     let http =
@@ -222,7 +223,11 @@ pub async fn run(
     if let Some(http) = http {
         let _ = http.await;
     }
-    node.kill().await;
+    match why {
+        None => node.shutdown(grace).await,
+        // The core is gone: there is no leadership to give up in order.
+        Some(_) => node.kill().await,
+    }
     tracing::info!("stopped");
     match why {
         // Exit with an error, so that a supervisor starts the node again: a process whose
@@ -249,6 +254,9 @@ pub struct ClusterNode {
     isolated: Arc<AtomicBool>,
     current: Arc<RwLock<Serving>>,
     stop: CancellationToken,
+    /// The tasks a shutdown waits for ([`ClusterNode::shutdown`]): the client connections'
+    /// (their accept loop waits for them) and the leader life cycle's (its step-down).
+    draining: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
     /// What `/metrics` and `/readyz` read (see [`super::observe`]).
     scrape: crate::scrape::Scrape,
@@ -325,7 +333,7 @@ impl ClusterNode {
             current: Arc::clone(&current),
             network: parts.network,
         };
-        let tasks = spawn_tasks(ports, &raft, &service, life, counters, options, &stop);
+        let (draining, tasks) = spawn_tasks(ports, &raft, &service, life, counters, options, &stop);
         Ok(ClusterNode {
             id,
             died,
@@ -335,6 +343,7 @@ impl ClusterNode {
             isolated,
             current,
             stop,
+            draining,
             tasks,
             scrape,
         })
@@ -399,16 +408,37 @@ impl ClusterNode {
         serving.executor.journal().not_leader().is_none()
     }
 
+    /// Stops on a shutdown (SIGTERM): first as a leader that loses its leadership, so that
+    /// what its connections had read is answered (`NOT_LEADER`, waiters included) before
+    /// they close (PROTOCOL.md 2.1, 3.8), within `grace`; then as [`ClusterNode::kill`]. A
+    /// kill alone aborted the leader's step-down and the connections with it: what they
+    /// had read went unanswered, a waiting ACQUIRE's always (outside test a50, Q6).
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.stop.cancel();
+        let until = tokio::time::Instant::now() + grace;
+        let mut draining = std::mem::take(&mut self.draining).into_iter();
+        while let Some(mut task) = draining.next() {
+            if tokio::time::timeout_at(until, &mut task).await.is_err() {
+                tracing::warn!("connections still open after the grace period; closing them");
+                // Only the unfinished go on to `kill`: a finished handle is not polled again.
+                self.draining = std::iter::once(task).chain(draining).collect();
+                break;
+            }
+        }
+        self.kill().await;
+    }
+
     /// Stops everything at once, as a crash would as far as the peers can tell: the
     /// listeners close, connections end, Raft stops. What was synced stays on disk.
     pub async fn kill(self) {
         self.stop.cancel();
         let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
         let _ = executor.journal().sync_and_stop();
-        for task in &self.tasks {
+        let tasks: Vec<_> = self.draining.into_iter().chain(self.tasks).collect();
+        for task in &tasks {
             task.abort();
         }
-        for task in self.tasks {
+        for task in tasks {
             let _ = tokio::time::timeout(KILL_WAIT_MAX, task).await;
         }
         // Bounded: a core stuck in storage must not keep the process (or a test) from ending.
@@ -750,7 +780,16 @@ fn spawn_tasks(
     counters: Arc<Counters>,
     options: ClusterOptions,
     stop: &CancellationToken,
-) -> Vec<JoinHandle<()>> {
+) -> (Vec<JoinHandle<()>>, Vec<JoinHandle<()>>) {
+    let draining = vec![
+        tokio::spawn(accept_clients(
+            ports.clients,
+            ports.client_tls,
+            ports.current,
+            stop.clone(),
+        )),
+        tokio::spawn(life.run(stop.clone())),
+    ];
     let mut tasks = vec![
         tokio::spawn(serve_peers(
             ports.peers,
@@ -760,13 +799,6 @@ fn spawn_tasks(
             service.clone(),
         )),
         tokio::spawn(catch_up::watch(raft.clone(), Arc::clone(&service.catch_up))),
-        tokio::spawn(accept_clients(
-            ports.clients,
-            ports.client_tls,
-            ports.current,
-            stop.clone(),
-        )),
-        tokio::spawn(life.run(stop.clone())),
         tokio::spawn(count_leader_changes(raft.clone(), counters)),
         tokio::spawn(snapshot_rhythm(raft.clone(), options.node_id, stop.clone())),
     ];
@@ -780,7 +812,7 @@ fn spawn_tasks(
         let bootstrap = super::bootstrap::run(raft.clone(), service.clone(), members, stop.clone());
         tasks.push(tokio::spawn(bootstrap));
     }
-    tasks
+    (draining, tasks)
 }
 
 /// How often [`snapshot_rhythm`] looks at the applied index.

@@ -552,3 +552,35 @@ fn a_closed_sessions_waiter_leaves_the_leaders_line_and_the_next_waiter_gets_the
     let granted = later.line().expect("served when the session's waiter left");
     assert!(granted.starts_with("OK token="), "{granted}");
 }
+
+/// A leader stopped by SIGTERM gives up its leadership in order: a waiting ACQUIRE is
+/// answered (`NOT_LEADER`, outcome known: not granted) before its connection closes, and the
+/// node exits cleanly. Until outside test a50 (Q6) the shutdown was a kill: the waiter, and
+/// at times everything the connections had read, went unanswered.
+#[test]
+fn a_leader_stopped_by_sigterm_answers_its_waiters_and_exits_cleanly() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (mut daemons, clients) = three_daemons(&dirs);
+    let (leader, held) = at_leader(&clients, "ACQUIRE term:k 60000");
+    assert!(held.starts_with("OK token="), "{held}");
+    let mut waiter = LineConn::connect(leader, ELECTED_WAIT_MAX).unwrap();
+    waiter.send("ACQUIRE term:k 5000 30000\n").unwrap();
+    // In line before the signal: the holder holds for a minute.
+    let mut probe = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
+    let deadline = Instant::now() + ELECTED_WAIT_MAX;
+    while !probe.cmd("INSPECT term:k").unwrap().contains("waiters=1") {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let index = clients.iter().position(|&c| c == leader).unwrap();
+    tenure_testkit::signal(daemons[index].pid(), "TERM");
+    let answer = waiter
+        .line()
+        .expect("the waiter is answered before the close");
+    assert!(
+        answer.starts_with("ERR NOT_LEADER") || answer.starts_with("ERR SHUTTING_DOWN"),
+        "{answer}"
+    );
+    let exit = daemons[index].wait_exit();
+    assert!(exit.success(), "{exit:?}");
+}
