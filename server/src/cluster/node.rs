@@ -413,41 +413,59 @@ impl ClusterNode {
     /// they close (PROTOCOL.md 2.1, 3.8), within `grace`; then as [`ClusterNode::kill`]. A
     /// kill alone aborted the leader's step-down and the connections with it: what they
     /// had read went unanswered, a waiting ACQUIRE's always (outside test a50, Q6).
+    ///
+    /// The step-down comes first and Raft stops right after it, before the connections
+    /// have drained: a Raft core left running sends heartbeats, and one client that does not
+    /// read its replies kept the other nodes from electing a leader for the whole grace
+    /// (outside test a51, R6). What the connections still owe is answered from the fenced
+    /// journal, which needs no Raft.
     pub async fn shutdown(mut self, grace: Duration) {
         self.stop.cancel();
         let until = tokio::time::Instant::now() + grace;
-        let mut draining = std::mem::take(&mut self.draining).into_iter();
-        while let Some(mut task) = draining.next() {
-            if tokio::time::timeout_at(until, &mut task).await.is_err() {
-                tracing::warn!("connections still open after the grace period; closing them");
-                // Only the unfinished go on to `kill`: a finished handle is not polled again.
-                self.draining = std::iter::once(task).chain(draining).collect();
-                break;
-            }
+        // [the client connections' accept loop, the leader life cycle] (`spawn_tasks`).
+        let mut life = self.draining.pop().expect("the leader life cycle's task");
+        let mut clients = self.draining.pop().expect("the accept loop's task");
+        // Only the unfinished go on to `kill`: a finished handle is not polled again.
+        if tokio::time::timeout_at(until, &mut life).await.is_err() {
+            self.draining.push(life);
+        }
+        self.stop_raft().await;
+        if tokio::time::timeout_at(until, &mut clients).await.is_err() {
+            tracing::warn!("connections still open after the grace period; closing them");
+            self.draining.push(clients);
         }
         self.kill().await;
     }
 
-    /// Stops everything at once, as a crash would as far as the peers can tell: the
-    /// listeners close, connections end, Raft stops. What was synced stays on disk.
-    pub async fn kill(self) {
-        self.stop.cancel();
-        let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
-        let _ = executor.journal().sync_and_stop();
-        let tasks: Vec<_> = self.draining.into_iter().chain(self.tasks).collect();
-        for task in &tasks {
-            task.abort();
-        }
-        for task in tasks {
-            let _ = tokio::time::timeout(KILL_WAIT_MAX, task).await;
-        }
-        // Bounded: a core stuck in storage must not keep the process (or a test) from ending.
+    /// Stops the Raft core, bounded: a core stuck in storage must not keep the process (or
+    /// a test) from ending. Stopping it again is a no-op.
+    async fn stop_raft(&self) {
         if tokio::time::timeout(KILL_WAIT_MAX, self.raft.shutdown())
             .await
             .is_err()
         {
             tracing::warn!("the Raft core did not stop within {KILL_WAIT_MAX:?}");
         }
+    }
+
+    /// Stops everything at once, as a crash would as far as the peers can tell: the
+    /// listeners close, connections end, Raft stops. What was synced stays on disk.
+    pub async fn kill(mut self) {
+        self.stop.cancel();
+        let executor = Arc::clone(&self.current.read().expect("poisoned").executor);
+        let _ = executor.journal().sync_and_stop();
+        let draining = std::mem::take(&mut self.draining);
+        let tasks: Vec<_> = draining
+            .into_iter()
+            .chain(std::mem::take(&mut self.tasks))
+            .collect();
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = tokio::time::timeout(KILL_WAIT_MAX, task).await;
+        }
+        self.stop_raft().await;
     }
 }
 
@@ -535,7 +553,12 @@ impl Life {
                 self.step_down(leading.take().expect("checked")).await;
             }
             if leads && leading.is_none() {
-                leading = self.take_over(term).await;
+                // A shutdown does not wait out a takeover that cannot commit (no quorum):
+                // cut at an await, it has made nothing current yet (outside test a51, R4).
+                leading = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    leading = self.take_over(term) => leading,
+                };
                 if leading.is_none() {
                     // Not at every metrics change (heartbeats make many): after a pause.
                     tokio::select! {
