@@ -66,6 +66,8 @@ pub(crate) struct AcquireAnswer {
 const RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
 /// See [`RETRY_PAUSE_MIN`].
 const RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
+/// Shortest time-out of a send [`Router::call_retrying`] makes near the end of its time.
+const RETRY_TIMEOUT_MIN: Duration = Duration::from_millis(1);
 /// Longest a request that keeps leases alive (a renewal, a session's keep-alive) waits for
 /// the next reconnect attempt after a failed one, where other requests wait the whole
 /// backoff (up to `reconnect_delay_max`, 5 s by default). A restart shorter than a lease's
@@ -573,6 +575,29 @@ impl Router {
             .min(config.reconnect_delay_max);
         let half = delay / 2;
         half + half.mul_f64(rand::rng().random::<f64>())
+    }
+
+    /// [`Router::call`] of a request without an id whose send is safe to repeat: one whose
+    /// outcome is unknown ([`Error::is_transient`]: a lost connection, a time-out,
+    /// `NOT_LEADER`, `SHUTTING_DOWN`) is sent again, pausing as an ACQUIRE's retries do,
+    /// until [`ClientConfig::acquire_retry_for`] (at least the request time-out) after the
+    /// first send. The answer is the last send's, with that send's `sent_at`.
+    pub(crate) async fn call_retrying(&self, request: Request) -> Result<Answer> {
+        let config = self.config();
+        let give_up_at = Instant::now() + config.acquire_retry_for.max(config.request_timeout);
+        let mut pause = RETRY_PAUSE_MIN;
+        loop {
+            let left = give_up_at.saturating_duration_since(Instant::now());
+            let timeout = config.request_timeout.min(left).max(RETRY_TIMEOUT_MIN);
+            match self.call(request.clone(), timeout).await {
+                Err(e) if e.is_transient() && Instant::now() + pause < give_up_at => {
+                    tracing::debug!(error = %e, "outcome unknown; sending it again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+                answered => return answered,
+            }
+        }
     }
 
     /// Sends `request` and waits up to `timeout` for the answer; returns the connection it

@@ -155,42 +155,18 @@ impl Client {
 }
 
 impl Client {
-    /// SESSION_OPEN's answer. An open whose answer was lost (a lost connection, a time-out,
-    /// `NOT_LEADER` or `SHUTTING_DOWN`: [`Error::is_transient`]) is sent again until
-    /// [`ClientConfig::acquire_retry_for`](crate::ClientConfig::acquire_retry_for) (at least
-    /// the request time-out) after the first send, as an ACQUIRE is. SESSION_OPEN carries no
-    /// id, so an open that was applied and lost is an empty session nobody knows: it holds no
-    /// lock and ends at its TTL (PROTOCOL.md 3.11). The answer's `sent_at` is its own send's,
-    /// the one that opened the session in use. Before outside test a49 (P1) the first lost
-    /// answer was returned as the error.
+    /// SESSION_OPEN's answer, sent again while its outcome is unknown
+    /// ([`Router::call_retrying`]). SESSION_OPEN carries no id, so an open that was applied
+    /// and lost is an empty session nobody knows: it holds no lock and ends at its TTL
+    /// (PROTOCOL.md 3.11). The answer's `sent_at` is that of the send that opened the session
+    /// in use. Before outside test a49 (P1) the first lost answer was returned as the error.
     async fn session_open_answered(&self, ttl: Duration) -> Result<Answer> {
         let request = Request::SessionOpen {
             ttl_ms: duration_ms(ttl),
         };
-        let config = self.config();
-        let give_up_at = Instant::now() + config.acquire_retry_for.max(config.request_timeout);
-        let mut pause = OPEN_RETRY_PAUSE_MIN;
-        loop {
-            let left = give_up_at.saturating_duration_since(Instant::now());
-            let timeout = config.request_timeout.min(left).max(OPEN_TIMEOUT_MIN);
-            match self.router().call(request.clone(), timeout).await {
-                Err(e) if e.is_transient() && Instant::now() + pause < give_up_at => {
-                    tracing::debug!(error = %e, "SESSION_OPEN outcome unknown; opening again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(OPEN_RETRY_PAUSE_MAX);
-                }
-                answered => return answered,
-            }
-        }
+        self.router().call_retrying(request).await
     }
 }
-
-/// Pause before a SESSION_OPEN whose answer was lost is sent again, doubled per retry up to
-/// [`OPEN_RETRY_PAUSE_MAX`]: a fail-over takes an election (about a second).
-const OPEN_RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
-const OPEN_RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
-/// Shortest time-out of a SESSION_OPEN sent again near the end of its retries.
-const OPEN_TIMEOUT_MIN: Duration = Duration::from_millis(1);
 
 /// The requests a [`Session`] is made of, one at a time, for programs that keep a session
 /// alive themselves (the `tenure console`): nothing here runs in the background.

@@ -57,14 +57,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tenure")
 
-#: Pause before an unanswered RELEASE of a session lock is sent again, doubled per retry up
-#: to the max: a fail-over takes an election (about a second), a restart longer.
-RELEASE_RETRY_PAUSE_MIN_S = 0.05
-RELEASE_RETRY_PAUSE_MAX_S = 0.8
-
-#: Pause before a SESSION_OPEN whose answer was lost is sent again, doubled up to the max.
-OPEN_RETRY_PAUSE_MIN_S = 0.05
-OPEN_RETRY_PAUSE_MAX_S = 0.8
+#: Pause before an unanswered RELEASE of a session lock, or a SESSION_OPEN whose answer was
+#: lost, is sent again, doubled per retry up to the max: a fail-over takes an election (about
+#: a second), a restart longer.
+RETRY_PAUSE_MIN_S = 0.05
+RETRY_PAUSE_MAX_S = 0.8
 
 #: Why a session (and its locks) ended, as `loss_reason` says it.
 LOSS_ENDED = "session ended at the server (NO_SESSION)"
@@ -159,7 +156,7 @@ class AsyncSession:
         client = self.client
         body = w.session_open_body(self._ttl_ms)
         give_up_at = time.monotonic() + max(client.timeout, client.acquire_retry_for)
-        pause = OPEN_RETRY_PAUSE_MIN_S
+        pause = RETRY_PAUSE_MIN_S
         while True:
             timeout = max(0.001, min(client.timeout, give_up_at - time.monotonic()))
             try:
@@ -171,7 +168,7 @@ class AsyncSession:
                     raise
                 log.debug("tenure: SESSION_OPEN outcome unknown (%s); opening again", e)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, OPEN_RETRY_PAUSE_MAX_S)
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
     async def __aenter__(self) -> "AsyncSession":
         return self if self._task is not None else await self.open()
@@ -345,7 +342,7 @@ class AsyncSessionLock:
         body = w.release_body(self.key, self.lease_id)
         client = self.session.client
         give_up_at = time.monotonic() + max(client.timeout, client.acquire_retry_for)
-        pause = RELEASE_RETRY_PAUSE_MIN_S
+        pause = RETRY_PAUSE_MIN_S
         while True:
             try:
                 # RELEASED or NOT_OWNER: either way the lease is no longer this lock's.
@@ -362,7 +359,7 @@ class AsyncSessionLock:
                     log.warning("tenure: release of a session lock not answered, kept for a retry: %s", e)
                     return
             await asyncio.sleep(pause)
-            pause = min(pause * 2, RELEASE_RETRY_PAUSE_MAX_S)
+            pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
     async def __aenter__(self) -> "AsyncSessionLock":
         return await self.acquire()
