@@ -126,7 +126,7 @@ impl Client {
                 ),
             });
         }
-        let answer = self.session_open_answered(ttl).await?;
+        let answer = self.session_open_answered(ttl, None).await?;
         let (id, ttl) = match answer.response {
             Response::Session { session_id, ttl_ms } => {
                 (session_id, Duration::from_millis(u64::from(ttl_ms)))
@@ -154,17 +154,54 @@ impl Client {
     }
 }
 
+/// Most SESSION_OPENs with fresh ids one open sends: a repeat of an open whose session
+/// ended before its answer came (a TTL shorter than the time the answer took) hears
+/// NO_SESSION, and the open starts again with a new id, this many times at most.
+const SESSION_OPEN_ROUNDS_MAX: u32 = 3;
+const _: () = assert!(SESSION_OPEN_ROUNDS_MAX > 0);
+
 impl Client {
-    /// SESSION_OPEN's answer, sent again while its outcome is unknown
-    /// ([`Router::call_retrying`]). SESSION_OPEN carries no id, so an open that was applied
-    /// and lost is an empty session nobody knows: it holds no lock and ends at its TTL
-    /// (PROTOCOL.md 3.11). The answer's `sent_at` is that of the send that opened the session
-    /// in use. Before outside test a49 (P1) the first lost answer was returned as the error.
-    async fn session_open_answered(&self, ttl: Duration) -> Result<Answer> {
-        let request = Request::SessionOpen {
-            ttl_ms: duration_ms(ttl),
+    /// SESSION_OPEN's answer, sent again with the same session id (128 random bits picked
+    /// here) while its outcome is unknown ([`Router::call_retrying`]): a send after a lost
+    /// answer finds the session an earlier send opened, so no empty session is left behind
+    /// (PROTOCOL.md 3.11). The answer's `sent_at` is taken before the first send: any send
+    /// may have opened the session, the first one at the earliest. Before outside test a49
+    /// (P1) the first lost answer was returned as the error.
+    ///
+    /// With `chosen`, that id is sent, in one round: a session of that id that has ended
+    /// is the answer (NO_SESSION).
+    async fn session_open_answered(
+        &self,
+        ttl: Duration,
+        chosen: Option<SessionId>,
+    ) -> Result<Answer> {
+        let mut round = if chosen.is_some() {
+            SESSION_OPEN_ROUNDS_MAX
+        } else {
+            1
         };
-        self.router().call_retrying(request).await
+        loop {
+            let first_sent_at = Instant::now();
+            let session_id = chosen.unwrap_or_else(|| SessionId::from_u128(rand::random()));
+            let request = Request::SessionOpen {
+                ttl_ms: duration_ms(ttl),
+                session_id: Some(session_id),
+            };
+            let mut answer = self.router().call_retrying(request).await?;
+            answer.sent_at = first_sent_at;
+            let ended = matches!(
+                &answer.response,
+                Response::Error {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            );
+            if !ended || round == SESSION_OPEN_ROUNDS_MAX {
+                return Ok(answer);
+            }
+            tracing::debug!("the session an earlier send opened has ended; opening another");
+            round += 1;
+        }
     }
 }
 
@@ -178,7 +215,23 @@ impl Client {
     /// [`Error::Invalid`] for a TTL out of range; the server's refusal as [`Error::Server`];
     /// otherwise any [`Error`] a request can meet.
     pub async fn open_session(&self, ttl: Duration) -> Result<(SessionId, Duration)> {
-        match self.session_open_answered(ttl).await?.response {
+        self.open_session_as(ttl, None).await
+    }
+
+    /// [`Client::open_session`] with the session id `chosen` (128 random bits; `None`: one
+    /// picked here): an open sent again with the id of a live session it opened is answered
+    /// with that session, and opens none (PROTOCOL.md 3.11).
+    ///
+    /// # Errors
+    /// As [`Client::open_session`]; [`ErrorCode::NoSession`] if the session of that id was
+    /// opened and has ended, [`ErrorCode::SessionMismatch`] if another identity opened it or
+    /// it was opened with another TTL.
+    pub async fn open_session_as(
+        &self,
+        ttl: Duration,
+        chosen: Option<SessionId>,
+    ) -> Result<(SessionId, Duration)> {
+        match self.session_open_answered(ttl, chosen).await?.response {
             Response::Session { session_id, ttl_ms } => {
                 Ok((session_id, Duration::from_millis(u64::from(ttl_ms))))
             }
@@ -697,7 +750,7 @@ mod tests {
     /// `keep_alive` (recording when each arrived) and closes with SESSION_CLOSED.
     fn script(keep_alive: Option<Response>, seen: Arc<Mutex<Vec<Instant>>>) -> Script {
         Arc::new(move |request| match request {
-            Request::SessionOpen { ttl_ms } => Some(Response::Session {
+            Request::SessionOpen { ttl_ms, .. } => Some(Response::Session {
                 session_id: SessionId::from_u128(ID),
                 ttl_ms: *ttl_ms,
             }),
@@ -743,17 +796,20 @@ mod tests {
         )
     }
 
-    /// The first SESSION_OPEN is never answered (its reply lost); the client opens again, and
-    /// the session it gets is counted from the send that opened it (outside test a49, P1).
+    /// The first SESSION_OPEN is never answered (its reply lost); the client sends it again
+    /// with the same session id, so a server that applied the first opens nothing more, and
+    /// the session is counted from the first send, the earliest that can have opened it
+    /// (outside test a49, P1).
     #[tokio::test(start_paused = true)]
-    async fn a_session_open_whose_reply_is_lost_is_sent_again() {
-        let opens = Arc::new(AtomicU32::new(0));
-        let counted = Arc::clone(&opens);
+    async fn a_session_open_whose_reply_is_lost_is_sent_again_with_its_id() {
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        let sent = Arc::clone(&ids);
         let script: Script = Arc::new(move |request| match request {
-            Request::SessionOpen { ttl_ms } => {
-                let n = counted.fetch_add(1, Ordering::Relaxed) + 1;
-                (n > 1).then(|| Response::Session {
-                    session_id: SessionId::from_u128(u128::from(n)),
+            Request::SessionOpen { ttl_ms, session_id } => {
+                let mut sent = sent.lock().unwrap();
+                sent.push(session_id.expect("the client picks the session id"));
+                (sent.len() > 1).then(|| Response::Session {
+                    session_id: session_id.unwrap(),
                     ttl_ms: *ttl_ms,
                 })
             }
@@ -771,17 +827,88 @@ mod tests {
         let session = client
             .session(ttl())
             .await
-            .expect("the second open's session");
-        assert_eq!(opens.load(Ordering::Relaxed), 2);
-        assert_eq!(session.id(), SessionId::from_u128(2));
-        // Counted from the second send (after the first's 1 s time-out), never past the
-        // server's deadline for it.
-        let second_sent = started + Duration::from_secs(1);
-        assert!(session.deadline() >= second_sent + ttl() - deadline_margin_of(ttl()));
-        assert!(session.deadline() <= Instant::now() + ttl());
-        // Open without a Session too (the console's primitive).
+            .expect("the second send's answer");
+        let sent = ids.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0], sent[1], "a resend keeps its session id");
+        assert_eq!(session.id(), sent[0]);
+        // Counted from the first send, not the second (1 s later, after its time-out).
+        assert!(session.deadline() <= started + ttl());
+        assert!(session.deadline() >= started + ttl() - deadline_margin_of(ttl()));
+        // Open without a Session too (the console's primitive): a new id of its own.
         let (id, _) = client.open_session(ttl()).await.unwrap();
-        assert_eq!(id, SessionId::from_u128(3));
+        assert_ne!(id, sent[0]);
+        let chosen = SessionId::from_u128(0x5e5);
+        let (id, _) = client.open_session_as(ttl(), Some(chosen)).await.unwrap();
+        assert_eq!(id, chosen);
+    }
+
+    /// An open whose session ended before its answer came (NO_SESSION to a resend) starts
+    /// again with a new session id, and counts from that new first send.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_open_whose_session_ended_meanwhile_opens_another() {
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        let sent = Arc::clone(&ids);
+        let script: Script = Arc::new(move |request| match request {
+            Request::SessionOpen { ttl_ms, session_id } => {
+                let mut sent = sent.lock().unwrap();
+                sent.push(session_id.unwrap());
+                Some(match sent.len() {
+                    1 => return None,
+                    2 => Response::Error {
+                        code: ErrorCode::NoSession,
+                        message: "session was opened, and has ended".into(),
+                    },
+                    _ => Response::Session {
+                        session_id: session_id.unwrap(),
+                        ttl_ms: *ttl_ms,
+                    },
+                })
+            }
+            _ => kept(),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let config = crate::ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let session = client
+            .session(ttl())
+            .await
+            .expect("the third send's session");
+        let sent = ids.lock().unwrap().clone();
+        assert_eq!(sent.len(), 3);
+        assert_eq!(sent[0], sent[1]);
+        assert_ne!(sent[1], sent[2], "a new round, a new id");
+        assert_eq!(session.id(), sent[2]);
+        // With an id of the caller's, the answer is the NO_SESSION itself.
+        let chosen = SessionId::from_u128(0x5e5);
+        let script: Script = Arc::new(|request| match request {
+            Request::SessionOpen { .. } => Some(Response::Error {
+                code: ErrorCode::NoSession,
+                message: "ended".into(),
+            }),
+            _ => kept(),
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let client = Client::connect(server.addr.clone()).await.unwrap();
+        let e = client
+            .open_session_as(ttl(), Some(chosen))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Server {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

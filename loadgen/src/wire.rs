@@ -295,7 +295,13 @@ mod tests {
             ..plain()
         };
         let cases = [
-            (open, Request::SessionOpen { ttl_ms: 30_000 }),
+            (
+                open,
+                Request::SessionOpen {
+                    ttl_ms: 30_000,
+                    session_id: None,
+                },
+            ),
             (keepalive, Request::SessionKeepalive { session_id }),
             (
                 acquire,

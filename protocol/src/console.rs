@@ -37,7 +37,7 @@ macro_rules! command_list {
          RENEW <key> <lease> <ttl_ms> | RELEASE <key> <lease> | INSPECT <key> [KINDS] | \
          CHECK <key> <token> | STATS | WATCH <key> | UNWATCH <key> | AUTH <name> <secret> | \
          CLUSTER STATUS | CLUSTER INIT <id>=<peer>/<client>,... | \
-         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | SESSION_OPEN <ttl_ms> | \
+         CLUSTER ADD <id> <peer>/<client> | CLUSTER REMOVE <id> | SESSION_OPEN <ttl_ms> [ID=<32 hex>] | \
          SESSION_KEEPALIVE <session> | SESSION_CLOSE <session> | HELP | QUIT"
     };
 }
@@ -127,8 +127,15 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("CLUSTER", _) => return Err(usage(CLUSTER_USAGE)),
         ("SESSION_OPEN", [ttl]) => Request::SessionOpen {
             ttl_ms: parse_u32("ttl_ms", ttl)?,
+            session_id: None,
         },
-        ("SESSION_OPEN", _) => return Err(usage("SESSION_OPEN <ttl_ms>")),
+        ("SESSION_OPEN", [ttl, id]) if id.len() >= 3 && id[..3].eq_ignore_ascii_case("ID=") => {
+            Request::SessionOpen {
+                ttl_ms: parse_u32("ttl_ms", ttl)?,
+                session_id: Some(parse_session("ID=", &id[3..])?),
+            }
+        }
+        ("SESSION_OPEN", _) => return Err(usage("SESSION_OPEN <ttl_ms> [ID=<32 hex>]")),
         ("SESSION_KEEPALIVE", [id]) => Request::SessionKeepalive {
             session_id: parse_session("session", id)?,
         },
@@ -582,7 +589,17 @@ mod tests {
         let session = SessionId::from_u128(0x5e11c3a709d2446b8f310c7de295b81f);
         assert_eq!(
             request("session_open 10000"),
-            Request::SessionOpen { ttl_ms: 10000 }
+            Request::SessionOpen {
+                ttl_ms: 10000,
+                session_id: None
+            }
+        );
+        assert_eq!(
+            request(&format!("SESSION_OPEN 10000 id={id}")),
+            Request::SessionOpen {
+                ttl_ms: 10000,
+                session_id: Some(session)
+            }
         );
         assert_eq!(
             request(&format!("SESSION_KEEPALIVE {id}")),
@@ -610,6 +627,8 @@ mod tests {
             "SESSION_OPEN",
             "SESSION_OPEN ten",
             "SESSION_OPEN 10 20",
+            "SESSION_OPEN 10000 ID=123",
+            "SESSION_OPEN 10000 ID=5e11c3a709d2446b8f310c7de295b81f x",
             "SESSION_KEEPALIVE",
             "SESSION_KEEPALIVE 123",
             "SESSION_CLOSE nothex",

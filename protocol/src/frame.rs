@@ -239,6 +239,10 @@ pub enum Request {
     SessionOpen {
         /// The session's TTL, in milliseconds (a lease TTL's range).
         ttl_ms: u32,
+        /// The session id the client picked (128 random bits), so that an open sent again
+        /// after a lost answer finds the session the first send opened (PROTOCOL.md 3.11);
+        /// `None`: the server picks one, and a second send opens a second session.
+        session_id: Option<SessionId>,
     },
     /// Renew session `session_id`, and every lease in it, for its TTL from now.
     SessionKeepalive {
@@ -604,9 +608,12 @@ pub fn encode_request(id: u64, request: &Request, dst: &mut BytesMut) {
         Request::ClusterRemove { id: node } => {
             put_frame(dst, op::CLUSTER_REMOVE, id, |b| b.put_u64(*node))
         }
-        Request::SessionOpen { ttl_ms } => {
-            put_frame(dst, op::SESSION_OPEN, id, |b| b.put_u32(*ttl_ms))
-        }
+        Request::SessionOpen { ttl_ms, session_id } => put_frame(dst, op::SESSION_OPEN, id, |b| {
+            b.put_u32(*ttl_ms);
+            if let Some(session_id) = session_id {
+                b.put_slice(&session_id.0);
+            }
+        }),
         Request::SessionKeepalive { session_id } => {
             put_frame(dst, op::SESSION_KEEPALIVE, id, |b| {
                 b.put_slice(&session_id.0)
@@ -995,6 +1002,11 @@ pub fn decode_request(opcode: u8, body: Bytes) -> Result<Request, FrameError> {
         },
         op::SESSION_OPEN => Request::SessionOpen {
             ttl_ms: b.u32("ttl_ms")?,
+            // Optional, and last: a body of 4 bytes is a SESSION_OPEN without an id.
+            session_id: match b.bytes.has_remaining() {
+                true => Some(b.session_id()?),
+                false => None,
+            },
         },
         op::SESSION_KEEPALIVE => Request::SessionKeepalive {
             session_id: b.session_id()?,
@@ -1351,7 +1363,18 @@ impl Request {
                 validate_key(key)?;
                 validate_ttl(*ttl_ms)
             }
-            Request::SessionOpen { ttl_ms } => validate_ttl(*ttl_ms),
+            Request::SessionOpen { ttl_ms, session_id } => {
+                validate_ttl(*ttl_ms)?;
+                if session_id.is_some_and(|id| id.0 == [0; SessionId::LEN]) {
+                    // Not random: every client that forgot to pick one would share it, and
+                    // an open of it would answer with another client's session.
+                    return Err(FrameError::new(
+                        ErrorCode::BadArgs,
+                        "session id is all zero: pick 128 random bits".into(),
+                    ));
+                }
+                Ok(())
+            }
             Request::SessionKeepalive { .. } | Request::SessionClose { .. } => Ok(()),
             Request::Release { key, .. }
             | Request::Inspect { key, kinds: _ }

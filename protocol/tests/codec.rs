@@ -69,7 +69,14 @@ fn sample_requests() -> Vec<Request> {
             session_id: Some(tenure_protocol::SessionId::from_u128(0xdef)),
             kind: tenure_protocol::LeaseKind::Permits { count: 1, limit: 3 },
         },
-        Request::SessionOpen { ttl_ms: 10_000 },
+        Request::SessionOpen {
+            ttl_ms: 10_000,
+            session_id: None,
+        },
+        Request::SessionOpen {
+            ttl_ms: 10_000,
+            session_id: Some(tenure_protocol::SessionId::from_u128(3)),
+        },
         Request::SessionKeepalive {
             session_id: tenure_protocol::SessionId::from_u128(1),
         },
@@ -394,6 +401,19 @@ fn every_truncated_body_is_a_frame_error() {
                     let plain = decode_request(opcode, body.slice(..cut)).unwrap();
                     let key = key.clone();
                     assert_eq!(plain, Request::Inspect { key, kinds: false });
+                    continue;
+                }
+            }
+            // And SESSION_OPEN's session id: cut before it, an open without one.
+            if let Request::SessionOpen {
+                ttl_ms,
+                session_id: Some(_),
+            } = request
+            {
+                if cut == 4 {
+                    let plain = decode_request(opcode, body.slice(..cut)).unwrap();
+                    let session_id = None;
+                    assert_eq!(plain, Request::SessionOpen { ttl_ms, session_id });
                     continue;
                 }
             }
@@ -933,9 +953,20 @@ fn session_frames_are_laid_out_as_documented() {
         encode_request(7, request, &mut buf);
         buf.to_vec()
     };
-    let open = frame(&Request::SessionOpen { ttl_ms: 10_000 });
+    let open = frame(&Request::SessionOpen {
+        ttl_ms: 10_000,
+        session_id: None,
+    });
     assert_eq!(open[..5], [0, 0, 0, 13, 0x0f]);
     assert_eq!(open[13..], 10_000u32.to_be_bytes());
+    // With the client's session id: the TTL, then the 16 bytes.
+    let open = frame(&Request::SessionOpen {
+        ttl_ms: 10_000,
+        session_id: Some(session_id),
+    });
+    assert_eq!(open[..5], [0, 0, 0, 29, 0x0f]);
+    assert_eq!(open[13..17], 10_000u32.to_be_bytes());
+    assert_eq!(open[17..], session_id.0);
     let keep = frame(&Request::SessionKeepalive { session_id });
     assert_eq!(
         (keep[3], keep[4], &keep[13..]),
@@ -981,6 +1012,17 @@ fn session_frames_are_laid_out_as_documented() {
             .code,
         ErrorCode::BadTtl
     );
+    // An id cut short, or one byte too many, is malformed; an all-zero id is refused.
+    let mut body = vec![0, 0, 0x27, 0x10];
+    body.extend([7; 15]);
+    for body in [body.clone(), [body.clone(), vec![7, 7]].concat()] {
+        let e = decode_request(0x0f, Bytes::from(body)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadFrame, "{e:?}");
+    }
+    let mut zero = vec![0, 0, 0x27, 0x10];
+    zero.extend([0; 16]);
+    let e = decode_request(0x0f, Bytes::from(zero)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadArgs, "{e:?}");
     // ACQUIRE with acquire id and session: acquire id first, then the session id.
     let acquire = Request::Acquire {
         key: Bytes::from_static(b"k"),

@@ -302,3 +302,27 @@ def test_keep_alives_reconnect_sooner_than_the_backoff(start_tenured) -> None:
         s.check()
         lock.check()
         s.close()
+
+
+def test_an_open_whose_session_ended_before_its_answer_opens_another(client, server, monkeypatch) -> None:
+    """A resent SESSION_OPEN that hears NO_SESSION (the session an earlier send opened has
+    ended) starts again with a new session id; every open names one (PROTOCOL.md 3.11)."""
+    from tenure import errors
+    from tenure.session import AsyncSession
+
+    bodies = []
+    real = AsyncSession._open_sent
+
+    async def first_ended(self, body):
+        bodies.append(body)
+        if len(bodies) == 1:
+            raise errors.server_error(25, "session was opened, and has ended")
+        return await real(self, body)
+
+    monkeypatch.setattr(AsyncSession, "_open_sent", first_ended)
+    with client.session(ttl=2) as s:
+        assert len(bodies) == 2
+        assert [len(b) for b in bodies] == [20, 20], "TTL and the session id"
+        assert bodies[0][:4] == bodies[1][:4] and bodies[0][4:] != bodies[1][4:]
+        assert s.session_id == bodies[1][4:].hex()
+        assert s.lock("ended/again").acquire().token > 0

@@ -114,6 +114,9 @@ impl std::ops::Deref for LeaseKey {
 struct Entry {
     /// Its TTL, fixed at SESSION_OPEN.
     ttl_ms: u32,
+    /// The journal ticket of its opening record ([`TICKET_NOW`] if restored): a repeat of
+    /// its SESSION_OPEN is answered once that is durable, as the first send is.
+    open_ticket: Ticket,
     /// When it ends unless kept alive, in the executor's clock.
     deadline_ms: u64,
     /// `deadline_ms` as its waiters see it (0 once the session ended): their slots hold it,
@@ -157,6 +160,7 @@ impl Entry {
         Entry {
             no,
             ttl_ms,
+            open_ticket: TICKET_NOW,
             deadline_ms,
             deadline_cell: Arc::new(AtomicU64::new(deadline_ms)),
             owner,
@@ -208,6 +212,19 @@ pub enum Refusal {
     IdentityFull(usize),
     /// The session holds as many leases as it may.
     LeasesFull,
+    /// A SESSION_OPEN named the id of a session another identity opened, or one opened with
+    /// another TTL (this one): not a repeat of the open that made it.
+    NotTheOpen(Option<u32>),
+}
+
+/// What a SESSION_OPEN naming a session id finds ([`SessionTable::find_open`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reopen {
+    /// No session has the id: open it.
+    Absent,
+    /// A repeat: the session its first send opened is live, with this TTL, opened by the
+    /// record of this ticket.
+    Repeat(u32, Ticket),
 }
 
 impl SessionTable {
@@ -274,6 +291,41 @@ impl SessionTable {
         );
         self.deadlines.insert((deadline_ms, id));
         Ok(())
+    }
+
+    /// What a SESSION_OPEN of `ttl_ms` naming session `id`, sent by `owner` at `now_ms`,
+    /// finds: no such session (open it), or the session a first send of it opened.
+    ///
+    /// # Errors
+    /// [`Refusal::NoSession`] if that session has ended already (its deadline passed, not
+    /// reaped yet), [`Refusal::NotTheOpen`] if another identity opened it, or with another
+    /// TTL.
+    pub fn find_open(
+        &self,
+        now_ms: u64,
+        id: SessionId,
+        (owner, ttl_ms): (Option<&str>, u32),
+    ) -> Result<Reopen, Refusal> {
+        let Some(entry) = self.by_id.get(&id) else {
+            return Ok(Reopen::Absent);
+        };
+        if entry.owner.as_deref() != owner {
+            return Err(Refusal::NotTheOpen(None));
+        }
+        if entry.ttl_ms != ttl_ms {
+            return Err(Refusal::NotTheOpen(Some(entry.ttl_ms)));
+        }
+        if entry.deadline_ms <= now_ms {
+            return Err(Refusal::NoSession);
+        }
+        Ok(Reopen::Repeat(entry.ttl_ms, entry.open_ticket))
+    }
+
+    /// Notes the journal ticket of session `id`'s opening record, for repeats of its open.
+    pub fn opened_by(&mut self, id: SessionId, ticket: Ticket) {
+        if let Some(entry) = self.by_id.get_mut(&id) {
+            entry.open_ticket = ticket;
+        }
     }
 
     /// Puts back a session the journal recovered, running its TTL again from `now_ms`, with
@@ -815,6 +867,15 @@ fn refusal_of(
                 config.session_leases_max
             ),
         ),
+        // The session stays unnamed and its owner unsaid, as for a mismatched ACQUIRE.
+        Refusal::NotTheOpen(None) => error(
+            ErrorCode::SessionMismatch,
+            "a session with this id was opened by another identity",
+        ),
+        Refusal::NotTheOpen(Some(ttl_ms)) => error(
+            ErrorCode::SessionMismatch,
+            format!("a session with this id was opened with ttl_ms {ttl_ms}"),
+        ),
     }
 }
 
@@ -994,7 +1055,9 @@ impl Executor {
             return Outcome::Reply(refusal, TICKET_NOW);
         }
         match request {
-            Request::SessionOpen { ttl_ms } => self.session_open(ctx, now_ms, ttl_ms),
+            Request::SessionOpen { ttl_ms, session_id } => {
+                self.session_open(ctx, now_ms, ttl_ms, session_id)
+            }
             // Answered once the journal vouches this node still led after the keep-alive.
             Request::SessionKeepalive { session_id } => {
                 match self.session_keepalive(ctx, now_ms, session_id) {
@@ -1008,16 +1071,41 @@ impl Executor {
     }
 
     /// SESSION_OPEN: the session is logged (before any grant in it can be) and answered
-    /// once durable; taken back if it never becomes durable.
-    pub(super) fn session_open(&self, ctx: &Session, now_ms: u64, ttl_ms: u32) -> Outcome {
+    /// once durable; taken back if it never becomes durable. An open naming the id of a
+    /// session it opened before (a repeat after a lost answer) is answered with that session
+    /// and changes nothing.
+    pub(super) fn session_open(
+        &self,
+        ctx: &Session,
+        now_ms: u64,
+        ttl_ms: u32,
+        chosen: Option<SessionId>,
+    ) -> Outcome {
         if ttl_ms > self.config.ttl_ms_max {
             return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
-        let id = SessionId::from_u128(rand::random());
+        let id = chosen.unwrap_or_else(|| SessionId::from_u128(rand::random()));
         let name = owner(ctx);
         let quota = self.sessions_quota(name);
         let opener = (name.map(str::to_string), ctx.conn_id);
         let mut sessions = self.sessions.lock();
+        // Before any limit: a repeat is not a new session (as a repeated ACQUIRE is not a
+        // new hold, 3.7).
+        match sessions.find_open(now_ms, id, (name, ttl_ms)) {
+            Ok(Reopen::Absent) => {}
+            Ok(Reopen::Repeat(ttl_ms, ticket)) => {
+                let response = Response::Session {
+                    session_id: id,
+                    ttl_ms,
+                };
+                return Outcome::Reply(response, ticket);
+            }
+            Err(Refusal::NoSession) => {
+                let message = format!("session {id} was opened, and has ended");
+                return Outcome::Reply(error(ErrorCode::NoSession, message), TICKET_NOW);
+            }
+            Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+        }
         // Checked and counted under one hold of the lock: exact over all its connections.
         let opened = sessions
             .owner_room(name, quota)
@@ -1044,6 +1132,7 @@ impl Executor {
         if !self.journal.logs_leases() {
             return Outcome::Reply(response, TICKET_NOW);
         }
+        sessions.opened_by(id, ticket);
         let undo = Undo::SessionOpen { session_id: id };
         Outcome::Changed {
             response,
@@ -1422,6 +1511,37 @@ mod tests {
         assert_eq!(t.reap(1999, 10), 1);
         t.check_invariants();
         assert!(t.is_empty() && !t.holds(lease(7)));
+    }
+
+    #[test]
+    fn an_open_naming_a_known_session_id_is_its_repeat_only_for_its_opener() {
+        let mut t = SessionTable::new(1, 1000);
+        let id = SessionId::from_u128(3);
+        let orders = (Some("orders"), 500);
+        assert_eq!(t.find_open(0, id, orders), Ok(Reopen::Absent));
+        t.open(0, id, 500, (Some("orders".into()), 1)).unwrap();
+        t.opened_by(id, 42);
+        // A repeat, with its opening record's ticket: at the server's limit of one session
+        // too, as it opens none.
+        assert_eq!(t.find_open(10, id, orders), Ok(Reopen::Repeat(500, 42)));
+        let other = SessionId::from_u128(4);
+        let full = t.open(10, other, 500, (Some("orders".into()), 1));
+        assert_eq!(full, Err(Refusal::SessionsFull));
+        // Not a repeat: another identity, no identity, another TTL.
+        let theirs = t.find_open(10, id, (Some("billing"), 500));
+        assert_eq!(theirs, Err(Refusal::NotTheOpen(None)));
+        assert_eq!(
+            t.find_open(10, id, (None, 500)),
+            Err(Refusal::NotTheOpen(None))
+        );
+        let longer = t.find_open(10, id, (Some("orders"), 900));
+        assert_eq!(longer, Err(Refusal::NotTheOpen(Some(500))));
+        // Past its deadline it has ended: a repeat hears so (until the reap forgets it,
+        // after which the id opens a new session).
+        assert_eq!(t.find_open(500, id, orders), Err(Refusal::NoSession));
+        assert_eq!(t.reap(500, 10), 1);
+        assert_eq!(t.find_open(500, id, orders), Ok(Reopen::Absent));
+        t.check_invariants();
     }
 
     #[test]

@@ -34,7 +34,13 @@ fn run(executor: &Arc<Executor>, request: Request) -> Response {
 }
 
 fn open(executor: &Arc<Executor>, ttl_ms: u32) -> SessionId {
-    match run(executor, Request::SessionOpen { ttl_ms }) {
+    match run(
+        executor,
+        Request::SessionOpen {
+            ttl_ms,
+            session_id: None,
+        },
+    ) {
         Response::Session { session_id, .. } => session_id,
         other => panic!("a session, not {other:?}"),
     }
@@ -205,6 +211,83 @@ async fn an_ended_session_stays_ended_and_its_leases_with_it() {
     assert!(matches!(keep(&third, live), Response::Session { .. }));
 }
 
+/// SESSION_OPEN with a session id, run and answered.
+fn open_as(executor: &Arc<Executor>, ttl_ms: u32, id: SessionId) -> Response {
+    let session_id = Some(id);
+    run(executor, Request::SessionOpen { ttl_ms, session_id })
+}
+
+/// An open sent again with its session id (its answer lost) finds the session the first send
+/// opened, with its leases, also after a restart (WAL recovery, or a new cluster leader), and
+/// opens no second one; once the session has ended, a repeat hears so.
+#[tokio::test(start_paused = true)]
+async fn an_open_sent_again_with_its_session_id_finds_its_session_after_a_restart() {
+    let journal = MemJournal::new(true);
+    let first = executor(&journal, 1).await;
+    let id = SessionId::from_u128(0x5e55_1011);
+    let opened = Response::Session {
+        session_id: id,
+        ttl_ms: 5_000,
+    };
+    assert_eq!(open_as(&first, 5_000, id), opened);
+    let (token, _) = acquire_in(&first, "a", id);
+    assert_eq!(open_as(&first, 5_000, id), opened);
+    assert_eq!(first.sessions().counts(), (1, 1));
+    journal.make_durable();
+    let (second, _) = restarted(&journal).await;
+    assert_eq!(open_as(&second, 5_000, id), opened);
+    assert_eq!(second.sessions().counts(), (1, 1));
+    assert_eq!(token_held(&second, "a").map(|h| h.0), Some(token));
+    // Another TTL is not this session's open.
+    assert!(matches!(
+        open_as(&second, 6_000, id),
+        Response::Error {
+            code: ErrorCode::SessionMismatch,
+            ..
+        }
+    ));
+    // Ended (by the clock, before the ticker's pass): a repeat is told, nothing opens.
+    tokio::time::advance(Duration::from_millis(5_001)).await;
+    let ended = open_as(&second, 5_000, id);
+    assert!(
+        matches!(&ended, Response::Error { code: ErrorCode::NoSession, message }
+            if message.contains("has ended")),
+        "{ended:?}"
+    );
+    assert_eq!(token_held(&second, "a"), None);
+}
+
+/// A repeat of an open whose record is not durable yet waits for that record, and is lost
+/// with it.
+#[tokio::test]
+async fn a_repeat_of_an_open_not_durable_yet_waits_for_its_record() {
+    let journal = MemJournal::new(true);
+    let executor = executor(&journal, 1).await;
+    let open = Request::SessionOpen {
+        ttl_ms: 5_000,
+        session_id: Some(SessionId::from_u128(0x5e55)),
+    };
+    let Outcome::Changed { ticket, .. } = executor.execute(&mut Session::new(1), 1, open.clone())
+    else {
+        panic!("an open waits for its record");
+    };
+    let Outcome::Reply(Response::Session { .. }, repeat) =
+        executor.execute(&mut Session::new(2), 1, open)
+    else {
+        panic!("a repeat is answered with the session");
+    };
+    assert_eq!(repeat, ticket);
+    assert!(matches!(
+        settle(repeat, &journal.progress().borrow()),
+        Settled::Waiting
+    ));
+    journal.fail("injected");
+    assert!(matches!(
+        settle(repeat, &journal.progress().borrow()),
+        Settled::Lost(_)
+    ));
+}
+
 #[tokio::test]
 async fn an_open_that_never_became_durable_is_taken_back() {
     let journal = MemJournal::new(true);
@@ -212,7 +295,10 @@ async fn an_open_that_never_became_durable_is_taken_back() {
     let Outcome::Changed { ticket, undo, .. } = executor.execute(
         &mut Session::new(1),
         1,
-        Request::SessionOpen { ttl_ms: 5_000 },
+        Request::SessionOpen {
+            ttl_ms: 5_000,
+            session_id: None,
+        },
     ) else {
         panic!("an open waits for its record");
     };

@@ -474,9 +474,11 @@ fn announced_peer_frames_hold_no_more_memory_than_their_budget() {
 fn a_session_with_two_leases_survives_the_leaders_kill_9() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let (mut daemons, clients) = three_daemons(&dirs);
-    let (leader, opened) = at_leader(&clients, "SESSION_OPEN 60000");
-    assert!(opened.starts_with("OK session="), "{opened}");
-    let session = field(&opened, "session").to_string();
+    // Opened with the client's session id, as the clients open (3.11).
+    let session = "5e55c1a5de0f4a11b0c4f2e1d3c2b1a0".to_string();
+    let open = format!("SESSION_OPEN 60000 ID={session}");
+    let (leader, opened) = at_leader(&clients, &open);
+    assert_eq!(opened, format!("OK session={session} ttl_ms=60000"));
     let mut conn = LineConn::connect(leader, REPLY_WAIT_MAX).unwrap();
     let keys = ["job:a", "job:b"];
     let grants: Vec<String> = keys
@@ -498,9 +500,15 @@ fn a_session_with_two_leases_survives_the_leaders_kill_9() {
     let index = clients.iter().position(|&c| c == leader).unwrap();
     daemons[index].kill9();
     let rest: Vec<SocketAddr> = clients.iter().copied().filter(|&c| c != leader).collect();
-    let (new_leader, kept) = at_leader(&rest, &format!("SESSION_KEEPALIVE {session}"));
-    assert_eq!(kept, format!("OK session={session} ttl_ms=60000"));
+    // The open sent again (as after an answer lost with the old leader) finds the session
+    // on the new leader, and opens no other.
+    let (new_leader, again) = at_leader(&rest, &open);
+    assert_eq!(again, opened);
     let mut conn = LineConn::connect(new_leader, REPLY_WAIT_MAX).unwrap();
+    let kept = conn.cmd(&format!("SESSION_KEEPALIVE {session}")).unwrap();
+    assert_eq!(kept, format!("OK session={session} ttl_ms=60000"));
+    let stats = conn.cmd("STATS").unwrap();
+    assert_eq!(field(&stats, "sessions"), "1", "{stats}");
     for (key, grant) in keys.iter().zip(&grants) {
         let held = conn.cmd(&format!("INSPECT {key}")).unwrap();
         assert_eq!(token(&held), token(grant), "{held}");

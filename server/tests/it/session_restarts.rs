@@ -53,6 +53,10 @@ fn a_session_keeps_its_three_leases_through_kill_9_and_its_close_frees_them() {
     let mut c = conn(&daemon);
     let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).unwrap();
     assert_eq!(kept, format!("OK session={session} ttl_ms=60000"));
+    // An open naming the session's id (a resend after a lost answer) finds it, and opens
+    // no second session.
+    let again = c.cmd(&format!("SESSION_OPEN 60000 ID={session}")).unwrap();
+    assert_eq!(again, kept);
     let stats = c.cmd("STATS").unwrap();
     assert_eq!(field(&stats, "sessions"), "1", "{stats}");
     assert_eq!(field(&stats, "session_leases"), "3", "{stats}");

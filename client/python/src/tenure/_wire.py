@@ -148,8 +148,10 @@ def with_wait(body: bytes, wait_ms: int) -> bytes:
     """An ACQUIRE body with its `wait_ms` replaced (a retry waits only what is left)."""
     at = 2 + int.from_bytes(body[:2], "big") + 4
     return body[:at] + struct.pack(">I", wait_ms) + body[at + 4 :]
-def session_open_body(ttl_ms: int) -> bytes:
-    return struct.pack(">I", ttl_ms)
+def session_open_body(ttl_ms: int, session_id: bytes = b"") -> bytes:
+    """SESSION_OPEN's body; with `session_id` (16 bytes, the client's pick), a resend finds
+    the session an earlier send opened (PROTOCOL.md 3.11)."""
+    return struct.pack(">I", ttl_ms) + session_id
 
 
 def renew_body(key: bytes, lease_id: bytes, ttl_ms: int) -> bytes:

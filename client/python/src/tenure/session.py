@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
@@ -64,6 +65,10 @@ RETRY_PAUSE_MIN_S = 0.05
 RETRY_PAUSE_MAX_S = 0.8
 
 #: Why a session (and its locks) ended, as `loss_reason` says it.
+#: Most rounds of SESSION_OPEN with fresh session ids one open sends: a resend whose session
+#: ended before its answer came (a TTL shorter than the time the answer took) hears
+#: NO_SESSION, and the open starts again with a new id.
+SESSION_OPEN_ROUNDS_MAX = 3
 LOSS_ENDED = "session ended at the server (NO_SESSION)"
 LOSS_CLOSED = "session closed by its owner"
 LOSS_EXPIRED = "session ran out unconfirmed"
@@ -147,26 +152,42 @@ class AsyncSession:
         return self
 
     async def _open_answered(self) -> "tuple[int, bytes, float]":
-        """SESSION_OPEN's answer and the instant before the send it answers. An open whose
-        answer was lost (a lost connection, a time-out, NOT_LEADER or SHUTTING_DOWN) is sent
-        again until `acquire_retry_for` (at least `timeout`) after the first send, as an
-        ACQUIRE is: SESSION_OPEN carries no id, so an open that was applied and lost is an
-        empty session nobody knows, holding no lock, that ends at its TTL (PROTOCOL.md 3.11).
-        Before outside test a49 (P1) the first lost answer was raised."""
+        """SESSION_OPEN's answer and the instant before its first send. The open carries a
+        session id picked here (16 random bytes), and an open whose answer was lost (a lost
+        connection, a time-out, NOT_LEADER or SHUTTING_DOWN) is sent again with that id until
+        `acquire_retry_for` (at least `timeout`) after the first send, as an ACQUIRE is: a
+        resend finds the session an earlier send opened, so none is left behind empty
+        (PROTOCOL.md 3.11). The session counts from the first send, the earliest that can have
+        opened it. A resend that hears NO_SESSION (the session it opened has ended already)
+        starts again with a new id. Before outside test a49 (P1) the first lost answer was
+        raised."""
+        for round in range(1, SESSION_OPEN_ROUNDS_MAX + 1):
+            first_sent_at = time.monotonic()
+            body = w.session_open_body(self._ttl_ms, secrets.token_bytes(16))
+            try:
+                opcode, reply = await self._open_sent(body)
+                return opcode, reply, first_sent_at
+            except ServerError as e:
+                if e.code != w.NO_SESSION or round == SESSION_OPEN_ROUNDS_MAX:
+                    raise
+                log.debug("tenure: the session an earlier SESSION_OPEN opened has ended; opening another")
+        raise AssertionError("unreachable")
+
+    async def _open_sent(self, body: bytes) -> "tuple[int, bytes]":
+        """SESSION_OPEN of `body`, sent again while its outcome is unknown."""
         client = self.client
-        body = w.session_open_body(self._ttl_ms)
         give_up_at = time.monotonic() + max(client.timeout, client.acquire_retry_for)
         pause = RETRY_PAUSE_MIN_S
         while True:
             timeout = max(0.001, min(client.timeout, give_up_at - time.monotonic()))
             try:
-                opcode, reply, _, sent_at = await client._call_sent(w.SESSION_OPEN, body, timeout)
-                return opcode, reply, sent_at
+                opcode, reply, _, _ = await client._call_sent(w.SESSION_OPEN, body, timeout)
+                return opcode, reply
             except (ConnectionLost, RequestTimeout, ServerError, OSError) as e:
                 unknown = is_transient(e) or isinstance(e, RequestTimeout)
                 if not unknown or time.monotonic() + pause >= give_up_at:
                     raise
-                log.debug("tenure: SESSION_OPEN outcome unknown (%s); opening again", e)
+                log.debug("tenure: SESSION_OPEN outcome unknown (%s); sending it again", e)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 

@@ -112,8 +112,10 @@ async fn execute(
             requests::acquire_to(client, out, name(&key), ms(ttl_ms), kind, options, target)
                 .await?;
         }
-        Request::SessionOpen { ttl_ms } => {
-            requests::session_open(client, out, ms(ttl_ms)).await?;
+        // Without ID= the client crate picks a session id (and resends it); with one, a line
+        // typed again is a repeat, as for ACQUIRE.
+        Request::SessionOpen { ttl_ms, session_id } => {
+            requests::session_open(client, out, ms(ttl_ms), session_id).await?;
         }
         Request::SessionKeepalive { session_id } => {
             requests::session_keepalive(client, out, session_id).await?;

@@ -97,8 +97,13 @@ fn print_ended(out: &Out, key: &str, how: EndedHow, token: u64) {
 }
 
 /// Opens a session nobody keeps alive but the console's user; prints its id and TTL.
-pub async fn session_open(client: &Client, out: &Out, ttl: Duration) -> anyhow::Result<u8> {
-    let (id, ttl) = client.open_session(ttl).await?;
+pub async fn session_open(
+    client: &Client,
+    out: &Out,
+    ttl: Duration,
+    chosen: Option<SessionId>,
+) -> anyhow::Result<u8> {
+    let (id, ttl) = client.open_session_as(ttl, chosen).await?;
     print_session(out, id, ttl);
     Ok(EXIT_OK)
 }

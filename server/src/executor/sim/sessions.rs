@@ -276,6 +276,41 @@ impl World {
         tokio::time::advance(Duration::from_millis(to - now_ms)).await;
     }
 
+    /// The session a SESSION_OPEN's outcome opened (or found).
+    fn opened(outcome: Outcome) -> SessionId {
+        // Answered at once, or (its record logged) once durable, which `execute` made it.
+        let (Outcome::Reply(Response::Session { session_id, .. }, _)
+        | Outcome::Changed {
+            response: Response::Session { session_id, .. },
+            ..
+        }) = outcome
+        else {
+            panic!("SESSION_OPEN answered otherwise")
+        };
+        session_id
+    }
+
+    /// `open` sent again, as after a lost answer, from any connection: the same session,
+    /// and no other opened.
+    fn open_again(&mut self, open: Request) {
+        let Request::SessionOpen {
+            session_id: Some(id),
+            ..
+        } = open
+        else {
+            unreachable!("a repeat names its session")
+        };
+        let live = self.exec.sessions().counts().0;
+        let c = self.rng.random_range(0..CONNS);
+        let outcome = self.execute(c, open);
+        assert_eq!(Self::opened(outcome), id);
+        assert_eq!(
+            self.exec.sessions().counts().0,
+            live,
+            "a repeat opened a session"
+        );
+    }
+
     fn session_index(&mut self) -> Option<usize> {
         (!self.sessions.is_empty()).then(|| self.rng.random_range(0..self.sessions.len()))
     }
@@ -287,16 +322,22 @@ impl World {
         let c = self.rng.random_range(0..CONNS);
         let ttl_ms = self.rng.random_range(50..=400);
         let sent_ms = self.now_ms();
-        let outcome = self.execute(c, Request::SessionOpen { ttl_ms });
-        // Answered at once, or (its record logged) once durable, which `execute` made it.
-        let (Outcome::Reply(Response::Session { session_id, .. }, _)
-        | Outcome::Changed {
-            response: Response::Session { session_id, .. },
-            ..
-        }) = outcome
-        else {
-            panic!("SESSION_OPEN answered otherwise")
+        // Half the opens name their session id, as the clients' do.
+        let chosen = self
+            .rng
+            .random_bool(0.5)
+            .then(|| SessionId::from_u128(self.rng.random::<u128>() | 1));
+        let open = Request::SessionOpen {
+            ttl_ms,
+            session_id: chosen,
         };
+        let session_id = Self::opened(self.execute(c, open.clone()));
+        if let Some(chosen) = chosen {
+            assert_eq!(session_id, chosen, "an open opens the session it names");
+            if self.rng.random_bool(0.5) {
+                self.open_again(open);
+            }
+        }
         self.sessions.push(Known {
             id: session_id,
             conn: c,
@@ -777,7 +818,13 @@ fn a_close_whose_frees_are_not_logged_frees_every_lease_here_and_says_so() {
         let Outcome::Changed {
             response: Response::Session { session_id, .. },
             ..
-        } = world.execute(0, Request::SessionOpen { ttl_ms: 10_000 })
+        } = world.execute(
+            0,
+            Request::SessionOpen {
+                ttl_ms: 10_000,
+                session_id: None,
+            },
+        )
         else {
             panic!("SESSION_OPEN refused")
         };

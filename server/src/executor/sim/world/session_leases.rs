@@ -80,7 +80,10 @@ impl World {
 
     async fn session_open(&mut self, c: usize) {
         let ttl_ms = self.rng.random_range(100..=600);
-        let outcome = self.execute(c, Request::SessionOpen { ttl_ms }).await;
+        let session_id = None;
+        let outcome = self
+            .execute(c, Request::SessionOpen { ttl_ms, session_id })
+            .await;
         let now_ms = self.exec.clock.now_ms();
         if let Some(Response::Session { session_id, .. }) = self.settle_now(c, outcome) {
             self.coverage.sessions_opened += 1;
