@@ -796,22 +796,23 @@ mod tests {
         )
     }
 
-    /// The first SESSION_OPEN is never answered (its reply lost); the client sends it again
-    /// with the same session id, so a server that applied the first opens nothing more, and
-    /// the session is counted from the first send, the earliest that can have opened it
-    /// (outside test a49, P1).
-    #[tokio::test(start_paused = true)]
-    async fn a_session_open_whose_reply_is_lost_is_sent_again_with_its_id() {
-        let ids = Arc::new(Mutex::new(Vec::new()));
+    /// The session ids of the SESSION_OPENs a fake server got, in order.
+    type Opens = Arc<Mutex<Vec<SessionId>>>;
+
+    /// A client (1 s request time-out) of a fake server that answers its `n`th SESSION_OPEN
+    /// (from 1) with `answer(n, ttl_ms, session id)` (`None`: no answer) and everything else
+    /// with [`kept`]; and the ids the opens named.
+    async fn opening(
+        answer: impl Fn(usize, u32, SessionId) -> Option<Response> + Send + Sync + 'static,
+    ) -> (fake::FakeServer, Client, Opens) {
+        let ids = Opens::default();
         let sent = Arc::clone(&ids);
         let script: Script = Arc::new(move |request| match request {
             Request::SessionOpen { ttl_ms, session_id } => {
+                let id = session_id.expect("the client picks the session id");
                 let mut sent = sent.lock().unwrap();
-                sent.push(session_id.expect("the client picks the session id"));
-                (sent.len() > 1).then(|| Response::Session {
-                    session_id: session_id.unwrap(),
-                    ttl_ms: *ttl_ms,
-                })
+                sent.push(id);
+                answer(sent.len(), *ttl_ms, id)
             }
             _ => kept(),
         });
@@ -823,6 +824,19 @@ mod tests {
         let client = Client::connect_with(server.addr.clone(), config)
             .await
             .unwrap();
+        (server, client, ids)
+    }
+
+    /// The first SESSION_OPEN is never answered (its reply lost); the client sends it again
+    /// with the same session id, so a server that applied the first opens nothing more, and
+    /// the session is counted from the first send, the earliest that can have opened it
+    /// (outside test a49, P1).
+    #[tokio::test(start_paused = true)]
+    async fn a_session_open_whose_reply_is_lost_is_sent_again_with_its_id() {
+        let (_server, client, ids) = opening(|n, ttl_ms, session_id| {
+            (n > 1).then_some(Response::Session { session_id, ttl_ms })
+        })
+        .await;
         let started = Instant::now();
         let session = client
             .session(ttl())
@@ -844,37 +858,18 @@ mod tests {
     }
 
     /// An open whose session ended before its answer came (NO_SESSION to a resend) starts
-    /// again with a new session id, and counts from that new first send.
+    /// again with a new session id; with the caller's own id, NO_SESSION is the answer.
     #[tokio::test(start_paused = true)]
     async fn a_session_open_whose_session_ended_meanwhile_opens_another() {
-        let ids = Arc::new(Mutex::new(Vec::new()));
-        let sent = Arc::clone(&ids);
-        let script: Script = Arc::new(move |request| match request {
-            Request::SessionOpen { ttl_ms, session_id } => {
-                let mut sent = sent.lock().unwrap();
-                sent.push(session_id.unwrap());
-                Some(match sent.len() {
-                    1 => return None,
-                    2 => Response::Error {
-                        code: ErrorCode::NoSession,
-                        message: "session was opened, and has ended".into(),
-                    },
-                    _ => Response::Session {
-                        session_id: session_id.unwrap(),
-                        ttl_ms: *ttl_ms,
-                    },
-                })
-            }
-            _ => kept(),
-        });
-        let server = fake::start(VERSION, 16, script).await;
-        let config = crate::ClientConfig {
-            request_timeout: Duration::from_secs(1),
-            ..crate::ClientConfig::default()
-        };
-        let client = Client::connect_with(server.addr.clone(), config)
-            .await
-            .unwrap();
+        let (_server, client, ids) = opening(|n, ttl_ms, session_id| match n {
+            1 => None,
+            2 => Some(Response::Error {
+                code: ErrorCode::NoSession,
+                message: "session was opened, and has ended".into(),
+            }),
+            _ => Some(Response::Session { session_id, ttl_ms }),
+        })
+        .await;
         let session = client
             .session(ttl())
             .await
@@ -884,17 +879,14 @@ mod tests {
         assert_eq!(sent[0], sent[1]);
         assert_ne!(sent[1], sent[2], "a new round, a new id");
         assert_eq!(session.id(), sent[2]);
-        // With an id of the caller's, the answer is the NO_SESSION itself.
-        let chosen = SessionId::from_u128(0x5e5);
-        let script: Script = Arc::new(|request| match request {
-            Request::SessionOpen { .. } => Some(Response::Error {
+        let (_server, client, _) = opening(|_, _, _| {
+            Some(Response::Error {
                 code: ErrorCode::NoSession,
                 message: "ended".into(),
-            }),
-            _ => kept(),
-        });
-        let server = fake::start(VERSION, 16, script).await;
-        let client = Client::connect(server.addr.clone()).await.unwrap();
+            })
+        })
+        .await;
+        let chosen = SessionId::from_u128(0x5e5);
         let e = client
             .open_session_as(ttl(), Some(chosen))
             .await
