@@ -401,7 +401,11 @@ async fn read_ack(stream: &mut (impl AsyncRead + Unpin)) -> Result<(HelloAck, By
             Err(e) => return Err(Error::Protocol(e.to_string())),
         }
         if stream.read_buf(&mut input).await? == 0 {
-            return Err(Error::Protocol(
+            // A lost connection, not a broken protocol: a proxy or load balancer whose
+            // backend is down (a restart, a fail-over) accepts and closes, and a request's
+            // retries must go on through that (outside test a60, F1: an open or ACQUIRE
+            // whose answer was lost gave up at once, leaving its session or lease behind).
+            return Err(Error::ConnectionLost(
                 "the server closed the connection during the handshake".into(),
             ));
         }

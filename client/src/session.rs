@@ -189,13 +189,17 @@ impl Client {
             };
             let mut answer = self.router().call_retrying(request).await?;
             answer.sent_at = first_sent_at;
-            let ended = matches!(
-                &answer.response,
-                Response::Error {
-                    code: ErrorCode::NoSession,
-                    ..
+            // Ended: the server says so, or the answer came past the deadline counted from
+            // the first send (the server forgot the session a send opened, and a later one
+            // opened the id again: outside test a60, F2). Either way, a new round.
+            let ended = match &answer.response {
+                Response::Error { code, .. } => *code == ErrorCode::NoSession,
+                Response::Session { ttl_ms, .. } => {
+                    let ttl = Duration::from_millis(u64::from(*ttl_ms));
+                    Instant::now() >= local_deadline(first_sent_at, Duration::ZERO, ttl)
                 }
-            );
+                _ => false,
+            };
             if !ended || round == SESSION_OPEN_ROUNDS_MAX {
                 return Ok(answer);
             }
@@ -805,6 +809,16 @@ mod tests {
     async fn opening(
         answer: impl Fn(usize, u32, SessionId) -> Option<Response> + Send + Sync + 'static,
     ) -> (fake::FakeServer, Client, Opens) {
+        let (script, ids) = open_script(answer);
+        let server = fake::start(VERSION, 16, script).await;
+        let client = client_of(server.addr.clone()).await;
+        (server, client, ids)
+    }
+
+    /// [`opening`]'s script, and the ids the opens named.
+    fn open_script(
+        answer: impl Fn(usize, u32, SessionId) -> Option<Response> + Send + Sync + 'static,
+    ) -> (Script, Opens) {
         let ids = Opens::default();
         let sent = Arc::clone(&ids);
         let script: Script = Arc::new(move |request| match request {
@@ -816,15 +830,88 @@ mod tests {
             }
             _ => kept(),
         });
-        let server = fake::start(VERSION, 16, script).await;
+        (script, ids)
+    }
+
+    /// A client of `addr` with a request time-out of 1 s.
+    async fn client_of(addr: String) -> Client {
         let config = crate::ClientConfig {
             request_timeout: Duration::from_secs(1),
             ..crate::ClientConfig::default()
         };
-        let client = Client::connect_with(server.addr.clone(), config)
-            .await
-            .unwrap();
-        (server, client, ids)
+        Client::connect_with(addr, config).await.unwrap()
+    }
+
+    /// An open answered only after its session's deadline counted from the first send (a
+    /// TTL shorter than the time a resend took) is not taken: the server may have forgotten
+    /// the session the first send opened and opened the id again, empty, for the resend. A
+    /// new round opens another id (outside test a60, F2: the caller got a dead session).
+    #[tokio::test(start_paused = true)]
+    async fn an_open_answered_past_its_deadline_opens_another() {
+        let (_server, client, ids) = opening(|n, ttl_ms, session_id| {
+            (n > 1).then_some(Response::Session { session_id, ttl_ms })
+        })
+        .await;
+        // The first send's answer is lost; the resend is answered after the 1 s time-out.
+        let ttl = Duration::from_millis(600);
+        let session = client.session(ttl).await.expect("the third send's session");
+        let sent = ids.lock().unwrap().clone();
+        assert_eq!(sent.len(), 3);
+        assert_eq!(sent[0], sent[1]);
+        assert_ne!(sent[1], sent[2], "a new round, a new id");
+        assert_eq!(session.id(), sent[2]);
+        assert!(session.is_valid());
+    }
+
+    /// A front (a proxy or load balancer) before a server whose backend goes down: its first
+    /// connection goes through and is cut after `FRONT_CUT_AFTER`; connections for `down`
+    /// after that are accepted and closed at once; the rest go through.
+    async fn front(server: String, down: Duration) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let elapsed = started.elapsed();
+                if n > 0 && elapsed < FRONT_CUT_AFTER + down {
+                    continue;
+                }
+                let cut_after = if n == 0 {
+                    FRONT_CUT_AFTER
+                } else {
+                    Duration::MAX
+                };
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let mut backend = tokio::net::TcpStream::connect(server).await.unwrap();
+                    let relay = tokio::io::copy_bidirectional(&mut stream, &mut backend);
+                    let _ = tokio::time::timeout(cut_after, relay).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// How long [`front`]'s first connection lasts.
+    const FRONT_CUT_AFTER: Duration = Duration::from_millis(300);
+
+    /// A lost SESSION_OPEN is sent again through connections a front accepts and closes
+    /// before the handshake's answer, until one gets through: not given up at the first
+    /// (outside test a60, F1: the open's session was left behind). In real time: the
+    /// front's sockets are real, and a paused clock would run the time-outs out meanwhile.
+    #[tokio::test]
+    async fn a_lost_open_is_sent_again_through_connections_closed_in_the_handshake() {
+        let (script, ids) = open_script(|n, ttl_ms, session_id| {
+            (n > 1).then_some(Response::Session { session_id, ttl_ms })
+        });
+        let server = fake::start(VERSION, 16, script).await;
+        let front = front(server.addr.clone(), Duration::from_secs(2)).await;
+        let client = client_of(front).await;
+        let session = client.session(ttl()).await.expect("the resend's answer");
+        let sent = ids.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2);
+        assert_eq!((sent[0], sent[1]), (session.id(), session.id()));
     }
 
     /// The first SESSION_OPEN is never answered (its reply lost); the client sends it again

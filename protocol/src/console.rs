@@ -125,17 +125,8 @@ pub fn parse(line: &[u8]) -> Result<Command, FrameError> {
         ("AUTH", _) => return Err(usage("AUTH <name> <secret>")),
         ("CLUSTER", [sub, rest @ ..]) => parse_cluster(sub, rest)?,
         ("CLUSTER", _) => return Err(usage(CLUSTER_USAGE)),
-        ("SESSION_OPEN", [ttl]) => Request::SessionOpen {
-            ttl_ms: parse_u32("ttl_ms", ttl)?,
-            session_id: None,
-        },
-        ("SESSION_OPEN", [ttl, id]) if id.len() >= 3 && id[..3].eq_ignore_ascii_case("ID=") => {
-            Request::SessionOpen {
-                ttl_ms: parse_u32("ttl_ms", ttl)?,
-                session_id: Some(parse_session("ID=", &id[3..])?),
-            }
-        }
-        ("SESSION_OPEN", _) => return Err(usage("SESSION_OPEN <ttl_ms> [ID=<32 hex>]")),
+        ("SESSION_OPEN", [ttl, rest @ ..]) => parse_session_open(ttl, rest)?,
+        ("SESSION_OPEN", _) => return Err(usage(SESSION_OPEN_USAGE)),
         ("SESSION_KEEPALIVE", [id]) => Request::SessionKeepalive {
             session_id: parse_session("session", id)?,
         },
@@ -209,13 +200,7 @@ fn parse_acquire(key: &str, ttl: &str, rest: &[&str]) -> Result<Request, FrameEr
             meta = Bytes::copy_from_slice(value.as_bytes());
         } else if let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) {
             once(1, "ID=")?;
-            let id = AcquireId::from_hex(value).ok_or_else(|| {
-                let chars = value.chars().count();
-                let quoted = truncate(value);
-                bad_args(format!(
-                    "ID= must be 32 hex digits, got {chars} characters: ID={quoted}"
-                ))
-            })?;
+            let id = AcquireId::from_hex(value).ok_or_else(|| id_malformed(value))?;
             acquire_id = Some(id);
         } else if upper == "RELEASE_ON_DISCONNECT" {
             once(2, "RELEASE_ON_DISCONNECT")?;
@@ -298,6 +283,36 @@ fn parse_permits(name: &str, word: &str) -> Result<u32, FrameError> {
             format!("PERMITS= {name} {} is over {PERMITS_MAX}", truncate(word)),
         )
     })
+}
+
+const SESSION_OPEN_USAGE: &str = "SESSION_OPEN <ttl_ms> [ID=<32 hex>]";
+
+/// `SESSION_OPEN <ttl_ms> [ID=<32 hex>]`; `ID=`'s mistakes are told as ACQUIRE's are.
+fn parse_session_open(ttl: &str, rest: &[&str]) -> Result<Request, FrameError> {
+    let mut session_id = None;
+    for word in rest {
+        let upper = word.to_ascii_uppercase();
+        let Some(value) = word.get(3..).filter(|_| upper.starts_with("ID=")) else {
+            return Err(bad_args(format!("usage: {SESSION_OPEN_USAGE}")));
+        };
+        if session_id.is_some() {
+            return Err(bad_args("ID= given twice".into()));
+        }
+        session_id = Some(SessionId::from_hex(value).ok_or_else(|| id_malformed(value))?);
+    }
+    Ok(Request::SessionOpen {
+        ttl_ms: parse_u32("ttl_ms", ttl)?,
+        session_id,
+    })
+}
+
+/// An `ID=` value that is not 32 hex digits.
+fn id_malformed(value: &str) -> FrameError {
+    let chars = value.chars().count();
+    let quoted = truncate(value);
+    bad_args(format!(
+        "ID= must be 32 hex digits, got {chars} characters: ID={quoted}"
+    ))
 }
 
 /// A SESSION= id: 32 hex digits.
@@ -628,7 +643,9 @@ mod tests {
             "SESSION_OPEN ten",
             "SESSION_OPEN 10 20",
             "SESSION_OPEN 10000 ID=123",
+            "SESSION_OPEN 10000 ID=",
             "SESSION_OPEN 10000 ID=5e11c3a709d2446b8f310c7de295b81f x",
+            "SESSION_OPEN 10000 ID=5e11c3a709d2446b8f310c7de295b81f ID=5e11c3a709d2446b8f310c7de295b81f",
             "SESSION_KEEPALIVE",
             "SESSION_KEEPALIVE 123",
             "SESSION_CLOSE nothex",

@@ -326,3 +326,27 @@ def test_an_open_whose_session_ended_before_its_answer_opens_another(client, ser
         assert bodies[0][:4] == bodies[1][:4] and bodies[0][4:] != bodies[1][4:]
         assert s.session_id == bodies[1][4:].hex()
         assert s.lock("ended/again").acquire().token > 0
+
+
+def test_an_open_answered_past_its_deadline_opens_another(client, server, monkeypatch) -> None:
+    """An open answered only after its session's deadline counted from the first send is not
+    taken (the server may have opened its id again, empty, for a resend): a new round opens
+    another id (outside test a60, F2: the caller got a dead session)."""
+    import asyncio
+
+    from tenure.session import AsyncSession
+
+    bodies = []
+    real = AsyncSession._open_sent
+
+    async def first_late(self, body):
+        bodies.append(body)
+        if len(bodies) == 1:
+            await asyncio.sleep(0.35)
+        return await real(self, body)
+
+    monkeypatch.setattr(AsyncSession, "_open_sent", first_late)
+    with client.session(ttl=0.3) as s:
+        assert len(bodies) == 2 and bodies[0][4:] != bodies[1][4:]
+        assert s.session_id == bodies[1][4:].hex()
+        s.check()

@@ -1081,16 +1081,14 @@ impl Executor {
         ttl_ms: u32,
         chosen: Option<SessionId>,
     ) -> Outcome {
-        if ttl_ms > self.config.ttl_ms_max {
-            return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
-        }
         let id = chosen.unwrap_or_else(|| SessionId::from_u128(rand::random()));
         let name = owner(ctx);
         let quota = self.sessions_quota(name);
         let opener = (name.map(str::to_string), ctx.conn_id);
         let mut sessions = self.sessions.lock();
-        // Before any limit: a repeat is not a new session (as a repeated ACQUIRE is not a
-        // new hold, 3.7).
+        // Before any limit, `--ttl-max-ms` too (a restart may have lowered it under a live
+        // session's TTL: outside test a60, F3): a repeat is not a new session, as a repeated
+        // ACQUIRE is not a new hold (3.7).
         match sessions.find_open(now_ms, id, (name, ttl_ms)) {
             Ok(Reopen::Absent) => {}
             Ok(Reopen::Repeat(ttl_ms, ticket)) => {
@@ -1105,6 +1103,9 @@ impl Executor {
                 return Outcome::Reply(error(ErrorCode::NoSession, message), TICKET_NOW);
             }
             Err(r) => return Outcome::Reply(refusal(r, id, &self.config), TICKET_NOW),
+        }
+        if ttl_ms > self.config.ttl_ms_max {
+            return Outcome::Reply(self.ttl_too_long(ttl_ms), TICKET_NOW);
         }
         // Checked and counted under one hold of the lock: exact over all its connections.
         let opened = sessions

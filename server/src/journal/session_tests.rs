@@ -18,7 +18,17 @@ use crate::executor::{answer_lost, Executor, ExecutorParts, Outcome, Session};
 use crate::record::{self, LeaseReplay, Record};
 
 async fn executor(journal: &Arc<MemJournal>, token_floor: u64) -> Arc<Executor> {
-    let config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    executor_with(journal, token_floor, 3_600_000).await
+}
+
+/// [`executor`] with this `--ttl-max-ms`.
+async fn executor_with(
+    journal: &Arc<MemJournal>,
+    token_floor: u64,
+    ttl_ms_max: u32,
+) -> Arc<Executor> {
+    let mut config = Config::for_tests(std::path::Path::new("/nonexistent"));
+    config.ttl_ms_max = ttl_ms_max;
     let journal: Arc<dyn Journal> = Arc::clone(journal) as Arc<dyn Journal>;
     let parts = ExecutorParts::new(config, Clock::start(), journal, token_floor);
     let executor = Arc::new(Executor::new(parts));
@@ -84,13 +94,18 @@ async fn restarted(journal: &MemJournal) -> (Arc<Executor>, Arc<MemJournal>) {
 
 /// A new executor from these records, as WAL recovery or a new cluster leader builds it.
 async fn restarted_from(records: &[Vec<u8>]) -> (Arc<Executor>, Arc<MemJournal>) {
+    restarted_with(records, 3_600_000).await
+}
+
+/// [`restarted_from`] with this `--ttl-max-ms`.
+async fn restarted_with(records: &[Vec<u8>], ttl_ms_max: u32) -> (Arc<Executor>, Arc<MemJournal>) {
     let mut replay = LeaseReplay::default();
     for bytes in records {
         let (record, _) = record::decode(bytes).unwrap();
         replay.apply(&record);
     }
     let fresh = MemJournal::new(true);
-    let executor = executor(&fresh, replay.token_floor).await;
+    let executor = executor_with(&fresh, replay.token_floor, ttl_ms_max).await;
     let now_ms = executor.clock().now_ms();
     executor.restore_sessions(now_ms, replay.to_sessions());
     executor.restore(now_ms, replay.to_recovered());
@@ -238,6 +253,19 @@ async fn an_open_sent_again_with_its_session_id_finds_its_session_after_a_restar
     assert_eq!(open_as(&second, 5_000, id), opened);
     assert_eq!(second.sessions().counts(), (1, 1));
     assert_eq!(token_held(&second, "a").map(|h| h.0), Some(token));
+    // A restart that lowered `--ttl-max-ms` under the session's TTL refuses new opens of
+    // that TTL, not the session's repeat (outside test a60, F3).
+    let records: Vec<Vec<u8>> = journal.kept().into_iter().map(|k| k.record).collect();
+    let (lowered, _) = restarted_with(&records, 4_000).await;
+    assert_eq!(open_as(&lowered, 5_000, id), opened);
+    let other = SessionId::from_u128(0x0de1);
+    assert!(matches!(
+        open_as(&lowered, 5_000, other),
+        Response::Error {
+            code: ErrorCode::BadTtl,
+            ..
+        }
+    ));
     // Another TTL is not this session's open.
     assert!(matches!(
         open_as(&second, 6_000, id),

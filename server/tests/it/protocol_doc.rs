@@ -21,7 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// Every example name PROTOCOL.md may use, each with its setup in [`run_scenario`].
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "hello-version-9",
     "acquire",
     "acquire-id",
@@ -34,6 +34,7 @@ const SCENARIOS: [&str; 13] = [
     "cluster-remove",
     "cluster-status-extended",
     "session",
+    "session-open-console",
     "escapes-and-refusals",
 ];
 
@@ -513,9 +514,11 @@ async fn run_scenario(name: &str, all: &[Example], tables: &Tables) {
         }
         "acquire-id" => exchange_twice(&server, &examples, tables).await,
         "granted" | "watching" => answer_only(&server, examples[0], tables).await,
-        "session" | "semaphore" | "escapes-and-refusals" | "acquire-id-console" => {
-            console_session(&server, examples[0]).await
-        }
+        "session"
+        | "semaphore"
+        | "escapes-and-refusals"
+        | "acquire-id-console"
+        | "session-open-console" => console_session(&server, examples[0]).await,
         other => panic!("no scenario {other}"),
     }
     server.stop().await;
