@@ -647,7 +647,8 @@ impl Router {
                     // A cluster's node that cannot be reached (often the dead leader the
                     // others still name): `connection` moved on to the next endpoint, and
                     // backs off after a whole round of them failed.
-                    Err(Error::Io(_) | Error::Timeout(_))
+                    // Or one whose front (a proxy) accepts and closes: ConnectionLost.
+                    Err(Error::Io(_) | Error::Timeout(_) | Error::ConnectionLost(_))
                         if self.inner.endpoints.len() > 1 && Instant::now() < search_until =>
                     {
                         continue;

@@ -898,17 +898,28 @@ mod tests {
 
     /// A lost SESSION_OPEN is sent again through connections a front accepts and closes
     /// before the handshake's answer, until one gets through: not given up at the first
-    /// (outside test a60, F1: the open's session was left behind). In real time: the
-    /// front's sockets are real, and a paused clock would run the time-outs out meanwhile.
+    /// (outside test a60, F1: the open's session was left behind; this test passed before
+    /// that fix too, its scripts `cli_orphan.sh` and `cli_acquire_orphan.sh` did not). The
+    /// cluster's other node knows no leader. In real time: the front's sockets are real,
+    /// and a paused clock would run the time-outs out meanwhile.
     #[tokio::test]
     async fn a_lost_open_is_sent_again_through_connections_closed_in_the_handshake() {
         let (script, ids) = open_script(|n, ttl_ms, session_id| {
             (n > 1).then_some(Response::Session { session_id, ttl_ms })
         });
         let server = fake::start(VERSION, 16, script).await;
+        let no_leader: Script = Arc::new(|_| {
+            Some(Response::Error {
+                code: ErrorCode::NotLeader,
+                message: "unknown".into(),
+            })
+        });
+        let follower = fake::start(VERSION, 16, no_leader).await;
         let front = front(server.addr.clone(), Duration::from_secs(2)).await;
-        let client = client_of(front).await;
-        let session = client.session(ttl()).await.expect("the resend's answer");
+        let client = client_of(format!("{front},{}", follower.addr)).await;
+        // A TTL longer than the outage, so the resend's answer comes in time.
+        let ttl = Duration::from_secs(30);
+        let session = client.session(ttl).await.expect("the resend's answer");
         let sent = ids.lock().unwrap().clone();
         assert_eq!(sent.len(), 2);
         assert_eq!((sent[0], sent[1]), (session.id(), session.id()));
