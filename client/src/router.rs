@@ -586,14 +586,22 @@ impl Router {
         let config = self.config();
         let give_up_at = Instant::now() + config.acquire_retry_for.max(config.request_timeout);
         let mut pause = RETRY_PAUSE_MIN;
+        // The previous send's unknown outcome: what the caller hears if the next send is cut
+        // short by the retries running out, as for an ACQUIRE (outside test a61: it heard a
+        // "no answer within 201ms" of the cut-short send, not the connection's end).
+        let mut last: Option<Error> = None;
         loop {
             let left = give_up_at.saturating_duration_since(Instant::now());
             let timeout = config.request_timeout.min(left).max(RETRY_TIMEOUT_MIN);
             match self.call(request.clone(), timeout).await {
                 Err(e) if e.is_transient() && Instant::now() + pause < give_up_at => {
                     tracing::debug!(error = %e, "outcome unknown; sending it again");
+                    last = Some(e);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+                Err(Error::Timeout(t)) if t < config.request_timeout && last.is_some() => {
+                    return Err(last.expect("checked"));
                 }
                 answered => return answered,
             }

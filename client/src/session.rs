@@ -863,6 +863,33 @@ mod tests {
         assert!(session.is_valid());
     }
 
+    /// An open never answered: when the retries run out the caller hears the last whole
+    /// send's time-out, not that of the send the end of the retries cut short (outside
+    /// test a61).
+    #[tokio::test(start_paused = true)]
+    async fn an_open_whose_retries_run_out_reports_a_whole_sends_failure() {
+        let (script, ids) = open_script(|_, _, _| None);
+        let server = fake::start(VERSION, 16, script).await;
+        let config = crate::ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            acquire_retry_for: Duration::from_millis(2_500),
+            ..crate::ClientConfig::default()
+        };
+        let client = Client::connect_with(server.addr.clone(), config)
+            .await
+            .unwrap();
+        let e = client.session(ttl()).await.unwrap_err();
+        assert!(
+            matches!(e, Error::Timeout(t) if t == Duration::from_secs(1)),
+            "{e:?}"
+        );
+        let sent = ids.lock().unwrap().clone();
+        assert!(
+            sent.len() >= 3 && sent.iter().all(|id| *id == sent[0]),
+            "{sent:?}"
+        );
+    }
+
     /// A front (a proxy or load balancer) before a server whose backend goes down: its first
     /// connection goes through and is cut after `FRONT_CUT_AFTER`; connections for `down`
     /// after that are accepted and closed at once; the rest go through.
