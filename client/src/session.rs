@@ -154,9 +154,10 @@ impl Client {
     }
 }
 
-/// Most SESSION_OPENs with fresh ids one open sends: a repeat of an open whose session
+/// Most rounds of SESSION_OPEN, each with a fresh id, one open sends: a resend whose session
 /// ended before its answer came (a TTL shorter than the time the answer took) hears
-/// NO_SESSION, and the open starts again with a new id, this many times at most.
+/// NO_SESSION, or is answered past the deadline counted from its first send, and the open
+/// starts again with a new id, this many times at most.
 const SESSION_OPEN_ROUNDS_MAX: u32 = 3;
 const _: () = assert!(SESSION_OPEN_ROUNDS_MAX > 0);
 
@@ -168,19 +169,20 @@ impl Client {
     /// may have opened the session, the first one at the earliest. Before outside test a49
     /// (P1) the first lost answer was returned as the error.
     ///
-    /// With `chosen`, that id is sent, in one round: a session of that id that has ended
-    /// is the answer (NO_SESSION).
+    /// A resend that hears NO_SESSION, or is answered past that deadline, starts a new round
+    /// with a new id ([`SESSION_OPEN_ROUNDS_MAX`]). With `chosen`, that id is sent, in one
+    /// round: a session of that id that has ended is the answer (NO_SESSION).
     async fn session_open_answered(
         &self,
         ttl: Duration,
         chosen: Option<SessionId>,
     ) -> Result<Answer> {
-        let mut round = if chosen.is_some() {
-            SESSION_OPEN_ROUNDS_MAX
-        } else {
+        let rounds = if chosen.is_some() {
             1
+        } else {
+            SESSION_OPEN_ROUNDS_MAX
         };
-        loop {
+        for round in 1..=rounds {
             let first_sent_at = Instant::now();
             let session_id = chosen.unwrap_or_else(|| SessionId::from_u128(rand::random()));
             let request = Request::SessionOpen {
@@ -200,12 +202,12 @@ impl Client {
                 }
                 _ => false,
             };
-            if !ended || round == SESSION_OPEN_ROUNDS_MAX {
+            if !ended || round == rounds {
                 return Ok(answer);
             }
             tracing::debug!("the session an earlier send opened has ended; opening another");
-            round += 1;
         }
+        unreachable!("the last round returns")
     }
 }
 

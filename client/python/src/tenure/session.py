@@ -67,7 +67,8 @@ RETRY_PAUSE_MAX_S = 0.8
 #: Why a session (and its locks) ended, as `loss_reason` says it.
 #: Most rounds of SESSION_OPEN with fresh session ids one open sends: a resend whose session
 #: ended before its answer came (a TTL shorter than the time the answer took) hears
-#: NO_SESSION, and the open starts again with a new id.
+#: NO_SESSION, or is answered past the deadline counted from its first send, and the open
+#: starts again with a new id.
 SESSION_OPEN_ROUNDS_MAX = 3
 LOSS_ENDED = "session ended at the server (NO_SESSION)"
 LOSS_CLOSED = "session closed by its owner"
@@ -158,8 +159,9 @@ class AsyncSession:
         `acquire_retry_for` (at least `timeout`) after the first send, as an ACQUIRE is: a
         resend finds the session an earlier send opened, so none is left behind empty
         (PROTOCOL.md 3.11). The session counts from the first send, the earliest that can have
-        opened it. A resend that hears NO_SESSION (the session it opened has ended already)
-        starts again with a new id. Before outside test a49 (P1) the first lost answer was
+        opened it. A resend that hears NO_SESSION (the session it opened has ended already),
+        or is answered past the deadline counted from the first send, starts again with a new
+        id, at most `SESSION_OPEN_ROUNDS_MAX` rounds. Before outside test a49 (P1) the first lost answer was
         raised."""
         for round in range(1, SESSION_OPEN_ROUNDS_MAX + 1):
             first_sent_at = time.monotonic()
