@@ -95,3 +95,14 @@ def test_an_acquire_every_node_refuses_not_leader_raises_not_leader(start_tenure
     with tenure.Client(node.addr, timeout=1, acquire_retry_for=3) as c:
         with pytest.raises(tenure.NotLeader):
             c.acquire("k", ttl=5)
+
+
+def test_an_open_every_node_refuses_not_leader_raises_not_leader(start_tenured):
+    """A SESSION_OPEN's resends run out as an ACQUIRE's do (outside test a61): the caller
+    hears the NOT_LEADER the sends got, not the time-out of a last send the retries cut
+    short ("reconnect delay runs past the request's timeout")."""
+    peer = f"127.0.0.1:{free_port()}"
+    node = start_tenured("--cluster", "--node-id", "4", "--peer-listen", peer)
+    with tenure.Client(node.addr, timeout=1, acquire_retry_for=3) as c:
+        with pytest.raises(tenure.NotLeader):
+            c.session(ttl=5)

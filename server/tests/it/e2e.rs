@@ -922,6 +922,22 @@ async fn token_only_durability_refuses_grants_until_old_leases_ran_out() {
         .cmd("ACQUIRE other 0 SESSION=0123456789abcdef0123456789abcdef")
         .await;
     assert!(in_session.starts_with("ERR RECOVERING "), "{in_session}");
+    // Sessions open, keep alive and close in the window (PROTOCOL.md 3.11); their ACQUIREs
+    // are refused as any.
+    let opened = c.cmd("SESSION_OPEN 400").await;
+    let session = opened
+        .strip_prefix("OK session=")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("{opened}"))
+        .to_owned();
+    let in_open = c.cmd(&format!("ACQUIRE other 0 SESSION={session}")).await;
+    assert!(in_open.starts_with("ERR RECOVERING "), "{in_open}");
+    let kept = c.cmd(&format!("SESSION_KEEPALIVE {session}")).await;
+    assert!(kept.starts_with("OK session="), "{kept}");
+    assert_eq!(
+        c.cmd(&format!("SESSION_CLOSE {session}")).await,
+        "OK released=0"
+    );
     assert!(c.cmd("INSPECT other").await == "FREE");
     let granted = loop {
         let reply = c.cmd("ACQUIRE other 400").await;

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from . import _wire as w
 from . import semaphore as _kinds
 from .errors import (
+    CannotConnect,
     ConnectionLost,
     InvalidArgument,
     LeaseLost,
@@ -187,16 +188,27 @@ class AsyncSession:
         client = self.client
         give_up_at = time.monotonic() + max(client.timeout, client.acquire_retry_for)
         pause = RETRY_PAUSE_MIN_S
+        # As ACQUIRE's sends do: a last send cut short by the retries running out that times
+        # out (or cannot connect in what is left) reports the previous send's failure, not a
+        # time-out it never had in full (outside test a61).
+        last: Optional[Exception] = None
         while True:
-            timeout = max(0.001, min(client.timeout, give_up_at - time.monotonic()))
+            now = time.monotonic()
+            cut_short = give_up_at - now < client.timeout
+            timeout = max(0.001, min(client.timeout, give_up_at - now))
             try:
                 opcode, reply, _, _ = await client._call_sent(w.SESSION_OPEN, body, timeout)
                 return opcode, reply
             except (ConnectionLost, RequestTimeout, ServerError, OSError) as e:
                 unknown = is_transient(e) or isinstance(e, RequestTimeout)
-                if not unknown or time.monotonic() + pause >= give_up_at:
+                if not unknown:
+                    raise
+                if cut_short and last is not None and isinstance(e, (RequestTimeout, CannotConnect)):
+                    raise last from None
+                if time.monotonic() + pause >= give_up_at:
                     raise
                 log.debug("tenure: SESSION_OPEN outcome unknown (%s); sending it again", e)
+                last = e
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
