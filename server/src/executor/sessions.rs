@@ -39,7 +39,7 @@
 //! [`SessionTable`] is the bookkeeping, with `now` as an argument; the `impl Executor` below
 //! runs the requests on it.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -62,6 +62,15 @@ const RESTORED_CONN_ID: u64 = u64::MAX;
 /// Most ended sessions the ticker forgets per pass, so an expiry storm cannot starve requests.
 pub const SESSION_REAPS_PER_TICK_MAX: usize = 1024;
 const _: () = assert!(SESSION_REAPS_PER_TICK_MAX > 0);
+
+/// How long an ended session's id is remembered (in memory only): a SESSION_OPEN naming it
+/// meanwhile hears that it ended, where it would open the id again, empty, for a TTL. Such an
+/// open is a late resend of the one that opened the session (say from a slow connection its
+/// client gave up on): the clients resend for 15 s by default, so ten minutes is ample.
+pub const SESSION_ENDED_KEEP_MS: u64 = 600_000;
+/// Most ended session ids remembered at once (about 50 bytes each); the oldest go first.
+pub const SESSIONS_ENDED_MAX: usize = 16_384;
+const _: () = assert!(SESSIONS_ENDED_MAX > 0);
 
 /// Longest key a session's list keeps beside its lease id, as the table keeps one in its
 /// slot (`table::slot`): the load generator's keys fit. A longer key is in
@@ -194,6 +203,11 @@ pub struct SessionTable {
     by_conn: HashMap<u64, u32>,
     /// Live sessions by the identity that opened them, for its `sessions-max`.
     by_owner: HashMap<String, usize>,
+    /// Ended sessions (closed or expired) by id, with when they ended: for at most
+    /// [`SESSION_ENDED_KEEP_MS`], and the newest [`SESSIONS_ENDED_MAX`].
+    ended: HashMap<SessionId, u64>,
+    /// `ended` oldest first (an id that ended again since has a later entry too).
+    ended_order: VecDeque<(u64, SessionId)>,
 }
 
 /// Why a session request was refused.
@@ -241,6 +255,8 @@ impl SessionTable {
             long_keys: HashMap::new(),
             by_conn: HashMap::new(),
             by_owner: HashMap::new(),
+            ended: HashMap::new(),
+            ended_order: VecDeque::new(),
         }
     }
 
@@ -297,9 +313,9 @@ impl SessionTable {
     /// finds: no such session (open it), or the session a first send of it opened.
     ///
     /// # Errors
-    /// [`Refusal::NoSession`] if that session has ended already (its deadline passed, not
-    /// reaped yet), [`Refusal::NotTheOpen`] if another identity opened it, or with another
-    /// TTL.
+    /// [`Refusal::NoSession`] if that session has ended already (its deadline passed, or it
+    /// ended within [`SESSION_ENDED_KEEP_MS`]), [`Refusal::NotTheOpen`] if another identity
+    /// opened it, or with another TTL.
     pub fn find_open(
         &self,
         now_ms: u64,
@@ -307,7 +323,12 @@ impl SessionTable {
         (owner, ttl_ms): (Option<&str>, u32),
     ) -> Result<Reopen, Refusal> {
         let Some(entry) = self.by_id.get(&id) else {
-            return Ok(Reopen::Absent);
+            return match self.ended.get(&id) {
+                Some(&ended_ms) if now_ms < ended_ms + SESSION_ENDED_KEEP_MS => {
+                    Err(Refusal::NoSession)
+                }
+                _ => Ok(Reopen::Absent),
+            };
         };
         if entry.owner.as_deref() != owner {
             return Err(Refusal::NotTheOpen(None));
@@ -445,7 +466,28 @@ impl SessionTable {
         owner: Option<&str>,
     ) -> Result<Ended, Refusal> {
         self.live(now_ms, id, owner).ok_or(Refusal::NoSession)?;
-        Ok(self.remove(id))
+        let ended = self.remove(id);
+        self.remember_ended(now_ms, id);
+        Ok(ended)
+    }
+
+    /// Remembers that session `id` ended at `now_ms` (for [`SessionTable::find_open`]), and
+    /// forgets the ended ids past their time or over the count.
+    fn remember_ended(&mut self, now_ms: u64, id: SessionId) {
+        self.ended.insert(id, now_ms);
+        self.ended_order.push_back((now_ms, id));
+        while let Some(&(ended_ms, oldest)) = self.ended_order.front() {
+            let stale = ended_ms + SESSION_ENDED_KEEP_MS <= now_ms;
+            if !stale && self.ended_order.len() <= SESSIONS_ENDED_MAX {
+                break;
+            }
+            self.ended_order.pop_front();
+            // Only its latest end forgets it (an id reopened after it was forgotten, and
+            // ended again, has a later entry).
+            if self.ended.get(&oldest) == Some(&ended_ms) {
+                self.ended.remove(&oldest);
+            }
+        }
     }
 
     /// Counts a waiter (`waiter_id` on `key`) that an ACQUIRE in session `id` queued.
@@ -629,7 +671,11 @@ impl SessionTable {
             .collect();
         ended
             .into_iter()
-            .map(|id| (id, self.remove(id).waiters))
+            .map(|id| {
+                let waiters = self.remove(id).waiters;
+                self.remember_ended(now_ms, id);
+                (id, waiters)
+            })
             .collect()
     }
 
@@ -1537,11 +1583,51 @@ mod tests {
         );
         let longer = t.find_open(10, id, (Some("orders"), 900));
         assert_eq!(longer, Err(Refusal::NotTheOpen(Some(500))));
-        // Past its deadline it has ended: a repeat hears so (until the reap forgets it,
-        // after which the id opens a new session).
+        // Past its deadline it has ended: a repeat hears so, from anyone, for
+        // SESSION_ENDED_KEEP_MS after the reap forgot the session; then the id opens anew.
         assert_eq!(t.find_open(500, id, orders), Err(Refusal::NoSession));
         assert_eq!(t.reap(500, 10), 1);
-        assert_eq!(t.find_open(500, id, orders), Ok(Reopen::Absent));
+        assert_eq!(t.find_open(500, id, orders), Err(Refusal::NoSession));
+        let later = 500 + SESSION_ENDED_KEEP_MS;
+        assert_eq!(
+            t.find_open(later - 1, id, (None, 9)),
+            Err(Refusal::NoSession)
+        );
+        assert_eq!(t.find_open(later, id, orders), Ok(Reopen::Absent));
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_closed_sessions_id_is_remembered_for_a_while_and_the_newest_ones_only() {
+        let mut t = SessionTable::new(SESSIONS_ENDED_MAX + 1, 10);
+        let orders = (Some("orders"), 500);
+        let opener = || (Some("orders".to_string()), 1);
+        let id = SessionId::from_u128(7);
+        t.open(0, id, 500, opener()).unwrap();
+        t.close(10, id, Some("orders")).unwrap();
+        assert_eq!(t.find_open(10, id, orders), Err(Refusal::NoSession));
+        // A session opened under the id after it was forgotten, and ended again: the later
+        // end counts, whatever the first one's entry does when it is dropped.
+        let reopened_at = 10 + SESSION_ENDED_KEEP_MS;
+        assert_eq!(t.find_open(reopened_at, id, orders), Ok(Reopen::Absent));
+        t.open(reopened_at, id, 500, opener()).unwrap();
+        t.close(reopened_at + 1, id, Some("orders")).unwrap();
+        let ended_again = reopened_at + 1;
+        let now = ended_again + 5;
+        // Fill the memory past its count: the oldest go, the latest stay.
+        for n in 0..SESSIONS_ENDED_MAX as u128 {
+            let other = SessionId::from_u128(1000 + n);
+            t.open(now, other, 500, (None, 2)).unwrap();
+            t.close(now, other, None).unwrap();
+        }
+        assert!(t.ended.len() <= SESSIONS_ENDED_MAX);
+        assert_eq!(t.ended_order.len(), SESSIONS_ENDED_MAX);
+        assert_eq!(t.find_open(now, id, orders), Ok(Reopen::Absent));
+        let newest = SessionId::from_u128(1000 + SESSIONS_ENDED_MAX as u128 - 1);
+        assert_eq!(
+            t.find_open(now, newest, (None, 500)),
+            Err(Refusal::NoSession)
+        );
         t.check_invariants();
     }
 
