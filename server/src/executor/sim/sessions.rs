@@ -19,6 +19,8 @@
 //!   a close answers its waiters `NO_SESSION` at once, an expiry by the ticker's pass (or the
 //!   table drops the waiter unanswered, which its connection answers `NO_SESSION`);
 //! - tokens per key strictly increase over the grants clients are told of;
+//! - a SESSION_OPEN naming an ended session's id, sent again, is told `NO_SESSION` and
+//!   opens nothing;
 //! - the client's local deadline (the instant before its last confirmed keep-alive was sent,
 //!   plus TTL, less the margin; or its grant's own, the later of the two) is never past the
 //!   server's end of the lease: while the client counts on a lease, the lease holds.
@@ -86,6 +88,8 @@ struct Known {
     /// The naive model's end: the server's `now` at the opening or the last keep-alive
     /// answered OK, plus the TTL.
     end_ms: u64,
+    /// Its SESSION_OPEN, if it named the session's id (to send again once it ended).
+    open: Option<Request>,
     /// The client's local deadline: the instant before its last confirmed keep-alive (or the
     /// opening) was sent, plus the TTL, less the margin.
     local_end_ms: u64,
@@ -125,6 +129,8 @@ struct Coverage {
     waiters_ended: usize,
     /// ACQUIREs in a session that had ended or was about to (NO_SESSION).
     acquires_too_late: usize,
+    /// SESSION_OPENs naming an ended session's id, sent again (NO_SESSION).
+    opens_after_end: usize,
 }
 
 impl Coverage {
@@ -138,6 +144,7 @@ impl Coverage {
         self.expiries_with_leases += o.expiries_with_leases;
         self.waiters_ended += o.waiters_ended;
         self.acquires_too_late += o.acquires_too_late;
+        self.opens_after_end += o.opens_after_end;
     }
 
     fn check_all_seen(&self) {
@@ -152,6 +159,7 @@ impl Coverage {
             ("expiries of sessions with leases", c.expiries_with_leases),
             ("waiters of sessions that ended", c.waiters_ended),
             ("acquires in ended or ending sessions", c.acquires_too_late),
+            ("opens of ended sessions sent again", c.opens_after_end),
         ] {
             assert!(
                 n > 0,
@@ -172,6 +180,8 @@ struct World {
     queued: u64,
     /// Sessions closed: none of their waiters may still be in line after the close.
     closed: std::collections::HashSet<SessionId>,
+    /// The SESSION_OPENs (naming their ids) of the last sessions that ended.
+    ended_opens: Vec<Request>,
     /// The largest token clients were told of per key.
     token_max: HashMap<Bytes, u64>,
     coverage: Coverage,
@@ -200,6 +210,7 @@ impl World {
             waiters: Vec::new(),
             queued: 0,
             closed: std::collections::HashSet::new(),
+            ended_opens: Vec::new(),
             token_max: HashMap::new(),
             coverage: Coverage::default(),
         }
@@ -231,6 +242,7 @@ impl World {
             64..72 => self.release(),
             72..86 => self.advance(1..40).await,
             86..90 => self.advance(100..400).await,
+            90..92 => self.open_ended_again(),
             _ => self.advance_to_a_deadline().await,
         }
         if self.rng.random_bool(0.5) {
@@ -311,6 +323,46 @@ impl World {
         );
     }
 
+    /// An ended session's open sent again (a late resend, from any connection): the run is
+    /// far shorter than the server remembers ended ids, so it is told the session ended, and
+    /// opens nothing.
+    fn open_ended_again(&mut self) {
+        if self.ended_opens.is_empty() {
+            return;
+        }
+        let open = self.ended_opens[self.rng.random_range(0..self.ended_opens.len())].clone();
+        let live = self.exec.sessions().counts().0;
+        let c = self.rng.random_range(0..CONNS);
+        let (Outcome::Reply(response, _) | Outcome::Changed { response, .. }) =
+            self.execute(c, open)
+        else {
+            panic!("SESSION_OPEN answered otherwise")
+        };
+        assert!(
+            matches!(
+                response,
+                Response::Error {
+                    code: ErrorCode::NoSession,
+                    ..
+                }
+            ),
+            "an ended session's open sent again was answered {response:?}"
+        );
+        assert_eq!(self.exec.sessions().counts().0, live, "it opened a session");
+        self.coverage.opens_after_end += 1;
+    }
+
+    /// Keeps the open of a session that ended, for [`World::open_ended_again`].
+    fn remember_ended_open(&mut self, open: Option<Request>) {
+        const ENDED_OPENS_KEPT: usize = 8;
+        if let Some(open) = open {
+            if self.ended_opens.len() == ENDED_OPENS_KEPT {
+                self.ended_opens.remove(0);
+            }
+            self.ended_opens.push(open);
+        }
+    }
+
     fn session_index(&mut self) -> Option<usize> {
         (!self.sessions.is_empty()).then(|| self.rng.random_range(0..self.sessions.len()))
     }
@@ -335,7 +387,7 @@ impl World {
         if let Some(chosen) = chosen {
             assert_eq!(session_id, chosen, "an open opens the session it names");
             if self.rng.random_bool(0.5) {
-                self.open_again(open);
+                self.open_again(open.clone());
             }
         }
         self.sessions.push(Known {
@@ -343,6 +395,7 @@ impl World {
             conn: c,
             ttl_ms,
             end_ms: self.now_ms() + u64::from(ttl_ms),
+            open: chosen.is_some().then_some(open),
             local_end_ms: sent_ms + u64::from(ttl_ms) - margin_ms(ttl_ms),
             leases: Vec::new(),
         });
@@ -404,6 +457,7 @@ impl World {
     /// The client learns its session `i` ended: none of its leases may hold any more.
     fn session_ended(&mut self, i: usize) {
         let s = self.sessions.remove(i);
+        self.remember_ended_open(s.open.clone());
         let now_ms = self.now_ms();
         if !s.leases.is_empty() && now_ms >= s.end_ms {
             self.coverage.expiries_with_leases += 1;
@@ -440,6 +494,7 @@ impl World {
                 }
                 self.closed.insert(id);
                 let s = self.sessions.remove(i);
+                self.remember_ended_open(s.open.clone());
                 for lease in &s.leases {
                     let left = held_ttl_left(&self.exec, &lease.key, lease.lease_id, now_ms);
                     assert_eq!(left, None, "a lease outlived its session's close");
