@@ -455,7 +455,19 @@ pub fn load() -> anyhow::Result<Loaded> {
 }
 
 fn load_from(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Loaded> {
-    let matches = Cli::command().get_matches_from(args);
+    let args: Vec<OsString> = args.into_iter().collect();
+    let matches = Cli::command()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| {
+            let from_env = env_source(&e, &args);
+            let code = e.exit_code();
+            // `--help` and `--version` print to stdout, errors to stderr, as clap does.
+            let _ = e.print();
+            if let Some(note) = from_env {
+                eprintln!("{note}");
+            }
+            std::process::exit(code)
+        });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let file = match &cli.config {
         Some(path) => read_file(path)?,
@@ -466,6 +478,34 @@ fn load_from(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Loaded>
         settings,
         print_config: cli.print_config,
         command: cli.command,
+    })
+}
+
+/// For clap's error about a bad value that the environment gave, not the command line, a
+/// note naming the variable: clap names only the flag, which sent its reader looking for a
+/// flag never typed (outside test a63, F7: `TENURE_HELD_MAX=lots` read as `--held-max`).
+fn env_source(e: &clap::Error, args: &[OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(invalid)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = invalid.split_whitespace().next()?.strip_prefix("--")?;
+    let command = Cli::command();
+    let arg = command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))?;
+    let var = arg.get_env()?;
+    let flag = format!("--{long}");
+    let typed = args.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    let set = std::env::var_os(var).is_some();
+    (set && !typed).then(|| {
+        format!(
+            "note: that value of {flag} came from the environment variable {}",
+            var.to_string_lossy()
+        )
     })
 }
 

@@ -91,6 +91,14 @@ pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
 /// follower refuse it, but that load case is still to be measured again, so README still
 /// advises `--election-timeout-ms 300` for nodes sharing a small machine.
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 150;
+/// Shortest `--heartbeat-ms`: at 0 a leader's heartbeats fill its cores (outside test a63).
+pub const HEARTBEAT_MS_MIN: u64 = 10;
+/// Longest `--election-timeout-ms`: a fail-over then takes 3 to 4 of it, three minutes at
+/// most; anything longer is a typo, not a cluster that serves again after a leader's loss.
+pub const ELECTION_TIMEOUT_MS_MAX: u64 = 60_000;
+const _: () = assert!(HEARTBEAT_MS_MIN < ELECTION_TIMEOUT_MS_DEFAULT);
+const _: () = assert!(HEARTBEAT_MS_DEFAULT >= HEARTBEAT_MS_MIN);
+const _: () = assert!(ELECTION_TIMEOUT_MS_DEFAULT <= ELECTION_TIMEOUT_MS_MAX);
 
 impl ClusterOptions {
     /// Options with the default timing: heartbeat every [`HEARTBEAT_MS_DEFAULT`], election
@@ -132,7 +140,27 @@ impl ClusterOptions {
             return Err(ClusterError::Config(why.to_string()));
         }
         self.check_initial_cluster()?;
+        self.check_timing()?;
         self.raft_config().map(|_| ())
+    }
+
+    /// Refuses timing outside its limits, in the flags' words (openraft's own check names
+    /// its fields, and lets a heartbeat of 0 through).
+    fn check_timing(&self) -> Result<(), ClusterError> {
+        let (heartbeat, election) = (self.heartbeat_ms, self.election_timeout_ms.0);
+        let why = if heartbeat < HEARTBEAT_MS_MIN {
+            format!("--heartbeat-ms {heartbeat} is under the least, {HEARTBEAT_MS_MIN}")
+        } else if election > ELECTION_TIMEOUT_MS_MAX {
+            format!("--election-timeout-ms {election} is over the most, {ELECTION_TIMEOUT_MS_MAX}")
+        } else if election <= heartbeat {
+            format!(
+                "--election-timeout-ms ({election}) must be more than --heartbeat-ms \
+                 ({heartbeat}): a follower would call elections between heartbeats"
+            )
+        } else {
+            return Ok(());
+        };
+        Err(ClusterError::Config(why))
     }
 
     /// Refuses an `--initial-cluster` that does not list this node: the lowest id would

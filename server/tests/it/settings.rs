@@ -248,6 +248,37 @@ fn a_node_setting_from_the_environment_is_named_as_such() {
     );
 }
 
+/// A bad value from the environment is named as such, not only as its flag (outside test
+/// a63, F7); the same value typed on the command line gets no such note.
+#[test]
+fn a_bad_value_from_the_environment_names_its_variable() {
+    let out = tenured()
+        .arg("--print-config")
+        .env("TENURE_HELD_MAX", "lots")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'lots' for '--held-max"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "that value of --held-max came from the environment variable TENURE_HELD_MAX"
+        ),
+        "{stderr}"
+    );
+    let out = tenured()
+        .args(["--print-config", "--held-max", "lots"])
+        .env("TENURE_HELD_MAX", "7")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("environment"), "{stderr}");
+}
+
 /// `--print-config` refuses what a start refuses (outside test a47, M12, and a48, N3 and N4:
 /// it printed the settings and exited 0), and the timing flags count as node flags (M11:
 /// ignored).
@@ -298,7 +329,15 @@ fn print_config_refuses_what_a_start_refuses() {
             &["--heartbeat-ms", "500", "--election-timeout-ms", "100"],
         ]
         .concat(),
-        "heartbeat",
+        "--election-timeout-ms (100) must be more than --heartbeat-ms (500)",
+    );
+    refused(
+        &[&node[..], &["--heartbeat-ms", "0"]].concat(),
+        "--heartbeat-ms 0 is under the least, 10",
+    );
+    refused(
+        &[&node[..], &["--election-timeout-ms", "100000000000"]].concat(),
+        "--election-timeout-ms 100000000000 is over the most, 60000",
     );
     let out = tenured().args(node).arg("--print-config").output().unwrap();
     assert!(
