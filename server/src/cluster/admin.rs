@@ -13,6 +13,7 @@
 //! leave it half done (a learner never promoted).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -47,6 +48,19 @@ pub struct Admin {
     service: PeerService,
     /// What STATUS's extension digests.
     security: Security,
+    /// The ADD or REMOVE this node runs now, if any, in words: one at a time, so a second
+    /// is refused rather than interleaved with an ADD's catch-up (openraft refuses only
+    /// while a joint configuration is uncommitted: outside test a63, F2).
+    changing: Arc<Mutex<Option<String>>>,
+}
+
+/// An ADD or REMOVE under way ([`Admin::begin_change`]); its end lets the next one in.
+struct Changing(Arc<Mutex<Option<String>>>);
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 fn refused(message: impl Into<String>) -> Response {
@@ -78,7 +92,21 @@ impl Admin {
             raft,
             service,
             security,
+            changing: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Marks `what` under way here, unless another change is.
+    fn begin_change(&self, what: String) -> Result<Changing, Response> {
+        let mut running = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = running.as_ref() {
+            return Err(refused(format!(
+                "another membership change is under way here ({other}): send this one \
+                 once it is answered"
+            )));
+        }
+        *running = Some(what);
+        Ok(Changing(Arc::clone(&self.changing)))
     }
 
     /// Answers a CLUSTER request (any other request is a programmer error).
@@ -176,6 +204,10 @@ impl Admin {
         if let Some(refusal) = self.refuse_if_not_leader() {
             return refusal;
         }
+        let _changing = match self.begin_change(format!("ADD of node {}", member.id)) {
+            Ok(changing) => changing,
+            Err(refusal) => return refusal,
+        };
         let status = self.status();
         let present = status.members.iter().find(|(m, _)| m.id == member.id);
         match present {
@@ -244,6 +276,10 @@ impl Admin {
         if let Some(refusal) = self.refuse_if_not_leader() {
             return refusal;
         }
+        let _changing = match self.begin_change(format!("REMOVE of node {id}")) {
+            Ok(changing) => changing,
+            Err(refusal) => return refusal,
+        };
         let status = self.status();
         let voters: Vec<u64> = status
             .members

@@ -1002,11 +1002,44 @@ async fn adding_a_node_that_does_not_run_leaves_it_a_learner() {
     // An address nothing listens on (a port freed by a dropped listener could be taken by
     // another test's node, which would then answer).
     let addr = "127.0.0.1:1";
-    let added = leader.ask(&format!("CLUSTER ADD 4 {addr}/{addr}")).await;
+    let adding = {
+        let mut console = Console::connect(&nodes[first].info.client_addr).await;
+        tokio::spawn(async move { console.ask(&format!("CLUSTER ADD 4 {addr}/{addr}")).await })
+    };
+    // While its catch-up is waited for, no other change is taken (outside test a63, F2:
+    // a REMOVE and a second ADD were).
+    let learner = async {
+        loop {
+            let status = leader.ask("CLUSTER STATUS").await;
+            if field(&status, "learners").contains("4=") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), learner)
+        .await
+        .expect("node 4 never became a learner");
+    let other = nodes[(first + 1) % nodes.len()].node.id();
+    let removed = leader.ask(&format!("CLUSTER REMOVE {other}")).await;
+    assert!(
+        removed.starts_with(
+            "ERR CLUSTER_REFUSED another membership change is under way here (ADD of node 4)"
+        ),
+        "{removed}"
+    );
+    let added = adding.await.unwrap();
     assert!(added.starts_with("ERR UNAVAILABLE "), "{added}");
     let status = leader.ask("CLUSTER STATUS").await;
     assert!(!field(&status, "voters").contains("4="), "{status}");
     assert!(field(&status, "learners").contains("4="), "{status}");
+    assert!(
+        field(&status, "voters").contains(&format!("{other}=")),
+        "{status}"
+    );
+    // Its end lets the next change in: the learner is removed.
+    let removed = leader.ask("CLUSTER REMOVE 4").await;
+    assert!(removed.starts_with("OK "), "{removed}");
     kill_all(nodes).await;
 }
 
