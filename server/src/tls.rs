@@ -189,9 +189,10 @@ fn build(files: &TlsFiles) -> Result<(TlsAcceptor, Arc<[CertificateDer<'static>]
     };
     let config = builder.with_single_cert(certs, key).map_err(|e| {
         format!(
-            "TLS certificate {} and key {}: {e}",
+            "TLS certificate {} and key {}: {}",
             files.cert.display(),
-            files.key.display()
+            files.key.display(),
+            own_cert_problem(&e)
         )
     })?;
     Ok((TlsAcceptor::from(Arc::new(config)), trusted.into()))
@@ -215,6 +216,18 @@ pub(crate) fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'
 pub(crate) fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_file(path)
         .map_err(|e| format!("{what} {}: {}", path.display(), pem_problem(&e)))
+}
+
+/// What is wrong with this node's own certificate or key, in words: rustls words a
+/// certificate it cannot read as a peer's ("invalid peer certificate"), which misled
+/// operators reloading their own file (outside test a63, F5).
+pub(crate) fn own_cert_problem(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InvalidCertificate(why) => {
+            format!("the certificate cannot be used ({why:?})")
+        }
+        other => other.to_string(),
+    }
 }
 
 /// What is wrong with a PEM file, in words: rustls-pki-types prints the marker it missed
@@ -255,5 +268,25 @@ mod tests {
         std::fs::write(&path, "no PEM here\n").unwrap();
         let why = read_certs(&path, "TLS certificates").unwrap_err();
         assert!(why.ends_with("no certificate in the file"), "{why}");
+    }
+
+    /// A server certificate that is PEM but not a certificate is named as this server's
+    /// own, not as a peer's (outside test a63, F5: "invalid peer certificate").
+    #[test]
+    fn a_broken_own_certificate_is_not_called_a_peers() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("server.pem"),
+            key: dir.path().join("server.key"),
+            client_ca: None,
+        };
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        let garbage = "-----BEGIN CERTIFICATE-----\nAAECAwQFBgcICQ==\n-----END CERTIFICATE-----\n";
+        std::fs::write(&files.cert, garbage).unwrap();
+        let why = build(&files).err().unwrap();
+        assert!(why.contains("server.pem and key"), "{why}");
+        assert!(why.contains("the certificate cannot be used"), "{why}");
+        assert!(!why.contains("peer"), "{why}");
     }
 }

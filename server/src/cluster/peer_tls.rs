@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
 
 use super::NodeId;
-use crate::tls::{read_certs, read_key};
+use crate::tls::{own_cert_problem, read_certs, read_key};
 
 /// The DNS-name suffix of the name a node certificate carries: `node-<id>` + this.
 pub const NODE_NAME_SUFFIX: &str = ".tenure";
@@ -100,13 +100,13 @@ impl PeerTls {
             .map_err(|e| format!("peer TLS: {e}"))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs.clone(), key()?)
-            .map_err(|e| format!("peer TLS certificate {}: {e}", pair()))?;
+            .map_err(|e| format!("peer TLS certificate {}: {}", pair(), own_cert_problem(&e)))?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("peer TLS: {e}"))?
             .with_root_certificates(roots)
             .with_client_auth_cert(certs, key()?)
-            .map_err(|e| format!("peer TLS certificate {}: {e}", pair()))?;
+            .map_err(|e| format!("peer TLS certificate {}: {}", pair(), own_cert_problem(&e)))?;
         Ok(PeerTls {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             connector: TlsConnector::from(Arc::new(client)),
