@@ -34,7 +34,8 @@ pub struct Cli {
     /// Print JSON objects instead of key=value lines.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Longest wait for one answer (a blocking acquire adds its wait), connecting included.
+    /// Longest wait for one answer (a blocking acquire adds its wait; `cluster add` and
+    /// `cluster remove` wait at least 60 s), connecting included.
     #[arg(long, global = true, value_parser = duration_flag, default_value = "5s")]
     pub timeout: Duration,
     /// Longest wait for one address to connect and open (TCP, TLS handshake, the protocol's

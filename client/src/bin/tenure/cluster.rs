@@ -217,30 +217,59 @@ fn config_match(view: &Status, reference: Option<&StatusExtension>) -> &'static 
     }
 }
 
-/// The reference for the digests: the leader's own answer, else the answering node's.
+/// The members' own answers that say they lead, the highest term first. More than one is
+/// a node cut off from the others (its network, peer port or peer TLS) that still holds an
+/// older term's leadership: it serves nothing (outside test a63, F4, where the table showed
+/// two leaders with no word on which one was).
+fn claimants(views: &[(Member, bool, View)]) -> Vec<&Status> {
+    let mut leading: Vec<&Status> = views
+        .iter()
+        .filter_map(|(m, _, v)| {
+            let v = v.as_ref().ok()?;
+            (v.leader_id == m.id && v.node_id == m.id).then_some(v)
+        })
+        .collect();
+    leading.sort_by_key(|v| std::cmp::Reverse(v.term));
+    leading
+}
+
+/// The reference for the digests: the leader's own answer (of the highest term), else the
+/// answering node's.
 fn reference<'a>(
     status: &'a Status,
     views: &'a [(Member, bool, View)],
 ) -> (u64, Option<&'a StatusExtension>) {
-    let leader = views.iter().find_map(|(m, _, v)| {
-        let v = v.as_ref().ok()?;
-        (v.leader_id == m.id && v.node_id == m.id).then_some(v)
-    });
-    match leader {
+    match claimants(views).first() {
         Some(v) => (v.node_id, v.extension.as_deref()),
         None => (status.node_id, status.extension.as_deref()),
     }
+}
+
+/// A warning for each member that says it leads an older term than the leader's.
+fn warn_stale_leaders(views: &[(Member, bool, View)]) {
+    let leading = claimants(views);
+    let Some((leader, stale)) = leading.split_first() else {
+        return;
+    };
+    for v in stale {
+        crate::output::warn(&stale_leader_warning(v, leader));
+    }
+}
+
+fn stale_leader_warning(stale: &Status, leader: &Status) -> String {
+    format!(
+        "node {} says it leads term {}, but node {} leads term {}: node {} is cut off from \
+         the others (network, peer port or peer TLS) and serves nothing",
+        stale.node_id, stale.term, leader.node_id, leader.term, stale.node_id
+    )
 }
 
 /// One `result=MEMBER` line per member, then (without `--json`) the table; a warning on
 /// stderr for each member whose configuration differs from the leader's.
 fn print_members(out: &Out, status: &Status, views: &[(Member, bool, View)]) {
     let (reference_id, reference_ext) = reference(status, views);
-    let leader_log = views
-        .iter()
-        .filter_map(|(_, _, v)| v.as_ref().ok())
-        .find(|v| v.leader_id == v.node_id)
-        .map(|v| v.last_log_index);
+    warn_stale_leaders(views);
+    let leader_log = claimants(views).first().map(|v| v.last_log_index);
     let mut rows = Vec::new();
     for (member, voter, view) in views {
         let kind = if *voter { "voter" } else { "learner" };
@@ -338,5 +367,53 @@ fn print_member_table(out: &Out, rows: &[Vec<String>]) {
     stdout_line(&render(&headers));
     for row in rows {
         stdout_line(&render(row));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure::cluster::Role;
+
+    fn view(node_id: u64, role: Role, term: u64, leader_id: u64) -> (Member, bool, View) {
+        let member = Member {
+            id: node_id,
+            peer_addr: format!("127.0.0.1:{}", 7100 + node_id),
+            client_addr: format!("127.0.0.1:{}", 7800 + node_id),
+        };
+        let status = Status {
+            node_id,
+            role,
+            term,
+            leader_id,
+            leader_addr: String::new(),
+            last_log_index: 10 * term,
+            last_applied_index: 10 * term,
+            members: Vec::new(),
+            extension: None,
+        };
+        (member, true, Ok(status))
+    }
+
+    /// A restarted ex-leader cut off by a wrong peer certificate still says it leads its
+    /// old term (outside test a63, F4): the leader is the one of the highest term, and the
+    /// other is named as cut off.
+    #[test]
+    fn of_two_nodes_that_say_they_lead_the_higher_term_is_the_leader() {
+        let views = [
+            view(1, Role::Leader, 1, 1),
+            view(2, Role::Follower, 2, 4),
+            view(4, Role::Leader, 2, 4),
+        ];
+        let leading = claimants(&views);
+        let ids: Vec<u64> = leading.iter().map(|v| v.node_id).collect();
+        assert_eq!(ids, [4, 1]);
+        let status = views[1].2.as_ref().unwrap();
+        assert_eq!(reference(status, &views).0, 4);
+        assert_eq!(
+            stale_leader_warning(leading[1], leading[0]),
+            "node 1 says it leads term 1, but node 4 leads term 2: node 1 is cut off from the \
+             others (network, peer port or peer TLS) and serves nothing"
+        );
     }
 }
