@@ -21,11 +21,12 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::RaftMetrics;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::catch_up::{known_leader, CatchUp};
 use super::network::PeerService;
-use super::{Batch, NodeId, Raft};
+use super::{Batch, NodeId, NodeInfo, Raft};
 use crate::journal::{
     Change, Journal, JournalError, JournalStats, LeaseSource, Progress, Ticket, NOT_LEADER,
 };
@@ -84,12 +85,22 @@ impl LeaderHint {
     pub fn message(&self, self_ok: bool) -> Arc<str> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
+        let cut_off = self.cut_off(&metrics);
         let leader = known_leader(&metrics, &self.catch_up, self.lease)
-            .filter(|&id| self_ok || id != self.me)
+            .filter(|&id| (self_ok && !cut_off) || id != self.me)
             .and_then(|id| metrics.membership_config.membership().get_node(&id));
         let membership = metrics.membership_config.membership();
         match leader {
             Some(node) => format!("leader={}", node.client_addr).into(),
+            // Named, it would send a client that knows only this address back here for as
+            // long as the partition lasts (outside test a64, F4).
+            None if cut_off => format!(
+                "this node was elected for term {} but has heard from no quorum for over {} \
+                 ms, so it does not serve (cut off from the other members?); leader=unknown",
+                metrics.current_term,
+                self.lease.as_millis()
+            )
+            .into(),
             // Removed (or never added), it will never know the leader: say so, as a client
             // searching only this address would otherwise wait out an election that is not.
             None if membership.get_node(&self.me).is_none() => {
@@ -99,6 +110,14 @@ impl LeaderHint {
             }
             None => "leader=unknown".into(),
         }
+    }
+
+    /// Whether openraft still says this node leads while no quorum has acknowledged it for
+    /// a leader lease: check-quorum failed its journal, and a new leader may be serving.
+    fn cut_off(&self, m: &RaftMetrics<NodeId, NodeInfo>) -> bool {
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        m.state == openraft::ServerState::Leader
+            && m.millis_since_quorum_ack.is_some_and(|ms| ms > lease_ms)
     }
 }
 

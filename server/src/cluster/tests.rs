@@ -594,6 +594,25 @@ async fn an_isolated_leader_confirms_no_renewal_and_no_read() {
     let inspect = leader.ask("INSPECT k").await;
     assert_eq!(field(&inspect, "token"), token, "{inspect}");
     assert_eq!(leader.ask(&renew).await, "OK ttl_ms=30000");
+
+    // The old leader, still leading in openraft's view, never names itself: a client that
+    // knows only its address would be sent back to it (outside test a64, F4).
+    let own = format!("leader={}", nodes[first].info.client_addr);
+    let says_cut_off = async {
+        loop {
+            let mut fresh = Console::connect(&nodes[first].info.client_addr).await;
+            let answer = fresh.ask("ACQUIRE other 30000").await;
+            assert!(answer.starts_with("ERR NOT_LEADER "), "{answer}");
+            assert!(!answer.contains(&own), "{answer}");
+            if answer.contains("does not serve") && answer.ends_with("leader=unknown") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(STEP_TIMEOUT, says_cut_off)
+        .await
+        .expect("the cut-off leader never said so");
     nodes[first].node.set_isolated(false);
     kill_all(nodes).await;
 }
