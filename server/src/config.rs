@@ -171,26 +171,27 @@ impl Config {
     /// Checks that the limits make sense together.
     ///
     /// # Errors
-    /// A message naming the first setting out of range.
+    /// A message naming the first setting out of range, by its `tenured` flag (the settings
+    /// without a flag by their names), so that `tenured` can say where its value came from.
     pub fn validate(&self) -> Result<(), String> {
         use tenure_protocol::limits::{TTL_MS_MAX, TTL_MS_MIN};
         if !(TTL_MS_MIN..=TTL_MS_MAX).contains(&self.ttl_ms_max) {
             return Err(format!(
-                "ttl max {} ms outside {TTL_MS_MIN}..={TTL_MS_MAX}",
+                "--ttl-max-ms {} outside {TTL_MS_MIN}..={TTL_MS_MAX}",
                 self.ttl_ms_max
             ));
         }
         if self.shards == 0 || self.shards > 4096 {
-            return Err(format!("shards {} outside 1..=4096", self.shards));
+            return Err(format!("--shards {} outside 1..=4096", self.shards));
         }
         for (name, value) in [
-            ("connections max", self.connections_max),
+            ("--connections-max", self.connections_max),
             (
-                "unauthenticated per address max",
+                "--unauthenticated-per-address-max",
                 self.unauthenticated_per_address_max,
             ),
-            ("held max", self.held_max),
-            ("in-flight max", self.in_flight_max as usize),
+            ("--held-max", self.held_max),
+            ("--in-flight-max", self.in_flight_max as usize),
             ("expirations per tick", self.expirations_per_tick_max),
             ("token block", self.token_block as usize),
         ] {
@@ -208,13 +209,13 @@ impl Config {
         }
         if self.wal_segment_bytes_max < 64 * 1024 {
             return Err(format!(
-                "WAL segment size {} is under 64 KiB",
+                "--wal-segment-bytes {} is under 64 KiB",
                 self.wal_segment_bytes_max
             ));
         }
         if self.held_max > u32::MAX as usize / 2 {
             return Err(format!(
-                "held max {} is over {}",
+                "--held-max {} is over {}",
                 self.held_max,
                 u32::MAX / 2
             ));
@@ -239,22 +240,23 @@ impl Config {
     /// seconds (see [`keepalive_secs`]).
     fn validate_connection_timing(&self) -> Result<(), String> {
         if self.handshake_timeout.is_zero() {
-            return Err("handshake timeout must be over 0 ms".into());
+            return Err("--handshake-timeout-ms must be over 0".into());
         }
         for (name, value) in [
-            ("keepalive idle", self.keepalive_idle),
-            ("keepalive interval", self.keepalive_interval),
+            ("--keepalive-idle-ms", self.keepalive_idle),
+            ("--keepalive-interval-ms", self.keepalive_interval),
         ] {
             if value.is_zero() || keepalive_secs(value) > KEEPALIVE_SECS_MAX {
                 return Err(format!(
-                    "{name} {} ms outside 1 ms..={KEEPALIVE_SECS_MAX} s",
-                    value.as_millis()
+                    "{name} {} outside 1..={} (ms)",
+                    value.as_millis(),
+                    KEEPALIVE_SECS_MAX * 1000
                 ));
             }
         }
         if !(1..=KEEPALIVE_COUNT_MAX).contains(&self.keepalive_count) {
             return Err(format!(
-                "keepalive count {} outside 1..={KEEPALIVE_COUNT_MAX}",
+                "--keepalive-count {} outside 1..={KEEPALIVE_COUNT_MAX}",
                 self.keepalive_count
             ));
         }

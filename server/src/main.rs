@@ -18,12 +18,19 @@ use tenure_server::cluster::peer_tls::PeerTlsFiles;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    let failed = |err: &anyhow::Error, origins: Option<&settings::Origins>| {
+        let report = error_report(err);
+        let notes = origins.map(|o| o.notes(&report)).unwrap_or_default();
+        eprint!("{report}{notes}");
+        std::process::ExitCode::FAILURE
+    };
+    let loaded = match settings::load() {
+        Ok(loaded) => loaded,
+        Err(err) => return failed(&err, None),
+    };
+    match run(&loaded) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprint!("{}", error_report(&err));
-            std::process::ExitCode::FAILURE
-        }
+        Err(err) => failed(&err, Some(&loaded.origins)),
     }
 }
 
@@ -53,9 +60,8 @@ fn error_report(err: &anyhow::Error) -> String {
     report
 }
 
-fn run() -> anyhow::Result<()> {
-    let loaded = settings::load()?;
-    let settings = loaded.settings;
+fn run(loaded: &settings::Loaded) -> anyhow::Result<()> {
+    let settings = &loaded.settings;
     anyhow::ensure!(
         settings.threads != Some(0),
         "invalid configuration: --threads must be at least 1 (leave it unset for one per core)"
@@ -88,12 +94,14 @@ fn run() -> anyhow::Result<()> {
     }
     // Everything a start checks before it touches the data directory or a port, so
     // `--print-config` refuses what a start would refuse (outside test a47, M12).
-    refuse_cluster_flags_without_cluster(&settings)?;
+    refuse_cluster_flags_without_cluster(settings)?;
     let config = settings.to_config();
-    config.validate().map_err(anyhow::Error::msg)?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     tenure_server::startup::refuse_exposed(&config, config.listen)?;
     let node = if settings.cluster {
-        let node = node_plan(&settings, &config)?;
+        let node = node_plan(settings, &config)?;
         node.options.check(&config)?;
         Some(node)
     } else {
@@ -109,8 +117,8 @@ fn run() -> anyhow::Result<()> {
     }
     raise_open_file_limit(config.connections_max);
     disable_transparent_huge_pages();
-    let runtime = build_runtime(&settings)?;
-    runtime.block_on(serve(&settings, config, node))?;
+    let runtime = build_runtime(settings)?;
+    runtime.block_on(serve(settings, config, node))?;
     // Connections that outlived the grace period are dropped with the runtime.
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())

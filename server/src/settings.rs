@@ -438,6 +438,8 @@ impl Settings {
 pub struct Loaded {
     /// The merged settings.
     pub settings: Settings,
+    /// Where the settings not typed on the command line came from.
+    pub origins: Origins,
     /// `--print-config`: print the settings and exit.
     pub print_config: bool,
     /// A subcommand to run instead of serving.
@@ -474,8 +476,13 @@ fn load_from(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<Loaded>
         None => Settings::default(),
     };
     let settings = overlay(file, &cli.settings, &matches)?;
+    let file_keys = match &cli.config {
+        Some(path) => file_keys(path),
+        None => Vec::new(),
+    };
     Ok(Loaded {
         settings,
+        origins: Origins::of(&matches, cli.config.as_deref(), &file_keys),
         print_config: cli.print_config,
         command: cli.command,
     })
@@ -507,6 +514,94 @@ fn env_source(e: &clap::Error, args: &[OsString]) -> Option<String> {
             var.to_string_lossy()
         )
     })
+}
+
+/// Where a setting's value came from, when not from the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Origin {
+    /// This `TENURE_*` variable.
+    Environment(String),
+    /// This config file's key of the flag's name.
+    File(PathBuf),
+}
+
+/// Where each setting not typed on the command line came from, so that a refusal naming a
+/// flag can name the variable or file that gave it: otherwise its reader looks for a flag
+/// that was never typed (outside test a64, F1: `TENURE_HEARTBEAT_MS=9` was refused as
+/// `--heartbeat-ms` alone).
+#[derive(Debug, Default)]
+pub struct Origins {
+    /// Flag (`--held-max`) to origin.
+    of: Vec<(String, Origin)>,
+}
+
+impl Origins {
+    fn of(matches: &ArgMatches, config: Option<&Path>, file_keys: &[String]) -> Origins {
+        let mut of = Vec::new();
+        for arg in Cli::command().get_arguments() {
+            let (Some(long), Some(source)) =
+                (arg.get_long(), matches.value_source(arg.get_id().as_str()))
+            else {
+                continue;
+            };
+            let origin = match (source, arg.get_env(), config) {
+                (ValueSource::EnvVariable, Some(var), _) => {
+                    Origin::Environment(var.to_string_lossy().into_owned())
+                }
+                (ValueSource::DefaultValue, _, Some(path))
+                    if file_keys.iter().any(|k| k == long) =>
+                {
+                    Origin::File(path.to_path_buf())
+                }
+                _ => continue,
+            };
+            of.push((format!("--{long}"), origin));
+        }
+        Origins { of }
+    }
+
+    /// A note for each flag `report` names whose value did not come from the command line
+    /// (and whose variable the report does not name already): empty if none.
+    pub fn notes(&self, report: &str) -> String {
+        let mut notes = String::new();
+        for (flag, origin) in &self.of {
+            if !names_flag(report, flag) {
+                continue;
+            }
+            let note = match origin {
+                Origin::Environment(var) if report.contains(var.as_str()) => continue,
+                Origin::Environment(var) => {
+                    format!("note: the value of {flag} came from the environment variable {var}")
+                }
+                Origin::File(path) => format!(
+                    "note: the value of {flag} came from the config file {} (key {})",
+                    path.display(),
+                    &flag[2..]
+                ),
+            };
+            notes.push_str(&note);
+            notes.push('\n');
+        }
+        notes
+    }
+}
+
+/// Whether `text` names `flag` itself (`--heartbeat-ms`, not only `--heartbeat-ms-x`).
+fn names_flag(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        let next = text[at + flag.len()..].chars().next();
+        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+/// The top-level keys of the config file at `path` (none if it cannot be read: then
+/// [`read_file`] has refused it already).
+fn file_keys(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .map(|table| table.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// Parses a config file.

@@ -279,6 +279,75 @@ fn a_bad_value_from_the_environment_names_its_variable() {
     assert!(!stderr.contains("environment"), "{stderr}");
 }
 
+/// A value in range for its type but refused by the checks that follow (a limit, the
+/// cluster's timing) names where it came from too (outside test a64, F1), and a value typed
+/// on the command line gets no note.
+#[test]
+fn a_refused_value_names_the_variable_or_file_that_gave_it() {
+    let node = [
+        "--cluster",
+        "--node-id",
+        "1",
+        "--peer-listen",
+        "127.0.0.1:7001",
+        "--initial-cluster",
+        "1=127.0.0.1:7001/127.0.0.1:7000",
+        "--print-config",
+    ];
+    let out = tenured()
+        .args(node)
+        .env("TENURE_HEARTBEAT_MS", "9")
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(
+        stderr.contains("--heartbeat-ms 9 is under the least, 10"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "note: the value of --heartbeat-ms came from the environment variable \
+             TENURE_HEARTBEAT_MS"
+        ),
+        "{stderr}"
+    );
+    let out = tenured()
+        .arg("--print-config")
+        .env("TENURE_HELD_MAX", "0")
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(stderr.contains("--held-max must be at least 1"), "{stderr}");
+    assert!(
+        stderr.contains("environment variable TENURE_HELD_MAX"),
+        "{stderr}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenured.toml");
+    std::fs::write(&file, "held-max = 0\n").unwrap();
+    let out = tenured()
+        .arg("--config")
+        .arg(&file)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(
+        stderr.contains(&format!(
+            "note: the value of --held-max came from the config file {} (key held-max)",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    let out = tenured()
+        .args(["--print-config", "--held-max", "0"])
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    assert!(!stderr.contains("note:"), "{stderr}");
+}
+
 /// `--print-config` refuses what a start refuses (outside test a47, M12, and a48, N3 and N4:
 /// it printed the settings and exited 0), and the timing flags count as node flags (M11:
 /// ignored).
