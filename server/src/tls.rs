@@ -226,6 +226,12 @@ pub(crate) fn own_cert_problem(e: &rustls::Error) -> String {
         rustls::Error::InvalidCertificate(why) => {
             format!("the certificate cannot be used ({why:?})")
         }
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "the key does not match the certificate (it is another certificate's key)".to_string()
+        }
+        rustls::Error::InconsistentKeys(why) => {
+            format!("the key cannot be checked against the certificate ({why:?})")
+        }
         other => other.to_string(),
     }
 }
@@ -288,5 +294,25 @@ mod tests {
         assert!(why.contains("server.pem and key"), "{why}");
         assert!(why.contains("the certificate cannot be used"), "{why}");
         assert!(!why.contains("peer"), "{why}");
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_said_to_be_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("server.pem"),
+            key: dir.path().join("server.key"),
+            client_ca: None,
+        };
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        std::fs::write(&files.cert, cert.cert.pem()).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&files.key, other.serialize_pem()).unwrap();
+        let why = build(&files).err().unwrap();
+        assert!(
+            why.contains("the key does not match the certificate"),
+            "{why}"
+        );
+        assert!(!why.contains("KeyMismatch"), "{why}");
     }
 }

@@ -1632,6 +1632,36 @@ mod tests {
     }
 
     #[test]
+    fn past_the_count_exactly_the_oldest_ended_ids_are_forgotten() {
+        let mut t = SessionTable::new(SESSIONS_ENDED_MAX + 1, 10);
+        let extra = 100u128;
+        let total = SESSIONS_ENDED_MAX as u128 + extra;
+        for n in 0..total {
+            let id = SessionId::from_u128(1 + n);
+            // A few ids a millisecond, and some ended by expiry rather than closed.
+            let now = u64::try_from(n / 3).unwrap();
+            t.open(now, id, 1, (None, 2)).unwrap();
+            if n % 5 == 0 {
+                assert_eq!(t.reap(now + 1, usize::MAX), 1);
+            } else {
+                t.close(now, id, None).unwrap();
+            }
+        }
+        let now = u64::try_from(total / 3 + 1).unwrap();
+        for n in 0..total {
+            let remembered = t.find_open(now, SessionId::from_u128(1 + n), (None, 1));
+            let expected = if n < extra {
+                Ok(Reopen::Absent)
+            } else {
+                Err(Refusal::NoSession)
+            };
+            assert_eq!(remembered, expected, "the {n}th to end");
+        }
+        assert_eq!(t.ended.len(), SESSIONS_ENDED_MAX);
+        t.check_invariants();
+    }
+
+    #[test]
     fn close_returns_every_lease_and_forgets_them() {
         let mut t = SessionTable::new(1000, 1000);
         let id = SessionId::from_u128(2);

@@ -35,7 +35,9 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
     /// Longest wait for one answer (a blocking acquire adds its wait; `cluster add` and
-    /// `cluster remove` wait at least 60 s), connecting included.
+    /// `cluster remove` wait at least 60 s), connecting included. An acquire whose outcome
+    /// is unknown (no answer, a lost connection, no leader found) is sent again, with its
+    /// acquire id, for up to 15 s after the first send or this, whichever is longer.
     #[arg(long, global = true, value_parser = duration_flag, default_value = "5s")]
     pub timeout: Duration,
     /// Longest wait for one address to connect and open (TCP, TLS handshake, the protocol's
