@@ -576,6 +576,10 @@ async fn an_isolated_leader_confirms_no_renewal_and_no_read() {
     for answer in [&locked, &not_owner, &refused] {
         assert!(answer.starts_with("ERR NOT_LEADER "), "{answer}");
     }
+    // The renewal reached Raft: its answer says the outcome is unknown, not that the node
+    // does not serve (outside test a65, 1).
+    assert!(refused.contains("the outcome is unknown"), "{refused}");
+    assert!(!refused.contains("does not serve"), "{refused}");
 
     // The other two elect a leader, which holds the lease.
     let elected = async {

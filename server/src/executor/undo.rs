@@ -68,8 +68,20 @@ pub fn answer_lost(
         None => false,
     };
     if why == NOT_LEADER {
-        let leader = executor.journal.not_leader();
-        let message = leader.as_deref().unwrap_or("leader=unknown").to_string();
+        // The change reached Raft, so it may still commit (under this leader after a
+        // partition heals, or the next one's): unlike a refusal before execution, this
+        // answer must not read as "not executed" (outside test a65, 1).
+        // Only the hint's `leader=` word: its other words speak of requests refused unrun.
+        let hint = executor.journal.not_leader();
+        let leader = hint
+            .as_deref()
+            .and_then(|hint| hint.split_whitespace().rfind(|w| w.starts_with("leader=")))
+            .unwrap_or("leader=unknown");
+        let message = format!(
+            "the outcome is unknown: this node stopped leading while the change was in \
+             flight, and it may still take effect (send an ACQUIRE again with its acquire \
+             id); {leader}"
+        );
         return Response::Error {
             code: ErrorCode::NotLeader,
             message,
