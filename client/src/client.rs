@@ -852,6 +852,44 @@ mod tests {
         assert!(Client::connect(" , ").await.is_err(), "no address at all");
     }
 
+    /// A cut-off leader answers NOT_LEADER, then cannot be reached (it is gone), and the
+    /// other node accepts connections and never answers (stopped): the ACQUIRE ends with
+    /// that NOT_LEADER, not with the time-out of a later connect, which says nothing of why
+    /// (outside test a65, 2).
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_that_runs_out_reports_the_last_answer_not_a_later_time_out() {
+        let answered = Arc::new(AtomicU32::new(0));
+        let node = fake::start(
+            VERSION,
+            16,
+            not_leader(|| "leader=unknown".into(), Arc::clone(&answered)),
+        )
+        .await;
+        let stopped = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addrs = format!("{},{}", node.addr, stopped.local_addr().unwrap());
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(3),
+            acquire_retry_for: Duration::from_secs(8),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(addrs, config).await.unwrap();
+        let acquire = client.acquire("k", Duration::from_secs(10), AcquireOptions::default());
+        let gone = async {
+            while answered.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            drop(node);
+            std::future::pending::<()>().await
+        };
+        let err = tokio::select! {
+            result = acquire => result.unwrap_err(),
+            () = gone => unreachable!(),
+        };
+        assert!(is_not_leader(&err), "{err:?}");
+        assert_eq!(answered.load(Ordering::Relaxed), 1);
+        drop(stopped);
+    }
+
     /// One address, a node that never knows a leader (removed from its cluster): the request
     /// ends with that node's NOT_LEADER, which says why, not with a bare time-out.
     #[tokio::test(start_paused = true)]

@@ -89,6 +89,36 @@ def test_a_node_that_names_itself_is_not_asked_again_at_once(server):
     asyncio.run(main())
 
 
+def test_an_acquire_that_runs_out_raises_the_last_answer_not_a_later_time_out():
+    """A cut-off leader answers NOT_LEADER and is then gone, and the other node accepts
+    connections and never answers (stopped): the ACQUIRE raises that NOT_LEADER, not the
+    time-out of a later connect, which says nothing of why (outside test a65, 2)."""
+
+    async def main():
+        import socket
+
+        cut_off = await FakeFollower(None).start()
+        stopped = socket.socket()
+        stopped.bind(("127.0.0.1", 0))
+        stopped.listen(16)  # never accepted: the handshake is never answered
+        addrs = f"{cut_off.addr},127.0.0.1:{stopped.getsockname()[1]}"
+
+        async def gone():
+            while not cut_off.requests:
+                await asyncio.sleep(0.005)
+            cut_off.server.close()
+
+        async with tenure.AsyncClient(addrs, timeout=1.5, acquire_retry_for=4) as c:
+            closing = asyncio.ensure_future(gone())
+            with pytest.raises(tenure.NotLeader):
+                await c.acquire("k", 10)
+            await closing
+        assert cut_off.requests == [0x02]
+        stopped.close()
+
+    asyncio.run(main())
+
+
 def test_a_lease_counts_from_the_send_the_leader_answered(server):
     """A follower slow to answer NOT_LEADER does not eat into the lease granted after it."""
 

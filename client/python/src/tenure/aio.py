@@ -520,8 +520,16 @@ class AsyncClient:
         search_until = time.monotonic() + min(timeout * LEADER_SEARCH_SHARE, LEADER_SEARCH_MAX_S)
         redirects = 0
         pause = ROUND_PAUSE_MIN_S
+        # The last NOT_LEADER's message: raised if the search ends at a node it cannot reach,
+        # whose failure says neither which node nor why (outside test a65, 2).
+        refused: Optional[str] = None
         while True:
-            conn = await self._connection(deadline, keeping)
+            try:
+                conn = await self._connection(deadline, keeping)
+            except (ConnectionLost, RequestTimeout) as e:
+                if refused is None:
+                    raise
+                raise server_error(23, refused) from e
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"no answer within {timeout:.3f} s")
@@ -546,6 +554,7 @@ class AsyncClient:
                 pause = min(pause * 2, ROUND_PAUSE_MAX_S)
                 redirects = 0
             await self._follow(conn, message)
+            refused = message
 
     def _call_direct(self, direct: "DirectCall", opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes, Any]:
         """The blocking client's fast path: one request over its synchronous connection, in the
@@ -754,6 +763,9 @@ class AsyncClient:
         # short by the retries running out (say every node answered NOT_LEADER, and the last
         # send was still connecting), rather than a time-out that send never had of its own.
         last: Optional[TenureError] = None
+        # The last ERROR a send was answered with (NOT_LEADER, say): raised rather than a
+        # later send's failure to connect or time-out, which says nothing of why (a65, 2).
+        answered: Optional[TenureError] = None
         while True:
             now = time.monotonic()
             wait_left = max(0.0, first + wait_s - now)
@@ -770,9 +782,13 @@ class AsyncClient:
                 unknown = is_transient(e) or isinstance(e, RequestTimeout)
                 if not unknown:
                     raise
+                if isinstance(e, ServerError):
+                    answered = e
                 if cut_short and last is not None and isinstance(e, (RequestTimeout, CannotConnect)):
-                    raise last from None
+                    raise (answered or last) from None
                 if time.monotonic() + pause >= give_up_at:
+                    if answered is not None and isinstance(e, (RequestTimeout, ConnectionLost)):
+                        raise answered from None
                     raise
                 if _DIRECT.get() is not None:
                     raise UseLoop(f"ACQUIRE outcome unknown ({e}): sent again on the loop") from e
