@@ -142,9 +142,9 @@ impl TlsOptions {
                 }
                 let key = PrivateKeyDer::from_pem_slice(key_pem)
                     .map_err(|e| Error::Tls(format!("client key: {}", pem_problem(&e))))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| Error::Tls(format!("client certificate and key: {e}")))?
+                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    Error::Tls(format!("client certificate and key: {}", own_problem(&e)))
+                })?
             }
         };
         Ok(TlsOptions::from_rustls(Arc::new(config)))
@@ -182,6 +182,21 @@ fn handshake_error(name: &str, error: std::io::Error) -> Error {
     }
 }
 
+/// What is wrong with the client's own certificate and key, in words: rustls says "keys
+/// may not be consistent: KeyMismatch" for a key of another certificate (outside test a65,
+/// 5; `tenured` says it as this does).
+fn own_problem(e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "the key does not match the certificate (it is another certificate's key)".into()
+        }
+        rustls::Error::InvalidCertificate(why) => {
+            format!("the certificate cannot be used ({why:?})")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// `host` of `host:port`, `[v6]:port` or a bare host.
 fn host_of(addr: &str) -> &str {
     if let Some(rest) = addr.strip_prefix('[') {
@@ -204,6 +219,25 @@ mod tests {
         assert_eq!(host_of("[::1]:7878"), "::1");
         assert_eq!(host_of("locks.internal"), "locks.internal");
         assert_eq!(host_of("::1"), "::1");
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_said_to_be_so() {
+        let ca = rcgen::generate_simple_self_signed(vec!["ca".to_string()]).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        let err = super::TlsOptions::from_pem_with_client_cert(
+            ca.cert.pem().as_bytes(),
+            cert.cert.pem().as_bytes(),
+            other.serialize_pem().as_bytes(),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.to_string()
+                .contains("the key does not match the certificate"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub enum ServerError {
     Config(String),
     /// A non-loopback address without identities (and without `insecure_no_auth`).
     #[error(
-        "refusing to serve {0} without identities: anyone who can reach it could take and \
+        "refusing to serve {0} (--listen) without identities: anyone who can reach it could take and \
          release every lock. Set up identities: hash a secret with `tenured hash-secret` \
          (it reads the secret on stdin), put it in a TOML file ([[identity]] name = \"...\" \
          secret-hash = \"...\" prefixes = [\"*\"]) and start with --identities FILE; or listen on \

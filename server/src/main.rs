@@ -19,9 +19,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let failed = |err: &anyhow::Error, origins: Option<&settings::Origins>| {
-        let report = error_report(err);
-        let notes = origins.map(|o| o.notes(&report)).unwrap_or_default();
-        eprint!("{report}{notes}");
+        let notes = |report: &str| origins.map(|o| o.notes(report)).unwrap_or_default();
+        eprint!("{}", error_report(err, notes));
         std::process::ExitCode::FAILURE
     };
     let loaded = match settings::load() {
@@ -35,11 +34,13 @@ fn main() -> std::process::ExitCode {
 }
 
 /// What a failed `tenured` prints: the error, then under "Caused by:" each cause whose words
-/// it has not printed yet, then the backtrace if `RUST_BACKTRACE` asked for one. The server's
+/// it has not printed yet, then the `notes` on those words (where a setting they name came
+/// from), then the backtrace if `RUST_BACKTRACE` asked for one (after the notes, which it
+/// buried: outside test a65, 7). The server's
 /// error types put their cause in their own message, so that a log line, which shows the
 /// message alone, names it, and give it as their `source()` too; anyhow's own report printed
 /// such a cause twice.
-fn error_report(err: &anyhow::Error) -> String {
+fn error_report(err: &anyhow::Error, notes: impl Fn(&str) -> String) -> String {
     use std::fmt::Write;
     let mut printed = err.to_string();
     let mut report = format!("Error: {printed}\n");
@@ -54,6 +55,7 @@ fn error_report(err: &anyhow::Error) -> String {
         let _ = writeln!(report, "    {cause}");
         printed.push_str(&cause);
     }
+    report.push_str(&notes(&report));
     if err.backtrace().status() == std::backtrace::BacktraceStatus::Captured {
         let _ = write!(report, "\nStack backtrace:\n{}", err.backtrace());
     }
@@ -519,7 +521,7 @@ mod tests {
 
     #[test]
     fn a_cause_already_in_the_message_is_not_printed_again() {
-        let report = error_report(&anyhow::Error::new(Create(not_found())));
+        let report = error_report(&anyhow::Error::new(Create(not_found())), |_| String::new());
         assert_eq!(report.matches("no such file").count(), 1, "{report}");
         assert!(!report.contains("Caused by"), "{report}");
     }
@@ -527,7 +529,7 @@ mod tests {
     #[test]
     fn a_cause_the_message_does_not_name_is_printed_under_caused_by() {
         let err = anyhow::Error::new(Create(not_found())).context("cannot open the journal");
-        let report = error_report(&err);
+        let report = error_report(&err, |_| String::new());
         assert!(
             report.starts_with("Error: cannot open the journal\n"),
             "{report}"

@@ -134,20 +134,22 @@ pub struct Settings {
     /// Most locks held at once.
     #[arg(long, env = "TENURE_HELD_MAX", default_value_t = Settings::default().held_max)]
     pub held_max: usize,
-    /// Most blocking acquires waiting at once.
+    /// Most blocking acquires waiting at once (0: no acquire waits; a held key is LOCKED).
     #[arg(long, env = "TENURE_WAITERS_MAX", default_value_t = Settings::default().waiters_max)]
     pub waiters_max: usize,
-    /// Most blocking acquires waiting on one key.
+    /// Most blocking acquires waiting on one key (0: none waits).
     #[arg(
         long,
         env = "TENURE_WAITERS_PER_KEY_MAX",
         default_value_t = Settings::default().waiters_per_key_max
     )]
     pub waiters_per_key_max: usize,
-    /// Most live sessions (PROTOCOL.md 3.11).
+    /// Most live sessions (PROTOCOL.md 3.11; 0: sessions are off, and `tenure run` and
+    /// `tenure elect` need `--no-session`).
     #[arg(long, env = "TENURE_SESSIONS_MAX", default_value_t = Settings::default().sessions_max)]
     pub sessions_max: usize,
-    /// Most leases one session holds and waits for (its waiting ACQUIREs count too).
+    /// Most leases one session holds and waits for (its waiting ACQUIREs count too; 0: a
+    /// session can be opened and kept alive, but holds nothing).
     #[arg(
         long,
         env = "TENURE_SESSION_LEASES_MAX",

@@ -346,6 +346,24 @@ fn a_refused_value_names_the_variable_or_file_that_gave_it() {
         .unwrap();
     let stderr = failed(&out);
     assert!(!stderr.contains("note:"), "{stderr}");
+
+    // The exposed-address refusal names its flag, so its note follows; a backtrace asked
+    // for comes after the note, not over it (outside test a65, 3 and 7).
+    let out = tenured()
+        .arg("--print-config")
+        .env("TENURE_LISTEN", "0.0.0.0:1")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = failed(&out);
+    let note = "note: the value of --listen came from the environment variable TENURE_LISTEN";
+    let at = stderr.find(note).expect(&stderr);
+    assert!(
+        stderr
+            .find("Stack backtrace")
+            .is_none_or(|trace| trace > at),
+        "{stderr}"
+    );
 }
 
 /// `--print-config` refuses what a start refuses (outside test a47, M12, and a48, N3 and N4:
@@ -386,7 +404,7 @@ fn print_config_refuses_what_a_start_refuses() {
     );
     refused(
         &["--listen", "0.0.0.0:1"],
-        "refusing to serve 0.0.0.0:1 without identities",
+        "refusing to serve 0.0.0.0:1 (--listen) without identities",
     );
     refused(
         &[&node[..], &["--no-fsync"]].concat(),
