@@ -890,6 +890,44 @@ mod tests {
         drop(stopped);
     }
 
+    /// The first send is in flight when its leader loses its quorum ("the outcome is
+    /// unknown"), every later one is refused unrun ("does not serve"): the caller is told the
+    /// outcome is unknown, as the first send may still commit (outside test a66, 1).
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_after_a_send_of_unknown_outcome_leaves_the_outcome_unknown() {
+        let asked = Arc::new(AtomicU32::new(0));
+        let message = move || {
+            if asked.fetch_add(1, Ordering::Relaxed) == 0 {
+                "the outcome is unknown: this node stopped leading; leader=unknown".into()
+            } else {
+                "this node was elected but does not serve; leader=unknown".into()
+            }
+        };
+        let node = fake::start(VERSION, 16, not_leader(message, Arc::default())).await;
+        let config = ClientConfig {
+            request_timeout: Duration::from_secs(1),
+            acquire_retry_for: Duration::from_secs(3),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(node.addr.clone(), config)
+            .await
+            .unwrap();
+        let err = client
+            .acquire("k", Duration::from_secs(10), AcquireOptions::default())
+            .await
+            .unwrap_err();
+        assert!(is_not_leader(&err), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("NOT_LEADER: the outcome is unknown: an earlier send"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the last answer: this node was elected"),
+            "{text}"
+        );
+    }
+
     /// One address, a node that never knows a leader (removed from its cluster): the request
     /// ends with that node's NOT_LEADER, which says why, not with a bare time-out.
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@
 //! the typed, public requests. The behaviour is described for users in the client module's
 //! documentation (reconnection, several endpoints).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -85,12 +86,14 @@ enum Settle {
     GaveUp { released: Option<LeaseId> },
 }
 
-/// The connection a send waits on (for its caller to leave if it hangs), and the first
-/// connection any send of the same request went out on.
+/// The connection a send waits on (for its caller to leave if it hangs), the first
+/// connection any send of the same request went out on, and whether any of them was
+/// answered that its outcome is unknown (it may have been executed).
 #[derive(Default)]
 struct Sending {
     waiting_on: Mutex<Option<Arc<Conn>>>,
     first: Arc<OnceLock<Arc<Conn>>>,
+    maybe_executed: Arc<AtomicBool>,
 }
 
 impl Sending {
@@ -100,6 +103,14 @@ impl Sending {
             let _ = self.first.set(Arc::clone(conn));
         }
         *self.waiting_on.lock().expect("client mutex poisoned") = conn.cloned();
+    }
+
+    /// Whether a send is out on a connection, waiting for its answer.
+    fn is_waiting(&self) -> bool {
+        self.waiting_on
+            .lock()
+            .expect("client mutex poisoned")
+            .is_some()
     }
 
     /// Takes the connection a send is waiting on.
@@ -164,6 +175,38 @@ fn is_unknown_answer(response: &Response) -> bool {
         && unexpected("ACQUIRE", response.clone()).is_transient()
 }
 
+/// How a server begins the message of an ERROR whose request may have been executed (a
+/// change in flight when its leader lost its place: PROTOCOL.md 3.8).
+const OUTCOME_UNKNOWN: &str = "the outcome is unknown";
+
+/// Whether `response` is an ERROR saying its request may have been executed.
+fn says_outcome_unknown(response: &Response) -> bool {
+    matches!(response, Response::Error { message, .. } if message.starts_with(OUTCOME_UNKNOWN))
+}
+
+/// The error an ACQUIRE's retries ran out with, said to leave the outcome unknown when an
+/// earlier send may have been executed: a later refusal (a cut-off leader's "does not
+/// serve", which is not executed) must not read as the whole ACQUIRE's (outside test a66,
+/// 1: the grant of the first send committed after the partition healed, its caller told it
+/// was not executed).
+fn unknown_if(maybe_executed: bool, failure: Error) -> Error {
+    match failure {
+        Error::Server { code, message }
+            if maybe_executed && !message.starts_with(OUTCOME_UNKNOWN) =>
+        {
+            Error::Server {
+                code,
+                message: format!(
+                    "{OUTCOME_UNKNOWN}: an earlier send of this ACQUIRE may have been \
+                     executed (its answer was lost), and it may still take effect; the last \
+                     answer: {message}"
+                ),
+            }
+        }
+        failure => failure,
+    }
+}
+
 /// What the caller of an ACQUIRE heard next from its sends.
 enum Step {
     /// An answer that settles it: a grant, LOCKED, ACQUIRE_ENDED or a definite ERROR.
@@ -188,6 +231,9 @@ struct Waiting {
     in_flight: usize,
     /// The last ERROR a send was answered with that left the outcome unknown.
     answered: Option<Error>,
+    /// Whether a send may have been executed: a server said its outcome is unknown, its
+    /// connection was lost, or it got no answer in time.
+    maybe_executed: bool,
 }
 
 impl Waiting {
@@ -202,9 +248,14 @@ impl Waiting {
             let error = match result {
                 Ok(answer) if !is_unknown_answer(&answer.response) => return Step::Settled(answer),
                 Ok(answer) => {
+                    self.maybe_executed |= says_outcome_unknown(&answer.response);
                     let error = unexpected("ACQUIRE", answer.response.clone());
                     self.answered = Some(unexpected("ACQUIRE", answer.response));
                     error
+                }
+                Err(Error::ConnectionLost(why)) => {
+                    self.maybe_executed = true;
+                    Error::ConnectionLost(why)
                 }
                 Err(Error::Server { code, message }) => {
                     self.answered = Some(Error::Server {
@@ -706,7 +757,11 @@ impl Router {
                         sent_at,
                     });
                 };
-                // A follower executes nothing, so the request is sent again to the leader.
+                // A follower executes nothing, so the request is sent again to the leader;
+                // a leader that lost its place mid-change may have executed it.
+                if says_outcome_unknown(&response) {
+                    sending.maybe_executed.store(true, Ordering::Relaxed);
+                }
                 redirects += 1;
                 if redirects > self.redirects_max() {
                     // A round found no leader: an election is under way, or the nodes still
@@ -779,6 +834,7 @@ impl Router {
     ) -> Result<AcquireAnswer> {
         let first_sent_at = Instant::now();
         let first_conn = Arc::new(OnceLock::new());
+        let maybe_executed = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut waiting = Waiting {
             router: self.clone(),
@@ -787,6 +843,7 @@ impl Router {
             rx,
             in_flight: 0,
             answered: None,
+            maybe_executed: false,
         };
         let mut pause = RETRY_PAUSE_MIN;
         let mut hung = Vec::new();
@@ -799,6 +856,7 @@ impl Router {
             let sending = Arc::new(Sending {
                 waiting_on: Mutex::new(None),
                 first: Arc::clone(&first_conn),
+                maybe_executed: Arc::clone(&maybe_executed),
             });
             let attempt = Attempt {
                 router: self.clone(),
@@ -823,6 +881,7 @@ impl Router {
                 Step::Failed(e) => break e,
                 Step::Unknown(e) => e,
                 Step::NoAnswer => {
+                    waiting.maybe_executed |= sending.is_waiting();
                     hung.push(sending);
                     match last.take() {
                         // Say every node answered NOT_LEADER: the last send, still looking
@@ -846,12 +905,12 @@ impl Router {
         // The last answer a send got (NOT_LEADER, say) is reported rather than a later
         // send's time-out, which names neither the node nor why (outside test a65, 2: a
         // cut-off leader's NOT_LEADER gave way to a stopped follower's "no answer in 1s").
-        match (failure, waiting.answered.take()) {
-            (Error::Timeout(_) | Error::Io(_) | Error::ConnectionLost(_), Some(answer)) => {
-                Err(answer)
-            }
-            (failure, _) => Err(failure),
-        }
+        let failure = match (failure, waiting.answered.take()) {
+            (Error::Timeout(_) | Error::Io(_) | Error::ConnectionLost(_), Some(answer)) => answer,
+            (failure, _) => failure,
+        };
+        let maybe_executed = waiting.maybe_executed || maybe_executed.load(Ordering::Relaxed);
+        Err(unknown_if(maybe_executed, failure))
     }
 
     /// Leaves the connection each of `hung` sends still waits on (see [`Router::leave_hung`]).

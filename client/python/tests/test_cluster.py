@@ -17,9 +17,10 @@ from tenure import Granted, Held
 class FakeFollower:
     """Speaks the handshake, then answers every request with ERROR NOT_LEADER."""
 
-    def __init__(self, leader: Optional[str], delay: float = 0.0) -> None:
+    def __init__(self, leader: Optional[str], delay: float = 0.0, messages=None) -> None:
         self.leader = leader
         self.delay = delay  # seconds before each answer
+        self.messages = messages  # the nth request's NOT_LEADER message, if given
         self.requests: List[int] = []
         self.addr = ""
 
@@ -38,7 +39,10 @@ class FakeFollower:
                 data = await reader.readexactly(length)
                 self.requests.append(data[0])
                 await asyncio.sleep(self.delay)
-                message = f"leader={self.leader or 'unknown'}".encode()
+                text = f"leader={self.leader or 'unknown'}"
+                if self.messages is not None:
+                    text = self.messages(len(self.requests))
+                message = text.encode()
                 body = struct.pack(">HH", 23, len(message)) + message
                 writer.write(struct.pack(">IBQ", 9 + len(body), 0xFF, int.from_bytes(data[1:9], "big")) + body)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -115,6 +119,30 @@ def test_an_acquire_that_runs_out_raises_the_last_answer_not_a_later_time_out():
             await closing
         assert cut_off.requests == [0x02]
         stopped.close()
+
+    asyncio.run(main())
+
+
+def test_a_refusal_after_a_send_of_unknown_outcome_leaves_the_outcome_unknown():
+    """The first send is in flight when its leader loses its quorum, every later one is
+    refused unrun: the caller is told the outcome is unknown, as the first send may still
+    commit (outside test a66, 1)."""
+
+    def messages(n: int) -> str:
+        if n == 1:
+            return "the outcome is unknown: this node stopped leading; leader=unknown"
+        return "this node was elected but does not serve; leader=unknown"
+
+    async def main():
+        node = await FakeFollower(None, messages=messages).start()
+        async with tenure.AsyncClient(node.addr, timeout=1, acquire_retry_for=2) as c:
+            with pytest.raises(tenure.NotLeader) as raised:
+                await c.acquire("k", 10)
+        node.server.close()
+        text = raised.value.message
+        assert text.startswith("the outcome is unknown: an earlier send"), text
+        assert "the last answer: this node was elected" in text, text
+        assert len(node.requests) > 1
 
     asyncio.run(main())
 

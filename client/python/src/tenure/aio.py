@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar, Union
 
 from . import _wire as w
 from . import semaphore as _kinds
@@ -229,15 +229,52 @@ RETRY_PAUSE_MAX_S = 0.8
 ACQUIRE_RETRY_FOR_DEFAULT_S = 15.0
 
 
+#: How a server begins the message of an ERROR whose request may have been executed (a
+#: change in flight when its leader lost its place: PROTOCOL.md 3.8).
+OUTCOME_UNKNOWN = "the outcome is unknown"
+
+
+def _note_maybe_executed(owner: Any) -> None:
+    """Notes on an ACQUIRE's retries (`owner`) that a send of it may have been executed."""
+    if isinstance(owner, _AcquireRetry):
+        owner.maybe_executed = True
+
+
+def _unknown_if(retry: "_AcquireRetry", error: TenureError) -> TenureError:
+    """The error an ACQUIRE's retries ended with, said to leave the outcome unknown when an
+    earlier send may have been executed: a later refusal (a cut-off leader's "does not
+    serve", not executed) must not read as the whole ACQUIRE's (outside test a66, 1)."""
+    if not retry.maybe_executed or not isinstance(error, ServerError):
+        return error
+    if error.message.startswith(OUTCOME_UNKNOWN):
+        return error
+    message = (
+        f"{OUTCOME_UNKNOWN}: an earlier send of this ACQUIRE may have been executed (its "
+        f"answer was lost), and it may still take effect; the last answer: {error.message}"
+    )
+    return server_error(error.code, message)
+
+
+def _raise_unknown_if(retry: "_AcquireRetry", error: TenureError) -> NoReturn:
+    """Raises `_unknown_if(retry, error)`: `error` itself, or the rewritten one from it."""
+    rewritten = _unknown_if(retry, error)
+    if rewritten is error:
+        raise error
+    raise rewritten from error
+
+
 class _AcquireRetry:
     """One ACQUIRE's acquire id and first send, kept across its retries, and what became of
     grants that arrived for sends nobody waited for any more."""
 
-    __slots__ = ("acquire_id", "first_sent", "kept", "gave_up", "late", "released")
+    __slots__ = ("acquire_id", "first_sent", "kept", "gave_up", "late", "released", "maybe_executed")
 
     def __init__(self) -> None:
         self.acquire_id = secrets.token_bytes(16)
         self.first_sent: Optional[float] = None
+        #: Whether a send may have been executed: a server said its outcome is unknown, or
+        #: it got no answer (its connection lost, or no answer in time).
+        self.maybe_executed = False
         self.kept = False
         self.gave_up = False
         #: A late grant seen while the caller still retried: (key, lease id).
@@ -537,13 +574,19 @@ class AsyncClient:
             try:
                 opcode_in, reply = await conn.call(opcode, body, left, watch, owner)
             except asyncio.TimeoutError:
+                _note_maybe_executed(owner)
                 self.leave_hung(conn, f"no answer within {timeout:.3f} s")
                 raise RequestTimeout(f"no answer within {timeout:.3f} s") from None
+            except ConnectionLost:
+                _note_maybe_executed(owner)
+                raise
             if opcode_in != w.ERROR:
                 return opcode_in, reply, conn, sent_at
             code, message = w.parse_error(reply)
             if code != 23:
                 raise server_error(code, message)
+            if message.startswith(OUTCOME_UNKNOWN):
+                _note_maybe_executed(owner)
             redirects += 1
             if redirects > len(self.endpoints) + REDIRECTS_EXTRA:
                 # A round found no leader: an election is under way, or the nodes still name
@@ -781,15 +824,15 @@ class AsyncClient:
             except TenureError as e:
                 unknown = is_transient(e) or isinstance(e, RequestTimeout)
                 if not unknown:
-                    raise
+                    _raise_unknown_if(retry, e)
                 if isinstance(e, ServerError):
                     answered = e
                 if cut_short and last is not None and isinstance(e, (RequestTimeout, CannotConnect)):
-                    raise (answered or last) from None
+                    raise _unknown_if(retry, answered or last) from None
                 if time.monotonic() + pause >= give_up_at:
                     if answered is not None and isinstance(e, (RequestTimeout, ConnectionLost)):
-                        raise answered from None
-                    raise
+                        raise _unknown_if(retry, answered) from None
+                    _raise_unknown_if(retry, e)
                 if _DIRECT.get() is not None:
                     raise UseLoop(f"ACQUIRE outcome unknown ({e}): sent again on the loop") from e
                 log.debug("tenure: ACQUIRE outcome unknown (%s); sending it again", e)
