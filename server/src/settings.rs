@@ -134,7 +134,8 @@ pub struct Settings {
     /// Most locks held at once.
     #[arg(long, env = "TENURE_HELD_MAX", default_value_t = Settings::default().held_max)]
     pub held_max: usize,
-    /// Most blocking acquires waiting at once (0: no acquire waits; a held key is LOCKED).
+    /// Most blocking acquires waiting at once (0: no acquire waits; one that would is
+    /// refused WAITERS_LIMIT, one that does not wait gets LOCKED).
     #[arg(long, env = "TENURE_WAITERS_MAX", default_value_t = Settings::default().waiters_max)]
     pub waiters_max: usize,
     /// Most blocking acquires waiting on one key (0: none waits).

@@ -78,9 +78,9 @@ pub fn answer_lost(
             .and_then(|hint| hint.split_whitespace().rfind(|w| w.starts_with("leader=")))
             .unwrap_or("leader=unknown");
         let message = format!(
-            "the outcome is unknown: this node stopped leading while the change was in \
-             flight, and it may still take effect (send an ACQUIRE again with its acquire \
-             id); {leader}"
+            "the outcome is unknown: this node stopped leading before the request was \
+             committed, and a change it makes may still take effect (ask the leader; an \
+             ACQUIRE sent again with its acquire id gets what the first send got); {leader}"
         );
         return Response::Error {
             code: ErrorCode::NotLeader,
