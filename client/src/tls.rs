@@ -88,7 +88,17 @@ impl TlsOptions {
         match client {
             None => Self::from_ca_pem(&ca_pem),
             Some((cert, key)) => {
-                Self::from_pem_with_client_cert(&ca_pem, &read(cert)?, &read(key)?)
+                Self::from_pem_with_client_cert(&ca_pem, &read(cert)?, &read(key)?).map_err(
+                    // Name the files (outside test a66, 9: the words alone did not).
+                    |e| match e {
+                        Error::Tls(why) => Error::Tls(format!(
+                            "{why} (client certificate {}, key {})",
+                            cert.display(),
+                            key.display()
+                        )),
+                        other => other,
+                    },
+                )
             }
         }
     }
@@ -238,6 +248,29 @@ mod tests {
                 .contains("the key does not match the certificate"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_bad_client_pair_from_files_names_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = ("ca.pem", "client.pem", "client.key");
+        let ca_cert = rcgen::generate_simple_self_signed(vec!["ca".to_string()]).unwrap();
+        let client = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(dir.path().join(ca), ca_cert.cert.pem()).unwrap();
+        std::fs::write(dir.path().join(cert), client.cert.pem()).unwrap();
+        std::fs::write(dir.path().join(key), other.serialize_pem()).unwrap();
+        let (cert, key) = (dir.path().join(cert), dir.path().join(key));
+        let err = super::TlsOptions::from_files(&dir.path().join(ca), Some((&cert, &key)))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("the key does not match the certificate"),
+            "{err}"
+        );
+        assert!(err.contains(&key.display().to_string()), "{err}");
+        assert!(err.contains(&cert.display().to_string()), "{err}");
     }
 
     #[test]
