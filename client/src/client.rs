@@ -629,6 +629,20 @@ mod tests {
         )
     }
 
+    /// A leader that lost its place mid-request: its first NOT_LEADER says the outcome is
+    /// unknown, every later one that it does not serve; `calls` counts them.
+    fn unknown_then_refused(calls: Arc<AtomicU32>) -> fake::Script {
+        let answered = Arc::new(AtomicU32::new(0));
+        let message = move || {
+            if answered.fetch_add(1, Ordering::Relaxed) == 0 {
+                "the outcome is unknown: this node stopped leading; leader=unknown".into()
+            } else {
+                "this node was elected but does not serve; leader=unknown".into()
+            }
+        };
+        not_leader(message, calls)
+    }
+
     /// A fake node that answers everything with NOT_LEADER naming `leader`.
     async fn follower(leader: &str, calls: Arc<AtomicU32>) -> fake::FakeServer {
         let message = format!("leader={leader}");
@@ -895,15 +909,7 @@ mod tests {
     /// outcome is unknown, as the first send may still commit (outside test a66, 1).
     #[tokio::test(start_paused = true)]
     async fn a_refusal_after_a_send_of_unknown_outcome_leaves_the_outcome_unknown() {
-        let asked = Arc::new(AtomicU32::new(0));
-        let message = move || {
-            if asked.fetch_add(1, Ordering::Relaxed) == 0 {
-                "the outcome is unknown: this node stopped leading; leader=unknown".into()
-            } else {
-                "this node was elected but does not serve; leader=unknown".into()
-            }
-        };
-        let node = fake::start(VERSION, 16, not_leader(message, Arc::default())).await;
+        let node = fake::start(VERSION, 16, unknown_then_refused(Arc::default())).await;
         let config = ClientConfig {
             request_timeout: Duration::from_secs(1),
             acquire_retry_for: Duration::from_secs(3),
@@ -926,6 +932,20 @@ mod tests {
             text.contains("the last answer: this node was elected"),
             "{text}"
         );
+    }
+
+    /// Any request (a PING here; a RELEASE in outside test a67, 2) in flight when its
+    /// leader lost its place is answered "the outcome is unknown", its re-sends "does not
+    /// serve": the caller hears the first, which a later refusal must not hide.
+    #[tokio::test(start_paused = true)]
+    async fn a_search_keeps_the_answer_that_said_the_outcome_is_unknown() {
+        let asked = Arc::new(AtomicU32::new(0));
+        let node = fake::start(VERSION, 16, unknown_then_refused(Arc::clone(&asked))).await;
+        let client = Client::connect(node.addr.clone()).await.unwrap();
+        let err = client.ping().await.unwrap_err();
+        assert!(is_not_leader(&err), "{err:?}");
+        assert!(err.to_string().contains("the outcome is unknown"), "{err}");
+        assert!(asked.load(Ordering::Relaxed) > 1, "sent again");
     }
 
     /// One address, a node that never knows a leader (removed from its cluster): the request

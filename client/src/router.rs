@@ -94,6 +94,10 @@ struct Sending {
     waiting_on: Mutex<Option<Arc<Conn>>>,
     first: Arc<OnceLock<Arc<Conn>>>,
     maybe_executed: Arc<AtomicBool>,
+    /// The NOT_LEADER message to report if the search for a leader ends without an answer
+    /// of its own (a node it cannot reach, or the request's time-out): the last one, or
+    /// the first that said the outcome is unknown, which no later refusal may hide.
+    refused: Mutex<Option<String>>,
 }
 
 impl Sending {
@@ -111,6 +115,30 @@ impl Sending {
             .lock()
             .expect("client mutex poisoned")
             .is_some()
+    }
+
+    /// Notes a NOT_LEADER `message` (see `refused`).
+    fn refused_with(&self, message: &str) {
+        let mut refused = self.refused.lock().expect("client mutex poisoned");
+        if !refused
+            .as_deref()
+            .is_some_and(|m| m.starts_with(OUTCOME_UNKNOWN))
+        {
+            *refused = Some(message.to_owned());
+        }
+    }
+
+    /// The NOT_LEADER to report instead of `failure`, if the search met one.
+    fn refusal(&self) -> Option<Error> {
+        let message = self
+            .refused
+            .lock()
+            .expect("client mutex poisoned")
+            .clone()?;
+        Some(Error::Server {
+            code: ErrorCode::NotLeader,
+            message,
+        })
     }
 
     /// Takes the connection a send is waiting on.
@@ -694,10 +722,15 @@ impl Router {
             tokio::time::timeout(timeout, self.call_on(request, timeout, &sending, purpose));
         answer.await.unwrap_or_else(|_| {
             let hung = sending.take();
-            if let Some(conn) = hung {
-                self.leave_hung(&conn, timeout);
+            if let Some(conn) = hung.as_ref() {
+                self.leave_hung(conn, timeout);
             }
-            Err(Error::Timeout(timeout))
+            // Cut short while still searching (not waiting on a node that took the request):
+            // the NOT_LEADER the search met says more than "no answer" (outside test a67, 4).
+            match sending.refusal() {
+                Some(refusal) if hung.is_none() => Err(refusal),
+                _ => Err(Error::Timeout(timeout)),
+            }
         })
     }
 
@@ -716,10 +749,6 @@ impl Router {
         {
             let mut redirects = 0;
             let mut pause = ROUND_PAUSE_MIN;
-            // The last NOT_LEADER's message: the search's error if it ends at a node it
-            // cannot reach, whose failure says neither which node nor why (outside test
-            // a65, 2). An error, as that failure was, so that callers send again alike.
-            let mut refused: Option<String> = None;
             loop {
                 let conn = match self.connection_for(purpose).await {
                     Ok(conn) => conn,
@@ -732,13 +761,11 @@ impl Router {
                     {
                         continue;
                     }
-                    Err(Error::Io(_) | Error::Timeout(_) | Error::ConnectionLost(_))
-                        if refused.is_some() =>
-                    {
-                        return Err(Error::Server {
-                            code: ErrorCode::NotLeader,
-                            message: refused.take().expect("checked"),
-                        });
+                    // The search's NOT_LEADER, not the failure of a node it cannot reach,
+                    // which says neither which node nor why (outside test a65, 2). An
+                    // error, as that failure was, so that callers send again alike.
+                    Err(e @ (Error::Io(_) | Error::Timeout(_) | Error::ConnectionLost(_))) => {
+                        return Err(sending.refusal().unwrap_or(e));
                     }
                     Err(e) => return Err(e),
                 };
@@ -758,15 +785,23 @@ impl Router {
                     });
                 };
                 // A follower executes nothing, so the request is sent again to the leader;
-                // a leader that lost its place mid-change may have executed it.
+                // a leader that lost its place mid-change may have executed it, which the
+                // answer the search ends with must still say (outside test a67, 2).
                 if says_outcome_unknown(&response) {
                     sending.maybe_executed.store(true, Ordering::Relaxed);
                 }
+                sending.refused_with(message);
                 redirects += 1;
                 if redirects > self.redirects_max() {
                     // A round found no leader: an election is under way, or the nodes still
                     // name one that died. Pause, then look again while time is left.
                     if Instant::now() + pause >= search_until {
+                        let response = match sending.refusal() {
+                            Some(Error::Server { code, message }) => {
+                                Response::Error { code, message }
+                            }
+                            _ => response,
+                        };
                         return Ok(Answer {
                             response,
                             conn,
@@ -778,7 +813,6 @@ impl Router {
                     redirects = 0;
                 }
                 self.follow(&conn, message).await;
-                refused = Some(message.clone());
             }
         }
     }
@@ -854,9 +888,9 @@ impl Router {
             let now = Instant::now();
             let wait_ms = millis_until(wait_until, now);
             let sending = Arc::new(Sending {
-                waiting_on: Mutex::new(None),
                 first: Arc::clone(&first_conn),
                 maybe_executed: Arc::clone(&maybe_executed),
+                ..Sending::default()
             });
             let attempt = Attempt {
                 router: self.clone(),

@@ -49,6 +49,14 @@ class FakeFollower:
             writer.close()
 
 
+def unknown_then_refused(n: int) -> str:
+    """A leader that lost its place mid-request: its first answer says the outcome is
+    unknown, every later one that it does not serve."""
+    if n == 1:
+        return "the outcome is unknown: this node stopped leading; leader=unknown"
+    return "this node was elected but does not serve; leader=unknown"
+
+
 def test_not_leader_is_followed_to_the_leader_named(server):
     async def main():
         follower = await FakeFollower(server.addr).start()
@@ -128,13 +136,8 @@ def test_a_refusal_after_a_send_of_unknown_outcome_leaves_the_outcome_unknown():
     refused unrun: the caller is told the outcome is unknown, as the first send may still
     commit (outside test a66, 1)."""
 
-    def messages(n: int) -> str:
-        if n == 1:
-            return "the outcome is unknown: this node stopped leading; leader=unknown"
-        return "this node was elected but does not serve; leader=unknown"
-
     async def main():
-        node = await FakeFollower(None, messages=messages).start()
+        node = await FakeFollower(None, messages=unknown_then_refused).start()
         async with tenure.AsyncClient(node.addr, timeout=1, acquire_retry_for=2) as c:
             with pytest.raises(tenure.NotLeader) as raised:
                 await c.acquire("k", 10)
@@ -145,6 +148,47 @@ def test_a_refusal_after_a_send_of_unknown_outcome_leaves_the_outcome_unknown():
         assert len(node.requests) > 1
 
     asyncio.run(main())
+
+
+def test_a_search_keeps_the_answer_that_said_the_outcome_is_unknown():
+    """Any request (a PING here; a RELEASE in outside test a67, 2) in flight when its leader
+    lost its place is answered "the outcome is unknown", its re-sends "does not serve": the
+    caller hears the first, which a later refusal must not hide."""
+
+    async def main():
+        node = await FakeFollower(None, messages=unknown_then_refused).start()
+        async with tenure.AsyncClient(node.addr, timeout=1) as c:
+            with pytest.raises(tenure.NotLeader) as raised:
+                await c.ping()
+        node.server.close()
+        assert raised.value.message.startswith("the outcome is unknown"), raised.value.message
+        assert len(node.requests) > 1
+
+    asyncio.run(main())
+
+
+def test_the_blocking_clients_acquire_says_when_the_outcome_is_unknown():
+    """The blocking client's first send goes over its direct connection: an answer there that
+    says the outcome is unknown still makes the ACQUIRE's end say so (outside test a67, 1)."""
+
+    async def serve():
+        return await FakeFollower(None, messages=unknown_then_refused).start()
+
+    loop = asyncio.new_event_loop()
+    node = loop.run_until_complete(serve())
+    import threading
+
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        with tenure.Client(node.addr, timeout=1, acquire_retry_for=2) as c:
+            with pytest.raises(tenure.NotLeader) as raised:
+                c.acquire("k", 10)
+        text = raised.value.message
+        assert text.startswith("the outcome is unknown"), text
+        assert len(node.requests) > 1
+    finally:
+        loop.call_soon_threadsafe(node.server.close)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_a_lease_counts_from_the_send_the_leader_answered(server):

@@ -79,8 +79,9 @@ pub fn answer_lost(
             .unwrap_or("leader=unknown");
         let message = format!(
             "the outcome is unknown: this node stopped leading before the request was \
-             committed, and a change it makes may still take effect (ask the leader; an \
-             ACQUIRE sent again with its acquire id gets what the first send got); {leader}"
+             committed or confirmed; if it makes a change, that may still take effect (ask \
+             the leader; an ACQUIRE sent again with its acquire id gets what the first send \
+             got); {leader}"
         );
         return Response::Error {
             code: ErrorCode::NotLeader,

@@ -552,7 +552,7 @@ class AsyncClient:
         direct = _DIRECT.get()
         if direct is not None and watch is None:
             sent_at = time.monotonic()
-            return (*self._call_direct(direct, opcode, body, timeout), sent_at)
+            return (*self._call_direct(direct, opcode, body, timeout, owner), sent_at)
         deadline = time.monotonic() + timeout
         search_until = time.monotonic() + min(timeout * LEADER_SEARCH_SHARE, LEADER_SEARCH_MAX_S)
         redirects = 0
@@ -569,6 +569,9 @@ class AsyncClient:
                 raise server_error(23, refused) from e
             left = deadline - time.monotonic()
             if left <= 0:
+                if refused is not None:
+                    # Nothing sent on this connection: the search's NOT_LEADER says more.
+                    raise server_error(23, refused)
                 raise RequestTimeout(f"no answer within {timeout:.3f} s")
             sent_at = time.monotonic()
             try:
@@ -587,27 +590,40 @@ class AsyncClient:
                 raise server_error(code, message)
             if message.startswith(OUTCOME_UNKNOWN):
                 _note_maybe_executed(owner)
+            # The last NOT_LEADER, or the first that said the outcome is unknown (a leader
+            # that lost its place mid-change may have executed it), which no later refusal
+            # may hide (outside test a67, 2).
+            if refused is None or not refused.startswith(OUTCOME_UNKNOWN):
+                refused = message
             redirects += 1
             if redirects > len(self.endpoints) + REDIRECTS_EXTRA:
                 # A round found no leader: an election is under way, or the nodes still name
                 # one that died. Pause, then look again while time is left.
                 if time.monotonic() + pause >= search_until:
-                    raise server_error(code, message)
+                    raise server_error(code, refused)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, ROUND_PAUSE_MAX_S)
                 redirects = 0
             await self._follow(conn, message)
-            refused = message
 
-    def _call_direct(self, direct: "DirectCall", opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes, Any]:
+    def _call_direct(
+        self, direct: "DirectCall", opcode: int, body: bytes, timeout: float, owner: Any = None
+    ) -> Tuple[int, bytes, Any]:
         """The blocking client's fast path: one request over its synchronous connection, in the
         calling thread, without suspending. NOT_LEADER goes back to the loop (the follower
-        executed nothing, so sending the request again is safe)."""
-        opcode_in, reply = direct(opcode, body, timeout)
+        executed nothing, so sending the request again is safe; an ACQUIRE that a leader may
+        have executed is noted on its `owner`, so its end still says so: outside test a67, 1)."""
+        try:
+            opcode_in, reply = direct(opcode, body, timeout)
+        except RequestTimeout:
+            _note_maybe_executed(owner)
+            raise
         if opcode_in != w.ERROR:
             return opcode_in, reply, None
         code, message = w.parse_error(reply)
         if code == 23:
+            if message.startswith(OUTCOME_UNKNOWN):
+                _note_maybe_executed(owner)
             raise UseLoop("NOT_LEADER: follow it on the event loop")
         raise server_error(code, message)
 
