@@ -4,9 +4,11 @@ request again to the leader it names; `leader=unknown` moves on to the next addr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+import threading
 import time
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import pytest
 
@@ -55,6 +57,24 @@ def unknown_then_refused(n: int) -> str:
     if n == 1:
         return "the outcome is unknown: this node stopped leading; leader=unknown"
     return "this node was elected but does not serve; leader=unknown"
+
+
+@contextlib.contextmanager
+def follower_on_a_thread(messages) -> Iterator[FakeFollower]:
+    """A FakeFollower answering with `messages`, served on a thread of its own, for a test of
+    the blocking client."""
+
+    async def serve():
+        return await FakeFollower(None, messages=messages).start()
+
+    loop = asyncio.new_event_loop()
+    node = loop.run_until_complete(serve())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        yield node
+    finally:
+        loop.call_soon_threadsafe(node.server.close)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_not_leader_is_followed_to_the_leader_named(server):
@@ -170,25 +190,24 @@ def test_a_search_keeps_the_answer_that_said_the_outcome_is_unknown():
 def test_the_blocking_clients_acquire_says_when_the_outcome_is_unknown():
     """The blocking client's first send goes over its direct connection: an answer there that
     says the outcome is unknown still makes the ACQUIRE's end say so (outside test a67, 1)."""
-
-    async def serve():
-        return await FakeFollower(None, messages=unknown_then_refused).start()
-
-    loop = asyncio.new_event_loop()
-    node = loop.run_until_complete(serve())
-    import threading
-
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
+    with follower_on_a_thread(unknown_then_refused) as node:
         with tenure.Client(node.addr, timeout=1, acquire_retry_for=2) as c:
             with pytest.raises(tenure.NotLeader) as raised:
                 c.acquire("k", 10)
         text = raised.value.message
         assert text.startswith("the outcome is unknown"), text
         assert len(node.requests) > 1
-    finally:
-        loop.call_soon_threadsafe(node.server.close)
-        loop.call_soon_threadsafe(loop.stop)
+
+
+def test_the_blocking_clients_search_keeps_the_answer_that_said_the_outcome_is_unknown():
+    """A blocking client's request answered on its direct connection that its outcome is
+    unknown, then refused on the loop's re-sends, reports the first (outside test a68, 4)."""
+    with follower_on_a_thread(unknown_then_refused) as node:
+        with tenure.Client(node.addr, timeout=1) as c:
+            with pytest.raises(tenure.NotLeader) as raised:
+                c.ping()
+        assert raised.value.message.startswith("the outcome is unknown"), raised.value.message
+        assert len(node.requests) > 1
 
 
 def test_a_lease_counts_from_the_send_the_leader_answered(server):

@@ -116,7 +116,20 @@ Post = Callable[[Callable[[], None], float], None]
 
 
 class UseLoop(Exception):
-    """Raised by the direct path before anything was sent: run the call on the event loop."""
+    """Raised by the direct path before anything was sent: run the call on the event loop.
+    `refused`: a NOT_LEADER message saying the outcome of the direct send is unknown, for the
+    loop's search to report should it end without an answer of its own (a67, a68)."""
+
+    def __init__(self, why: str, refused: Optional[str] = None) -> None:
+        super().__init__(why)
+        self.refused = refused
+
+
+#: The `UseLoop.refused` of the direct send a call on the loop follows (set by the blocking
+#: client around that call, read once by its first search).
+REFUSED_BEFORE: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar(
+    "tenure_refused_before", default=None
+)
 
 
 Key = Union[str, bytes]
@@ -559,7 +572,8 @@ class AsyncClient:
         pause = ROUND_PAUSE_MIN_S
         # The last NOT_LEADER's message: raised if the search ends at a node it cannot reach,
         # whose failure says neither which node nor why (outside test a65, 2).
-        refused: Optional[str] = None
+        refused: Optional[str] = REFUSED_BEFORE.get()
+        REFUSED_BEFORE.set(None)
         while True:
             try:
                 conn = await self._connection(deadline, keeping)
@@ -622,9 +636,10 @@ class AsyncClient:
             return opcode_in, reply, None
         code, message = w.parse_error(reply)
         if code == 23:
-            if message.startswith(OUTCOME_UNKNOWN):
+            unknown = message.startswith(OUTCOME_UNKNOWN)
+            if unknown:
                 _note_maybe_executed(owner)
-            raise UseLoop("NOT_LEADER: follow it on the event loop")
+            raise UseLoop("NOT_LEADER: follow it on the event loop", message if unknown else None)
         raise server_error(code, message)
 
     def leave_hung(self, conn: Optional[Connection], why: str) -> None:

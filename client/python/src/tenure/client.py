@@ -27,6 +27,7 @@ from .aio import (
     AsyncObserver,
     AsyncWatch,
     Credentials,
+    REFUSED_BEFORE,
     UseLoop,
     _DIRECT,
     _AcquireRetry,
@@ -186,6 +187,13 @@ async def _build(factory: Callable[[], T]) -> T:
     return factory()
 
 
+async def _after_refusal(coro: Coroutine[Any, Any, T], refused: str) -> T:
+    """Runs `coro`, the loop's send of a call whose direct send was answered `refused` (its
+    outcome unknown), so that its search reports that answer, not a later refusal alone."""
+    REFUSED_BEFORE.set(refused)
+    return await coro
+
+
 class Client:
     """A blocking tenure client. Safe to share between threads.
 
@@ -258,6 +266,7 @@ class Client:
         """Runs the call `make()` in this thread over the synchronous connection when no other
         thread is using it (and the client is on plain TCP); otherwise on the I/O thread,
         pipelined. A call the direct path cannot take is refused before anything is sent."""
+        refused: Optional[str] = None
         if self._sync_usable and self._sync_lock.acquire(blocking=False):
             try:
                 reset = _DIRECT.set(self._direct_call)
@@ -267,8 +276,8 @@ class Client:
                         coro.send(None)
                     except StopIteration as done:
                         return done.value  # type: ignore[no-any-return]
-                    except UseLoop:
-                        pass
+                    except UseLoop as e:
+                        refused = e.refused
                     else:
                         coro.close()
                         raise RuntimeError("a direct tenure call suspended")
@@ -276,6 +285,8 @@ class Client:
                     _DIRECT.reset(reset)
             finally:
                 self._sync_lock.release()
+        if refused is not None:
+            return self._run(_after_refusal(make(), refused))
         return self._run(make())
 
     def _direct_call(self, opcode: int, body: bytes, timeout: float) -> Tuple[int, bytes]:
