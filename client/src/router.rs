@@ -128,16 +128,16 @@ impl Sending {
         }
     }
 
-    /// The NOT_LEADER to report instead of `failure`, if the search met one.
+    /// The NOT_LEADER message the search met, to report (see `refused`).
+    fn refused_message(&self) -> Option<String> {
+        self.refused.lock().expect("client mutex poisoned").clone()
+    }
+
+    /// [`Sending::refused_message`] as the error to report instead of a failure.
     fn refusal(&self) -> Option<Error> {
-        let message = self
-            .refused
-            .lock()
-            .expect("client mutex poisoned")
-            .clone()?;
         Some(Error::Server {
             code: ErrorCode::NotLeader,
-            message,
+            message: self.refused_message()?,
         })
     }
 
@@ -260,8 +260,8 @@ struct Waiting {
     /// The last ERROR a send was answered with that left the outcome unknown.
     answered: Option<Error>,
     /// Whether a send may have been executed: a server said its outcome is unknown, its
-    /// connection was lost, or it got no answer in time.
-    maybe_executed: bool,
+    /// connection was lost, or it got no answer in time. Shared with every [`Sending`].
+    maybe_executed: Arc<AtomicBool>,
 }
 
 impl Waiting {
@@ -276,24 +276,19 @@ impl Waiting {
             let error = match result {
                 Ok(answer) if !is_unknown_answer(&answer.response) => return Step::Settled(answer),
                 Ok(answer) => {
-                    self.maybe_executed |= says_outcome_unknown(&answer.response);
-                    let error = unexpected("ACQUIRE", answer.response.clone());
-                    self.answered = Some(unexpected("ACQUIRE", answer.response));
-                    error
+                    if says_outcome_unknown(&answer.response) {
+                        self.note_maybe_executed();
+                    }
+                    unexpected("ACQUIRE", answer.response)
                 }
-                Err(Error::ConnectionLost(why)) => {
-                    self.maybe_executed = true;
-                    Error::ConnectionLost(why)
+                Err(e) => {
+                    if matches!(e, Error::ConnectionLost(_)) {
+                        self.note_maybe_executed();
+                    }
+                    e
                 }
-                Err(Error::Server { code, message }) => {
-                    self.answered = Some(Error::Server {
-                        code,
-                        message: message.clone(),
-                    });
-                    Error::Server { code, message }
-                }
-                Err(e) => e,
             };
+            self.note_answer(&error);
             self.in_flight -= 1;
             if !error.is_transient() {
                 return Step::Failed(error);
@@ -302,6 +297,21 @@ impl Waiting {
                 return Step::Unknown(error);
             }
             // An older send failed while a newer one is still out: wait for that one.
+        }
+    }
+
+    /// Notes that a send may have been executed.
+    fn note_maybe_executed(&self) {
+        self.maybe_executed.store(true, Ordering::Relaxed);
+    }
+
+    /// Keeps `error`, if a server's answer, as the last one a send got.
+    fn note_answer(&mut self, error: &Error) {
+        if let Error::Server { code, message } = error {
+            self.answered = Some(Error::Server {
+                code: *code,
+                message: message.clone(),
+            });
         }
     }
 
@@ -328,7 +338,7 @@ impl Waiting {
         while let Ok(result) = self.rx.try_recv() {
             if let Ok(answer) = result {
                 if is_unknown_answer(&answer.response) {
-                    self.answered = Some(unexpected("ACQUIRE", answer.response.clone()));
+                    self.note_answer(&unexpected("ACQUIRE", answer.response.clone()));
                 }
                 release_unkept(&self.router, &self.settle, &self.key, &answer.response).await;
             }
@@ -796,11 +806,12 @@ impl Router {
                     // A round found no leader: an election is under way, or the nodes still
                     // name one that died. Pause, then look again while time is left.
                     if Instant::now() + pause >= search_until {
-                        let response = match sending.refusal() {
-                            Some(Error::Server { code, message }) => {
-                                Response::Error { code, message }
-                            }
-                            _ => response,
+                        let response = match sending.refused_message() {
+                            Some(message) => Response::Error {
+                                code: ErrorCode::NotLeader,
+                                message,
+                            },
+                            None => response,
                         };
                         return Ok(Answer {
                             response,
@@ -868,7 +879,6 @@ impl Router {
     ) -> Result<AcquireAnswer> {
         let first_sent_at = Instant::now();
         let first_conn = Arc::new(OnceLock::new());
-        let maybe_executed = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut waiting = Waiting {
             router: self.clone(),
@@ -877,7 +887,7 @@ impl Router {
             rx,
             in_flight: 0,
             answered: None,
-            maybe_executed: false,
+            maybe_executed: Arc::default(),
         };
         let mut pause = RETRY_PAUSE_MIN;
         let mut hung = Vec::new();
@@ -889,7 +899,7 @@ impl Router {
             let wait_ms = millis_until(wait_until, now);
             let sending = Arc::new(Sending {
                 first: Arc::clone(&first_conn),
-                maybe_executed: Arc::clone(&maybe_executed),
+                maybe_executed: Arc::clone(&waiting.maybe_executed),
                 ..Sending::default()
             });
             let attempt = Attempt {
@@ -915,7 +925,9 @@ impl Router {
                 Step::Failed(e) => break e,
                 Step::Unknown(e) => e,
                 Step::NoAnswer => {
-                    waiting.maybe_executed |= sending.is_waiting();
+                    if sending.is_waiting() {
+                        waiting.note_maybe_executed();
+                    }
                     hung.push(sending);
                     match last.take() {
                         // Say every node answered NOT_LEADER: the last send, still looking
@@ -943,8 +955,10 @@ impl Router {
             (Error::Timeout(_) | Error::Io(_) | Error::ConnectionLost(_), Some(answer)) => answer,
             (failure, _) => failure,
         };
-        let maybe_executed = waiting.maybe_executed || maybe_executed.load(Ordering::Relaxed);
-        Err(unknown_if(maybe_executed, failure))
+        Err(unknown_if(
+            waiting.maybe_executed.load(Ordering::Relaxed),
+            failure,
+        ))
     }
 
     /// Leaves the connection each of `hung` sends still waits on (see [`Router::leave_hung`]).
